@@ -1,0 +1,85 @@
+"""Input validation shared by every variant, the reference and the layer.
+
+All checks run before any heavy work and raise ``TypeError`` (wrong kind of thing) or
+``ValueError`` (right kind, wrong value) naming the argument and what was expected.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def check_qkv(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    same_qk_dim: bool = True,
+) -> None:
+    """Validate ``q: (B, H, Lq, D)``, ``k: (B, H, Lk, D)``, ``v: (B, H, Lk, Dv)`` and a bool mask.
+
+    Args:
+        q, k, v: attention inputs.
+        mask: optional boolean mask broadcastable to ``(B, H, Lq, Lk)``.
+        same_qk_dim: require ``q`` and ``k`` to share the last dimension (False for scoring
+            functions such as additive attention that project both sides).
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have rank 4 (B, H, L, D), got shape {tuple(t.shape)}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+        if 0 in t.shape:
+            raise ValueError(f"{name} must have no zero-sized dimension, got shape {tuple(t.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if q.shape[:2] != k.shape[:2] or k.shape[:2] != v.shape[:2]:
+        raise ValueError(
+            "q, k, v must share batch and heads (B, H), got "
+            f"{tuple(q.shape[:2])}, {tuple(k.shape[:2])}, {tuple(v.shape[:2])}"
+        )
+    if same_qk_dim and q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must share head_dim D, got {q.shape[-1]} and {k.shape[-1]}")
+    if k.shape[2] != v.shape[2]:
+        raise ValueError(f"k and v must share the key length Lk, got {k.shape[2]} and {v.shape[2]}")
+    if mask is not None:
+        check_mask(mask, (q.shape[0], q.shape[1], q.shape[2], k.shape[2]), q.device)
+
+
+def check_mask(mask: torch.Tensor, target: tuple[int, int, int, int], device: torch.device) -> None:
+    """Validate a boolean mask broadcastable to ``target = (B, H, Lq, Lk)``."""
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"mask must be a bool torch.Tensor or None, got {type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        raise TypeError(f"mask must have dtype torch.bool (True = may attend), got {mask.dtype}")
+    if mask.device != device:
+        raise ValueError(f"mask must be on the inputs' device {device}, got {mask.device}")
+    if mask.dim() > 4:
+        raise ValueError(f"mask must have rank <= 4, got shape {tuple(mask.shape)}")
+    padded = (1,) * (4 - mask.dim()) + tuple(mask.shape)
+    for size, want in zip(padded, target, strict=True):
+        if size not in (1, want):
+            raise ValueError(
+                f"mask of shape {tuple(mask.shape)} is not broadcastable to (B, H, Lq, Lk) = {target}"
+            )
+
+
+def check_positive_int(name: str, value: object) -> int:
+    """Return ``value`` if it is a positive int, else raise naming ``name``."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return value
+
+
+def as_4d_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
+    """View a broadcastable mask as rank 4 by prepending singleton dimensions."""
+    if mask is None or mask.dim() == 4:
+        return mask
+    return mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))

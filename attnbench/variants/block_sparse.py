@@ -1,0 +1,131 @@
+"""BigBird/Longformer-style block-sparse attention, computed blockwise.
+
+The sequence is cut into blocks of ``block`` tokens. Query block r attends to key block c when:
+  * global: r < ``global_blocks`` (global queries see everything) or c < ``global_blocks``
+    (every query sees the global tokens);
+  * window: ``|r - c| <= window_blocks``;
+  * random: c is one of ``random_blocks`` blocks drawn per row from a generator seeded with
+    ``seed`` (fixed per sequence length, so the pattern is reproducible).
+Global query rows are computed densely (O(g * L)); every other query block gathers a fixed
+number of key blocks, so time and memory are O(L). The variant is exact on its own pattern:
+``reference_attention(q, k, v, mask & pattern)``.
+
+Letters: B batch, H heads, L sequence length, D head dim, Nb blocks, Nk gathered keys per block.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from attnbench import masks
+from attnbench._checks import check_positive_int
+from attnbench.variants._blockwise import gathered_block_attention
+from attnbench.variants._ops import masked_softmax_, zero_empty_rows
+from attnbench.variants.base import Variant
+
+
+@functools.lru_cache(maxsize=64)
+def block_pattern(num_blocks: int, global_blocks: int, window_blocks: int, random_blocks: int, seed: int) -> torch.Tensor:
+    """``(Nb, Nb)`` bool block-level pattern (see the module docstring)."""
+    r = torch.arange(num_blocks)[:, None]
+    c = torch.arange(num_blocks)[None, :]
+    pattern = ((r - c).abs() <= window_blocks) | (r < global_blocks) | (c < global_blocks)
+    gen = torch.Generator().manual_seed(seed)
+    for row in range(global_blocks, num_blocks):
+        free = (~pattern[row]).nonzero().flatten()
+        if len(free) and random_blocks:
+            pick = free[torch.randperm(len(free), generator=gen)[:random_blocks]]
+            pattern[row, pick] = True
+    return pattern
+
+
+class BlockSparseAttention(Variant):
+    """Local blocks + global tokens + random blocks (BigBird ITC); self-attention only."""
+
+    time_exponent = 1.0
+    memory_exponent = 1.0
+    source = "Zaheer et al. 2020 (BigBird); Beltagy et al. 2020 (Longformer); seed 003 (sparse attention)"
+    SUPPORTS_CROSS = False
+
+    def __init__(
+        self,
+        block: int = 64,
+        global_blocks: int = 1,
+        window_blocks: int = 1,
+        random_blocks: int = 2,
+        seed: int = 0,
+        scale: float | None = None,
+    ) -> None:
+        super().__init__(scale)
+        self.block = check_positive_int("block", block)
+        for name, value in (("global_blocks", global_blocks), ("window_blocks", window_blocks), ("random_blocks", random_blocks)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        self.global_blocks, self.window_blocks, self.random_blocks = global_blocks, window_blocks, random_blocks
+        self.seed = seed
+
+    def blocks(self, length: int) -> torch.Tensor:
+        return block_pattern(-(-length // self.block), self.global_blocks, self.window_blocks, self.random_blocks, self.seed)
+
+    def pattern(self, lq: int, lk: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        """The dense boolean pattern this variant computes exactly, ``(1, 1, L, L)``."""
+        if lq != lk:
+            raise ValueError(f"block_sparse is self-attention only: Lq={lq} != Lk={lk}")
+        dense = self.blocks(lq).repeat_interleave(self.block, 0).repeat_interleave(self.block, 1)
+        return dense[:lq, :lk].to(device)[None, None]
+
+    def reference(self, q, k, v, mask=None, dtype=torch.float64):
+        pattern = self.pattern(q.shape[2], k.shape[2], q.device)
+        return super().reference(q, k, v, masks.combine(pattern, mask), dtype)
+
+    def _key_table(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per non-global query block, the gathered key positions ``(Nb', Nk)`` and validity."""
+        pattern = self.blocks(length)[self.global_blocks :]  # (Nb', Nb)
+        width = int(pattern.sum(1).max()) if len(pattern) else 0
+        # Allowed block ids first (stable sort keeps them in order), then padding.
+        order = torch.sort((~pattern).to(torch.int8), dim=1, stable=True).indices[:, :width]  # (Nb', W)
+        block_valid = pattern.gather(1, order)  # (Nb', W)
+        offsets = torch.arange(self.block)
+        key_index = (order[:, :, None] * self.block + offsets).flatten(1)  # (Nb', W*blk)
+        key_valid = block_valid.repeat_interleave(self.block, 1) & (key_index < length)
+        return key_index.to(device), key_valid.to(device)
+
+    def _split(self, spec) -> tuple[int, int, int]:
+        """(global query rows, non-global query blocks, gathered key blocks per such block)."""
+        nb = -(-spec.lq // self.block)
+        g = min(self.global_blocks, nb)
+        width = int(self.blocks(spec.lq)[g:].sum(1).max()) if nb > g else 0
+        return min(g * self.block, spec.lq), nb - g, width
+
+    def executed_pairs(self, spec):
+        global_rows, blocks, width = self._split(spec)
+        return global_rows * spec.lk + blocks * self.block * width * self.block
+
+    def useful_pairs(self, spec):
+        """Pattern pairs; with another mask, an upper bound (the smaller of the two counts)."""
+        pattern_pairs = int(self.pattern(spec.lq, spec.lk).sum())
+        return pattern_pairs if spec.mask == "none" else min(pattern_pairs, spec.allowed_pairs())
+
+    def scratch_elements(self, spec):  # noqa: D102 - scores + probs + gathered K and V
+        _, blocks, width = self._split(spec)
+        gathered = blocks * width * self.block * (spec.head_dim + spec.dv)
+        return spec.batch * spec.heads * (2 * self.executed_pairs(spec) + gathered)
+
+    def forward(self, q, k, v, mask):
+        b, h, length, d = q.shape
+        scale = self.scale_for(d)
+        n_global = min(self.global_blocks * self.block, length)
+        out = torch.empty(b, h, length, v.shape[-1], dtype=q.dtype, device=q.device)
+        if n_global:
+            scores = (q[:, :, :n_global] @ k.transpose(-2, -1)).mul_(scale)  # (B, H, G, L)
+            mask_g = mask if mask is None or mask.shape[-2] == 1 else mask[:, :, :n_global]
+            out[:, :, :n_global] = zero_empty_rows(masked_softmax_(scores, mask_g) @ v, mask_g)
+        if n_global < length:
+            key_index, key_valid = self._key_table(length, q.device)
+            out[:, :, n_global:] = gathered_block_attention(
+                q[:, :, n_global:], k, v, mask,
+                block=self.block, key_index=key_index, key_valid=key_valid, scale=scale, q_offset=n_global,
+            )
+        return out

@@ -1,0 +1,128 @@
+"""Kernelised (linear) attention: O(L) time and memory by reassociating ``(phi(Q) phi(K)^T) V``
+as ``phi(Q) (phi(K)^T V)``.
+
+* ``linear_elu``: ``phi(x) = elu(x) + 1`` (Katharopoulos et al. 2020, "Transformers are RNNs").
+  Exact on its own kernel; it is a different model from softmax attention, not an approximation
+  of it.
+* ``performer``: FAVOR+ positive orthogonal random features (Choromanski et al. 2021) whose
+  kernel is an unbiased estimate of ``exp(q . k / sqrt(D))``: it approximates softmax attention,
+  and the error shrinks as ``num_features`` grows.
+
+Masks: only key-padding masks (query-independent, e.g. valid lengths) are supported, by zeroing
+the features of masked keys. Causal linear attention needs prefix sums over ``(L, F, Dv)`` state
+and is not implemented; such cases are reported as not supported.
+
+Letters: B batch, H heads, Lq queries, Lk keys, D head dim, Dv value head dim, F features.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from attnbench._checks import check_positive_int
+from attnbench.reference import kernel_attend
+from attnbench.variants.base import FLOAT_DTYPES, KEY_PADDING_MASKS, Flops, Variant
+
+
+class KernelAttention(Variant):
+    """Shared O(L) evaluation for any positive feature map ``phi``."""
+
+    time_exponent = 1.0
+    memory_exponent = 1.0
+    SUPPORTED_MASKS = KEY_PADDING_MASKS
+
+    def features(self, x: torch.Tensor, is_query: bool) -> torch.Tensor:
+        """``(B, H, L, D) -> (B, H, L, F)`` non-negative features."""
+        raise NotImplementedError
+
+    def num_features(self, head_dim: int) -> int:
+        return head_dim
+
+    def reference(self, q, k, v, mask=None, dtype=torch.float64):
+        """Dense, quadratic evaluation of the same kernel (features computed in ``dtype``)."""
+        q_feat, k_feat = self.features(q.to(dtype), True), self.features(k.to(dtype), False)
+        return kernel_attend(q_feat, k_feat, v, mask, dtype)
+
+    def executed_pairs(self, spec):
+        return 0
+
+    def useful_pairs(self, spec):
+        return 0
+
+    def flops(self, spec):
+        f = self.num_features(spec.head_dim)
+        b, h, lq, lk, d, dv = spec.batch, spec.heads, spec.lq, spec.lk, spec.head_dim, spec.dv
+        fwd = 2 * b * h * ((lq + lk) * f * d + lk * f * dv + lq * f * (dv + 1))
+        total = int(fwd * (3.5 if spec.mode == "backward" else 1.0))
+        return Flops(useful=total, executed=total)
+
+    def scratch_elements(self, spec):  # noqa: D102 - features of q and k, plus the (F, Dv) state
+        f = self.num_features(spec.head_dim)
+        return spec.batch * spec.heads * ((spec.lq + spec.lk) * f + f * (spec.dv + 1) + spec.lq)
+
+    def forward(self, q, k, v, mask):
+        q_feat = self.features(q, True)  # (B, H, Lq, F)
+        k_feat = self.features(k, False)  # (B, H, Lk, F)
+        if mask is not None:
+            k_feat = k_feat * mask[..., 0, :, None]  # zero the features of masked keys
+        kv = k_feat.transpose(-2, -1) @ v  # (B, H, F, Dv)
+        k_sum = k_feat.sum(dim=-2)  # (B, H, F)
+        norm = (q_feat @ k_sum.unsqueeze(-1))  # (B, H, Lq, 1)
+        out = q_feat @ kv  # (B, H, Lq, Dv)
+        return torch.where(norm > 0, out / torch.where(norm > 0, norm, 1.0), 0.0)
+
+
+class LinearElu(KernelAttention):
+    """Linear transformer attention with ``phi(x) = elu(x) + 1`` (no scale: the kernel has none)."""
+
+    source = "Katharopoulos et al. 2020 (Transformers are RNNs); seed 003 (linear variants)"
+    exact = True
+
+    def features(self, x, is_query):
+        return F.elu(x) + 1.0
+
+
+class Performer(KernelAttention):
+    """FAVOR+ with ``num_features`` positive orthogonal random features, redrawn per ``seed``."""
+
+    exact = False
+    source = "Choromanski et al. 2021 (Performer, FAVOR+); seed 003 (linear variants)"
+    SUPPORTED_DTYPES = FLOAT_DTYPES | {"bfloat16"}
+
+    def __init__(self, num_features: int = 256, seed: int = 0) -> None:
+        super().__init__(None)
+        self.n_features = check_positive_int("num_features", num_features)
+        self.seed = seed
+        self._projections: dict[tuple, torch.Tensor] = {}
+
+    def num_features(self, head_dim):
+        return self.n_features
+
+    def projection(self, head_dim: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """``(F, D)`` orthogonal Gaussian rows (blocks of D orthonormal rows, chi-distributed norms)."""
+        key = (head_dim, dtype, device)
+        if key not in self._projections:
+            gen = torch.Generator().manual_seed(self.seed)
+            blocks = []
+            for _ in range(-(-self.n_features // head_dim)):
+                gaussian = torch.randn(head_dim, head_dim, generator=gen, dtype=torch.float64)
+                ortho, _ = torch.linalg.qr(gaussian)  # (D, D) orthonormal columns
+                blocks.append(ortho.T)
+            w = torch.cat(blocks)[: self.n_features]  # (F, D)
+            norms = torch.randn(self.n_features, head_dim, generator=gen, dtype=torch.float64).norm(dim=1)
+            self._projections[key] = (w * norms[:, None]).to(device=device, dtype=dtype)
+        return self._projections[key]
+
+    def features(self, x, is_query):
+        d = x.shape[-1]
+        x = x * d**-0.25  # so that x_q . x_k = q . k / sqrt(D)
+        proj = x @ self.projection(d, x.dtype, x.device).T  # (B, H, L, F)
+        sq_norm = 0.5 * (x * x).sum(dim=-1, keepdim=True)  # (B, H, L, 1)
+        # Stabiliser: per query row for queries, one constant per (B, H) for keys; both cancel in
+        # the normalisation, so the estimator is unchanged.
+        dims = (-1,) if is_query else (-2, -1)
+        stab = proj.amax(dim=dims, keepdim=True).detach()
+        return torch.exp(proj - sq_norm - stab) / math.sqrt(self.n_features) + 1e-6

@@ -1,0 +1,50 @@
+"""Self-attention as Python loops over queries and keys: one scalar score at a time.
+
+The baseline of seed 004 (``AttentionFromDsy``): every (query, key) pair costs a handful of
+interpreter round-trips and tiny kernel launches, which is exactly what it is here to show.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnbench.variants.base import Variant
+
+
+class LoopAttention(Variant):
+    """For each (b, h, i): score every key j as a scalar, softmax, then sum ``p_j * v_j``.
+
+    Letters: B batch, H heads, Lq queries, Lk keys, D head dim, Dv value head dim.
+    """
+
+    time_exponent = 2.0
+    memory_exponent = 1.0  # one row of Lk scores alive at a time
+    source = "seed 004 (AttentionFromDsy); Bahdanau et al. 2015 attention pooling"
+    SCORE_BUFFERS = 0.0
+    SECONDS_PER_PAIR = 20e-6  # measured on this project's 2-core CPU machines (ARCHITECTURE.md)
+
+    def scratch_elements(self, spec):  # noqa: D102 - two rows of Lk scalars per query
+        return 2.0 * spec.lk
+
+    def forward(self, q, k, v, mask):
+        b_sz, h_sz, lq, d = q.shape
+        lk = k.shape[2]
+        scale = self.scale_for(d)
+        allowed = None if mask is None else mask.expand(b_sz, h_sz, lq, lk)
+        rows = []
+        for b in range(b_sz):
+            for h in range(h_sz):
+                for i in range(lq):
+                    keep = None if allowed is None else allowed[b, h, i].tolist()
+                    scores, kept = [], []
+                    for j in range(lk):
+                        if keep is None or keep[j]:
+                            scores.append(torch.dot(q[b, h, i], k[b, h, j]) * scale)
+                            kept.append(j)
+                    out_i = torch.zeros(v.shape[-1], dtype=v.dtype, device=v.device)  # (Dv,)
+                    if kept:
+                        probs = torch.softmax(torch.stack(scores), dim=0)  # (n_kept,)
+                        for p, j in zip(probs, kept, strict=True):
+                            out_i = out_i + p * v[b, h, j]
+                    rows.append(out_i)
+        return torch.stack(rows).view(b_sz, h_sz, lq, v.shape[-1])  # (B, H, Lq, Dv)

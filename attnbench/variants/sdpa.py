@@ -1,0 +1,65 @@
+"""``F.scaled_dot_product_attention`` with a selectable backend.
+
+Backends (``torch.nn.attention.SDPBackend``): ``math`` (the reference C++ composite, O(L^2)
+memory), ``flash`` (FlashAttention-2 on CUDA, a tiled kernel on CPU), ``efficient``
+(memory-efficient attention, CUDA only) and ``cudnn`` (CUDA only). ``auto`` lets PyTorch choose.
+Forcing one backend means a case that backend cannot run fails loudly instead of silently
+falling back to math.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from attnbench.variants.base import Variant
+
+BACKENDS: dict[str, SDPBackend | None] = {
+    "auto": None,
+    "math": SDPBackend.MATH,
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+}
+_CUDA_ONLY = frozenset({"efficient", "cudnn"})
+_HALF = frozenset({"float16", "bfloat16"})
+
+
+class SDPA(Variant):
+    """PyTorch's fused attention; the production baseline every other variant is compared with."""
+
+    source = "torch.nn.functional.scaled_dot_product_attention; Dao et al. 2022 (FlashAttention)"
+
+    def __init__(self, backend: str = "auto", scale: float | None = None) -> None:
+        super().__init__(scale)
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {tuple(BACKENDS)}, got {backend!r}")
+        self.backend = backend
+        fused = backend in ("flash", "efficient", "cudnn")
+        self.memory_exponent = 1.0 if fused or backend == "auto" else 2.0
+        self.SCORE_BUFFERS = 0.0 if fused or backend == "auto" else 2.0
+
+    def extra_reasons(self, *, device, dtype, lq, lk, d, dv):
+        reasons = []
+        if self.backend in _CUDA_ONLY and device != "cuda":
+            reasons.append(f"SDPA backend {self.backend} needs CUDA (this case is on {device})")
+        if device == "cuda" and self.backend in ("flash", "cudnn") and dtype not in _HALF:
+            reasons.append(f"SDPA backend {self.backend} on CUDA needs float16/bfloat16, got {dtype}")
+        if device == "cuda" and self.backend == "flash" and dv != d:
+            reasons.append(f"SDPA flash on CUDA needs Dv == D (D={d}, Dv={dv})")
+        return reasons
+
+    def not_supported_reasons(self, spec):
+        reasons = super().not_supported_reasons(spec)
+        if spec.device_type == "cuda" and self.backend in ("flash", "cudnn") and spec.mask != "none":
+            reasons.append(f"SDPA backend {self.backend} on CUDA takes no explicit boolean mask")
+        return reasons
+
+    def forward(self, q, k, v, mask):
+        backend = BACKENDS[self.backend]
+        ctx = contextlib.nullcontext() if backend is None else sdpa_kernel(backend)
+        with ctx:
+            # SDPA already returns zeros for rows with no allowed key (checked by the tests).
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)

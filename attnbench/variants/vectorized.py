@@ -1,0 +1,35 @@
+"""One sequence and one head at a time, with matrix products (seed 004's ``Q = W_Q X`` form).
+
+Columns are tokens, as in the lecture notes: ``Q^T (D, Lq)``, ``K^T (D, Lk)``, ``V^T (Dv, Lk)``;
+``A = softmax_over_keys(K Q^T)`` and ``H = V^T A``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnbench.variants._ops import masked_softmax_, zero_empty_rows
+from attnbench.variants.base import Variant
+
+
+class VectorizedAttention(Variant):
+    """Loops over (batch, head) in Python; each iteration is three matrix products."""
+
+    source = "seed 004 (self-attention, Q = W_Q X); Vaswani et al. 2017"
+    SCORE_BUFFERS = 2.0
+
+    def scratch_elements(self, spec):  # noqa: D102 - one (Lk, Lq) head at a time
+        return self.SCORE_BUFFERS * spec.lq * spec.lk
+
+    def forward(self, q, k, v, mask):
+        b_sz, h_sz, lq, d = q.shape
+        scale = self.scale_for(d)
+        out = torch.empty(b_sz, h_sz, lq, v.shape[-1], dtype=q.dtype, device=q.device)
+        for b in range(b_sz):
+            for h in range(h_sz):
+                qt, kt, vt = q[b, h].T, k[b, h].T, v[b, h].T  # (D, Lq), (D, Lk), (Dv, Lk)
+                scores = (kt.T @ qt).mul_(scale).T  # (Lq, Lk), computed as (Lk, Lq)
+                m = None if mask is None else mask[min(b, mask.shape[0] - 1), min(h, mask.shape[1] - 1)]
+                probs = masked_softmax_(scores, m)  # (Lq, Lk)
+                out[b, h] = (vt @ probs.T).T  # (Dv, Lq) -> (Lq, Dv)
+        return zero_empty_rows(out, mask)
