@@ -11,7 +11,7 @@ from attnbench.layer import AttentionLayer
 from attnbench.reference import reference_attention
 from attnbench.registry import get_variant, register, unregister, variant_names
 from attnbench.spec import AttnSpec
-from attnbench.variants import Flops, Variant  # noqa: I001 - registers the built-in variants
+from attnbench.variants.base import Flops, Variant
 
 __version__ = "0.1.0"
 

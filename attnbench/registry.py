@@ -2,7 +2,8 @@
 
 A registered name maps to a class and the keyword defaults that make it that variant
 (``sdpa_math`` is ``SDPA(backend="math")``). Registering a name twice is an error; the built-in
-variants are registered in :mod:`attnbench.variants` in one explicit table.
+variants are registered at the bottom of this module from one explicit table (order = display
+order).
 """
 
 from __future__ import annotations
@@ -10,6 +11,17 @@ from __future__ import annotations
 from typing import Any
 
 from attnbench.variants.base import Variant
+from attnbench.variants.batched import BatchedAttention
+from attnbench.variants.block_sparse import BlockSparseAttention
+from attnbench.variants.chunked import ChunkedAttention
+from attnbench.variants.linear import LinearElu, Performer
+from attnbench.variants.local import LocalAttention
+from attnbench.variants.loop import LoopAttention
+from attnbench.variants.multihead import MultiheadAttentionCore
+from attnbench.variants.scoring import ScoringAttention
+from attnbench.variants.sdpa import SDPA
+from attnbench.variants.torch_mha import TorchMHA
+from attnbench.variants.vectorized import VectorizedAttention
 
 _REGISTRY: dict[str, tuple[type[Variant], dict[str, Any]]] = {}
 
@@ -56,3 +68,29 @@ def get_variant(name: str, **options: Any) -> Variant:
     variant = cls(**{**defaults, **options})
     variant.name = name
     return variant
+
+
+BUILTINS: tuple[tuple[str, type[Variant], dict[str, Any]], ...] = (
+    ("loop", LoopAttention, {}),
+    ("vectorized", VectorizedAttention, {}),
+    ("batched", BatchedAttention, {}),
+    ("multihead", MultiheadAttentionCore, {}),
+    ("torch_mha", TorchMHA, {}),
+    ("sdpa", SDPA, {"backend": "auto"}),
+    ("sdpa_math", SDPA, {"backend": "math"}),
+    ("sdpa_flash", SDPA, {"backend": "flash"}),
+    ("sdpa_efficient", SDPA, {"backend": "efficient"}),
+    ("sdpa_cudnn", SDPA, {"backend": "cudnn"}),
+    ("chunked", ChunkedAttention, {}),
+    ("local", LocalAttention, {}),
+    ("block_sparse", BlockSparseAttention, {}),
+    ("linear_elu", LinearElu, {}),
+    ("performer", Performer, {}),
+    ("dot", ScoringAttention, {"score": "dot"}),
+    ("scaled_dot", ScoringAttention, {"score": "scaled_dot"}),
+    ("bilinear", ScoringAttention, {"score": "bilinear"}),
+    ("additive", ScoringAttention, {"score": "additive"}),
+)
+
+for _name, _cls, _defaults in BUILTINS:
+    register(_name, _cls, **_defaults)

@@ -47,8 +47,8 @@ class SDPA(Variant):
             reasons.append(f"SDPA backend {self.backend} needs CUDA (this case is on {device})")
         if device == "cuda" and self.backend in ("flash", "cudnn") and dtype not in _HALF:
             reasons.append(f"SDPA backend {self.backend} on CUDA needs float16/bfloat16, got {dtype}")
-        if device == "cuda" and self.backend == "flash" and dv != d:
-            reasons.append(f"SDPA flash on CUDA needs Dv == D (D={d}, Dv={dv})")
+        if self.backend == "flash" and dv != d:
+            reasons.append(f"SDPA flash needs Dv == D (D={d}, Dv={dv})")
         return reasons
 
     def not_supported_reasons(self, spec):

@@ -1,0 +1,130 @@
+"""Every registered variant x (self, cross) x mask kind x dtype against its float64 reference.
+
+Cases come from the registry and each variant's declared support: a newly registered variant is
+tested here the moment it registers, and an unsupported case is skipped with the variant's own
+reason (so the skip list doubles as documentation of the support matrix).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnbench
+from attnbench.masks import MASK_KINDS
+from tests.conftest import DEVICES, all_variants, assert_close_to_reference
+
+SHAPES = {
+    "self": dict(batch=2, heads=2, seq_len=33, head_dim=16),
+    "cross": dict(batch=2, heads=2, seq_len=19, seq_len_k=41, head_dim=16, head_dim_v=12),
+}
+DTYPES = ["float32", "float64", "bfloat16"]
+
+
+def _cases():
+    for name in all_variants():
+        for shape in SHAPES:
+            for mask in MASK_KINDS:
+                for dtype in DTYPES:
+                    for device in DEVICES:
+                        yield pytest.param(name, shape, mask, dtype, device, id=f"{name}-{shape}-{mask}-{dtype}-{device}")
+
+
+@pytest.mark.parametrize("name,shape,mask,dtype,device", list(_cases()))
+def test_matches_reference(name, shape, mask, dtype, device):
+    variant = attnbench.get_variant(name)
+    spec = attnbench.AttnSpec(**SHAPES[shape], mask=mask, dtype=dtype, device=device, window=6)
+    reasons = variant.not_supported_reasons(spec)
+    if reasons:
+        pytest.skip("; ".join(reasons))
+    q, k, v, m = spec.make_inputs(seed=hash((name, shape, mask, dtype)) % 2**31)
+    assert_close_to_reference(variant, q, k, v, m)
+
+
+@pytest.mark.parametrize("name", all_variants())
+def test_unsupported_call_raises_readable_error(name):
+    """Calling a variant on a case it declares unsupported raises ValueError naming it."""
+    variant = attnbench.get_variant(name)
+    for mask in MASK_KINDS:
+        spec = attnbench.AttnSpec(**SHAPES["cross"], mask=mask)
+        reasons = variant.not_supported_reasons(spec)
+        if reasons:
+            q, k, v, m = spec.make_inputs()
+            with pytest.raises(ValueError, match=name):
+                variant(q, k, v, m)
+            return
+    pytest.skip(f"{name} supports every CPU float32 case in the matrix")
+
+
+@pytest.mark.parametrize("name", all_variants())
+def test_rows_without_keys_are_zero(name):
+    variant = attnbench.get_variant(name)
+    spec = attnbench.AttnSpec(batch=3, heads=2, seq_len=12, head_dim=8)
+    q, k, v, _ = spec.make_inputs()
+    if "causal" in variant.SUPPORTED_MASKS:
+        mask = torch.ones(3, 1, 12, 12, dtype=torch.bool)
+        mask[1, :, 4] = False  # batch 1, query 4 sees nothing
+        rows = (1, slice(None), 4)
+    else:
+        mask = attnbench.masks.valid_lengths(torch.tensor([12, 0, 5]), 12, 12)  # batch 1 sees nothing
+        rows = (1,)
+    if variant.not_supported_reasons(spec):
+        pytest.skip("; ".join(variant.not_supported_reasons(spec)))
+    out = variant(q, k, v, mask)
+    assert torch.isfinite(out).all()
+    assert out[rows].abs().max().item() == 0.0
+
+
+@pytest.mark.parametrize("name", all_variants())
+def test_backward_matches_reference_gradients(name):
+    variant = attnbench.get_variant(name)
+    spec = attnbench.AttnSpec(batch=1, heads=2, seq_len=20, head_dim=8, dtype="float64", mode="backward", mask="none")
+    reasons = variant.not_supported_reasons(spec)
+    if reasons:
+        pytest.skip("; ".join(reasons))
+    q, k, v, _ = spec.make_inputs(requires_grad=True)
+    grads = torch.autograd.grad(variant(q, k, v).square().sum(), (q, k, v))
+    ref = torch.autograd.grad(variant.reference(q, k, v).square().sum(), (q, k, v))
+    for g, r, n in zip(grads, ref, "qkv", strict=True):
+        assert torch.allclose(g, r, atol=1e-8, rtol=1e-6), f"{name}: d/d{n} differs"
+
+
+def test_declarations_are_complete():
+    for name in all_variants():
+        v = attnbench.get_variant(name)
+        info = v.describe()
+        assert info["name"] == name
+        assert v.source, f"{name} has no source"
+        assert v.time_exponent in (1.0, 2.0) and v.memory_exponent in (1.0, 2.0)
+        assert "none" in v.SUPPORTED_MASKS
+
+
+def test_declared_complexities_match_the_issue():
+    expect = {"batched": (2, 2), "chunked": (2, 1), "linear_elu": (1, 1), "performer": (1, 1), "local": (1, 1), "sdpa_math": (2, 2)}
+    for name, (t, m) in expect.items():
+        v = attnbench.get_variant(name)
+        assert (v.time_exponent, v.memory_exponent) == (t, m), name
+
+
+def test_approximate_flags():
+    assert not attnbench.get_variant("performer").exact
+    assert all(attnbench.get_variant(n).exact for n in all_variants() if n != "performer")
+
+
+def test_performer_error_shrinks_with_features():
+    """FAVOR+ approximates softmax attention; more random features, smaller error (averaged over seeds)."""
+    spec = attnbench.AttnSpec(batch=1, heads=4, seq_len=64, head_dim=16, dtype="float64")
+    q, k, v, _ = spec.make_inputs(seed=3)
+    q, k = q * 0.5, k * 0.5  # moderate logits, the regime FAVOR+ is designed for
+    exact = attnbench.reference_attention(q, k, v)
+
+    def mean_error(features: int) -> float:
+        errs = [
+            (attnbench.get_variant("performer", num_features=features, seed=s)(q, k, v) - exact).abs().mean().item()
+            for s in range(4)
+        ]
+        return sum(errs) / len(errs)
+
+    errors = [mean_error(f) for f in (16, 64, 256, 1024)]
+    assert all(a > b for a, b in zip(errors, errors[1:], strict=False)), errors
+    assert errors[-1] < errors[0] / 3, errors
