@@ -57,6 +57,7 @@ class Variant(ABC):
     SUPPORTS_BACKWARD: ClassVar[bool] = True  # differentiable with autograd
     SCORE_BUFFERS: ClassVar[float] = 2.0  # live (Lq, Lk) buffers per (B, H) at the forward peak
     SECONDS_PER_PAIR: ClassVar[float] = 0.0  # interpreter overhead per (query, key) pair
+    EFFICIENCY: ClassVar[float] = 0.25  # assumed fraction of matmul peak, for time predictions only
 
     def __init__(self, scale: float | None = None) -> None:
         if scale is not None and (not isinstance(scale, (int, float)) or scale <= 0):

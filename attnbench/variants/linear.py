@@ -59,9 +59,12 @@ class KernelAttention(Variant):
         total = int(fwd * (3.5 if spec.mode == "backward" else 1.0))
         return Flops(useful=total, executed=total)
 
+    FEATURE_BUFFERS: float = 2.0  # live (L, F) buffers per side at the peak (feature-map temporaries)
+
     def scratch_elements(self, spec):  # noqa: D102 - features of q and k, plus the (F, Dv) state
         f = self.num_features(spec.head_dim)
-        return spec.batch * spec.heads * ((spec.lq + spec.lk) * f + f * (spec.dv + 1) + spec.lq)
+        features = self.FEATURE_BUFFERS * (spec.lq + spec.lk) * f
+        return spec.batch * spec.heads * (features + f * (spec.dv + 1) + spec.lq)
 
     def forward(self, q, k, v, mask):
         q_feat = self.features(q, True)  # (B, H, Lq, F)

@@ -39,6 +39,8 @@ class ScoringAttention(Variant):
         if score not in SCORES:
             raise ValueError(f"score must be one of {SCORES}, got {score!r}")
         self.score = score
+        if score == "additive":
+            self.EFFICIENCY = 0.02  # elementwise tanh over (Lq, Lk, h) dominates, not matmuls
         self.hidden = check_positive_int("hidden", hidden)
         self.q_chunk = check_positive_int("q_chunk", q_chunk)
         self.seed = seed

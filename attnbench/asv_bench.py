@@ -1,0 +1,116 @@
+"""Everything the asv benchmark modules need, so that ``benchmarks/*.py`` stay declarations.
+
+asv calls ``setup`` before every timed call, in a fresh process per benchmark: inputs come from
+an ``lru_cache`` getter so repeated setups are free, and an impossible combination (CUDA without a
+GPU, a variant that does not support the case, a case predicted to take more than
+``MAX_CALL_SECONDS`` or more memory than the budget) raises ``NotImplementedError``, which asv
+shows as n/a.
+
+The grid can be narrowed without editing code (the CI subset does this):
+``ATTNBENCH_ASV_VARIANTS``, ``ATTNBENCH_ASV_LENGTHS``, ``ATTNBENCH_ASV_DEVICES``,
+``ATTNBENCH_ASV_MODES`` (comma-separated) and ``ATTNBENCH_ASV_MAX_CALL_S``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+
+import torch
+
+from attnbench.measure import guard, memory
+from attnbench.measure.peak import matmul_peak
+from attnbench.measure.runner import make_call, max_error
+from attnbench.registry import get_variant, variant_names
+from attnbench.spec import AttnSpec
+
+
+def _env_list(name: str, default: list, kind: type = str) -> list:
+    """A comma-separated override from the environment (e.g. the CI subset), else ``default``."""
+    raw = os.environ.get(name, "").strip()
+    return [kind(x) for x in raw.split(",") if x.strip()] if raw else default
+
+
+LENGTHS = _env_list("ATTNBENCH_ASV_LENGTHS", [64, 128, 256, 512, 1024, 2048, 4096, 8192], int)
+DEVICES = _env_list("ATTNBENCH_ASV_DEVICES", ["cpu", "cuda"])
+MODES = _env_list("ATTNBENCH_ASV_MODES", ["forward", "backward"])
+VARIANTS = _env_list("ATTNBENCH_ASV_VARIANTS", variant_names())
+MAX_CALL_SECONDS = float(os.environ.get("ATTNBENCH_ASV_MAX_CALL_S", "1.0"))
+"""Predicted seconds per call above which a case is n/a (keeps `asv run` within its budget)."""
+
+PARAMS: dict[str, list] = {"variant": VARIANTS, "seq_len": LENGTHS, "device": DEVICES, "mode": MODES}
+BASE = AttnSpec(batch=1, heads=8, head_dim=64, dtype="float32")
+
+
+def params() -> tuple[list[list], list[str]]:
+    """``(params, param_names)`` for an asv class, generated from one table so they cannot drift."""
+    return [list(v) for v in PARAMS.values()], list(PARAMS)
+
+
+def spec_for(variant: str, seq_len: int, device: str, mode: str) -> AttnSpec:
+    return BASE.replace(seq_len=seq_len, device=device, mode=mode)
+
+
+@functools.lru_cache(maxsize=8)
+def case(variant: str, seq_len: int, device: str, mode: str) -> tuple[Callable[[], object], AttnSpec]:
+    """The prepared call for one parameter set, or ``NotImplementedError`` (asv: n/a)."""
+    spec = spec_for(variant, seq_len, device, mode)
+    impl = get_variant(variant)
+    reasons = impl.not_supported_reasons(spec)
+    if not reasons:
+        peak = matmul_peak(device, "float32")
+        seconds = guard.predicted_seconds(impl, spec, peak)
+        if seconds > MAX_CALL_SECONDS:
+            reasons.append(f"predicted {seconds:.2f} s per call > {MAX_CALL_SECONDS:g} s")
+        need = guard.predicted_bytes(impl, spec)
+        if need > 0.5 * guard.free_bytes(device):
+            reasons.append(f"predicted {need / 2**20:,.0f} MiB exceeds half the free memory")
+    if reasons:
+        raise NotImplementedError("; ".join(reasons))
+    call, _, _ = make_call(impl, spec, seed=0)
+    return call, spec
+
+
+def peak_tensor_bytes(variant: str, seq_len: int, device: str, mode: str) -> float:
+    call, spec = case(variant, seq_len, device, mode)
+    call()  # warm caches (parameters, kernels) outside the measured call
+    if spec.device_type == "cuda":
+        return float(memory.cuda_peak_tensor_bytes(call, spec.device))
+    measured = memory.cpu_peak_tensor_bytes(call)
+    return float(measured if measured is not None else get_variant(variant).predicted_peak_bytes(spec))
+
+
+def gflops(variant: str, seq_len: int, device: str, mode: str) -> float:
+    """Achieved GFLOP/s (executed FLOPs / median of a short timing)."""
+    from attnbench.measure.timer import TimerConfig, time_call
+
+    call, spec = case(variant, seq_len, device, mode)
+    samples, _ = time_call(call, spec.device, TimerConfig(min_runs=3, min_time=0.1, max_time=2.0))
+    samples.sort()
+    return get_variant(variant).flops(spec).executed / samples[len(samples) // 2] / 1e9
+
+
+def cuda_event_ms(variant: str, seq_len: int, device: str, mode: str) -> float:
+    if device != "cuda":
+        raise NotImplementedError("CUDA-event time is measured on cuda only")
+    from attnbench.measure.timer import TimerConfig, time_call
+
+    call, spec = case(variant, seq_len, device, mode)
+    samples, _ = time_call(call, spec.device, TimerConfig(min_runs=10, min_time=0.2, max_time=2.0))
+    samples.sort()
+    return samples[len(samples) // 2] * 1e3
+
+
+def error(variant: str, seq_len: int, device: str, mode: str) -> float:
+    """Max |out - float64 reference| on one head (n/a where the reference is too large)."""
+    case(variant, seq_len, device, mode)  # same n/a rules as every other benchmark
+    if seq_len > 4096:
+        raise NotImplementedError("float64 reference skipped above L=4096")
+    impl = get_variant(variant)
+    q, k, v, mask = spec_for(variant, seq_len, device, "forward").make_inputs(seed=0)
+    return max_error(impl, q, k, v, mask)
+
+
+def cuda_available() -> bool:
+    return torch.cuda.is_available()

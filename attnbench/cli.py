@@ -1,0 +1,182 @@
+"""``attnbench`` command line: list | run | report | peak | profile | regress.
+
+The library is quiet; this module is the only place that prints or draws progress bars.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from attnbench import masks
+from attnbench.registry import get_variant, variant_names
+from attnbench.spec import DEVICES, DTYPES, MODES, AttnSpec
+
+
+def _csv(kind: type, name: str):
+    def parse(text: str) -> list:
+        try:
+            return [kind(part) for part in text.split(",") if part.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a comma-separated list of {kind.__name__}, got {text!r}") from None
+
+    return parse
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    rows = [get_variant(n).describe() for n in variant_names()]
+    frame = pd.DataFrame(rows).set_index("name")
+    if not args.wide:
+        frame = frame.drop(columns=["source"])
+    with pd.option_context("display.max_colwidth", 80, "display.width", 200):
+        print(frame.to_string())
+    return 0
+
+
+def _run_config(args: argparse.Namespace):
+    from attnbench.measure import MeasureConfig
+    from attnbench.measure.timer import TimerConfig
+
+    return MeasureConfig(
+        timer=TimerConfig(min_runs=args.min_runs, min_time=args.min_time, max_time=max(args.max_time, args.min_time)),
+        threads=args.threads,
+        memory_budget_bytes=None if args.budget_mb is None else args.budget_mb * 2**20,
+        memory_budget_fraction=args.budget_fraction,
+        time_budget_s=args.time_budget,
+        check_accuracy=not args.no_check,
+    )
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from attnbench.measure import sweep
+    from attnbench.runs import grid, new_run_dir, summary_table, write_run
+
+    variants = args.variants or variant_names()
+    unknown = [v for v in variants if v not in variant_names()]
+    if unknown:
+        print(f"error: unknown variant(s) {', '.join(unknown)}; known: {', '.join(variant_names())}", file=sys.stderr)
+        return 2
+    base = AttnSpec(batch=args.batch, heads=args.heads, head_dim=args.head_dim, device=args.device, dtype=args.dtype)
+    cases = grid(variants, args.lengths, base, modes=args.modes, masks=args.masks, limit_slow=not args.no_limit)
+    config = _run_config(args)
+    bar = tqdm(total=len(cases), unit="case", file=sys.stderr, dynamic_ncols=True, disable=args.quiet)
+
+    def progress(i: int, total: int, name: str, spec: AttnSpec) -> None:
+        bar.set_description(f"{name} L={spec.lq} {spec.mode}")
+        bar.n = i
+        bar.refresh()
+
+    start = time.perf_counter()
+    results = sweep(cases, config, progress=progress)
+    bar.n = len(cases)
+    bar.set_description("done")
+    bar.close()
+    run_dir = write_run(args.out or new_run_dir(args.root), results, config, seconds=time.perf_counter() - start)
+    with pd.option_context("display.width", 200, "display.max_columns", 30):
+        print(summary_table(results).to_string())
+    statuses = pd.Series([m.status for m in results]).value_counts().to_dict()
+    print(f"\n{len(results)} cases in {time.perf_counter() - start:.0f} s: {statuses}")
+    print(f"measurements: {run_dir}")
+    if args.report:
+        from attnbench.report.html import build_report
+
+        page = build_report([run_dir], Path(run_dir) / "report")
+        print(f"report: {page}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from attnbench.report.html import build_report
+
+    sources = args.sources or []
+    if not sources:
+        print("error: --from is required (an asv results directory or a run directory)", file=sys.stderr)
+        return 2
+    page = build_report(sources, args.out, title=args.title)
+    print(f"report: {page}")
+    return 0
+
+
+def cmd_peak(args: argparse.Namespace) -> int:
+    from attnbench.measure.peak import matmul_peak
+
+    rate = matmul_peak(args.device, args.dtype, refresh=True)
+    print(f"{args.device} {args.dtype} matmul: {rate / 1e9:.1f} GFLOP/s")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="attnbench", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("list", help="variants with their declared complexity and support")
+    p.add_argument("--wide", action="store_true", help="include the source (seed or paper) column")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("run", help="sweep variants x sequence lengths and write measurements (+ report)")
+    p.add_argument("--variants", type=_csv(str, "--variants"), help="comma-separated names (default: all)")
+    p.add_argument("--lengths", type=_csv(int, "--lengths"), default=None, help="comma-separated sequence lengths")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    p.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    p.add_argument("--modes", type=_csv(str, "--modes"), default=["forward"], help=f"comma-separated from {MODES}")
+    p.add_argument("--masks", type=_csv(str, "--masks"), default=["none"], help=f"comma-separated from {masks.MASK_KINDS}")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--budget-mb", type=_positive, default=None, help="memory budget per case in MiB")
+    p.add_argument("--budget-fraction", type=float, default=0.5, help="memory budget as a share of free memory")
+    p.add_argument("--time-budget", type=_positive, default=60.0, help="seconds one case may take in total")
+    p.add_argument("--min-runs", type=int, default=5)
+    p.add_argument("--min-time", type=_positive, default=0.25, help="seconds of timed calls per case, at least")
+    p.add_argument("--max-time", type=_positive, default=5.0, help="seconds of timed calls per case, at most")
+    p.add_argument("--no-check", action="store_true", help="skip the float64 accuracy check")
+    p.add_argument("--no-limit", action="store_true", help="sweep slow variants (loop) at every length")
+    p.add_argument("--root", default="reports/runs", help="where run directories go")
+    p.add_argument("--out", default=None, help="exact run directory (default: <root>/<time>-<host>)")
+    p.add_argument("--report", action=argparse.BooleanOptionalAction, default=True, help="build the HTML report")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("report", help="HTML report from asv results and/or run directories")
+    p.add_argument("--from", dest="sources", action="append", help="asv results dir or run dir (repeatable)")
+    p.add_argument("--out", default="reports/latest", help="output directory")
+    p.add_argument("--title", default="attnbench report")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("peak", help="measure this machine's matmul FLOP/s (cached for reports)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    p.set_defaults(func=cmd_peak)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        from attnbench.runs import DEFAULT_LENGTHS
+
+        args.lengths = args.lengths or list(DEFAULT_LENGTHS)
+        bad = [m for m in args.modes if m not in MODES] + [m for m in args.masks if m not in masks.MASK_KINDS]
+        if bad or args.device.split(":")[0] not in DEVICES or min(args.lengths) < 1:
+            parser.error(f"invalid --modes/--masks/--device/--lengths value(s): {bad or args.device or args.lengths}")
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,6 @@
+"""The measurement engine: timing, memory, environment and the runner that ties them together."""
+
+from attnbench.measure.record import STATUSES, Environment, Measurement
+from attnbench.measure.runner import MeasureConfig, measure, sweep
+
+__all__ = ["STATUSES", "Environment", "MeasureConfig", "Measurement", "measure", "sweep"]

@@ -1,0 +1,104 @@
+"""Peak memory of one call: tensor bytes (profiler timeline on CPU, allocator stats on CUDA) and
+process RSS (psutil, sampled on a thread).
+
+The CPU figure uses ``torch.profiler._memory_profiler.MemoryProfile``, a private API: it replays
+every allocation and free the profiler saw, which is exact for tensors (``tracemalloc`` cannot see
+them). Everything touching it lives in :func:`cpu_peak_tensor_bytes`, which returns None when the
+API is missing or changed, so callers can fall back to the analytic prediction. The profiler's
+native code writes noise lines straight to file descriptor 2; :func:`quiet_stderr` silences them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+
+import psutil
+import torch
+
+
+@contextlib.contextmanager
+def quiet_stderr() -> Iterator[None]:
+    """Silence Python warnings and anything native code writes to fd 2 inside the block."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def peak_from_timeline(timeline: list[tuple]) -> int:
+    """Peak live bytes of tensors created inside the profiled region.
+
+    ``timeline`` entries are ``(time_ns, action, (key, version), size)``; tensors that existed
+    before profiling started (``PREEXISTING``, i.e. the inputs) are not counted.
+    """
+    live = peak = 0
+    for _, action, _, size in timeline:
+        name = getattr(action, "name", str(action))
+        if name == "CREATE":
+            live += size
+        elif name == "DESTROY":
+            live -= size
+        peak = max(peak, live)
+    return peak
+
+
+def cpu_peak_tensor_bytes(fn: Callable[[], object]) -> int | None:
+    """Peak tensor bytes allocated during one call of ``fn`` on CPU, or None if unmeasurable."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+        from torch.profiler._memory_profiler import MemoryProfile
+    except ImportError:
+        return None
+    try:
+        with quiet_stderr():
+            with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True) as prof:
+                fn()
+            timeline = MemoryProfile(prof.profiler.kineto_results).timeline
+    except (AttributeError, RuntimeError, TypeError, ValueError):
+        return None
+    return peak_from_timeline(timeline)
+
+
+def cuda_peak_tensor_bytes(fn: Callable[[], object], device: torch.device | str) -> int:
+    """Peak bytes the CUDA caching allocator handed out during one call, above what was live before."""
+    device = torch.device(device)
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - before
+
+
+def peak_rss_bytes(fn: Callable[[], object], interval: float = 0.001) -> int:
+    """Highest resident set size of this process while ``fn`` runs (sampled every ``interval`` s)."""
+    proc = psutil.Process()
+    peak = proc.memory_info().rss
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, proc.memory_info().rss)
+            done.wait(interval)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        fn()
+    finally:
+        done.set()
+        thread.join()
+    return max(peak, proc.memory_info().rss)

@@ -1,0 +1,112 @@
+"""``Measurement``: one frozen row per (variant, spec); identity separate from samples.
+
+Statistics (median, IQR) are derived from the raw samples, never stored twice; noise is flagged
+when the IQR exceeds 10% of the median (the rule torch.utils.benchmark uses).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from attnbench.spec import AttnSpec
+
+STATUSES = ("ok", "skipped", "oom", "timeout", "error")
+NOISY_IQR_FRACTION = 0.1
+
+
+@dataclass(frozen=True)
+class Environment:
+    """Hardware and software identity of the machine that produced a measurement."""
+
+    hostname: str  # machine name
+    python: str  # Python version
+    torch: str  # torch.__version__
+    threads: int  # torch intra-op threads used for the measurement
+    cpu_model: str  # CPU model name
+    cpu_count: int  # logical CPUs visible to the process
+    device_name: str  # what ran the kernels: the GPU's name on CUDA, else the CPU model
+    gpu_name: str = ""  # CUDA device name, "" on CPU
+    gpu_memory_gb: str = ""  # CUDA device memory in GiB
+    gpu_driver: str = ""  # NVIDIA driver version as nvidia-smi reports it
+    gpu_clocks: str = ""  # SM and memory clocks as read when the measurement started
+    cuda: str = ""  # CUDA version torch was built with
+    commit: str = ""  # attnbench checkout's git commit, "" when not in a checkout
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One benchmark case: what ran (variant, spec), how it went, and what was measured."""
+
+    variant: str  # registry name
+    spec: AttnSpec  # the case's shape, dtype, device, mask and mode
+    status: str  # one of STATUSES
+    reason: str = ""  # why a case is not "ok" (or a note on an ok one)
+    samples: tuple[float, ...] = ()  # seconds per call, one entry per timed block
+    runs: int = 0  # calls timed in total (sum over blocks)
+    peak_tensor_bytes: float = math.nan  # peak tensor memory above the inputs during one call
+    memory_method: str = ""  # "profiler", "cuda", or "analytic" when it could not be measured
+    predicted_peak_bytes: float = math.nan  # the variant's analytic prediction for the same quantity
+    peak_rss_bytes: float = math.nan  # process resident set size at its highest during one call
+    flops_useful: int = 0  # analytic FLOPs on pairs the mask allows
+    flops_executed: int = 0  # analytic FLOPs the implementation performs
+    max_error: float = math.nan  # max |out - float64 reference| (NaN when not checked)
+    compile_seconds: float = math.nan  # one-off preparation time outside the timed region
+    env: Environment | None = None  # where it ran
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)  # variant-specific facts
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples) if self.samples else math.nan
+
+    @property
+    def iqr(self) -> float:
+        if len(self.samples) < 2:
+            return math.nan
+        q = statistics.quantiles(self.samples, n=4, method="inclusive")
+        return q[2] - q[0]
+
+    @property
+    def noisy(self) -> bool:
+        return bool(self.samples) and self.iqr > NOISY_IQR_FRACTION * self.median
+
+    @property
+    def gflops_per_s(self) -> float:
+        """Achieved rate on executed FLOPs (what the hardware did)."""
+        med = self.median
+        return self.flops_executed / med / 1e9 if med and med == med else math.nan
+
+    def to_row(self) -> dict[str, Any]:
+        """Flat dict for a pandas row; the column schema is documented in ``analysis.frame``."""
+        spec = dataclasses.asdict(self.spec)
+        env = dataclasses.asdict(self.env) if self.env else {}
+        return {
+            "variant": self.variant,
+            **{f"spec_{k}": v for k, v in spec.items()},
+            "seq_len_k_eff": self.spec.lk,
+            "status": self.status,
+            "reason": self.reason,
+            "median_s": self.median,
+            "iqr_s": self.iqr,
+            "noisy": self.noisy,
+            "runs": self.runs,
+            "samples_s": " ".join(f"{s:.6g}" for s in self.samples),
+            "peak_tensor_bytes": self.peak_tensor_bytes,
+            "memory_method": self.memory_method,
+            "predicted_peak_bytes": self.predicted_peak_bytes,
+            "peak_rss_bytes": self.peak_rss_bytes,
+            "flops_useful": self.flops_useful,
+            "flops_executed": self.flops_executed,
+            "gflops_per_s": self.gflops_per_s,
+            "max_error": self.max_error,
+            "compile_s": self.compile_seconds,
+            **{f"env_{k}": v for k, v in env.items()},
+            **{f"extra_{k}": v for k, v in self.extra.items()},
+        }

@@ -1,0 +1,84 @@
+"""Wall-clock timing with warm-up, blocked repeats and CUDA synchronisation.
+
+Like ``torch.utils.benchmark.Timer.blocked_autorange``: calls are grouped into blocks of at least
+``block_time`` seconds so timer overhead is negligible for fast calls, and blocks repeat until both
+``min_runs`` calls and ``min_time`` seconds have been spent (or ``max_time`` is reached). Each
+sample is the mean per-call time of one block. On CUDA the block is bracketed by CUDA events and
+synchronised before the clock is read.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class TimerConfig:
+    """How long and how often to time one case."""
+
+    warmup: int = 1  # untimed calls before timing (the accuracy check adds one more)
+    min_runs: int = 5  # at least this many timed calls...
+    min_time: float = 0.25  # ...and at least this many seconds of timed calls
+    max_time: float = 5.0  # stop repeating after this many seconds (keeps slow variants bounded)
+    block_time: float = 0.01  # target seconds per timed block
+
+    def __post_init__(self) -> None:
+        if self.warmup < 0 or self.min_runs < 1:
+            raise ValueError("warmup must be >= 0 and min_runs >= 1")
+        if not (0 < self.min_time <= self.max_time) or self.block_time <= 0:
+            raise ValueError("need 0 < min_time <= max_time and block_time > 0")
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _block_seconds(fn: Callable[[], object], number: int, device: torch.device) -> float:
+    """Total seconds for ``number`` back-to-back calls."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(number):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    t0 = time.perf_counter()
+    for _ in range(number):
+        fn()
+    return time.perf_counter() - t0
+
+
+def time_call(
+    fn: Callable[[], object], device: torch.device | str = "cpu", config: TimerConfig | None = None
+) -> tuple[list[float], int]:
+    """Time ``fn`` and return ``(per-call seconds per block, total calls timed)``.
+
+    Args:
+        fn: the call to time; inputs must already exist (never time setup).
+        device: where ``fn`` runs; CUDA work is synchronised before every clock read.
+        config: repeat policy.
+    """
+    config = config or TimerConfig()
+    device = torch.device(device)
+    for _ in range(config.warmup):
+        fn()
+    _synchronize(device)
+    first = _block_seconds(fn, 1, device)  # sizes the blocks; kept only if nothing else fits
+    number = max(1, math.floor(config.block_time / max(first, 1e-9)))
+    samples: list[float] = []
+    runs, spent = 0, first
+    while spent < config.max_time and (runs < config.min_runs or spent - first < config.min_time):
+        seconds = _block_seconds(fn, number, device)
+        samples.append(seconds / number)
+        runs += number
+        spent += seconds
+    if not samples:
+        return [first], 1
+    return samples, runs
