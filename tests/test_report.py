@@ -1,0 +1,94 @@
+"""The HTML report: self-contained, every figure present, and it renders in a real browser."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from attnbench.report.html import build_report
+
+FIXTURE = Path(__file__).parent / "fixtures" / "asv_results"
+
+
+def _multi_commit_multi_machine(tmp_path: Path) -> Path:
+    """The fixture plus a second (older, slower) commit and a second machine."""
+    out = tmp_path / "results"
+    shutil.copytree(FIXTURE, out)
+    machine_dir = next(p for p in out.iterdir() if p.is_dir())
+    src = next(p for p in machine_dir.glob("*.json") if p.name != "machine.json")
+    data = json.loads(src.read_text())
+    older = dict(data, commit_hash="0123456789abcdef0123456789abcdef01234567", date=data["date"] - 86_400_000)
+    for row in older["results"].values():
+        row[0] = [v * 1.5 if isinstance(v, float) else v for v in row[0]] if isinstance(row[0], list) else row[0]
+    (machine_dir / f"01234567-{src.name.split('-', 1)[1]}").write_text(json.dumps(older))
+    other = out / "gpu-box"
+    shutil.copytree(machine_dir, other)
+    machine = json.loads((other / "machine.json").read_text())
+    (other / "machine.json").write_text(json.dumps(dict(machine, machine="gpu-box")))
+    for p in other.glob("*.json"):
+        if p.name != "machine.json":
+            d = json.loads(p.read_text())
+            d["params"]["machine"] = "gpu-box"
+            p.write_text(json.dumps(d))
+    return out
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("report")
+    return build_report([_multi_commit_multi_machine(tmp)], tmp / "out", title="fixture report")
+
+
+def test_report_files(report):
+    out = report.parent
+    assert report.name == "report.html"
+    assert (out / "tidy.csv").stat().st_size > 0 and (out / "fits.csv").exists()
+    for name in ("time", "memory", "gflops", "history", "machines", "nadaraya_watson", "masked_weights"):
+        assert (out / "figures" / f"{name}.png").stat().st_size > 1000, name
+        assert (out / "figures" / f"{name}.svg").exists(), name
+
+
+def test_report_is_self_contained_and_complete(report):
+    page = report.read_text()
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page), "external reference in the report"
+    for heading in ("Fitted exponents", "Crossovers", "Memory model", "Skipped and failed", "Commits", "Roofline"):
+        assert heading in page, heading
+    assert page.count("data:image/png;base64,") >= 7
+    assert "0123456789abcdef" in page  # commit hashes are listed
+    assert "gpu-box" in page
+
+
+def test_report_from_nothing_readable_still_explains(tmp_path):
+    page = build_report([tmp_path / "missing"], tmp_path / "out").read_text()
+    assert "could not be read" in page
+
+
+def test_report_renders_in_headless_chromium(report, tmp_path):
+    """Open the page in Chromium: no failed requests, every figure has a non-zero rendered size."""
+    playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("Chromium is not installed (Debian package 'chromium'; .ci/run installs it)")
+    failed, requests = [], []
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=chromium,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync", "--no-first-run", "--disable-quic"],
+        )
+        page = browser.new_page(viewport={"width": 1300, "height": 900})
+        page.on("requestfailed", lambda r: failed.append(r.url))
+        page.on("request", lambda r: requests.append(r.url))
+        page.goto(report.as_uri(), wait_until="load")
+        sizes = page.eval_on_selector_all("img", "els => els.map(e => [e.alt, e.naturalWidth, e.getBoundingClientRect().height])")
+        page.screenshot(path=str(tmp_path / "report.png"), full_page=False)
+        browser.close()
+    assert failed == []
+    assert [u for u in requests if not u.startswith(("file:", "data:"))] == []
+    assert len(sizes) >= 7
+    assert all(w > 0 and h > 0 for _, w, h in sizes), sizes
+    assert (tmp_path / "report.png").stat().st_size > 10_000
