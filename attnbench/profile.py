@@ -1,0 +1,145 @@
+"""Profile one case under ``torch.profiler`` and explain where the time and memory went.
+
+Writes, into one directory:
+  * ``trace.json``: Chrome trace (open in https://ui.perfetto.dev or chrome://tracing);
+  * ``top_ops.txt``: top operators by self time and by self memory;
+  * ``memory.png`` / ``.svg``: live tensor bytes over time with the peak marked and, for variants
+    that materialise scores, the size of one (L x L) score tensor for scale;
+  * ``summary.json``: the numbers behind the one-line summary.
+
+The summary splits wall time into time inside operators and time outside them (the Python
+interpreter, argument parsing, dispatch), which is what makes the ``loop`` baseline slow: it issues
+millions of microsecond-sized operator calls for the same FLOPs ``batched`` does in a few kernels.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from attnbench.io import atomic_write, atomic_write_text
+from attnbench.measure.memory import peak_from_timeline, quiet_stderr
+from attnbench.measure.runner import make_call
+from attnbench.registry import get_variant
+from attnbench.spec import AttnSpec
+
+
+@dataclass(frozen=True)
+class ProfileSummary:
+    """What one profiled call did."""
+
+    variant: str  # registry name
+    spec: str  # the case's label
+    wall_s: float  # wall time of the profiled call (profiler overhead included)
+    unprofiled_s: float  # wall time of the same call without the profiler
+    op_s: float  # time inside top-level operators (self time of all ops)
+    outside_ops_fraction: float  # share of wall time spent outside operators (Python, dispatch)
+    op_calls: int  # operator calls recorded
+    calls_per_s: float  # op_calls / wall time
+    top_op: str  # operator with the most self time
+    top_op_fraction: float  # its share of operator time
+    peak_bytes: float  # peak live tensor bytes above the inputs (NaN if not measurable)
+    score_bytes: float  # one (B, H, Lq, Lk) tensor at the case's dtype, for scale
+    gflops: float  # executed FLOPs / unprofiled time
+
+    def line(self) -> str:
+        peak = "n/a" if self.peak_bytes != self.peak_bytes else f"{self.peak_bytes / 2**20:.1f} MiB ({self.peak_bytes / self.score_bytes:.2f}x one score tensor)"
+        return (
+            f"{self.variant} [{self.spec}]: {self.unprofiled_s * 1e3:.1f} ms per call, {self.gflops:.1f} GFLOP/s; "
+            f"{self.outside_ops_fraction:.0%} of profiled wall time outside operators (Python/dispatch), "
+            f"{self.op_calls:,} operator calls ({self.calls_per_s:,.0f}/s); top op {self.top_op} "
+            f"{self.top_op_fraction:.0%} of op time; peak {peak}"
+        )
+
+
+def _memory_figure(timeline: list[tuple], score_bytes: float, dense: bool, title: str, stem: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    events = [(t, getattr(a, "name", str(a)), size) for t, a, _, size in timeline]
+    events = [e for e in events if e[1] in ("CREATE", "DESTROY")]  # PREEXISTING entries carry no time
+    start = events[0][0] if events else 0
+    times, live, current = [0.0], [0.0], 0
+    for t, name, size in events:
+        current += size if name == "CREATE" else -size
+        times.append((t - start) / 1e6)
+        live.append(current / 2**20)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    if times:
+        ax.step(times, live, where="post", lw=1.2)
+        i = max(range(len(live)), key=live.__getitem__)
+        ax.scatter([times[i]], [live[i]], color="red", zorder=3)
+        ax.annotate(f"peak {live[i]:.1f} MiB", (times[i], live[i]), xytext=(6, -12), textcoords="offset points", color="red")
+    if dense:
+        ax.axhline(score_bytes / 2**20, ls="--", color="0.4")
+        ax.annotate("one (L x L) score tensor", (0, score_bytes / 2**20), xytext=(2, 3), textcoords="offset points", fontsize=8)
+    ax.set(xlabel="time since profiling started (ms)", ylabel="live tensor MiB (above inputs)", title=title)
+    fig.tight_layout()
+    for ext in ("png", "svg"):
+        atomic_write(stem.with_suffix(f".{ext}"), lambda tmp, ext=ext: fig.savefig(tmp, format=ext, dpi=110))
+    plt.close(fig)
+
+
+def profile_case(variant_name: str, spec: AttnSpec, out_dir: str | Path, seed: int = 0) -> ProfileSummary:
+    """Profile one call of ``variant_name`` on ``spec`` (after a warm-up) and write the artefacts.
+
+    Raises:
+        ValueError: for an unknown variant, or a case the variant does not support.
+    """
+    variant = get_variant(variant_name)
+    reasons = variant.not_supported_reasons(spec)
+    if reasons:
+        raise ValueError(f"{variant_name} cannot run {spec.label}: " + "; ".join(reasons))
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    call, _, _ = make_call(variant, spec, seed)
+    sync = torch.cuda.synchronize if spec.device_type == "cuda" else (lambda: None)
+    call()  # warm-up
+    sync()
+    t0 = time.perf_counter()
+    call()
+    sync()
+    unprofiled = time.perf_counter() - t0
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if spec.device_type == "cuda" else [])
+    with quiet_stderr():
+        with profile(activities=activities, record_shapes=True, profile_memory=True) as prof:
+            t0 = time.perf_counter()
+            call()
+            sync()
+            wall = time.perf_counter() - t0
+        averages = prof.key_averages()
+        try:
+            from torch.profiler._memory_profiler import MemoryProfile
+
+            timeline = MemoryProfile(prof.profiler.kineto_results).timeline
+        except (ImportError, AttributeError, RuntimeError, TypeError, ValueError):
+            timeline = []
+        atomic_write(out_dir / "trace.json", prof.export_chrome_trace)
+
+    by_time = averages.table(sort_by="self_cpu_time_total", row_limit=15)
+    by_mem = averages.table(sort_by="self_cpu_memory_usage", row_limit=15)
+    atomic_write_text(out_dir / "top_ops.txt", f"Top operators by self CPU time\n{by_time}\n\nTop operators by self CPU memory\n{by_mem}\n")
+
+    op_us = sum(a.self_cpu_time_total for a in averages)
+    calls = sum(a.count for a in averages)
+    top = max(averages, key=lambda a: a.self_cpu_time_total) if len(averages) else None
+    score_bytes = float(spec.batch * spec.heads * spec.lq * spec.lk * spec.elem_bytes)
+    peak = float(peak_from_timeline(timeline)) if timeline else float("nan")
+    summary = ProfileSummary(
+        variant=variant_name, spec=spec.label, wall_s=wall, unprofiled_s=unprofiled, op_s=op_us / 1e6,
+        outside_ops_fraction=max(0.0, 1.0 - op_us / 1e6 / wall) if wall > 0 else 0.0,
+        op_calls=calls, calls_per_s=calls / wall if wall > 0 else 0.0,
+        top_op=top.key if top else "", top_op_fraction=(top.self_cpu_time_total / op_us) if top and op_us else 0.0,
+        peak_bytes=peak, score_bytes=score_bytes, gflops=variant.flops(spec).executed / unprofiled / 1e9,
+    )
+    _memory_figure(timeline, score_bytes, variant.memory_exponent >= 2, f"{variant_name}: {spec.label}", out_dir / "memory")
+    atomic_write_text(out_dir / "summary.json", json.dumps({**asdict(summary), "line": summary.line()}, indent=1))
+    return summary

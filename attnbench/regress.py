@@ -1,0 +1,182 @@
+"""Regression gate: benchmark BASE and HEAD with asv, read the results, decide.
+
+``asv continuous`` exits 1 for a regression *and* for usage errors, and ``asv compare`` always exits
+0, so this gate never trusts asv's exit code for the verdict: it runs ``asv run`` on both commits
+(interleaved rounds, fixed threads, a small CI subset of the grid), loads the result files with
+:func:`attnbench.analysis.frame.load_asv` and compares them itself.
+
+Verdict per (benchmark, parameters), with ratio = HEAD / BASE:
+  * time (``time_attention``): regression when ratio > ``time_factor`` (default 1.2) *and* HEAD's
+    99% interval lies above BASE's (asv records ``ci_99``), so one noisy sample cannot fail a build;
+  * deterministic metrics (peak tensor bytes, analytic FLOPs): regression when
+    ratio > ``memory_factor`` (default 1.1) for bytes and ratio > 1 for FLOPs: no noise to forgive;
+  * a case that ran on BASE but failed on HEAD is a regression; n/a on both is ignored.
+
+Exit codes of ``attnbench regress``: 0 nothing regressed, 1 something regressed (a table names it),
+2 usage error, 3 the benchmarks could not be measured (asv failed to build or run a commit).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from attnbench.analysis.frame import load_asv
+
+CI_SUBSET = {
+    "ATTNBENCH_ASV_VARIANTS": "batched,chunked,sdpa,local,linear_elu",
+    "ATTNBENCH_ASV_LENGTHS": "256,512,1024",
+    "ATTNBENCH_ASV_MODES": "forward",
+    "ATTNBENCH_ASV_DEVICES": "cpu",
+}
+"""Short lengths and a few representative variants: finishes in minutes on 2 cores."""
+GATED = "Attention.time_attention|AttentionMetrics.track_peak_tensor_bytes|AttentionMetrics.track_flops"
+THREADS = "1"  # one intra-op thread: the least noisy choice on a shared 2-core machine
+
+
+class RegressError(RuntimeError):
+    """The comparison could not be made (exit code 3)."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The gate's decision and the table behind it."""
+
+    table: pd.DataFrame  # one row per compared case: metric, variant, params, base, head, ratio, verdict
+    regressions: pd.DataFrame  # the rows with verdict "regressed"
+    base: str  # full commit hash
+    head: str  # full commit hash
+    results_dir: Path  # where asv wrote its results
+
+    @property
+    def passed(self) -> bool:
+        return self.regressions.empty
+
+
+def _git(repo: Path, *args: str) -> str:
+    out = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise ValueError(f"git {' '.join(args)} failed in {repo}: {out.stderr.strip()}")
+    return out.stdout.strip()
+
+
+def _asv(args: list[str], *, cwd: Path, env: dict[str, str], log) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "asv", *args]
+    out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    if log is not None:
+        log.write(f"$ {' '.join(cmd)}\n{out.stdout}\n{out.stderr}\n")
+    return out
+
+
+def _config(repo: Path, work: Path) -> Path:
+    """The repository's asv.conf.json with results, envs and html redirected under ``work``."""
+    from asv import util
+
+    conf = util.load_json(str(repo / "asv.conf.json"), js_comments=True)
+    conf.update(  # joining an absolute path keeps it as it is
+        repo=str(repo), benchmark_dir=str(repo / conf.get("benchmark_dir", "benchmarks")),
+        results_dir=str(work / "results"), html_dir=str(work / "html"),
+        env_dir=str(repo / conf.get("env_dir", ".asv/env")),  # envs are reused across gate runs
+    )
+    path = work / "asv.conf.json"
+    path.write_text(json.dumps(conf, indent=1))
+    return path
+
+
+def compare(frame: pd.DataFrame, base: str, head: str, time_factor: float = 1.2, memory_factor: float = 1.1) -> pd.DataFrame:
+    """Side-by-side BASE/HEAD table with a verdict per case (see the module docstring)."""
+    keys = ["benchmark", "variant", "seq_len", "device", "mode", "metric"]
+    sides = {}
+    for name, commit in (("base", base), ("head", head)):
+        side = frame[frame["commit"] == commit].drop_duplicates(keys, keep="last").set_index(keys)
+        sides[name] = side[["value", "status", "spread", "ci_low", "ci_high"]].add_prefix(f"{name}_")
+    table = sides["base"].join(sides["head"], how="outer").reset_index()
+    verdicts, ratios = [], []
+    for rec in table.to_dict("records"):
+        b_ok, h_ok = rec["base_status"] == "ok", rec["head_status"] == "ok"
+        ratio = rec["head_value"] / rec["base_value"] if b_ok and h_ok and rec["base_value"] else math.nan
+        ratios.append(ratio)
+        if b_ok and not h_ok:
+            verdicts.append("regressed")  # ran on BASE, does not on HEAD
+        elif not (b_ok and h_ok):
+            verdicts.append("n/a")
+        elif rec["metric"] == "time":
+            overlap = rec["head_ci_low"] <= rec["base_ci_high"]  # False when either bound is unknown
+            verdicts.append("regressed" if ratio > time_factor and not overlap else "ok")
+        elif rec["metric"] == "flops":
+            verdicts.append("regressed" if ratio > 1.0 + 1e-9 else "ok")
+        else:
+            verdicts.append("regressed" if ratio > memory_factor else "ok")
+    table["ratio"] = ratios
+    table["verdict"] = verdicts
+    return table
+
+
+def regress(
+    base: str,
+    head: str,
+    *,
+    repo: str | Path = ".",
+    time_factor: float = 1.2,
+    memory_factor: float = 1.1,
+    rounds: int = 2,
+    subset: dict[str, str] | None = None,
+    work_dir: str | Path | None = None,
+    machine: str = "attnbench-ci",
+    log_path: str | Path | None = None,
+) -> Outcome:
+    """Benchmark ``base`` and ``head`` of ``repo`` with asv and compare them.
+
+    Args:
+        base, head: any git revisions (branch, tag, hash, ``HEAD~1``).
+        repo: the attnbench checkout (its asv.conf.json and benchmarks/ are used).
+        time_factor: allowed HEAD/BASE time ratio.
+        memory_factor: allowed HEAD/BASE peak tensor bytes ratio.
+        rounds: asv rounds, interleaved across the two commits.
+        subset: grid environment (default :data:`CI_SUBSET`).
+        work_dir: where results and the asv log go (default: a new temporary directory).
+        machine: asv machine name to record results under.
+        log_path: file receiving asv's full output (default ``<work_dir>/asv.log``).
+
+    Raises:
+        ValueError: bad arguments (unknown revision, bad factors).
+        RegressError: asv could not produce results for both commits.
+    """
+    if time_factor <= 1 or memory_factor <= 1:
+        raise ValueError(f"time_factor and memory_factor must be > 1, got {time_factor}, {memory_factor}")
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    repo = Path(repo).resolve()
+    if not (repo / "asv.conf.json").exists():
+        raise ValueError(f"repo must be an attnbench checkout with asv.conf.json, got {repo}")
+    base_hash = _git(repo, "rev-parse", "--verify", f"{base}^{{commit}}")
+    head_hash = _git(repo, "rev-parse", "--verify", f"{head}^{{commit}}")
+    work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="attnbench-regress-"))
+    work.mkdir(parents=True, exist_ok=True)
+    conf = _config(repo, work)
+    (work / "hashes.txt").write_text(f"{base_hash}\n{head_hash}\n")
+    env = {**os.environ, **(subset or CI_SUBSET), "OMP_NUM_THREADS": THREADS, "MKL_NUM_THREADS": THREADS}
+    with open(log_path or work / "asv.log", "a", encoding="utf-8") as log:
+        machine_out = _asv(["machine", "--yes", "--machine", machine, "--config", str(conf)], cwd=work, env=env, log=log)
+        if machine_out.returncode != 0:
+            raise RegressError(f"asv machine failed: {machine_out.stderr.strip()[-500:]}")
+        _asv(
+            ["run", f"HASHFILE:{work / 'hashes.txt'}", "--config", str(conf), "--machine", machine,
+             "--bench", GATED, "--interleave-rounds", "--attribute", f"rounds={rounds}", "--show-stderr"],
+            cwd=work, env=env, log=log,
+        )  # exit code deliberately unused: the result files are the truth
+    frame = load_asv(work / "results")
+    frame = frame[frame["machine"] == machine]
+    missing = [c for c in (base_hash, head_hash) if c not in set(frame["commit"])]
+    if missing:
+        raise RegressError(f"asv produced no results for {', '.join(m[:10] for m in missing)}; see {log_path or work / 'asv.log'}")
+    table = compare(frame, base_hash, head_hash, time_factor, memory_factor)
+    return Outcome(table=table, regressions=table[table["verdict"] == "regressed"], base=base_hash, head=head_hash, results_dir=work / "results")
