@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import torch
 
-from attnbench.measure import guard, memory
+from attnbench.measure import guard, runner
 from attnbench.measure.peak import matmul_peak
 from attnbench.measure.runner import make_call, max_error
 from attnbench.registry import get_variant, variant_names
@@ -32,20 +32,34 @@ def _env_list(name: str, default: list, kind: type = str) -> list:
     return [kind(x) for x in raw.split(",") if x.strip()] if raw else default
 
 
+CUDA = torch.cuda.is_available()
+BASE = AttnSpec(batch=1, heads=8, head_dim=64, dtype="float32")
 LENGTHS = _env_list("ATTNBENCH_ASV_LENGTHS", [64, 128, 256, 512, 1024, 2048, 4096, 8192], int)
-DEVICES = _env_list("ATTNBENCH_ASV_DEVICES", ["cpu", "cuda"])
+DEVICES = _env_list("ATTNBENCH_ASV_DEVICES", ["cpu", "cuda"] if CUDA else ["cpu"])
 MODES = _env_list("ATTNBENCH_ASV_MODES", ["forward", "backward"])
-VARIANTS = _env_list("ATTNBENCH_ASV_VARIANTS", variant_names())
+# Default-sweep variants that run on at least one of the devices (CUDA-only SDPA backends drop out on
+# CPU boxes; compiled variants, which recompile for every parameter set, are opt-in by name).
+VARIANTS = _env_list(
+    "ATTNBENCH_ASV_VARIANTS",
+    [
+        n for n in variant_names()
+        if get_variant(n).IN_DEFAULT_SWEEP and any(not get_variant(n).not_supported_reasons(BASE.replace(device=d)) for d in DEVICES)
+    ],
+)
 MAX_CALL_SECONDS = float(os.environ.get("ATTNBENCH_ASV_MAX_CALL_S", "1.0"))
 """Predicted seconds per call above which a case is n/a (keeps `asv run` within its budget)."""
 
 PARAMS: dict[str, list] = {"variant": VARIANTS, "seq_len": LENGTHS, "device": DEVICES, "mode": MODES}
-BASE = AttnSpec(batch=1, heads=8, head_dim=64, dtype="float32")
 
 
-def params() -> tuple[list[list], list[str]]:
-    """``(params, param_names)`` for an asv class, generated from one table so they cannot drift."""
-    return [list(v) for v in PARAMS.values()], list(PARAMS)
+def params(*names: str) -> tuple[list[list], list[str]]:
+    """``(params, param_names)`` for an asv class, generated from one table so they cannot drift.
+
+    Args:
+        names: a subset of ``PARAMS`` keys, in order (default: all of them).
+    """
+    names = names or tuple(PARAMS)
+    return [list(PARAMS[n]) for n in names], list(names)
 
 
 def spec_for(variant: str, seq_len: int, device: str, mode: str) -> AttnSpec:
@@ -53,7 +67,7 @@ def spec_for(variant: str, seq_len: int, device: str, mode: str) -> AttnSpec:
 
 
 @functools.lru_cache(maxsize=8)
-def case(variant: str, seq_len: int, device: str, mode: str) -> tuple[Callable[[], object], AttnSpec]:
+def case(variant: str, seq_len: int, device: str, mode: str = "forward") -> tuple[Callable[[], object], AttnSpec]:
     """The prepared call for one parameter set, or ``NotImplementedError`` (asv: n/a)."""
     spec = spec_for(variant, seq_len, device, mode)
     impl = get_variant(variant)
@@ -73,12 +87,10 @@ def case(variant: str, seq_len: int, device: str, mode: str) -> tuple[Callable[[
 
 
 def peak_tensor_bytes(variant: str, seq_len: int, device: str, mode: str) -> float:
+    """Peak tensor bytes above the inputs (the runner's method: profiler, CUDA stats or analytic)."""
     call, spec = case(variant, seq_len, device, mode)
     call()  # warm caches (parameters, kernels) outside the measured call
-    if spec.device_type == "cuda":
-        return float(memory.cuda_peak_tensor_bytes(call, spec.device))
-    measured = memory.cpu_peak_tensor_bytes(call)
-    return float(measured if measured is not None else get_variant(variant).predicted_peak_bytes(spec))
+    return runner.peak_tensor_bytes(get_variant(variant), spec, call)[0]
 
 
 def gflops(variant: str, seq_len: int, device: str, mode: str) -> float:
@@ -91,9 +103,14 @@ def gflops(variant: str, seq_len: int, device: str, mode: str) -> float:
     return get_variant(variant).flops(spec).executed / samples[len(samples) // 2] / 1e9
 
 
+def flops(variant: str, seq_len: int, device: str, mode: str) -> float:
+    """Analytic executed FLOPs of the case: deterministic, so the regression gate is strict on it."""
+    _, spec = case(variant, seq_len, device, mode)
+    return float(get_variant(variant).flops(spec).executed)
+
+
 def cuda_event_ms(variant: str, seq_len: int, device: str, mode: str) -> float:
-    if device != "cuda":
-        raise NotImplementedError("CUDA-event time is measured on cuda only")
+    """Median CUDA-event milliseconds per call (the class's setup makes non-CUDA cases n/a)."""
     from attnbench.measure.timer import TimerConfig, time_call
 
     call, spec = case(variant, seq_len, device, mode)
@@ -102,15 +119,22 @@ def cuda_event_ms(variant: str, seq_len: int, device: str, mode: str) -> float:
     return samples[len(samples) // 2] * 1e3
 
 
-def error(variant: str, seq_len: int, device: str, mode: str) -> float:
-    """Max |out - float64 reference| on one head (n/a where the reference is too large)."""
-    case(variant, seq_len, device, mode)  # same n/a rules as every other benchmark
+def setup_accuracy(variant: str, seq_len: int, device: str) -> None:
+    """n/a rules for the accuracy benchmark: the case's own, plus the float64 reference's size."""
+    case(variant, seq_len, device)
     if seq_len > 4096:
         raise NotImplementedError("float64 reference skipped above L=4096")
+
+
+def error(variant: str, seq_len: int, device: str) -> float:
+    """Max |out - float64 reference| on one head."""
     impl = get_variant(variant)
     q, k, v, mask = spec_for(variant, seq_len, device, "forward").make_inputs(seed=0)
     return max_error(impl, q, k, v, mask)
 
 
-def cuda_available() -> bool:
-    return torch.cuda.is_available()
+def matmul_gflops() -> float:
+    """This machine's fp32 matmul GFLOP/s (freshly measured): the roof for % of peak."""
+    from attnbench.measure.peak import measure_matmul_peak
+
+    return measure_matmul_peak("cpu", "float32") / 1e9

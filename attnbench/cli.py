@@ -59,6 +59,12 @@ def _run_config(args: argparse.Namespace):
     )
 
 
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -85,7 +91,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     bar.n = len(cases)
     bar.set_description("done")
     bar.close()
-    run_dir = write_run(args.out or new_run_dir(args.root), results, config, seconds=time.perf_counter() - start)
+    from attnbench.measure.peak import matmul_peak
+
+    peak = matmul_peak(args.device, "float32") / 1e9 if not args.device.startswith("cuda") or _cuda() else None
+    run_dir = write_run(
+        args.out or new_run_dir(args.root), results, config, seconds=time.perf_counter() - start, peak_gflops=peak
+    )
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(summary_table(results).to_string())
     statuses = pd.Series([m.status for m in results]).value_counts().to_dict()
@@ -109,6 +120,48 @@ def cmd_report(args: argparse.Namespace) -> int:
     page = build_report(sources, args.out, title=args.title)
     print(f"report: {page}")
     return 0
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from attnbench.profile import profile_case
+
+    spec = AttnSpec(batch=args.batch, heads=args.heads, seq_len=args.seq_len, head_dim=args.head_dim,
+                    device=args.device, dtype=args.dtype, mode=args.mode)
+    out = Path(args.out or f"reports/profiles/{args.variant}-L{args.seq_len}-{args.device}-{args.mode}")
+    try:
+        summary = profile_case(args.variant, spec, out)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(summary.line())
+    print(f"trace: {out / 'trace.json'} (open in https://ui.perfetto.dev)\ntop operators: {out / 'top_ops.txt'}\nmemory plot: {out / 'memory.png'}")
+    return 0
+
+
+def cmd_regress(args: argparse.Namespace) -> int:
+    from attnbench.regress import RegressError, regress
+
+    try:
+        outcome = regress(args.base, args.head, repo=args.repo, time_factor=args.time_factor,
+                          memory_factor=args.memory_factor, rounds=args.rounds, work_dir=args.work_dir)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except RegressError as exc:
+        print(f"error: could not measure: {exc}", file=sys.stderr)
+        return 3
+    cols = ["verdict", "metric", "variant", "seq_len", "mode", "base_value", "head_value", "ratio", "benchmark"]
+    shown = outcome.table.sort_values(["verdict", "ratio"], ascending=[False, False])[cols]
+    with pd.option_context("display.width", 200, "display.max_rows", 200, "display.float_format", "{:.4g}".format):
+        print(shown.to_string(index=False))
+    print(f"\nbase {outcome.base[:10]}  head {outcome.head[:10]}  results: {outcome.results_dir}")
+    if outcome.passed:
+        print(f"PASS: nothing regressed beyond {args.time_factor}x time / {args.memory_factor}x peak tensor bytes")
+        return 0
+    print(f"FAIL: {len(outcome.regressions)} regression(s):")
+    for rec in outcome.regressions.to_dict("records"):
+        print(f"  {rec['benchmark']} [{rec['variant']}, L={rec['seq_len']}, {rec['mode']}]: {rec['metric']} x{rec['ratio']:.2f}")
+    return 1
 
 
 def cmd_peak(args: argparse.Namespace) -> int:
@@ -157,6 +210,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="reports/latest", help="output directory")
     p.add_argument("--title", default="attnbench report")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("profile", help="one case under torch.profiler: trace, top operators, memory plot")
+    p.add_argument("variant", help="registered variant name")
+    p.add_argument("--seq-len", type=int, required=True)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    p.add_argument("--mode", "--pass", dest="mode", default="forward", choices=list(MODES), help="forward or backward (forward + backward)")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--out", default=None, help="output directory (default reports/profiles/<case>)")
+    p.set_defaults(func=cmd_profile)
+
+    p = sub.add_parser("regress", help="benchmark BASE and HEAD with asv; exit 1 if HEAD regressed")
+    p.add_argument("base", help="git revision to compare against (e.g. origin/main)")
+    p.add_argument("head", nargs="?", default="HEAD", help="git revision under test (default HEAD)")
+    p.add_argument("--repo", default=".", help="attnbench checkout (default .)")
+    p.add_argument("--time-factor", type=float, default=1.2, help="allowed HEAD/BASE time ratio")
+    p.add_argument("--memory-factor", type=float, default=1.1, help="allowed HEAD/BASE peak tensor bytes ratio")
+    p.add_argument("--rounds", type=int, default=2, help="asv rounds, interleaved across the commits")
+    p.add_argument("--work-dir", default=".asv/regress", help="results and asv.log go here")
+    p.set_defaults(func=cmd_regress)
 
     p = sub.add_parser("peak", help="measure this machine's matmul FLOP/s (cached for reports)")
     p.add_argument("--device", default="cpu")

@@ -18,7 +18,10 @@ def atomic_write(path: str | Path, write: Callable[[str], object]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
     try:
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the result ordinary permissions
         write(tmp)
         os.replace(tmp, path)
     except BaseException:

@@ -14,6 +14,7 @@ from attnbench.variants.base import Variant
 from attnbench.variants.batched import BatchedAttention
 from attnbench.variants.block_sparse import BlockSparseAttention
 from attnbench.variants.chunked import ChunkedAttention
+from attnbench.variants.compiled import CompiledVariant, FlexAttention
 from attnbench.variants.linear import LinearElu, Performer
 from attnbench.variants.local import LocalAttention
 from attnbench.variants.loop import LoopAttention
@@ -90,6 +91,9 @@ BUILTINS: tuple[tuple[str, type[Variant], dict[str, Any]], ...] = (
     ("scaled_dot", ScoringAttention, {"score": "scaled_dot"}),
     ("bilinear", ScoringAttention, {"score": "bilinear"}),
     ("additive", ScoringAttention, {"score": "additive"}),
+    ("compiled_batched", CompiledVariant, {"base": "batched"}),
+    ("compiled_chunked", CompiledVariant, {"base": "chunked"}),
+    ("flex", FlexAttention, {"compiled": True}),
 )
 
 for _name, _cls, _defaults in BUILTINS:

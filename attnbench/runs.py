@@ -41,11 +41,14 @@ def grid(
 ) -> list[tuple[str, AttnSpec]]:
     """Cases for every variant x length x mode x mask x dtype x device.
 
+    ``variants=None`` means every registered variant in the default sweep (compiled variants, which
+    recompile per shape, are opt-in by name).
+
     ``limit_slow`` keeps interpreter-bound variants (``loop``) to the lengths they can finish in
     seconds; pass False to sweep them everywhere (the time guard still applies).
     """
     base = base or AttnSpec()
-    names = list(variants) if variants else variant_names()
+    names = list(variants) if variants else [n for n in variant_names() if get_variant(n).IN_DEFAULT_SWEEP]
     cases = []
     for name in names:
         variant = get_variant(name)
@@ -77,6 +80,7 @@ def write_run(
     *,
     seconds: float,
     command: Sequence[str] | None = None,
+    peak_gflops: float | None = None,
 ) -> Path:
     """Atomically write ``measurements.csv`` then ``manifest.json`` under ``run_dir``."""
     run_dir = Path(run_dir)
@@ -88,6 +92,7 @@ def write_run(
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": list(command if command is not None else sys.argv),
         "seconds": round(seconds, 2),
+        "peak_gflops": peak_gflops,
         "cases": len(measurements),
         "statuses": frame["status"].value_counts().to_dict() if len(frame) else {},
         "environment": dataclasses.asdict(env) if env else {},

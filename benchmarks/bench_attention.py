@@ -1,4 +1,8 @@
-"""asv benchmarks: attention time and memory vs sequence length (thin; logic in attnbench.asv_bench)."""
+"""asv benchmarks: attention time and memory vs sequence length (thin; logic in attnbench.asv_bench).
+
+Parameters come from ``attnbench.asv_bench.PARAMS``; impossible cases raise NotImplementedError in
+``setup`` and show as n/a.
+"""
 
 from attnbench import asv_bench as ab
 
@@ -7,6 +11,7 @@ class Attention:
     """Wall time (asv's timer) and process peak RSS per variant x length x device x pass."""
 
     params, param_names = ab.params()
+    repeat = (3, 10, 4.0)
     timeout = 180
 
     def setup(self, *p):
@@ -20,7 +25,7 @@ class Attention:
 
 
 class AttentionMetrics:
-    """Engine metrics asv cannot take itself: peak tensor bytes, GFLOP/s, CUDA-event time, max error."""
+    """Peak tensor bytes (profiler / CUDA allocator) and achieved GFLOP/s."""
 
     params, param_names = ab.params()
     timeout = 180
@@ -38,12 +43,49 @@ class AttentionMetrics:
 
     track_gflops.unit = "GFLOP/s"
 
-    def track_cuda_ms(self, *p):
-        return ab.cuda_event_ms(*p)
+    def track_flops(self, *p):
+        return ab.flops(*p)
 
-    track_cuda_ms.unit = "ms"
+    track_flops.unit = "FLOP"
+
+
+class AttentionAccuracy:
+    """Max |out - float64 reference| on one head (does not depend on the pass)."""
+
+    params, param_names = ab.params("variant", "seq_len", "device")
+    timeout = 180
+
+    def setup(self, *p):
+        ab.setup_accuracy(*p)
 
     def track_max_error(self, *p):
         return ab.error(*p)
 
     track_max_error.unit = "abs error"
+
+
+if ab.CUDA:
+
+    class AttentionCuda:
+        """CUDA-event time per call: kernel time without host-side timer noise."""
+
+        params, param_names = ab.params()
+        timeout = 180
+
+        def setup(self, variant, seq_len, device, mode):
+            if device != "cuda":
+                raise NotImplementedError("CUDA-event time is measured on cuda only")
+            ab.case(variant, seq_len, device, mode)
+
+        def track_cuda_ms(self, *p):
+            return ab.cuda_event_ms(*p)
+
+        track_cuda_ms.unit = "ms"
+
+
+def track_matmul_gflops():
+    """Matmul roof of the machine, so reports can show attention GFLOP/s as % of peak."""
+    return ab.matmul_gflops()
+
+
+track_matmul_gflops.unit = "GFLOP/s"

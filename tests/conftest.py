@@ -38,3 +38,12 @@ def assert_close_to_reference(variant, q, k, v, mask, factor: float = 3.0) -> No
 
 def all_variants() -> list[str]:
     return attnbench.variant_names()
+
+
+def cheap_variants() -> list[str]:
+    """Variants without per-shape compilation: the ones property tests can call on many shapes."""
+    return [n for n in all_variants() if attnbench.get_variant(n).IN_DEFAULT_SWEEP]
+
+
+def is_expensive(name: str) -> bool:
+    return not attnbench.get_variant(name).IN_DEFAULT_SWEEP

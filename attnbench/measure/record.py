@@ -53,7 +53,8 @@ class Measurement:
     peak_rss_bytes: float = math.nan  # process resident set size at its highest during one call
     flops_useful: int = 0  # analytic FLOPs on pairs the mask allows
     flops_executed: int = 0  # analytic FLOPs the implementation performs
-    max_error: float = math.nan  # max |out - float64 reference| (NaN when not checked)
+    max_error: float = math.nan  # max |out - float64 reference of what the variant claims| (NaN: not checked)
+    softmax_error: float = math.nan  # approximate variants: max |out - exact softmax attention|
     compile_seconds: float = math.nan  # one-off preparation time outside the timed region
     env: Environment | None = None  # where it ran
     extra: dict[str, Any] = field(default_factory=dict, compare=False)  # variant-specific facts
@@ -106,6 +107,7 @@ class Measurement:
             "flops_executed": self.flops_executed,
             "gflops_per_s": self.gflops_per_s,
             "max_error": self.max_error,
+            "softmax_error": self.softmax_error,
             "compile_s": self.compile_seconds,
             **{f"env_{k}": v for k, v in env.items()},
             **{f"extra_{k}": v for k, v in self.extra.items()},

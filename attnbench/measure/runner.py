@@ -19,8 +19,10 @@ import torch
 from attnbench.measure import guard, memory
 from attnbench.measure.env import environment
 from attnbench.measure.peak import matmul_peak
+from attnbench.measure.provenance import sdpa_backends
 from attnbench.measure.record import Environment, Measurement
 from attnbench.measure.timer import TimerConfig, time_call
+from attnbench.reference import reference_attention
 from attnbench.registry import get_variant
 from attnbench.spec import AttnSpec
 from attnbench.variants.base import Variant
@@ -97,14 +99,43 @@ def make_call(
     return call_backward, (q, k, v), mask
 
 
-def max_error(variant: Variant, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> float:
-    """Max |variant - float64 reference| on batch 0, head 0 (heads are independent)."""
+def max_error(
+    variant: Variant,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    reference: Callable[..., torch.Tensor] | None = None,
+) -> float:
+    """Max |variant - float64 reference| on batch 0, head 0 (heads are independent).
+
+    ``reference`` defaults to the variant's own (what it claims to compute); pass
+    :func:`reference_attention` to measure an approximate variant against exact softmax attention.
+    """
     sl = (slice(0, 1), slice(0, 1))
     m = None if mask is None else mask[tuple(slice(0, 1) if s > 1 else slice(None) for s in mask.shape[:2])]
+    reference = reference or variant.reference
     with torch.no_grad():
         out = variant(q[sl], k[sl], v[sl], m)
-        ref = variant.reference(q[sl].detach(), k[sl].detach(), v[sl].detach(), m)
+        ref = reference(q[sl].detach(), k[sl].detach(), v[sl].detach(), m)
     return float((out.double() - ref).abs().max())
+
+
+def peak_tensor_bytes(variant: Variant, spec: AttnSpec, call: Callable[[], object]) -> tuple[float, str]:
+    """Peak tensor bytes above the inputs during one ``call``, and how they were obtained.
+
+    CUDA: allocator statistics. CPU: the profiler's memory timeline, except for interpreter-bound
+    variants (``loop``), whose millions of scalar operations would make profiling slower than the
+    benchmark itself; those, and any case the private profiler API cannot measure, fall back to the
+    variant's analytic prediction (method "analytic").
+    """
+    if spec.device_type == "cuda":
+        return float(memory.cuda_peak_tensor_bytes(call, spec.device)), "cuda"
+    if variant.SECONDS_PER_PAIR == 0.0:
+        measured = memory.cpu_peak_tensor_bytes(call)
+        if measured is not None:
+            return float(measured), "profiler"
+    return float(variant.predicted_peak_bytes(spec)), "analytic"
 
 
 def reference_bytes(variant: Variant, spec: AttnSpec) -> float:
@@ -165,11 +196,14 @@ def measure(
 
     try:
         call, (q, k, v), mask = make_call(variant, spec, config.seed)
-        error, notes = math.nan, []
+        compile_seconds = variant.warm_up(q, k, v, mask) or math.nan  # compilation: recorded, never timed
+        error, softmax_error, notes = math.nan, math.nan, []
         if config.check_accuracy and reference_bytes(variant, spec) <= config.reference_budget_bytes:
             error = max_error(variant, q, k, v, mask)
             if not math.isfinite(error):
                 return Measurement(status="error", reason=f"non-finite output (max error {error})", **base)
+            if not variant.exact:
+                softmax_error = max_error(variant, q, k, v, mask, reference=reference_attention)
         elif config.check_accuracy:
             notes.append("accuracy not checked: float64 reference over its memory budget")
         first, _ = time_call(call, spec.device, TimerConfig(warmup=0, min_runs=1, min_time=1e-9, max_time=1e-9))
@@ -180,20 +214,13 @@ def measure(
                 **base,
             )
         samples, runs = time_call(call, spec.device, config.timer)
-        peak, method = math.nan, ""
-        if config.measure_memory:
-            if spec.device_type == "cuda":
-                peak, method = float(memory.cuda_peak_tensor_bytes(call, spec.device)), "cuda"
-            elif variant.SECONDS_PER_PAIR == 0.0:  # interpreter-bound variants emit too many events to profile
-                measured = memory.cpu_peak_tensor_bytes(call)
-                if measured is not None:
-                    peak, method = float(measured), "profiler"
-            if method == "":
-                peak, method = base["predicted_peak_bytes"], "analytic"
+        peak, method = peak_tensor_bytes(variant, spec, call) if config.measure_memory else (math.nan, "")
         rss = float(memory.peak_rss_bytes(call)) if config.measure_rss else math.nan
+        extra = {"kernel": "+".join(sdpa_backends(call, spec.device)) or "unknown"} if variant.PROVENANCE else {}
         return Measurement(
             status="ok", reason="; ".join(notes), samples=tuple(samples), runs=runs, peak_tensor_bytes=peak,
-            memory_method=method, peak_rss_bytes=rss, max_error=error, **base,
+            memory_method=method, peak_rss_bytes=rss, max_error=error, softmax_error=softmax_error,
+            compile_seconds=compile_seconds, extra=extra, **base,
         )
     except Exception as exc:  # noqa: BLE001 - one bad case must never end a sweep
         status = "oom" if _is_oom(exc) else "error"

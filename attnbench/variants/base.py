@@ -58,6 +58,8 @@ class Variant(ABC):
     SCORE_BUFFERS: ClassVar[float] = 2.0  # live (Lq, Lk) buffers per (B, H) at the forward peak
     SECONDS_PER_PAIR: ClassVar[float] = 0.0  # interpreter overhead per (query, key) pair
     EFFICIENCY: ClassVar[float] = 0.25  # assumed fraction of matmul peak, for time predictions only
+    IN_DEFAULT_SWEEP: ClassVar[bool] = True  # False for variants whose set-up (compilation) costs seconds per shape
+    PROVENANCE: ClassVar[bool] = False  # record which SDPA kernel ran (SDPA-backed variants)
 
     def __init__(self, scale: float | None = None) -> None:
         if scale is not None and (not isinstance(scale, (int, float)) or scale <= 0):
@@ -86,6 +88,16 @@ class Variant(ABC):
         if reasons:
             raise ValueError(f"{self.name} cannot run these inputs: " + "; ".join(reasons))
         return self.forward(q, k, v, as_4d_mask(mask))
+
+    def warm_up(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> float:
+        """One-off preparation for these shapes (e.g. compilation), outside any timed region.
+
+        Returns:
+            Seconds spent preparing (0.0 for variants that need none).
+        """
+        return 0.0
 
     @abstractmethod
     def forward(

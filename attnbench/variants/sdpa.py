@@ -31,6 +31,7 @@ class SDPA(Variant):
     """PyTorch's fused attention; the production baseline every other variant is compared with."""
 
     source = "torch.nn.functional.scaled_dot_product_attention; Dao et al. 2022 (FlashAttention)"
+    PROVENANCE = True
 
     def __init__(self, backend: str = "auto", scale: float | None = None) -> None:
         super().__init__(scale)

@@ -22,6 +22,7 @@ class TorchMHA(Variant):
     memory_exponent = 1.0  # the fused path does not materialise scores without a mask
     source = "torch.nn.MultiheadAttention (seed 004); Vaswani et al. 2017"
     SCORE_BUFFERS = 0.0
+    PROVENANCE = True
 
     def __init__(self, scale: float | None = None) -> None:
         if scale is not None:

@@ -1,0 +1,134 @@
+"""Compiled variants: ``torch.compile`` of an eager variant, and FlexAttention.
+
+Compilation happens in :meth:`warm_up`, whose duration the runner records as ``compile_seconds``;
+it is never inside a timed region. Each new shape recompiles (``dynamic=False``), which costs
+seconds on a CPU, so these variants are not in the default sweep: ask for them by name.
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import time
+
+import torch
+
+from attnbench._checks import as_4d_mask
+from attnbench.variants.base import Variant
+
+_HALF_AND_FLOAT = frozenset({"float32", "bfloat16", "float16"})
+
+
+def _compiler_reasons(device: str) -> list[str]:
+    if device == "cpu" and not (shutil.which("gcc") or shutil.which("cc") or shutil.which("clang")):
+        return ["torch.compile on CPU needs a C/C++ compiler (gcc), none found"]
+    return []
+
+
+def _timed_first_call(fn, *args) -> float:
+    start = time.perf_counter()
+    out = fn(*args)
+    if isinstance(out, torch.Tensor) and out.is_cuda:
+        torch.cuda.synchronize(out.device)
+    return time.perf_counter() - start
+
+
+class CompiledVariant(Variant):
+    """``torch.compile(base.forward)``; declares what its base declares."""
+
+    IN_DEFAULT_SWEEP = False
+
+    def __init__(self, base: str = "batched", mode: str | None = None, dynamic: bool = False) -> None:
+        from attnbench.registry import get_variant  # the registry imports this module
+
+        super().__init__(None)
+        self.base = get_variant(base)
+        for attr in ("exact", "time_exponent", "memory_exponent", "SUPPORTED_DEVICES", "SUPPORTED_DTYPES",
+                     "SUPPORTED_MASKS", "SUPPORTS_CROSS", "SUPPORTS_BACKWARD", "SCORE_BUFFERS", "EFFICIENCY"):
+            setattr(self, attr, getattr(self.base, attr))
+        self.source = f"torch.compile of {base} ({self.base.source})"
+        self._compiled = torch.compile(self.base.forward, mode=mode, dynamic=dynamic)
+        self._shapes: set[tuple] = set()
+
+    def _same_qk_dim(self) -> bool:
+        return self.base._same_qk_dim()
+
+    def extra_reasons(self, *, device, dtype, lq, lk, d, dv):
+        return self.base.extra_reasons(device=device, dtype=dtype, lq=lq, lk=lk, d=d, dv=dv) + _compiler_reasons(device)
+
+    def reference(self, q, k, v, mask=None, dtype=torch.float64):
+        return self.base.reference(q, k, v, mask, dtype)
+
+    def flops(self, spec):
+        return self.base.flops(spec)
+
+    def scratch_elements(self, spec):
+        return self.base.scratch_elements(spec)
+
+    def warm_up(self, q, k, v, mask=None):
+        key = (q.shape, k.shape, v.shape, None if mask is None else mask.shape, q.dtype, q.device, q.requires_grad)
+        if key in self._shapes:
+            return 0.0
+        self._shapes.add(key)
+        return _timed_first_call(self, q, k, v, mask)
+
+    def forward(self, q, k, v, mask):
+        return self._compiled(q, k, v, mask)
+
+
+@functools.lru_cache(maxsize=2)
+def _flex(compiled: bool):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention) if compiled else flex_attention
+
+
+class FlexAttention(Variant):
+    """``torch.nn.attention.flex_attention`` with a block mask built from the boolean mask.
+
+    The block mask records which (query block, key block) tiles hold any allowed pair, so causal
+    and sliding-window masks skip empty tiles. It is built once per mask tensor (in
+    :meth:`warm_up` or the first call) and cached.
+    """
+
+    memory_exponent = 1.0
+    source = "torch.nn.attention.flex_attention (FlexAttention, Dong et al. 2024)"
+    SUPPORTED_DTYPES = _HALF_AND_FLOAT  # CPU FlexAttention rejects float64
+    SCORE_BUFFERS = 0.0
+    IN_DEFAULT_SWEEP = False
+
+    def __init__(self, compiled: bool = True, scale: float | None = None) -> None:
+        super().__init__(scale)
+        self.compiled = compiled
+        self._block_masks: dict[tuple, object] = {}
+
+    def extra_reasons(self, *, device, dtype, lq, lk, d, dv):
+        return _compiler_reasons(device) if self.compiled else []
+
+    def scratch_elements(self, spec):  # noqa: D102 - a (block x Lk) tile row and the log-sum-exp
+        return spec.batch * spec.heads * (min(128, spec.lq) * spec.lk / 8 + spec.lq)
+
+    def block_mask(self, mask: torch.Tensor | None, b: int, h: int, lq: int, lk: int):
+        """The cached FlexAttention BlockMask for a rank-4 bool mask (None for no mask)."""
+        if mask is None:
+            return None
+        key = (mask.data_ptr(), tuple(mask.shape), mask._version, b, h, lq, lk)
+        if key not in self._block_masks:
+            from torch.nn.attention.flex_attention import create_block_mask
+
+            sb, sh, sq = (mask.shape[i] > 1 for i in range(3))
+
+            def mask_mod(bi, hi, qi, ki):
+                return mask[bi if sb else 0, hi if sh else 0, qi if sq else 0, ki]
+
+            self._block_masks = {key: create_block_mask(mask_mod, b if sb else None, h if sh else None, lq, lk, device=mask.device)}
+        return self._block_masks[key]
+
+    def warm_up(self, q, k, v, mask=None):
+        start = time.perf_counter()
+        self.block_mask(as_4d_mask(mask), q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+        return time.perf_counter() - start + _timed_first_call(self, q, k, v, mask)
+
+    def forward(self, q, k, v, mask):
+        block_mask = self.block_mask(mask, q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+        return _flex(self.compiled)(q, k, v, block_mask=block_mask, scale=self.scale)

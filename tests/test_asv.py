@@ -1,0 +1,77 @@
+"""asv smoke: the benchmark module passes `asv check` and a quick run of a small grid has no failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from attnbench.analysis.frame import load_asv
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL_GRID = {
+    "ATTNBENCH_ASV_VARIANTS": "batched,chunked,sdpa_efficient",
+    "ATTNBENCH_ASV_LENGTHS": "64,128",
+    "ATTNBENCH_ASV_MODES": "forward,backward",
+}
+
+
+def _asv(args: list[str], env: dict, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "asv", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def asv_env(tmp_path_factory):
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    if head.returncode != 0:
+        pytest.skip("not a git checkout: asv needs a commit hash to record results")
+    tmp = tmp_path_factory.mktemp("asv")
+    conf = {
+        "version": 1, "project": "attnbench", "repo": str(ROOT), "environment_type": "virtualenv",
+        "benchmark_dir": str(ROOT / "benchmarks"), "results_dir": str(tmp / "results"),
+        "html_dir": str(tmp / "html"), "env_dir": str(tmp / "env"), "launch_method": "forkserver",
+    }
+    (tmp / "asv.conf.json").write_text(json.dumps(conf))
+    env = {**os.environ, "HOME": str(tmp), **SMALL_GRID}
+    machine = _asv(["machine", "--yes", "--machine", "smoke"], env, tmp)
+    assert machine.returncode == 0, machine.stderr
+    return tmp, env, head.stdout.strip()
+
+
+@pytest.mark.slow
+def test_asv_check(asv_env):
+    tmp, env, _ = asv_env
+    out = _asv(["check", "--python=same"], env, tmp)
+    assert out.returncode == 0 and "No problems found" in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.slow
+def test_asv_quick_run_has_no_failures(asv_env):
+    tmp, env, head = asv_env
+    out = _asv(["run", "--python=same", "--quick", "--set-commit-hash", head, "--machine", "smoke"], env, tmp)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    frame = load_asv(tmp / "results")
+    assert frame.attrs["problems"] == []
+    failed = frame[frame["status"] == "failed"]
+    assert failed.empty, failed[["benchmark", "variant", "seq_len", "device", "mode"]].to_string()
+    ok = frame[frame["status"] == "ok"]
+    assert {"batched", "chunked"} <= set(ok["variant"])
+    assert {"time", "peak_rss", "peak_tensor_bytes", "gflops", "max_error"} <= set(ok["metric"])
+    assert set(frame.loc[frame["variant"] == "sdpa_efficient", "status"]) == {"skipped"}
+    assert frame.loc[frame["metric"] == "max_error", "value"].max() < 1e-4
+
+
+def test_benchmark_params_are_generated_from_one_table():
+    sys.path.insert(0, str(ROOT))
+    try:
+        from benchmarks import bench_attention as b
+    finally:
+        sys.path.pop(0)
+    from attnbench import asv_bench
+
+    assert b.Attention.param_names == list(asv_bench.PARAMS)
+    assert b.AttentionAccuracy.param_names == ["variant", "seq_len", "device"]
