@@ -90,10 +90,12 @@ def test_load_reports_unknown_directories(tmp_path):
 def test_fit_recovers_known_exponents():
     lengths = np.array([64, 128, 256, 512, 1024, 2048, 4096], float)
     rng = np.random.default_rng(0)
-    quadratic = 1e-3 + 3e-9 * lengths**2 * rng.lognormal(0, 0.03, len(lengths))  # overhead + n^2
+    quadratic = 1e-4 + 3e-9 * lengths**2 * rng.lognormal(0, 0.03, len(lengths))  # overhead + n^2
     fit = complexity.fit_exponent(lengths, quadratic)
     assert fit["ci_low"] <= 2.0 <= fit["ci_high"] and abs(fit["exponent"] - 2) < 0.1
-    assert fit["L_min"] > 64  # the overhead-dominated short lengths are excluded
+    assert fit["L_min"] == 1024 and fit["range"].startswith("value >=")  # overhead-dominated lengths excluded
+    heavy = 1e-3 + 3e-9 * lengths**2  # only 2 lengths clear 10x: the documented fallback takes the longest 3
+    assert complexity.fit_exponent(lengths, heavy)["range"] == "longest 3 lengths"
     linear = 5e-6 * lengths * rng.lognormal(0, 0.03, len(lengths))
     assert abs(complexity.fit_exponent(lengths, linear)["exponent"] - 1) < 0.1
 

@@ -31,7 +31,7 @@ def asv_env(tmp_path_factory):
         pytest.skip("not a git checkout: asv needs a commit hash to record results")
     tmp = tmp_path_factory.mktemp("asv")
     conf = {
-        "version": 1, "project": "attnbench", "repo": str(ROOT), "environment_type": "virtualenv",
+        "version": 1, "project": "attnbench", "repo": str(ROOT), "branches": ["main"], "environment_type": "virtualenv",
         "benchmark_dir": str(ROOT / "benchmarks"), "results_dir": str(tmp / "results"),
         "html_dir": str(tmp / "html"), "env_dir": str(tmp / "env"), "launch_method": "forkserver",
     }

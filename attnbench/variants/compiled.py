@@ -19,6 +19,22 @@ from attnbench.variants.base import Variant
 _HALF_AND_FLOAT = frozenset({"float32", "bfloat16", "float16"})
 
 
+RECOMPILE_LIMIT = 64
+
+
+def _configure_dynamo() -> None:
+    """A sweep compiles one graph per shape: allow that many, and never fall back silently.
+
+    Dynamo's default stops recompiling after 8 shapes per function and runs it *eagerly* from then
+    on, which would quietly turn a "compiled" measurement into an eager one. Here the limit is
+    raised and hitting it is an error, which the runner records as an ``error`` row.
+    """
+    import torch._dynamo.config as dynamo_config
+
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, RECOMPILE_LIMIT)
+    dynamo_config.fail_on_recompile_limit_hit = True
+
+
 def _compiler_reasons(device: str) -> list[str]:
     if device == "cpu" and not (shutil.which("gcc") or shutil.which("cc") or shutil.which("clang")):
         return ["torch.compile on CPU needs a C/C++ compiler (gcc), none found"]
@@ -47,6 +63,7 @@ class CompiledVariant(Variant):
                      "SUPPORTED_MASKS", "SUPPORTS_CROSS", "SUPPORTS_BACKWARD", "SCORE_BUFFERS", "EFFICIENCY"):
             setattr(self, attr, getattr(self.base, attr))
         self.source = f"torch.compile of {base} ({self.base.source})"
+        _configure_dynamo()
         self._compiled = torch.compile(self.base.forward, mode=mode, dynamic=dynamic)
         self._shapes: set[tuple] = set()
 
@@ -80,7 +97,9 @@ class CompiledVariant(Variant):
 def _flex(compiled: bool):
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention) if compiled else flex_attention
+    # Static shapes: after a second shape, automatic dynamic shapes hit an Inductor C++ codegen bug
+    # for CPU FlexAttention in torch 2.13 ("cur_kvSplitSize5 was not declared").
+    return torch.compile(flex_attention, dynamic=False) if compiled else flex_attention
 
 
 class FlexAttention(Variant):
@@ -100,6 +119,8 @@ class FlexAttention(Variant):
     def __init__(self, compiled: bool = True, scale: float | None = None) -> None:
         super().__init__(scale)
         self.compiled = compiled
+        if compiled:
+            _configure_dynamo()
         self._block_masks: dict[tuple, object] = {}
 
     def extra_reasons(self, *, device, dtype, lq, lk, d, dv):
