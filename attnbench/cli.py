@@ -50,7 +50,9 @@ def _run_config(args: argparse.Namespace):
     from attnbench.measure.timer import TimerConfig
 
     return MeasureConfig(
-        timer=TimerConfig(min_runs=args.min_runs, min_time=args.min_time, max_time=max(args.max_time, args.min_time)),
+        timer=TimerConfig(min_runs=args.min_runs, min_time=args.min_time, max_time=max(args.max_time, args.min_time),
+                          flush_cache=args.flush_cache),
+        cuda_graphs=args.cuda_graphs,
         threads=args.threads,
         memory_budget_bytes=None if args.budget_mb is None else args.budget_mb * 2**20,
         memory_budget_fraction=args.budget_fraction,
@@ -71,13 +73,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     from attnbench.measure import sweep
     from attnbench.runs import grid, new_run_dir, summary_table, write_run
 
-    variants = args.variants or variant_names()
-    unknown = [v for v in variants if v not in variant_names()]
+    unknown = [v for v in args.variants or [] if v not in variant_names()]
     if unknown:
         print(f"error: unknown variant(s) {', '.join(unknown)}; known: {', '.join(variant_names())}", file=sys.stderr)
         return 2
-    base = AttnSpec(batch=args.batch, heads=args.heads, head_dim=args.head_dim, device=args.device, dtype=args.dtype)
-    cases = grid(variants, args.lengths, base, modes=args.modes, masks=args.masks, limit_slow=not args.no_limit)
+    base = AttnSpec(batch=args.batch, heads=args.heads, head_dim=args.head_dim, device=args.device)
+    cases = grid(args.variants, args.lengths, base, modes=args.modes, masks=args.masks,
+                 dtypes=args.dtypes, limit_slow=not args.no_limit)
     config = _run_config(args)
     bar = tqdm(total=len(cases), unit="case", file=sys.stderr, dynamic_ncols=True, disable=args.quiet)
 
@@ -93,7 +95,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     bar.close()
     from attnbench.measure.peak import matmul_peak
 
-    peak = matmul_peak(args.device, "float32") / 1e9 if not args.device.startswith("cuda") or _cuda() else None
+    runnable = not args.device.startswith("cuda") or _cuda()
+    peak = {dtype: matmul_peak(args.device, dtype) / 1e9 for dtype in args.dtypes} if runnable else None
     run_dir = write_run(
         args.out or new_run_dir(args.root), results, config, seconds=time.perf_counter() - start, peak_gflops=peak
     )
@@ -184,7 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--variants", type=_csv(str, "--variants"), help="comma-separated names (default: all)")
     p.add_argument("--lengths", type=_csv(int, "--lengths"), default=None, help="comma-separated sequence lengths")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
-    p.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    p.add_argument("--dtypes", "--dtype", dest="dtypes", type=_csv(str, "--dtypes"), default=["float32"],
+                   help=f"comma-separated from {tuple(DTYPES)} (default float32)")
     p.add_argument("--modes", type=_csv(str, "--modes"), default=["forward"], help=f"comma-separated from {MODES}")
     p.add_argument("--masks", type=_csv(str, "--masks"), default=["none"], help=f"comma-separated from {masks.MASK_KINDS}")
     p.add_argument("--batch", type=int, default=1)
@@ -198,6 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-time", type=_positive, default=0.25, help="seconds of timed calls per case, at least")
     p.add_argument("--max-time", type=_positive, default=5.0, help="seconds of timed calls per case, at most")
     p.add_argument("--no-check", action="store_true", help="skip the float64 accuracy check")
+    p.add_argument("--flush-cache", action="store_true", help="evict caches before every timed call")
+    p.add_argument("--cuda-graphs", action="store_true", help="CUDA: also time CUDA-graph replay")
     p.add_argument("--no-limit", action="store_true", help="sweep slow variants (loop) at every length")
     p.add_argument("--root", default="reports/runs", help="where run directories go")
     p.add_argument("--out", default=None, help="exact run directory (default: <root>/<time>-<host>)")
@@ -248,6 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         args.lengths = args.lengths or list(DEFAULT_LENGTHS)
         bad = [m for m in args.modes if m not in MODES] + [m for m in args.masks if m not in masks.MASK_KINDS]
+        bad += [d for d in args.dtypes if d not in DTYPES]
         if bad or args.device.split(":")[0] not in DEVICES or min(args.lengths) < 1:
             parser.error(f"invalid --modes/--masks/--device/--lengths value(s): {bad or args.device or args.lengths}")
     return args.func(args)

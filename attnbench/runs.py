@@ -80,9 +80,12 @@ def write_run(
     *,
     seconds: float,
     command: Sequence[str] | None = None,
-    peak_gflops: float | None = None,
+    peak_gflops: dict[str, float] | None = None,
 ) -> Path:
-    """Atomically write ``measurements.csv`` then ``manifest.json`` under ``run_dir``."""
+    """Atomically write ``measurements.csv`` then ``manifest.json`` under ``run_dir``.
+
+    ``peak_gflops`` maps dtype -> this machine's matmul GFLOP/s (the roof for % of peak).
+    """
     run_dir = Path(run_dir)
     frame = to_frame(measurements)
     atomic_write(run_dir / MEASUREMENTS, lambda tmp: frame.to_csv(tmp, index=False))
@@ -103,13 +106,19 @@ def write_run(
 
 
 def summary_table(measurements: Sequence[Measurement]) -> pd.DataFrame:
-    """Compact variant x length table of median milliseconds (status where not ok)."""
+    """Compact variant x length table of median milliseconds (status where not ok).
+
+    Rows are variants, split by dtype / pass / mask when the sweep varies them.
+    """
     rows = []
     for m in measurements:
         cell = f"{m.median * 1e3:.3g}" if m.status == "ok" else m.status
-        rows.append({"variant": m.variant, "L": m.spec.lq, "cell": cell})
+        rows.append({"variant": m.variant, "dtype": m.spec.dtype, "pass": m.spec.mode, "mask": m.spec.mask,
+                     "L": m.spec.lq, "cell": cell})
     if not rows:
         return pd.DataFrame()
-    table = pd.DataFrame(rows).pivot_table(index="variant", columns="L", values="cell", aggfunc="first", sort=False)
+    frame = pd.DataFrame(rows)
+    index = ["variant"] + [c for c in ("dtype", "pass", "mask") if frame[c].nunique() > 1]
+    table = frame.pivot_table(index=index, columns="L", values="cell", aggfunc="first", sort=False)
     table.columns.name = "median ms at L="
     return table.fillna("")

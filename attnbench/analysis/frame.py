@@ -29,7 +29,7 @@ commit         git commit hash ("" when unknown)
 date           pandas Timestamp (UTC) of the commit (asv) or of the run
 torch          torch version
 threads        torch threads (NaN for asv, which does not record it)
-peak_gflops    this machine's matmul GFLOP/s when recorded, else NaN
+peak_gflops    this machine's matmul GFLOP/s at the row's dtype when recorded, else NaN
 ============== =====================================================================
 
 Stale asv rows (a result whose benchmark ``version`` differs from ``benchmarks.json``) are dropped;
@@ -204,7 +204,9 @@ def load_run(run_dir: str | Path) -> pd.DataFrame:
         wide = pd.read_csv(run_dir / MEASUREMENTS, keep_default_na=True)
     except (OSError, ValueError, pd.errors.ParserError) as exc:
         return _finish([], [f"{run_dir}: {exc}"])
-    peak = manifest.get("peak_gflops", math.nan)
+    peaks = manifest.get("peak_gflops") or {}
+    if not isinstance(peaks, dict):  # a single number: the float32 roof
+        peaks = {"float32": peaks}
     rows = []
     for rec in wide.to_dict("records"):
         common = {
@@ -218,7 +220,7 @@ def load_run(run_dir: str | Path) -> pd.DataFrame:
             "gpu": "" if pd.isna(rec.get("env_gpu_name")) else rec.get("env_gpu_name", ""),
             "commit": "" if pd.isna(rec.get("env_commit")) else str(rec.get("env_commit", "")),
             "date": manifest.get("created"), "torch": rec.get("env_torch", ""),
-            "threads": rec.get("env_threads", math.nan), "peak_gflops": peak,
+            "threads": rec.get("env_threads", math.nan), "peak_gflops": peaks.get(rec["spec_dtype"], math.nan),
             "kernel": "" if pd.isna(rec.get("extra_kernel", math.nan)) else str(rec["extra_kernel"]),
         }
         for metric, (col, spread_col) in RUN_METRICS.items():

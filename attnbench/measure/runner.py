@@ -21,7 +21,7 @@ from attnbench.measure.env import environment
 from attnbench.measure.peak import matmul_peak
 from attnbench.measure.provenance import sdpa_backends
 from attnbench.measure.record import Environment, Measurement
-from attnbench.measure.timer import TimerConfig, time_call
+from attnbench.measure.timer import TimerConfig, cuda_graph_seconds, time_call
 from attnbench.reference import reference_attention
 from attnbench.registry import get_variant
 from attnbench.spec import AttnSpec
@@ -44,6 +44,7 @@ class MeasureConfig:
     measure_memory: bool = True  # peak tensor bytes (profiler on CPU, allocator stats on CUDA)
     measure_rss: bool = True  # peak process RSS during one call
     seed: int = 0  # input seed
+    cuda_graphs: bool = False  # CUDA: also time CUDA-graph replay (launch overhead removed), in extra
 
     def __post_init__(self) -> None:
         if not 0 < self.memory_budget_fraction <= 1:
@@ -216,7 +217,15 @@ def measure(
         samples, runs = time_call(call, spec.device, config.timer)
         peak, method = peak_tensor_bytes(variant, spec, call) if config.measure_memory else (math.nan, "")
         rss = float(memory.peak_rss_bytes(call)) if config.measure_rss else math.nan
-        extra = {"kernel": "+".join(sdpa_backends(call, spec.device)) or "unknown"} if variant.PROVENANCE else {}
+        extra: dict[str, object] = {}
+        if variant.PROVENANCE:
+            extra["kernel"] = "+".join(sdpa_backends(call, spec.device)) or "unknown"
+        if config.cuda_graphs and spec.device_type == "cuda":
+            try:
+                extra["graph_replay_s"] = cuda_graph_seconds(call, spec.device)
+            except RuntimeError as exc:  # not capturable: say so, keep the eager figures
+                extra["graph_replay_s"] = math.nan
+                notes.append(f"CUDA graph capture failed: {str(exc).splitlines()[0][:120]}")
         return Measurement(
             status="ok", reason="; ".join(notes), samples=tuple(samples), runs=runs, peak_tensor_bytes=peak,
             memory_method=method, peak_rss_bytes=rss, max_error=error, softmax_error=softmax_error,

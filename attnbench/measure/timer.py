@@ -26,6 +26,7 @@ class TimerConfig:
     min_time: float = 0.25  # ...and at least this many seconds of timed calls
     max_time: float = 5.0  # stop repeating after this many seconds (keeps slow variants bounded)
     block_time: float = 0.01  # target seconds per timed block
+    flush_cache: bool = False  # evict caches before every sample (then one call per sample), untimed
 
     def __post_init__(self) -> None:
         if self.warmup < 0 or self.min_runs < 1:
@@ -55,6 +56,16 @@ def _block_seconds(fn: Callable[[], object], number: int, device: torch.device) 
     return time.perf_counter() - t0
 
 
+FLUSH_BYTES = 256 * 2**20  # larger than any CPU L3 or GPU L2 in sight
+
+
+def flush_caches(device: torch.device) -> None:
+    """Overwrite a buffer bigger than the last-level cache so the next call starts cold."""
+    buffer = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
+    buffer.fill_(1)
+    _synchronize(device)
+
+
 def time_call(
     fn: Callable[[], object], device: torch.device | str = "cpu", config: TimerConfig | None = None
 ) -> tuple[list[float], int]:
@@ -71,10 +82,12 @@ def time_call(
         fn()
     _synchronize(device)
     first = _block_seconds(fn, 1, device)  # sizes the blocks; kept only if nothing else fits
-    number = max(1, math.floor(config.block_time / max(first, 1e-9)))
+    number = 1 if config.flush_cache else max(1, math.floor(config.block_time / max(first, 1e-9)))
     samples: list[float] = []
     runs, spent = 0, first
     while spent < config.max_time and (runs < config.min_runs or spent - first < config.min_time):
+        if config.flush_cache:
+            flush_caches(device)
         seconds = _block_seconds(fn, number, device)
         samples.append(seconds / number)
         runs += number
@@ -82,3 +95,34 @@ def time_call(
     if not samples:
         return [first], 1
     return samples, runs
+
+
+def cuda_graph_seconds(fn: Callable[[], object], device: torch.device | str, replays: int = 20) -> float:
+    """Median seconds per call when ``fn`` is captured once in a CUDA graph and replayed.
+
+    Replaying removes the host-side launch overhead, so comparing this with the eager time shows
+    how much of a short-sequence call is launch cost rather than kernel time.
+
+    Raises:
+        RuntimeError: if ``fn`` cannot be captured (e.g. it synchronises or allocates on the host).
+    """
+    device = torch.device(device)
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(3):  # warm up on the side stream, as capture requires
+            fn()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    samples = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / 1e3)
+    samples.sort()
+    return samples[len(samples) // 2]

@@ -19,6 +19,7 @@ import pandas as pd
 from attnbench.analysis import complexity
 from attnbench.analysis.frame import load
 from attnbench.io import atomic_write, atomic_write_text
+from attnbench.registry import get_variant, variant_names
 from attnbench.report import plots
 
 CSS = """
@@ -83,6 +84,19 @@ def exponent_summary(fits: pd.DataFrame) -> pd.DataFrame:
         row["verdict"] = "; ".join(flags) or "matches"
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def provenance(frame: pd.DataFrame) -> pd.DataFrame:
+    """Requested SDPA backend vs the kernel that ran, one row per case; fallbacks flagged."""
+    rows = frame[(frame["kernel"] != "") & (frame["metric"] == "time")]
+    if rows.empty:
+        return pd.DataFrame()
+    table = rows[["machine", "device", "variant", "seq_len", "dtype", "mode", "mask", "kernel"]].drop_duplicates().copy()
+    requested = {v: getattr(get_variant(v), "backend", "auto") for v in table["variant"].unique() if v in variant_names()}
+    table.insert(3, "requested", table["variant"].map(requested).fillna("?"))
+    fallback = table["kernel"].str.contains("math") & (table["requested"] != "math")
+    table["note"] = fallback.map({True: "fell back to math (O(n²) memory)", False: ""})
+    return table
 
 
 def _header(frame: pd.DataFrame, sources: Sequence[str]) -> str:
@@ -157,6 +171,14 @@ def build_report(sources: Iterable[str | Path], out_dir: str | Path, title: str 
         sections.append("<h2>Memory model: predicted vs measured</h2>" + _table(complexity.memory_model(frame)))
         roof = complexity.roofline(frame)
         sections.append("<h2>Roofline: % of matmul peak</h2>" + _table(roof.sort_values("pct_of_peak", ascending=False) if len(roof) else roof))
+        sections.append("<h2>SDPA kernel provenance</h2><p>The backend each SDPA-backed case asked for, and the "
+                        "kernel the profiler saw run. A fallback to <code>math</code> costs O(n²) memory.</p>"
+                        + _table(provenance(frame)))
+        compile_rows = frame[(frame["metric"] == "compile_time") & (frame["status"] == "ok")]
+        if len(compile_rows):
+            cols = ["machine", "device", "variant", "seq_len", "dtype", "mode", "value"]
+            sections.append("<h2>Compilation time (outside every timed region)</h2>"
+                            + _table(compile_rows[cols].rename(columns={"value": "compile_s"})))
         commits = frame[frame["commit"] != ""].groupby("commit")["date"].min().sort_values().reset_index()
         if len(commits) > 1:
             sections.append("<h2>Commits</h2>" + _table(commits))
