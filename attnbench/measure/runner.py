@@ -21,7 +21,7 @@ from attnbench.measure.env import environment
 from attnbench.measure.peak import matmul_peak
 from attnbench.measure.provenance import sdpa_backends
 from attnbench.measure.record import Environment, Measurement
-from attnbench.measure.timer import TimerConfig, cuda_graph_seconds, time_call
+from attnbench.measure.timer import TimerConfig, cuda_graph_seconds, time_call, time_once
 from attnbench.reference import reference_attention
 from attnbench.registry import get_variant
 from attnbench.spec import AttnSpec
@@ -207,11 +207,11 @@ def measure(
                 softmax_error = max_error(variant, q, k, v, mask, reference=reference_attention)
         elif config.check_accuracy:
             notes.append("accuracy not checked: float64 reference over its memory budget")
-        first, _ = time_call(call, spec.device, TimerConfig(warmup=0, min_runs=1, min_time=1e-9, max_time=1e-9))
-        if first[0] * calls > config.time_budget_s:
+        first = time_once(call, spec.device)
+        if first * calls > config.time_budget_s:
             return Measurement(
-                status="timeout", samples=tuple(first), runs=1, max_error=error,
-                reason=f"one call took {first[0]:.2f} s; {calls} calls exceed the time budget {config.time_budget_s:g} s",
+                status="timeout", samples=(first,), runs=1, max_error=error,
+                reason=f"one call took {first:.2f} s; {calls} calls exceed the time budget {config.time_budget_s:g} s",
                 **base,
             )
         samples, runs = time_call(call, spec.device, config.timer)

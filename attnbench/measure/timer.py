@@ -40,6 +40,11 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def time_once(fn: Callable[[], object], device: torch.device | str = "cpu") -> float:
+    """Seconds for one call of ``fn`` (first calls, compile times), synchronised on CUDA."""
+    return _block_seconds(fn, 1, torch.device(device))
+
+
 def _block_seconds(fn: Callable[[], object], number: int, device: torch.device) -> float:
     """Total seconds for ``number`` back-to-back calls."""
     if device.type == "cuda":

@@ -35,18 +35,16 @@ def _configure_dynamo() -> None:
     dynamo_config.fail_on_recompile_limit_hit = True
 
 
+def _time_once(fn, device: torch.device) -> float:
+    from attnbench.measure.timer import time_once  # variants must not import the measure package at load
+
+    return time_once(fn, device)
+
+
 def _compiler_reasons(device: str) -> list[str]:
     if device == "cpu" and not (shutil.which("gcc") or shutil.which("cc") or shutil.which("clang")):
         return ["torch.compile on CPU needs a C/C++ compiler (gcc), none found"]
     return []
-
-
-def _timed_first_call(fn, *args) -> float:
-    start = time.perf_counter()
-    out = fn(*args)
-    if isinstance(out, torch.Tensor) and out.is_cuda:
-        torch.cuda.synchronize(out.device)
-    return time.perf_counter() - start
 
 
 class CompiledVariant(Variant):
@@ -87,7 +85,7 @@ class CompiledVariant(Variant):
         if key in self._shapes:
             return 0.0
         self._shapes.add(key)
-        return _timed_first_call(self, q, k, v, mask)
+        return _time_once(lambda: self(q, k, v, mask), q.device)
 
     def forward(self, q, k, v, mask):
         return self._compiled(q, k, v, mask)
@@ -148,7 +146,7 @@ class FlexAttention(Variant):
     def warm_up(self, q, k, v, mask=None):
         start = time.perf_counter()
         self.block_mask(as_4d_mask(mask), q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-        return time.perf_counter() - start + _timed_first_call(self, q, k, v, mask)
+        return time.perf_counter() - start + _time_once(lambda: self(q, k, v, mask), q.device)
 
     def forward(self, q, k, v, mask):
         block_mask = self.block_mask(mask, q.shape[0], q.shape[1], q.shape[2], k.shape[2])
