@@ -62,6 +62,22 @@ def test_report_is_self_contained_and_complete(report):
     assert "gpu-box" in page
 
 
+def test_report_from_a_run_directory(tmp_path):
+    """Every figure a run can produce, including speedup over loop and the approximate-variant plot."""
+    from attnbench.measure import MeasureConfig, sweep
+    from attnbench.measure.timer import TimerConfig
+    from attnbench.runs import grid, write_run
+    from attnbench.spec import AttnSpec
+
+    config = MeasureConfig(timer=TimerConfig(min_runs=2, min_time=0.01, max_time=0.1), measure_rss=False)
+    cases = grid(["loop", "batched", "sdpa", "chunked", "performer"], [16, 32, 64], AttnSpec(batch=1, heads=1, head_dim=8))
+    run = write_run(tmp_path / "run", sweep(cases, config), config, seconds=1.0, command=["t"], peak_gflops={"float32": 50.0})
+    page = build_report([run], tmp_path / "out").read_text()
+    for name in ("time", "memory", "gflops", "speedup_loop", "speedup_batched", "accuracy", "nadaraya_watson"):
+        assert (tmp_path / "out" / "figures" / f"{name}.png").stat().st_size > 1000, name
+    assert "SDPA kernel provenance" in page and "flash" in page
+
+
 def test_report_from_nothing_readable_still_explains(tmp_path):
     page = build_report([tmp_path / "missing"], tmp_path / "out").read_text()
     assert "could not be read" in page

@@ -25,7 +25,12 @@ YLABELS = {"time": "median time per call (s)", "peak_tensor_bytes": "peak tensor
 
 
 def _ok(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
-    return frame[(frame["metric"] == metric) & (frame["status"] == "ok") & frame["value"].notna()].copy()
+    """Rows of one metric that measured something, with plain int lengths (seaborn's legends
+    cannot handle pandas' nullable Int64)."""
+    df = frame[(frame["metric"] == metric) & (frame["status"] == "ok") & frame["value"].notna()].copy()
+    for col in ("seq_len", "seq_len_k"):
+        df[col] = df[col].astype("int64")
+    return df
 
 
 DECLARED = {"time": "time_exponent", "peak_tensor_bytes": "memory_exponent"}
