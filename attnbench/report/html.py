@@ -10,6 +10,7 @@ import html
 import io
 import json
 import math
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -42,6 +43,13 @@ def _fig_to_files(fig: plt.Figure, stem: Path) -> str:
     atomic_write(stem.with_suffix(".svg"), lambda tmp: fig.savefig(tmp, format="svg", bbox_inches="tight"))
     plt.close(fig)
     return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def _rst_to_html(text: str) -> str:
+    """Escape a docstring paragraph and render its ``literals`` and *emphasis*."""
+    out = html.escape(text.replace("\n", " "))
+    out = re.sub(r"``(.+?)``", r"<code>\1</code>", out)
+    return re.sub(r"\*(\w[^*]*?)\*", r"<em>\1</em>", out)
 
 
 def _table(df: pd.DataFrame, max_rows: int = 400) -> str:
@@ -159,7 +167,7 @@ def build_report(sources: Iterable[str | Path], out_dir: str | Path, title: str 
     summary = exponent_summary(fits)
     mismatches = summary[summary["verdict"].str.contains("steeper")] if len(summary) else summary
     sections.append("<h2>Fitted exponents: the O(n²) claim in numbers</h2>"
-                    f"<p>{html.escape(complexity.__doc__.split(chr(10) + chr(10))[1].replace(chr(10), ' '))}</p>"
+                    f"<p>{_rst_to_html(complexity.__doc__.split(chr(10) + chr(10))[1])}</p>"
                     + (f'<p class="bad">{len(mismatches)} group(s) grow faster than their declared complexity.</p>' if len(mismatches) else '<p class="good">No variant grows faster than its declared complexity.</p>')
                     + _table(summary))
     sections.append("<h2>Figures</h2>" + "".join(figure_html))
