@@ -35,6 +35,7 @@ class Environment:
     gpu_clocks: str = ""  # SM and memory clocks as read when the measurement started
     cuda: str = ""  # CUDA version torch was built with
     commit: str = ""  # attnbench checkout's git commit, "" when not in a checkout
+    thp: str = ""  # transparent huge pages: kernel mode and torch's THP_MEM_ALLOC_ENABLE (page-fault cost)
 
 
 @dataclass(frozen=True)
