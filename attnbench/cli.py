@@ -137,7 +137,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(summary.line())
-    print(f"trace: {out / 'trace.json'} (open in https://ui.perfetto.dev)\ntop operators: {out / 'top_ops.txt'}\nmemory plot: {out / 'memory.png'}")
+    print(f"trace: {out / 'trace.json.gz'} (open in https://ui.perfetto.dev)\ntop operators: {out / 'top_ops.txt'}\nmemory plot: {out / 'memory.png'}")
     return 0
 
 

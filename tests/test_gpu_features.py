@@ -61,7 +61,7 @@ def test_flex_runs_with_masks_on_cpu():
 
 def test_flush_cache_times_one_call_per_sample():
     calls = []
-    samples, runs = time_call(lambda: calls.append(1), "cpu", TimerConfig(min_runs=3, min_time=1e-6, max_time=1.0, flush_cache=True))
+    samples, runs = time_call(lambda: calls.append(1), "cpu", TimerConfig(min_runs=3, min_time=1e-6, max_time=1.0, flush_cache=True, warmup_time=0.0))
     assert runs == len(samples) == len(calls) - 2  # warm-up and sizing calls, then one call per sample
 
 

@@ -21,7 +21,8 @@ import torch
 class TimerConfig:
     """How long and how often to time one case."""
 
-    warmup: int = 1  # untimed calls before timing (the accuracy check adds one more)
+    warmup: int = 1  # untimed calls before timing, at least (the accuracy check adds one more)
+    warmup_time: float = 0.05  # ...and keep warming up until this many seconds have passed
     min_runs: int = 5  # at least this many timed calls...
     min_time: float = 0.25  # ...and at least this many seconds of timed calls
     max_time: float = 5.0  # stop repeating after this many seconds (keeps slow variants bounded)
@@ -83,9 +84,12 @@ def time_call(
     """
     config = config or TimerConfig()
     device = torch.device(device)
-    for _ in range(config.warmup):
-        fn()
-    _synchronize(device)
+    start = time.perf_counter()
+    calls = 0
+    while calls < config.warmup or time.perf_counter() - start < config.warmup_time:
+        fn()  # a cold process (thread pool, caches, clocks) needs more than one call
+        calls += 1
+        _synchronize(device)
     first = _block_seconds(fn, 1, device)  # sizes the blocks; kept only if nothing else fits
     number = 1 if config.flush_cache else max(1, math.floor(config.block_time / max(first, 1e-9)))
     samples: list[float] = []

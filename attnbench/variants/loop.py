@@ -34,17 +34,19 @@ class LoopAttention(Variant):
         rows = []
         for b in range(b_sz):
             for h in range(h_sz):
+                q_bh, k_bh, v_bh = q[b, h], k[b, h], v[b, h]  # (Lq, D), (Lk, D), (Lk, Dv): the seed's 2-D Q, K, V
                 for i in range(lq):
                     keep = None if allowed is None else allowed[b, h, i].tolist()
+                    q_i = q_bh[i]  # (D,)
                     scores, kept = [], []
                     for j in range(lk):
                         if keep is None or keep[j]:
-                            scores.append(torch.dot(q[b, h, i], k[b, h, j]) * scale)
+                            scores.append(torch.dot(q_i, k_bh[j]) * scale)  # one scalar score
                             kept.append(j)
                     out_i = torch.zeros(v.shape[-1], dtype=v.dtype, device=v.device)  # (Dv,)
                     if kept:
                         probs = torch.softmax(torch.stack(scores), dim=0)  # (n_kept,)
                         for p, j in zip(probs, kept, strict=True):
-                            out_i = out_i + p * v[b, h, j]
+                            out_i = out_i + p * v_bh[j]
                     rows.append(out_i)
         return torch.stack(rows).view(b_sz, h_sz, lq, v.shape[-1])  # (B, H, Lq, Dv)
