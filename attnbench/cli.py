@@ -71,16 +71,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from attnbench.measure import sweep
+    from attnbench.measure.peak import matmul_peak
     from attnbench.runs import grid, new_run_dir, summary_table, write_run
 
     unknown = [v for v in args.variants or [] if v not in variant_names()]
     if unknown:
         print(f"error: unknown variant(s) {', '.join(unknown)}; known: {', '.join(variant_names())}", file=sys.stderr)
         return 2
-    base = AttnSpec(batch=args.batch, heads=args.heads, head_dim=args.head_dim, device=args.device)
-    cases = grid(args.variants, args.lengths, base, modes=args.modes, masks=args.masks,
-                 dtypes=args.dtypes, limit_slow=not args.no_limit)
-    config = _run_config(args)
+    try:  # every argument is validated here, before any measurement
+        base = AttnSpec(batch=args.batch, heads=args.heads, head_dim=args.head_dim, device=args.device)
+        cases = grid(args.variants, args.lengths, base, modes=args.modes, masks=args.masks,
+                     dtypes=args.dtypes, limit_slow=not args.no_limit)
+        config = _run_config(args)
+    except (ValueError, TypeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     bar = tqdm(total=len(cases), unit="case", file=sys.stderr, dynamic_ncols=True, disable=args.quiet)
 
     def progress(i: int, total: int, name: str, spec: AttnSpec) -> None:
@@ -90,20 +95,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
     results = sweep(cases, config, progress=progress)
+    elapsed = time.perf_counter() - start
     bar.n = len(cases)
     bar.set_description("done")
     bar.close()
-    from attnbench.measure.peak import matmul_peak
-
     runnable = not args.device.startswith("cuda") or _cuda()
     peak = {dtype: matmul_peak(args.device, dtype) / 1e9 for dtype in args.dtypes} if runnable else None
-    run_dir = write_run(
-        args.out or new_run_dir(args.root), results, config, seconds=time.perf_counter() - start, peak_gflops=peak
-    )
+    run_dir = write_run(args.out or new_run_dir(args.root), results, config, seconds=elapsed, peak_gflops=peak)
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(summary_table(results).to_string())
     statuses = pd.Series([m.status for m in results]).value_counts().to_dict()
-    print(f"\n{len(results)} cases in {time.perf_counter() - start:.0f} s: {statuses}")
+    print(f"\n{len(results)} cases in {elapsed:.0f} s: {statuses}")
     print(f"measurements: {run_dir}")
     if args.report:
         from attnbench.report.html import build_report
@@ -128,12 +130,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     from attnbench.profile import profile_case
 
-    spec = AttnSpec(batch=args.batch, heads=args.heads, seq_len=args.seq_len, head_dim=args.head_dim,
-                    device=args.device, dtype=args.dtype, mode=args.mode)
     out = Path(args.out or f"reports/profiles/{args.variant}-L{args.seq_len}-{args.device}-{args.mode}")
     try:
+        spec = AttnSpec(batch=args.batch, heads=args.heads, seq_len=args.seq_len, head_dim=args.head_dim,
+                        device=args.device, dtype=args.dtype, mode=args.mode)
         summary = profile_case(args.variant, spec, out)
-    except ValueError as exc:
+    except (ValueError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(summary.line())

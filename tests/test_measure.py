@@ -248,8 +248,12 @@ def test_cli_run_smoke(tmp_path, capsys):
     assert (tmp_path / "r" / MEASUREMENTS).exists()
 
 
-def test_cli_rejects_unknown_variant(capsys):
+def test_cli_rejects_bad_arguments_before_measuring(capsys):
     from attnbench.cli import main
 
     assert main(["run", "--variants", "nope", "--quiet", "--no-report"]) == 2
     assert "unknown variant" in capsys.readouterr().err
+    assert main(["run", "--variants", "batched", "--batch", "0", "--quiet", "--no-report"]) == 2
+    assert "batch must be >= 1" in capsys.readouterr().err
+    assert main(["profile", "sdpa_efficient", "--seq-len", "64"]) == 2
+    assert "needs CUDA" in capsys.readouterr().err
