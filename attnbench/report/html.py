@@ -75,8 +75,8 @@ def exponent_summary(fits: pd.DataFrame) -> pd.DataFrame:
     if fits.empty:
         return fits
     rows = []
-    keys = ["machine", "device", "mode", "dtype", "mask", "variant"]
-    for key, group in fits[fits["source"].notna()].groupby(keys, sort=False):
+    keys = ["machine", "commit", "device", "mode", "dtype", "mask", "variant"]  # one row per commit in a history
+    for key, group in fits.groupby(keys, sort=False, dropna=False):
         row = dict(zip(keys, key, strict=True))
         flags = []
         for metric, label in (("time", "time"), ("peak_tensor_bytes", "memory")):
@@ -117,8 +117,8 @@ def _header(frame: pd.DataFrame, sources: Sequence[str]) -> str:
     rows = [
         ("machine", values("machine")), ("CPU", values("cpu")), ("GPU", values("gpu")), ("torch", values("torch")),
         ("threads", values("threads")), ("matmul peak GFLOP/s", values("peak_gflops")), ("date", span),
-        ("commit", values("commit")), ("sources", ", ".join(html.escape(str(s)) for s in sources)),
-        ("rows", f"{len(frame)} tidy rows; statuses {frame.drop_duplicates(['source','machine','commit','variant','seq_len','device','mode'])['status'].value_counts().to_dict() if len(frame) else {}}"),
+        ("commit", values("commit")), ("sources", ", ".join(sources)),
+        ("cases", f"{frame['status'].where(frame['metric'] == 'time').value_counts().to_dict()}"),
     ]
     body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
     return f'<table class="meta">{body}</table>'
