@@ -76,25 +76,28 @@ def _free(device: str) -> None:
 def make_call(
     variant: Variant, spec: AttnSpec, seed: int
 ) -> tuple[Callable[[], object], tuple[torch.Tensor, ...], torch.Tensor | None]:
-    """Build inputs (untimed) and the closure to time: one forward, or forward + backward.
+    """Build and validate inputs (untimed) and the closure to time: one forward, or forward + backward.
+
+    The closure calls :meth:`Variant.forward` directly: validation happened here, once.
 
     Returns:
         ``(call, (q, k, v), mask)``.
     """
     backward = spec.mode == "backward"
     q, k, v, mask = spec.make_inputs(seed=seed, requires_grad=backward)
+    mask4 = variant.validate(q, k, v, mask)
     if not backward:
 
         def call() -> object:
             with torch.no_grad():
-                return variant(q, k, v, mask)
+                return variant.forward(q, k, v, mask4)
 
         return call, (q, k, v), mask
     gen = torch.Generator().manual_seed(seed + 1)
     grad_out = torch.randn(spec.batch, spec.heads, spec.lq, spec.dv, generator=gen).to(q)  # never zeros
 
     def call_backward() -> object:
-        out = variant(q, k, v, mask)
+        out = variant.forward(q, k, v, mask4)
         return torch.autograd.grad(out, (q, k, v), grad_out)
 
     return call_backward, (q, k, v), mask

@@ -75,6 +75,22 @@ class Variant(ABC):
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Validate inputs, then run the variant. See the module docstring for shapes."""
+        return self.forward(q, k, v, self.validate(q, k, v, mask))
+
+    def validate(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor | None:
+        """Check the inputs against the contract and this variant's declared support.
+
+        Benchmarks call this once while preparing and then time :meth:`forward` alone, so
+        validation never sits in a timed region.
+
+        Returns:
+            The mask as rank 4 (or None), ready for :meth:`forward`.
+
+        Raises:
+            TypeError, ValueError: naming the offending argument or the unsupported feature.
+        """
         check_qkv(q, k, v, mask, same_qk_dim=self._same_qk_dim())
         reasons = self._reasons(
             device=q.device.type,
@@ -87,7 +103,7 @@ class Variant(ABC):
         )
         if reasons:
             raise ValueError(f"{self.name} cannot run these inputs: " + "; ".join(reasons))
-        return self.forward(q, k, v, as_4d_mask(mask))
+        return as_4d_mask(mask)
 
     def warm_up(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
@@ -103,7 +119,7 @@ class Variant(ABC):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
     ) -> torch.Tensor:
-        """Compute attention on validated inputs; ``mask`` is None or rank 4."""
+        """Compute attention on inputs already passed through :meth:`validate` (mask None or rank 4)."""
 
     def scale_for(self, head_dim: int) -> float:
         return 1.0 / math.sqrt(head_dim) if self.scale is None else float(self.scale)
