@@ -119,5 +119,12 @@ def test_compare_rules_without_asv():
     ]
     table = compare(_frame(rows), "A", "B").set_index("metric")
     assert table.loc["time", "verdict"] == "ok"
+    noisy = [  # separated intervals, x1.5, but BASE's own IQR is 50% of its median: within its noise
+        {"commit": "A", "metric": "time", "value": 1.0, "status": "ok", "spread": 0.5, "ci_low": 0.95, "ci_high": 1.05},
+        {"commit": "B", "metric": "time", "value": 1.5, "status": "ok", "spread": 0.1, "ci_low": 1.4, "ci_high": 1.6},
+    ]
+    assert compare(_frame(noisy), "A", "B").iloc[0]["verdict"] == "ok"
+    noisy[1].update(value=2.0, ci_low=1.9, ci_high=2.1)  # x2.0 > 1.2 x 1.5: a regression even for a noisy benchmark
+    assert compare(_frame(noisy), "A", "B").iloc[0]["verdict"] == "regressed"
     assert table.loc["peak_tensor_bytes", "verdict"] == "regressed"
     assert table.loc["flops", "verdict"] == "regressed"  # ran on BASE, fails on HEAD
