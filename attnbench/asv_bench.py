@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import functools
 import os
+import statistics
 from collections.abc import Callable
 
 import torch
 
 from attnbench.measure import guard, runner
-from attnbench.measure.peak import matmul_peak
-from attnbench.measure.runner import make_call, max_error
+from attnbench.measure.peak import matmul_peak, measure_matmul_peak
+from attnbench.measure.timer import TimerConfig, time_call
 from attnbench.registry import get_variant, variant_names
 from attnbench.spec import AttnSpec
 
@@ -82,7 +83,7 @@ def case(variant: str, seq_len: int, device: str, mode: str = "forward") -> tupl
             reasons.append(f"predicted {need / 2**20:,.0f} MiB exceeds half the free memory")
     if reasons:
         raise NotImplementedError("; ".join(reasons))
-    call, _, _ = make_call(impl, spec, seed=0)
+    call, _, _ = runner.make_call(impl, spec, seed=0)
     return call, spec
 
 
@@ -95,12 +96,9 @@ def peak_tensor_bytes(variant: str, seq_len: int, device: str, mode: str) -> flo
 
 def gflops(variant: str, seq_len: int, device: str, mode: str) -> float:
     """Achieved GFLOP/s (executed FLOPs / median of a short timing)."""
-    from attnbench.measure.timer import TimerConfig, time_call
-
     call, spec = case(variant, seq_len, device, mode)
     samples, _ = time_call(call, spec.device, TimerConfig(min_runs=3, min_time=0.1, max_time=2.0))
-    samples.sort()
-    return get_variant(variant).flops(spec).executed / samples[len(samples) // 2] / 1e9
+    return get_variant(variant).flops(spec).executed / statistics.median(samples) / 1e9
 
 
 def flops(variant: str, seq_len: int, device: str, mode: str) -> float:
@@ -111,12 +109,9 @@ def flops(variant: str, seq_len: int, device: str, mode: str) -> float:
 
 def cuda_event_ms(variant: str, seq_len: int, device: str, mode: str) -> float:
     """Median CUDA-event milliseconds per call (the class's setup makes non-CUDA cases n/a)."""
-    from attnbench.measure.timer import TimerConfig, time_call
-
     call, spec = case(variant, seq_len, device, mode)
     samples, _ = time_call(call, spec.device, TimerConfig(min_runs=10, min_time=0.2, max_time=2.0))
-    samples.sort()
-    return samples[len(samples) // 2] * 1e3
+    return statistics.median(samples) * 1e3
 
 
 def setup_accuracy(variant: str, seq_len: int, device: str) -> None:
@@ -130,11 +125,9 @@ def error(variant: str, seq_len: int, device: str) -> float:
     """Max |out - float64 reference| on one head."""
     impl = get_variant(variant)
     q, k, v, mask = spec_for(variant, seq_len, device, "forward").make_inputs(seed=0)
-    return max_error(impl, q, k, v, mask)
+    return runner.max_error(impl, q, k, v, mask)
 
 
 def matmul_gflops() -> float:
     """This machine's fp32 matmul GFLOP/s (freshly measured): the roof for % of peak."""
-    from attnbench.measure.peak import measure_matmul_peak
-
     return measure_matmul_peak("cpu", "float32") / 1e9

@@ -113,6 +113,11 @@ def is_key_padding(mask: torch.Tensor | None) -> bool:
     return mask is None or (mask.dim() >= 2 and mask.shape[-2] == 1)
 
 
+def default_valid_lens(batch: int, lk: int) -> list[int]:
+    """The ``valid_lengths`` kind's key counts: batch b keeps ``ceil(lk * (b + 1) / (batch + 1))``."""
+    return [max(1, -(-lk * (b + 1) // (batch + 1))) for b in range(batch)]
+
+
 def for_kind(
     kind: str,
     batch: int,
@@ -124,9 +129,8 @@ def for_kind(
 ) -> torch.Tensor | None:
     """Build the mask a benchmark spec names.
 
-    ``valid_lengths`` uses a deterministic 1-D key-padding pattern: batch element b keeps
-    ``ceil(lk * (b + 1) / (batch + 1))`` keys, so every batch has a different valid length and
-    at least one key.
+    ``valid_lengths`` uses the deterministic 1-D key-padding pattern of :func:`default_valid_lens`,
+    so every batch element has a different valid length and at least one key.
     """
     if kind == "none":
         return None
@@ -135,6 +139,5 @@ def for_kind(
     if kind == "sliding_window":
         return sliding_window(lq, lk, window, device)
     if kind == "valid_lengths":
-        lens = [max(1, -(-lk * (b + 1) // (batch + 1))) for b in range(batch)]
-        return valid_lengths(torch.tensor(lens, device=device), lq, lk)
+        return valid_lengths(torch.tensor(default_valid_lens(batch, lk), device=device), lq, lk)
     raise ValueError(f"mask kind must be one of {MASK_KINDS}, got {kind!r}")

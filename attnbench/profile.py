@@ -26,7 +26,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from attnbench.io import atomic_write, atomic_write_text
-from attnbench.measure.memory import peak_from_timeline, quiet_stderr
+from attnbench.measure.memory import live_bytes, peak_from_timeline, quiet_stderr
 from attnbench.measure.runner import make_call
 from attnbench.measure.timer import time_once
 from attnbench.registry import get_variant
@@ -69,14 +69,10 @@ def _memory_figure(timeline: list[tuple], score_bytes: float, dense: bool, title
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    events = [(t, getattr(a, "name", str(a)), size) for t, a, _, size in timeline]
-    events = [e for e in events if e[1] in ("CREATE", "DESTROY")]  # PREEXISTING entries carry no time
-    start = events[0][0] if events else 0
-    times, live, current = [0.0], [0.0], 0
-    for t, name, size in events:
-        current += size if name == "CREATE" else -size
-        times.append((t - start) / 1e6)
-        live.append(current / 2**20)
+    series = live_bytes(timeline)  # PREEXISTING entries (the inputs) carry no usable time
+    start = series[0][0] if series else 0
+    times = [0.0] + [(t - start) / 1e6 for t, _ in series]
+    live = [0.0] + [b / 2**20 for _, b in series]
     fig, ax = plt.subplots(figsize=(8, 4))
     if times:
         ax.step(times, live, where="post", lw=1.2)

@@ -118,8 +118,7 @@ class AttnSpec:
         if self.mask == "sliding_window":
             w = self.window
             return sum(min(lk - 1, i + w) - max(0, i - w) + 1 for i in range(min(lq, lk + w)))
-        lens = [max(1, -(-lk * (b + 1) // (self.batch + 1))) for b in range(self.batch)]
-        return lq * sum(lens) // self.batch
+        return lq * sum(masks.default_valid_lens(self.batch, lk)) // self.batch
 
     def make_mask(self) -> torch.Tensor | None:
         return masks.for_kind(

@@ -37,21 +37,24 @@ def quiet_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def peak_from_timeline(timeline: list[tuple]) -> int:
-    """Peak live bytes of tensors created inside the profiled region.
+def live_bytes(timeline: list[tuple]) -> list[tuple[int, int]]:
+    """``(time_ns, live bytes)`` after each allocation or free inside the profiled region.
 
     ``timeline`` entries are ``(time_ns, action, (key, version), size)``; tensors that existed
     before profiling started (``PREEXISTING``, i.e. the inputs) are not counted.
     """
-    live = peak = 0
-    for _, action, _, size in timeline:
+    series, live = [], 0
+    for t, action, _, size in timeline:
         name = getattr(action, "name", str(action))
-        if name == "CREATE":
-            live += size
-        elif name == "DESTROY":
-            live -= size
-        peak = max(peak, live)
-    return peak
+        if name in ("CREATE", "DESTROY"):
+            live += size if name == "CREATE" else -size
+            series.append((t, live))
+    return series
+
+
+def peak_from_timeline(timeline: list[tuple]) -> int:
+    """Peak live bytes of tensors created inside the profiled region (see :func:`live_bytes`)."""
+    return max((live for _, live in live_bytes(timeline)), default=0)
 
 
 def cpu_peak_tensor_bytes(fn: Callable[[], object]) -> int | None:

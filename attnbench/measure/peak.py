@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 from pathlib import Path
 
 import torch
@@ -30,8 +31,7 @@ def measure_matmul_peak(device: str = "cpu", dtype: str = "float32", n: int = 20
     gen = torch.Generator().manual_seed(0)
     a, b = (torch.randn(n, n, generator=gen).to(device=device, dtype=DTYPES[dtype]) for _ in range(2))
     samples, _ = time_call(lambda: a @ b, device, TimerConfig(warmup=2, min_runs=5, min_time=0.5, max_time=5.0))
-    samples.sort()
-    return 2 * n**3 / samples[len(samples) // 2]
+    return 2 * n**3 / statistics.median(samples)
 
 
 def matmul_peak(device: str = "cpu", dtype: str = "float32", refresh: bool = False) -> float:

@@ -10,6 +10,7 @@ synchronised before the clock is read.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -133,5 +134,4 @@ def cuda_graph_seconds(fn: Callable[[], object], device: torch.device | str, rep
         end.record()
         end.synchronize()
         samples.append(start.elapsed_time(end) / 1e3)
-    samples.sort()
-    return samples[len(samples) // 2]
+    return statistics.median(samples)
