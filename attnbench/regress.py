@@ -49,6 +49,10 @@ CI_SUBSET = {
 TIME_BENCHMARK = "Attention.time_attention"
 GATED = f"{TIME_BENCHMARK}|AttentionMetrics.track_peak_tensor_bytes|AttentionMetrics.track_flops"
 THREADS = "1"  # one intra-op thread: the least noisy choice on a shared 2-core machine
+MMAP_THRESHOLD = str(128 * 1024)
+"""glibc's mmap threshold, pinned: by default glibc raises it after freeing a large block, so whether a
+process page-faults fresh memory on every call depends on its history. Identical code then timed 2x
+apart between processes (batched, L=256: 1.8 vs 3.7 ms); pinned, every process allocates alike."""
 
 
 class RegressError(RuntimeError):
@@ -173,7 +177,8 @@ def regress(
     work.mkdir(parents=True, exist_ok=True)
     conf = _config(repo, work)
     (work / "hashes.txt").write_text(f"{base_hash}\n{head_hash}\n")
-    env = {**os.environ, **(subset or CI_SUBSET), "OMP_NUM_THREADS": THREADS, "MKL_NUM_THREADS": THREADS}
+    env = {**os.environ, **(subset or CI_SUBSET), "OMP_NUM_THREADS": THREADS, "MKL_NUM_THREADS": THREADS,
+           "MALLOC_MMAP_THRESHOLD_": MMAP_THRESHOLD}
     run = ["run", f"HASHFILE:{work / 'hashes.txt'}", "--config", str(conf), "--machine", machine,
            "--interleave-rounds", "--attribute", f"rounds={rounds}", "--record-samples", "--show-stderr"]
     log_file = Path(log_path or work / "asv.log")
