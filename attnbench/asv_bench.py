@@ -23,8 +23,11 @@ import torch
 from attnbench.measure import guard, runner
 from attnbench.measure.peak import matmul_peak, measure_matmul_peak
 from attnbench.measure.timer import TimerConfig, time_call
+from attnbench.plugins import load_plugins
 from attnbench.registry import get_variant, variant_names
 from attnbench.spec import AttnSpec
+
+load_plugins()  # variants registered by modules named in ATTNBENCH_PLUGINS join the grid
 
 
 def _env_list(name: str, default: list, kind: type = str) -> list:

@@ -179,6 +179,8 @@ def cmd_peak(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnbench", description=__doc__.splitlines()[0])
+    parser.add_argument("--plugin", dest="plugins", action="append", metavar="MODULE",
+                        help="import MODULE first: it registers extra variants (repeatable; also ATTNBENCH_PLUGINS)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("list", help="variants with their declared complexity and support")
@@ -249,8 +251,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from attnbench.plugins import export_plugins, load_plugins
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:
+        export_plugins(args.plugins or [])  # worker processes and asv import them too
+        load_plugins()
+    except ValueError as exc:
+        print(f"error: --plugin: {exc}", file=sys.stderr)
+        return 2
     if args.command == "run":
         from attnbench.runs import DEFAULT_LENGTHS
 

@@ -14,7 +14,8 @@ from typing import Any
 
 from attnbench.spec import AttnSpec
 
-STATUSES = ("ok", "skipped", "oom", "timeout", "error")
+STATUSES = ("ok", "wrong", "skipped", "oom", "timeout", "error", "crashed")
+"""``wrong``: the output failed the correctness gate; ``crashed``: the process measuring the case died."""
 NOISY_IQR_FRACTION = 0.1
 
 
@@ -48,13 +49,15 @@ class Measurement:
     reason: str = ""  # why a case is not "ok" (or a note on an ok one)
     samples: tuple[float, ...] = ()  # seconds per call, one entry per timed block
     runs: int = 0  # calls timed in total (sum over blocks)
+    timing_method: str = ""  # "wall" (perf_counter around blocks) or "cuda_events"; "" when not timed
     peak_tensor_bytes: float = math.nan  # peak tensor memory above the inputs during one call
-    memory_method: str = ""  # "profiler", "cuda", or "analytic" when it could not be measured
+    memory_method: str = ""  # "profiler" or "cuda" (measured), or "model" (the analytic prediction, not a measurement)
     predicted_peak_bytes: float = math.nan  # the variant's analytic prediction for the same quantity
     peak_rss_bytes: float = math.nan  # process resident set size at its highest during one call
     flops_useful: int = 0  # analytic FLOPs on pairs the mask allows
     flops_executed: int = 0  # analytic FLOPs the implementation performs
     max_error: float = math.nan  # max |out - float64 reference of what the variant claims| (NaN: not checked)
+    tolerance: float = math.nan  # the correctness gate's allowed max error (NaN: not checked)
     softmax_error: float = math.nan  # approximate variants: max |out - exact softmax attention|
     compile_seconds: float = math.nan  # one-off preparation time outside the timed region
     env: Environment | None = None  # where it ran
@@ -99,6 +102,7 @@ class Measurement:
             "iqr_s": self.iqr,
             "noisy": self.noisy,
             "runs": self.runs,
+            "timing_method": self.timing_method,
             "samples_s": " ".join(f"{s:.6g}" for s in self.samples),
             "peak_tensor_bytes": self.peak_tensor_bytes,
             "memory_method": self.memory_method,
@@ -108,6 +112,7 @@ class Measurement:
             "flops_executed": self.flops_executed,
             "gflops_per_s": self.gflops_per_s,
             "max_error": self.max_error,
+            "tolerance": self.tolerance,
             "softmax_error": self.softmax_error,
             "compile_s": self.compile_seconds,
             **{f"env_{k}": v for k, v in env.items()},

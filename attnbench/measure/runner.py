@@ -131,7 +131,7 @@ def peak_tensor_bytes(variant: Variant, spec: AttnSpec, call: Callable[[], objec
     CUDA: allocator statistics. CPU: the profiler's memory timeline, except for interpreter-bound
     variants (``loop``), whose millions of scalar operations would make profiling slower than the
     benchmark itself; those, and any case the private profiler API cannot measure, fall back to the
-    variant's analytic prediction (method "analytic").
+    variant's analytic prediction (method "model": a prediction, never to be fitted as a measurement).
     """
     if spec.device_type == "cuda":
         return float(memory.cuda_peak_tensor_bytes(call, spec.device)), "cuda"
@@ -139,7 +139,7 @@ def peak_tensor_bytes(variant: Variant, spec: AttnSpec, call: Callable[[], objec
         measured = memory.cpu_peak_tensor_bytes(call)
         if measured is not None:
             return float(measured), "profiler"
-    return float(variant.predicted_peak_bytes(spec)), "analytic"
+    return float(variant.predicted_peak_bytes(spec)), "model"
 
 
 def reference_bytes(variant: Variant, spec: AttnSpec) -> float:
@@ -230,7 +230,8 @@ def measure(
                 extra["graph_replay_s"] = math.nan
                 notes.append(f"CUDA graph capture failed: {str(exc).splitlines()[0][:120]}")
         return Measurement(
-            status="ok", reason="; ".join(notes), samples=tuple(samples), runs=runs, peak_tensor_bytes=peak,
+            status="ok", reason="; ".join(notes), samples=tuple(samples), runs=runs,
+            timing_method="cuda_events" if spec.device_type == "cuda" else "wall", peak_tensor_bytes=peak,
             memory_method=method, peak_rss_bytes=rss, max_error=error, softmax_error=softmax_error,
             compile_seconds=compile_seconds, extra=extra, **base,
         )
