@@ -1,0 +1,93 @@
+"""A benchmark of the harness itself: the same small sweep on a quiet machine and beside a busy one.
+
+Runs ``attnbench run`` twice over ``batched``, ``sdpa`` and ``linear_elu`` at L = 256..4096: once
+alone, once while a neighbour process spins on one core. It prints the fitted time exponents and
+verdicts of both runs side by side, and how many cases each run marked ``noisy``. A harness that
+survives a noisy machine gives the same verdicts, or says "inconclusive"; it never turns a busy
+neighbour into a confident wrong exponent.
+
+Usage (from the repository root, in the project's virtualenv)::
+
+    python benchmarks/noise_harness.py                  # both runs, about 3 minutes on 2 cores
+    python benchmarks/noise_harness.py --out reports/noise
+
+Not an asv benchmark: asv imports this module while discovering benchmarks, so importing it does
+nothing; the work happens under ``__main__``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+VARIANTS = "batched,sdpa,linear_elu"
+LENGTHS = "256,512,1024,2048,4096"
+
+
+@contextlib.contextmanager
+def busy_neighbour(cores: int = 1) -> Iterator[None]:
+    """``cores`` processes spinning in pure Python for the duration of the block."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores)]
+    try:
+        time.sleep(0.5)  # let the scheduler see them
+        yield
+    finally:
+        for proc in spinners:
+            proc.kill()
+            proc.wait()
+
+
+def sweep(out: Path, extra: list[str]) -> float:
+    """One ``attnbench run`` into ``out``; returns its wall seconds."""
+    cmd = [sys.executable, "-m", "attnbench.cli", "run", "--variants", VARIANTS, "--lengths", LENGTHS,
+           "--out", str(out), "--no-report", "--quiet", *extra]
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def verdicts(run_dir: Path):
+    """Time-exponent fits of one run, plus how many of its cases were marked noisy."""
+    import pandas as pd
+
+    from attnbench.analysis import complexity
+    from attnbench.analysis.frame import load_run
+
+    frame = load_run(run_dir)
+    fits = complexity.fit_table(frame, metrics=("time",))
+    noisy = frame[(frame["metric"] == "time") & (frame["status"] == "noisy")].groupby("variant").size()
+    table = fits.set_index("variant")[["exponent", "ci_low", "ci_high", "verdict"]]
+    table["noisy cases"] = noisy.reindex(table.index).fillna(0).astype(int)
+    return table.astype({"noisy cases": int}) if isinstance(table, pd.DataFrame) else table
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=None, help="keep both run directories here (default: a temporary directory)")
+    parser.add_argument("--neighbours", type=int, default=1, help="spinning processes in the busy run (default 1: one core)")
+    parser.add_argument("run_args", nargs="*", help="extra arguments for attnbench run (after --)")
+    args = parser.parse_args(argv)
+
+    import pandas as pd
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = args.out or Path(tmp)
+        quiet_s = sweep(root / "quiet", args.run_args)
+        with busy_neighbour(args.neighbours):
+            busy_s = sweep(root / "busy", args.run_args)
+        quiet, busy = verdicts(root / "quiet"), verdicts(root / "busy")
+    side = pd.concat({"quiet": quiet, f"busy ({args.neighbours} spinning)": busy}, axis=1)
+    with pd.option_context("display.width", 200, "display.float_format", "{:.2f}".format):
+        print(side.to_string())
+    print(f"\nquiet sweep {quiet_s:.0f} s, busy sweep {busy_s:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
