@@ -1,0 +1,101 @@
+"""Is HEAD slower than BASE? A decision on the recorded timing samples that knows when it cannot decide.
+
+The allowance is ``time_factor x (1 + IQR/median of BASE)``: a benchmark is forgiven its own
+process-to-process noise, but never more than ``CAP`` (1.3). Three outcomes:
+
+* ``regressed``: the ratio of medians is beyond the allowance *and* significant (one-sided
+  Mann-Whitney U, HEAD's samples larger, p < ``ALPHA``; bootstrap 95% interval above 1);
+* ``ok``: the ratio is within the allowance *and* the interval excludes a ``DETECT`` (1.5x)
+  slowdown, so a pass says something;
+* ``undecided``: anything else. The gate gathers more samples; if it still cannot tell it says so
+  with its own exit code instead of passing silently.
+
+Simulated (tests/test_significance.py; lognormal samples, 300 trials each): no unchanged benchmark is
+flagged at BASE IQRs of 5-15% (0.7% at 30% with 10 samples a side, none with 20); a 1.5x slowdown is flagged in 100% of trials at IQR <= 15% with 20
+samples a side, 94.7% at IQR 30% (99.3% with 40, after a confirmation round), and passed as ``ok``
+in at most 1.7%: the rest is ``undecided``, never a silent pass.
+
+Example:
+    >>> decide([1.0, 1.1, 0.9, 1.0, 1.05], [2.0, 2.1, 1.9, 2.05, 2.0]).verdict
+    'regressed'
+    >>> decide([1.0, 1.1, 0.9, 1.0, 1.05], [1.0, 1.02, 0.95, 1.08, 1.01]).verdict
+    'ok'
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+CAP = 1.3  # largest allowance, whatever BASE's noise: 1.5x stays well beyond it
+DETECT = 1.5  # the slowdown a pass must exclude: "ok" needs the ratio's interval below it
+ALPHA = 0.01  # one-sided significance level of the Mann-Whitney U test
+MIN_SAMPLES = 3  # fewer samples on either side cannot support a decision
+BOOTSTRAP = 2000  # resamples for the interval of the ratio of medians
+
+
+@dataclass(frozen=True)
+class TimeDecision:
+    """The gate's decision on one timed benchmark."""
+
+    verdict: str  # "ok", "regressed" or "undecided"
+    ratio: float  # median(HEAD) / median(BASE)
+    ci_low: float  # bootstrap 95% interval of the ratio
+    ci_high: float
+    p_value: float  # one-sided Mann-Whitney U: HEAD slower than BASE
+    allowance: float  # the ratio HEAD may reach before it counts
+    reason: str  # one line, for the gate's table
+
+
+def check_factor(name: str, value: float) -> float:
+    """A usable factor: a finite number > 1 (nan, inf and <= 1 are usage errors)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 1:
+        raise ValueError(f"{name} must be a finite number > 1, got {value!r}")
+    return float(value)
+
+
+def _clean(name: str, samples: Sequence[float]) -> np.ndarray:
+    values = np.asarray([s for s in samples if s is not None], dtype=float)
+    if values.size and not (np.isfinite(values).all() and (values > 0).all()):
+        raise ValueError(f"{name} samples must be finite positive seconds, got {values.tolist()[:5]}...")
+    return values
+
+
+def allowance(time_factor: float, base: Sequence[float]) -> float:
+    """``time_factor x (1 + IQR/median of BASE)``, capped at :data:`CAP`."""
+    values = np.asarray(base, dtype=float)
+    q25, median, q75 = np.percentile(values, [25, 50, 75])
+    return min(time_factor * (1.0 + (q75 - q25) / median), CAP)
+
+
+def ratio_interval(base: np.ndarray, head: np.ndarray, seed: int = 0) -> tuple[float, float]:
+    """Bootstrap 95% interval of median(head) / median(base) (seeded, so stable across runs)."""
+    rng = np.random.default_rng(seed)
+    b = np.median(rng.choice(base, size=(BOOTSTRAP, base.size)), axis=1)
+    h = np.median(rng.choice(head, size=(BOOTSTRAP, head.size)), axis=1)
+    low, high = np.percentile(h / b, [2.5, 97.5])
+    return float(low), float(high)
+
+
+def decide(base: Sequence[float], head: Sequence[float], time_factor: float = 1.2, seed: int = 0) -> TimeDecision:
+    """Decide whether HEAD's timing samples regressed from BASE's (see the module docstring)."""
+    time_factor = check_factor("time_factor", time_factor)
+    b, h = _clean("BASE", base), _clean("HEAD", head)
+    if b.size < MIN_SAMPLES or h.size < MIN_SAMPLES:
+        return TimeDecision("undecided", math.nan, math.nan, math.nan, math.nan, math.nan,
+                            f"too few samples to decide (BASE {b.size}, HEAD {h.size}; need {MIN_SAMPLES} each)")
+    ratio = float(np.median(h) / np.median(b))
+    allowed = allowance(time_factor, b)
+    low, high = ratio_interval(b, h, seed)
+    p = float(stats.mannwhitneyu(h, b, alternative="greater").pvalue)
+    interval = f"[{low:.2f}, {high:.2f}]"
+    if ratio > allowed and p < ALPHA and low > 1.0:
+        return TimeDecision("regressed", ratio, low, high, p, allowed, f"x{ratio:.2f} {interval} beyond x{allowed:.2f}, p={p:.2g}")
+    if ratio <= allowed and high <= DETECT:
+        return TimeDecision("ok", ratio, low, high, p, allowed, f"x{ratio:.2f} {interval} within x{allowed:.2f}")
+    why = "not significant" if ratio > allowed else f"interval reaches x{DETECT:g}"
+    return TimeDecision("undecided", ratio, low, high, p, allowed, f"x{ratio:.2f} {interval}, allowance x{allowed:.2f}: {why} (p={p:.2g})")
