@@ -27,8 +27,20 @@ _CUDA_ONLY = frozenset({"efficient", "cudnn"})
 _HALF = frozenset({"float16", "bfloat16"})
 
 
+_CPU_FLASH_OPS = frozenset({
+    "aten._scaled_dot_product_flash_attention_for_cpu",
+    "aten._scaled_dot_product_flash_attention_for_cpu_backward",
+})
+
+
 class SDPA(Variant):
-    """PyTorch's fused attention; the production baseline every other variant is compared with."""
+    """PyTorch's fused attention; the production baseline every other variant is compared with.
+
+    FLOPs: the fused kernels recompute the scores in the backward pass (backward factor 2.5,
+    FlopCounterMode's own SDPA formula). On CPU both ``auto`` and ``flash`` run
+    ``_scaled_dot_product_flash_attention_for_cpu``, for which FlopCounterMode has no formula:
+    those contractions are declared invisible and checked against the counter's formula instead.
+    """
 
     source = "torch.nn.functional.scaled_dot_product_attention; Dao et al. 2022 (FlashAttention)"
     PROVENANCE = True
@@ -41,21 +53,25 @@ class SDPA(Variant):
         fused = backend in ("flash", "efficient", "cudnn")
         self.memory_exponent = 1.0 if fused or backend == "auto" else 2.0
         self.SCORE_BUFFERS = 0.0 if fused or backend == "auto" else 2.0
+        self.RECOMPUTES_SCORES = backend != "math"
+        self.OPAQUE_KERNELS = frozenset() if backend == "math" else _CPU_FLASH_OPS
+        if backend in _CUDA_ONLY:
+            self.SUPPORTED_DEVICES = frozenset({"cuda"})
 
-    def extra_reasons(self, *, device, dtype, lq, lk, d, dv):
+    def scores_visible(self, spec):
+        return self.backend == "math" or spec.device_type != "cpu"
+
+    def extra_reasons(self, call):
         reasons = []
-        if self.backend in _CUDA_ONLY and device != "cuda":
-            reasons.append(f"SDPA backend {self.backend} needs CUDA (this case is on {device})")
-        if device == "cuda" and self.backend in ("flash", "cudnn") and dtype not in _HALF:
-            reasons.append(f"SDPA backend {self.backend} on CUDA needs float16/bfloat16, got {dtype}")
-        if self.backend == "flash" and dv != d:
-            reasons.append(f"SDPA flash needs Dv == D (D={d}, Dv={dv})")
-        return reasons
-
-    def not_supported_reasons(self, spec):
-        reasons = super().not_supported_reasons(spec)
-        if spec.device_type == "cuda" and self.backend in ("flash", "cudnn") and spec.mask != "none":
-            reasons.append(f"SDPA backend {self.backend} on CUDA takes no explicit boolean mask")
+        if call.device == "cuda" and self.backend in ("flash", "cudnn"):
+            if call.dtype not in _HALF:
+                reasons.append(f"SDPA backend {self.backend} on CUDA needs float16/bfloat16, got {call.dtype}")
+            if call.mask_kinds != {"none"}:
+                reasons.append(f"SDPA backend {self.backend} on CUDA takes no explicit boolean mask")
+        if self.backend == "flash" and call.dv != call.d:
+            reasons.append(f"SDPA flash needs Dv == D (D={call.d}, Dv={call.dv})")
+        if self.backend in ("flash", "efficient", "cudnn") and not call.last_dim_contiguous:
+            reasons.append(f"SDPA backend {self.backend} needs q, k, v with stride 1 along the head dim")
         return reasons
 
     def forward(self, q, k, v, mask):
