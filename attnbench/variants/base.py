@@ -40,10 +40,9 @@ import torch
 
 from attnbench import masks
 from attnbench._checks import as_4d_mask, check_finite, check_qkv, check_scale, check_score_range
+from attnbench.capability import CallInfo
 from attnbench.reference import reference_attention
 from attnbench.spec import DTYPES, AttnSpec
-
-from attnbench.capability import CallInfo
 
 ALL_DTYPES = frozenset(DTYPES)
 FLOAT_DTYPES = frozenset({"float32", "float64"})

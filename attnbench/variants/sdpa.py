@@ -33,6 +33,18 @@ _CPU_FLASH_OPS = frozenset({
 })
 
 
+class _AsMath:
+    """A view of an SDPA variant as the eager math composite (for the cost model only)."""
+
+    RECOMPUTES_SCORES = False
+
+    def __init__(self, sdpa: SDPA) -> None:
+        self._sdpa = sdpa
+
+    def __getattr__(self, name):
+        return getattr(self._sdpa, name)
+
+
 class SDPA(Variant):
     """PyTorch's fused attention; the production baseline every other variant is compared with.
 
@@ -58,8 +70,17 @@ class SDPA(Variant):
         if backend in _CUDA_ONLY:
             self.SUPPORTED_DEVICES = frozenset({"cuda"})
 
+    def _runs_math(self, spec) -> bool:
+        """On CPU, ``auto`` falls back to the math composite when Dv != D (CPU flash needs Dv == D)."""
+        return self.backend == "math" or (self.backend == "auto" and spec.device_type == "cpu" and spec.dv != spec.head_dim)
+
     def scores_visible(self, spec):
-        return self.backend == "math" or spec.device_type != "cpu"
+        return self._runs_math(spec) or spec.device_type != "cpu"
+
+    def contractions(self, spec):
+        if self.RECOMPUTES_SCORES and self._runs_math(spec):
+            return Variant.contractions(_AsMath(self), spec)
+        return super().contractions(spec)
 
     def extra_reasons(self, call):
         reasons = []
