@@ -134,7 +134,8 @@ class Variant(ABC):
         is a scale that could overflow the scores.
 
         Returns:
-            The mask as rank 4 (or None), ready for :meth:`forward`.
+            The mask as rank 4 with its key axis at length Lk (a view), or None, ready for
+            :meth:`forward`.
 
         Raises:
             TypeError, ValueError: naming the offending argument or the unsupported feature.
@@ -146,7 +147,9 @@ class Variant(ABC):
         if self.REJECTS_NONFINITE:
             check_finite(q=q, k=k, v=v)
         self.check_values(q, k, v)
-        return as_4d_mask(mask)
+        mask4 = as_4d_mask(mask)
+        # A view with the key axis at full length: blockwise variants index keys in the mask.
+        return None if mask4 is None else mask4.expand(*mask4.shape[:3], k.shape[2])
 
     def check_values(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Value checks beyond finiteness; by default, that ``scale * q . k`` cannot overflow."""
