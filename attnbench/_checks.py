@@ -6,6 +6,9 @@ All checks run before any heavy work and raise ``TypeError`` (wrong kind of thin
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 
 
@@ -83,3 +86,58 @@ def as_4d_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
     if mask is None or mask.dim() == 4:
         return mask
     return mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+
+
+def check_scale(scale: object) -> float | None:
+    """Return ``scale`` as a float (or None): a finite real number > 0, never a bool.
+
+    Raises:
+        TypeError: for a bool or a non-number (``scale=True`` is not 1.0).
+        ValueError: for NaN, an infinity, zero or a negative value.
+    """
+    if scale is None:
+        return None
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a real number or None, got {type(scale).__name__} {scale!r}")
+    value = float(scale)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"scale must be a finite number > 0 or None, got {scale!r}")
+    return value
+
+
+def check_finite(**tensors: torch.Tensor) -> None:
+    """Raise ``ValueError`` naming the first tensor that holds a NaN or an infinity.
+
+    The variants' rule for non-finite inputs: they are rejected here, in validation (outside any
+    timed region), so no variant ever has to decide what NaN in a masked-out key means; the
+    float64 reference, which accepts them, propagates NaN from unmasked positions only.
+    """
+    for name, t in tensors.items():
+        if not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            raise ValueError(f"{name} must be finite: it holds {bad} NaN/inf value(s)")
+
+
+def check_score_range(q: torch.Tensor, k: torch.Tensor, scale: float) -> None:
+    """Raise ``ValueError`` when ``scale * q . k`` could overflow the inputs' dtype.
+
+    A sufficient bound: ``|scale * q_i . k_j| <= scale * D * max|q| * max|k|``. Beyond the dtype's
+    largest finite value a variant's scores would become inf and its output NaN while the float64
+    reference stays finite, so such a call is refused before any heavy work.
+    """
+    limit = torch.finfo(q.dtype).max
+    bound = scale * q.shape[-1] * float(q.detach().abs().amax()) * float(k.detach().abs().amax())
+    if not bound < limit:
+        raise ValueError(
+            f"scale={scale:g} with these q and k could overflow {q.dtype} scores "
+            f"(scale * D * max|q| * max|k| = {bound:.3g} > {limit:.3g}); use a smaller scale or float64"
+        )
+
+
+def check_seed(seed: object) -> int:
+    """Return ``seed`` if it is a non-negative int (a generator seed), else raise naming it."""
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__} {seed!r}")
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
+    return seed

@@ -109,8 +109,8 @@ def combine(*masks: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def is_key_padding(mask: torch.Tensor | None) -> bool:
-    """True when the mask does not depend on the query (size 1 along the Lq axis)."""
-    return mask is None or (mask.dim() >= 2 and mask.shape[-2] == 1)
+    """True when the mask does not depend on the query (size 1 along the Lq axis, or rank < 2)."""
+    return mask is None or mask.dim() < 2 or mask.shape[-2] == 1
 
 
 def default_valid_lens(batch: int, lk: int) -> list[int]:

@@ -9,7 +9,28 @@ import math
 
 import torch
 
-from attnbench._checks import check_qkv
+from attnbench._checks import check_qkv, check_scale
+
+
+def _weighted_sum(weights: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+    """``weights @ v`` where a non-finite ``v`` entry reaches the output only through allowed keys.
+
+    ``0 * NaN`` is NaN, so a plain product would let a masked-out key's NaN value poison every
+    row. Non-finite values are zeroed for the product, and the output entries that an *allowed*
+    key's non-finite value feeds are set to NaN afterwards.
+
+    Args:
+        weights: ``(B, H, Lq, Lk)`` in the compute dtype, zero on masked keys.
+        v: ``(B, H, Lk, Dv)`` in the compute dtype.
+        allowed: bool broadcastable to ``(B, H, Lq, Lk)``, or None (every key allowed).
+    """
+    bad = ~torch.isfinite(v)  # (B, H, Lk, Dv)
+    if not bool(bad.any()):
+        return weights @ v  # (B, H, Lq, Dv)
+    out = weights @ torch.where(bad, 0.0, v)
+    reach = torch.ones_like(weights) if allowed is None else allowed.to(weights.dtype).expand_as(weights)
+    poisoned = (reach @ bad.to(weights.dtype)) > 0  # (B, H, Lq, Dv): an allowed key's value is non-finite
+    return out.masked_fill(poisoned, float("nan"))
 
 
 def attend(
@@ -19,6 +40,10 @@ def attend(
     dtype: torch.dtype = torch.float64,
 ) -> torch.Tensor:
     """softmax(scores) @ v, with masked keys removed and empty rows set to zero.
+
+    Non-finite values propagate from allowed positions only: a NaN score or value at an allowed
+    (query, key) pair makes that output row (or entry) NaN; one at a masked-out pair has no
+    effect. So the reference can see a variant's NaN bugs instead of hiding them.
 
     Args:
         scores: ``(B, H, Lq, Lk)`` attention logits from any scoring function.
@@ -32,10 +57,12 @@ def attend(
     """
     scores = scores.to(dtype)
     if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)  # (B, H, Lq, Lk), NaN on rows with no allowed key
-    probs = torch.nan_to_num(probs, nan=0.0)
-    return torch.einsum("bhqk,bhkv->bhqv", probs, v.to(dtype))
+        scores = scores.masked_fill(~mask, float("-inf"))  # masked NaN scores are dropped here
+    probs = torch.softmax(scores, dim=-1)  # (B, H, Lq, Lk); NaN on rows with no allowed key
+    if mask is not None:
+        empty = ~mask.any(dim=-1, keepdim=True)  # (B?, H?, Lq?, 1)
+        probs = probs.masked_fill(empty, 0.0)
+    return _weighted_sum(probs, v.to(dtype), mask)
 
 
 def kernel_attend(
@@ -48,14 +75,16 @@ def kernel_attend(
     """Normalised kernel attention ``(phi(q) phi(k)^T) v / (phi(q) phi(k)^T 1)``.
 
     The dense, quadratic form of what linear attention computes in O(L); used as the exact
-    reference for kernelised variants (linear transformer, Performer).
+    reference for kernelised variants (linear transformer, Performer). Non-finite values
+    propagate from allowed keys only, as in :func:`attend`.
     """
     weights = torch.einsum("bhqf,bhkf->bhqk", q_features.to(dtype), k_features.to(dtype))
     if mask is not None:
         weights = weights.masked_fill(~mask, 0.0)
     norm = weights.sum(-1, keepdim=True)  # (B, H, Lq, 1)
-    out = torch.einsum("bhqk,bhkv->bhqv", weights, v.to(dtype))
-    return torch.where(norm > 0, out / norm.clamp_min(torch.finfo(dtype).tiny), 0.0)
+    out = _weighted_sum(weights, v.to(dtype), mask)
+    safe = torch.where(norm > 0, out / norm.clamp_min(torch.finfo(dtype).tiny), 0.0)
+    return torch.where(torch.isnan(norm), float("nan"), safe)
 
 
 def reference_attention(
@@ -86,6 +115,7 @@ def reference_attention(
         [[[[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]]]]
     """
     check_qkv(q, k, v, mask)
+    scale = check_scale(scale)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = torch.einsum("bhqd,bhkd->bhqk", q.to(dtype), k.to(dtype)) * scale  # (B, H, Lq, Lk)
     return attend(scores, v, mask, dtype)

@@ -1,30 +1,23 @@
 """Explicit, guarded registration of attention variants.
 
 A registered name maps to a class and the keyword defaults that make it that variant
-(``sdpa_math`` is ``SDPA(backend="math")``). Registering a name twice is an error; the built-in
+(``sdpa_math`` is ``SDPA(backend="math")``). Registering a name twice is an error. The built-in
 variants are registered at the bottom of this module from one explicit table (order = display
-order).
+order) naming each class by module path: their modules are imported on first use, so this module
+imports no variant (and ``variants/compiled.py`` can import :func:`get_variant` plainly).
+
+:func:`variant_class` and :func:`variant_defaults` answer questions about a variant without
+building one; building one (:func:`get_variant`) has no global side effects either.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from attnbench.variants.base import Variant
-from attnbench.variants.batched import BatchedAttention
-from attnbench.variants.block_sparse import BlockSparseAttention
-from attnbench.variants.chunked import ChunkedAttention
-from attnbench.variants.compiled import CompiledVariant, FlexAttention
-from attnbench.variants.linear import LinearElu, Performer
-from attnbench.variants.local import LocalAttention
-from attnbench.variants.loop import LoopAttention
-from attnbench.variants.multihead import MultiheadAttentionCore
-from attnbench.variants.scoring import ScoringAttention
-from attnbench.variants.sdpa import SDPA
-from attnbench.variants.torch_mha import TorchMHA
-from attnbench.variants.vectorized import VectorizedAttention
 
-_REGISTRY: dict[str, tuple[type[Variant], dict[str, Any]]] = {}
+_REGISTRY: dict[str, tuple[type[Variant] | str, dict[str, Any]]] = {}
 
 
 def register(name: str, cls: type[Variant], **defaults: Any) -> None:
@@ -34,13 +27,21 @@ def register(name: str, cls: type[Variant], **defaults: Any) -> None:
         ValueError: if ``name`` is empty or already registered.
         TypeError: if ``cls`` is not a :class:`Variant` subclass.
     """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"variant name must be a non-empty str, got {name!r}")
     if not (isinstance(cls, type) and issubclass(cls, Variant)):
         raise TypeError(f"cls must be a Variant subclass, got {cls!r}")
+    _add(name, cls, defaults)
+
+
+def _add(name: str, cls: type[Variant] | str, defaults: dict[str, Any]) -> None:
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"variant name must be a non-empty str, got {name!r}")
     if name in _REGISTRY:
-        raise ValueError(f"variant {name!r} is already registered ({_REGISTRY[name][0].__name__})")
+        raise ValueError(f"variant {name!r} is already registered ({_class_name(_REGISTRY[name][0])})")
     _REGISTRY[name] = (cls, dict(defaults))
+
+
+def _class_name(cls: type[Variant] | str) -> str:
+    return cls.rsplit(":", 1)[-1] if isinstance(cls, str) else cls.__name__
 
 
 def unregister(name: str) -> None:
@@ -53,6 +54,31 @@ def variant_names() -> list[str]:
     return list(_REGISTRY)
 
 
+def _entry(name: str) -> tuple[type[Variant] | str, dict[str, Any]]:
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown variant {name!r}; known variants: {', '.join(_REGISTRY)}")
+    return _REGISTRY[name]
+
+
+def variant_class(name: str) -> type[Variant]:
+    """The class registered under ``name`` (imported if needed; nothing is built).
+
+    Raises:
+        ValueError: for an unknown name, listing the known ones.
+    """
+    cls, defaults = _entry(name)
+    if isinstance(cls, str):
+        module, attr = cls.split(":")
+        cls = getattr(importlib.import_module(module), attr)
+        _REGISTRY[name] = (cls, defaults)
+    return cls
+
+
+def variant_defaults(name: str) -> dict[str, Any]:
+    """A copy of the keyword defaults registered with ``name``."""
+    return dict(_entry(name)[1])
+
+
 def get_variant(name: str, **options: Any) -> Variant:
     """A fresh instance of a registered variant; ``options`` override its registered defaults.
 
@@ -61,40 +87,40 @@ def get_variant(name: str, **options: Any) -> Variant:
         128
 
     Raises:
-        ValueError: for an unknown name, listing the known ones.
+        ValueError: for an unknown name, listing the known ones; TypeError/ValueError from the
+            class for a bad option (checked here, when built, not when first called).
     """
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown variant {name!r}; known variants: {', '.join(_REGISTRY)}")
-    cls, defaults = _REGISTRY[name]
-    variant = cls(**{**defaults, **options})
+    cls = variant_class(name)
+    variant = cls(**{**variant_defaults(name), **options})
     variant.name = name
     return variant
 
 
-BUILTINS: tuple[tuple[str, type[Variant], dict[str, Any]], ...] = (
-    ("loop", LoopAttention, {}),
-    ("vectorized", VectorizedAttention, {}),
-    ("batched", BatchedAttention, {}),
-    ("multihead", MultiheadAttentionCore, {}),
-    ("torch_mha", TorchMHA, {}),
-    ("sdpa", SDPA, {"backend": "auto"}),
-    ("sdpa_math", SDPA, {"backend": "math"}),
-    ("sdpa_flash", SDPA, {"backend": "flash"}),
-    ("sdpa_efficient", SDPA, {"backend": "efficient"}),
-    ("sdpa_cudnn", SDPA, {"backend": "cudnn"}),
-    ("chunked", ChunkedAttention, {}),
-    ("local", LocalAttention, {}),
-    ("block_sparse", BlockSparseAttention, {}),
-    ("linear_elu", LinearElu, {}),
-    ("performer", Performer, {}),
-    ("dot", ScoringAttention, {"score": "dot"}),
-    ("scaled_dot", ScoringAttention, {"score": "scaled_dot"}),
-    ("bilinear", ScoringAttention, {"score": "bilinear"}),
-    ("additive", ScoringAttention, {"score": "additive"}),
-    ("compiled_batched", CompiledVariant, {"base": "batched"}),
-    ("compiled_chunked", CompiledVariant, {"base": "chunked"}),
-    ("flex", FlexAttention, {"compiled": True}),
+_V = "attnbench.variants."
+BUILTINS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("loop", _V + "loop:LoopAttention", {}),
+    ("vectorized", _V + "vectorized:VectorizedAttention", {}),
+    ("batched", _V + "batched:BatchedAttention", {}),
+    ("multihead", _V + "multihead:MultiheadAttentionCore", {}),
+    ("torch_mha", _V + "torch_mha:TorchMHA", {}),
+    ("sdpa", _V + "sdpa:SDPA", {"backend": "auto"}),
+    ("sdpa_math", _V + "sdpa:SDPA", {"backend": "math"}),
+    ("sdpa_flash", _V + "sdpa:SDPA", {"backend": "flash"}),
+    ("sdpa_efficient", _V + "sdpa:SDPA", {"backend": "efficient"}),
+    ("sdpa_cudnn", _V + "sdpa:SDPA", {"backend": "cudnn"}),
+    ("chunked", _V + "chunked:ChunkedAttention", {}),
+    ("local", _V + "local:LocalAttention", {}),
+    ("block_sparse", _V + "block_sparse:BlockSparseAttention", {}),
+    ("linear_elu", _V + "linear:LinearElu", {}),
+    ("performer", _V + "linear:Performer", {}),
+    ("dot", _V + "scoring:ScoringAttention", {"score": "dot"}),
+    ("scaled_dot", _V + "scoring:ScoringAttention", {"score": "scaled_dot"}),
+    ("bilinear", _V + "scoring:ScoringAttention", {"score": "bilinear"}),
+    ("additive", _V + "scoring:ScoringAttention", {"score": "additive"}),
+    ("compiled_batched", _V + "compiled:CompiledVariant", {"base": "batched"}),
+    ("compiled_chunked", _V + "compiled:CompiledVariant", {"base": "chunked"}),
+    ("flex", _V + "compiled:FlexAttention", {"compiled": True}),
 )
 
-for _name, _cls, _defaults in BUILTINS:
-    register(_name, _cls, **_defaults)
+for _name, _path, _defaults in BUILTINS:
+    _add(_name, _path, _defaults)

@@ -24,6 +24,16 @@ MODES: tuple[str, ...] = ("forward", "backward")
 """``backward`` means one forward and one backward pass (a training step's attention work)."""
 
 
+def _valid_device(device: object) -> bool:
+    """``"cpu"``, ``"cuda"`` or ``"cuda:N"`` with N a non-negative decimal int (no "cpu:7")."""
+    if not isinstance(device, str):
+        return False
+    kind, _, index = device.partition(":")
+    if kind == "cpu":
+        return device == "cpu"
+    return kind == "cuda" and (device == "cuda" or (index.isdigit() and index.isascii()))
+
+
 @dataclass(frozen=True)
 class AttnSpec:
     """Shape, precision, placement and mask of one attention case.
@@ -53,8 +63,8 @@ class AttnSpec:
                 check_positive_int(name, getattr(self, name))
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")
-        if not isinstance(self.device, str) or self.device.split(":")[0] not in DEVICES:
-            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if not _valid_device(self.device):
+            raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N' (N >= 0), got {self.device!r}")
         if self.mask not in masks.MASK_KINDS:
             raise ValueError(f"mask must be one of {masks.MASK_KINDS}, got {self.mask!r}")
         if self.mode not in MODES:

@@ -10,6 +10,23 @@ allowed key return zeros in every exact variant.
 Capabilities are declared, not asserted: ``SUPPORTED_DEVICES``, ``SUPPORTED_DTYPES``,
 ``SUPPORTED_MASKS`` and friends feed :meth:`Variant.not_supported_reasons`, which the test
 matrix and the benchmark runner use to turn an impossible case into a skipped row with a reason.
+A concrete call (tensors) and a planned case (an :class:`AttnSpec`) are both reduced to one
+:class:`~attnbench.capability.CallInfo` and judged by the same :meth:`Variant.reasons_for`, so
+``validate`` raises exactly what ``not_supported_reasons`` reports for the equivalent spec.
+
+What "executed FLOPs" means (the one definition every cost model follows):
+    2 x the multiply-accumulates of every *contraction* the implementation performs (matmul,
+    bmm, dot, matrix-vector products, and the fused attention kernels' internal Q K^T and P V),
+    on every pair it computes, masked or not. Elementwise work (exp, softmax, tanh, scaling,
+    masking) and plain reductions (sum, max) are not counted. This is exactly what
+    ``torch.utils.flop_counter.FlopCounterMode`` counts (``2*M*N*K`` per matmul, its own formulas
+    for the SDPA kernels, nothing elementwise), so the declared count is checked against it.
+    The backward pass is counted the same way: eager autograd runs two matmuls of the forward's
+    size per matmul whose operands both need a gradient (backward factor 2.0), one when an operand
+    is a constant weight (1.0); fused kernels that recompute the scores in the backward pass add
+    one more ``Q K^T`` (backward factor 2.5 when Dv == D, the counter's formula). Contractions
+    inside a kernel the counter cannot see (CPU flash SDPA, FlexAttention on CPU, the Python
+    loop's scalar dots) are declared ``visible=False`` and checked against a hand count instead.
 """
 
 from __future__ import annotations
@@ -22,7 +39,8 @@ from typing import ClassVar
 import torch
 
 from attnbench import masks
-from attnbench._checks import as_4d_mask, check_qkv
+from attnbench._checks import as_4d_mask, check_finite, check_qkv, check_scale, check_score_range
+from attnbench.capability import CallInfo
 from attnbench.reference import reference_attention
 from attnbench.spec import DTYPES, AttnSpec
 
@@ -30,16 +48,41 @@ ALL_DTYPES = frozenset(DTYPES)
 FLOAT_DTYPES = frozenset({"float32", "float64"})
 ALL_MASKS = frozenset(masks.MASK_KINDS)
 KEY_PADDING_MASKS = frozenset({"none", "valid_lengths"})
-BACKWARD_FACTOR = 2.5
-"""FLOPs of a backward pass relative to its forward (two matmuls per forward matmul, plus softmax)."""
+EAGER_BACKWARD = 2.0
+"""Backward FLOPs per forward FLOP of a matmul whose two operands both need a gradient (eager autograd)."""
+CONSTANT_OPERAND_BACKWARD = 1.0
+"""Backward FLOPs per forward FLOP of a matmul with one constant operand (a fixed weight)."""
+RECOMPUTE_BACKWARD = 3.0
+"""Backward FLOPs per forward FLOP of the scores ``Q K^T`` in a fused kernel: recompute, dQ, dK."""
 
 
 @dataclass(frozen=True)
 class Flops:
-    """Analytic floating-point operation counts of one case."""
+    """Analytic floating-point operation counts of one case (see the module docstring)."""
 
     useful: int  # work on (query, key) pairs the mask allows
     executed: int  # work the implementation actually performs (>= useful for masked dense)
+
+
+@dataclass(frozen=True)
+class Contraction:
+    """One contraction (matmul-like product) of a variant's forward pass, for the cost model."""
+
+    name: str  # what it computes, e.g. "Q K^T"
+    executed: int  # forward FLOPs performed (2 x multiply-accumulates), masked pairs included
+    useful: int  # forward FLOPs on pairs the mask allows (== executed for mask-free work)
+    backward: float  # backward FLOPs per forward FLOP (EAGER_BACKWARD, CONSTANT_OPERAND_BACKWARD, ...)
+    visible: bool = True  # FlopCounterMode sees it (False inside kernels it has no formula for)
+
+    def total(self, backward: bool, useful: bool = False) -> int:
+        """Forward FLOPs, plus the backward pass's when ``backward``."""
+        base = self.useful if useful else self.executed
+        return int(round(base * (1.0 + (self.backward if backward else 0.0))))
+
+
+def declared_attributes() -> tuple[str, ...]:
+    """Names of every class-level declaration of :class:`Variant` (its ``ClassVar`` annotations)."""
+    return tuple(n for n, a in Variant.__annotations__.items() if str(a).startswith("ClassVar"))
 
 
 class Variant(ABC):
@@ -60,11 +103,12 @@ class Variant(ABC):
     EFFICIENCY: ClassVar[float] = 0.25  # assumed fraction of matmul peak, for time predictions only
     IN_DEFAULT_SWEEP: ClassVar[bool] = True  # False for variants whose set-up (compilation) costs seconds per shape
     PROVENANCE: ClassVar[bool] = False  # record which SDPA kernel ran (SDPA-backed variants)
+    RECOMPUTES_SCORES: ClassVar[bool] = False  # backward recomputes Q K^T (fused kernels): factor 2.5, not 2.0
+    OPAQUE_KERNELS: ClassVar[frozenset[str]] = frozenset()  # aten ops FlopCounterMode has no formula for
+    REJECTS_NONFINITE: ClassVar[bool] = True  # validate() rejects NaN/inf in q, k, v (see validate)
 
     def __init__(self, scale: float | None = None) -> None:
-        if scale is not None and (not isinstance(scale, (int, float)) or scale <= 0):
-            raise ValueError(f"scale must be a positive number or None, got {scale!r}")
-        self.scale = scale
+        self.scale = check_scale(scale)
 
     # ---- calling -------------------------------------------------------------------------
     def __call__(
@@ -83,27 +127,33 @@ class Variant(ABC):
         """Check the inputs against the contract and this variant's declared support.
 
         Benchmarks call this once while preparing and then time :meth:`forward` alone, so
-        validation never sits in a timed region.
+        validation never sits in a timed region. Order: types, ranks and shapes
+        (:func:`check_qkv`); then exactly the reasons :meth:`reasons_for` gives for the call's
+        :class:`CallInfo` (the same ones :meth:`not_supported_reasons` gives for the equivalent
+        spec); then the values: non-finite q/k/v are rejected (see :func:`check_finite`) and so
+        is a scale that could overflow the scores.
 
         Returns:
-            The mask as rank 4 (or None), ready for :meth:`forward`.
+            The mask as rank 4 with its key axis at length Lk (a view), or None, ready for
+            :meth:`forward`.
 
         Raises:
             TypeError, ValueError: naming the offending argument or the unsupported feature.
         """
         check_qkv(q, k, v, mask, same_qk_dim=self._same_qk_dim())
-        reasons = self._reasons(
-            device=q.device.type,
-            dtype=str(q.dtype).removeprefix("torch."),
-            lq=q.shape[2],
-            lk=k.shape[2],
-            mask_kinds=self._tensor_mask_kinds(mask),
-            dv=v.shape[-1],
-            d=q.shape[-1],
-        )
+        reasons = self.reasons_for(CallInfo.from_tensors(q, k, v, mask))
         if reasons:
             raise ValueError(f"{self.name} cannot run these inputs: " + "; ".join(reasons))
-        return as_4d_mask(mask)
+        if self.REJECTS_NONFINITE:
+            check_finite(q=q, k=k, v=v)
+        self.check_values(q, k, v)
+        mask4 = as_4d_mask(mask)
+        # A view with the key axis at full length: blockwise variants index keys in the mask.
+        return None if mask4 is None else mask4.expand(*mask4.shape[:3], k.shape[2])
+
+    def check_values(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Value checks beyond finiteness; by default, that ``scale * q . k`` cannot overflow."""
+        check_score_range(q, k, self.scale_for(q.shape[-1]))
 
     def warm_up(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
@@ -143,40 +193,31 @@ class Variant(ABC):
     def _same_qk_dim(self) -> bool:
         return True
 
-    def _tensor_mask_kinds(self, mask: torch.Tensor | None) -> frozenset[str]:
-        """Mask kinds a concrete tensor needs: any query-dependent mask needs general support."""
-        if mask is None:
-            return frozenset({"none"})
-        if masks.is_key_padding(mask):
-            return frozenset({"valid_lengths"})
-        return frozenset({"causal", "sliding_window"})
+    def reasons_for(self, call: CallInfo) -> list[str]:
+        """Readable reasons why ``call`` cannot run here; empty when it can.
 
-    def _reasons(
-        self,
-        *,
-        device: str,
-        dtype: str,
-        lq: int,
-        lk: int,
-        mask_kinds: frozenset[str],
-        d: int,
-        dv: int,
-    ) -> list[str]:
+        The one capability rule: :meth:`validate` (tensors) and :meth:`not_supported_reasons`
+        (specs) both come here.
+        """
         reasons = []
-        if device not in self.SUPPORTED_DEVICES:
-            reasons.append(f"device {device!r} not supported (supports {sorted(self.SUPPORTED_DEVICES)})")
-        if dtype not in self.SUPPORTED_DTYPES:
-            reasons.append(f"dtype {dtype} not supported (supports {sorted(self.SUPPORTED_DTYPES)})")
-        if not mask_kinds <= self.SUPPORTED_MASKS:
+        if call.device not in self.SUPPORTED_DEVICES:
+            reasons.append(f"device {call.device!r} not supported (supports {sorted(self.SUPPORTED_DEVICES)})")
+        if call.dtype not in self.SUPPORTED_DTYPES:
+            reasons.append(f"dtype {call.dtype} not supported (supports {sorted(self.SUPPORTED_DTYPES)})")
+        if not call.mask_kinds <= self.SUPPORTED_MASKS:
             reasons.append(
-                f"mask {'/'.join(sorted(mask_kinds))} not supported "
+                f"mask {'/'.join(sorted(call.mask_kinds))} not supported "
                 f"(supports {sorted(self.SUPPORTED_MASKS)})"
             )
-        if lq != lk and not self.SUPPORTS_CROSS:
-            reasons.append(f"cross-attention (Lq={lq} != Lk={lk}) not supported")
-        return reasons + self.extra_reasons(device=device, dtype=dtype, lq=lq, lk=lk, d=d, dv=dv)
+        if call.lq != call.lk and not self.SUPPORTS_CROSS:
+            reasons.append(f"cross-attention (Lq={call.lq} != Lk={call.lk}) not supported")
+        if call.backward and not self.SUPPORTS_BACKWARD:
+            reasons.append("backward pass not supported")
+        if call.device == "cuda" and not torch.cuda.is_available():
+            reasons.append("CUDA is not available on this machine")
+        return reasons + self.extra_reasons(call)
 
-    def extra_reasons(self, *, device: str, dtype: str, lq: int, lk: int, d: int, dv: int) -> list[str]:
+    def extra_reasons(self, call: CallInfo) -> list[str]:
         """Variant-specific limits beyond the declared sets; override where needed."""
         return []
 
@@ -186,22 +227,9 @@ class Variant(ABC):
         Example:
             >>> from attnbench import get_variant
             >>> get_variant("sdpa_efficient").not_supported_reasons(AttnSpec(device="cpu"))
-            ['SDPA backend efficient needs CUDA (this case is on cpu)']
+            ["device 'cpu' not supported (supports ['cuda'])"]
         """
-        reasons = self._reasons(
-            device=spec.device_type,
-            dtype=spec.dtype,
-            lq=spec.lq,
-            lk=spec.lk,
-            mask_kinds=frozenset({spec.mask}),
-            d=spec.head_dim,
-            dv=spec.dv,
-        )
-        if spec.mode == "backward" and not self.SUPPORTS_BACKWARD:
-            reasons.append("backward pass not supported")
-        if spec.device_type == "cuda" and not torch.cuda.is_available():
-            reasons.append("CUDA is not available on this machine")
-        return reasons
+        return self.reasons_for(CallInfo.from_spec(spec))
 
     # ---- analytic cost model -------------------------------------------------------------
     def executed_pairs(self, spec: AttnSpec) -> int:
@@ -212,29 +240,62 @@ class Variant(ABC):
         """(query, key) pairs per (batch, head) that contribute to the output."""
         return spec.allowed_pairs()
 
+    def scores_visible(self, spec: AttnSpec) -> bool:
+        """Whether FlopCounterMode sees the Q K^T and P V contractions (False inside opaque kernels)."""
+        return True
+
+    def contractions(self, spec: AttnSpec) -> list[Contraction]:
+        """The forward pass's contractions: by default ``Q K^T`` (2D) and ``P V`` (2Dv) per computed pair."""
+        bh = spec.batch * spec.heads
+        executed = self.executed_pairs(spec)
+        useful = min(self.useful_pairs(spec), executed)
+        visible = self.scores_visible(spec)
+        scores_backward = RECOMPUTE_BACKWARD if self.RECOMPUTES_SCORES else EAGER_BACKWARD
+        return [
+            Contraction("Q K^T", 2 * bh * spec.head_dim * executed, 2 * bh * spec.head_dim * useful, scores_backward, visible),
+            Contraction("P V", 2 * bh * spec.dv * executed, 2 * bh * spec.dv * useful, EAGER_BACKWARD, visible),
+        ]
+
     def flops(self, spec: AttnSpec) -> Flops:
-        """Score (2D) plus weighted sum (2Dv) per pair; backward adds 2.5x the forward."""
-        per_pair = 2 * (spec.head_dim + spec.dv) * spec.batch * spec.heads
-        factor = 1.0 + (BACKWARD_FACTOR if spec.mode == "backward" else 0.0)
-        useful = min(self.useful_pairs(spec), self.executed_pairs(spec))
+        """Executed and useful FLOPs of the case (forward, plus backward in "backward" mode).
+
+        See the module docstring for what is counted. O(1) work in the sequence length.
+        """
+        backward = spec.mode == "backward"
+        parts = self.contractions(spec)
         return Flops(
-            useful=int(per_pair * useful * factor),
-            executed=int(per_pair * self.executed_pairs(spec) * factor),
+            useful=sum(c.total(backward, useful=True) for c in parts),
+            executed=sum(c.total(backward) for c in parts),
         )
+
+    def counter_visible_flops(self, spec: AttnSpec) -> int:
+        """The part of ``flops(spec).executed`` that FlopCounterMode can see."""
+        backward = spec.mode == "backward"
+        return sum(c.total(backward) for c in self.contractions(spec) if c.visible)
+
+    def backward_factor(self, spec: AttnSpec) -> float:
+        """Backward FLOPs per forward FLOP (2.0 eager autograd, 2.5 fused kernels that recompute)."""
+        fwd = self.flops(spec.replace(mode="forward")).executed
+        return (self.flops(spec.replace(mode="backward")).executed - fwd) / fwd if fwd else 0.0
+
+    def parameter_bytes(self, spec: AttnSpec) -> int:
+        """Bytes of the variant's own weights (and any transient copies made to build them)."""
+        return 0
 
     def scratch_elements(self, spec: AttnSpec) -> float:
         """Elements of temporary storage live at the forward peak, beyond inputs and output."""
         return self.SCORE_BUFFERS * spec.batch * spec.heads * spec.lq * spec.lk
 
     def predicted_peak_bytes(self, spec: AttnSpec) -> int:
-        """Predicted peak tensor bytes above the inputs (scratch + output, x3 for backward).
+        """Predicted peak tensor bytes above the inputs: scratch + output (x3 for backward) + weights.
 
         The backward factor covers saved activations, their gradients and the input gradients.
+        The variant's own parameters (:meth:`parameter_bytes`) are added once. O(1) work.
         """
         fwd = self.scratch_elements(spec) * spec.elem_bytes + spec.output_bytes
         if spec.mode == "backward":
-            return int(3 * fwd + spec.input_bytes)
-        return int(fwd)
+            fwd = 3 * fwd + spec.input_bytes
+        return int(fwd + self.parameter_bytes(spec))
 
     def describe(self) -> dict[str, object]:
         """Declared properties as a flat dict (used by ``attnbench list`` and the README table)."""

@@ -20,7 +20,7 @@ import functools
 import torch
 
 from attnbench import masks
-from attnbench._checks import check_positive_int
+from attnbench._checks import check_positive_int, check_seed
 from attnbench.variants._blockwise import gathered_block_attention
 from attnbench.variants._ops import masked_softmax_, zero_empty_rows
 from attnbench.variants.base import Variant
@@ -64,7 +64,7 @@ class BlockSparseAttention(Variant):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name} must be a non-negative int, got {value!r}")
         self.global_blocks, self.window_blocks, self.random_blocks = global_blocks, window_blocks, random_blocks
-        self.seed = seed
+        self.seed = check_seed(seed)
 
     def blocks(self, length: int) -> torch.Tensor:
         return block_pattern(-(-length // self.block), self.global_blocks, self.window_blocks, self.random_blocks, self.seed)
@@ -103,9 +103,21 @@ class BlockSparseAttention(Variant):
         global_rows, blocks, width = self._split(spec)
         return global_rows * spec.lk + blocks * self.block * width * self.block
 
+    def pattern_pairs(self, length: int) -> int:
+        """(query, key) pairs in the pattern, from the block-level pattern: O(Nb^2), never O(L^2).
+
+        Block r holds ``size[r]`` tokens (the last block may be partial), so the count is
+        ``size^T P size`` for the ``(Nb, Nb)`` block pattern ``P``.
+        """
+        blocks = self.blocks(length)  # (Nb, Nb) bool
+        nb = blocks.shape[0]
+        size = torch.full((nb,), self.block, dtype=torch.float64)
+        size[-1] = length - (nb - 1) * self.block
+        return int(round(float(size @ blocks.to(torch.float64) @ size)))
+
     def useful_pairs(self, spec):
         """Pattern pairs; with another mask, an upper bound (the smaller of the two counts)."""
-        pattern_pairs = int(self.pattern(spec.lq, spec.lk).sum())
+        pattern_pairs = self.pattern_pairs(spec.lq)
         return pattern_pairs if spec.mask == "none" else min(pattern_pairs, spec.allowed_pairs())
 
     def scratch_elements(self, spec):  # noqa: D102 - scores + probs + gathered K and V

@@ -14,7 +14,8 @@ import time
 import torch
 
 from attnbench._checks import as_4d_mask
-from attnbench.variants.base import Variant
+from attnbench.registry import get_variant
+from attnbench.variants.base import Variant, declared_attributes
 
 _HALF_AND_FLOAT = frozenset({"float32", "bfloat16", "float16"})
 
@@ -48,39 +49,63 @@ def _compiler_reasons(device: str) -> list[str]:
 
 
 class CompiledVariant(Variant):
-    """``torch.compile(base.forward)``; declares what its base declares."""
+    """``torch.compile(base.forward)``; declares exactly what its base declares.
 
-    IN_DEFAULT_SWEEP = False
+    Every declared class attribute of :class:`Variant` (see :func:`declared_attributes`) is read
+    from the base, so a declaration added later cannot be forgotten here. Building one compiles
+    nothing and leaves torch's global Dynamo settings alone: those are set on the first real call
+    (:meth:`warm_up` or :meth:`validate`), so listing variants has no side effects.
+    """
 
     def __init__(self, base: str = "batched", mode: str | None = None, dynamic: bool = False) -> None:
-        from attnbench.registry import get_variant  # the registry imports this module
-
         super().__init__(None)
         self.base = get_variant(base)
-        for attr in ("exact", "time_exponent", "memory_exponent", "SUPPORTED_DEVICES", "SUPPORTED_DTYPES",
-                     "SUPPORTED_MASKS", "SUPPORTS_CROSS", "SUPPORTS_BACKWARD", "SCORE_BUFFERS", "EFFICIENCY"):
+        for attr in declared_attributes():
             setattr(self, attr, getattr(self.base, attr))
+        self.IN_DEFAULT_SWEEP = False  # compiling costs seconds per shape
         self.source = f"torch.compile of {base} ({self.base.source})"
-        _configure_dynamo()
+        self.scale = self.base.scale
         self._compiled = torch.compile(self.base.forward, mode=mode, dynamic=dynamic)
         self._shapes: set[tuple] = set()
 
+    # Everything the cost model and the capability rules say comes from the base.
     def _same_qk_dim(self) -> bool:
         return self.base._same_qk_dim()
 
-    def extra_reasons(self, *, device, dtype, lq, lk, d, dv):
-        return self.base.extra_reasons(device=device, dtype=dtype, lq=lq, lk=lk, d=d, dv=dv) + _compiler_reasons(device)
+    def extra_reasons(self, call):
+        return self.base.extra_reasons(call) + _compiler_reasons(call.device)
+
+    def check_values(self, q, k, v):
+        self.base.check_values(q, k, v)
 
     def reference(self, q, k, v, mask=None, dtype=torch.float64):
         return self.base.reference(q, k, v, mask, dtype)
 
-    def flops(self, spec):
-        return self.base.flops(spec)
+    def contractions(self, spec):
+        return self.base.contractions(spec)
+
+    def executed_pairs(self, spec):
+        return self.base.executed_pairs(spec)
+
+    def useful_pairs(self, spec):
+        return self.base.useful_pairs(spec)
+
+    def scores_visible(self, spec):
+        return self.base.scores_visible(spec)
 
     def scratch_elements(self, spec):
         return self.base.scratch_elements(spec)
 
+    def parameter_bytes(self, spec):
+        return self.base.parameter_bytes(spec)
+
+    def validate(self, q, k, v, mask=None):
+        mask4 = super().validate(q, k, v, mask)
+        _configure_dynamo()
+        return mask4
+
     def warm_up(self, q, k, v, mask=None):
+        _configure_dynamo()
         key = (q.shape, k.shape, v.shape, None if mask is None else mask.shape, q.dtype, q.device, q.requires_grad)
         if key in self._shapes:
             return 0.0
@@ -114,15 +139,52 @@ class FlexAttention(Variant):
     SCORE_BUFFERS = 0.0
     IN_DEFAULT_SWEEP = False
 
+    RECOMPUTES_SCORES = True
+    OPAQUE_KERNELS = frozenset({"flex_attention"})  # FlopCounterMode cannot run the CPU HOP at all
+    TILE = 128  # create_block_mask's default block size: FlexAttention computes whole non-empty tiles
+
     def __init__(self, compiled: bool = True, scale: float | None = None) -> None:
         super().__init__(scale)
         self.compiled = compiled
-        if compiled:
-            _configure_dynamo()
         self._block_masks: dict[tuple, object] = {}
 
-    def extra_reasons(self, *, device, dtype, lq, lk, d, dv):
-        return _compiler_reasons(device) if self.compiled else []
+    def extra_reasons(self, call):
+        reasons = _compiler_reasons(call.device) if self.compiled else []
+        if call.backward and call.device == "cpu":
+            reasons.append("FlexAttention has no backward pass on CPU")
+        return reasons
+
+    def validate(self, q, k, v, mask=None):
+        mask4 = super().validate(q, k, v, mask)
+        if self.compiled:
+            _configure_dynamo()
+        return mask4
+
+    def scores_visible(self, spec):
+        return False
+
+    def executed_pairs(self, spec):
+        """Pairs in the non-empty ``TILE x TILE`` tiles of the spec's mask (O(Nb^2) work).
+
+        Matches the BlockMask's ``kv_num_blocks + full_kv_num_blocks`` (checked by the tests).
+        """
+        t, lq, lk = self.TILE, spec.lq, spec.lk
+        r_lo = torch.arange(0, lq, t)[:, None]  # (Nq, 1) first query of each tile row
+        r_hi = (r_lo + t - 1).clamp(max=lq - 1)
+        c_lo = torch.arange(0, lk, t)[None, :]  # (1, Nk)
+        c_hi = (c_lo + t - 1).clamp(max=lk - 1)
+        sizes = (r_hi - r_lo + 1) * (c_hi - c_lo + 1)  # (Nq, Nk) pairs per tile
+        if spec.mask == "none":
+            return lq * lk
+        if spec.mask == "causal":
+            return int((sizes * (c_lo <= r_hi)).sum())
+        if spec.mask == "sliding_window":
+            w = spec.window
+            return int((sizes * ((c_lo <= r_hi + w) & (c_hi >= r_lo - w))).sum())
+        from attnbench import masks
+
+        per_batch = [int((sizes * (c_lo < n)).sum()) for n in masks.default_valid_lens(spec.batch, lk)]
+        return sum(per_batch) // spec.batch
 
     def scratch_elements(self, spec):  # noqa: D102 - a (block x Lk) tile row and the log-sum-exp
         return spec.batch * spec.heads * (min(128, spec.lq) * spec.lk / 8 + spec.lq)

@@ -22,9 +22,16 @@ import math
 import torch
 import torch.nn.functional as F
 
-from attnbench._checks import check_positive_int
+from attnbench._checks import check_positive_int, check_seed
 from attnbench.reference import kernel_attend
-from attnbench.variants.base import FLOAT_DTYPES, KEY_PADDING_MASKS, Flops, Variant
+from attnbench.variants.base import (
+    CONSTANT_OPERAND_BACKWARD,
+    EAGER_BACKWARD,
+    FLOAT_DTYPES,
+    KEY_PADDING_MASKS,
+    Contraction,
+    Variant,
+)
 
 
 class KernelAttention(Variant):
@@ -52,12 +59,20 @@ class KernelAttention(Variant):
     def useful_pairs(self, spec):
         return 0
 
-    def flops(self, spec):
+    def feature_contractions(self, spec) -> list[Contraction]:
+        """Contractions inside :meth:`features` (none for an elementwise feature map)."""
+        return []
+
+    def contractions(self, spec):
+        """``phi(K)^T V`` (F x Dv per key), ``phi(Q) sum phi(K)`` (F per query), ``phi(Q) (phi(K)^T V)``."""
         f = self.num_features(spec.head_dim)
-        b, h, lq, lk, d, dv = spec.batch, spec.heads, spec.lq, spec.lk, spec.head_dim, spec.dv
-        fwd = 2 * b * h * ((lq + lk) * f * d + lk * f * dv + lq * f * (dv + 1))
-        total = int(fwd * (3.5 if spec.mode == "backward" else 1.0))
-        return Flops(useful=total, executed=total)
+        bh, lq, lk, dv = spec.batch * spec.heads, spec.lq, spec.lk, spec.dv
+        parts = [
+            ("phi(K)^T V", 2 * bh * lk * f * dv),
+            ("phi(Q) k_sum", 2 * bh * lq * f),
+            ("phi(Q) KV", 2 * bh * lq * f * dv),
+        ]
+        return [*self.feature_contractions(spec), *(Contraction(n, x, x, EAGER_BACKWARD) for n, x in parts)]
 
     FEATURE_BUFFERS: float = 2.0  # live (L, F) buffers per side at the peak (feature-map temporaries)
 
@@ -98,7 +113,7 @@ class Performer(KernelAttention):
     def __init__(self, num_features: int = 256, seed: int = 0) -> None:
         super().__init__(None)
         self.n_features = check_positive_int("num_features", num_features)
-        self.seed = seed
+        self.seed = check_seed(seed)
         self._projections: dict[tuple, torch.Tensor] = {}
 
     def num_features(self, head_dim):
@@ -119,13 +134,31 @@ class Performer(KernelAttention):
             self._projections[key] = (w * norms[:, None]).to(device=device, dtype=dtype)
         return self._projections[key]
 
+    def feature_contractions(self, spec):
+        """The random projection ``x W^T`` of queries and keys; W is a constant (backward 1.0)."""
+        x = 2 * spec.batch * spec.heads * (spec.lq + spec.lk) * self.n_features * spec.head_dim
+        return [Contraction("x W^T", x, x, CONSTANT_OPERAND_BACKWARD)]
+
+    def parameter_bytes(self, spec):
+        """The cached ``(F, D)`` projection, plus its float64 master and Gaussian draws while built."""
+        f, d = self.n_features, spec.head_dim
+        return f * d * spec.elem_bytes + 8 * (2 * f * d + d * d)
+
     def features(self, x, is_query):
+        """Positive random features ``exp(w . x - |x|^2 / 2 - c) / sqrt(F)``, computed in log space.
+
+        ``c`` is a stabiliser that cancels in the normalisation: the row maximum of the exponent for
+        a query, one maximum over all keys and features per (B, H) for keys (a per-key constant
+        would not cancel). The largest feature is therefore exactly ``1 / sqrt(F)`` and nothing can
+        overflow; no epsilon is added to the features, so the estimator stays unbiased (an
+        additive ``+eps`` dominated most key features and stopped the error from falling with F).
+        Rows whose features all underflow get a zero normaliser, which :meth:`forward` turns into a
+        zero output row rather than NaN.
+        """
         d = x.shape[-1]
         x = x * d**-0.25  # so that x_q . x_k = q . k / sqrt(D)
         proj = x @ self.projection(d, x.dtype, x.device).T  # (B, H, L, F)
-        sq_norm = 0.5 * (x * x).sum(dim=-1, keepdim=True)  # (B, H, L, 1)
-        # Stabiliser: per query row for queries, one constant per (B, H) for keys; both cancel in
-        # the normalisation, so the estimator is unchanged.
+        log_feat = proj - 0.5 * (x * x).sum(dim=-1, keepdim=True)  # (B, H, L, F)
         dims = (-1,) if is_query else (-2, -1)
-        stab = proj.amax(dim=dims, keepdim=True).detach()
-        return torch.exp(proj - sq_norm - stab) / math.sqrt(self.n_features) + 1e-6
+        stab = log_feat.amax(dim=dims, keepdim=True).detach()  # (B, H, L, 1) or (B, H, 1, 1)
+        return torch.exp(log_feat - stab - 0.5 * math.log(self.n_features))

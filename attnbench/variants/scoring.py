@@ -21,10 +21,10 @@ import math
 
 import torch
 
-from attnbench._checks import check_positive_int
+from attnbench._checks import check_positive_int, check_seed
 from attnbench.reference import attend
 from attnbench.variants._ops import masked_softmax_, zero_empty_rows
-from attnbench.variants.base import Variant
+from attnbench.variants.base import CONSTANT_OPERAND_BACKWARD, EAGER_BACKWARD, Contraction, Variant
 
 SCORES = ("dot", "scaled_dot", "bilinear", "additive")
 
@@ -43,7 +43,7 @@ class ScoringAttention(Variant):
             self.EFFICIENCY = 0.02  # elementwise tanh over (Lq, Lk, h) dominates, not matmuls
         self.hidden = check_positive_int("hidden", hidden)
         self.q_chunk = check_positive_int("q_chunk", q_chunk)
-        self.seed = seed
+        self.seed = check_seed(seed)
         self._params: dict[tuple, dict[str, torch.Tensor]] = {}
 
     def _same_qk_dim(self) -> bool:
@@ -82,7 +82,7 @@ class ScoringAttention(Variant):
         rows = []
         for s in range(0, q.shape[2], self.q_chunk):
             hidden = torch.tanh(q_h[:, :, s : s + self.q_chunk].unsqueeze(-2) + k_h)  # (B, H, Cq, Lk, h)
-            rows.append(hidden @ p["w_v"])  # (B, H, Cq, Lk)
+            rows.append((hidden @ p["w_v"][:, None]).squeeze(-1))  # (B, H, Cq, Lk, h) @ (h, 1) -> (B, H, Cq, Lk)
         return torch.cat(rows, dim=2)
 
     def reference(self, q, k, v, mask=None, dtype=torch.float64):
@@ -103,14 +103,30 @@ class ScoringAttention(Variant):
                 logits = logits / math.sqrt(q.shape[-1])
         return attend(logits, v, mask, dtype)
 
-    def flops(self, spec):
-        base = super().flops(spec)
-        if self.score != "additive":
-            return base
-        b, h, lq, lk = spec.batch, spec.heads, spec.lq, spec.lk
-        extra = b * h * (2 * (lq + lk) * self.hidden * spec.head_dim + 3 * lq * lk * self.hidden)
-        extra = int(extra * (3.5 if spec.mode == "backward" else 1.0))
-        return type(base)(useful=base.useful + extra, executed=base.executed + extra)
+    def contractions(self, spec):
+        """dot/scaled_dot: the default two. bilinear adds ``q W``. additive has no ``Q K^T``:
+        ``q W_q^T``, ``k W_k^T``, ``tanh(.) w_v`` (h per pair) and ``P V``. Weights are constants
+        (backward 1.0)."""
+        if self.score in ("dot", "scaled_dot"):
+            return super().contractions(spec)
+        bh, lq, lk, d, dv = spec.batch * spec.heads, spec.lq, spec.lk, spec.head_dim, spec.dv
+        if self.score == "bilinear":
+            qw = 2 * bh * lq * d * d
+            return [*super().contractions(spec), Contraction("q W", qw, qw, CONSTANT_OPERAND_BACKWARD)]
+        h, pairs = self.hidden, lq * lk
+        useful = min(self.useful_pairs(spec), pairs)
+        proj = 2 * bh * (lq + lk) * h * d
+        return [
+            Contraction("q W_q^T, k W_k^T", proj, proj, CONSTANT_OPERAND_BACKWARD),
+            Contraction("tanh(.) w_v", 2 * bh * pairs * h, 2 * bh * useful * h, CONSTANT_OPERAND_BACKWARD),
+            Contraction("P V", 2 * bh * pairs * dv, 2 * bh * useful * dv, EAGER_BACKWARD),
+        ]
+
+    def parameter_bytes(self, spec):
+        """The cast weights plus their float64 masters (bilinear D x D; additive 2 h x D + h)."""
+        d = spec.head_dim
+        elems = {"bilinear": d * d, "additive": 2 * self.hidden * d + self.hidden}.get(self.score, 0)
+        return elems * (spec.elem_bytes + 8)
 
     def scratch_elements(self, spec):  # noqa: D102
         base = super().scratch_elements(spec)

@@ -27,8 +27,32 @@ _CUDA_ONLY = frozenset({"efficient", "cudnn"})
 _HALF = frozenset({"float16", "bfloat16"})
 
 
+_CPU_FLASH_OPS = frozenset({
+    "aten._scaled_dot_product_flash_attention_for_cpu",
+    "aten._scaled_dot_product_flash_attention_for_cpu_backward",
+})
+
+
+class _AsMath:
+    """A view of an SDPA variant as the eager math composite (for the cost model only)."""
+
+    RECOMPUTES_SCORES = False
+
+    def __init__(self, sdpa: SDPA) -> None:
+        self._sdpa = sdpa
+
+    def __getattr__(self, name):
+        return getattr(self._sdpa, name)
+
+
 class SDPA(Variant):
-    """PyTorch's fused attention; the production baseline every other variant is compared with."""
+    """PyTorch's fused attention; the production baseline every other variant is compared with.
+
+    FLOPs: the fused kernels recompute the scores in the backward pass (backward factor 2.5,
+    FlopCounterMode's own SDPA formula). On CPU both ``auto`` and ``flash`` run
+    ``_scaled_dot_product_flash_attention_for_cpu``, for which FlopCounterMode has no formula:
+    those contractions are declared invisible and checked against the counter's formula instead.
+    """
 
     source = "torch.nn.functional.scaled_dot_product_attention; Dao et al. 2022 (FlashAttention)"
     PROVENANCE = True
@@ -41,21 +65,34 @@ class SDPA(Variant):
         fused = backend in ("flash", "efficient", "cudnn")
         self.memory_exponent = 1.0 if fused or backend == "auto" else 2.0
         self.SCORE_BUFFERS = 0.0 if fused or backend == "auto" else 2.0
+        self.RECOMPUTES_SCORES = backend != "math"
+        self.OPAQUE_KERNELS = frozenset() if backend == "math" else _CPU_FLASH_OPS
+        if backend in _CUDA_ONLY:
+            self.SUPPORTED_DEVICES = frozenset({"cuda"})
 
-    def extra_reasons(self, *, device, dtype, lq, lk, d, dv):
+    def _runs_math(self, spec) -> bool:
+        """On CPU, ``auto`` falls back to the math composite when Dv != D (CPU flash needs Dv == D)."""
+        return self.backend == "math" or (self.backend == "auto" and spec.device_type == "cpu" and spec.dv != spec.head_dim)
+
+    def scores_visible(self, spec):
+        return self._runs_math(spec) or spec.device_type != "cpu"
+
+    def contractions(self, spec):
+        if self.RECOMPUTES_SCORES and self._runs_math(spec):
+            return Variant.contractions(_AsMath(self), spec)
+        return super().contractions(spec)
+
+    def extra_reasons(self, call):
         reasons = []
-        if self.backend in _CUDA_ONLY and device != "cuda":
-            reasons.append(f"SDPA backend {self.backend} needs CUDA (this case is on {device})")
-        if device == "cuda" and self.backend in ("flash", "cudnn") and dtype not in _HALF:
-            reasons.append(f"SDPA backend {self.backend} on CUDA needs float16/bfloat16, got {dtype}")
-        if self.backend == "flash" and dv != d:
-            reasons.append(f"SDPA flash needs Dv == D (D={d}, Dv={dv})")
-        return reasons
-
-    def not_supported_reasons(self, spec):
-        reasons = super().not_supported_reasons(spec)
-        if spec.device_type == "cuda" and self.backend in ("flash", "cudnn") and spec.mask != "none":
-            reasons.append(f"SDPA backend {self.backend} on CUDA takes no explicit boolean mask")
+        if call.device == "cuda" and self.backend in ("flash", "cudnn"):
+            if call.dtype not in _HALF:
+                reasons.append(f"SDPA backend {self.backend} on CUDA needs float16/bfloat16, got {call.dtype}")
+            if call.mask_kinds != {"none"}:
+                reasons.append(f"SDPA backend {self.backend} on CUDA takes no explicit boolean mask")
+        if self.backend == "flash" and call.dv != call.d:
+            reasons.append(f"SDPA flash needs Dv == D (D={call.d}, Dv={call.dv})")
+        if self.backend in ("flash", "efficient", "cudnn") and not call.last_dim_contiguous:
+            reasons.append(f"SDPA backend {self.backend} needs q, k, v with stride 1 along the head dim")
         return reasons
 
     def forward(self, q, k, v, mask):

@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from attnbench.variants._ops import merge_heads, split_heads, zero_empty_rows
-from attnbench.variants.base import Flops, Variant
+from attnbench.variants.base import CONSTANT_OPERAND_BACKWARD, Contraction, Variant
+from attnbench.variants.sdpa import _CPU_FLASH_OPS
 
 
 class TorchMHA(Variant):
@@ -23,6 +24,8 @@ class TorchMHA(Variant):
     source = "torch.nn.MultiheadAttention (seed 004); Vaswani et al. 2017"
     SCORE_BUFFERS = 0.0
     PROVENANCE = True
+    RECOMPUTES_SCORES = True  # its core is F.scaled_dot_product_attention's fused kernel
+    OPAQUE_KERNELS = _CPU_FLASH_OPS
 
     def __init__(self, scale: float | None = None) -> None:
         if scale is not None:
@@ -30,17 +33,27 @@ class TorchMHA(Variant):
         super().__init__(scale)
         self._modules: dict[tuple, nn.MultiheadAttention] = {}
 
-    def extra_reasons(self, *, device, dtype, lq, lk, d, dv):
-        if dv != d:
-            return [f"nn.MultiheadAttention needs Dv == D for identity projections (D={d}, Dv={dv})"]
+    def extra_reasons(self, call):
+        if call.dv != call.d:
+            return [f"nn.MultiheadAttention needs Dv == D for identity projections (D={call.d}, Dv={call.dv})"]
         return []
 
-    def flops(self, spec):
-        base = super().flops(spec)
+    def scores_visible(self, spec):
+        return spec.device_type != "cpu"  # CPU flash SDPA has no FlopCounterMode formula
+
+    def contractions(self, spec):
+        """The fused core, plus 4 E x E projections (q and out on Lq, k and v on Lk), E = H*D.
+
+        The weights are constants (no gradient), so each projection's backward is one matmul.
+        """
         e = spec.heads * spec.head_dim
-        proj = 2 * spec.batch * e * e * (2 * spec.lq + 2 * spec.lk)  # q and out on Lq, k and v on Lk
-        proj = int(proj * (3.5 if spec.mode == "backward" else 1.0))
-        return Flops(useful=base.useful, executed=base.executed + proj)
+        proj = 2 * spec.batch * e * e * (2 * spec.lq + 2 * spec.lk)
+        return [*super().contractions(spec), Contraction("projections", proj, proj, CONSTANT_OPERAND_BACKWARD)]
+
+    def parameter_bytes(self, spec):
+        """``in_proj_weight (3E, E)`` and ``out_proj.weight (E, E)``, E = H*D."""
+        e = spec.heads * spec.head_dim
+        return 4 * e * e * spec.elem_bytes
 
     def scratch_elements(self, spec):  # noqa: D102 - projected copies of q, k, v (fused core)
         return spec.batch * spec.heads * (2 * spec.lq * spec.head_dim + 2 * spec.lk * spec.head_dim)
@@ -50,10 +63,9 @@ class TorchMHA(Variant):
         if key not in self._modules:
             e = heads * head_dim
             mha = nn.MultiheadAttention(e, heads, bias=False, batch_first=True, device=device, dtype=dtype)
-            with torch.no_grad():
-                eye = torch.eye(e, dtype=dtype, device=device)
-                mha.in_proj_weight.copy_(torch.cat([eye, eye, eye]))  # (3E, E)
-                mha.out_proj.weight.copy_(eye)
+            with torch.no_grad():  # identity in place: no transient E x E copies
+                for block in (*mha.in_proj_weight.chunk(3), mha.out_proj.weight):  # 4 x (E, E)
+                    nn.init.eye_(block)
             mha.eval().requires_grad_(False)
             self._modules[key] = mha
         return self._modules[key]
