@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 import torch
 
@@ -30,6 +31,7 @@ ALL_DTYPES = frozenset(DTYPES)
 FLOAT_DTYPES = frozenset({"float32", "float64"})
 ALL_MASKS = frozenset(masks.MASK_KINDS)
 KEY_PADDING_MASKS = frozenset({"none", "valid_lengths"})
+T = TypeVar("T")
 BACKWARD_FACTOR = 2.5
 """FLOPs of a backward pass relative to its forward (two matmuls per forward matmul, plus softmax)."""
 
@@ -60,6 +62,7 @@ class Variant(ABC):
     EFFICIENCY: ClassVar[float] = 0.25  # assumed fraction of matmul peak, for time predictions only
     IN_DEFAULT_SWEEP: ClassVar[bool] = True  # False for variants whose set-up (compilation) costs seconds per shape
     PROVENANCE: ClassVar[bool] = False  # record which SDPA kernel ran (SDPA-backed variants)
+    APPROX_ERROR_BOUND: ClassVar[float | None] = None  # approximate variants: allowed max |out - softmax attention|
 
     def __init__(self, scale: float | None = None) -> None:
         if scale is not None and (not isinstance(scale, (int, float)) or scale <= 0):
@@ -105,15 +108,17 @@ class Variant(ABC):
             raise ValueError(f"{self.name} cannot run these inputs: " + "; ".join(reasons))
         return as_4d_mask(mask)
 
-    def warm_up(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
-    ) -> float:
-        """One-off preparation for these shapes (e.g. compilation), outside any timed region.
+    def warm_up(self, call: Callable[[], T]) -> tuple[T, float]:
+        """Make the first call of the timed closure, outside any timed region.
+
+        The benchmark's first call goes through the very closure it then times (same grad mode,
+        same inputs), so whatever a variant prepares on first use (compilation, cached masks) is
+        prepared for exactly the calls that are timed; the runner checks the returned result.
 
         Returns:
-            Seconds spent preparing (0.0 for variants that need none).
+            ``(what call returned, seconds of one-off preparation)``: 0.0 for variants that need none.
         """
-        return 0.0
+        return call(), 0.0
 
     @abstractmethod
     def forward(
