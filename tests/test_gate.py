@@ -186,3 +186,89 @@ def test_cli_run_records_planted_variants_wrong(tmp_path):
     assert got == expected, frame[["variant", "spec_mode", "status", "reason"]].to_string()
     wrong = frame[frame["status"] == "wrong"]
     assert (wrong["error_ratio"] > 1).all() and wrong["tolerance"].notna().all()
+
+
+def _frame(rows):
+    import pandas as pd
+
+    base = {"device": "cpu", "mode": "forward", "spread": math.nan, "ci_low": math.nan, "ci_high": math.nan}
+    return pd.DataFrame([{**base, **r} for r in rows])
+
+
+def test_regress_fails_a_case_that_turns_wrong():
+    from attnbench.regress import compare
+
+    rows = []
+    for commit in ("B", "H"):
+        for variant, ratio_head in (("good", 0.2), ("bad", 9.0)):
+            ratio = 0.2 if commit == "B" else ratio_head
+            time_status = "ok" if ratio <= 1 else "failed"  # asv's timing setup refuses a wrong result
+            rows += [
+                {"commit": commit, "benchmark": "AttentionAccuracy.track_error_ratio", "variant": variant, "seq_len": 64,
+                 "metric": "error_ratio", "value": ratio, "status": "ok"},
+                {"commit": commit, "benchmark": "Attention.time_attention", "variant": variant, "seq_len": 64,
+                 "metric": "time", "value": 1e-3 if time_status == "ok" else math.nan, "status": time_status},
+            ]
+    table = compare(_frame(rows), "B", "H")
+    verdicts = {(r.variant, r.metric): r.verdict for r in table.itertuples()}
+    assert verdicts == {("bad", "error_ratio"): "wrong", ("bad", "time"): "wrong",
+                        ("good", "error_ratio"): "ok", ("good", "time"): "ok"}
+    # the loader's own "wrong" status (error_ratio > 1 turned into a status) counts the same
+    rows[-2] = {**rows[-2], "status": "wrong", "value": math.nan}
+    assert set(compare(_frame(rows), "B", "H").query("variant == 'bad'")["verdict"]) == {"wrong"}
+
+
+@pytest.mark.slow
+def test_asv_records_planted_variants_wrong(tmp_path):
+    """A quick asv run over the plants: wrong ones fail their timing setup and report error_ratio > 1."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True)
+    if head.returncode != 0:
+        pytest.skip("not a git checkout: asv needs a commit hash to record results")
+    (tmp_path / "gate_plants.py").write_text(PLANTS)
+    conf = {
+        "version": 1, "project": "attnbench", "repo": str(root), "branches": ["main"], "environment_type": "virtualenv",
+        "benchmark_dir": str(root / "benchmarks"), "results_dir": str(tmp_path / "results"),
+        "html_dir": str(tmp_path / "html"), "env_dir": str(tmp_path / "env"), "launch_method": "forkserver",
+    }
+    (tmp_path / "asv.conf.json").write_text(json.dumps(conf))
+    # asv drops PYTHONPATH from benchmark processes and puts ASV_PYTHONPATH on sys.path instead:
+    # this checkout (not an installed attnbench) and the plant module.
+    env = {**os.environ, "HOME": str(tmp_path), "ASV_PYTHONPATH": os.pathsep.join([str(root), str(tmp_path)]),
+           "ATTNBENCH_PLUGINS": "gate_plants", "ATTNBENCH_ASV_LENGTHS": "64", "ATTNBENCH_ASV_BATCH": "2",
+           "ATTNBENCH_ASV_VARIANTS": "plant_scaled,plant_heads,plant_batch,plant_grad,plant_correct",
+           "ATTNBENCH_ASV_MODES": "forward,backward", "ATTNBENCH_ASV_DEVICES": "cpu", "OMP_NUM_THREADS": "1"}
+
+    def asv(*args):
+        return subprocess.run([sys.executable, "-m", "asv", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+
+    assert asv("machine", "--yes", "--machine", "gate").returncode == 0
+    out = asv("run", "--python=same", "--quick", "--set-commit-hash", head.stdout.strip(), "--machine", "gate",
+              "--bench", "Attention.time_attention|AttentionAccuracy.track_error_ratio")
+    from asv import util
+    from asv.results import Results
+
+    assert (tmp_path / "results" / "benchmarks.json").exists(), out.stdout[-3000:] + out.stderr[-3000:]
+    benchmarks = util.load_json(str(tmp_path / "results" / "benchmarks.json"), api_version=2)
+    (path,) = [p for p in (tmp_path / "results" / "gate").glob("*.json") if p.name != "machine.json"]
+    res = Results.load(str(path))
+    got = {}
+    for key in ("Attention.time_attention", "AttentionAccuracy.track_error_ratio"):
+        full = next(k for k in res.get_result_keys(benchmarks) if k.endswith(key))
+        params = res.get_result_params(full)
+        import itertools
+
+        for combo, value in zip(itertools.product(*params), res.get_result_value(full, params), strict=True):
+            variant, mode = combo[0].strip("'"), combo[3].strip("'")
+            got[key.split(".")[1], variant, mode] = value
+    wrong = {(n, m) for n in FORWARD_PLANTS for m in ("forward", "backward")} | {("plant_grad", "backward")}
+    for variant in ("plant_scaled", "plant_heads", "plant_batch", "plant_grad", "plant_correct"):
+        for mode in ("forward", "backward"):
+            ratio, time = got["track_error_ratio", variant, mode], got["time_attention", variant, mode]
+            if (variant, mode) in wrong:
+                assert ratio > 1 and time is None, (variant, mode, ratio, time, out.stdout[-3000:])
+            else:
+                assert ratio < 1 and time is not None and time > 0, (variant, mode, ratio, time, out.stdout[-3000:])
