@@ -4,23 +4,29 @@ asv calls ``setup`` before every timed call, in a fresh process per benchmark: i
 an ``lru_cache`` getter so repeated setups are free, and an impossible combination (CUDA without a
 GPU, a variant that does not support the case, a case predicted to take more than
 ``MAX_CALL_SECONDS`` or more memory than the budget) raises ``NotImplementedError``, which asv
-shows as n/a.
+shows as n/a. Preparing a case makes the first call of the timed closure and puts its result
+through the correctness gate (:mod:`attnbench.measure.gate`): a case that fails it raises
+:class:`WrongResult` in the setup of the timing and metric benchmarks, so asv records it as failed,
+never as a time; ``AttentionAccuracy.track_error_ratio`` reports error / tolerance (above 1: wrong).
 
 The grid can be narrowed without editing code (the CI subset does this):
 ``ATTNBENCH_ASV_VARIANTS``, ``ATTNBENCH_ASV_LENGTHS``, ``ATTNBENCH_ASV_DEVICES``,
-``ATTNBENCH_ASV_MODES`` (comma-separated) and ``ATTNBENCH_ASV_MAX_CALL_S``.
+``ATTNBENCH_ASV_MODES`` (comma-separated) and ``ATTNBENCH_ASV_MAX_CALL_S``; ``ATTNBENCH_ASV_BATCH``
+is for tests only (see :data:`BASE`).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import os
 import statistics
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
-from attnbench.measure import guard, runner
+from attnbench.measure import gate, guard, runner
 from attnbench.measure.peak import matmul_peak, measure_matmul_peak
 from attnbench.measure.timer import TimerConfig, time_call
 from attnbench.plugins import load_plugins
@@ -37,7 +43,10 @@ def _env_list(name: str, default: list, kind: type = str) -> list:
 
 
 CUDA = torch.cuda.is_available()
-BASE = AttnSpec(batch=1, heads=8, head_dim=64, dtype="float32")
+BASE = AttnSpec(batch=int(os.environ.get("ATTNBENCH_ASV_BATCH", "1")), heads=8, head_dim=64, dtype="float32")
+"""The suite's fixed shape. ``ATTNBENCH_ASV_BATCH`` exists for tests of the gate (a batch-swapping
+fault is the identity at B=1); results taken with it are not labelled with it, so leave it unset
+for results you keep."""
 LENGTHS = _env_list("ATTNBENCH_ASV_LENGTHS", [64, 128, 256, 512, 1024, 2048, 4096, 8192], int)
 DEVICES = _env_list("ATTNBENCH_ASV_DEVICES", ["cpu", "cuda"] if CUDA else ["cpu"])
 MODES = _env_list("ATTNBENCH_ASV_MODES", ["forward", "backward"])
@@ -70,24 +79,62 @@ def spec_for(variant: str, seq_len: int, device: str, mode: str) -> AttnSpec:
     return BASE.replace(seq_len=seq_len, device=device, mode=mode)
 
 
+GATE_CONFIG = runner.MeasureConfig()
+"""The correctness gate's policy in asv (reference budget, seed): the runner's defaults."""
+
+
+class WrongResult(AssertionError):
+    """The case's result failed the correctness gate: asv records the benchmark as failed, never as a number."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One parameter set, ready to time: the closure, its case, and the gate's verdict on its first call."""
+
+    call: Callable[[], object]  # the closure asv times (the runner's make_call)
+    spec: AttnSpec  # the case
+    checked: gate.GateResult | None  # the gate on the closure's first result; None when not checked
+    note: str  # why the case is not checked ("" when it is)
+
+
 @functools.lru_cache(maxsize=8)
-def case(variant: str, seq_len: int, device: str, mode: str = "forward") -> tuple[Callable[[], object], AttnSpec]:
-    """The prepared call for one parameter set, or ``NotImplementedError`` (asv: n/a)."""
+def prepare(variant: str, seq_len: int, device: str, mode: str = "forward") -> Prepared:
+    """Guard, inputs, the first (warm-up) call of the timed closure and the gate on its result.
+
+    Raises:
+        NotImplementedError: the case is n/a here (unsupported, or over the time or memory budget).
+    """
     spec = spec_for(variant, seq_len, device, mode)
     impl = get_variant(variant)
     reasons = impl.not_supported_reasons(spec)
+    plan = runner.check_plan(impl, spec, GATE_CONFIG)
     if not reasons:
         peak = matmul_peak(device, "float32")
         seconds = guard.predicted_seconds(impl, spec, peak)
         if seconds > MAX_CALL_SECONDS:
             reasons.append(f"predicted {seconds:.2f} s per call > {MAX_CALL_SECONDS:g} s")
-        need = guard.predicted_bytes(impl, spec)
+        need = guard.predicted_bytes(impl, spec, plan.reference_bytes)
         if need > 0.5 * guard.free_bytes(device):
             reasons.append(f"predicted {need / 2**20:,.0f} MiB exceeds half the free memory")
     if reasons:
         raise NotImplementedError("; ".join(reasons))
-    call, _, _ = runner.make_call(impl, spec, seed=0)
-    return call, spec
+    call, inputs, mask = runner.make_call(impl, spec, seed=GATE_CONFIG.seed)
+    result, _ = impl.warm_up(call)  # compiles (if anything does) outside asv's timed calls
+    checked = runner.run_gate(impl, spec, result, inputs, mask, plan, GATE_CONFIG.seed)
+    return Prepared(call=call, spec=spec, checked=checked, note=plan.note)
+
+
+def case(variant: str, seq_len: int, device: str, mode: str = "forward") -> tuple[Callable[[], object], AttnSpec]:
+    """The prepared call for one parameter set, gated.
+
+    Raises:
+        NotImplementedError: n/a (see :func:`prepare`).
+        WrongResult: the closure's result failed the correctness gate (asv: failed, never a time).
+    """
+    prepared = prepare(variant, seq_len, device, mode)
+    if prepared.checked is not None and not prepared.checked.passed:
+        raise WrongResult(f"{variant} {prepared.spec.label}: {prepared.checked.reason()}")
+    return prepared.call, prepared.spec
 
 
 def peak_tensor_bytes(variant: str, seq_len: int, device: str, mode: str) -> float:
@@ -117,18 +164,26 @@ def cuda_event_ms(variant: str, seq_len: int, device: str, mode: str) -> float:
     return statistics.median(samples) * 1e3
 
 
-def setup_accuracy(variant: str, seq_len: int, device: str) -> None:
-    """n/a rules for the accuracy benchmark: the case's own, plus the float64 reference's size."""
-    case(variant, seq_len, device)
-    if seq_len > 4096:
-        raise NotImplementedError("float64 reference skipped above L=4096")
+def setup_accuracy(variant: str, seq_len: int, device: str, mode: str) -> None:
+    """n/a rules for the accuracy benchmarks: the case's own, plus the float64 reference's budget.
+
+    A wrong result does not raise here: the accuracy benchmarks report how wrong it is.
+    """
+    prepared = prepare(variant, seq_len, device, mode)
+    if prepared.checked is None:
+        raise NotImplementedError(prepared.note or "accuracy not checked")
 
 
-def error(variant: str, seq_len: int, device: str) -> float:
-    """Max |out - float64 reference| on one head."""
-    impl = get_variant(variant)
-    q, k, v, mask = spec_for(variant, seq_len, device, "forward").make_inputs(seed=0)
-    return runner.max_error(impl, q, k, v, mask)
+def error(variant: str, seq_len: int, device: str, mode: str) -> float:
+    """Max |out - float64 reference| of the timed closure's output over the checked (batch, head) slices."""
+    checked = prepare(variant, seq_len, device, mode).checked
+    return math.nan if checked is None else checked.max_error
+
+
+def error_ratio(variant: str, seq_len: int, device: str, mode: str) -> float:
+    """Worst error / tolerance over the output and (backward) dq, dk, dv: above 1 means wrong."""
+    checked = prepare(variant, seq_len, device, mode).checked
+    return math.nan if checked is None else checked.error_ratio
 
 
 def matmul_gflops() -> float:

@@ -26,8 +26,10 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from attnbench.io import atomic_write, atomic_write_text
+from attnbench.measure import guard
 from attnbench.measure.memory import live_bytes, peak_from_timeline, quiet_stderr
-from attnbench.measure.runner import make_call
+from attnbench.measure.peak import matmul_peak
+from attnbench.measure.runner import MeasureConfig, make_call
 from attnbench.measure.timer import time_once
 from attnbench.registry import get_variant
 from attnbench.spec import AttnSpec
@@ -98,16 +100,34 @@ def _export_gzipped(prof, path: str) -> None:
             shutil.copyfileobj(src, dst)
 
 
-def profile_case(variant_name: str, spec: AttnSpec, out_dir: str | Path, seed: int = 0) -> ProfileSummary:
+PROFILE_CALLS = 3
+"""Calls a profile makes: a warm-up, one unprofiled timing, one profiled call."""
+
+
+def profile_case(
+    variant_name: str, spec: AttnSpec, out_dir: str | Path, seed: int = 0, config: MeasureConfig | None = None
+) -> ProfileSummary:
     """Profile one call of ``variant_name`` on ``spec`` (after a warm-up) and write the artefacts.
 
+    The case goes through the same guard as a benchmark case first (inputs, mask, weights, the
+    variant's predicted peak; ``config``'s memory and time budgets), so a profile cannot exhaust
+    the machine.
+
     Raises:
-        ValueError: for an unknown variant, or a case the variant does not support.
+        ValueError: for an unknown variant, a case the variant does not support, or one the guard
+            refuses (the reason names the predicted peak and the budget).
     """
     variant = get_variant(variant_name)
     reasons = variant.not_supported_reasons(spec)
     if reasons:
         raise ValueError(f"{variant_name} cannot run {spec.label}: " + "; ".join(reasons))
+    config = config or MeasureConfig()
+    reasons = guard.guard_reasons(
+        variant, spec, memory_budget=config.memory_budget(spec.device), time_budget=config.time_budget_s,
+        peak_flops=matmul_peak(spec.device, "float32"), calls=PROFILE_CALLS,
+    )
+    if reasons:
+        raise ValueError(f"{variant_name} {spec.label} refused by the guard: " + "; ".join(reasons))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     call, _, _ = make_call(variant, spec, seed)

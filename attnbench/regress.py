@@ -18,7 +18,11 @@ Verdict per (benchmark, parameters), with ratio = HEAD / BASE:
     intervals around a real 2x slowdown; more samples settle both;
   * deterministic metrics (peak tensor bytes, analytic FLOPs): regression when
     ratio > ``memory_factor`` (default 1.1) for bytes and ratio > 1 for FLOPs: no noise to forgive;
-  * a case that ran on BASE but failed on HEAD is a regression; n/a on both is ignored.
+  * a case that ran on BASE but failed on HEAD is a regression; n/a on both is ignored;
+  * correctness (``AttentionAccuracy.track_error_ratio``, error / tolerance of the timed closure's
+    result): a case that was right on BASE and is wrong on HEAD (ratio above 1, or a loader status
+    ``wrong``) fails the gate with verdict ``wrong`` on every row of that case. asv's timing setup
+    refuses a wrong result, so its time row is missing on HEAD, not a fast number.
 
 Exit codes of ``attnbench regress``: 0 nothing regressed, 1 something regressed (a table names it),
 2 usage error, 3 the benchmarks could not be measured (asv failed to build or run a commit).
@@ -47,7 +51,7 @@ CI_SUBSET = {
 }
 """Short lengths and a few representative variants: finishes in minutes on 2 cores."""
 TIME_BENCHMARK = "Attention.time_attention"
-GATED = f"{TIME_BENCHMARK}|AttentionMetrics.track_peak_tensor_bytes|AttentionMetrics.track_flops"
+GATED = f"{TIME_BENCHMARK}|AttentionMetrics.track_peak_tensor_bytes|AttentionMetrics.track_flops|AttentionAccuracy.track_error_ratio"
 THREADS = "1"  # one intra-op thread: the least noisy choice on a shared 2-core machine
 MMAP_THRESHOLD = str(128 * 1024)
 """glibc's mmap threshold, pinned: by default glibc raises it after freeing a large block, so whether a
@@ -64,7 +68,7 @@ class Outcome:
     """The gate's decision and the table behind it."""
 
     table: pd.DataFrame  # one row per compared case: metric, variant, params, base, head, ratio, verdict
-    regressions: pd.DataFrame  # the rows with verdict "regressed"
+    regressions: pd.DataFrame  # the rows with verdict "regressed" or "wrong"
     base: str  # full commit hash
     head: str  # full commit hash
     results_dir: Path  # where asv wrote its results
@@ -105,22 +109,37 @@ def _config(repo: Path, work: Path) -> Path:
 
 
 def compare(frame: pd.DataFrame, base: str, head: str, time_factor: float = 1.2, memory_factor: float = 1.1) -> pd.DataFrame:
-    """Side-by-side BASE/HEAD table with a verdict per case (see the module docstring)."""
+    """Side-by-side BASE/HEAD table with a verdict per case (see the module docstring).
+
+    Verdicts: ``ok``, ``regressed``, ``n/a``, and ``wrong``: the case ran on BASE and HEAD's result
+    fails the correctness gate (an ``error_ratio`` above 1, or a row the loader marked ``wrong``).
+    Every row of such a case reads ``wrong`` where it would otherwise be ``regressed`` or ``ok``
+    (HEAD's timings of a wrong result are not comparable), so the failure names its cause.
+    """
     keys = ["benchmark", "variant", "seq_len", "device", "mode", "metric"]
+    case_keys = ["variant", "seq_len", "device", "mode"]
     sides = {}
     for name, commit in (("base", base), ("head", head)):
         side = frame[frame["commit"] == commit].drop_duplicates(keys, keep="last").set_index(keys)
         sides[name] = side[["value", "status", "spread", "ci_low", "ci_high"]].add_prefix(f"{name}_")
     table = sides["base"].join(sides["head"], how="outer").reset_index()
+    head_rows = table[table["head_status"].notna()]
+    gate_failed = (head_rows["head_status"] == "wrong") | (
+        (head_rows["metric"] == "error_ratio") & (head_rows["head_status"] == "ok") & (head_rows["head_value"] > 1.0))
+    wrong_cases = {tuple(r) for r in head_rows.loc[gate_failed, case_keys].itertuples(index=False)}
     verdicts, ratios = [], []
     for rec in table.to_dict("records"):
         b_ok, h_ok = rec["base_status"] == "ok", rec["head_status"] == "ok"
         ratio = rec["head_value"] / rec["base_value"] if b_ok and h_ok and rec["base_value"] else math.nan
         ratios.append(ratio)
-        if b_ok and not h_ok:
+        if b_ok and tuple(rec[k] for k in case_keys) in wrong_cases:
+            verdicts.append("wrong")  # right on BASE, wrong on HEAD: the gate fails whatever the speed
+        elif b_ok and not h_ok:
             verdicts.append("regressed")  # ran on BASE, does not on HEAD
         elif not (b_ok and h_ok):
             verdicts.append("n/a")
+        elif rec["metric"] == "error_ratio":
+            verdicts.append("ok")  # within tolerance on HEAD (above it is "wrong" above)
         elif rec["metric"] == "time":
             overlap = rec["head_ci_low"] <= rec["base_ci_high"]  # False when either bound is unknown
             noise = rec["base_spread"] / rec["base_value"] if not pd.isna(rec["base_spread"]) else 0.0
@@ -195,7 +214,7 @@ def regress(
             table = _compare_results(work, machine, base_hash, head_hash, time_factor, memory_factor, log_file)
             confirmed = 1
     table["confirmation_runs"] = confirmed
-    return Outcome(table=table, regressions=table[table["verdict"] == "regressed"], base=base_hash, head=head_hash, results_dir=work / "results")
+    return Outcome(table=table, regressions=table[table["verdict"].isin(["regressed", "wrong"])], base=base_hash, head=head_hash, results_dir=work / "results")
 
 
 def _compare_results(work: Path, machine: str, base: str, head: str, time_factor: float, memory_factor: float, log: Path) -> pd.DataFrame:

@@ -96,10 +96,23 @@ class AttnSpec:
 
     @property
     def input_bytes(self) -> int:
-        """Bytes of q, k, v (the mask is small or broadcast and not counted)."""
+        """Bytes of q, k, v (the mask is :attr:`mask_bytes`)."""
         b, h = self.batch, self.heads
         elems = b * h * (self.lq * self.head_dim + self.lk * (self.head_dim + self.dv))
         return elems * self.elem_bytes
+
+    @property
+    def mask_bytes(self) -> int:
+        """Bytes of the bool mask :meth:`make_mask` builds (its broadcastable shape, one byte per entry).
+
+        ``causal`` and ``sliding_window`` are dense ``(1, 1, Lq, Lk)``; ``valid_lengths`` is
+        ``(B, 1, 1, Lk)``; ``none`` builds nothing.
+        """
+        if self.mask in ("causal", "sliding_window"):
+            return self.lq * self.lk
+        if self.mask == "valid_lengths":
+            return self.batch * self.lk
+        return 0
 
     @property
     def output_bytes(self) -> int:

@@ -8,21 +8,21 @@ import torch
 from hypothesis import settings
 
 import attnbench
+from attnbench.measure import gate
 
 settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True)
 settings.register_profile("dev", max_examples=50, deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
-# Absolute floor added to the scaled plain-implementation error, per dtype.
-FLOORS = {torch.float64: 1e-10, torch.float32: 2e-6, torch.bfloat16: 2e-2, torch.float16: 2e-3}
+FLOORS = gate.FLOORS  # one definition of the tolerance rule: the library's correctness gate
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-def assert_close_to_reference(variant, q, k, v, mask, factor: float = 3.0) -> None:
+def assert_close_to_reference(variant, q, k, v, mask, factor: float = gate.FACTOR) -> None:
     """Error vs float64 must be within ``factor`` x the plain same-precision error, plus a floor.
 
-    NaN or inf never passes (flash-attention's ``attention_ref`` rule).
+    The rule is :func:`attnbench.measure.gate.tolerance`; NaN or inf never passes.
     """
     out = variant(q, k, v, mask)
     assert out.shape == (*q.shape[:3], v.shape[-1]), f"{variant.name}: shape {tuple(out.shape)}"
@@ -32,8 +32,8 @@ def assert_close_to_reference(variant, q, k, v, mask, factor: float = 3.0) -> No
     plain = variant.reference(q, k, v, mask, dtype=q.dtype)
     err = (out.double() - truth).abs().max().item()
     plain_err = (plain.double() - truth).abs().max().item()
-    tol = factor * plain_err + FLOORS[q.dtype]
-    assert err <= tol, f"{variant.name}: max error {err:.3g} > tolerance {tol:.3g} (plain {plain_err:.3g})"
+    tol = gate.tolerance(plain_err, q.dtype, factor)
+    assert gate.passes(err, tol), f"{variant.name}: max error {err:.3g} > tolerance {tol:.3g} (plain {plain_err:.3g})"
 
 
 def all_variants() -> list[str]:

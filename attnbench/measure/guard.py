@@ -1,8 +1,15 @@
 """Decide before running whether a case fits the memory and time budgets.
 
-Predictions come from the variant's analytic model (:meth:`Variant.predicted_peak_bytes`,
-:meth:`Variant.flops`, ``SECONDS_PER_PAIR``), so a case that would exhaust memory or run for
-minutes becomes a skipped row with a reason instead of an OOM kill or a stalled sweep.
+Everything a case allocates is counted before it is allocated: the inputs, the mask, ``grad_out``
+(backward), the variant's predicted peak above the inputs (:meth:`Variant.predicted_peak_bytes`,
+which includes its parameters such as projection weights) and the correctness gate's float64
+reference for one (batch, head) slice. Time is the variant's analytic model
+(:meth:`Variant.flops`, ``SECONDS_PER_PAIR``) plus the reference over the checked slices. A case
+that would exhaust memory or run for minutes becomes a skipped row with a reason instead of an OOM
+kill or a stalled sweep.
+
+The cost model itself is called inside the runner's ``try`` (an exception is a row, not a dead
+sweep) and must not do O(L^2) work.
 """
 
 from __future__ import annotations
@@ -13,6 +20,9 @@ import torch
 from attnbench.spec import AttnSpec
 from attnbench.variants.base import Variant
 
+REFERENCE_EFFICIENCY = 0.1
+"""Assumed fraction of the float32 matmul peak the float64 einsum reference reaches (time predictions only)."""
+
 
 def free_bytes(device: str) -> int:
     """Available RAM on CPU, free device memory on CUDA."""
@@ -21,9 +31,15 @@ def free_bytes(device: str) -> int:
     return psutil.virtual_memory().available
 
 
-def predicted_bytes(variant: Variant, spec: AttnSpec) -> int:
-    """Inputs plus the variant's predicted peak above them."""
-    return spec.input_bytes + variant.predicted_peak_bytes(spec)
+def case_bytes(spec: AttnSpec) -> int:
+    """What the runner allocates before the variant runs: q, k, v, the mask and (backward) ``grad_out``."""
+    grad_out = spec.output_bytes if spec.mode == "backward" else 0
+    return spec.input_bytes + spec.mask_bytes + grad_out
+
+
+def predicted_bytes(variant: Variant, spec: AttnSpec, reference_bytes: float = 0.0) -> int:
+    """Inputs, mask, ``grad_out``, the variant's predicted peak (weights included) and the reference's bytes."""
+    return int(case_bytes(spec) + variant.predicted_peak_bytes(spec) + reference_bytes)
 
 
 def predicted_seconds(variant: Variant, spec: AttnSpec, peak_flops: float) -> float:
@@ -35,6 +51,16 @@ def predicted_seconds(variant: Variant, spec: AttnSpec, peak_flops: float) -> fl
     return compute + overhead
 
 
+def reference_seconds(variant: Variant, spec: AttnSpec, slices: int, peak_flops: float) -> float:
+    """Predicted seconds of the correctness gate: float64 and plain references on ``slices`` slices."""
+    if slices <= 0:
+        return 0.0
+    per_slice = 2 * spec.lq * spec.lk * (spec.head_dim + spec.dv)  # dense einsum evaluation of one (b, h)
+    passes = 2 + int(not variant.exact)  # float64 truth, plain same precision, exact softmax (approximate variants)
+    factor = 3.5 if spec.mode == "backward" else 1.0
+    return slices * per_slice * passes * factor / (peak_flops * REFERENCE_EFFICIENCY)
+
+
 def guard_reasons(
     variant: Variant,
     spec: AttnSpec,
@@ -43,20 +69,29 @@ def guard_reasons(
     time_budget: float,
     peak_flops: float,
     calls: int,
+    reference_bytes: float = 0.0,
+    reference_s: float = 0.0,
 ) -> list[str]:
     """Reasons to skip ``spec`` under the budgets; empty when it should run.
 
     Args:
-        memory_budget: bytes the case may use (inputs + predicted peak).
+        memory_budget: bytes the case may use (everything :func:`predicted_bytes` counts).
         time_budget: seconds the whole case may take.
         peak_flops: this machine's matmul FLOP/s.
         calls: how many calls the case makes at minimum (warm-up, check, timing, memory).
+        reference_bytes: the correctness gate's reference memory (one slice, float64 and plain).
+        reference_s: the correctness gate's predicted seconds.
     """
     reasons = []
-    need = predicted_bytes(variant, spec)
+    peak = variant.predicted_peak_bytes(spec)
+    need = predicted_bytes(variant, spec, reference_bytes)
     if need > memory_budget:
-        reasons.append(f"predicted peak {need / 2**20:,.0f} MiB exceeds the memory budget {memory_budget / 2**20:,.0f} MiB")
-    seconds = predicted_seconds(variant, spec, peak_flops) * calls
+        mib = 2**20
+        reasons.append(
+            f"predicted peak {need / mib:,.0f} MiB (inputs+mask {case_bytes(spec) / mib:,.0f}, variant {peak / mib:,.0f}, "
+            f"reference {reference_bytes / mib:,.0f}) exceeds the memory budget {memory_budget / mib:,.0f} MiB"
+        )
+    seconds = predicted_seconds(variant, spec, peak_flops) * calls + reference_s
     if seconds > time_budget:
-        reasons.append(f"predicted {seconds:,.1f} s for {calls} calls exceeds the time budget {time_budget:g} s")
+        reasons.append(f"predicted {seconds:,.1f} s for {calls} calls and the accuracy check exceeds the time budget {time_budget:g} s")
     return reasons

@@ -58,6 +58,9 @@ class Measurement:
     flops_executed: int = 0  # analytic FLOPs the implementation performs
     max_error: float = math.nan  # max |out - float64 reference of what the variant claims| (NaN: not checked)
     tolerance: float = math.nan  # the correctness gate's allowed max error (NaN: not checked)
+    grad_error: float = math.nan  # backward: max |grad - float64 reference grad| of the worst of dq, dk, dv
+    grad_tolerance: float = math.nan  # backward: the gate's allowed max error for that gradient
+    error_ratio: float = math.nan  # worst error / tolerance over output, gradients, declared bound (> 1: wrong)
     softmax_error: float = math.nan  # approximate variants: max |out - exact softmax attention|
     compile_seconds: float = math.nan  # one-off preparation time outside the timed region
     env: Environment | None = None  # where it ran
@@ -113,6 +116,9 @@ class Measurement:
             "gflops_per_s": self.gflops_per_s,
             "max_error": self.max_error,
             "tolerance": self.tolerance,
+            "grad_error": self.grad_error,
+            "grad_tolerance": self.grad_tolerance,
+            "error_ratio": self.error_ratio,
             "softmax_error": self.softmax_error,
             "compile_s": self.compile_seconds,
             **{f"env_{k}": v for k, v in env.items()},

@@ -1,10 +1,14 @@
 """The runner: one (variant, spec) in, one :class:`Measurement` out, whatever happens.
 
-For every case: declared support -> budget guard -> inputs (untimed) -> one checked call against
-the float64 reference (doubles as warm-up) -> timing -> peak tensor memory -> peak RSS. Unsupported
-and over-budget cases become ``skipped`` rows, an allocation failure becomes ``oom``, a call slower
-than the time budget becomes ``timeout``, and any other exception becomes ``error`` with its
-message. Only bad arguments to the runner itself raise.
+For every case: cost model and declared support -> budget guard (inputs, mask, weights, the
+variant's peak and the gate's reference, all counted before anything is allocated) -> inputs
+(untimed) -> the first call of the timed closure (warm-up; compilation happens here and is
+recorded as ``compile_seconds``) -> the correctness gate on that call's result -> timing -> peak
+tensor memory -> peak RSS. Unsupported and over-budget cases become ``skipped`` rows, a result
+that fails the gate becomes ``wrong`` (with its error and tolerance, and never timed: a number the
+suite cannot stand behind is not produced), an allocation failure becomes ``oom``, a call slower
+than the time budget becomes ``timeout``, and any other exception (the cost model's included)
+becomes ``error`` with its message. Only bad arguments to the runner itself raise.
 """
 
 from __future__ import annotations
@@ -16,13 +20,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from attnbench.measure import guard, memory
+from attnbench.measure import gate, guard, memory
 from attnbench.measure.env import environment
 from attnbench.measure.peak import matmul_peak
 from attnbench.measure.provenance import sdpa_backends
 from attnbench.measure.record import Environment, Measurement
 from attnbench.measure.timer import TimerConfig, cuda_graph_seconds, time_call, time_once
-from attnbench.reference import reference_attention
 from attnbench.registry import get_variant
 from attnbench.spec import AttnSpec
 from attnbench.variants.base import Variant
@@ -39,8 +42,8 @@ class MeasureConfig:
     memory_budget_fraction: float = 0.5  # skip cases predicted to need more than this share of free memory
     memory_budget_bytes: float | None = None  # explicit budget; overrides the fraction when set
     time_budget_s: float = 60.0  # skip (predicted) or stop (measured) cases slower than this in total
-    check_accuracy: bool = True  # compare one call against the float64 reference
-    reference_budget_bytes: float = 512 * 2**20  # largest float64 reference (one head) worth computing
+    check_accuracy: bool = True  # gate the timed closure's result against the float64 reference
+    reference_budget_bytes: float = 512 * 2**20  # float64 reference: all (batch, head) slices up to this, else a sample
     measure_memory: bool = True  # peak tensor bytes (profiler on CPU, allocator stats on CUDA)
     measure_rss: bool = True  # peak process RSS during one call
     seed: int = 0  # input seed
@@ -78,10 +81,13 @@ def make_call(
 ) -> tuple[Callable[[], object], tuple[torch.Tensor, ...], torch.Tensor | None]:
     """Build and validate inputs (untimed) and the closure to time: one forward, or forward + backward.
 
-    The closure calls :meth:`Variant.forward` directly: validation happened here, once.
+    The closure calls :meth:`Variant.forward` directly (validation happened here, once) and returns
+    what it computed, so the correctness gate checks the very call that is timed: forward returns
+    the output ``(B, H, Lq, Dv)``; backward returns ``(out, dq, dk, dv)`` for the fixed random
+    ``grad_out`` of :func:`grad_output`.
 
     Returns:
-        ``(call, (q, k, v), mask)``.
+        ``(call, (q, k, v), mask)`` with the mask as the closure receives it (rank 4, or None).
     """
     backward = spec.mode == "backward"
     q, k, v, mask = spec.make_inputs(seed=seed, requires_grad=backward)
@@ -92,37 +98,54 @@ def make_call(
             with torch.no_grad():
                 return variant.forward(q, k, v, mask4)
 
-        return call, (q, k, v), mask
-    gen = torch.Generator().manual_seed(seed + 1)
-    grad_out = torch.randn(spec.batch, spec.heads, spec.lq, spec.dv, generator=gen).to(q)  # never zeros
+        return call, (q, k, v), mask4
+    grad_out = grad_output(spec, seed).to(q)
 
     def call_backward() -> object:
         out = variant.forward(q, k, v, mask4)
-        return torch.autograd.grad(out, (q, k, v), grad_out)
+        return (out.detach(), *torch.autograd.grad(out, (q, k, v), grad_out))
 
-    return call_backward, (q, k, v), mask
+    return call_backward, (q, k, v), mask4
 
 
-def max_error(
-    variant: Variant,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None,
-    reference: Callable[..., torch.Tensor] | None = None,
-) -> float:
-    """Max |variant - float64 reference| on batch 0, head 0 (heads are independent).
+def grad_output(spec: AttnSpec, seed: int) -> torch.Tensor:
+    """The fixed upstream gradient of a backward case, ``(B, H, Lq, Dv)`` float32 on CPU (never zeros)."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    return torch.randn(spec.batch, spec.heads, spec.lq, spec.dv, generator=gen)
 
-    ``reference`` defaults to the variant's own (what it claims to compute); pass
-    :func:`reference_attention` to measure an approximate variant against exact softmax attention.
-    """
-    sl = (slice(0, 1), slice(0, 1))
-    m = None if mask is None else mask[tuple(slice(0, 1) if s > 1 else slice(None) for s in mask.shape[:2])]
-    reference = reference or variant.reference
-    with torch.no_grad():
-        out = variant(q[sl], k[sl], v[sl], m)
-        ref = reference(q[sl].detach(), k[sl].detach(), v[sl].detach(), m)
-    return float((out.double() - ref).abs().max())
+
+@dataclass(frozen=True)
+class CheckPlan:
+    """How the correctness gate will check a case (decided before anything is allocated)."""
+
+    slices: tuple[tuple[int, int], ...]  # (batch, head) slices to check; empty when not checked
+    reference_bytes: float  # memory the reference needs while it runs (one slice, float64 and plain)
+    note: str  # why the case is not checked ("" when it is)
+
+
+def check_plan(variant: Variant, spec: AttnSpec, config: MeasureConfig) -> CheckPlan:
+    """Which slices the gate checks: all when affordable, else a seeded sample (see :mod:`.gate`)."""
+    if not config.check_accuracy:
+        return CheckPlan((), 0.0, "")
+    per_slice = gate.slice_reference_bytes(variant, spec)
+    if per_slice > config.reference_budget_bytes:
+        return CheckPlan((), 0.0, (
+            f"accuracy not checked: one (batch, head) slice of the float64 reference needs "
+            f"{per_slice / 2**20:,.0f} MiB > reference budget {config.reference_budget_bytes / 2**20:,.0f} MiB"))
+    slices = gate.checked_slices(spec, per_slice, config.reference_budget_bytes, config.seed)
+    return CheckPlan(tuple(slices), 2 * per_slice, "")
+
+
+def run_gate(
+    variant: Variant, spec: AttnSpec, result: object, inputs: tuple[torch.Tensor, ...], mask: torch.Tensor | None,
+    plan: CheckPlan, seed: int,
+) -> gate.GateResult | None:
+    """Check ``result`` (the closure's return value) on the planned slices; None when not checked."""
+    if not plan.slices:
+        return None
+    q, k, v = inputs
+    grad_out = grad_output(spec, seed).to(q) if spec.mode == "backward" else None
+    return gate.check(variant, q, k, v, mask, result, plan.slices, grad_out)
 
 
 def peak_tensor_bytes(variant: Variant, spec: AttnSpec, call: Callable[[], object]) -> tuple[float, str]:
@@ -140,12 +163,6 @@ def peak_tensor_bytes(variant: Variant, spec: AttnSpec, call: Callable[[], objec
         if measured is not None:
             return float(measured), "profiler"
     return float(variant.predicted_peak_bytes(spec)), "model"
-
-
-def reference_bytes(variant: Variant, spec: AttnSpec) -> float:
-    """Float64 bytes the one-head reference needs (its own scratch model at float64)."""
-    one_head = spec.replace(batch=1, heads=1, dtype="float64", mode="forward")
-    return 3 * spec.lq * spec.lk * 8 + variant.scratch_elements(one_head) * 8
 
 
 def measure(
@@ -173,73 +190,79 @@ def measure(
     config = config or MeasureConfig()
     variant = get_variant(variant_name)
     env = env or environment(spec.device)
-    flops = variant.flops(spec)
-    base = dict(
-        variant=variant_name,
-        spec=spec,
-        env=env,
-        flops_useful=flops.useful,
-        flops_executed=flops.executed,
-        predicted_peak_bytes=float(variant.predicted_peak_bytes(spec)),
-    )
-    reasons = variant.not_supported_reasons(spec)
-    if reasons:
-        return Measurement(status="skipped", reason="; ".join(reasons), **base)
-    if peak_flops is None:
-        peak_flops = matmul_peak(spec.device, "float32")
-    calls = 2 + config.timer.warmup + config.timer.min_runs + int(config.measure_memory) + int(config.measure_rss)
-    reasons = guard.guard_reasons(
-        variant, spec,
-        memory_budget=config.memory_budget(spec.device),
-        time_budget=config.time_budget_s,
-        peak_flops=peak_flops,
-        calls=calls,
-    )
-    if reasons:
-        return Measurement(status="skipped", reason="; ".join(reasons), **base)
-
-    try:
-        call, (q, k, v), mask = make_call(variant, spec, config.seed)
-        compile_seconds = variant.warm_up(q, k, v, mask) or math.nan  # compilation: recorded, never timed
-        error, softmax_error, notes = math.nan, math.nan, []
-        if config.check_accuracy and reference_bytes(variant, spec) <= config.reference_budget_bytes:
-            error = max_error(variant, q, k, v, mask)
-            if not math.isfinite(error):
-                return Measurement(status="error", reason=f"non-finite output (max error {error})", **base)
-            if not variant.exact:
-                softmax_error = max_error(variant, q, k, v, mask, reference=reference_attention)
-        elif config.check_accuracy:
-            notes.append("accuracy not checked: float64 reference over its memory budget")
-        first = time_once(call, spec.device)
-        if first * calls > config.time_budget_s:
-            return Measurement(
-                status="timeout", samples=(first,), runs=1, max_error=error,
-                reason=f"one call took {first:.2f} s; {calls} calls exceed the time budget {config.time_budget_s:g} s",
-                **base,
-            )
-        samples, runs = time_call(call, spec.device, config.timer)
-        peak, method = peak_tensor_bytes(variant, spec, call) if config.measure_memory else (math.nan, "")
-        rss = float(memory.peak_rss_bytes(call)) if config.measure_rss else math.nan
-        extra: dict[str, object] = {}
-        if variant.PROVENANCE:
-            extra["kernel"] = "+".join(sdpa_backends(call, spec.device)) or "unknown"
-        if config.cuda_graphs and spec.device_type == "cuda":
-            try:
-                extra["graph_replay_s"] = cuda_graph_seconds(call, spec.device)
-            except RuntimeError as exc:  # not capturable: say so, keep the eager figures
-                extra["graph_replay_s"] = math.nan
-                notes.append(f"CUDA graph capture failed: {str(exc).splitlines()[0][:120]}")
-        return Measurement(
-            status="ok", reason="; ".join(notes), samples=tuple(samples), runs=runs,
-            timing_method="cuda_events" if spec.device_type == "cuda" else "wall", peak_tensor_bytes=peak,
-            memory_method=method, peak_rss_bytes=rss, max_error=error, softmax_error=softmax_error,
-            compile_seconds=compile_seconds, extra=extra, **base,
+    base: dict[str, object] = dict(variant=variant_name, spec=spec, env=env)
+    try:  # the cost model runs in here too: a variant whose model raises is a row, not a dead sweep
+        flops = variant.flops(spec)
+        base.update(flops_useful=flops.useful, flops_executed=flops.executed,
+                    predicted_peak_bytes=float(variant.predicted_peak_bytes(spec)))
+        reasons = variant.not_supported_reasons(spec)
+        if reasons:
+            return Measurement(status="skipped", reason="; ".join(reasons), **base)
+        if peak_flops is None:
+            peak_flops = matmul_peak(spec.device, "float32")
+        calls = 2 + config.timer.warmup + config.timer.min_runs + int(config.measure_memory) + int(config.measure_rss)
+        plan = check_plan(variant, spec, config)
+        reasons = guard.guard_reasons(
+            variant, spec,
+            memory_budget=config.memory_budget(spec.device),
+            time_budget=config.time_budget_s,
+            peak_flops=peak_flops,
+            calls=calls,
+            reference_bytes=plan.reference_bytes,
+            reference_s=guard.reference_seconds(variant, spec, len(plan.slices), peak_flops),
         )
+        if reasons:
+            return Measurement(status="skipped", reason="; ".join(reasons), **base)
+        return _run(variant, spec, config, plan, calls, base)
     except Exception as exc:  # noqa: BLE001 - one bad case must never end a sweep
         status = "oom" if _is_oom(exc) else "error"
         return Measurement(status=status, reason=f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}", **base)
     finally:
         _free(spec.device)
+
+
+def _run(variant: Variant, spec: AttnSpec, config: MeasureConfig, plan: CheckPlan, calls: int, base: dict) -> Measurement:
+    """Inputs, the checked warm-up call, then timing and memory (raises; :func:`measure` records)."""
+    call, inputs, mask = make_call(variant, spec, config.seed)
+    # The first call goes through the timed closure itself (same grad mode, same inputs): it compiles
+    # whatever a compiled variant compiles, outside the timed region, and its result is what the gate checks.
+    result, compile_seconds = variant.warm_up(call)
+    compile_seconds = compile_seconds or math.nan
+    notes = [plan.note] if plan.note else []
+    checked = run_gate(variant, spec, result, inputs, mask, plan, config.seed)
+    del result
+    fields: dict[str, object] = dict(compile_seconds=compile_seconds)
+    if checked is not None:
+        fields.update(max_error=checked.max_error, tolerance=checked.tolerance, grad_error=checked.grad_error,
+                      grad_tolerance=checked.grad_tolerance, softmax_error=checked.softmax_error,
+                      error_ratio=checked.error_ratio)
+        fields["extra"] = {"checked_slices": f"{checked.slices}/{checked.total_slices}"}
+        if not checked.passed:  # a number the suite cannot stand behind is not produced: never timed
+            return Measurement(status="wrong", reason=checked.reason(), **fields, **base)
+    first = time_once(call, spec.device)
+    if first * calls > config.time_budget_s:
+        return Measurement(
+            status="timeout", samples=(first,), runs=1,
+            reason=f"one call took {first:.2f} s; {calls} calls exceed the time budget {config.time_budget_s:g} s",
+            **fields, **base,
+        )
+    samples, runs = time_call(call, spec.device, config.timer)
+    peak, method = peak_tensor_bytes(variant, spec, call) if config.measure_memory else (math.nan, "")
+    rss = float(memory.peak_rss_bytes(call)) if config.measure_rss else math.nan
+    extra: dict[str, object] = dict(fields.pop("extra", {}))
+    if variant.PROVENANCE:
+        extra["kernel"] = "+".join(sdpa_backends(call, spec.device)) or "unknown"
+    if config.cuda_graphs and spec.device_type == "cuda":
+        try:
+            extra["graph_replay_s"] = cuda_graph_seconds(call, spec.device)
+        except RuntimeError as exc:  # not capturable: say so, keep the eager figures
+            extra["graph_replay_s"] = math.nan
+            notes.append(f"CUDA graph capture failed: {str(exc).splitlines()[0][:120]}")
+    return Measurement(
+        status="ok", reason="; ".join(notes), samples=tuple(samples), runs=runs,
+        timing_method="cuda_events" if spec.device_type == "cuda" else "wall", peak_tensor_bytes=peak,
+        memory_method=method, peak_rss_bytes=rss, extra=extra, **fields, **base,
+    )
 
 
 def sweep(

@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 import torch
 
@@ -48,6 +49,7 @@ ALL_DTYPES = frozenset(DTYPES)
 FLOAT_DTYPES = frozenset({"float32", "float64"})
 ALL_MASKS = frozenset(masks.MASK_KINDS)
 KEY_PADDING_MASKS = frozenset({"none", "valid_lengths"})
+T = TypeVar("T")
 EAGER_BACKWARD = 2.0
 """Backward FLOPs per forward FLOP of a matmul whose two operands both need a gradient (eager autograd)."""
 CONSTANT_OPERAND_BACKWARD = 1.0
@@ -106,6 +108,7 @@ class Variant(ABC):
     RECOMPUTES_SCORES: ClassVar[bool] = False  # backward recomputes Q K^T (fused kernels): factor 2.5, not 2.0
     OPAQUE_KERNELS: ClassVar[frozenset[str]] = frozenset()  # aten ops FlopCounterMode has no formula for
     REJECTS_NONFINITE: ClassVar[bool] = True  # validate() rejects NaN/inf in q, k, v (see validate)
+    APPROX_ERROR_BOUND: ClassVar[float | None] = None  # approximate variants: allowed max |out - softmax attention|
 
     def __init__(self, scale: float | None = None) -> None:
         self.scale = check_scale(scale)
@@ -155,15 +158,17 @@ class Variant(ABC):
         """Value checks beyond finiteness; by default, that ``scale * q . k`` cannot overflow."""
         check_score_range(q, k, self.scale_for(q.shape[-1]))
 
-    def warm_up(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
-    ) -> float:
-        """One-off preparation for these shapes (e.g. compilation), outside any timed region.
+    def warm_up(self, call: Callable[[], T]) -> tuple[T, float]:
+        """Make the first call of the timed closure, outside any timed region.
+
+        The benchmark's first call goes through the very closure it then times (same grad mode,
+        same inputs), so whatever a variant prepares on first use (compilation, cached masks) is
+        prepared for exactly the calls that are timed; the runner checks the returned result.
 
         Returns:
-            Seconds spent preparing (0.0 for variants that need none).
+            ``(what call returned, seconds of one-off preparation)``: 0.0 for variants that need none.
         """
-        return 0.0
+        return call(), 0.0
 
     @abstractmethod
     def forward(

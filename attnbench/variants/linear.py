@@ -109,6 +109,7 @@ class Performer(KernelAttention):
     exact = False
     source = "Choromanski et al. 2021 (Performer, FAVOR+); seed 003 (linear variants)"
     SUPPORTED_DTYPES = FLOAT_DTYPES | {"bfloat16"}
+    APPROX_ERROR_BOUND = 5.0  # max |out - softmax attention| on the suite's N(0, 1) inputs (seen: <= 2.9 at L=64..4096, F=256)
 
     def __init__(self, num_features: int = 256, seed: int = 0) -> None:
         super().__init__(None)

@@ -1,0 +1,274 @@
+"""The correctness gate: planted wrong variants are recorded ``wrong`` (never ``ok``, never timed).
+
+Each plant is a real fault a pull request could introduce while keeping the speed: a scaled
+output, swapped heads, swapped batch entries, a wrong gradient. The gate checks the result of the
+timed closure itself, so the faults are planted in ``forward`` (what the closure calls).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import attnbench
+from attnbench.measure import MeasureConfig, gate, measure
+from attnbench.measure.timer import TimerConfig
+from attnbench.variants.batched import BatchedAttention
+
+FAST = MeasureConfig(timer=TimerConfig(min_runs=2, min_time=0.01, max_time=0.2), measure_rss=False, measure_memory=False)
+SPEC = attnbench.AttnSpec(batch=2, heads=3, seq_len=64, head_dim=16)
+
+PLANTS = '''
+import torch
+import attnbench
+from attnbench.variants.batched import BatchedAttention
+
+
+class Scaled(BatchedAttention):
+    def forward(self, q, k, v, mask):
+        return super().forward(q, k, v, mask) * 1.1  # output 10% too large
+
+
+class HeadsSwapped(BatchedAttention):
+    def forward(self, q, k, v, mask):
+        return torch.roll(super().forward(q, k, v, mask), 1, dims=1)  # head h gets head h-1's output
+
+
+class BatchSwapped(BatchedAttention):
+    def forward(self, q, k, v, mask):
+        return torch.roll(super().forward(q, k, v, mask), 1, dims=0)  # batch entries exchanged
+
+
+class _WrongDq(torch.autograd.Function):
+    """Identity on q forward; backward scales dq by 1.1 (the output stays exact)."""
+
+    @staticmethod
+    def forward(ctx, q):
+        return q.view_as(q)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 1.1
+
+
+class WrongGrad(BatchedAttention):
+    def forward(self, q, k, v, mask):
+        return super().forward(_WrongDq.apply(q), k, v, mask)
+
+
+for _name, _cls in (("plant_scaled", Scaled), ("plant_heads", HeadsSwapped), ("plant_batch", BatchSwapped),
+                    ("plant_grad", WrongGrad), ("plant_correct", BatchedAttention)):
+    attnbench.register(_name, _cls)
+'''
+FORWARD_PLANTS = ["plant_scaled", "plant_heads", "plant_batch"]
+
+
+@pytest.fixture(scope="module")
+def plants():
+    namespace: dict = {}
+    exec(compile(PLANTS, "plants", "exec"), namespace)  # noqa: S102 - the test's own source
+    names = ["plant_scaled", "plant_heads", "plant_batch", "plant_grad", "plant_correct"]
+    yield names
+    for n in names:
+        attnbench.unregister(n)
+
+
+@pytest.mark.parametrize("mode", ["forward", "backward"])
+@pytest.mark.parametrize("name", FORWARD_PLANTS)
+def test_planted_wrong_outputs_are_recorded_wrong(plants, name, mode):
+    m = measure(name, SPEC.replace(mode=mode), FAST, peak_flops=1e10)
+    assert m.status == "wrong", (m.status, m.reason)
+    assert m.max_error > m.tolerance > 0 and m.error_ratio > 1
+    assert "output max error" in m.reason and m.samples == () and m.runs == 0  # never timed
+
+
+def test_planted_wrong_gradient_is_recorded_wrong(plants):
+    m = measure("plant_grad", SPEC.replace(mode="backward"), FAST, peak_flops=1e10)
+    assert m.status == "wrong", (m.status, m.reason)
+    assert m.max_error <= m.tolerance  # the output is right: only the gradient is caught
+    assert m.grad_error > m.grad_tolerance and "gradient dq" in m.reason
+    assert measure("plant_grad", SPEC, FAST, peak_flops=1e10).status == "ok"  # forward alone is correct
+
+
+@pytest.mark.parametrize("mode", ["forward", "backward"])
+def test_a_correct_variant_stays_ok(plants, mode):
+    m = measure("plant_correct", SPEC.replace(mode=mode), FAST, peak_flops=1e10)
+    assert m.status == "ok" and m.error_ratio < 1 and m.extra["checked_slices"] == "6/6"
+    assert (m.grad_error < m.grad_tolerance) if mode == "backward" else math.isnan(m.grad_error)
+
+
+def test_a_sample_always_holds_the_first_and_last_slice(plants):
+    """Over the reference budget, a seeded sample of slices is checked: a swap of the last head is caught."""
+    spec = SPEC.replace(batch=2, heads=8)
+    per_slice = gate.slice_reference_bytes(attnbench.get_variant("batched"), spec)
+    config = MeasureConfig(timer=FAST.timer, measure_rss=False, measure_memory=False, reference_budget_bytes=4 * per_slice)
+    m = measure("plant_heads", spec, config, peak_flops=1e10)
+    assert m.status == "wrong" and "4/16 (batch, head) slices checked" in m.reason
+    ok = measure("plant_correct", spec, config, peak_flops=1e10)
+    assert ok.status == "ok" and ok.extra["checked_slices"] == "4/16"
+    slices = gate.checked_slices(spec, per_slice, 4 * per_slice, seed=0)
+    assert slices[0] == (0, 0) and slices[-1] == (1, 7) and len(slices) == 4
+
+
+def test_the_sample_is_the_same_in_every_process():
+    code = ("import attnbench; from attnbench.measure import gate; "
+            "print(gate.checked_slices(attnbench.AttnSpec(batch=4, heads=16), 1.0, 10.0, seed=3))")
+    runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "PYTHONHASHSEED": str(i)}).stdout for i in (1, 2)}
+    assert len(runs) == 1 and "(0, 0)" in runs.pop()
+
+
+def test_non_finite_never_passes():
+    assert not gate.passes(math.nan, 1.0) and not gate.passes(math.inf, 1.0) and gate.passes(0.5, 1.0)
+    q = k = v = torch.randn(1, 1, 8, 4)
+    bad = torch.full((1, 1, 8, 4), math.nan)
+    result = gate.check(attnbench.get_variant("batched"), q, k, v, None, bad, [(0, 0)])
+    assert not result.passed and result.error_ratio == math.inf
+
+
+def test_a_wrongly_shaped_result_fails():
+    q = k = v = torch.randn(1, 2, 8, 4)
+    result = gate.check(attnbench.get_variant("batched"), q, k, v, None, torch.zeros(1, 2, 8, 3), [(0, 0)])
+    assert not result.passed
+
+
+class _Blowup(BatchedAttention):
+    """An approximate variant whose own reference is itself (so it passes the exact check) but which is far from softmax."""
+
+    exact = False
+    APPROX_ERROR_BOUND = 0.1
+
+    def forward(self, q, k, v, mask):
+        return v.mean(dim=2, keepdim=True).expand(*q.shape[:3], v.shape[-1]).contiguous()  # uniform attention
+
+    def reference(self, q, k, v, mask=None, dtype=torch.float64):
+        return v.to(dtype).mean(dim=2, keepdim=True).expand(*q.shape[:3], v.shape[-1])
+
+
+def test_an_approximate_variant_is_held_to_its_declared_bound():
+    attnbench.register("plant_blowup", _Blowup)
+    try:
+        m = measure("plant_blowup", SPEC, FAST, peak_flops=1e10)
+    finally:
+        attnbench.unregister("plant_blowup")
+    assert m.status == "wrong" and "declared bound 0.1" in m.reason
+    assert m.max_error <= m.tolerance and m.softmax_error > 0.1
+
+
+def test_performer_passes_its_own_bound():
+    m = measure("performer", SPEC, FAST, peak_flops=1e10)
+    assert m.status == "ok", m.reason
+    assert m.softmax_error <= attnbench.get_variant("performer").APPROX_ERROR_BOUND
+
+
+def test_cli_run_records_planted_variants_wrong(tmp_path):
+    (tmp_path / "gate_plants.py").write_text(PLANTS)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    out_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "attnbench.cli", "--plugin", "gate_plants", "run",
+           "--variants", "plant_scaled,plant_heads,plant_batch,plant_grad,plant_correct", "--lengths", "32",
+           "--batch", "2", "--heads", "2", "--head-dim", "16", "--modes", "forward,backward", "--out", str(out_dir),
+           "--no-report", "--quiet", "--min-time", "0.01", "--max-time", "0.05", "--min-runs", "2", "--threads", "1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    import pandas as pd
+
+    frame = pd.read_csv(out_dir / "measurements.csv")
+    got = {(r.variant, r.spec_mode): r.status for r in frame.itertuples()}
+    expected = {(n, m): "wrong" for n in FORWARD_PLANTS for m in ("forward", "backward")}
+    expected |= {("plant_grad", "backward"): "wrong", ("plant_grad", "forward"): "ok",
+                 ("plant_correct", "forward"): "ok", ("plant_correct", "backward"): "ok"}
+    assert got == expected, frame[["variant", "spec_mode", "status", "reason"]].to_string()
+    wrong = frame[frame["status"] == "wrong"]
+    assert (wrong["error_ratio"] > 1).all() and wrong["tolerance"].notna().all()
+
+
+def _frame(rows):
+    import pandas as pd
+
+    base = {"device": "cpu", "mode": "forward", "spread": math.nan, "ci_low": math.nan, "ci_high": math.nan}
+    return pd.DataFrame([{**base, **r} for r in rows])
+
+
+def test_regress_fails_a_case_that_turns_wrong():
+    from attnbench.regress import compare
+
+    rows = []
+    for commit in ("B", "H"):
+        for variant, ratio_head in (("good", 0.2), ("bad", 9.0)):
+            ratio = 0.2 if commit == "B" else ratio_head
+            time_status = "ok" if ratio <= 1 else "failed"  # asv's timing setup refuses a wrong result
+            rows += [
+                {"commit": commit, "benchmark": "AttentionAccuracy.track_error_ratio", "variant": variant, "seq_len": 64,
+                 "metric": "error_ratio", "value": ratio, "status": "ok"},
+                {"commit": commit, "benchmark": "Attention.time_attention", "variant": variant, "seq_len": 64,
+                 "metric": "time", "value": 1e-3 if time_status == "ok" else math.nan, "status": time_status},
+            ]
+    table = compare(_frame(rows), "B", "H")
+    verdicts = {(r.variant, r.metric): r.verdict for r in table.itertuples()}
+    assert verdicts == {("bad", "error_ratio"): "wrong", ("bad", "time"): "wrong",
+                        ("good", "error_ratio"): "ok", ("good", "time"): "ok"}
+    # the loader's own "wrong" status (error_ratio > 1 turned into a status) counts the same
+    rows[-2] = {**rows[-2], "status": "wrong", "value": math.nan}
+    assert set(compare(_frame(rows), "B", "H").query("variant == 'bad'")["verdict"]) == {"wrong"}
+
+
+@pytest.mark.slow
+def test_asv_records_planted_variants_wrong(tmp_path):
+    """A quick asv run over the plants: wrong ones fail their timing setup and report error_ratio > 1."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True)
+    if head.returncode != 0:
+        pytest.skip("not a git checkout: asv needs a commit hash to record results")
+    (tmp_path / "gate_plants.py").write_text(PLANTS)
+    conf = {
+        "version": 1, "project": "attnbench", "repo": str(root), "branches": ["main"], "environment_type": "virtualenv",
+        "benchmark_dir": str(root / "benchmarks"), "results_dir": str(tmp_path / "results"),
+        "html_dir": str(tmp_path / "html"), "env_dir": str(tmp_path / "env"), "launch_method": "forkserver",
+    }
+    (tmp_path / "asv.conf.json").write_text(json.dumps(conf))
+    # asv drops PYTHONPATH from benchmark processes and puts ASV_PYTHONPATH on sys.path instead:
+    # this checkout (not an installed attnbench) and the plant module.
+    env = {**os.environ, "HOME": str(tmp_path), "ASV_PYTHONPATH": os.pathsep.join([str(root), str(tmp_path)]),
+           "ATTNBENCH_PLUGINS": "gate_plants", "ATTNBENCH_ASV_LENGTHS": "64", "ATTNBENCH_ASV_BATCH": "2",
+           "ATTNBENCH_ASV_VARIANTS": "plant_scaled,plant_heads,plant_batch,plant_grad,plant_correct",
+           "ATTNBENCH_ASV_MODES": "forward,backward", "ATTNBENCH_ASV_DEVICES": "cpu", "OMP_NUM_THREADS": "1"}
+
+    def asv(*args):
+        return subprocess.run([sys.executable, "-m", "asv", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+
+    assert asv("machine", "--yes", "--machine", "gate").returncode == 0
+    out = asv("run", "--python=same", "--quick", "--set-commit-hash", head.stdout.strip(), "--machine", "gate",
+              "--bench", "Attention.time_attention|AttentionAccuracy.track_error_ratio")
+    from asv import util
+    from asv.results import Results
+
+    assert (tmp_path / "results" / "benchmarks.json").exists(), out.stdout[-3000:] + out.stderr[-3000:]
+    benchmarks = util.load_json(str(tmp_path / "results" / "benchmarks.json"), api_version=2)
+    (path,) = [p for p in (tmp_path / "results" / "gate").glob("*.json") if p.name != "machine.json"]
+    res = Results.load(str(path))
+    got = {}
+    for key in ("Attention.time_attention", "AttentionAccuracy.track_error_ratio"):
+        full = next(k for k in res.get_result_keys(benchmarks) if k.endswith(key))
+        params = res.get_result_params(full)
+        import itertools
+
+        for combo, value in zip(itertools.product(*params), res.get_result_value(full, params), strict=True):
+            variant, mode = combo[0].strip("'"), combo[3].strip("'")
+            got[key.split(".")[1], variant, mode] = value
+    wrong = {(n, m) for n in FORWARD_PLANTS for m in ("forward", "backward")} | {("plant_grad", "backward")}
+    for variant in ("plant_scaled", "plant_heads", "plant_batch", "plant_grad", "plant_correct"):
+        for mode in ("forward", "backward"):
+            ratio, time = got["track_error_ratio", variant, mode], got["time_attention", variant, mode]
+            if (variant, mode) in wrong:
+                assert ratio > 1 and time is None, (variant, mode, ratio, time, out.stdout[-3000:])
+            else:
+                assert ratio < 1 and time is not None and time > 0, (variant, mode, ratio, time, out.stdout[-3000:])
