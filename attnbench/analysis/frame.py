@@ -239,10 +239,11 @@ def _asv_key_rows(res, key: str, bench: dict, common: dict, peak: float, path: P
     names = bench.get("param_names", []) if isinstance(bench, dict) else []
     if not isinstance(params, list) or not all(isinstance(p, list) for p in params) or len(params) != len(names):
         raise ValueError(f"params {str(params)[:80]} do not match param_names {names}")
-    values = res.get_result_value(key, params)
     combos = list(itertools.product(*params))
-    if not isinstance(values, list) or len(values) != len(combos):
-        raise ValueError(f"{len(values) if isinstance(values, list) else values!r} values for {len(combos)} parameter sets")
+    raw = getattr(res, "_results", {}).get(key)  # asv pads a short list with None ("failed"): check the stored one
+    if raw is not None and (not isinstance(raw, list) or len(raw) != len(combos)):
+        raise ValueError(f"{len(raw) if isinstance(raw, list) else repr(raw)[:40]} values for {len(combos)} parameter sets")
+    values = res.get_result_value(key, params)
     stats = res.get_result_stats(key, params)
     stats = stats if isinstance(stats, list) and len(stats) == len(values) else [None] * len(values)
     rows, bad = [], []
