@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -223,3 +224,94 @@ def test_fit_table_and_memory_model_from_a_frame():
     assert fits.iloc[0]["exponent"] == pytest.approx(2.0) and fits.iloc[0]["verdict"] == "matches"
     model = complexity.memory_model(frame)
     assert len(model) == 5 and model["measured/predicted"].notna().all()
+
+
+# ---- provenance: how every value was obtained, and what is left out ---------------------------
+def _run_with(tmp_path: Path, cases: list) -> Path:
+    from attnbench.measure.record import Environment, Measurement
+
+    env = Environment(hostname="box", python="3.11", torch="2.x", threads=1, cpu_model="cpu", cpu_count=2, device_name="cpu")
+    base = AttnSpec(batch=1, heads=2, head_dim=16)
+    rows = []
+    for variant, n, status, memory_method in cases:
+        t = 1e-6 * n * n / 16
+        rows.append(Measurement(
+            variant=variant, spec=base.replace(seq_len=n), status=status, samples=(t, t, t), runs=3, timing_method="wall",
+            peak_tensor_bytes=float(4 * n * n), memory_method=memory_method, predicted_peak_bytes=float(4 * n * n),
+            max_error=1e-3 if status == "wrong" else 1e-7, tolerance=1e-5, env=env,
+            reason="max error 100x the tolerance" if status == "wrong" else "",
+        ))
+    return write_run(tmp_path / "run", rows, MeasureConfig(), seconds=1.0, command=["t"], peak_gflops={"float32": 10.0})
+
+
+def test_method_travels_into_the_frame_and_model_values_are_never_fitted(tmp_path):
+    lengths = (16, 32, 64, 128, 256)
+    run = _run_with(tmp_path, [("loop", n, "ok", "model") for n in lengths] + [("batched", n, "ok", "profiler") for n in lengths])
+    frame = load_run(run)
+    methods = frame.groupby(["variant", "metric"])["method"].agg(set).to_dict()
+    assert methods[("loop", "peak_tensor_bytes")] == {"model"} and methods[("batched", "peak_tensor_bytes")] == {"profiler"}
+    assert methods[("loop", "time")] == {"wall"} and methods[("batched", "error_ratio")] == {"reference"}
+    fits = complexity.fit_table(frame).set_index(["variant", "metric"])
+    loop_mem = fits.loc[("loop", "peak_tensor_bytes")]
+    assert loop_mem["method"] == "model" and math.isnan(loop_mem["exponent"]) and loop_mem["verdict"] == ""
+    assert fits.loc[("batched", "peak_tensor_bytes"), "verdict"] == "matches"  # the measured one is fitted
+    assert fits.loc[("loop", "time"), "verdict"] == "matches"
+    model = complexity.memory_model(frame)
+    assert set(model["variant"]) == {"batched"} and set(model["method"]) == {"profiler"}  # never a model vs itself
+    assert "loop" not in set(complexity.crossovers(frame, metric="peak_tensor_bytes")["variant"])
+
+
+def test_older_files_saying_analytic_are_read_as_model(tmp_path):
+    run = _run_with(tmp_path, [("loop", n, "ok", "analytic") for n in (16, 32, 64, 128)])
+    frame = load_run(run)
+    assert set(frame.loc[frame["metric"] == "peak_tensor_bytes", "method"]) == {"model"}
+    assert complexity.fit_table(frame).set_index("metric").loc["peak_tensor_bytes", "verdict"] == ""
+
+
+def test_wrong_cases_keep_their_values_but_leave_fits_crossovers_and_speedups(tmp_path):
+    from attnbench.report import plots
+
+    lengths = (64, 128, 256, 512, 1024)
+    cases = [("batched", n, "ok", "profiler") for n in lengths]
+    cases += [("chunked", n, "wrong" if n == 1024 else "ok", "profiler") for n in lengths]
+    frame = load_run(_run_with(tmp_path, cases))
+    wrong = frame[frame["status"] == "wrong"]
+    assert set(wrong["seq_len"]) == {1024} and wrong.loc[wrong["metric"] == "time", "value"].notna().all()
+    assert wrong.loc[wrong["metric"] == "error_ratio", "value"].iloc[0] == pytest.approx(100)
+    fits = complexity.fit_table(frame).set_index(["variant", "metric"])
+    assert fits.loc[("chunked", "time"), "L_max"] == 512
+    cross = complexity.crossovers(frame, baselines=("batched",)).set_index("variant")
+    assert cross.loc["chunked", "longest_L"] == 512
+    speed = plots._ok(frame, "time")
+    assert not ((speed["variant"] == "chunked") & (speed["seq_len"] == 1024)).any()
+    assert complexity.largest_length(frame).set_index("variant").loc["chunked", "next_status"] == "wrong"
+
+
+def _add_error_ratio(results: Path, ratios: dict[tuple[str, str, str], float]) -> None:
+    """The gate helper's AttentionAccuracy.track_error_ratio, with the given (variant, L, mode) ratios."""
+    key = "bench_attention.AttentionAccuracy.track_error_ratio"
+    bench = json.loads((results / "benchmarks.json").read_text())
+    src = bench["bench_attention.Attention.time_attention"]
+    bench[key] = dict(src, name=key, type="track", unit="x tolerance", version="e" * 64)
+    (results / "benchmarks.json").write_text(json.dumps(bench))
+    path = _result_files(results)[0]
+    data = json.loads(path.read_text())
+    row = list(data["results"]["bench_attention.Attention.time_attention"])
+    params = row[1]
+    values = [ratios.get((v.strip("'"), n, m.strip("'")), 0.5) if v != "'sdpa_efficient'" else math.nan
+              for v, n, _, m in itertools.product(*params)]
+    data["results"][key] = [values, params, "e" * 64] + row[3:5]
+    path.write_text(json.dumps(data))
+
+
+def test_asv_error_ratio_above_one_makes_the_whole_case_wrong(asv_dir):
+    _add_error_ratio(asv_dir, {("chunked", "128", "forward"): 3.1})
+    frame = load_asv(asv_dir)
+    assert frame.attrs["problems"] == []
+    case = (frame["variant"] == "chunked") & (frame["seq_len"] == 128) & (frame["mode"] == "forward")
+    assert set(frame.loc[case, "status"]) == {"wrong"}
+    assert set(frame.loc[case & (frame["metric"] == "time"), "reason"]) == {"max error 3.1x the tolerance"}
+    assert set(frame.loc[~case & (frame["variant"] != "sdpa_efficient"), "status"]) == {"ok"}
+    assert set(frame.loc[frame["metric"] == "error_ratio", "unit"]) == {"x tolerance"}
+    methods = frame.groupby("metric")["method"].agg(set).to_dict()
+    assert methods["time"] == {"asv"} and methods["flops"] == {"model"} and methods["peak_tensor_bytes"] == {"profiler"}

@@ -255,7 +255,7 @@ def crossovers(frame: pd.DataFrame, baselines: tuple[str, ...] = ("batched", "sd
                 ratio = both[base].iloc[-1] / both[variant].iloc[-1]
                 rows.append({**dict(zip(keys, key, strict=True)), "variant": variant, "baseline": base, "metric": metric,
                              "crossover_L": cross, "longest_L": int(both.index[-1]), "ratio_at_longest": ratio})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=[*keys, "variant", "baseline", "metric", "crossover_L", "longest_L", "ratio_at_longest"])
 
 
 def largest_length(frame: pd.DataFrame) -> pd.DataFrame:
