@@ -2,20 +2,23 @@
 
 How the exponent is fitted. At short lengths a constant per-call cost (interpreter, dispatch,
 kernel launch) hides the asymptotic term, and on a shared machine single points can be far off.
-The *overhead floor* is ``FLOOR_FACTOR`` (4) times the smallest value measured in the series: the
-smallest value is at least the constant cost, so at or above the floor that cost is at most a
-quarter of the total. Every point at or above the floor is fitted (none is discarded for being
-inconvenient); below it the constant dominates. The slope of ``log(value)`` on ``log(L)`` is the
-Theil-Sen estimate (the median of all pairwise slopes), which one wild point cannot drag far; its
-95% confidence interval is the 2.5-97.5 percentile range of ``BOOTSTRAP`` (2000) case-resampled
-Theil-Sen slopes with a fixed seed, so the same data give the same interval in every process. A
-fit on fewer than ``MIN_POINTS`` (4) points, or whose interval is wider than ``MAX_CI_WIDTH``
-(0.5), is *inconclusive*: it is never reported as matching. Otherwise it is compared with the
-variant's declared exponent. Big-O is an upper bound, so only a fit *steeper* than declared by more
-than ``TOLERANCE`` with the declared value outside the interval is a mismatch; a shallower fit is
-reported as "shallower" (a lower-order term, such as a fixed block buffer or a linear projection,
-still matters in the measured range). Values the suite predicted rather than measured (method
-"model") are never fitted, and only ``ok`` rows are (``wrong``, ``noisy`` and failed cases are not).
+The *overhead floor* is ``FLOOR_FACTOR`` (2) times the smallest value in the series: that value is
+at least the constant cost, so at or above the floor the constant is at most half of what was
+measured. Every point at or above the floor is fitted; the points below it are the constant. The
+slope of ``log(value)`` on ``log(L)`` is the Theil-Sen estimate (the median of all pairwise
+slopes), which one wild point cannot drag far. Its 95% interval is the 2.5-97.5 percentile range
+of ``BOOTSTRAP`` (2000) Theil-Sen slopes refitted on residual-bootstrap replicates, with a fixed
+seed (the same data give the same interval in every process). The residuals resampled are each
+point's distance from the line through the *other* points, clipped at ``CLIP`` (2.5) robust
+standard deviations, so a lone outlier widens nothing while general scatter does; points beyond
+``OUTLIER`` (3) robust standard deviations are listed. A fit on fewer than ``MIN_POINTS`` (4)
+points, or whose interval is wider than ``MAX_CI_WIDTH`` (0.5), is *inconclusive*: it is never
+reported as matching. Otherwise it is compared with the variant's declared exponent. Big-O is an
+upper bound, so only a fit *steeper* than declared by more than ``TOLERANCE`` (0.25) with the
+declared value outside the interval is a mismatch; a shallower fit is reported as "shallower" (a
+lower-order term, such as a fixed block buffer or a linear projection, still matters in the
+measured range). Values the suite predicted rather than measured (method "model") are never
+fitted, and only ``ok`` rows are (not ``wrong`` or failed cases).
 """
 
 from __future__ import annotations

@@ -71,7 +71,9 @@ def _fmt_fit(row: pd.Series) -> str:
         return f"n/a ({row['note']})" if row.get("note") else "n/a"
     hi = "inf" if math.isinf(row["ci_high"]) else f"{row['ci_high']:.2f}"
     lo = "-inf" if math.isinf(row["ci_low"]) else f"{row['ci_low']:.2f}"
-    text = f"{row['exponent']:.2f} [{lo}, {hi}] R²={row['r2']:.3f} (L {row['L_min']}-{row['L_max']}, {row['n']} points)"
+    text = f"{row['exponent']:.2f} [{lo}, {hi}] R²={row['r2']:.3f} (L {row['L_min']:.0f}-{row['L_max']:.0f}, {row['n']:.0f} points)"
+    if row.get("outliers"):
+        text += f", outliers {row['outliers']}"
     return f"{text}: inconclusive ({row['note']})" if row.get("verdict") == "inconclusive" else text
 
 
