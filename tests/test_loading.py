@@ -368,3 +368,23 @@ def test_problems_are_written_beside_the_report(tmp_path, good):
     assert outcome.rows > 0 and len(outcome.problems) == 1
     saved = json.loads((tmp_path / "out" / "problems.json").read_text())
     assert saved["problems"] == list(outcome.problems) and not math.isnan(outcome.rows)
+
+
+@pytest.mark.parametrize("target", [MEASUREMENTS, MANIFEST, "."])
+def test_unreadable_files_are_named_even_as_root(tmp_path, good, target, monkeypatch):
+    """The same fault planted by making the read itself fail (root can read a chmod 000 file)."""
+    run = write_good_run(tmp_path / "locked")
+    path = run / target
+    real_read, real_access = Path.read_text, os.access
+
+    def read_text(self, *args, **kwargs):
+        if self == path or self.parent == path.resolve() and target == ".":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_read(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == path.resolve() else real_access(p, mode))
+    frame = load([run, good[0]])
+    assert any(str(run) in p and "ermission denied" in p for p in frame.attrs["problems"]), frame.attrs["problems"]
+    assert (frame["machine"] == "good-box").sum() == good[1]
+    assert not (frame["machine"] == "bad-box").any() or target != "."

@@ -329,7 +329,10 @@ def _read_manifest(path: Path, problems: list[str]) -> dict | None:
     except FileNotFoundError:
         problems.append(f"{path}: missing; the run may not have finished, its rows are loaded unchecked")
         return None
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
+        problems.append(f"{path}: cannot read ({_why(exc)}); the rows are loaded unchecked")
+        return None
+    except ValueError as exc:
         problems.append(f"{path}: not readable JSON ({_why(exc)}); the rows are loaded unchecked")
         return None
     if not isinstance(manifest, dict):
