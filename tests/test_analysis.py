@@ -315,3 +315,18 @@ def test_asv_error_ratio_above_one_makes_the_whole_case_wrong(asv_dir):
     assert set(frame.loc[frame["metric"] == "error_ratio", "unit"]) == {"x tolerance"}
     methods = frame.groupby("metric")["method"].agg(set).to_dict()
     assert methods["time"] == {"asv"} and methods["flops"] == {"model"} and methods["peak_tensor_bytes"] == {"profiler"}
+
+
+def test_loop_is_swept_at_four_lengths_by_default():
+    """With a grid starting at 64, loop used to get 64 and 128 only: two points, a fit that means nothing."""
+    from attnbench.measure.runner import default_lengths
+    from attnbench.registry import get_variant
+    from attnbench.runs import DEFAULT_LENGTHS
+
+    loop = get_variant("loop")
+    assert min(DEFAULT_LENGTHS) == 64
+    lengths = default_lengths(loop, DEFAULT_LENGTHS)
+    assert lengths == [16, 32, 64, 128] and len(lengths) >= complexity.MIN_POINTS
+    assert [n for _, spec in grid(["loop"]) for n in [spec.seq_len]] == [16, 32, 64, 128]
+    assert default_lengths(loop, [512, 1024]) == []  # nothing that short asked for: nothing invented
+    assert default_lengths(get_variant("batched"), DEFAULT_LENGTHS) == list(DEFAULT_LENGTHS)
