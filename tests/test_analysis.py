@@ -326,7 +326,10 @@ def test_loop_is_swept_at_four_lengths_by_default():
     loop = get_variant("loop")
     assert min(DEFAULT_LENGTHS) == 64
     lengths = default_lengths(loop, DEFAULT_LENGTHS)
-    assert lengths == [16, 32, 64, 128] and len(lengths) >= complexity.MIN_POINTS
-    assert [n for _, spec in grid(["loop"]) for n in [spec.seq_len]] == [16, 32, 64, 128]
+    assert lengths == [8, 16, 32, 64, 128] and len(lengths) - 1 >= complexity.MIN_POINTS  # the shortest is the floor
+    assert [spec.seq_len for _, spec in grid(["loop"])] == [8, 16, 32, 64, 128]
+    t = 4e-6 * np.array(lengths, float) ** 2  # loop is interpreter-bound: time ~ pairs, no big constant
+    fit = complexity.fit_exponent(np.array(lengths, float), t)
+    assert fit["n"] == 4 and complexity.verdict(fit, 2.0) == "matches"
     assert default_lengths(loop, [512, 1024]) == []  # nothing that short asked for: nothing invented
     assert default_lengths(get_variant("batched"), DEFAULT_LENGTHS) == list(DEFAULT_LENGTHS)

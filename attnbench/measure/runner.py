@@ -277,7 +277,7 @@ def sweep(
 
 
 SLOW_MAX_LENGTH = 128  # interpreter-bound variants stop here by default (seconds per case)
-SLOW_MIN_LENGTHS = 4  # and get at least this many lengths, so their exponent can be fitted
+SLOW_MIN_LENGTHS = 5  # and get at least this many: the shortest sets the fit's overhead floor, 4 remain to fit
 
 
 def default_lengths(variant: Variant, lengths: Sequence[int]) -> list[int]:
@@ -285,12 +285,13 @@ def default_lengths(variant: Variant, lengths: Sequence[int]) -> list[int]:
 
     Interpreter-bound variants (``SECONDS_PER_PAIR > 0``, i.e. ``loop``) keep the lengths up to
     ``SLOW_MAX_LENGTH``; when that leaves fewer than ``SLOW_MIN_LENGTHS`` (a grid starting at 64
-    keeps only 64 and 128), halvings of the shortest are added (64 -> 32 -> 16) so that a fit has
-    4 points. A grid with no length that short gives such a variant none.
+    keeps only 64 and 128), halvings of the shortest are added (64 -> 32 -> 16 -> 8) so that the
+    exponent fit (which treats the shortest length's value as the overhead floor) has 4 points
+    above the floor. A grid with no length that short gives such a variant none.
 
     Example:
         >>> default_lengths(get_variant("loop"), [64, 128, 256, 512])
-        [16, 32, 64, 128]
+        [8, 16, 32, 64, 128]
     """
     if variant.SECONDS_PER_PAIR <= 0:
         return list(lengths)
