@@ -116,14 +116,29 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from attnbench.report.html import build_report
+    """Build the report; exit 0 when it holds data, 1 when nothing could be loaded (reasons on stderr)."""
+    from attnbench.report.html import make_report
 
     sources = args.sources or []
     if not sources:
         print("error: --from is required (an asv results directory or a run directory)", file=sys.stderr)
         return 2
-    page = build_report(sources, args.out, title=args.title)
-    print(f"report: {page}")
+    try:
+        outcome = make_report(sources, args.out, title=args.title)
+    except OSError as exc:
+        print(f"error: cannot write the report to {args.out}: {exc}", file=sys.stderr)
+        return 1
+    for note in outcome.notes:
+        print(f"note: {note}", file=sys.stderr)
+    for problem in outcome.problems:
+        print(f"problem: {problem}", file=sys.stderr)
+    if outcome.rows == 0:
+        print(f"error: nothing could be loaded from {', '.join(sources)}; the page only lists the reasons: {outcome.page}",
+              file=sys.stderr)
+        return 1
+    print(f"report: {outcome.page}")
+    if outcome.problems:
+        print(f"{len(outcome.problems)} problem(s) with the inputs (listed above and in the report)", file=sys.stderr)
     return 0
 
 

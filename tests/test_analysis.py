@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats
 
 from attnbench.analysis import complexity
 from attnbench.analysis.frame import COLUMNS, load, load_asv, load_run
@@ -84,32 +89,112 @@ def test_load_run_has_the_same_schema(tmp_path):
 
 def test_load_reports_unknown_directories(tmp_path):
     frame = load([tmp_path])
-    assert frame.empty and "neither an asv results directory" in frame.attrs["problems"][0]
+    assert frame.empty and "empty directory" in frame.attrs["problems"][0]
+    (tmp_path / "notes.txt").write_text("x")
+    assert "neither an asv results directory" in load([tmp_path]).attrs["problems"][0]
 
 
-def test_fit_recovers_known_exponents():
-    lengths = np.array([64, 128, 256, 512, 1024, 2048, 4096], float)
+# ---- robust fits --------------------------------------------------------------------------------
+LENGTHS = np.array([64, 128, 256, 512, 1024, 2048, 4096], float)
+
+
+def _least_squares(lengths: np.ndarray, values: np.ndarray) -> dict:
+    """The old estimator on the same points: ordinary least squares with a Student-t interval."""
+    fit = stats.linregress(np.log(lengths), np.log(values))
+    half = stats.t.ppf(0.975, len(lengths) - 2) * fit.stderr
+    return {"exponent": fit.slope, "ci_low": fit.slope - half, "ci_high": fit.slope + half}
+
+
+def test_clean_quadratic_matches_with_a_tight_interval():
     rng = np.random.default_rng(0)
-    quadratic = 1e-4 + 3e-9 * lengths**2 * rng.lognormal(0, 0.03, len(lengths))  # overhead + n^2
-    fit = complexity.fit_exponent(lengths, quadratic)
-    assert fit["ci_low"] <= 2.0 <= fit["ci_high"] and abs(fit["exponent"] - 2) < 0.1
-    assert fit["L_min"] == 1024 and fit["range"].startswith("value >=")  # overhead-dominated lengths excluded
-    heavy = 1e-3 + 3e-9 * lengths**2  # only 2 lengths clear 10x: the documented fallback takes the longest 3
-    assert complexity.fit_exponent(lengths, heavy)["range"] == "longest 3 lengths"
-    linear = 5e-6 * lengths * rng.lognormal(0, 0.03, len(lengths))
-    assert abs(complexity.fit_exponent(lengths, linear)["exponent"] - 1) < 0.1
+    quadratic = 2e-9 * LENGTHS**2 * rng.lognormal(0, 0.03, len(LENGTHS))
+    fit = complexity.fit_exponent(LENGTHS, quadratic)
+    assert fit["conclusive"] and fit["n"] >= 5
+    assert fit["ci_low"] <= 2.0 <= fit["ci_high"] and fit["ci_high"] - fit["ci_low"] < 0.15
+    assert complexity.verdict(fit, 2.0) == "matches"
+    linear = 5e-6 * LENGTHS * rng.lognormal(0, 0.03, len(LENGTHS))
+    assert abs(complexity.fit_exponent(LENGTHS, linear)["exponent"] - 1) < 0.1
 
 
-def test_fit_with_two_points_has_an_unbounded_interval():
-    fit = complexity.fit_exponent(np.array([64.0, 128.0]), np.array([1.0, 4.0]))
-    assert fit["exponent"] == pytest.approx(2.0) and math.isinf(fit["ci_high"])
+def test_the_interval_is_the_same_in_every_call_and_process():
+    values = 2e-9 * LENGTHS**2 * np.random.default_rng(3).lognormal(0, 0.1, len(LENGTHS))
+    fit = complexity.fit_exponent(LENGTHS, values)
+    assert complexity.fit_exponent(LENGTHS, values) == fit
+    code = ("import numpy as np; from attnbench.analysis.complexity import fit_exponent as f; "
+            f"L=np.array({LENGTHS.tolist()}); v=np.array({values.tolist()}); r=f(L, v); print(repr((r['ci_low'], r['ci_high'])))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONHASHSEED": "123"})
+    assert out.stdout.strip() == repr((fit["ci_low"], fit["ci_high"]))
+
+
+def test_overhead_below_the_floor_is_not_fitted():
+    with_overhead = 1e-4 + 3e-9 * LENGTHS**2  # the constant dominates the short lengths
+    fit = complexity.fit_exponent(LENGTHS, with_overhead)
+    assert fit["L_min"] >= 256 and "2x the smallest" in fit["range"]
+    assert complexity.verdict(fit, 2.0) == "matches"
+    everything = _least_squares(LENGTHS, with_overhead)  # what fitting every point would have said
+    assert everything["exponent"] < 1.6
+
+
+@pytest.mark.parametrize("where", range(len(LENGTHS)))
+def test_one_wild_point_does_not_flip_the_verdict(where):
+    rng = np.random.default_rng(where)
+    values = 2e-9 * LENGTHS**2 * rng.lognormal(0, 0.02, len(LENGTHS))
+    clean = complexity.fit_exponent(LENGTHS, values)
+    values[where] *= 3.0  # one call 3x too slow (a neighbour process woke up)
+    fit = complexity.fit_exponent(LENGTHS, values)
+    assert complexity.verdict(clean, 2.0) == complexity.verdict(fit, 2.0) == "matches", fit
+    assert abs(fit["exponent"] - 2.0) < 0.1
+    # Least squares on the same points is dragged by the one point: its interval is too wide to
+    # conclude anything (it would not say "matches" under the same rule).
+    keep = values >= complexity.FLOOR_FACTOR * values.min()
+    if keep[where]:  # (3x at the shortest length only raises the floor: it is not fitted at all)
+        ls = _least_squares(LENGTHS[keep], values[keep])
+        assert complexity.verdict(ls, 2.0) != "matches", ls
+
+
+def test_a_wild_point_is_named():
+    values = 2e-9 * LENGTHS**2
+    values[3] *= 3.0
+    assert complexity.fit_exponent(LENGTHS, values)["outliers"] == "L=512"
+
+
+def test_fewer_than_four_points_is_inconclusive():
+    fit = complexity.fit_exponent(np.array([256.0, 512.0, 1024.0, 2048.0]), 1e-9 * np.array([256.0, 512, 1024, 2048]) ** 2)
+    assert fit["n"] == 3 and not fit["conclusive"] and fit["note"] == "3 points"  # the shortest is the floor
+    assert complexity.verdict(fit, 2.0) == "inconclusive"
+    two = complexity.fit_exponent(np.array([64.0, 128.0]), np.array([1.0, 4.0]))
+    assert complexity.verdict(two, 2.0) == "inconclusive"
+    one = complexity.fit_exponent(np.array([64.0]), np.array([1.0]))
+    assert math.isnan(one["exponent"]) and complexity.verdict(one, 2.0) == "inconclusive"
+    assert complexity.verdict(one, math.nan) == ""  # nothing declared: nothing to judge
+
+
+def test_wide_scatter_is_inconclusive():
+    rng = np.random.default_rng(1)
+    values = 2e-9 * LENGTHS**2 * rng.lognormal(0, 0.5, len(LENGTHS))
+    fit = complexity.fit_exponent(LENGTHS, values)
+    assert fit["ci_high"] - fit["ci_low"] > complexity.MAX_CI_WIDTH
+    assert complexity.verdict(fit, 2.0) == "inconclusive"
+
+
+def test_confident_wrong_verdicts_are_rare_under_scatter():
+    """Over 200 seeded series with factor-1.6 scatter, a wrong confident verdict is a 95%-interval miss."""
+    verdicts = []
+    for seed in range(200):
+        values = 2e-9 * LENGTHS**2 * np.random.default_rng(seed).lognormal(0, 0.5, len(LENGTHS))
+        verdicts.append(complexity.verdict(complexity.fit_exponent(LENGTHS, values), 2.0))
+    assert verdicts.count("inconclusive") >= 140
+    assert verdicts.count("steeper") + verdicts.count("shallower") <= 10
 
 
 def test_verdicts():
-    fit = {"exponent": 2.6, "ci_low": 2.5, "ci_high": 2.7}
-    assert complexity.verdict(fit, 2.0) == "steeper"
+    assert complexity.verdict({"exponent": 2.6, "ci_low": 2.5, "ci_high": 2.7}, 2.0) == "steeper"
     assert complexity.verdict({"exponent": 0.4, "ci_low": 0.2, "ci_high": 0.6}, 1.0) == "shallower"
     assert complexity.verdict({"exponent": 1.9, "ci_low": 1.7, "ci_high": 2.1}, 2.0) == "matches"
+    # An interval wider than 0.5 never "matches" (nor claims anything else)
+    assert complexity.verdict({"exponent": 2.0, "ci_low": -2.23, "ci_high": 7.62}, 2.0) == "inconclusive"
+    assert complexity.verdict({"exponent": 2.0, "ci_low": 1.9, "ci_high": 2.1, "conclusive": False}, 2.0) == "inconclusive"
 
 
 def _synthetic(values: dict[str, list[float]], lengths=(256, 512, 1024, 2048), metric="time") -> pd.DataFrame:
@@ -133,8 +218,118 @@ def test_crossovers():
 
 
 def test_fit_table_and_memory_model_from_a_frame():
-    frame = _synthetic({"batched": [2**18 * 4 * 2 * x for x in (1, 4, 16, 64)]}, metric="peak_tensor_bytes")
+    lengths = (256, 512, 1024, 2048, 4096)
+    frame = _synthetic({"batched": [2**18 * 4 * 2 * x for x in (1, 4, 16, 64, 256)]}, lengths, metric="peak_tensor_bytes")
     fits = complexity.fit_table(frame)
     assert fits.iloc[0]["exponent"] == pytest.approx(2.0) and fits.iloc[0]["verdict"] == "matches"
     model = complexity.memory_model(frame)
-    assert len(model) == 4 and model["measured/predicted"].notna().all()
+    assert len(model) == 5 and model["measured/predicted"].notna().all()
+
+
+# ---- provenance: how every value was obtained, and what is left out ---------------------------
+def _run_with(tmp_path: Path, cases: list) -> Path:
+    from attnbench.measure.record import Environment, Measurement
+
+    env = Environment(hostname="box", python="3.11", torch="2.x", threads=1, cpu_model="cpu", cpu_count=2, device_name="cpu")
+    base = AttnSpec(batch=1, heads=2, head_dim=16)
+    rows = []
+    for variant, n, status, memory_method in cases:
+        t = 1e-6 * n * n / 16
+        rows.append(Measurement(
+            variant=variant, spec=base.replace(seq_len=n), status=status, samples=(t, t, t), runs=3, timing_method="wall",
+            peak_tensor_bytes=float(4 * n * n), memory_method=memory_method, predicted_peak_bytes=float(4 * n * n),
+            max_error=1e-3 if status == "wrong" else 1e-7, tolerance=1e-5, env=env,
+            reason="max error 100x the tolerance" if status == "wrong" else "",
+        ))
+    return write_run(tmp_path / "run", rows, MeasureConfig(), seconds=1.0, command=["t"], peak_gflops={"float32": 10.0})
+
+
+def test_method_travels_into_the_frame_and_model_values_are_never_fitted(tmp_path):
+    lengths = (16, 32, 64, 128, 256)
+    run = _run_with(tmp_path, [("loop", n, "ok", "model") for n in lengths] + [("batched", n, "ok", "profiler") for n in lengths])
+    frame = load_run(run)
+    methods = frame.groupby(["variant", "metric"])["method"].agg(set).to_dict()
+    assert methods[("loop", "peak_tensor_bytes")] == {"model"} and methods[("batched", "peak_tensor_bytes")] == {"profiler"}
+    assert methods[("loop", "time")] == {"wall"} and methods[("batched", "error_ratio")] == {"reference"}
+    fits = complexity.fit_table(frame).set_index(["variant", "metric"])
+    loop_mem = fits.loc[("loop", "peak_tensor_bytes")]
+    assert loop_mem["method"] == "model" and math.isnan(loop_mem["exponent"]) and loop_mem["verdict"] == ""
+    assert fits.loc[("batched", "peak_tensor_bytes"), "verdict"] == "matches"  # the measured one is fitted
+    assert fits.loc[("loop", "time"), "verdict"] == "matches"
+    model = complexity.memory_model(frame)
+    assert set(model["variant"]) == {"batched"} and set(model["method"]) == {"profiler"}  # never a model vs itself
+    assert "loop" not in set(complexity.crossovers(frame, metric="peak_tensor_bytes")["variant"])
+
+
+def test_older_files_saying_analytic_are_read_as_model(tmp_path):
+    run = _run_with(tmp_path, [("loop", n, "ok", "analytic") for n in (16, 32, 64, 128)])
+    frame = load_run(run)
+    assert set(frame.loc[frame["metric"] == "peak_tensor_bytes", "method"]) == {"model"}
+    assert complexity.fit_table(frame).set_index("metric").loc["peak_tensor_bytes", "verdict"] == ""
+
+
+def test_wrong_cases_keep_their_values_but_leave_fits_crossovers_and_speedups(tmp_path):
+    from attnbench.report import plots
+
+    lengths = (64, 128, 256, 512, 1024)
+    cases = [("batched", n, "ok", "profiler") for n in lengths]
+    cases += [("chunked", n, "wrong" if n == 1024 else "ok", "profiler") for n in lengths]
+    frame = load_run(_run_with(tmp_path, cases))
+    wrong = frame[frame["status"] == "wrong"]
+    assert set(wrong["seq_len"]) == {1024} and wrong.loc[wrong["metric"] == "time", "value"].notna().all()
+    assert wrong.loc[wrong["metric"] == "error_ratio", "value"].iloc[0] == pytest.approx(100)
+    fits = complexity.fit_table(frame).set_index(["variant", "metric"])
+    assert fits.loc[("chunked", "time"), "L_max"] == 512
+    cross = complexity.crossovers(frame, baselines=("batched",)).set_index("variant")
+    assert cross.loc["chunked", "longest_L"] == 512
+    speed = plots._ok(frame, "time")
+    assert not ((speed["variant"] == "chunked") & (speed["seq_len"] == 1024)).any()
+    assert complexity.largest_length(frame).set_index("variant").loc["chunked", "next_status"] == "wrong"
+
+
+def _add_error_ratio(results: Path, ratios: dict[tuple[str, str, str], float]) -> None:
+    """The gate helper's AttentionAccuracy.track_error_ratio, with the given (variant, L, mode) ratios."""
+    key = "bench_attention.AttentionAccuracy.track_error_ratio"
+    bench = json.loads((results / "benchmarks.json").read_text())
+    src = bench["bench_attention.Attention.time_attention"]
+    bench[key] = dict(src, name=key, type="track", unit="x tolerance", version="e" * 64)
+    (results / "benchmarks.json").write_text(json.dumps(bench))
+    path = _result_files(results)[0]
+    data = json.loads(path.read_text())
+    row = list(data["results"]["bench_attention.Attention.time_attention"])
+    params = row[1]
+    values = [ratios.get((v.strip("'"), n, m.strip("'")), 0.5) if v != "'sdpa_efficient'" else math.nan
+              for v, n, _, m in itertools.product(*params)]
+    data["results"][key] = [values, params, "e" * 64] + row[3:5]
+    path.write_text(json.dumps(data))
+
+
+def test_asv_error_ratio_above_one_makes_the_whole_case_wrong(asv_dir):
+    _add_error_ratio(asv_dir, {("chunked", "128", "forward"): 3.1})
+    frame = load_asv(asv_dir)
+    assert frame.attrs["problems"] == []
+    case = (frame["variant"] == "chunked") & (frame["seq_len"] == 128) & (frame["mode"] == "forward")
+    assert set(frame.loc[case, "status"]) == {"wrong"}
+    assert set(frame.loc[case & (frame["metric"] == "time"), "reason"]) == {"max error 3.1x the tolerance"}
+    assert set(frame.loc[~case & (frame["variant"] != "sdpa_efficient"), "status"]) == {"ok"}
+    assert set(frame.loc[frame["metric"] == "error_ratio", "unit"]) == {"x tolerance"}
+    methods = frame.groupby("metric")["method"].agg(set).to_dict()
+    assert methods["time"] == {"asv"} and methods["flops"] == {"model"} and methods["peak_tensor_bytes"] == {"profiler"}
+
+
+def test_loop_is_swept_at_four_lengths_by_default():
+    """With a grid starting at 64, loop used to get 64 and 128 only: two points, a fit that means nothing."""
+    from attnbench.measure.runner import default_lengths
+    from attnbench.registry import get_variant
+    from attnbench.runs import DEFAULT_LENGTHS
+
+    loop = get_variant("loop")
+    assert min(DEFAULT_LENGTHS) == 64
+    lengths = default_lengths(loop, DEFAULT_LENGTHS)
+    assert lengths == [8, 16, 32, 64, 128] and len(lengths) - 1 >= complexity.MIN_POINTS  # the shortest is the floor
+    assert [spec.seq_len for _, spec in grid(["loop"])] == [8, 16, 32, 64, 128]
+    t = 4e-6 * np.array(lengths, float) ** 2  # loop is interpreter-bound: time ~ pairs, no big constant
+    fit = complexity.fit_exponent(np.array(lengths, float), t)
+    assert fit["n"] == 4 and complexity.verdict(fit, 2.0) == "matches"
+    assert default_lengths(loop, [512, 1024]) == []  # nothing that short asked for: nothing invented
+    assert default_lengths(get_variant("batched"), DEFAULT_LENGTHS) == list(DEFAULT_LENGTHS)

@@ -108,3 +108,63 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
     assert len(sizes) >= 7
     assert all(w > 0 and h > 0 for _, w, h in sizes), sizes
     assert (tmp_path / "report.png").stat().st_size > 10_000
+
+
+def _synthetic_run(tmp_path: Path) -> Path:
+    """batched ~L^2 at 5 lengths, linear_elu ~L^2 (declared O(n): steeper), loop at 3 lengths with
+    model memory, and one chunked case that failed the correctness gate."""
+    from attnbench.measure import MeasureConfig
+    from attnbench.measure.record import Environment, Measurement
+    from attnbench.runs import write_run
+    from attnbench.spec import AttnSpec
+
+    env = Environment(hostname="box", python="3.11", torch="2.x", threads=1, cpu_model="cpu", cpu_count=2, device_name="cpu")
+    base = AttnSpec(batch=1, heads=2, head_dim=16)
+    rows = []
+
+    def add(variant, n, status="ok", memory_method="profiler", memory_power=2):
+        t = 1e-6 * (n / 16) ** 2
+        rows.append(Measurement(
+            variant=variant, spec=base.replace(seq_len=n), status=status, samples=(t, t, t), runs=3, timing_method="wall",
+            peak_tensor_bytes=float(n**memory_power), memory_method=memory_method, predicted_peak_bytes=float(4 * n * n),
+            max_error=1e-3 if status == "wrong" else 1e-7, tolerance=1e-5, env=env,
+        ))
+
+    for n in (64, 128, 256, 512, 1024):
+        add("batched", n)
+        add("linear_elu", n, memory_power=1)
+        add("chunked", n, status="wrong" if n == 512 else "ok", memory_power=1)
+    for n in (32, 64, 128):
+        add("loop", n, memory_method="model")
+    return write_run(tmp_path / "run", rows, MeasureConfig(), seconds=1.0, command=["t"], peak_gflops={"float32": 10.0})
+
+
+def test_headline_counts_conclusive_fits_names_inconclusive_and_steeper(tmp_path):
+    import pandas as pd
+
+    out = tmp_path / "out"
+    page = build_report([_synthetic_run(tmp_path)], out).read_text()
+    headline = re.search(r'<h2>Fitted exponents[^<]*</h2><p class="(\w+)">([^<]*)</p>', page)
+    assert headline, "no headline under the fitted-exponents heading"
+    tone, text = headline.groups()
+    assert tone == "bad" and "steeper than declared: linear_elu time" in text
+    assert text.startswith("3 of 4 conclusive fits match their declared complexity")
+    inconclusive = text.split("inconclusive: ")[1]
+    assert "loop time (2 points)" in inconclusive  # 32 is the floor; 64 and 128 are fitted
+    assert "chunked time (3 points)" in inconclusive
+    assert "No variant grows faster" not in page
+    # wrong: its own red section, and out of the fits
+    assert '<h2 class="bad">Wrong results' in page and "chunked" in page.split('<h2 class="bad">Wrong results')[1][:3000]
+    fits = pd.read_csv(out / "fits.csv")
+    chunked_time = fits[(fits["variant"] == "chunked") & (fits["metric"] == "time")].iloc[0]
+    assert chunked_time["n"] == 3  # 64 is the floor, 512 was wrong: 128, 256, 1024
+    loop_mem = fits[(fits["variant"] == "loop") & (fits["metric"] == "peak_tensor_bytes")].iloc[0]
+    assert loop_mem["method"] == "model" and pd.isna(loop_mem["exponent"]) and "not fitted" in loop_mem["range"]
+    tidy = pd.read_csv(out / "tidy.csv")
+    assert set(tidy.loc[(tidy["variant"] == "loop") & (tidy["metric"] == "peak_tensor_bytes"), "method"]) == {"model"}
+    assert "model (predicted, not fitted)" in page
+
+
+def test_no_green_headline_above_nothing(tmp_path):
+    page = build_report([tmp_path / "missing"], tmp_path / "out").read_text()
+    assert 'class="good"' not in page and "Nothing could be loaded" in page

@@ -1,15 +1,24 @@
 """Turn a tidy frame into claims: fitted exponents, crossovers, memory model, % of peak.
 
-How the fit range is chosen: at short lengths a constant per-call cost (interpreter, dispatch,
-kernel launch) hides the asymptotic term. We fit ``log(value) = a + p log(L)`` over the lengths
-where the value is at least ``DOMINANCE`` (10x) the value at the shortest length measured, i.e.
-where that constant is below ~10% of the total. If that leaves fewer than ``MIN_POINTS`` (3)
-lengths, the longest 3 are used, and the row says so. The slope ``p`` comes with a 95% confidence
-interval (Student t, n - 2 degrees of freedom) and R^2, and is compared with the variant's declared
-exponent. Big-O is an upper bound, so only a fit *steeper* than declared by more than ``TOLERANCE``
-with the declared value outside the interval is a mismatch; a shallower fit is reported as
-"shallower" (a lower-order term, such as a fixed block buffer or a linear projection, still matters
-in the measured range).
+How the exponent is fitted. At short lengths a constant per-call cost (interpreter, dispatch,
+kernel launch) hides the asymptotic term, and on a shared machine single points can be far off.
+The *overhead floor* is ``FLOOR_FACTOR`` (2) times the smallest value in the series: that value is
+at least the constant cost, so at or above the floor the constant is at most half of what was
+measured. Every point at or above the floor is fitted; the points below it are the constant. The
+slope of ``log(value)`` on ``log(L)`` is the Theil-Sen estimate (the median of all pairwise
+slopes), which one wild point cannot drag far. Its 95% interval is the 2.5-97.5 percentile range
+of ``BOOTSTRAP`` (2000) Theil-Sen slopes refitted on residual-bootstrap replicates, with a fixed
+seed (the same data give the same interval in every process). The residuals resampled are each
+point's distance from the line through the *other* points, clipped at ``CLIP`` (2.5) robust
+standard deviations, so a lone outlier widens nothing while general scatter does; points beyond
+``OUTLIER`` (3) robust standard deviations are listed. A fit on fewer than ``MIN_POINTS`` (4)
+points, or whose interval is wider than ``MAX_CI_WIDTH`` (0.5), is *inconclusive*: it is never
+reported as matching. Otherwise it is compared with the variant's declared exponent. Big-O is an
+upper bound, so only a fit *steeper* than declared by more than ``TOLERANCE`` (0.25) with the
+declared value outside the interval is a mismatch; a shallower fit is reported as "shallower" (a
+lower-order term, such as a fixed block buffer or a linear projection, still matters in the
+measured range). Values the suite predicted rather than measured (method "model") are never
+fitted, and only ``ok`` rows are (not ``wrong`` or failed cases).
 """
 
 from __future__ import annotations
@@ -23,46 +32,132 @@ from scipy import stats
 from attnbench.registry import get_variant, variant_names
 from attnbench.spec import AttnSpec
 
-DOMINANCE = 10.0
-MIN_POINTS = 3
+FLOOR_FACTOR = 2.0
+MIN_POINTS = 4
+CLIP = 2.5  # residuals beyond this many robust standard deviations are clipped for the interval
+OUTLIER = 3.0  # ... and beyond this many, the point is listed as an outlier
+MAX_CI_WIDTH = 0.5
+BOOTSTRAP = 2000
+SEED = 20240601  # fixed: the bootstrap interval must not change between processes
 TOLERANCE = 0.25
-GROUP = ["source", "machine", "commit", "device", "mode", "dtype", "mask", "variant", "metric"]
+MODEL = "model"  # the method label of predicted (not measured) values
+GROUP = ["source", "machine", "commit", "device", "mode", "dtype", "mask", "variant", "metric", "method"]
 DECLARED = {"time": "time_exponent", "peak_tensor_bytes": "memory_exponent"}
+VERDICTS = ("matches", "steeper", "shallower", "inconclusive")
+
+
+def _loo_residuals(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Each point's residual from the Theil-Sen line through all the *other* points.
+
+    A point never pulls its own line toward it, so the residuals of ordinary points measure the
+    noise honestly (a line through few points passes through some of them exactly), and a wild
+    point stands out.
+    """
+    out = np.empty_like(y)
+    for k in range(len(x)):
+        rest = np.arange(len(x)) != k
+        slope, intercept, _, _ = stats.theilslopes(y[rest], x[rest], method="joint")
+        out[k] = y[k] - (intercept + slope * x[k])
+    return out
+
+
+def _robust_scale(resid: np.ndarray) -> float:
+    """Scale of the residuals from their median absolute value (consistent for normal noise)."""
+    return float(1.4826 * np.median(np.abs(resid)))
+
+
+def _theil_sen_bootstrap(x: np.ndarray, y: np.ndarray, slope: float, intercept: float, n_boot: int, seed: int) -> np.ndarray:
+    """Theil-Sen slopes of ``n_boot`` residual-bootstrap replicates around the robust line.
+
+    The residuals resampled are the leave-one-out ones (see :func:`_loo_residuals`), clipped at
+    ``CLIP`` robust standard deviations (Huber's idea: one wild point moves neither the line nor
+    its interval). General scatter keeps a large robust scale, hence a wide interval.
+    """
+    n = len(x)
+    fitted = intercept + slope * x  # (n,)
+    resid = _loo_residuals(x, y) if n > 2 else y - fitted
+    scale = _robust_scale(resid)
+    clipped = np.clip(resid, -CLIP * scale, CLIP * scale)
+    clipped = clipped - np.median(clipped)
+    rng = np.random.default_rng(seed)
+    ys = fitted[None, :] + clipped[rng.integers(0, n, size=(n_boot, n))]  # (B, n)
+    i, j = np.nonzero(x[None, :] > x[:, None])  # pairs with x_i < x_j
+    slopes = (ys[:, j] - ys[:, i]) / (x[j] - x[i])  # (B, pairs)
+    return np.median(slopes, axis=1)
 
 
 def fit_exponent(lengths: np.ndarray, values: np.ndarray) -> dict[str, float | int | str]:
-    """Least-squares slope of log(value) on log(L) over the dominance range (see module doc)."""
+    """Robust slope of log(value) on log(L) over the points above the overhead floor (see module doc).
+
+    Args:
+        lengths: sequence lengths, one per point.
+        values: the metric at those lengths (non-positive and non-finite values are ignored).
+
+    Returns:
+        ``exponent``, ``ci_low``/``ci_high`` (bootstrap 95%), ``r2`` (of the robust line), ``n``
+        (points fitted), ``L_min``/``L_max``, ``range`` (the floor rule as applied), ``conclusive``
+        (bool) and ``note`` (why a fit is inconclusive, "" otherwise).
+    """
+    lengths, values = np.asarray(lengths, float), np.asarray(values, float)
+    if lengths.shape != values.shape:
+        raise ValueError(f"lengths and values must have the same shape, got {lengths.shape} and {values.shape}")
     order = np.argsort(lengths)
-    lengths, values = np.asarray(lengths, float)[order], np.asarray(values, float)[order]
-    keep = values > 0
+    lengths, values = lengths[order], values[order]
+    keep = (values > 0) & np.isfinite(values) & np.isfinite(lengths) & (lengths > 0)
     lengths, values = lengths[keep], values[keep]
-    if len(lengths) < 2:
-        return {"exponent": math.nan, "ci_low": math.nan, "ci_high": math.nan, "r2": math.nan, "n": len(lengths), "L_min": math.nan, "L_max": math.nan, "range": "too few points"}
-    dominant = values >= DOMINANCE * values[0]
-    rule = f"value >= {DOMINANCE:g}x value at L={int(lengths[0])}"
-    if dominant.sum() < MIN_POINTS:
-        dominant = np.zeros_like(dominant)
-        dominant[-MIN_POINTS:] = True
-        rule = f"longest {min(MIN_POINTS, len(lengths))} lengths"
-    x, y = np.log(lengths[dominant]), np.log(values[dominant])
-    n = len(x)
-    if n < 2:
-        return {"exponent": math.nan, "ci_low": math.nan, "ci_high": math.nan, "r2": math.nan, "n": n, "L_min": math.nan, "L_max": math.nan, "range": rule}
-    fit = stats.linregress(x, y)
-    # Two points determine a line but not its uncertainty: the interval is then unbounded.
-    half = stats.t.ppf(0.975, n - 2) * fit.stderr if n > 2 else math.inf
-    return {
-        "exponent": float(fit.slope), "ci_low": float(fit.slope - half), "ci_high": float(fit.slope + half),
-        "r2": float(fit.rvalue**2), "n": n, "L_min": int(math.exp(x[0]) + 0.5), "L_max": int(math.exp(x[-1]) + 0.5),
-        "range": rule,
+    out: dict[str, float | int | str] = {
+        "exponent": math.nan, "ci_low": math.nan, "ci_high": math.nan, "r2": math.nan, "n": 0,
+        "L_min": math.nan, "L_max": math.nan, "range": "no positive values", "conclusive": False, "note": "no points",
+        "outliers": "",
     }
+    if len(lengths) == 0:
+        return out
+    floor = FLOOR_FACTOR * values.min()
+    above = values >= floor
+    if above.sum() < 2 <= len(lengths):
+        above = values > values.min()  # a flat series: fit what rises above the minimum, if anything
+    rule = f"value >= {FLOOR_FACTOR:g}x the smallest ({values.min():.3g}): {int(above.sum())} of {len(lengths)} points"
+    x, y = np.log(lengths[above]), np.log(values[above])
+    n = len(np.unique(x))
+    out.update(n=int(len(x)), range=rule)
+    if n < 2:
+        out["note"] = f"{len(x)} point{'s' if len(x) != 1 else ''} above the floor"
+        return out
+    slope, intercept, _, _ = stats.theilslopes(y, x, method="joint")
+    boot = _theil_sen_bootstrap(x, y, slope, intercept, BOOTSTRAP, SEED)
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    resid = y - (intercept + slope * x)
+    total = float(((y - y.mean()) ** 2).sum())
+    scale = _robust_scale(_loo_residuals(x, y)) if len(x) > 2 else 0.0
+    wild = [int(round(math.exp(v))) for v, r in zip(x, resid, strict=True) if abs(r) > OUTLIER * max(scale, 1e-3)]
+    notes = []
+    if len(x) < MIN_POINTS:
+        notes.append(f"{len(x)} points")
+    if not hi - lo <= MAX_CI_WIDTH:
+        notes.append(f"95% interval {hi - lo:.2f} wide")
+    out.update(
+        exponent=float(slope), ci_low=float(lo), ci_high=float(hi),
+        r2=float(1 - (resid**2).sum() / total) if total > 0 else math.nan,
+        L_min=int(round(math.exp(x[0]))), L_max=int(round(math.exp(x[-1]))),
+        conclusive=not notes, note=", ".join(notes), outliers=" ".join(f"L={n}" for n in wild),
+    )
+    return out
 
 
 def verdict(fit: dict, declared: float) -> str:
-    """"matches", "steeper" (a mismatch), "shallower", or "" when nothing is declared or fitted."""
+    """"matches", "steeper" (a mismatch), "shallower", "inconclusive", or "" when nothing is declared.
+
+    A fit without ``conclusive`` (a plain dict of exponent and interval) is judged by its interval
+    width; one with no slope at all (fewer than 2 points above the floor) is inconclusive.
+    """
     slope = fit["exponent"]
-    if math.isnan(declared) or math.isnan(slope):
+    if math.isnan(declared):
         return ""
+    if math.isnan(slope):
+        return "inconclusive"
+    conclusive = fit.get("conclusive", fit["ci_high"] - fit["ci_low"] <= MAX_CI_WIDTH)
+    if not conclusive:
+        return "inconclusive"
     inside = fit["ci_low"] <= declared <= fit["ci_high"]
     if slope > declared + TOLERANCE and not inside:
         return "steeper"
@@ -72,30 +167,75 @@ def verdict(fit: dict, declared: float) -> str:
 
 
 def declared_exponent(variant: str, metric: str) -> float:
+    """The exponent a registered variant declares for ``metric`` (NaN when none is declared)."""
     if metric not in DECLARED or variant not in variant_names():
         return math.nan
     return float(getattr(get_variant(variant), DECLARED[metric]))
 
 
 def fit_table(frame: pd.DataFrame, metrics: tuple[str, ...] = ("time", "peak_tensor_bytes")) -> pd.DataFrame:
-    """One row per (source, machine, commit, device, mode, dtype, mask, variant, metric) group."""
-    ok = frame[(frame["status"] == "ok") & frame["metric"].isin(metrics) & (frame["seq_len"] == frame["seq_len_k"])]
+    """One row per (source, machine, commit, device, mode, dtype, mask, variant, metric, method) group.
+
+    Only ``ok`` rows are fitted. Groups of predicted values (method "model") get a row that says
+    so, with no exponent and no verdict: a model checked against itself proves nothing.
+    """
+    sel = frame[(frame["status"] == "ok") & frame["metric"].isin(metrics) & (frame["seq_len"] == frame["seq_len_k"])]
+    sel = sel.assign(method=sel.get("method", ""))
     rows = []
-    for key, group in ok.groupby(GROUP, dropna=False, sort=True):
+    for key, group in sel.groupby(GROUP, dropna=False, sort=True):
+        info = dict(zip(GROUP, key, strict=True))
+        declared = declared_exponent(info["variant"], info["metric"])
+        if info["method"] == MODEL:
+            rows.append({**info, **fit_exponent(np.array([]), np.array([])), "n": int(group["seq_len"].nunique()),
+                         "range": "model values: not fitted", "note": "model", "declared": declared, "verdict": ""})
+            continue
         by_len = group.groupby("seq_len")["value"].median()
-        fit = fit_exponent(by_len.index.to_numpy(), by_len.to_numpy())
-        declared = declared_exponent(key[GROUP.index("variant")], key[GROUP.index("metric")])
-        rows.append({**dict(zip(GROUP, key, strict=True)), **fit, "declared": declared, "verdict": verdict(fit, declared)})
+        fit = fit_exponent(by_len.index.to_numpy(float), by_len.to_numpy(float))
+        rows.append({**info, **fit, "declared": declared, "verdict": verdict(fit, declared)})
     return pd.DataFrame(rows)
+
+
+def headline(fits: pd.DataFrame) -> tuple[str, str]:
+    """One sentence about the fits and its tone: ``("good" | "bad" | "neutral", text)``.
+
+    Counts conclusive fits that match, names the steeper ones (tone "bad") and the inconclusive
+    ones with why; never claims anything when nothing was fitted.
+    """
+    judged = fits[fits["verdict"].isin(VERDICTS)] if len(fits) else fits
+    if judged.empty:
+        return "neutral", "No fitted exponents: nothing measured at enough lengths to compare with a declared complexity."
+    several = {c: judged[c].nunique() > 1 for c in ("source", "machine", "device", "mode", "dtype", "mask")}
+
+    def name(rec: dict) -> str:
+        where = [str(rec[c]) for c, many in several.items() if many]
+        label = "memory" if rec["metric"] == "peak_tensor_bytes" else rec["metric"]
+        return f"{rec['variant']} {label}" + (f" ({', '.join(where)})" if where else "")
+
+    conclusive = judged[judged["verdict"] != "inconclusive"]
+    steeper = [name(r) for r in conclusive[conclusive["verdict"] == "steeper"].to_dict("records")]
+    shallower = [name(r) for r in conclusive[conclusive["verdict"] == "shallower"].to_dict("records")]
+    inconclusive = [f"{name(r)} ({r['note']})" for r in judged[judged["verdict"] == "inconclusive"].to_dict("records")]
+    matches = int((conclusive["verdict"] == "matches").sum())
+    parts = [f"{matches} of {len(conclusive)} conclusive fits match their declared complexity"]
+    if steeper:
+        parts.append(f"steeper than declared: {', '.join(steeper)}")
+    if shallower:
+        parts.append(f"shallower: {', '.join(shallower)}")
+    parts.append(f"inconclusive: {', '.join(inconclusive)}" if inconclusive else "none inconclusive")
+    tone = "bad" if steeper else ("good" if len(conclusive) and matches + len(shallower) == len(conclusive) else "neutral")
+    return tone, "; ".join(parts) + "."
 
 
 def crossovers(frame: pd.DataFrame, baselines: tuple[str, ...] = ("batched", "sdpa"), metric: str = "time") -> pd.DataFrame:
     """Length from which each variant stays below each baseline (faster, or smaller for memory).
 
     ``crossover`` is the smallest measured L such that the variant beats the baseline at L and at
-    every longer length both were measured at; "never" / "always" describe the edge cases.
+    every longer length both were measured at; "never" / "always" describe the edge cases. Only
+    ``ok`` measured rows take part (not ``wrong`` cases, nor predicted "model" values).
     """
     ok = frame[(frame["status"] == "ok") & (frame["metric"] == metric)]
+    if "method" in ok:
+        ok = ok[ok["method"] != MODEL]  # measurements against measurements only
     rows = []
     keys = ["source", "machine", "commit", "device", "mode", "dtype", "mask"]
     for key, group in ok.groupby(keys, dropna=False):
@@ -118,7 +258,7 @@ def crossovers(frame: pd.DataFrame, baselines: tuple[str, ...] = ("batched", "sd
                 ratio = both[base].iloc[-1] / both[variant].iloc[-1]
                 rows.append({**dict(zip(keys, key, strict=True)), "variant": variant, "baseline": base, "metric": metric,
                              "crossover_L": cross, "longest_L": int(both.index[-1]), "ratio_at_longest": ratio})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=[*keys, "variant", "baseline", "metric", "crossover_L", "longest_L", "ratio_at_longest"])
 
 
 def largest_length(frame: pd.DataFrame) -> pd.DataFrame:
@@ -139,8 +279,14 @@ def largest_length(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def memory_model(frame: pd.DataFrame) -> pd.DataFrame:
-    """Predicted vs measured peak tensor bytes per variant and length, with their ratio."""
+    """Predicted vs measured peak tensor bytes per variant and length, with their ratio.
+
+    Only measurements (method "profiler", "cuda", ...) are compared: a "model" row *is* the
+    prediction, and comparing it with itself would always "match".
+    """
     mem = frame[(frame["metric"] == "peak_tensor_bytes") & (frame["status"] == "ok")]
+    if "method" in mem:
+        mem = mem[mem["method"] != MODEL]
     rows = []
     for rec in mem.to_dict("records"):
         if rec["variant"] not in variant_names():
@@ -152,7 +298,7 @@ def memory_model(frame: pd.DataFrame) -> pd.DataFrame:
         predicted = get_variant(rec["variant"]).predicted_peak_bytes(spec)
         rows.append({
             "machine": rec["machine"], "device": rec["device"], "mode": rec["mode"], "variant": rec["variant"],
-            "seq_len": int(rec["seq_len"]), "predicted_MiB": predicted / 2**20, "measured_MiB": rec["value"] / 2**20,
+            "seq_len": int(rec["seq_len"]), "method": rec.get("method", ""), "predicted_MiB": predicted / 2**20, "measured_MiB": rec["value"] / 2**20,
             "measured/predicted": rec["value"] / predicted if predicted else math.nan,
         })
     return pd.DataFrame(rows)

@@ -13,14 +13,18 @@ mode           "forward" / "backward" (forward + backward)
 dtype          "float32", ...
 batch, heads, head_dim, mask   the rest of the case's shape
 metric         time | peak_tensor_bytes | peak_rss | gflops | flops | max_error | softmax_error | cuda_time
-               | compile_time
-unit           s | bytes | GFLOP/s | FLOP | abs
-value          float; NaN unless status == "ok"
+               | compile_time | error_ratio (max error / the correctness gate's tolerance)
+unit           s | bytes | GFLOP/s | FLOP | abs | x tolerance
+method         how the value was obtained: "wall" (perf_counter) | "cuda_events" | "asv" (asv's own
+               timer / peakmem / tracked rate) | "profiler" | "cuda" (allocator stats) | "rss" |
+               "reference" (compared with the float64 reference) | "model" (an analytic prediction,
+               not a measurement: never fitted, never compared with itself) | "unrecorded" (old files)
+value          float; NaN unless status is "ok" (or "wrong": a wrong case keeps what was recorded)
 spread         IQR of the timing samples (asv: q75 - q25), NaN when unknown
 ci_low         lower end of asv's 99% interval of the value (NaN for runs)
 ci_high        upper end of asv's 99% interval of the value (NaN for runs)
-status         ok | skipped | failed (asv) ; ok | skipped | oom | timeout | error (run)
-reason         why a case is not ok ("" for asv, which does not keep skip reasons)
+status         ok | wrong | skipped | failed (asv) ; ok | wrong | skipped | oom | timeout | error | crashed (run)
+reason         why a case is not ok ("" for asv skips, which asv does not explain)
 kernel         SDPA backend(s) that actually ran, read from the profiler ("" when not recorded)
 machine        machine name (asv machine name, run hostname)
 cpu            CPU model
@@ -32,18 +36,28 @@ threads        torch threads (NaN for asv, which does not record it)
 peak_gflops    this machine's matmul GFLOP/s at the row's dtype when recorded, else NaN
 ============== =====================================================================
 
-Stale asv rows (a result whose benchmark ``version`` differs from ``benchmarks.json``) are dropped;
-skipped and failed cases are kept as statuses, never as zeros. A results file that cannot be read is
-reported in ``frame.attrs["problems"]`` by name and skipped; the rest still loads.
+Loading never stops at a bad input and never turns one into numbers. Every file that cannot be
+used, and every row that is rejected, is named with the reason in ``frame.attrs["problems"]``;
+the rest still loads. A run's manifest and its rows are cross-checked (``cases`` = rows written);
+a run stopped on purpose (``complete: false``) is listed in ``frame.attrs["notes"]`` as
+incomplete, not as corrupt. A row with a missing or non-numeric required value (its case's
+identity, its status, an ok case's time) is rejected, never kept as an ok row holding 0 or NaN.
+asv results whose benchmark ``version`` differs from ``benchmarks.json`` (another suite version)
+are left out and counted, by benchmark, in the problems. In asv results, every row of a case whose
+``error_ratio`` is above 1 becomes ``wrong``. ``frame.attrs["sources"]`` has one entry per source:
+its path, kind and rows loaded.
 """
 
 from __future__ import annotations
 
 import ast
+import csv
 import datetime as dt
+import io
 import itertools
 import json
 import math
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -53,22 +67,25 @@ from attnbench.spec import AttnSpec
 
 COLUMNS = [
     "source", "benchmark", "variant", "seq_len", "seq_len_k", "device", "mode", "dtype", "batch", "heads",
-    "head_dim", "mask", "metric", "unit", "value", "spread", "ci_low", "ci_high", "status", "reason", "machine", "cpu", "gpu",
-    "commit", "date", "torch", "threads", "peak_gflops", "kernel",
+    "head_dim", "mask", "metric", "unit", "method", "value", "spread", "ci_low", "ci_high", "status", "reason", "machine",
+    "cpu", "gpu", "commit", "date", "torch", "threads", "peak_gflops", "kernel",
 ]
 UNITS = {
     "time": "s", "cuda_time": "s", "compile_time": "s", "peak_tensor_bytes": "bytes", "peak_rss": "bytes", "gflops": "GFLOP/s",
-    "max_error": "abs", "softmax_error": "abs", "flops": "FLOP",
+    "max_error": "abs", "softmax_error": "abs", "flops": "FLOP", "error_ratio": "x tolerance",
 }
-# asv method name -> (metric, factor to the metric's unit)
+RUN_STATUSES = ("ok", "wrong", "skipped", "oom", "timeout", "error", "crashed")
+MEMORY_METHODS = {"analytic": "model"}  # older files called the prediction "analytic"
+# asv method name -> (metric, factor to the metric's unit, method label)
 ASV_METRICS = {
-    "time_attention": ("time", 1.0),
-    "peakmem_attention": ("peak_rss", 1.0),
-    "track_peak_tensor_bytes": ("peak_tensor_bytes", 1.0),
-    "track_gflops": ("gflops", 1.0),
-    "track_flops": ("flops", 1.0),
-    "track_cuda_ms": ("cuda_time", 1e-3),
-    "track_max_error": ("max_error", 1.0),
+    "time_attention": ("time", 1.0, "asv"),
+    "peakmem_attention": ("peak_rss", 1.0, "asv"),
+    "track_peak_tensor_bytes": ("peak_tensor_bytes", 1.0, None),  # what the runner used: see _asv_memory_method
+    "track_gflops": ("gflops", 1.0, "asv"),
+    "track_flops": ("flops", 1.0, "model"),
+    "track_cuda_ms": ("cuda_time", 1e-3, "cuda_events"),
+    "track_max_error": ("max_error", 1.0, "reference"),
+    "track_error_ratio": ("error_ratio", 1.0, "reference"),
 }
 PEAK_BENCHMARK = "track_matmul_gflops"
 BASE_SPEC = AttnSpec(batch=1, heads=8, head_dim=64)  # the asv suite's fixed shape
@@ -78,22 +95,30 @@ def _empty() -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=object) for c in COLUMNS})
 
 
-def _finish(rows: list[dict], problems: list[str]) -> pd.DataFrame:
+def _finish(rows: list[dict], problems: list[str], notes: list[str] | None = None) -> pd.DataFrame:
     frame = pd.DataFrame(rows, columns=COLUMNS) if rows else _empty()
     for col in ("value", "spread", "ci_low", "ci_high", "threads", "peak_gflops"):
         frame[col] = pd.to_numeric(frame[col], errors="coerce")
     for col in ("seq_len", "seq_len_k", "batch", "heads", "head_dim"):
         frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("Int64")
     frame["date"] = pd.to_datetime(frame["date"], utc=True, errors="coerce")
-    frame.attrs["problems"] = problems
+    frame.attrs["problems"] = list(problems)
+    frame.attrs["notes"] = list(notes or [])
     return frame
 
 
+def _why(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0][:300] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 # ---- asv -------------------------------------------------------------------------------------
-def _decode(value: str) -> object:
+def _decode(value: object) -> object:
+    if not isinstance(value, str):
+        return value
     try:
         return ast.literal_eval(value)
-    except (ValueError, SyntaxError):
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         return value
 
 
@@ -105,74 +130,167 @@ def _asv_status(value: object) -> str:
     return "ok"
 
 
+def _asv_memory_method(variant: str, device: str) -> str:
+    """What ``attnbench.asv_bench.peak_tensor_bytes`` returns for a case: the runner's own rule."""
+    from attnbench.registry import get_variant, variant_names
+
+    if device.startswith("cuda"):
+        return "cuda"
+    if variant in variant_names() and get_variant(variant).SECONDS_PER_PAIR > 0:
+        return "model"  # interpreter-bound: the runner returns the prediction
+    return "profiler"
+
+
 def load_asv(results_dir: str | Path) -> pd.DataFrame:
-    """Every machine, commit and environment under an asv ``results`` directory, as one tidy frame."""
+    """Every machine, commit and environment under an asv ``results`` directory, as one tidy frame.
+
+    Unreadable files, garbled parameters and stale results are named in ``attrs["problems"]``.
+    """
     from asv import util
-    from asv.results import Results
 
     results_dir = Path(results_dir)
-    problems: list[str] = []
+    bench_path = results_dir / "benchmarks.json"
     try:
-        benchmarks = util.load_json(str(results_dir / "benchmarks.json"), api_version=2)
-    except (OSError, util.UserError, ValueError) as exc:
-        return _finish([], [f"{results_dir / 'benchmarks.json'}: {exc}"])
+        benchmarks = util.load_json(str(bench_path), api_version=2)
+        if not isinstance(benchmarks, dict):
+            raise ValueError(f"expected a JSON object, got {type(benchmarks).__name__}")
+    except (OSError, util.UserError, ValueError, TypeError) as exc:
+        return _finish([], [f"{bench_path}: cannot read the benchmark list ({_why(exc)}); "
+                            f"no result under {results_dir} can be interpreted without it"])
+    problems: list[str] = []
     rows: list[dict] = []
-    for machine_dir in sorted(p for p in results_dir.iterdir() if p.is_dir()):
+    try:
+        machine_dirs = sorted(p for p in results_dir.iterdir() if p.is_dir())
+    except OSError as exc:
+        return _finish([], [f"{results_dir}: cannot list ({_why(exc)})"])
+    files = 0
+    for machine_dir in machine_dirs:
+        machine_path = machine_dir / "machine.json"
         try:
-            machine = json.loads((machine_dir / "machine.json").read_text())
+            machine = json.loads(machine_path.read_text(encoding="utf-8"))
+            if not isinstance(machine, dict):
+                raise ValueError(f"expected a JSON object, got {type(machine).__name__}")
         except (OSError, ValueError) as exc:
-            problems.append(f"{machine_dir / 'machine.json'}: {exc}")
+            problems.append(f"{machine_path}: {_why(exc)}; machine name taken from the directory, CPU unknown")
+            machine = {"machine": machine_dir.name}
+        try:
+            paths = sorted(p for p in machine_dir.glob("*.json") if p.name != "machine.json")
+        except OSError as exc:
+            problems.append(f"{machine_dir}: cannot list ({_why(exc)})")
             continue
-        for path in sorted(machine_dir.glob("*.json")):
-            if path.name == "machine.json":
-                continue
-            try:
-                res = Results.load(str(path))
-            except (util.UserError, ValueError, KeyError, TypeError, OSError) as exc:
-                problems.append(f"{path}: {exc}")
-                continue
-            rows.extend(_asv_rows(res, benchmarks, machine))
+        for path in paths:
+            files += 1
+            rows.extend(_asv_file(path, benchmarks, machine, problems))
+    if files == 0:
+        problems.append(f"{results_dir}: no result files (asv saves none without --set-commit-hash when run "
+                        "with --python=same)")
     return _finish(rows, problems)
 
 
-def _asv_rows(res, benchmarks: dict, machine: dict) -> Iterable[dict]:
-    date = dt.datetime.fromtimestamp(res.date / 1e3, tz=dt.timezone.utc) if res.date else None
+def _asv_file(path: Path, benchmarks: dict, machine: dict, problems: list[str]) -> list[dict]:
+    """Rows of one asv result file; problems appended, never raised."""
+    from asv.results import Results
+
+    try:
+        res = Results.load(str(path))
+        date = dt.datetime.fromtimestamp(res.date / 1e3, tz=dt.timezone.utc) if res.date else None
+        params = res.params if isinstance(res.params, dict) else {}
+        all_keys = list(res.get_all_result_keys())
+        keys = res.get_result_keys(benchmarks)  # drops stale versions
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is named and skipped, the rest loads
+        problems.append(f"{path}: not a readable asv result file ({_why(exc)})")
+        return []
+    stale = sorted(k for k in all_keys if k not in keys)
+    if stale:
+        names = ", ".join(k.rsplit(".", 1)[-1] for k in stale)
+        problems.append(f"{path}: {len(stale)} result(s) from another version of the suite left out "
+                        f"(benchmark version differs from benchmarks.json, or no longer there): {names}")
     common = {
-        "source": "asv", "machine": res.params.get("machine", machine.get("machine", "")),
-        "cpu": machine.get("cpu", ""), "gpu": "", "commit": res.commit_hash or "", "date": date,
-        "torch": res.params.get("torch", "") or res.params.get("req-torch", ""), "threads": math.nan,
+        "source": "asv", "machine": str(params.get("machine", machine.get("machine", ""))),
+        "cpu": str(machine.get("cpu", "")), "gpu": "", "commit": res.commit_hash or "", "date": date,
+        "torch": params.get("torch", "") or params.get("req-torch", ""), "threads": math.nan,
         "reason": "", "kernel": "",
     }
-    keys = res.get_result_keys(benchmarks)  # drops stale versions
     peak = math.nan
     peak_key = next((k for k in keys if k.endswith(PEAK_BENCHMARK)), None)
     if peak_key is not None:
-        value = res.get_result_value(peak_key, [])
-        peak = value[0] if isinstance(value, list) and value and value[0] is not None else math.nan
+        try:
+            value = res.get_result_value(peak_key, [])
+            if isinstance(value, list) and value and isinstance(value[0], (int, float)):
+                peak = float(value[0])
+        except Exception as exc:  # noqa: BLE001
+            problems.append(f"{path}: {peak_key}: {_why(exc)}")
+    rows: list[dict] = []
     for key in sorted(keys):
         method = key.rsplit(".", 1)[-1]
         if method not in ASV_METRICS:
             continue
-        metric, factor = ASV_METRICS[method]
-        params = res.get_result_params(key)
-        names = benchmarks[key].get("param_names", [])
-        values = res.get_result_value(key, params)
-        stats = res.get_result_stats(key, params) or [None] * len(values)
-        for combo, value, stat in zip(itertools.product(*params), values, stats, strict=False):
-            case = dict(zip(names, (_decode(p) for p in combo), strict=False))
-            status = _asv_status(value)
-            stat = stat or {}
-            spread = (stat["q_75"] - stat["q_25"]) * factor if "q_25" in stat and "q_75" in stat else math.nan
-            ci_low = stat["ci_99_a"] * factor if "ci_99_a" in stat else math.nan
-            ci_high = stat["ci_99_b"] * factor if "ci_99_b" in stat else math.nan
-            spec = BASE_SPEC.replace(seq_len=case.get("seq_len", 0), device=case.get("device", "cpu"), mode=case.get("mode", "forward"))
-            yield {
-                **common, "benchmark": key, "variant": case.get("variant", ""),
-                **_spec_columns(spec), "metric": metric, "unit": UNITS[metric],
-                "value": value * factor if status == "ok" else math.nan, "spread": spread,
-                "ci_low": ci_low, "ci_high": ci_high,
-                "status": status, "peak_gflops": peak,
-            }
+        try:
+            rows.extend(_asv_key_rows(res, key, benchmarks[key], common, peak, path, problems))
+        except Exception as exc:  # noqa: BLE001 - one garbled benchmark never hides the others
+            problems.append(f"{path}: {key}: garbled result ({_why(exc)}); left out")
+    _mark_wrong(rows)
+    return rows
+
+
+def _asv_key_rows(res, key: str, bench: dict, common: dict, peak: float, path: Path, problems: list[str]) -> list[dict]:
+    metric, factor, label = ASV_METRICS[key.rsplit(".", 1)[-1]]
+    params = res.get_result_params(key)
+    names = bench.get("param_names", []) if isinstance(bench, dict) else []
+    if not isinstance(params, list) or not all(isinstance(p, list) for p in params) or len(params) != len(names):
+        raise ValueError(f"params {str(params)[:80]} do not match param_names {names}")
+    combos = list(itertools.product(*params))
+    raw = getattr(res, "_results", {}).get(key)  # asv pads a short list with None ("failed"): check the stored one
+    if raw is not None and (not isinstance(raw, list) or len(raw) != len(combos)):
+        raise ValueError(f"{len(raw) if isinstance(raw, list) else repr(raw)[:40]} values for {len(combos)} parameter sets")
+    values = res.get_result_value(key, params)
+    stats = res.get_result_stats(key, params)
+    stats = stats if isinstance(stats, list) and len(stats) == len(values) else [None] * len(values)
+    rows, bad = [], []
+    for combo, value, stat in zip(combos, values, stats, strict=True):
+        case = dict(zip(names, (_decode(p) for p in combo), strict=True))
+        try:
+            variant, seq_len = case.get("variant", ""), case.get("seq_len", 0)
+            device, mode = case.get("device", "cpu"), case.get("mode", "forward")
+            if not isinstance(variant, str) or not variant or isinstance(seq_len, bool) or not isinstance(seq_len, int):
+                raise ValueError(f"variant {variant!r} / seq_len {seq_len!r}")
+            if value is not None and not isinstance(value, (int, float)):
+                raise ValueError(f"value {value!r} is not a number")
+            spec = BASE_SPEC.replace(seq_len=seq_len, device=device, mode=mode)
+        except (ValueError, TypeError) as exc:
+            bad.append(f"{combo}: {_why(exc)}")
+            continue
+        status = _asv_status(value)
+        stat = stat if isinstance(stat, dict) else {}
+
+        def num(name: str, stat: dict = stat) -> float:
+            v = stat.get(name)
+            return float(v) * factor if isinstance(v, (int, float)) else math.nan
+
+        rows.append({
+            **common, "benchmark": key, "variant": variant, **_spec_columns(spec), "metric": metric,
+            "unit": UNITS[metric], "method": label or _asv_memory_method(variant, spec.device_type),
+            "value": float(value) * factor if status == "ok" else math.nan, "spread": num("q_75") - num("q_25"),
+            "ci_low": num("ci_99_a"), "ci_high": num("ci_99_b"), "status": status, "peak_gflops": peak,
+            "_mode_given": "mode" in case,
+        })
+    if bad:
+        problems.append(f"{path}: {key}: {len(bad)} garbled parameter set(s) left out, e.g. {bad[0]}")
+    return rows
+
+
+def _mark_wrong(rows: list[dict]) -> None:
+    """Every row of a case whose error ratio is above 1 becomes ``wrong`` (values kept as recorded)."""
+    verdicts: dict[tuple, float] = {}
+    for r in rows:
+        if r["metric"] == "error_ratio" and r["status"] == "ok" and r["value"] > 1:
+            verdicts[(r["variant"], r["seq_len"], r["device"], r["mode"] if r["_mode_given"] else None)] = r["value"]
+    for r in rows:
+        ratio = verdicts.get((r["variant"], r["seq_len"], r["device"], r["mode"]),
+                             verdicts.get((r["variant"], r["seq_len"], r["device"], None)))
+        if ratio is not None:
+            r["status"], r["reason"] = "wrong", f"max error {ratio:.3g}x the tolerance"
+        del r["_mode_given"]
 
 
 def _spec_columns(spec: AttnSpec) -> dict:
@@ -183,76 +301,256 @@ def _spec_columns(spec: AttnSpec) -> dict:
 
 
 # ---- attnbench run ---------------------------------------------------------------------------
+# metric -> (value column, spread column, method: a fixed label or "<column" to read it from a column)
 RUN_METRICS = {
-    "time": ("median_s", "iqr_s"),
-    "peak_tensor_bytes": ("peak_tensor_bytes", None),
-    "peak_rss": ("peak_rss_bytes", None),
-    "gflops": ("gflops_per_s", None),
-    "max_error": ("max_error", None),
-    "softmax_error": ("softmax_error", None),
-    "compile_time": ("compile_s", None),
+    "time": ("median_s", "iqr_s", "<timing_method"),
+    "peak_tensor_bytes": ("peak_tensor_bytes", None, "<memory_method"),
+    "peak_rss": ("peak_rss_bytes", None, "rss"),
+    "gflops": ("gflops_per_s", None, "<timing_method"),
+    "max_error": ("max_error", None, "reference"),
+    "softmax_error": ("softmax_error", None, "reference"),
+    "compile_time": ("compile_s", None, "wall"),
 }
+RUN_REQUIRED = ("variant", "status", "spec_seq_len", "spec_device", "spec_mode", "spec_dtype", "spec_batch",
+                "spec_heads", "spec_head_dim", "spec_mask")
+RUN_INTEGERS = ("spec_seq_len", "spec_batch", "spec_heads", "spec_head_dim")
+
+
+def _number(text: str | None) -> float:
+    """A CSV cell as a float: "" / missing -> NaN; anything non-numeric raises ValueError."""
+    if text is None or text.strip() == "":
+        return math.nan
+    return float(text)
+
+
+def _read_manifest(path: Path, problems: list[str]) -> dict | None:
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        problems.append(f"{path}: missing; the run may not have finished, its rows are loaded unchecked")
+        return None
+    except OSError as exc:
+        problems.append(f"{path}: cannot read ({_why(exc)}); the rows are loaded unchecked")
+        return None
+    except ValueError as exc:
+        problems.append(f"{path}: not readable JSON ({_why(exc)}); the rows are loaded unchecked")
+        return None
+    if not isinstance(manifest, dict):
+        problems.append(f"{path}: expected a JSON object, got {type(manifest).__name__}; the rows are loaded unchecked")
+        return None
+    for name, kind in (("cases", int), ("planned", int), ("complete", bool)):
+        value = manifest.get(name)
+        if value is not None and (not isinstance(value, kind) or (kind is int and (isinstance(value, bool) or value < 0))):
+            problems.append(f"{path}: field {name!r} should be {'a count' if kind is int else 'true/false'}, got {value!r}; ignored")
+            manifest.pop(name)
+    if "cases" not in manifest:
+        problems.append(f"{path}: no 'cases' count; the rows cannot be cross-checked")
+    return manifest
+
+
+def _read_rows(path: Path, problems: list[str]) -> tuple[list[str], list[tuple[int, dict]], int] | None:
+    """``(header, [(row number, record)], data rows in the file)`` or None (problem recorded)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        problems.append(f"{path}: missing")
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        problems.append(f"{path}: cannot read ({_why(exc)})")
+        return None
+    try:
+        table = list(csv.reader(io.StringIO(text)))
+    except csv.Error as exc:
+        problems.append(f"{path}: not CSV ({_why(exc)})")
+        return None
+    table = [row for row in table if row]  # blank lines
+    if not table:
+        problems.append(f"{path}: empty (no header, no rows)")
+        return None
+    header, data = table[0], table[1:]
+    missing = [c for c in RUN_REQUIRED if c not in header]
+    if missing:
+        problems.append(f"{path}: missing required column(s) {', '.join(missing)}; no row can be used")
+        return None
+    records = []
+    for number, row in enumerate(data, start=1):
+        if len(row) != len(header):
+            problems.append(f"{path} row {number}: {len(row)} fields, the header has {len(header)} (truncated or garbled); rejected")
+            continue
+        if number == len(data) and not text.endswith(("\n", "\r")):
+            problems.append(f"{path} row {number}: no line end (the file was cut mid-row); rejected")
+            continue
+        records.append((number, dict(zip(header, row, strict=True))))
+    return header, records, len(data)
+
+
+def _run_row(rec: dict, manifest: dict, peaks: dict) -> list[dict]:
+    """Tidy rows of one measurements.csv record; raises ValueError with the reason to reject it."""
+    for col in RUN_REQUIRED:
+        if not rec[col].strip():
+            raise ValueError(f"{col} is empty")
+    status = rec["status"].strip()
+    if status not in RUN_STATUSES:
+        raise ValueError(f"status {status!r} is not one of {RUN_STATUSES}")
+    ints = {}
+    for col in RUN_INTEGERS:
+        try:
+            value = _number(rec[col])
+        except ValueError:
+            raise ValueError(f"{col} {rec[col]!r} is not a number") from None
+        if not (math.isfinite(value) and value == int(value) and value >= 1):
+            raise ValueError(f"{col} {rec[col]!r} is not a positive integer")
+        ints[col] = int(value)
+    try:
+        seq_len_k = _number(rec.get("seq_len_k_eff"))
+    except ValueError:
+        raise ValueError(f"seq_len_k_eff {rec['seq_len_k_eff']!r} is not a number") from None
+    seq_len_k = int(seq_len_k) if math.isfinite(seq_len_k) else ints["spec_seq_len"]
+    values: dict[str, float] = {}
+    for col, spread_col, _ in RUN_METRICS.values():
+        for c in (col, spread_col):
+            if c and c in rec:
+                try:
+                    values[c] = _number(rec[c])
+                except ValueError:
+                    raise ValueError(f"{c} {rec[c]!r} is not a number") from None
+    if status == "ok" and not (values.get("median_s", math.nan) > 0):
+        raise ValueError(f"status ok but median_s is {rec.get('median_s', 'absent')!r} (a time must be > 0)")
+    dtype = rec["spec_dtype"]
+    common = {
+        "source": "run", "benchmark": "attnbench.run", "variant": rec["variant"], "seq_len": ints["spec_seq_len"],
+        "seq_len_k": seq_len_k, "device": rec["spec_device"].split(":")[0], "mode": rec["spec_mode"], "dtype": dtype,
+        "batch": ints["spec_batch"], "heads": ints["spec_heads"], "head_dim": ints["spec_head_dim"],
+        "mask": rec["spec_mask"], "status": status, "reason": rec.get("reason", ""),
+        "machine": rec.get("env_hostname", ""), "cpu": rec.get("env_cpu_model", ""), "gpu": rec.get("env_gpu_name", ""),
+        "commit": rec.get("env_commit", ""), "date": manifest.get("created"), "torch": rec.get("env_torch", ""),
+        "threads": _lenient(rec.get("env_threads")), "peak_gflops": _lenient(peaks.get(dtype)),
+        "kernel": rec.get("extra_kernel", ""),
+    }
+    keeps_values = status in ("ok", "wrong")
+    out = []
+    for metric, (col, spread_col, method) in RUN_METRICS.items():
+        if col not in rec:
+            continue
+        value = values[col]
+        if method.startswith("<"):
+            method = rec.get(method[1:], "").strip() or "unrecorded"
+            method = MEMORY_METHODS.get(method, method)
+        if keeps_values and math.isnan(value) and metric != "time":
+            continue  # not measured for this case (e.g. RSS switched off): no row, never an ok NaN
+        if not keeps_values and metric not in ("time", "peak_tensor_bytes", "peak_rss", "gflops", "max_error"):
+            continue
+        out.append({
+            **common, "metric": metric, "unit": UNITS[metric], "method": method,
+            "value": value if keeps_values else math.nan,
+            "spread": values.get(spread_col, math.nan) if spread_col and keeps_values else math.nan,
+            "ci_low": math.nan, "ci_high": math.nan,
+        })
+    tolerance = _lenient(rec.get("tolerance"))
+    error = values.get("max_error", math.nan)
+    if keeps_values and math.isfinite(error) and math.isfinite(tolerance) and tolerance > 0:
+        out.append({**common, "metric": "error_ratio", "unit": UNITS["error_ratio"], "method": "reference",
+                    "value": error / tolerance, "spread": math.nan, "ci_low": math.nan, "ci_high": math.nan})
+    return out
+
+
+def _lenient(value: object) -> float:
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return math.nan
 
 
 def load_run(run_dir: str | Path) -> pd.DataFrame:
-    """An ``attnbench run`` directory (``measurements.csv`` + ``manifest.json``) as a tidy frame."""
+    """An ``attnbench run`` directory (``measurements.csv`` + ``manifest.json``) as a tidy frame.
+
+    Bad rows are rejected with a reason, and the row count is cross-checked with the manifest.
+    """
     from attnbench.runs import MANIFEST, MEASUREMENTS
 
     run_dir = Path(run_dir)
-    try:
-        manifest = json.loads((run_dir / MANIFEST).read_text())
-        wide = pd.read_csv(run_dir / MEASUREMENTS, keep_default_na=True)
-    except (OSError, ValueError, pd.errors.ParserError) as exc:
-        return _finish([], [f"{run_dir}: {exc}"])
+    problems: list[str] = []
+    notes: list[str] = []
+    manifest = _read_manifest(run_dir / MANIFEST, problems)
+    read = _read_rows(run_dir / MEASUREMENTS, problems)
+    manifest = manifest or {}
     peaks = manifest.get("peak_gflops") or {}
     if not isinstance(peaks, dict):  # a single number: the float32 roof
         peaks = {"float32": peaks}
-    rows = []
-    for rec in wide.to_dict("records"):
-        common = {
-            "source": "run", "benchmark": "attnbench.run", "variant": rec["variant"],
-            "seq_len": rec["spec_seq_len"], "seq_len_k": rec.get("seq_len_k_eff", rec["spec_seq_len"]),
-            "device": str(rec["spec_device"]).split(":")[0], "mode": rec["spec_mode"], "dtype": rec["spec_dtype"],
-            "batch": rec["spec_batch"], "heads": rec["spec_heads"], "head_dim": rec["spec_head_dim"],
-            "mask": rec["spec_mask"], "status": rec["status"],
-            "reason": "" if pd.isna(rec.get("reason")) else str(rec.get("reason")),
-            "machine": rec.get("env_hostname", ""), "cpu": rec.get("env_cpu_model", ""),
-            "gpu": "" if pd.isna(rec.get("env_gpu_name")) else rec.get("env_gpu_name", ""),
-            "commit": "" if pd.isna(rec.get("env_commit")) else str(rec.get("env_commit", "")),
-            "date": manifest.get("created"), "torch": rec.get("env_torch", ""),
-            "threads": rec.get("env_threads", math.nan), "peak_gflops": peaks.get(rec["spec_dtype"], math.nan),
-            "kernel": "" if pd.isna(rec.get("extra_kernel", math.nan)) else str(rec["extra_kernel"]),
-        }
-        for metric, (col, spread_col) in RUN_METRICS.items():
-            if col not in rec:
-                continue
-            ok = rec["status"] == "ok" and not pd.isna(rec[col])
-            if metric in ("softmax_error", "compile_time") and not ok:
-                continue  # only approximate (compiled) variants carry it
-            rows.append({
-                **common, "metric": metric, "unit": UNITS[metric], "value": rec[col] if ok else math.nan,
-                "spread": rec[spread_col] if spread_col and ok else math.nan,
-                "ci_low": math.nan, "ci_high": math.nan,
-            })
-    return _finish(rows, [])
+    rows: list[dict] = []
+    if read is not None:
+        _, records, in_file = read
+        for number, rec in records:
+            try:
+                rows.extend(_run_row(rec, manifest, peaks))
+            except ValueError as exc:
+                problems.append(f"{run_dir / MEASUREMENTS} row {number} ({rec.get('variant', '?')}): {exc}; rejected")
+    else:
+        in_file = 0
+    cases, planned, complete = manifest.get("cases"), manifest.get("planned"), manifest.get("complete")
+    if cases is not None and cases != in_file and (read is not None or cases > 0):
+        problems.append(f"{run_dir / MEASUREMENTS}: holds {in_file} row(s) but {run_dir / MANIFEST} says {cases} "
+                        "case(s) were written (truncated or replaced)")
+    if complete is False:
+        notes.append(f"{run_dir}: incomplete ({cases if cases is not None else in_file} of "
+                     f"{planned if planned is not None else '?'} cases): the sweep was stopped before the end")
+    elif planned is not None and cases is not None and cases < planned and complete is not True:
+        notes.append(f"{run_dir}: incomplete ({cases} of {planned} cases)")
+    return _finish(rows, problems, notes)
+
+
+def _kind(path: Path) -> str:
+    """"asv", "run", or a sentence saying why ``path`` is neither (raises OSError when unreadable)."""
+    if not path.exists():
+        return "does not exist"
+    if not path.is_dir():
+        return "is a file, not a directory (pass an asv results directory or a run directory)"
+    if not os.access(path, os.R_OK | os.X_OK):
+        return "cannot be read (permission denied)"
+    if (path / "benchmarks.json").exists():
+        return "asv"
+    if (path / "manifest.json").exists() or (path / "measurements.csv").exists():
+        return "run"
+    children = list(path.iterdir())
+    if not children:
+        return "is an empty directory"
+    if any((c / "machine.json").exists() for c in children if c.is_dir()):
+        return f"looks like asv results but has no benchmarks.json ({path / 'benchmarks.json'} missing)"
+    return "neither an asv results directory (benchmarks.json) nor a run (manifest.json, measurements.csv)"
 
 
 def load(sources: Iterable[str | Path]) -> pd.DataFrame:
-    """Concatenate asv results directories and run directories (detected by their files)."""
+    """Concatenate asv results directories and run directories (detected by their files).
+
+    ``attrs``: ``problems`` (every bad source, file and row, by name), ``notes`` (incomplete runs)
+    and ``sources`` (one ``{"path", "kind", "rows"}`` per source).
+    """
     frames = []
     problems: list[str] = []
+    notes: list[str] = []
+    summary: list[dict] = []
     for src in sources:
         path = Path(src)
-        if (path / "benchmarks.json").exists():
-            frame = load_asv(path)
-        elif (path / "manifest.json").exists():
-            frame = load_run(path)
-        else:
-            problems.append(f"{path}: neither an asv results directory (benchmarks.json) nor a run (manifest.json)")
+        if path.is_dir() and not (path / "benchmarks.json").exists() and (path / "results" / "benchmarks.json").exists():
+            path = path / "results"  # the asv directory itself, e.g. .asv
+        try:
+            kind = _kind(path)
+            frame = load_asv(path) if kind == "asv" else load_run(path) if kind == "run" else None
+        except OSError as exc:
+            kind, frame = f"cannot be read ({_why(exc)})", None
+        if frame is None:
+            problems.append(f"{path}: {kind}")
+            summary.append({"path": str(path), "kind": "unreadable", "rows": 0})
             continue
         problems.extend(frame.attrs.get("problems", []))
+        notes.extend(frame.attrs.get("notes", []))
+        summary.append({"path": str(path), "kind": kind, "rows": len(frame)})
+        if len(frame) == 0 and not frame.attrs.get("problems"):
+            problems.append(f"{path}: no measurements in it")
         frames.append(frame)
     frames = [f for f in frames if len(f)]
     out = pd.concat(frames, ignore_index=True) if frames else _finish([], [])
     out.attrs["problems"] = problems
+    out.attrs["notes"] = notes
+    out.attrs["sources"] = summary
     return out

@@ -299,8 +299,26 @@ def sweep(
         torch.set_num_threads(saved_threads)
 
 
+SLOW_MAX_LENGTH = 128  # interpreter-bound variants stop here by default (seconds per case)
+SLOW_MIN_LENGTHS = 5  # and get at least this many: the shortest sets the fit's overhead floor, 4 remain to fit
+
+
 def default_lengths(variant: Variant, lengths: Sequence[int]) -> list[int]:
-    """The lengths of ``lengths`` a variant is swept over by default (``loop`` stops at 128)."""
-    if variant.SECONDS_PER_PAIR > 0:
-        return [n for n in lengths if n <= 128]
-    return list(lengths)
+    """The lengths a variant is swept over by default.
+
+    Interpreter-bound variants (``SECONDS_PER_PAIR > 0``, i.e. ``loop``) keep the lengths up to
+    ``SLOW_MAX_LENGTH``; when that leaves fewer than ``SLOW_MIN_LENGTHS`` (a grid starting at 64
+    keeps only 64 and 128), halvings of the shortest are added (64 -> 32 -> 16 -> 8) so that the
+    exponent fit (which treats the shortest length's value as the overhead floor) has 4 points
+    above the floor. A grid with no length that short gives such a variant none.
+
+    Example:
+        >>> default_lengths(get_variant("loop"), [64, 128, 256, 512])
+        [8, 16, 32, 64, 128]
+    """
+    if variant.SECONDS_PER_PAIR <= 0:
+        return list(lengths)
+    short = sorted({int(n) for n in lengths if n <= SLOW_MAX_LENGTH})
+    while short and len(short) < SLOW_MIN_LENGTHS and short[0] >= 2:
+        short.insert(0, short[0] // 2)
+    return short

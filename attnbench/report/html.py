@@ -12,6 +12,7 @@ import json
 import math
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -30,7 +31,8 @@ table{border-collapse:collapse;font-size:.85rem;margin:.6rem 0} th,td{border:1px
 th{background:#f4f4f4} td:first-child,th:first-child{text-align:left}
 .meta td{text-align:left} figure{margin:1rem 0} figure img{max-width:100%;height:auto;border:1px solid #eee}
 figcaption{font-size:.85rem;color:#555} .bad{color:#b00020;font-weight:600} .good{color:#1b5e20}
-.note{background:#fff8e1;border-left:4px solid #ffb300;padding:.5rem .8rem} code{background:#f4f4f4;padding:0 .2rem}
+.note{background:#fff8e1;border-left:4px solid #ffb300;padding:.5rem .8rem} .note.bad{border-left-color:#b00020;font-weight:400}
+.bad td{color:#b00020} code{background:#f4f4f4;padding:0 .2rem}
 """
 
 
@@ -63,15 +65,20 @@ def _table(df: pd.DataFrame, max_rows: int = 400) -> str:
 
 
 def _fmt_fit(row: pd.Series) -> str:
+    if row.get("method") == complexity.MODEL:
+        return "model (predicted, not fitted)"
     if math.isnan(row["exponent"]):
-        return "n/a"
+        return f"n/a ({row['note']})" if row.get("note") else "n/a"
     hi = "inf" if math.isinf(row["ci_high"]) else f"{row['ci_high']:.2f}"
     lo = "-inf" if math.isinf(row["ci_low"]) else f"{row['ci_low']:.2f}"
-    return f"{row['exponent']:.2f} [{lo}, {hi}] R²={row['r2']:.3f} (L {row['L_min']}-{row['L_max']})"
+    text = f"{row['exponent']:.2f} [{lo}, {hi}] R²={row['r2']:.3f} (L {row['L_min']:.0f}-{row['L_max']:.0f}, {row['n']:.0f} points)"
+    if row.get("outliers"):
+        text += f", outliers {row['outliers']}"
+    return f"{text}: inconclusive ({row['note']})" if row.get("verdict") == "inconclusive" else text
 
 
 def exponent_summary(fits: pd.DataFrame) -> pd.DataFrame:
-    """Variant rows with fitted time and memory exponents, declared ones, and a verdict."""
+    """Variant rows with fitted time and memory exponents, how each was obtained, declared ones, and a verdict."""
     if fits.empty:
         return fits
     rows = []
@@ -82,14 +89,19 @@ def exponent_summary(fits: pd.DataFrame) -> pd.DataFrame:
         for metric, label in (("time", "time"), ("peak_tensor_bytes", "memory")):
             sub = group[group["metric"] == metric]
             if sub.empty:
-                row[f"{label} exponent [95% CI]"], row[f"declared {label}"] = "", ""
+                row[f"{label} exponent [95% CI]"], row[f"{label} method"], row[f"declared {label}"] = "", "", ""
                 continue
             r = sub.iloc[-1]
             row[f"{label} exponent [95% CI]"] = _fmt_fit(r)
+            row[f"{label} method"] = r.get("method", "")
             row[f"declared {label}"] = "" if math.isnan(r["declared"]) else f"{r['declared']:g}"
             if r["verdict"] in ("steeper", "shallower"):
                 flags.append(f"{label} {r['verdict']} than declared")
-        row["verdict"] = "; ".join(flags) or "matches"
+            elif r["verdict"] == "inconclusive":
+                flags.append(f"{label} inconclusive")
+            elif r["verdict"] == "matches":
+                flags.append(f"{label} matches")
+        row["verdict"] = "; ".join(flags) or "nothing fitted"
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -118,10 +130,20 @@ def _header(frame: pd.DataFrame, sources: Sequence[str]) -> str:
         ("machine", values("machine")), ("CPU", values("cpu")), ("GPU", values("gpu")), ("torch", values("torch")),
         ("threads", values("threads")), ("matmul peak GFLOP/s", values("peak_gflops")), ("date", span),
         ("commit", values("commit")), ("sources", ", ".join(sources)),
-        ("cases", f"{frame['status'].where(frame['metric'] == 'time').value_counts().to_dict()}"),
+        ("cases", ", ".join(f"{k} {v}" for k, v in frame.loc[frame["metric"] == "time", "status"].value_counts().items()) or "none"),
     ]
     body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
     return f'<table class="meta">{body}</table>'
+
+
+@dataclass(frozen=True)
+class ReportOutcome:
+    """What :func:`make_report` wrote and what it could not use."""
+
+    page: Path  # report.html
+    rows: int  # tidy rows loaded (0: nothing could be loaded; the page then explains why)
+    problems: tuple[str, ...]  # every bad source, file and row, by name, with the reason
+    notes: tuple[str, ...]  # facts worth knowing that are not faults (e.g. incomplete runs)
 
 
 def build_report(sources: Iterable[str | Path], out_dir: str | Path, title: str = "attnbench report") -> Path:
@@ -129,24 +151,49 @@ def build_report(sources: Iterable[str | Path], out_dir: str | Path, title: str 
 
     Returns:
         Path of ``report.html`` inside ``out_dir`` (which also receives ``figures/``,
-        ``tidy.csv`` and ``fits.csv``).
+        ``tidy.csv``, ``fits.csv`` and ``problems.json``). :func:`make_report` also says what loaded.
     """
+    return make_report(sources, out_dir, title).page
+
+
+def _headline(frame: pd.DataFrame, fits: pd.DataFrame) -> str:
+    if frame.empty:
+        return '<p class="bad">Nothing could be loaded: there are no measurements to show (the reasons are listed above).</p>'
+    tone, text = complexity.headline(fits)
+    return f'<p class="{tone}">{html.escape(text)}</p>'
+
+
+def _wrong_section(frame: pd.DataFrame) -> str:
+    wrong = frame[(frame["status"] == "wrong") & (frame["metric"] == "time")]
+    if wrong.empty:
+        return ""
+    cols = ["source", "machine", "commit", "variant", "seq_len", "device", "mode", "dtype", "mask", "reason"]
+    return ('<h2 class="bad">Wrong results: cases that failed the correctness gate</h2>'
+            '<p class="bad">These cases produced output outside their tolerance. They are left out of the fits, '
+            'crossovers, rankings and speedup figures; their timings are not claims.</p>'
+            f'<div class="bad">{_table(wrong[cols].drop_duplicates())}</div>')
+
+
+def make_report(sources: Iterable[str | Path], out_dir: str | Path, title: str = "attnbench report") -> ReportOutcome:
+    """:func:`build_report`, returning what loaded and what could not be used."""
     sources = [str(s) for s in sources]
     out_dir = Path(out_dir)
     fig_dir = out_dir / "figures"
     frame = load(sources)
-    problems = frame.attrs.get("problems", [])
+    problems = list(frame.attrs.get("problems", []))
+    notes = list(frame.attrs.get("notes", []))
     fits = complexity.fit_table(frame) if len(frame) else pd.DataFrame()
     sections: list[str] = []
 
     figures: list[tuple[str, str, plt.Figure | None]] = []
     if len(frame):
         figures += [
-            ("time", "Time per call vs L (log-log). Dashed: O(n) and O(n²) through the shortest length.", plots.scaling(frame, "time")),
-            ("memory", "Peak tensor memory above the inputs vs L: dense variants climb at O(n²), chunked/SDPA/linear at O(n).", plots.scaling(frame, "peak_tensor_bytes")),
+            ("time", "Time per call vs L (log-log). Dashed: O(n) and O(n²) through the shortest length. Red crosses: wrong results (failed the correctness gate).", plots.scaling(frame, "time")),
+            ("memory", "Peak tensor memory above the inputs vs L: dense variants climb at O(n²), chunked/SDPA/linear at O(n). "
+                       "A series labelled <em>(model)</em> is the analytic prediction, not a measurement.", plots.scaling(frame, "peak_tensor_bytes")),
             ("gflops", "Achieved GFLOP/s on executed FLOPs; dotted line: this machine's fp32 matmul peak.", plots.gflops(frame)),
-            ("speedup_loop", "Speedup over the Python-loop baseline (where both ran).", plots.speedup_heatmap(frame, "loop")),
-            ("speedup_batched", "Speedup over the bmm baseline.", plots.speedup_heatmap(frame, "batched")),
+            ("speedup_loop", "Speedup over the Python-loop baseline (where both ran and were correct).", plots.speedup_heatmap(frame, "loop")),
+            ("speedup_batched", "Speedup over the bmm baseline (correct cases only).", plots.speedup_heatmap(frame, "batched")),
             ("accuracy", "Approximate variants: error against exact softmax attention vs time.", plots.error_vs_time(frame)),
             ("history", "History over commits (asv results with several commits).", plots.history(frame)),
             ("machines", "Side by side per machine.", plots.machines(frame)),
@@ -165,18 +212,21 @@ def build_report(sources: Iterable[str | Path], out_dir: str | Path, title: str 
                            f'(<code>figures/{name}.png</code>, <code>.svg</code>)</figcaption></figure>')
 
     summary = exponent_summary(fits)
-    mismatches = summary[summary["verdict"].str.contains("steeper")] if len(summary) else summary
+    doc = complexity.__doc__.split(chr(10) + chr(10))[1]
     sections.append("<h2>Fitted exponents: the O(n²) claim in numbers</h2>"
-                    f"<p>{_rst_to_html(complexity.__doc__.split(chr(10) + chr(10))[1])}</p>"
-                    + (f'<p class="bad">{len(mismatches)} group(s) grow faster than their declared complexity.</p>' if len(mismatches) else '<p class="good">No variant grows faster than its declared complexity.</p>')
-                    + _table(summary))
+                    + _headline(frame, fits) + f"<p>{_rst_to_html(doc)}</p>" + _table(summary))
+    wrong = _wrong_section(frame)
+    if wrong:
+        sections.append(wrong)
     sections.append("<h2>Figures</h2>" + "".join(figure_html))
     if len(frame):
-        sections.append("<h2>Crossovers</h2><p>Smallest length from which a variant stays faster (or smaller) than the baseline at every longer length measured; ratio = baseline / variant at the longest common length.</p>"
+        sections.append("<h2>Crossovers</h2><p>Smallest length from which a variant stays faster (or smaller) than the baseline at every longer length measured; ratio = baseline / variant at the longest common length. Measured, correct cases only (no wrong cases, no model values).</p>"
                         "<h3>time</h3>" + _table(complexity.crossovers(frame, metric="time"))
                         + "<h3>peak tensor memory</h3>" + _table(complexity.crossovers(frame, metric="peak_tensor_bytes")))
         sections.append("<h2>Largest length within budget</h2>" + _table(complexity.largest_length(frame)))
-        sections.append("<h2>Memory model: predicted vs measured</h2>" + _table(complexity.memory_model(frame)))
+        sections.append("<h2>Memory model: predicted vs measured</h2><p>Measurements only (method profiler / cuda): "
+                        "cases whose memory was itself the model's prediction are not compared with it.</p>"
+                        + _table(complexity.memory_model(frame)))
         roof = complexity.roofline(frame)
         sections.append("<h2>Roofline: % of matmul peak</h2>" + _table(roof.sort_values("pct_of_peak", ascending=False) if len(roof) else roof))
         sections.append("<h2>SDPA kernel provenance</h2><p>The backend each SDPA-backed case asked for, and the "
@@ -194,12 +244,16 @@ def build_report(sources: Iterable[str | Path], out_dir: str | Path, title: str 
         cols = ["source", "machine", "variant", "seq_len", "device", "mode", "status", "reason"]
         sections.append("<h2>Skipped and failed cases</h2>" + _table(bad[cols].drop_duplicates()))
     sections.append("<h2>Full fit table</h2>" + _table(fits))
+    if notes:
+        items = "".join(f"<li>{html.escape(n)}</li>" for n in notes)
+        sections.insert(0, f'<div class="note"><strong>Notes:</strong><ul>{items}</ul></div>')
     if problems:
         items = "".join(f"<li>{html.escape(p)}</li>" for p in problems)
-        sections.insert(0, f'<div class="note"><strong>Some inputs could not be read and were skipped:</strong><ul>{items}</ul></div>')
+        sections.insert(0, f'<div class="note bad"><strong>Some inputs could not be read and were skipped:</strong><ul>{items}</ul></div>')
     sections.append("<h2>Reproduce</h2><p>Sweep and report: <code>attnbench run</code>; from asv results: "
                     "<code>asv run</code> then <code>attnbench report --from .asv/results</code>. "
-                    "Tidy data: <code>tidy.csv</code>; fits: <code>fits.csv</code> (beside this page).</p>")
+                    "Tidy data: <code>tidy.csv</code>; fits: <code>fits.csv</code> (beside this page); "
+                    "inputs that could not be used: <code>problems.json</code>.</p>")
 
     generated = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     page = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
@@ -207,5 +261,6 @@ def build_report(sources: Iterable[str | Path], out_dir: str | Path, title: str 
             f"{_header(frame, sources)}{''.join(sections)}</body></html>")
     atomic_write(out_dir / "tidy.csv", lambda tmp: frame.to_csv(tmp, index=False))
     atomic_write(out_dir / "fits.csv", lambda tmp: fits.to_csv(tmp, index=False))
-    atomic_write_text(out_dir / "problems.json", json.dumps(problems, indent=1))
-    return atomic_write_text(out_dir / "report.html", page)
+    atomic_write_text(out_dir / "problems.json", json.dumps({"problems": problems, "notes": notes}, indent=1))
+    path = atomic_write_text(out_dir / "report.html", page)
+    return ReportOutcome(page=path, rows=len(frame), problems=tuple(problems), notes=tuple(notes))

@@ -58,14 +58,35 @@ def _guides(ax, lengths: np.ndarray, anchor: float, exponents: tuple[float, ...]
         ax.annotate(f"O(n{'²' if p == 2 else ''})", (x[1], anchor * (x[1] / x[0]) ** p), fontsize=8, color="0.3")
 
 
+def _facet_axes(grid, row: str | None, col: str | None) -> dict:
+    """``{(row value, col value): ax}`` for a relplot grid, ``None`` standing for an absent facet."""
+    if row is None and col is None:
+        return {(None, None): grid.ax}
+    out = {}
+    for key, ax in grid.axes_dict.items():
+        if row is not None and col is not None:
+            out[key] = ax
+        elif row is not None:
+            out[(key, None)] = ax
+        else:
+            out[(None, key)] = ax
+    return out
+
+
 def scaling(frame: pd.DataFrame, metric: str, guides: bool = True, title: str | None = None) -> plt.Figure | None:
-    """Metric vs sequence length on log-log axes, one line per variant, O(n) / O(n^2) guides."""
+    """Metric vs sequence length on log-log axes, one line per variant, O(n) / O(n^2) guides.
+
+    Predicted values (method "model") are drawn as their own series, labelled "<variant> (model)";
+    cases that failed the correctness gate (status "wrong") are red crosses, never part of a line.
+    """
     df = _ok(frame, metric)
     df = df[df["seq_len"] == df["seq_len_k"]]
     if df.empty:
         return None
-    df = df.groupby(["device", "mode", "variant", "seq_len"], as_index=False)["value"].median()
-    df["family"] = [_declared_group(v, metric) for v in df["variant"]]
+    method = df["method"] if "method" in df else pd.Series("", index=df.index)
+    df = df.assign(family=[_declared_group(v, metric) for v in df["variant"]],
+                   variant=df["variant"].where(method != "model", df["variant"] + " (model)"))
+    df = df.groupby(["device", "mode", "family", "variant", "seq_len"], as_index=False)["value"].median()
     df["where"] = df["device"] + " " + df["mode"]
     row = "where" if df["where"].nunique() > 1 else None
     col = "family" if df["family"].nunique() > 1 else None
@@ -79,6 +100,18 @@ def scaling(frame: pd.DataFrame, metric: str, guides: bool = True, title: str | 
         if guides and not sub.empty:
             lengths = sub["seq_len"].to_numpy(float)
             _guides(ax, lengths, sub[sub["seq_len"] == lengths.min()]["value"].median())
+    wrong = frame[(frame["metric"] == metric) & (frame["status"] == "wrong") & (frame["value"] > 0)]
+    if len(wrong):
+        wrong = wrong.assign(family=[_declared_group(v, metric) for v in wrong["variant"]],
+                             where=wrong["device"] + " " + wrong["mode"])
+        axes = _facet_axes(grid, row, col)
+        for rec in wrong.to_dict("records"):
+            ax = axes.get((rec["where"] if row else None, rec["family"] if col else None))
+            if ax is not None:
+                ax.scatter([int(rec["seq_len"])], [rec["value"]], marker="x", s=60, color="#b00020", zorder=5,
+                           label="wrong (failed the correctness gate)")
+                ax.annotate(f"{rec['variant']} wrong", (int(rec["seq_len"]), rec["value"]), fontsize=7, color="#b00020",
+                            xytext=(4, -8), textcoords="offset points")
     grid.figure.suptitle(title or f"{metric.replace('_', ' ')} vs sequence length", y=1.02)
     return grid.figure
 

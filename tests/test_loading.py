@@ -1,0 +1,390 @@
+"""Report loading under attack: a battery of corrupt inputs, each named, the good sources kept.
+
+Every case plants one fault in a copy of a good run directory or a good asv results directory,
+then loads it beside an untouched good run: the fault must be named (path and reason) in the
+problems, the good run's rows must all still load, no exception may escape, and no ``ok`` row may
+hold a missing or zero value. The CLI then has to exit 0 when a report with data was built and 1
+when nothing could be loaded, with the reasons on stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from attnbench.analysis.frame import load, load_asv, load_run
+from attnbench.cli import main
+from attnbench.measure.record import Environment, Measurement
+from attnbench.measure.runner import MeasureConfig
+from attnbench.runs import MANIFEST, MEASUREMENTS, write_run
+from attnbench.spec import AttnSpec
+
+FIXTURE = Path(__file__).parent / "fixtures" / "asv_results"
+BASE = AttnSpec(batch=1, heads=2, head_dim=16)
+
+
+def _env(host: str) -> Environment:
+    return Environment(hostname=host, python="3.11", torch="2.x", threads=1, cpu_model="test cpu", cpu_count=2,
+                       device_name="test cpu")
+
+
+def measurements(host: str = "bad-box") -> list[Measurement]:
+    """Five cases that never ran anything: batched at four lengths (one chunked among them) and a skip."""
+    out = []
+    for n in (64, 128, 256, 512):
+        t = 1e-6 * n * n / 64
+        out.append(Measurement(
+            variant="batched", spec=BASE.replace(seq_len=n), status="ok", samples=(t, t * 1.01, t * 0.99), runs=3,
+            timing_method="wall", peak_tensor_bytes=float(8 * n * n), memory_method="profiler",
+            predicted_peak_bytes=float(8 * n * n), max_error=1e-7, tolerance=1e-5, env=_env(host),
+        ))
+    out.append(Measurement(variant="sdpa_cudnn", spec=BASE.replace(seq_len=64), status="skipped",
+                           reason="cuda only", env=_env(host)))
+    return out
+
+
+def write_good_run(path: Path, host: str = "bad-box", **manifest_fields) -> Path:
+    run = write_run(path, measurements(host), MeasureConfig(), seconds=1.0, command=["test"], peak_gflops={"float32": 10.0})
+    if manifest_fields:
+        manifest = json.loads((run / MANIFEST).read_text())
+        (run / MANIFEST).write_text(json.dumps({**manifest, **manifest_fields}))
+    return run
+
+
+# ---- the faults ---------------------------------------------------------------------------------
+def _csv_lines(run: Path) -> list[str]:
+    return (run / MEASUREMENTS).read_text().splitlines(keepends=True)
+
+
+def _edit_cell(run: Path, column: str, value: str, row: int = 1) -> None:
+    import csv
+    import io
+
+    rows = list(csv.reader(io.StringIO((run / MEASUREMENTS).read_text())))
+    rows[row][rows[0].index(column)] = value
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="\n").writerows(rows)
+    (run / MEASUREMENTS).write_text(buffer.getvalue())
+
+
+def truncated_mid_value(run: Path) -> None:
+    """The issue's case: the file ends inside an ok row's time, e.g. at '0.0'."""
+    text = (run / MEASUREMENTS).read_text()
+    lines = text.splitlines(keepends=True)
+    header = lines[0].rstrip("\n").split(",")
+    last_ok = max(i for i, line in enumerate(lines) if ",ok," in line)
+    cells = lines[last_ok].split(",")
+    cut = len(",".join(cells[: header.index("median_s")])) + 4  # ",0.0"
+    (run / MEASUREMENTS).write_text("".join(lines[:last_ok]) + lines[last_ok][:cut])
+
+
+def truncated_at_row_boundary(run: Path) -> None:
+    (run / MEASUREMENTS).write_text("".join(_csv_lines(run)[:3]))
+
+
+def drop_column(name: str) -> Callable[[Path], None]:
+    def fault(run: Path) -> None:
+        import pandas as pd
+
+        frame = pd.read_csv(run / MEASUREMENTS)
+        frame.drop(columns=[name]).to_csv(run / MEASUREMENTS, index=False)
+
+    return fault
+
+
+def cell(column: str, value: str) -> Callable[[Path], None]:
+    return lambda run: _edit_cell(run, column, value)
+
+
+def write(name: str, content: str | bytes) -> Callable[[Path], None]:
+    def fault(run: Path) -> None:
+        target = run / name
+        target.write_bytes(content) if isinstance(content, bytes) else target.write_text(content)
+
+    return fault
+
+
+def manifest_edit(**fields) -> Callable[[Path], None]:
+    def fault(run: Path) -> None:
+        manifest = json.loads((run / MANIFEST).read_text())
+        for key, value in fields.items():
+            if value is None:
+                manifest.pop(key, None)
+            else:
+                manifest[key] = value
+        (run / MANIFEST).write_text(json.dumps(manifest))
+
+    return fault
+
+
+def remove(name: str) -> Callable[[Path], None]:
+    return lambda run: (run / name).unlink()
+
+
+def asv_fault(fault: Callable[[Path], None]) -> Callable[[Path], Path]:
+    """Wrap a fault on an asv results directory (the run dir argument is replaced by a fixture copy)."""
+
+    def make(tmp: Path) -> Path:
+        out = tmp / "results"
+        shutil.copytree(FIXTURE, out)
+        fault(out)
+        return out
+
+    return make
+
+
+def _result_file(results: Path) -> Path:
+    return next(p for p in (results / "fixture-box").glob("*.json") if p.name != "machine.json")
+
+
+def asv_edit_result(edit: Callable[[dict], None]) -> Callable[[Path], None]:
+    def fault(results: Path) -> None:
+        path = _result_file(results)
+        data = json.loads(path.read_text())
+        edit(data)
+        path.write_text(json.dumps(data))
+
+    return fault
+
+
+def _garble_params(data: dict) -> None:
+    data["results"]["bench_attention.Attention.time_attention"][1][1] = ["'sixty-four'", "128"]
+
+
+def _wrong_count(data: dict) -> None:
+    data["results"]["bench_attention.AttentionMetrics.track_gflops"][0] = [1.0, 2.0]
+
+
+def _not_a_list(data: dict) -> None:
+    data["results"]["bench_attention.AttentionMetrics.track_flops"][1] = "garbled"
+
+
+def _stale(results: Path) -> None:
+    bench = json.loads((results / "benchmarks.json").read_text())
+    bench["bench_attention.Attention.time_attention"]["version"] = "0" * 64
+    bench["bench_attention.AttentionMetrics.track_gflops"]["version"] = "1" * 64
+    (results / "benchmarks.json").write_text(json.dumps(bench))
+
+
+def _no_results(results: Path) -> None:
+    _result_file(results).unlink()
+
+
+def _truncate_result(results: Path) -> None:
+    path = _result_file(results)
+    path.write_text(path.read_text()[:300])
+
+
+# name -> (make the bad source from a fresh good run dir (or tmp dir for asv), text the problem must hold)
+RUN_FAULTS: dict[str, tuple[Callable[[Path], object], str]] = {
+    "csv truncated mid-value": (truncated_mid_value, "(truncated or garbled); rejected"),
+    "csv truncated at a row boundary": (truncated_at_row_boundary, "holds 2 row(s) but"),
+    "csv empty": (write(MEASUREMENTS, ""), "empty"),
+    "csv header only": (lambda run: (run / MEASUREMENTS).write_text(_csv_lines(run)[0]), "holds 0 row(s) but"),
+    "csv without variant column": (drop_column("variant"), "missing required column(s) variant"),
+    "csv without status column": (drop_column("status"), "missing required column(s) status"),
+    "csv non-numeric length": (cell("spec_seq_len", "sixty-four"), "spec_seq_len 'sixty-four' is not a number"),
+    "csv fractional length": (cell("spec_seq_len", "64.5"), "is not a positive integer"),
+    "csv non-numeric time": (cell("median_s", "fast"), "median_s 'fast' is not a number"),
+    "csv ok row without a time": (cell("median_s", ""), "status ok but median_s"),
+    "csv ok row with time 0": (cell("median_s", "0.000000"), "status ok but median_s"),
+    "csv non-numeric memory": (cell("peak_tensor_bytes", "lots"), "peak_tensor_bytes 'lots' is not a number"),
+    "csv unknown status": (cell("status", "great"), "status 'great' is not one of"),
+    "csv empty variant": (cell("variant", ""), "variant is empty"),
+    "csv extra field in a row": (lambda run: (run / MEASUREMENTS).write_text("".join(_csv_lines(run)[:2]) + _csv_lines(run)[2].rstrip("\n") + ",surplus\n" + "".join(_csv_lines(run)[3:])), "fields, the header has"),
+    "csv not UTF-8": (write(MEASUREMENTS, b"\xff\xfe\x00garbage\x80\x81"), "cannot read"),
+    "csv missing": (remove(MEASUREMENTS), "measurements.csv: missing"),
+    "manifest not JSON": (write(MANIFEST, "{not json"), "not readable JSON"),
+    "manifest a list": (write(MANIFEST, "[1, 2, 3]"), "expected a JSON object, got list"),
+    "manifest without cases": (manifest_edit(cases=None), "no 'cases' count"),
+    "manifest cases not a count": (manifest_edit(cases="five"), "should be a count"),
+    "manifest disagrees with the rows": (manifest_edit(cases=15), "says 15 case(s)"),
+    "manifest missing": (remove(MANIFEST), "manifest.json: missing"),
+    "manifest empty": (write(MANIFEST, ""), "not readable JSON"),
+}
+ASV_FAULTS: dict[str, tuple[Callable[[Path], object], str]] = {
+    "asv benchmarks.json missing": (asv_fault(lambda r: (r / "benchmarks.json").unlink()), "has no benchmarks.json"),
+    "asv benchmarks.json garbled": (asv_fault(lambda r: (r / "benchmarks.json").write_text('{"version": 2, ')), "cannot read the benchmark list"),
+    "asv benchmarks.json a list": (asv_fault(lambda r: (r / "benchmarks.json").write_text("[1, 2]")), "cannot read the benchmark list"),
+    "asv result file truncated": (asv_fault(_truncate_result), "not a readable asv result file"),
+    "asv garbled params": (asv_fault(asv_edit_result(_garble_params)), "garbled parameter set"),
+    "asv values do not match params": (asv_fault(asv_edit_result(_wrong_count)), "values for 12 parameter sets"),
+    "asv params not a list": (asv_fault(asv_edit_result(_not_a_list)), "garbled result"),
+    "asv stale version": (asv_fault(_stale), "2 result(s) from another version of the suite left out"),
+    "asv machine.json missing": (asv_fault(lambda r: (r / "fixture-box" / "machine.json").unlink()), "machine name taken from the directory"),
+    "asv no result files": (asv_fault(_no_results), "no result files"),
+}
+PATH_FAULTS: dict[str, tuple[Callable[[Path], Path], str]] = {
+    "source missing": (lambda tmp: tmp / "nowhere", "does not exist"),
+    "source empty directory": (lambda tmp: (tmp / "empty").mkdir() or tmp / "empty", "is an empty directory"),
+    "source is a file": (lambda tmp: (tmp / "file.csv").write_text("a,b\n") and tmp / "file.csv", "is a file"),
+    "source unrelated directory": (lambda tmp: (tmp / "d").mkdir() or (tmp / "d" / "x.txt").write_text("x") and tmp / "d",
+                                   "neither an asv results directory"),
+}
+ALL_FAULTS = sorted(RUN_FAULTS) + sorted(ASV_FAULTS) + sorted(PATH_FAULTS)
+
+
+def make_bad(name: str, tmp: Path) -> Path:
+    tmp.mkdir(parents=True, exist_ok=True)
+    if name in RUN_FAULTS:
+        run = write_good_run(tmp / "bad-run")
+        RUN_FAULTS[name][0](run)
+        return run
+    if name in ASV_FAULTS:
+        return ASV_FAULTS[name][0](tmp)
+    return PATH_FAULTS[name][0](tmp)
+
+
+def expected(name: str) -> str:
+    return {**RUN_FAULTS, **ASV_FAULTS, **PATH_FAULTS}[name][1]
+
+
+@pytest.fixture
+def good(tmp_path) -> tuple[Path, int]:
+    run = write_good_run(tmp_path / "good-run", host="good-box")
+    frame = load_run(run)
+    assert frame.attrs["problems"] == [] and len(frame)
+    return run, len(frame)
+
+
+def test_the_battery_is_large_enough():
+    assert len(ALL_FAULTS) >= 20
+
+
+@pytest.mark.parametrize("name", ALL_FAULTS)
+def test_every_fault_is_named_and_the_good_source_still_loads(name, tmp_path, good):
+    good_run, good_rows = good
+    bad = make_bad(name, tmp_path)
+    frame = load([bad, good_run])
+    problems = frame.attrs["problems"]
+    hits = [p for p in problems if expected(name) in p]
+    assert hits, f"{name}: expected {expected(name)!r} in {problems}"
+    assert any(str(bad) in p for p in hits), f"{name}: the problem does not name {bad}: {hits}"
+    assert (frame["machine"] == "good-box").sum() == good_rows, name
+    ok = frame[frame["status"] == "ok"]
+    assert ok["value"].notna().all() and (ok.loc[ok["metric"] == "time", "value"] > 0).all(), name
+
+
+def test_truncated_csv_never_gives_an_ok_zero(tmp_path):
+    """The issue's report: a cut measurements.csv gave a case time 0.000000, status ok, no problem listed."""
+    run = write_good_run(tmp_path / "run")
+    truncated_mid_value(run)
+    frame = load_run(run)
+    time = frame[frame["metric"] == "time"]
+    assert len(time) == 3 and set(time["seq_len"]) == {64, 128, 256}  # the cut row (L=512) is gone ...
+    assert (time.loc[time["status"] == "ok", "value"] > 1e-6).all()  # ... never an ok 0
+    problems = " | ".join(frame.attrs["problems"])
+    assert "row 4" in problems and "holds 5 row(s)" not in problems and "says 5 case(s)" in problems
+
+
+def test_an_interrupted_run_is_incomplete_not_corrupt(tmp_path):
+    run = write_good_run(tmp_path / "run", planned=20, complete=False)
+    frame = load_run(run)
+    assert frame.attrs["problems"] == []
+    assert frame.attrs["notes"] == [f"{run}: incomplete (5 of 20 cases): the sweep was stopped before the end"]
+    done = write_good_run(tmp_path / "done", planned=5, complete=True)
+    assert load_run(done).attrs["notes"] == []
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="running as root: chmod 000 does not stop reads")
+@pytest.mark.parametrize("target", [MEASUREMENTS, MANIFEST, "."])
+def test_unreadable_files_are_named(tmp_path, good, target):
+    run = write_good_run(tmp_path / "locked")
+    path = run / target
+    path.chmod(0)
+    try:
+        frame = load([run, good[0]])
+    finally:
+        path.chmod(0o755)
+    assert any(str(run) in p and ("Permission" in p or "permission" in p) for p in frame.attrs["problems"]), frame.attrs["problems"]
+    assert (frame["machine"] == "good-box").sum() == good[1]
+
+
+def test_asv_stale_results_are_counted_by_benchmark(tmp_path):
+    results = ASV_FAULTS["asv stale version"][0](tmp_path)
+    frame = load_asv(results)
+    (stale,) = [p for p in frame.attrs["problems"] if "another version" in p]
+    assert "time_attention" in stale and "track_gflops" in stale
+    assert not (frame["metric"] == "time").any() and (frame["metric"] == "peak_rss").any()
+
+
+def test_asv_machine_json_missing_keeps_the_results(tmp_path):
+    results = ASV_FAULTS["asv machine.json missing"][0](tmp_path)
+    frame = load_asv(results)
+    assert len(frame) == len(load_asv(FIXTURE)) and set(frame["machine"]) == {"fixture-box"}
+
+
+def test_asv_garbled_params_keep_the_rest_of_the_benchmark(tmp_path):
+    results = ASV_FAULTS["asv garbled params"][0](tmp_path)
+    frame = load_asv(results)
+    time = frame[frame["metric"] == "time"]
+    assert set(time["seq_len"]) == {128}  # the 'sixty-four' parameter sets are left out, L=128 kept
+    assert (frame["metric"] == "peak_rss").sum() == (load_asv(FIXTURE)["metric"] == "peak_rss").sum()
+
+
+# ---- the CLI: exit codes and reasons on the terminal -------------------------------------------
+def test_report_with_bad_and_good_sources_exits_0_and_names_every_bad_one(tmp_path, good, capsys):
+    bads = [make_bad(name, tmp_path / f"case{i}") for i, name in enumerate(ALL_FAULTS)]
+    args = ["report", "--out", str(tmp_path / "out"), "--from", str(good[0])]
+    for bad in bads:
+        args += ["--from", str(bad)]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    for name, bad in zip(ALL_FAULTS, bads, strict=True):
+        assert str(bad) in err and expected(name) in err, name
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert "could not be read" in page and "good-box" in page
+
+
+def test_report_with_nothing_loadable_exits_1_with_reasons_on_stderr(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    broken = make_bad("manifest a list", tmp_path / "x")
+    (broken / MEASUREMENTS).write_text("")
+    assert main(["report", "--out", str(tmp_path / "out"), "--from", str(tmp_path / "missing"),
+                 "--from", str(empty), "--from", str(broken)]) == 1
+    err = capsys.readouterr().err
+    assert "does not exist" in err and "empty directory" in err and "got list" in err and "nothing could be loaded" in err
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert 'class="good"' not in page and "Nothing could be loaded" in page
+
+
+def test_report_of_an_asv_dir_without_results_exits_1(tmp_path, capsys):
+    results = ASV_FAULTS["asv no result files"][0](tmp_path)
+    assert main(["report", "--out", str(tmp_path / "out"), "--from", str(results)]) == 1
+    assert "no result files" in capsys.readouterr().err
+
+
+def test_problems_are_written_beside_the_report(tmp_path, good):
+    from attnbench.report.html import make_report
+
+    outcome = make_report([good[0], tmp_path / "missing"], tmp_path / "out")
+    assert outcome.rows > 0 and len(outcome.problems) == 1
+    saved = json.loads((tmp_path / "out" / "problems.json").read_text())
+    assert saved["problems"] == list(outcome.problems) and not math.isnan(outcome.rows)
+
+
+@pytest.mark.parametrize("target", [MEASUREMENTS, MANIFEST, "."])
+def test_unreadable_files_are_named_even_as_root(tmp_path, good, target, monkeypatch):
+    """The same fault planted by making the read itself fail (root can read a chmod 000 file)."""
+    run = write_good_run(tmp_path / "locked")
+    path = run / target
+    real_read, real_access = Path.read_text, os.access
+
+    def read_text(self, *args, **kwargs):
+        if self == path or self.parent == path.resolve() and target == ".":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_read(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == path.resolve() else real_access(p, mode))
+    frame = load([run, good[0]])
+    assert any(str(run) in p and "ermission denied" in p for p in frame.attrs["problems"]), frame.attrs["problems"]
+    assert (frame["machine"] == "good-box").sum() == good[1]
+    assert not (frame["machine"] == "bad-box").any() or target != "."
