@@ -102,7 +102,8 @@ def empty_grid_reason(variants: Sequence[str] | None, lengths: Sequence[int], li
         return "no lengths selected"
     limited = [n for n in names if limit_slow and not default_lengths(get_variant(n), lengths)]
     if limited:
-        return (f"{', '.join(limited)} run only at lengths <= 128 by default and none of {list(lengths)} qualifies "
+        verb = "runs" if len(limited) == 1 else "run"
+        return (f"{', '.join(limited)} {verb} only at lengths <= 128 by default and none of {list(lengths)} qualifies "
                 "(add a length <= 128, or pass --no-limit)")
     return "the grid is empty"
 
