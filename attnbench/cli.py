@@ -449,8 +449,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     pre.add_argument("--plugin", dest="plugins", action="append", default=[])
     known, _ = pre.parse_known_args(argv)
     try:
-        export_plugins(known.plugins)  # worker processes and asv import them too
-        load_plugins()
+        load_plugins(known.plugins)
+        load_plugins()  # ATTNBENCH_PLUGINS
+        export_plugins(known.plugins)  # worker processes and asv import them too (only once they imported here)
     except ValueError as exc:
         print(f"attnbench: error: --plugin: {exc}", file=sys.stderr)
         return 2
