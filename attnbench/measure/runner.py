@@ -305,7 +305,7 @@ def sweep(
                 if memory_cap and spec.device_type == "cpu":
                     cap = int(config.memory_budget(spec.device)) + CAP_ALLOWANCE_BYTES
                 job = CaseJob(name, spec, config, peak, env, sys_path=list(sys.path), memory_cap_bytes=cap,
-                              environ={k: v for k, v in os.environ.items() if k.startswith("ATTNBENCH_")})
+                              environ=dict(os.environ))
                 result = workers.run(job, timeout)
             else:
                 result = measure(name, spec, config, peak_flops=peak, env=env)

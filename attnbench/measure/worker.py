@@ -28,6 +28,7 @@ mapping, starts the server with it, and restarts the server when a later pool as
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import multiprocessing
 import multiprocessing.forkserver
 import os
@@ -61,7 +62,7 @@ class CaseJob:
     peak_flops: float | None  # this machine's matmul FLOP/s for the time guard
     env: Environment | None  # environment to record with the measurement
     sys_path: list[str] = field(default_factory=list)  # the parent's import path (plugins live there)
-    environ: dict[str, str] = field(default_factory=dict)  # variables set in the child before measuring
+    environ: dict[str, str] = field(default_factory=dict)  # the child's os.environ (empty: keep the server's)
     memory_cap_bytes: int | None = None  # RLIMIT_DATA above the child's current use; None: no cap
 
 
@@ -99,7 +100,9 @@ def _child(conn, job: CaseJob) -> None:
     """Worker body: measure one case and send the Measurement back (never raises)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C does
     try:
-        os.environ.update(job.environ)
+        if job.environ:  # the parent's environment now (the server's is the one it started with)
+            os.environ.clear()
+            os.environ.update(job.environ)
         if job.sys_path:
             sys.path[:] = job.sys_path
         import torch
@@ -173,6 +176,8 @@ class WorkerPool:
     def run(self, job: CaseJob, timeout_s: float) -> Measurement:
         """Measure ``job`` in a fresh worker; a worker that does not answer in ``timeout_s`` is killed."""
         self._start_server()
+        if job.environ:
+            job = dataclasses.replace(job, environ={**job.environ, **self.env})
         parent_conn, child_conn = self.ctx.Pipe(duplex=False)
         proc = self.ctx.Process(target=_child, args=(child_conn, job), daemon=True,
                                 name=f"attnbench-{job.variant}-L{job.spec.lq}")
