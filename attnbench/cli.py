@@ -1,38 +1,131 @@
 """``attnbench`` command line: list | run | report | peak | profile | regress.
 
 The library is quiet; this module is the only place that prints or draws progress bars.
+Exit codes: 0 done, 1 a regression (``regress``), 2 usage error (nothing measured, nothing written),
+3 could not measure (``regress``), 130 interrupted (``run``: finished cases kept).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import re
+import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pandas as pd
 
 from attnbench import masks
 from attnbench.registry import get_variant, variant_names
-from attnbench.spec import DEVICES, DTYPES, MODES, AttnSpec
+from attnbench.spec import DTYPES, MODES, AttnSpec
+
+_DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 
-def _csv(kind: type, name: str):
+def _list(kind: Callable[[str], object], what: str, choices: Callable[[], Sequence[str]] | None = None):
+    """argparse type: a non-empty comma-separated list of ``kind``, each checked against ``choices``.
+
+    argparse prefixes the message with the option's name ("argument --lengths: ...").
+    """
+
     def parse(text: str) -> list:
-        try:
-            return [kind(part) for part in text.split(",") if part.strip()]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a comma-separated list of {kind.__name__}, got {text!r}") from None
+        parts = [part.strip() for part in text.split(",")]
+        if not any(parts):
+            raise argparse.ArgumentTypeError(f"empty list; give at least one {what}")
+        if not all(parts):
+            raise argparse.ArgumentTypeError(f"empty item in {text!r}; give a comma-separated list of {what}")
+        values = []
+        for part in parts:
+            try:
+                values.append(kind(part))
+            except (ValueError, argparse.ArgumentTypeError) as exc:
+                raise argparse.ArgumentTypeError(f"invalid {what} {part!r}: {exc}") from None
+        if choices is not None:
+            valid = list(choices())
+            bad = [v for v in values if v not in valid]
+            if bad:
+                raise argparse.ArgumentTypeError(
+                    f"invalid choice(s) {', '.join(map(repr, bad))}; choose from {', '.join(valid)}")
+        return values
 
     return parse
 
 
+def _int_at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+def _length(text: str) -> int:
+    return _int_at_least(1)(text)
+
+
 def _positive(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    """argparse type: a finite number > 0 (nan and inf are rejected: they switch budgets off)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
     return value
+
+
+def _fraction(text: str) -> float:
+    value = _positive(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+def _factor(text: str) -> float:
+    value = _positive(text)
+    if value <= 1:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 1, got {text}")
+    return value
+
+
+def _device(text: str) -> str:
+    if not _DEVICE.match(text):
+        raise argparse.ArgumentTypeError(f"invalid device {text!r}; choose from cpu, cuda, cuda:N")
+    return text
+
+
+def _variant(text: str) -> str:
+    if text not in variant_names():
+        raise argparse.ArgumentTypeError(f"unknown variant {text!r}; known: {', '.join(variant_names())}")
+    return text
+
+
+def _cuda_missing(device: str) -> str | None:
+    """A usage-error message when ``device`` asks for CUDA that this machine lacks (else None)."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return f"--device {device}: CUDA is not available here (torch {torch.__version__}, no CUDA device); use --device cpu"
+    index = int(device.split(":")[1]) if ":" in device else 0
+    if index >= torch.cuda.device_count():
+        return f"--device {device}: no such CUDA device (this machine has {torch.cuda.device_count()})"
+    return None
+
+
+def _usage(message: str) -> int:
+    print(f"attnbench: error: {message}", file=sys.stderr)
+    return 2
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -61,10 +154,32 @@ def _run_config(args: argparse.Namespace):
     )
 
 
-def _cuda() -> bool:
-    import torch
+class _Interrupted(BaseException):
+    """A second Ctrl-C: abandon the case in hand now."""
 
-    return torch.cuda.is_available()
+
+class _SigintPolicy:
+    """First Ctrl-C: stop after the case in hand. Second: kill it and stop at once."""
+
+    def __init__(self, pool, note: Callable[[str], None]) -> None:
+        self.pool, self.note = pool, note
+        self.count = 0
+        self.previous = None
+
+    def __call__(self, signum, frame) -> None:
+        self.count += 1
+        if self.count == 1:
+            self.note("interrupt: finishing the case in hand, then writing what is done (Ctrl-C again to abandon it)")
+            return
+        self.pool.kill_current()
+        raise _Interrupted
+
+    def __enter__(self) -> _SigintPolicy:
+        self.previous = signal.signal(signal.SIGINT, self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(signal.SIGINT, self.previous)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -72,46 +187,88 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from attnbench.measure import sweep
     from attnbench.measure.peak import matmul_peak
-    from attnbench.runs import grid, new_run_dir, summary_table, write_run
+    from attnbench.measure.worker import WorkerPool
+    from attnbench.runs import RunDirectory, RunDirError, empty_grid_reason, grid, new_run_dir, summary_table
 
-    unknown = [v for v in args.variants or [] if v not in variant_names()]
-    if unknown:
-        print(f"error: unknown variant(s) {', '.join(unknown)}; known: {', '.join(variant_names())}", file=sys.stderr)
-        return 2
+    if args.resume and not args.out:
+        return _usage("--resume needs --out DIR (the run directory to continue)")
+    missing = _cuda_missing(args.device)
+    if missing:
+        return _usage(missing)
     try:  # every argument is validated here, before any measurement
         base = AttnSpec(batch=args.batch, heads=args.heads, head_dim=args.head_dim, device=args.device)
         cases = grid(args.variants, args.lengths, base, modes=args.modes, masks=args.masks,
                      dtypes=args.dtypes, limit_slow=not args.no_limit)
         config = _run_config(args)
     except (ValueError, TypeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    bar = tqdm(total=len(cases), unit="case", file=sys.stderr, dynamic_ncols=True, disable=args.quiet)
+        return _usage(str(exc))
+    if not cases:
+        return _usage(f"nothing to run: {empty_grid_reason(args.variants, args.lengths, not args.no_limit)}")
+    try:
+        run_dir = RunDirectory(args.out or new_run_dir(args.root), resume=args.resume, force=args.force)
+    except RunDirError as exc:
+        return _usage(str(exc))
+    try:
+        return _run_in(args, run_dir, cases, config, tqdm, sweep, matmul_peak, WorkerPool, RunDirError, summary_table)
+    finally:
+        run_dir.close()
+
+
+def _run_in(args, run_dir, cases, config, tqdm, sweep, matmul_peak, WorkerPool, RunDirError, summary_table) -> int:
+    peak = {dtype: matmul_peak(args.device, dtype) / 1e9 for dtype in args.dtypes}
+    try:
+        todo = run_dir.start(config, cases, command=sys.argv, peak_gflops=peak)
+    except RunDirError as exc:
+        return _usage(str(exc))
+    for note in run_dir.notes:
+        print(f"note: {note}", file=sys.stderr)
+    done_before = len(cases) - len(todo)
+    if args.resume and done_before:
+        print(f"resuming {run_dir.path}: {done_before} of {len(cases)} cases already measured", file=sys.stderr)
+    bar = tqdm(total=len(cases), initial=done_before, unit="case", file=sys.stderr, dynamic_ncols=True,
+               disable=args.quiet)
 
     def progress(i: int, total: int, name: str, spec: AttnSpec) -> None:
         bar.set_description(f"{name} L={spec.lq} {spec.mode}")
-        bar.n = i
+        bar.n = done_before + i
         bar.refresh()
 
+    pool = WorkerPool()
     start = time.perf_counter()
-    results = sweep(cases, config, progress=progress)
-    elapsed = time.perf_counter() - start
-    bar.n = len(cases)
-    bar.set_description("done")
-    bar.close()
-    runnable = not args.device.startswith("cuda") or _cuda()
-    peak = {dtype: matmul_peak(args.device, dtype) / 1e9 for dtype in args.dtypes} if runnable else None
-    run_dir = write_run(args.out or new_run_dir(args.root), results, config, seconds=elapsed, peak_gflops=peak)
-    with pd.option_context("display.width", 200, "display.max_columns", 30):
-        print(summary_table(results).to_string())
-    statuses = pd.Series([m.status for m in results]).value_counts().to_dict()
-    print(f"\n{len(results)} cases in {elapsed:.0f} s: {statuses}")
-    print(f"measurements: {run_dir}")
-    if args.report:
-        from attnbench.report.html import build_report
+    policy = _SigintPolicy(pool, note=lambda text: tqdm.write(text, file=sys.stderr))
+    aborted = False
+    try:
+        with policy:
+            sweep(todo, config, progress=progress, isolate=True, workers=pool, case_timeout_s=args.case_timeout,
+                  on_result=lambda i, m: run_dir.add(m, seconds=time.perf_counter() - start),
+                  should_stop=lambda: policy.count > 0)
+            bar.n = done_before + len(todo) if policy.count == 0 else bar.n
+            bar.set_description("done" if policy.count == 0 else "interrupted")
+            bar.close()
+            run_dir.finish(time.perf_counter() - start)
+            elapsed = time.perf_counter() - start
+            results = run_dir.measurements
+            with pd.option_context("display.width", 200, "display.max_columns", 30):
+                print(summary_table(results).to_string())
+            statuses = pd.Series([m.status for m in results], dtype=object).value_counts().to_dict()
+            print(f"\n{len(results)} of {run_dir.planned} cases ({len(todo)} planned this session, "
+                  f"{elapsed:.0f} s): {statuses}")
+            print(f"measurements: {run_dir.path}")
+            if args.report and results:
+                from attnbench.report.html import build_report
 
-        page = build_report([run_dir], Path(run_dir) / "report")
-        print(f"report: {page}")
+                page = build_report([run_dir.path], Path(run_dir.path) / "report")
+                print(f"report: {page}")
+    except _Interrupted:
+        aborted = True
+        bar.close()
+        run_dir.write_derived(seconds=time.perf_counter() - start)
+    if policy.count:
+        left = run_dir.planned - len(run_dir.measurements)
+        how = "aborted" if aborted else "stopped"
+        print(f"interrupted: {how}; {len(run_dir.measurements)} of {run_dir.planned} cases kept in {run_dir.path}"
+              f" ({left} left: rerun with --resume --out {run_dir.path})", file=sys.stderr)
+        return 130
     return 0
 
 
@@ -145,14 +302,16 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     from attnbench.profile import profile_case
 
+    missing = _cuda_missing(args.device)
+    if missing:
+        return _usage(missing)
     out = Path(args.out or f"reports/profiles/{args.variant}-L{args.seq_len}-{args.device}-{args.mode}")
     try:
         spec = AttnSpec(batch=args.batch, heads=args.heads, seq_len=args.seq_len, head_dim=args.head_dim,
                         device=args.device, dtype=args.dtype, mode=args.mode)
         summary = profile_case(args.variant, spec, out)
     except (ValueError, TypeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return _usage(str(exc))
     print(summary.line())
     print(f"trace: {out / 'trace.json.gz'} (open in https://ui.perfetto.dev)\ntop operators: {out / 'top_ops.txt'}\nmemory plot: {out / 'memory.png'}")
     return 0
@@ -165,8 +324,7 @@ def cmd_regress(args: argparse.Namespace) -> int:
         outcome = regress(args.base, args.head, repo=args.repo, time_factor=args.time_factor,
                           memory_factor=args.memory_factor, rounds=args.rounds, work_dir=args.work_dir)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return _usage(str(exc))
     except RegressError as exc:
         print(f"error: could not measure: {exc}", file=sys.stderr)
         return 3
@@ -187,79 +345,112 @@ def cmd_regress(args: argparse.Namespace) -> int:
 def cmd_peak(args: argparse.Namespace) -> int:
     from attnbench.measure.peak import matmul_peak
 
+    missing = _cuda_missing(args.device)
+    if missing:
+        return _usage(missing)
     rate = matmul_peak(args.device, args.dtype, refresh=True)
     print(f"{args.device} {args.dtype} matmul: {rate / 1e9:.1f} GFLOP/s")
     return 0
 
 
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows every option's default in --help (except flags and options without one)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None or action.default is False or isinstance(action, argparse._HelpAction):
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
+def _dtype_choices() -> list[str]:
+    return list(DTYPES)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="attnbench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="attnbench", description=__doc__.splitlines()[0], formatter_class=_Formatter)
     parser.add_argument("--plugin", dest="plugins", action="append", metavar="MODULE",
                         help="import MODULE first: it registers extra variants (repeatable; also ATTNBENCH_PLUGINS)")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("list", help="variants with their declared complexity and support")
+    p = sub.add_parser("list", help="variants with their declared complexity and support", formatter_class=_Formatter)
     p.add_argument("--wide", action="store_true", help="include the source (seed or paper) column")
     p.set_defaults(func=cmd_list)
 
-    p = sub.add_parser("run", help="sweep variants x sequence lengths and write measurements (+ report)")
-    p.add_argument("--variants", type=_csv(str, "--variants"), help="comma-separated names (default: all)")
-    p.add_argument("--lengths", type=_csv(int, "--lengths"), default=None, help="comma-separated sequence lengths")
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
-    p.add_argument("--dtypes", "--dtype", dest="dtypes", type=_csv(str, "--dtypes"), default=["float32"],
-                   help=f"comma-separated from {tuple(DTYPES)} (default float32)")
-    p.add_argument("--modes", type=_csv(str, "--modes"), default=["forward"], help=f"comma-separated from {MODES}")
-    p.add_argument("--masks", type=_csv(str, "--masks"), default=["none"], help=f"comma-separated from {masks.MASK_KINDS}")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    p.add_argument("--budget-mb", type=_positive, default=None, help="memory budget per case in MiB")
-    p.add_argument("--budget-fraction", type=float, default=0.5, help="memory budget as a share of free memory")
+    from attnbench.runs import DEFAULT_LENGTHS
+
+    p = sub.add_parser("run", help="sweep variants x sequence lengths and write measurements (+ report)",
+                       formatter_class=_Formatter)
+    p.add_argument("--variants", type=_list(str, "variant name", variant_names), default=None,
+                   help="comma-separated variant names (default: every variant in the default sweep)")
+    p.add_argument("--lengths", type=_list(_length, "length (an integer >= 1)"), default=list(DEFAULT_LENGTHS),
+                   help="comma-separated sequence lengths")
+    p.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N]")
+    p.add_argument("--dtypes", "--dtype", dest="dtypes", type=_list(str, "dtype", _dtype_choices), default=["float32"],
+                   help=f"comma-separated from {', '.join(DTYPES)}")
+    p.add_argument("--modes", type=_list(str, "mode", lambda: MODES), default=["forward"],
+                   help=f"comma-separated from {', '.join(MODES)}")
+    p.add_argument("--masks", type=_list(str, "mask kind", lambda: masks.MASK_KINDS), default=["none"],
+                   help=f"comma-separated from {', '.join(masks.MASK_KINDS)}")
+    p.add_argument("--batch", type=_int_at_least(1), default=1, help="batch size B")
+    p.add_argument("--heads", type=_int_at_least(1), default=8, help="heads H")
+    p.add_argument("--head-dim", type=_int_at_least(1), default=64, help="head dimension D")
+    p.add_argument("--threads", type=_int_at_least(1), default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--budget-mb", type=_positive, default=None,
+                   help="memory budget per case in MiB (default: --budget-fraction of free memory); "
+                        "also caps each worker's memory")
+    p.add_argument("--budget-fraction", type=_fraction, default=0.5, help="memory budget as a share of free memory")
     p.add_argument("--time-budget", type=_positive, default=60.0, help="seconds one case may take in total")
-    p.add_argument("--min-runs", type=int, default=5)
+    p.add_argument("--case-timeout", type=_positive, default=None,
+                   help="hard limit in seconds: a case still running is killed (default: 2 x --time-budget + 60)")
+    p.add_argument("--min-runs", type=_int_at_least(1), default=5, help="timed calls per case, at least")
     p.add_argument("--min-time", type=_positive, default=0.25, help="seconds of timed calls per case, at least")
     p.add_argument("--max-time", type=_positive, default=5.0, help="seconds of timed calls per case, at most")
     p.add_argument("--no-check", action="store_true", help="skip the float64 accuracy check")
     p.add_argument("--flush-cache", action="store_true", help="evict caches before every timed call")
     p.add_argument("--cuda-graphs", action="store_true", help="CUDA: also time CUDA-graph replay")
     p.add_argument("--no-limit", action="store_true", help="sweep slow variants (loop) at every length")
-    p.add_argument("--root", default="reports/runs", help="where run directories go")
+    p.add_argument("--root", default="reports/runs", help="where new run directories go")
     p.add_argument("--out", default=None, help="exact run directory (default: <root>/<time>-<host>)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out: measure only the cases its log lacks (same configuration required)")
+    p.add_argument("--force", action="store_true", help="replace the run in a non-empty --out (its files and report)")
     p.add_argument("--report", action=argparse.BooleanOptionalAction, default=True, help="build the HTML report")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("report", help="HTML report from asv results and/or run directories")
+    p = sub.add_parser("report", help="HTML report from asv results and/or run directories", formatter_class=_Formatter)
     p.add_argument("--from", dest="sources", action="append", help="asv results dir or run dir (repeatable)")
     p.add_argument("--out", default="reports/latest", help="output directory")
     p.add_argument("--title", default="attnbench report")
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("profile", help="one case under torch.profiler: trace, top operators, memory plot")
-    p.add_argument("variant", help="registered variant name")
-    p.add_argument("--seq-len", type=int, required=True)
-    p.add_argument("--device", default="cpu")
+    p = sub.add_parser("profile", help="one case under torch.profiler: trace, top operators, memory plot",
+                       formatter_class=_Formatter)
+    p.add_argument("variant", type=_variant, help="registered variant name")
+    p.add_argument("--seq-len", type=_length, required=True, help="sequence length")
+    p.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--dtype", default="float32", choices=list(DTYPES))
     p.add_argument("--mode", "--pass", dest="mode", default="forward", choices=list(MODES), help="forward or backward (forward + backward)")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--batch", type=_int_at_least(1), default=1)
+    p.add_argument("--heads", type=_int_at_least(1), default=8)
+    p.add_argument("--head-dim", type=_int_at_least(1), default=64)
     p.add_argument("--out", default=None, help="output directory (default reports/profiles/<case>)")
     p.set_defaults(func=cmd_profile)
 
-    p = sub.add_parser("regress", help="benchmark BASE and HEAD with asv; exit 1 if HEAD regressed")
+    p = sub.add_parser("regress", help="benchmark BASE and HEAD with asv; exit 1 if HEAD regressed",
+                       formatter_class=_Formatter)
     p.add_argument("base", help="git revision to compare against (e.g. origin/main)")
-    p.add_argument("head", nargs="?", default="HEAD", help="git revision under test (default HEAD)")
-    p.add_argument("--repo", default=".", help="attnbench checkout (default .)")
-    p.add_argument("--time-factor", type=float, default=1.2, help="allowed HEAD/BASE time ratio")
-    p.add_argument("--memory-factor", type=float, default=1.1, help="allowed HEAD/BASE peak tensor bytes ratio")
-    p.add_argument("--rounds", type=int, default=2, help="asv rounds, interleaved across the commits")
-    p.add_argument("--work-dir", default=".asv/regress", help="results and asv.log go here")
+    p.add_argument("head", nargs="?", default="HEAD", help="git revision under test")
+    p.add_argument("--repo", default=".", help="attnbench checkout")
+    p.add_argument("--time-factor", type=_factor, default=1.2, help="allowed HEAD/BASE time ratio")
+    p.add_argument("--memory-factor", type=_factor, default=1.1, help="allowed HEAD/BASE peak tensor bytes ratio")
+    p.add_argument("--rounds", type=_int_at_least(1), default=2, help="asv rounds, interleaved across the commits")
+    p.add_argument("--work-dir", default=".asv/regress",
+                   help="results and asv.log go here (relative to the current directory)")
     p.set_defaults(func=cmd_regress)
 
-    p = sub.add_parser("peak", help="measure this machine's matmul FLOP/s (cached for reports)")
-    p.add_argument("--device", default="cpu")
+    p = sub.add_parser("peak", help="measure this machine's matmul FLOP/s (cached for reports)", formatter_class=_Formatter)
+    p.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--dtype", default="float32", choices=list(DTYPES))
     p.set_defaults(func=cmd_peak)
     return parser
@@ -268,23 +459,23 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     from attnbench.plugins import export_plugins, load_plugins
 
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    pre = argparse.ArgumentParser(add_help=False)  # plugins first: they add variant names the parser checks
+    pre.add_argument("--plugin", dest="plugins", action="append", default=[])
+    known, _ = pre.parse_known_args(argv)
     try:
-        export_plugins(args.plugins or [])  # worker processes and asv import them too
-        load_plugins()
+        load_plugins(known.plugins)
+        load_plugins()  # ATTNBENCH_PLUGINS
+        export_plugins(known.plugins)  # worker processes and asv import them too (only once they imported here)
     except ValueError as exc:
-        print(f"error: --plugin: {exc}", file=sys.stderr)
+        print(f"attnbench: error: --plugin: {exc}", file=sys.stderr)
         return 2
-    if args.command == "run":
-        from attnbench.runs import DEFAULT_LENGTHS
-
-        args.lengths = args.lengths or list(DEFAULT_LENGTHS)
-        bad = [m for m in args.modes if m not in MODES] + [m for m in args.masks if m not in masks.MASK_KINDS]
-        bad += [d for d in args.dtypes if d not in DTYPES]
-        if bad or args.device.split(":")[0] not in DEVICES or min(args.lengths) < 1:
-            parser.error(f"invalid --modes/--masks/--device/--lengths value(s): {bad or args.device or args.lengths}")
-    return args.func(args)
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:  # outside a sweep's own handling (e.g. while importing or measuring the peak)
+        print("attnbench: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

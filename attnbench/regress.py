@@ -93,6 +93,13 @@ def _asv(args: list[str], *, cwd: Path, env: dict[str, str], log) -> subprocess.
     return out
 
 
+def output_tail(out: subprocess.CompletedProcess, lines: int = 25) -> str:
+    """The last ``lines`` whole lines of a process's stdout and stderr (for error messages)."""
+    text = "\n".join(part.strip("\n") for part in (out.stdout or "", out.stderr or "") if part and part.strip())
+    tail = text.splitlines()[-lines:]
+    return "\n".join(f"  {line}" for line in tail) if tail else "  (no output)"
+
+
 def _config(repo: Path, work: Path) -> Path:
     """The repository's asv.conf.json with results, envs and html redirected under ``work``."""
     from asv import util
@@ -175,12 +182,13 @@ def regress(
         memory_factor: allowed HEAD/BASE peak tensor bytes ratio.
         rounds: asv rounds, interleaved across the two commits.
         subset: grid environment (default :data:`CI_SUBSET`).
-        work_dir: where results and the asv log go (default: a new temporary directory).
+        work_dir: where results and the asv log go (default: a new temporary directory); a relative path is
+            taken from the current directory.
         machine: asv machine name to record results under.
         log_path: file receiving asv's full output (default ``<work_dir>/asv.log``).
 
     Raises:
-        ValueError: bad arguments (unknown revision, bad factors).
+        ValueError: bad arguments (unknown revision, BASE and HEAD the same commit, bad factors).
         RegressError: asv could not produce results for both commits.
     """
     if time_factor <= 1 or memory_factor <= 1:
@@ -192,7 +200,11 @@ def regress(
         raise ValueError(f"repo must be an attnbench checkout with asv.conf.json, got {repo}")
     base_hash = _git(repo, "rev-parse", "--verify", f"{base}^{{commit}}")
     head_hash = _git(repo, "rev-parse", "--verify", f"{head}^{{commit}}")
-    work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="attnbench-regress-"))
+    if base_hash == head_hash:
+        raise ValueError(f"BASE {base!r} and HEAD {head!r} are the same commit ({base_hash[:12]}): nothing to compare")
+    # Relative to where the caller stands, resolved now: asv runs with cwd=work, where a relative path
+    # would be taken a second time (".asv/regress/.asv/regress").
+    work = Path(work_dir).resolve() if work_dir else Path(tempfile.mkdtemp(prefix="attnbench-regress-"))
     work.mkdir(parents=True, exist_ok=True)
     conf = _config(repo, work)
     (work / "hashes.txt").write_text(f"{base_hash}\n{head_hash}\n")
@@ -204,7 +216,7 @@ def regress(
     with open(log_file, "a", encoding="utf-8") as log:
         machine_out = _asv(["machine", "--yes", "--machine", machine, "--config", str(conf)], cwd=work, env=env, log=log)
         if machine_out.returncode != 0:
-            raise RegressError(f"asv machine failed: {machine_out.stderr.strip()[-500:]}")
+            raise RegressError(f"asv machine failed (exit {machine_out.returncode}):\n{output_tail(machine_out)}\nfull log: {log_file}")
         # Exit codes are deliberately unused: the result files are the truth.
         _asv([*run, "--bench", GATED], cwd=work, env=env, log=log)
         table = _compare_results(work, machine, base_hash, head_hash, time_factor, memory_factor, log_file)
@@ -222,5 +234,9 @@ def _compare_results(work: Path, machine: str, base: str, head: str, time_factor
     frame = frame[frame["machine"] == machine]
     missing = [c for c in (base, head) if c not in set(frame["commit"])]
     if missing:
-        raise RegressError(f"asv produced no results for {', '.join(m[:10] for m in missing)}; see {log}")
+        try:
+            tail = "\n".join(f"  {line}" for line in log.read_text(encoding="utf-8", errors="replace").splitlines()[-25:])
+        except OSError:
+            tail = "  (log unreadable)"
+        raise RegressError(f"asv produced no results for {', '.join(m[:10] for m in missing)}; the end of {log}:\n{tail}")
     return compare(frame, base, head, time_factor, memory_factor)

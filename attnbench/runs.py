@@ -1,25 +1,39 @@
-"""Sweeps without asv: the default grid, and run directories written atomically.
+"""Sweeps without asv: the default grid, and crash-safe run directories.
 
-A run directory holds ``measurements.csv`` (one row per :class:`Measurement`, see
-``Measurement.to_row``) and ``manifest.json`` (environment, configuration, command, timings). Both
-files are written to temporaries and renamed into place, manifest last, so a directory with a
-manifest is always complete.
+A run directory holds:
+  * ``cases.jsonl``: the truth, append-only. Line 1 is a header (the configuration and the planned
+    grid); every later line is one finished case (a :class:`Measurement` as JSON), flushed and
+    fsynced before the sweep moves on, so a kill at any moment loses at most the case in hand. A torn
+    last line (a kill mid-write) is ignored with a note.
+  * ``measurements.csv`` (one row per case, see ``Measurement.to_row``) and ``manifest.json``
+    (environment, configuration, command, ``cases`` = rows written, ``planned``, ``complete``):
+    derived from the log after every case, each written to a temporary file and renamed into place,
+    manifest last.
+  * ``.lock``: held (``flock``) while a sweep writes the directory, so two runs cannot mix.
+  * ``report/``: the HTML report, rebuilt from the data at the end; removed when a run starts so it
+    never describes other data.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
+import fcntl
 import json
+import math
+import os
+import shutil
 import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from attnbench.io import atomic_write, atomic_write_text
-from attnbench.measure.record import Measurement
+from attnbench.measure.record import Environment, Measurement
 from attnbench.measure.runner import MeasureConfig, default_lengths
 from attnbench.registry import get_variant, variant_names
 from attnbench.spec import AttnSpec
@@ -27,6 +41,12 @@ from attnbench.spec import AttnSpec
 DEFAULT_LENGTHS: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048, 4096)
 MEASUREMENTS = "measurements.csv"
 MANIFEST = "manifest.json"
+LOG = "cases.jsonl"
+LOCK = ".lock"
+REPORT = "report"
+LOG_SCHEMA = "attnbench.log/1"
+RUN_FILES = (LOG, MEASUREMENTS, MANIFEST)
+"""Files a run writes (``--force`` removes these and ``report/``; other files are left alone)."""
 
 
 def grid(
@@ -73,6 +93,330 @@ def new_run_dir(root: str | Path = "reports/runs") -> Path:
     return Path(root) / f"{stamp}-{socket.gethostname()}"
 
 
+def empty_grid_reason(variants: Sequence[str] | None, lengths: Sequence[int], limit_slow: bool = True) -> str:
+    """Why :func:`grid` returned no cases (for the error message)."""
+    names = list(variants) if variants else [n for n in variant_names() if get_variant(n).IN_DEFAULT_SWEEP]
+    if not names:
+        return "no variants selected"
+    if not lengths:
+        return "no lengths selected"
+    limited = [n for n in names if limit_slow and not default_lengths(get_variant(n), lengths)]
+    if limited:
+        verb = "runs" if len(limited) == 1 else "run"
+        return (f"{', '.join(limited)} {verb} only at lengths <= 128 by default and none of {list(lengths)} qualifies "
+                "(add a length <= 128, or pass --no-limit)")
+    return "the grid is empty"
+
+
+def case_key(variant: str, spec: AttnSpec) -> str:
+    """Stable identity of a case across processes and sessions (sorted JSON of name and spec)."""
+    return json.dumps([variant, dataclasses.asdict(spec)], sort_keys=True)
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def measurement_to_json(m: Measurement) -> dict[str, Any]:
+    """A Measurement as a JSON-able dict (inverse: :func:`measurement_from_json`)."""
+    return _jsonable(dataclasses.asdict(m))
+
+
+def measurement_from_json(data: dict[str, Any]) -> Measurement:
+    """Rebuild a Measurement from :func:`measurement_to_json`; unknown keys are ignored."""
+    known = {f.name for f in dataclasses.fields(Measurement)}
+    fields = {k: v for k, v in data.items() if k in known}
+    fields["spec"] = AttnSpec(**data["spec"])
+    env = data.get("env")
+    if env:
+        env_known = {f.name for f in dataclasses.fields(Environment)}
+        fields["env"] = Environment(**{k: v for k, v in env.items() if k in env_known})
+    fields["samples"] = tuple(float(s) for s in data.get("samples", ()))
+    fields["extra"] = dict(data.get("extra") or {})
+    return Measurement(**fields)
+
+
+def config_json(config: MeasureConfig) -> dict[str, Any]:
+    return _jsonable(dataclasses.asdict(config))
+
+
+@dataclasses.dataclass(frozen=True)
+class RunLog:
+    """What a ``cases.jsonl`` holds."""
+
+    header: dict[str, Any] | None  # configuration and planned grid; None for an empty or header-less log
+    measurements: tuple[Measurement, ...]  # finished cases in the order they finished
+    notes: tuple[str, ...]  # lines ignored and why (a torn last line from a kill)
+
+
+def read_log(path: str | Path) -> RunLog:
+    """Read a run log; unreadable lines are skipped with a note, never an exception.
+
+    Raises:
+        OSError: the file cannot be read at all.
+    """
+    path = Path(path)
+    lines = path.read_bytes().split(b"\n")
+    header, found, notes = None, [], []
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    for i, raw in enumerate(lines):
+        if not raw.strip():
+            continue
+        try:
+            item = json.loads(raw.decode("utf-8"))
+            if item.get("kind") == "header":
+                header = header or item
+            elif item.get("kind") == "case":
+                found.append(measurement_from_json(item["measurement"]))
+            else:
+                raise ValueError(f"unknown kind {item.get('kind')!r}")
+        except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
+            what = "torn last line (the run was killed while writing it)" if i == last else f"line {i + 1} unreadable"
+            notes.append(f"{path}: {what}, ignored ({len(raw)} bytes; {type(exc).__name__})")
+    return RunLog(header=header, measurements=tuple(found), notes=tuple(notes))
+
+
+class RunDirError(ValueError):
+    """The run directory cannot be used as asked (a usage error: exit 2 on the command line)."""
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _diff_config(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out.extend(_diff_config(a, b, f"{prefix}{key}."))
+        elif a != b and not (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)):
+            out.append(f"{prefix}{key}: {a!r} in the log, {b!r} now")
+    return out
+
+
+def _case_label(key: str) -> str:
+    name, spec = json.loads(key)
+    return f"{name} L={spec['seq_len']} {spec['dtype']} {spec['mode']} {spec['mask']} {spec['device']}"
+
+
+class RunDirectory:
+    """A run directory opened for writing: checked, locked, and appended to case by case.
+
+    Opening checks everything before any measurement: ``path`` is not a file, can be created and
+    written, is not locked by another run, and is empty unless ``resume`` (continue its log) or
+    ``force`` (remove the previous run's files) is given.
+
+    Raises:
+        RunDirError: naming the problem and the option that resolves it.
+    """
+
+    def __init__(self, path: str | Path, *, resume: bool = False, force: bool = False) -> None:
+        self.path = Path(path)
+        if resume and force:
+            raise RunDirError("--resume and --force exclude each other (continue the run, or replace it)")
+        if self.path.exists() and not self.path.is_dir():
+            raise RunDirError(f"--out {self.path} is an existing file, not a directory")
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RunDirError(f"--out {self.path} cannot be created: {exc.strerror or exc}") from None
+        if not os.access(self.path, os.W_OK | os.X_OK):
+            raise RunDirError(f"--out {self.path} is not writable")
+        try:
+            self._lock = open(self.path / LOCK, "a+", encoding="utf-8")  # noqa: SIM115 - held until close()
+        except OSError as exc:
+            raise RunDirError(f"--out {self.path} is not writable: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._lock.seek(0)
+            holder = self._lock.read().strip() or "unknown"
+            self._lock.close()
+            raise RunDirError(f"--out {self.path} is in use by another attnbench run (pid {holder})") from None
+        self._lock.seek(0)
+        self._lock.truncate()
+        self._lock.write(f"{os.getpid()}\n")
+        self._lock.flush()
+        try:
+            others = sorted(p.name for p in self.path.iterdir() if p.name != LOCK)
+            if others and not (resume or force):
+                shown = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")
+                raise RunDirError(f"--out {self.path} is not empty ({shown}); pass --resume to continue that run "
+                                  "or --force to replace it")
+            if resume and others and not (self.path / LOG).exists():
+                raise RunDirError(f"--out {self.path} has no {LOG} to resume from (written by an older attnbench, "
+                                  "or not a run directory); use --force to replace it")
+            if force:
+                for name in RUN_FILES:
+                    (self.path / name).unlink(missing_ok=True)
+            self._remove_report()
+        except BaseException:
+            self.close()
+            raise
+        self.log = RunLog(None, (), ())
+        self.notes: list[str] = []
+        self.header: dict[str, Any] = {}
+        self.measurements: list[Measurement] = []
+        self._file = None
+
+    def _remove_report(self) -> None:
+        report = self.path / REPORT
+        if report.is_dir() and not report.is_symlink():
+            shutil.rmtree(report)
+        elif report.exists() or report.is_symlink():
+            report.unlink()
+
+    def start(
+        self,
+        config: MeasureConfig,
+        cases: Sequence[tuple[str, AttnSpec]],
+        *,
+        command: Sequence[str] | None = None,
+        peak_gflops: dict[str, float] | None = None,
+    ) -> list[tuple[str, AttnSpec]]:
+        """Write (or, resuming, check) the header; return the cases still to measure, in order.
+
+        Raises:
+            RunDirError: resuming with a different grid or measurement configuration (each difference named).
+        """
+        keys = [case_key(n, s) for n, s in cases]
+        conf = config_json(config)
+        log_path = self.path / LOG
+        if log_path.exists():
+            self.log = read_log(log_path)
+            self.notes.extend(self.log.notes)
+        if self.log.header is not None:
+            old = self.log.header
+            problems = _diff_config(old.get("config", {}), conf)
+            old_keys = old.get("cases", [])
+            if sorted(old_keys) != sorted(keys):
+                added = [k for k in keys if k not in set(old_keys)]
+                removed = [k for k in old_keys if k not in set(keys)]
+                detail = "; ".join(
+                    f"{what} {len(ks)}: {', '.join(_case_label(k) for k in ks[:3])}{', ...' if len(ks) > 3 else ''}"
+                    for what, ks in (("not in the log", added), ("only in the log", removed)) if ks)
+                problems.insert(0, f"grid: {len(old_keys)} cases in the log, {len(keys)} now ({detail})")
+            if problems:
+                raise RunDirError(f"--resume: {self.path} was measured with a different configuration: "
+                                  + "; ".join(problems))
+            self.header = dict(old)
+        else:
+            self.header = {
+                "kind": "header", "schema": LOG_SCHEMA,
+                "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                "command": list(command if command is not None else sys.argv),
+                "config": conf, "cases": keys, "planned": len(keys), "peak_gflops": peak_gflops,
+            }
+            self._append_line(self.header, fresh=not log_path.exists() or log_path.stat().st_size == 0)
+        before = 0.0
+        with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+            before = float(json.loads((self.path / MANIFEST).read_text()).get("seconds", 0.0))  # earlier sessions
+        self.header["seconds_before"] = before if self.log.measurements else 0.0
+        done: dict[str, Measurement] = {}
+        wanted = set(keys)
+        for m in self.log.measurements:
+            key = case_key(m.variant, m.spec)
+            if key in wanted:
+                done[key] = m  # a case logged twice (never by this code) keeps its last row
+        self.measurements = list(done.values())
+        self._peak = peak_gflops if peak_gflops is not None else self.header.get("peak_gflops")
+        return [(n, s) for (n, s), k in zip(cases, keys, strict=True) if k not in done]
+
+    def _append_line(self, item: dict[str, Any], fresh: bool = False) -> None:
+        if self._file is None:
+            path = self.path / LOG
+            if path.exists() and path.stat().st_size:
+                with open(path, "rb") as f:  # a torn last line: start on a fresh line
+                    f.seek(-1, os.SEEK_END)
+                    torn = f.read(1) != b"\n"
+            else:
+                torn = False
+            self._file = open(path, "ab")  # noqa: SIM115 - kept open for the sweep
+            if torn:
+                self._file.write(b"\n")
+            if fresh:
+                _fsync_dir(self.path)
+        self._file.write(json.dumps(item).encode("utf-8") + b"\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def add(self, measurement: Measurement, *, seconds: float | None = None) -> None:
+        """Append one finished case durably, then refresh the derived files."""
+        self._append_line({"kind": "case", "measurement": measurement_to_json(measurement)})
+        self.measurements.append(measurement)
+        self.write_derived(seconds=seconds)
+
+    @property
+    def planned(self) -> int:
+        return int(self.header.get("planned", len(self.measurements)))
+
+    @property
+    def complete(self) -> bool:
+        return len(self.measurements) >= self.planned
+
+    def write_derived(self, *, seconds: float | None = None) -> Path:
+        """Rewrite ``measurements.csv`` and ``manifest.json`` from the cases logged so far."""
+        total = self.header.get("seconds_before", 0.0) + (seconds or 0.0)
+        _write_derived(self.path, self.measurements, self.header, seconds=total, peak_gflops=self._peak)
+        return self.path
+
+    def finish(self, seconds: float) -> None:
+        """Record this session's duration (for a later --resume) and write the derived files."""
+        self.write_derived(seconds=seconds)
+
+    def close(self) -> None:
+        """Close the log and release the lock."""
+        if getattr(self, "_file", None) is not None:
+            self._file.close()
+            self._file = None
+        lock = getattr(self, "_lock", None)
+        if lock is not None and not lock.closed:
+            with contextlib.suppress(OSError):
+                fcntl.flock(lock, fcntl.LOCK_UN)
+            lock.close()
+
+    def __enter__(self) -> RunDirectory:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _write_derived(
+    run_dir: Path,
+    measurements: Sequence[Measurement],
+    header: dict[str, Any],
+    *,
+    seconds: float,
+    peak_gflops: dict[str, float] | None,
+) -> None:
+    frame = to_frame(measurements)
+    atomic_write(run_dir / MEASUREMENTS, lambda tmp: frame.to_csv(tmp, index=False))
+    env = next((m.env for m in measurements if m.env is not None), None)
+    planned = int(header.get("planned", len(measurements)))
+    manifest = {
+        "schema": "attnbench.run/1",
+        "created": header.get("created") or dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": header.get("command", list(sys.argv)),
+        "seconds": round(seconds, 2),
+        "peak_gflops": peak_gflops,
+        "cases": len(measurements),
+        "planned": planned,
+        "complete": len(measurements) >= planned,
+        "log": LOG,
+        "statuses": frame["status"].value_counts().to_dict() if len(frame) else {},
+        "environment": dataclasses.asdict(env) if env else {},
+        "config": header.get("config", {}),
+    }
+    atomic_write_text(run_dir / MANIFEST, json.dumps(manifest, indent=2))
+
+
 def write_run(
     run_dir: str | Path,
     measurements: Sequence[Measurement],
@@ -82,26 +426,23 @@ def write_run(
     command: Sequence[str] | None = None,
     peak_gflops: dict[str, float] | None = None,
 ) -> Path:
-    """Atomically write ``measurements.csv`` then ``manifest.json`` under ``run_dir``.
+    """Write a complete run directory for finished ``measurements`` (library use; the CLI logs as it goes).
 
+    Writes ``cases.jsonl``, then ``measurements.csv`` and ``manifest.json`` atomically.
     ``peak_gflops`` maps dtype -> this machine's matmul GFLOP/s (the roof for % of peak).
     """
     run_dir = Path(run_dir)
-    frame = to_frame(measurements)
-    atomic_write(run_dir / MEASUREMENTS, lambda tmp: frame.to_csv(tmp, index=False))
-    env = next((m.env for m in measurements if m.env is not None), None)
-    manifest = {
-        "schema": "attnbench.run/1",
+    run_dir.mkdir(parents=True, exist_ok=True)
+    keys = [case_key(m.variant, m.spec) for m in measurements]
+    header = {
+        "kind": "header", "schema": LOG_SCHEMA,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": list(command if command is not None else sys.argv),
-        "seconds": round(seconds, 2),
-        "peak_gflops": peak_gflops,
-        "cases": len(measurements),
-        "statuses": frame["status"].value_counts().to_dict() if len(frame) else {},
-        "environment": dataclasses.asdict(env) if env else {},
-        "config": json.loads(json.dumps(dataclasses.asdict(config), default=str)),
+        "config": config_json(config), "cases": keys, "planned": len(keys), "peak_gflops": peak_gflops,
     }
-    atomic_write_text(run_dir / MANIFEST, json.dumps(manifest, indent=2))
+    lines = [json.dumps(header)] + [json.dumps({"kind": "case", "measurement": measurement_to_json(m)}) for m in measurements]
+    atomic_write_text(run_dir / LOG, "\n".join(lines) + "\n")
+    _write_derived(run_dir, measurements, header, seconds=seconds, peak_gflops=peak_gflops)
     return run_dir
 
 

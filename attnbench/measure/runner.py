@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import gc
 import math
+import os
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -26,11 +28,13 @@ from attnbench.measure.peak import matmul_peak
 from attnbench.measure.provenance import sdpa_backends
 from attnbench.measure.record import Environment, Measurement
 from attnbench.measure.timer import TimerConfig, cuda_graph_seconds, time_call, time_once
+from attnbench.measure.worker import CAP_ALLOWANCE_BYTES, CaseJob, WorkerPool
 from attnbench.registry import get_variant
 from attnbench.spec import AttnSpec
 from attnbench.variants.base import Variant
 
 ProgressCallback = Callable[[int, int, str, AttnSpec], None]
+ResultCallback = Callable[[int, Measurement], None]
 
 
 @dataclass(frozen=True)
@@ -270,6 +274,12 @@ def sweep(
     config: MeasureConfig | None = None,
     *,
     progress: ProgressCallback | None = None,
+    on_result: ResultCallback | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    isolate: bool = False,
+    workers: WorkerPool | None = None,
+    case_timeout_s: float | None = None,
+    memory_cap: bool = True,
 ) -> list[Measurement]:
     """Measure every ``(variant, spec)`` case in order, with fixed threads and one environment.
 
@@ -277,11 +287,28 @@ def sweep(
         cases: ``(variant name, spec)`` pairs; names are validated before anything runs.
         config: measurement policy (``threads`` is applied for the sweep and restored after).
         progress: called as ``progress(index, total, variant, spec)`` before each case.
+        on_result: called as ``on_result(index, measurement)`` after each case (e.g. to log it durably).
+        should_stop: checked before each case; when it returns True the sweep returns what it has.
+        isolate: measure each case in a fresh worker process (see :mod:`attnbench.measure.worker`):
+            a hang is killed (``timeout``), a native crash or an OOM kill ends only that case
+            (``crashed`` / ``oom``). False measures in this process (variants registered
+            interactively are visible; a crash ends the caller).
+        workers: the pool to use when isolating (default: a new one with no extra environment).
+        case_timeout_s: hard limit for one isolated case (default ``2 * time_budget_s + 60``).
+        memory_cap: isolated CPU cases get ``RLIMIT_DATA`` = current use + memory budget + 1 GiB.
+
+    Raises:
+        ValueError: an unknown variant name or a non-positive ``case_timeout_s``, before anything runs.
     """
     config = config or MeasureConfig()
     cases = list(cases)
     for name, _ in cases:
         get_variant(name)  # unknown names fail here, before any measurement
+    if case_timeout_s is not None and not (case_timeout_s > 0 and math.isfinite(case_timeout_s)):
+        raise ValueError(f"case_timeout_s must be a finite number > 0, got {case_timeout_s}")
+    timeout = case_timeout_s or 2 * config.time_budget_s + 60
+    if isolate and workers is None:
+        workers = WorkerPool()
     saved_threads = torch.get_num_threads()
     if config.threads is not None:
         torch.set_num_threads(config.threads)
@@ -291,9 +318,23 @@ def sweep(
         peaks = {d: matmul_peak(d, "float32") for d in devices if not d.startswith("cuda") or torch.cuda.is_available()}
         results: list[Measurement] = []
         for i, (name, spec) in enumerate(cases):
+            if should_stop is not None and should_stop():
+                break
             if progress is not None:
                 progress(i, len(cases), name, spec)
-            results.append(measure(name, spec, config, peak_flops=peaks.get(spec.device, 1e12), env=envs[spec.device]))
+            peak, env = peaks.get(spec.device, 1e12), envs[spec.device]
+            if isolate:
+                cap = None
+                if memory_cap and spec.device_type == "cpu":
+                    cap = int(config.memory_budget(spec.device)) + CAP_ALLOWANCE_BYTES
+                job = CaseJob(name, spec, config, peak, env, sys_path=list(sys.path), memory_cap_bytes=cap,
+                              environ=dict(os.environ))
+                result = workers.run(job, timeout)
+            else:
+                result = measure(name, spec, config, peak_flops=peak, env=env)
+            results.append(result)
+            if on_result is not None:
+                on_result(i, result)
         return results
     finally:
         torch.set_num_threads(saved_threads)

@@ -1,0 +1,223 @@
+"""Measure each case in a process of its own, so a hung, crashing or memory-hungry case ends alone.
+
+Workers come from multiprocessing's ``forkserver``: one server process imports torch and attnbench
+once (``set_forkserver_preload``) and forks a fresh child per case, so starting a case costs
+milliseconds instead of a torch import, and every case starts from the same process state. A
+process per case also returns all of a case's memory to the OS when it exits (recycling one worker
+across cases would keep glibc's arenas and torch's caches of the previous case).
+
+What the parent records when a case does not come back:
+  * ``timeout``: the case ran past the hard timeout; the parent killed it (SIGKILL).
+  * ``crashed``: the process died from a signal the parent did not send (SIGSEGV, SIGABRT, ...) or
+    exited without a result; the signal is named.
+  * ``oom``: the process was killed by SIGKILL that the parent did not send (the kernel's OOM killer
+    sends SIGKILL), or an allocation failed under the memory cap (reported by :func:`measure`).
+
+Memory cap (CPU cases): the child sets ``RLIMIT_DATA`` to what it already uses plus the case's memory
+budget (and a fixed allowance for the reference check and the profiler). ``RLIMIT_DATA`` counts
+private writable mappings only, so the address space torch and glibc reserve without committing
+(PROT_NONE arenas, thread stacks) does not count against it; ``RLIMIT_AS`` counts those too and makes
+a torch process fail at a fraction of the budget, so it is not used. CUDA cases are not capped (the
+CUDA driver maps large writable regions of its own).
+
+The environment of the server process is the one a worker sees at interpreter start (allocator
+settings such as ``MALLOC_MMAP_THRESHOLD_`` are read only then): :class:`WorkerPool` takes an ``env``
+mapping, starts the server with it, and restarts the server when a later pool asks for another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import multiprocessing
+import multiprocessing.forkserver
+import os
+import resource
+import signal
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from attnbench.measure.record import Environment, Measurement
+from attnbench.spec import AttnSpec
+
+PRELOAD = ["torch", "torch.profiler", "torch._inductor", "attnbench", "attnbench.measure.worker", "attnbench.measure.runner"]
+"""Modules the fork server imports once. ``torch._inductor`` because the profiler (peak tensor memory)
+imports it lazily: 4.9 s in every fresh worker otherwise."""
+CAP_ALLOWANCE_BYTES = 1 * 2**30
+"""Added to the case's memory budget for the cap: float64 reference, profiler buffers, allocator slack."""
+_server_env: dict[str, str] | None = None
+_server_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class CaseJob:
+    """Everything a worker needs to measure one case (pickled to the child)."""
+
+    variant: str  # registry name
+    spec: AttnSpec  # the case
+    config: object  # MeasureConfig (typed loosely: runner imports this module's users, not the reverse)
+    peak_flops: float | None  # this machine's matmul FLOP/s for the time guard
+    env: Environment | None  # environment to record with the measurement
+    sys_path: list[str] = field(default_factory=list)  # the parent's import path (plugins live there)
+    environ: dict[str, str] = field(default_factory=dict)  # the child's os.environ (empty: keep the server's)
+    memory_cap_bytes: int | None = None  # RLIMIT_DATA above the child's current use; None: no cap
+
+
+def _vm_data_bytes() -> int:
+    """This process's private writable memory (``VmData`` in /proc/self/status), 0 if unknown."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmData:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def apply_memory_cap(extra_bytes: int) -> int | None:
+    """Limit this process's data segment to its current size + ``extra_bytes``; the limit, or None.
+
+    Returns None where the OS does not allow it (no ``RLIMIT_DATA``, or a hard limit below the request).
+    """
+    if not hasattr(resource, "RLIMIT_DATA"):
+        return None
+    limit = _vm_data_bytes() + int(extra_bytes)
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    if hard != resource.RLIM_INFINITY and hard < limit:
+        return None
+    try:
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+    except (ValueError, OSError):
+        return None
+    return limit
+
+
+def _child(conn, job: CaseJob) -> None:
+    """Worker body: measure one case and send the Measurement back (never raises)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C does
+    try:
+        if job.environ:  # the parent's environment now (the server's is the one it started with)
+            os.environ.clear()
+            os.environ.update(job.environ)
+        if job.sys_path:
+            sys.path[:] = job.sys_path
+        import torch
+
+        from attnbench.measure.runner import measure
+        from attnbench.plugins import load_plugins
+
+        load_plugins()
+        threads = getattr(job.config, "threads", None)
+        if threads is not None:
+            torch.set_num_threads(threads)
+        if job.memory_cap_bytes is not None:
+            apply_memory_cap(job.memory_cap_bytes)
+        result = measure(job.variant, job.spec, job.config, peak_flops=job.peak_flops, env=job.env)
+    except BaseException as exc:  # noqa: BLE001 - e.g. a plugin that fails to import: a row, not a lost case
+        result = Measurement(variant=job.variant, spec=job.spec, status="error", env=job.env,
+                             reason=f"worker: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}")
+    conn.send(result)
+    conn.close()
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+class WorkerPool:
+    """Runs one case per forked worker with a hard timeout; see the module docstring.
+
+    Args:
+        env: variables the fork server (and so every worker) starts with, on top of ``os.environ``;
+            allocator settings belong here. The server is restarted when ``env`` changes.
+    """
+
+    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+        self.env = dict(env or {})
+        self.ctx = multiprocessing.get_context("forkserver")
+        self._current = None
+        self._killed_by_us = False
+        self._start_server()
+
+    def _start_server(self) -> None:
+        global _server_env
+        server = multiprocessing.forkserver._forkserver
+        with _server_lock:
+            running = server._forkserver_pid is not None and os.waitpid(server._forkserver_pid, os.WNOHANG)[0] == 0
+            if running and _server_env == self.env:
+                return
+            if running:
+                server._stop()
+            self.ctx.set_forkserver_preload(PRELOAD)
+            saved = dict(os.environ)
+            try:
+                os.environ.update(self.env)  # the server's interpreter starts with these
+                server.ensure_running()
+            finally:
+                os.environ.clear()
+                os.environ.update(saved)
+            _server_env = dict(self.env)
+
+    def kill_current(self) -> None:
+        """Kill the case in hand (for a second Ctrl-C); safe to call from a signal handler."""
+        proc = self._current
+        if proc is not None and proc.pid is not None:
+            self._killed_by_us = True
+            with contextlib.suppress(OSError):
+                os.kill(proc.pid, signal.SIGKILL)
+
+    def run(self, job: CaseJob, timeout_s: float) -> Measurement:
+        """Measure ``job`` in a fresh worker; a worker that does not answer in ``timeout_s`` is killed."""
+        self._start_server()
+        if job.environ:
+            job = dataclasses.replace(job, environ={**job.environ, **self.env})
+        parent_conn, child_conn = self.ctx.Pipe(duplex=False)
+        proc = self.ctx.Process(target=_child, args=(child_conn, job), daemon=True,
+                                name=f"attnbench-{job.variant}-L{job.spec.lq}")
+        self._killed_by_us = False
+        start = time.perf_counter()
+        proc.start()
+        self._current = proc
+        child_conn.close()
+        result = None
+        timed_out = False
+        try:
+            if parent_conn.poll(timeout_s):
+                try:
+                    result = parent_conn.recv()
+                except (EOFError, OSError):
+                    result = None  # the child died before sending
+            else:
+                timed_out = True
+                self._killed_by_us = True
+                proc.kill()
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        finally:
+            self._current = None
+            parent_conn.close()
+        if result is not None:
+            return result
+        elapsed = time.perf_counter() - start
+        base = dict(variant=job.variant, spec=job.spec, env=job.env)
+        code = proc.exitcode
+        if timed_out:
+            return Measurement(status="timeout", reason=f"killed after {timeout_s:g} s (hard timeout for one case)", **base)
+        if code is not None and code < 0:
+            sig = -code
+            if sig == signal.SIGKILL and not self._killed_by_us:
+                return Measurement(status="oom", reason=(
+                    f"worker killed by SIGKILL after {elapsed:.1f} s, not by attnbench: most likely the kernel's OOM killer"), **base)
+            if sig == signal.SIGKILL:
+                return Measurement(status="crashed", reason="worker killed on request (interrupted)", **base)
+            return Measurement(status="crashed", reason=f"worker died from {_signal_name(sig)} after {elapsed:.1f} s", **base)
+        return Measurement(status="crashed", reason=f"worker exited with code {code} without a result after {elapsed:.1f} s", **base)

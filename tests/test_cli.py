@@ -1,0 +1,128 @@
+"""The command line rejects bad input before any work: exit 2, the option named, no traceback, nothing written."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnbench.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+NO_CUDA = not torch.cuda.is_available()
+FAST = ["--quiet", "--no-report", "--min-time", "0.01", "--max-time", "0.05", "--min-runs", "2"]
+
+# (arguments, text the error must contain). "{file}" is an existing regular file, "{root}" this checkout.
+BAD = [
+    (["run", "--lengths", ""], "--lengths"),
+    (["run", "--lengths", ","], "--lengths"),
+    (["run", "--lengths", "64,,128"], "--lengths"),
+    (["run", "--lengths", "-5"], "--lengths"),
+    (["run", "--lengths", "0"], "--lengths"),
+    (["run", "--lengths", "abc"], "--lengths"),
+    (["run", "--lengths", "1.5"], "--lengths"),
+    (["run", "--variants", ""], "--variants"),
+    (["run", "--variants", "nope"], "--variants"),
+    (["run", "--variants", "batched,nope"], "batched, "),  # lists the known names
+    (["run", "--variants", "loop", "--lengths", "1000000"], "--no-limit"),
+    (["run", "--time-budget", "nan"], "--time-budget"),
+    (["run", "--time-budget", "inf"], "--time-budget"),
+    (["run", "--time-budget", "0"], "--time-budget"),
+    (["run", "--time-budget", "-1"], "--time-budget"),
+    (["run", "--min-time", "nan"], "--min-time"),
+    (["run", "--max-time", "0"], "--max-time"),
+    (["run", "--budget-mb", "nan"], "--budget-mb"),
+    (["run", "--budget-mb", "-5"], "--budget-mb"),
+    (["run", "--budget-fraction", "0"], "--budget-fraction"),
+    (["run", "--budget-fraction", "1.5"], "--budget-fraction"),
+    (["run", "--budget-fraction", "nan"], "--budget-fraction"),
+    (["run", "--dtypes", "float8"], "float32, float64, bfloat16, float16"),
+    (["run", "--dtypes", ""], "--dtypes"),
+    (["run", "--masks", "casual"], "none, causal, valid_lengths, sliding_window"),
+    (["run", "--modes", "fwd"], "forward, backward"),
+    (["run", "--device", "gpu"], "--device"),
+    (["run", "--device", "cuda:x"], "--device"),
+    (["run", "--batch", "0"], "--batch"),
+    (["run", "--heads", "-1"], "--heads"),
+    (["run", "--head-dim", "x"], "--head-dim"),
+    (["run", "--threads", "0"], "--threads"),
+    (["run", "--min-runs", "0"], "--min-runs"),
+    (["run", "--case-timeout", "0"], "--case-timeout"),
+    (["run", "--case-timeout", "nan"], "--case-timeout"),
+    (["run", "--resume"], "--resume needs --out"),
+    (["run", "--resume", "--force", "--out", "r"], "--resume and --force"),
+    (["run", "--variants", "batched", "--lengths", "32", "--out", "{file}"], "existing file"),
+    (["run", "--variants", "batched", "--lengths", "32", "--out", "{file}/sub"], "cannot be created"),
+    (["peak", "--device", "tpu"], "--device"),
+    (["peak", "--dtype", "float8"], "--dtype"),
+    (["profile", "nope", "--seq-len", "64"], "variant"),
+    (["profile", "batched", "--seq-len", "0"], "--seq-len"),
+    (["regress", "HEAD", "HEAD", "--repo", "{root}"], "same commit"),
+    (["regress", "HEAD~1", "HEAD", "--time-factor", "nan"], "--time-factor"),
+    (["regress", "HEAD~1", "HEAD", "--time-factor", "1"], "--time-factor"),
+    (["regress", "HEAD~1", "HEAD", "--memory-factor", "inf"], "--memory-factor"),
+    (["regress", "HEAD~1", "HEAD", "--rounds", "0"], "--rounds"),
+    (["regress", "no-such-rev", "HEAD", "--repo", "{root}"], "no-such-rev"),
+    (["--plugin", "no_such_plugin_module", "list"], "no_such_plugin_module"),
+]
+if NO_CUDA:
+    BAD += [
+        (["run", "--variants", "batched", "--device", "cuda"], "CUDA is not available"),
+        (["peak", "--device", "cuda"], "CUDA is not available"),
+        (["profile", "batched", "--seq-len", "64", "--device", "cuda"], "CUDA is not available"),
+    ]
+
+
+def _exit_code(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as exc:  # argparse's own usage errors
+        return exc.code
+
+
+@pytest.mark.parametrize(("argv", "needle"), BAD, ids=[" ".join(a) or "<empty>" for a, _ in BAD])
+def test_bad_invocation_is_a_clear_usage_error(argv, needle, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("not a directory")
+    argv = [a.replace("{file}", str(tmp_path / "afile")).replace("{root}", str(ROOT)) for a in argv]
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    if argv[0] == "run":
+        argv += FAST
+    code = _exit_code(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert needle in err, err
+    assert "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # nothing written
+
+
+def test_the_battery_is_large_enough():
+    assert len(BAD) >= 35
+
+
+def test_a_usage_error_prints_no_traceback_from_the_console_entry_point(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "attnbench.cli", "run", "--lengths", "-5"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "argument --lengths" in out.stderr and "Traceback" not in out.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_run_help_shows_defaults(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for default in ("(default: 60.0)", "(default: ['float32'])", "(default: cpu)", "(default: reports/runs)",
+                    "(default: [64, 128, 256, 512, 1024, 2048, 4096])", "(default: 0.5)"):
+        assert default in text, default
+
+
+def test_empty_grid_names_the_reason(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert _exit_code(["run", "--variants", "loop", "--lengths", "1000000", *FAST]) == 2
+    err = capsys.readouterr().err
+    assert "nothing to run" in err and "loop" in err and "<= 128" in err
+    assert list(tmp_path.iterdir()) == []

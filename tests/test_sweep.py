@@ -1,0 +1,209 @@
+"""Crash-safe, isolated sweeps: planted hangs, crashes and hogs end only their case; kills lose nothing."""
+
+from __future__ import annotations
+
+import fcntl
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import attnbench
+from attnbench import plugins
+from attnbench.measure import MeasureConfig, sweep
+from attnbench.measure.timer import TimerConfig
+from attnbench.runs import LOG, MANIFEST, MEASUREMENTS, RunDirectory, RunDirError, read_log, write_run
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = MeasureConfig(timer=TimerConfig(min_runs=2, min_time=0.01, max_time=0.1), measure_rss=False, threads=1)
+SMALL = attnbench.AttnSpec(batch=1, heads=2, seq_len=64, head_dim=16)
+CLI_FAST = ["--quiet", "--threads", "1", "--min-time", "0.01", "--max-time", "0.05", "--min-runs", "2"]
+
+
+@pytest.fixture
+def planted(monkeypatch):
+    """Register tests.planted_variants here and name it in ATTNBENCH_PLUGINS for the workers."""
+    monkeypatch.setenv(plugins.PLUGINS_ENV, "tests.planted_variants")
+    module = importlib.import_module("tests.planted_variants")
+    module = importlib.reload(module)
+    yield module
+    for name in module.PLANTED:
+        if name in attnbench.variant_names():
+            attnbench.unregister(name)
+    sys.modules.pop("tests.planted_variants", None)
+
+
+def test_faults_end_only_their_own_case(planted):
+    config = MeasureConfig(timer=FAST.timer, measure_rss=False, threads=1, memory_budget_bytes=64 * 2**20)
+    names = ["planted_hang", "planted_abort", "planted_segv", "planted_oomkill", "planted_hog", "batched"]
+    results = sweep([(n, SMALL) for n in names], config, isolate=True, case_timeout_s=4)
+    got = {m.variant: m for m in results}
+    assert [m.variant for m in results] == names
+    assert got["planted_hang"].status == "timeout" and "killed after 4 s" in got["planted_hang"].reason
+    assert got["planted_abort"].status == "crashed" and "SIGABRT" in got["planted_abort"].reason
+    assert got["planted_segv"].status == "crashed" and "SIGSEGV" in got["planted_segv"].reason
+    assert got["planted_oomkill"].status == "oom" and "OOM killer" in got["planted_oomkill"].reason
+    # 8 GiB of untouched address space succeeds without a cap (overcommit); the cap refuses it.
+    assert got["planted_hog"].status == "oom" and "allocate" in got["planted_hog"].reason, got["planted_hog"].reason
+    assert got["batched"].status == "ok"
+
+
+def test_every_case_runs_in_a_fresh_process(planted, tmp_path, monkeypatch):
+    pids = tmp_path / "pids"
+    monkeypatch.setenv("PLANTED_PID_FILE", str(pids))
+    results = sweep([("planted_pid", SMALL.replace(seq_len=n)) for n in (16, 32, 48)], FAST, isolate=True)
+    assert [m.status for m in results] == ["ok"] * 3
+    seen = pids.read_text().split()
+    assert len(set(seen)) == 3 and str(os.getpid()) not in seen  # several calls per case, one process per case
+
+
+def test_a_worker_without_the_plugin_records_an_error_row(planted, monkeypatch):
+    monkeypatch.setenv(plugins.PLUGINS_ENV, "")  # the parent knows the variant, the worker cannot import it
+    (m,) = sweep([("planted_pid", SMALL)], FAST, isolate=True)
+    assert m.status == "error" and "planted_pid" in m.reason
+
+
+def test_torn_last_line_is_ignored_with_a_note(tmp_path):
+    results = sweep([("batched", SMALL), ("sdpa", SMALL)], FAST)
+    run = write_run(tmp_path / "run", results, FAST, seconds=1.0, command=["t"])
+    with open(run / LOG, "ab") as f:
+        f.write(b'{"kind": "case", "measurement": {"variant": "batch')  # a kill mid-write
+    log = read_log(run / LOG)
+    assert len(log.measurements) == 2 and log.header["planned"] == 2
+    assert len(log.notes) == 1 and "torn last line" in log.notes[0]
+    with RunDirectory(run, resume=True) as rd:
+        assert rd.start(FAST, [("batched", SMALL), ("sdpa", SMALL)]) == []  # both survived
+        rd.add(results[1])  # appended on a fresh line, after the torn one
+    log = read_log(run / LOG)
+    assert len(log.measurements) == 3 and "line 4 unreadable" in log.notes[0]
+
+
+def test_resume_refuses_another_configuration(tmp_path):
+    results = sweep([("batched", SMALL)], FAST)
+    run = write_run(tmp_path / "run", results, FAST, seconds=1.0, command=["t"])
+    other = MeasureConfig(timer=TimerConfig(min_runs=3, min_time=0.01, max_time=0.1), measure_rss=False, threads=1)
+    with RunDirectory(run, resume=True) as rd, pytest.raises(RunDirError, match=r"timer.min_runs: 2 in the log, 3 now"):
+        rd.start(other, [("batched", SMALL)])
+    with RunDirectory(run, resume=True) as rd, pytest.raises(RunDirError, match=r"grid: 1 cases in the log, 2 now"):
+        rd.start(FAST, [("batched", SMALL), ("sdpa", SMALL)])
+
+
+def test_out_is_checked_before_measuring(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(RunDirError, match="existing file"):
+        RunDirectory(tmp_path / "file")
+    with pytest.raises(RunDirError, match="cannot be created"):
+        RunDirectory(tmp_path / "file" / "sub")
+    busy = tmp_path / "busy"
+    with RunDirectory(busy), pytest.raises(RunDirError, match="in use by another attnbench run"):
+        RunDirectory(busy)
+    RunDirectory(busy).close()  # released on close
+    (busy / MANIFEST).write_text("{}")
+    with pytest.raises(RunDirError, match="--resume .* or --force"):
+        RunDirectory(busy)
+    with open(busy / ".lock", "a+") as held:  # another process's lock, by flock
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(RunDirError, match="in use"):
+            RunDirectory(busy, force=True)
+
+
+def _cli(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
+    env = env or {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
+    return subprocess.Popen([sys.executable, "-m", "attnbench.cli", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, **kw)
+
+
+def _cases_logged(run: Path) -> int:
+    try:
+        return sum(1 for line in (run / LOG).read_text().splitlines() if '"kind": "case"' in line)
+    except OSError:
+        return 0
+
+
+def _wait_for_cases(run: Path, n: int, proc: subprocess.Popen, limit: float = 240) -> None:
+    end = time.monotonic() + limit
+    while _cases_logged(run) < n:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < end, "sweep too slow"
+        time.sleep(0.05)
+
+
+GRID = ["--variants", "batched,sdpa", "--lengths", "16,32,48,64"]
+
+
+@pytest.mark.slow
+def test_kill_9_keeps_every_finished_case_and_resume_completes(tmp_path):
+    run = tmp_path / "run"
+    proc = _cli("run", *GRID, "--out", str(run), "--no-report", *CLI_FAST)
+    _wait_for_cases(run, 3, proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    kept = read_log(run / LOG).measurements
+    assert len(kept) >= 3
+    manifest = json.loads((run / MANIFEST).read_text())
+    assert manifest["planned"] == 8 and manifest["complete"] is False and manifest["cases"] >= 2
+    assert len((run / MEASUREMENTS).read_text().splitlines()) - 1 == manifest["cases"]
+    proc = _cli("run", *GRID, "--out", str(run), "--resume", *CLI_FAST)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert f"{len(kept)} of 8 cases already measured" in err
+    log = read_log(run / LOG)
+    assert len(log.measurements) == 8  # nothing measured twice
+    assert log.measurements[: len(kept)] == kept
+    manifest = json.loads((run / MANIFEST).read_text())
+    assert manifest["cases"] == 8 and manifest["complete"] is True
+    assert (run / "report" / "report.html").exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_finishes_the_case_in_hand_writes_and_exits_130(tmp_path):
+    run = tmp_path / "run"
+    proc = _cli("run", *GRID, "--out", str(run), *CLI_FAST)
+    _wait_for_cases(run, 2, proc)
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal does: the whole process group
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert "interrupted: stopped" in err and "--resume" in err
+    manifest = json.loads((run / MANIFEST).read_text())
+    assert 2 <= manifest["cases"] < 8 and manifest["complete"] is False
+    assert (run / "report" / "report.html").exists()  # the report of what was done
+
+
+@pytest.mark.slow
+def test_second_ctrl_c_abandons_a_hung_case_at_once(tmp_path):
+    run = tmp_path / "run"
+    env = {"ATTNBENCH_PLUGINS": "tests.planted_variants"}
+    proc = _cli("run", "--variants", "batched,planted_hang", "--lengths", "16", "--out", str(run), *CLI_FAST,
+                cwd=ROOT, env={**os.environ, **env, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])})
+    _wait_for_cases(run, 1, proc)
+    time.sleep(1.0)  # the hang is in hand
+    os.killpg(proc.pid, signal.SIGINT)
+    time.sleep(0.5)
+    start = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert time.monotonic() - start < 10
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "interrupted: aborted" in err
+    assert json.loads((run / MANIFEST).read_text())["cases"] == 1
+
+
+@pytest.mark.slow
+def test_force_replaces_and_no_report_leaves_no_stale_report(tmp_path):
+    run = tmp_path / "run"
+    first = _cli("run", "--variants", "batched", "--lengths", "16", "--out", str(run), *CLI_FAST)
+    assert first.wait(300) == 0, first.communicate()
+    assert (run / "report" / "report.html").exists()
+    again = _cli("run", "--variants", "sdpa", "--lengths", "16", "--out", str(run), "--no-report", *CLI_FAST)
+    assert again.wait(300) == 2 and "--force" in again.communicate()[1]
+    forced = _cli("run", "--variants", "sdpa", "--lengths", "16", "--out", str(run), "--no-report", "--force", *CLI_FAST)
+    assert forced.wait(300) == 0, forced.communicate()
+    assert not (run / "report").exists()
+    assert [m.variant for m in read_log(run / LOG).measurements] == ["sdpa"]
