@@ -73,7 +73,7 @@ def test_ok_measurement_has_every_field():
 
 def test_unsupported_case_is_skipped_with_reason():
     m = measure("sdpa_efficient", SMALL, FAST, peak_flops=1e10)
-    assert m.status == "skipped" and "needs CUDA" in m.reason
+    assert m.status == "skipped" and "not supported (supports ['cuda'])" in m.reason
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only skip path")
@@ -194,10 +194,10 @@ def test_measurement_statistics_are_derived():
         Measurement(variant="x", spec=SMALL, status="fine")
 
 
-def test_backward_flops_are_3_5x_forward():
+def test_backward_flops_are_3x_forward_for_eager_autograd():
     v = attnbench.get_variant("batched")
     fwd, bwd = v.flops(SMALL), v.flops(SMALL.replace(mode="backward"))
-    assert bwd.executed == int(fwd.executed * 3.5)
+    assert bwd.executed == 3 * fwd.executed  # forward + backward at 2x (two matmuls per forward matmul)
     assert measure("chunked", SMALL.replace(mode="backward"), FAST, peak_flops=1e10).status == "ok"
 
 
@@ -251,9 +251,15 @@ def test_cli_run_smoke(tmp_path, capsys):
 def test_cli_rejects_bad_arguments_before_measuring(capsys):
     from attnbench.cli import main
 
-    assert main(["run", "--variants", "nope", "--quiet", "--no-report"]) == 2
-    assert "unknown variant" in capsys.readouterr().err
-    assert main(["run", "--variants", "batched", "--batch", "0", "--quiet", "--no-report"]) == 2
-    assert "batch must be >= 1" in capsys.readouterr().err
-    assert main(["profile", "sdpa_efficient", "--seq-len", "64"]) == 2
-    assert "needs CUDA" in capsys.readouterr().err
+    def code(argv: list[str]) -> int:
+        try:
+            return main(argv)
+        except SystemExit as exc:  # argparse's own usage errors
+            return exc.code
+
+    assert code(["run", "--variants", "nope", "--quiet", "--no-report"]) == 2
+    assert "--variants" in (err := capsys.readouterr().err) and "nope" in err
+    assert code(["run", "--variants", "batched", "--batch", "0", "--quiet", "--no-report"]) == 2
+    assert "--batch" in capsys.readouterr().err
+    assert code(["profile", "sdpa_efficient", "--seq-len", "64"]) == 2
+    assert "not supported" in capsys.readouterr().err
