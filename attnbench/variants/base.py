@@ -201,7 +201,10 @@ class Variant(ABC):
         """
         reasons = []
         if call.device not in self.SUPPORTED_DEVICES:
-            reasons.append(f"device {call.device!r} not supported (supports {sorted(self.SUPPORTED_DEVICES)})")
+            if self.SUPPORTED_DEVICES == {"cuda"}:
+                reasons.append(f"{self.name} needs CUDA (this case is on {call.device})")
+            else:
+                reasons.append(f"device {call.device!r} not supported (supports {sorted(self.SUPPORTED_DEVICES)})")
         if call.dtype not in self.SUPPORTED_DTYPES:
             reasons.append(f"dtype {call.dtype} not supported (supports {sorted(self.SUPPORTED_DTYPES)})")
         if not call.mask_kinds <= self.SUPPORTED_MASKS:
@@ -227,7 +230,7 @@ class Variant(ABC):
         Example:
             >>> from attnbench import get_variant
             >>> get_variant("sdpa_efficient").not_supported_reasons(AttnSpec(device="cpu"))
-            ["device 'cpu' not supported (supports ['cuda'])"]
+            ['sdpa_efficient needs CUDA (this case is on cpu)']
         """
         return self.reasons_for(CallInfo.from_spec(spec))
 
