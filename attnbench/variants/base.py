@@ -201,7 +201,7 @@ class Variant(ABC):
         """
         reasons = []
         if call.device not in self.SUPPORTED_DEVICES:
-            if self.SUPPORTED_DEVICES == {"cuda"}:
+            if len(self.SUPPORTED_DEVICES) == 1 and "cuda" in self.SUPPORTED_DEVICES:
                 reasons.append(f"{self.name} needs CUDA (this case is on {call.device})")
             else:
                 reasons.append(f"device {call.device!r} not supported (supports {sorted(self.SUPPORTED_DEVICES)})")
