@@ -105,7 +105,6 @@ class CompiledVariant(Variant):
         return mask4
 
     def warm_up(self, q, k, v, mask=None):
-        _configure_dynamo()
         key = (q.shape, k.shape, v.shape, None if mask is None else mask.shape, q.dtype, q.device, q.requires_grad)
         if key in self._shapes:
             return 0.0
