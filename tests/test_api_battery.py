@@ -54,26 +54,29 @@ _DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.in
 @st.composite
 def malformed_calls(draw):
     """Random (q, k, v, mask, scale): ranks, shapes, dtypes, masks, non-finite entries, scales, layouts."""
-    b, h, lq, lk = (draw(st.integers(0, 3)) for _ in range(4))
-    d, dv = draw(st.integers(0, 5)), draw(st.integers(0, 5))
+    def size(high: int) -> int:  # zero now and then
+        return 0 if draw(st.integers(0, 19)) == 0 else draw(st.integers(1, high))
+
+    b, h, lq, lk = size(3), size(3), size(6), size(6)
+    d, dv = size(5), size(5)
     shapes = [[b, h, lq, d], [b, h, lk, d], [b, h, lk, dv]]
     for s in shapes:
-        if draw(st.integers(0, 9)) == 0:  # a wrong rank now and then
+        if draw(st.integers(0, 19)) == 0:  # a wrong rank now and then
             del s[draw(st.integers(0, len(s) - 1))]
-        if draw(st.integers(0, 9)) == 0:  # a wrong size now and then
+        if draw(st.integers(0, 19)) == 0:  # a wrong size now and then
             s[draw(st.integers(0, len(s) - 1))] += 1
-    dtype = draw(st.sampled_from(_DTYPES)) if draw(st.integers(0, 4)) == 0 else torch.float32
+    dtype = draw(st.sampled_from(_DTYPES)) if draw(st.integers(0, 3)) == 0 else torch.float32
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
     tensors = []
     for s in shapes:
         t = torch.randn(*s, generator=gen, dtype=torch.float64)
-        if t.numel() and draw(st.integers(0, 6)) == 0:
+        if t.numel() and draw(st.integers(0, 14)) == 0:
             t.view(-1)[draw(st.integers(0, t.numel() - 1))] = draw(st.sampled_from([math.nan, math.inf, -math.inf]))
         t = t.to(dtype)
         if t.dim() >= 2 and draw(st.booleans()):  # same values, last two axes non-contiguous
             t = t.transpose(-1, -2).contiguous().transpose(-1, -2)
         tensors.append(t)
-    mask_kind = draw(st.sampled_from(["none", "key", "full", "odd", "float", "rank5"]))
+    mask_kind = draw(st.sampled_from(["none", "none", "key", "key", "full", "full", "odd", "float", "rank5"]))
     mask = {
         "none": None,
         "key": torch.rand(max(lk, 1), generator=gen) > 0.3,
@@ -82,7 +85,8 @@ def malformed_calls(draw):
         "float": torch.ones(max(lq, 1), max(lk, 1)),
         "rank5": torch.ones(1, 1, 1, 1, 1, dtype=torch.bool),
     }[mask_kind]
-    scale = draw(st.sampled_from(["default", "default", 0.5, 2, 1e-8, math.nan, math.inf, -1.0, 0.0, True, "x"]))
+    odd_scale = st.sampled_from([0.5, 2, 1e-8, math.nan, math.inf, -1.0, 0.0, True, "x"])
+    scale = draw(odd_scale) if draw(st.integers(0, 3)) == 0 else "default"
     return (*tensors, mask, scale)
 
 

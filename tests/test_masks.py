@@ -7,7 +7,7 @@ from attnbench import masks
 
 
 def test_valid_lengths_matches_d2l_masked_softmax():
-    """The seed's example: masked_softmax(rand(2, 2, 4), tensor([2, 3]))."""
+    """The d2l example: masked_softmax(rand(2, 2, 4), tensor([2, 3]))."""
     x = torch.rand(2, 2, 4)
     mask = masks.valid_lengths(torch.tensor([2, 3]), 2, 4)  # (2, 1, 1, 4)
     probs = torch.softmax(x.masked_fill(~mask[:, 0], float("-inf")), -1)

@@ -206,7 +206,10 @@ class Variant(ABC):
         """
         reasons = []
         if call.device not in self.SUPPORTED_DEVICES:
-            reasons.append(f"device {call.device!r} not supported (supports {sorted(self.SUPPORTED_DEVICES)})")
+            if len(self.SUPPORTED_DEVICES) == 1 and "cuda" in self.SUPPORTED_DEVICES:
+                reasons.append(f"{self.name} needs CUDA (this case is on {call.device})")
+            else:
+                reasons.append(f"device {call.device!r} not supported (supports {sorted(self.SUPPORTED_DEVICES)})")
         if call.dtype not in self.SUPPORTED_DTYPES:
             reasons.append(f"dtype {call.dtype} not supported (supports {sorted(self.SUPPORTED_DTYPES)})")
         if not call.mask_kinds <= self.SUPPORTED_MASKS:
@@ -232,7 +235,7 @@ class Variant(ABC):
         Example:
             >>> from attnbench import get_variant
             >>> get_variant("sdpa_efficient").not_supported_reasons(AttnSpec(device="cpu"))
-            ["device 'cpu' not supported (supports ['cuda'])"]
+            ['sdpa_efficient needs CUDA (this case is on cpu)']
         """
         return self.reasons_for(CallInfo.from_spec(spec))
 

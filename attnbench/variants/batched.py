@@ -1,4 +1,4 @@
-"""All batches and heads at once with ``torch.bmm`` on ``(B*H, L, D)`` (seed 001's
+"""All batches and heads at once with ``torch.bmm`` on ``(B*H, L, D)`` (the textbook
 ``DotProductAttention``). The textbook O(L^2)-memory implementation: scores and probabilities
 are both materialised.
 """
@@ -14,7 +14,7 @@ from attnbench.variants.base import Variant
 class BatchedAttention(Variant):
     """``softmax(Q K^T * scale) V`` with two bmm calls; peak = scores + probabilities + output."""
 
-    source = "seed 001 (DotProductAttention), seed 000 (GeneralAttention); Vaswani et al. 2017"
+    source = "DotProductAttention with torch.bmm; Vaswani et al. 2017"
 
     def forward(self, q, k, v, mask):
         b, h, lq, d = q.shape

@@ -46,7 +46,7 @@ class BlockSparseAttention(Variant):
 
     time_exponent = 1.0
     memory_exponent = 1.0
-    source = "Zaheer et al. 2020 (BigBird); Beltagy et al. 2020 (Longformer); seed 003 (sparse attention)"
+    source = "Zaheer et al. 2020 (BigBird); Beltagy et al. 2020 (Longformer)"
     SUPPORTS_CROSS = False
 
     def __init__(

@@ -27,7 +27,7 @@ class ChunkedAttention(Variant):
     """Blockwise exact attention; ``q_chunk`` and ``k_chunk`` set the block sizes."""
 
     memory_exponent = 1.0
-    source = "Rabe & Staats 2021 (self-attention does not need O(n^2) memory); seed 003 (blockwise)"
+    source = "Rabe & Staats 2021 (self-attention does not need O(n^2) memory)"
 
     def __init__(self, q_chunk: int = 256, k_chunk: int = 256, scale: float | None = None) -> None:
         super().__init__(scale)

@@ -96,7 +96,7 @@ class KernelAttention(Variant):
 class LinearElu(KernelAttention):
     """Linear transformer attention with ``phi(x) = elu(x) + 1`` (no scale: the kernel has none)."""
 
-    source = "Katharopoulos et al. 2020 (Transformers are RNNs); seed 003 (linear variants)"
+    source = "Katharopoulos et al. 2020 (Transformers are RNNs)"
     exact = True
 
     def features(self, x, is_query):
@@ -107,7 +107,7 @@ class Performer(KernelAttention):
     """FAVOR+ with ``num_features`` positive orthogonal random features, redrawn per ``seed``."""
 
     exact = False
-    source = "Choromanski et al. 2021 (Performer, FAVOR+); seed 003 (linear variants)"
+    source = "Choromanski et al. 2021 (Performer, FAVOR+)"
     SUPPORTED_DTYPES = FLOAT_DTYPES | {"bfloat16"}
     APPROX_ERROR_BOUND = 5.0  # max |out - softmax attention| on the suite's N(0, 1) inputs (seen: <= 2.9 at L=64..4096, F=256)
 

@@ -20,7 +20,7 @@ class LocalAttention(Variant):
 
     time_exponent = 1.0
     memory_exponent = 1.0
-    source = "Beltagy et al. 2020 (Longformer sliding window); seed 003 (local attention)"
+    source = "Beltagy et al. 2020 (Longformer sliding window)"
 
     def __init__(self, window: int = 128, scale: float | None = None) -> None:
         super().__init__(scale)

@@ -1,6 +1,6 @@
 """Self-attention as Python loops over queries and keys: one scalar score at a time.
 
-The baseline of seed 004 (``AttentionFromDsy``): every (query, key) pair costs a handful of
+The textbook baseline (``AttentionFromDsy``): every (query, key) pair costs a handful of
 interpreter round-trips and tiny kernel launches, which is exactly what it is here to show.
 """
 
@@ -19,7 +19,7 @@ class LoopAttention(Variant):
 
     time_exponent = 2.0
     memory_exponent = 1.0  # one row of Lk scores alive at a time
-    source = "seed 004 (AttentionFromDsy); Bahdanau et al. 2015 attention pooling"
+    source = "Python loops, one scalar score at a time (AttentionFromDsy); Bahdanau et al. 2015"
     SCORE_BUFFERS = 0.0
     SECONDS_PER_PAIR = 20e-6  # interpreter cost per (query, key) pair, measured on a 2-core CPU machine
     # torch.dot and the scalar-times-vector accumulation carry its contractions; FlopCounterMode
@@ -43,7 +43,7 @@ class LoopAttention(Variant):
         rows = []
         for b in range(b_sz):
             for h in range(h_sz):
-                q_bh, k_bh, v_bh = q[b, h], k[b, h], v[b, h]  # (Lq, D), (Lk, D), (Lk, Dv): the seed's 2-D Q, K, V
+                q_bh, k_bh, v_bh = q[b, h], k[b, h], v[b, h]  # (Lq, D), (Lk, D), (Lk, Dv): 2-D Q, K, V per (b, h)
                 for i in range(lq):
                     keep = None if allowed is None else allowed[b, h, i].tolist()
                     q_i = q_bh[i]  # (D,)

@@ -1,8 +1,8 @@
 """Hand-written multi-head attention core with the seeds' explicit head split and merge.
 
-Seed 002 folds heads into the batch with ``transpose_qkv`` and unfolds them with
+The textbook layer folds heads into the batch with ``transpose_qkv`` and unfolds them with
 ``transpose_output``. Here the inputs arrive per head ``(B, H, L, D)``; they are merged to the
-projection layout ``(B, L, H*D)`` and then split again exactly as the seed does, so the
+projection layout ``(B, L, H*D)`` and then split again exactly as the textbook does, so the
 reshapes and copies a real MHA layer pays are part of what is measured.
 """
 
@@ -32,7 +32,7 @@ def transpose_output(x: torch.Tensor, heads: int) -> torch.Tensor:
 class MultiheadAttentionCore(Variant):
     """Merge heads, fold them into the batch, attend with bmm, unfold, split heads."""
 
-    source = "seed 002 (MultiHeadAttention, transpose_qkv/transpose_output); Vaswani et al. 2017"
+    source = "MultiHeadAttention with transpose_qkv/transpose_output; Vaswani et al. 2017"
 
     def scratch_elements(self, spec):  # noqa: D102 - scores + probs + head-folded copies
         b, h = spec.batch, spec.heads

@@ -1,4 +1,4 @@
-"""The classic attention scoring functions of seed 004 / seed 001, with their parameters.
+"""The classic attention scoring functions, with their parameters.
 
 ``a(q, k)`` then softmax over keys, then a weighted sum of values:
 
@@ -32,7 +32,7 @@ SCORES = ("dot", "scaled_dot", "bilinear", "additive")
 class ScoringAttention(Variant):
     """Attention with a named scoring function; see the module docstring."""
 
-    source = "seed 004 (scoring functions), seed 001 (AdditiveAttention, DotProductAttention)"
+    source = "Luong et al. 2015; Vaswani et al. 2017; Bahdanau et al. 2015 (AdditiveAttention, DotProductAttention)"
 
     def __init__(self, score: str = "scaled_dot", hidden: int = 32, q_chunk: int = 64, seed: int = 0) -> None:
         super().__init__(None)

@@ -1,4 +1,4 @@
-"""``torch.nn.MultiheadAttention`` driven with identity projections (seed 004's usage).
+"""``torch.nn.MultiheadAttention`` driven with identity projections (identity projections).
 
 With ``in_proj`` and ``out_proj`` set to the identity and no bias, the module computes plain
 multi-head scaled dot-product attention of the given per-head inputs, so it can be checked against
@@ -21,7 +21,7 @@ class TorchMHA(Variant):
     """``nn.MultiheadAttention(E=H*D, H, bias=False, batch_first=True)`` with identity weights."""
 
     memory_exponent = 1.0  # the fused path does not materialise scores without a mask
-    source = "torch.nn.MultiheadAttention (seed 004); Vaswani et al. 2017"
+    source = "torch.nn.MultiheadAttention; Vaswani et al. 2017"
     SCORE_BUFFERS = 0.0
     PROVENANCE = True
     RECOMPUTES_SCORES = True  # its core is F.scaled_dot_product_attention's fused kernel

@@ -1,6 +1,6 @@
-"""One sequence and one head at a time, with matrix products (seed 004's ``Q = W_Q X`` form).
+"""One sequence and one head at a time, with matrix products (the ``Q = W_Q X`` column form).
 
-Columns are tokens, as in the lecture notes: ``Q^T (D, Lq)``, ``K^T (D, Lk)``, ``V^T (Dv, Lk)``;
+Columns are tokens: ``Q^T (D, Lq)``, ``K^T (D, Lk)``, ``V^T (Dv, Lk)``;
 ``A = softmax_over_keys(K Q^T)`` and ``H = V^T A``.
 """
 
@@ -15,7 +15,7 @@ from attnbench.variants.base import Variant
 class VectorizedAttention(Variant):
     """Loops over (batch, head) in Python; each iteration is three matrix products."""
 
-    source = "seed 004 (self-attention, Q = W_Q X); Vaswani et al. 2017"
+    source = "self-attention in the Q = W_Q X column form; Vaswani et al. 2017"
     SCORE_BUFFERS = 2.0
 
     def scratch_elements(self, spec):  # noqa: D102 - one (Lk, Lq) head at a time
