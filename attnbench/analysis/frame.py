@@ -63,6 +63,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from attnbench.measure.record import STATUSES
 from attnbench.spec import AttnSpec
 
 COLUMNS = [
@@ -74,7 +75,7 @@ UNITS = {
     "time": "s", "cuda_time": "s", "compile_time": "s", "peak_tensor_bytes": "bytes", "peak_rss": "bytes", "gflops": "GFLOP/s",
     "max_error": "abs", "softmax_error": "abs", "flops": "FLOP", "error_ratio": "x tolerance",
 }
-RUN_STATUSES = ("ok", "wrong", "skipped", "oom", "timeout", "error", "crashed")
+RUN_STATUSES = STATUSES  # the shared list: a status added there is read here too
 MEMORY_METHODS = {"analytic": "model"}  # older files called the prediction "analytic"
 # asv method name -> (metric, factor to the metric's unit, method label)
 ASV_METRICS = {
