@@ -136,7 +136,7 @@ print(m.status, "|", m.reason)
 
 @pytest.mark.parametrize("seq_len", [256, 512])
 def test_cpu_peak_memory_matches_the_analytic_count_for_batched(seq_len):
-    """Scores + probabilities + output, within 10% (ARCHITECTURE.md: 272.6 MB at N=2048)."""
+    """Scores + probabilities + output, within 10% (272.6 MB at L=2048 on this project's machines)."""
     spec = attnbench.AttnSpec(batch=1, heads=8, seq_len=seq_len, head_dim=64)
     variant = attnbench.get_variant("batched")
     q, k, v, _ = spec.make_inputs()

@@ -200,7 +200,7 @@ def make_report(sources: Iterable[str | Path], out_dir: str | Path, title: str =
         ]
     nw_fig, nw = plots.nadaraya_watson()
     figures += [
-        ("nadaraya_watson", f"Seed 001's Nadaraya-Watson regression through the <code>dot</code> variant. Test MSE non-parametric {nw['nonparametric_test_mse']:.3f}, parametric {nw['parametric_test_mse']:.3f} (learned w = {nw['learned_w']:.2f}).", nw_fig),
+        ("nadaraya_watson", f"Nadaraya-Watson kernel regression through the <code>dot</code> variant. Test MSE non-parametric {nw['nonparametric_test_mse']:.3f}, parametric {nw['parametric_test_mse']:.3f} (learned w = {nw['learned_w']:.2f}).", nw_fig),
         ("masked_weights", "Attention weights computed by the variants themselves (v = I) under a causal mask, a sliding window and a block-sparse pattern.", plots.masked_weights()),
     ]
     figure_html = []

@@ -206,9 +206,9 @@ def machines(frame: pd.DataFrame, metric: str = "time") -> plt.Figure | None:
     return grid.figure
 
 
-# ---- attention weights, in the spirit of the seeds' show_heatmaps ------------------------------
+# ---- attention weights, in the spirit of d2l's show_heatmaps ------------------------------
 def show_heatmaps(matrices: list[list[np.ndarray]], xlabel: str, ylabel: str, titles: list[str] | None = None, cmap: str = "Reds") -> plt.Figure:
-    """Grid of matrix heatmaps sharing axes and one colour bar (seed 001's ``show_heatmaps``)."""
+    """Grid of matrix heatmaps sharing axes and one colour bar (Dive into Deep Learning's ``show_heatmaps``)."""
     rows, cols = len(matrices), len(matrices[0])
     fig, axes = plt.subplots(rows, cols, figsize=(3.0 * cols + 1, 3.0 * rows), sharex=True, sharey=True, squeeze=False)
     image = None
@@ -242,7 +242,7 @@ def attention_weights(variant: str | Variant, q: torch.Tensor, k: torch.Tensor, 
 
 
 def nadaraya_watson(seed: int = 0, n: int = 50, epochs: int = 5) -> tuple[plt.Figure, dict[str, float]]:
-    """Seed 001's kernel regression: weights of the non-parametric and the trained parametric model.
+    """Nadaraya-Watson kernel regression (Nadaraya 1964; Watson 1964), as in Dive into Deep Learning: weights of the non-parametric and the trained parametric model.
 
     Data: ``y = 2 sin(x) + x^0.8 + eps``, eps ~ N(0, 0.5), 50 training and 50 test points. The
     non-parametric model is softmax attention with scores ``-(x - x_i)^2 / 2``; the parametric one
@@ -252,7 +252,7 @@ def nadaraya_watson(seed: int = 0, n: int = 50, epochs: int = 5) -> tuple[plt.Fi
     """
     gen = torch.Generator().manual_seed(seed)
     x_train = torch.sort(torch.rand(n, generator=gen, dtype=torch.float64) * 5).values
-    f = lambda x: 2 * torch.sin(x) + x**0.8  # noqa: E731 - the seed's target function
+    f = lambda x: 2 * torch.sin(x) + x**0.8  # noqa: E731 - the regression target
     y_train = f(x_train) + 0.5 * torch.randn(n, generator=gen, dtype=torch.float64)
     x_test = torch.arange(0, 5, 5 / n, dtype=torch.float64)
 
@@ -281,7 +281,7 @@ def nadaraya_watson(seed: int = 0, n: int = 50, epochs: int = 5) -> tuple[plt.Fi
     }
     fig = show_heatmaps([[plain.numpy(), trained.numpy()]], "sorted training inputs", "sorted testing inputs",
                         titles=["non-parametric (w = 1)", f"parametric (learned w = {learned:.2f})"])
-    fig.suptitle("Nadaraya-Watson kernel regression: attention weights (seed 001)")
+    fig.suptitle("Nadaraya-Watson kernel regression: attention weights")
     return fig, mse
 
 

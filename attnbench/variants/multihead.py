@@ -1,4 +1,4 @@
-"""Hand-written multi-head attention core with the seeds' explicit head split and merge.
+"""Hand-written multi-head attention core with an explicit head split and merge (d2l's ``transpose_qkv``).
 
 The textbook layer folds heads into the batch with ``transpose_qkv`` and unfolds them with
 ``transpose_output``. Here the inputs arrive per head ``(B, H, L, D)``; they are merged to the
