@@ -25,7 +25,8 @@ from attnbench.spec import DTYPES, MODES, AttnSpec
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 
-def _list(kind: Callable[[str], object], what: str, choices: Callable[[], Sequence[str]] | None = None):
+def _list(kind: Callable[[str], object], what: str, choices: Callable[[], Sequence[str]] | None = None,
+          unknown: str = "invalid choice(s)", known: str = "choose from"):
     """argparse type: a non-empty comma-separated list of ``kind``, each checked against ``choices``.
 
     argparse prefixes the message with the option's name ("argument --lengths: ...").
@@ -48,20 +49,20 @@ def _list(kind: Callable[[str], object], what: str, choices: Callable[[], Sequen
             bad = [v for v in values if v not in valid]
             if bad:
                 raise argparse.ArgumentTypeError(
-                    f"invalid choice(s) {', '.join(map(repr, bad))}; choose from {', '.join(valid)}")
+                    f"{unknown} {', '.join(map(repr, bad))}; {known} {', '.join(valid)}")
         return values
 
     return parse
 
 
-def _int_at_least(low: int):
+def _int_at_least(low: int, name: str = "value"):
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"{name} must be an integer >= {low}, got {text!r}") from None
         if value < low:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {value}")
+            raise argparse.ArgumentTypeError(f"{name} must be >= {low}, got {value}")
         return value
 
     parse.__name__ = f"integer >= {low}"
@@ -69,7 +70,7 @@ def _int_at_least(low: int):
 
 
 def _length(text: str) -> int:
-    return _int_at_least(1)(text)
+    return _int_at_least(1, "length")(text)
 
 
 def _positive(text: str) -> float:
@@ -380,7 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="sweep variants x sequence lengths and write measurements (+ report)",
                        formatter_class=_Formatter)
-    p.add_argument("--variants", type=_list(str, "variant name", variant_names), default=None,
+    p.add_argument("--variants", type=_list(str, "variant name", variant_names, "unknown variant(s)", "known:"), default=None,
                    help="comma-separated variant names (default: every variant in the default sweep)")
     p.add_argument("--lengths", type=_list(_length, "length (an integer >= 1)"), default=list(DEFAULT_LENGTHS),
                    help="comma-separated sequence lengths")
@@ -391,10 +392,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated from {', '.join(MODES)}")
     p.add_argument("--masks", type=_list(str, "mask kind", lambda: masks.MASK_KINDS), default=["none"],
                    help=f"comma-separated from {', '.join(masks.MASK_KINDS)}")
-    p.add_argument("--batch", type=_int_at_least(1), default=1, help="batch size B")
-    p.add_argument("--heads", type=_int_at_least(1), default=8, help="heads H")
-    p.add_argument("--head-dim", type=_int_at_least(1), default=64, help="head dimension D")
-    p.add_argument("--threads", type=_int_at_least(1), default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--batch", type=_int_at_least(1, "batch"), default=1, help="batch size B")
+    p.add_argument("--heads", type=_int_at_least(1, "heads"), default=8, help="heads H")
+    p.add_argument("--head-dim", type=_int_at_least(1, "head_dim"), default=64, help="head dimension D")
+    p.add_argument("--threads", type=_int_at_least(1, "threads"), default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--budget-mb", type=_positive, default=None,
                    help="memory budget per case in MiB (default: --budget-fraction of free memory); "
                         "also caps each worker's memory")
@@ -402,7 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-budget", type=_positive, default=60.0, help="seconds one case may take in total")
     p.add_argument("--case-timeout", type=_positive, default=None,
                    help="hard limit in seconds: a case still running is killed (default: 2 x --time-budget + 60)")
-    p.add_argument("--min-runs", type=_int_at_least(1), default=5, help="timed calls per case, at least")
+    p.add_argument("--min-runs", type=_int_at_least(1, "min_runs"), default=5, help="timed calls per case, at least")
     p.add_argument("--min-time", type=_positive, default=0.25, help="seconds of timed calls per case, at least")
     p.add_argument("--max-time", type=_positive, default=5.0, help="seconds of timed calls per case, at most")
     p.add_argument("--no-check", action="store_true", help="skip the float64 accuracy check")
@@ -431,9 +432,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--dtype", default="float32", choices=list(DTYPES))
     p.add_argument("--mode", "--pass", dest="mode", default="forward", choices=list(MODES), help="forward or backward (forward + backward)")
-    p.add_argument("--batch", type=_int_at_least(1), default=1)
-    p.add_argument("--heads", type=_int_at_least(1), default=8)
-    p.add_argument("--head-dim", type=_int_at_least(1), default=64)
+    p.add_argument("--batch", type=_int_at_least(1, "batch"), default=1)
+    p.add_argument("--heads", type=_int_at_least(1, "heads"), default=8)
+    p.add_argument("--head-dim", type=_int_at_least(1, "head_dim"), default=64)
     p.add_argument("--out", default=None, help="output directory (default reports/profiles/<case>)")
     p.set_defaults(func=cmd_profile)
 
@@ -444,7 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repo", default=".", help="attnbench checkout")
     p.add_argument("--time-factor", type=_factor, default=1.2, help="allowed HEAD/BASE time ratio")
     p.add_argument("--memory-factor", type=_factor, default=1.1, help="allowed HEAD/BASE peak tensor bytes ratio")
-    p.add_argument("--rounds", type=_int_at_least(1), default=2, help="asv rounds, interleaved across the commits")
+    p.add_argument("--rounds", type=_int_at_least(1, "rounds"), default=2, help="asv rounds, interleaved across the commits")
     p.add_argument("--work-dir", default=".asv/regress",
                    help="results and asv.log go here (relative to the current directory)")
     p.set_defaults(func=cmd_regress)
@@ -470,7 +471,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"attnbench: error: --plugin: {exc}", file=sys.stderr)
         return 2
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # usage errors and --help: return the code (argparse already printed)
+        return exc.code if isinstance(exc.code, int) else 2
     try:
         return args.func(args)
     except KeyboardInterrupt:  # outside a sweep's own handling (e.g. while importing or measuring the peak)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -128,3 +131,59 @@ def test_compare_rules_without_asv():
     assert compare(_frame(noisy), "A", "B").iloc[0]["verdict"] == "regressed"
     assert table.loc["peak_tensor_bytes", "verdict"] == "regressed"
     assert table.loc["flops", "verdict"] == "regressed"  # ran on BASE, fails on HEAD
+
+
+def test_relative_work_dir_is_taken_once_from_the_invocation_directory(tmp_path, monkeypatch):
+    """Planted: asv runs with cwd=work; a relative work dir there became '.asv/regress/.asv/regress'."""
+    import attnbench.regress as regress_module
+    from attnbench.regress import RegressError
+
+    seen = []
+    trace = "\n".join(["Traceback (most recent call last):"] + [f'  File "x{i}.py", line {i}, in f' for i in range(40)]
+                      + ["FileNotFoundError: [Errno 2] No such file or directory: 'somewhere/really/long/path.json'"])
+
+    def fake_asv(args, *, cwd, env, log):
+        seen.append(cwd)
+        return subprocess.CompletedProcess(args, 1, stdout="", stderr=trace)
+
+    monkeypatch.setattr(regress_module, "_asv", fake_asv)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RegressError) as info:
+        regress("HEAD~1", "HEAD", repo=ROOT, work_dir=".asv/regress")
+    work = tmp_path / ".asv" / "regress"
+    assert seen == [work]  # absolute, resolved against the invocation directory
+    conf = json.loads((work / "asv.conf.json").read_text())
+    assert conf["results_dir"] == str(work / "results")
+    message = str(info.value)
+    assert message.splitlines()[-2].strip().startswith("FileNotFoundError: [Errno 2] No such file or directory: "
+                                                      "'somewhere/really/long/path.json'")  # whole lines, the last one kept
+    assert all(line.startswith("  ") for line in message.splitlines()[1:-1])  # no line cut mid-word
+    assert "exit 1" in message and str(work / "asv.log") in message
+
+
+def test_base_equal_to_head_is_a_usage_error(capsys):
+    from attnbench.cli import main
+
+    head = _git(ROOT, "rev-parse", "HEAD")
+    with pytest.raises(ValueError, match="same commit"):
+        regress(head, "HEAD", repo=ROOT)
+    assert main(["regress", "HEAD", "HEAD", "--repo", str(ROOT)]) == 2
+    assert "same commit" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_readme_command_works_in_a_fresh_clone(tmp_path):
+    """`attnbench regress HEAD~1 HEAD`, default options, in a fresh clone (builds asv's pinned env: minutes)."""
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    branch = _git(ROOT, "rev-parse", "--abbrev-ref", "HEAD")
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", "--branch", branch, str(ROOT), str(clone)], check=True)
+    env = {**os.environ, "PYTHONPATH": str(clone)}
+    out = subprocess.run([sys.executable, "-m", "attnbench.cli", "regress", "HEAD~1", "HEAD"],
+                         cwd=clone, env=env, capture_output=True, text=True, timeout=3600)
+    text = out.stdout + out.stderr
+    assert out.returncode in (0, 1), text  # a verdict (pass, or a regression the table names), not a failure to run
+    assert ".asv/regress/.asv/regress" not in text and "Traceback" not in text
+    assert any((clone / ".asv" / "regress" / "results").rglob("*.json")), text
+    assert f"results: {clone / '.asv' / 'regress' / 'results'}" in text
