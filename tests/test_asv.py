@@ -36,7 +36,8 @@ def asv_env(tmp_path_factory):
         "html_dir": str(tmp / "html"), "env_dir": str(tmp / "env"), "launch_method": "forkserver",
     }
     (tmp / "asv.conf.json").write_text(json.dumps(conf))
-    env = {**os.environ, "HOME": str(tmp), **SMALL_GRID}
+    # asv drops PYTHONPATH in benchmark processes; ASV_PYTHONPATH puts this checkout (not an installed attnbench) first.
+    env = {**os.environ, "HOME": str(tmp), "ASV_PYTHONPATH": str(ROOT), **SMALL_GRID}
     machine = _asv(["machine", "--yes", "--machine", "smoke"], env, tmp)
     assert machine.returncode == 0, machine.stderr
     return tmp, env, head.stdout.strip()
