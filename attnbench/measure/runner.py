@@ -241,6 +241,8 @@ def _run(variant: Variant, spec: AttnSpec, config: MeasureConfig, plan: CheckPla
                       grad_tolerance=checked.grad_tolerance, softmax_error=checked.softmax_error,
                       error_ratio=checked.error_ratio)
         fields["extra"] = {"checked_slices": f"{checked.slices}/{checked.total_slices}"}
+        if not math.isnan(checked.softmax_mean_error):
+            fields["extra"]["softmax_mean_error"] = checked.softmax_mean_error
         if not checked.passed:  # a number the suite cannot stand behind is not produced: never timed
             return Measurement(status="wrong", reason=checked.reason(), **fields, **base)
     first = time_once(call, spec.device)

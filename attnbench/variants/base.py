@@ -108,7 +108,7 @@ class Variant(ABC):
     RECOMPUTES_SCORES: ClassVar[bool] = False  # backward recomputes Q K^T (fused kernels): factor 2.5, not 2.0
     OPAQUE_KERNELS: ClassVar[frozenset[str]] = frozenset()  # aten ops FlopCounterMode has no formula for
     REJECTS_NONFINITE: ClassVar[bool] = True  # validate() rejects NaN/inf in q, k, v (see validate)
-    APPROX_ERROR_BOUND: ClassVar[float | None] = None  # approximate variants: allowed max |out - softmax attention|
+    APPROX_ERROR_BOUND: ClassVar[float | None] = None  # approximate variants: allowed mean |out - softmax attention|
 
     def __init__(self, scale: float | None = None) -> None:
         self.scale = check_scale(scale)

@@ -109,7 +109,11 @@ class Performer(KernelAttention):
     exact = False
     source = "Choromanski et al. 2021 (Performer, FAVOR+)"
     SUPPORTED_DTYPES = FLOAT_DTYPES | {"bfloat16"}
-    APPROX_ERROR_BOUND = 5.0  # max |out - softmax attention| on the suite's N(0, 1) inputs (seen: <= 2.9 at L=64..4096, F=256)
+    # Mean |out - softmax attention| on the suite's N(0, 1) inputs with 256 features, B1 H8 D64:
+    # 0.33 (L=16), 0.26 (64), 0.20 (256), 0.14 (1024). FAVOR+'s variance grows as exp(|q|^2/sqrt(D)),
+    # so at these logit scales it is a coarse approximation; the bound catches a blow-up, while the
+    # exact check against its own kernel catches a wrong implementation.
+    APPROX_ERROR_BOUND = 0.5
 
     def __init__(self, num_features: int = 256, seed: int = 0) -> None:
         super().__init__(None)
