@@ -99,6 +99,8 @@ class ChunkedAttention(Variant):
         else:  # a dense tensor: every tile is partial (no skipping without reading the whole mask)
             grid = [(q0, q1, [(k0, k1, mask_mods.PARTIAL) for k0, k1, _ in row])
                     for q0, q1, row in self._tile_states(None, b, h, lq, lk, dtype)]
+        # In-place updates save temporaries, but autograd needs the originals: out of place when differentiating.
+        inplace = not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
         q = q * self.scale_for(d)  # (B, H, Lq, D), scaled once
         kt = k.transpose(-2, -1)  # (B, H, D, Lk)
         out = torch.zeros(b, h, lq, dv, dtype=q.dtype, device=q.device)
@@ -114,21 +116,25 @@ class ChunkedAttention(Variant):
                 if partial:
                     allowed = (mask_mods.tile(mod, b, h, q0, q1, k0, k1, q.device) if mod is not None
                                else _rows(mask_q, k0, k1, -1))  # (B?, H?, Cq?, Ck)
-                    scores.masked_fill_(~allowed, float("-inf"))
+                    scores = (scores.masked_fill_ if inplace else scores.masked_fill)(~allowed, float("-inf"))
                 tile_max = scores.amax(dim=-1, keepdim=True)  # (B, H, Cq, 1)
                 new_max = tile_max if run_max is None else torch.maximum(run_max, tile_max)
                 # A row that has seen only masked keys keeps max -inf: shift it by 0 so exp() gives 0, not NaN.
                 shift = torch.where(torch.isinf(new_max), 0.0, new_max) if partial or run_max is None else new_max
-                probs = scores.sub_(shift).exp_()  # (B, H, Cq, Ck), unnormalised, in place
+                probs = scores.sub_(shift).exp_() if inplace else torch.exp(scores - shift)  # (B, H, Cq, Ck), unnormalised
                 block_sum = probs.sum(dim=-1, keepdim=True)  # (B, H, Cq, 1)
                 block_out = torch.matmul(probs, v[:, :, k0:k1])  # (B, H, Cq, Dv)
                 if run_max is None:
                     run_sum, acc = block_sum, block_out
                 else:
                     rescale = torch.exp(run_max - shift)  # (B, H, Cq, 1); 0 where run_max is -inf
-                    run_sum = run_sum.mul_(rescale).add_(block_sum)
-                    acc = acc.mul_(rescale).add_(block_out)
+                    if inplace:
+                        run_sum = run_sum.mul_(rescale).add_(block_sum)
+                        acc = acc.mul_(rescale).add_(block_out)
+                    else:
+                        run_sum = run_sum * rescale + block_sum
+                        acc = acc * rescale + block_out
                 run_max = new_max
             # Rows with no allowed key have run_sum == 0 and acc == 0: the output row is zero.
-            out[:, :, q0:q1] = acc.div_(torch.where(run_sum > 0, run_sum, 1.0))
+            out[:, :, q0:q1] = acc / torch.where(run_sum > 0, run_sum, 1.0)
         return out
