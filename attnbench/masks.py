@@ -214,4 +214,5 @@ def kind_of(mod: mm.MaskMod | None) -> str | None:
     if mod is None:
         return "none"
     base = mod.name.split("(", 1)[0]
-    return base if base in MASK_KINDS and " " not in mod.name else None
+    composed = " & " in mod.name or " | " in mod.name
+    return base if base in MASK_KINDS and not composed else None

@@ -21,9 +21,9 @@ import torch
 
 from attnbench import masks
 from attnbench._checks import check_positive_int, check_seed
+from attnbench.mask_mods import MaskMod, tile
 from attnbench.variants._blockwise import gathered_block_attention
 from attnbench.variants._ops import masked_softmax_, zero_empty_rows
-from attnbench.mask_mods import MaskMod, tile
 from attnbench.variants.base import Variant, dense_mask
 
 
