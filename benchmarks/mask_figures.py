@@ -15,7 +15,7 @@ import time
 import torch
 
 import attnbench
-from attnbench import AttnSpec
+from attnbench import AttnSpec, masks
 from attnbench.measure import memory, runner
 
 
@@ -44,11 +44,35 @@ def peak(name: str, spec: AttnSpec) -> float:
     return math.nan if value is None else float(value)
 
 
+def correctness(length: int = 300) -> None:
+    """Error / tolerance of the gate for document and prefix_lm masks, every variant that declares them."""
+    config = runner.MeasureConfig()
+    print(f"[4] document and prefix_lm vs the float64 reference: B2 H2 L{length} D32, document lengths "
+          f"{masks.default_document_lengths(length)}, error / gate tolerance (<= 1 passes)")
+    for kind in ("document", "prefix_lm"):
+        spec = AttnSpec(batch=2, heads=2, seq_len=length, head_dim=32, mask=kind)
+        cells = []
+        for name in attnbench.variant_names():
+            variant = attnbench.get_variant(name)
+            if variant.not_supported_reasons(spec):
+                cells.append(f"{name}=n/a")
+                continue
+            call, inputs, mask = runner.make_call(variant, spec, seed=0)
+            result, _ = variant.warm_up(call)
+            checked = runner.run_gate(variant, spec, result, inputs, mask, runner.check_plan(variant, spec, config), 0)
+            cells.append(f"{name}={checked.error_ratio:.3f}" + ("" if checked.passed else " WRONG"))
+        print(f"    {kind}: " + ", ".join(cells))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--only-correctness", action="store_true", help="print [4] only (no timings)")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.only_correctness:
+        correctness()
+        return
 
     base = AttnSpec(batch=1, heads=4, seq_len=2048, head_dim=64)
     causal = base.replace(mask="causal")
@@ -81,6 +105,7 @@ def main() -> None:
     print(f"    compiled_chunked none / sdpa none:    x{t['compiled_chunked none'] / t['sdpa none']:.2f}")
     for k, v in t.items():
         print(f"    {k:24s} {v * 1e3:8.1f} ms")
+    correctness()
 
 
 if __name__ == "__main__":
