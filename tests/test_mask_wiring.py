@@ -216,3 +216,15 @@ def test_blockwise_peak_stays_linear_with_a_causal_predicate(name):
     exponent = {f: math.log(p[1] / p[0]) / math.log(4) for f, p in peaks.items()}
     assert exponent["mod"] <= 1.1, exponent
     assert exponent["dense"] > exponent["mod"] + 0.25, exponent  # the planted dense-row gather is visibly worse
+
+
+def test_asv_grid_has_the_mask_parameter_and_cases_use_it():
+    """The asv table gains ``mask`` (none, causal); a parameter set's case really carries its mask."""
+    from attnbench import asv_bench
+
+    assert asv_bench.PARAMS["mask"] == ["none", "causal"] or "ATTNBENCH_ASV_MASKS" in __import__("os").environ
+    assert asv_bench.params()[1][-1] == "mask"
+    call, spec = asv_bench.case("chunked", 256, "cpu", "forward", "causal")
+    assert spec.mask == "causal"
+    flops = {m: asv_bench.flops("chunked", 2048, "cpu", "forward", m) for m in ("none", "causal")}
+    assert flops["causal"] < 0.7 * flops["none"]  # the causal case is really causal (tiles skipped)
