@@ -11,7 +11,7 @@ never as a time; ``AttentionAccuracy.track_error_ratio`` reports error / toleran
 
 The grid can be narrowed without editing code (the CI subset does this):
 ``ATTNBENCH_ASV_VARIANTS``, ``ATTNBENCH_ASV_LENGTHS``, ``ATTNBENCH_ASV_DEVICES``,
-``ATTNBENCH_ASV_MODES`` (comma-separated) and ``ATTNBENCH_ASV_MAX_CALL_S``; ``ATTNBENCH_ASV_BATCH``
+``ATTNBENCH_ASV_MODES``, ``ATTNBENCH_ASV_MASKS`` (comma-separated) and ``ATTNBENCH_ASV_MAX_CALL_S``; ``ATTNBENCH_ASV_BATCH``
 is for tests only (see :data:`BASE`).
 """
 
@@ -50,6 +50,8 @@ for results you keep."""
 LENGTHS = _env_list("ATTNBENCH_ASV_LENGTHS", [64, 128, 256, 512, 1024, 2048, 4096, 8192], int)
 DEVICES = _env_list("ATTNBENCH_ASV_DEVICES", ["cpu", "cuda"] if CUDA else ["cpu"])
 MODES = _env_list("ATTNBENCH_ASV_MODES", ["forward", "backward"])
+MASKS = _env_list("ATTNBENCH_ASV_MASKS", ["none", "causal"])
+"""Mask kinds of the grid: no mask and causal, the one production models run (the CI subset keeps ``none``)."""
 # Default-sweep variants that run on at least one of the devices (CUDA-only SDPA backends drop out on
 # CPU boxes; compiled variants, which recompile for every parameter set, are opt-in by name).
 VARIANTS = _env_list(
@@ -62,7 +64,7 @@ VARIANTS = _env_list(
 MAX_CALL_SECONDS = float(os.environ.get("ATTNBENCH_ASV_MAX_CALL_S", "1.0"))
 """Predicted seconds per call above which a case is n/a (keeps `asv run` within its budget)."""
 
-PARAMS: dict[str, list] = {"variant": VARIANTS, "seq_len": LENGTHS, "device": DEVICES, "mode": MODES}
+PARAMS: dict[str, list] = {"variant": VARIANTS, "seq_len": LENGTHS, "device": DEVICES, "mode": MODES, "mask": MASKS}
 
 
 def params(*names: str) -> tuple[list[list], list[str]]:
@@ -75,8 +77,9 @@ def params(*names: str) -> tuple[list[list], list[str]]:
     return [list(PARAMS[n]) for n in names], list(names)
 
 
-def spec_for(variant: str, seq_len: int, device: str, mode: str) -> AttnSpec:
-    return BASE.replace(seq_len=seq_len, device=device, mode=mode)
+def spec_for(variant: str, seq_len: int, device: str, mode: str, mask: str = "none") -> AttnSpec:
+    """The case one parameter set names (the mask is the last parameter)."""
+    return BASE.replace(seq_len=seq_len, device=device, mode=mode, mask=mask)
 
 
 GATE_CONFIG = runner.MeasureConfig()
@@ -98,13 +101,13 @@ class Prepared:
 
 
 @functools.lru_cache(maxsize=8)
-def prepare(variant: str, seq_len: int, device: str, mode: str = "forward") -> Prepared:
+def prepare(variant: str, seq_len: int, device: str, mode: str = "forward", mask: str = "none") -> Prepared:
     """Guard, inputs, the first (warm-up) call of the timed closure and the gate on its result.
 
     Raises:
         NotImplementedError: the case is n/a here (unsupported, or over the time or memory budget).
     """
-    spec = spec_for(variant, seq_len, device, mode)
+    spec = spec_for(variant, seq_len, device, mode, mask)
     impl = get_variant(variant)
     reasons = impl.not_supported_reasons(spec)
     plan = runner.check_plan(impl, spec, GATE_CONFIG)
@@ -124,65 +127,67 @@ def prepare(variant: str, seq_len: int, device: str, mode: str = "forward") -> P
     return Prepared(call=call, spec=spec, checked=checked, note=plan.note)
 
 
-def case(variant: str, seq_len: int, device: str, mode: str = "forward") -> tuple[Callable[[], object], AttnSpec]:
+def case(
+    variant: str, seq_len: int, device: str, mode: str = "forward", mask: str = "none"
+) -> tuple[Callable[[], object], AttnSpec]:
     """The prepared call for one parameter set, gated.
 
     Raises:
         NotImplementedError: n/a (see :func:`prepare`).
         WrongResult: the closure's result failed the correctness gate (asv: failed, never a time).
     """
-    prepared = prepare(variant, seq_len, device, mode)
+    prepared = prepare(variant, seq_len, device, mode, mask)
     if prepared.checked is not None and not prepared.checked.passed:
         raise WrongResult(f"{variant} {prepared.spec.label}: {prepared.checked.reason()}")
     return prepared.call, prepared.spec
 
 
-def peak_tensor_bytes(variant: str, seq_len: int, device: str, mode: str) -> float:
+def peak_tensor_bytes(variant: str, seq_len: int, device: str, mode: str, mask: str = "none") -> float:
     """Peak tensor bytes above the inputs (the runner's method: profiler, CUDA stats or analytic)."""
-    call, spec = case(variant, seq_len, device, mode)
+    call, spec = case(variant, seq_len, device, mode, mask)
     call()  # warm caches (parameters, kernels) outside the measured call
     return runner.peak_tensor_bytes(get_variant(variant), spec, call)[0]
 
 
-def gflops(variant: str, seq_len: int, device: str, mode: str) -> float:
+def gflops(variant: str, seq_len: int, device: str, mode: str, mask: str = "none") -> float:
     """Achieved GFLOP/s (executed FLOPs / median of a short timing)."""
-    call, spec = case(variant, seq_len, device, mode)
+    call, spec = case(variant, seq_len, device, mode, mask)
     samples, _ = time_call(call, spec.device, TimerConfig(min_runs=3, min_time=0.1, max_time=2.0))
     return get_variant(variant).flops(spec).executed / statistics.median(samples) / 1e9
 
 
-def flops(variant: str, seq_len: int, device: str, mode: str) -> float:
+def flops(variant: str, seq_len: int, device: str, mode: str, mask: str = "none") -> float:
     """Analytic executed FLOPs of the case: deterministic, so the regression gate is strict on it."""
-    _, spec = case(variant, seq_len, device, mode)
+    _, spec = case(variant, seq_len, device, mode, mask)
     return float(get_variant(variant).flops(spec).executed)
 
 
-def cuda_event_ms(variant: str, seq_len: int, device: str, mode: str) -> float:
+def cuda_event_ms(variant: str, seq_len: int, device: str, mode: str, mask: str = "none") -> float:
     """Median CUDA-event milliseconds per call (the class's setup makes non-CUDA cases n/a)."""
-    call, spec = case(variant, seq_len, device, mode)
+    call, spec = case(variant, seq_len, device, mode, mask)
     samples, _ = time_call(call, spec.device, TimerConfig(min_runs=10, min_time=0.2, max_time=2.0))
     return statistics.median(samples) * 1e3
 
 
-def setup_accuracy(variant: str, seq_len: int, device: str, mode: str) -> None:
+def setup_accuracy(variant: str, seq_len: int, device: str, mode: str, mask: str = "none") -> None:
     """n/a rules for the accuracy benchmarks: the case's own, plus the float64 reference's budget.
 
     A wrong result does not raise here: the accuracy benchmarks report how wrong it is.
     """
-    prepared = prepare(variant, seq_len, device, mode)
+    prepared = prepare(variant, seq_len, device, mode, mask)
     if prepared.checked is None:
         raise NotImplementedError(prepared.note or "accuracy not checked")
 
 
-def error(variant: str, seq_len: int, device: str, mode: str) -> float:
+def error(variant: str, seq_len: int, device: str, mode: str, mask: str = "none") -> float:
     """Max |out - float64 reference| of the timed closure's output over the checked (batch, head) slices."""
-    checked = prepare(variant, seq_len, device, mode).checked
+    checked = prepare(variant, seq_len, device, mode, mask).checked
     return math.nan if checked is None else checked.max_error
 
 
-def error_ratio(variant: str, seq_len: int, device: str, mode: str) -> float:
+def error_ratio(variant: str, seq_len: int, device: str, mode: str, mask: str = "none") -> float:
     """Worst error / tolerance over the output and (backward) dq, dk, dv: above 1 means wrong."""
-    checked = prepare(variant, seq_len, device, mode).checked
+    checked = prepare(variant, seq_len, device, mode, mask).checked
     return math.nan if checked is None else checked.error_ratio
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from attnbench import masks
+from attnbench import mask_mods, masks
 
 if TYPE_CHECKING:
     from attnbench.spec import AttnSpec
@@ -48,14 +48,20 @@ class CallInfo:
 
     @classmethod
     def from_tensors(
-        cls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+        cls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+        mask: torch.Tensor | mask_mods.MaskMod | None = None,
     ) -> CallInfo:
         """The call these (already shape-checked) tensors make.
 
-        A query-independent mask (size 1 along Lq) needs ``valid_lengths`` support; any other mask
-        may encode anything, so it needs general (``causal`` and ``sliding_window``) support.
+        A predicate (:class:`~attnbench.mask_mods.MaskMod`) needs support for its own kind (a
+        composition of predicates needs general support). A query-independent bool mask (size 1
+        along Lq) needs ``valid_lengths`` support; any other bool mask may encode anything, so it
+        needs general (``causal`` and ``sliding_window``) support.
         """
-        if mask is None:
+        if isinstance(mask, mask_mods.MaskMod):
+            kind = masks.kind_of(mask)
+            kinds = frozenset({kind} if kind is not None else {"causal", "sliding_window"})
+        elif mask is None:
             kinds = frozenset({"none"})
         elif masks.is_key_padding(mask):
             kinds = frozenset({"valid_lengths"})

@@ -1,9 +1,13 @@
-"""Boolean attention masks as small composable factories.
+"""Boolean attention masks as small composable factories (dense views of :mod:`attnbench.mask_mods`).
 
 Convention (the same as ``F.scaled_dot_product_attention``): a mask is a boolean tensor
 broadcastable to ``(B, H, Lq, Lk)`` where ``True`` means *the query may attend to this key*.
 Every factory returns the smallest broadcastable shape, so one definition feeds both the
 float64 reference and the fast paths without materialising more than needed.
+
+There is one definition of each mask: the predicate in :mod:`attnbench.mask_mods`. The factories
+here only evaluate it densely (:func:`attnbench.mask_mods.dense`). ``Lq != Lk``: ``causal`` is
+aligned to the top-left corner (query i sees keys j <= i), as PyTorch's ``is_causal=True``.
 
 A query row with no allowed key produces an all-zero output row in every exact variant
 (never NaN): "attend to nothing" means "contribute nothing".
@@ -18,10 +22,17 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
-MASK_KINDS: tuple[str, ...] = ("none", "causal", "valid_lengths", "sliding_window")
-"""Named mask kinds a benchmark spec can ask for (see :func:`for_kind`)."""
+from attnbench import mask_mods as mm
+
+MASK_KINDS: tuple[str, ...] = ("none", "causal", "valid_lengths", "sliding_window", "prefix_lm", "document")
+"""Named mask kinds a benchmark spec can ask for (see :func:`mod_for_kind` and :func:`for_kind`)."""
+
+DOCUMENT_FRACTIONS: tuple[tuple[int, int], ...] = ((3, 8), (1, 8), (1, 4), (1, 16), (3, 16))
+"""The ``document`` kind's packing: document lengths cycle through these fractions of the length."""
 
 
 def _check_lengths(lq: int, lk: int) -> None:
@@ -37,9 +48,7 @@ def causal(lq: int, lk: int, device: torch.device | str = "cpu") -> torch.Tensor
         Bool tensor of shape ``(1, 1, lq, lk)``.
     """
     _check_lengths(lq, lk)
-    i = torch.arange(lq, device=device)[:, None]  # (Lq, 1)
-    j = torch.arange(lk, device=device)[None, :]  # (1, Lk)
-    return (j <= i)[None, None]
+    return mm.dense(mm.causal(), 1, 1, lq, lk, device)
 
 
 def sliding_window(
@@ -55,9 +64,27 @@ def sliding_window(
     _check_lengths(lq, lk)
     if not isinstance(window, int) or isinstance(window, bool) or window < 0:
         raise ValueError(f"window must be a non-negative int, got {window!r}")
-    i = torch.arange(lq, device=device)[:, None]  # (Lq, 1)
-    j = torch.arange(lk, device=device)[None, :]  # (1, Lk)
-    return ((i - j).abs() <= window)[None, None]
+    return mm.dense(mm.sliding_window(window), 1, 1, lq, lk, device)
+
+
+def prefix_lm(lq: int, lk: int, prefix: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Bidirectional over the first ``prefix`` keys, causal (top-left) after.
+
+    Returns:
+        Bool tensor of shape ``(1, 1, lq, lk)``.
+    """
+    _check_lengths(lq, lk)
+    return mm.dense(mm.prefix_lm(prefix), 1, 1, lq, lk, device)
+
+
+def document(lq: int, lk: int, lengths: Sequence[int], device: torch.device | str = "cpu") -> torch.Tensor:
+    """Block-diagonal mask of packed documents with the given lengths (positions past them see nothing).
+
+    Returns:
+        Bool tensor of shape ``(1, 1, lq, lk)``.
+    """
+    _check_lengths(lq, lk)
+    return mm.dense(mm.document(lengths, device), 1, 1, lq, lk, device)
 
 
 def valid_lengths(valid_lens: torch.Tensor, lq: int, lk: int) -> torch.Tensor:
@@ -74,20 +101,10 @@ def valid_lengths(valid_lens: torch.Tensor, lq: int, lk: int) -> torch.Tensor:
         Bool tensor of shape ``(B, 1, 1, lk)`` for 1-D input, ``(B, 1, lq, lk)`` for 2-D.
     """
     _check_lengths(lq, lk)
-    if not isinstance(valid_lens, torch.Tensor):
-        raise TypeError(f"valid_lens must be a torch.Tensor, got {type(valid_lens).__name__}")
-    if valid_lens.is_floating_point() or valid_lens.is_complex() or valid_lens.dtype == torch.bool:
-        raise TypeError(f"valid_lens must be an integer tensor, got {valid_lens.dtype}")
-    j = torch.arange(lk, device=valid_lens.device)
-    if valid_lens.dim() == 1:
-        return (j[None, :] < valid_lens[:, None])[:, None, None, :]  # (B, 1, 1, Lk)
-    if valid_lens.dim() == 2:
-        if valid_lens.shape[1] != lq:
-            raise ValueError(
-                f"valid_lens of shape (B, Lq) must have Lq={lq} columns, got {tuple(valid_lens.shape)}"
-            )
-        return (j[None, None, :] < valid_lens[:, :, None])[:, None]  # (B, 1, Lq, Lk)
-    raise ValueError(f"valid_lens must be 1-D (B,) or 2-D (B, Lq), got {valid_lens.dim()}-D")
+    mod = mm.valid_lengths(valid_lens)  # type and rank checks
+    if valid_lens.dim() == 2 and valid_lens.shape[1] != lq:
+        raise ValueError(f"valid_lens of shape (B, Lq) must have Lq={lq} columns, got {tuple(valid_lens.shape)}")
+    return mm.dense(mod, valid_lens.shape[0], 1, lq, lk, valid_lens.device)
 
 
 def combine(*masks: torch.Tensor | None) -> torch.Tensor | None:
@@ -118,6 +135,65 @@ def default_valid_lens(batch: int, lk: int) -> list[int]:
     return [max(1, -(-lk * (b + 1) // (batch + 1))) for b in range(batch)]
 
 
+def default_document_lengths(length: int) -> list[int]:
+    """The ``document`` kind's packing of ``length`` positions into documents of mixed lengths.
+
+    Lengths cycle through :data:`DOCUMENT_FRACTIONS` of ``length`` (at least 1 each); the last
+    document is cut so the lengths sum to ``length`` exactly (every position is in a document).
+
+    Example:
+        >>> default_document_lengths(32)
+        [12, 4, 8, 2, 6]
+    """
+    if not isinstance(length, int) or isinstance(length, bool) or length < 1:
+        raise ValueError(f"length must be a positive int, got {length!r}")
+    out: list[int] = []
+    used, i = 0, 0
+    while used < length:
+        num, den = DOCUMENT_FRACTIONS[i % len(DOCUMENT_FRACTIONS)]
+        n = min(max(1, length * num // den), length - used)
+        out.append(n)
+        used += n
+        i += 1
+    return out
+
+
+def default_prefix(lk: int) -> int:
+    """The ``prefix_lm`` kind's default prefix: a quarter of the keys."""
+    return lk // 4
+
+
+def mod_for_kind(
+    kind: str,
+    batch: int,
+    lq: int,
+    lk: int,
+    *,
+    window: int = 128,
+    prefix: int | None = None,
+    device: torch.device | str = "cpu",
+) -> mm.MaskMod | None:
+    """The predicate a benchmark spec names (None for ``"none"``); the one definition of each kind.
+
+    ``valid_lengths`` uses the deterministic 1-D key-padding pattern of :func:`default_valid_lens`;
+    ``document`` packs ``max(lq, lk)`` positions as :func:`default_document_lengths`;
+    ``prefix_lm`` uses ``prefix`` (default :func:`default_prefix`).
+    """
+    if kind == "none":
+        return None
+    if kind == "causal":
+        return mm.causal()
+    if kind == "sliding_window":
+        return mm.sliding_window(window)
+    if kind == "valid_lengths":
+        return mm.valid_lengths(torch.tensor(default_valid_lens(batch, lk), device=device))
+    if kind == "prefix_lm":
+        return mm.prefix_lm(default_prefix(lk) if prefix is None else prefix)
+    if kind == "document":
+        return mm.document(default_document_lengths(max(lq, lk)), device)
+    raise ValueError(f"mask kind must be one of {MASK_KINDS}, got {kind!r}")
+
+
 def for_kind(
     kind: str,
     batch: int,
@@ -125,19 +201,18 @@ def for_kind(
     lk: int,
     *,
     window: int = 128,
+    prefix: int | None = None,
     device: torch.device | str = "cpu",
 ) -> torch.Tensor | None:
-    """Build the mask a benchmark spec names.
+    """The dense boolean mask a benchmark spec names (see :func:`mod_for_kind`), or None."""
+    mod = mod_for_kind(kind, batch, lq, lk, window=window, prefix=prefix, device=device)
+    return None if mod is None else mm.dense(mod, batch, 1, lq, lk, device)
 
-    ``valid_lengths`` uses the deterministic 1-D key-padding pattern of :func:`default_valid_lens`,
-    so every batch element has a different valid length and at least one key.
-    """
-    if kind == "none":
-        return None
-    if kind == "causal":
-        return causal(lq, lk, device)
-    if kind == "sliding_window":
-        return sliding_window(lq, lk, window, device)
-    if kind == "valid_lengths":
-        return valid_lengths(torch.tensor(default_valid_lens(batch, lk), device=device), lq, lk)
-    raise ValueError(f"mask kind must be one of {MASK_KINDS}, got {kind!r}")
+
+def kind_of(mod: mm.MaskMod | None) -> str | None:
+    """The :data:`MASK_KINDS` name of a built-in predicate (``"none"`` for None); None for compositions."""
+    if mod is None:
+        return "none"
+    base = mod.name.split("(", 1)[0]
+    composed = " & " in mod.name or " | " in mod.name
+    return base if base in MASK_KINDS and not composed else None

@@ -104,6 +104,7 @@ BUILTINS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("multihead", _V + "multihead:MultiheadAttentionCore", {}),
     ("torch_mha", _V + "torch_mha:TorchMHA", {}),
     ("sdpa", _V + "sdpa:SDPA", {"backend": "auto"}),
+    ("sdpa_dense_mask", _V + "sdpa:SDPA", {"backend": "auto", "dense_mask": True}),
     ("sdpa_math", _V + "sdpa:SDPA", {"backend": "math"}),
     ("sdpa_flash", _V + "sdpa:SDPA", {"backend": "flash"}),
     ("sdpa_efficient", _V + "sdpa:SDPA", {"backend": "efficient"}),

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnbench import masks
+from attnbench import mask_mods, masks
 from attnbench._checks import check_positive_int
 
 DTYPES: dict[str, torch.dtype] = {
@@ -54,10 +54,15 @@ class AttnSpec:
     mask: str = "none"  # one of masks.MASK_KINDS
     mode: str = "forward"  # "forward", or "backward" for forward + backward
     window: int = 128  # half-width of the "sliding_window" mask kind
+    prefix: int | None = None  # bidirectional prefix of the "prefix_lm" kind; None means Lk // 4
 
     def __post_init__(self) -> None:
         for name in ("batch", "heads", "seq_len", "head_dim", "window"):
             check_positive_int(name, getattr(self, name))
+        if self.prefix is not None and (
+            not isinstance(self.prefix, int) or isinstance(self.prefix, bool) or self.prefix < 0
+        ):
+            raise ValueError(f"prefix must be None or a non-negative int, got {self.prefix!r}")
         for name in ("seq_len_k", "head_dim_v"):
             if getattr(self, name) is not None:
                 check_positive_int(name, getattr(self, name))
@@ -103,16 +108,17 @@ class AttnSpec:
 
     @property
     def mask_bytes(self) -> int:
-        """Bytes of the bool mask :meth:`make_mask` builds (its broadcastable shape, one byte per entry).
+        """Bytes of the dense bool mask :meth:`make_mask` builds (its broadcastable shape, one byte per entry).
 
-        ``causal`` and ``sliding_window`` are dense ``(1, 1, Lq, Lk)``; ``valid_lengths`` is
-        ``(B, 1, 1, Lk)``; ``none`` builds nothing.
+        ``causal``, ``sliding_window``, ``prefix_lm`` and ``document`` are ``(1, 1, Lq, Lk)``;
+        ``valid_lengths`` is ``(B, 1, 1, Lk)``; ``none`` builds nothing. A variant that takes the
+        predicate itself builds no dense mask (see :meth:`Variant.mask_bytes`).
         """
-        if self.mask in ("causal", "sliding_window"):
-            return self.lq * self.lk
+        if self.mask == "none":
+            return 0
         if self.mask == "valid_lengths":
             return self.batch * self.lk
-        return 0
+        return self.lq * self.lk
 
     @property
     def output_bytes(self) -> int:
@@ -125,37 +131,54 @@ class AttnSpec:
         parts = [f"B{self.batch}", f"H{self.heads}", lens, dims, self.dtype, self.device, self.mode]
         if self.mask != "none":
             parts.insert(-1, f"mask={self.mask}")
+            if self.mask == "prefix_lm" and self.prefix is not None:
+                parts.insert(-1, f"prefix={self.prefix}")
         return " ".join(parts)
 
     def replace(self, **changes: object) -> AttnSpec:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
-    def allowed_pairs(self) -> int:
-        """(query, key) pairs per (batch, head) that the mask allows, averaged over the batch."""
-        lq, lk = self.lq, self.lk
-        if self.mask == "none":
-            return lq * lk
-        if self.mask == "causal":
-            return sum(min(i + 1, lk) for i in range(lq))
-        if self.mask == "sliding_window":
-            w = self.window
-            return sum(min(lk - 1, i + w) - max(0, i - w) + 1 for i in range(min(lq, lk + w)))
-        return lq * sum(masks.default_valid_lens(self.batch, lk)) // self.batch
+    @property
+    def prefix_len(self) -> int:
+        """The ``prefix_lm`` kind's prefix: :attr:`prefix`, or ``Lk // 4`` when unset."""
+        return masks.default_prefix(self.lk) if self.prefix is None else self.prefix
 
-    def make_mask(self) -> torch.Tensor | None:
-        return masks.for_kind(
-            self.mask, self.batch, self.lq, self.lk, window=self.window, device=self.device
+    def mask_mod(self, device: torch.device | str | None = None) -> mask_mods.MaskMod | None:
+        """The spec's mask as a predicate (None for ``"none"``): the one definition every consumer uses."""
+        return masks.mod_for_kind(
+            self.mask, self.batch, self.lq, self.lk, window=self.window, prefix=self.prefix_len,
+            device=self.device if device is None else device,
         )
 
+    def allowed_pairs(self) -> int:
+        """(query, key) pairs per (batch, head) that the mask allows, averaged over the batch.
+
+        From the predicate (:func:`attnbench.mask_mods.allowed_pairs`): no O(L^2) work.
+        """
+        return mask_mods.allowed_pairs(self.mask_mod(device="cpu"), self.batch, self.lq, self.lk)
+
+    def make_mask(self) -> torch.Tensor | None:
+        """The dense bool mask, smallest broadcastable shape (see :attr:`mask_bytes`), or None."""
+        mod = self.mask_mod()
+        return None if mod is None else mask_mods.dense(mod, self.batch, self.heads, self.lq, self.lk, self.device)
+
     def make_inputs(
-        self, seed: int = 0, requires_grad: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        self, seed: int = 0, requires_grad: bool = False, mask_form: str = "dense"
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | mask_mods.MaskMod | None]:
         """Seeded standard-normal q, k, v (never zeros) and the spec's mask.
+
+        Args:
+            seed: input seed.
+            requires_grad: inputs require grad (backward cases).
+            mask_form: ``"dense"`` (a bool tensor, :meth:`make_mask`) or ``"mod"`` (the predicate,
+                :meth:`mask_mod`: nothing L^2 is built).
 
         Returns:
             ``q (B, H, Lq, D)``, ``k (B, H, Lk, D)``, ``v (B, H, Lk, Dv)``, mask or None.
         """
+        if mask_form not in ("dense", "mod"):
+            raise ValueError(f"mask_form must be 'dense' or 'mod', got {mask_form!r}")
         gen = torch.Generator(device="cpu").manual_seed(seed)
         b, h = self.batch, self.heads
         shapes = ((b, h, self.lq, self.head_dim), (b, h, self.lk, self.head_dim), (b, h, self.lk, self.dv))
@@ -166,4 +189,4 @@ class AttnSpec:
             for s in shapes
         ]
         q, k, v = tensors
-        return q, k, v, self.make_mask()
+        return q, k, v, self.make_mask() if mask_form == "dense" else self.mask_mod()

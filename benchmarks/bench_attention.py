@@ -1,4 +1,4 @@
-"""asv benchmarks: attention time and memory vs sequence length (thin; logic in attnbench.asv_bench).
+"""asv benchmarks: attention time and memory vs sequence length and mask (thin; logic in attnbench.asv_bench).
 
 Parameters come from ``attnbench.asv_bench.PARAMS``; impossible cases raise NotImplementedError in
 ``setup`` and show as n/a.
@@ -8,7 +8,7 @@ from attnbench import asv_bench as ab
 
 
 class Attention:
-    """Wall time (asv's timer) and process peak RSS per variant x length x device x pass."""
+    """Wall time (asv's timer) and process peak RSS per variant x length x device x pass x mask."""
 
     params, param_names = ab.params()
     repeat = (3, 10, 4.0)
@@ -77,10 +77,10 @@ if ab.CUDA:
         params, param_names = ab.params()
         timeout = 180
 
-        def setup(self, variant, seq_len, device, mode):
+        def setup(self, variant, seq_len, device, mode, mask):
             if device != "cuda":
                 raise NotImplementedError("CUDA-event time is measured on cuda only")
-            ab.case(variant, seq_len, device, mode)
+            ab.case(variant, seq_len, device, mode, mask)
 
         def track_cuda_ms(self, *p):
             return ab.cuda_event_ms(*p)

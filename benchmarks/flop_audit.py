@@ -18,7 +18,7 @@ from attnbench import AttnSpec
 def counted_flops(variant: attnbench.Variant, spec: AttnSpec, seed: int = 0) -> int:
     """FlopCounterMode's total for one call: forward under no_grad, or forward + autograd.grad."""
     backward = spec.mode == "backward"
-    q, k, v, mask = spec.make_inputs(seed=seed, requires_grad=backward)
+    q, k, v, mask = spec.make_inputs(seed=seed, requires_grad=backward, mask_form=variant.mask_form(spec))
     mask4 = variant.validate(q, k, v, mask)
     gen = torch.Generator().manual_seed(seed + 1)
     grad_out = torch.randn(*q.shape[:3], v.shape[-1], generator=gen).to(q.dtype)

@@ -44,7 +44,7 @@ def _relative_gap(declared: int, counted: int) -> float:
 
 
 @pytest.mark.parametrize("mode", ["forward", "backward"])
-@pytest.mark.parametrize("mask", ["none", "causal", "valid_lengths"])
+@pytest.mark.parametrize("mask", ["none", "causal", "valid_lengths", "document"])
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("name", all_variants())
 def test_declared_flops_match_the_counter(name, shape, mask, mode):
@@ -143,7 +143,7 @@ def test_loop_flops_match_an_instrumented_count(mask):
     assert variant.backward_factor(spec) == 2.0
 
 
-@pytest.mark.parametrize("mask", ["none", "causal", "sliding_window", "valid_lengths"])
+@pytest.mark.parametrize("mask", attnbench.masks.MASK_KINDS)
 def test_flex_executed_pairs_match_its_block_mask(mask):
     from torch.nn.attention.flex_attention import create_block_mask
 

@@ -34,11 +34,14 @@ def test_mask_bytes_counts_the_dense_mask():
 
 def test_the_guard_counts_the_mask_and_grad_out():
     spec = attnbench.AttnSpec(batch=1, heads=1, seq_len=4096, head_dim=8, mask="causal", mode="backward")
-    v = attnbench.get_variant("chunked")
+    v = attnbench.get_variant("batched")  # receives the dense mask
     need = guard.predicted_bytes(v, spec)
     assert need == spec.input_bytes + spec.mask_bytes + spec.output_bytes + v.predicted_peak_bytes(spec)
-    m = measure("chunked", spec, MeasureConfig(memory_budget_bytes=need - 1, check_accuracy=False), peak_flops=1e10)
+    m = measure("batched", spec, MeasureConfig(memory_budget_bytes=need - 1, check_accuracy=False), peak_flops=1e10)
     assert m.status == "skipped" and "inputs+mask" in m.reason
+    # chunked takes the predicate: no dense mask is built, so none is counted.
+    c = attnbench.get_variant("chunked")
+    assert guard.predicted_bytes(c, spec) == spec.input_bytes + spec.output_bytes + c.predicted_peak_bytes(spec)
 
 
 def test_the_guard_counts_the_reference():

@@ -31,15 +31,29 @@ def free_bytes(device: str) -> int:
     return psutil.virtual_memory().available
 
 
-def case_bytes(spec: AttnSpec) -> int:
-    """What the runner allocates before the variant runs: q, k, v, the mask and (backward) ``grad_out``."""
+def case_bytes(spec: AttnSpec, variant: Variant | None = None) -> int:
+    """What the runner allocates before the variant runs: q, k, v, the mask and (backward) ``grad_out``.
+
+    The mask is the dense bool tensor the runner builds for ``variant`` (:meth:`Variant.mask_bytes`:
+    nothing for a variant that takes the predicate); without a variant, the dense tensor's bytes.
+    """
     grad_out = spec.output_bytes if spec.mode == "backward" else 0
-    return spec.input_bytes + spec.mask_bytes + grad_out
+    mask = spec.mask_bytes if variant is None else variant.mask_bytes(spec)
+    return spec.input_bytes + mask + grad_out
+
+
+def reference_mask_bytes(spec: AttnSpec, reference_bytes: float) -> int:
+    """The dense mask the correctness gate's reference evaluates from a predicate (only when it checks)."""
+    return spec.mask_bytes if reference_bytes > 0 else 0
 
 
 def predicted_bytes(variant: Variant, spec: AttnSpec, reference_bytes: float = 0.0) -> int:
-    """Inputs, mask, ``grad_out``, the variant's predicted peak (weights included) and the reference's bytes."""
-    return int(case_bytes(spec) + variant.predicted_peak_bytes(spec) + reference_bytes)
+    """Inputs, mask, ``grad_out``, the variant's predicted peak (weights included) and the reference's bytes.
+
+    When the gate checks a variant that took the predicate, the reference's dense mask is counted too.
+    """
+    reference_mask = reference_mask_bytes(spec, reference_bytes) if variant.mask_bytes(spec) == 0 else 0
+    return int(case_bytes(spec, variant) + variant.predicted_peak_bytes(spec) + reference_bytes + reference_mask)
 
 
 def predicted_seconds(variant: Variant, spec: AttnSpec, peak_flops: float) -> float:
@@ -88,7 +102,7 @@ def guard_reasons(
     if need > memory_budget:
         mib = 2**20
         reasons.append(
-            f"predicted peak {need / mib:,.0f} MiB (inputs+mask {case_bytes(spec) / mib:,.0f}, variant {peak / mib:,.0f}, "
+            f"predicted peak {need / mib:,.0f} MiB (inputs+mask {case_bytes(spec, variant) / mib:,.0f}, variant {peak / mib:,.0f}, "
             f"reference {reference_bytes / mib:,.0f}) exceeds the memory budget {memory_budget / mib:,.0f} MiB"
         )
     seconds = predicted_seconds(variant, spec, peak_flops) * calls + reference_s

@@ -31,7 +31,7 @@ from attnbench.measure.timer import TimerConfig, cuda_graph_seconds, time_call, 
 from attnbench.measure.worker import CAP_ALLOWANCE_BYTES, CaseJob, WorkerPool
 from attnbench.registry import get_variant
 from attnbench.spec import AttnSpec
-from attnbench.variants.base import Variant
+from attnbench.variants.base import Variant, dense_mask
 
 ProgressCallback = Callable[[int, int, str, AttnSpec], None]
 ResultCallback = Callable[[int, Measurement], None]
@@ -90,11 +90,16 @@ def make_call(
     the output ``(B, H, Lq, Dv)``; backward returns ``(out, dq, dk, dv)`` for the fixed random
     ``grad_out`` of :func:`grad_output`.
 
+    The mask: a variant that takes the predicate (:meth:`Variant.takes_mask_mod`: block skipping,
+    ``is_causal``) receives the spec's :class:`~attnbench.mask_mods.MaskMod`; every other variant
+    receives the dense bool tensor, built here (untimed) and counted by the guard
+    (:meth:`Variant.mask_bytes`).
+
     Returns:
-        ``(call, (q, k, v), mask)`` with the mask as the closure receives it (rank 4, or None).
+        ``(call, (q, k, v), mask)`` with the mask as the closure receives it (rank 4, a predicate, or None).
     """
     backward = spec.mode == "backward"
-    q, k, v, mask = spec.make_inputs(seed=seed, requires_grad=backward)
+    q, k, v, mask = spec.make_inputs(seed=seed, requires_grad=backward, mask_form=variant.mask_form(spec))
     mask4 = variant.validate(q, k, v, mask)
     if not backward:
 
@@ -149,6 +154,7 @@ def run_gate(
         return None
     q, k, v = inputs
     grad_out = grad_output(spec, seed).to(q) if spec.mode == "backward" else None
+    mask = dense_mask(mask, q, k)  # the reference evaluates a predicate densely (untimed)
     return gate.check(variant, q, k, v, mask, result, plan.slices, grad_out)
 
 

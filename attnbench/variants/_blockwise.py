@@ -3,8 +3,10 @@
 Queries are cut into blocks of ``block`` rows. Query block n attends to the keys listed in
 ``key_index[n]`` (a fixed number ``Nk`` per block, padded with invalid entries), so scores are
 ``(B, H, Nb, block, Nk)``: O(L * Nk) time and memory instead of O(L^2). A per-element
-``predicate(query_pos, key_pos)`` (e.g. a band) and the caller's boolean mask are applied to the
-gathered positions only, so no dense (Lq, Lk) tensor is ever built.
+``predicate(query_pos, key_pos)`` (e.g. a band) and the caller's mask are applied to the gathered
+positions only. A mask given as a :class:`~attnbench.mask_mods.MaskMod` is evaluated on those
+positions (:func:`mod_at`), so no dense (Lq, Lk) tensor exists at any point; a dense boolean mask
+is read at the gathered positions (:func:`gather_mask`, which indexes full mask rows).
 
 Letters: B batch, H heads, Lq queries, Lk keys, D head dim, Dv value head dim,
 Nb query blocks, Nk keys gathered per block.
@@ -16,6 +18,8 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+
+from attnbench.mask_mods import MaskMod
 
 Predicate = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -39,6 +43,26 @@ def gather_mask(mask: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) ->
     return rows.gather(-1, index)
 
 
+def mod_at(mod: MaskMod, batch: int, heads: int, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """Evaluate a predicate at gathered positions only (no dense mask row is ever built).
+
+    Args:
+        mod: the mask predicate.
+        batch: B; heads: H (used only when the predicate depends on them).
+        q_pos: ``(Nb, blk)`` query positions, already clamped to the valid range.
+        k_pos: ``(Nb, Nk)`` key positions, already clamped.
+
+    Returns:
+        ``(B?, H?, Nb, blk, Nk)`` bool.
+    """
+    device = q_pos.device
+    b = torch.arange(batch if mod.uses_batch else 1, device=device).view(-1, 1, 1, 1, 1)
+    h = torch.arange(heads if mod.uses_head else 1, device=device).view(1, -1, 1, 1, 1)
+    qi = q_pos[None, None, :, :, None]  # (1, 1, Nb, blk, 1)
+    ki = k_pos[None, None, :, None, :]  # (1, 1, Nb, 1, Nk)
+    return mod.fn(b, h, qi, ki)
+
+
 def gathered_block_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -57,7 +81,7 @@ def gathered_block_attention(
     Args:
         q: ``(B, H, Lq', D)`` queries, positions ``q_offset .. q_offset + Lq' - 1``.
         k: ``(B, H, Lk, D)``; v: ``(B, H, Lk, Dv)``.
-        mask: rank-4 bool mask over the *full* query range, or None.
+        mask: rank-4 bool mask over the *full* query range, a predicate, or None.
         block: query rows per block; ``Nb = ceil(Lq' / block)`` must equal ``key_index.shape[0]``.
         key_index: ``(Nb, Nk)`` long key positions (any value where ``key_valid`` is False).
         key_valid: ``(Nb, Nk)`` bool.
@@ -84,7 +108,10 @@ def gathered_block_attention(
         allowed = allowed & predicate(q_abs[:, :, None], key_index[:, None, :])
     if mask is not None:
         q_clamped = q_abs.clamp(max=q_offset + lq - 1)
-        allowed = allowed & gather_mask(mask, q_clamped, k_pos)  # (B?, H?, Nb, blk, Nk)
+        if isinstance(mask, MaskMod):
+            allowed = allowed & mod_at(mask, b, h, q_clamped, k_pos)  # (B?, H?, Nb, blk, Nk)
+        else:
+            allowed = allowed & gather_mask(mask, q_clamped, k_pos)  # (B?, H?, Nb, blk, Nk)
 
     scores.masked_fill_(~allowed, torch.finfo(scores.dtype).min)
     probs = torch.softmax(scores, dim=-1)  # (B, H, Nb, blk, Nk)

@@ -3,9 +3,15 @@
 Letters: B batch, H heads, Lq queries, Lk keys, D query/key head dim, Dv value head dim.
 
 A variant is a callable ``variant(q, k, v, mask=None)`` with ``q (B, H, Lq, D)``,
-``k (B, H, Lk, D)``, ``v (B, H, Lk, Dv)`` returning ``(B, H, Lq, Dv)``. The mask is boolean and
-broadcastable to ``(B, H, Lq, Lk)``; True means "may attend" (the SDPA convention). Rows with no
-allowed key return zeros in every exact variant.
+``k (B, H, Lk, D)``, ``v (B, H, Lk, Dv)`` returning ``(B, H, Lq, Dv)``. The mask is None, a
+boolean tensor broadcastable to ``(B, H, Lq, Lk)`` (True means "may attend", the SDPA convention),
+or a predicate (:class:`~attnbench.mask_mods.MaskMod`). A variant that uses the predicate directly
+(tiles, block skipping, ``is_causal``) says so in :meth:`Variant.takes_mask_mod`; for every other
+variant :meth:`Variant.validate` evaluates the predicate into the dense tensor (outside any timed
+region: the runner validates while preparing), whose bytes the guard counts
+(:meth:`Variant.mask_bytes`). Causal masks with ``Lq != Lk`` are top-left aligned (query i sees
+keys j <= i), as PyTorch's ``is_causal=True``. Rows with no allowed key return zeros in every
+exact variant.
 
 Capabilities are declared, not asserted: ``SUPPORTED_DEVICES``, ``SUPPORTED_DTYPES``,
 ``SUPPORTED_MASKS`` and friends feed :meth:`Variant.not_supported_reasons`, which the test
@@ -39,7 +45,7 @@ from typing import ClassVar, TypeVar
 
 import torch
 
-from attnbench import masks
+from attnbench import mask_mods, masks
 from attnbench._checks import as_4d_mask, check_finite, check_qkv, check_scale, check_score_range
 from attnbench.capability import CallInfo
 from attnbench.reference import reference_attention
@@ -82,6 +88,15 @@ class Contraction:
         return int(round(base * (1.0 + (self.backward if backward else 0.0))))
 
 
+def dense_mask(
+    mask: torch.Tensor | mask_mods.MaskMod | None, q: torch.Tensor, k: torch.Tensor
+) -> torch.Tensor | None:
+    """The mask as a bool tensor for ``q (B, H, Lq, D)`` and ``k (B, H, Lk, D)``: a predicate is evaluated."""
+    if isinstance(mask, mask_mods.MaskMod):
+        return mask_mods.dense(mask, q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.device)
+    return mask
+
+
 def declared_attributes() -> tuple[str, ...]:
     """Names of every class-level declaration of :class:`Variant` (its ``ClassVar`` annotations)."""
     return tuple(n for n, a in Variant.__annotations__.items() if str(a).startswith("ClassVar"))
@@ -109,6 +124,7 @@ class Variant(ABC):
     OPAQUE_KERNELS: ClassVar[frozenset[str]] = frozenset()  # aten ops FlopCounterMode has no formula for
     REJECTS_NONFINITE: ClassVar[bool] = True  # validate() rejects NaN/inf in q, k, v (see validate)
     APPROX_ERROR_BOUND: ClassVar[float | None] = None  # approximate variants: allowed mean |out - softmax attention|
+    MASK_MODS: ClassVar[bool] = False  # forward takes a MaskMod predicate itself (see takes_mask_mod)
 
     def __init__(self, scale: float | None = None) -> None:
         self.scale = check_scale(scale)
@@ -119,14 +135,15 @@ class Variant(ABC):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        mask: torch.Tensor | None = None,
+        mask: torch.Tensor | mask_mods.MaskMod | None = None,
     ) -> torch.Tensor:
         """Validate inputs, then run the variant. See the module docstring for shapes."""
         return self.forward(q, k, v, self.validate(q, k, v, mask))
 
     def validate(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
-    ) -> torch.Tensor | None:
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+        mask: torch.Tensor | mask_mods.MaskMod | None = None,
+    ) -> torch.Tensor | mask_mods.MaskMod | None:
         """Check the inputs against the contract and this variant's declared support.
 
         Benchmarks call this once while preparing and then time :meth:`forward` alone, so
@@ -137,22 +154,40 @@ class Variant(ABC):
         is a scale that could overflow the scores.
 
         Returns:
-            The mask as rank 4 with its key axis at length Lk (a view), or None, ready for
-            :meth:`forward`.
+            The mask ready for :meth:`forward`: the predicate itself when :meth:`takes_mask_mod`
+            says so, else a bool tensor of rank 4 with its key axis at length Lk (a view; a
+            predicate is evaluated densely here), or None.
 
         Raises:
             TypeError, ValueError: naming the offending argument or the unsupported feature.
         """
-        check_qkv(q, k, v, mask, same_qk_dim=self._same_qk_dim())
+        mod = mask if isinstance(mask, mask_mods.MaskMod) else None
+        check_qkv(q, k, v, None if mod is not None else mask, same_qk_dim=self._same_qk_dim())
         reasons = self.reasons_for(CallInfo.from_tensors(q, k, v, mask))
         if reasons:
             raise ValueError(f"{self.name} cannot run these inputs: " + "; ".join(reasons))
         if self.REJECTS_NONFINITE:
             check_finite(q=q, k=k, v=v)
         self.check_values(q, k, v)
+        if mod is not None:
+            if self.takes_mask_mod(mod):
+                return mod
+            mask = mask_mods.dense(mod, q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.device)
         mask4 = as_4d_mask(mask)
         # A view with the key axis at full length: blockwise variants index keys in the mask.
         return None if mask4 is None else mask4.expand(*mask4.shape[:3], k.shape[2])
+
+    def takes_mask_mod(self, mod: mask_mods.MaskMod | None) -> bool:
+        """Whether :meth:`forward` takes this predicate itself (else it gets the dense bool tensor)."""
+        return self.MASK_MODS and mod is not None
+
+    def mask_form(self, spec: AttnSpec) -> str:
+        """``"mod"`` when the runner hands this variant the spec's predicate, else ``"dense"``."""
+        return "mod" if self.takes_mask_mod(spec.mask_mod(device="cpu")) else "dense"
+
+    def mask_bytes(self, spec: AttnSpec) -> int:
+        """Bytes of the mask the runner builds for this variant: 0 for a predicate, else the dense tensor's."""
+        return 0 if self.mask_form(spec) == "mod" else spec.mask_bytes
 
     def check_values(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Value checks beyond finiteness; by default, that ``scale * q . k`` cannot overflow."""
@@ -172,9 +207,9 @@ class Variant(ABC):
 
     @abstractmethod
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | mask_mods.MaskMod | None
     ) -> torch.Tensor:
-        """Compute attention on inputs already passed through :meth:`validate` (mask None or rank 4)."""
+        """Compute attention on inputs already passed through :meth:`validate` (mask None, rank 4 or a predicate)."""
 
     def scale_for(self, head_dim: int) -> float:
         return 1.0 / math.sqrt(head_dim) if self.scale is None else float(self.scale)
@@ -184,14 +219,15 @@ class Variant(ABC):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        mask: torch.Tensor | None = None,
+        mask: torch.Tensor | mask_mods.MaskMod | None = None,
         dtype: torch.dtype = torch.float64,
     ) -> torch.Tensor:
         """Ground truth (float64 by default) for exactly what this variant claims to compute.
 
         With ``dtype`` set to the inputs' dtype it is the plain implementation at the same
-        precision, whose error scales the test tolerance.
+        precision, whose error scales the test tolerance. A predicate is evaluated densely.
         """
+        mask = dense_mask(mask, q, k)
         return reference_attention(q, k, v, mask, scale=self.scale_for(q.shape[-1]), dtype=dtype)
 
     # ---- declared support ----------------------------------------------------------------

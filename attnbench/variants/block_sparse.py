@@ -21,9 +21,10 @@ import torch
 
 from attnbench import masks
 from attnbench._checks import check_positive_int, check_seed
+from attnbench.mask_mods import MaskMod, tile
 from attnbench.variants._blockwise import gathered_block_attention
 from attnbench.variants._ops import masked_softmax_, zero_empty_rows
-from attnbench.variants.base import Variant
+from attnbench.variants.base import Variant, dense_mask
 
 
 @functools.lru_cache(maxsize=64)
@@ -48,6 +49,7 @@ class BlockSparseAttention(Variant):
     memory_exponent = 1.0
     source = "Zaheer et al. 2020 (BigBird); Beltagy et al. 2020 (Longformer)"
     SUPPORTS_CROSS = False
+    MASK_MODS = True  # evaluates the predicate on its gathered tiles (never a dense mask row)
 
     def __init__(
         self,
@@ -78,7 +80,7 @@ class BlockSparseAttention(Variant):
 
     def reference(self, q, k, v, mask=None, dtype=torch.float64):
         pattern = self.pattern(q.shape[2], k.shape[2], q.device)
-        return super().reference(q, k, v, masks.combine(pattern, mask), dtype)
+        return super().reference(q, k, v, masks.combine(pattern, dense_mask(mask, q, k)), dtype)
 
     def _key_table(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Per non-global query block, the gathered key positions ``(Nb', Nk)`` and validity."""
@@ -132,7 +134,10 @@ class BlockSparseAttention(Variant):
         out = torch.empty(b, h, length, v.shape[-1], dtype=q.dtype, device=q.device)
         if n_global:
             scores = (q[:, :, :n_global] @ k.transpose(-2, -1)).mul_(scale)  # (B, H, G, L)
-            mask_g = mask if mask is None or mask.shape[-2] == 1 else mask[:, :, :n_global]
+            if isinstance(mask, MaskMod):  # the global rows' own (G, L) predicate values
+                mask_g = tile(mask, b, h, 0, n_global, 0, length, q.device)  # (B?, H?, G?, L)
+            else:
+                mask_g = mask if mask is None or mask.shape[-2] == 1 else mask[:, :, :n_global]
             out[:, :, :n_global] = zero_empty_rows(masked_softmax_(scores, mask_g) @ v, mask_g)
         if n_global < length:
             key_index, key_valid = self._key_table(length, q.device)

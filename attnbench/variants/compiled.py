@@ -101,6 +101,9 @@ class CompiledVariant(Variant):
     def parameter_bytes(self, spec):
         return self.base.parameter_bytes(spec)
 
+    def takes_mask_mod(self, mod):
+        return self.base.takes_mask_mod(mod)
+
     def validate(self, q, k, v, mask=None):
         mask4 = super().validate(q, k, v, mask)
         _configure_dynamo()
@@ -125,11 +128,13 @@ def _flex(compiled: bool):
 
 
 class FlexAttention(Variant):
-    """``torch.nn.attention.flex_attention`` with a block mask built from the boolean mask.
+    """``torch.nn.attention.flex_attention`` with a block mask built from the mask predicate.
 
-    The block mask records which (query block, key block) tiles hold any allowed pair, so causal
-    and sliding-window masks skip empty tiles. It is built once per mask tensor (in
-    :meth:`warm_up` or the first call) and cached.
+    The runner hands it the predicate (:class:`~attnbench.mask_mods.MaskMod`), whose function is
+    FlexAttention's ``mask_mod`` as is; a dense boolean tensor is accepted too (read through an
+    index ``mask_mod``). The block mask records which (query block, key block) tiles hold any
+    allowed pair, so causal, sliding-window, prefix-LM and document masks skip empty tiles. It is
+    built once per mask (in :meth:`warm_up` or the first call) and cached.
     """
 
     memory_exponent = 1.0
@@ -141,6 +146,7 @@ class FlexAttention(Variant):
     RECOMPUTES_SCORES = True
     OPAQUE_KERNELS = frozenset({"flex_attention"})  # FlopCounterMode cannot run the CPU HOP at all
     TILE = 128  # create_block_mask's default block size: FlexAttention computes whole non-empty tiles
+    MASK_MODS = True  # the predicate is the block mask's mask_mod (no dense mask is built)
 
     def __init__(self, compiled: bool = True, scale: float | None = None) -> None:
         super().__init__(scale)
@@ -175,39 +181,53 @@ class FlexAttention(Variant):
         sizes = (r_hi - r_lo + 1) * (c_hi - c_lo + 1)  # (Nq, Nk) pairs per tile
         if spec.mask == "none":
             return lq * lk
-        if spec.mask == "causal":
-            return int((sizes * (c_lo <= r_hi)).sum())
-        if spec.mask == "sliding_window":
-            w = spec.window
-            return int((sizes * ((c_lo <= r_hi + w) & (c_hi >= r_lo - w))).sum())
-        from attnbench import masks
+        if spec.mask == "valid_lengths":  # one block mask per batch element: average their tiles
+            from attnbench import masks
 
-        per_batch = [int((sizes * (c_lo < n)).sum()) for n in masks.default_valid_lens(spec.batch, lk)]
-        return sum(per_batch) // spec.batch
+            per_batch = [int((sizes * (c_lo < n)).sum()) for n in masks.default_valid_lens(spec.batch, lk)]
+            return sum(per_batch) // spec.batch
+        from attnbench import mask_mods
+
+        mod = spec.mask_mod(device="cpu")  # the predicate's closed-form tile states (no L^2 work)
+        return sum(
+            (min(q0 + t, lq) - q0) * (min(k0 + t, lk) - k0)
+            for q0 in range(0, lq, t) for k0 in range(0, lk, t)
+            if mask_mods.block_state(mod, spec.batch, spec.heads, q0, min(q0 + t, lq), k0, min(k0 + t, lk)) != mask_mods.EMPTY
+        )
 
     def scratch_elements(self, spec):  # noqa: D102 - a (block x Lk) tile row and the log-sum-exp
         return spec.batch * spec.heads * (min(128, spec.lq) * spec.lk / 8 + spec.lq)
 
-    def block_mask(self, mask: torch.Tensor | None, b: int, h: int, lq: int, lk: int):
-        """The cached FlexAttention BlockMask for a rank-4 bool mask (None for no mask)."""
+    def block_mask(self, mask, b: int, h: int, lq: int, lk: int, device: torch.device | str = "cpu"):
+        """The cached FlexAttention BlockMask for a predicate or a rank-4 bool mask (None for no mask)."""
         if mask is None:
             return None
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        from attnbench.mask_mods import MaskMod
+
+        if isinstance(mask, MaskMod):
+            key = (id(mask), b, h, lq, lk, str(device))  # the cache holds the predicate, so its id stays unique
+            if key not in self._block_masks:
+                self._block_masks = {key: (mask, create_block_mask(
+                    mask.fn, b if mask.uses_batch else None, h if mask.uses_head else None, lq, lk, device=device))}
+            return self._block_masks[key][1]
         key = (mask.data_ptr(), tuple(mask.shape), mask._version, b, h, lq, lk)
         if key not in self._block_masks:
-            from torch.nn.attention.flex_attention import create_block_mask
 
             sb, sh, sq = (mask.shape[i] > 1 for i in range(3))
 
             def mask_mod(bi, hi, qi, ki):
                 return mask[bi if sb else 0, hi if sh else 0, qi if sq else 0, ki]
 
-            self._block_masks = {key: create_block_mask(mask_mod, b if sb else None, h if sh else None, lq, lk, device=mask.device)}
-        return self._block_masks[key]
+            self._block_masks = {key: (mask, create_block_mask(
+                mask_mod, b if sb else None, h if sh else None, lq, lk, device=mask.device))}
+        return self._block_masks[key][1]
 
     def warm_up(self, call):
         """The first call of the timed closure builds the block mask and compiles; its time is the preparation time."""
         return _first_call(call)
 
     def forward(self, q, k, v, mask):
-        block_mask = self.block_mask(mask, q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+        block_mask = self.block_mask(mask, q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.device)
         return _flex(self.compiled)(q, k, v, block_mask=block_mask, scale=self.scale)

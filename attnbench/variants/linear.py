@@ -31,6 +31,7 @@ from attnbench.variants.base import (
     KEY_PADDING_MASKS,
     Contraction,
     Variant,
+    dense_mask,
 )
 
 
@@ -50,6 +51,7 @@ class KernelAttention(Variant):
 
     def reference(self, q, k, v, mask=None, dtype=torch.float64):
         """Dense, quadratic evaluation of the same kernel (features computed in ``dtype``)."""
+        mask = dense_mask(mask, q, k)
         q_feat, k_feat = self.features(q.to(dtype), True), self.features(k.to(dtype), False)
         return kernel_attend(q_feat, k_feat, v, mask, dtype)
 

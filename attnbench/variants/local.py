@@ -2,8 +2,8 @@
 
 Query i attends to keys j with ``|i - j| <= window`` (intersected with any mask given; pass a
 causal mask for the look-back-only window of Longformer/Mistral). Queries are processed in blocks
-of ``window`` rows, each against the ``3 * window`` keys that can reach it, so no (Lq, Lk) tensor
-exists at any point.
+of ``window`` rows, each against the ``3 * window`` keys that can reach it; the mask, taken as a
+predicate, is evaluated on those gathered positions only, so no (Lq, Lk) tensor exists at any point.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 
 from attnbench import masks
 from attnbench.variants._blockwise import gathered_block_attention
-from attnbench.variants.base import Variant
+from attnbench.variants.base import Variant, dense_mask
 
 
 class LocalAttention(Variant):
@@ -21,6 +21,7 @@ class LocalAttention(Variant):
     time_exponent = 1.0
     memory_exponent = 1.0
     source = "Beltagy et al. 2020 (Longformer sliding window)"
+    MASK_MODS = True  # evaluates the predicate on its gathered tiles (never a dense mask row)
 
     def __init__(self, window: int = 128, scale: float | None = None) -> None:
         super().__init__(scale)
@@ -55,7 +56,7 @@ class LocalAttention(Variant):
 
     def reference(self, q, k, v, mask=None, dtype=torch.float64):
         pattern = self.pattern(q.shape[2], k.shape[2], q.device)
-        return super().reference(q, k, v, masks.combine(pattern, mask), dtype)
+        return super().reference(q, k, v, masks.combine(pattern, dense_mask(mask, q, k)), dtype)
 
     def forward(self, q, k, v, mask):
         lq, w, blk = q.shape[2], self.window, self.block

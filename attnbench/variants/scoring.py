@@ -24,7 +24,7 @@ import torch
 from attnbench._checks import check_positive_int, check_seed
 from attnbench.reference import attend
 from attnbench.variants._ops import masked_softmax_, zero_empty_rows
-from attnbench.variants.base import CONSTANT_OPERAND_BACKWARD, EAGER_BACKWARD, Contraction, Variant
+from attnbench.variants.base import CONSTANT_OPERAND_BACKWARD, EAGER_BACKWARD, Contraction, Variant, dense_mask
 
 SCORES = ("dot", "scaled_dot", "bilinear", "additive")
 
@@ -87,6 +87,7 @@ class ScoringAttention(Variant):
 
     def reference(self, q, k, v, mask=None, dtype=torch.float64):
         """The same score function and weights evaluated densely with einsum in ``dtype``."""
+        mask = dense_mask(mask, q, k)
         qc, kc = q.to(dtype), k.to(dtype)
         p = self.params(q.shape[-1], k.shape[-1], dtype, q.device)
         if self.score == "additive":

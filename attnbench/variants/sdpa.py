@@ -5,6 +5,16 @@ memory), ``flash`` (FlashAttention-2 on CUDA, a tiled kernel on CPU), ``efficien
 (memory-efficient attention, CUDA only) and ``cudnn`` (CUDA only). ``auto`` lets PyTorch choose.
 Forcing one backend means a case that backend cannot run fails loudly instead of silently
 falling back to math.
+
+Masks, the production way: an exactly causal mask is passed as ``is_causal=True`` (top-left
+aligned, the same as :func:`attnbench.mask_mods.causal`), never as a dense tensor; every other mask
+is a dense boolean ``attn_mask``. The separately registered ``sdpa_dense_mask`` always takes the
+dense boolean tensor, so the price of a materialised mask is visible beside ``sdpa``.
+
+CUDA support follows PyTorch's ``sdp_utils`` rules: FlashAttention and cuDNN take no ``attn_mask``
+but do take ``is_causal``; FlashAttention-2 refuses ``is_causal`` when ``Lq != Lk`` (its causal
+mask is bottom-right aligned, so PyTorch rejects non-square causal there); the memory-efficient
+kernel takes both.
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ import contextlib
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from attnbench.mask_mods import MaskMod
 from attnbench.variants.base import Variant
 
 BACKENDS: dict[str, SDPBackend | None] = {
@@ -57,11 +68,14 @@ class SDPA(Variant):
     source = "torch.nn.functional.scaled_dot_product_attention; Dao et al. 2022 (FlashAttention)"
     PROVENANCE = True
 
-    def __init__(self, backend: str = "auto", scale: float | None = None) -> None:
+    def __init__(self, backend: str = "auto", dense_mask: bool = False, scale: float | None = None) -> None:
         super().__init__(scale)
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {tuple(BACKENDS)}, got {backend!r}")
+        if not isinstance(dense_mask, bool):
+            raise TypeError(f"dense_mask must be a bool, got {type(dense_mask).__name__}")
         self.backend = backend
+        self.dense_mask = dense_mask  # always pass the dense boolean mask (never is_causal)
         fused = backend in ("flash", "efficient", "cudnn")
         self.memory_exponent = 1.0 if fused or backend == "auto" else 2.0
         self.SCORE_BUFFERS = 0.0 if fused or backend == "auto" else 2.0
@@ -69,6 +83,10 @@ class SDPA(Variant):
         self.OPAQUE_KERNELS = frozenset() if backend == "math" else _CPU_FLASH_OPS
         if backend in _CUDA_ONLY:
             self.SUPPORTED_DEVICES = frozenset({"cuda"})
+
+    def takes_mask_mod(self, mod):
+        """Only an exactly causal predicate, which becomes ``is_causal=True`` (unless ``dense_mask``)."""
+        return not self.dense_mask and mod is not None and mod.is_causal
 
     def _runs_math(self, spec) -> bool:
         """On CPU, ``auto`` falls back to the math composite when Dv != D (CPU flash needs Dv == D)."""
@@ -87,8 +105,15 @@ class SDPA(Variant):
         if call.device == "cuda" and self.backend in ("flash", "cudnn"):
             if call.dtype not in _HALF:
                 reasons.append(f"SDPA backend {self.backend} on CUDA needs float16/bfloat16, got {call.dtype}")
-            if call.mask_kinds != {"none"}:
-                reasons.append(f"SDPA backend {self.backend} on CUDA takes no explicit boolean mask")
+            if not call.mask_kinds <= {"none", "causal"} or (self.dense_mask and call.mask_kinds != {"none"}):
+                reasons.append(
+                    f"SDPA backend {self.backend} on CUDA takes no explicit boolean mask (causal only, as is_causal)"
+                )
+            elif "causal" in call.mask_kinds and self.backend == "flash" and call.lq != call.lk:
+                reasons.append(
+                    f"SDPA flash on CUDA refuses is_causal with Lq={call.lq} != Lk={call.lk} "
+                    "(FlashAttention-2 aligns causal bottom-right)"
+                )
         if self.backend == "flash" and call.dv != call.d:
             reasons.append(f"SDPA flash needs Dv == D (D={call.d}, Dv={call.dv})")
         if self.backend in ("flash", "efficient", "cudnn") and not call.last_dim_contiguous:
@@ -99,5 +124,7 @@ class SDPA(Variant):
         backend = BACKENDS[self.backend]
         ctx = contextlib.nullcontext() if backend is None else sdpa_kernel(backend)
         with ctx:
+            if isinstance(mask, MaskMod):  # exactly causal (takes_mask_mod): the production call
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
             # SDPA already returns zeros for rows with no allowed key (checked by the tests).
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
