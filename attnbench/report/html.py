@@ -44,8 +44,8 @@ body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:1rem 
 h1{margin:.2rem 0 .1rem;font-size:1.6rem} h2{border-bottom:2px solid #ddd;padding-bottom:.15rem;margin:1.6rem 0 .5rem;font-size:1.25rem}
 .sub{color:#555;font-size:.9rem;margin:.1rem 0 .5rem}
 table{border-collapse:collapse;font-size:.82rem;margin:.4rem 0} th,td{border:1px solid #ddd;padding:.2rem .45rem;text-align:right;white-space:nowrap}
-.tw{overflow-x:auto;max-width:100%}
-th{background:#f4f4f4} td:first-child,th:first-child{text-align:left} table.sortable th{cursor:pointer}
+.tw{overflow-x:auto;max-width:100%} td.wrap{white-space:normal}
+th{background:#f4f4f4} td:first-child,th:first-child{text-align:left} td:last-child{white-space:normal} table.sortable th{cursor:pointer}
 table.sortable th:hover{background:#e8e8e8} caption{caption-side:bottom;text-align:left;font-size:.78rem;color:#666;padding-top:.2rem}
 .meta td{text-align:left;white-space:normal} figure{margin:.5rem 0} figure img{max-width:100%;height:auto;border:1px solid #eee}
 figure.head img{max-height:400px} .row{display:flex;gap:1rem;align-items:flex-start} .row figure{flex:1;min-width:0}
@@ -561,7 +561,13 @@ def _headline(frame: pd.DataFrame, fits: pd.DataFrame) -> str:
     if frame.empty:
         return '<p class="bad">Nothing could be loaded: there are no measurements to show (the reasons are listed above).</p>'
     tone, text = complexity.headline(fits)
-    return f'<p class="{tone}">{html.escape(text)}</p>'
+    head, sep, rest = text.partition("; inconclusive: ")
+    if not sep:
+        return f'<p class="{tone}">{html.escape(text)}</p>'
+    items = rest.rstrip(".").split("), ")
+    listed = "".join(f"<li>{html.escape(i if i.endswith(')') else i + ')')}</li>" for i in items)
+    return (f'<p class="{tone}">{html.escape(head)}; {len(items)} inconclusive.</p>'
+            + _details(f"Inconclusive fits ({len(items)}) and why", f"<ul>{listed}</ul>"))
 
 
 def _wrong_section(frame: pd.DataFrame) -> str:
@@ -640,15 +646,13 @@ def render(analysis: Analysis, out_dir: str | Path, title: str = "attnbench repo
         body.append(_figure(fig_dir, "memory", plots.scaling(frame, "peak_tensor_bytes"),
                             "Peak tensor memory above the inputs vs L: dense variants climb at O(n²), chunked/SDPA/linear at O(n). "
                             "Dotted series labelled <em>(model)</em> are the analytic prediction, not a measurement."))
-        cross_t = plots.crossover_matrix(analysis.crossovers.get("time"), "time")
-        cross_m = plots.crossover_matrix(analysis.crossovers.get("peak_tensor_bytes"), "peak_tensor_bytes")
-        if cross_t is not None or cross_m is not None:
-            body.append('<h2 id="crossovers">Crossovers</h2><div class="row">'
-                        + _figure(fig_dir, "crossovers", cross_t, "Time: from which L each variant stays faster than the baseline "
-                                  "at every longer measured L; colour: baseline / variant at the longest common L (blue: faster).")
-                        + _figure(fig_dir, "crossovers_memory", cross_m, "Peak tensor memory: from which L each variant stays "
-                                  "smaller; colour: baseline / variant at the longest common L (blue: smaller).")
-                        + "</div><p class=\"sub\">Measured, correct cases only (no wrong, noisy or model values).</p>")
+        cross = _figure(fig_dir, "crossovers", plots.crossover_matrix(analysis.crossovers),
+                        "Crossovers, variant x baseline. Cell: from which L the variant stays faster (time) or smaller (peak "
+                        "tensor memory) than the baseline at every longer measured L, and baseline / variant at the longest "
+                        "common L; colour: that ratio on a log scale centred at 1x (blue: better than the baseline). Measured, "
+                        "correct cases only (no wrong, noisy or model values).")
+        if cross:
+            body.append('<h2 id="crossovers-h">Crossovers</h2>' + cross)
     summary = analysis.summary
     doc = complexity.__doc__.split(chr(10) + chr(10))[1]
     body.append('<section id="exponents"><h2>Fitted exponents: the O(n²) claim in numbers</h2>' + _headline(frame, fits)

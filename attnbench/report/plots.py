@@ -135,23 +135,25 @@ def _length_axis(ax, lengths) -> None:
 
 
 def _end_labels(ax, ends: dict[str, tuple[float, float]], text: dict[str, str] | None = None) -> None:
-    """Label each line at its right end, nudged apart vertically (log axes) so labels never overlap."""
+    """Label each line at its right end, spread apart vertically (log axes) inside the axes, never overlapping."""
     if not ends:
         return
     items = sorted(ends.items(), key=lambda kv: kv[1][1])
-    lo, hi = ax.get_ylim()
-    span = math.log10(hi) - math.log10(lo) if lo > 0 and hi > 0 else 1.0
-    gap = span * 0.045  # minimal distance between label centres, in decades
-    placed: list[float] = []
-    for name, (x, y) in items:
-        ly = math.log10(y) if y > 0 else 0.0
-        if placed and ly < placed[-1] + gap:
-            ly = placed[-1] + gap
-        placed.append(ly)
+    lo, hi = (math.log10(v) for v in ax.get_ylim())
+    gap = (hi - lo) * 0.06  # minimal distance between label centres, in decades
+    want = [math.log10(y) if y > 0 else lo for _, (_, y) in items]
+    pos: list[float] = []
+    for w in want:  # upward pass: no label closer than gap to the one below
+        pos.append(max(w, pos[-1] + gap) if pos else w)
+    excess = pos[-1] - (hi - gap / 2) if pos else 0.0
+    if excess > 0:  # the top one left the axes: push down, then keep the gaps downward
+        pos[-1] -= excess
+        for i in range(len(pos) - 2, -1, -1):
+            pos[i] = min(pos[i], pos[i + 1] - gap)
+    for (name, (x, y)), ly in zip(items, pos, strict=True):
         ax.annotate((text or {}).get(name, name), xy=(x, y), xytext=(x * 1.08, 10**ly), fontsize=7.5, color=colour(name),
                     va="center", ha="left", annotation_clip=False,
-                    arrowprops={"arrowstyle": "-", "color": "0.75", "lw": 0.5} if abs(10**ly / y - 1) > 0.05 else None)
-    ax.set_xlim(right=ax.get_xlim()[1] * 1.05)
+                    arrowprops={"arrowstyle": "-", "color": "0.75", "lw": 0.5} if y > 0 and abs(ly - math.log10(y)) > 0.02 else None)
 
 
 def _declared_group(variant: str, metric: str) -> str:
@@ -213,9 +215,14 @@ def scaling(frame: pd.DataFrame, metric: str, guides: bool = True, title: str | 
     grid.set(yscale="log")
     unit = {"time": "s", "peak_tensor_bytes": "bytes", "peak_rss": "bytes"}.get(metric, "")
     axes = _facet_axes(grid, row, col)
+    positive = df["value"][df["value"] > 0]
     for (rv, cv), ax in axes.items():
+        if len(positive):  # the data set the range; guides beyond it are clipped
+            ax.set_ylim(positive.min() / 2, positive.max() * 2)
         sub = df[((df["where"] == rv) if row else True) & ((df["family"] == cv) if col else True)]
         _length_axis(ax, df["seq_len"].unique())
+        ax.set_xlim(df["seq_len"].min() / 1.3, df["seq_len"].max() * 4.5)  # room for the line-end labels
+        ax.tick_params(labelbottom=True)
         _unit_axis(ax, "y", unit)
         ax.set_xlabel("sequence length L")
         if sub.empty:
@@ -223,16 +230,14 @@ def scaling(frame: pd.DataFrame, metric: str, guides: bool = True, title: str | 
         if guides:
             lengths = sub["seq_len"].to_numpy(float)
             _guides(ax, lengths, sub[sub["seq_len"] == lengths.min()]["value"].median())
+            if len(positive):
+                ax.set_ylim(positive.min() / 2, positive.max() * 2)
         ends = {}
         for variant, s in sub.groupby("variant"):
             last = s.sort_values("seq_len").iloc[-1]
             ends[variant] = (float(last["seq_len"]), float(last["value"]))
         _end_labels(ax, ends)
         ax.set_title(f"{cv or ''}{' / ' if cv and rv else ''}{rv or ''}", fontsize=10)
-    positive = df["value"][df["value"] > 0]
-    if len(positive):  # the data set the range; guides and labels beyond it are clipped
-        for ax in axes.values():
-            ax.set_ylim(positive.min() / 2, positive.max() * 2)
     grid.set_ylabels(YLABELS.get(metric, metric))
     for status, style in (("wrong", {"marker": "x", "s": 60, "color": WRONG_COLOUR}),
                           ("noisy", {"marker": "o", "s": 40, "facecolors": "none", "edgecolors": "0.3"})):
@@ -316,51 +321,56 @@ def gflops(frame: pd.DataFrame) -> plt.Figure | None:
     return fig
 
 
-def crossover_matrix(cross: pd.DataFrame, metric: str = "time") -> plt.Figure | None:
-    """Variant x baseline matrix: the cell says from which L the variant is faster (or smaller);
-    its colour is baseline / variant at the longest common L, on a log scale centred at 1x.
+def crossover_matrix(crosses: dict[str, pd.DataFrame] | pd.DataFrame, metric: str = "time") -> plt.Figure | None:
+    """Variant x baseline matrices, one panel per metric: the cell says from which L the variant is
+    faster (time) or smaller (memory) than the baseline at every longer L measured; its colour is
+    baseline / variant at the longest common L, on a log scale centred at 1x (clipped at 1000x).
 
     Args:
-        cross: :func:`attnbench.analysis.complexity.crossovers` output (one device/mode/machine).
-        metric: which metric the table is about (for the title).
+        crosses: ``{metric: complexity.crossovers(...)}``, or one such table (then ``metric`` names it).
+        metric: the metric of a single table.
     """
-    if cross is None or cross.empty:
+    if isinstance(crosses, pd.DataFrame) or crosses is None:
+        crosses = {metric: crosses}
+    crosses = {m: t[t["metric"] == m] for m, t in crosses.items() if t is not None and len(t) and (t["metric"] == m).any()}
+    if not crosses:
         return None
-    cross = cross[cross["metric"] == metric]
-    if cross.empty:
-        return None
-    order = [v for v in variant_names() if v in set(cross["variant"]) | set(cross["baseline"])]
-    order += sorted((set(cross["variant"]) | set(cross["baseline"])) - set(order))
-    rows = [v for v in order if v in set(cross["variant"])]
-    cols = [b for b in order if b in set(cross["baseline"])]
-    ratio = np.full((len(rows), len(cols)), np.nan)
-    text = [["" for _ in cols] for _ in rows]
-    for rec in cross.to_dict("records"):
-        i, j = rows.index(rec["variant"]), cols.index(rec["baseline"])
-        ratio[i, j] = rec["ratio_at_longest"]
-        where = {"always": "always", "never": "never"}.get(rec["crossover_L"], f"L≥{rec['crossover_L']}")
-        text[i][j] = f"{where}\n{fmt(rec['ratio_at_longest'], 'x')}"
-    logr = np.log10(ratio)
-    half = float(np.nanmax(np.abs(logr))) if np.isfinite(logr).any() else 1.0
-    half = min(max(half, 0.5), 3.0)  # at most 1000x either way: a 10^4 outlier must not wash out 2x
-    fig, ax = plt.subplots(figsize=(1.5 * len(cols) + 3.2, 0.36 * len(rows) + 1.4))
-    image = ax.imshow(logr, cmap="RdBu", norm=mcolors.Normalize(-half, half), aspect="auto")
-    for i in range(len(rows)):
-        for j in range(len(cols)):
-            if text[i][j]:
-                dark = abs(logr[i, j]) > 0.6 * half
-                ax.text(j, i, text[i][j], ha="center", va="center", fontsize=7, color="white" if dark else "black")
-    ax.set_xticks(range(len(cols)), [f"vs {c}" for c in cols])
-    ax.set_yticks(range(len(rows)), rows)
-    ax.xaxis.tick_top()
-    ax.grid(False)
-    bar = fig.colorbar(image, ax=ax, shrink=0.8)
+    names = set().union(*(set(t["variant"]) | set(t["baseline"]) for t in crosses.values()))
+    order = [v for v in variant_names() if v in names] + sorted(names - set(variant_names()))
+    rows = [v for v in order if any(v in set(t["variant"]) for t in crosses.values())]
+    logs = np.concatenate([np.log10(t["ratio_at_longest"].to_numpy(float)) for t in crosses.values()])
+    logs = logs[np.isfinite(logs)]
+    half = min(max(float(np.abs(logs).max()) if len(logs) else 1.0, 0.5), 3.0)  # a 10^4 outlier must not wash out 2x
+    widths = [len(set(t["baseline"])) for t in crosses.values()]
+    fig, axes = plt.subplots(1, len(crosses), figsize=(1.55 * sum(widths) + 2.2 * len(crosses) + 1.2, 0.34 * len(rows) + 1.3),
+                             gridspec_kw={"width_ratios": widths}, squeeze=False)
+    image = None
+    for k, (ax, (m, cross)) in enumerate(zip(axes[0], crosses.items(), strict=True)):
+        cols = [b for b in order if b in set(cross["baseline"])]
+        ratio = np.full((len(rows), len(cols)), np.nan)
+        text = [["" for _ in cols] for _ in rows]
+        for rec in cross.to_dict("records"):
+            i, j = rows.index(rec["variant"]), cols.index(rec["baseline"])
+            ratio[i, j] = rec["ratio_at_longest"]
+            where = {"always": "always", "never": "never"}.get(rec["crossover_L"], f"L≥{rec['crossover_L']}")
+            text[i][j] = f"{where}  {fmt(rec['ratio_at_longest'], 'x')}"
+        logr = np.log10(ratio)
+        image = ax.imshow(logr, cmap="RdBu", norm=mcolors.Normalize(-half, half), aspect="auto")
+        for i in range(len(rows)):
+            for j in range(len(cols)):
+                if text[i][j]:
+                    dark = abs(logr[i, j]) > 0.55 * half
+                    ax.text(j, i, text[i][j], ha="center", va="center", fontsize=7.5, color="white" if dark else "black")
+        ax.set_xticks(range(len(cols)), [f"vs {c}" for c in cols], fontsize=9)
+        ax.set_yticks(range(len(rows)), rows if k == 0 else [""] * len(rows), fontsize=9)
+        ax.xaxis.tick_top()
+        ax.grid(False)
+        what = "faster" if m == "time" else "smaller"
+        ax.set_title(f"{'time' if m == 'time' else 'peak tensor memory'}: first L where {what}", fontsize=10, pad=20)
+    bar = fig.colorbar(image, ax=list(axes[0]), shrink=0.8, pad=0.02)
     ticks = [t for t in (-3, -2, -1, 0, 1, 2, 3) if -half <= t <= half] or [0]
     bar.set_ticks(ticks, labels=[fmt(10.0**t, "x") for t in ticks])
-    what = "faster" if metric == "time" else "smaller"
-    bar.set_label(f"baseline / variant at the longest L (>1x: {what})", fontsize=8)
-    ax.set_title(f"{'time' if metric == 'time' else 'memory'}: first L where {what}", fontsize=10, pad=22)
-    fig.tight_layout()
+    bar.set_label("baseline / variant at the longest common L (>1x: better)", fontsize=8)
     return fig
 
 
