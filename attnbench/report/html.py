@@ -106,10 +106,10 @@ def lift_constants(df: pd.DataFrame, keep: Sequence[str] = ()) -> tuple[pd.DataF
     for col in df.columns:
         if col in keep:
             continue
-        values = df[col].astype(str).replace({"nan": "", "<NA>": "", "None": "", "NaT": ""})
+        values = df[col].map(lambda v: "" if v is None or (not isinstance(v, str) and pd.isna(v)) else str(v))
         if values.nunique(dropna=False) == 1:
             constants[col] = values.iloc[0]
-    return df.drop(columns=list(constants)), constants
+    return df.drop(columns=list(constants)), {k: v for k, v in constants.items() if v not in ("", "nan", "NaT")}
 
 
 def _cell(value: object, formatter: Callable[[object], str] | None) -> str:
@@ -139,7 +139,7 @@ def _table(df: pd.DataFrame | None, max_rows: int = 400, formats: dict[str, Call
     for rec in shown.head(max_rows).itertuples(index=False):
         body.append("<tr>" + "".join(_cell(v, formats.get(c)) for c, v in zip(shown.columns, rec, strict=True)) + "</tr>")
     caption = ""
-    parts = [f"{k}: {v or '(empty)'}" for k, v in constants.items()]
+    parts = [f"{k}: {v}" for k, v in constants.items()]
     if len(df) > max_rows:
         parts.append(f"{len(df) - max_rows} more rows in the CSV")
     if parts:
@@ -345,7 +345,7 @@ def _primary(frame: pd.DataFrame) -> dict[str, str]:
     first = side.loc[time_rows.index].iloc[0]
     rows = time_rows[side.loc[time_rows.index] == first]
     pick = {"side": str(first)}
-    for col, prefer in (("machine", None), ("device", None), ("mode", "forward"), ("dtype", None), ("mask", "none")):
+    for col, prefer in (("machine", None), ("commit", None), ("device", None), ("mode", "forward"), ("dtype", None), ("mask", "none")):
         values = rows[col].astype(str)
         choice = prefer if prefer in set(values) else values.value_counts().index[0]
         pick[col] = choice
@@ -359,7 +359,7 @@ def _slice(frame: pd.DataFrame, primary: dict[str, str]) -> pd.DataFrame:
     mask = pd.Series(True, index=frame.index)
     if "side" in primary:
         mask &= _side_key(frame) == primary["side"]
-    for col in ("machine", "device", "mode", "dtype", "mask"):
+    for col in ("machine", "commit", "device", "mode", "dtype", "mask"):
         mask &= frame[col].astype(str) == primary[col]
     return frame[mask]
 
@@ -398,7 +398,8 @@ def findings(frame: pd.DataFrame, fits: pd.DataFrame, primary: dict[str, str],
     ok_time, ok_mem = ok[ok["metric"] == "time"], ok[ok["metric"] == "peak_tensor_bytes"]
     pfits = fits
     if len(fits):
-        pfits = fits[(fits["machine"].astype(str) == primary.get("machine")) & (fits["device"].astype(str) == primary.get("device"))
+        pfits = fits[(fits["machine"].astype(str) == primary.get("machine")) & (fits["commit"].astype(str) == primary.get("commit"))
+                     & (fits["device"].astype(str) == primary.get("device"))
                      & (fits["mode"].astype(str) == primary.get("mode")) & (fits["dtype"].astype(str) == primary.get("dtype"))
                      & (fits["mask"].astype(str) == primary.get("mask"))]
 

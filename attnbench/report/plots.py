@@ -427,7 +427,7 @@ def history(frame: pd.DataFrame, metric: str = "time") -> plt.Figure | None:
     """Value per commit (ordered by commit date) for each variant at a few lengths."""
     df = _ok(frame, metric)
     df = df[(df["commit"] != "") & (df["seq_len"] == df["seq_len_k"])]
-    if df["commit"].nunique() < 2:
+    if df["commit"].nunique() < 3:  # two commits: the comparison figure says more
         return None
     order = df.groupby("commit")["date"].min().sort_values().index.tolist()
     df["commit_short"] = df["commit"].str[:8]
@@ -488,8 +488,9 @@ def comparison(ratios: pd.DataFrame, label_a: str, label_b: str) -> plt.Figure |
     lo, hi = ratios["ratio"].min(), ratios["ratio"].max()
     half = max(abs(math.log10(lo)), abs(math.log10(hi)), math.log10(1.5)) * 1.15
     ax.set_ylim(10**-half, 10**half)
-    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: fmt(v, "x")))
-    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ticks = [t * 10.0**e for e in range(-3, 4) for t in (1, 2, 5) if 10**-half <= t * 10.0**e <= 10**half]
+    ax.set_yticks(ticks, [fmt(t, "x") for t in ticks])
+    ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     _length_axis(ax, ratios["seq_len"].unique())
     _end_labels(ax, ends)
     ax.set_xlim(right=ratios["seq_len"].max() * 2.2)
