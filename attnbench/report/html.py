@@ -139,7 +139,7 @@ def _table(df: pd.DataFrame | None, max_rows: int = 400, formats: dict[str, Call
     for rec in shown.head(max_rows).itertuples(index=False):
         body.append("<tr>" + "".join(_cell(v, formats.get(c)) for c, v in zip(shown.columns, rec, strict=True)) + "</tr>")
     caption = ""
-    parts = [f"{k}: {v}" for k, v in constants.items()]
+    parts = [f"{k}: {formats[k](df[k].iloc[0]) if k in formats else v}" for k, v in constants.items()]
     if len(df) > max_rows:
         parts.append(f"{len(df) - max_rows} more rows in the CSV")
     if parts:
@@ -444,7 +444,10 @@ def findings(frame: pd.DataFrame, fits: pd.DataFrame, primary: dict[str, str],
     if len(pfits):
         judged = pfits[pfits["verdict"].isin(complexity.VERDICTS)]
         conclusive = judged[judged["verdict"] != "inconclusive"]
-        if len(judged):
+        if len(judged) and not len(conclusive):
+            out.append(Finding(f"No complexity fit is conclusive ({len(judged)} inconclusive): too few lengths or too much "
+                               "scatter to compare with the declared big-O.", "exponents"))
+        elif len(judged):
             steeper = sorted(conclusive.loc[conclusive["verdict"] == "steeper", "variant"])
             text = (f"{int((conclusive['verdict'] == 'matches').sum())} of {len(conclusive)} conclusive complexity fits match the "
                     f"declared big-O; {len(judged) - len(conclusive)} are inconclusive")
@@ -600,7 +603,7 @@ def _comparison_html(analysis: Analysis, fig_dir: Path) -> str:
         table = table.reset_index()
         fmt_x = {c: (lambda v: fmt(float(v), "x")) for c in table.columns if c != "variant"}
         out.append(f"<p>Time ratio {html.escape(comp.label_b)} / {html.escape(comp.label_a)} (below 1x: "
-                   f"{html.escape(comp.label_b)} is faster):</p>" + _table(table, formats=fmt_x, keep=("variant",)))
+                   f"{html.escape(comp.label_b)} is faster):</p>" + _table(table, formats=fmt_x, lift=False))
     out.append(_figure(fig_dir, "history", plots.history(frame), "History over commits (asv results with several commits; short hashes)."))
     out.append(_figure(fig_dir, "machines", plots.machines(frame), "Side by side per machine."))
     body = "".join(o for o in out if o)

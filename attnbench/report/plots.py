@@ -494,8 +494,8 @@ def comparison(ratios: pd.DataFrame, label_a: str, label_b: str) -> plt.Figure |
     _length_axis(ax, ratios["seq_len"].unique())
     _end_labels(ax, ends)
     ax.set_xlim(right=ratios["seq_len"].max() * 2.2)
-    ax.set(xlabel="sequence length L", ylabel=f"time {label_b} / {label_a}")
-    ax.set_title(f"{label_b} vs {label_a}: time ratio per case (below 1x: {label_b} is faster)", fontsize=10)
+    ax.set(xlabel="sequence length L", ylabel="time ratio B / A")
+    ax.set_title(f"B = {label_b} vs A = {label_a}: time ratio per case (below 1x: B is faster)", fontsize=10)
     fig.tight_layout()
     return fig
 
