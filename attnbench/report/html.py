@@ -132,6 +132,8 @@ def _table(df: pd.DataFrame | None, max_rows: int = 400, formats: dict[str, Call
     """A sortable table; constant columns are lifted into its caption (``lift``)."""
     if df is None or df.empty:
         return "<p><em>nothing to show</em></p>"
+    if "commit" in df:  # short hashes on the page; the full ones are in tidy.csv
+        df = df.assign(commit=df["commit"].map(lambda c: _short(c) if isinstance(c, str) else c))
     shown, constants = lift_constants(df, keep) if lift else (df, {})
     formats = formats or {}
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in shown.columns)
