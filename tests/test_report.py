@@ -376,3 +376,12 @@ def test_report_steps_are_separate_functions(tmp_path):
     assert first.findings == second.findings and len(first.findings) >= 3
     outcome = render(first, tmp_path / "out")
     assert outcome.page.exists() and outcome.rows == len(loaded.frame)
+
+
+@pytest.mark.parametrize("shape", [(["sdpa"], (64,)), (["local", "performer"], (64, 128))])
+def test_tiny_runs_still_make_a_page(tmp_path, shape):
+    """One family, one panel, one length: every figure copes (a single facet has no facet grid)."""
+    variants, lengths = shape
+    page = build_report([_scaled_run(tmp_path / "run", variants, lengths)], tmp_path / "out").read_text()
+    assert "Findings" in page or "Fitted exponents" in page
+    assert (tmp_path / "out" / "figures" / "time.png").exists()

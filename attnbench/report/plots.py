@@ -219,7 +219,10 @@ def scaling(frame: pd.DataFrame, metric: str, guides: bool = True, title: str | 
     for (rv, cv), ax in axes.items():
         if len(positive):  # the data set the range; guides beyond it are clipped
             ax.set_ylim(positive.min() / 2, positive.max() * 2)
-        sub = df[((df["where"] == rv) if row else True) & ((df["family"] == cv) if col else True)]
+        keep = pd.Series(True, index=df.index)
+        keep &= (df["where"] == rv) if row else True
+        keep &= (df["family"] == cv) if col else True
+        sub = df[keep]
         _length_axis(ax, df["seq_len"].unique())
         ax.set_xlim(df["seq_len"].min() / 1.3, df["seq_len"].max() * 4.5)  # room for the line-end labels
         ax.tick_params(labelbottom=True)
