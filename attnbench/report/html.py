@@ -45,7 +45,7 @@ h1{margin:.2rem 0 .1rem;font-size:1.6rem} h2{border-bottom:2px solid #ddd;paddin
 .sub{color:#555;font-size:.9rem;margin:.1rem 0 .5rem}
 table{border-collapse:collapse;font-size:.82rem;margin:.4rem 0} th,td{border:1px solid #ddd;padding:.2rem .45rem;text-align:right;white-space:nowrap}
 .tw{overflow-x:auto;max-width:100%} td.wrap{white-space:normal}
-th{background:#f4f4f4} td:first-child,th:first-child{text-align:left} td:last-child{white-space:normal} table.sortable th{cursor:pointer}
+th{background:#f4f4f4} td:first-child,th:first-child{text-align:left} table.sortable th{cursor:pointer}
 table.sortable th:hover{background:#e8e8e8} caption{caption-side:bottom;text-align:left;font-size:.78rem;color:#666;padding-top:.2rem}
 .meta td{text-align:left;white-space:normal} figure{margin:.5rem 0} figure img{max-width:100%;height:auto;border:1px solid #eee}
 figure.head img{max-height:400px} .row{display:flex;gap:1rem;align-items:flex-start} .row figure{flex:1;min-width:0}
@@ -261,12 +261,12 @@ def exponent_summary(fits: pd.DataFrame) -> pd.DataFrame:
             row[f"{label} method"] = r.get("method", "")
             row[f"declared {label}"] = "" if math.isnan(r["declared"]) else f"{r['declared']:g}"
             if r["verdict"] in ("steeper", "shallower"):
-                flags.append(f"{label} {r['verdict']} than declared")
+                flags.append(f"{label} {r['verdict']}")
             elif r["verdict"] == "inconclusive":
                 flags.append(f"{label} inconclusive")
             elif r["verdict"] == "matches":
                 flags.append(f"{label} matches")
-        row["verdict"] = "; ".join(flags) or "nothing fitted"
+        row["verdict vs declared"] = "; ".join(flags) or "nothing fitted"
         rows.append(row)
     return pd.DataFrame(rows)
 
