@@ -752,9 +752,14 @@ def _roofline(frame: pd.DataFrame) -> str:
     roof = complexity.roofline(frame)
     if roof.empty:
         return ""
-    roof = roof.sort_values("pct_of_peak", ascending=False)
-    return _table(roof, formats={"gflops": lambda v: fmt(float(v), "GFLOP/s"), "peak_gflops": lambda v: fmt(float(v), "GFLOP/s"),
-                                 "pct_of_peak": lambda v: f"{plots._sig(float(v))}%"}, keep=("variant",))
+    peaks = ", ".join(fmt(float(p), "GFLOP/s") for p in sorted(roof["peak_gflops"].dropna().unique()))
+    keys = [c for c in ("machine", "device", "mode") if roof[c].nunique() > 1]
+    table = roof.pivot_table(index=[*keys, "variant"], columns="seq_len", values="pct_of_peak", aggfunc="median")
+    table.columns = [f"L={c}" for c in table.columns]
+    table = table.reset_index()
+    pct = {c: (lambda v: f"{plots._sig(float(v))}%") for c in table.columns if c.startswith("L=")}
+    return (f"<p>Achieved GFLOP/s as a percentage of the matmul peak ({html.escape(peaks or 'not measured')}), "
+            "per variant and length:</p>" + _table(table, formats=pct, lift=False))
 
 
 def _environment(frame: pd.DataFrame, sources: Sequence[str]) -> str:

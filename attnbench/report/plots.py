@@ -320,7 +320,11 @@ def gflops(frame: pd.DataFrame) -> plt.Figure | None:
     peak = frame["peak_gflops"].dropna()
     if len(peak):
         for ax in fig.axes:
+            if ax.get_label() == "<colorbar>":
+                continue
             ax.axhline(float(peak.median()), ls=":", color="black", lw=1)
+            lo, hi = ax.get_ylim()
+            ax.set_ylim(lo, max(hi, float(peak.median()) * 2))  # the peak line stays in view
     return fig
 
 
