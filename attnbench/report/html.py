@@ -90,12 +90,14 @@ def _rst_to_html(text: str) -> str:
     return re.sub(r"\*(\w[^*]*?)\*", r"<em>\1</em>", out)
 
 
-def lift_constants(df: pd.DataFrame, keep: Sequence[str] = ()) -> tuple[pd.DataFrame, dict[str, str]]:
+def lift_constants(df: pd.DataFrame, keep: Sequence[str] = (),
+                   formats: dict[str, Callable[[object], str]] | None = None) -> tuple[pd.DataFrame, dict[str, str]]:
     """Drop the columns that hold one value on every row; return them as ``{column: value}``.
 
     Args:
         df: the table to show.
         keep: columns never lifted (e.g. the row label).
+        formats: per-column formatters: a column is constant when its *shown* text is (dates to the minute).
 
     Returns:
         The table without its constant columns, and those columns' single values (as text).
@@ -106,7 +108,8 @@ def lift_constants(df: pd.DataFrame, keep: Sequence[str] = ()) -> tuple[pd.DataF
     for col in df.columns:
         if col in keep:
             continue
-        values = df[col].map(lambda v: "" if v is None or (not isinstance(v, str) and pd.isna(v)) else str(v))
+        show = (formats or {}).get(col, str)
+        values = df[col].map(lambda v, show=show: "" if v is None or (not isinstance(v, str) and pd.isna(v)) else show(v))
         if values.nunique(dropna=False) == 1:
             constants[col] = values.iloc[0]
     return df.drop(columns=list(constants)), {k: v for k, v in constants.items() if v not in ("", "nan", "NaT")}
@@ -134,14 +137,14 @@ def _table(df: pd.DataFrame | None, max_rows: int = 400, formats: dict[str, Call
         return "<p><em>nothing to show</em></p>"
     if "commit" in df:  # short hashes on the page; the full ones are in tidy.csv
         df = df.assign(commit=df["commit"].map(lambda c: _short(c) if isinstance(c, str) else c))
-    shown, constants = lift_constants(df, keep) if lift else (df, {})
+    shown, constants = lift_constants(df, keep, formats) if lift else (df, {})
     formats = formats or {}
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in shown.columns)
     body = []
     for rec in shown.head(max_rows).itertuples(index=False):
         body.append("<tr>" + "".join(_cell(v, formats.get(c)) for c, v in zip(shown.columns, rec, strict=True)) + "</tr>")
     caption = ""
-    parts = [f"{k}: {formats[k](df[k].iloc[0]) if k in formats else v}" for k, v in constants.items()]
+    parts = [f"{k}: {v}" for k, v in constants.items()]
     if len(df) > max_rows:
         parts.append(f"{len(df) - max_rows} more rows in the CSV")
     if parts:
