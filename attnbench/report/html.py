@@ -712,7 +712,7 @@ def render(analysis: Analysis, out_dir: str | Path, title: str = "attnbench repo
             commits = commits.sort_values("commit_date").reset_index()
             commits["commit"] = commits["commit"].map(_short)
             details.append(_details("Commits", _table(commits.rename(columns={"commit_date": "commit date", "run_date": "run date"}),
-                                                      formats={"commit date": _when, "run date": _when}, lift=False)))
+                                                      formats={"commit date": _when, "run date": _when}, keep=("commit",))))
         bad = frame[(frame["status"] != "ok") & (frame["metric"] == "time")]
         cols = ["origin", "machine", "variant", "seq_len", "device", "mode", "status", "reason"]
         details.append(_details(f"Skipped and failed cases ({len(bad)})", _table(bad[[c for c in cols if c in bad]].drop_duplicates(),
