@@ -128,6 +128,18 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
     assert (tmp_path / "report.png").stat().st_size > 10_000
 
 
+CONSTANT_COLUMNS_JS = """() => { const out = [];
+ for (const t of document.querySelectorAll('table')) {
+   if (t.closest('details:not([open])') || t.classList.contains('meta')) continue;
+   const rows = [...t.querySelectorAll('tbody tr')];
+   if (rows.length < 2) continue;
+   const heads = [...t.querySelectorAll('thead th')].map(h => h.textContent);
+   for (let i = 0; i < rows[0].children.length; i++) {
+     if (new Set(rows.map(r => r.children[i] ? r.children[i].textContent : '')).size === 1) out.push(heads[i]);
+   }
+ } return out; }"""
+
+
 @pytest.fixture(scope="module")
 def default_like_run(tmp_path_factory) -> Path:
     """A run shaped like the default sweep (many variants, 6 lengths), synthetic: no timing needed."""
@@ -147,7 +159,7 @@ def test_first_screen_holds_findings_and_the_headline_figure_and_the_page_is_sho
         before = first()
         page.click("#exponents th:first-child")
         page.click("#exponents th:first-child")  # asc, then desc
-        return {"sorted": (before, first())}
+        return {"sorted": (before, first()), "constant_columns": page.evaluate(CONSTANT_COLUMNS_JS)}
 
     seen = _browse(page_path, tmp_path / "first.png", sort)
     assert seen["console"] == [] and seen["failed"] == []
@@ -157,6 +169,7 @@ def test_first_screen_holds_findings_and_the_headline_figure_and_the_page_is_sho
     head = {alt: (h, top) for alt, _, h, top in seen["sizes"]}
     assert "progression" in head and head["progression"][1] + head["progression"][0] <= 900, head.get("progression")
     assert seen["open_details"] == 0
+    assert seen["constant_columns"] == [], "a visible table column holds one repeated value"
     before, after = seen["sorted"]
     assert before == "additive" and after == "vectorized", seen["sorted"]
 
