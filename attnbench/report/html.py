@@ -640,26 +640,39 @@ def render(analysis: Analysis, out_dir: str | Path, title: str = "attnbench repo
         top.append(f'<div class="note"><strong>Notes:</strong><ul>{items}</ul></div>')
     body: list[str] = []
     details: list[str] = []
+    main, main_fits, scope = frame, fits, ""
+    if len(frame) and len(analysis.sides) > 1 and analysis.primary:  # the story is told from one side; the rest is compared
+        main = frame[_side_key(frame) == analysis.primary["side"]]
+        if len(fits):
+            main_fits = fits[(fits["machine"].astype(str) == analysis.primary["machine"])
+                             & (fits["commit"].astype(str) == analysis.primary["commit"])]
+        scope = f" Shown for {html.escape(analysis.primary['side'])}; the other runs are compared below."
     if len(frame):
         body.append(_findings_html(analysis))
-        body.append(_figure(fig_dir, "progression", plots.progression(frame, fits),
+        body.append(_figure(fig_dir, "progression", plots.progression(main, main_fits),
                             "The seeds' progression (" + " → ".join(PROGRESSION) + "): median time per call and peak tensor "
                             "memory above the inputs vs L, log-log, forward. Each line's end says its fitted slope (a conclusive "
-                            "Theil-Sen fit) or that the fit is inconclusive; dotted memory is the analytic model, not a measurement.",
+                            "Theil-Sen fit) or that the fit is inconclusive; dotted memory is the analytic model, not a measurement." + scope,
                             css="head"))
         body.append('<h2 id="families">The families</h2>')
-        body.append(_figure(fig_dir, "time", plots.scaling(frame, "time"),
+        body.append(_figure(fig_dir, "time", plots.scaling(main, "time"),
                             "Time per call vs L, one panel per family (dense, fused SDPA, blockwise, linear, scoring functions, "
                             "compiled), lines labelled at their end. Dashed grey: O(n) and O(n²) through the shortest length. "
-                            "Red crosses: wrong results; hollow circles: noisy measurements (neither is a fact)."))
-        body.append(_figure(fig_dir, "memory", plots.scaling(frame, "peak_tensor_bytes"),
+                            "Red crosses: wrong results; hollow circles: noisy measurements (neither is a fact)." + scope))
+        body.append(_figure(fig_dir, "memory", plots.scaling(main, "peak_tensor_bytes"),
                             "Peak tensor memory above the inputs vs L: dense variants climb at O(n²), chunked/SDPA/linear at O(n). "
                             "Dotted series labelled <em>(model)</em> are the analytic prediction, not a measurement."))
-        cross = _figure(fig_dir, "crossovers", plots.crossover_matrix(analysis.crossovers),
+        pick = analysis.primary
+        one_slice = {m: t[(t["machine"].astype(str) == pick["machine"]) & (t["commit"].astype(str) == pick["commit"])
+                          & (t["device"].astype(str) == pick["device"]) & (t["mode"].astype(str) == pick["mode"])
+                          & (t["dtype"].astype(str) == pick["dtype"]) & (t["mask"].astype(str) == pick["mask"])]
+                     for m, t in analysis.crossovers.items()} if pick else {}
+        cross = _figure(fig_dir, "crossovers", plots.crossover_matrix(one_slice),
                         "Crossovers, variant x baseline. Cell: from which L the variant stays faster (time) or smaller (peak "
                         "tensor memory) than the baseline at every longer measured L, and baseline / variant at the longest "
                         "common L; colour: that ratio on a log scale centred at 1x (blue: better than the baseline). Measured, "
-                        "correct cases only (no wrong, noisy or model values).")
+                        "correct cases only (no wrong, noisy or model values). "
+                        f"{html.escape(', '.join(str(pick.get(k, '')) for k in ('device', 'mode', 'dtype')))} cases{scope}")
         if cross:
             body.append('<h2 id="crossovers-h">Crossovers</h2>' + cross)
     summary = analysis.summary
