@@ -526,8 +526,9 @@ def _subtitle(analysis: Analysis) -> str:
     if "threads" in c:
         bits.append(f"{float(c['threads']):g} thread{'s' if float(c['threads']) != 1 else ''}")
     commits = sorted({_short(v) for v in frame["commit"].dropna() if v})
-    if len(commits) == 1:
-        bits.append(f"commit <code>{commits[0]}</code>")
+    if commits:
+        shown = ", ".join(f"<code>{c}</code>" for c in commits[:4]) + (f" and {len(commits) - 4} more" if len(commits) > 4 else "")
+        bits.append(f"commit{'s' if len(commits) > 1 else ''} {shown}")
     dates = frame["run_date"].dropna() if "run_date" in frame else pd.Series(dtype=object)
     if len(dates):
         lo, hi = dates.min(), dates.max()
