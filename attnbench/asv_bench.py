@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attnbench import contract
 from attnbench.measure import gate, guard, runner
 from attnbench.measure.peak import matmul_peak, measure_matmul_peak
 from attnbench.measure.timer import TimerConfig, time_call
@@ -43,25 +44,25 @@ def _env_list(name: str, default: list, kind: type = str) -> list:
 
 
 CUDA = torch.cuda.is_available()
-BASE = AttnSpec(batch=int(os.environ.get("ATTNBENCH_ASV_BATCH", "1")), heads=8, head_dim=64, dtype="float32")
+BASE = contract.BASE_SPEC.replace(batch=int(os.environ.get(contract.ENV_BATCH, "1")))
 """The suite's fixed shape. ``ATTNBENCH_ASV_BATCH`` exists for tests of the gate (a batch-swapping
 fault is the identity at B=1); results taken with it are not labelled with it, so leave it unset
 for results you keep."""
-LENGTHS = _env_list("ATTNBENCH_ASV_LENGTHS", [64, 128, 256, 512, 1024, 2048, 4096, 8192], int)
-DEVICES = _env_list("ATTNBENCH_ASV_DEVICES", ["cpu", "cuda"] if CUDA else ["cpu"])
-MODES = _env_list("ATTNBENCH_ASV_MODES", ["forward", "backward"])
-MASKS = _env_list("ATTNBENCH_ASV_MASKS", ["none", "causal"])
+LENGTHS = _env_list(contract.ENV_LENGTHS, list(contract.ASV_LENGTHS), int)
+DEVICES = _env_list(contract.ENV_DEVICES, ["cpu", "cuda"] if CUDA else ["cpu"])
+MODES = _env_list(contract.ENV_MODES, list(contract.ASV_MODES))
+MASKS = _env_list(contract.ENV_MASKS, list(contract.ASV_MASKS))
 """Mask kinds of the grid: no mask and causal, the one production models run (the CI subset keeps ``none``)."""
 # Default-sweep variants that run on at least one of the devices (CUDA-only SDPA backends drop out on
 # CPU boxes; compiled variants, which recompile for every parameter set, are opt-in by name).
 VARIANTS = _env_list(
-    "ATTNBENCH_ASV_VARIANTS",
+    contract.ENV_VARIANTS,
     [
         n for n in variant_names()
         if get_variant(n).IN_DEFAULT_SWEEP and any(not get_variant(n).not_supported_reasons(BASE.replace(device=d)) for d in DEVICES)
     ],
 )
-MAX_CALL_SECONDS = float(os.environ.get("ATTNBENCH_ASV_MAX_CALL_S", "1.0"))
+MAX_CALL_SECONDS = float(os.environ.get(contract.ENV_MAX_CALL_S, str(contract.ASV_MAX_CALL_SECONDS)))
 """Predicted seconds per call above which a case is n/a (keeps `asv run` within its budget)."""
 
 PARAMS: dict[str, list] = {"variant": VARIANTS, "seq_len": LENGTHS, "device": DEVICES, "mode": MODES, "mask": MASKS}

@@ -282,7 +282,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         print("error: --from is required (an asv results directory or a run directory)", file=sys.stderr)
         return 2
     try:
-        outcome = make_report(sources, args.out, title=args.title)
+        outcome = make_report(sources, args.out, title=args.title, demos=args.demos)
     except OSError as exc:
         print(f"error: cannot write the report to {args.out}: {exc}", file=sys.stderr)
         return 1
@@ -420,9 +420,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("report", help="HTML report from asv results and/or run directories", formatter_class=_Formatter)
-    p.add_argument("--from", dest="sources", action="append", help="asv results dir or run dir (repeatable)")
+    p.add_argument("--from", dest="sources", action="append",
+                   help="asv results dir or run dir (repeatable: two runs, commits or machines are compared side by side)")
     p.add_argument("--out", default="reports/latest", help="output directory")
     p.add_argument("--title", default="attnbench report")
+    p.add_argument("--demos", action="store_true",
+                   help="add the teaching demos (Nadaraya-Watson regression, masked attention weights; they train on every build)")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("profile", help="one case under torch.profiler: trace, top operators, memory plot",

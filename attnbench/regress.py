@@ -41,17 +41,18 @@ from pathlib import Path
 
 import pandas as pd
 
+from attnbench import contract
 from attnbench.analysis.frame import load_asv
 
 CI_SUBSET = {
-    "ATTNBENCH_ASV_VARIANTS": "batched,chunked,sdpa,local,linear_elu",
-    "ATTNBENCH_ASV_LENGTHS": "256,512,1024",
-    "ATTNBENCH_ASV_MODES": "forward",
-    "ATTNBENCH_ASV_DEVICES": "cpu",
+    contract.ENV_VARIANTS: "batched,chunked,sdpa,local,linear_elu",
+    contract.ENV_LENGTHS: "256,512,1024",
+    contract.ENV_MODES: "forward",
+    contract.ENV_DEVICES: "cpu",
 }
 """Short lengths and a few representative variants: finishes in minutes on 2 cores."""
-TIME_BENCHMARK = "Attention.time_attention"
-GATED = f"{TIME_BENCHMARK}|AttentionMetrics.track_peak_tensor_bytes|AttentionMetrics.track_flops|AttentionAccuracy.track_error_ratio"
+TIME_BENCHMARK = contract.TIME_BENCHMARK
+GATED = "|".join(contract.GATED_BENCHMARKS)
 THREADS = "1"  # one intra-op thread: the least noisy choice on a shared 2-core machine
 MMAP_THRESHOLD = str(128 * 1024)
 """glibc's mmap threshold, pinned: by default glibc raises it after freeing a large block, so whether a

@@ -388,3 +388,29 @@ def test_unreadable_files_are_named_even_as_root(tmp_path, good, target, monkeyp
     assert any(str(run) in p and "ermission denied" in p for p in frame.attrs["problems"]), frame.attrs["problems"]
     assert (frame["machine"] == "good-box").sum() == good[1]
     assert not (frame["machine"] == "bad-box").any() or target != "."
+
+
+def test_rows_know_their_source_and_when_they_ran(tmp_path):
+    """Two runs of one machine and commit stay apart (``origin``); ``run_date`` is the manifest's time."""
+    a = write_good_run(tmp_path / "a", created="2026-01-02T03:04:05+00:00")
+    b = write_good_run(tmp_path / "b", created="2026-02-03T04:05:06+00:00")
+    frame = load([a, b])
+    assert set(frame["origin"]) == {str(a), str(b)}
+    dates = frame.groupby("origin")["run_date"].first()
+    assert f"{dates[str(a)]:%Y-%m-%d %H:%M}" == "2026-01-02 03:04" and f"{dates[str(b)]:%Y-%m-%d %H:%M}" == "2026-02-03 04:05"
+
+
+def test_a_noisy_case_keeps_its_value_but_is_not_ok(tmp_path, monkeypatch):
+    """Status ``noisy`` (a disturbed measurement): its time is kept for drawing, its status is not ok."""
+    from attnbench.analysis import frame as frame_module
+
+    monkeypatch.setattr(frame_module, "RUN_STATUSES", (*frame_module.RUN_STATUSES, "noisy"))
+    run = write_good_run(tmp_path / "run")
+    _edit_cell(run, "status", "noisy", row=2)
+    frame = load_run(run)
+    noisy = frame[(frame["status"] == "noisy") & (frame["metric"] == "time")]
+    assert len(noisy) == 1 and noisy["value"].iloc[0] > 0
+    from attnbench.analysis import complexity
+
+    fits = complexity.fit_table(frame)
+    assert fits.loc[fits["metric"] == "time", "n"].iloc[0] <= 3  # the noisy length is not fitted

@@ -47,7 +47,7 @@ def test_report_files(report):
     out = report.parent
     assert report.name == "report.html"
     assert (out / "tidy.csv").stat().st_size > 0 and (out / "fits.csv").exists()
-    for name in ("time", "memory", "gflops", "history", "machines", "nadaraya_watson", "masked_weights"):
+    for name in ("progression", "time", "memory", "gflops", "crossovers", "comparison_1", "machines"):
         assert (out / "figures" / f"{name}.png").stat().st_size > 1000, name
         assert (out / "figures" / f"{name}.svg").exists(), name
 
@@ -55,10 +55,12 @@ def test_report_files(report):
 def test_report_is_self_contained_and_complete(report):
     page = report.read_text()
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page), "external reference in the report"
-    for heading in ("Fitted exponents", "Crossovers", "Memory model", "Skipped and failed", "Commits", "Roofline"):
+    for heading in ("Findings", "Fitted exponents", "Crossovers", "Memory model", "Skipped and failed", "Commits",
+                    "matmul peak", "Comparison"):
         assert heading in page, heading
     assert page.count("data:image/png;base64,") >= 7
-    assert "0123456789abcdef" in page  # commit hashes are listed
+    assert "01234567" in page and "0123456789abcdef0123456789abcdef01234567" not in page  # short hashes only
+    assert "01792c89cdb4659fc9be099ba8cb348011d51657" not in page
     assert "gpu-box" in page
 
 
@@ -72,8 +74,8 @@ def test_report_from_a_run_directory(tmp_path):
     config = MeasureConfig(timer=TimerConfig(min_runs=2, min_time=0.01, max_time=0.1), measure_rss=False)
     cases = grid(["loop", "batched", "sdpa", "chunked", "performer"], [16, 32, 64], AttnSpec(batch=1, heads=1, head_dim=8))
     run = write_run(tmp_path / "run", sweep(cases, config), config, seconds=1.0, command=["t"], peak_gflops={"float32": 50.0})
-    page = build_report([run], tmp_path / "out").read_text()
-    for name in ("time", "memory", "gflops", "speedup_loop", "speedup_batched", "accuracy", "nadaraya_watson"):
+    page = build_report([run], tmp_path / "out", demos=True).read_text()
+    for name in ("progression", "time", "memory", "gflops", "speedup_loop", "speedup_batched", "accuracy", "nadaraya_watson"):
         assert (tmp_path / "out" / "figures" / f"{name}.png").stat().st_size > 1000, name
     assert "SDPA kernel provenance" in page and "flash" in page
 
@@ -83,31 +85,120 @@ def test_report_from_nothing_readable_still_explains(tmp_path):
     assert "could not be read" in page
 
 
-def test_report_renders_in_headless_chromium(report, tmp_path):
-    """Open the page in Chromium: no failed requests, every figure has a non-zero rendered size."""
+def _browse(page_path: Path, shot: Path, actions=None) -> dict:
+    """Open a page in headless Chromium at 1400x900; what a reader would see on the first screen."""
     playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         pytest.skip("Chromium is not installed (Debian package 'chromium'; .ci/run installs it)")
-    failed, requests = [], []
+    out = {"failed": [], "requests": [], "console": []}
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(
             executable_path=chromium,
             args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                   "--disable-sync", "--no-first-run", "--disable-quic"],
         )
-        page = browser.new_page(viewport={"width": 1300, "height": 900})
-        page.on("requestfailed", lambda r: failed.append(r.url))
-        page.on("request", lambda r: requests.append(r.url))
-        page.goto(report.as_uri(), wait_until="load")
-        sizes = page.eval_on_selector_all("img", "els => els.map(e => [e.alt, e.naturalWidth, e.getBoundingClientRect().height])")
-        page.screenshot(path=str(tmp_path / "report.png"), full_page=False)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.on("requestfailed", lambda r: out["failed"].append(r.url))
+        page.on("request", lambda r: out["requests"].append(r.url))
+        page.on("console", lambda m: out["console"].append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: out["console"].append(str(e)))
+        page.goto(page_path.as_uri(), wait_until="load")
+        out["height"] = page.evaluate("document.documentElement.scrollHeight")
+        out["width"] = page.evaluate("document.documentElement.scrollWidth")
+        out["sizes"] = page.eval_on_selector_all(
+            "img", "els => els.map(e => [e.alt, e.naturalWidth, e.getBoundingClientRect().height, e.getBoundingClientRect().top])")
+        out["findings"] = page.eval_on_selector_all("#findings li", "els => els.map(e => e.getBoundingClientRect().bottom)")
+        out["open_details"] = page.eval_on_selector_all("details[open]", "els => els.length")
+        if actions:
+            out.update(actions(page))
+        page.screenshot(path=str(shot), full_page=False)
         browser.close()
-    assert failed == []
-    assert [u for u in requests if not u.startswith(("file:", "data:"))] == []
-    assert len(sizes) >= 7
-    assert all(w > 0 and h > 0 for _, w, h in sizes), sizes
+    return out
+
+
+def test_report_renders_in_headless_chromium(report, tmp_path):
+    """Open the page in Chromium: no failed or external requests, no console errors, every figure has a size."""
+    seen = _browse(report, tmp_path / "report.png")
+    assert seen["failed"] == []
+    assert [u for u in seen["requests"] if not u.startswith(("file:", "data:"))] == []
+    assert seen["console"] == []
+    assert len(seen["sizes"]) >= 7
+    assert all(w > 0 and h > 0 for _, w, h, _ in seen["sizes"]), seen["sizes"]
     assert (tmp_path / "report.png").stat().st_size > 10_000
+
+
+CONSTANT_COLUMNS_JS = """() => { const out = [];
+ for (const t of document.querySelectorAll('table')) {
+   if (t.closest('details:not([open])') || t.classList.contains('meta')) continue;
+   const rows = [...t.querySelectorAll('tbody tr')];
+   if (rows.length < 2) continue;
+   const heads = [...t.querySelectorAll('thead th')].map(h => h.textContent);
+   for (let i = 0; i < rows[0].children.length; i++) {
+     if (new Set(rows.map(r => r.children[i] ? r.children[i].textContent : '')).size === 1) out.push(heads[i]);
+   }
+ } return out; }"""
+
+
+@pytest.fixture(scope="module")
+def default_like_run(tmp_path_factory) -> Path:
+    """A run shaped like the default sweep (many variants, 6 lengths), synthetic: no timing needed."""
+    tmp = tmp_path_factory.mktemp("default")
+    variants = ["loop", "vectorized", "batched", "multihead", "torch_mha", "sdpa", "sdpa_math", "chunked", "local",
+                "block_sparse", "linear_elu", "performer", "dot", "scaled_dot", "bilinear", "additive"]
+    return _scaled_run(tmp / "run", variants, (64, 128, 256, 512, 1024, 2048), factor=1.0)
+
+
+def test_first_screen_holds_findings_and_the_headline_figure_and_the_page_is_short(default_like_run, tmp_path):
+    """At 1400x900: the findings and a whole figure on the first screen, at most 10 screens, details
+    collapsed, no horizontal scrolling, and the inline sort works (click a header, the order flips)."""
+    page_path = build_report([default_like_run], tmp_path / "out")
+
+    def sort(page):
+        first = lambda: page.eval_on_selector("#exponents tbody tr td", "e => e.textContent")  # noqa: E731
+        before = first()
+        page.click("#exponents th:first-child")
+        page.click("#exponents th:first-child")  # asc, then desc
+        return {"sorted": (before, first()), "constant_columns": page.evaluate(CONSTANT_COLUMNS_JS)}
+
+    seen = _browse(page_path, tmp_path / "first.png", sort)
+    assert seen["console"] == [] and seen["failed"] == []
+    assert seen["height"] <= 10 * 900, seen["height"]
+    assert seen["width"] <= 1400, "the page scrolls sideways"
+    assert seen["findings"] and max(seen["findings"]) < 900, seen["findings"]
+    head = {alt: (h, top) for alt, _, h, top in seen["sizes"]}
+    assert "progression" in head and head["progression"][1] + head["progression"][0] <= 900, head.get("progression")
+    assert seen["open_details"] == 0
+    assert seen["constant_columns"] == [], "a visible table column holds one repeated value"
+    before, after = seen["sorted"]
+    assert before == "additive" and after == "vectorized", seen["sorted"]
+
+
+def _scaled_run(path: Path, variants, lengths, factor: float = 1.0, wrong: dict | None = None) -> Path:
+    """A run of ``variants`` at ``lengths`` with time ~ factor * L^2 (L^1 for linear ones), memory ~ L^p
+    as declared; ``wrong`` maps (variant, L) to a planted time for a case that failed the gate."""
+    from attnbench.measure import MeasureConfig
+    from attnbench.measure.record import Environment, Measurement
+    from attnbench.registry import get_variant
+    from attnbench.runs import write_run
+    from attnbench.spec import AttnSpec
+
+    env = Environment(hostname="box", python="3.11", torch="2.x", threads=1, cpu_model="cpu", cpu_count=2, device_name="cpu")
+    base = AttnSpec(batch=1, heads=8, head_dim=64)
+    rows = []
+    for k, variant in enumerate(variants):
+        impl = get_variant(variant)
+        for n in lengths:
+            t = factor * 1e-6 * (1 + k) * (n / 16) ** impl.time_exponent
+            status = "ok"
+            if wrong and (variant, n) in wrong:
+                t, status = wrong[(variant, n)], "wrong"
+            rows.append(Measurement(
+                variant=variant, spec=base.replace(seq_len=n), status=status, samples=(t, t, t), runs=3, timing_method="wall",
+                peak_tensor_bytes=float((1 + k) * 64 * n ** impl.memory_exponent), memory_method="profiler",
+                predicted_peak_bytes=float(4 * n * n), max_error=1e-3 if status == "wrong" else 1e-7, tolerance=1e-5, env=env,
+            ))
+    return write_run(path, rows, MeasureConfig(), seconds=1.0, command=["t"], peak_gflops={"float32": 10.0})
 
 
 def _synthetic_run(tmp_path: Path) -> Path:
@@ -149,7 +240,9 @@ def test_headline_counts_conclusive_fits_names_inconclusive_and_steeper(tmp_path
     tone, text = headline.groups()
     assert tone == "bad" and "steeper than declared: linear_elu time" in text
     assert text.startswith("3 of 4 conclusive fits match their declared complexity")
-    inconclusive = text.split("inconclusive: ")[1]
+    count = re.search(r"; (\d+) inconclusive\.$", text)
+    assert count, text
+    inconclusive = page.split(f"Inconclusive fits ({count.group(1)}) and why")[1][:800]
     assert "loop time (2 points)" in inconclusive  # 32 is the floor; 64 and 128 are fitted
     assert "chunked time (3 points)" in inconclusive
     assert "No variant grows faster" not in page
@@ -168,3 +261,140 @@ def test_headline_counts_conclusive_fits_names_inconclusive_and_steeper(tmp_path
 def test_no_green_headline_above_nothing(tmp_path):
     page = build_report([tmp_path / "missing"], tmp_path / "out").read_text()
     assert 'class="good"' not in page and "Nothing could be loaded" in page
+
+
+# ---- findings, comparisons, figures: each defence planted -----------------------------------
+def test_findings_rank_only_correct_cases_and_quote_only_conclusive_fits(tmp_path):
+    """Planted: a wrong `batched` case at the longest L that would be the fastest by far, and a loop
+    measured at two lengths (an inconclusive fit). Neither may appear as a fact."""
+    from attnbench.report.html import analyse, load_results
+
+    run = _scaled_run(tmp_path / "run", ["loop", "batched", "sdpa", "chunked"], (64, 128, 256, 512, 1024),
+                      wrong={("batched", 1024): 1e-9})
+    analysis = analyse(load_results([run]))
+    text = " ".join(f.text for f in analysis.findings)
+    assert 3 <= len(analysis.findings) <= 6
+    fastest = next(f.text for f in analysis.findings if "fastest" in f.text)
+    assert "`batched`" not in fastest.split("slowest")[0], fastest  # the wrong case is never ranked
+    assert "1024" in fastest
+    assert "1 of 20 cases are not measurements to rely on (1 wrong)" in text
+    assert "L^" in text  # conclusive fits are quoted ...
+    short = _scaled_run(tmp_path / "short", ["batched", "sdpa"], (64, 128))
+    quiet = analyse(load_results([short]))
+    assert not any("L^" in f.text for f in quiet.findings), quiet.findings  # ... inconclusive ones never
+    assert all(f.target for f in analysis.findings)
+
+
+def test_two_runs_side_by_side(tmp_path):
+    """`report --from A --from B`: B planted exactly 2x slower; the page says 2x in its ratio table,
+    its finding and its figure."""
+    from attnbench.cli import main
+
+    lengths = (64, 128, 256, 512)
+    a = _scaled_run(tmp_path / "runA", ["batched", "sdpa", "chunked"], lengths)
+    b = _scaled_run(tmp_path / "runB", ["batched", "sdpa", "chunked"], lengths, factor=2.0)
+    assert main(["report", "--from", str(a), "--from", str(b), "--out", str(tmp_path / "out")]) == 0
+    page = (tmp_path / "out" / "report.html").read_text()
+    section = page.split('<section id="comparison">')[1].split("</section>")[0]
+    assert "runB against runA: median time ratio 2x over 12 cases" in page
+    assert section.count("<td data-v=\"2.0\">2x</td>") == 12  # every cell of the ratio table
+    assert (tmp_path / "out" / "figures" / "comparison_1.png").stat().st_size > 1000
+    assert "run date" in section
+
+
+def test_asv_pages_show_run_dates_and_short_hashes(tmp_path):
+    """Planted: a run that started two days after its commit; the page gives the run date, the short hash."""
+    import datetime as dt
+
+    results = tmp_path / "results"
+    shutil.copytree(FIXTURE, results)
+    path = next(p for p in results.glob("*/*.json") if p.name != "machine.json")
+    data = json.loads(path.read_text())
+    run_ms = data["date"] + 2 * 86_400_000
+    col = data["result_columns"].index("started_at")
+    for row in data["results"].values():
+        row[col] = run_ms
+    path.write_text(json.dumps(data))
+    page = build_report([results], tmp_path / "out").read_text()
+    run_date = dt.datetime.fromtimestamp(run_ms / 1e3, tz=dt.timezone.utc)
+    commit_date = dt.datetime.fromtimestamp(data["date"] / 1e3, tz=dt.timezone.utc)
+    assert f"run {run_date:%Y-%m-%d %H:%M}" in page
+    assert f"run {commit_date:%Y-%m-%d %H:%M}" not in page
+    assert data["commit_hash"][:8] in page and data["commit_hash"] not in page
+
+
+def test_constant_columns_are_lifted_into_the_caption():
+    import pandas as pd
+
+    from attnbench.report.html import _table, lift_constants
+
+    df = pd.DataFrame({"variant": ["a", "b"], "device": ["cpu", "cpu"], "time": [1.0, 2.0], "empty": ["", ""]})
+    shown, constants = lift_constants(df, keep=("variant",))
+    assert list(shown.columns) == ["variant", "time"] and constants == {"device": "cpu"}
+    out = _table(df, keep=("variant",))
+    assert "<th>device</th>" not in out and "Same on every row: device: cpu" in out and "<th>empty</th>" not in out
+    assert "<th>device</th>" in _table(df, lift=False)
+
+
+@pytest.mark.parametrize(("value", "unit", "text"), [
+    (1.08e9, "bytes", "1.08 GB"), (273_000_000.0, "bytes", "273 MB"), (512.0, "bytes", "512 B"), (112.34, "x", "112x"),
+    (5123.0, "x", "5,120x"), (0.000322, "x", "0.000322x"), (3.1e-3, "s", "3.1 ms"), (2.5, "s", "2.5 s"), (4.2e-7, "s", "420 ns"),
+    (float("nan"), "s", "n/a"),
+])
+def test_numbers_have_units_and_three_significant_figures(value, unit, text):
+    from attnbench.report.plots import fmt
+
+    assert fmt(value, unit) == text
+
+
+def test_crossover_colours_are_centred_at_1x_and_clipped():
+    """Planted: one 10^-5 ratio (loop) that would stretch the scale so 0.5x and 2x look alike."""
+    import pandas as pd
+
+    from attnbench.report import plots
+
+    cross = pd.DataFrame([
+        {"variant": "loop", "baseline": "batched", "metric": "time", "crossover_L": "never", "ratio_at_longest": 1e-5},
+        {"variant": "sdpa", "baseline": "batched", "metric": "time", "crossover_L": "128", "ratio_at_longest": 2.0},
+        {"variant": "chunked", "baseline": "batched", "metric": "time", "crossover_L": "never", "ratio_at_longest": 0.5},
+    ])
+    fig = plots.crossover_matrix({"time": cross})
+    norm = fig.axes[0].images[0].norm
+    assert norm.vmin == -norm.vmax and norm.vmax == 3.0  # centred at 1x, at most 1000x either way
+    texts = {t.get_text() for t in fig.axes[0].texts}
+    assert {"never  1e-05x".replace("1e-05x", plots.fmt(1e-5, "x")), "L≥128  2x", "never  0.5x"} <= texts
+
+
+def test_demos_are_opt_in(tmp_path, monkeypatch):
+    """Planted: a demo that fails if it is trained. The default report never trains it; --demos does."""
+    from attnbench.report import plots
+
+    def trained(*args, **kwargs):
+        raise RuntimeError("the Nadaraya-Watson demo was trained")
+
+    monkeypatch.setattr(plots, "nadaraya_watson", trained)
+    run = _scaled_run(tmp_path / "run", ["batched", "sdpa"], (64, 128, 256, 512))
+    assert build_report([run], tmp_path / "out").exists()
+    with pytest.raises(RuntimeError, match="trained"):
+        build_report([run], tmp_path / "out2", demos=True)
+
+
+def test_report_steps_are_separate_functions(tmp_path):
+    """load -> analyse -> render: analysing twice gives the same findings; rendering writes the files."""
+    from attnbench.report.html import analyse, load_results, render
+
+    run = _scaled_run(tmp_path / "run", ["loop", "batched", "sdpa"], (64, 128, 256, 512))
+    loaded = load_results([run])
+    first, second = analyse(loaded), analyse(loaded)
+    assert first.findings == second.findings and len(first.findings) >= 3
+    outcome = render(first, tmp_path / "out")
+    assert outcome.page.exists() and outcome.rows == len(loaded.frame)
+
+
+@pytest.mark.parametrize("shape", [(["sdpa"], (64,)), (["local", "performer"], (64, 128))])
+def test_tiny_runs_still_make_a_page(tmp_path, shape):
+    """One family, one panel, one length: every figure copes (a single facet has no facet grid)."""
+    variants, lengths = shape
+    page = build_report([_scaled_run(tmp_path / "run", variants, lengths)], tmp_path / "out").read_text()
+    assert "Findings" in page or "Fitted exponents" in page
+    assert (tmp_path / "out" / "figures" / "time.png").exists()

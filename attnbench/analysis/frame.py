@@ -19,7 +19,7 @@ method         how the value was obtained: "wall" (perf_counter) | "cuda_events"
                timer / peakmem / tracked rate) | "profiler" | "cuda" (allocator stats) | "rss" |
                "reference" (compared with the float64 reference) | "model" (an analytic prediction,
                not a measurement: never fitted, never compared with itself) | "unrecorded" (old files)
-value          float; NaN unless status is "ok" (or "wrong": a wrong case keeps what was recorded)
+value          float; NaN unless status is "ok" (or "wrong" / "noisy": kept as recorded, never a fact)
 spread         IQR of the timing samples (asv: q75 - q25), NaN when unknown
 ci_low         lower end of asv's 99% interval of the value (NaN for runs)
 ci_high        upper end of asv's 99% interval of the value (NaN for runs)
@@ -34,6 +34,10 @@ date           pandas Timestamp (UTC) of the commit (asv) or of the run
 torch          torch version
 threads        torch threads (NaN for asv, which does not record it)
 peak_gflops    this machine's matmul GFLOP/s at the row's dtype when recorded, else NaN
+run_date       pandas Timestamp (UTC) of when the measurement ran (asv: the earliest ``started_at``
+               of the result file; run: the manifest's ``created``); ``date`` of asv rows is the
+               *commit* date
+origin         the source path the row was loaded from (tells two runs of one machine apart)
 ============== =====================================================================
 
 Loading never stops at a bad input and never turns one into numbers. Every file that cannot be
@@ -63,33 +67,21 @@ from pathlib import Path
 
 import pandas as pd
 
+from attnbench import contract
 from attnbench.measure.record import STATUSES
 from attnbench.spec import AttnSpec
 
 COLUMNS = [
     "source", "benchmark", "variant", "seq_len", "seq_len_k", "device", "mode", "dtype", "batch", "heads",
     "head_dim", "mask", "metric", "unit", "method", "value", "spread", "ci_low", "ci_high", "status", "reason", "machine",
-    "cpu", "gpu", "commit", "date", "torch", "threads", "peak_gflops", "kernel",
+    "cpu", "gpu", "commit", "date", "torch", "threads", "peak_gflops", "kernel", "run_date", "origin",
 ]
-UNITS = {
-    "time": "s", "cuda_time": "s", "compile_time": "s", "peak_tensor_bytes": "bytes", "peak_rss": "bytes", "gflops": "GFLOP/s",
-    "max_error": "abs", "softmax_error": "abs", "flops": "FLOP", "error_ratio": "x tolerance",
-}
+UNITS = contract.UNITS
 RUN_STATUSES = STATUSES  # the shared list: a status added there is read here too
 MEMORY_METHODS = {"analytic": "model"}  # older files called the prediction "analytic"
-# asv method name -> (metric, factor to the metric's unit, method label)
-ASV_METRICS = {
-    "time_attention": ("time", 1.0, "asv"),
-    "peakmem_attention": ("peak_rss", 1.0, "asv"),
-    "track_peak_tensor_bytes": ("peak_tensor_bytes", 1.0, None),  # what the runner used: see _asv_memory_method
-    "track_gflops": ("gflops", 1.0, "asv"),
-    "track_flops": ("flops", 1.0, "model"),
-    "track_cuda_ms": ("cuda_time", 1e-3, "cuda_events"),
-    "track_max_error": ("max_error", 1.0, "reference"),
-    "track_error_ratio": ("error_ratio", 1.0, "reference"),
-}
-PEAK_BENCHMARK = "track_matmul_gflops"
-BASE_SPEC = AttnSpec(batch=1, heads=8, head_dim=64)  # the asv suite's fixed shape
+ASV_METRICS = contract.ASV_METRICS
+PEAK_BENCHMARK = contract.PEAK_BENCHMARK
+BASE_SPEC = contract.BASE_SPEC  # the asv suite's fixed shape
 
 
 def _empty() -> pd.DataFrame:
@@ -102,7 +94,8 @@ def _finish(rows: list[dict], problems: list[str], notes: list[str] | None = Non
         frame[col] = pd.to_numeric(frame[col], errors="coerce")
     for col in ("seq_len", "seq_len_k", "batch", "heads", "head_dim"):
         frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("Int64")
-    frame["date"] = pd.to_datetime(frame["date"], utc=True, errors="coerce")
+    for col in ("date", "run_date"):
+        frame[col] = pd.to_datetime(frame[col], utc=True, errors="coerce")
     frame.attrs["problems"] = list(problems)
     frame.attrs["notes"] = list(notes or [])
     return frame
@@ -195,6 +188,8 @@ def _asv_file(path: Path, benchmarks: dict, machine: dict, problems: list[str]) 
     try:
         res = Results.load(str(path))
         date = dt.datetime.fromtimestamp(res.date / 1e3, tz=dt.timezone.utc) if res.date else None
+        starts = [v for v in (res.started_at or {}).values() if isinstance(v, (int, float)) and v > 0]
+        run_date = dt.datetime.fromtimestamp(min(starts) / 1e3, tz=dt.timezone.utc) if starts else None
         params = res.params if isinstance(res.params, dict) else {}
         all_keys = list(res.get_all_result_keys())
         keys = res.get_result_keys(benchmarks)  # drops stale versions
@@ -208,7 +203,7 @@ def _asv_file(path: Path, benchmarks: dict, machine: dict, problems: list[str]) 
                         f"(benchmark version differs from benchmarks.json, or no longer there): {names}")
     common = {
         "source": "asv", "machine": str(params.get("machine", machine.get("machine", ""))),
-        "cpu": str(machine.get("cpu", "")), "gpu": "", "commit": res.commit_hash or "", "date": date,
+        "cpu": str(machine.get("cpu", "")), "gpu": "", "commit": res.commit_hash or "", "date": date, "run_date": run_date,
         "torch": params.get("torch", "") or params.get("req-torch", ""), "threads": math.nan,
         "reason": "", "kernel": "",
     }
@@ -253,11 +248,12 @@ def _asv_key_rows(res, key: str, bench: dict, common: dict, peak: float, path: P
         try:
             variant, seq_len = case.get("variant", ""), case.get("seq_len", 0)
             device, mode = case.get("device", "cpu"), case.get("mode", "forward")
+            mask = case.get("mask", "none")  # older suites had no mask parameter: unmasked
             if not isinstance(variant, str) or not variant or isinstance(seq_len, bool) or not isinstance(seq_len, int):
                 raise ValueError(f"variant {variant!r} / seq_len {seq_len!r}")
             if value is not None and not isinstance(value, (int, float)):
                 raise ValueError(f"value {value!r} is not a number")
-            spec = BASE_SPEC.replace(seq_len=seq_len, device=device, mode=mode)
+            spec = BASE_SPEC.replace(seq_len=seq_len, device=device, mode=mode, mask=mask)
         except (ValueError, TypeError) as exc:
             bad.append(f"{combo}: {_why(exc)}")
             continue
@@ -285,10 +281,10 @@ def _mark_wrong(rows: list[dict]) -> None:
     verdicts: dict[tuple, float] = {}
     for r in rows:
         if r["metric"] == "error_ratio" and r["status"] == "ok" and r["value"] > 1:
-            verdicts[(r["variant"], r["seq_len"], r["device"], r["mode"] if r["_mode_given"] else None)] = r["value"]
+            verdicts[(r["variant"], r["seq_len"], r["device"], r["mask"], r["mode"] if r["_mode_given"] else None)] = r["value"]
     for r in rows:
-        ratio = verdicts.get((r["variant"], r["seq_len"], r["device"], r["mode"]),
-                             verdicts.get((r["variant"], r["seq_len"], r["device"], None)))
+        ratio = verdicts.get((r["variant"], r["seq_len"], r["device"], r["mask"], r["mode"]),
+                             verdicts.get((r["variant"], r["seq_len"], r["device"], r["mask"], None)))
         if ratio is not None:
             r["status"], r["reason"] = "wrong", f"max error {ratio:.3g}x the tolerance"
         del r["_mode_given"]
@@ -424,11 +420,11 @@ def _run_row(rec: dict, manifest: dict, peaks: dict) -> list[dict]:
         "batch": ints["spec_batch"], "heads": ints["spec_heads"], "head_dim": ints["spec_head_dim"],
         "mask": rec["spec_mask"], "status": status, "reason": rec.get("reason", ""),
         "machine": rec.get("env_hostname", ""), "cpu": rec.get("env_cpu_model", ""), "gpu": rec.get("env_gpu_name", ""),
-        "commit": rec.get("env_commit", ""), "date": manifest.get("created"), "torch": rec.get("env_torch", ""),
+        "commit": rec.get("env_commit", ""), "date": manifest.get("created"), "run_date": manifest.get("created"), "torch": rec.get("env_torch", ""),
         "threads": _lenient(rec.get("env_threads")), "peak_gflops": _lenient(peaks.get(dtype)),
         "kernel": rec.get("extra_kernel", ""),
     }
-    keeps_values = status in ("ok", "wrong")
+    keeps_values = status in ("ok", "wrong", "noisy")  # noisy: drawn (hollow), never fitted or ranked
     out = []
     for metric, (col, spread_col, method) in RUN_METRICS.items():
         if col not in rec:
@@ -543,6 +539,7 @@ def load(sources: Iterable[str | Path]) -> pd.DataFrame:
             problems.append(f"{path}: {kind}")
             summary.append({"path": str(path), "kind": "unreadable", "rows": 0})
             continue
+        frame["origin"] = str(path)
         problems.extend(frame.attrs.get("problems", []))
         notes.extend(frame.attrs.get("notes", []))
         summary.append({"path": str(path), "kind": kind, "rows": len(frame)})

@@ -1,6 +1,11 @@
-"""Seaborn figures from the tidy frame (figures only: no I/O, no HTML).
+"""Figures from the tidy frame (figures only: no I/O, no HTML).
 
 Every function returns a matplotlib Figure, or None when the frame holds nothing to draw.
+
+Colours: one hue per family of variants (:data:`FAMILIES`), shades within it, so a variant has the
+same colour in every figure. Lines are labelled at their right end instead of in a legend. Only
+``ok`` rows are drawn as lines; a case that failed the correctness gate (``wrong``) is a red cross
+and a disturbed measurement (``noisy``) a hollow marker: neither is ever part of a line or a fit.
 """
 
 from __future__ import annotations
@@ -15,13 +20,48 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 import torch  # noqa: E402
+from matplotlib import colors as mcolors  # noqa: E402
 
 from attnbench import masks  # noqa: E402
+from attnbench.contract import PROGRESSION  # noqa: E402
 from attnbench.registry import get_variant, variant_names  # noqa: E402
 from attnbench.variants.base import Variant  # noqa: E402
 
 sns.set_theme(style="whitegrid", context="notebook")
-YLABELS = {"time": "median time per call (s)", "peak_tensor_bytes": "peak tensor memory above inputs (bytes)", "gflops": "achieved GFLOP/s", "peak_rss": "process peak RSS (bytes)"}
+YLABELS = {"time": "median time per call", "peak_tensor_bytes": "peak tensor memory above inputs", "gflops": "achieved GFLOP/s",
+           "peak_rss": "process peak RSS"}
+WRONG_COLOUR = "#b00020"
+
+# family -> (colormap for its shades, members in the order they get darker)
+FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "dense": ("Blues", ("loop", "vectorized", "batched", "multihead", "torch_mha", "sdpa_math")),
+    "fused": ("Oranges", ("sdpa", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn")),
+    "blockwise": ("Greens", ("chunked", "local", "block_sparse")),
+    "linear": ("Purples", ("linear_elu", "performer")),
+    "scoring": ("Greys", ("dot", "scaled_dot", "bilinear", "additive")),
+    "compiled": ("RdPu", ("compiled_batched", "compiled_chunked", "flex")),
+}
+OTHER_FAMILY = "other"  # plugin variants: yellow-brown shades
+
+
+def family(variant: str) -> str:
+    """The family a variant is drawn in (``"other"`` for variants this module does not know)."""
+    base = variant.removesuffix(" (model)")
+    return next((name for name, (_, members) in FAMILIES.items() if base in members), OTHER_FAMILY)
+
+
+def colour(variant: str) -> tuple[float, float, float, float]:
+    """The variant's colour: its family's hue, a shade by its place in the family (stable across figures)."""
+    base = variant.removesuffix(" (model)")
+    fam = family(base)
+    if fam == OTHER_FAMILY:
+        others = sorted(v for v in variant_names() if family(v) == OTHER_FAMILY) or [base]
+        members, cmap = tuple(others if base in others else [*others, base]), "YlOrBr"
+    else:
+        cmap, members = FAMILIES[fam]
+    i = members.index(base)
+    shade = 0.45 + 0.5 * (i / max(len(members) - 1, 1))  # 0.45 .. 0.95 of the colormap
+    return tuple(plt.get_cmap(cmap)(shade))
 
 
 def _ok(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
@@ -37,25 +77,97 @@ DECLARED = {"time": "time_exponent", "peak_tensor_bytes": "memory_exponent"}
 
 
 def _palette(variants: list[str]) -> dict[str, tuple]:
-    """Stable colours in registry order (20 distinct ones before repeating)."""
-    order = [v for v in variant_names() if v in variants] + sorted(set(variants) - set(variant_names()))
-    colours = sns.color_palette("tab20", 20)
-    return {v: colours[i % 20] for i, v in enumerate(order)}
+    """Family colours (see :func:`colour`) in registry order."""
+    order = [v for v in variant_names() if v in variants]
+    order += sorted(v for v in set(variants) - set(order))
+    return {v: colour(v) for v in order}
+
+
+# ---- number formatting (3 significant figures, with units) --------------------------------
+def _sig(value: float, digits: int = 3) -> str:
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    text = f"{value:.{digits}g}"
+    if "e" in text:  # 1.23e+04 -> 12,300
+        text = f"{float(text):,.0f}" if abs(value) >= 1 else f"{value:.{digits}e}"
+    return text
+
+
+def fmt(value: float, unit: str) -> str:
+    """``value`` with a readable unit and 3 significant figures: "1.08 GB", "3.1 ms", "112x".
+
+    Args:
+        value: the number in the base unit (seconds, bytes, GFLOP/s, a ratio "x").
+        unit: "s", "bytes", "x", "GFLOP/s" or anything else (printed after the number).
+    """
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    if unit == "s":
+        for scale, name in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns")):
+            if abs(value) >= scale or scale == 1e-9:
+                return f"{_sig(value / scale)} {name}"
+    if unit == "bytes":
+        for scale, name in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
+            if abs(value) >= scale:
+                return f"{_sig(value / scale)} {name}"
+        return f"{value:.0f} B"
+    if unit == "x":
+        return f"{_sig(value)}x"
+    return f"{_sig(value)} {unit}"
+
+
+def _unit_axis(ax, axis: str, unit: str) -> None:
+    """Tick labels in readable units (log axes): 1 ms, 10 MB, ..."""
+    if unit not in ("s", "bytes"):
+        return
+    formatter = matplotlib.ticker.FuncFormatter(lambda v, _: fmt(v, unit) if v > 0 else "")
+    getattr(ax, f"{axis}axis").set_major_formatter(formatter)
+    getattr(ax, f"{axis}axis").set_minor_formatter(matplotlib.ticker.NullFormatter())
+
+
+def _length_axis(ax, lengths) -> None:
+    """Log x axis with the measured lengths as plain tick labels (no 3x10^2 collisions)."""
+    ticks = sorted({int(n) for n in lengths})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([str(n) for n in ticks], fontsize=8, rotation=0)
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+
+
+def _end_labels(ax, ends: dict[str, tuple[float, float]], text: dict[str, str] | None = None) -> None:
+    """Label each line at its right end, spread apart vertically (log axes) inside the axes, never overlapping."""
+    if not ends:
+        return
+    items = sorted(ends.items(), key=lambda kv: kv[1][1])
+    lo, hi = (math.log10(v) for v in ax.get_ylim())
+    gap = (hi - lo) * 0.06  # minimal distance between label centres, in decades
+    want = [math.log10(y) if y > 0 else lo for _, (_, y) in items]
+    pos: list[float] = []
+    for w in want:  # upward pass: no label closer than gap to the one below
+        pos.append(max(w, pos[-1] + gap) if pos else w)
+    excess = pos[-1] - (hi - gap / 2) if pos else 0.0
+    if excess > 0:  # the top one left the axes: push down, then keep the gaps downward
+        pos[-1] -= excess
+        for i in range(len(pos) - 2, -1, -1):
+            pos[i] = min(pos[i], pos[i + 1] - gap)
+    for (name, (x, y)), ly in zip(items, pos, strict=True):
+        ax.annotate((text or {}).get(name, name), xy=(x, y), xytext=(x * 1.08, 10**ly), fontsize=7.5, color=colour(name),
+                    va="center", ha="left", annotation_clip=False,
+                    arrowprops={"arrowstyle": "-", "color": "0.75", "lw": 0.5} if y > 0 and abs(ly - math.log10(y)) > 0.02 else None)
 
 
 def _declared_group(variant: str, metric: str) -> str:
-    if metric not in DECLARED or variant not in variant_names():
-        return "all variants"
-    p = getattr(get_variant(variant), DECLARED[metric])
-    return f"declared O(n{'²' if p == 2 else ''})"
+    """The facet a variant is drawn in: its family (kept under this name for the callers)."""
+    return family(variant)
 
 
 def _guides(ax, lengths: np.ndarray, anchor: float, exponents: tuple[float, ...] = (1.0, 2.0)) -> None:
     """Dashed O(n^p) lines through ``anchor`` at the shortest length."""
     x = np.array([lengths.min(), lengths.max()], dtype=float)
     for p in exponents:
-        ax.plot(x, anchor * (x / x[0]) ** p, ls="--", lw=1, color="0.4", zorder=0)
-        ax.annotate(f"O(n{'²' if p == 2 else ''})", (x[1], anchor * (x[1] / x[0]) ** p), fontsize=8, color="0.3")
+        ax.plot(x, anchor * (x / x[0]) ** p, ls="--", lw=0.8, color="0.6", zorder=0)
+        ax.annotate(f"O(n{'²' if p == 2 else ''})", (x[1], anchor * (x[1] / x[0]) ** p), fontsize=7, color="0.45",
+                    xytext=(-18, 3), textcoords="offset points")
 
 
 def _facet_axes(grid, row: str | None, col: str | None) -> dict:
@@ -74,10 +186,11 @@ def _facet_axes(grid, row: str | None, col: str | None) -> dict:
 
 
 def scaling(frame: pd.DataFrame, metric: str, guides: bool = True, title: str | None = None) -> plt.Figure | None:
-    """Metric vs sequence length on log-log axes, one line per variant, O(n) / O(n^2) guides.
+    """Metric vs sequence length on log-log axes: one panel per family, one line per variant.
 
-    Predicted values (method "model") are drawn as their own series, labelled "<variant> (model)";
-    cases that failed the correctness gate (status "wrong") are red crosses, never part of a line.
+    Lines are labelled at their right end. Predicted values (method "model") are their own dashed
+    series, "<variant> (model)"; cases that failed the correctness gate (status "wrong") are red
+    crosses and disturbed ones (status "noisy") hollow circles, never part of a line.
     """
     df = _ok(frame, metric)
     df = df[df["seq_len"] == df["seq_len_k"]]
@@ -89,31 +202,114 @@ def scaling(frame: pd.DataFrame, metric: str, guides: bool = True, title: str | 
     df = df.groupby(["device", "mode", "family", "variant", "seq_len"], as_index=False)["value"].median()
     df["where"] = df["device"] + " " + df["mode"]
     row = "where" if df["where"].nunique() > 1 else None
-    col = "family" if df["family"].nunique() > 1 else None
+    families = [f for f in [*FAMILIES, OTHER_FAMILY] if f in set(df["family"])]
+    col = "family" if len(families) > 1 else None
+    palette = _palette(df["variant"].unique().tolist())
     grid = sns.relplot(
-        data=df, x="seq_len", y="value", hue="variant", style="variant", kind="line", markers=True, dashes=False,
-        col=col, row=row, height=4.2, aspect=1.2, palette=_palette(df["variant"].unique().tolist()),
-        hue_order=[v for v in _palette(df["variant"].unique().tolist())], facet_kws={"sharey": True},
+        data=df, x="seq_len", y="value", hue="variant", style="variant", kind="line", markers=True,
+        dashes={v: (1, 2) if v.endswith(" (model)") else "" for v in palette}, style_order=list(palette),
+        col=col, row=row, height=3.3, aspect=1.25, palette=palette, hue_order=list(palette), legend=False,
+        col_order=families if col else None, col_wrap=3 if col and not row else None,
+        facet_kws={"sharey": True, "sharex": True},
     )
-    grid.set(xscale="log", yscale="log", xlabel="sequence length L", ylabel=YLABELS.get(metric, metric))
-    for (_, sub), ax in zip(grid.facet_data(), grid.axes.flat, strict=False):
-        if guides and not sub.empty:
+    grid.set(yscale="log")
+    unit = {"time": "s", "peak_tensor_bytes": "bytes", "peak_rss": "bytes"}.get(metric, "")
+    axes = _facet_axes(grid, row, col)
+    positive = df["value"][df["value"] > 0]
+    for (rv, cv), ax in axes.items():
+        if len(positive):  # the data set the range; guides beyond it are clipped
+            ax.set_ylim(positive.min() / 2, positive.max() * 2)
+        keep = pd.Series(True, index=df.index)
+        keep &= (df["where"] == rv) if row else True
+        keep &= (df["family"] == cv) if col else True
+        sub = df[keep]
+        _length_axis(ax, df["seq_len"].unique())
+        ax.set_xlim(df["seq_len"].min() / 1.3, df["seq_len"].max() * 4.5)  # room for the line-end labels
+        ax.tick_params(labelbottom=True)
+        _unit_axis(ax, "y", unit)
+        ax.set_xlabel("sequence length L")
+        if sub.empty:
+            continue
+        if guides:
             lengths = sub["seq_len"].to_numpy(float)
             _guides(ax, lengths, sub[sub["seq_len"] == lengths.min()]["value"].median())
-    wrong = frame[(frame["metric"] == metric) & (frame["status"] == "wrong") & (frame["value"] > 0)]
-    if len(wrong):
-        wrong = wrong.assign(family=[_declared_group(v, metric) for v in wrong["variant"]],
-                             where=wrong["device"] + " " + wrong["mode"])
-        axes = _facet_axes(grid, row, col)
-        for rec in wrong.to_dict("records"):
+            if len(positive):
+                ax.set_ylim(positive.min() / 2, positive.max() * 2)
+        ends = {}
+        for variant, s in sub.groupby("variant"):
+            last = s.sort_values("seq_len").iloc[-1]
+            ends[variant] = (float(last["seq_len"]), float(last["value"]))
+        _end_labels(ax, ends)
+        ax.set_title(f"{cv or ''}{' / ' if cv and rv else ''}{rv or ''}", fontsize=10)
+    grid.set_ylabels(YLABELS.get(metric, metric))
+    for status, style in (("wrong", {"marker": "x", "s": 60, "color": WRONG_COLOUR}),
+                          ("noisy", {"marker": "o", "s": 40, "facecolors": "none", "edgecolors": "0.3"})):
+        odd = frame[(frame["metric"] == metric) & (frame["status"] == status) & (frame["value"] > 0)]
+        if not len(odd):
+            continue
+        odd = odd.assign(family=[_declared_group(v, metric) for v in odd["variant"]], where=odd["device"] + " " + odd["mode"])
+        for rec in odd.to_dict("records"):
             ax = axes.get((rec["where"] if row else None, rec["family"] if col else None))
             if ax is not None:
-                ax.scatter([int(rec["seq_len"])], [rec["value"]], marker="x", s=60, color="#b00020", zorder=5,
-                           label="wrong (failed the correctness gate)")
-                ax.annotate(f"{rec['variant']} wrong", (int(rec["seq_len"]), rec["value"]), fontsize=7, color="#b00020",
-                            xytext=(4, -8), textcoords="offset points")
-    grid.figure.suptitle(title or f"{metric.replace('_', ' ')} vs sequence length", y=1.02)
+                ax.scatter([int(rec["seq_len"])], [rec["value"]], zorder=5, label=f"{status}", **style)
+                ax.annotate(f"{rec['variant']} {status}", (int(rec["seq_len"]), rec["value"]), fontsize=7,
+                            color=WRONG_COLOUR if status == "wrong" else "0.3", xytext=(4, -8), textcoords="offset points")
+    grid.figure.suptitle(title or f"{YLABELS.get(metric, metric)} vs sequence length, by family", y=1.02)
     return grid.figure
+
+
+def _fit_label(fits: pd.DataFrame | None, variant: str, metric: str) -> str:
+    """"L^2.01" for a conclusive fit, "slope inconclusive", "model" or "" (nothing fitted)."""
+    if fits is None or fits.empty:
+        return ""
+    sub = fits[(fits["variant"] == variant) & (fits["metric"] == metric)]
+    if sub.empty:
+        return ""
+    rec = sub.iloc[0]
+    if rec.get("method") == "model":
+        return "model"
+    if not rec.get("conclusive", False) or not math.isfinite(rec["exponent"]):
+        return "slope inconclusive"
+    return f"L^{rec['exponent']:.2f}"
+
+
+def progression(frame: pd.DataFrame, fits: pd.DataFrame | None = None, variants: tuple[str, ...] = PROGRESSION) -> plt.Figure | None:
+    """The teaching progression (loop -> vectorized -> batched -> torch_mha -> sdpa): time and memory vs L.
+
+    Two log-log panels; each line is labelled at its end with its fitted slope ("L^2.01") when the
+    fit is conclusive, "slope inconclusive" when not, "model" for predicted memory (dotted).
+    """
+    panels = []
+    for metric in ("time", "peak_tensor_bytes"):
+        df = _ok(frame, metric)
+        df = df[(df["seq_len"] == df["seq_len_k"]) & df["variant"].isin(variants)]
+        if "mode" in df and (df["mode"] == "forward").any():
+            df = df[df["mode"] == "forward"]
+        panels.append((metric, df))
+    if all(df.empty for _, df in panels):
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.3))
+    lengths = sorted({int(n) for _, df in panels for n in df["seq_len"]})
+    for ax, (metric, df) in zip(axes, panels, strict=True):
+        ends, text = {}, {}
+        for variant in [v for v in variants if v in set(df["variant"])]:
+            s = df[df["variant"] == variant]
+            model = "method" in s and (s["method"] == "model").all()
+            s = s.groupby("seq_len")["value"].median()
+            ax.plot(s.index, s.values, marker="o", ms=4, lw=2, color=colour(variant), ls=":" if model else "-")
+            ends[variant] = (float(s.index[-1]), float(s.values[-1]))
+            label = _fit_label(fits, variant, metric)
+            text[variant] = f"{variant}  {label}" if label else variant
+        ax.set_yscale("log")
+        _length_axis(ax, lengths)
+        _unit_axis(ax, "y", "s" if metric == "time" else "bytes")
+        _end_labels(ax, ends, text)
+        ax.set_xlim(right=max(lengths) * 2.6 if lengths else None)
+        ax.set(xlabel="sequence length L", ylabel=YLABELS[metric])
+        ax.set_title("time per call" if metric == "time" else "peak tensor memory (dotted: model, not measured)", fontsize=11)
+    fig.suptitle("From the Python loop to fused SDPA: time and memory vs L (log-log, fitted slopes at line ends)", fontsize=12)
+    fig.tight_layout()
+    return fig
 
 
 def gflops(frame: pd.DataFrame) -> plt.Figure | None:
@@ -124,12 +320,73 @@ def gflops(frame: pd.DataFrame) -> plt.Figure | None:
     peak = frame["peak_gflops"].dropna()
     if len(peak):
         for ax in fig.axes:
+            if ax.get_label() == "<colorbar>":
+                continue
             ax.axhline(float(peak.median()), ls=":", color="black", lw=1)
+            lo, hi = ax.get_ylim()
+            ax.set_ylim(lo, max(hi, float(peak.median()) * 2))  # the peak line stays in view
+    return fig
+
+
+def crossover_matrix(crosses: dict[str, pd.DataFrame] | pd.DataFrame, metric: str = "time") -> plt.Figure | None:
+    """Variant x baseline matrices, one panel per metric: the cell says from which L the variant is
+    faster (time) or smaller (memory) than the baseline at every longer L measured; its colour is
+    baseline / variant at the longest common L, on a log scale centred at 1x (clipped at 1000x).
+
+    Args:
+        crosses: ``{metric: complexity.crossovers(...)}``, or one such table (then ``metric`` names it).
+        metric: the metric of a single table.
+    """
+    if isinstance(crosses, pd.DataFrame) or crosses is None:
+        crosses = {metric: crosses}
+    crosses = {m: t[t["metric"] == m] for m, t in crosses.items() if t is not None and len(t) and (t["metric"] == m).any()}
+    if not crosses:
+        return None
+    names = set().union(*(set(t["variant"]) | set(t["baseline"]) for t in crosses.values()))
+    order = [v for v in variant_names() if v in names] + sorted(names - set(variant_names()))
+    rows = [v for v in order if any(v in set(t["variant"]) for t in crosses.values())]
+    logs = np.concatenate([np.log10(t["ratio_at_longest"].to_numpy(float)) for t in crosses.values()])
+    logs = logs[np.isfinite(logs)]
+    half = min(max(float(np.abs(logs).max()) if len(logs) else 1.0, 0.5), 3.0)  # a 10^4 outlier must not wash out 2x
+    widths = [len(set(t["baseline"])) for t in crosses.values()]
+    fig, axes = plt.subplots(1, len(crosses), figsize=(1.55 * sum(widths) + 2.2 * len(crosses) + 1.2, 0.34 * len(rows) + 1.3),
+                             gridspec_kw={"width_ratios": widths}, squeeze=False)
+    image = None
+    for k, (ax, (m, cross)) in enumerate(zip(axes[0], crosses.items(), strict=True)):
+        cols = [b for b in order if b in set(cross["baseline"])]
+        ratio = np.full((len(rows), len(cols)), np.nan)
+        text = [["" for _ in cols] for _ in rows]
+        for rec in cross.to_dict("records"):
+            i, j = rows.index(rec["variant"]), cols.index(rec["baseline"])
+            ratio[i, j] = rec["ratio_at_longest"]
+            where = {"always": "always", "never": "never"}.get(rec["crossover_L"], f"L≥{rec['crossover_L']}")
+            text[i][j] = f"{where}  {fmt(rec['ratio_at_longest'], 'x')}"
+        logr = np.log10(ratio)
+        image = ax.imshow(logr, cmap="RdBu", norm=mcolors.Normalize(-half, half), aspect="auto")
+        for i in range(len(rows)):
+            for j in range(len(cols)):
+                if text[i][j]:
+                    dark = abs(logr[i, j]) > 0.55 * half
+                    ax.text(j, i, text[i][j], ha="center", va="center", fontsize=7.5, color="white" if dark else "black")
+        ax.set_xticks(range(len(cols)), [f"vs {c}" for c in cols], fontsize=9)
+        ax.set_yticks(range(len(rows)), rows if k == 0 else [""] * len(rows), fontsize=9)
+        ax.xaxis.tick_top()
+        ax.grid(False)
+        what = "faster" if m == "time" else "smaller"
+        ax.set_title(f"{'time' if m == 'time' else 'peak tensor memory'}: first L where {what}", fontsize=10, pad=20)
+    bar = fig.colorbar(image, ax=list(axes[0]), shrink=0.8, pad=0.02)
+    ticks = [t for t in (-3, -2, -1, 0, 1, 2, 3) if -half <= t <= half] or [0]
+    bar.set_ticks(ticks, labels=[fmt(10.0**t, "x") for t in ticks])
+    bar.set_label("baseline / variant at the longest common L (>1x: better)", fontsize=8)
     return fig
 
 
 def speedup_heatmap(frame: pd.DataFrame, baseline: str) -> plt.Figure | None:
-    """Heatmap of baseline time / variant time, variant x L (>1: faster than the baseline)."""
+    """Heatmap of baseline time / variant time, variant x L (>1: faster than the baseline).
+
+    The colour scale is log10 of the ratio centred at 1x and clipped at 1000x either way, so one
+    extreme ratio does not make 0.5x and 2x look alike.
+    """
     df = _ok(frame, "time")
     df = df[(df["mode"] == "forward") & (df["seq_len"] == df["seq_len_k"])]
     table = df.pivot_table(index="variant", columns="seq_len", values="value", aggfunc="median")
@@ -139,16 +396,18 @@ def speedup_heatmap(frame: pd.DataFrame, baseline: str) -> plt.Figure | None:
     ratio = ratio.loc[:, ratio.notna().any()]
     if ratio.empty:
         return None
-    fig, ax = plt.subplots(figsize=(1.1 * ratio.shape[1] + 3, 0.42 * ratio.shape[0] + 1.5))
-    sns.heatmap(np.log10(ratio), annot=ratio.map(lambda v: "" if pd.isna(v) else f"{v:.3g}x"), fmt="", cmap="RdYlGn",
-                center=0, ax=ax, cbar_kws={"label": f"log10 speedup over {baseline}"})
+    fig, ax = plt.subplots(figsize=(1.0 * ratio.shape[1] + 3, 0.36 * ratio.shape[0] + 1.5))
+    sns.heatmap(np.log10(ratio), annot=ratio.map(lambda v: "" if pd.isna(v) else fmt(v, "x")), fmt="", cmap="RdBu",
+                center=0, vmin=-3, vmax=3, ax=ax, annot_kws={"fontsize": 7},
+                cbar_kws={"label": f"speedup over {baseline}", "ticks": [-3, -2, -1, 0, 1, 2, 3]})
+    ax.collections[0].colorbar.set_ticklabels([fmt(10.0**t, "x") for t in (-3, -2, -1, 0, 1, 2, 3)])
     ax.set(xlabel="sequence length L", ylabel="", title=f"speedup over {baseline} (forward; {baseline} time / variant time)")
     fig.tight_layout()
     return fig
 
 
 def error_vs_time(frame: pd.DataFrame) -> plt.Figure | None:
-    """Approximate variants: error against exact softmax attention vs time, labelled by L."""
+    """Approximate variants: error against exact softmax attention vs time, each point labelled by its L."""
     err = _ok(frame, "softmax_error")
     if err.empty:
         return None
@@ -157,13 +416,16 @@ def error_vs_time(frame: pd.DataFrame) -> plt.Figure | None:
     df = err.merge(time, on=keys)
     if df.empty:
         return None
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    sns.scatterplot(data=df, x="time", y="value", hue="variant", size="seq_len", ax=ax, sizes=(30, 200),
-                    palette=_palette(df["variant"].unique().tolist()))
-    for rec in df.to_dict("records"):
-        ax.annotate(f"L={rec['seq_len']}", (rec["time"], rec["value"]), fontsize=7, xytext=(4, 2), textcoords="offset points")
-    ax.set(xscale="log", yscale="log", xlabel="median time per call (s)", ylabel="max |out - exact softmax attention|",
-           title="accuracy vs speed of approximate variants")
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for variant, s in df.groupby("variant"):
+        s = s.sort_values("seq_len")
+        ax.plot(s["time"], s["value"], marker="o", color=colour(variant), label=variant)
+        for rec in s.to_dict("records"):
+            ax.annotate(f"L={rec['seq_len']}", (rec["time"], rec["value"]), fontsize=7, xytext=(4, 2), textcoords="offset points")
+    ax.set(xscale="log", yscale="log", xlabel="median time per call", ylabel="max |out - exact softmax attention|")
+    _unit_axis(ax, "x", "s")
+    ax.legend(fontsize=8, loc="best")
+    ax.set_title("accuracy vs speed of approximate variants", fontsize=11)
     fig.tight_layout()
     return fig
 
@@ -172,22 +434,24 @@ def history(frame: pd.DataFrame, metric: str = "time") -> plt.Figure | None:
     """Value per commit (ordered by commit date) for each variant at a few lengths."""
     df = _ok(frame, metric)
     df = df[(df["commit"] != "") & (df["seq_len"] == df["seq_len_k"])]
-    if df["commit"].nunique() < 2:
+    if df["commit"].nunique() < 3:  # two commits: the comparison figure says more
         return None
     order = df.groupby("commit")["date"].min().sort_values().index.tolist()
     df["commit_short"] = df["commit"].str[:8]
     lengths = sorted(df["seq_len"].unique())
     pick = [n for n in lengths if n in (min(lengths), 1024, max(lengths))] or lengths[-1:]
     df = df[df["seq_len"].isin(pick)]
+    palette = _palette(df["variant"].unique().tolist())
     grid = sns.relplot(
-        data=df, x="commit_short", y="value", hue="variant", col="seq_len", kind="line", marker="o",
-        col_wrap=min(3, len(pick)), height=3.8, aspect=1.3, facet_kws={"sharey": False},
+        data=df, x="commit_short", y="value", hue="variant", col="seq_len", kind="line", marker="o", palette=palette,
+        col_wrap=min(3, len(pick)), height=3.4, aspect=1.3, facet_kws={"sharey": False},
     )
     short = [c[:8] for c in order]
     for ax in grid.axes.flat:
         ax.set_xticks(range(len(short)))
         ax.set_xticklabels(short, rotation=45, ha="right", fontsize=8)
         ax.set_yscale("log")
+        _unit_axis(ax, "y", "s" if metric == "time" else "bytes")
     grid.set_axis_labels("commit (oldest to newest)", YLABELS.get(metric, metric))
     grid.figure.suptitle(f"{metric} history over commits", y=1.03)
     return grid.figure
@@ -200,10 +464,47 @@ def machines(frame: pd.DataFrame, metric: str = "time") -> plt.Figure | None:
         return None
     df = df[df["seq_len"] == df["seq_len_k"]]
     df = df.assign(where=df["machine"] + " / " + df["device"])
-    grid = sns.relplot(data=df, x="seq_len", y="value", hue="variant", col="where", kind="line", marker="o", height=4, aspect=1.2)
-    grid.set(xscale="log", yscale="log", xlabel="sequence length L", ylabel=YLABELS.get(metric, metric))
+    grid = sns.relplot(data=df, x="seq_len", y="value", hue="variant", col="where", kind="line", marker="o", height=3.6,
+                       aspect=1.2, palette=_palette(df["variant"].unique().tolist()))
+    grid.set(yscale="log", xlabel="sequence length L", ylabel=YLABELS.get(metric, metric))
+    for ax in grid.axes.flat:
+        _length_axis(ax, df["seq_len"].unique())
+        _unit_axis(ax, "y", "s" if metric == "time" else "bytes")
     grid.figure.suptitle(f"{metric} by machine", y=1.03)
     return grid.figure
+
+
+def comparison(ratios: pd.DataFrame, label_a: str, label_b: str) -> plt.Figure | None:
+    """B / A time ratio vs L, one line per variant, log scale centred at 1x (below 1: B is faster).
+
+    Args:
+        ratios: rows with ``variant``, ``seq_len`` and ``ratio`` (B / A).
+        label_a: what A is (a run, commit or machine), for the title.
+        label_b: what B is.
+    """
+    if ratios is None or ratios.empty:
+        return None
+    fig, ax = plt.subplots(figsize=(10, 3.8))
+    ends = {}
+    for variant, s in ratios.groupby("variant"):
+        s = s.sort_values("seq_len")
+        ax.plot(s["seq_len"], s["ratio"], marker="o", ms=3, color=colour(variant))
+        ends[variant] = (float(s["seq_len"].iloc[-1]), float(s["ratio"].iloc[-1]))
+    ax.axhline(1.0, color="black", lw=1)
+    ax.set_yscale("log")
+    lo, hi = ratios["ratio"].min(), ratios["ratio"].max()
+    half = max(abs(math.log10(lo)), abs(math.log10(hi)), math.log10(1.5)) * 1.15
+    ax.set_ylim(10**-half, 10**half)
+    ticks = [t * 10.0**e for e in range(-3, 4) for t in (1, 2, 5) if 10**-half <= t * 10.0**e <= 10**half]
+    ax.set_yticks(ticks, [fmt(t, "x") for t in ticks])
+    ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    _length_axis(ax, ratios["seq_len"].unique())
+    _end_labels(ax, ends)
+    ax.set_xlim(right=ratios["seq_len"].max() * 2.2)
+    ax.set(xlabel="sequence length L", ylabel="time ratio B / A")
+    ax.set_title(f"B = {label_b} vs A = {label_a}: time ratio per case (below 1x: B is faster)", fontsize=10)
+    fig.tight_layout()
+    return fig
 
 
 # ---- attention weights, in the spirit of d2l's show_heatmaps ------------------------------

@@ -1,0 +1,69 @@
+"""The results contract: the names and the grid that the asv suite writes and everything else reads.
+
+The asv suite (:mod:`attnbench.asv_bench`), the regression gate (:mod:`attnbench.regress`) and the
+loader (:mod:`attnbench.analysis.frame`) import these constants instead of spelling them, so a
+renamed benchmark or a changed base shape cannot leave one of them reading something else.
+
+* Benchmark names: ``TIME_BENCHMARK`` and the other fully-qualified asv names below; ``ASV_METRICS``
+  maps an asv method name to the tidy frame's metric, unit factor and method label.
+* The grid: ``BASE_SPEC`` (the fixed shape every asv case shares), ``ASV_LENGTHS`` /
+  ``ASV_MODES`` (defaults), and the environment variables that narrow it (``ENV_*``).
+* Units: ``UNITS`` per tidy metric.
+"""
+
+from __future__ import annotations
+
+from attnbench.spec import AttnSpec
+
+# ---- asv benchmark names (class.method, as asv stores them without the module prefix) --------
+TIME_BENCHMARK = "Attention.time_attention"
+PEAKMEM_BENCHMARK = "Attention.peakmem_attention"
+TENSOR_BYTES_BENCHMARK = "AttentionMetrics.track_peak_tensor_bytes"
+FLOPS_BENCHMARK = "AttentionMetrics.track_flops"
+ERROR_RATIO_BENCHMARK = "AttentionAccuracy.track_error_ratio"
+PEAK_BENCHMARK = "track_matmul_gflops"
+"""The machine's matmul GFLOP/s (a module-level asv benchmark; matched by suffix)."""
+GATED_BENCHMARKS = (TIME_BENCHMARK, TENSOR_BYTES_BENCHMARK, FLOPS_BENCHMARK, ERROR_RATIO_BENCHMARK)
+"""What the regression gate runs on BASE and HEAD."""
+
+# asv method name -> (tidy metric, factor to the metric's unit, method label; None: the runner's rule)
+ASV_METRICS: dict[str, tuple[str, float, str | None]] = {
+    "time_attention": ("time", 1.0, "asv"),
+    "peakmem_attention": ("peak_rss", 1.0, "asv"),
+    "track_peak_tensor_bytes": ("peak_tensor_bytes", 1.0, None),
+    "track_gflops": ("gflops", 1.0, "asv"),
+    "track_flops": ("flops", 1.0, "model"),
+    "track_cuda_ms": ("cuda_time", 1e-3, "cuda_events"),
+    "track_max_error": ("max_error", 1.0, "reference"),
+    "track_error_ratio": ("error_ratio", 1.0, "reference"),
+}
+
+# ---- tidy metrics and their units --------------------------------------------------------------
+UNITS: dict[str, str] = {
+    "time": "s", "cuda_time": "s", "compile_time": "s", "peak_tensor_bytes": "bytes", "peak_rss": "bytes",
+    "gflops": "GFLOP/s", "max_error": "abs", "softmax_error": "abs", "flops": "FLOP", "error_ratio": "x tolerance",
+}
+
+# ---- the grid ----------------------------------------------------------------------------------
+BASE_SPEC = AttnSpec(batch=1, heads=8, head_dim=64, dtype="float32")
+"""The asv suite's fixed shape (B, H, D, dtype); the grid varies variant, L, device and mode."""
+ASV_LENGTHS: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
+ASV_MODES: tuple[str, ...] = ("forward", "backward")
+ASV_MASKS: tuple[str, ...] = ("none", "causal")
+ASV_MAX_CALL_SECONDS = 1.0
+"""Predicted seconds per call above which an asv case is n/a."""
+
+# environment variables that narrow the asv grid without editing code (comma-separated lists)
+ENV_VARIANTS = "ATTNBENCH_ASV_VARIANTS"
+ENV_LENGTHS = "ATTNBENCH_ASV_LENGTHS"
+ENV_DEVICES = "ATTNBENCH_ASV_DEVICES"
+ENV_MODES = "ATTNBENCH_ASV_MODES"
+ENV_MASKS = "ATTNBENCH_ASV_MASKS"
+ENV_MAX_CALL_S = "ATTNBENCH_ASV_MAX_CALL_S"
+ENV_BATCH = "ATTNBENCH_ASV_BATCH"
+"""For tests of the gate only: results taken with it are not labelled with it."""
+GRID_ENV = (ENV_VARIANTS, ENV_LENGTHS, ENV_DEVICES, ENV_MODES, ENV_MASKS, ENV_MAX_CALL_S, ENV_BATCH)
+
+# ---- the teaching progression (the report's headline figure) -------------------------------------
+PROGRESSION: tuple[str, ...] = ("loop", "vectorized", "batched", "torch_mha", "sdpa")
+"""From the Python loop to fused SDPA, the order in which the lecture notes build attention up."""
