@@ -29,6 +29,17 @@ M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
 M_MMAP_THRESHOLD = -3
 PINNED_BYTES = 128 * 1024
 """glibc's own initial threshold: allocations of 128 KiB or more are mmapped, and freed at once."""
+DEFAULT_THREADS = 1
+"""The default torch thread count of every entry point (``run``, asv, ``regress``, ``profile``).
+
+Chosen from measurements on a shared 2-core machine (benchmarks/thread_policy.py, 1 and 2 threads
+timed alternately in one process): with two threads, one intra-op thread descheduled by any other
+process stalls the whole operator at its barrier, so a call is at the mercy of the neighbour. The
+calibration probe itself took 0.43-0.74 ms with 2 threads when the cores were free and 29-139 ms
+when they were not; with 1 thread 0.64-0.74 ms throughout. One thread gives up at most the parallel
+speed-up of a quiet machine (see the script's table) for timings that stay put; pass ``--threads``
+to measure threading itself.
+"""
 
 
 @dataclass(frozen=True)
