@@ -77,7 +77,9 @@ def scaling(frame: pd.DataFrame, metric: str, guides: bool = True, title: str | 
     """Metric vs sequence length on log-log axes, one line per variant, O(n) / O(n^2) guides.
 
     Predicted values (method "model") are drawn as their own series, labelled "<variant> (model)";
-    cases that failed the correctness gate (status "wrong") are red crosses, never part of a line.
+    cases that failed the correctness gate (status "wrong") are red crosses, never part of a line;
+    cases measured while the machine was disturbed (status "noisy") are hollow circles, never part of
+    a line or a fit.
     """
     df = _ok(frame, metric)
     df = df[df["seq_len"] == df["seq_len_k"]]
@@ -112,6 +114,18 @@ def scaling(frame: pd.DataFrame, metric: str, guides: bool = True, title: str | 
                            label="wrong (failed the correctness gate)")
                 ax.annotate(f"{rec['variant']} wrong", (int(rec["seq_len"]), rec["value"]), fontsize=7, color="#b00020",
                             xytext=(4, -8), textcoords="offset points")
+    noisy = frame[(frame["metric"] == metric) & (frame["status"] == "noisy") & (frame["value"] > 0)]
+    if len(noisy):
+        noisy = noisy.assign(family=[_declared_group(v, metric) for v in noisy["variant"]],
+                             where=noisy["device"] + " " + noisy["mode"])
+        axes = _facet_axes(grid, row, col)
+        colours = _palette(sorted(set(df["variant"]) | set(noisy["variant"])))
+        for rec in noisy.to_dict("records"):
+            ax = axes.get((rec["where"] if row else None, rec["family"] if col else None))
+            if ax is not None:
+                ax.scatter([int(rec["seq_len"])], [rec["value"]], marker="o", s=50, facecolors="none",
+                           edgecolors=colours.get(rec["variant"], "grey"), linewidths=1.2, zorder=5,
+                           label="noisy (machine disturbed: not fitted)")
     grid.figure.suptitle(title or f"{metric.replace('_', ' ')} vs sequence length", y=1.02)
     return grid.figure
 
