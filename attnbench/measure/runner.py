@@ -54,7 +54,7 @@ class MeasureConfig:
     """Everything that decides how a case is measured (recorded nowhere else)."""
 
     timer: TimerConfig = field(default_factory=TimerConfig)  # repeat policy
-    threads: int | None = None  # torch intra-op threads for the sweep; None keeps torch's default
+    threads: int | None = regime.DEFAULT_THREADS  # torch intra-op threads while measuring; None keeps the process's
     memory_budget_fraction: float = 0.5  # skip cases predicted to need more than this share of free memory
     memory_budget_bytes: float | None = None  # explicit budget; overrides the fraction when set
     time_budget_s: float = 60.0  # skip (predicted) or stop (measured) cases slower than this in total
@@ -212,6 +212,9 @@ def measure(
     """
     config = config or MeasureConfig()
     variant = get_variant(variant_name)
+    saved_threads = torch.get_num_threads()
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)  # the regime's thread count, also when called in-process
     env = env or environment(spec.device)
     # Recorded from this process (a worker applies the regime itself): what was in force, not what was asked.
     env = dataclasses.replace(env, threads=torch.get_num_threads(), regime=regime.describe())
@@ -244,6 +247,7 @@ def measure(
         return Measurement(status=status, reason=f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}", **base)
     finally:
         _free(spec.device)
+        torch.set_num_threads(saved_threads)
 
 
 def _run(variant: Variant, spec: AttnSpec, config: MeasureConfig, plan: CheckPlan, calls: int, base: dict) -> Measurement:
