@@ -30,7 +30,7 @@ def _table(pairs: int, lengths: list[int], variants: list[str]) -> list[dict]:
     from attnbench.registry import get_variant
     from attnbench.spec import AttnSpec
 
-    timer = TimerConfig(min_runs=3, min_time=0.1, max_time=1.5)
+    timer = TimerConfig(min_runs=2, min_time=0.1, max_time=1.0)
     rows = []
     cases = [(v, n) for v in variants for n in lengths] + [("probe", 0)]
     for name, length in cases:
@@ -59,6 +59,7 @@ def _table(pairs: int, lengths: list[int], variants: list[str]) -> list[dict]:
             "spread 1 (max/min)": max(times[1]) / min(times[1]),
             "spread 2 (max/min)": max(times[2]) / min(times[2]),
         })
+        print(rows[-1], file=sys.stderr, flush=True)  # progress: a slow case should not look like a hang
         del call
     torch.set_num_threads(1)
     return rows
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         after = os.getloadavg()[0]
         print(f"\n{condition} (1-min load average {before:.2f} before, {after:.2f} after)")
         with pd.option_context("display.width", 200, "display.float_format", "{:.3g}".format):
-            print(pd.DataFrame(rows).to_string(index=False))
+            print(pd.DataFrame(rows).to_string(index=False), flush=True)
     return 0
 
 

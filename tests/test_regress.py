@@ -56,6 +56,11 @@ def throwaway(tmp_path_factory) -> Path:
     _branch(repo, "slow", BATCHED, "    def forward(self, q, k, v, mask):\n",
             "    def forward(self, q, k, v, mask):\n        self._once(q, k, v, mask)\n        return self._once(q, k, v, mask)\n\n"
             "    def _once(self, q, k, v, mask):\n")
+    # A deliberate 1.5x slowdown (the size the gate must always catch): sleep half of each call's time.
+    _branch(repo, "slow15", BATCHED, "    def forward(self, q, k, v, mask):\n",
+            "    def forward(self, q, k, v, mask):\n        import time as _time\n\n        t0 = _time.perf_counter()\n"
+            "        out = self._once(q, k, v, mask)\n        _time.sleep(0.5 * (_time.perf_counter() - t0))\n        return out\n\n"
+            "    def _once(self, q, k, v, mask):\n")
     # A deliberate extra full-size copy of the scores, alive until the output exists.
     _branch(repo, "fat", BATCHED, "        probs = masked_softmax_(", "        keep = scores.clone()  # noqa: F841\n        probs = masked_softmax_(")
     # An unchanged commit (documentation only).
@@ -76,6 +81,16 @@ def test_planted_slowdown_is_flagged(throwaway, tmp_path):
     assert (flagged["variant"] == "batched").all(), flagged.to_string()
     ratios = outcome.table[(outcome.table["metric"] == "time") & (outcome.table["variant"] == "batched")]["ratio"]
     assert ratios.max() > 1.5, ratios.tolist()  # visible; per-length ratios are timings, noisy on a shared box
+
+
+@pytest.mark.slow
+def test_planted_1_5x_slowdown_never_passes(throwaway, tmp_path):
+    """A 1.5x slowdown is regressed on at least one length, and no length of it passes silently."""
+    outcome = _run(throwaway, "slow15", tmp_path)
+    time_rows = outcome.table[(outcome.table["metric"] == "time") & (outcome.table["variant"] == "batched")]
+    assert not outcome.passed
+    assert (time_rows["verdict"] == "regressed").any(), time_rows.to_string()
+    assert set(time_rows["verdict"]) <= {"regressed", "undecided"}, time_rows.to_string()
 
 
 @pytest.mark.slow
