@@ -62,7 +62,8 @@ def verdicts(run_dir: Path):
     frame = load_run(run_dir)
     fits = complexity.fit_table(frame, metrics=("time",))
     noisy = frame[(frame["metric"] == "time") & (frame["status"] == "noisy")].groupby("variant").size()
-    table = fits.set_index("variant")[["exponent", "ci_low", "ci_high", "verdict"]]
+    table = fits.set_index("variant")[["exponent", "ci_low", "ci_high", "verdict"]].reindex(VARIANTS.split(","))
+    table["verdict"] = table["verdict"].fillna("inconclusive (no undisturbed points to fit)")
     table["noisy cases"] = noisy.reindex(table.index).fillna(0).astype(int)
     raw = pd.read_csv(run_dir / "measurements.csv")  # the probe's figures, straight from the run's table
     if "probe_slowdown" in raw:

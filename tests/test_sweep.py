@@ -51,7 +51,7 @@ def test_faults_end_only_their_own_case(planted):
     assert got["planted_oomkill"].status == "oom" and "OOM killer" in got["planted_oomkill"].reason
     # 8 GiB of untouched address space succeeds without a cap (overcommit); the cap refuses it.
     assert got["planted_hog"].status == "oom" and "allocate" in got["planted_hog"].reason, got["planted_hog"].reason
-    assert got["batched"].status == "ok"
+    assert got["batched"].status in ("ok", "noisy"), got["batched"].reason  # noisy: the machine was busy (probe)
 
 
 def test_every_case_runs_in_a_fresh_process(planted, tmp_path, monkeypatch):
