@@ -218,6 +218,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run_in(args, run_dir, cases, config, tqdm, sweep, matmul_peak, WorkerPool, RunDirError, summary_table) -> int:
+    from attnbench.measure import regime
+
+    regime.apply(regime.Regime(threads=config.threads))  # the peak recorded below is the workers' threads' peak
     peak = {dtype: matmul_peak(args.device, dtype) / 1e9 for dtype in args.dtypes}
     try:
         todo = run_dir.start(config, cases, command=sys.argv, peak_gflops=peak)
@@ -235,8 +238,6 @@ def _run_in(args, run_dir, cases, config, tqdm, sweep, matmul_peak, WorkerPool, 
         bar.set_description(f"{name} L={spec.lq} {spec.mode}")
         bar.n = done_before + i
         bar.refresh()
-
-    from attnbench.measure import regime
 
     # One regime for parent and workers: the fork server starts with the allocator variables (read by
     # glibc at start-up), every worker applies it again (threads, mallopt) and records describe().
