@@ -6,7 +6,8 @@ the three rotates every round):
 
 * ``run``: ``attnbench run`` (forkserver workers, the regime, the probe);
 * ``fresh``: one new interpreter per case that applies the regime and calls ``measure``;
-* ``asv``: ``asv run --python=same`` on ``Attention.time_attention`` narrowed to these cases.
+* ``asv``: ``asv run --python=same`` on ``Attention.time_attention`` narrowed to these cases
+  (``ASV_PYTHONPATH`` points asv at this checkout: asv drops ``PYTHONPATH`` for its processes).
 
 Printed per case: each entry point's median over rounds, and the median over rounds of the
 per-round ratios run/fresh and asv/fresh (the figure the issue asks for: within 10%).
@@ -47,19 +48,18 @@ def _env() -> dict[str, str]:
     from attnbench.measure import regime
 
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    return {**os.environ, "PYTHONPATH": path, **regime.child_env(regime.Regime(threads=regime.DEFAULT_THREADS))}
+    return {**os.environ, "PYTHONPATH": path, "ASV_PYTHONPATH": path, **regime.child_env(regime.Regime(threads=regime.DEFAULT_THREADS))}
 
 
 def by_run(work: Path) -> dict[str, float]:
-    from attnbench.analysis.frame import load_run
+    import pandas as pd
 
     out = work / "run"
     subprocess.run([sys.executable, "-m", "attnbench.cli", "run", "--variants", ",".join(VARIANTS), "--lengths",
                     str(LENGTH), "--out", str(out), "--force", "--no-report", "--quiet"],
                    check=True, stdout=subprocess.DEVNULL, env=_env())
-    frame = load_run(out)
-    frame = frame[(frame["metric"] == "time")]
-    return {r["variant"]: (r["value"] if r["status"] == "ok" else float("nan")) for r in frame.to_dict("records")}
+    rows = pd.read_csv(out / "measurements.csv")  # noisy cases too: their samples are what run measured
+    return {r["variant"]: r["median_s"] for r in rows.to_dict("records")}
 
 
 def by_fresh(work: Path) -> dict[str, float]:
@@ -67,8 +67,7 @@ def by_fresh(work: Path) -> dict[str, float]:
     for name in VARIANTS:
         text = subprocess.run([sys.executable, "-c", FRESH, name, str(LENGTH)], check=True, capture_output=True,
                               text=True, env=_env()).stdout
-        got = json.loads(text.strip().splitlines()[-1])
-        out[name] = got["median"]
+        out[name] = json.loads(text.strip().splitlines()[-1])["median"]
     return out
 
 

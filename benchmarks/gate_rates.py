@@ -48,7 +48,7 @@ def record(work: Path) -> tuple[Path, str]:
     conf_path = work / "asv.conf.json"
     conf_path.write_text(json.dumps(conf))
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "PYTHONPATH": path, **CI_SUBSET, **regime.child_env(regime.Regime(threads=regime.DEFAULT_THREADS))}
+    env = {**os.environ, "PYTHONPATH": path, "ASV_PYTHONPATH": path, **CI_SUBSET, **regime.child_env(regime.Regime(threads=regime.DEFAULT_THREADS))}
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     subprocess.run([sys.executable, "-m", "asv", "machine", "--yes", "--machine", "rates", "--config", str(conf_path)],
                    cwd=work, env=env, check=True, capture_output=True)
