@@ -141,3 +141,10 @@ def test_in_process_measure_records_the_regime_in_force():
     regime.apply(regime.Regime(threads=1))
     m = measure("batched", SPEC, MeasureConfig(timer=FAST))
     assert m.env.regime == regime.describe() and m.env.regime.startswith("threads=1 malloc=mmap:")
+
+
+def test_retries_stop_at_the_retry_budget(monkeypatch):
+    """Planted: a machine busy for the whole sweep. A zero retry budget keeps it to one attempt per case."""
+    monkeypatch.setattr(probe, "probe_seconds", ScriptedProbe(slow_calls=10**6))
+    m = measure("batched", SPEC, MeasureConfig(timer=FAST, retries=2, retry_budget_s=0.0, probe_baseline_s=1e-3))
+    assert m.status == "noisy" and m.attempts == 1

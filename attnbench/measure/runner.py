@@ -66,6 +66,7 @@ class MeasureConfig:
     cuda_graphs: bool = False  # CUDA: also time CUDA-graph replay (launch overhead removed), in extra
     probe: bool = True  # time the calibration probe around every attempt; disturbed attempts are retried
     retries: int = 2  # re-measurements of a disturbed attempt before the case is recorded as noisy
+    retry_budget_s: float = 2.0  # no further attempt once a case's timing attempts took this long in total
     probe_baseline_s: float | None = None  # fastest probe of the sweep so far (set by sweep); None: the case's own
 
     def __post_init__(self) -> None:
@@ -77,6 +78,8 @@ class MeasureConfig:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
             raise ValueError(f"retries must be an int >= 0, got {self.retries!r}")
+        if not (self.retry_budget_s >= 0 and math.isfinite(self.retry_budget_s)):
+            raise ValueError(f"retry_budget_s must be a finite number of seconds >= 0, got {self.retry_budget_s!r}")
         if self.probe_baseline_s is not None and not (self.probe_baseline_s > 0 and math.isfinite(self.probe_baseline_s)):
             raise ValueError(f"probe_baseline_s must be a finite number of seconds > 0 or None, got {self.probe_baseline_s!r}")
 
@@ -321,7 +324,9 @@ def timed_attempts(call: Callable[[], object], device: str, config: MeasureConfi
 
     An attempt is disturbed when its slowest probe is more than ``probe.SLOWDOWN_LIMIT`` x the fastest
     probe known (the sweep's, or this case's own) or its blocks are bimodal. Up to ``config.retries``
-    more attempts are made while the time budget allows; the least disturbed attempt is returned.
+    more attempts are made while the case's attempts took less than ``config.retry_budget_s`` in total
+    (a machine busy for the whole sweep must not triple its length: long cases are probed between
+    blocks instead) and the time budget allows; the least disturbed attempt is returned.
     """
     fastest = config.probe_baseline_s if config.probe_baseline_s is not None else math.inf
     kept: tuple[list[float], int, list[float]] | None = None
@@ -348,7 +353,7 @@ def timed_attempts(call: Callable[[], object], device: str, config: MeasureConfi
         if not seen.disturbed or attempts > config.retries:
             break
         # Another attempt must fit the budget next to what this case already spent (warm-up, gate, first call).
-        if first_s * 4 + spent * (attempts + 1) / attempts > config.time_budget_s:
+        if spent >= config.retry_budget_s or first_s * 4 + spent * (attempts + 1) / attempts > config.time_budget_s:
             break
     samples, runs, probes = kept
     disturbance = probe.Disturbance(fastest, tuple(probes), probe.is_bimodal(samples))
