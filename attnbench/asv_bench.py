@@ -9,6 +9,14 @@ through the correctness gate (:mod:`attnbench.measure.gate`): a case that fails 
 :class:`WrongResult` in the setup of the timing and metric benchmarks, so asv records it as failed,
 never as a time; ``AttentionAccuracy.track_error_ratio`` reports error / tolerance (above 1: wrong).
 
+Measurement regime: importing this module applies :func:`attnbench.measure.regime.apply` with
+``ATTNBENCH_THREADS`` threads (default :data:`~attnbench.measure.regime.DEFAULT_THREADS`), the
+regime ``attnbench run`` and ``attnbench regress`` measure in. asv starts its benchmark processes
+with its own ``os.environ`` (plus the config's matrix variables), so a plain ``asv run`` does not
+carry ``MALLOC_*_`` variables; the allocator thresholds are therefore pinned here, through mallopt,
+which holds for every allocation after import: every case is set up and timed after it.
+``benchmarks/bench_regime.py`` records the regime in the results (its parameter is ``describe()``).
+
 The grid can be narrowed without editing code (the CI subset does this):
 ``ATTNBENCH_ASV_VARIANTS``, ``ATTNBENCH_ASV_LENGTHS``, ``ATTNBENCH_ASV_DEVICES``,
 ``ATTNBENCH_ASV_MODES``, ``ATTNBENCH_ASV_MASKS`` (comma-separated) and ``ATTNBENCH_ASV_MAX_CALL_S``; ``ATTNBENCH_ASV_BATCH``
@@ -27,13 +35,16 @@ from dataclasses import dataclass
 import torch
 
 from attnbench import contract
-from attnbench.measure import gate, guard, runner
+from attnbench.measure import gate, guard, regime, runner
 from attnbench.measure.peak import matmul_peak, measure_matmul_peak
 from attnbench.measure.timer import TimerConfig, time_call
 from attnbench.plugins import load_plugins
 from attnbench.registry import get_variant, variant_names
 from attnbench.spec import AttnSpec
 
+REGIME = regime.Regime(threads=int(os.environ.get("ATTNBENCH_THREADS", "") or regime.DEFAULT_THREADS))
+"""The regime every asv benchmark process measures in (applied at import, before any case is built)."""
+regime.apply(REGIME)
 load_plugins()  # variants registered by modules named in ATTNBENCH_PLUGINS join the grid
 
 

@@ -2,7 +2,8 @@
 
 The library is quiet; this module is the only place that prints or draws progress bars.
 Exit codes: 0 done, 1 a regression (``regress``), 2 usage error (nothing measured, nothing written),
-3 could not measure (``regress``), 130 interrupted (``run``: finished cases kept).
+3 could not measure (``regress``), 4 could not decide (``regress``: no regression found, but some time
+case stayed undecided after a confirmation round), 130 interrupted (``run``: finished cases kept).
 """
 
 from __future__ import annotations
@@ -152,6 +153,8 @@ def _run_config(args: argparse.Namespace):
         memory_budget_fraction=args.budget_fraction,
         time_budget_s=args.time_budget,
         check_accuracy=not args.no_check,
+        probe=not args.no_probe,
+        retries=args.retries,
     )
 
 
@@ -216,6 +219,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run_in(args, run_dir, cases, config, tqdm, sweep, matmul_peak, WorkerPool, RunDirError, summary_table) -> int:
+    from attnbench.measure import regime
+
+    regime.apply(regime.Regime(threads=config.threads))  # the peak recorded below is the workers' threads' peak
     peak = {dtype: matmul_peak(args.device, dtype) / 1e9 for dtype in args.dtypes}
     try:
         todo = run_dir.start(config, cases, command=sys.argv, peak_gflops=peak)
@@ -234,7 +240,9 @@ def _run_in(args, run_dir, cases, config, tqdm, sweep, matmul_peak, WorkerPool, 
         bar.n = done_before + i
         bar.refresh()
 
-    pool = WorkerPool()
+    # One regime for parent and workers: the fork server starts with the allocator variables (read by
+    # glibc at start-up), every worker applies it again (threads, mallopt) and records describe().
+    pool = WorkerPool(env=regime.child_env(regime.Regime(threads=config.threads)))
     start = time.perf_counter()
     policy = _SigintPolicy(pool, note=lambda text: tqdm.write(text, file=sys.stderr))
     aborted = False
@@ -310,7 +318,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     try:
         spec = AttnSpec(batch=args.batch, heads=args.heads, seq_len=args.seq_len, head_dim=args.head_dim,
                         device=args.device, dtype=args.dtype, mode=args.mode)
-        summary = profile_case(args.variant, spec, out)
+        from attnbench.measure.runner import MeasureConfig
+
+        summary = profile_case(args.variant, spec, out, config=MeasureConfig(threads=args.threads))
     except (ValueError, TypeError) as exc:
         return _usage(str(exc))
     print(summary.line())
@@ -329,7 +339,7 @@ def cmd_regress(args: argparse.Namespace) -> int:
     except RegressError as exc:
         print(f"error: could not measure: {exc}", file=sys.stderr)
         return 3
-    cols = ["verdict", "metric", "variant", "seq_len", "mode", "base_value", "head_value", "ratio", "benchmark"]
+    cols = ["verdict", "metric", "variant", "seq_len", "mode", "base_value", "head_value", "ratio", "reason"]
     shown = outcome.table.sort_values(["verdict", "ratio"], ascending=[False, False])[cols]
     with pd.option_context("display.width", 200, "display.max_rows", 200, "display.float_format", "{:.4g}".format):
         print(shown.to_string(index=False))
@@ -337,10 +347,16 @@ def cmd_regress(args: argparse.Namespace) -> int:
     if outcome.passed:
         print(f"PASS: nothing regressed beyond {args.time_factor}x time / {args.memory_factor}x peak tensor bytes")
         return 0
-    print(f"FAIL: {len(outcome.regressions)} regression(s):")
-    for rec in outcome.regressions.to_dict("records"):
-        print(f"  {rec['benchmark']} [{rec['variant']}, L={rec['seq_len']}, {rec['mode']}]: {rec['metric']} x{rec['ratio']:.2f}")
-    return 1
+    if not outcome.regressions.empty:
+        print(f"FAIL: {len(outcome.regressions)} regression(s):")
+        for rec in outcome.regressions.to_dict("records"):
+            print(f"  {rec['benchmark']} [{rec['variant']}, L={rec['seq_len']}, {rec['mode']}]: {rec['metric']} x{rec['ratio']:.2f}")
+        return 1
+    print(f"UNDECIDED: no regression found, but {len(outcome.undecided)} time case(s) could not be decided "
+          "after a confirmation round (too noisy to exclude a 1.5x slowdown); rerun with more --rounds on a quieter machine:")
+    for rec in outcome.undecided.to_dict("records"):
+        print(f"  {rec['benchmark']} [{rec['variant']}, L={rec['seq_len']}, {rec['mode']}]: {rec['reason']}")
+    return 4
 
 
 def cmd_peak(args: argparse.Namespace) -> int:
@@ -377,6 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wide", action="store_true", help="include the source (seed or paper) column")
     p.set_defaults(func=cmd_list)
 
+    from attnbench.measure.regime import DEFAULT_THREADS
     from attnbench.runs import DEFAULT_LENGTHS
 
     p = sub.add_parser("run", help="sweep variants x sequence lengths and write measurements (+ report)",
@@ -395,7 +412,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=_int_at_least(1, "batch"), default=1, help="batch size B")
     p.add_argument("--heads", type=_int_at_least(1, "heads"), default=8, help="heads H")
     p.add_argument("--head-dim", type=_int_at_least(1, "head_dim"), default=64, help="head dimension D")
-    p.add_argument("--threads", type=_int_at_least(1, "threads"), default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--threads", type=_int_at_least(1, "threads"), default=DEFAULT_THREADS,
+                   help="torch threads in every worker (1 by default: a second thread stalls whenever another "
+                        "process takes its core)")
+    p.add_argument("--retries", type=_int_at_least(0, "retries"), default=2,
+                   help="re-measurements of a case the calibration probe found disturbed, before it is marked noisy")
+    p.add_argument("--no-probe", action="store_true", help="no calibration probe (no interference detection, no noisy status)")
     p.add_argument("--budget-mb", type=_positive, default=None,
                    help="memory budget per case in MiB (default: --budget-fraction of free memory); "
                         "also caps each worker's memory")
@@ -438,6 +460,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=_int_at_least(1, "batch"), default=1)
     p.add_argument("--heads", type=_int_at_least(1, "heads"), default=8)
     p.add_argument("--head-dim", type=_int_at_least(1, "head_dim"), default=64)
+    p.add_argument("--threads", type=_int_at_least(1, "threads"), default=DEFAULT_THREADS, help="torch threads")
     p.add_argument("--out", default=None, help="output directory (default reports/profiles/<case>)")
     p.set_defaults(func=cmd_profile)
 

@@ -26,7 +26,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from attnbench.io import atomic_write, atomic_write_text
-from attnbench.measure import guard
+from attnbench.measure import guard, regime
 from attnbench.measure.memory import live_bytes, peak_from_timeline, quiet_stderr
 from attnbench.measure.peak import matmul_peak
 from attnbench.measure.runner import MeasureConfig, make_call
@@ -53,6 +53,7 @@ class ProfileSummary:
     peak_bytes: float  # peak live tensor bytes above the inputs (NaN if not measurable)
     score_bytes: float  # one (B, H, Lq, Lk) tensor at the case's dtype, for scale
     gflops: float  # executed FLOPs / unprofiled time
+    regime: str = ""  # the measurement regime the call ran in (threads, allocator, THP): regime.describe()
 
     def line(self) -> str:
         peak = "n/a" if self.peak_bytes != self.peak_bytes else f"{self.peak_bytes / 2**20:.1f} MiB ({self.peak_bytes / self.score_bytes:.2f}x one score tensor)"
@@ -61,7 +62,7 @@ class ProfileSummary:
             f"{self.variant} [{self.spec}]: {self.unprofiled_s * 1e3:.1f} ms per call, {self.gflops:.1f} GFLOP/s; "
             f"{self.outside_ops_fraction:.0%} of profiled wall time outside operators (Python/dispatch), "
             f"{self.op_calls:,} operator calls ({self.calls_per_s:,.0f}/s); top op {self.top_op} "
-            f"{self.top_op_fraction:.0%} of op time; peak {peak}{sliced}"
+            f"{self.top_op_fraction:.0%} of op time; peak {peak}{sliced}; {self.regime}"
         )
 
 
@@ -111,7 +112,9 @@ def profile_case(
 
     The case goes through the same guard as a benchmark case first (inputs, mask, weights, the
     variant's predicted peak; ``config``'s memory and time budgets), so a profile cannot exhaust
-    the machine.
+    the machine. It runs in the measurement regime every entry point uses
+    (:class:`~attnbench.measure.regime.Regime` with ``config.threads``, default
+    :data:`~attnbench.measure.regime.DEFAULT_THREADS`), recorded in the summary.
 
     Raises:
         ValueError: for an unknown variant, a case the variant does not support, or one the guard
@@ -122,6 +125,7 @@ def profile_case(
     if reasons:
         raise ValueError(f"{variant_name} cannot run {spec.label}: " + "; ".join(reasons))
     config = config or MeasureConfig()
+    regime.apply(regime.Regime(threads=config.threads or regime.DEFAULT_THREADS))
     reasons = guard.guard_reasons(
         variant, spec, memory_budget=config.memory_budget(spec.device), time_budget=config.time_budget_s,
         peak_flops=matmul_peak(spec.device, "float32"), calls=PROFILE_CALLS,
@@ -172,6 +176,7 @@ def profile_case(
         op_calls=calls, calls_per_s=calls / wall if wall > 0 else 0.0,
         top_op=top.key if top else "", top_op_fraction=(top.self_cpu_time_total / op_us) if top and op_us else 0.0,
         peak_bytes=peak, score_bytes=score_bytes, gflops=variant.flops(spec).executed / unprofiled / 1e9,
+        regime=regime.describe(),
     )
     _memory_figure(timeline, score_bytes, variant.memory_exponent >= 2, f"{variant_name}: {profiled.label}", out_dir / "memory")
     atomic_write_text(out_dir / "summary.json", json.dumps({**asdict(summary), "line": summary.line()}, indent=1))

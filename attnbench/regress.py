@@ -5,17 +5,16 @@
 (interleaved rounds, fixed threads, a small CI subset of the grid), loads the result files with
 :func:`attnbench.analysis.frame.load_asv` and compares them itself.
 
-Verdict per (benchmark, parameters), with ratio = HEAD / BASE:
-  * time (``time_attention``): regression when ratio > ``time_factor`` x (1 + IQR/median of BASE)
-    *and* HEAD's 99% interval lies above BASE's (asv records ``ci_99``). The IQR term scales the
-    factor by the benchmark's own process-to-process noise: asv's interval is for the median and
-    narrows with more samples even when separate processes disagree by 25-35% (``local`` here),
-    while stable benchmarks (3-9% IQR) keep close to the nominal 1.2.
-    Whenever any time ratio exceeds the factor, flagged or not, the time benchmark runs again on
-    both commits (``--append-samples``: more interleaved process rounds) and the verdict is taken
-    on the combined samples. Two rounds on a shared machine can put non-overlapping intervals around
-    the same code (seen here: x1.39 on an unchanged commit) and, under heavy load, overlapping
-    intervals around a real 2x slowdown; more samples settle both;
+Verdict per (benchmark, parameters), with ratio = HEAD / BASE (medians):
+  * time (``time_attention``): decided by :func:`attnbench.analysis.significance.decide` on the
+    samples asv recorded (``--record-samples``; every process round's repeats): ``regressed`` when
+    the ratio is beyond the allowance (``time_factor`` x (1 + IQR/median of BASE), capped at 1.3) and
+    significant (one-sided Mann-Whitney U, bootstrap interval of the ratio above 1); ``ok`` when it
+    is within the allowance and the interval excludes a 1.5x slowdown; otherwise ``undecided``.
+    Any undecided time case first gets a confirmation round: both commits run again with
+    ``--append-samples`` (more interleaved process rounds) and the decision is taken on the combined
+    samples. A case still undecided (or without recorded samples) is reported as such, with its own
+    exit code: never a silent pass;
   * deterministic metrics (peak tensor bytes, analytic FLOPs): regression when
     ratio > ``memory_factor`` (default 1.1) for bytes and ratio > 1 for FLOPs: no noise to forgive;
   * a case that ran on BASE but failed on HEAD is a regression; n/a on both is ignored;
@@ -24,12 +23,19 @@ Verdict per (benchmark, parameters), with ratio = HEAD / BASE:
     ``wrong``) fails the gate with verdict ``wrong`` on every row of that case. asv's timing setup
     refuses a wrong result, so its time row is missing on HEAD, not a fast number.
 
-Exit codes of ``attnbench regress``: 0 nothing regressed, 1 something regressed (a table names it),
-2 usage error, 3 the benchmarks could not be measured (asv failed to build or run a commit).
+Every asv process runs in the measurement regime of :mod:`attnbench.measure.regime` (its
+``child_env``: threads and allocator thresholds from interpreter start; ``attnbench.asv_bench``
+applies it again at import).
+
+Exit codes of ``attnbench regress``: 0 nothing regressed (every case decided), 1 something regressed
+or is wrong (a table names it), 2 usage error (bad revision, BASE == HEAD, a factor that is nan, inf
+or <= 1), 3 the benchmarks could not be measured (asv failed to build or run a commit), 4 could not
+decide: no regression found, but some time case stayed undecided after the confirmation round.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -42,22 +48,24 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench import contract
-from attnbench.analysis.frame import load_asv
+from attnbench.analysis import significance
+from attnbench.analysis.frame import _decode, load_asv
+from attnbench.measure import regime
 
 CI_SUBSET = {
     contract.ENV_VARIANTS: "batched,chunked,sdpa,local,linear_elu",
     contract.ENV_LENGTHS: "256,512,1024",
     contract.ENV_MODES: "forward",
     contract.ENV_DEVICES: "cpu",
+    contract.ENV_MASKS: "none",
 }
 """Short lengths and a few representative variants: finishes in minutes on 2 cores."""
 TIME_BENCHMARK = contract.TIME_BENCHMARK
 GATED = "|".join(contract.GATED_BENCHMARKS)
-THREADS = "1"  # one intra-op thread: the least noisy choice on a shared 2-core machine
-MMAP_THRESHOLD = str(128 * 1024)
-"""glibc's mmap threshold, pinned: by default glibc raises it after freeing a large block, so whether a
-process page-faults fresh memory on every call depends on its history. Identical code then timed 2x
-apart between processes (batched, L=256: 1.8 vs 3.7 ms); pinned, every process allocates alike."""
+REGIME = regime.Regime(threads=regime.DEFAULT_THREADS)
+"""The regime asv's processes start in (threads, pinned allocator thresholds), as for ``attnbench run``."""
+CASE_KEYS = ("variant", "seq_len", "device", "mode", "mask")
+SampleKey = tuple  # (commit, variant, seq_len, device, mode, mask)
 
 
 class RegressError(RuntimeError):
@@ -70,13 +78,15 @@ class Outcome:
 
     table: pd.DataFrame  # one row per compared case: metric, variant, params, base, head, ratio, verdict
     regressions: pd.DataFrame  # the rows with verdict "regressed" or "wrong"
+    undecided: pd.DataFrame  # time rows the gate could not decide, even after the confirmation round
     base: str  # full commit hash
     head: str  # full commit hash
     results_dir: Path  # where asv wrote its results
 
     @property
     def passed(self) -> bool:
-        return self.regressions.empty
+        """Nothing regressed and every time case was decided."""
+        return self.regressions.empty and self.undecided.empty
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -116,16 +126,54 @@ def _config(repo: Path, work: Path) -> Path:
     return path
 
 
-def compare(frame: pd.DataFrame, base: str, head: str, time_factor: float = 1.2, memory_factor: float = 1.1) -> pd.DataFrame:
+def read_time_samples(results_dir: str | Path, machine: str) -> dict[SampleKey, list[float]]:
+    """Recorded timing samples of ``time_attention`` per (commit, variant, seq_len, device, mode).
+
+    Read with :meth:`asv.results.Results.get_result_samples` (asv keeps them with ``--record-samples``;
+    ``--append-samples`` adds a later round's to the same list). Parameter sets without samples are absent.
+    """
+    from asv import util
+    from asv.results import Results
+
+    results_dir = Path(results_dir)
+    benchmarks = util.load_json(str(results_dir / "benchmarks.json"), api_version=2)
+    out: dict[SampleKey, list[float]] = {}
+    for path in sorted((results_dir / machine).glob("*.json")):
+        if path.name == "machine.json":
+            continue
+        res = Results.load(str(path))
+        for key in res.get_result_keys(benchmarks):
+            if not key.endswith(TIME_BENCHMARK):
+                continue
+            names = benchmarks[key].get("param_names", [])
+            params = res.get_result_params(key)
+            samples = res.get_result_samples(key, params)
+            for combo, got in zip(itertools.product(*params), samples, strict=True):
+                case = dict(zip(names, (_decode(p) for p in combo), strict=True))
+                if got:
+                    k = (res.commit_hash, *(case.get(c, d) for c, d in zip(CASE_KEYS, ("", 0, "cpu", "forward", "none"), strict=True)))
+                    out.setdefault(k, []).extend(float(x) for x in got if x is not None)
+    return out
+
+
+def compare(
+    frame: pd.DataFrame, base: str, head: str, time_factor: float = 1.2, memory_factor: float = 1.1,
+    samples: dict[SampleKey, list[float]] | None = None,
+) -> pd.DataFrame:
     """Side-by-side BASE/HEAD table with a verdict per case (see the module docstring).
 
-    Verdicts: ``ok``, ``regressed``, ``n/a``, and ``wrong``: the case ran on BASE and HEAD's result
+    ``samples`` maps ``(commit, variant, seq_len, device, mode, mask)`` to recorded time samples
+    (:func:`read_time_samples`); a time row without samples on both sides is ``undecided``.
+
+    Verdicts: ``ok``, ``regressed``, ``undecided`` (time only), ``n/a``, and ``wrong``: the case ran on BASE and HEAD's result
     fails the correctness gate (an ``error_ratio`` above 1, or a row the loader marked ``wrong``).
     Every row of such a case reads ``wrong`` where it would otherwise be ``regressed`` or ``ok``
     (HEAD's timings of a wrong result are not comparable), so the failure names its cause.
     """
-    keys = ["benchmark", "variant", "seq_len", "device", "mode", "metric"]
-    case_keys = ["variant", "seq_len", "device", "mode"]
+    if "mask" not in frame.columns:  # results from before the asv grid had a mask parameter
+        frame = frame.assign(mask="none")
+    keys = ["benchmark", "variant", "seq_len", "device", "mode", "mask", "metric"]
+    case_keys = list(CASE_KEYS)
     sides = {}
     for name, commit in (("base", base), ("head", head)):
         side = frame[frame["commit"] == commit].drop_duplicates(keys, keep="last").set_index(keys)
@@ -135,11 +183,15 @@ def compare(frame: pd.DataFrame, base: str, head: str, time_factor: float = 1.2,
     gate_failed = (head_rows["head_status"] == "wrong") | (
         (head_rows["metric"] == "error_ratio") & (head_rows["head_status"] == "ok") & (head_rows["head_value"] > 1.0))
     wrong_cases = {tuple(r) for r in head_rows.loc[gate_failed, case_keys].itertuples(index=False)}
-    verdicts, ratios = [], []
+    time_factor = significance.check_factor("time_factor", time_factor)
+    memory_factor = significance.check_factor("memory_factor", memory_factor)
+    samples = samples or {}
+    verdicts, ratios, reasons = [], [], []
     for rec in table.to_dict("records"):
         b_ok, h_ok = rec["base_status"] == "ok", rec["head_status"] == "ok"
         ratio = rec["head_value"] / rec["base_value"] if b_ok and h_ok and rec["base_value"] else math.nan
         ratios.append(ratio)
+        reasons.append("")
         if b_ok and tuple(rec[k] for k in case_keys) in wrong_cases:
             verdicts.append("wrong")  # right on BASE, wrong on HEAD: the gate fails whatever the speed
         elif b_ok and not h_ok:
@@ -149,15 +201,20 @@ def compare(frame: pd.DataFrame, base: str, head: str, time_factor: float = 1.2,
         elif rec["metric"] == "error_ratio":
             verdicts.append("ok")  # within tolerance on HEAD (above it is "wrong" above)
         elif rec["metric"] == "time":
-            overlap = rec["head_ci_low"] <= rec["base_ci_high"]  # False when either bound is unknown
-            noise = rec["base_spread"] / rec["base_value"] if not pd.isna(rec["base_spread"]) else 0.0
-            verdicts.append("regressed" if ratio > time_factor * (1.0 + noise) and not overlap else "ok")
+            case = tuple(rec[k] for k in case_keys)
+            b_samples, h_samples = samples.get((base, *case), []), samples.get((head, *case), [])
+            decision = significance.decide(b_samples, h_samples, time_factor)
+            verdicts.append(decision.verdict)
+            reasons[-1] = decision.reason
+            if math.isfinite(decision.ratio):
+                ratios[-1] = decision.ratio
         elif rec["metric"] == "flops":
             verdicts.append("regressed" if ratio > 1.0 + 1e-9 else "ok")
         else:
             verdicts.append("regressed" if ratio > memory_factor else "ok")
     table["ratio"] = ratios
     table["verdict"] = verdicts
+    table["reason"] = reasons
     return table
 
 
@@ -192,8 +249,8 @@ def regress(
         ValueError: bad arguments (unknown revision, BASE and HEAD the same commit, bad factors).
         RegressError: asv could not produce results for both commits.
     """
-    if time_factor <= 1 or memory_factor <= 1:
-        raise ValueError(f"time_factor and memory_factor must be > 1, got {time_factor}, {memory_factor}")
+    time_factor = significance.check_factor("time_factor", time_factor)  # nan, inf and <= 1: usage errors
+    memory_factor = significance.check_factor("memory_factor", memory_factor)
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     repo = Path(repo).resolve()
@@ -209,8 +266,7 @@ def regress(
     work.mkdir(parents=True, exist_ok=True)
     conf = _config(repo, work)
     (work / "hashes.txt").write_text(f"{base_hash}\n{head_hash}\n")
-    env = {**os.environ, **(subset or CI_SUBSET), "OMP_NUM_THREADS": THREADS, "MKL_NUM_THREADS": THREADS,
-           "MALLOC_MMAP_THRESHOLD_": MMAP_THRESHOLD}
+    env = {**os.environ, **(subset or CI_SUBSET), **regime.child_env(REGIME)}
     run = ["run", f"HASHFILE:{work / 'hashes.txt'}", "--config", str(conf), "--machine", machine,
            "--interleave-rounds", "--attribute", f"rounds={rounds}", "--record-samples", "--show-stderr"]
     log_file = Path(log_path or work / "asv.log")
@@ -222,12 +278,14 @@ def regress(
         _asv([*run, "--bench", GATED], cwd=work, env=env, log=log)
         table = _compare_results(work, machine, base_hash, head_hash, time_factor, memory_factor, log_file)
         confirmed = 0
-        if ((table["metric"] == "time") & (table["ratio"] > time_factor)).any():  # suspicious: gather more samples
+        if (table["verdict"] == "undecided").any():  # cannot tell yet: gather more samples, decide on all of them
             _asv([*run, "--bench", TIME_BENCHMARK, "--append-samples"], cwd=work, env=env, log=log)
             table = _compare_results(work, machine, base_hash, head_hash, time_factor, memory_factor, log_file)
             confirmed = 1
     table["confirmation_runs"] = confirmed
-    return Outcome(table=table, regressions=table[table["verdict"].isin(["regressed", "wrong"])], base=base_hash, head=head_hash, results_dir=work / "results")
+    return Outcome(table=table, regressions=table[table["verdict"].isin(["regressed", "wrong"])],
+                   undecided=table[table["verdict"] == "undecided"], base=base_hash, head=head_hash,
+                   results_dir=work / "results")
 
 
 def _compare_results(work: Path, machine: str, base: str, head: str, time_factor: float, memory_factor: float, log: Path) -> pd.DataFrame:
@@ -240,4 +298,4 @@ def _compare_results(work: Path, machine: str, base: str, head: str, time_factor
         except OSError:
             tail = "  (log unreadable)"
         raise RegressError(f"asv produced no results for {', '.join(m[:10] for m in missing)}; the end of {log}:\n{tail}")
-    return compare(frame, base, head, time_factor, memory_factor)
+    return compare(frame, base, head, time_factor, memory_factor, samples=read_time_samples(work / "results", machine))

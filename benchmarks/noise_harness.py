@@ -62,8 +62,14 @@ def verdicts(run_dir: Path):
     frame = load_run(run_dir)
     fits = complexity.fit_table(frame, metrics=("time",))
     noisy = frame[(frame["metric"] == "time") & (frame["status"] == "noisy")].groupby("variant").size()
-    table = fits.set_index("variant")[["exponent", "ci_low", "ci_high", "verdict"]]
+    table = fits.set_index("variant")[["exponent", "ci_low", "ci_high", "verdict"]].reindex(VARIANTS.split(","))
+    table["verdict"] = table["verdict"].fillna("inconclusive (no undisturbed points to fit)")
     table["noisy cases"] = noisy.reindex(table.index).fillna(0).astype(int)
+    raw = pd.read_csv(run_dir / "measurements.csv")  # the probe's figures, straight from the run's table
+    if "probe_slowdown" in raw:
+        grouped = raw.groupby("variant")
+        table["max probe slowdown"] = grouped["probe_slowdown"].max().reindex(table.index)
+        table["retried"] = grouped["attempts"].apply(lambda a: int((a > 1).sum())).reindex(table.index)
     return table.astype({"noisy cases": int}) if isinstance(table, pd.DataFrame) else table
 
 
@@ -74,18 +80,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run_args", nargs="*", help="extra arguments for attnbench run (after --)")
     args = parser.parse_args(argv)
 
+    import os
+
     import pandas as pd
 
     with tempfile.TemporaryDirectory() as tmp:
         root = args.out or Path(tmp)
+        loads = [os.getloadavg()[0]]
         quiet_s = sweep(root / "quiet", args.run_args)
+        loads.append(os.getloadavg()[0])
         with busy_neighbour(args.neighbours):
             busy_s = sweep(root / "busy", args.run_args)
+        loads.append(os.getloadavg()[0])
         quiet, busy = verdicts(root / "quiet"), verdicts(root / "busy")
     side = pd.concat({"quiet": quiet, f"busy ({args.neighbours} spinning)": busy}, axis=1)
     with pd.option_context("display.width", 200, "display.float_format", "{:.2f}".format):
         print(side.to_string())
-    print(f"\nquiet sweep {quiet_s:.0f} s, busy sweep {busy_s:.0f} s")
+    print(f"\nquiet sweep {quiet_s:.0f} s, busy sweep {busy_s:.0f} s; 1-min load average "
+          f"{loads[0]:.2f} before, {loads[1]:.2f} between, {loads[2]:.2f} after (other work on the machine counts too)")
     return 0
 
 

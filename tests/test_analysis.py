@@ -76,7 +76,7 @@ def test_malformed_results_file_is_reported_by_name_and_skipped(asv_dir):
 def test_load_run_has_the_same_schema(tmp_path):
     base = AttnSpec(batch=1, heads=2, head_dim=16)
     cases = grid(["batched", "performer", "sdpa_cudnn"], [32, 64], base)
-    config = MeasureConfig(timer=TimerConfig(min_runs=2, min_time=0.01, max_time=0.2), measure_rss=False)
+    config = MeasureConfig(timer=TimerConfig(min_runs=2, min_time=0.01, max_time=0.2), measure_rss=False, probe=False)
     run = write_run(tmp_path / "run", sweep(cases, config), config, seconds=1.0, command=["x"], peak_gflops={"float32": 100.0})
     frame = load_run(run)
     assert list(frame.columns) == COLUMNS

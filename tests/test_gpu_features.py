@@ -16,7 +16,7 @@ from attnbench.measure.timer import TimerConfig, cuda_graph_seconds, time_call
 from attnbench.report.html import provenance
 from attnbench.runs import write_run
 
-FAST = MeasureConfig(timer=TimerConfig(min_runs=2, min_time=0.01, max_time=0.3), measure_rss=False)
+FAST = MeasureConfig(timer=TimerConfig(min_runs=2, min_time=0.01, max_time=0.3), measure_rss=False, probe=False)
 SMALL = attnbench.AttnSpec(batch=1, heads=2, seq_len=64, head_dim=16)
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; run on a GPU machine")
 

@@ -23,7 +23,7 @@ from attnbench.measure.timer import TimerConfig, time_call
 from attnbench.runs import MANIFEST, MEASUREMENTS, write_run
 from attnbench.variants.batched import BatchedAttention
 
-FAST = MeasureConfig(timer=TimerConfig(min_runs=2, min_time=0.01, max_time=0.5), measure_rss=False)
+FAST = MeasureConfig(timer=TimerConfig(min_runs=2, min_time=0.01, max_time=0.5), measure_rss=False, probe=False)
 SMALL = attnbench.AttnSpec(batch=1, heads=2, seq_len=64, head_dim=16)
 
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -58,6 +59,11 @@ def throwaway(tmp_path_factory) -> Path:
     _branch(repo, "slow", BATCHED, "    def forward(self, q, k, v, mask):\n",
             "    def forward(self, q, k, v, mask):\n        self._once(q, k, v, mask)\n        return self._once(q, k, v, mask)\n\n"
             "    def _once(self, q, k, v, mask):\n")
+    # A deliberate 1.5x slowdown (the size the gate must always catch): sleep half of each call's time.
+    _branch(repo, "slow15", BATCHED, "    def forward(self, q, k, v, mask):\n",
+            "    def forward(self, q, k, v, mask):\n        import time as _time\n\n        t0 = _time.perf_counter()\n"
+            "        out = self._once(q, k, v, mask)\n        _time.sleep(0.5 * (_time.perf_counter() - t0))\n        return out\n\n"
+            "    def _once(self, q, k, v, mask):\n")
     # A deliberate extra full-size copy of the scores, alive until the output exists.
     _branch(repo, "fat", BATCHED, "        probs = masked_softmax_(", "        keep = scores.clone()  # noqa: F841\n        probs = masked_softmax_(")
     # An unchanged commit (documentation only).
@@ -81,6 +87,16 @@ def test_planted_slowdown_is_flagged(throwaway, tmp_path):
 
 
 @pytest.mark.slow
+def test_planted_1_5x_slowdown_never_passes(throwaway, tmp_path):
+    """A 1.5x slowdown is regressed on at least one length, and no length of it passes silently."""
+    outcome = _run(throwaway, "slow15", tmp_path)
+    time_rows = outcome.table[(outcome.table["metric"] == "time") & (outcome.table["variant"] == "batched")]
+    assert not outcome.passed
+    assert (time_rows["verdict"] == "regressed").any(), time_rows.to_string()
+    assert set(time_rows["verdict"]) <= {"regressed", "undecided"}, time_rows.to_string()
+
+
+@pytest.mark.slow
 def test_planted_extra_scores_copy_is_flagged(throwaway, tmp_path):
     outcome = _run(throwaway, "fat", tmp_path)
     mem = outcome.regressions[outcome.regressions["metric"] == "peak_tensor_bytes"]
@@ -90,8 +106,9 @@ def test_planted_extra_scores_copy_is_flagged(throwaway, tmp_path):
 
 @pytest.mark.slow
 def test_unchanged_commit_passes(throwaway, tmp_path):
+    """No false regression; a time case too noisy to decide is reported undecided (exit 4), never passed."""
     outcome = _run(throwaway, "same", tmp_path)
-    assert outcome.passed, outcome.regressions.to_string()
+    assert outcome.regressions.empty, outcome.regressions.to_string()
     assert (outcome.table["verdict"] == "ok").sum() >= 8
 
 
@@ -113,24 +130,79 @@ def _frame(rows):
 
 def test_compare_rules_without_asv():
     rows = [
-        {"commit": "A", "metric": "time", "value": 1.0, "status": "ok", "ci_low": 0.9, "ci_high": 1.1},
-        {"commit": "B", "metric": "time", "value": 1.3, "status": "ok", "ci_low": 1.0, "ci_high": 1.6},  # overlaps: noise
+        {"commit": "A", "metric": "time", "value": 1.0, "status": "ok"},
+        {"commit": "B", "metric": "time", "value": 1.0, "status": "ok"},
         {"commit": "A", "metric": "peak_tensor_bytes", "value": 100.0, "status": "ok"},
         {"commit": "B", "metric": "peak_tensor_bytes", "value": 112.0, "status": "ok"},
         {"commit": "A", "metric": "flops", "value": 10.0, "status": "ok", "variant": "chunked"},
         {"commit": "B", "metric": "flops", "value": 10.0, "status": "failed", "variant": "chunked"},
     ]
-    table = compare(_frame(rows), "A", "B").set_index("metric")
-    assert table.loc["time", "verdict"] == "ok"
-    noisy = [  # separated intervals, x1.5, but BASE's own IQR is 50% of its median: within its noise
-        {"commit": "A", "metric": "time", "value": 1.0, "status": "ok", "spread": 0.5, "ci_low": 0.95, "ci_high": 1.05},
-        {"commit": "B", "metric": "time", "value": 1.5, "status": "ok", "spread": 0.1, "ci_low": 1.4, "ci_high": 1.6},
-    ]
-    assert compare(_frame(noisy), "A", "B").iloc[0]["verdict"] == "ok"
-    noisy[1].update(value=2.0, ci_low=1.9, ci_high=2.1)  # x2.0 > 1.2 x 1.5: a regression even for a noisy benchmark
-    assert compare(_frame(noisy), "A", "B").iloc[0]["verdict"] == "regressed"
+    key = ("batched", 256, "cpu", "forward", "none")
+    rng = np.random.default_rng(7)
+    base = list(np.exp(rng.normal(0, 0.05, 20)))  # about 7% IQR
+    same = list(np.exp(rng.normal(0, 0.05, 20)))
+    table = compare(_frame(rows), "A", "B", samples={("A", *key): base, ("B", *key): same}).set_index("metric")
+    assert table.loc["time", "verdict"] == "ok", table.loc["time", "reason"]
     assert table.loc["peak_tensor_bytes", "verdict"] == "regressed"
     assert table.loc["flops", "verdict"] == "regressed"  # ran on BASE, fails on HEAD
+    # Planted: HEAD 1.5x slower in its samples (the medians in the frame are not what decides).
+    slow = [1.5 * x for x in same]
+    table = compare(_frame(rows), "A", "B", samples={("A", *key): base, ("B", *key): slow}).set_index("metric")
+    assert table.loc["time", "verdict"] == "regressed" and table.loc["time", "ratio"] == pytest.approx(1.5, rel=0.1)
+    # Planted: no recorded samples -> undecided, never a pass.
+    table = compare(_frame(rows), "A", "B").set_index("metric")
+    assert table.loc["time", "verdict"] == "undecided" and "too few samples" in table.loc["time", "reason"]
+    # Planted: wide samples (40% IQR) with a 1.3x shift: neither a significant regression nor a pass.
+    wide_b = list(np.exp(rng.normal(0, 0.3, 6)))
+    wide_h = list(1.3 * np.exp(rng.normal(0, 0.3, 6)))
+    table = compare(_frame(rows), "A", "B", samples={("A", *key): wide_b, ("B", *key): wide_h}).set_index("metric")
+    assert table.loc["time", "verdict"] == "undecided", table.loc["time", "reason"]
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, 1.0, 0.5, -2.0])
+def test_bad_factors_are_usage_errors(bad):
+    frame = _frame([{"commit": "A", "metric": "time", "value": 1.0, "status": "ok"}])
+    with pytest.raises(ValueError, match="time_factor"):
+        compare(frame, "A", "B", time_factor=bad)
+    with pytest.raises(ValueError, match="memory_factor"):
+        compare(frame, "A", "B", memory_factor=bad)
+    with pytest.raises(ValueError, match="time_factor"):
+        regress("base", "HEAD", repo=ROOT, time_factor=bad)
+
+
+@pytest.mark.parametrize("flag", ["--time-factor", "--memory-factor"])
+@pytest.mark.parametrize("bad", ["nan", "inf", "1", "0.9"])
+def test_cli_bad_factors_exit_2(flag, bad, capsys):
+    from attnbench.cli import main
+
+    try:
+        code = main(["regress", "HEAD~1", flag, bad])
+    except SystemExit as exc:  # argparse's own usage error
+        code = exc.code
+    assert code == 2 and flag in capsys.readouterr().err
+
+
+def _outcome(verdicts):
+    from attnbench.regress import Outcome
+
+    table = pd.DataFrame([{"benchmark": "b", "metric": "time", "variant": "batched", "seq_len": 256, "mode": "forward",
+                           "base_value": 1.0, "head_value": 1.0, "ratio": 1.0, "verdict": v, "reason": "r"} for v in verdicts])
+    return Outcome(table=table, regressions=table[table["verdict"].isin(["regressed", "wrong"])],
+                   undecided=table[table["verdict"] == "undecided"], base="a" * 40, head="b" * 40, results_dir=Path("."))
+
+
+@pytest.mark.parametrize(("verdicts", "code", "word"), [
+    (["ok", "ok"], 0, "PASS"),
+    (["ok", "undecided"], 4, "UNDECIDED"),  # planted: an undecided case must not pass silently
+    (["regressed", "undecided"], 1, "FAIL"),
+])
+def test_cli_exit_code_per_outcome(monkeypatch, capsys, verdicts, code, word):
+    import attnbench.regress
+    from attnbench.cli import main
+
+    monkeypatch.setattr(attnbench.regress, "regress", lambda *a, **k: _outcome(verdicts))
+    assert main(["regress", "HEAD~1"]) == code
+    assert word in capsys.readouterr().out
 
 
 def test_relative_work_dir_is_taken_once_from_the_invocation_directory(tmp_path, monkeypatch):
@@ -183,7 +255,7 @@ def test_readme_command_works_in_a_fresh_clone(tmp_path):
     out = subprocess.run([sys.executable, "-m", "attnbench.cli", "regress", "HEAD~1", "HEAD"],
                          cwd=clone, env=env, capture_output=True, text=True, timeout=3600)
     text = out.stdout + out.stderr
-    assert out.returncode in (0, 1), text  # a verdict (pass, or a regression the table names), not a failure to run
+    assert out.returncode in (0, 1, 4), text  # a verdict (pass, regression, or undecided), not a failure to run
     assert ".asv/regress/.asv/regress" not in text and "Traceback" not in text
     assert any((clone / ".asv" / "regress" / "results").rglob("*.json")), text
     assert f"results: {clone / '.asv' / 'regress' / 'results'}" in text

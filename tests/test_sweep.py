@@ -21,9 +21,10 @@ from attnbench.measure.timer import TimerConfig
 from attnbench.runs import LOG, MANIFEST, MEASUREMENTS, RunDirectory, RunDirError, read_log, write_run
 
 ROOT = Path(__file__).resolve().parents[1]
-FAST = MeasureConfig(timer=TimerConfig(min_runs=2, min_time=0.01, max_time=0.1), measure_rss=False, threads=1)
+FAST = MeasureConfig(timer=TimerConfig(min_runs=2, min_time=0.01, max_time=0.1), measure_rss=False, threads=1,
+                     probe=False)  # these tests are about processes, not about a busy machine (tests/test_noise.py)
 SMALL = attnbench.AttnSpec(batch=1, heads=2, seq_len=64, head_dim=16)
-CLI_FAST = ["--quiet", "--threads", "1", "--min-time", "0.01", "--max-time", "0.05", "--min-runs", "2"]
+CLI_FAST = ["--quiet", "--threads", "1", "--min-time", "0.01", "--max-time", "0.05", "--min-runs", "2", "--no-probe"]
 
 
 @pytest.fixture
@@ -51,7 +52,7 @@ def test_faults_end_only_their_own_case(planted):
     assert got["planted_oomkill"].status == "oom" and "OOM killer" in got["planted_oomkill"].reason
     # 8 GiB of untouched address space succeeds without a cap (overcommit); the cap refuses it.
     assert got["planted_hog"].status == "oom" and "allocate" in got["planted_hog"].reason, got["planted_hog"].reason
-    assert got["batched"].status == "ok"
+    assert got["batched"].status in ("ok", "noisy"), got["batched"].reason  # noisy: the machine was busy (probe)
 
 
 def test_every_case_runs_in_a_fresh_process(planted, tmp_path, monkeypatch):

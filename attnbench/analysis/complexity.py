@@ -262,13 +262,18 @@ def crossovers(frame: pd.DataFrame, baselines: tuple[str, ...] = ("batched", "sd
 
 
 def largest_length(frame: pd.DataFrame) -> pd.DataFrame:
-    """Longest L each variant ran ``ok`` at, and why the next one did not (first non-ok reason)."""
+    """Longest L each variant ran at, and why the next one did not (first reason it stopped).
+
+    A ``noisy`` case ran to completion (the machine was busy, not the variant out of budget), so it
+    counts as reached; it is still never fitted or ranked.
+    """
     time_rows = frame[frame["metric"] == "time"]
     rows = []
+    reached = ("ok", "noisy")
     for (device, mode, variant), group in time_rows.groupby(["device", "mode", "variant"], sort=False):
-        ok = group[group["status"] == "ok"]
+        ok = group[group["status"].isin(reached)]
         longest = int(ok["seq_len"].max()) if len(ok) else None
-        beyond = group[(group["status"] != "ok") & (group["seq_len"] > (longest or 0))].sort_values("seq_len")
+        beyond = group[~group["status"].isin(reached) & (group["seq_len"] > (longest or 0))].sort_values("seq_len")
         first = beyond.iloc[0] if len(beyond) else None
         rows.append({
             "device": device, "mode": mode, "variant": variant, "largest_ok_L": longest,

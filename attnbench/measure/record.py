@@ -14,8 +14,10 @@ from typing import Any
 
 from attnbench.spec import AttnSpec
 
-STATUSES = ("ok", "wrong", "skipped", "oom", "timeout", "error", "crashed")
-"""``wrong``: the output failed the correctness gate; ``crashed``: the process measuring the case died."""
+STATUSES = ("ok", "wrong", "noisy", "skipped", "oom", "timeout", "error", "crashed")
+"""``wrong``: the output failed the correctness gate; ``noisy``: timed, but the calibration probe says the
+machine was disturbed on every attempt (the samples are kept, never fitted or ranked); ``crashed``: the
+process measuring the case died."""
 NOISY_IQR_FRACTION = 0.1
 
 
@@ -37,6 +39,7 @@ class Environment:
     cuda: str = ""  # CUDA version torch was built with
     commit: str = ""  # attnbench checkout's git commit, "" when not in a checkout
     thp: str = ""  # transparent huge pages: kernel mode and torch's THP_MEM_ALLOC_ENABLE (page-fault cost)
+    regime: str = ""  # the measurement regime of the measuring process (threads, allocator, THP): regime.describe()
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,8 @@ class Measurement:
     error_ratio: float = math.nan  # worst error / tolerance over output, gradients, declared bound (> 1: wrong)
     softmax_error: float = math.nan  # approximate variants: max |out - exact softmax attention|
     compile_seconds: float = math.nan  # one-off preparation time outside the timed region
+    probe_slowdown: float = math.nan  # slowest calibration probe around the kept attempt / sweep's fastest (NaN: not probed)
+    attempts: int = 0  # timing attempts made (1 + re-measurements of disturbed attempts); 0 when not timed
     env: Environment | None = None  # where it ran
     extra: dict[str, Any] = field(default_factory=dict, compare=False)  # variant-specific facts
 
@@ -121,6 +126,8 @@ class Measurement:
             "error_ratio": self.error_ratio,
             "softmax_error": self.softmax_error,
             "compile_s": self.compile_seconds,
+            "probe_slowdown": self.probe_slowdown,
+            "attempts": self.attempts,
             **{f"env_{k}": v for k, v in env.items()},
             **{f"extra_{k}": v for k, v in self.extra.items()},
         }

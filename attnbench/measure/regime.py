@@ -29,6 +29,30 @@ M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
 M_MMAP_THRESHOLD = -3
 PINNED_BYTES = 128 * 1024
 """glibc's own initial threshold: allocations of 128 KiB or more are mmapped, and freed at once."""
+DEFAULT_THREADS = 1
+"""The default torch thread count of every entry point (``run``, asv, ``regress``, ``profile``).
+
+Chosen from measurements on this project's shared 2-core machine (``benchmarks/thread_policy.py``:
+1 and 2 threads timed alternately in one process, median of the per-pair ratios 2 threads / 1
+thread; the machine was never quiet, 1-minute load average 4.6-7.6 from other work):
+
+=================  ==========================  ==============================
+case (B=1, H=8)    other work only (load ~5)   + one spinning neighbour (~7)
+=================  ==========================  ==============================
+batched L=1024     1.19                        0.74
+batched L=4096     1.37                        (not run)
+sdpa L=1024        1.29                        0.97
+sdpa L=4096        0.78                        (not run)
+chunked L=1024     9.58                        5.33
+probe matmul       (29-139 ms vs 0.7 ms)       241
+=================  ==========================  ==============================
+
+With two threads, one intra-op thread descheduled by any other process stalls the whole operator
+at its barrier: chunked's many small matmuls run 5-10x slower and the probe 241x, while the best
+case for two threads was 1.3x faster (sdpa at 4096, batched beside a neighbour). One thread gives
+up that speed-up for timings that stay put (max/min over pairs mostly smaller with 1 thread);
+pass ``--threads`` to measure threading itself.
+"""
 
 
 @dataclass(frozen=True)

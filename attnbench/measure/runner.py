@@ -9,20 +9,33 @@ that fails the gate becomes ``wrong`` (with its error and tolerance, and never t
 suite cannot stand behind is not produced), an allocation failure becomes ``oom``, a call slower
 than the time budget becomes ``timeout``, and any other exception (the cost model's included)
 becomes ``error`` with its message. Only bad arguments to the runner itself raise.
+
+Interference: a busy neighbour slows every block of a case alike, so a tight IQR proves nothing.
+The calibration probe (:mod:`.probe`, a fixed small matmul) is timed before and after each timing
+attempt and between blocks of long ones, and compared with the fastest probe of the sweep
+(``MeasureConfig.probe_baseline_s``, a low percentile of the probes the sweep has seen, which
+:func:`sweep` passes into every worker). A disturbed
+attempt (probe slower than ``probe.SLOWDOWN_LIMIT`` x, or bimodal blocks) is timed again, up to
+``MeasureConfig.retries`` times; the least disturbed attempt is kept, and if even that one was
+disturbed the case becomes ``noisy``, with its probe slowdown recorded: its samples are kept for
+inspection but it is never fitted or ranked.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import gc
 import math
 import os
 import sys
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from attnbench.measure import gate, guard, memory
+from attnbench.measure import gate, guard, memory, probe, regime
 from attnbench.measure.env import environment
 from attnbench.measure.peak import matmul_peak
 from attnbench.measure.provenance import sdpa_backends
@@ -42,7 +55,7 @@ class MeasureConfig:
     """Everything that decides how a case is measured (recorded nowhere else)."""
 
     timer: TimerConfig = field(default_factory=TimerConfig)  # repeat policy
-    threads: int | None = None  # torch intra-op threads for the sweep; None keeps torch's default
+    threads: int | None = regime.DEFAULT_THREADS  # torch intra-op threads while measuring; None keeps the process's
     memory_budget_fraction: float = 0.5  # skip cases predicted to need more than this share of free memory
     memory_budget_bytes: float | None = None  # explicit budget; overrides the fraction when set
     time_budget_s: float = 60.0  # skip (predicted) or stop (measured) cases slower than this in total
@@ -52,6 +65,10 @@ class MeasureConfig:
     measure_rss: bool = True  # peak process RSS during one call
     seed: int = 0  # input seed
     cuda_graphs: bool = False  # CUDA: also time CUDA-graph replay (launch overhead removed), in extra
+    probe: bool = True  # time the calibration probe around every attempt; disturbed attempts are retried
+    retries: int = 2  # re-measurements of a disturbed attempt before the case is recorded as noisy
+    retry_budget_s: float = 2.0  # no further attempt once a case's timing attempts took this long in total
+    probe_baseline_s: float | None = None  # fastest probe of the sweep so far (set by sweep); None: the case's own
 
     def __post_init__(self) -> None:
         if not 0 < self.memory_budget_fraction <= 1:
@@ -60,6 +77,12 @@ class MeasureConfig:
             raise ValueError(f"time_budget_s must be > 0, got {self.time_budget_s}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
+            raise ValueError(f"retries must be an int >= 0, got {self.retries!r}")
+        if not (self.retry_budget_s >= 0 and math.isfinite(self.retry_budget_s)):
+            raise ValueError(f"retry_budget_s must be a finite number of seconds >= 0, got {self.retry_budget_s!r}")
+        if self.probe_baseline_s is not None and not (self.probe_baseline_s > 0 and math.isfinite(self.probe_baseline_s)):
+            raise ValueError(f"probe_baseline_s must be a finite number of seconds > 0 or None, got {self.probe_baseline_s!r}")
 
     def memory_budget(self, device: str) -> float:
         if self.memory_budget_bytes is not None:
@@ -199,7 +222,12 @@ def measure(
     """
     config = config or MeasureConfig()
     variant = get_variant(variant_name)
+    saved_threads = torch.get_num_threads()
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)  # the regime's thread count, also when called in-process
     env = env or environment(spec.device)
+    # Recorded from this process (a worker applies the regime itself): what was in force, not what was asked.
+    env = dataclasses.replace(env, threads=torch.get_num_threads(), regime=regime.describe())
     base: dict[str, object] = dict(variant=variant_name, spec=spec, env=env)
     try:  # the cost model runs in here too: a variant whose model raises is a row, not a dead sweep
         flops = variant.flops(spec)
@@ -229,6 +257,7 @@ def measure(
         return Measurement(status=status, reason=f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}", **base)
     finally:
         _free(spec.device)
+        torch.set_num_threads(saved_threads)
 
 
 def _run(variant: Variant, spec: AttnSpec, config: MeasureConfig, plan: CheckPlan, calls: int, base: dict) -> Measurement:
@@ -258,10 +287,13 @@ def _run(variant: Variant, spec: AttnSpec, config: MeasureConfig, plan: CheckPla
             reason=f"one call took {first:.2f} s; {calls} calls exceed the time budget {config.time_budget_s:g} s",
             **fields, **base,
         )
-    samples, runs = time_call(call, spec.device, config.timer)
+    timed = timed_attempts(call, spec.device, config, first)
+    samples, runs = timed.samples, timed.runs
+    fields.update(probe_slowdown=timed.disturbance.slowdown if config.probe else math.nan, attempts=timed.attempts)
+    extra_probe = {"probe_fastest_s": timed.fastest_probe_s} if config.probe else {}  # the sweep lowers its baseline to it
     peak, method = peak_tensor_bytes(variant, spec, call) if config.measure_memory else (math.nan, "")
     rss = float(memory.peak_rss_bytes(call)) if config.measure_rss else math.nan
-    extra: dict[str, object] = dict(fields.pop("extra", {}))
+    extra: dict[str, object] = {**dict(fields.pop("extra", {})), **extra_probe}
     if variant.PROVENANCE:
         extra["kernel"] = "+".join(sdpa_backends(call, spec.device)) or "unknown"
     if config.cuda_graphs and spec.device_type == "cuda":
@@ -270,11 +302,88 @@ def _run(variant: Variant, spec: AttnSpec, config: MeasureConfig, plan: CheckPla
         except RuntimeError as exc:  # not capturable: say so, keep the eager figures
             extra["graph_replay_s"] = math.nan
             notes.append(f"CUDA graph capture failed: {str(exc).splitlines()[0][:120]}")
+    status = "ok"
+    if config.probe and timed.disturbance.disturbed:
+        status = "noisy"
+        notes.insert(0, f"{timed.disturbance.describe()} (kept the least disturbed of {timed.attempts} attempts)")
     return Measurement(
-        status="ok", reason="; ".join(notes), samples=tuple(samples), runs=runs,
+        status=status, reason="; ".join(notes), samples=tuple(samples), runs=runs,
         timing_method="cuda_events" if spec.device_type == "cuda" else "wall", peak_tensor_bytes=peak,
         memory_method=method, peak_rss_bytes=rss, extra=extra, **fields, **base,
     )
+
+
+BASELINE_PROBES = 5
+"""Probes the sweep takes before its first case to set the baseline."""
+BASELINE_QUANTILE = 25
+"""The baseline is this percentile of the probes seen, not their minimum: on this project's 2-core
+machine an idle probe took 1.02-1.07 ms with rare 0.63-0.65 ms moments (a default sweep saw 5 in
+104 cases); with the minimum as the baseline those moments flagged 97 of 104 cases at ~1.63x."""
+
+
+def quiet_speed(probes: Sequence[float]) -> float:
+    """The sweep's quiet probe time: a low percentile of the probes seen (robust to rare fast moments)."""
+    values = sorted(probes)
+    rank = (len(values) - 1) * BASELINE_QUANTILE / 100
+    low = int(math.floor(rank))
+    high = min(low + 1, len(values) - 1)
+    return values[low] + (values[high] - values[low]) * (rank - low)
+
+
+@dataclass(frozen=True)
+class Timed:
+    """The kept timing attempt of one case, with what the calibration probe saw around it."""
+
+    samples: list[float]  # per-call seconds per block of the kept attempt
+    runs: int  # calls timed in the kept attempt
+    disturbance: probe.Disturbance  # the kept attempt's probes against the fastest probe known
+    attempts: int  # attempts made (1 + retries used)
+    fastest_probe_s: float  # fastest probe seen while measuring this case (NaN when not probed)
+
+
+def _probe_into(probes: list[float], device: str) -> None:
+    probes.append(probe.probe_seconds(device))
+
+
+def timed_attempts(call: Callable[[], object], device: str, config: MeasureConfig, first_s: float = 0.0) -> Timed:
+    """Time ``call``, probing around (and, for long attempts, between) blocks; retry disturbed attempts.
+
+    An attempt is disturbed when its slowest probe is more than ``probe.SLOWDOWN_LIMIT`` x the fastest
+    probe known (the sweep's, or this case's own) or its blocks are bimodal. Up to ``config.retries``
+    more attempts are made while the case's attempts took less than ``config.retry_budget_s`` in total
+    (a machine busy for the whole sweep must not triple its length: long cases are probed between
+    blocks instead) and the time budget allows; the least disturbed attempt is returned.
+    """
+    fastest = config.probe_baseline_s if config.probe_baseline_s is not None else math.inf
+    kept: tuple[list[float], int, list[float]] | None = None
+    kept_slowdown = math.inf
+    attempts, spent = 0, 0.0
+    while True:
+        attempts += 1
+        probes: list[float] = []
+        between = None
+        if config.probe:
+            probes.append(probe.probe_seconds(device))
+            between = functools.partial(_probe_into, probes, device)  # this attempt's probes, between blocks
+        t0 = time.perf_counter()
+        samples, runs = time_call(call, device, config.timer, between=between)
+        spent += time.perf_counter() - t0
+        if not config.probe:
+            return Timed(samples, runs, probe.Disturbance(math.nan, (), False), attempts, math.nan)
+        probes.append(probe.probe_seconds(device))
+        fastest = min(fastest, *probes)
+        seen = probe.Disturbance(fastest, tuple(probes), probe.is_bimodal(samples))
+        score = seen.slowdown if not seen.bimodal else max(seen.slowdown, probe.SLOWDOWN_LIMIT * 1.01)
+        if kept is None or score < kept_slowdown:
+            kept, kept_slowdown = (samples, runs, probes), score
+        if not seen.disturbed or attempts > config.retries:
+            break
+        # Another attempt must fit the budget next to what this case already spent (warm-up, gate, first call).
+        if spent >= config.retry_budget_s or first_s * 4 + spent * (attempts + 1) / attempts > config.time_budget_s:
+            break
+    samples, runs, probes = kept
+    disturbance = probe.Disturbance(fastest, tuple(probes), probe.is_bimodal(samples))
+    return Timed(samples, runs, disturbance, attempts, fastest)
 
 
 def sweep(
@@ -293,7 +402,9 @@ def sweep(
 
     Args:
         cases: ``(variant name, spec)`` pairs; names are validated before anything runs.
-        config: measurement policy (``threads`` is applied for the sweep and restored after).
+        config: measurement policy (``threads`` is applied for the sweep, as a :class:`~.regime.Regime`,
+            and the thread count restored after; the calibration probe's baseline is measured here first,
+            then kept at a low percentile of the fastest probes the cases saw: :func:`quiet_speed`).
         progress: called as ``progress(index, total, variant, spec)`` before each case.
         on_result: called as ``on_result(index, measurement)`` after each case (e.g. to log it durably).
         should_stop: checked before each case; when it returns True the sweep returns what it has.
@@ -319,11 +430,17 @@ def sweep(
         workers = WorkerPool()
     saved_threads = torch.get_num_threads()
     if config.threads is not None:
-        torch.set_num_threads(config.threads)
+        regime.apply(regime.Regime(threads=config.threads))  # the parent probes and measures the peak in it too
     try:
         devices = sorted({spec.device for _, spec in cases})
         envs = {d: environment(d) for d in devices}
         peaks = {d: matmul_peak(d, "float32") for d in devices if not d.startswith("cuda") or torch.cuda.is_available()}
+        seen: dict[str, list[float]] = {}  # probe times: the sweep's start, then each case's fastest
+        baselines: dict[str, float] = {}
+        if config.probe:
+            for d in peaks:
+                seen[d] = [probe.probe_seconds(d) for _ in range(BASELINE_PROBES)]
+                baselines[d] = quiet_speed(seen[d])
         results: list[Measurement] = []
         for i, (name, spec) in enumerate(cases):
             if should_stop is not None and should_stop():
@@ -331,15 +448,22 @@ def sweep(
             if progress is not None:
                 progress(i, len(cases), name, spec)
             peak, env = peaks.get(spec.device, 1e12), envs[spec.device]
+            case_config = config
+            if spec.device in baselines:
+                case_config = dataclasses.replace(config, probe_baseline_s=baselines[spec.device])
             if isolate:
                 cap = None
                 if memory_cap and spec.device_type == "cpu":
                     cap = int(config.memory_budget(spec.device)) + CAP_ALLOWANCE_BYTES
-                job = CaseJob(name, spec, config, peak, env, sys_path=list(sys.path), memory_cap_bytes=cap,
+                job = CaseJob(name, spec, case_config, peak, env, sys_path=list(sys.path), memory_cap_bytes=cap,
                               environ=dict(os.environ))
                 result = workers.run(job, timeout)
             else:
-                result = measure(name, spec, config, peak_flops=peak, env=env)
+                result = measure(name, spec, case_config, peak_flops=peak, env=env)
+            fastest = result.extra.get("probe_fastest_s", math.nan)
+            if spec.device in baselines and isinstance(fastest, float) and fastest > 0:
+                seen[spec.device].append(fastest)
+                baselines[spec.device] = quiet_speed(seen[spec.device])
             results.append(result)
             if on_result is not None:
                 on_result(i, result)

@@ -74,7 +74,12 @@ def flush_caches(device: torch.device) -> None:
 
 
 def time_call(
-    fn: Callable[[], object], device: torch.device | str = "cpu", config: TimerConfig | None = None
+    fn: Callable[[], object],
+    device: torch.device | str = "cpu",
+    config: TimerConfig | None = None,
+    *,
+    between: Callable[[], object] | None = None,
+    between_every_s: float = 0.5,
 ) -> tuple[list[float], int]:
     """Time ``fn`` and return ``(per-call seconds per block, total calls timed)``.
 
@@ -82,6 +87,10 @@ def time_call(
         fn: the call to time; inputs must already exist (never time setup).
         device: where ``fn`` runs; CUDA work is synchronised before every clock read.
         config: repeat policy.
+        between: called between two blocks (outside the timed region) once at least
+            ``between_every_s`` seconds of blocks have passed since the last call: the runner's
+            calibration probe, so a long case is checked while it runs, not only around it.
+        between_every_s: seconds of timed blocks between two calls of ``between``.
     """
     config = config or TimerConfig()
     device = torch.device(device)
@@ -95,13 +104,18 @@ def time_call(
     number = 1 if config.flush_cache else max(1, math.floor(config.block_time / max(first, 1e-9)))
     samples: list[float] = []
     runs, spent = 0, first
+    since_hook = 0.0
     while spent < config.max_time and (runs < config.min_runs or spent - first < config.min_time):
+        if between is not None and samples and since_hook >= between_every_s:
+            between()
+            since_hook = 0.0
         if config.flush_cache:
             flush_caches(device)
         seconds = _block_seconds(fn, number, device)
         samples.append(seconds / number)
         runs += number
         spent += seconds
+        since_hook += seconds
     if not samples:
         return [first], 1
     return samples, runs

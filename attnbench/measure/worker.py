@@ -22,7 +22,10 @@ CUDA driver maps large writable regions of its own).
 
 The environment of the server process is the one a worker sees at interpreter start (allocator
 settings such as ``MALLOC_MMAP_THRESHOLD_`` are read only then): :class:`WorkerPool` takes an ``env``
-mapping, starts the server with it, and restarts the server when a later pool asks for another.
+mapping (``attnbench run`` passes :func:`attnbench.measure.regime.child_env`), starts the server with
+it, and restarts the server when a later pool asks for another. Each worker then applies the regime
+itself (:func:`attnbench.measure.regime.apply`: torch threads, allocator thresholds through mallopt),
+and the runner records :func:`attnbench.measure.regime.describe` with its measurement.
 """
 
 from __future__ import annotations
@@ -115,9 +118,12 @@ def _child(conn, job: CaseJob) -> None:
         from attnbench.plugins import load_plugins
 
         load_plugins()
+        from attnbench.measure import regime
+
+        # Every worker measures in the same regime: threads and pinned allocator thresholds (the fork
+        # server started with regime.child_env, so thresholds already held from its first allocation).
         threads = getattr(job.config, "threads", None)
-        if threads is not None:
-            torch.set_num_threads(threads)
+        regime.apply(regime.Regime(threads=threads or torch.get_num_threads()))
         if job.memory_cap_bytes is not None:
             apply_memory_cap(job.memory_cap_bytes)
         result = measure(job.variant, job.spec, job.config, peak_flops=job.peak_flops, env=job.env)

@@ -1,0 +1,158 @@
+"""Interference detection in the runner and one regime everywhere: each defence meets its planted fault.
+
+The probe is replaced by a scripted one (a disturbed machine on demand), so these tests do not depend
+on how busy the machine running them is.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+
+from attnbench.measure import probe, regime, runner
+from attnbench.measure.record import STATUSES, Measurement
+from attnbench.measure.runner import MeasureConfig, measure, sweep
+from attnbench.measure.timer import TimerConfig, time_call
+from attnbench.spec import AttnSpec
+
+FAST = TimerConfig(min_runs=3, min_time=0.02, max_time=0.5)
+SPEC = AttnSpec(seq_len=64, heads=2)
+
+
+class ScriptedProbe:
+    """probe_seconds stand-in: returns ``quiet`` except while ``slow_calls`` is positive."""
+
+    def __init__(self, quiet: float = 1e-3, slow: float = 3e-3, slow_calls: int = 0) -> None:
+        self.quiet, self.slow, self.slow_calls, self.calls = quiet, slow, slow_calls, 0
+
+    def __call__(self, device: str = "cpu") -> float:
+        self.calls += 1
+        if self.slow_calls > 0:
+            self.slow_calls -= 1
+            return self.slow
+        return self.quiet
+
+
+def test_noisy_status_sits_after_ok_and_wrong():
+    assert STATUSES[:3] == ("ok", "wrong", "noisy")
+
+
+def test_a_case_disturbed_on_every_attempt_is_noisy_with_its_slowdown(monkeypatch):
+    """Planted: every probe during the case 3x slower than the sweep's quietest. Without the wiring: 'ok'."""
+    monkeypatch.setattr(probe, "probe_seconds", ScriptedProbe(slow_calls=10**6))
+    m = measure("batched", SPEC, MeasureConfig(timer=FAST, retries=2, probe_baseline_s=1e-3))
+    assert m.status == "noisy"
+    assert m.attempts == 3  # 1 + 2 retries
+    assert m.probe_slowdown == pytest.approx(3.0)
+    assert "3.00x slower" in m.reason and "3 attempts" in m.reason
+    assert m.samples and m.median > 0  # kept for inspection, never fitted (status is not ok)
+    row = m.to_row()
+    assert row["probe_slowdown"] == pytest.approx(3.0) and row["attempts"] == 3 and row["status"] == "noisy"
+
+
+def test_a_passing_disturbance_is_retried_and_the_quiet_attempt_kept(monkeypatch):
+    """Planted: the first attempt's two probes are slow, then the machine is quiet again."""
+    scripted = ScriptedProbe(slow_calls=2)
+    monkeypatch.setattr(probe, "probe_seconds", scripted)
+    m = measure("batched", SPEC, MeasureConfig(timer=FAST, retries=2, probe_baseline_s=1e-3))
+    assert m.status == "ok", m.reason
+    assert m.attempts == 2
+    assert m.probe_slowdown == pytest.approx(1.0)
+
+
+def test_without_retries_the_first_disturbed_attempt_is_final(monkeypatch):
+    monkeypatch.setattr(probe, "probe_seconds", ScriptedProbe(slow_calls=2))
+    m = measure("batched", SPEC, MeasureConfig(timer=FAST, retries=0, probe_baseline_s=1e-3))
+    assert m.status == "noisy" and m.attempts == 1
+
+
+def test_bimodal_blocks_are_disturbed_even_with_a_quiet_probe(monkeypatch):
+    """Planted: the timer returns two clusters of block times (half of them 2x slower)."""
+    monkeypatch.setattr(probe, "probe_seconds", ScriptedProbe())
+    monkeypatch.setattr(runner, "time_call", lambda *a, **k: ([1e-3] * 5 + [2e-3] * 5, 10))
+    m = measure("batched", SPEC, MeasureConfig(timer=FAST, retries=1, probe_baseline_s=1e-3))
+    assert m.status == "noisy" and "bimodal" in m.reason and m.attempts == 2
+
+
+def test_probe_off_means_no_status_change_and_nan_slowdown(monkeypatch):
+    monkeypatch.setattr(probe, "probe_seconds", ScriptedProbe(slow_calls=10**6))
+    m = measure("batched", SPEC, MeasureConfig(timer=FAST, probe=False))
+    assert m.status == "ok" and math.isnan(m.probe_slowdown) and m.attempts == 1
+
+
+def test_config_rejects_bad_retry_and_baseline_values():
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="retries"):
+            MeasureConfig(retries=bad)
+    for bad in (0.0, -1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="probe_baseline_s"):
+            MeasureConfig(probe_baseline_s=bad)
+
+
+def test_timer_probes_between_blocks_of_a_long_case():
+    """The hook runs between blocks (never inside one) once enough timed seconds have passed."""
+    calls: list[float] = []
+
+    def slow() -> None:
+        time.sleep(0.02)
+
+    samples, _ = time_call(slow, "cpu", TimerConfig(min_runs=1, min_time=0.2, max_time=1.0, block_time=0.02),
+                           between=lambda: calls.append(time.perf_counter()), between_every_s=0.05)
+    assert len(calls) >= 2
+    assert len(samples) > len(calls)  # at most one hook per gap between blocks
+    assert all(s < 0.035 for s in samples)  # the hook's time is not inside any block
+
+
+class _CapturingPool:
+    def __init__(self) -> None:
+        self.jobs = []
+
+    def run(self, job, timeout):
+        self.jobs.append(job)
+        return Measurement(variant=job.variant, spec=job.spec, status="ok", samples=(1e-3,), runs=1,
+                           extra={"probe_fastest_s": 0.5e-3})
+
+
+def test_sweep_passes_the_quiet_probe_speed_into_every_worker(monkeypatch):
+    """The baseline is measured in the sweep and sent with every job; one rare fast probe a worker saw
+    does not become the bar (it would flag every later case), several do lower it."""
+    monkeypatch.setattr(probe, "probe_seconds", ScriptedProbe(quiet=1e-3))
+    pool = _CapturingPool()
+    cases = [("batched", SPEC.replace(seq_len=n)) for n in (16, 32, 48, 64, 80, 96)]
+    sweep(cases, MeasureConfig(timer=FAST, threads=1), isolate=True, workers=pool)
+    baselines = [job.config.probe_baseline_s for job in pool.jobs]
+    assert baselines[:2] == [1e-3, 1e-3]  # 5 probes at 1 ms, then one worker saw 0.5 ms: still 1 ms
+    assert baselines[-1] < 1e-3  # half of what was seen is 0.5 ms: the quiet speed is lower
+
+
+def test_quiet_speed_is_a_low_percentile():
+    assert runner.quiet_speed([1.0] * 5 + [0.6]) == pytest.approx(1.0)
+    assert runner.quiet_speed([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx(2.0)
+
+
+def test_isolated_workers_measure_in_the_regime_and_record_it(monkeypatch):
+    """Without the worker applying the regime, its describe() says malloc=default and the default threads."""
+    from attnbench.measure.worker import WorkerPool
+
+    target = regime.Regime(threads=1)
+    pool = WorkerPool(env=regime.child_env(target))
+    (m,) = sweep([("batched", SPEC)], MeasureConfig(timer=FAST, threads=1), isolate=True, workers=pool)
+    assert m.status in ("ok", "noisy"), m.reason
+    assert m.env.regime.startswith("threads=1 malloc=mmap:131072,trim:131072"), m.env.regime
+    assert m.env.threads == 1
+    assert m.to_row()["env_regime"] == m.env.regime
+
+
+def test_in_process_measure_records_the_regime_in_force():
+    regime.apply(regime.Regime(threads=1))
+    m = measure("batched", SPEC, MeasureConfig(timer=FAST))
+    assert m.env.regime == regime.describe() and m.env.regime.startswith("threads=1 malloc=mmap:")
+
+
+def test_retries_stop_at_the_retry_budget(monkeypatch):
+    """Planted: a machine busy for the whole sweep. A zero retry budget keeps it to one attempt per case."""
+    monkeypatch.setattr(probe, "probe_seconds", ScriptedProbe(slow_calls=10**6))
+    m = measure("batched", SPEC, MeasureConfig(timer=FAST, retries=2, retry_budget_s=0.0, probe_baseline_s=1e-3))
+    assert m.status == "noisy" and m.attempts == 1
