@@ -1,4 +1,4 @@
-"""The README's two commands are the ones CI and users run."""
+"""The README is what users run: its two set-up commands, and every other command in it parses and the cheap ones run."""
 
 from __future__ import annotations
 
@@ -31,3 +31,62 @@ def test_asv_config_pins_torch_like_the_constraints():
     pins = dict(line.split("==") for line in (ROOT / "constraints.txt").read_text().splitlines() if "==" in line)
     assert f'"torch": "{pins["torch"]}"' in conf
     assert "--no-deps" in conf
+
+
+def _shell_lines() -> list[str]:
+    """Every command line of every ``bash`` block in the README (continuations joined)."""
+    text = (ROOT / "README.md").read_text()
+    lines = []
+    for block in re.findall(r"```bash\n(.+?)\n```", text, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split("  #", 1)[0].strip()
+            if line:
+                lines.append(line)
+    return lines
+
+
+def _attnbench_argvs() -> list[list[str]]:
+    """The arguments of every ``attnbench`` invocation the README shows."""
+    import shlex
+
+    argvs = []
+    for line in _shell_lines():
+        for part in line.split("&&"):
+            words = shlex.split(part.strip())
+            if words and words[0].endswith("bin/attnbench"):
+                argvs.append(words[1:])
+    return argvs
+
+
+def test_every_attnbench_command_in_the_readme_parses():
+    """A README command with a removed or misspelt option would fail for every reader: argparse decides."""
+    from attnbench.cli import build_parser
+
+    argvs = _attnbench_argvs()
+    assert len(argvs) >= 8, argvs
+    parser = build_parser()
+    for argv in argvs:
+        try:
+            parser.parse_args(argv)
+        except SystemExit as exc:  # argparse's usage error
+            raise AssertionError(f"README command does not parse: attnbench {' '.join(argv)}") from exc
+
+
+def test_readme_python_example_runs():
+    text = (ROOT / "README.md").read_text()
+    (block,) = re.findall(r"```python\n(.+?)\n```", text, flags=re.S)
+    scope: dict = {}
+    exec(compile(block, "README.md", "exec"), scope)  # noqa: S102 - the README's own example
+    assert scope["out"].shape == (1, 8, 512, 64) and float(scope["err"]) < 1e-4
+
+
+def test_readme_profile_command_runs(tmp_path):
+    """The cheap profiling command, exactly as the README shows it (output redirected)."""
+    import subprocess
+    import sys
+
+    (argv,) = [a for a in _attnbench_argvs() if a[:2] == ["profile", "batched"]]
+    out = subprocess.run([sys.executable, "-m", "attnbench.cli", *argv, "--out", str(tmp_path / "p")],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "GFLOP/s" in out.stdout and (tmp_path / "p" / "trace.json.gz").exists()
