@@ -11,6 +11,7 @@ import subprocess
 import torch
 
 from attnbench.measure.record import Environment
+from attnbench.measure.regime import thp_setting
 
 
 @functools.lru_cache(maxsize=1)
@@ -61,22 +62,6 @@ def gpu_info(device: str) -> dict[str, str]:
     except (OSError, subprocess.SubprocessError, ValueError):
         pass
     return info
-
-
-def thp_setting() -> str:
-    """Kernel THP mode and whether torch asks for huge pages for large CPU tensors.
-
-    Dense attention allocates fresh O(L^2) buffers every call; with 4 KiB pages each costs one page
-    fault per page (about 66,500 faults per call for batched at L=2048, B=1, H=8), with huge pages
-    about 40x fewer. Timings are only comparable under the same setting.
-    """
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled", encoding="utf-8") as f:
-            mode = f.read().strip()
-        mode = mode[mode.index("[") + 1 : mode.index("]")]
-    except (OSError, ValueError):
-        mode = "unknown"
-    return f"kernel={mode} torch={os.environ.get('THP_MEM_ALLOC_ENABLE', '0')}"
 
 
 def environment(device: str = "cpu") -> Environment:
