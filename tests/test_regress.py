@@ -101,7 +101,11 @@ def test_planted_extra_scores_copy_is_flagged(throwaway, tmp_path):
     outcome = _run(throwaway, "fat", tmp_path)
     mem = outcome.regressions[outcome.regressions["metric"] == "peak_tensor_bytes"]
     assert set(mem["variant"]) == {"batched"} and set(mem["seq_len"]) == {256, 512}, outcome.table.to_string()
-    assert mem["ratio"].min() > 1.4  # 3 score-sized buffers instead of 2 (+ the small output)
+    # One more (B, H, L, L) buffer on top of BASE's peak: the growth is that buffer's size, whatever
+    # else BASE holds (two score buffers, the output, the checked result): x1.40 at L=256, x1.44 at 512.
+    for rec in mem.to_dict("records"):
+        score_bytes = 8 * rec["seq_len"] ** 2 * 4  # H=8, float32
+        assert rec["head_value"] - rec["base_value"] >= 0.95 * score_bytes, outcome.table.to_string()
 
 
 @pytest.mark.slow
