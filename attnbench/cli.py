@@ -93,10 +93,13 @@ def _fraction(text: str) -> float:
 
 
 def _factor(text: str) -> float:
-    value = _positive(text)
-    if value <= 1:
-        raise argparse.ArgumentTypeError(f"must be a finite number > 1, got {text}")
-    return value
+    """argparse type: the regression gate's own rule for a factor (a finite number > 1)."""
+    from attnbench.analysis.significance import check_factor
+
+    try:
+        return check_factor("factor", float(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 1, got {text!r}") from None
 
 
 def _device(text: str) -> str:

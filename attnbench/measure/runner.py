@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from attnbench.measure import gate, guard, memory, probe, regime
@@ -323,11 +324,7 @@ machine an idle probe took 1.02-1.07 ms with rare 0.63-0.65 ms moments (a defaul
 
 def quiet_speed(probes: Sequence[float]) -> float:
     """The sweep's quiet probe time: a low percentile of the probes seen (robust to rare fast moments)."""
-    values = sorted(probes)
-    rank = (len(values) - 1) * BASELINE_QUANTILE / 100
-    low = int(math.floor(rank))
-    high = min(low + 1, len(values) - 1)
-    return values[low] + (values[high] - values[low]) * (rank - low)
+    return float(np.percentile(probes, BASELINE_QUANTILE))
 
 
 @dataclass(frozen=True)
