@@ -1,7 +1,7 @@
-"""``attnbench`` command line: list | run | report | peak | profile | regress.
+"""``attnbench`` command line: list | run | report | peak | profile | regress | publish.
 
 The library is quiet; this module is the only place that prints or draws progress bars.
-Exit codes: 0 done, 1 a regression (``regress``), 2 usage error (nothing measured, nothing written),
+Exit codes: 0 done, 1 a regression (``regress``) or a failed publish (``publish``), 2 usage error (nothing measured, nothing written),
 3 could not measure (``regress``), 4 could not decide (``regress``: no regression found, but some time
 case stayed undecided after a confirmation round), 130 interrupted (``run``: finished cases kept).
 """
@@ -362,6 +362,21 @@ def cmd_regress(args: argparse.Namespace) -> int:
     return 4
 
 
+def cmd_publish(args: argparse.Namespace) -> int:
+    from attnbench.publish import PublishError, publish
+
+    try:
+        outcome = publish(args.config, args.html_dir)
+    except ValueError as exc:
+        return _usage(str(exc))
+    except PublishError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"site: {outcome.html_dir / 'index.html'} (works offline, from the file or any local server; "
+          f"{outcome.rewritten} CDN reference(s) now served from vendor/)")
+    return 0
+
+
 def cmd_peak(args: argparse.Namespace) -> int:
     from attnbench.measure.peak import matmul_peak
 
@@ -483,6 +498,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--dtype", default="float32", choices=list(DTYPES))
     p.set_defaults(func=cmd_peak)
+
+    p = sub.add_parser("publish", help="asv publish, made to work offline (no CDN): graphs from a file or a local server",
+                       formatter_class=_Formatter)
+    p.add_argument("--config", default="asv.conf.json", help="asv configuration (its paths are relative to its folder)")
+    p.add_argument("--html-dir", "-o", default=None, help="output directory (default: html_dir of the asv configuration)")
+    p.set_defaults(func=cmd_publish)
     return parser
 
 
