@@ -85,8 +85,8 @@ def test_report_from_nothing_readable_still_explains(tmp_path):
     assert "could not be read" in page
 
 
-def _browse(page_path: Path, shot: Path, actions=None) -> dict:
-    """Open a page in headless Chromium at 1400x900; what a reader would see on the first screen."""
+def _browse(page_path: Path | str, shot: Path, actions=None) -> dict:
+    """Open a page (a file, or a URL) in headless Chromium at 1400x900 with no network (only localhost resolves)."""
     playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
@@ -96,14 +96,15 @@ def _browse(page_path: Path, shot: Path, actions=None) -> dict:
         browser = p.chromium.launch(
             executable_path=chromium,
             args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                  "--disable-sync", "--no-first-run", "--disable-quic"],
+                  "--disable-sync", "--no-first-run", "--disable-quic",
+                  "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1"],
         )
         page = browser.new_page(viewport={"width": 1400, "height": 900})
         page.on("requestfailed", lambda r: out["failed"].append(r.url))
         page.on("request", lambda r: out["requests"].append(r.url))
         page.on("console", lambda m: out["console"].append(m.text) if m.type == "error" else None)
         page.on("pageerror", lambda e: out["console"].append(str(e)))
-        page.goto(page_path.as_uri(), wait_until="load")
+        page.goto(page_path if isinstance(page_path, str) else page_path.as_uri(), wait_until="load")
         out["height"] = page.evaluate("document.documentElement.scrollHeight")
         out["width"] = page.evaluate("document.documentElement.scrollWidth")
         out["sizes"] = page.eval_on_selector_all(
