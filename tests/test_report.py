@@ -175,9 +175,10 @@ def test_first_screen_holds_findings_and_the_headline_figure_and_the_page_is_sho
     assert before == "additive" and after == "vectorized", seen["sorted"]
 
 
-def _scaled_run(path: Path, variants, lengths, factor: float = 1.0, wrong: dict | None = None) -> Path:
-    """A run of ``variants`` at ``lengths`` with time ~ factor * L^2 (L^1 for linear ones), memory ~ L^p
-    as declared; ``wrong`` maps (variant, L) to a planted time for a case that failed the gate."""
+def _scaled_run(path: Path, variants, lengths, factor: float = 1.0, wrong: dict | None = None,
+                memory_factor: float = 1.0) -> Path:
+    """A run of ``variants`` at ``lengths`` with time ~ factor * L^2 (L^1 for linear ones), memory ~
+    memory_factor * L^p as declared; ``wrong`` maps (variant, L) to a planted time for a case that failed the gate."""
     from attnbench.measure import MeasureConfig
     from attnbench.measure.record import Environment, Measurement
     from attnbench.registry import get_variant
@@ -196,7 +197,7 @@ def _scaled_run(path: Path, variants, lengths, factor: float = 1.0, wrong: dict 
                 t, status = wrong[(variant, n)], "wrong"
             rows.append(Measurement(
                 variant=variant, spec=base.replace(seq_len=n), status=status, samples=(t, t, t), runs=3, timing_method="wall",
-                peak_tensor_bytes=float((1 + k) * 64 * n ** impl.memory_exponent), memory_method="profiler",
+                peak_tensor_bytes=float(memory_factor * (1 + k) * 64 * n ** impl.memory_exponent), memory_method="profiler",
                 predicted_peak_bytes=float(4 * n * n), max_error=1e-3 if status == "wrong" else 1e-7, tolerance=1e-5, env=env,
             ))
     return write_run(path, rows, MeasureConfig(), seconds=1.0, command=["t"], peak_gflops={"float32": 10.0})
@@ -301,6 +302,32 @@ def test_two_runs_side_by_side(tmp_path):
     assert section.count("<td data-v=\"2.0\">2x</td>") == 12  # every cell of the ratio table
     assert (tmp_path / "out" / "figures" / "comparison_1.png").stat().st_size > 1000
     assert "run date" in section
+
+
+def test_two_runs_compare_peak_tensor_memory_too(tmp_path):
+    """B planted with 4x the peak tensor bytes and the same time: the memory table says 4x in every cell,
+    the time table 1x; a side's "model" (predicted) memory and a zero-byte A are never made into a ratio."""
+    from attnbench.report.html import _compare, _sides
+
+    lengths = (64, 128, 256, 512)
+    a = _scaled_run(tmp_path / "runA", ["batched", "sdpa", "chunked"], lengths)
+    b = _scaled_run(tmp_path / "runB", ["batched", "sdpa", "chunked"], lengths, memory_factor=4.0)
+    page = build_report([a, b], tmp_path / "out").read_text()
+    section = page.split('<section id="comparison">')[1].split("</section>")[0]
+    time_part, memory_part = section.split("Peak tensor memory ratio runB / runA")
+    assert memory_part.split("</table>")[0].count('<td data-v="4.0">4x</td>') == 12
+    assert time_part.count('<td data-v="1.0">1x</td>') == 12
+
+    from attnbench.analysis.frame import load
+
+    frame = load([a, b])
+    memory = frame["metric"] == "peak_tensor_bytes"
+    frame.loc[memory & (frame["origin"].astype(str) == str(b)) & (frame["variant"] == "chunked"), "method"] = "model"
+    frame.loc[memory & (frame["origin"].astype(str) == str(a)) & (frame["seq_len"] == 64), "value"] = 0.0
+    (comp,) = _compare(frame, _sides(frame))
+    assert set(comp.memory["variant"]) == {"batched", "sdpa"} and 64 not in set(comp.memory["seq_len"])
+    assert (comp.memory["ratio"] == 4.0).all() and len(comp.memory) == 6
+    assert len(comp.ratios) == 12
 
 
 def test_asv_pages_show_run_dates_and_short_hashes(tmp_path):

@@ -196,11 +196,12 @@ class Finding:
 
 @dataclass(frozen=True)
 class Comparison:
-    """Side B against side A (two runs, commits or machines): time ratios where both ran ok."""
+    """Side B against side A (two runs, commits or machines): time and peak tensor memory ratios where both ran ok."""
 
     label_a: str  # what A is (run directory, short hash, machine)
     label_b: str  # what B is
     ratios: pd.DataFrame  # variant, seq_len, device, mode, dtype, mask, time_a, time_b, ratio (B / A)
+    memory: pd.DataFrame = field(default_factory=pd.DataFrame)  # same keys, bytes_a, bytes_b, ratio (B / A): measured peak tensor bytes only
 
 
 @dataclass(frozen=True)
@@ -322,23 +323,32 @@ def _sides(frame: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(["commit date", "run date"], na_position="first", kind="stable").reset_index(drop=True)
 
 
+_COMPARED = {"time": "time", "peak_tensor_bytes": "bytes"}  # metric -> column prefix of A's and B's values
+
+
 def _compare(frame: pd.DataFrame, sides: pd.DataFrame) -> tuple[Comparison, ...]:
+    """B / A ratios of time and of peak tensor bytes, per case both sides ran ok (memory: measured, not "model", and A > 0)."""
     if len(sides) < 2:
         return ()
     frame = frame.assign(side=_side_key(frame))
-    ok = frame[(frame["metric"] == "time") & (frame["status"] == "ok") & (frame["seq_len"] == frame["seq_len_k"])]
+    ok = frame[(frame["status"] == "ok") & (frame["seq_len"] == frame["seq_len_k"]) & (frame["method"] != complexity.MODEL)]
     keys = ["variant", "seq_len", "device", "mode", "dtype", "mask"]
-    med = ok.groupby(["side", *keys], dropna=False)["value"].median().reset_index()
+    med = {metric: ok[ok["metric"] == metric].groupby(["side", *keys], dropna=False)["value"].median().reset_index()
+           for metric in _COMPARED}
     label_a = sides["side"].iloc[0]
-    a = med[med["side"] == label_a].drop(columns="side").rename(columns={"value": "time_a"})
-    out = []
-    for label_b in sides["side"].iloc[1:4]:
-        b = med[med["side"] == label_b].drop(columns="side").rename(columns={"value": "time_b"})
+
+    def ratios(metric: str, label_b: str) -> pd.DataFrame:
+        m, prefix = med[metric], _COMPARED[metric]
+        a = m[m["side"] == label_a].drop(columns="side").rename(columns={"value": f"{prefix}_a"})
+        b = m[m["side"] == label_b].drop(columns="side").rename(columns={"value": f"{prefix}_b"})
         both = a.merge(b, on=keys)
+        both = both[both[f"{prefix}_a"] > 0].reset_index(drop=True)
         both["seq_len"] = both["seq_len"].astype("int64")
-        both["ratio"] = both["time_b"] / both["time_a"]
-        out.append(Comparison(label_a=str(label_a), label_b=str(label_b), ratios=both))
-    return tuple(out)
+        both["ratio"] = both[f"{prefix}_b"] / both[f"{prefix}_a"]
+        return both
+
+    return tuple(Comparison(label_a=str(label_a), label_b=str(label_b), ratios=ratios("time", label_b),
+                            memory=ratios("peak_tensor_bytes", label_b)) for label_b in sides["side"].iloc[1:4])
 
 
 def _primary(frame: pd.DataFrame) -> dict[str, str]:
@@ -592,6 +602,15 @@ def _wrong_section(frame: pd.DataFrame) -> str:
             f'<div class="bad">{_table(wrong, keep=("variant",))}</div>')
 
 
+def _ratio_table(ratios: pd.DataFrame) -> str:
+    """variant x L table of the median B / A ``ratio``."""
+    table = ratios.pivot_table(index="variant", columns="seq_len", values="ratio", aggfunc="median")
+    table.columns = [f"L={c}" for c in table.columns]
+    table = table.reset_index()
+    fmt_x = {c: (lambda v: fmt(float(v), "x")) for c in table.columns if c != "variant"}
+    return _table(table, formats=fmt_x, lift=False)
+
+
 def _comparison_html(analysis: Analysis, fig_dir: Path) -> str:
     frame = analysis.loaded.frame
     out = []
@@ -604,12 +623,13 @@ def _comparison_html(analysis: Analysis, fig_dir: Path) -> str:
         out.append(_figure(fig_dir, f"comparison_{k + 1}", plots.comparison(ratios, comp.label_a, comp.label_b),
                            f"Time of {html.escape(comp.label_b)} / {html.escape(comp.label_a)} for every case both ran "
                            "correctly (log scale centred at 1x; timings on a shared machine are noisy)."))
-        table = ratios.pivot_table(index="variant", columns="seq_len", values="ratio", aggfunc="median")
-        table.columns = [f"L={c}" for c in table.columns]
-        table = table.reset_index()
-        fmt_x = {c: (lambda v: fmt(float(v), "x")) for c in table.columns if c != "variant"}
-        out.append(f"<p>Time ratio {html.escape(comp.label_b)} / {html.escape(comp.label_a)} (below 1x: "
-                   f"{html.escape(comp.label_b)} is faster):</p>" + _table(table, formats=fmt_x, lift=False))
+        b_over_a = f"{html.escape(comp.label_b)} / {html.escape(comp.label_a)}"
+        out.append(f"<p>Time ratio {b_over_a} (below 1x: {html.escape(comp.label_b)} is faster):</p>"
+                   + _ratio_table(ratios))
+        if len(comp.memory):
+            out.append(f"<p>Peak tensor memory ratio {b_over_a} (measured bytes above the inputs; below 1x: "
+                       f"{html.escape(comp.label_b)} needs less; predicted \"model\" values are not compared):</p>"
+                       + _ratio_table(comp.memory))
     out.append(_figure(fig_dir, "history", plots.history(frame), "History over commits (asv results with several commits; short hashes)."))
     out.append(_figure(fig_dir, "machines", plots.machines(frame), "Side by side per machine."))
     body = "".join(o for o in out if o)
