@@ -32,6 +32,13 @@ def _rows(mask: torch.Tensor | None, start: int, stop: int, axis: int) -> torch.
     return mask.narrow(axis, start, stop - start)
 
 
+def _buffer(flat: torch.Tensor | None, *shape: int) -> torch.Tensor | None:
+    """A contiguous ``shape`` view of the front of a flat scratch buffer (None passes through)."""
+    if flat is None:
+        return None
+    return flat[: shape[0] * shape[1] * shape[2]].view(shape)
+
+
 def default_chunks(lq: int, lk: int, dtype: str) -> tuple[int, int]:
     """Tile sizes ``(q_chunk, k_chunk)`` for a length and dtype.
 
@@ -101,42 +108,57 @@ class ChunkedAttention(Variant):
         else:  # a dense tensor: every tile is partial (no skipping without reading the whole mask)
             grid = [(q0, q1, [(k0, k1, mask_mods.PARTIAL) for k0, k1, _ in row])
                     for q0, q1, row in self._tile_states(None, b, h, lq, lk, dtype)]
-        # In-place updates save temporaries, but autograd needs the originals: out of place when differentiating.
-        inplace = not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
-        q = q * self.scale_for(d)  # (B, H, Lq, D), scaled once
-        kt = k.transpose(-2, -1)  # (B, H, D, Lk)
-        out = torch.zeros(b, h, lq, dv, dtype=q.dtype, device=q.device)
+        # Without autograd, every tile reuses one score buffer and one accumulator and updates them in
+        # place: no per-tile allocation (under the measurement regime each would map and fault in fresh
+        # pages). Autograd needs the originals, and torch.compile plans its own buffers: functional form.
+        differentiating = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        reuse = not (differentiating or torch.compiler.is_compiling())
+        bh = b * h
+        q = (q * self.scale_for(d)).reshape(bh, lq, d)  # (B*H, Lq, D), scaled once
+        k, v = k.reshape(bh, lk, d), v.reshape(bh, lk, dv)  # (B*H, Lk, D), (B*H, Lk, Dv)
+        out = torch.zeros(bh, lq, dv, dtype=q.dtype, device=q.device)  # (B*H, Lq, Dv)
+        cq, ck = self.chunks(lq, lk, dtype)
+        score_buf = q.new_empty(bh * cq * ck) if reuse else None
+        acc_buf = q.new_empty(bh * cq * dv) if reuse else None
         for q0, q1, row in grid:
             if not row:
                 continue  # every key masked for this block: output rows stay zero
-            q_blk = q[:, :, q0:q1]  # (B, H, Cq, D)
+            q_blk = q[:, q0:q1]  # (B*H, Cq, D)
             mask_q = _rows(dense, q0, q1, -2)
             run_max = run_sum = acc = None
             for k0, k1, state in row:
-                scores = torch.matmul(q_blk, kt[..., k0:k1])  # (B, H, Cq, Ck)
+                scores = torch.bmm(q_blk, k[:, k0:k1].transpose(1, 2),
+                                   out=_buffer(score_buf, bh, q1 - q0, k1 - k0))  # (B*H, Cq, Ck)
                 partial = state == mask_mods.PARTIAL
                 if partial:
                     allowed = (mask_mods.tile(mod, b, h, q0, q1, k0, k1, q.device) if mod is not None
                                else _rows(mask_q, k0, k1, -1))  # (B?, H?, Cq?, Ck)
-                    scores = (scores.masked_fill_ if inplace else scores.masked_fill)(~allowed, float("-inf"))
-                tile_max = scores.amax(dim=-1, keepdim=True)  # (B, H, Cq, 1)
+                    scores4 = scores.view(b, h, q1 - q0, k1 - k0)  # (B, H, Cq, Ck)
+                    scores4 = (scores4.masked_fill_ if reuse else scores4.masked_fill)(~allowed, float("-inf"))
+                    scores = scores4.view(bh, q1 - q0, k1 - k0)  # (B*H, Cq, Ck)
+                tile_max = scores.amax(dim=-1, keepdim=True)  # (B*H, Cq, 1)
                 new_max = tile_max if run_max is None else torch.maximum(run_max, tile_max)
                 # A row that has seen only masked keys keeps max -inf: shift it by 0 so exp() gives 0, not NaN.
                 shift = torch.where(torch.isinf(new_max), 0.0, new_max) if partial or run_max is None else new_max
-                probs = scores.sub_(shift).exp_() if inplace else torch.exp(scores - shift)  # (B, H, Cq, Ck), unnormalised
-                block_sum = probs.sum(dim=-1, keepdim=True)  # (B, H, Cq, 1)
-                block_out = torch.matmul(probs, v[:, :, k0:k1])  # (B, H, Cq, Dv)
+                probs = scores.sub_(shift).exp_() if reuse else torch.exp(scores - shift)  # (B*H, Cq, Ck), unnormalised
+                block_sum = probs.sum(dim=-1, keepdim=True)  # (B*H, Cq, 1)
+                v_blk = v[:, k0:k1]  # (B*H, Ck, Dv)
                 if run_max is None:
-                    run_sum, acc = block_sum, block_out
+                    run_sum = block_sum
+                    acc = torch.bmm(probs, v_blk, out=_buffer(acc_buf, bh, q1 - q0, dv))  # (B*H, Cq, Dv)
                 else:
-                    rescale = torch.exp(run_max - shift)  # (B, H, Cq, 1); 0 where run_max is -inf
-                    if inplace:
+                    rescale = torch.exp(run_max - shift)  # (B*H, Cq, 1); 0 where run_max is -inf
+                    if reuse:
                         run_sum = run_sum.mul_(rescale).add_(block_sum)
-                        acc = acc.mul_(rescale).add_(block_out)
+                        acc = acc.mul_(rescale).baddbmm_(probs, v_blk)  # acc * rescale + probs @ v_blk
                     else:
                         run_sum = run_sum * rescale + block_sum
-                        acc = acc * rescale + block_out
+                        acc = torch.baddbmm(acc * rescale, probs, v_blk)  # (B*H, Cq, Dv)
                 run_max = new_max
             # Rows with no allowed key have run_sum == 0 and acc == 0: the output row is zero.
-            out[:, :, q0:q1] = acc / torch.where(run_sum > 0, run_sum, 1.0)
-        return out
+            denom = torch.where(run_sum > 0, run_sum, 1.0)  # (B*H, Cq, 1)
+            if reuse:
+                torch.div(acc, denom, out=out[:, q0:q1])
+            else:
+                out[:, q0:q1] = acc / denom
+        return out.view(b, h, lq, dv)  # (B, H, Lq, Dv)
