@@ -18,11 +18,15 @@ Letters: B batch, H heads, Lq queries, Lk keys, D head dim, Dv value head dim, C
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from attnbench import mask_mods
 from attnbench._checks import check_positive_int
 from attnbench.variants.base import Variant
+
+_LOG2_E = math.log2(math.e)
 
 
 def _rows(mask: torch.Tensor | None, start: int, stop: int, axis: int) -> torch.Tensor | None:
@@ -39,18 +43,28 @@ def _buffer(flat: torch.Tensor | None, *shape: int) -> torch.Tensor | None:
     return flat[: shape[0] * shape[1] * shape[2]].view(shape)
 
 
-def default_chunks(lq: int, lk: int, dtype: str) -> tuple[int, int]:
-    """Tile sizes ``(q_chunk, k_chunk)`` for a length and dtype.
+Q_CHUNK = 512
+"""Query rows per tile by default (also the width at which key blocks are classified under a mask)."""
+TILE_BYTES = 2 * 2**20
+"""Bytes of one (batch, head) score tile at most by default: the widest key tile is this over the query rows."""
 
-    Chosen from single-thread CPU timings at L=4096 (B1 H8 D64, float32): tiles from 128 to 512 on
-    either axis timed within the machine's noise of each other, while 1024-wide query tiles or
-    key tiles of 2048+ were clearly slower (score blocks fall out of cache). Longer sequences take
-    512-row query tiles (fewer Python-level tile steps); reduced precision halves the bytes per
-    score, so its key tiles may be twice as long (not timed separately). Short sequences use one tile.
+
+def default_chunks(lq: int, lk: int, dtype: str, q_chunk: int | None = None) -> tuple[int, int]:
+    """Tile sizes ``(q_chunk, k_chunk)`` for a length and dtype: keys as wide as 2 MiB a tile allows.
+
+    ``q_chunk`` rows (default :data:`Q_CHUNK`) by as many keys as fit :data:`TILE_BYTES` per (batch,
+    head) (512 x 1024 float32), so the scratch stays O(L). Chosen from single-thread CPU timings at
+    L=4096 (B1 H8 D64, float32, ``benchmarks/chunked_speed.py``): eager, 512 x 1024 was fastest and
+    128 x 4096 slowest (about 15% apart; its narrow matmuls run slower); compiled, the order flips
+    (``compiled_chunked`` asks for 128-row tiles, see :mod:`attnbench.variants.compiled`).
+
+    Args:
+        lq: query length; lk: key length; dtype: torch dtype name ("float32", ...).
+        q_chunk: query rows per tile (None: :data:`Q_CHUNK`).
     """
-    k_chunk = 1024 if dtype in ("float16", "bfloat16") else 512
-    q_chunk = 512 if lq >= 2048 else 256
-    return min(q_chunk, lq), min(k_chunk, lk)
+    rows = min(q_chunk or Q_CHUNK, lq)
+    item = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    return rows, min(max(rows, TILE_BYTES // (item * rows)), lk)
 
 
 class ChunkedAttention(Variant):
@@ -67,20 +81,30 @@ class ChunkedAttention(Variant):
 
     def chunks(self, lq: int, lk: int, dtype: str) -> tuple[int, int]:
         """The tile sizes used for these lengths and dtype (explicit ones win over the tuned defaults)."""
-        cq, ck = default_chunks(lq, lk, dtype)
-        return min(self.q_chunk or cq, lq), min(self.k_chunk or ck, lk)
+        cq, ck = default_chunks(lq, lk, dtype, self.q_chunk)
+        return cq, min(self.k_chunk or ck, lk)
 
     def _tile_states(self, mod: mask_mods.MaskMod | None, batch: int, heads: int, lq: int, lk: int, dtype: str):
-        """``[(q0, q1, [(k0, k1, state), ...]), ...]`` over the tile grid; empty tiles left out."""
+        """``[(q0, q1, [(k0, k1, state), ...]), ...]`` over the tile grid; empty tiles left out.
+
+        Key blocks are classified ``min(q_chunk, k_chunk)`` wide (fine enough that causal skips about
+        half the pairs), and each run of consecutive full blocks is merged into one tile at most
+        ``k_chunk`` wide: few, wide matmuls where there is no mask work, narrow ones where there is.
+        """
         cq, ck = self.chunks(lq, lk, dtype)
+        grain = ck if mod is None else min(cq, ck)
         grid = []
         for q0 in range(0, lq, cq):
             q1 = min(q0 + cq, lq)
             row = []
-            for k0 in range(0, lk, ck):
-                k1 = min(k0 + ck, lk)
+            for k0 in range(0, lk, grain):
+                k1 = min(k0 + grain, lk)
                 state = mask_mods.FULL if mod is None else mask_mods.block_state(mod, batch, heads, q0, q1, k0, k1)
-                if state != mask_mods.EMPTY:
+                if state == mask_mods.EMPTY:
+                    continue
+                if state == mask_mods.FULL and row and row[-1][2] == state and row[-1][1] == k0 and k1 - row[-1][0] <= ck:
+                    row[-1] = (row[-1][0], k1, state)  # widen the previous full tile
+                else:
                     row.append((k0, k1, state))
             grid.append((q0, q1, row))
         return grid
@@ -93,9 +117,18 @@ class ChunkedAttention(Variant):
         grid = self._tile_states(mod, spec.batch, spec.heads, spec.lq, spec.lk, spec.dtype)
         return sum((q1 - q0) * (k1 - k0) for q0, q1, row in grid for k0, k1, _ in row)
 
-    def scratch_elements(self, spec):  # noqa: D102 - 2 score-block buffers + running state
+    def scratch_elements(self, spec):
+        """The no-autograd forward's buffers per (B, H): scaled ``q``, one score tile, the accumulator.
+
+        Plus a few ``(Cq, 1)`` running statistics and, under a mask, a partial tile's boolean mask
+        and its negation (bytes, converted to elements).
+        """
         cq, ck = self.chunks(spec.lq, spec.lk, spec.dtype)
-        return spec.batch * spec.heads * (2 * cq * ck + 3 * cq * (spec.dv + 2))
+        per_head = spec.lq * spec.head_dim + cq * ck + cq * (spec.dv + 6)
+        mask_tile = 0.0
+        if spec.mask != "none":  # one partial tile: classified min(Cq, Ck) wide for a predicate
+            mask_tile = 2 * cq * (min(cq, ck) if self.mask_form(spec) == "mod" else ck) / spec.elem_bytes
+        return spec.batch * spec.heads * per_head + mask_tile
 
     def forward(self, q, k, v, mask):
         b, h, lq, d = q.shape
@@ -114,7 +147,8 @@ class ChunkedAttention(Variant):
         differentiating = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         reuse = not (differentiating or torch.compiler.is_compiling())
         bh = b * h
-        q = (q * self.scale_for(d)).reshape(bh, lq, d)  # (B*H, Lq, D), scaled once
+        # Scores in base 2: exp(x) == exp2(x * log2(e)), and exp2 is the cheaper kernel; log2(e) rides on the scale.
+        q = (q * (self.scale_for(d) * _LOG2_E)).reshape(bh, lq, d)  # (B*H, Lq, D), scaled once
         k, v = k.reshape(bh, lk, d), v.reshape(bh, lk, dv)  # (B*H, Lk, D), (B*H, Lk, Dv)
         out = torch.zeros(bh, lq, dv, dtype=q.dtype, device=q.device)  # (B*H, Lq, Dv)
         cq, ck = self.chunks(lq, lk, dtype)
@@ -140,17 +174,17 @@ class ChunkedAttention(Variant):
                 new_max = tile_max if run_max is None else torch.maximum(run_max, tile_max)
                 # A row that has seen only masked keys keeps max -inf: shift it by 0 so exp() gives 0, not NaN.
                 shift = torch.where(torch.isinf(new_max), 0.0, new_max) if partial or run_max is None else new_max
-                probs = scores.sub_(shift).exp_() if reuse else torch.exp(scores - shift)  # (B*H, Cq, Ck), unnormalised
+                probs = scores.sub_(shift).exp2_() if reuse else torch.exp2(scores - shift)  # (B*H, Cq, Ck), unnormalised
                 block_sum = probs.sum(dim=-1, keepdim=True)  # (B*H, Cq, 1)
                 v_blk = v[:, k0:k1]  # (B*H, Ck, Dv)
                 if run_max is None:
                     run_sum = block_sum
                     acc = torch.bmm(probs, v_blk, out=_buffer(acc_buf, bh, q1 - q0, dv))  # (B*H, Cq, Dv)
                 else:
-                    rescale = torch.exp(run_max - shift)  # (B*H, Cq, 1); 0 where run_max is -inf
+                    rescale = torch.exp2(run_max - shift)  # (B*H, Cq, 1); 0 where run_max is -inf
                     if reuse:
                         run_sum = run_sum.mul_(rescale).add_(block_sum)
-                        acc = acc.mul_(rescale).baddbmm_(probs, v_blk)  # acc * rescale + probs @ v_blk
+                        acc = torch.baddbmm(acc.mul_(rescale), probs, v_blk, out=acc)  # acc * rescale + probs @ v_blk
                     else:
                         run_sum = run_sum * rescale + block_sum
                         acc = torch.baddbmm(acc * rescale, probs, v_blk)  # (B*H, Cq, Dv)

@@ -22,6 +22,12 @@ _HALF_AND_FLOAT = frozenset({"float32", "bfloat16", "float16"})
 
 RECOMPILE_LIMIT = 64
 
+BASE_OPTIONS: dict[str, dict[str, object]] = {"chunked": {"q_chunk": 128}}
+"""Constructor options of a base variant when compiled. ``chunked``: 128-row tiles as wide as its
+byte cap allows (4096 float32 keys). Inductor computes every score tile of a query block before
+that block's softmax, so eager's 512 x 1024 tiles keep four 16 MiB buffers live per block at
+L=4096, H=8; one full-width 128-row tile timed about 10% faster (``benchmarks/chunked_speed.py``)."""
+
 
 def _configure_dynamo() -> None:
     """A sweep compiles one graph per shape: allow that many, and never fall back silently.
@@ -62,7 +68,7 @@ class CompiledVariant(Variant):
 
     def __init__(self, base: str = "batched", mode: str | None = None, dynamic: bool = False) -> None:
         super().__init__(None)
-        self.base = get_variant(base)
+        self.base = get_variant(base, **BASE_OPTIONS.get(base, {}))
         for attr in declared_attributes():
             setattr(self, attr, getattr(self.base, attr))
         self.IN_DEFAULT_SWEEP = False  # compiling costs seconds per shape
