@@ -90,6 +90,66 @@ def _gemm_floor(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cq: int, ck: 
     return run
 
 
+def goal_figures(length: int, rounds: int, baseline: str | None = None, section: str = "[1]") -> None:
+    """Print the four figures of the speed goal (and the baseline's, if given), interleaved."""
+    base = AttnSpec(batch=1, heads=8, seq_len=length, head_dim=64)
+    causal = base.replace(mask="causal")
+    chunked, compiled = attnbench.get_variant("chunked"), attnbench.get_variant("compiled_chunked")
+    contenders: dict[str, tuple[Variant, AttnSpec]] = {
+        "sdpa none": (attnbench.get_variant("sdpa"), base),
+        "chunked none": (chunked, base),
+        "chunked causal": (chunked, causal),
+        "compiled_chunked none": (compiled, base),
+    }
+    if baseline:
+        old_eager, old_compiled = _baseline(baseline)
+        contenders.update({"baseline chunked none": (old_eager, base), "baseline chunked causal": (old_eager, causal),
+                           "baseline compiled_chunked none": (old_compiled, base)})
+    calls = {label: _prepared(variant, spec) for label, (variant, spec) in contenders.items()}
+    samples = _timed_rounds(calls, rounds)
+    load = os.getloadavg()
+    fl = chunked.flops(causal).executed / chunked.flops(base).executed
+    print(f"{section} CPU L={length} B1 H8 D64 float32 forward, {regime.describe()}; median of {rounds} "
+          f"interleaved rounds; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print(f"    chunked tiles {chunked.chunks(base.lq, base.lk, base.dtype)}, "
+          f"compiled_chunked tiles {compiled.base.chunks(base.lq, base.lk, base.dtype)}")
+    print(f"    chunked causal executed FLOPs / unmasked:  {fl:.4f}")
+    for p in [""] + (["baseline "] if baseline else []):
+        print(f"    {p}chunked causal / chunked none time:  x{_pair_ratio(samples, p + 'chunked causal', p + 'chunked none'):.3f}")
+        print(f"    {p}chunked none / sdpa none:             x{_pair_ratio(samples, p + 'chunked none', 'sdpa none'):.3f}")
+        print(f"    {p}compiled_chunked none / sdpa none:    "
+              f"x{_pair_ratio(samples, p + 'compiled_chunked none', 'sdpa none'):.3f}")
+    if baseline:
+        for label in ("chunked none", "chunked causal", "compiled_chunked none"):
+            print(f"    {label}: this / baseline x{_pair_ratio(samples, label, 'baseline ' + label):.3f}")
+    for label, (variant, spec) in contenders.items():
+        seconds = statistics.median(samples[label])
+        print(f"    {label:32s} {seconds * 1e3:8.1f} ms  {variant.flops(spec).executed / seconds / 1e9:6.1f} GFLOP/s")
+
+
+def floor_figures(length: int, rounds: int) -> None:
+    """Print the matmul floor of both tile shapes (and with one exp2 pass) against sdpa, interleaved."""
+    base = AttnSpec(batch=1, heads=8, seq_len=length, head_dim=64)
+    chunked, compiled = attnbench.get_variant("chunked"), attnbench.get_variant("compiled_chunked")
+    q, k, v, _ = base.make_inputs(seed=0)
+    q3, k3, v3 = (t.reshape(8, length, 64) for t in (q, k, v))  # (B*H, L, D)
+    floors: dict[str, Callable[[], object]] = {"sdpa": lambda: F.scaled_dot_product_attention(q, k, v)}
+    for who, variant in (("eager", chunked), ("compiled", compiled.base)):
+        cq, ck = variant.chunks(base.lq, base.lk, base.dtype)
+        floors[f"{who} {cq}x{ck} matmuls"] = _gemm_floor(q3, k3, v3, cq, ck, exp=False)
+        floors[f"{who} {cq}x{ck} matmuls + exp2"] = _gemm_floor(q3, k3, v3, cq, ck, exp=True)
+    for call in floors.values():
+        call()
+    samples = _timed_rounds(floors, rounds)
+    load = os.getloadavg()
+    flops = chunked.flops(base).executed
+    print(f"[2] the floor: chunked's tile matmuls alone vs sdpa, same rounds; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    for label in floors:
+        seconds = statistics.median(samples[label])
+        print(f"    {label:32s} {seconds * 1e3:8.1f} ms  {flops / seconds / 1e9:6.1f} GFLOP/s  "
+              f"/ sdpa x{_pair_ratio(samples, label, 'sdpa'):.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=9, help="interleaved rounds (default 9)")
@@ -99,59 +159,8 @@ def main() -> None:
     if args.rounds < 1 or args.length < 1:
         parser.error("--rounds and --length must be positive")
     regime.apply(regime.Regime(threads=regime.DEFAULT_THREADS))
-
-    base = AttnSpec(batch=1, heads=8, seq_len=args.length, head_dim=64)
-    causal = base.replace(mask="causal")
-    chunked, compiled = attnbench.get_variant("chunked"), attnbench.get_variant("compiled_chunked")
-    contenders: dict[str, tuple[Variant, AttnSpec]] = {
-        "sdpa none": (attnbench.get_variant("sdpa"), base),
-        "chunked none": (chunked, base),
-        "chunked causal": (chunked, causal),
-        "compiled_chunked none": (compiled, base),
-    }
-    if args.baseline:
-        old_eager, old_compiled = _baseline(args.baseline)
-        contenders.update({"baseline chunked none": (old_eager, base), "baseline chunked causal": (old_eager, causal),
-                           "baseline compiled_chunked none": (old_compiled, base)})
-    calls = {label: _prepared(variant, spec) for label, (variant, spec) in contenders.items()}
-    samples = _timed_rounds(calls, args.rounds)
-    load = os.getloadavg()
-    fl = chunked.flops(causal).executed / chunked.flops(base).executed
-    print(f"[1] CPU L={args.length} B1 H8 D64 float32 forward, {regime.describe()}; median of {args.rounds} "
-          f"interleaved rounds; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-    print(f"    chunked tiles {chunked.chunks(base.lq, base.lk, base.dtype)}, "
-          f"compiled_chunked tiles {compiled.base.chunks(base.lq, base.lk, base.dtype)}")
-    print(f"    chunked causal executed FLOPs / unmasked:  {fl:.4f}")
-    prefixes = [""] + (["baseline "] if args.baseline else [])
-    for p in prefixes:
-        print(f"    {p}chunked causal / chunked none time:  x{_pair_ratio(samples, p + 'chunked causal', p + 'chunked none'):.3f}")
-        print(f"    {p}chunked none / sdpa none:             x{_pair_ratio(samples, p + 'chunked none', 'sdpa none'):.3f}")
-        print(f"    {p}compiled_chunked none / sdpa none:    "
-              f"x{_pair_ratio(samples, p + 'compiled_chunked none', 'sdpa none'):.3f}")
-    if args.baseline:
-        for label in ("chunked none", "chunked causal", "compiled_chunked none"):
-            print(f"    {label}: this / baseline x{_pair_ratio(samples, label, 'baseline ' + label):.3f}")
-    for label, (variant, spec) in contenders.items():
-        seconds = statistics.median(samples[label])
-        print(f"    {label:32s} {seconds * 1e3:8.1f} ms  {variant.flops(spec).executed / seconds / 1e9:6.1f} GFLOP/s")
-
-    q, k, v, _ = base.make_inputs(seed=0)
-    q3, k3, v3 = (t.reshape(8, args.length, 64) for t in (q, k, v))  # (B*H, L, D)
-    floors: dict[str, Callable[[], object]] = {"sdpa": lambda: F.scaled_dot_product_attention(q, k, v)}
-    for who, variant in (("eager", chunked), ("compiled", compiled.base)):
-        cq, ck = variant.chunks(base.lq, base.lk, base.dtype)
-        floors[f"{who} {cq}x{ck} matmuls"] = _gemm_floor(q3, k3, v3, cq, ck, exp=False)
-        floors[f"{who} {cq}x{ck} matmuls + exp2"] = _gemm_floor(q3, k3, v3, cq, ck, exp=True)
-    for call in floors.values():
-        call()
-    samples = _timed_rounds(floors, args.rounds)
-    load = os.getloadavg()
-    flops = chunked.flops(base).executed
-    print(f"[2] the floor: chunked's tile matmuls alone vs sdpa, same rounds; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-    for label in floors:
-        seconds = statistics.median(samples[label])
-        print(f"    {label:32s} {seconds * 1e3:8.1f} ms  {flops / seconds / 1e9:6.1f} GFLOP/s  "
-              f"/ sdpa x{_pair_ratio(samples, label, 'sdpa'):.3f}")
+    goal_figures(args.length, args.rounds, args.baseline)
+    floor_figures(args.length, args.rounds)
 
 
 if __name__ == "__main__":

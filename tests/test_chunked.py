@@ -24,11 +24,11 @@ def test_unmasked_rows_are_a_few_wide_tiles_and_causal_rows_skip_the_empty_half(
     assert grid[0][2] == [(0, 128, mask_mods.PARTIAL)]
     for i, (q0, _, row) in enumerate(grid[1:], start=1):  # one merged full run, then the diagonal block
         assert row == [(0, q0, mask_mods.FULL), (q0, q0 + 128, mask_mods.PARTIAL)], i
-    # the eager default: 512 x 1024, full runs merged up to 1024 keys
-    assert default_chunks(4096, 4096, "float32") == (512, 1024)
-    assert default_chunks(4096, 8192, "bfloat16") == (512, 2048)
+    # the eager default: 256 x 2048, full runs merged up to 2048 keys
+    assert default_chunks(4096, 4096, "float32") == (256, 2048)
+    assert default_chunks(4096, 8192, "bfloat16") == (256, 4096)
     row = ChunkedAttention()._tile_states(causal, 1, 1, 4096, 4096, "float32")[-1][2]
-    assert [(k0, k1) for k0, k1, _ in row] == [(0, 1024), (1024, 2048), (2048, 3072), (3072, 3584), (3584, 4096)]
+    assert [(k0, k1) for k0, k1, _ in row] == [(0, 2048), (2048, 3840), (3840, 4096)]
 
 
 @pytest.mark.parametrize("mask", ["none", "causal", "document", "valid_lengths"])

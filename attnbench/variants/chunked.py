@@ -2,8 +2,10 @@
 
 Each query block keeps a running maximum ``m``, a running normaliser ``l`` and an unnormalised
 accumulator; every key block rescales them (Milakov & Gimelshein 2018; Rabe & Staats 2021;
-FlashAttention's outer loop, Dao et al. 2022). Peak extra memory is one ``(q_chunk, k_chunk)``
-score block per (B, H) plus the running statistics: linear in sequence length.
+FlashAttention's outer loop, Dao et al. 2022). Peak extra memory is the scaled queries, one
+``(q_chunk, k_chunk)`` score block per (B, H) (reused by every tile when autograd is off) and the
+running statistics: linear in sequence length. Probabilities are computed in base 2 (``exp2``, with
+``log2(e)`` folded into the query scale), the cheaper CPU kernel.
 
 Given the mask as a predicate (:class:`~attnbench.mask_mods.MaskMod`, what the runner passes), each
 (query block, key block) tile is classified first (:func:`~attnbench.mask_mods.block_state`, closed
@@ -43,7 +45,7 @@ def _buffer(flat: torch.Tensor | None, *shape: int) -> torch.Tensor | None:
     return flat[: shape[0] * shape[1] * shape[2]].view(shape)
 
 
-Q_CHUNK = 512
+Q_CHUNK = 256
 """Query rows per tile by default (also the width at which key blocks are classified under a mask)."""
 TILE_BYTES = 2 * 2**20
 """Bytes of one (batch, head) score tile at most by default: the widest key tile is this over the query rows."""
@@ -53,10 +55,11 @@ def default_chunks(lq: int, lk: int, dtype: str, q_chunk: int | None = None) -> 
     """Tile sizes ``(q_chunk, k_chunk)`` for a length and dtype: keys as wide as 2 MiB a tile allows.
 
     ``q_chunk`` rows (default :data:`Q_CHUNK`) by as many keys as fit :data:`TILE_BYTES` per (batch,
-    head) (512 x 1024 float32), so the scratch stays O(L). Chosen from single-thread CPU timings at
-    L=4096 (B1 H8 D64, float32, ``benchmarks/chunked_speed.py``): eager, 512 x 1024 was fastest and
-    128 x 4096 slowest (about 15% apart; its narrow matmuls run slower); compiled, the order flips
-    (``compiled_chunked`` asks for 128-row tiles, see :mod:`attnbench.variants.compiled`).
+    head): 256 x 2048 float32, 256 x 4096 in 16-bit dtypes, so the scratch stays O(L). Chosen from
+    single-thread CPU timings at L=4096 (B1 H8 D64, float32, interleaved, ``benchmarks/chunked_speed.py``):
+    eager, tiles from 512 x 512 to 256 x 2048 timed within the machine's noise of each other (about
+    5%), 128 x 4096 slower (narrow matmuls); compiled, 128 x 4096 was fastest, so ``compiled_chunked``
+    asks for 128-row tiles (see :mod:`attnbench.variants.compiled`). Short sequences use one tile.
 
     Args:
         lq: query length; lk: key length; dtype: torch dtype name ("float32", ...).

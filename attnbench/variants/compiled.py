@@ -25,8 +25,9 @@ RECOMPILE_LIMIT = 64
 BASE_OPTIONS: dict[str, dict[str, object]] = {"chunked": {"q_chunk": 128}}
 """Constructor options of a base variant when compiled. ``chunked``: 128-row tiles as wide as its
 byte cap allows (4096 float32 keys). Inductor computes every score tile of a query block before
-that block's softmax, so eager's 512 x 1024 tiles keep four 16 MiB buffers live per block at
-L=4096, H=8; one full-width 128-row tile timed about 10% faster (``benchmarks/chunked_speed.py``)."""
+that block's softmax (eager's 256 x 2048 tiles: two 16 MiB buffers live per block at L=4096, H=8),
+and one full-width tile lets it fuse the row maximum, exp2 and sum row by row in cache; 128 x 4096
+timed 5-10% faster than 512 x 512 or 256 x 1024 (``benchmarks/chunked_speed.py``)."""
 
 
 def _configure_dynamo() -> None:
