@@ -1,8 +1,9 @@
 """The masks/causal figures: interleaved timings (one process, one thread) and exact counts.
 
-Run: ``PYTHONPATH=. python -m benchmarks.mask_figures [--quick]``. Timings are medians of
-interleaved repeats (each round calls every contender once), so drift on a shared machine hits
-all contenders alike; FLOP and byte counts are exact.
+Run: ``PYTHONPATH=. python -m benchmarks.mask_figures``, in the suite's measurement regime (one
+thread, glibc's mmap threshold pinned). Timings are medians of interleaved repeats (each round calls
+every contender once), so drift on a shared machine hits all contenders alike; FLOP and byte counts
+are exact. Section [3] is :func:`benchmarks.chunked_speed.goal_figures`.
 """
 
 from __future__ import annotations
@@ -12,11 +13,10 @@ import math
 import statistics
 import time
 
-import torch
-
 import attnbench
 from attnbench import AttnSpec, masks
-from attnbench.measure import memory, runner
+from attnbench.measure import memory, regime, runner
+from benchmarks import chunked_speed
 
 
 def _prepared(name: str, spec: AttnSpec):
@@ -69,7 +69,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--only-correctness", action="store_true", help="print [4] only (no timings)")
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    regime.apply(regime.Regime(threads=regime.DEFAULT_THREADS))  # the suite's: 1 thread, malloc pinned
     if args.only_correctness:
         correctness()
         return
@@ -91,20 +91,7 @@ def main() -> None:
         print(f"    {name:14s} {peaks[0] / 2**20:8.1f} -> {peaks[1] / 2**20:8.1f} MiB   exponent "
               f"{math.log(peaks[1] / peaks[0]) / math.log(4):.3f}")
 
-    base = AttnSpec(batch=1, heads=8, seq_len=4096, head_dim=64)
-    causal = base.replace(mask="causal")
-    chunked = attnbench.get_variant("chunked")
-    fl = chunked.flops(causal).executed / chunked.flops(base).executed
-    t = interleaved({"sdpa none": ("sdpa", base), "chunked none": ("chunked", base),
-                     "chunked causal": ("chunked", causal), "compiled_chunked none": ("compiled_chunked", base)},
-                    args.rounds)
-    print(f"[3] CPU L=4096 B1 H8 D64, 1 thread, median of {args.rounds} interleaved rounds")
-    print(f"    chunked causal executed FLOPs / unmasked: {fl:.4f}")
-    print(f"    chunked causal / chunked none time:   x{t['chunked causal'] / t['chunked none']:.2f}")
-    print(f"    chunked none / sdpa none time:        x{t['chunked none'] / t['sdpa none']:.2f}")
-    print(f"    compiled_chunked none / sdpa none:    x{t['compiled_chunked none'] / t['sdpa none']:.2f}")
-    for k, v in t.items():
-        print(f"    {k:24s} {v * 1e3:8.1f} ms")
+    chunked_speed.goal_figures(4096, args.rounds, section="[3]")
     correctness()
 
 

@@ -2,8 +2,10 @@
 
 Each query block keeps a running maximum ``m``, a running normaliser ``l`` and an unnormalised
 accumulator; every key block rescales them (Milakov & Gimelshein 2018; Rabe & Staats 2021;
-FlashAttention's outer loop, Dao et al. 2022). Peak extra memory is one ``(q_chunk, k_chunk)``
-score block per (B, H) plus the running statistics: linear in sequence length.
+FlashAttention's outer loop, Dao et al. 2022). Peak extra memory is the scaled queries, one
+``(q_chunk, k_chunk)`` score block per (B, H) (reused by every tile when autograd is off) and the
+running statistics: linear in sequence length. Probabilities are computed in base 2 (``exp2``, with
+``log2(e)`` folded into the query scale), the cheaper CPU kernel.
 
 Given the mask as a predicate (:class:`~attnbench.mask_mods.MaskMod`, what the runner passes), each
 (query block, key block) tile is classified first (:func:`~attnbench.mask_mods.block_state`, closed
@@ -18,11 +20,15 @@ Letters: B batch, H heads, Lq queries, Lk keys, D head dim, Dv value head dim, C
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from attnbench import mask_mods
 from attnbench._checks import check_positive_int
 from attnbench.variants.base import Variant
+
+_LOG2_E = math.log2(math.e)
 
 
 def _rows(mask: torch.Tensor | None, start: int, stop: int, axis: int) -> torch.Tensor | None:
@@ -32,18 +38,36 @@ def _rows(mask: torch.Tensor | None, start: int, stop: int, axis: int) -> torch.
     return mask.narrow(axis, start, stop - start)
 
 
-def default_chunks(lq: int, lk: int, dtype: str) -> tuple[int, int]:
-    """Tile sizes ``(q_chunk, k_chunk)`` for a length and dtype.
+def _buffer(flat: torch.Tensor | None, *shape: int) -> torch.Tensor | None:
+    """A contiguous ``shape`` view of the front of a flat scratch buffer (None passes through)."""
+    if flat is None:
+        return None
+    return flat[: shape[0] * shape[1] * shape[2]].view(shape)
 
-    Chosen from single-thread CPU timings at L=4096 (B1 H8 D64, float32): tiles from 128 to 512 on
-    either axis timed within the machine's noise of each other, while 1024-wide query tiles or
-    key tiles of 2048+ were clearly slower (score blocks fall out of cache). Longer sequences take
-    512-row query tiles (fewer Python-level tile steps); reduced precision halves the bytes per
-    score, so its key tiles may be twice as long (not timed separately). Short sequences use one tile.
+
+Q_CHUNK = 256
+"""Query rows per tile by default (also the width at which key blocks are classified under a mask)."""
+TILE_BYTES = 2 * 2**20
+"""Bytes of one (batch, head) score tile at most by default: the widest key tile is this over the query rows."""
+
+
+def default_chunks(lq: int, lk: int, dtype: str, q_chunk: int | None = None) -> tuple[int, int]:
+    """Tile sizes ``(q_chunk, k_chunk)`` for a length and dtype: keys as wide as 2 MiB a tile allows.
+
+    ``q_chunk`` rows (default :data:`Q_CHUNK`) by as many keys as fit :data:`TILE_BYTES` per (batch,
+    head): 256 x 2048 float32, 256 x 4096 in 16-bit dtypes, so the scratch stays O(L). Chosen from
+    single-thread CPU timings at L=4096 (B1 H8 D64, float32, interleaved, ``benchmarks/chunked_speed.py``):
+    eager, tiles from 512 x 512 to 256 x 2048 timed within the machine's noise of each other (about
+    5%), 128 x 4096 slower (narrow matmuls); compiled, 128 x 4096 was fastest, so ``compiled_chunked``
+    asks for 128-row tiles (see :mod:`attnbench.variants.compiled`). Short sequences use one tile.
+
+    Args:
+        lq: query length; lk: key length; dtype: torch dtype name ("float32", ...).
+        q_chunk: query rows per tile (None: :data:`Q_CHUNK`).
     """
-    k_chunk = 1024 if dtype in ("float16", "bfloat16") else 512
-    q_chunk = 512 if lq >= 2048 else 256
-    return min(q_chunk, lq), min(k_chunk, lk)
+    rows = min(q_chunk or Q_CHUNK, lq)
+    item = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    return rows, min(max(rows, TILE_BYTES // (item * rows)), lk)
 
 
 class ChunkedAttention(Variant):
@@ -60,20 +84,30 @@ class ChunkedAttention(Variant):
 
     def chunks(self, lq: int, lk: int, dtype: str) -> tuple[int, int]:
         """The tile sizes used for these lengths and dtype (explicit ones win over the tuned defaults)."""
-        cq, ck = default_chunks(lq, lk, dtype)
-        return min(self.q_chunk or cq, lq), min(self.k_chunk or ck, lk)
+        cq, ck = default_chunks(lq, lk, dtype, self.q_chunk)
+        return cq, min(self.k_chunk or ck, lk)
 
     def _tile_states(self, mod: mask_mods.MaskMod | None, batch: int, heads: int, lq: int, lk: int, dtype: str):
-        """``[(q0, q1, [(k0, k1, state), ...]), ...]`` over the tile grid; empty tiles left out."""
+        """``[(q0, q1, [(k0, k1, state), ...]), ...]`` over the tile grid; empty tiles left out.
+
+        Key blocks are classified ``min(q_chunk, k_chunk)`` wide (fine enough that causal skips about
+        half the pairs), and each run of consecutive full blocks is merged into one tile at most
+        ``k_chunk`` wide: few, wide matmuls where there is no mask work, narrow ones where there is.
+        """
         cq, ck = self.chunks(lq, lk, dtype)
+        grain = ck if mod is None else min(cq, ck)
         grid = []
         for q0 in range(0, lq, cq):
             q1 = min(q0 + cq, lq)
             row = []
-            for k0 in range(0, lk, ck):
-                k1 = min(k0 + ck, lk)
+            for k0 in range(0, lk, grain):
+                k1 = min(k0 + grain, lk)
                 state = mask_mods.FULL if mod is None else mask_mods.block_state(mod, batch, heads, q0, q1, k0, k1)
-                if state != mask_mods.EMPTY:
+                if state == mask_mods.EMPTY:
+                    continue
+                if state == mask_mods.FULL and row and row[-1][2] == state and row[-1][1] == k0 and k1 - row[-1][0] <= ck:
+                    row[-1] = (row[-1][0], k1, state)  # widen the previous full tile
+                else:
                     row.append((k0, k1, state))
             grid.append((q0, q1, row))
         return grid
@@ -86,9 +120,19 @@ class ChunkedAttention(Variant):
         grid = self._tile_states(mod, spec.batch, spec.heads, spec.lq, spec.lk, spec.dtype)
         return sum((q1 - q0) * (k1 - k0) for q0, q1, row in grid for k0, k1, _ in row)
 
-    def scratch_elements(self, spec):  # noqa: D102 - 2 score-block buffers + running state
+    def scratch_elements(self, spec):
+        """The no-autograd forward's buffers per (B, H): scaled ``q``, one score tile, the accumulator.
+
+        Plus a few ``(Cq, 1)`` running statistics and, under a mask, a partial tile's boolean mask
+        and its negation (bytes, converted to elements); exact for causal-like predicates, an
+        over-estimate (by under 2% at L=1000) for key padding, whose tile mask broadcasts over queries.
+        """
         cq, ck = self.chunks(spec.lq, spec.lk, spec.dtype)
-        return spec.batch * spec.heads * (2 * cq * ck + 3 * cq * (spec.dv + 2))
+        per_head = spec.lq * spec.head_dim + cq * ck + cq * (spec.dv + 6)
+        mask_tile = 0.0
+        if spec.mask != "none":  # one partial tile: classified min(Cq, Ck) wide for a predicate
+            mask_tile = 2 * cq * (min(cq, ck) if self.mask_form(spec) == "mod" else ck) / spec.elem_bytes
+        return spec.batch * spec.heads * per_head + mask_tile
 
     def forward(self, q, k, v, mask):
         b, h, lq, d = q.shape
@@ -101,42 +145,58 @@ class ChunkedAttention(Variant):
         else:  # a dense tensor: every tile is partial (no skipping without reading the whole mask)
             grid = [(q0, q1, [(k0, k1, mask_mods.PARTIAL) for k0, k1, _ in row])
                     for q0, q1, row in self._tile_states(None, b, h, lq, lk, dtype)]
-        # In-place updates save temporaries, but autograd needs the originals: out of place when differentiating.
-        inplace = not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
-        q = q * self.scale_for(d)  # (B, H, Lq, D), scaled once
-        kt = k.transpose(-2, -1)  # (B, H, D, Lk)
-        out = torch.zeros(b, h, lq, dv, dtype=q.dtype, device=q.device)
+        # Without autograd, every tile reuses one score buffer and one accumulator and updates them in
+        # place: no per-tile allocation (under the measurement regime each would map and fault in fresh
+        # pages). Autograd needs the originals, and torch.compile plans its own buffers: functional form.
+        differentiating = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        reuse = not (differentiating or torch.compiler.is_compiling())
+        bh = b * h
+        # Scores in base 2: exp(x) == exp2(x * log2(e)), and exp2 is the cheaper kernel; log2(e) rides on the scale.
+        q = (q * (self.scale_for(d) * _LOG2_E)).reshape(bh, lq, d)  # (B*H, Lq, D), scaled once
+        k, v = k.reshape(bh, lk, d), v.reshape(bh, lk, dv)  # (B*H, Lk, D), (B*H, Lk, Dv)
+        out = torch.zeros(bh, lq, dv, dtype=q.dtype, device=q.device)  # (B*H, Lq, Dv)
+        cq, ck = self.chunks(lq, lk, dtype)
+        score_buf = q.new_empty(bh * cq * ck) if reuse else None
+        acc_buf = q.new_empty(bh * cq * dv) if reuse else None
         for q0, q1, row in grid:
             if not row:
                 continue  # every key masked for this block: output rows stay zero
-            q_blk = q[:, :, q0:q1]  # (B, H, Cq, D)
+            q_blk = q[:, q0:q1]  # (B*H, Cq, D)
             mask_q = _rows(dense, q0, q1, -2)
             run_max = run_sum = acc = None
             for k0, k1, state in row:
-                scores = torch.matmul(q_blk, kt[..., k0:k1])  # (B, H, Cq, Ck)
+                scores = torch.bmm(q_blk, k[:, k0:k1].transpose(1, 2),
+                                   out=_buffer(score_buf, bh, q1 - q0, k1 - k0))  # (B*H, Cq, Ck)
                 partial = state == mask_mods.PARTIAL
                 if partial:
                     allowed = (mask_mods.tile(mod, b, h, q0, q1, k0, k1, q.device) if mod is not None
                                else _rows(mask_q, k0, k1, -1))  # (B?, H?, Cq?, Ck)
-                    scores = (scores.masked_fill_ if inplace else scores.masked_fill)(~allowed, float("-inf"))
-                tile_max = scores.amax(dim=-1, keepdim=True)  # (B, H, Cq, 1)
+                    scores4 = scores.view(b, h, q1 - q0, k1 - k0)  # (B, H, Cq, Ck)
+                    scores4 = (scores4.masked_fill_ if reuse else scores4.masked_fill)(~allowed, float("-inf"))
+                    scores = scores4.view(bh, q1 - q0, k1 - k0)  # (B*H, Cq, Ck)
+                tile_max = scores.amax(dim=-1, keepdim=True)  # (B*H, Cq, 1)
                 new_max = tile_max if run_max is None else torch.maximum(run_max, tile_max)
                 # A row that has seen only masked keys keeps max -inf: shift it by 0 so exp() gives 0, not NaN.
                 shift = torch.where(torch.isinf(new_max), 0.0, new_max) if partial or run_max is None else new_max
-                probs = scores.sub_(shift).exp_() if inplace else torch.exp(scores - shift)  # (B, H, Cq, Ck), unnormalised
-                block_sum = probs.sum(dim=-1, keepdim=True)  # (B, H, Cq, 1)
-                block_out = torch.matmul(probs, v[:, :, k0:k1])  # (B, H, Cq, Dv)
+                probs = scores.sub_(shift).exp2_() if reuse else torch.exp2(scores - shift)  # (B*H, Cq, Ck), unnormalised
+                block_sum = probs.sum(dim=-1, keepdim=True)  # (B*H, Cq, 1)
+                v_blk = v[:, k0:k1]  # (B*H, Ck, Dv)
                 if run_max is None:
-                    run_sum, acc = block_sum, block_out
+                    run_sum = block_sum
+                    acc = torch.bmm(probs, v_blk, out=_buffer(acc_buf, bh, q1 - q0, dv))  # (B*H, Cq, Dv)
                 else:
-                    rescale = torch.exp(run_max - shift)  # (B, H, Cq, 1); 0 where run_max is -inf
-                    if inplace:
+                    rescale = torch.exp2(run_max - shift)  # (B*H, Cq, 1); 0 where run_max is -inf
+                    if reuse:
                         run_sum = run_sum.mul_(rescale).add_(block_sum)
-                        acc = acc.mul_(rescale).add_(block_out)
+                        acc = torch.baddbmm(acc.mul_(rescale), probs, v_blk, out=acc)  # acc * rescale + probs @ v_blk
                     else:
                         run_sum = run_sum * rescale + block_sum
-                        acc = acc * rescale + block_out
+                        acc = torch.baddbmm(acc * rescale, probs, v_blk)  # (B*H, Cq, Dv)
                 run_max = new_max
             # Rows with no allowed key have run_sum == 0 and acc == 0: the output row is zero.
-            out[:, :, q0:q1] = acc / torch.where(run_sum > 0, run_sum, 1.0)
-        return out
+            denom = torch.where(run_sum > 0, run_sum, 1.0)  # (B*H, Cq, 1)
+            if reuse:
+                torch.div(acc, denom, out=out[:, q0:q1])
+            else:
+                out[:, q0:q1] = acc / denom
+        return out.view(b, h, lq, dv)  # (B, H, Lq, Dv)
