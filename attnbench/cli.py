@@ -223,11 +223,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_in(args, run_dir, cases, config, tqdm, sweep, matmul_peak, WorkerPool, RunDirError, summary_table) -> int:
     from attnbench.measure import regime
+    from attnbench.measure.bandwidth import bandwidth
 
     regime.apply(regime.Regime(threads=config.threads))  # the peak recorded below is the workers' threads' peak
     peak = {dtype: matmul_peak(args.device, dtype) / 1e9 for dtype in args.dtypes}
+    bw = bandwidth(args.device)
+    peak_gbps = {"copy": bw.copy / 1e9, "triad": bw.triad / 1e9}  # the bandwidth roof (triad) beside the FLOP/s roof
     try:
-        todo = run_dir.start(config, cases, command=sys.argv, peak_gflops=peak)
+        todo = run_dir.start(config, cases, command=sys.argv, peak_gflops=peak, peak_gbps=peak_gbps)
     except RunDirError as exc:
         return _usage(str(exc))
     for note in run_dir.notes:
@@ -363,13 +366,22 @@ def cmd_regress(args: argparse.Namespace) -> int:
 
 
 def cmd_peak(args: argparse.Namespace) -> int:
+    from attnbench.measure import regime
+    from attnbench.measure.bandwidth import WORDS, bandwidth
     from attnbench.measure.peak import matmul_peak
 
     missing = _cuda_missing(args.device)
     if missing:
         return _usage(missing)
+    regime.apply(regime.Regime(threads=args.threads))  # the roofs of the threads a sweep measures with
     rate = matmul_peak(args.device, args.dtype, refresh=True)
-    print(f"{args.device} {args.dtype} matmul: {rate / 1e9:.1f} GFLOP/s")
+    print(f"{args.device} {args.dtype} matmul: {rate / 1e9:.1f} GFLOP/s ({args.threads} thread{'s' if args.threads > 1 else ''})")
+    if args.no_bandwidth:
+        return 0
+    bw = bandwidth(args.device, refresh=True)
+    print(f"{args.device} memory bandwidth: copy {bw.copy / 1e9:.1f} GB/s, triad {bw.triad / 1e9:.1f} GB/s "
+          f"(STREAM's count: copy {WORDS['copy']}, triad {WORDS['triad']} float32 words per element; "
+          f"arrays of {bw.array_bytes / 2**20:.0f} MiB; the roofline uses triad)")
     return 0
 
 
@@ -479,9 +491,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="results and asv.log go here (relative to the current directory)")
     p.set_defaults(func=cmd_regress)
 
-    p = sub.add_parser("peak", help="measure this machine's matmul FLOP/s (cached for reports)", formatter_class=_Formatter)
+    p = sub.add_parser("peak", help="measure this machine's matmul FLOP/s and memory bandwidth (cached for reports)",
+                       formatter_class=_Formatter)
     p.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    p.add_argument("--threads", type=_int_at_least(1, "threads"), default=DEFAULT_THREADS,
+                   help="torch threads (as attnbench run's --threads: the roofs of that sweep)")
+    p.add_argument("--no-bandwidth", action="store_true", help="measure the matmul peak only")
     p.set_defaults(func=cmd_peak)
     return parser
 

@@ -279,6 +279,7 @@ class RunDirectory:
         *,
         command: Sequence[str] | None = None,
         peak_gflops: dict[str, float] | None = None,
+        peak_gbps: dict[str, float] | None = None,
     ) -> list[tuple[str, AttnSpec]]:
         """Write (or, resuming, check) the header; return the cases still to measure, in order.
 
@@ -312,6 +313,7 @@ class RunDirectory:
                 "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                 "command": list(command if command is not None else sys.argv),
                 "config": conf, "cases": keys, "planned": len(keys), "peak_gflops": peak_gflops,
+                "peak_gbps": peak_gbps,
             }
             self._append_line(self.header, fresh=not log_path.exists() or log_path.stat().st_size == 0)
         before = 0.0
@@ -326,6 +328,7 @@ class RunDirectory:
                 done[key] = m  # a case logged twice (never by this code) keeps its last row
         self.measurements = list(done.values())
         self._peak = peak_gflops if peak_gflops is not None else self.header.get("peak_gflops")
+        self._peak_gbps = peak_gbps if peak_gbps is not None else self.header.get("peak_gbps")
         return [(n, s) for (n, s), k in zip(cases, keys, strict=True) if k not in done]
 
     def _append_line(self, item: dict[str, Any], fresh: bool = False) -> None:
@@ -363,7 +366,8 @@ class RunDirectory:
     def write_derived(self, *, seconds: float | None = None) -> Path:
         """Rewrite ``measurements.csv`` and ``manifest.json`` from the cases logged so far."""
         total = self.header.get("seconds_before", 0.0) + (seconds or 0.0)
-        _write_derived(self.path, self.measurements, self.header, seconds=total, peak_gflops=self._peak)
+        _write_derived(self.path, self.measurements, self.header, seconds=total, peak_gflops=self._peak,
+                       peak_gbps=self._peak_gbps)
         return self.path
 
     def finish(self, seconds: float) -> None:
@@ -395,6 +399,7 @@ def _write_derived(
     *,
     seconds: float,
     peak_gflops: dict[str, float] | None,
+    peak_gbps: dict[str, float] | None = None,
 ) -> None:
     frame = to_frame(measurements)
     atomic_write(run_dir / MEASUREMENTS, lambda tmp: frame.to_csv(tmp, index=False))
@@ -406,6 +411,7 @@ def _write_derived(
         "command": header.get("command", list(sys.argv)),
         "seconds": round(seconds, 2),
         "peak_gflops": peak_gflops,
+        "peak_gbps": peak_gbps,
         "cases": len(measurements),
         "planned": planned,
         "complete": len(measurements) >= planned,
@@ -425,11 +431,13 @@ def write_run(
     seconds: float,
     command: Sequence[str] | None = None,
     peak_gflops: dict[str, float] | None = None,
+    peak_gbps: dict[str, float] | None = None,
 ) -> Path:
     """Write a complete run directory for finished ``measurements`` (library use; the CLI logs as it goes).
 
     Writes ``cases.jsonl``, then ``measurements.csv`` and ``manifest.json`` atomically.
-    ``peak_gflops`` maps dtype -> this machine's matmul GFLOP/s (the roof for % of peak).
+    ``peak_gflops`` maps dtype -> this machine's matmul GFLOP/s (the roof for % of peak);
+    ``peak_gbps`` its measured memory bandwidth in GB/s, ``{"copy": ..., "triad": ...}`` (triad is the roofline's roof).
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -439,10 +447,11 @@ def write_run(
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": list(command if command is not None else sys.argv),
         "config": config_json(config), "cases": keys, "planned": len(keys), "peak_gflops": peak_gflops,
+        "peak_gbps": peak_gbps,
     }
     lines = [json.dumps(header)] + [json.dumps({"kind": "case", "measurement": measurement_to_json(m)}) for m in measurements]
     atomic_write_text(run_dir / LOG, "\n".join(lines) + "\n")
-    _write_derived(run_dir, measurements, header, seconds=seconds, peak_gflops=peak_gflops)
+    _write_derived(run_dir, measurements, header, seconds=seconds, peak_gflops=peak_gflops, peak_gbps=peak_gbps)
     return run_dir
 
 

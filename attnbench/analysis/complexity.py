@@ -1,4 +1,4 @@
-"""Turn a tidy frame into claims: fitted exponents, crossovers, memory model, % of peak.
+"""Turn a tidy frame into claims: fitted exponents, crossovers, memory model (the roofline: :mod:`.roofline`).
 
 How the exponent is fitted. At short lengths a constant per-call cost (interpreter, dispatch,
 kernel launch) hides the asymptotic term, and on a shared machine single points can be far off.
@@ -308,9 +308,3 @@ def memory_model(frame: pd.DataFrame) -> pd.DataFrame:
         })
     return pd.DataFrame(rows)
 
-
-def roofline(frame: pd.DataFrame) -> pd.DataFrame:
-    """Achieved GFLOP/s as a percentage of the machine's measured matmul peak."""
-    g = frame[(frame["metric"] == "gflops") & (frame["status"] == "ok")].copy()
-    g["pct_of_peak"] = 100.0 * g["value"] / g["peak_gflops"]
-    return g[["machine", "device", "mode", "variant", "seq_len", "value", "peak_gflops", "pct_of_peak"]].rename(columns={"value": "gflops"})

@@ -34,6 +34,8 @@ date           pandas Timestamp (UTC) of the commit (asv) or of the run
 torch          torch version
 threads        torch threads (NaN for asv, which does not record it)
 peak_gflops    this machine's matmul GFLOP/s at the row's dtype when recorded, else NaN
+peak_gbps      this machine's measured memory bandwidth (STREAM triad, GB/s) when the run recorded it,
+               else NaN (asv results and older runs do not record it: no bandwidth roof is drawn for them)
 run_date       pandas Timestamp (UTC) of when the measurement ran (asv: the earliest ``started_at``
                of the result file; run: the manifest's ``created``); ``date`` of asv rows is the
                *commit* date
@@ -74,7 +76,7 @@ from attnbench.spec import AttnSpec
 COLUMNS = [
     "source", "benchmark", "variant", "seq_len", "seq_len_k", "device", "mode", "dtype", "batch", "heads",
     "head_dim", "mask", "metric", "unit", "method", "value", "spread", "ci_low", "ci_high", "status", "reason", "machine",
-    "cpu", "gpu", "commit", "date", "torch", "threads", "peak_gflops", "kernel", "run_date", "origin",
+    "cpu", "gpu", "commit", "date", "torch", "threads", "peak_gflops", "peak_gbps", "kernel", "run_date", "origin",
 ]
 UNITS = contract.UNITS
 RUN_STATUSES = STATUSES  # the shared list: a status added there is read here too
@@ -90,7 +92,7 @@ def _empty() -> pd.DataFrame:
 
 def _finish(rows: list[dict], problems: list[str], notes: list[str] | None = None) -> pd.DataFrame:
     frame = pd.DataFrame(rows, columns=COLUMNS) if rows else _empty()
-    for col in ("value", "spread", "ci_low", "ci_high", "threads", "peak_gflops"):
+    for col in ("value", "spread", "ci_low", "ci_high", "threads", "peak_gflops", "peak_gbps"):
         frame[col] = pd.to_numeric(frame[col], errors="coerce")
     for col in ("seq_len", "seq_len_k", "batch", "heads", "head_dim"):
         frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("Int64")
@@ -268,7 +270,7 @@ def _asv_key_rows(res, key: str, bench: dict, common: dict, peak: float, path: P
             **common, "benchmark": key, "variant": variant, **_spec_columns(spec), "metric": metric,
             "unit": UNITS[metric], "method": label or _asv_memory_method(variant, spec.device_type),
             "value": float(value) * factor if status == "ok" else math.nan, "spread": num("q_75") - num("q_25"),
-            "ci_low": num("ci_99_a"), "ci_high": num("ci_99_b"), "status": status, "peak_gflops": peak,
+            "ci_low": num("ci_99_a"), "ci_high": num("ci_99_b"), "status": status, "peak_gflops": peak, "peak_gbps": math.nan,
             "_mode_given": "mode" in case,
         })
     if bad:
@@ -381,7 +383,7 @@ def _read_rows(path: Path, problems: list[str]) -> tuple[list[str], list[tuple[i
     return header, records, len(data)
 
 
-def _run_row(rec: dict, manifest: dict, peaks: dict) -> list[dict]:
+def _run_row(rec: dict, manifest: dict, peaks: dict, bandwidth: float = math.nan) -> list[dict]:
     """Tidy rows of one measurements.csv record; raises ValueError with the reason to reject it."""
     for col in RUN_REQUIRED:
         if not rec[col].strip():
@@ -421,7 +423,7 @@ def _run_row(rec: dict, manifest: dict, peaks: dict) -> list[dict]:
         "mask": rec["spec_mask"], "status": status, "reason": rec.get("reason", ""),
         "machine": rec.get("env_hostname", ""), "cpu": rec.get("env_cpu_model", ""), "gpu": rec.get("env_gpu_name", ""),
         "commit": rec.get("env_commit", ""), "date": manifest.get("created"), "run_date": manifest.get("created"), "torch": rec.get("env_torch", ""),
-        "threads": _lenient(rec.get("env_threads")), "peak_gflops": _lenient(peaks.get(dtype)),
+        "threads": _lenient(rec.get("env_threads")), "peak_gflops": _lenient(peaks.get(dtype)), "peak_gbps": bandwidth,
         "kernel": rec.get("extra_kernel", ""),
     }
     keeps_values = status in ("ok", "wrong", "noisy")  # noisy: drawn (hollow), never fitted or ranked
@@ -474,12 +476,14 @@ def load_run(run_dir: str | Path) -> pd.DataFrame:
     peaks = manifest.get("peak_gflops") or {}
     if not isinstance(peaks, dict):  # a single number: the float32 roof
         peaks = {"float32": peaks}
+    gbps = manifest.get("peak_gbps")
+    gbps = _lenient(gbps.get("triad") if isinstance(gbps, dict) else gbps)  # triad: the roofline's bandwidth roof
     rows: list[dict] = []
     if read is not None:
         _, records, in_file = read
         for number, rec in records:
             try:
-                rows.extend(_run_row(rec, manifest, peaks))
+                rows.extend(_run_row(rec, manifest, peaks, gbps if gbps > 0 else math.nan))
             except ValueError as exc:
                 problems.append(f"{run_dir / MEASUREMENTS} row {number} ({rec.get('variant', '?')}): {exc}; rejected")
     else:
