@@ -9,6 +9,7 @@ renamed benchmark or a changed base shape cannot leave one of them reading somet
 * The grid: ``BASE_SPEC`` (the fixed shape every asv case shares), ``ASV_LENGTHS`` /
   ``ASV_MODES`` (defaults), and the environment variables that narrow it (``ENV_*``).
 * Units: ``UNITS`` per tidy metric.
+* Workloads: ``WORKLOADS`` and ``SWEPT_LENGTH``, the spec field a workload's sweep varies.
 """
 
 from __future__ import annotations
@@ -42,7 +43,18 @@ ASV_METRICS: dict[str, tuple[str, float, str | None]] = {
 UNITS: dict[str, str] = {
     "time": "s", "cuda_time": "s", "compile_time": "s", "peak_tensor_bytes": "bytes", "peak_rss": "bytes",
     "gflops": "GFLOP/s", "max_error": "abs", "softmax_error": "abs", "flops": "FLOP", "error_ratio": "x tolerance",
+    "bytes": "bytes", "gbps": "GB/s",
 }
+"""``bytes`` is :attr:`AttnSpec.bytes_moved` (method "model"); ``gbps`` is that over the measured time."""
+
+# ---- workloads ---------------------------------------------------------------------------------
+WORKLOADS: tuple[str, ...] = ("prefill", "decode")
+"""``prefill``: every query of a sequence at once (Lq = Lk, compute-bound at long L); ``decode``: a few
+queries (Lq = 1 per generated token, more for speculative decoding) over a long key/value cache
+(memory-bound: O(Lk) work per token)."""
+SWEPT_LENGTH: dict[str, str] = {"prefill": "seq_len", "decode": "seq_len_k"}
+"""The tidy frame's column a workload's sweep varies (and complexity exponents are fitted against):
+prefill sweeps L = Lq = Lk (``seq_len``), decode sweeps the cache length Lk (``seq_len_k``), Lq fixed."""
 
 # ---- the grid ----------------------------------------------------------------------------------
 BASE_SPEC = AttnSpec(batch=1, heads=8, head_dim=64, dtype="float32")

@@ -12,9 +12,14 @@ device         "cpu" / "cuda"
 mode           "forward" / "backward" (forward + backward)
 dtype          "float32", ...
 batch, heads, head_dim, mask   the rest of the case's shape
+kv_heads       Hkv, key/value heads (int; = heads for multi-head attention and for files older than GQA)
+workload       "prefill" (Lq = Lk, swept along seq_len) or "decode" (few queries over a long cache, swept
+               along seq_len_k): ``contract.SWEPT_LENGTH``; "prefill" for older files
 metric         time | peak_tensor_bytes | peak_rss | gflops | flops | max_error | softmax_error | cuda_time
                | compile_time | error_ratio (max error / the correctness gate's tolerance)
-unit           s | bytes | GFLOP/s | FLOP | abs | x tolerance
+               | bytes (``AttnSpec.bytes_moved``, an ideal kernel's traffic: method "model")
+               | gbps (bytes over the measured time: its method is the time's)
+unit           s | bytes | GFLOP/s | FLOP | abs | x tolerance | GB/s
 method         how the value was obtained: "wall" (perf_counter) | "cuda_events" | "asv" (asv's own
                timer / peakmem / tracked rate) | "profiler" | "cuda" (allocator stats) | "rss" |
                "reference" (compared with the float64 reference) | "model" (an analytic prediction,
@@ -75,7 +80,7 @@ from attnbench.spec import AttnSpec
 
 COLUMNS = [
     "source", "benchmark", "variant", "seq_len", "seq_len_k", "device", "mode", "dtype", "batch", "heads",
-    "head_dim", "mask", "metric", "unit", "method", "value", "spread", "ci_low", "ci_high", "status", "reason", "machine",
+    "head_dim", "mask", "kv_heads", "workload", "metric", "unit", "method", "value", "spread", "ci_low", "ci_high", "status", "reason", "machine",
     "cpu", "gpu", "commit", "date", "torch", "threads", "peak_gflops", "peak_gbps", "kernel", "run_date", "origin",
 ]
 UNITS = contract.UNITS
@@ -94,7 +99,7 @@ def _finish(rows: list[dict], problems: list[str], notes: list[str] | None = Non
     frame = pd.DataFrame(rows, columns=COLUMNS) if rows else _empty()
     for col in ("value", "spread", "ci_low", "ci_high", "threads", "peak_gflops", "peak_gbps"):
         frame[col] = pd.to_numeric(frame[col], errors="coerce")
-    for col in ("seq_len", "seq_len_k", "batch", "heads", "head_dim"):
+    for col in ("seq_len", "seq_len_k", "batch", "heads", "head_dim", "kv_heads"):
         frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("Int64")
     for col in ("date", "run_date"):
         frame[col] = pd.to_datetime(frame[col], utc=True, errors="coerce")
@@ -267,7 +272,7 @@ def _asv_key_rows(res, key: str, bench: dict, common: dict, peak: float, path: P
             return float(v) * factor if isinstance(v, (int, float)) else math.nan
 
         rows.append({
-            **common, "benchmark": key, "variant": variant, **_spec_columns(spec), "metric": metric,
+            **common, "benchmark": key, "variant": variant, **_spec_columns(spec), "workload": "prefill", "metric": metric,
             "unit": UNITS[metric], "method": label or _asv_memory_method(variant, spec.device_type),
             "value": float(value) * factor if status == "ok" else math.nan, "spread": num("q_75") - num("q_25"),
             "ci_low": num("ci_99_a"), "ci_high": num("ci_99_b"), "status": status, "peak_gflops": peak, "peak_gbps": math.nan,
@@ -296,6 +301,7 @@ def _spec_columns(spec: AttnSpec) -> dict:
     return {
         "seq_len": spec.lq, "seq_len_k": spec.lk, "device": spec.device_type, "mode": spec.mode,
         "dtype": spec.dtype, "batch": spec.batch, "heads": spec.heads, "head_dim": spec.head_dim, "mask": spec.mask,
+        "kv_heads": spec.hkv,
     }
 
 
@@ -309,6 +315,8 @@ RUN_METRICS = {
     "max_error": ("max_error", None, "reference"),
     "softmax_error": ("softmax_error", None, "reference"),
     "compile_time": ("compile_s", None, "wall"),
+    "bytes": ("bytes_moved", None, "model"),
+    "gbps": ("gbytes_per_s", None, "<timing_method"),
 }
 RUN_REQUIRED = ("variant", "status", "spec_seq_len", "spec_device", "spec_mode", "spec_dtype", "spec_batch",
                 "spec_heads", "spec_head_dim", "spec_mask")
@@ -405,6 +413,11 @@ def _run_row(rec: dict, manifest: dict, peaks: dict, bandwidth: float = math.nan
     except ValueError:
         raise ValueError(f"seq_len_k_eff {rec['seq_len_k_eff']!r} is not a number") from None
     seq_len_k = int(seq_len_k) if math.isfinite(seq_len_k) else ints["spec_seq_len"]
+    kv_heads = _kv_heads(rec, ints["spec_heads"])
+    workload = rec.get("workload", "").strip() or "prefill"  # older files: every case was prefill
+    if workload not in contract.WORKLOADS:
+        raise ValueError(f"workload {workload!r} is not one of {contract.WORKLOADS}")
+    _derive_traffic(rec, ints, seq_len_k, kv_heads)
     values: dict[str, float] = {}
     for col, spread_col, _ in RUN_METRICS.values():
         for c in (col, spread_col):
@@ -420,7 +433,7 @@ def _run_row(rec: dict, manifest: dict, peaks: dict, bandwidth: float = math.nan
         "source": "run", "benchmark": "attnbench.run", "variant": rec["variant"], "seq_len": ints["spec_seq_len"],
         "seq_len_k": seq_len_k, "device": rec["spec_device"].split(":")[0], "mode": rec["spec_mode"], "dtype": dtype,
         "batch": ints["spec_batch"], "heads": ints["spec_heads"], "head_dim": ints["spec_head_dim"],
-        "mask": rec["spec_mask"], "status": status, "reason": rec.get("reason", ""),
+        "mask": rec["spec_mask"], "kv_heads": kv_heads, "workload": workload, "status": status, "reason": rec.get("reason", ""),
         "machine": rec.get("env_hostname", ""), "cpu": rec.get("env_cpu_model", ""), "gpu": rec.get("env_gpu_name", ""),
         "commit": rec.get("env_commit", ""), "date": manifest.get("created"), "run_date": manifest.get("created"), "torch": rec.get("env_torch", ""),
         "threads": _lenient(rec.get("env_threads")), "peak_gflops": _lenient(peaks.get(dtype)), "peak_gbps": bandwidth,
@@ -451,6 +464,42 @@ def _run_row(rec: dict, manifest: dict, peaks: dict, bandwidth: float = math.nan
         out.append({**common, "metric": "error_ratio", "unit": UNITS["error_ratio"], "method": "reference",
                     "value": error / tolerance, "spread": math.nan, "ci_low": math.nan, "ci_high": math.nan})
     return out
+
+
+def _kv_heads(rec: dict, heads: int) -> int:
+    """The record's Hkv: ``spec_kv_heads``, or H when absent or empty (older files, multi-head cases)."""
+    text = rec.get("spec_kv_heads", "").strip()
+    if text in ("", "None"):
+        return heads
+    try:
+        value = _number(text)
+    except ValueError:
+        raise ValueError(f"spec_kv_heads {text!r} is not a number") from None
+    if not (math.isfinite(value) and value == int(value) and value >= 1 and heads % int(value) == 0):
+        raise ValueError(f"spec_kv_heads {text!r} is not a positive integer dividing spec_heads {heads}")
+    return int(value)
+
+
+def _derive_traffic(rec: dict, ints: dict, seq_len_k: int, kv_heads: int) -> None:
+    """Fill ``bytes_moved`` / ``gbytes_per_s`` of a file older than them from the case's shape (in place).
+
+    The traffic is a function of the shape alone (:attr:`AttnSpec.bytes_moved`); a record whose
+    shape cannot be rebuilt (an unknown dtype, say) is left without them.
+    """
+    if rec.get("bytes_moved", "").strip():
+        return
+    try:
+        dv = _number(rec.get("spec_head_dim_v"))
+        spec = AttnSpec(
+            batch=ints["spec_batch"], heads=ints["spec_heads"], kv_heads=kv_heads, seq_len=ints["spec_seq_len"],
+            seq_len_k=seq_len_k, head_dim=ints["spec_head_dim"], head_dim_v=int(dv) if math.isfinite(dv) else None,
+            dtype=rec["spec_dtype"], mode=rec["spec_mode"],
+        )
+    except (ValueError, TypeError):
+        return
+    median = _lenient(rec.get("median_s"))
+    rec["bytes_moved"] = str(spec.bytes_moved)
+    rec["gbytes_per_s"] = str(spec.bytes_moved / median / 1e9) if median > 0 else ""
 
 
 def _lenient(value: object) -> float:
