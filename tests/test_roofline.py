@@ -97,3 +97,38 @@ def test_the_roof_is_the_lower_of_the_two(ai: float, fraction: float):
     assert rec["roof_gflops"] == pytest.approx(roof)
     assert rec["pct_of_roof"] == pytest.approx(100 * fraction)
     assert rec["bound"] == ("compute" if ai >= PEAK_GFLOPS / PEAK_GBPS else "bandwidth")
+
+
+# ---- decode fits: each workload along its own swept length ------------------------------------
+def _series(variant: str, workload: str, lengths, seconds) -> pd.DataFrame:
+    rows = []
+    for n, t in zip(lengths, seconds, strict=True):
+        lq = 1 if workload == "decode" else n
+        rows += [r for r in case_rows(variant, lq, n, 1e6, 1e6, t, workload=workload) if r["metric"] == "time"]
+    return pd.DataFrame(rows)
+
+
+def test_decode_fits_its_cache_length_and_prefill_its_square():
+    from attnbench.analysis import complexity
+
+    lengths = [1024, 2048, 4096, 8192, 16384, 32768, 65536]
+    wobble = [1.0, 1.02, 0.99, 1.01, 0.98, 1.0, 1.01]
+    frame = pd.concat([
+        _series("batched", "decode", lengths, [2e-8 * n * w for n, w in zip(lengths, wobble, strict=True)]),
+        _series("batched", "prefill", lengths[:5], [1e-10 * n * n * w for n, w in zip(lengths[:5], wobble[:5], strict=True)]),
+    ], ignore_index=True)
+    fits = complexity.fit_table(frame, metrics=("time",)).set_index("workload")
+    assert fits.loc["decode", "exponent"] == pytest.approx(1.0, abs=0.05) and fits.loc["decode", "declared"] == 1.0
+    assert fits.loc["decode", "verdict"] == "matches" and fits.loc["decode", "L_max"] == 65536
+    assert fits.loc["prefill", "exponent"] == pytest.approx(2.0, abs=0.05) and fits.loc["prefill", "declared"] == 2.0
+    assert complexity.largest_length(frame).set_index("workload")["largest_ok_L"].to_dict() == {"decode": 65536, "prefill": 16384}
+
+
+def test_declared_decode_exponents():
+    from attnbench.analysis import complexity
+
+    assert complexity.declared_exponent("batched", "time", "decode") == 1.0
+    assert complexity.declared_exponent("batched", "time", "prefill") == 2.0
+    assert complexity.declared_exponent("linear_elu", "time", "decode") == 1.0  # recomputed over the cache: O(Lk)
+    assert complexity.declared_exponent("batched", "peak_tensor_bytes", "decode") == 1.0
+    assert math.isnan(complexity.declared_exponent("batched", "gflops", "decode"))
