@@ -472,3 +472,14 @@ def test_the_roofline_without_a_recorded_bandwidth_draws_the_compute_roof_only(t
     run = _decode_run(tmp_path / "run", peak_gbps={})
     page = build_report([run], tmp_path / "out").read_text()
     assert (tmp_path / "out" / "figures" / "roofline.png").exists() and "bandwidth not recorded" in page
+
+
+def test_prefill_and_decode_from_two_runs_of_one_machine(tmp_path):
+    """A prefill sweep and a decode sweep are two run directories: the section and the finding read both."""
+    from attnbench.report.html import analyse, load_results
+
+    runs = [_decode_run(tmp_path / "prefill", decode_lengths=()), _decode_run(tmp_path / "decode", prefill_lengths=())]
+    page = build_report(runs, tmp_path / "out").read_text()
+    assert "Prefill vs decode" in page and (tmp_path / "out" / "figures" / "roofline.png").exists()
+    decode = [f.text for f in analyse(load_results(runs)).findings if f.text.startswith("Decode")]
+    assert decode and "against prefill's L^" in decode[0] and "% of the measured bandwidth" in decode[0], decode

@@ -486,6 +486,13 @@ def findings(frame: pd.DataFrame, fits: pd.DataFrame, primary: dict[str, str],
     return tuple(out[:7])
 
 
+def _machine(frame: pd.DataFrame, primary: dict[str, str]) -> pd.DataFrame:
+    """The primary machine and commit, every run of them: a prefill sweep and a decode sweep are often two runs."""
+    if not primary:
+        return frame
+    return frame[(frame["machine"].astype(str) == primary["machine"]) & (frame["commit"].astype(str) == primary["commit"])]
+
+
 def _decode_finding(frame: pd.DataFrame, dfits: pd.DataFrame, pfits: pd.DataFrame, primary: dict[str, str]) -> Finding | None:
     """Decode's fitted time exponent beside prefill's, and its % of the bandwidth roof: only from a conclusive decode fit."""
     for variant in ("sdpa", "batched", *sorted(set(dfits["variant"]) if len(dfits) else ())):
@@ -498,7 +505,7 @@ def _decode_finding(frame: pd.DataFrame, dfits: pd.DataFrame, pfits: pd.DataFram
             f"[{fit['ci_low']:.2f}, {fit['ci_high']:.2f}] for `{variant}`")
     pre = _fit(pfits, variant, "time", "prefill")
     text += f", against prefill's L^{pre['exponent']:.2f}" if pre else ""
-    roof = roofline.roofline(_slice(frame, primary))
+    roof = roofline.roofline(_machine(frame, primary))
     dec = roof[(roof["workload"] == "decode") & (roof["variant"] == variant) & roof["pct_of_bandwidth"].notna()]
     if len(dec):
         last = dec.sort_values("seq_len_k").iloc[-1]
@@ -707,8 +714,13 @@ def render(analysis: Analysis, out_dir: str | Path, title: str = "attnbench repo
                         f"{html.escape(', '.join(str(pick.get(k, '')) for k in ('device', 'mode', 'dtype')))} cases{scope}")
         if cross:
             body.append('<h2 id="crossovers-h">Crossovers</h2>' + cross)
-        body.append(_prefill_decode_html(main, main_fits, fig_dir, scope))
-        body.append(_roofline_html(main, fig_dir, scope))
+        same = _machine(frame, analysis.primary) if analysis.primary else frame  # prefill and decode may be two runs
+        same_fits = fits
+        if len(fits) and analysis.primary:
+            same_fits = fits[(fits["machine"].astype(str) == analysis.primary["machine"])
+                             & (fits["commit"].astype(str) == analysis.primary["commit"])]
+        body.append(_prefill_decode_html(same, same_fits, fig_dir))
+        body.append(_roofline_html(same, fig_dir))
     summary = analysis.summary
     doc = complexity.__doc__.split(chr(10) + chr(10))[1]
     body.append('<section id="exponents"><h2>Fitted exponents: the O(n²) claim in numbers</h2>' + _headline(frame, fits)
