@@ -360,8 +360,8 @@ def roofline(table: pd.DataFrame) -> plt.Figure | None:
         if bw > 0:
             ridge = peak / bw
             ax.plot(x, np.minimum(peak, x * bw), color="black", lw=1.6, zorder=1)
-            ax.annotate(f"bandwidth roof: triad {fmt(bw, 'GB/s')}", (lo * 1.3, lo * 1.3 * bw), fontsize=8,
-                        rotation=0, xytext=(2, 6), textcoords="offset points")
+            ax.annotate(f"bandwidth roof (slanted): triad {fmt(bw, 'GB/s')}", (lo * 1.15, peak * 1.25), fontsize=8,
+                        va="bottom")  # above the roofs' height, where nothing is drawn
             ax.axvline(ridge, color="0.7", ls=":", lw=0.8, zorder=0)
             ax.annotate(f"ridge {_sig(ridge)} FLOP/byte", (ridge, peak), fontsize=7.5, color="0.4", xytext=(3, -12),
                         textcoords="offset points")
@@ -372,6 +372,11 @@ def roofline(table: pd.DataFrame) -> plt.Figure | None:
         for (variant, workload), pts in sub.groupby(["variant", "workload"], sort=True):
             ax.scatter(pts["ai"], pts["gflops"], color=colour(variant), marker=WORKLOAD_MARKERS.get(workload, "s"),
                        s=34, edgecolors="0.2", linewidths=0.4, zorder=3)
+        for workload, pts in sub.groupby("workload"):  # name each cluster with the lengths it spans
+            length = pts["seq_len"] if workload == "prefill" else pts["seq_len_k"]
+            what = "L" if workload == "prefill" else "Lk"
+            ax.annotate(f"{workload}, {what} {int(length.min())}-{int(length.max())}", (float(pts["ai"].min()), float(pts["gflops"].min())),
+                        fontsize=7.5, color="0.3", xytext=(0, -14), textcoords="offset points")
         ax.set(xscale="log", yscale="log", xlim=(lo, hi), xlabel="arithmetic intensity (FLOP per byte moved by an ideal kernel)",
                ylabel="achieved GFLOP/s")
         top = max(peak, float(sub["gflops"].max()))
