@@ -114,3 +114,68 @@ def test_a_run_older_than_gqa_loads_as_prefill_mha_with_derived_traffic(tmp_path
     ok = measurements()[0]
     rate = frame[(frame.metric == "gbps") & (frame.seq_len == ok.spec.seq_len)]["value"].item()
     assert math.isclose(rate, ok.gbytes_per_s)
+
+
+# ---- the command line and run directories ----------------------------------------------------------
+FAST = ["--quiet", "--no-report", "--no-probe", "--min-time", "0.01", "--max-time", "0.05", "--min-runs", "2"]
+
+
+def test_decode_run_crosses_kv_heads_head_dims_and_batches(tmp_path, capsys):
+    from attnbench.cli import main
+
+    out = tmp_path / "run"
+    argv = ["run", "--workload", "decode", "--variants", "sdpa", "--lengths", "256", "--q-len", "2",
+            "--kv-heads", "8,2", "--head-dims", "16,32", "--batches", "1,2", "--out", str(out), *FAST]
+    assert main(argv) == 0, capsys.readouterr().err
+    frame = load_run(out)
+    assert frame.attrs["problems"] == []
+    time = frame[frame.metric == "time"]
+    assert len(time) == 8 and set(time.status) == {"ok"}  # 2 x 2 x 2 cases, every one measured
+    assert set(time.workload) == {"decode"} and set(time.seq_len) == {2} and set(time.seq_len_k) == {256}
+    assert set(time.kv_heads) == {8, 2} and set(time.head_dim) == {16, 32} and set(time.batch) == {1, 2}
+    assert (frame[frame.metric == "gbps"]["value"] > 0).all()
+
+
+def test_decode_default_lengths_are_1k_to_128k():
+    from attnbench.runs import DECODE_LENGTHS, grid
+
+    assert DECODE_LENGTHS == (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+    cases = grid(["sdpa"], DECODE_LENGTHS, workload="decode")
+    assert [s.lk for _, s in cases] == list(DECODE_LENGTHS) and {s.lq for _, s in cases} == {1}
+
+
+def test_a_run_dir_older_than_workloads_resumes(tmp_path):
+    """A log whose header config has no workload (and whose case keys have no kv_heads) resumes as prefill."""
+    import json
+
+    from attnbench.runs import LOG, RunDirectory
+
+    run = write_good_run(tmp_path / "old")
+    lines = (run / LOG).read_text().splitlines()
+    header = json.loads(lines[0])
+    del header["config"]["workload"]
+    assert all("kv_heads" not in key for key in header["cases"])  # MHA case keys are what they were
+    (run / LOG).write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    cases = [(m.variant, m.spec) for m in measurements()]
+    with RunDirectory(run, resume=True) as rd:
+        todo = rd.start(MeasureConfig(), cases)
+    assert todo == []  # every case was already measured: nothing is redone
+    with RunDirectory(run, resume=True) as rd, pytest.raises(ValueError, match="workload"):
+        rd.start(MeasureConfig(workload="decode"), cases)  # a different workload is a different run
+
+
+def test_fits_stay_per_shape(tmp_path):
+    """A sweep crossing head dims and key/value heads is fitted once per (D, Hkv): GROUP separates them."""
+    from attnbench.analysis import complexity
+
+    ms = []
+    for d in (16, 32):
+        for hkv in (8, 2):
+            for n in (256, 512, 1024, 2048, 4096):
+                t = 1e-9 * n * n * d / hkv
+                ms.append(Measurement(variant="batched", spec=AttnSpec(seq_len=n, head_dim=d, kv_heads=hkv), status="ok",
+                                      samples=(t, t, t), runs=3, timing_method="wall"))
+    frame = load_run(write_run(tmp_path / "run", ms, MeasureConfig(), seconds=1.0, command=["test"]))
+    fits = complexity.fit_table(frame, metrics=("time",))
+    assert len(fits) == 4 and set(zip(fits.head_dim, fits.kv_heads, strict=True)) == {(16, 8), (16, 2), (32, 8), (32, 2)}
+    assert all(abs(s - 2.0) < 0.05 for s in fits["exponent"])

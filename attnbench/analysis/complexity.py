@@ -42,7 +42,10 @@ BOOTSTRAP = 2000
 SEED = 20240601  # fixed: the bootstrap interval must not change between processes
 TOLERANCE = 0.25
 MODEL = "model"  # the method label of predicted (not measured) values
-GROUP = ["source", "machine", "commit", "device", "mode", "dtype", "mask", "workload", "variant", "metric", "method"]
+GROUP = ["source", "machine", "commit", "device", "mode", "dtype", "mask", "batch", "heads", "kv_heads", "head_dim",
+         "workload", "variant", "metric", "method"]
+"""One fit per group: every shape setting but the swept length is held fixed (a sweep over head dims,
+batches or key/value heads gives one fit per value, never one line through several shapes)."""
 DECLARED = {"time": "time_exponent", "peak_tensor_bytes": "memory_exponent"}
 VERDICTS = ("matches", "steeper", "shallower", "inconclusive")
 DECODE_CAP = 1.0  # one query row over Lk keys: at most O(Lk) time and scratch, whatever the prefill exponent

@@ -253,14 +253,13 @@ def _asv_key_rows(res, key: str, bench: dict, common: dict, peak: float, path: P
     for combo, value, stat in zip(combos, values, stats, strict=True):
         case = dict(zip(names, (_decode(p) for p in combo), strict=True))
         try:
-            variant, seq_len = case.get("variant", ""), case.get("seq_len", 0)
-            device, mode = case.get("device", "cpu"), case.get("mode", "forward")
-            mask = case.get("mask", "none")  # older suites had no mask parameter: unmasked
-            if not isinstance(variant, str) or not variant or isinstance(seq_len, bool) or not isinstance(seq_len, int):
-                raise ValueError(f"variant {variant!r} / seq_len {seq_len!r}")
+            variant = case.get("variant", "")
+            length = case.get("seq_len_k", case.get("seq_len", 0))
+            if not isinstance(variant, str) or not variant or isinstance(length, bool) or not isinstance(length, int):
+                raise ValueError(f"variant {variant!r} / length {length!r}")
             if value is not None and not isinstance(value, (int, float)):
                 raise ValueError(f"value {value!r} is not a number")
-            spec = BASE_SPEC.replace(seq_len=seq_len, device=device, mode=mode, mask=mask)
+            spec, workload = contract.asv_case(key, case, BASE_SPEC)
         except (ValueError, TypeError) as exc:
             bad.append(f"{combo}: {_why(exc)}")
             continue
@@ -272,7 +271,7 @@ def _asv_key_rows(res, key: str, bench: dict, common: dict, peak: float, path: P
             return float(v) * factor if isinstance(v, (int, float)) else math.nan
 
         rows.append({
-            **common, "benchmark": key, "variant": variant, **_spec_columns(spec), "workload": "prefill", "metric": metric,
+            **common, "benchmark": key, "variant": variant, **_spec_columns(spec), "workload": workload, "metric": metric,
             "unit": UNITS[metric], "method": label or _asv_memory_method(variant, spec.device_type),
             "value": float(value) * factor if status == "ok" else math.nan, "spread": num("q_75") - num("q_25"),
             "ci_low": num("ci_99_a"), "ci_high": num("ci_99_b"), "status": status, "peak_gflops": peak, "peak_gbps": math.nan,
@@ -286,12 +285,15 @@ def _asv_key_rows(res, key: str, bench: dict, common: dict, peak: float, path: P
 def _mark_wrong(rows: list[dict]) -> None:
     """Every row of a case whose error ratio is above 1 becomes ``wrong`` (values kept as recorded)."""
     verdicts: dict[tuple, float] = {}
+
+    def case(r: dict) -> tuple:
+        return (r["variant"], r["seq_len"], r["seq_len_k"], r["kv_heads"], r["device"], r["mask"])
+
     for r in rows:
         if r["metric"] == "error_ratio" and r["status"] == "ok" and r["value"] > 1:
-            verdicts[(r["variant"], r["seq_len"], r["device"], r["mask"], r["mode"] if r["_mode_given"] else None)] = r["value"]
+            verdicts[(*case(r), r["mode"] if r["_mode_given"] else None)] = r["value"]
     for r in rows:
-        ratio = verdicts.get((r["variant"], r["seq_len"], r["device"], r["mask"], r["mode"]),
-                             verdicts.get((r["variant"], r["seq_len"], r["device"], r["mask"], None)))
+        ratio = verdicts.get((*case(r), r["mode"]), verdicts.get((*case(r), None)))
         if ratio is not None:
             r["status"], r["reason"] = "wrong", f"max error {ratio:.3g}x the tolerance"
         del r["_mode_given"]
