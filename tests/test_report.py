@@ -402,7 +402,7 @@ def test_tiny_runs_still_make_a_page(tmp_path, shape):
 
 # ---- prefill vs decode, and the roofline ---------------------------------------------------------
 def _decode_run(path: Path, decode_lengths=(1024, 2048, 4096, 8192, 16384, 32768, 65536),
-                prefill_lengths=(256, 512, 1024, 2048, 4096), peak_gbps: dict | None = None) -> Path:
+                prefill_lengths=(256, 512, 1024, 2048, 4096), peak_gbps: dict | None = None, commit: str = "") -> Path:
     """batched and sdpa: prefill time ~ L^2, decode time ~ bytes moved (so ~ Lk), with both roofs recorded."""
     from attnbench.measure import MeasureConfig
     from attnbench.measure.record import Environment, Measurement
@@ -410,7 +410,8 @@ def _decode_run(path: Path, decode_lengths=(1024, 2048, 4096, 8192, 16384, 32768
     from attnbench.runs import write_run
     from attnbench.spec import AttnSpec
 
-    env = Environment(hostname="box", python="3.11", torch="2.x", threads=1, cpu_model="cpu", cpu_count=2, device_name="cpu")
+    env = Environment(hostname="box", python="3.11", torch="2.x", threads=1, cpu_model="cpu", cpu_count=2, device_name="cpu",
+                      commit=commit)
     base = AttnSpec(batch=1, heads=8, head_dim=64)
     wobble = (1.0, 1.03, 0.98, 1.01, 0.99, 1.02, 1.0)
     rows = []
@@ -475,10 +476,11 @@ def test_the_roofline_without_a_recorded_bandwidth_draws_the_compute_roof_only(t
 
 
 def test_prefill_and_decode_from_two_runs_of_one_machine(tmp_path):
-    """A prefill sweep and a decode sweep are two run directories: the section and the finding read both."""
+    """A prefill sweep and a decode sweep are two run directories, made at two commits: the section and the finding read both."""
     from attnbench.report.html import analyse, load_results
 
-    runs = [_decode_run(tmp_path / "prefill", decode_lengths=()), _decode_run(tmp_path / "decode", prefill_lengths=())]
+    runs = [_decode_run(tmp_path / "prefill", decode_lengths=(), commit="a" * 40),
+            _decode_run(tmp_path / "decode", prefill_lengths=(), commit="b" * 40)]
     page = build_report(runs, tmp_path / "out").read_text()
     assert "Prefill vs decode" in page and (tmp_path / "out" / "figures" / "roofline.png").exists()
     decode = [f.text for f in analyse(load_results(runs)).findings if f.text.startswith("Decode")]

@@ -406,10 +406,10 @@ def findings(frame: pd.DataFrame, fits: pd.DataFrame, primary: dict[str, str],
     ok_time, ok_mem = ok[ok["metric"] == "time"], ok[ok["metric"] == "peak_tensor_bytes"]
     pfits = fits
     if len(fits):
-        pfits = fits[(fits["machine"].astype(str) == primary.get("machine")) & (fits["commit"].astype(str) == primary.get("commit"))
-                     & (fits["device"].astype(str) == primary.get("device"))
-                     & (fits["mode"].astype(str) == primary.get("mode")) & (fits["dtype"].astype(str) == primary.get("dtype"))
-                     & (fits["mask"].astype(str) == primary.get("mask"))]
+        pfits = _pair(fits, primary, _decode_commit(frame, primary))
+        pfits = pfits[(pfits["device"].astype(str) == primary.get("device"))
+                      & (pfits["mode"].astype(str) == primary.get("mode")) & (pfits["dtype"].astype(str) == primary.get("dtype"))
+                      & (pfits["mask"].astype(str) == primary.get("mask"))]
     dfits = pfits[pfits["workload"] == "decode"] if "workload" in pfits else pfits.iloc[0:0]
     pfits = pfits[pfits["workload"] == "prefill"] if "workload" in pfits else pfits
 
@@ -486,11 +486,30 @@ def findings(frame: pd.DataFrame, fits: pd.DataFrame, primary: dict[str, str],
     return tuple(out[:7])
 
 
+def _decode_commit(frame: pd.DataFrame, primary: dict[str, str]) -> str:
+    """The commit whose decode cases pair with the primary prefill ones: the primary commit when it ran
+    decode on the primary machine, else the machine's latest decode run (a decode sweep is often a later run)."""
+    if "workload" not in frame or not primary:
+        return primary.get("commit", "") if primary else ""
+    rows = frame[(frame["workload"] == "decode") & (frame["machine"].astype(str) == primary["machine"])]
+    if rows.empty or (rows["commit"].astype(str) == primary["commit"]).any():
+        return primary["commit"]
+    return str(rows.sort_values("run_date", na_position="first")["commit"].iloc[-1])
+
+
+def _pair(table: pd.DataFrame, primary: dict[str, str], decode_commit: str) -> pd.DataFrame:
+    """Rows (or fits) of the primary machine: prefill of the primary commit, decode of ``decode_commit``."""
+    if not primary or table.empty:
+        return table
+    decode = table["workload"] == "decode" if "workload" in table else pd.Series(False, index=table.index)
+    commit = table["commit"].astype(str)
+    return table[(table["machine"].astype(str) == primary["machine"])
+                 & ((~decode & (commit == primary["commit"])) | (decode & (commit == decode_commit)))]
+
+
 def _machine(frame: pd.DataFrame, primary: dict[str, str]) -> pd.DataFrame:
-    """The primary machine and commit, every run of them: a prefill sweep and a decode sweep are often two runs."""
-    if not primary:
-        return frame
-    return frame[(frame["machine"].astype(str) == primary["machine"]) & (frame["commit"].astype(str) == primary["commit"])]
+    """The primary machine's prefill and decode cases (:func:`_pair`): the two are often separate runs."""
+    return _pair(frame, primary, _decode_commit(frame, primary))
 
 
 def _decode_finding(frame: pd.DataFrame, dfits: pd.DataFrame, pfits: pd.DataFrame, primary: dict[str, str]) -> Finding | None:
@@ -715,10 +734,7 @@ def render(analysis: Analysis, out_dir: str | Path, title: str = "attnbench repo
         if cross:
             body.append('<h2 id="crossovers-h">Crossovers</h2>' + cross)
         same = _machine(frame, analysis.primary) if analysis.primary else frame  # prefill and decode may be two runs
-        same_fits = fits
-        if len(fits) and analysis.primary:
-            same_fits = fits[(fits["machine"].astype(str) == analysis.primary["machine"])
-                             & (fits["commit"].astype(str) == analysis.primary["commit"])]
+        same_fits = _pair(fits, analysis.primary, _decode_commit(frame, analysis.primary)) if analysis.primary else fits
         body.append(_prefill_decode_html(same, same_fits, fig_dir))
         body.append(_roofline_html(same, fig_dir))
     summary = analysis.summary
