@@ -272,7 +272,7 @@ def _fit_label(fits: pd.DataFrame | None, variant: str, metric: str, workload: s
         return "model"
     if not rec.get("conclusive", False) or not math.isfinite(rec["exponent"]):
         return "slope inconclusive"
-    return f"L^{rec['exponent']:.2f}"
+    return f"{'Lk' if workload == 'decode' else 'L'}^{rec['exponent']:.2f}"
 
 
 def progression(frame: pd.DataFrame, fits: pd.DataFrame | None = None, variants: tuple[str, ...] = PROGRESSION) -> plt.Figure | None:
