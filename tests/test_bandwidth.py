@@ -112,3 +112,20 @@ def test_the_run_manifest_carries_the_bandwidth_roof_into_the_frame(tmp_path):
                     peak_gflops={"float32": 10.0})
     assert load_run(old)["peak_gbps"].isna().all()  # not recorded: NaN, never a guess
 
+
+
+def test_a_run_whose_bandwidth_cannot_be_measured_still_runs(tmp_path, monkeypatch, capsys):
+    """Three arrays of 4x the LLC may not fit in memory: the sweep runs and records no bandwidth."""
+    from attnbench.measure import peak
+
+    monkeypatch.setenv("ATTNBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(peak, "matmul_peak", lambda device, dtype, refresh=False: 5e10)
+
+    def no_memory(device, refresh=False):
+        raise MemoryError("planted")
+
+    monkeypatch.setattr(bw, "bandwidth", no_memory)
+    code = cli.main(["run", "--variants", "batched", "--lengths", "32", "--no-probe", "--out", str(tmp_path / "run"),
+                     "--no-report", "--quiet", "--min-time", "0.01", "--min-runs", "1"])
+    assert code == 0 and "memory bandwidth not measured" in capsys.readouterr().err
+    assert json.loads((tmp_path / "run" / MANIFEST).read_text())["peak_gbps"] is None
