@@ -20,7 +20,10 @@ def check_qkv(
     *,
     same_qk_dim: bool = True,
 ) -> None:
-    """Validate ``q: (B, H, Lq, D)``, ``k: (B, H, Lk, D)``, ``v: (B, H, Lk, Dv)`` and a bool mask.
+    """Validate ``q: (B, H, Lq, D)``, ``k: (B, Hkv, Lk, D)``, ``v: (B, Hkv, Lk, Dv)`` and a bool mask.
+
+    ``Hkv`` (key/value heads) must divide ``H``: query head h reads key/value head ``h // (H // Hkv)``
+    (grouped-query attention; ``Hkv = H`` is multi-head attention, ``Hkv = 1`` multi-query).
 
     Args:
         q, k, v: attention inputs.
@@ -41,10 +44,10 @@ def check_qkv(
         raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    if q.shape[:2] != k.shape[:2] or k.shape[:2] != v.shape[:2]:
+    if q.shape[0] != k.shape[0] or k.shape[:2] != v.shape[:2] or q.shape[1] % k.shape[1]:
         raise ValueError(
-            "q, k, v must share batch and heads (B, H), got "
-            f"{tuple(q.shape[:2])}, {tuple(k.shape[:2])}, {tuple(v.shape[:2])}"
+            "q, k, v must share the batch B, and k and v one head count Hkv dividing q's H (grouped-query "
+            f"attention; Hkv = H for multi-head), got (B, H) {tuple(q.shape[:2])}, {tuple(k.shape[:2])}, {tuple(v.shape[:2])}"
         )
     if same_qk_dim and q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k must share head_dim D, got {q.shape[-1]} and {k.shape[-1]}")

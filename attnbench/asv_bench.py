@@ -21,6 +21,12 @@ The grid can be narrowed without editing code (the CI subset does this):
 ``ATTNBENCH_ASV_VARIANTS``, ``ATTNBENCH_ASV_LENGTHS``, ``ATTNBENCH_ASV_DEVICES``,
 ``ATTNBENCH_ASV_MODES``, ``ATTNBENCH_ASV_MASKS`` (comma-separated) and ``ATTNBENCH_ASV_MAX_CALL_S``; ``ATTNBENCH_ASV_BATCH``
 is for tests only (see :data:`BASE`).
+
+Two small classes sit beside the main grid: ``Decode`` (one query over a cache of 4K and 16K keys,
+time and achieved GB/s; ``ATTNBENCH_ASV_DECODE_LENGTHS`` narrows it) and ``GroupedQuery`` (prefill
+with H/4 key/value heads: time and peak tensor bytes), each for sdpa and batched unless
+``ATTNBENCH_ASV_VARIANTS`` names others. Their cases come from :func:`attnbench.contract.asv_case`,
+the rule the loader reads them back with.
 """
 
 from __future__ import annotations
@@ -77,21 +83,37 @@ MAX_CALL_SECONDS = float(os.environ.get(contract.ENV_MAX_CALL_S, str(contract.AS
 """Predicted seconds per call above which a case is n/a (keeps `asv run` within its budget)."""
 
 PARAMS: dict[str, list] = {"variant": VARIANTS, "seq_len": LENGTHS, "device": DEVICES, "mode": MODES, "mask": MASKS}
+SMALL_VARIANTS = _env_list(contract.ENV_VARIANTS, list(contract.ASV_SMALL_VARIANTS))
+DECODE_PARAMS: dict[str, list] = {
+    "variant": SMALL_VARIANTS,
+    "seq_len_k": _env_list(contract.ENV_DECODE_LENGTHS, list(contract.ASV_DECODE_LENGTHS), int),
+    "device": DEVICES,
+}
+"""The ``Decode`` class's grid: variant x cache length Lk x device (one query, forward)."""
+GQA_PARAMS: dict[str, list] = {
+    "variant": SMALL_VARIANTS,
+    "seq_len": _env_list(contract.ENV_LENGTHS, list(contract.ASV_GQA_LENGTHS), int),
+    "device": DEVICES,
+}
+"""The ``GroupedQuery`` class's grid: variant x L x device (H/4 key/value heads, forward)."""
 
 
-def params(*names: str) -> tuple[list[list], list[str]]:
+def params(*names: str, table: dict[str, list] | None = None) -> tuple[list[list], list[str]]:
     """``(params, param_names)`` for an asv class, generated from one table so they cannot drift.
 
     Args:
-        names: a subset of ``PARAMS`` keys, in order (default: all of them).
+        names: a subset of the table's keys, in order (default: all of them).
+        table: ``PARAMS`` (default), ``DECODE_PARAMS`` or ``GQA_PARAMS``.
     """
-    names = names or tuple(PARAMS)
-    return [list(PARAMS[n]) for n in names], list(names)
+    table = PARAMS if table is None else table
+    names = names or tuple(table)
+    return [list(table[n]) for n in names], list(names)
 
 
 def spec_for(variant: str, seq_len: int, device: str, mode: str, mask: str = "none") -> AttnSpec:
     """The case one parameter set names (the mask is the last parameter)."""
-    return BASE.replace(seq_len=seq_len, device=device, mode=mode, mask=mask)
+    case = {"seq_len": seq_len, "device": device, "mode": mode, "mask": mask}
+    return contract.asv_case(contract.TIME_BENCHMARK, case, BASE)[0]
 
 
 GATE_CONFIG = runner.MeasureConfig()
@@ -112,14 +134,19 @@ class Prepared:
     note: str  # why the case is not checked ("" when it is)
 
 
-@functools.lru_cache(maxsize=8)
 def prepare(variant: str, seq_len: int, device: str, mode: str = "forward", mask: str = "none") -> Prepared:
     """Guard, inputs, the first (warm-up) call of the timed closure and the gate on its result.
 
     Raises:
         NotImplementedError: the case is n/a here (unsupported, or over the time or memory budget).
     """
-    spec = spec_for(variant, seq_len, device, mode, mask)
+    return prepare_spec(variant, spec_for(variant, seq_len, device, mode, mask))
+
+
+@functools.lru_cache(maxsize=8)
+def prepare_spec(variant: str, spec: AttnSpec) -> Prepared:
+    """:func:`prepare` for any case (the decode and GQA classes name theirs through ``contract.asv_case``)."""
+    device = spec.device
     impl = get_variant(variant)
     reasons = impl.not_supported_reasons(spec)
     plan = runner.check_plan(impl, spec, GATE_CONFIG)
@@ -148,10 +175,40 @@ def case(
         NotImplementedError: n/a (see :func:`prepare`).
         WrongResult: the closure's result failed the correctness gate (asv: failed, never a time).
     """
-    prepared = prepare(variant, seq_len, device, mode, mask)
+    return _gated(variant, spec_for(variant, seq_len, device, mode, mask))
+
+
+def _gated(variant: str, spec: AttnSpec) -> tuple[Callable[[], object], AttnSpec]:
+    prepared = prepare_spec(variant, spec)
     if prepared.checked is not None and not prepared.checked.passed:
         raise WrongResult(f"{variant} {prepared.spec.label}: {prepared.checked.reason()}")
     return prepared.call, prepared.spec
+
+
+def decode_case(variant: str, seq_len_k: int, device: str) -> tuple[Callable[[], object], AttnSpec]:
+    """The gated call of one ``Decode`` parameter set (raises as :func:`case` does)."""
+    spec, _ = contract.asv_case(contract.DECODE_TIME_BENCHMARK, {"seq_len_k": seq_len_k, "device": device}, BASE)
+    return _gated(variant, spec)
+
+
+def decode_gbps(variant: str, seq_len_k: int, device: str) -> float:
+    """Achieved GB/s of a decode step: ``AttnSpec.bytes_moved`` (k, v and q read, output written) / median time."""
+    call, spec = decode_case(variant, seq_len_k, device)
+    samples, _ = time_call(call, spec.device, TimerConfig(min_runs=5, min_time=0.1, max_time=2.0))
+    return spec.bytes_moved / statistics.median(samples) / 1e9
+
+
+def gqa_case(variant: str, seq_len: int, device: str) -> tuple[Callable[[], object], AttnSpec]:
+    """The gated call of one ``GroupedQuery`` parameter set (raises as :func:`case` does)."""
+    spec, _ = contract.asv_case(contract.GQA_TIME_BENCHMARK, {"seq_len": seq_len, "device": device}, BASE)
+    return _gated(variant, spec)
+
+
+def gqa_peak_tensor_bytes(variant: str, seq_len: int, device: str) -> float:
+    """Peak tensor bytes above the inputs of a GQA case (the runner's method, as :func:`peak_tensor_bytes`)."""
+    call, spec = gqa_case(variant, seq_len, device)
+    call()  # warm caches outside the measured call
+    return runner.peak_tensor_bytes(get_variant(variant), spec, call)[0]
 
 
 def peak_tensor_bytes(variant: str, seq_len: int, device: str, mode: str, mask: str = "none") -> float:

@@ -5,7 +5,7 @@ run is decided by one function of a small frozen :class:`CallInfo`, so a planned
 :class:`~attnbench.spec.AttnSpec`) and a concrete call (tensors) can never be judged by two
 different rule sets.
 
-Letters: B batch, H heads, Lq queries, Lk keys, D query/key head dim, Dv value head dim.
+Letters: B batch, H query heads, Hkv key/value heads, Lq queries, Lk keys, D query/key head dim, Dv value head dim.
 """
 
 from __future__ import annotations
@@ -36,6 +36,12 @@ class CallInfo:
     mask_kinds: frozenset[str]  # mask kinds the call needs (masks.MASK_KINDS names)
     backward: bool  # a backward pass is wanted (spec mode "backward", or inputs requiring grad)
     last_dim_contiguous: bool = True  # q, k and v all have stride 1 along the head dim
+    kv_heads: int | None = None  # Hkv, key/value heads (grouped-query attention); None means Hkv = H
+
+    @property
+    def hkv(self) -> int:
+        """Key/value heads (H when :attr:`kv_heads` is unset)."""
+        return self.heads if self.kv_heads is None else self.kv_heads
 
     @classmethod
     def from_spec(cls, spec: AttnSpec) -> CallInfo:
@@ -43,7 +49,7 @@ class CallInfo:
         return cls(
             device=spec.device_type, dtype=spec.dtype, batch=spec.batch, heads=spec.heads,
             lq=spec.lq, lk=spec.lk, d=spec.head_dim, dv=spec.dv,
-            mask_kinds=frozenset({spec.mask}), backward=spec.mode == "backward",
+            mask_kinds=frozenset({spec.mask}), backward=spec.mode == "backward", kv_heads=spec.hkv,
         )
 
     @classmethod
@@ -73,4 +79,5 @@ class CallInfo:
             mask_kinds=kinds,
             backward=torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)),
             last_dim_contiguous=all(t.stride(-1) == 1 or t.shape[-1] == 1 for t in (q, k, v)),
+            kv_heads=k.shape[1],
         )

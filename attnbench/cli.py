@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench import masks
+from attnbench.contract import WORKLOADS
 from attnbench.registry import get_variant, variant_names
 from attnbench.spec import DTYPES, MODES, AttnSpec
 
@@ -102,6 +103,10 @@ def _factor(text: str) -> float:
         raise argparse.ArgumentTypeError(f"must be a finite number > 1, got {text!r}") from None
 
 
+class _DefaultList(list):
+    """A list option's default, told apart from the same values given on the command line."""
+
+
 def _device(text: str) -> str:
     if not _DEVICE.match(text):
         raise argparse.ArgumentTypeError(f"invalid device {text!r}; choose from cpu, cuda, cuda:N")
@@ -158,6 +163,7 @@ def _run_config(args: argparse.Namespace):
         check_accuracy=not args.no_check,
         probe=not args.no_probe,
         retries=args.retries,
+        workload=args.workload,
     )
 
 
@@ -195,7 +201,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     from attnbench.measure import sweep
     from attnbench.measure.peak import matmul_peak
     from attnbench.measure.worker import WorkerPool
-    from attnbench.runs import RunDirectory, RunDirError, empty_grid_reason, grid, new_run_dir, summary_table
+    from attnbench.runs import (
+        DECODE_LENGTHS,
+        RunDirectory,
+        RunDirError,
+        empty_grid_reason,
+        grid,
+        new_run_dir,
+        summary_table,
+    )
 
     if args.resume and not args.out:
         return _usage("--resume needs --out DIR (the run directory to continue)")
@@ -203,9 +217,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     if missing:
         return _usage(missing)
     try:  # every argument is validated here, before any measurement
-        base = AttnSpec(batch=args.batch, heads=args.heads, head_dim=args.head_dim, device=args.device)
+        bad_kv = [h for h in args.kv_heads or [] if args.heads % h]
+        if bad_kv:
+            raise ValueError(f"--kv-heads {', '.join(map(str, bad_kv))} must divide --heads {args.heads} "
+                             "(each key/value head serves H / Hkv query heads)")
+        if args.workload == "prefill" and args.q_len != 1:
+            raise ValueError("--q-len is the decode workload's query count: add --workload decode")
+        if args.workload == "decode" and isinstance(args.lengths, _DefaultList):
+            args.lengths = list(DECODE_LENGTHS)
+        base = AttnSpec(heads=args.heads, device=args.device)
         cases = grid(args.variants, args.lengths, base, modes=args.modes, masks=args.masks,
-                     dtypes=args.dtypes, limit_slow=not args.no_limit)
+                     dtypes=args.dtypes, limit_slow=not args.no_limit, workload=args.workload, q_len=args.q_len,
+                     head_dims=args.head_dims, batches=args.batches, kv_heads=args.kv_heads)
         config = _run_config(args)
     except (ValueError, TypeError) as exc:
         return _usage(str(exc))
@@ -223,11 +246,19 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_in(args, run_dir, cases, config, tqdm, sweep, matmul_peak, WorkerPool, RunDirError, summary_table) -> int:
     from attnbench.measure import regime
+    from attnbench.measure.bandwidth import bandwidth
 
     regime.apply(regime.Regime(threads=config.threads))  # the peak recorded below is the workers' threads' peak
     peak = {dtype: matmul_peak(args.device, dtype) / 1e9 for dtype in args.dtypes}
     try:
-        todo = run_dir.start(config, cases, command=sys.argv, peak_gflops=peak)
+        bw = bandwidth(args.device)
+        peak_gbps = {"copy": bw.copy / 1e9, "triad": bw.triad / 1e9}  # the bandwidth roof (triad) beside the FLOP/s roof
+    except (RuntimeError, MemoryError) as exc:  # three arrays of 4x the LLC may not fit: the sweep still runs
+        peak_gbps = None
+        print(f"note: memory bandwidth not measured ({type(exc).__name__}: {str(exc)[:120]}); "
+              "the report draws no bandwidth roof", file=sys.stderr)
+    try:
+        todo = run_dir.start(config, cases, command=sys.argv, peak_gflops=peak, peak_gbps=peak_gbps)
     except RunDirError as exc:
         return _usage(str(exc))
     for note in run_dir.notes:
@@ -239,7 +270,7 @@ def _run_in(args, run_dir, cases, config, tqdm, sweep, matmul_peak, WorkerPool, 
                disable=args.quiet)
 
     def progress(i: int, total: int, name: str, spec: AttnSpec) -> None:
-        bar.set_description(f"{name} L={spec.lq} {spec.mode}")
+        bar.set_description(f"{name} {spec.label}")
         bar.n = done_before + i
         bar.refresh()
 
@@ -378,13 +409,22 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def cmd_peak(args: argparse.Namespace) -> int:
+    from attnbench.measure import regime
+    from attnbench.measure.bandwidth import WORDS, bandwidth
     from attnbench.measure.peak import matmul_peak
 
     missing = _cuda_missing(args.device)
     if missing:
         return _usage(missing)
+    regime.apply(regime.Regime(threads=args.threads))  # the roofs of the threads a sweep measures with
     rate = matmul_peak(args.device, args.dtype, refresh=True)
-    print(f"{args.device} {args.dtype} matmul: {rate / 1e9:.1f} GFLOP/s")
+    print(f"{args.device} {args.dtype} matmul: {rate / 1e9:.1f} GFLOP/s ({args.threads} thread{'s' if args.threads > 1 else ''})")
+    if args.no_bandwidth:
+        return 0
+    bw = bandwidth(args.device, refresh=True)
+    print(f"{args.device} memory bandwidth: copy {bw.copy / 1e9:.1f} GB/s, triad {bw.triad / 1e9:.1f} GB/s "
+          f"(STREAM's count: copy {WORDS['copy']}, triad {WORDS['triad']} float32 words per element; "
+          f"arrays of {bw.array_bytes / 2**20:.0f} MiB; the roofline uses triad)")
     return 0
 
 
@@ -412,14 +452,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_list)
 
     from attnbench.measure.regime import DEFAULT_THREADS
-    from attnbench.runs import DEFAULT_LENGTHS
+    from attnbench.runs import DECODE_LENGTHS, DEFAULT_LENGTHS
 
     p = sub.add_parser("run", help="sweep variants x sequence lengths and write measurements (+ report)",
                        formatter_class=_Formatter)
     p.add_argument("--variants", type=_list(str, "variant name", variant_names, "unknown variant(s)", "known:"), default=None,
                    help="comma-separated variant names (default: every variant in the default sweep)")
-    p.add_argument("--lengths", type=_list(_length, "length (an integer >= 1)"), default=list(DEFAULT_LENGTHS),
-                   help="comma-separated sequence lengths")
+    p.add_argument("--workload", choices=list(WORKLOADS), default="prefill",
+                   help="prefill: L queries over L keys, swept along L; decode: --q-len queries over a cache of "
+                        "Lk keys, swept along Lk (memory-bound; reports GB/s)")
+    p.add_argument("--lengths", type=_list(_length, "length (an integer >= 1)"), default=_DefaultList(DEFAULT_LENGTHS),
+                   help="comma-separated lengths: L for prefill, the cache length Lk for decode "
+                        f"(decode's default: {DECODE_LENGTHS[0]} .. {DECODE_LENGTHS[-1]}, powers of 2)")
+    p.add_argument("--q-len", type=_int_at_least(1, "q_len"), default=1,
+                   help="decode: queries per step Lq (1 per generated token; more for speculative decoding)")
     p.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--dtypes", "--dtype", dest="dtypes", type=_list(str, "dtype", _dtype_choices), default=["float32"],
                    help=f"comma-separated from {', '.join(DTYPES)}")
@@ -427,9 +473,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated from {', '.join(MODES)}")
     p.add_argument("--masks", type=_list(str, "mask kind", lambda: masks.MASK_KINDS), default=["none"],
                    help=f"comma-separated from {', '.join(masks.MASK_KINDS)}")
-    p.add_argument("--batch", type=_int_at_least(1, "batch"), default=1, help="batch size B")
-    p.add_argument("--heads", type=_int_at_least(1, "heads"), default=8, help="heads H")
-    p.add_argument("--head-dim", type=_int_at_least(1, "head_dim"), default=64, help="head dimension D")
+    p.add_argument("--batches", "--batch", dest="batches", type=_list(_int_at_least(1, "batch"), "batch size"),
+                   default=[1], help="comma-separated batch sizes B (every combination is a case)")
+    p.add_argument("--heads", type=_int_at_least(1, "heads"), default=8, help="(query) heads H")
+    p.add_argument("--kv-heads", type=_list(_int_at_least(1, "kv_heads"), "key/value head count"), default=None,
+                   help="comma-separated key/value head counts Hkv, each dividing --heads (grouped-query "
+                        "attention; 1 is multi-query; default: Hkv = H)")
+    p.add_argument("--head-dims", "--head-dim", dest="head_dims", type=_list(_int_at_least(1, "head_dim"), "head dimension"),
+                   default=[64], help="comma-separated head dimensions D")
     p.add_argument("--threads", type=_int_at_least(1, "threads"), default=DEFAULT_THREADS,
                    help="torch threads in every worker (1 by default: a second thread stalls whenever another "
                         "process takes its core)")
@@ -494,9 +545,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="results and asv.log go here (relative to the current directory)")
     p.set_defaults(func=cmd_regress)
 
-    p = sub.add_parser("peak", help="measure this machine's matmul FLOP/s (cached for reports)", formatter_class=_Formatter)
+    p = sub.add_parser("peak", help="measure this machine's matmul FLOP/s and memory bandwidth (cached for reports)",
+                       formatter_class=_Formatter)
     p.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    p.add_argument("--threads", type=_int_at_least(1, "threads"), default=DEFAULT_THREADS,
+                   help="torch threads (as attnbench run's --threads: the roofs of that sweep)")
+    p.add_argument("--no-bandwidth", action="store_true", help="measure the matmul peak only")
     p.set_defaults(func=cmd_peak)
 
     p = sub.add_parser("publish", help="asv publish, made to work offline (no CDN): graphs from a file or a local server",

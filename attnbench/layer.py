@@ -7,7 +7,14 @@ Its parameters carry the names and shapes of ``torch.nn.MultiheadAttention``'s, 
 * otherwise: ``q_proj_weight (E, E)``, ``k_proj_weight (E, kdim)``, ``v_proj_weight (E, vdim)``;
 * with ``bias``: ``in_proj_bias (3E,)`` and ``out_proj.bias``; always ``out_proj.weight (E, E)``.
 
-Letters: B batch, H heads, L length, E embed_dim, Dh = E / H.
+Grouped-query attention (``kv_heads`` Hkv < H) projects keys and values to ``Hkv * Dh`` features
+only: ``q_proj_weight (E, E)``, ``k_proj_weight (Hkv*Dh, kdim)``, ``v_proj_weight (Hkv*Dh, vdim)``
+and ``in_proj_bias (E + 2*Hkv*Dh,)``. The names stay ``nn.MultiheadAttention``'s but the shapes
+cannot (it has no key/value head count), so such a state_dict does not load into one, nor one of
+its into this layer: ``load_state_dict`` raises its size-mismatch error. With ``kv_heads`` equal to
+H (the default) the layer is exactly the multi-head one above.
+
+Letters: B batch, H query heads, Hkv key/value heads, L length, E embed_dim, Dh = E / H.
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ class AttentionLayer(nn.Module):
         batch_first: inputs are ``(B, L, E)`` when True, ``(L, B, E)`` otherwise.
         kdim: key feature size (default E).
         vdim: value feature size (default E).
+        kv_heads: key/value heads Hkv (grouped-query attention; must divide ``num_heads``; default
+            H). The core must declare grouped-query support, else its first call raises the reason.
 
     Example:
         >>> layer = AttentionLayer(64, 4, variant="chunked")
@@ -49,6 +58,7 @@ class AttentionLayer(nn.Module):
         batch_first: bool = True,
         kdim: int | None = None,
         vdim: int | None = None,
+        kv_heads: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -57,6 +67,9 @@ class AttentionLayer(nn.Module):
         check_positive_int("num_heads", num_heads)
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
+        self.kv_heads = num_heads if kv_heads is None else check_positive_int("kv_heads", kv_heads)
+        if num_heads % self.kv_heads:
+            raise ValueError(f"kv_heads ({self.kv_heads}) must divide num_heads ({num_heads})")
         self.kdim = embed_dim if kdim is None else check_positive_int("kdim", kdim)
         self.vdim = embed_dim if vdim is None else check_positive_int("vdim", vdim)
         if isinstance(variant, str):
@@ -65,16 +78,17 @@ class AttentionLayer(nn.Module):
             raise TypeError(f"variant must be a registered name or a Variant, got {type(variant).__name__}")
         self.core = variant
         self.embed_dim, self.num_heads, self.batch_first = embed_dim, num_heads, batch_first
-        self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim
+        self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim and self.kv_heads == num_heads
         factory = {"device": device, "dtype": dtype}
         e = embed_dim
+        e_kv = self.kv_heads * (e // num_heads)  # Hkv * Dh: key/value projection width
         if self._qkv_same_embed_dim:
             self.in_proj_weight = nn.Parameter(torch.empty(3 * e, e, **factory))
         else:
             self.q_proj_weight = nn.Parameter(torch.empty(e, e, **factory))
-            self.k_proj_weight = nn.Parameter(torch.empty(e, self.kdim, **factory))
-            self.v_proj_weight = nn.Parameter(torch.empty(e, self.vdim, **factory))
-        self.in_proj_bias = nn.Parameter(torch.empty(3 * e, **factory)) if bias else None
+            self.k_proj_weight = nn.Parameter(torch.empty(e_kv, self.kdim, **factory))
+            self.v_proj_weight = nn.Parameter(torch.empty(e_kv, self.vdim, **factory))
+        self.in_proj_bias = nn.Parameter(torch.empty(e + 2 * e_kv, **factory)) if bias else None
         self.out_proj = nn.Linear(e, e, bias=bias, **factory)
         self.reset_parameters()
 
@@ -121,10 +135,11 @@ class AttentionLayer(nn.Module):
         if not self.batch_first:
             query, key, value = (t.transpose(0, 1) for t in (query, key, value))
         w_q, w_k, w_v = self._weights()
-        b_q, b_k, b_v = (None, None, None) if self.in_proj_bias is None else self.in_proj_bias.chunk(3)
-        h = self.num_heads
+        sizes = [w_q.shape[0], w_k.shape[0], w_v.shape[0]]  # E, Hkv*Dh, Hkv*Dh
+        b_q, b_k, b_v = (None, None, None) if self.in_proj_bias is None else self.in_proj_bias.split(sizes)
+        h, hkv = self.num_heads, self.kv_heads
         q = split_heads(F.linear(query, w_q, b_q), h)  # (B, H, Lq, Dh)
-        k = split_heads(F.linear(key, w_k, b_k), h)  # (B, H, Lk, Dh)
-        v = split_heads(F.linear(value, w_v, b_v), h)  # (B, H, Lk, Dh)
+        k = split_heads(F.linear(key, w_k, b_k), hkv)  # (B, Hkv, Lk, Dh)
+        v = split_heads(F.linear(value, w_v, b_v), hkv)  # (B, Hkv, Lk, Dh)
         out = self.out_proj(merge_heads(self.core(q, k, v, mask)))  # (B, Lq, E)
         return out if self.batch_first else out.transpose(0, 1)

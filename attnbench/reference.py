@@ -1,6 +1,7 @@
 """Float64 ground truth: the slow, obviously right version every variant is checked against.
 
-Letters: B batch, H heads, Lq queries, Lk keys, D query/key head dim, Dv value head dim.
+Letters: B batch, H query heads, Hkv key/value heads, G = H // Hkv, Lq queries, Lk keys,
+D query/key head dim, Dv value head dim.
 """
 
 from __future__ import annotations
@@ -10,6 +11,24 @@ import math
 import torch
 
 from attnbench._checks import check_qkv, check_scale
+
+
+def repeat_kv(k: torch.Tensor, v: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``k (B, Hkv, Lk, D)`` and ``v (B, Hkv, Lk, Dv)`` with each head repeated for its G query heads.
+
+    Query head h reads key/value head ``h // G`` (``repeat_interleave``: the convention of SDPA's
+    ``enable_gqa``). Returns the inputs themselves when ``Hkv == heads`` (no copy); otherwise the
+    copies hold ``B * H * Lk * (D + Dv)`` elements, which a variant that repeats declares in its cost model.
+
+    Args:
+        k: keys ``(B, Hkv, Lk, D)``.
+        v: values ``(B, Hkv, Lk, Dv)``.
+        heads: H, the number of query heads (a multiple of Hkv).
+    """
+    group = heads // k.shape[1]
+    if group == 1:
+        return k, v
+    return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, H, Lk, D), (B, H, Lk, Dv)
 
 
 def _weighted_sum(weights: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
@@ -99,8 +118,8 @@ def reference_attention(
 
     Args:
         q: ``(B, H, Lq, D)`` queries.
-        k: ``(B, H, Lk, D)`` keys.
-        v: ``(B, H, Lk, Dv)`` values.
+        k: ``(B, Hkv, Lk, D)`` keys (Hkv divides H; query head h reads key head ``h // (H // Hkv)``).
+        v: ``(B, Hkv, Lk, Dv)`` values.
         mask: bool, broadcastable to ``(B, H, Lq, Lk)``; True = may attend. Rows with no allowed
             key return zeros.
         scale: score multiplier; default ``1 / sqrt(D)``.
@@ -117,5 +136,6 @@ def reference_attention(
     check_qkv(q, k, v, mask)
     scale = check_scale(scale)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    k, v = repeat_kv(k, v, q.shape[1])  # (B, H, Lk, D), (B, H, Lk, Dv)
     scores = torch.einsum("bhqd,bhkd->bhqk", q.to(dtype), k.to(dtype)) * scale  # (B, H, Lq, Lk)
     return attend(scores, v, mask, dtype)

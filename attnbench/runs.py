@@ -32,6 +32,7 @@ from typing import Any
 
 import pandas as pd
 
+from attnbench.contract import SWEPT_LENGTH, WORKLOADS
 from attnbench.io import atomic_write, atomic_write_text
 from attnbench.measure.record import Environment, Measurement
 from attnbench.measure.runner import MeasureConfig, default_lengths
@@ -39,6 +40,9 @@ from attnbench.registry import get_variant, variant_names
 from attnbench.spec import AttnSpec
 
 DEFAULT_LENGTHS: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048, 4096)
+DECODE_LENGTHS: tuple[int, ...] = tuple(2**p for p in range(10, 18))
+"""The decode workload's default key/value cache lengths Lk: 1K .. 128K (the guard skips what does not fit)."""
+DEFAULT_LENGTHS_FOR: dict[str, tuple[int, ...]] = {"prefill": DEFAULT_LENGTHS, "decode": DECODE_LENGTHS}
 MEASUREMENTS = "measurements.csv"
 MANIFEST = "manifest.json"
 LOG = "cases.jsonl"
@@ -58,29 +62,58 @@ def grid(
     dtypes: Sequence[str] | None = None,
     devices: Sequence[str] | None = None,
     limit_slow: bool = True,
+    *,
+    workload: str = "prefill",
+    q_len: int = 1,
+    head_dims: Sequence[int] | None = None,
+    batches: Sequence[int] | None = None,
+    kv_heads: Sequence[int | None] | None = None,
 ) -> list[tuple[str, AttnSpec]]:
-    """Cases for every variant x length x mode x mask x dtype x device.
+    """Cases for every variant x head dim x batch x kv heads x device x dtype x mode x mask x length.
 
     ``variants=None`` means every registered variant in the default sweep (compiled variants, which
     recompile per shape, are opt-in by name).
 
     ``limit_slow`` keeps interpreter-bound variants (``loop``) to the lengths they can finish in
     seconds; pass False to sweep them everywhere (the time guard still applies).
+
+    Args:
+        workload: ``"prefill"`` (``lengths`` are L = Lq = Lk) or ``"decode"`` (``lengths`` are the
+            cache length Lk, with ``q_len`` queries: 1 per generated token, a few for speculative
+            decoding); see ``contract.SWEPT_LENGTH``.
+        q_len: decode's Lq (ignored by prefill).
+        head_dims, batches, kv_heads: values of D, B and Hkv to cross (None: the base spec's;
+            a kv_heads entry of None means Hkv = H).
+
+    Raises:
+        ValueError: an unknown workload, or a shape the spec rejects (e.g. kv_heads not dividing heads).
     """
+    if workload not in WORKLOADS:
+        raise ValueError(f"workload must be one of {WORKLOADS}, got {workload!r}")
     base = base or AttnSpec()
     names = list(variants) if variants else [n for n in variant_names() if get_variant(n).IN_DEFAULT_SWEEP]
+    shapes = [base.replace(head_dim=d, batch=b, kv_heads=h)
+              for d in head_dims or [base.head_dim] for b in batches or [base.batch]
+              for h in kv_heads or [base.kv_heads]]
     cases = []
     for name in names:
         variant = get_variant(name)
         lens = default_lengths(variant, lengths) if limit_slow else list(lengths)
-        for device in devices or [base.device]:
-            for dtype in dtypes or [base.dtype]:
-                for mode in modes:
-                    for mask in masks:
-                        for n in lens:
-                            spec = base.replace(seq_len=n, mode=mode, mask=mask, dtype=dtype, device=device)
-                            cases.append((name, spec))
+        for shape in shapes:
+            for device in devices or [base.device]:
+                for dtype in dtypes or [base.dtype]:
+                    for mode in modes:
+                        for mask in masks:
+                            for n in lens:
+                                lengths_of = {"seq_len": n} if workload == "prefill" else {"seq_len": q_len, "seq_len_k": n}
+                                spec = shape.replace(**lengths_of, mode=mode, mask=mask, dtype=dtype, device=device)
+                                cases.append((name, spec))
     return cases
+
+
+def swept_length(spec: AttnSpec, workload: str) -> int:
+    """The length a workload sweeps (``contract.SWEPT_LENGTH``): L for prefill, the cache length Lk for decode."""
+    return spec.lk if SWEPT_LENGTH[workload] == "seq_len_k" else spec.lq
 
 
 def to_frame(measurements: Sequence[Measurement]) -> pd.DataFrame:
@@ -108,9 +141,15 @@ def empty_grid_reason(variants: Sequence[str] | None, lengths: Sequence[int], li
     return "the grid is empty"
 
 
+_LATER_FIELDS = {"kv_heads": None}
+"""Spec fields added after run logs existed, and their defaults: left out of a key at that default,
+so a log written before them keeps its case keys (and can be resumed)."""
+
+
 def case_key(variant: str, spec: AttnSpec) -> str:
     """Stable identity of a case across processes and sessions (sorted JSON of name and spec)."""
-    return json.dumps([variant, dataclasses.asdict(spec)], sort_keys=True)
+    fields = {k: v for k, v in dataclasses.asdict(spec).items() if k not in _LATER_FIELDS or v != _LATER_FIELDS[k]}
+    return json.dumps([variant, fields], sort_keys=True)
 
 
 def _jsonable(value: Any) -> Any:
@@ -202,7 +241,8 @@ def _diff_config(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> 
 
 def _case_label(key: str) -> str:
     name, spec = json.loads(key)
-    return f"{name} L={spec['seq_len']} {spec['dtype']} {spec['mode']} {spec['mask']} {spec['device']}"
+    lens = f"L={spec['seq_len']}" if spec.get("seq_len_k") is None else f"Lq={spec['seq_len']} Lk={spec['seq_len_k']}"
+    return f"{name} {lens} {spec['dtype']} {spec['mode']} {spec['mask']} {spec['device']}"
 
 
 class RunDirectory:
@@ -279,6 +319,7 @@ class RunDirectory:
         *,
         command: Sequence[str] | None = None,
         peak_gflops: dict[str, float] | None = None,
+        peak_gbps: dict[str, float] | None = None,
     ) -> list[tuple[str, AttnSpec]]:
         """Write (or, resuming, check) the header; return the cases still to measure, in order.
 
@@ -293,7 +334,10 @@ class RunDirectory:
             self.notes.extend(self.log.notes)
         if self.log.header is not None:
             old = self.log.header
-            problems = _diff_config(old.get("config", {}), conf)
+            # a setting added since the log was written had its default then (e.g. workload "prefill")
+            defaults = config_json(MeasureConfig())
+            old_conf = {**{k: v for k, v in defaults.items() if k not in old.get("config", {})}, **old.get("config", {})}
+            problems = _diff_config(old_conf, conf)
             old_keys = old.get("cases", [])
             if sorted(old_keys) != sorted(keys):
                 added = [k for k in keys if k not in set(old_keys)]
@@ -312,6 +356,7 @@ class RunDirectory:
                 "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                 "command": list(command if command is not None else sys.argv),
                 "config": conf, "cases": keys, "planned": len(keys), "peak_gflops": peak_gflops,
+                "peak_gbps": peak_gbps,
             }
             self._append_line(self.header, fresh=not log_path.exists() or log_path.stat().st_size == 0)
         before = 0.0
@@ -326,6 +371,7 @@ class RunDirectory:
                 done[key] = m  # a case logged twice (never by this code) keeps its last row
         self.measurements = list(done.values())
         self._peak = peak_gflops if peak_gflops is not None else self.header.get("peak_gflops")
+        self._peak_gbps = peak_gbps if peak_gbps is not None else self.header.get("peak_gbps")
         return [(n, s) for (n, s), k in zip(cases, keys, strict=True) if k not in done]
 
     def _append_line(self, item: dict[str, Any], fresh: bool = False) -> None:
@@ -363,7 +409,8 @@ class RunDirectory:
     def write_derived(self, *, seconds: float | None = None) -> Path:
         """Rewrite ``measurements.csv`` and ``manifest.json`` from the cases logged so far."""
         total = self.header.get("seconds_before", 0.0) + (seconds or 0.0)
-        _write_derived(self.path, self.measurements, self.header, seconds=total, peak_gflops=self._peak)
+        _write_derived(self.path, self.measurements, self.header, seconds=total, peak_gflops=self._peak,
+                       peak_gbps=self._peak_gbps)
         return self.path
 
     def finish(self, seconds: float) -> None:
@@ -395,6 +442,7 @@ def _write_derived(
     *,
     seconds: float,
     peak_gflops: dict[str, float] | None,
+    peak_gbps: dict[str, float] | None = None,
 ) -> None:
     frame = to_frame(measurements)
     atomic_write(run_dir / MEASUREMENTS, lambda tmp: frame.to_csv(tmp, index=False))
@@ -406,6 +454,7 @@ def _write_derived(
         "command": header.get("command", list(sys.argv)),
         "seconds": round(seconds, 2),
         "peak_gflops": peak_gflops,
+        "peak_gbps": peak_gbps,
         "cases": len(measurements),
         "planned": planned,
         "complete": len(measurements) >= planned,
@@ -425,11 +474,13 @@ def write_run(
     seconds: float,
     command: Sequence[str] | None = None,
     peak_gflops: dict[str, float] | None = None,
+    peak_gbps: dict[str, float] | None = None,
 ) -> Path:
     """Write a complete run directory for finished ``measurements`` (library use; the CLI logs as it goes).
 
     Writes ``cases.jsonl``, then ``measurements.csv`` and ``manifest.json`` atomically.
-    ``peak_gflops`` maps dtype -> this machine's matmul GFLOP/s (the roof for % of peak).
+    ``peak_gflops`` maps dtype -> this machine's matmul GFLOP/s (the roof for % of peak);
+    ``peak_gbps`` its measured memory bandwidth in GB/s, ``{"copy": ..., "triad": ...}`` (triad is the roofline's roof).
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -439,10 +490,11 @@ def write_run(
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": list(command if command is not None else sys.argv),
         "config": config_json(config), "cases": keys, "planned": len(keys), "peak_gflops": peak_gflops,
+        "peak_gbps": peak_gbps,
     }
     lines = [json.dumps(header)] + [json.dumps({"kind": "case", "measurement": measurement_to_json(m)}) for m in measurements]
     atomic_write_text(run_dir / LOG, "\n".join(lines) + "\n")
-    _write_derived(run_dir, measurements, header, seconds=seconds, peak_gflops=peak_gflops)
+    _write_derived(run_dir, measurements, header, seconds=seconds, peak_gflops=peak_gflops, peak_gbps=peak_gbps)
     return run_dir
 
 
@@ -454,12 +506,14 @@ def summary_table(measurements: Sequence[Measurement]) -> pd.DataFrame:
     rows = []
     for m in measurements:
         cell = f"{m.median * 1e3:.3g}" if m.status == "ok" else m.status
-        rows.append({"variant": m.variant, "dtype": m.spec.dtype, "pass": m.spec.mode, "mask": m.spec.mask,
-                     "L": m.spec.lq, "cell": cell})
+        rows.append({"variant": m.variant, "workload": m.workload, "dtype": m.spec.dtype, "pass": m.spec.mode,
+                     "mask": m.spec.mask, "D": m.spec.head_dim, "B": m.spec.batch, "Hkv": m.spec.hkv,
+                     "Lq": m.spec.lq, "L": swept_length(m.spec, m.workload), "cell": cell})
     if not rows:
         return pd.DataFrame()
     frame = pd.DataFrame(rows)
-    index = ["variant"] + [c for c in ("dtype", "pass", "mask") if frame[c].nunique() > 1]
+    split = ("workload", "dtype", "pass", "mask", "D", "B", "Hkv") + (("Lq",) if set(frame["workload"]) == {"decode"} else ())
+    index = ["variant"] + [c for c in split if frame[c].nunique() > 1]
     table = frame.pivot_table(index=index, columns="L", values="cell", aggfunc="first", sort=False)
-    table.columns.name = "median ms at L="
+    table.columns.name = "median ms at L=" if set(frame["workload"]) == {"prefill"} else "median ms at L (decode: Lk)="
     return table.fillna("")

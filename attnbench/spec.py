@@ -1,6 +1,8 @@
 """One benchmark case's shape, as a frozen value, plus the seeded inputs it describes.
 
-Letters: B batch, H heads, Lq queries, Lk keys, D query/key head dim, Dv value head dim.
+Letters: B batch, H query heads, Hkv key/value heads (grouped-query attention: H is a multiple of
+Hkv, query head h reads key/value head ``h // (H // Hkv)``), G = H // Hkv query heads per group,
+Lq queries, Lk keys, D query/key head dim, Dv value head dim.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class AttnSpec:
     mode: str = "forward"  # "forward", or "backward" for forward + backward
     window: int = 128  # half-width of the "sliding_window" mask kind
     prefix: int | None = None  # bidirectional prefix of the "prefix_lm" kind; None means Lk // 4
+    kv_heads: int | None = None  # Hkv, key/value heads (GQA; 1 is MQA); None means Hkv = H
 
     def __post_init__(self) -> None:
         for name in ("batch", "heads", "seq_len", "head_dim", "window"):
@@ -63,9 +66,13 @@ class AttnSpec:
             not isinstance(self.prefix, int) or isinstance(self.prefix, bool) or self.prefix < 0
         ):
             raise ValueError(f"prefix must be None or a non-negative int, got {self.prefix!r}")
-        for name in ("seq_len_k", "head_dim_v"):
+        for name in ("seq_len_k", "head_dim_v", "kv_heads"):
             if getattr(self, name) is not None:
                 check_positive_int(name, getattr(self, name))
+        if self.kv_heads is not None and self.heads % self.kv_heads:
+            raise ValueError(
+                f"kv_heads must divide heads (grouped-query attention), got kv_heads={self.kv_heads} for heads={self.heads}"
+            )
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")
         if not _valid_device(self.device):
@@ -82,6 +89,16 @@ class AttnSpec:
     @property
     def lk(self) -> int:
         return self.seq_len if self.seq_len_k is None else self.seq_len_k
+
+    @property
+    def hkv(self) -> int:
+        """Key/value heads Hkv (H when :attr:`kv_heads` is unset)."""
+        return self.heads if self.kv_heads is None else self.kv_heads
+
+    @property
+    def group(self) -> int:
+        """G = H // Hkv, query heads sharing one key/value head (1: multi-head attention)."""
+        return self.heads // self.hkv
 
     @property
     def dv(self) -> int:
@@ -101,10 +118,28 @@ class AttnSpec:
 
     @property
     def input_bytes(self) -> int:
-        """Bytes of q, k, v (the mask is :attr:`mask_bytes`)."""
-        b, h = self.batch, self.heads
-        elems = b * h * (self.lq * self.head_dim + self.lk * (self.head_dim + self.dv))
+        """Bytes of q ``(B, H, Lq, D)``, k ``(B, Hkv, Lk, D)`` and v ``(B, Hkv, Lk, Dv)`` (the mask is :attr:`mask_bytes`)."""
+        b = self.batch
+        elems = b * (self.heads * self.lq * self.head_dim + self.hkv * self.lk * (self.head_dim + self.dv))
         return elems * self.elem_bytes
+
+    @property
+    def bytes_moved(self) -> int:
+        """The fewest bytes an ideal kernel moves to or from memory: the roofline's denominator.
+
+        ``forward``: q, k and v read once and the output written once (:attr:`input_bytes` +
+        :attr:`output_bytes`). ``backward`` (one forward and one backward pass): the forward's
+        traffic, plus reading q, k, v, the output and the output's gradient, plus writing dq, dk
+        and dv (shaped as q, k, v): ``3 * (input_bytes + output_bytes)``. The mask is excluded (a
+        predicate costs no traffic; a dense mask is a choice of the variant), and so is any
+        intermediate a real kernel spills (scores, softmax statistics).
+
+        Example:
+            >>> AttnSpec(heads=8, kv_heads=1, seq_len=1, seq_len_k=4096).bytes_moved  # one decode step
+            2101248
+        """
+        once = self.input_bytes + self.output_bytes
+        return once if self.mode == "forward" else 3 * once
 
     @property
     def mask_bytes(self) -> int:
@@ -128,7 +163,8 @@ class AttnSpec:
     def label(self) -> str:
         lens = f"L{self.lq}" if self.seq_len_k is None else f"Lq{self.lq} Lk{self.lk}"
         dims = f"D{self.head_dim}" if self.head_dim_v is None else f"D{self.head_dim} Dv{self.dv}"
-        parts = [f"B{self.batch}", f"H{self.heads}", lens, dims, self.dtype, self.device, self.mode]
+        heads = f"H{self.heads}" if self.hkv == self.heads else f"H{self.heads} Hkv{self.hkv}"
+        parts = [f"B{self.batch}", heads, lens, dims, self.dtype, self.device, self.mode]
         if self.mask != "none":
             parts.insert(-1, f"mask={self.mask}")
             if self.mask == "prefix_lm" and self.prefix is not None:
@@ -175,13 +211,13 @@ class AttnSpec:
                 :meth:`mask_mod`: nothing L^2 is built).
 
         Returns:
-            ``q (B, H, Lq, D)``, ``k (B, H, Lk, D)``, ``v (B, H, Lk, Dv)``, mask or None.
+            ``q (B, H, Lq, D)``, ``k (B, Hkv, Lk, D)``, ``v (B, Hkv, Lk, Dv)``, mask or None.
         """
         if mask_form not in ("dense", "mod"):
             raise ValueError(f"mask_form must be 'dense' or 'mod', got {mask_form!r}")
         gen = torch.Generator(device="cpu").manual_seed(seed)
-        b, h = self.batch, self.heads
-        shapes = ((b, h, self.lq, self.head_dim), (b, h, self.lk, self.head_dim), (b, h, self.lk, self.dv))
+        b, h, hkv = self.batch, self.heads, self.hkv
+        shapes = ((b, h, self.lq, self.head_dim), (b, hkv, self.lk, self.head_dim), (b, hkv, self.lk, self.dv))
         tensors = [
             torch.randn(s, generator=gen, dtype=torch.float32)
             .to(device=self.device, dtype=self.torch_dtype)

@@ -88,6 +88,44 @@ if ab.CUDA:
         track_cuda_ms.unit = "ms"
 
 
+class Decode:
+    """Decode: one query over a cache of Lk keys (memory-bound): time and achieved GB/s per variant x Lk."""
+
+    params, param_names = ab.params(table=ab.DECODE_PARAMS)
+    repeat = (3, 10, 4.0)
+    timeout = 180
+
+    def setup(self, *p):
+        self.call, _ = ab.decode_case(*p)
+
+    def time_decode(self, *p):
+        self.call()
+
+    def track_decode_gbps(self, *p):
+        return ab.decode_gbps(*p)
+
+    track_decode_gbps.unit = "GB/s"
+
+
+class GroupedQuery:
+    """Grouped-query attention (H/4 key/value heads): time and peak tensor bytes per variant x L."""
+
+    params, param_names = ab.params(table=ab.GQA_PARAMS)
+    repeat = (3, 10, 4.0)
+    timeout = 180
+
+    def setup(self, *p):
+        self.call, _ = ab.gqa_case(*p)
+
+    def time_gqa(self, *p):
+        self.call()
+
+    def track_gqa_peak_tensor_bytes(self, *p):
+        return ab.gqa_peak_tensor_bytes(*p)
+
+    track_gqa_peak_tensor_bytes.unit = "bytes"
+
+
 def track_matmul_gflops():
     """Matmul roof of the machine, so reports can show attention GFLOP/s as % of peak."""
     return ab.matmul_gflops()

@@ -64,6 +64,14 @@ def test_asv_quick_run_has_no_failures(asv_env):
     assert {"time", "peak_rss", "peak_tensor_bytes", "gflops", "max_error"} <= set(ok["metric"])
     assert set(frame.loc[frame["variant"] == "sdpa_efficient", "status"]) == {"skipped"}
     assert frame.loc[frame["metric"] == "max_error", "value"].max() < 1e-4
+    decode = ok[ok["workload"] == "decode"]  # the Decode class: one query over 4K and 16K keys
+    assert set(decode["seq_len"]) == {1} and set(decode["seq_len_k"]) == {4096, 16384}
+    assert {"time", "gbps"} <= set(decode["metric"]) and "batched" in set(decode["variant"])
+    assert (decode.loc[decode["metric"] == "gbps", "value"] > 0).all()
+    gqa = ok[ok["benchmark"].str.contains("GroupedQuery")]
+    assert set(gqa["kv_heads"]) == {2} and set(gqa["heads"]) == {8} and set(gqa["workload"]) == {"prefill"}
+    assert {"time", "peak_tensor_bytes"} <= set(gqa["metric"])
+    assert set(ok.loc[~ok["benchmark"].str.contains("GroupedQuery"), "kv_heads"]) == {8}
 
 
 def test_benchmark_params_are_generated_from_one_table():
@@ -76,3 +84,19 @@ def test_benchmark_params_are_generated_from_one_table():
 
     assert b.Attention.param_names == list(asv_bench.PARAMS)
     assert b.AttentionAccuracy.param_names == list(asv_bench.PARAMS)
+    assert b.Decode.param_names == list(asv_bench.DECODE_PARAMS)
+    assert b.GroupedQuery.param_names == list(asv_bench.GQA_PARAMS)
+
+
+def test_asv_cases_name_their_workload_and_heads():
+    """One rule (contract.asv_case) turns a parameter set into a case, for the suite and for the loader."""
+    from attnbench import contract
+
+    spec, workload = contract.asv_case("bench_attention.Decode.time_decode", {"seq_len_k": 4096, "device": "cpu"})
+    assert (workload, spec.lq, spec.lk, spec.hkv) == ("decode", 1, 4096, 8)
+    spec, workload = contract.asv_case("bench_attention.GroupedQuery.time_gqa", {"seq_len": 1024})
+    assert (workload, spec.lq, spec.lk, spec.heads, spec.hkv) == ("prefill", 1024, 1024, 8, 2)
+    spec, workload = contract.asv_case("bench_attention.Attention.time_attention", {"seq_len": 64, "mode": "backward"})
+    assert (workload, spec.lq, spec.hkv, spec.mode) == ("prefill", 64, 8, "backward")
+    with pytest.raises((ValueError, TypeError)):
+        contract.asv_case("bench_attention.Decode.time_decode", {"seq_len_k": "long"})

@@ -28,6 +28,7 @@ COUNTER_CANNOT_RUN = {"flex"}  # FlopCounterMode has no implementation for the C
 SHAPES = {
     "self": dict(batch=2, heads=2, seq_len=40, head_dim=16),
     "cross": dict(batch=1, heads=2, seq_len=24, seq_len_k=56, head_dim=16, head_dim_v=8),
+    "gqa": dict(batch=1, heads=8, kv_heads=2, seq_len=24, head_dim=16),  # 4 query heads per key/value head
 }
 
 

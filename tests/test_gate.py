@@ -62,7 +62,15 @@ class WrongGrad(BatchedAttention):
         return super().forward(_WrongDq.apply(q), k, v, mask)
 
 
-for _name, _cls in (("plant_scaled", Scaled), ("plant_heads", HeadsSwapped), ("plant_batch", BatchSwapped),
+class GqaModulo(BatchedAttention):
+    SUPPORTS_GQA = "repeat"
+
+    def forward(self, q, k, v, mask):
+        wrong = [h % k.shape[1] for h in range(q.shape[1])]  # head h reads kv head h % Hkv, not h // G
+        return super().forward(q, k[:, wrong], v[:, wrong], mask)
+
+
+for _name, _cls in (("plant_gqa_modulo", GqaModulo), ("plant_scaled", Scaled), ("plant_heads", HeadsSwapped), ("plant_batch", BatchSwapped),
                     ("plant_grad", WrongGrad), ("plant_correct", BatchedAttention)):
     attnbench.register(_name, _cls)
 '''
@@ -73,7 +81,7 @@ FORWARD_PLANTS = ["plant_scaled", "plant_heads", "plant_batch"]
 def plants():
     namespace: dict = {}
     exec(compile(PLANTS, "plants", "exec"), namespace)  # noqa: S102 - the test's own source
-    names = ["plant_scaled", "plant_heads", "plant_batch", "plant_grad", "plant_correct"]
+    names = ["plant_gqa_modulo", "plant_scaled", "plant_heads", "plant_batch", "plant_grad", "plant_correct"]
     yield names
     for n in names:
         attnbench.unregister(n)
@@ -277,3 +285,35 @@ def test_asv_records_planted_variants_wrong(tmp_path):
                 assert ratio > 1 and time is None, (variant, mode, ratio, time, out.stdout[-3000:])
             else:
                 assert ratio < 1 and time is not None and time > 0, (variant, mode, ratio, time, out.stdout[-3000:])
+
+
+GQA_SPEC = attnbench.AttnSpec(batch=2, heads=8, kv_heads=2, seq_len=32, head_dim=16)
+
+
+@pytest.mark.parametrize("mode", ["forward", "backward"])
+def test_a_wrong_gqa_head_mapping_is_recorded_wrong(plants, mode):
+    """Query head h must read key/value head h // G; the plausible h % Hkv is caught on both passes."""
+    m = measure("plant_gqa_modulo", GQA_SPEC.replace(mode=mode), FAST, peak_flops=1e10)
+    assert m.status == "wrong", (m.status, m.reason)
+    assert "output max error" in m.reason
+
+
+@pytest.mark.parametrize("kv_heads", [8, 2, 1])
+@pytest.mark.parametrize("mode", ["forward", "backward"])
+def test_a_correct_gqa_variant_stays_ok_with_whole_groups_checked(plants, kv_heads, mode):
+    m = measure("plant_correct", GQA_SPEC.replace(kv_heads=kv_heads, mode=mode), FAST, peak_flops=1e10)
+    assert m.status == "ok" and m.error_ratio < 1, m.reason
+    assert m.extra["checked_slices"] == "16/16"
+
+
+def test_gqa_backward_checks_whole_groups_of_a_sample(plants):
+    """Over the budget, each sampled query head brings its group: dk of a shared head sums over G heads."""
+    spec = GQA_SPEC.replace(mode="backward")
+    per_slice = gate.slice_reference_bytes(attnbench.get_variant("batched"), spec)
+    assert per_slice == pytest.approx(4 * gate.slice_reference_bytes(attnbench.get_variant("batched"), spec.replace(kv_heads=None)))
+    config = MeasureConfig(timer=FAST.timer, measure_rss=False, measure_memory=False, reference_budget_bytes=3 * per_slice,
+                           probe=False)
+    m = measure("plant_correct", spec, config, peak_flops=1e10)
+    assert m.status == "ok", m.reason
+    checked, total = map(int, m.extra["checked_slices"].split("/"))
+    assert total == 16 and checked % 4 == 0 and 4 <= checked < 16

@@ -86,3 +86,43 @@ def test_layer_rejects_bad_configuration():
         AttentionLayer(8, 2, variant=42)
     with pytest.raises(ValueError, match="query must have shape"):
         AttentionLayer(8, 2)(torch.randn(2, 3, 5))
+
+
+@pytest.mark.parametrize("core", ["batched", "sdpa", "chunked", "multihead"])
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+def test_gqa_layer_is_the_mha_layer_with_shared_key_value_projections(core, kv_heads):
+    """kv_heads = Hkv: k/v projections of Hkv*Dh features; equal to MHA whose k/v weights repeat each group's head."""
+    torch.manual_seed(2)
+    gqa = AttentionLayer(16, 4, variant=core, kv_heads=kv_heads)
+    mha = AttentionLayer(16, 4, variant=core, kdim=16, vdim=16, kv_heads=None)
+    dh, g = 4, 4 // kv_heads
+    w_q, w_k, w_v = gqa._weights()
+    assert w_k.shape == (kv_heads * dh, 16) and gqa.in_proj_bias.shape == (16 + 2 * kv_heads * dh,)
+    with torch.no_grad():
+        b_q, b_k, b_v = torch.randn(16), torch.randn(kv_heads * dh), torch.randn(kv_heads * dh)
+        gqa.in_proj_bias.copy_(torch.cat([b_q, b_k, b_v]))
+        # head h of the MHA layer uses rows of kv head h // G
+        rows = torch.cat([torch.arange(dh) + (h // g) * dh for h in range(4)])
+        mha.in_proj_weight.copy_(torch.cat([w_q, w_k[rows], w_v[rows]]))
+        mha.in_proj_bias.copy_(torch.cat([b_q, b_k[rows], b_v[rows]]))
+        mha.out_proj.load_state_dict(gqa.out_proj.state_dict())
+    query, key, value = _inputs(16, 16)
+    assert torch.allclose(gqa(query, key, value), mha(query, key, value), atol=1e-5)
+
+
+def test_gqa_layer_state_dict_does_not_load_into_mha():
+    gqa = AttentionLayer(16, 4, variant="batched", kv_heads=2)
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        nn.MultiheadAttention(16, 4, batch_first=True, kdim=16, vdim=16).load_state_dict(gqa.state_dict(), strict=False)
+
+
+@pytest.mark.parametrize("kv_heads", [3, 0])
+def test_gqa_layer_rejects_kv_heads_not_dividing(kv_heads):
+    with pytest.raises(ValueError, match="kv_heads"):
+        AttentionLayer(16, 4, kv_heads=kv_heads)
+
+
+def test_gqa_layer_with_a_core_without_gqa_names_the_reason():
+    layer = AttentionLayer(16, 4, variant="torch_mha", kv_heads=2)
+    with pytest.raises(ValueError, match="grouped-query attention"):
+        layer(torch.randn(1, 5, 16))

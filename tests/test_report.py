@@ -426,3 +426,90 @@ def test_tiny_runs_still_make_a_page(tmp_path, shape):
     page = build_report([_scaled_run(tmp_path / "run", variants, lengths)], tmp_path / "out").read_text()
     assert "Findings" in page or "Fitted exponents" in page
     assert (tmp_path / "out" / "figures" / "time.png").exists()
+
+
+# ---- prefill vs decode, and the roofline ---------------------------------------------------------
+def _decode_run(path: Path, decode_lengths=(1024, 2048, 4096, 8192, 16384, 32768, 65536),
+                prefill_lengths=(256, 512, 1024, 2048, 4096), peak_gbps: dict | None = None, commit: str = "") -> Path:
+    """batched and sdpa: prefill time ~ L^2, decode time ~ bytes moved (so ~ Lk), with both roofs recorded."""
+    from attnbench.measure import MeasureConfig
+    from attnbench.measure.record import Environment, Measurement
+    from attnbench.registry import get_variant
+    from attnbench.runs import write_run
+    from attnbench.spec import AttnSpec
+
+    env = Environment(hostname="box", python="3.11", torch="2.x", threads=1, cpu_model="cpu", cpu_count=2, device_name="cpu",
+                      commit=commit)
+    base = AttnSpec(batch=1, heads=8, head_dim=64)
+    wobble = (1.0, 1.03, 0.98, 1.01, 0.99, 1.02, 1.0)
+    rows = []
+    for k, variant in enumerate(("batched", "sdpa")):
+        impl = get_variant(variant)
+        for workload, lengths in (("prefill", prefill_lengths), ("decode", decode_lengths)):
+            for n, w in zip(lengths, wobble, strict=False):
+                spec = base.replace(seq_len=n) if workload == "prefill" else base.replace(seq_len=1, seq_len_k=n)
+                t = (2e-10 * (1 + k) * n * n if workload == "prefill" else spec.bytes_moved / (4e9 * (1 + k))) * w
+                rows.append(Measurement(
+                    variant=variant, spec=spec, status="ok", samples=(t, t, t), runs=3, timing_method="wall", workload=workload,
+                    peak_tensor_bytes=float(64 * n), memory_method="profiler", flops_executed=impl.flops(spec).executed,
+                    max_error=1e-7, tolerance=1e-5, env=env,
+                ))
+    return write_run(path, rows, MeasureConfig(), seconds=1.0, command=["t"], peak_gflops={"float32": 60.0},
+                     peak_gbps={"copy": 8.0, "triad": 10.0} if peak_gbps is None else peak_gbps)
+
+
+def test_prefill_vs_decode_and_the_roofline(tmp_path):
+    """Decode's fitted slope is quoted (about 1), with its GB/s and % of the measured bandwidth; the roofline
+    figure is drawn and its table collapsed; the page keeps its rules (short, nothing open, no constant column)."""
+    from attnbench.report.html import analyse, load_results
+
+    run = _decode_run(tmp_path / "run")
+    page_path = build_report([run], tmp_path / "out")
+    page = page_path.read_text()
+    for name in ("roofline", "prefill_decode"):
+        assert (tmp_path / "out" / "figures" / f"{name}.png").stat().st_size > 1000, name
+    assert "Prefill vs decode" in page and "% of the binding roof per case" in page
+    assert "triad 10 GB/s" in page and "matmul 60 GFLOP/s" in page
+    decode = [f.text for f in analyse(load_results([run])).findings if f.text.startswith("Decode")]
+    assert len(decode) == 1 and re.search(r"Lk\^1\.0\d \[0\.9\d, 1\.0\d\]", decode[0]), decode
+    # sdpa's decode moves 2 x 4 GB/s in the synthetic run (wobble 1.0 at Lk=65536): 80% of the 10 GB/s triad roof
+    assert "at Lk=65536 it moves 8 GB/s, 80% of the measured bandwidth" in decode[0], decode[0]
+    seen = _browse(page_path, tmp_path / "decode.png", lambda page: {"constant_columns": page.evaluate(CONSTANT_COLUMNS_JS)})
+    assert seen["console"] == [] and seen["failed"] == [] and seen["open_details"] == 0
+    assert seen["height"] <= 10 * 900, seen["height"]
+    assert seen["constant_columns"] == [], seen["constant_columns"]
+
+
+def test_an_inconclusive_decode_fit_is_shown_but_never_a_finding(tmp_path):
+    """The planted fault: three decode lengths are too few to fit; the section shows them, the findings say nothing."""
+    from attnbench.report.html import analyse, load_results
+
+    run = _decode_run(tmp_path / "run", decode_lengths=(1024, 2048, 4096))
+    page = build_report([run], tmp_path / "out").read_text()
+    assert "Prefill vs decode" in page
+    analysis = analyse(load_results([run]))
+    assert set(analysis.fits.loc[analysis.fits["workload"] == "decode", "verdict"]) == {"inconclusive"}
+    assert not [f for f in analysis.findings if f.text.startswith("Decode")]
+
+
+def test_no_decode_section_without_decode_cases(default_like_run, tmp_path):
+    page = build_report([default_like_run], tmp_path / "out").read_text()
+    assert "Prefill vs decode" not in page and not (tmp_path / "out" / "figures" / "prefill_decode.png").exists()
+
+
+def test_the_roofline_without_a_recorded_bandwidth_draws_the_compute_roof_only(tmp_path):
+    run = _decode_run(tmp_path / "run", peak_gbps={})
+    page = build_report([run], tmp_path / "out").read_text()
+    assert (tmp_path / "out" / "figures" / "roofline.png").exists() and "bandwidth not recorded" in page
+
+
+def test_prefill_and_decode_from_two_runs_of_one_machine(tmp_path):
+    """A prefill sweep and a decode sweep are two run directories, made at two commits: the section and the finding read both."""
+    from attnbench.report.html import analyse, load_results
+
+    runs = [_decode_run(tmp_path / "prefill", decode_lengths=(), commit="a" * 40),
+            _decode_run(tmp_path / "decode", prefill_lengths=(), commit="b" * 40)]
+    page = build_report(runs, tmp_path / "out").read_text()
+    assert "Prefill vs decode" in page and (tmp_path / "out" / "figures" / "roofline.png").exists()
+    decode = [f.text for f in analyse(load_results(runs)).findings if f.text.startswith("Decode")]
+    assert decode and "against prefill's L^" in decode[0] and "% of the measured bandwidth" in decode[0], decode

@@ -146,3 +146,90 @@ def test_performer_error_falls_like_one_over_sqrt_features():
     q, k = q * 0.5, k * 0.5
     exact = attnbench.reference_attention(q, k, v)
     assert _performer_error(q, k, v, exact, 4096) < _performer_error(q, k, v, exact, 64) / 4
+
+
+# ---- grouped-query attention (Hkv < H): ratios H/Hkv = 1, 4, 8 -----------------------------------
+GQA_KV_HEADS = (8, 2, 1)  # H = 8: multi-head, 4 query heads per key/value head, multi-query
+
+
+def _gqa_spec(kv_heads: int, mask: str = "none", **changes) -> attnbench.AttnSpec:
+    return attnbench.AttnSpec(batch=2, heads=8, kv_heads=kv_heads, seq_len=33, head_dim=16, mask=mask, window=6, **changes)
+
+
+def _gqa_cases():
+    for name in all_variants():
+        for kv_heads in GQA_KV_HEADS:
+            for mask in ("none", "causal") if is_expensive(name) else ("none", "causal", "valid_lengths"):
+                yield pytest.param(name, kv_heads, mask, id=f"{name}-Hkv{kv_heads}-{mask}")
+
+
+@pytest.mark.parametrize("name,kv_heads,mask", list(_gqa_cases()))
+def test_gqa_matches_reference(name, kv_heads, mask):
+    """Every variant that declares grouped-query attention matches the float64 reference at ratios 1, 4, 8."""
+    variant = attnbench.get_variant(name)
+    spec = _gqa_spec(kv_heads, mask)
+    reasons = variant.not_supported_reasons(spec)
+    if reasons:
+        if kv_heads < 8 and not variant.not_supported_reasons(spec.replace(kv_heads=None)):
+            assert any("grouped-query" in r for r in reasons), f"{name}: {reasons}"  # GQA is the only reason
+        pytest.skip("; ".join(reasons))
+    q, k, v, m = spec.make_inputs(seed=zlib.crc32(f"gqa-{name}-{kv_heads}-{mask}".encode()))
+    assert k.shape[1] == kv_heads
+    assert_close_to_reference(variant, q, k, v, m)
+
+
+@pytest.mark.parametrize("name", [n for n in all_variants() if not is_expensive(n)])
+def test_gqa_backward_matches_reference_gradients(name):
+    """dk and dv of a shared head sum over its G query heads (float64, Hkv = 2 for H = 8)."""
+    variant = attnbench.get_variant(name)
+    spec = _gqa_spec(2, dtype="float64", mode="backward")
+    reasons = variant.not_supported_reasons(spec)
+    if reasons:
+        pytest.skip("; ".join(reasons))
+    q, k, v, _ = spec.make_inputs(requires_grad=True)
+    grads = torch.autograd.grad(variant(q, k, v).square().sum(), (q, k, v))
+    ref = torch.autograd.grad(variant.reference(q, k, v).square().sum(), (q, k, v))
+    assert grads[1].shape == k.shape
+    for g, r, n in zip(grads, ref, "qkv", strict=True):
+        assert torch.allclose(g, r, atol=1e-8, rtol=1e-6), f"{name}: d/d{n} differs"
+
+
+@pytest.mark.parametrize("name", all_variants())
+def test_gqa_undeclared_gives_the_reason(name):
+    """A variant that does not declare GQA (for this call) says so, and refuses the tensors with that reason."""
+    variant = attnbench.get_variant(name)
+    spec = _gqa_spec(2)
+    if variant.not_supported_reasons(spec.replace(kv_heads=None)):
+        pytest.skip("the multi-head case is unsupported already")
+    reasons = variant.not_supported_reasons(spec)
+    declared = bool(variant.gqa_mode(attnbench.capability.CallInfo.from_spec(spec)))
+    assert declared == (not reasons), f"{name}: declared {declared}, reasons {reasons}"
+    if reasons:
+        q, k, v, m = spec.make_inputs()
+        with pytest.raises(ValueError, match="grouped-query attention"):
+            variant(q, k, v, m)
+
+
+def test_reference_gqa_is_sdpa_enable_gqa_and_an_explicit_repeat():
+    """Query head h reads key/value head h // G: the float64 reference equals SDPA(enable_gqa) and a hand repeat."""
+    import torch.nn.functional as F
+
+    from attnbench.reference import reference_attention
+
+    spec = _gqa_spec(2, dtype="float64")
+    q, k, v, _ = spec.make_inputs(seed=11)
+    ref = reference_attention(q, k, v)
+    sdpa = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    by_hand = torch.stack([reference_attention(q[:, h : h + 1], k[:, h // 4 : h // 4 + 1], v[:, h // 4 : h // 4 + 1])[:, 0]
+                           for h in range(8)], dim=1)  # (B, H, Lq, Dv), one query head at a time
+    assert torch.allclose(ref, sdpa, atol=1e-12) and torch.allclose(ref, by_hand, atol=1e-12)
+    modulo = reference_attention(q, k[:, [h % 2 for h in range(8)]], v[:, [h % 2 for h in range(8)]])
+    assert not torch.allclose(ref, modulo, atol=1e-3)  # the other plausible mapping differs: the test can fail
+
+
+@pytest.mark.parametrize("kv_heads", [3, 16])
+def test_kv_heads_that_do_not_divide_heads_are_refused(kv_heads):
+    q = torch.randn(1, 8, 4, 8)
+    k = v = torch.randn(1, kv_heads, 4, 8)
+    with pytest.raises(ValueError, match="Hkv dividing"):
+        attnbench.get_variant("batched")(q, k, v)

@@ -1,4 +1,4 @@
-"""Turn a tidy frame into claims: fitted exponents, crossovers, memory model, % of peak.
+"""Turn a tidy frame into claims: fitted exponents, crossovers, memory model (the roofline: :mod:`.roofline`).
 
 How the exponent is fitted. At short lengths a constant per-call cost (interpreter, dispatch,
 kernel launch) hides the asymptotic term, and on a shared machine single points can be far off.
@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from attnbench.contract import SWEPT_LENGTH, WORKLOADS
 from attnbench.registry import get_variant, variant_names
 from attnbench.spec import AttnSpec
 
@@ -41,9 +42,13 @@ BOOTSTRAP = 2000
 SEED = 20240601  # fixed: the bootstrap interval must not change between processes
 TOLERANCE = 0.25
 MODEL = "model"  # the method label of predicted (not measured) values
-GROUP = ["source", "machine", "commit", "device", "mode", "dtype", "mask", "variant", "metric", "method"]
+GROUP = ["source", "machine", "commit", "device", "mode", "dtype", "mask", "batch", "heads", "kv_heads", "head_dim",
+         "workload", "variant", "metric", "method"]
+"""One fit per group: every shape setting but the swept length is held fixed (a sweep over head dims,
+batches or key/value heads gives one fit per value, never one line through several shapes)."""
 DECLARED = {"time": "time_exponent", "peak_tensor_bytes": "memory_exponent"}
 VERDICTS = ("matches", "steeper", "shallower", "inconclusive")
+DECODE_CAP = 1.0  # one query row over Lk keys: at most O(Lk) time and scratch, whatever the prefill exponent
 
 
 def _loo_residuals(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -166,30 +171,69 @@ def verdict(fit: dict, declared: float) -> str:
     return "matches"
 
 
-def declared_exponent(variant: str, metric: str) -> float:
-    """The exponent a registered variant declares for ``metric`` (NaN when none is declared)."""
+def declared_exponent(variant: str, metric: str, workload: str = "prefill") -> float:
+    """The exponent a registered variant declares for ``metric`` along its workload's swept length (NaN: none).
+
+    Prefill sweeps L = Lq = Lk and takes the variant's declared exponents. Decode sweeps the cache
+    length Lk with one query row, so no variant does more than O(Lk) work or holds more than O(Lk)
+    scratch: the declared decode exponent is ``min(prefill exponent, 1)`` (:data:`DECODE_CAP`). That
+    holds for the linear variants too: they recompute their key-value feature sums over the whole
+    cache on every call instead of carrying a recurrent state from step to step, so a step is O(Lk),
+    not the O(1) a recurrent implementation would reach.
+
+    Args:
+        variant: registered variant name.
+        metric: "time" or "peak_tensor_bytes" (others declare nothing).
+        workload: "prefill" or "decode" (:data:`attnbench.contract.WORKLOADS`).
+    """
     if metric not in DECLARED or variant not in variant_names():
         return math.nan
-    return float(getattr(get_variant(variant), DECLARED[metric]))
+    declared = float(getattr(get_variant(variant), DECLARED[metric]))
+    return min(declared, DECODE_CAP) if workload == "decode" else declared
+
+
+def _workloads(frame: pd.DataFrame) -> pd.Series:
+    """Each row's workload; files older than the column (or rows without one) are prefill."""
+    if "workload" not in frame:
+        return pd.Series("prefill", index=frame.index)
+    return frame["workload"].where(frame["workload"].isin(WORKLOADS), "prefill")
+
+
+def swept(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows on a workload's own sweep, with ``workload`` filled and ``length`` = the length it sweeps.
+
+    Prefill rows count only when Lq = Lk (their ``length`` is L); decode rows sweep Lk
+    (:data:`attnbench.contract.SWEPT_LENGTH`) and keep their Lq in the group key.
+    """
+    frame = frame.assign(workload=_workloads(frame))
+    prefill = frame["workload"] == "prefill"
+    frame = frame[~prefill | (frame["seq_len"] == frame["seq_len_k"])]
+    length = pd.Series(0, index=frame.index, dtype="int64")
+    for workload, column in SWEPT_LENGTH.items():
+        rows = frame["workload"] == workload
+        length[rows] = frame.loc[rows, column].astype("int64")
+    return frame.assign(length=length)
 
 
 def fit_table(frame: pd.DataFrame, metrics: tuple[str, ...] = ("time", "peak_tensor_bytes")) -> pd.DataFrame:
-    """One row per (source, machine, commit, device, mode, dtype, mask, variant, metric, method) group.
+    """One row per (source, machine, commit, device, mode, dtype, mask, workload, variant, metric, method) group.
 
+    Each workload is fitted along its own swept length (prefill: L; decode: the cache length Lk,
+    per query count Lq), against the exponent declared for that workload (:func:`declared_exponent`).
     Only ``ok`` rows are fitted. Groups of predicted values (method "model") get a row that says
     so, with no exponent and no verdict: a model checked against itself proves nothing.
     """
-    sel = frame[(frame["status"] == "ok") & frame["metric"].isin(metrics) & (frame["seq_len"] == frame["seq_len_k"])]
-    sel = sel.assign(method=sel.get("method", ""))
+    sel = swept(frame[(frame["status"] == "ok") & frame["metric"].isin(metrics)])
+    sel = sel.assign(method=sel.get("method", ""), fixed=sel["seq_len"].where(sel["workload"] != "prefill", 0).astype("int64"))
     rows = []
-    for key, group in sel.groupby(GROUP, dropna=False, sort=True):
-        info = dict(zip(GROUP, key, strict=True))
-        declared = declared_exponent(info["variant"], info["metric"])
+    for key, group in sel.groupby([*GROUP, "fixed"], dropna=False, sort=True):
+        info = dict(zip(GROUP, key[:-1], strict=True))
+        declared = declared_exponent(info["variant"], info["metric"], info["workload"])
         if info["method"] == MODEL:
-            rows.append({**info, **fit_exponent(np.array([]), np.array([])), "n": int(group["seq_len"].nunique()),
+            rows.append({**info, **fit_exponent(np.array([]), np.array([])), "n": int(group["length"].nunique()),
                          "range": "model values: not fitted", "note": "model", "declared": declared, "verdict": ""})
             continue
-        by_len = group.groupby("seq_len")["value"].median()
+        by_len = group.groupby("length")["value"].median()
         fit = fit_exponent(by_len.index.to_numpy(float), by_len.to_numpy(float))
         rows.append({**info, **fit, "declared": declared, "verdict": verdict(fit, declared)})
     return pd.DataFrame(rows)
@@ -204,7 +248,7 @@ def headline(fits: pd.DataFrame) -> tuple[str, str]:
     judged = fits[fits["verdict"].isin(VERDICTS)] if len(fits) else fits
     if judged.empty:
         return "neutral", "No fitted exponents: nothing measured at enough lengths to compare with a declared complexity."
-    several = {c: judged[c].nunique() > 1 for c in ("source", "machine", "device", "mode", "dtype", "mask")}
+    several = {c: judged[c].nunique() > 1 for c in ("source", "machine", "device", "mode", "dtype", "mask", "workload") if c in judged}
 
     def name(rec: dict) -> str:
         where = [str(rec[c]) for c, many in several.items() if many]
@@ -234,6 +278,8 @@ def crossovers(frame: pd.DataFrame, baselines: tuple[str, ...] = ("batched", "sd
     ``ok`` measured rows take part (not ``wrong`` cases, nor predicted "model" values).
     """
     ok = frame[(frame["status"] == "ok") & (frame["metric"] == metric)]
+    ok = swept(ok)
+    ok = ok[ok["workload"] == "prefill"]  # L = Lq = Lk: a decode step is compared in its own section
     if "method" in ok:
         ok = ok[ok["method"] != MODEL]  # measurements against measurements only
     rows = []
@@ -267,16 +313,16 @@ def largest_length(frame: pd.DataFrame) -> pd.DataFrame:
     A ``noisy`` case ran to completion (the machine was busy, not the variant out of budget), so it
     counts as reached; it is still never fitted or ranked.
     """
-    time_rows = frame[frame["metric"] == "time"]
+    time_rows = swept(frame[frame["metric"] == "time"])
     rows = []
     reached = ("ok", "noisy")
-    for (device, mode, variant), group in time_rows.groupby(["device", "mode", "variant"], sort=False):
+    for (device, mode, workload, variant), group in time_rows.groupby(["device", "mode", "workload", "variant"], sort=False):
         ok = group[group["status"].isin(reached)]
-        longest = int(ok["seq_len"].max()) if len(ok) else None
-        beyond = group[~group["status"].isin(reached) & (group["seq_len"] > (longest or 0))].sort_values("seq_len")
+        longest = int(ok["length"].max()) if len(ok) else None
+        beyond = group[~group["status"].isin(reached) & (group["length"] > (longest or 0))].sort_values("length")
         first = beyond.iloc[0] if len(beyond) else None
         rows.append({
-            "device": device, "mode": mode, "variant": variant, "largest_ok_L": longest,
+            "device": device, "mode": mode, "workload": workload, "variant": variant, "largest_ok_L": longest,
             "next_status": "" if first is None else first["status"],
             "next_reason": "" if first is None else (first["reason"] or first["status"]),
         })
@@ -308,9 +354,3 @@ def memory_model(frame: pd.DataFrame) -> pd.DataFrame:
         })
     return pd.DataFrame(rows)
 
-
-def roofline(frame: pd.DataFrame) -> pd.DataFrame:
-    """Achieved GFLOP/s as a percentage of the machine's measured matmul peak."""
-    g = frame[(frame["metric"] == "gflops") & (frame["status"] == "ok")].copy()
-    g["pct_of_peak"] = 100.0 * g["value"] / g["peak_gflops"]
-    return g[["machine", "device", "mode", "variant", "seq_len", "value", "peak_gflops", "pct_of_peak"]].rename(columns={"value": "gflops"})

@@ -12,9 +12,14 @@ device         "cpu" / "cuda"
 mode           "forward" / "backward" (forward + backward)
 dtype          "float32", ...
 batch, heads, head_dim, mask   the rest of the case's shape
+kv_heads       Hkv, key/value heads (int; = heads for multi-head attention and for files older than GQA)
+workload       "prefill" (Lq = Lk, swept along seq_len) or "decode" (few queries over a long cache, swept
+               along seq_len_k): ``contract.SWEPT_LENGTH``; "prefill" for older files
 metric         time | peak_tensor_bytes | peak_rss | gflops | flops | max_error | softmax_error | cuda_time
                | compile_time | error_ratio (max error / the correctness gate's tolerance)
-unit           s | bytes | GFLOP/s | FLOP | abs | x tolerance
+               | bytes (``AttnSpec.bytes_moved``, an ideal kernel's traffic: method "model")
+               | gbps (bytes over the measured time: its method is the time's)
+unit           s | bytes | GFLOP/s | FLOP | abs | x tolerance | GB/s
 method         how the value was obtained: "wall" (perf_counter) | "cuda_events" | "asv" (asv's own
                timer / peakmem / tracked rate) | "profiler" | "cuda" (allocator stats) | "rss" |
                "reference" (compared with the float64 reference) | "model" (an analytic prediction,
@@ -34,6 +39,8 @@ date           pandas Timestamp (UTC) of the commit (asv) or of the run
 torch          torch version
 threads        torch threads (NaN for asv, which does not record it)
 peak_gflops    this machine's matmul GFLOP/s at the row's dtype when recorded, else NaN
+peak_gbps      this machine's measured memory bandwidth (STREAM triad, GB/s) when the run recorded it,
+               else NaN (asv results and older runs do not record it: no bandwidth roof is drawn for them)
 run_date       pandas Timestamp (UTC) of when the measurement ran (asv: the earliest ``started_at``
                of the result file; run: the manifest's ``created``); ``date`` of asv rows is the
                *commit* date
@@ -73,8 +80,8 @@ from attnbench.spec import AttnSpec
 
 COLUMNS = [
     "source", "benchmark", "variant", "seq_len", "seq_len_k", "device", "mode", "dtype", "batch", "heads",
-    "head_dim", "mask", "metric", "unit", "method", "value", "spread", "ci_low", "ci_high", "status", "reason", "machine",
-    "cpu", "gpu", "commit", "date", "torch", "threads", "peak_gflops", "kernel", "run_date", "origin",
+    "head_dim", "mask", "kv_heads", "workload", "metric", "unit", "method", "value", "spread", "ci_low", "ci_high", "status", "reason", "machine",
+    "cpu", "gpu", "commit", "date", "torch", "threads", "peak_gflops", "peak_gbps", "kernel", "run_date", "origin",
 ]
 UNITS = contract.UNITS
 RUN_STATUSES = STATUSES  # the shared list: a status added there is read here too
@@ -90,9 +97,9 @@ def _empty() -> pd.DataFrame:
 
 def _finish(rows: list[dict], problems: list[str], notes: list[str] | None = None) -> pd.DataFrame:
     frame = pd.DataFrame(rows, columns=COLUMNS) if rows else _empty()
-    for col in ("value", "spread", "ci_low", "ci_high", "threads", "peak_gflops"):
+    for col in ("value", "spread", "ci_low", "ci_high", "threads", "peak_gflops", "peak_gbps"):
         frame[col] = pd.to_numeric(frame[col], errors="coerce")
-    for col in ("seq_len", "seq_len_k", "batch", "heads", "head_dim"):
+    for col in ("seq_len", "seq_len_k", "batch", "heads", "head_dim", "kv_heads"):
         frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("Int64")
     for col in ("date", "run_date"):
         frame[col] = pd.to_datetime(frame[col], utc=True, errors="coerce")
@@ -246,14 +253,13 @@ def _asv_key_rows(res, key: str, bench: dict, common: dict, peak: float, path: P
     for combo, value, stat in zip(combos, values, stats, strict=True):
         case = dict(zip(names, (_decode(p) for p in combo), strict=True))
         try:
-            variant, seq_len = case.get("variant", ""), case.get("seq_len", 0)
-            device, mode = case.get("device", "cpu"), case.get("mode", "forward")
-            mask = case.get("mask", "none")  # older suites had no mask parameter: unmasked
-            if not isinstance(variant, str) or not variant or isinstance(seq_len, bool) or not isinstance(seq_len, int):
-                raise ValueError(f"variant {variant!r} / seq_len {seq_len!r}")
+            variant = case.get("variant", "")
+            length = case.get("seq_len_k", case.get("seq_len", 0))
+            if not isinstance(variant, str) or not variant or isinstance(length, bool) or not isinstance(length, int):
+                raise ValueError(f"variant {variant!r} / length {length!r}")
             if value is not None and not isinstance(value, (int, float)):
                 raise ValueError(f"value {value!r} is not a number")
-            spec = BASE_SPEC.replace(seq_len=seq_len, device=device, mode=mode, mask=mask)
+            spec, workload = contract.asv_case(key, case, BASE_SPEC)
         except (ValueError, TypeError) as exc:
             bad.append(f"{combo}: {_why(exc)}")
             continue
@@ -265,10 +271,10 @@ def _asv_key_rows(res, key: str, bench: dict, common: dict, peak: float, path: P
             return float(v) * factor if isinstance(v, (int, float)) else math.nan
 
         rows.append({
-            **common, "benchmark": key, "variant": variant, **_spec_columns(spec), "metric": metric,
+            **common, "benchmark": key, "variant": variant, **_spec_columns(spec), "workload": workload, "metric": metric,
             "unit": UNITS[metric], "method": label or _asv_memory_method(variant, spec.device_type),
             "value": float(value) * factor if status == "ok" else math.nan, "spread": num("q_75") - num("q_25"),
-            "ci_low": num("ci_99_a"), "ci_high": num("ci_99_b"), "status": status, "peak_gflops": peak,
+            "ci_low": num("ci_99_a"), "ci_high": num("ci_99_b"), "status": status, "peak_gflops": peak, "peak_gbps": math.nan,
             "_mode_given": "mode" in case,
         })
     if bad:
@@ -279,12 +285,15 @@ def _asv_key_rows(res, key: str, bench: dict, common: dict, peak: float, path: P
 def _mark_wrong(rows: list[dict]) -> None:
     """Every row of a case whose error ratio is above 1 becomes ``wrong`` (values kept as recorded)."""
     verdicts: dict[tuple, float] = {}
+
+    def case(r: dict) -> tuple:
+        return (r["variant"], r["seq_len"], r["seq_len_k"], r["kv_heads"], r["device"], r["mask"])
+
     for r in rows:
         if r["metric"] == "error_ratio" and r["status"] == "ok" and r["value"] > 1:
-            verdicts[(r["variant"], r["seq_len"], r["device"], r["mask"], r["mode"] if r["_mode_given"] else None)] = r["value"]
+            verdicts[(*case(r), r["mode"] if r["_mode_given"] else None)] = r["value"]
     for r in rows:
-        ratio = verdicts.get((r["variant"], r["seq_len"], r["device"], r["mask"], r["mode"]),
-                             verdicts.get((r["variant"], r["seq_len"], r["device"], r["mask"], None)))
+        ratio = verdicts.get((*case(r), r["mode"]), verdicts.get((*case(r), None)))
         if ratio is not None:
             r["status"], r["reason"] = "wrong", f"max error {ratio:.3g}x the tolerance"
         del r["_mode_given"]
@@ -294,6 +303,7 @@ def _spec_columns(spec: AttnSpec) -> dict:
     return {
         "seq_len": spec.lq, "seq_len_k": spec.lk, "device": spec.device_type, "mode": spec.mode,
         "dtype": spec.dtype, "batch": spec.batch, "heads": spec.heads, "head_dim": spec.head_dim, "mask": spec.mask,
+        "kv_heads": spec.hkv,
     }
 
 
@@ -307,6 +317,8 @@ RUN_METRICS = {
     "max_error": ("max_error", None, "reference"),
     "softmax_error": ("softmax_error", None, "reference"),
     "compile_time": ("compile_s", None, "wall"),
+    "bytes": ("bytes_moved", None, "model"),
+    "gbps": ("gbytes_per_s", None, "<timing_method"),
 }
 RUN_REQUIRED = ("variant", "status", "spec_seq_len", "spec_device", "spec_mode", "spec_dtype", "spec_batch",
                 "spec_heads", "spec_head_dim", "spec_mask")
@@ -381,7 +393,7 @@ def _read_rows(path: Path, problems: list[str]) -> tuple[list[str], list[tuple[i
     return header, records, len(data)
 
 
-def _run_row(rec: dict, manifest: dict, peaks: dict) -> list[dict]:
+def _run_row(rec: dict, manifest: dict, peaks: dict, bandwidth: float = math.nan) -> list[dict]:
     """Tidy rows of one measurements.csv record; raises ValueError with the reason to reject it."""
     for col in RUN_REQUIRED:
         if not rec[col].strip():
@@ -403,6 +415,11 @@ def _run_row(rec: dict, manifest: dict, peaks: dict) -> list[dict]:
     except ValueError:
         raise ValueError(f"seq_len_k_eff {rec['seq_len_k_eff']!r} is not a number") from None
     seq_len_k = int(seq_len_k) if math.isfinite(seq_len_k) else ints["spec_seq_len"]
+    kv_heads = _kv_heads(rec, ints["spec_heads"])
+    workload = rec.get("workload", "").strip() or "prefill"  # older files: every case was prefill
+    if workload not in contract.WORKLOADS:
+        raise ValueError(f"workload {workload!r} is not one of {contract.WORKLOADS}")
+    _derive_traffic(rec, ints, seq_len_k, kv_heads)
     values: dict[str, float] = {}
     for col, spread_col, _ in RUN_METRICS.values():
         for c in (col, spread_col):
@@ -418,10 +435,10 @@ def _run_row(rec: dict, manifest: dict, peaks: dict) -> list[dict]:
         "source": "run", "benchmark": "attnbench.run", "variant": rec["variant"], "seq_len": ints["spec_seq_len"],
         "seq_len_k": seq_len_k, "device": rec["spec_device"].split(":")[0], "mode": rec["spec_mode"], "dtype": dtype,
         "batch": ints["spec_batch"], "heads": ints["spec_heads"], "head_dim": ints["spec_head_dim"],
-        "mask": rec["spec_mask"], "status": status, "reason": rec.get("reason", ""),
+        "mask": rec["spec_mask"], "kv_heads": kv_heads, "workload": workload, "status": status, "reason": rec.get("reason", ""),
         "machine": rec.get("env_hostname", ""), "cpu": rec.get("env_cpu_model", ""), "gpu": rec.get("env_gpu_name", ""),
         "commit": rec.get("env_commit", ""), "date": manifest.get("created"), "run_date": manifest.get("created"), "torch": rec.get("env_torch", ""),
-        "threads": _lenient(rec.get("env_threads")), "peak_gflops": _lenient(peaks.get(dtype)),
+        "threads": _lenient(rec.get("env_threads")), "peak_gflops": _lenient(peaks.get(dtype)), "peak_gbps": bandwidth,
         "kernel": rec.get("extra_kernel", ""),
     }
     keeps_values = status in ("ok", "wrong", "noisy")  # noisy: drawn (hollow), never fitted or ranked
@@ -451,6 +468,42 @@ def _run_row(rec: dict, manifest: dict, peaks: dict) -> list[dict]:
     return out
 
 
+def _kv_heads(rec: dict, heads: int) -> int:
+    """The record's Hkv: ``spec_kv_heads``, or H when absent or empty (older files, multi-head cases)."""
+    text = rec.get("spec_kv_heads", "").strip()
+    if text in ("", "None"):
+        return heads
+    try:
+        value = _number(text)
+    except ValueError:
+        raise ValueError(f"spec_kv_heads {text!r} is not a number") from None
+    if not (math.isfinite(value) and value == int(value) and value >= 1 and heads % int(value) == 0):
+        raise ValueError(f"spec_kv_heads {text!r} is not a positive integer dividing spec_heads {heads}")
+    return int(value)
+
+
+def _derive_traffic(rec: dict, ints: dict, seq_len_k: int, kv_heads: int) -> None:
+    """Fill ``bytes_moved`` / ``gbytes_per_s`` of a file older than them from the case's shape (in place).
+
+    The traffic is a function of the shape alone (:attr:`AttnSpec.bytes_moved`); a record whose
+    shape cannot be rebuilt (an unknown dtype, say) is left without them.
+    """
+    if rec.get("bytes_moved", "").strip():
+        return
+    try:
+        dv = _number(rec.get("spec_head_dim_v"))
+        spec = AttnSpec(
+            batch=ints["spec_batch"], heads=ints["spec_heads"], kv_heads=kv_heads, seq_len=ints["spec_seq_len"],
+            seq_len_k=seq_len_k, head_dim=ints["spec_head_dim"], head_dim_v=int(dv) if math.isfinite(dv) else None,
+            dtype=rec["spec_dtype"], mode=rec["spec_mode"],
+        )
+    except (ValueError, TypeError):
+        return
+    median = _lenient(rec.get("median_s"))
+    rec["bytes_moved"] = str(spec.bytes_moved)
+    rec["gbytes_per_s"] = str(spec.bytes_moved / median / 1e9) if median > 0 else ""
+
+
 def _lenient(value: object) -> float:
     try:
         return float(value)  # type: ignore[arg-type]
@@ -474,12 +527,14 @@ def load_run(run_dir: str | Path) -> pd.DataFrame:
     peaks = manifest.get("peak_gflops") or {}
     if not isinstance(peaks, dict):  # a single number: the float32 roof
         peaks = {"float32": peaks}
+    gbps = manifest.get("peak_gbps")
+    gbps = _lenient(gbps.get("triad") if isinstance(gbps, dict) else gbps)  # triad: the roofline's bandwidth roof
     rows: list[dict] = []
     if read is not None:
         _, records, in_file = read
         for number, rec in records:
             try:
-                rows.extend(_run_row(rec, manifest, peaks))
+                rows.extend(_run_row(rec, manifest, peaks, gbps if gbps > 0 else math.nan))
             except ValueError as exc:
                 problems.append(f"{run_dir / MEASUREMENTS} row {number} ({rec.get('variant', '?')}): {exc}; rejected")
     else:

@@ -13,11 +13,16 @@ of all of them fits the reference budget, else a seeded sample that always holds
 last slice (so swapped heads or batch entries are caught at any size). Backward compares the
 gradients with autograd through the variant's own float64 reference, with the same ``grad_out``.
 
+Grouped-query attention (Hkv < H): query head h is checked against key/value head ``h // G``
+(G = H // Hkv). A shared head's gradients dk, dv sum over its G query heads, so backward checks
+whole groups: every checked query head brings the other heads of its group.
+
 An approximate variant (``exact = False``) is checked exactly against its own reference (the dense
 evaluation of its own kernel) and, when it declares ``APPROX_ERROR_BOUND``, its distance from exact
 softmax attention must stay within that bound.
 
-Letters: B batch, H heads, Lq queries, Lk keys, D query/key head dim, Dv value head dim.
+Letters: B batch, H query heads, Hkv key/value heads, G = H // Hkv, Lq queries, Lk keys,
+D query/key head dim, Dv value head dim.
 """
 
 from __future__ import annotations
@@ -113,10 +118,14 @@ def _ratio(error: float, tol: float) -> float:
 
 
 def slice_reference_bytes(variant: Variant, spec: AttnSpec) -> float:
-    """Float64 bytes one (batch, head) slice's reference needs (its own scratch model at float64)."""
-    one = spec.replace(batch=1, heads=1, dtype="float64", mode="forward")
+    """Float64 bytes one (batch, head) slice's reference needs (its own scratch model at float64).
+
+    Backward with grouped-query attention checks a whole group of G query heads at once (see the
+    module docstring), so its slice is G heads' worth.
+    """
+    one = spec.replace(batch=1, heads=1, kv_heads=None, dtype="float64", mode="forward")
     fwd = (REFERENCE_BUFFERS * spec.lq * spec.lk + variant.scratch_elements(one)) * 8 + 2 * one.input_bytes
-    return fwd * (BACKWARD_REFERENCE_FACTOR if spec.mode == "backward" else 1.0)
+    return fwd * (BACKWARD_REFERENCE_FACTOR * spec.group if spec.mode == "backward" else 1.0)
 
 
 def checked_slices(spec: AttnSpec, per_slice_bytes: float, budget_bytes: float, seed: int = 0) -> list[tuple[int, int]]:
@@ -138,13 +147,24 @@ def checked_slices(spec: AttnSpec, per_slice_bytes: float, budget_bytes: float, 
     return [(i // spec.heads, i % spec.heads) for i in flat]
 
 
-def _mask_slice(mask: torch.Tensor | None, b: int, h: int) -> torch.Tensor | None:
-    """``(1, 1, Lq|1, Lk)`` slice of a rank-4 broadcastable mask."""
+def _mask_slice(mask: torch.Tensor | None, b: int, h0: int, h1: int) -> torch.Tensor | None:
+    """``(1, h1 - h0 | 1, Lq|1, Lk)`` slice of a rank-4 broadcastable mask (query heads h0 .. h1 - 1)."""
     if mask is None:
         return None
     bi = b if mask.shape[0] > 1 else 0
-    hi = h if mask.shape[1] > 1 else 0
-    return mask[bi : bi + 1, hi : hi + 1]
+    return mask[bi : bi + 1, h0:h1] if mask.shape[1] > 1 else mask[bi : bi + 1]
+
+
+def _units(slices: Sequence[tuple[int, int]], heads: int, kv_heads: int, backward: bool) -> list[tuple[int, int, int, int]]:
+    """``(b, first query head, last + 1, key/value head)`` per checked unit.
+
+    A unit is one query head, or (backward with G > 1) a whole group, whose shared head's
+    gradients sum over its G query heads.
+    """
+    group = heads // kv_heads
+    if backward and group > 1:
+        return [(b, j * group, (j + 1) * group, j) for b, j in sorted({(b, h // group) for b, h in slices})]
+    return [(b, h, h + 1, h // group) for b, h in slices]
 
 
 def _slice(x: torch.Tensor, b: int, h: int, dtype: torch.dtype, grad: bool) -> torch.Tensor:
@@ -208,17 +228,20 @@ def check(
     soft_count = 0
     g_err, g_plain = [0.0] * 3, [0.0] * 3
     approx = not variant.exact
-    for b, h in slices:
-        qs, ks, vs = (x.detach()[b : b + 1, h : h + 1] for x in (q, k, v))  # (1, 1, L, D)
-        ms = _mask_slice(mask, b, h)
-        gs = None if grad_out is None else grad_out[b : b + 1, h : h + 1]
+    units = _units(slices, q.shape[1], k.shape[1], backward)
+    for b, h0, h1, j in units:
+        qs = q.detach()[b : b + 1, h0:h1]  # (1, 1 or G, Lq, D): a query head, or a whole group
+        ks, vs = (x.detach()[b : b + 1, j : j + 1] for x in (k, v))  # (1, 1, Lk, D): their key/value head
+        ms = _mask_slice(mask, b, h0, h1)
+        gs = None if grad_out is None else grad_out[b : b + 1, h0:h1]
         truth, t_grads = _reference(variant, qs, ks, vs, ms, gs, torch.float64)
         plain, p_grads = _reference(variant, qs, ks, vs, ms, gs, q.dtype)
-        got = out[b : b + 1, h : h + 1]
+        got = out[b : b + 1, h0:h1]
         err = _worst(err, max_abs_diff(got, truth))
         plain_err = _worst(plain_err, max_abs_diff(plain, truth))
         for i in range(len(t_grads)):
-            g_err[i] = _worst(g_err[i], max_abs_diff(grads[i][b : b + 1, h : h + 1], t_grads[i]))
+            rows = slice(h0, h1) if i == 0 else slice(j, j + 1)  # dq per query head, dk and dv per shared head
+            g_err[i] = _worst(g_err[i], max_abs_diff(grads[i][b : b + 1, rows], t_grads[i]))
             g_plain[i] = _worst(g_plain[i], max_abs_diff(p_grads[i], t_grads[i]))
         if approx:
             exact, _ = _reference(variant, qs, ks, vs, ms, None, torch.float64, exact_softmax=True)
@@ -237,7 +260,7 @@ def check(
         softmax_error=soft_err if approx else math.nan,
         softmax_mean_error=soft_sum / soft_count if approx and soft_count else math.nan,
         softmax_bound=float(bound) if approx and bound is not None else math.nan,
-        slices=len(slices),
+        slices=sum(h1 - h0 for _, h0, h1, _ in units),
         total_slices=q.shape[0] * q.shape[1],
         **fields,
     )

@@ -12,6 +12,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from attnbench.contract import WORKLOADS
 from attnbench.spec import AttnSpec
 
 STATUSES = ("ok", "wrong", "noisy", "skipped", "oom", "timeout", "error", "crashed")
@@ -70,10 +71,13 @@ class Measurement:
     attempts: int = 0  # timing attempts made (1 + re-measurements of disturbed attempts); 0 when not timed
     env: Environment | None = None  # where it ran
     extra: dict[str, Any] = field(default_factory=dict, compare=False)  # variant-specific facts
+    workload: str = "prefill"  # one of contract.WORKLOADS: which sweep the case belongs to
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"workload must be one of {WORKLOADS}, got {self.workload!r}")
 
     @property
     def median(self) -> float:
@@ -96,12 +100,19 @@ class Measurement:
         med = self.median
         return self.flops_executed / med / 1e9 if med and med == med else math.nan
 
+    @property
+    def gbytes_per_s(self) -> float:
+        """Achieved rate on :attr:`AttnSpec.bytes_moved` (an ideal kernel's traffic over the measured time)."""
+        med = self.median
+        return self.spec.bytes_moved / med / 1e9 if med and med == med else math.nan
+
     def to_row(self) -> dict[str, Any]:
         """Flat dict for a pandas row; the column schema is documented in ``analysis.frame``."""
         spec = dataclasses.asdict(self.spec)
         env = dataclasses.asdict(self.env) if self.env else {}
         return {
             "variant": self.variant,
+            "workload": self.workload,
             **{f"spec_{k}": v for k, v in spec.items()},
             "seq_len_k_eff": self.spec.lk,
             "status": self.status,
@@ -119,6 +130,8 @@ class Measurement:
             "flops_useful": self.flops_useful,
             "flops_executed": self.flops_executed,
             "gflops_per_s": self.gflops_per_s,
+            "bytes_moved": self.spec.bytes_moved,
+            "gbytes_per_s": self.gbytes_per_s,
             "max_error": self.max_error,
             "tolerance": self.tolerance,
             "grad_error": self.grad_error,

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from attnbench.contract import WORKLOADS
 from attnbench.measure import gate, guard, memory, probe, regime
 from attnbench.measure.env import environment
 from attnbench.measure.peak import matmul_peak
@@ -70,6 +71,7 @@ class MeasureConfig:
     retries: int = 2  # re-measurements of a disturbed attempt before the case is recorded as noisy
     retry_budget_s: float = 2.0  # no further attempt once a case's timing attempts took this long in total
     probe_baseline_s: float | None = None  # fastest probe of the sweep so far (set by sweep); None: the case's own
+    workload: str = "prefill"  # contract.WORKLOADS: the sweep every measured case belongs to (recorded in each row)
 
     def __post_init__(self) -> None:
         if not 0 < self.memory_budget_fraction <= 1:
@@ -82,6 +84,8 @@ class MeasureConfig:
             raise ValueError(f"retries must be an int >= 0, got {self.retries!r}")
         if not (self.retry_budget_s >= 0 and math.isfinite(self.retry_budget_s)):
             raise ValueError(f"retry_budget_s must be a finite number of seconds >= 0, got {self.retry_budget_s!r}")
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"workload must be one of {WORKLOADS}, got {self.workload!r}")
         if self.probe_baseline_s is not None and not (self.probe_baseline_s > 0 and math.isfinite(self.probe_baseline_s)):
             raise ValueError(f"probe_baseline_s must be a finite number of seconds > 0 or None, got {self.probe_baseline_s!r}")
 
@@ -229,7 +233,7 @@ def measure(
     env = env or environment(spec.device)
     # Recorded from this process (a worker applies the regime itself): what was in force, not what was asked.
     env = dataclasses.replace(env, threads=torch.get_num_threads(), regime=regime.describe())
-    base: dict[str, object] = dict(variant=variant_name, spec=spec, env=env)
+    base: dict[str, object] = dict(variant=variant_name, spec=spec, env=env, workload=config.workload)
     try:  # the cost model runs in here too: a variant whose model raises is a row, not a dead sweep
         flops = variant.flops(spec)
         base.update(flops_useful=flops.useful, flops_executed=flops.executed,

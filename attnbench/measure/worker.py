@@ -70,6 +70,11 @@ class CaseJob:
     memory_cap_bytes: int | None = None  # RLIMIT_DATA above the child's current use; None: no cap
 
 
+
+def _workload(job: CaseJob) -> str:
+    """The workload a job's rows carry (its config's; "prefill" for a config without one)."""
+    return getattr(job.config, "workload", "prefill")
+
 def _vm_data_bytes() -> int:
     """This process's private writable memory (``VmData`` in /proc/self/status), 0 if unknown."""
     try:
@@ -128,7 +133,7 @@ def _child(conn, job: CaseJob) -> None:
             apply_memory_cap(job.memory_cap_bytes)
         result = measure(job.variant, job.spec, job.config, peak_flops=job.peak_flops, env=job.env)
     except BaseException as exc:  # noqa: BLE001 - e.g. a plugin that fails to import: a row, not a lost case
-        result = Measurement(variant=job.variant, spec=job.spec, status="error", env=job.env,
+        result = Measurement(variant=job.variant, spec=job.spec, status="error", env=job.env, workload=_workload(job),
                              reason=f"worker: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}")
     conn.send(result)
     conn.close()
@@ -218,7 +223,7 @@ class WorkerPool:
         if result is not None:
             return result
         elapsed = time.perf_counter() - start
-        base = dict(variant=job.variant, spec=job.spec, env=job.env)
+        base = dict(variant=job.variant, spec=job.spec, env=job.env, workload=_workload(job))
         code = proc.exitcode
         if timed_out:
             return Measurement(status="timeout", reason=f"killed after {timeout_s:g} s (hard timeout for one case)", **base)

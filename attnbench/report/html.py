@@ -31,7 +31,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from attnbench.analysis import complexity
+from attnbench.analysis import complexity, roofline
 from attnbench.analysis.frame import load
 from attnbench.contract import PROGRESSION
 from attnbench.io import atomic_write, atomic_write_text
@@ -249,7 +249,8 @@ def exponent_summary(fits: pd.DataFrame) -> pd.DataFrame:
     if fits.empty:
         return fits
     rows = []
-    keys = ["machine", "commit", "device", "mode", "dtype", "mask", "variant"]  # one row per commit in a history
+    keys = ["machine", "commit", "device", "mode", "dtype", "mask", "workload", "variant"]  # one row per commit in a history
+    keys = [k for k in keys if k in fits]
     for key, group in fits.groupby(keys, sort=False, dropna=False):
         row = dict(zip(keys, key, strict=True))
         row["commit"] = _short(row["commit"])
@@ -379,11 +380,13 @@ def _slice(frame: pd.DataFrame, primary: dict[str, str]) -> pd.DataFrame:
     return frame[mask]
 
 
-def _fit(fits: pd.DataFrame, variant: str, metric: str) -> dict | None:
-    """A conclusive fit of ``variant``'s ``metric`` (measured, not model), or None."""
+def _fit(fits: pd.DataFrame, variant: str, metric: str, workload: str = "prefill") -> dict | None:
+    """A conclusive fit of ``variant``'s ``metric`` on ``workload`` (measured, not model), or None."""
     if fits.empty:
         return None
     sub = fits[(fits["variant"] == variant) & (fits["metric"] == metric) & (fits["method"] != complexity.MODEL)]
+    if "workload" in sub:
+        sub = sub[sub["workload"] == workload]
     sub = sub[sub["conclusive"].astype(bool) & sub["verdict"].isin(("matches", "steeper", "shallower"))]
     return None if sub.empty else sub.iloc[0].to_dict()
 
@@ -402,7 +405,7 @@ def _at_common_longest(ok: pd.DataFrame, a: str, b: str) -> tuple[int, float, fl
 
 def findings(frame: pd.DataFrame, fits: pd.DataFrame, primary: dict[str, str],
              comparisons: Sequence[Comparison] = ()) -> tuple[Finding, ...]:
-    """Up to six sentences the data supports, each with the id of the figure it is read from.
+    """Up to seven sentences the data supports, each with the id of the figure it is read from.
 
     Only ``ok`` rows and measured values (not method "model") are compared or ranked, and only
     conclusive fits are quoted; a sentence whose numbers are missing is left out, never guessed.
@@ -413,10 +416,12 @@ def findings(frame: pd.DataFrame, fits: pd.DataFrame, primary: dict[str, str],
     ok_time, ok_mem = ok[ok["metric"] == "time"], ok[ok["metric"] == "peak_tensor_bytes"]
     pfits = fits
     if len(fits):
-        pfits = fits[(fits["machine"].astype(str) == primary.get("machine")) & (fits["commit"].astype(str) == primary.get("commit"))
-                     & (fits["device"].astype(str) == primary.get("device"))
-                     & (fits["mode"].astype(str) == primary.get("mode")) & (fits["dtype"].astype(str) == primary.get("dtype"))
-                     & (fits["mask"].astype(str) == primary.get("mask"))]
+        pfits = _pair(fits, primary, _decode_commit(frame, primary))
+        pfits = pfits[(pfits["device"].astype(str) == primary.get("device"))
+                      & (pfits["mode"].astype(str) == primary.get("mode")) & (pfits["dtype"].astype(str) == primary.get("dtype"))
+                      & (pfits["mask"].astype(str) == primary.get("mask"))]
+    dfits = pfits[pfits["workload"] == "decode"] if "workload" in pfits else pfits.iloc[0:0]
+    pfits = pfits[pfits["workload"] == "prefill"] if "workload" in pfits else pfits
 
     # 1. how dense and fused attention time grows (conclusive fits only)
     parts = []
@@ -426,6 +431,11 @@ def findings(frame: pd.DataFrame, fits: pd.DataFrame, primary: dict[str, str],
             parts.append(f"{what} attention (`{variant}`) as L^{fit['exponent']:.2f} [{fit['ci_low']:.2f}, {fit['ci_high']:.2f}]")
     if parts:
         out.append(Finding("Time per call grows for " + " and for ".join(parts) + " (95% intervals).", "fig-progression"))
+
+    # 1b. decode: time per generated token against the cache length, and the roofs it meets
+    decode = _decode_finding(frame, dfits, pfits, primary)
+    if decode:
+        out.append(decode)
 
     # 2. the scratch memory of dense attention against SDPA at the longest common length
     both = _at_common_longest(ok_mem, "batched", "sdpa")
@@ -483,7 +493,54 @@ def findings(frame: pd.DataFrame, fits: pd.DataFrame, primary: dict[str, str],
         counts = ", ".join(f"{v} {k}" for k, v in bad["status"].value_counts().items())
         out.append(Finding(f"{len(bad)} of {len(time_rows)} cases are not measurements to rely on ({counts}): "
                            "they are never fitted or ranked.", "problems"))
-    return tuple(out[:6])
+    return tuple(out[:7])
+
+
+def _decode_commit(frame: pd.DataFrame, primary: dict[str, str]) -> str:
+    """The commit whose decode cases pair with the primary prefill ones: the primary commit when it ran
+    decode on the primary machine, else the machine's latest decode run (a decode sweep is often a later run)."""
+    if "workload" not in frame or not primary:
+        return primary.get("commit", "") if primary else ""
+    rows = frame[(frame["workload"] == "decode") & (frame["machine"].astype(str) == primary["machine"])]
+    if rows.empty or (rows["commit"].astype(str) == primary["commit"]).any():
+        return primary["commit"]
+    return str(rows.sort_values("run_date", na_position="first")["commit"].iloc[-1])
+
+
+def _pair(table: pd.DataFrame, primary: dict[str, str], decode_commit: str) -> pd.DataFrame:
+    """Rows (or fits) of the primary machine: prefill of the primary commit, decode of ``decode_commit``."""
+    if not primary or table.empty:
+        return table
+    decode = table["workload"] == "decode" if "workload" in table else pd.Series(False, index=table.index)
+    commit = table["commit"].astype(str)
+    return table[(table["machine"].astype(str) == primary["machine"])
+                 & ((~decode & (commit == primary["commit"])) | (decode & (commit == decode_commit)))]
+
+
+def _machine(frame: pd.DataFrame, primary: dict[str, str]) -> pd.DataFrame:
+    """The primary machine's prefill and decode cases (:func:`_pair`): the two are often separate runs."""
+    return _pair(frame, primary, _decode_commit(frame, primary))
+
+
+def _decode_finding(frame: pd.DataFrame, dfits: pd.DataFrame, pfits: pd.DataFrame, primary: dict[str, str]) -> Finding | None:
+    """Decode's fitted time exponent beside prefill's, and its % of the bandwidth roof: only from a conclusive decode fit."""
+    for variant in ("sdpa", "batched", *sorted(set(dfits["variant"]) if len(dfits) else ())):
+        fit = _fit(dfits, variant, "time", "decode")
+        if fit:
+            break
+    else:
+        return None
+    text = (f"Decode (one query over a KV cache) takes time per generated token growing as Lk^{fit['exponent']:.2f} "
+            f"[{fit['ci_low']:.2f}, {fit['ci_high']:.2f}] for `{variant}`")
+    pre = _fit(pfits, variant, "time", "prefill")
+    text += f", against prefill's L^{pre['exponent']:.2f}" if pre else ""
+    roof = roofline.roofline(_machine(frame, primary))
+    dec = roof[(roof["workload"] == "decode") & (roof["variant"] == variant) & roof["pct_of_bandwidth"].notna()]
+    if len(dec):
+        last = dec.sort_values("seq_len_k").iloc[-1]
+        text += (f"; at Lk={int(last['seq_len_k'])} it moves {fmt(float(last['gbps']), 'GB/s')}, "
+                 f"{plots._sig(float(last['pct_of_bandwidth']))}% of the measured bandwidth")
+    return Finding(text + ".", "fig-prefill_decode")
 
 
 def analyse(loaded: Loaded) -> Analysis:
@@ -696,6 +753,10 @@ def render(analysis: Analysis, out_dir: str | Path, title: str = "attnbench repo
                         f"{html.escape(', '.join(str(pick.get(k, '')) for k in ('device', 'mode', 'dtype')))} cases{scope}")
         if cross:
             body.append('<h2 id="crossovers-h">Crossovers</h2>' + cross)
+        same = _machine(frame, analysis.primary) if analysis.primary else frame  # prefill and decode may be two runs
+        same_fits = _pair(fits, analysis.primary, _decode_commit(frame, analysis.primary)) if analysis.primary else fits
+        body.append(_prefill_decode_html(same, same_fits, fig_dir))
+        body.append(_roofline_html(same, fig_dir))
     summary = analysis.summary
     doc = complexity.__doc__.split(chr(10) + chr(10))[1]
     body.append('<section id="exponents"><h2>Fitted exponents: the O(n²) claim in numbers</h2>' + _headline(frame, fits)
@@ -708,8 +769,7 @@ def render(analysis: Analysis, out_dir: str | Path, title: str = "attnbench repo
         body.append(_comparison_html(analysis, fig_dir))
         details.append(_details("Achieved GFLOP/s and % of the matmul peak",
                                 _figure(fig_dir, "gflops", plots.gflops(frame),
-                                        "Achieved GFLOP/s on executed FLOPs; dotted line: this machine's fp32 matmul peak.")
-                                + _roofline(frame)))
+                                        "Achieved GFLOP/s on executed FLOPs; dotted line: this machine's fp32 matmul peak.")))
         accuracy = _figure(fig_dir, "accuracy", plots.error_vs_time(frame),
                            "Approximate variants: error against exact softmax attention vs time, each point labelled by its L.")
         if accuracy:
@@ -785,18 +845,48 @@ def render(analysis: Analysis, out_dir: str | Path, title: str = "attnbench repo
     return ReportOutcome(page=path, rows=len(frame), problems=tuple(problems), notes=tuple(notes))
 
 
-def _roofline(frame: pd.DataFrame) -> str:
-    roof = complexity.roofline(frame)
-    if roof.empty:
+ROOFLINE_CAPTION = (
+    "Arithmetic intensity (executed FLOPs per byte an ideal kernel moves: q, k, v read and the output written once) "
+    "against achieved GFLOP/s, log-log, under the roofs measured on the same machine: the matmul peak (compute) and "
+    "STREAM triad bandwidth x intensity (memory). Circles: prefill (Lq = Lk); triangles: decode (one query over a "
+    "KV cache). Colour: the variant's family. Correct, undisturbed measurements only.")
+
+
+def _roofline_html(frame: pd.DataFrame, fig_dir: Path, scope: str = "") -> str:
+    """The roofline figure and, collapsed under it, every case's % of its binding roof (empty when nothing can be placed)."""
+    table = roofline.roofline(frame)
+    fig = _figure(fig_dir, "roofline", plots.roofline(table), ROOFLINE_CAPTION + scope)
+    if not fig:
         return ""
-    peaks = ", ".join(fmt(float(p), "GFLOP/s") for p in sorted(roof["peak_gflops"].dropna().unique()))
-    keys = [c for c in ("machine", "device", "mode") if roof[c].nunique() > 1]
-    table = roof.pivot_table(index=[*keys, "variant"], columns="seq_len", values="pct_of_peak", aggfunc="median")
-    table.columns = [f"L={c}" for c in table.columns]
-    table = table.reset_index()
-    pct = {c: (lambda v: f"{plots._sig(float(v))}%") for c in table.columns if c.startswith("L=")}
-    return (f"<p>Achieved GFLOP/s as a percentage of the matmul peak ({html.escape(peaks or 'not measured')}), "
-            "per variant and length:</p>" + _table(table, formats=pct, lift=False))
+    placed = table[table["ai"].notna()].copy()
+    placed["L"] = placed["seq_len"].where(placed["workload"] == "prefill", placed["seq_len_k"])
+    shown = placed[["machine", "device", "dtype", "mode", "workload", "variant", "seq_len", "L", "ai", "gflops", "gbps",
+                    "bound", "pct_of_roof", "pct_of_compute", "pct_of_bandwidth"]].rename(columns={
+        "seq_len": "Lq", "ai": "FLOP/byte", "gflops": "achieved", "gbps": "moved", "bound": "binding roof",
+        "pct_of_roof": "% of binding roof", "pct_of_compute": "% of compute", "pct_of_bandwidth": "% of bandwidth"})
+    pct = lambda v: f"{plots._sig(float(v))}%"  # noqa: E731
+    formats = {"achieved": lambda v: fmt(float(v), "GFLOP/s"), "moved": lambda v: fmt(float(v), "GB/s"),
+               "% of binding roof": pct, "% of compute": pct, "% of bandwidth": pct}
+    roofs = table.dropna(subset=["peak_gflops"]).drop_duplicates(["machine", "device", "dtype"])
+    named = "; ".join(f"{r['machine']} {r['device']} {r['dtype']}: matmul {fmt(float(r['peak_gflops']), 'GFLOP/s')}, "
+                      + (f"triad {fmt(float(r['peak_gbps']), 'GB/s')}" if r["peak_gbps"] == r["peak_gbps"] else "bandwidth not recorded")
+                      for r in roofs.to_dict("records"))
+    note = ("<p>Roofs: " + html.escape(named or "not recorded") + ". The binding roof is the lower of the two at the case's "
+            "intensity; <code>attnbench peak</code> measures both (asv results record no bandwidth).</p>")
+    return ('<section id="roofline-s"><h2>Roofline: prefill and decode against the measured roofs</h2>' + fig
+            + _details(f"% of the binding roof per case ({len(shown)})", note + _table(shown, formats=formats, keep=("variant",)))
+            + "</section>")
+
+
+def _prefill_decode_html(frame: pd.DataFrame, fits: pd.DataFrame, fig_dir: Path, scope: str = "") -> str:
+    """The prefill vs decode section: only when decode cases ran."""
+    if "workload" not in frame or not ((frame["workload"] == "decode") & (frame["status"] == "ok")).any():
+        return ""
+    fig = _figure(fig_dir, "prefill_decode", plots.prefill_vs_decode(frame, fits),
+                  "Left: decode, time per generated token (one query row) vs the context length Lk it attends to, declared "
+                  "O(L) per token. Right: prefill, time per call vs L = Lq = Lk, declared O(L²). Log-log; each line's end "
+                  "says its fitted slope when the Theil-Sen fit is conclusive." + scope)
+    return f'<section id="prefill-decode"><h2>Prefill vs decode</h2>{fig}</section>' if fig else ""
 
 
 def _environment(frame: pd.DataFrame, sources: Sequence[str]) -> str:

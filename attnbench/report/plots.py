@@ -258,11 +258,13 @@ def scaling(frame: pd.DataFrame, metric: str, guides: bool = True, title: str | 
     return grid.figure
 
 
-def _fit_label(fits: pd.DataFrame | None, variant: str, metric: str) -> str:
-    """"L^2.01" for a conclusive fit, "slope inconclusive", "model" or "" (nothing fitted)."""
+def _fit_label(fits: pd.DataFrame | None, variant: str, metric: str, workload: str = "prefill") -> str:
+    """"L^2.01" for a conclusive fit of ``workload``, "slope inconclusive", "model" or "" (nothing fitted)."""
     if fits is None or fits.empty:
         return ""
     sub = fits[(fits["variant"] == variant) & (fits["metric"] == metric)]
+    if "workload" in sub:
+        sub = sub[sub["workload"].fillna("prefill") == workload]
     if sub.empty:
         return ""
     rec = sub.iloc[0]
@@ -270,7 +272,7 @@ def _fit_label(fits: pd.DataFrame | None, variant: str, metric: str) -> str:
         return "model"
     if not rec.get("conclusive", False) or not math.isfinite(rec["exponent"]):
         return "slope inconclusive"
-    return f"L^{rec['exponent']:.2f}"
+    return f"{'Lk' if workload == 'decode' else 'L'}^{rec['exponent']:.2f}"
 
 
 def progression(frame: pd.DataFrame, fits: pd.DataFrame | None = None, variants: tuple[str, ...] = PROGRESSION) -> plt.Figure | None:
@@ -325,6 +327,118 @@ def gflops(frame: pd.DataFrame) -> plt.Figure | None:
             ax.axhline(float(peak.median()), ls=":", color="black", lw=1)
             lo, hi = ax.get_ylim()
             ax.set_ylim(lo, max(hi, float(peak.median()) * 2))  # the peak line stays in view
+    return fig
+
+
+WORKLOAD_MARKERS = {"prefill": "o", "decode": "^"}  # the roofline's point shapes
+
+
+def roofline(table: pd.DataFrame) -> plt.Figure | None:
+    """Arithmetic intensity vs achieved GFLOP/s (log-log) under the measured roofs of the same machine.
+
+    One panel per (machine, device, dtype) with a recorded matmul peak (at most 3). The compute roof
+    is the matmul peak (horizontal), the bandwidth roof ``AI x triad bandwidth`` (slanted; absent when
+    the run recorded no bandwidth), both labelled with their measured values; they meet at the
+    ridge. Points: one per case, coloured by the variant's family hue, shaped by workload
+    (prefill: circles, decode: triangles).
+
+    Args:
+        table: :func:`attnbench.analysis.roofline.roofline` (only rows with an intensity are drawn).
+    """
+    if table is None or table.empty:
+        return None
+    df = table[table["ai"].notna() & (table["ai"] > 0) & (table["gflops"] > 0) & table["peak_gflops"].notna()]
+    if df.empty:
+        return None
+    groups = list(df.groupby(["machine", "device", "dtype"], sort=True))[:3]
+    fig, axes = plt.subplots(1, len(groups), figsize=(7.2 * len(groups) if len(groups) > 1 else 10, 4.6), squeeze=False)
+    for ax, ((machine, device, dtype), sub) in zip(axes[0], groups, strict=True):
+        peak, bw = float(sub["peak_gflops"].median()), float(sub["peak_gbps"].median())
+        lo = min(float(sub["ai"].min()), peak / bw if bw > 0 else math.inf) / 3
+        hi = max(float(sub["ai"].max()), peak / bw if bw > 0 else 0) * 3
+        x = np.geomspace(lo, hi, 200)
+        if bw > 0:
+            ridge = peak / bw
+            ax.plot(x, np.minimum(peak, x * bw), color="black", lw=1.6, zorder=1)
+            ax.annotate(f"bandwidth roof (slanted): triad {fmt(bw, 'GB/s')}", (lo * 1.15, peak * 1.25), fontsize=8,
+                        va="bottom")  # above the roofs' height, where nothing is drawn
+            ax.axvline(ridge, color="0.7", ls=":", lw=0.8, zorder=0)
+            ax.annotate(f"ridge {_sig(ridge)} FLOP/byte", (ridge, peak), fontsize=7.5, color="0.4", xytext=(3, -12),
+                        textcoords="offset points")
+        else:
+            ax.axhline(peak, color="black", lw=1.6, zorder=1)
+        ax.annotate(f"compute roof: {dtype} matmul {fmt(peak, 'GFLOP/s')}", (hi / 1.2, peak), fontsize=8,
+                    ha="right", xytext=(0, 4), textcoords="offset points")
+        for (variant, workload), pts in sub.groupby(["variant", "workload"], sort=True):
+            ax.scatter(pts["ai"], pts["gflops"], color=colour(variant), marker=WORKLOAD_MARKERS.get(workload, "s"),
+                       s=34, edgecolors="0.2", linewidths=0.4, zorder=3)
+        for workload, pts in sub.groupby("workload"):  # name each cluster with the lengths it spans
+            length = pts["seq_len"] if workload == "prefill" else pts["seq_len_k"]
+            what = "L" if workload == "prefill" else "Lk"
+            ax.annotate(f"{workload}, {what} {int(length.min())}-{int(length.max())}", (float(pts["ai"].min()), float(pts["gflops"].min())),
+                        fontsize=7.5, color="0.3", xytext=(0, -14), textcoords="offset points")
+        ax.set(xscale="log", yscale="log", xlim=(lo, hi), xlabel="arithmetic intensity (FLOP per byte moved by an ideal kernel)",
+               ylabel="achieved GFLOP/s")
+        top = max(peak, float(sub["gflops"].max()))
+        ax.set_ylim(float(sub["gflops"].min()) / 3, top * 2.5)
+        ax.set_title(f"{machine} / {device}" + ("" if bw > 0 else " (bandwidth not recorded)"), fontsize=10)
+    handles = [plt.Line2D([], [], ls="", marker=m, color="0.35", label=w) for w, m in WORKLOAD_MARKERS.items()
+               if w in set(df["workload"])]
+    fams = [f for f in [*FAMILIES, OTHER_FAMILY] if f in {family(v) for v in df["variant"]}]
+    handles += [plt.Line2D([], [], ls="", marker="s", color=plt.get_cmap(FAMILIES[f][0] if f in FAMILIES else "YlOrBr")(0.7),
+                           label=f) for f in fams]
+    axes[0][-1].legend(handles=handles, fontsize=8, loc="lower right", ncol=2, title="shape: workload; colour: family",
+                       title_fontsize=7.5)
+    fig.suptitle("Roofline: every case under the measured compute and bandwidth roofs of its machine", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def prefill_vs_decode(frame: pd.DataFrame, fits: pd.DataFrame | None = None) -> plt.Figure | None:
+    """Time per generated token vs context length (decode, O(L)) beside prefill's time vs L (O(L²)).
+
+    Two log-log panels over the variants that ran both workloads (else every variant of each);
+    each line's end says its fitted slope ("L^1.01") when the fit is conclusive, as the headline
+    figure does. Decode time is per call of one query row: the time to generate one token.
+    """
+    from attnbench.analysis.complexity import swept
+
+    df = _ok(frame, "time")
+    if "method" in df:
+        df = df[df["method"] != "model"]
+    if df.empty or "workload" not in df or not (df["workload"] == "decode").any():
+        return None
+    df = swept(df)
+    df = df[(df["workload"] == "prefill") | (df["seq_len"] == 1)]
+    if (df["mode"] == "forward").any():
+        df = df[df["mode"] == "forward"]
+    both = set(df.loc[df["workload"] == "decode", "variant"]) & set(df.loc[df["workload"] == "prefill", "variant"])
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.3))
+    for ax, workload in zip(axes, ("decode", "prefill"), strict=True):
+        sub = df[df["workload"] == workload]
+        if both:
+            sub = sub[sub["variant"].isin(both)]
+        ends, text = {}, {}
+        for variant in [v for v in variant_names() if v in set(sub["variant"])] + sorted(set(sub["variant"]) - set(variant_names())):
+            s = sub[sub["variant"] == variant].groupby("length")["value"].median()
+            ax.plot(s.index, s.values, marker="^" if workload == "decode" else "o", ms=4, lw=2, color=colour(variant))
+            ends[variant] = (float(s.index[-1]), float(s.values[-1]))
+            label = _fit_label(fits, variant, "time", workload)
+            text[variant] = f"{variant}  {label}" if label else variant
+        ax.set_yscale("log")
+        if len(sub):
+            _length_axis(ax, sub["length"].unique())
+            ax.set_xlim(sub["length"].min() / 1.3, sub["length"].max() * 3.2)
+        _unit_axis(ax, "y", "s")
+        _end_labels(ax, ends, text)
+        if workload == "decode":
+            ax.set(xlabel="context length Lk (KV cache), one query", ylabel="time per generated token")
+            ax.set_title("decode: one token over a KV cache of Lk (declared O(L))", fontsize=11)
+        else:
+            ax.set(xlabel="sequence length L = Lq = Lk", ylabel="time per call")
+            ax.set_title("prefill: the whole prompt at once (declared O(L²))", fontsize=11)
+    fig.suptitle("Prefill vs decode: time vs length, fitted slopes at line ends", fontsize=12)
+    fig.tight_layout()
     return fig
 
 

@@ -1,9 +1,12 @@
 """The contract every attention variant follows.
 
-Letters: B batch, H heads, Lq queries, Lk keys, D query/key head dim, Dv value head dim.
+Letters: B batch, H query heads, Hkv key/value heads, G = H // Hkv, Lq queries, Lk keys,
+D query/key head dim, Dv value head dim.
 
 A variant is a callable ``variant(q, k, v, mask=None)`` with ``q (B, H, Lq, D)``,
-``k (B, H, Lk, D)``, ``v (B, H, Lk, Dv)`` returning ``(B, H, Lq, Dv)``. The mask is None, a
+``k (B, Hkv, Lk, D)``, ``v (B, Hkv, Lk, Dv)`` returning ``(B, H, Lq, Dv)``. ``Hkv < H`` is
+grouped-query attention (query head h reads key/value head ``h // G``; Hkv = 1 is multi-query
+attention); a variant runs it only when it declares how (``SUPPORTS_GQA``, see :data:`GQA_MODES`). The mask is None, a
 boolean tensor broadcastable to ``(B, H, Lq, Lk)`` (True means "may attend", the SDPA convention),
 or a predicate (:class:`~attnbench.mask_mods.MaskMod`). A variant that uses the predicate directly
 (tiles, block skipping, ``is_causal``) says so in :meth:`Variant.takes_mask_mod`; for every other
@@ -60,6 +63,12 @@ EAGER_BACKWARD = 2.0
 """Backward FLOPs per forward FLOP of a matmul whose two operands both need a gradient (eager autograd)."""
 CONSTANT_OPERAND_BACKWARD = 1.0
 """Backward FLOPs per forward FLOP of a matmul with one constant operand (a fixed weight)."""
+GQA_MODES: dict[str, str] = {
+    "native": "the kernel reads each key/value head for its G query heads (no copy)",
+    "grouped": "grouped matmul: q viewed as (B, Hkv, G*Lq, D) against k (B, Hkv, Lk, D) (no copy)",
+    "repeat": "k and v repeated to H heads first (copies of B*H*Lk*(D+Dv) elements, counted in the peak)",
+}
+"""How a variant runs grouped-query attention (``SUPPORTS_GQA``; "" means it does not)."""
 RECOMPUTE_BACKWARD = 3.0
 """Backward FLOPs per forward FLOP of the scores ``Q K^T`` in a fused kernel: recompute, dQ, dK."""
 
@@ -125,6 +134,7 @@ class Variant(ABC):
     REJECTS_NONFINITE: ClassVar[bool] = True  # validate() rejects NaN/inf in q, k, v (see validate)
     APPROX_ERROR_BOUND: ClassVar[float | None] = None  # approximate variants: allowed mean |out - softmax attention|
     MASK_MODS: ClassVar[bool] = False  # forward takes a MaskMod predicate itself (see takes_mask_mod)
+    SUPPORTS_GQA: ClassVar[str] = ""  # how Hkv < H is run: a GQA_MODES key ("native", "grouped", "repeat"), "" = not
 
     def __init__(self, scale: float | None = None) -> None:
         self.scale = check_scale(scale)
@@ -257,9 +267,19 @@ class Variant(ABC):
             reasons.append(f"cross-attention (Lq={call.lq} != Lk={call.lk}) not supported")
         if call.backward and not self.SUPPORTS_BACKWARD:
             reasons.append("backward pass not supported")
+        if call.hkv != call.heads and not self.gqa_mode(call):
+            reasons.append(f"grouped-query attention (Hkv={call.hkv} key/value heads for H={call.heads}) not supported")
         if call.device == "cuda" and not torch.cuda.is_available():
             reasons.append("CUDA is not available on this machine")
         return reasons + self.extra_reasons(call)
+
+    def gqa_mode(self, call: CallInfo) -> str:
+        """How this call's grouped-query attention runs (a :data:`GQA_MODES` key), "" when it cannot.
+
+        ``SUPPORTS_GQA`` by default; a variant whose answer depends on the call (a backend, a
+        device) overrides this, and the cost model follows what it returns.
+        """
+        return self.SUPPORTS_GQA
 
     def extra_reasons(self, call: CallInfo) -> list[str]:
         """Variant-specific limits beyond the declared sets; override where needed."""
@@ -330,13 +350,19 @@ class Variant(ABC):
         """Elements of temporary storage live at the forward peak, beyond inputs and output."""
         return self.SCORE_BUFFERS * spec.batch * spec.heads * spec.lq * spec.lk
 
+    def kv_copy_elements(self, spec: AttnSpec) -> int:
+        """Elements of the k and v copies a ``"repeat"`` GQA makes: ``B*H*Lk*(D+Dv)``; 0 otherwise."""
+        if spec.hkv == spec.heads or self.gqa_mode(CallInfo.from_spec(spec)) != "repeat":
+            return 0
+        return spec.batch * spec.heads * spec.lk * (spec.head_dim + spec.dv)
+
     def predicted_peak_bytes(self, spec: AttnSpec) -> int:
-        """Predicted peak tensor bytes above the inputs: scratch + output (x3 for backward) + weights.
+        """Predicted peak tensor bytes above the inputs: scratch + k/v copies + output (x3 for backward) + weights.
 
         The backward factor covers saved activations, their gradients and the input gradients.
         The variant's own parameters (:meth:`parameter_bytes`) are added once. O(1) work.
         """
-        fwd = self.scratch_elements(spec) * spec.elem_bytes + spec.output_bytes
+        fwd = (self.scratch_elements(spec) + self.kv_copy_elements(spec)) * spec.elem_bytes + spec.output_bytes
         if spec.mode == "backward":
             fwd = 3 * fwd + spec.input_bytes
         return int(fwd + self.parameter_bytes(spec))

@@ -15,14 +15,16 @@ class BatchedAttention(Variant):
     """``softmax(Q K^T * scale) V`` with two bmm calls; peak = scores + probabilities + output."""
 
     source = "DotProductAttention with torch.bmm; Vaswani et al. 2017"
+    SUPPORTS_GQA = "grouped"  # the G query heads of a group share one bmm against their key/value head
 
     def forward(self, q, k, v, mask):
         b, h, lq, d = q.shape
-        lk, dv = k.shape[2], v.shape[-1]
-        q3 = q.reshape(b * h, lq, d)  # (B*H, Lq, D)
-        k3 = k.reshape(b * h, lk, d)  # (B*H, Lk, D)
-        v3 = v.reshape(b * h, lk, dv)  # (B*H, Lk, Dv)
-        scores = torch.bmm(q3, k3.transpose(1, 2)).mul_(self.scale_for(d))  # (B*H, Lq, Lk)
+        hkv, lk, dv = k.shape[1], k.shape[2], v.shape[-1]
+        g = h // hkv  # query heads per key/value head (1: multi-head)
+        q3 = q.reshape(b * hkv, g * lq, d)  # (B*Hkv, G*Lq, D): head h = j*G + i of group j
+        k3 = k.reshape(b * hkv, lk, d)  # (B*Hkv, Lk, D)
+        v3 = v.reshape(b * hkv, lk, dv)  # (B*Hkv, Lk, Dv)
+        scores = torch.bmm(q3, k3.transpose(1, 2)).mul_(self.scale_for(d))  # (B*Hkv, G*Lq, Lk)
         probs = masked_softmax_(scores.view(b, h, lq, lk), mask)  # (B, H, Lq, Lk)
-        out = torch.bmm(probs.view(b * h, lq, lk), v3)  # (B*H, Lq, Dv)
+        out = torch.bmm(probs.view(b * hkv, g * lq, lk), v3)  # (B*Hkv, G*Lq, Dv)
         return zero_empty_rows(out.view(b, h, lq, dv), mask)

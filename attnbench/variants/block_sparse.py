@@ -22,6 +22,7 @@ import torch
 from attnbench import masks
 from attnbench._checks import check_positive_int, check_seed
 from attnbench.mask_mods import MaskMod, tile
+from attnbench.reference import repeat_kv
 from attnbench.variants._blockwise import gathered_block_attention
 from attnbench.variants._ops import masked_softmax_, zero_empty_rows
 from attnbench.variants.base import Variant, dense_mask
@@ -44,6 +45,8 @@ def block_pattern(num_blocks: int, global_blocks: int, window_blocks: int, rando
 
 class BlockSparseAttention(Variant):
     """Local blocks + global tokens + random blocks (BigBird ITC); self-attention only."""
+
+    SUPPORTS_GQA = "repeat"  # k and v repeated to H heads at entry (counted in the peak)
 
     time_exponent = 1.0
     memory_exponent = 1.0
@@ -79,6 +82,7 @@ class BlockSparseAttention(Variant):
         return dense[:lq, :lk].to(device)[None, None]
 
     def reference(self, q, k, v, mask=None, dtype=torch.float64):
+        k, v = repeat_kv(k, v, q.shape[1])  # (B, H, Lk, D), (B, H, Lk, Dv)
         pattern = self.pattern(q.shape[2], k.shape[2], q.device)
         return super().reference(q, k, v, masks.combine(pattern, dense_mask(mask, q, k)), dtype)
 
@@ -129,6 +133,7 @@ class BlockSparseAttention(Variant):
 
     def forward(self, q, k, v, mask):
         b, h, length, d = q.shape
+        k, v = repeat_kv(k, v, h)  # (B, H, Lk, D), (B, H, Lk, Dv)
         scale = self.scale_for(d)
         n_global = min(self.global_blocks * self.block, length)
         out = torch.empty(b, h, length, v.shape[-1], dtype=q.dtype, device=q.device)

@@ -26,6 +26,7 @@ import torch
 
 from attnbench import mask_mods
 from attnbench._checks import check_positive_int
+from attnbench.reference import repeat_kv
 from attnbench.variants.base import Variant
 
 _LOG2_E = math.log2(math.e)
@@ -76,6 +77,7 @@ class ChunkedAttention(Variant):
     memory_exponent = 1.0
     source = "Rabe & Staats 2021 (self-attention does not need O(n^2) memory)"
     MASK_MODS = True  # evaluates the predicate per tile: skips empty tiles, no mask work on full ones
+    SUPPORTS_GQA = "repeat"  # k and v repeated to H heads at entry (counted in the peak)
 
     def __init__(self, q_chunk: int | None = None, k_chunk: int | None = None, scale: float | None = None) -> None:
         super().__init__(scale)
@@ -136,6 +138,7 @@ class ChunkedAttention(Variant):
 
     def forward(self, q, k, v, mask):
         b, h, lq, d = q.shape
+        k, v = repeat_kv(k, v, h)  # (B, H, Lk, D), (B, H, Lk, Dv)
         lk, dv = k.shape[2], v.shape[-1]
         dtype = str(q.dtype).removeprefix("torch.")
         mod = mask if isinstance(mask, mask_mods.MaskMod) else None

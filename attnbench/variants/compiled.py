@@ -111,6 +111,9 @@ class CompiledVariant(Variant):
     def takes_mask_mod(self, mod):
         return self.base.takes_mask_mod(mod)
 
+    def gqa_mode(self, call):
+        return self.base.gqa_mode(call)
+
     def validate(self, q, k, v, mask=None):
         mask4 = super().validate(q, k, v, mask)
         _configure_dynamo()
@@ -154,6 +157,7 @@ class FlexAttention(Variant):
     OPAQUE_KERNELS = frozenset({"flex_attention"})  # FlopCounterMode cannot run the CPU HOP at all
     TILE = 128  # create_block_mask's default block size: FlexAttention computes whole non-empty tiles
     MASK_MODS = True  # the predicate is the block mask's mask_mod (no dense mask is built)
+    SUPPORTS_GQA = "native"  # flex_attention(enable_gqa=True)
 
     def __init__(self, compiled: bool = True, scale: float | None = None) -> None:
         super().__init__(scale)
@@ -237,4 +241,4 @@ class FlexAttention(Variant):
 
     def forward(self, q, k, v, mask):
         block_mask = self.block_mask(mask, q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.device)
-        return _flex(self.compiled)(q, k, v, block_mask=block_mask, scale=self.scale)
+        return _flex(self.compiled)(q, k, v, block_mask=block_mask, scale=self.scale, enable_gqa=k.shape[1] != q.shape[1])

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from attnbench._checks import check_positive_int, check_seed
-from attnbench.reference import kernel_attend
+from attnbench.reference import kernel_attend, repeat_kv
 from attnbench.variants.base import (
     CONSTANT_OPERAND_BACKWARD,
     EAGER_BACKWARD,
@@ -38,6 +38,8 @@ from attnbench.variants.base import (
 class KernelAttention(Variant):
     """Shared O(L) evaluation for any positive feature map ``phi``."""
 
+    SUPPORTS_GQA = "repeat"  # k and v repeated to H heads at entry (counted in the peak)
+
     time_exponent = 1.0
     memory_exponent = 1.0
     SUPPORTED_MASKS = KEY_PADDING_MASKS
@@ -51,6 +53,7 @@ class KernelAttention(Variant):
 
     def reference(self, q, k, v, mask=None, dtype=torch.float64):
         """Dense, quadratic evaluation of the same kernel (features computed in ``dtype``)."""
+        k, v = repeat_kv(k, v, q.shape[1])  # (B, H, Lk, D), (B, H, Lk, Dv)
         mask = dense_mask(mask, q, k)
         q_feat, k_feat = self.features(q.to(dtype), True), self.features(k.to(dtype), False)
         return kernel_attend(q_feat, k_feat, v, mask, dtype)
@@ -84,6 +87,7 @@ class KernelAttention(Variant):
         return spec.batch * spec.heads * (features + f * (spec.dv + 1) + spec.lq)
 
     def forward(self, q, k, v, mask):
+        k, v = repeat_kv(k, v, q.shape[1])  # (B, H, Lk, D), (B, H, Lk, Dv)
         q_feat = self.features(q, True)  # (B, H, Lq, F)
         k_feat = self.features(k, False)  # (B, H, Lk, F)
         if mask is not None:

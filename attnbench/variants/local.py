@@ -11,12 +11,15 @@ from __future__ import annotations
 import torch
 
 from attnbench import masks
+from attnbench.reference import repeat_kv
 from attnbench.variants._blockwise import gathered_block_attention
 from attnbench.variants.base import Variant, dense_mask
 
 
 class LocalAttention(Variant):
     """Banded attention; exact on its own pattern ``sliding_window(window) & mask``."""
+
+    SUPPORTS_GQA = "repeat"  # k and v repeated to H heads at entry (counted in the peak)
 
     time_exponent = 1.0
     memory_exponent = 1.0
@@ -55,10 +58,12 @@ class LocalAttention(Variant):
         return masks.sliding_window(lq, lk, self.window, device)
 
     def reference(self, q, k, v, mask=None, dtype=torch.float64):
+        k, v = repeat_kv(k, v, q.shape[1])  # (B, H, Lk, D), (B, H, Lk, Dv)
         pattern = self.pattern(q.shape[2], k.shape[2], q.device)
         return super().reference(q, k, v, masks.combine(pattern, dense_mask(mask, q, k)), dtype)
 
     def forward(self, q, k, v, mask):
+        k, v = repeat_kv(k, v, q.shape[1])  # (B, H, Lk, D), (B, H, Lk, Dv)
         lq, w, blk = q.shape[2], self.window, self.block
         nb = -(-lq // blk)
         starts = torch.arange(nb, device=q.device)[:, None] * blk - w  # (Nb, 1)

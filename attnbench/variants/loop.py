@@ -21,6 +21,7 @@ class LoopAttention(Variant):
     memory_exponent = 1.0  # one row of Lk scores alive at a time
     source = "Python loops, one scalar score at a time (AttentionFromDsy); Bahdanau et al. 2015"
     SCORE_BUFFERS = 0.0
+    SUPPORTS_GQA = "native"  # query head h indexes key/value head h // G: no copy
     SECONDS_PER_PAIR = 20e-6  # interpreter cost per (query, key) pair, measured on a 2-core CPU machine
     # torch.dot and the scalar-times-vector accumulation carry its contractions; FlopCounterMode
     # counts neither, so its FLOPs are checked against an instrumented count instead.
@@ -38,12 +39,13 @@ class LoopAttention(Variant):
     def forward(self, q, k, v, mask):
         b_sz, h_sz, lq, d = q.shape
         lk = k.shape[2]
+        g = h_sz // k.shape[1]  # query heads per key/value head
         scale = self.scale_for(d)
         allowed = None if mask is None else mask.expand(b_sz, h_sz, lq, lk)
         rows = []
         for b in range(b_sz):
             for h in range(h_sz):
-                q_bh, k_bh, v_bh = q[b, h], k[b, h], v[b, h]  # (Lq, D), (Lk, D), (Lk, Dv): 2-D Q, K, V per (b, h)
+                q_bh, k_bh, v_bh = q[b, h], k[b, h // g], v[b, h // g]  # (Lq, D), (Lk, D), (Lk, Dv): 2-D Q, K, V per (b, h)
                 for i in range(lq):
                     keep = None if allowed is None else allowed[b, h, i].tolist()
                     q_i = q_bh[i]  # (D,)

@@ -33,20 +33,22 @@ class MultiheadAttentionCore(Variant):
     """Merge heads, fold them into the batch, attend with bmm, unfold, split heads."""
 
     source = "MultiHeadAttention with transpose_qkv/transpose_output; Vaswani et al. 2017"
+    SUPPORTS_GQA = "grouped"  # keys and values folded with their own Hkv heads; a group's queries share one bmm
 
     def scratch_elements(self, spec):  # noqa: D102 - scores + probs + head-folded copies
         b, h = spec.batch, spec.heads
-        copies = b * h * (spec.lq * spec.head_dim + spec.lk * (spec.head_dim + spec.dv) + spec.lq * spec.dv)
+        copies = b * (h * spec.lq * (spec.head_dim + spec.dv) + spec.hkv * spec.lk * (spec.head_dim + spec.dv))
         return self.SCORE_BUFFERS * b * h * spec.lq * spec.lk + copies
 
     def forward(self, q, k, v, mask):
         b, h, lq, d = q.shape
-        lk = k.shape[2]
+        hkv, lk = k.shape[1], k.shape[2]
         queries = transpose_qkv(merge_heads(q), h)  # (B*H, Lq, D)
-        keys = transpose_qkv(merge_heads(k), h)  # (B*H, Lk, D)
-        values = transpose_qkv(merge_heads(v), h)  # (B*H, Lk, Dv)
-        scores = torch.bmm(queries, keys.transpose(1, 2)).mul_(self.scale_for(d))  # (B*H, Lq, Lk)
-        probs = masked_softmax_(scores.view(b, h, lq, lk), mask).view(b * h, lq, lk)
-        out = transpose_output(torch.bmm(probs, values), h)  # (B, Lq, H*Dv)
+        keys = transpose_qkv(merge_heads(k), hkv)  # (B*Hkv, Lk, D)
+        values = transpose_qkv(merge_heads(v), hkv)  # (B*Hkv, Lk, Dv)
+        queries = queries.reshape(b * hkv, (h // hkv) * lq, d)  # (B*Hkv, G*Lq, D): a group's heads share one bmm
+        scores = torch.bmm(queries, keys.transpose(1, 2)).mul_(self.scale_for(d))  # (B*Hkv, G*Lq, Lk)
+        probs = masked_softmax_(scores.view(b, h, lq, lk), mask).view(b * hkv, -1, lk)  # (B*Hkv, G*Lq, Lk)
+        out = transpose_output(torch.bmm(probs, values).view(b * h, lq, -1), h)  # (B, Lq, H*Dv)
         out = out.view(b, lq, h, -1).transpose(1, 2)  # (B, H, Lq, Dv)
         return zero_empty_rows(out, mask)

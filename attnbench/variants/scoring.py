@@ -22,7 +22,7 @@ import math
 import torch
 
 from attnbench._checks import check_positive_int, check_seed
-from attnbench.reference import attend
+from attnbench.reference import attend, repeat_kv
 from attnbench.variants._ops import masked_softmax_, zero_empty_rows
 from attnbench.variants.base import CONSTANT_OPERAND_BACKWARD, EAGER_BACKWARD, Contraction, Variant, dense_mask
 
@@ -31,6 +31,8 @@ SCORES = ("dot", "scaled_dot", "bilinear", "additive")
 
 class ScoringAttention(Variant):
     """Attention with a named scoring function; see the module docstring."""
+
+    SUPPORTS_GQA = "repeat"  # k and v repeated to H heads at entry (counted in the peak)
 
     source = "Luong et al. 2015; Vaswani et al. 2017; Bahdanau et al. 2015 (AdditiveAttention, DotProductAttention)"
 
@@ -87,6 +89,7 @@ class ScoringAttention(Variant):
 
     def reference(self, q, k, v, mask=None, dtype=torch.float64):
         """The same score function and weights evaluated densely with einsum in ``dtype``."""
+        k, v = repeat_kv(k, v, q.shape[1])  # (B, H, Lk, D), (B, H, Lk, Dv)
         mask = dense_mask(mask, q, k)
         qc, kc = q.to(dtype), k.to(dtype)
         p = self.params(q.shape[-1], k.shape[-1], dtype, q.device)
@@ -136,5 +139,6 @@ class ScoringAttention(Variant):
         return base
 
     def forward(self, q, k, v, mask):
+        k, v = repeat_kv(k, v, q.shape[1])  # (B, H, Lk, D), (B, H, Lk, Dv)
         probs = masked_softmax_(self.scores(q, k), mask)  # (B, H, Lq, Lk)
         return zero_empty_rows(probs @ v, mask)  # (B, H, Lq, Dv)

@@ -15,6 +15,13 @@ CUDA support follows PyTorch's ``sdp_utils`` rules: FlashAttention and cuDNN tak
 but do take ``is_causal``; FlashAttention-2 refuses ``is_causal`` when ``Lq != Lk`` (its causal
 mask is bottom-right aligned, so PyTorch rejects non-square causal there); the memory-efficient
 kernel takes both.
+
+Grouped-query attention (Hkv < H) goes through ``enable_gqa=True``. On CPU the flash kernel reads
+the shared heads in place, while the math composite repeats k and v to H heads first (measured: its
+peak grows by those copies), so ``auto`` and ``flash`` declare ``"native"`` and ``math`` (or ``auto``
+falling back to math when Dv != D) ``"repeat"``. On CUDA, FlashAttention-2 takes grouped heads; the
+efficient and cuDNN kernels are declared unsupported (their acceptance of grouped heads has changed
+between PyTorch releases and is not verified here), and ``auto`` may fall back to the math composite.
 """
 
 from __future__ import annotations
@@ -100,6 +107,14 @@ class SDPA(Variant):
             return Variant.contractions(_AsMath(self), spec)
         return super().contractions(spec)
 
+    def gqa_mode(self, call):
+        """See the module docstring: "native" where the kernel reads shared heads, "repeat" for math, "" where unverified."""
+        if self.backend in ("efficient", "cudnn"):
+            return ""
+        if self.backend == "math" or (self.backend == "auto" and (call.device == "cuda" or call.dv != call.d)):
+            return "repeat"  # the math composite (or a possible fallback to it) repeats k and v
+        return "native"
+
     def extra_reasons(self, call):
         reasons = []
         if call.device == "cuda" and self.backend in ("flash", "cudnn"):
@@ -123,8 +138,9 @@ class SDPA(Variant):
     def forward(self, q, k, v, mask):
         backend = BACKENDS[self.backend]
         ctx = contextlib.nullcontext() if backend is None else sdpa_kernel(backend)
+        gqa = k.shape[1] != q.shape[1]  # grouped-query attention: query head h reads key/value head h // G
         with ctx:
             if isinstance(mask, MaskMod):  # exactly causal (takes_mask_mod): the production call
-                return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=gqa)
             # SDPA already returns zeros for rows with no allowed key (checked by the tests).
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=gqa)
