@@ -46,7 +46,7 @@ def check_qkv(
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     if q.shape[0] != k.shape[0] or k.shape[:2] != v.shape[:2] or q.shape[1] % k.shape[1]:
         raise ValueError(
-            "q, k, v must share the batch B, and k and v one head count Hkv dividing q's H (grouped-query "
+            "q, k, v must agree on batch and heads: one batch B, and k and v one head count Hkv dividing q's H (grouped-query "
             f"attention; Hkv = H for multi-head), got (B, H) {tuple(q.shape[:2])}, {tuple(k.shape[:2])}, {tuple(v.shape[:2])}"
         )
     if same_qk_dim and q.shape[-1] != k.shape[-1]:
