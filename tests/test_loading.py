@@ -417,3 +417,15 @@ def test_a_noisy_case_keeps_its_value_but_is_not_ok(tmp_path, monkeypatch):
 
     fits = complexity.fit_table(frame)
     assert fits.loc[fits["metric"] == "time", "n"].iloc[0] <= 3  # the noisy length is not fitted
+
+
+def test_a_manifest_one_write_behind_the_log_is_a_note_not_corruption(tmp_path):
+    """kill -9 between writing the rows and the manifest: the log and the rows agree, the manifest lags."""
+    run = write_good_run(tmp_path / "run")
+    cases = json.loads((run / MANIFEST).read_text())["cases"]
+    lagging = write_good_run(tmp_path / "lag", cases=cases - 1, complete=False)
+    frame = load_run(lagging)
+    assert frame.attrs["problems"] == [] and any("stopped between writing its files" in n for n in frame.attrs["notes"])
+    truncated = write_good_run(tmp_path / "cut")
+    (truncated / MEASUREMENTS).write_text("".join(_csv_lines(truncated)[:-1]))  # rows disagree with the log too
+    assert any("truncated or replaced" in p for p in load_run(truncated).attrs["problems"])

@@ -516,7 +516,7 @@ def load_run(run_dir: str | Path) -> pd.DataFrame:
 
     Bad rows are rejected with a reason, and the row count is cross-checked with the manifest.
     """
-    from attnbench.runs import MANIFEST, MEASUREMENTS
+    from attnbench.runs import LOG, MANIFEST, MEASUREMENTS
 
     run_dir = Path(run_dir)
     problems: list[str] = []
@@ -540,7 +540,11 @@ def load_run(run_dir: str | Path) -> pd.DataFrame:
     else:
         in_file = 0
     cases, planned, complete = manifest.get("cases"), manifest.get("planned"), manifest.get("complete")
-    if cases is not None and cases != in_file and (read is not None or cases > 0):
+    if cases == in_file - 1 and read is not None and _logged_cases(run_dir) == in_file:
+        # One write behind the log (the truth) and the rows: killed between writing the rows and the manifest.
+        notes.append(f"{run_dir / MANIFEST} says {cases} case(s) but {run_dir / MEASUREMENTS} and {run_dir / LOG} hold "
+                     f"{in_file}: the sweep stopped between writing its files (--resume rewrites the manifest)")
+    elif cases is not None and cases != in_file and (read is not None or cases > 0):
         problems.append(f"{run_dir / MEASUREMENTS}: holds {in_file} row(s) but {run_dir / MANIFEST} says {cases} "
                         "case(s) were written (truncated or replaced)")
     if complete is False:
@@ -549,6 +553,16 @@ def load_run(run_dir: str | Path) -> pd.DataFrame:
     elif planned is not None and cases is not None and cases < planned and complete is not True:
         notes.append(f"{run_dir}: incomplete ({cases} of {planned} cases)")
     return _finish(rows, problems, notes)
+
+
+def _logged_cases(run_dir: Path) -> int | None:
+    """Cases in the run's append-only log (None when it has none or cannot be read)."""
+    from attnbench.runs import LOG, read_log
+
+    try:
+        return len(read_log(run_dir / LOG).measurements) if (run_dir / LOG).is_file() else None
+    except (OSError, ValueError):
+        return None
 
 
 def _kind(path: Path) -> str:
