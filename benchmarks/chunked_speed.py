@@ -37,7 +37,7 @@ from attnbench.measure import regime, runner
 from attnbench.variants.base import Variant
 
 
-def _timed_rounds(calls: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
+def timed_rounds(calls: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
     """Seconds per call of every contender, ``rounds`` times round-robin."""
     samples: dict[str, list[float]] = {label: [] for label in calls}
     for _ in range(rounds):
@@ -106,7 +106,7 @@ def goal_figures(length: int, rounds: int, baseline: str | None = None, section:
         contenders.update({"baseline chunked none": (old_eager, base), "baseline chunked causal": (old_eager, causal),
                            "baseline compiled_chunked none": (old_compiled, base)})
     calls = {label: _prepared(variant, spec) for label, (variant, spec) in contenders.items()}
-    samples = _timed_rounds(calls, rounds)
+    samples = timed_rounds(calls, rounds)
     load = os.getloadavg()
     fl = chunked.flops(causal).executed / chunked.flops(base).executed
     print(f"{section} CPU L={length} B1 H8 D64 float32 forward, {regime.describe()}; median of {rounds} "
@@ -140,7 +140,7 @@ def floor_figures(length: int, rounds: int) -> None:
         floors[f"{who} {cq}x{ck} matmuls + exp2"] = _gemm_floor(q3, k3, v3, cq, ck, exp=True)
     for call in floors.values():
         call()
-    samples = _timed_rounds(floors, rounds)
+    samples = timed_rounds(floors, rounds)
     load = os.getloadavg()
     flops = chunked.flops(base).executed
     print(f"[2] the floor: chunked's tile matmuls alone vs sdpa, same rounds; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import time
 
 import attnbench
 from attnbench import AttnSpec, masks
@@ -29,13 +28,7 @@ def _prepared(name: str, spec: AttnSpec):
 def interleaved(contenders: dict[str, tuple[str, AttnSpec]], rounds: int) -> dict[str, float]:
     """Median seconds per contender, timed round-robin."""
     calls = {label: _prepared(name, spec)[1] for label, (name, spec) in contenders.items()}
-    samples: dict[str, list[float]] = {label: [] for label in calls}
-    for _ in range(rounds):
-        for label, call in calls.items():
-            start = time.perf_counter()
-            call()
-            samples[label].append(time.perf_counter() - start)
-    return {label: statistics.median(s) for label, s in samples.items()}
+    return {label: statistics.median(s) for label, s in chunked_speed.timed_rounds(calls, rounds).items()}
 
 
 def peak(name: str, spec: AttnSpec) -> float:
