@@ -82,7 +82,8 @@ def by_asv(work: Path) -> dict[str, float]:
     (work / "asv").mkdir(parents=True, exist_ok=True)
     (work / "asv" / "asv.conf.json").write_text(json.dumps(conf))
     env = {**_env(), "ATTNBENCH_ASV_VARIANTS": ",".join(VARIANTS), "ATTNBENCH_ASV_LENGTHS": str(LENGTH),
-           "ATTNBENCH_ASV_MODES": "forward", "ATTNBENCH_ASV_DEVICES": "cpu"}
+           "ATTNBENCH_ASV_MODES": "forward", "ATTNBENCH_ASV_DEVICES": "cpu",
+           "ATTNBENCH_ASV_MASKS": "none"}  # the grid's causal rows would overwrite these (linear_elu: n/a, NaN)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     conf_path = str(work / "asv" / "asv.conf.json")
     subprocess.run([sys.executable, "-m", "asv", "machine", "--yes", "--machine", "agree", "--config", conf_path],
