@@ -207,6 +207,7 @@ def measure(
     *,
     peak_flops: float | None = None,
     env: Environment | None = None,
+    expected_call_s: float | None = None,
 ) -> Measurement:
     """Measure one case; never raises for a failing case (see the module docstring).
 
@@ -216,6 +217,9 @@ def measure(
         config: measurement policy.
         peak_flops: this machine's matmul FLOP/s for the time guard (measured if None).
         env: environment to record (collected if None).
+        expected_call_s: one call's seconds as :func:`sweep` extrapolates them from the same case at a
+            shorter length (:func:`.guard.extrapolated_seconds`); the time guard uses it instead of the
+            cost model. None: the cost model.
 
     Example:
         >>> m = measure("batched", AttnSpec(seq_len=256, heads=2))
@@ -254,6 +258,7 @@ def measure(
             calls=calls,
             reference_bytes=plan.reference_bytes,
             reference_s=guard.reference_seconds(variant, spec, len(plan.slices), peak_flops),
+            call_s=expected_call_s,
         )
         if reasons:
             return Measurement(status="skipped", reason="; ".join(reasons), **base)
@@ -448,6 +453,8 @@ def sweep(
                 seen[d] = [probe.probe_seconds(d) for _ in range(BASELINE_PROBES)]
                 baselines[d] = quiet_speed(seen[d])
         results: list[Measurement] = []
+        # The same case's last measured (length, seconds per call): the time guard's extrapolation.
+        measured: dict[tuple, tuple[int, float]] = {}
         for i, (name, spec) in enumerate(cases):
             if should_stop is not None and should_stop():
                 break
@@ -457,15 +464,21 @@ def sweep(
             case_config = config
             if spec.device in baselines:
                 case_config = dataclasses.replace(config, probe_baseline_s=baselines[spec.device])
+            shape = (name, *(getattr(spec, f.name) for f in dataclasses.fields(spec) if f.name != "seq_len"))
+            expected = None
+            if shape in measured:
+                expected = guard.extrapolated_seconds(get_variant(name), spec, *measured[shape])
             if isolate:
                 cap = None
                 if memory_cap and spec.device_type == "cpu":
                     cap = int(config.memory_budget(spec.device)) + CAP_ALLOWANCE_BYTES
                 job = CaseJob(name, spec, case_config, peak, env, sys_path=list(sys.path), memory_cap_bytes=cap,
-                              environ=dict(os.environ))
+                              environ=dict(os.environ), expected_call_s=expected)
                 result = workers.run(job, timeout)
             else:
-                result = measure(name, spec, case_config, peak_flops=peak, env=env)
+                result = measure(name, spec, case_config, peak_flops=peak, env=env, expected_call_s=expected)
+            if result.samples and math.isfinite(result.median) and result.median > 0:
+                measured[shape] = (spec.seq_len, float(result.median))
             fastest = result.extra.get("probe_fastest_s", math.nan)
             if spec.device in baselines and isinstance(fastest, float) and fastest > 0:
                 seen[spec.device].append(fastest)
