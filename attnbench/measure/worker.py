@@ -25,7 +25,9 @@ settings such as ``MALLOC_MMAP_THRESHOLD_`` are read only then): :class:`WorkerP
 mapping (``attnbench run`` passes :func:`attnbench.measure.regime.child_env`), starts the server with
 it, and restarts the server when a later pool asks for another. Each worker then applies the regime
 itself (:func:`attnbench.measure.regime.apply`: torch threads, allocator thresholds through mallopt),
-and the runner records :func:`attnbench.measure.regime.describe` with its measurement.
+as :func:`attnbench.measure.runner.measure` does again for any caller, and the runner records
+:func:`attnbench.measure.regime.describe` with its measurement: the same line as a fresh process's
+and asv's (``tests/test_regime.py``).
 """
 
 from __future__ import annotations
