@@ -10,6 +10,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import attnbench
 from attnbench.measure import MeasureConfig, guard, measure, sweep
@@ -18,7 +20,7 @@ from attnbench.variants.base import Variant
 from attnbench.variants.batched import BatchedAttention
 
 BUDGET = 1.5 * 2**30
-SMALL_BUDGET = MeasureConfig(memory_budget_bytes=BUDGET, measure_rss=False,
+SMALL_BUDGET = MeasureConfig(memory_budget_bytes=BUDGET, measure_rss=False, probe=False,
                              timer=TimerConfig(min_runs=2, min_time=0.01, max_time=0.1))
 needs_weight_model = pytest.mark.skipif(
     not hasattr(Variant, "parameter_bytes"), reason="the variant cost models count weights on the 'flops' branch")
@@ -50,7 +52,7 @@ def test_the_guard_counts_the_reference():
     unchecked = guard.predicted_bytes(v, spec)
     m = measure("chunked", spec, MeasureConfig(memory_budget_bytes=unchecked + 1), peak_flops=1e10)
     assert m.status == "skipped" and "reference" in m.reason
-    assert measure("chunked", spec, MeasureConfig(memory_budget_bytes=unchecked + 1, check_accuracy=False),
+    assert measure("chunked", spec, MeasureConfig(memory_budget_bytes=unchecked + 1, check_accuracy=False, probe=False),
                    peak_flops=1e10).status == "ok"
 
 
@@ -111,3 +113,93 @@ def test_profile_goes_through_the_guard(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "refused by the guard" in err and "exceeds the memory budget" in err
     assert not (tmp_path / "p" / "trace.json.gz").exists()
+
+
+# --- the matmul peak cache and the time guard's prediction --------------------------------------------------
+
+def _cache(tmp_path, monkeypatch, entry, measured: float | None):
+    """A cache holding ``entry`` for this process's key; measuring returns ``measured`` (None: must not measure)."""
+    import json
+
+    from attnbench.measure import peak
+
+    monkeypatch.setenv("ATTNBENCH_CACHE", str(tmp_path))
+    tmp_path.joinpath(peak.cache_path().name).write_text(json.dumps({peak._key("cpu", "float32"): entry}))
+    calls = []
+
+    def fake_measure(device, dtype):
+        assert measured is not None, "the cache had enough fresh measurements: nothing should be measured"
+        calls.append(device)
+        return measured
+
+    monkeypatch.setattr(peak, "measure_matmul_peak", fake_measure)
+    return peak, calls
+
+
+def test_a_busy_peak_measurement_does_not_poison_the_cache(tmp_path, monkeypatch):
+    """Planted: one measurement taken on a busy machine (1 GFLOP/s), two minutes old. The next use
+    measures again (fewer than MIN_SAMPLES fresh) and the best one wins; the busy one stays outvoted."""
+    import json
+    import time
+
+    busy = {"flops": 1e9, "at": time.time() - 120, "load": 6.4}
+    peak, calls = _cache(tmp_path, monkeypatch, [busy], measured=5e10)
+    assert peak.matmul_peak("cpu", "float32") == 5e10 and len(calls) == 1
+    kept = json.loads(peak.cache_path().read_text())[peak._key("cpu", "float32")]
+    assert [s["flops"] for s in kept] == [1e9, 5e10] and all("load" in s and "at" in s for s in kept)
+
+
+def test_a_single_cached_number_is_measured_again(tmp_path, monkeypatch):
+    """The old cache held one number forever (22 GFLOP/s for a 90 GFLOP/s core): it counts as stale."""
+    peak, calls = _cache(tmp_path, monkeypatch, 2.2e10, measured=9e10)
+    assert peak.matmul_peak("cpu", "float32") == 9e10 and len(calls) == 1
+
+
+def test_stale_measurements_are_dropped(tmp_path, monkeypatch):
+    import time
+
+    from attnbench.measure import peak as peak_module
+
+    old = [{"flops": 2e11, "at": time.time() - peak_module.STALE_S - 1, "load": 0.1}]
+    peak, _ = _cache(tmp_path, monkeypatch, old, measured=9e10)
+    assert peak.matmul_peak("cpu", "float32") == 9e10
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.floats(min_value=1e8, max_value=1e12), min_size=3, max_size=8))
+def test_enough_fresh_measurements_give_their_best_without_measuring(tmp_path, monkeypatch, flops):
+    import time
+
+    from attnbench.measure import peak as peak_module
+
+    now = time.time()
+    entry = [{"flops": f, "at": now - 10 * i, "load": 1.0} for i, f in enumerate(flops)]
+    peak, _ = _cache(tmp_path, monkeypatch, entry, measured=None)
+    assert peak.matmul_peak("cpu", "float32") == max(flops[:peak_module.KEEP])
+
+
+def test_extrapolation_scales_the_measured_time_by_the_declared_exponent():
+    spec = attnbench.AttnSpec(seq_len=4096)
+    assert guard.extrapolated_seconds(attnbench.get_variant("batched"), spec, 2048, 1.5) == pytest.approx(6.0)
+    assert guard.extrapolated_seconds(attnbench.get_variant("linear_elu"), spec, 2048, 0.1) == pytest.approx(0.2)
+    assert guard.extrapolated_seconds(attnbench.get_variant("batched"), spec, 4096, 1.0) is None  # not shorter
+    assert guard.extrapolated_seconds(attnbench.get_variant("batched"), spec.replace(seq_len_k=512), 2048, 1.0) is None
+    reasons = guard.guard_reasons(attnbench.get_variant("batched"), spec, memory_budget=1e12, time_budget=60,
+                                  peak_flops=1e15, calls=10, call_s=7.0)
+    assert reasons and "extrapolated" in reasons[0]
+
+
+def test_the_sweep_extrapolates_instead_of_trusting_a_poisoned_peak(monkeypatch):
+    """Planted: a matmul peak 1,000x too low. The cost model alone skips batched at L=256 (the direct
+    call shows it); the sweep predicts L=256 from its own L=32 measurement and runs it. (The gate's
+    reference is still predicted from the peak: the cache's best-of defends that, tested above.)"""
+    from attnbench.measure import runner
+
+    monkeypatch.setattr(runner, "matmul_peak", lambda device, dtype: 1e8)
+    config = MeasureConfig(time_budget_s=5.0, probe=False, measure_rss=False, measure_memory=False, check_accuracy=False,
+                           timer=TimerConfig(min_runs=2, min_time=0.01, max_time=0.1))
+    spec = attnbench.AttnSpec(heads=2)
+    alone = measure("batched", spec.replace(seq_len=256), config)
+    assert alone.status == "skipped" and "cost model" in alone.reason
+    short, long = sweep([("batched", spec.replace(seq_len=32)), ("batched", spec.replace(seq_len=256))], config)
+    assert short.status == "ok" and long.status == "ok", long.reason

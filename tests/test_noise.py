@@ -156,3 +156,27 @@ def test_retries_stop_at_the_retry_budget(monkeypatch):
     monkeypatch.setattr(probe, "probe_seconds", ScriptedProbe(slow_calls=10**6))
     m = measure("batched", SPEC, MeasureConfig(timer=FAST, retries=2, retry_budget_s=0.0, probe_baseline_s=1e-3))
     assert m.status == "noisy" and m.attempts == 1
+
+
+class NeighbourArrives:
+    """probe_seconds stand-in: quiet for the first ``quiet_calls`` probes, then slow for good."""
+
+    def __init__(self, quiet_calls: int, quiet: float = 1e-3, slow: float = 3e-3) -> None:
+        self.left, self.quiet, self.slow = quiet_calls, quiet, slow
+
+    def __call__(self, device: str = "cpu") -> float:
+        self.left -= 1
+        return self.quiet if self.left >= 0 else self.slow
+
+
+def test_a_direct_call_judges_disturbance_as_the_sweep_does(monkeypatch):
+    """Planted: a neighbour arrives after the baseline probes. ``sweep`` compares with its baseline and
+    retries; a direct ``measure`` (a fresh process) must reach the same verdict after the same attempts,
+    not compare the case with its own slow probes and call it quiet."""
+    config = MeasureConfig(timer=FAST, retries=2, retry_budget_s=60.0)
+    monkeypatch.setattr(probe, "probe_seconds", NeighbourArrives(runner.BASELINE_PROBES))
+    (swept,) = sweep([("batched", SPEC)], config)
+    monkeypatch.setattr(probe, "probe_seconds", NeighbourArrives(runner.BASELINE_PROBES))
+    direct = measure("batched", SPEC, config)
+    assert swept.status == direct.status == "noisy", (swept.reason, direct.reason)
+    assert swept.attempts == direct.attempts == 3

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -81,3 +82,80 @@ def test_disturbance_verdicts():
 
 def test_probe_measures_something():
     assert 0 < probe.probe_seconds("cpu") < 1.0
+
+
+FRESH_LINE = """
+import sys
+{plant}
+from attnbench.measure.runner import MeasureConfig, measure
+from attnbench.measure.timer import TimerConfig
+from attnbench.spec import AttnSpec
+m = measure("batched", AttnSpec(seq_len=64, heads=2), MeasureConfig(probe=False, timer=TimerConfig(min_runs=2, min_time=0.01)))
+print(m.env.regime)
+"""
+ASV_LINE = "import attnbench.asv_bench\nfrom attnbench.measure import regime\nprint(regime.describe())"
+PLAIN_ENV = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "OMP_", "MKL_", "ATTNBENCH_"))}
+
+
+def _line(code: str) -> str:
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=PLAIN_ENV)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_worker_fresh_process_and_asv_measure_in_the_same_state():
+    """``attnbench run``'s worker, a plain process calling ``measure`` and asv's process report one state.
+
+    The line covers what decides the speed of the same code (threads, inter-op threads, allocator,
+    huge pages, denormals, CPUs). Planted: a process that flushes denormals (the regime resets it)
+    still matches, and one restricted to fewer CPUs does not (the line sees it).
+    """
+    from attnbench.measure.runner import MeasureConfig, sweep
+    from attnbench.measure.timer import TimerConfig
+    from attnbench.measure.worker import WorkerPool
+    from attnbench.spec import AttnSpec
+
+    pool = WorkerPool(env=regime.child_env(regime.Regime(threads=regime.DEFAULT_THREADS)))
+    config = MeasureConfig(probe=False, timer=TimerConfig(min_runs=2, min_time=0.01))
+    (m,) = sweep([("batched", AttnSpec(seq_len=64, heads=2))], config, isolate=True, workers=pool)
+    assert m.status == "ok", m.reason
+    fresh = _line(FRESH_LINE.format(plant=""))
+    assert m.env.regime == fresh == _line(ASV_LINE), (m.env.regime, fresh)
+    assert _line(FRESH_LINE.format(plant="import torch; torch.set_flush_denormal(True)")) == fresh
+    if len(os.sched_getaffinity(0)) > 1:
+        assert _line(FRESH_LINE.format(plant="import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})")) != fresh
+
+
+GATE_FAULTS = """
+import json, sys
+from attnbench.measure import regime
+if sys.argv[2] == "unpinned":  # planted: measure cannot pin the allocator
+    regime.allocator_pinned = lambda r: False
+from attnbench.measure.runner import MeasureConfig, measure
+from attnbench.measure.timer import TimerConfig
+from attnbench.spec import AttnSpec
+m = measure("local", AttnSpec(seq_len=1024, heads=8), MeasureConfig(
+    probe=False, check_accuracy=sys.argv[1] == "gate", measure_memory=False, measure_rss=False,
+    timer=TimerConfig(warmup=0, warmup_time=0.0, min_runs=1, min_time=0.001)))
+assert m.status == "ok", m.reason
+print(json.dumps(m.extra["page_faults"]))
+"""
+
+
+def _gate_faults(gate: str, pin: str) -> int:
+    out = subprocess.run([sys.executable, "-c", GATE_FAULTS, gate, pin], capture_output=True, text=True,
+                         timeout=300, env=PLAIN_ENV)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_page_faults_of_a_timed_call_do_not_depend_on_the_gate_running_first():
+    """The gate's float64 reference frees large buffers just before timing. In the regime (which ``measure``
+    applies itself) the timed call maps the same pages either way; planted, an unpinned allocator lets
+    the gate's freed memory serve the call (local at L=1024: about 10,000 faults a call fewer)."""
+    if regime._libc() is None:
+        pytest.skip("not a glibc process: nothing to pin")
+    after_gate, alone = _gate_faults("gate", "pinned"), _gate_faults("none", "pinned")
+    assert alone > 1000 and abs(after_gate - alone) <= 0.02 * alone, (after_gate, alone)
+    planted_gate, planted_alone = _gate_faults("gate", "unpinned"), _gate_faults("none", "unpinned")
+    assert planted_gate < planted_alone / 2, (planted_gate, planted_alone)

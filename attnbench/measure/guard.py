@@ -3,8 +3,10 @@
 Everything a case allocates is counted before it is allocated: the inputs, the mask, ``grad_out``
 (backward), the variant's predicted peak above the inputs (:meth:`Variant.predicted_peak_bytes`,
 which includes its parameters such as projection weights) and the correctness gate's float64
-reference for one (batch, head) slice. Time is the variant's analytic model
-(:meth:`Variant.flops`, ``SECONDS_PER_PAIR``) plus the reference over the checked slices. A case
+reference for one (batch, head) slice. Time is the same case's measured time at the sweep's
+previous length scaled by the variant's declared exponent where the sweep has one
+(:func:`extrapolated_seconds`), else the variant's analytic model (:meth:`Variant.flops`,
+``SECONDS_PER_PAIR``, the matmul peak of :mod:`.peak`), plus the reference over the checked slices. A case
 that would exhaust memory or run for minutes becomes a skipped row with a reason instead of an OOM
 kill or a stalled sweep.
 
@@ -13,6 +15,8 @@ sweep) and must not do O(L^2) work.
 """
 
 from __future__ import annotations
+
+import math
 
 import psutil
 import torch
@@ -65,6 +69,28 @@ def predicted_seconds(variant: Variant, spec: AttnSpec, peak_flops: float) -> fl
     return compute + overhead
 
 
+def extrapolated_seconds(variant: Variant, spec: AttnSpec, measured_len: int, measured_s: float) -> float | None:
+    """One call's seconds at ``spec``, from the same case measured at a shorter length on this machine.
+
+    ``measured_s * (L / measured_len) ** variant.time_exponent``: the variant's declared scaling from
+    a time this machine took, under the load it has now. Unlike :func:`predicted_seconds` it needs
+    no assumed efficiency or matmul peak (a peak measured on a busy machine made every prediction
+    4x too slow, and skipped L=4096 of every quadratic variant). None when it does not apply:
+    cross-attention (``seq_len_k`` set), a measured time that is not a positive number, or a
+    ``measured_len`` that is not shorter.
+
+    Example:
+        >>> from attnbench.registry import get_variant
+        >>> extrapolated_seconds(get_variant("batched"), AttnSpec(seq_len=2048), 1024, 0.1)
+        0.4
+    """
+    if spec.seq_len_k is not None or not 0 < measured_len < spec.seq_len:
+        return None
+    if not (isinstance(measured_s, float) and measured_s > 0 and math.isfinite(measured_s)):
+        return None
+    return measured_s * (spec.seq_len / measured_len) ** variant.time_exponent
+
+
 def reference_seconds(variant: Variant, spec: AttnSpec, slices: int, peak_flops: float) -> float:
     """Predicted seconds of the correctness gate: float64 and plain references on ``slices`` slices."""
     if slices <= 0:
@@ -85,6 +111,7 @@ def guard_reasons(
     calls: int,
     reference_bytes: float = 0.0,
     reference_s: float = 0.0,
+    call_s: float | None = None,
 ) -> list[str]:
     """Reasons to skip ``spec`` under the budgets; empty when it should run.
 
@@ -95,6 +122,8 @@ def guard_reasons(
         calls: how many calls the case makes at minimum (warm-up, check, timing, memory).
         reference_bytes: the correctness gate's reference memory (one slice, float64 and plain).
         reference_s: the correctness gate's predicted seconds.
+        call_s: one call's seconds extrapolated from a measurement (:func:`extrapolated_seconds`);
+            None: the cost model's :func:`predicted_seconds`.
     """
     reasons = []
     peak = variant.predicted_peak_bytes(spec)
@@ -105,7 +134,10 @@ def guard_reasons(
             f"predicted peak {need / mib:,.0f} MiB (inputs+mask {case_bytes(spec, variant) / mib:,.0f}, variant {peak / mib:,.0f}, "
             f"reference {reference_bytes / mib:,.0f}) exceeds the memory budget {memory_budget / mib:,.0f} MiB"
         )
-    seconds = predicted_seconds(variant, spec, peak_flops) * calls + reference_s
+    per_call = predicted_seconds(variant, spec, peak_flops) if call_s is None else call_s
+    seconds = per_call * calls + reference_s
     if seconds > time_budget:
-        reasons.append(f"predicted {seconds:,.1f} s for {calls} calls and the accuracy check exceeds the time budget {time_budget:g} s")
+        source = "cost model" if call_s is None else "extrapolated from the shorter length"
+        reasons.append(f"predicted {seconds:,.1f} s ({source}) for {calls} calls and the accuracy check exceeds "
+                       f"the time budget {time_budget:g} s")
     return reasons

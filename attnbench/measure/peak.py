@@ -1,14 +1,23 @@
 """This machine's matmul FLOP/s: the roof that achieved attention FLOP/s is compared with.
 
-Measured once per (device, dtype, threads, torch) and cached in ``~/.cache/attnbench/peak.json``
-(override with ``ATTNBENCH_CACHE``), so reports can show "% of peak" without re-measuring.
+Cached per (device, dtype, threads, torch) in ``~/.cache/attnbench/matmul_peaks.json`` (override with
+``ATTNBENCH_CACHE``), so reports can show "% of peak" and the time guard can predict without
+re-measuring every time. A measurement taken while the machine is busy is low (one thread beside
+other work gets a share of a core: this cache once held 22 GFLOP/s for a core that does 90), and a
+single cached value would keep it forever. So the cache keeps several measurements, each with when
+and under what load it was taken, and the peak is the best of those younger than
+:data:`STALE_S`: a busy measurement can only be outvoted, never poison the figure. Another
+measurement is added on use while fewer than :data:`MIN_SAMPLES` fresh ones exist (at most one per
+:data:`SPACING_S`, so they come from different moments).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -19,7 +28,8 @@ from attnbench.spec import DTYPES
 
 
 def cache_path() -> Path:
-    return Path(os.environ.get("ATTNBENCH_CACHE", Path.home() / ".cache" / "attnbench")) / "peak.json"
+    """Where the matmul measurements are kept (``peak.json`` held single numbers: not read any more)."""
+    return Path(os.environ.get("ATTNBENCH_CACHE", Path.home() / ".cache" / "attnbench")) / "matmul_peaks.json"
 
 
 def _key(device: str, dtype: str) -> str:
@@ -34,17 +44,53 @@ def measure_matmul_peak(device: str = "cpu", dtype: str = "float32", n: int = 20
     return 2 * n**3 / statistics.median(samples)
 
 
+MIN_SAMPLES = 3
+"""Fresh measurements the cache collects per key before it stops measuring on use."""
+SPACING_S = 60.0
+"""Seconds between two measurements added on use (a busy minute should not fill the cache)."""
+STALE_S = 7 * 86400.0
+"""Measurements older than this are dropped (the machine, its clocks or its neighbours may have changed)."""
+KEEP = 8
+"""Most recent measurements kept per key."""
+
+
+def _samples(raw: object) -> list[dict[str, float]]:
+    """A cache entry as a list of ``{"flops", "at", "load"}``; an old single number counts as stale."""
+    if isinstance(raw, (int, float)):
+        return [{"flops": float(raw), "at": 0.0, "load": math.nan}]
+    if isinstance(raw, list):
+        return [s for s in raw if isinstance(s, dict) and isinstance(s.get("flops"), (int, float))
+                and isinstance(s.get("at"), (int, float)) and s["flops"] > 0]
+    return []
+
+
 def matmul_peak(device: str = "cpu", dtype: str = "float32", refresh: bool = False) -> float:
-    """Cached :func:`measure_matmul_peak` (measured on first use)."""
+    """The best fresh :func:`measure_matmul_peak` of this key, measuring when the cache needs it.
+
+    Args:
+        device: torch device string.
+        dtype: dtype name (:data:`attnbench.spec.DTYPES`).
+        refresh: measure now (added to the cache; the result is still the best fresh measurement).
+
+    A measurement is added when ``refresh`` is set, when no fresh one exists, or when fewer than
+    :data:`MIN_SAMPLES` exist and the newest is at least :data:`SPACING_S` old.
+    """
     path, key = cache_path(), _key(device, dtype)
-    cache: dict[str, float] = {}
+    cache: dict[str, object] = {}
     if path.exists():
         try:
             cache = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             cache = {}
-    if refresh or key not in cache:
-        cache[key] = measure_matmul_peak(device, dtype)
+        if not isinstance(cache, dict):
+            cache = {}
+    now = time.time()
+    fresh = [s for s in _samples(cache.get(key)) if now - s["at"] < STALE_S]
+    newest = max((s["at"] for s in fresh), default=-math.inf)
+    if refresh or not fresh or (len(fresh) < MIN_SAMPLES and now - newest >= SPACING_S):
+        fresh.append({"flops": measure_matmul_peak(device, dtype), "at": now, "load": os.getloadavg()[0]})
+        fresh = sorted(fresh, key=lambda s: s["at"])[-KEEP:]
+        cache[key] = fresh
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, json.dumps(cache, indent=1, sort_keys=True))
-    return float(cache[key])
+    return float(max(s["flops"] for s in fresh))

@@ -102,9 +102,10 @@ _applied: Regime | None = None
 
 
 def apply(regime: Regime) -> None:
-    """Put this process in ``regime``: torch threads and pinned allocator thresholds."""
+    """Put this process in ``regime``: torch threads, pinned allocator thresholds, denormals kept."""
     global _applied
     torch.set_num_threads(regime.threads)
+    torch.set_flush_denormal(False)  # IEEE denormals, as a fresh process has them (a caller may have flushed)
     pinned = allocator_pinned(regime)
     _applied = regime if pinned else Regime(threads=regime.threads, mmap_threshold=0, trim_threshold=0)
 
@@ -142,8 +143,27 @@ def thp_setting() -> str:
     return f"kernel={mode} torch={os.environ.get('THP_MEM_ALLOC_ENABLE', '0')}"
 
 
+def denormals_flushed() -> bool:
+    """Whether this thread flushes float32 denormals to zero (``torch.set_flush_denormal``; CPU flags)."""
+    tiny = torch.tensor([1e-39], dtype=torch.float32)  # a float32 denormal
+    return bool((tiny * 1.0).item() == 0.0)
+
+
+def _cpus() -> str:
+    """How many CPUs this process may run on (its affinity mask), or "?" where the OS does not say."""
+    try:
+        return str(len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return "?"
+
+
 def describe() -> str:
-    """One line for every measurement: threads, allocator thresholds, huge pages.
+    """One line for every measurement: the process state that decides how fast the same code runs.
+
+    Threads, allocator thresholds and huge pages (what :func:`apply` and :func:`child_env` set), then
+    what they do not set but a process may inherit or change: inter-op threads, denormal flushing
+    and the CPUs the process may run on. Two entry points that print the same line measure alike;
+    ``tests/test_regime.py`` compares the line of a worker, a fresh process and asv's process.
 
     Example:
         >>> apply(Regime(threads=1))
@@ -158,4 +178,6 @@ def describe() -> str:
         allocator = "malloc=not-glibc"
     else:
         allocator = f"malloc=mmap:{regime.mmap_threshold},trim:{regime.trim_threshold}"
-    return f"threads={threads} {allocator} thp={thp_setting()}"
+    denormals = "flushed" if denormals_flushed() else "kept"
+    return (f"threads={threads} {allocator} thp={thp_setting()} interop={torch.get_num_interop_threads()} "
+            f"denormals={denormals} cpus={_cpus()}")

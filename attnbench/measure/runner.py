@@ -28,6 +28,7 @@ import functools
 import gc
 import math
 import os
+import resource
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -210,6 +211,7 @@ def measure(
     *,
     peak_flops: float | None = None,
     env: Environment | None = None,
+    expected_call_s: float | None = None,
 ) -> Measurement:
     """Measure one case; never raises for a failing case (see the module docstring).
 
@@ -219,6 +221,9 @@ def measure(
         config: measurement policy.
         peak_flops: this machine's matmul FLOP/s for the time guard (measured if None).
         env: environment to record (collected if None).
+        expected_call_s: one call's seconds as :func:`sweep` extrapolates them from the same case at a
+            shorter length (:func:`.guard.extrapolated_seconds`); the time guard uses it instead of the
+            cost model. None: the cost model.
 
     Example:
         >>> m = measure("batched", AttnSpec(seq_len=256, heads=2))
@@ -228,8 +233,12 @@ def measure(
     config = config or MeasureConfig()
     variant = get_variant(variant_name)
     saved_threads = torch.get_num_threads()
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)  # the regime's thread count, also when called in-process
+    # The regime is applied here, the one place every entry point goes through (workers, a direct call,
+    # profile): a process that did not apply it would time with glibc's dynamic thresholds, raised by
+    # whatever it freed before (measured for local at L=1024, B=1, H=8, unpinned: after the gate's float64
+    # reference a call took 30 ms of CPU and 0 page faults, without it 62 ms and 10,900 faults; pinned,
+    # 12,685 faults either way).
+    regime.apply(regime.Regime(threads=config.threads or saved_threads))
     env = env or environment(spec.device)
     # Recorded from this process (a worker applies the regime itself): what was in force, not what was asked.
     env = dataclasses.replace(env, threads=torch.get_num_threads(), regime=regime.describe())
@@ -253,9 +262,14 @@ def measure(
             calls=calls,
             reference_bytes=plan.reference_bytes,
             reference_s=guard.reference_seconds(variant, spec, len(plan.slices), peak_flops),
+            call_s=expected_call_s,
         )
         if reasons:
             return Measurement(status="skipped", reason="; ".join(reasons), **base)
+        if config.probe and config.probe_baseline_s is None:
+            # A direct call (a fresh process, profile) judges disturbance by the rule sweep uses, not by the
+            # case's own probes: those, taken beside a neighbour, would set a slow baseline and hide it.
+            config = dataclasses.replace(config, probe_baseline_s=quiet_speed(baseline_probes(spec.device)))
         return _run(variant, spec, config, plan, calls, base)
     except Exception as exc:  # noqa: BLE001 - one bad case must never end a sweep
         status = "oom" if _is_oom(exc) else "error"
@@ -285,7 +299,11 @@ def _run(variant: Variant, spec: AttnSpec, config: MeasureConfig, plan: CheckPla
             fields["extra"]["softmax_mean_error"] = checked.softmax_mean_error
         if not checked.passed:  # a number the suite cannot stand behind is not produced: never timed
             return Measurement(status="wrong", reason=checked.reason(), **fields, **base)
+    faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     first = time_once(call, spec.device)
+    # Page faults of one call after the gate: fresh pages the call maps (the allocator regime shows here).
+    fields["extra"] = {**fields.get("extra", {}),
+                       "page_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before}
     if first * calls > config.time_budget_s:
         return Measurement(
             status="timeout", samples=(first,), runs=1,
@@ -324,6 +342,11 @@ BASELINE_QUANTILE = 25
 """The baseline is this percentile of the probes seen, not their minimum: on this project's 2-core
 machine an idle probe took 1.02-1.07 ms with rare 0.63-0.65 ms moments (a default sweep saw 5 in
 104 cases); with the minimum as the baseline those moments flagged 97 of 104 cases at ~1.63x."""
+
+
+def baseline_probes(device: str) -> list[float]:
+    """The probes a sweep (or a direct :func:`measure` call) takes before its first case."""
+    return [probe.probe_seconds(device) for _ in range(BASELINE_PROBES)]
 
 
 def quiet_speed(probes: Sequence[float]) -> float:
@@ -440,9 +463,11 @@ def sweep(
         baselines: dict[str, float] = {}
         if config.probe:
             for d in peaks:
-                seen[d] = [probe.probe_seconds(d) for _ in range(BASELINE_PROBES)]
+                seen[d] = baseline_probes(d)
                 baselines[d] = quiet_speed(seen[d])
         results: list[Measurement] = []
+        # The same case's last measured (length, seconds per call): the time guard's extrapolation.
+        measured: dict[tuple, tuple[int, float]] = {}
         for i, (name, spec) in enumerate(cases):
             if should_stop is not None and should_stop():
                 break
@@ -452,15 +477,21 @@ def sweep(
             case_config = config
             if spec.device in baselines:
                 case_config = dataclasses.replace(config, probe_baseline_s=baselines[spec.device])
+            shape = (name, *(getattr(spec, f.name) for f in dataclasses.fields(spec) if f.name != "seq_len"))
+            expected = None
+            if shape in measured:
+                expected = guard.extrapolated_seconds(get_variant(name), spec, *measured[shape])
             if isolate:
                 cap = None
                 if memory_cap and spec.device_type == "cpu":
                     cap = int(config.memory_budget(spec.device)) + CAP_ALLOWANCE_BYTES
                 job = CaseJob(name, spec, case_config, peak, env, sys_path=list(sys.path), memory_cap_bytes=cap,
-                              environ=dict(os.environ))
+                              environ=dict(os.environ), expected_call_s=expected)
                 result = workers.run(job, timeout)
             else:
-                result = measure(name, spec, case_config, peak_flops=peak, env=env)
+                result = measure(name, spec, case_config, peak_flops=peak, env=env, expected_call_s=expected)
+            if result.samples and math.isfinite(result.median) and result.median > 0:
+                measured[shape] = (spec.seq_len, float(result.median))
             fastest = result.extra.get("probe_fastest_s", math.nan)
             if spec.device in baselines and isinstance(fastest, float) and fastest > 0:
                 seen[spec.device].append(fastest)

@@ -25,7 +25,9 @@ settings such as ``MALLOC_MMAP_THRESHOLD_`` are read only then): :class:`WorkerP
 mapping (``attnbench run`` passes :func:`attnbench.measure.regime.child_env`), starts the server with
 it, and restarts the server when a later pool asks for another. Each worker then applies the regime
 itself (:func:`attnbench.measure.regime.apply`: torch threads, allocator thresholds through mallopt),
-and the runner records :func:`attnbench.measure.regime.describe` with its measurement.
+as :func:`attnbench.measure.runner.measure` does again for any caller, and the runner records
+:func:`attnbench.measure.regime.describe` with its measurement: the same line as a fresh process's
+and asv's (``tests/test_regime.py``).
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class CaseJob:
     sys_path: list[str] = field(default_factory=list)  # the parent's import path (plugins live there)
     environ: dict[str, str] = field(default_factory=dict)  # the child's os.environ (empty: keep the server's)
     memory_cap_bytes: int | None = None  # RLIMIT_DATA above the child's current use; None: no cap
+    expected_call_s: float | None = None  # one call's seconds extrapolated by the sweep (time guard); None: model
 
 
 
@@ -131,7 +134,8 @@ def _child(conn, job: CaseJob) -> None:
         regime.apply(regime.Regime(threads=threads or torch.get_num_threads()))
         if job.memory_cap_bytes is not None:
             apply_memory_cap(job.memory_cap_bytes)
-        result = measure(job.variant, job.spec, job.config, peak_flops=job.peak_flops, env=job.env)
+        result = measure(job.variant, job.spec, job.config, peak_flops=job.peak_flops, env=job.env,
+                         expected_call_s=job.expected_call_s)
     except BaseException as exc:  # noqa: BLE001 - e.g. a plugin that fails to import: a row, not a lost case
         result = Measurement(variant=job.variant, spec=job.spec, status="error", env=job.env, workload=_workload(job),
                              reason=f"worker: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}")
