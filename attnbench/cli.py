@@ -24,6 +24,10 @@ from attnbench.contract import WORKLOADS
 from attnbench.registry import get_variant, variant_names
 from attnbench.spec import DTYPES, MODES, AttnSpec
 
+DEFAULT_TIME_BUDGET = 15.0
+"""Seconds a case of ``attnbench run`` may take in total. Measured on 2 cores: 15 s keeps the default sweep under
+5 minutes (the quadratic variants slower than that at L=4096 become skipped rows); ``--time-budget 60`` runs them."""
+
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 
@@ -154,7 +158,7 @@ def _run_config(args: argparse.Namespace):
 
     return MeasureConfig(
         timer=TimerConfig(min_runs=args.min_runs, min_time=args.min_time, max_time=max(args.max_time, args.min_time),
-                          flush_cache=args.flush_cache),
+                          flush_cache=args.workload == "decode" if args.flush_cache is None else args.flush_cache),
         cuda_graphs=args.cuda_graphs,
         threads=args.threads,
         memory_budget_bytes=None if args.budget_mb is None else args.budget_mb * 2**20,
@@ -491,14 +495,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="memory budget per case in MiB (default: --budget-fraction of free memory); "
                         "also caps each worker's memory")
     p.add_argument("--budget-fraction", type=_fraction, default=0.5, help="memory budget as a share of free memory")
-    p.add_argument("--time-budget", type=_positive, default=60.0, help="seconds one case may take in total")
+    p.add_argument("--time-budget", type=_positive, default=DEFAULT_TIME_BUDGET,
+                   help="seconds one case may take in total (predicted beforehand; the default keeps the default sweep "
+                        "under 5 minutes on 2 cores)")
     p.add_argument("--case-timeout", type=_positive, default=None,
                    help="hard limit in seconds: a case still running is killed (default: 2 x --time-budget + 60)")
     p.add_argument("--min-runs", type=_int_at_least(1, "min_runs"), default=5, help="timed calls per case, at least")
     p.add_argument("--min-time", type=_positive, default=0.25, help="seconds of timed calls per case, at least")
     p.add_argument("--max-time", type=_positive, default=5.0, help="seconds of timed calls per case, at most")
     p.add_argument("--no-check", action="store_true", help="skip the float64 accuracy check")
-    p.add_argument("--flush-cache", action="store_true", help="evict caches before every timed call")
+    p.add_argument("--flush-cache", action=argparse.BooleanOptionalAction, default=None,
+                   help="evict caches before every timed call (default: on for --workload decode, whose KV cache is "
+                        "cold in real inference, where every layer reads its own; off for prefill)")
     p.add_argument("--cuda-graphs", action="store_true", help="CUDA: also time CUDA-graph replay")
     p.add_argument("--no-limit", action="store_true", help="sweep slow variants (loop) at every length")
     p.add_argument("--root", default="reports/runs", help="where new run directories go")

@@ -135,3 +135,15 @@ def test_empty_grid_names_the_reason(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "nothing to run" in err and "loop" in err and "<= 128" in err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("argv", "flush"), [
+    ([], False),
+    (["--workload", "decode"], True),  # a real decode step reads a cold KV cache
+    (["--workload", "decode", "--no-flush-cache"], False),
+    (["--flush-cache"], True),
+])
+def test_decode_flushes_caches_by_default(argv, flush):
+    from attnbench.cli import _run_config, build_parser
+
+    assert _run_config(build_parser().parse_args(["run", *argv])).timer.flush_cache is flush
