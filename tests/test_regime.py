@@ -158,4 +158,5 @@ def test_page_faults_of_a_timed_call_do_not_depend_on_the_gate_running_first():
     after_gate, alone = _gate_faults("gate", "pinned"), _gate_faults("none", "pinned")
     assert alone > 1000 and abs(after_gate - alone) <= 0.02 * alone, (after_gate, alone)
     planted_gate, planted_alone = _gate_faults("gate", "unpinned"), _gate_faults("none", "unpinned")
-    assert planted_gate < planted_alone / 2, (planted_gate, planted_alone)
+    # planted: the gap is far beyond the 2% allowed above (measured 35% to 70% fewer faults, by machine)
+    assert planted_gate < 0.8 * planted_alone, (planted_gate, planted_alone)
