@@ -24,8 +24,8 @@ from attnbench.contract import WORKLOADS
 from attnbench.registry import get_variant, variant_names
 from attnbench.spec import DTYPES, MODES, AttnSpec
 
-DEFAULT_TIME_BUDGET = 15.0
-"""Seconds a case of ``attnbench run`` may take in total. Measured on 2 cores: 15 s keeps the default sweep under
+DEFAULT_TIME_BUDGET = 10.0
+"""Seconds a case of ``attnbench run`` may take in total. Measured on 2 cores: 10 s keeps the default sweep under
 5 minutes (the quadratic variants slower than that at L=4096 become skipped rows); ``--time-budget 60`` runs them."""
 
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")

@@ -124,7 +124,7 @@ def test_a_usage_error_prints_no_traceback_from_the_console_entry_point(tmp_path
 def test_run_help_shows_defaults(capsys):
     assert main(["run", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
-    for default in ("(default: 15.0)", "(default: ['float32'])", "(default: cpu)", "(default: reports/runs)",
+    for default in ("(default: 10.0)", "(default: ['float32'])", "(default: cpu)", "(default: reports/runs)",
                     "(default: [64, 128, 256, 512, 1024, 2048, 4096])", "(default: 0.5)"):
         assert default in text, default
 
