@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -34,3 +36,24 @@ def atomic_write(path: str | Path, write: Callable[[str], object]) -> Path:
 def atomic_write_text(path: str | Path, text: str) -> Path:
     """Atomically replace ``path`` with ``text`` (UTF-8)."""
     return atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def read_json_cache(path: str | Path) -> dict:
+    """A JSON object cached in ``path``; ``{}`` when the file is missing, unreadable or not an object."""
+    try:
+        cache = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return cache if isinstance(cache, dict) else {}
+
+
+def write_json_cache(path: str | Path, cache: dict) -> Path:
+    """Atomically replace the cache in ``path`` (its folder is created)."""
+    return atomic_write_text(path, json.dumps(cache, indent=1, sort_keys=True))
+
+
+def output_tail(out: subprocess.CompletedProcess, lines: int = 25) -> str:
+    """The last ``lines`` whole lines of a finished process's stdout and stderr (for error messages)."""
+    text = "\n".join(part.strip("\n") for part in (out.stdout or "", out.stderr or "") if part and part.strip())
+    tail = text.splitlines()[-lines:]
+    return "\n".join(f"  {line}" for line in tail) if tail else "  (no output)"

@@ -23,6 +23,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnbench.io import output_tail
+
 ASSETS = Path(__file__).parent / "publish_assets"
 """The vendored files, their licenses and ``manifest.json``."""
 
@@ -237,7 +239,6 @@ def publish(config: str | Path = "asv.conf.json", html_dir: str | Path | None = 
     """
     from asv import util
 
-    from attnbench.regress import output_tail
 
     config = Path(config).absolute()
     if not config.is_file():

@@ -50,6 +50,7 @@ import pandas as pd
 from attnbench import contract
 from attnbench.analysis import significance
 from attnbench.analysis.frame import _decode, load_asv
+from attnbench.io import output_tail
 from attnbench.measure import regime
 
 CI_SUBSET = {
@@ -102,13 +103,6 @@ def _asv(args: list[str], *, cwd: Path, env: dict[str, str], log) -> subprocess.
     if log is not None:
         log.write(f"$ {' '.join(cmd)}\n{out.stdout}\n{out.stderr}\n")
     return out
-
-
-def output_tail(out: subprocess.CompletedProcess, lines: int = 25) -> str:
-    """The last ``lines`` whole lines of a process's stdout and stderr (for error messages)."""
-    text = "\n".join(part.strip("\n") for part in (out.stdout or "", out.stderr or "") if part and part.strip())
-    tail = text.splitlines()[-lines:]
-    return "\n".join(f"  {line}" for line in tail) if tail else "  (no output)"
 
 
 def _config(repo: Path, work: Path) -> Path:

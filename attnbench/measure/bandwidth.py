@@ -19,14 +19,13 @@ Measured once per (device, threads, torch) and cached beside the matmul peak, in
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from attnbench.io import atomic_write_text
+from attnbench.io import read_json_cache, write_json_cache
 from attnbench.measure.peak import cache_path
 from attnbench.measure.timer import TimerConfig, time_call
 
@@ -124,13 +123,7 @@ def bandwidth(device: str = "cpu", refresh: bool = False) -> Bandwidth:
         refresh: measure again even when cached.
     """
     path, key = bandwidth_cache_path(), _key(device)
-    cache: dict[str, dict] = {}
-    if path.exists():
-        try:
-            cache = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            cache = {}
-    cache = cache if isinstance(cache, dict) else {}
+    cache = read_json_cache(path)
     entry = cache.get(key)
     if not refresh and isinstance(entry, dict):
         try:
@@ -139,6 +132,5 @@ def bandwidth(device: str = "cpu", refresh: bool = False) -> Bandwidth:
             pass  # garbled: measure again
     measured = measure_bandwidth(device)
     cache[key] = {"copy": measured.copy, "triad": measured.triad, "array_bytes": measured.array_bytes}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps(cache, indent=1, sort_keys=True))
+    write_json_cache(path, cache)
     return measured

@@ -13,7 +13,6 @@ measurement is added on use while fewer than :data:`MIN_SAMPLES` fresh ones exis
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import statistics
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from attnbench.io import atomic_write_text
+from attnbench.io import read_json_cache, write_json_cache
 from attnbench.measure.timer import TimerConfig, time_call
 from attnbench.spec import DTYPES
 
@@ -76,14 +75,7 @@ def matmul_peak(device: str = "cpu", dtype: str = "float32", refresh: bool = Fal
     :data:`MIN_SAMPLES` exist and the newest is at least :data:`SPACING_S` old.
     """
     path, key = cache_path(), _key(device, dtype)
-    cache: dict[str, object] = {}
-    if path.exists():
-        try:
-            cache = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            cache = {}
-        if not isinstance(cache, dict):
-            cache = {}
+    cache = read_json_cache(path)
     now = time.time()
     fresh = [s for s in _samples(cache.get(key)) if now - s["at"] < STALE_S]
     newest = max((s["at"] for s in fresh), default=-math.inf)
@@ -91,6 +83,5 @@ def matmul_peak(device: str = "cpu", dtype: str = "float32", refresh: bool = Fal
         fresh.append({"flops": measure_matmul_peak(device, dtype), "at": now, "load": os.getloadavg()[0]})
         fresh = sorted(fresh, key=lambda s: s["at"])[-KEEP:]
         cache[key] = fresh
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps(cache, indent=1, sort_keys=True))
+        write_json_cache(path, cache)
     return float(max(s["flops"] for s in fresh))
