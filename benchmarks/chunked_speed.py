@@ -13,7 +13,12 @@ threshold pinned), at B1 H8 D64 float32, forward, it prints:
   ``P V`` accumulated with ``baddbmm``), then with the one unavoidable ``exp2`` pass added, for the
   eager and the compiled tile shapes, against sdpa in the same rounds. SDPA's CPU flash kernel fuses
   its softmax into the tile loop with a cheaper, less exact ``exp``; if the matmuls alone already take
-  most of SDPA's time, no arrangement of separate torch ops reaches it.
+  most of SDPA's time, no arrangement of separate torch ops reaches it;
+* ``[3]`` the compiled floor: Inductor's own kernels for one score tile of the compiled shape (``exp2``
+  alone, and the fused row max + ``exp2`` + row sum that ``compiled_chunked`` runs), scaled to the
+  whole grid and added to that shape's matmul floor from ``[2]``. The first sum is a lower bound on
+  ``compiled_chunked / sdpa`` for any formulation that computes every score's exponential with
+  Inductor's ``exp2``.
 
 ``--baseline FILE`` also times a ``chunked.py`` of another revision (eager and compiled) in the same
 rounds, e.g. ``git show main:attnbench/variants/chunked.py > /tmp/chunked_main.py``.
@@ -22,6 +27,7 @@ rounds, e.g. ``git show main:attnbench/variants/chunked.py > /tmp/chunked_main.p
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import os
 import statistics
@@ -127,8 +133,11 @@ def goal_figures(length: int, rounds: int, baseline: str | None = None, section:
         print(f"    {label:32s} {seconds * 1e3:8.1f} ms  {variant.flops(spec).executed / seconds / 1e9:6.1f} GFLOP/s")
 
 
-def floor_figures(length: int, rounds: int) -> None:
-    """Print the matmul floor of both tile shapes (and with one exp2 pass) against sdpa, interleaved."""
+def floor_figures(length: int, rounds: int) -> float:
+    """Print the matmul floor of both tile shapes (and with one exp2 pass) against sdpa, interleaved.
+
+    Returns the compiled tile shape's matmuls-only time / sdpa.
+    """
     base = AttnSpec(batch=1, heads=8, seq_len=length, head_dim=64)
     chunked, compiled = attnbench.get_variant("chunked"), attnbench.get_variant("compiled_chunked")
     q, k, v, _ = base.make_inputs(seed=0)
@@ -148,6 +157,42 @@ def floor_figures(length: int, rounds: int) -> None:
         seconds = statistics.median(samples[label])
         print(f"    {label:32s} {seconds * 1e3:8.1f} ms  {flops / seconds / 1e9:6.1f} GFLOP/s  "
               f"/ sdpa x{_pair_ratio(samples, label, 'sdpa'):.3f}")
+    cq, ck = compiled.base.chunks(base.lq, base.lk, base.dtype)
+    return _pair_ratio(samples, f"compiled {cq}x{ck} matmuls", "sdpa")
+
+
+def compiled_floor(length: int, rounds: int, matmul_floor: float) -> None:
+    """Print Inductor's softmax kernels on one compiled-shape tile, scaled to the grid, over sdpa.
+
+    ``matmul_floor`` is that tile shape's matmuls-only time / sdpa from :func:`floor_figures`.
+    """
+    base = AttnSpec(batch=1, heads=8, seq_len=length, head_dim=64)
+    cq, ck = attnbench.get_variant("compiled_chunked").base.chunks(base.lq, base.lk, base.dtype)
+    tiles = (length // cq) * (length // ck)
+    gen = torch.Generator().manual_seed(0)
+    scores = torch.randn(8, cq, ck, generator=gen) * 4  # (B*H, Cq, Ck): one tile of log2-scaled scores
+    q, k, v, _ = base.make_inputs(seed=0)
+
+    def exp2_only(s: torch.Tensor) -> torch.Tensor:
+        return torch.exp2(s)
+
+    def softmax_pass(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        p = torch.exp2(s - s.amax(dim=-1, keepdim=True))  # (B*H, Cq, Ck)
+        return p, p.sum(dim=-1, keepdim=True)
+
+    kernels = {"exp2": torch.compile(exp2_only, dynamic=False), "max + exp2 + sum": torch.compile(softmax_pass, dynamic=False)}
+    calls: dict[str, Callable[[], object]] = {"sdpa": lambda: F.scaled_dot_product_attention(q, k, v)}
+    calls.update({label: functools.partial(kernel, scores) for label, kernel in kernels.items()})
+    for call in calls.values():
+        call()  # compiles
+    samples = timed_rounds(calls, rounds)
+    sdpa = statistics.median(samples["sdpa"])
+    print(f"[3] the compiled floor: Inductor's kernels on one {cq}x{ck} tile (B*H=8) x {tiles} tiles, over sdpa")
+    for label in kernels:
+        seconds = statistics.median(samples[label])
+        share = seconds * tiles / sdpa
+        print(f"    {label:18s} {seconds * 1e3:6.2f} ms a tile, {seconds / scores.numel() * 1e9:5.2f} ns a score: "
+              f"x{share:.3f} of sdpa; with the matmul floor x{matmul_floor + share:.3f}")
 
 
 def main() -> None:
@@ -160,7 +205,8 @@ def main() -> None:
         parser.error("--rounds and --length must be positive")
     regime.apply(regime.Regime(threads=regime.DEFAULT_THREADS))
     goal_figures(args.length, args.rounds, args.baseline)
-    floor_figures(args.length, args.rounds)
+    matmul_floor = floor_figures(args.length, args.rounds)
+    compiled_floor(args.length, args.rounds, matmul_floor)
 
 
 if __name__ == "__main__":

@@ -3,10 +3,18 @@
 A busy neighbour on a shared machine can make a case 5-10x slower while its samples stay tight
 (each block is slowed alike), so a small IQR proves nothing. The probe is a fixed matmul that runs
 with the same threads as the case: timed before and after the case (and between blocks of long
-cases), it is compared with the fastest probe seen in the sweep. A probe slower than
-``SLOWDOWN_LIMIT`` times that, or block samples that split into two clusters, mean the case was
-disturbed: the runner measures it again (a bounded number of times) and, if it stays disturbed,
-records it as ``noisy`` with the probe's slowdown, so the report neither fits nor ranks it.
+cases), it is compared with the sweep's *typical* probe time (the median of what the sweep has seen).
+A probe more than ``SLOWDOWN_LIMIT`` times slower than that, or that much faster, or block samples
+that split into two clusters, mean the case was not measured in the state the rest of the sweep was:
+the runner measures it again (a bounded number of times) and, if it stays disturbed, records it as
+``noisy`` with the probe's ratio, so the report neither fits nor ranks it.
+
+Why typical, and why both directions: a shared virtual machine changes speed by itself. On this
+project's 2-core machine the same single-thread probe took 1.01-1.04 ms for minutes, then 0.63-0.65
+ms for seconds (nothing else of ours running; the host's clocks), and a sweep that began in a fast
+moment and measured against it flagged 17 of 18 cases of a quiet run. Judged against the typical
+speed, a case is flagged when it was measured at a speed the other cases were not, whichever way:
+that inconsistency, not the absolute speed, is what bends a fitted exponent.
 
 Example:
     >>> is_bimodal([1.0, 1.01, 0.99, 2.1, 2.0, 2.05])
@@ -30,7 +38,7 @@ PROBE_SIZE = 192  # the probe multiplies two (N, N) float32 matrices
 PROBE_CALLS = 4  # matmuls per probe sample (about 1 ms on one core of this project's CPUs)
 PROBE_SAMPLES = 5  # samples per probe; their median is the probe's time
 SLOWDOWN_LIMIT = 1.25
-"""A probe this much slower than the fastest probe of the sweep marks the case as disturbed."""
+"""A probe this much slower (or faster) than the sweep's typical probe marks the case as disturbed."""
 GAP_LIMIT = 1.3
 """Block samples whose sorted values jump by this factor between two sizeable clusters are bimodal."""
 
@@ -79,25 +87,39 @@ def is_bimodal(samples: Sequence[float], gap: float = GAP_LIMIT, min_share: floa
 class Disturbance:
     """What the probe saw around one attempt at a case."""
 
-    baseline_s: float  # fastest probe seen in the sweep so far (the quiet machine's speed)
+    baseline_s: float  # the sweep's typical probe time (median of the probes it has seen)
     probes_s: tuple[float, ...]  # probe times taken around and between the case's blocks
     bimodal: bool  # the case's block samples split into two clusters
 
     @property
     def slowdown(self) -> float:
-        """Slowest probe / baseline (1.0 = as fast as the quietest moment of the sweep)."""
+        """The probe / baseline ratio furthest from 1 (> 1: slower than typical, < 1: faster; NaN: not probed).
+
+        Example:
+            >>> Disturbance(1.0, (1.1, 1.6), False).slowdown, Disturbance(1.0, (0.6, 1.1), False).slowdown
+            (1.6, 0.6)
+        """
         if not self.probes_s or not self.baseline_s > 0:
             return math.nan
-        return max(self.probes_s) / self.baseline_s
+        slow, fast = max(self.probes_s) / self.baseline_s, min(self.probes_s) / self.baseline_s
+        return slow if slow >= 1 / fast else fast
+
+    @property
+    def deviation(self) -> float:
+        """How far the probe strayed from typical, as a factor >= 1 either way (NaN: not probed)."""
+        ratio = self.slowdown
+        return max(ratio, 1 / ratio) if ratio > 0 else math.nan
 
     @property
     def disturbed(self) -> bool:
-        return self.bimodal or self.slowdown > SLOWDOWN_LIMIT
+        return self.bimodal or self.deviation > SLOWDOWN_LIMIT
 
     def describe(self) -> str:
         parts = []
-        if self.slowdown > SLOWDOWN_LIMIT:
-            parts.append(f"calibration probe {self.slowdown:.2f}x slower than the sweep's quietest")
+        if self.deviation > SLOWDOWN_LIMIT:
+            ratio = self.slowdown
+            way = f"{ratio:.2f}x slower" if ratio > 1 else f"{1 / ratio:.2f}x faster"
+            parts.append(f"calibration probe {way} than the sweep's typical")
         if self.bimodal:
             parts.append("block samples bimodal")
         return "; ".join(parts) or "undisturbed"

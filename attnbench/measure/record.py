@@ -67,7 +67,7 @@ class Measurement:
     error_ratio: float = math.nan  # worst error / tolerance over output, gradients, declared bound (> 1: wrong)
     softmax_error: float = math.nan  # approximate variants: max |out - exact softmax attention|
     compile_seconds: float = math.nan  # one-off preparation time outside the timed region
-    probe_slowdown: float = math.nan  # slowest calibration probe around the kept attempt / sweep's fastest (NaN: not probed)
+    probe_slowdown: float = math.nan  # calibration probe / sweep's typical, the ratio furthest from 1 (NaN: not probed)
     attempts: int = 0  # timing attempts made (1 + re-measurements of disturbed attempts); 0 when not timed
     env: Environment | None = None  # where it ran
     extra: dict[str, Any] = field(default_factory=dict, compare=False)  # variant-specific facts

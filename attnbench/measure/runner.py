@@ -12,12 +12,12 @@ becomes ``error`` with its message. Only bad arguments to the runner itself rais
 
 Interference: a busy neighbour slows every block of a case alike, so a tight IQR proves nothing.
 The calibration probe (:mod:`.probe`, a fixed small matmul) is timed before and after each timing
-attempt and between blocks of long ones, and compared with the fastest probe of the sweep
-(``MeasureConfig.probe_baseline_s``, a low percentile of the probes the sweep has seen, which
-:func:`sweep` passes into every worker). A disturbed
-attempt (probe slower than ``probe.SLOWDOWN_LIMIT`` x, or bimodal blocks) is timed again, up to
+attempt and between blocks of long ones, and compared with the sweep's typical probe time
+(``MeasureConfig.probe_baseline_s``, the median of the probe times the sweep has seen, which
+:func:`sweep` passes into every worker). A disturbed attempt (a probe more than
+``probe.SLOWDOWN_LIMIT`` x slower or faster than typical, or bimodal blocks) is timed again, up to
 ``MeasureConfig.retries`` times; the least disturbed attempt is kept, and if even that one was
-disturbed the case becomes ``noisy``, with its probe slowdown recorded: its samples are kept for
+disturbed the case becomes ``noisy``, with its probe ratio recorded: its samples are kept for
 inspection but it is never fitted or ranked.
 """
 
@@ -29,6 +29,7 @@ import gc
 import math
 import os
 import resource
+import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -71,7 +72,7 @@ class MeasureConfig:
     probe: bool = True  # time the calibration probe around every attempt; disturbed attempts are retried
     retries: int = 2  # re-measurements of a disturbed attempt before the case is recorded as noisy
     retry_budget_s: float = 2.0  # no further attempt once a case's timing attempts took this long in total
-    probe_baseline_s: float | None = None  # fastest probe of the sweep so far (set by sweep); None: the case's own
+    probe_baseline_s: float | None = None  # the sweep's typical probe time (set by sweep); None: measured first
     workload: str = "prefill"  # contract.WORKLOADS: the sweep every measured case belongs to (recorded in each row)
 
     def __post_init__(self) -> None:
@@ -269,7 +270,7 @@ def measure(
         if config.probe and config.probe_baseline_s is None:
             # A direct call (a fresh process, profile) judges disturbance by the rule sweep uses, not by the
             # case's own probes: those, taken beside a neighbour, would set a slow baseline and hide it.
-            config = dataclasses.replace(config, probe_baseline_s=quiet_speed(baseline_probes(spec.device)))
+            config = dataclasses.replace(config, probe_baseline_s=typical_speed(baseline_probes(spec.device)))
         return _run(variant, spec, config, plan, calls, base)
     except Exception as exc:  # noqa: BLE001 - one bad case must never end a sweep
         status = "oom" if _is_oom(exc) else "error"
@@ -313,7 +314,7 @@ def _run(variant: Variant, spec: AttnSpec, config: MeasureConfig, plan: CheckPla
     timed = timed_attempts(call, spec.device, config, first)
     samples, runs = timed.samples, timed.runs
     fields.update(probe_slowdown=timed.disturbance.slowdown if config.probe else math.nan, attempts=timed.attempts)
-    extra_probe = {"probe_fastest_s": timed.fastest_probe_s} if config.probe else {}  # the sweep lowers its baseline to it
+    extra_probe = {"probe_median_s": timed.probe_median_s} if config.probe else {}  # the sweep's typical speed takes it in
     peak, method = peak_tensor_bytes(variant, spec, call) if config.measure_memory else (math.nan, "")
     rss = float(memory.peak_rss_bytes(call)) if config.measure_rss else math.nan
     extra: dict[str, object] = {**dict(fields.pop("extra", {})), **extra_probe}
@@ -338,10 +339,6 @@ def _run(variant: Variant, spec: AttnSpec, config: MeasureConfig, plan: CheckPla
 
 BASELINE_PROBES = 5
 """Probes the sweep takes before its first case to set the baseline."""
-BASELINE_QUANTILE = 25
-"""The baseline is this percentile of the probes seen, not their minimum: on this project's 2-core
-machine an idle probe took 1.02-1.07 ms with rare 0.63-0.65 ms moments (a default sweep saw 5 in
-104 cases); with the minimum as the baseline those moments flagged 97 of 104 cases at ~1.63x."""
 
 
 def baseline_probes(device: str) -> list[float]:
@@ -349,9 +346,19 @@ def baseline_probes(device: str) -> list[float]:
     return [probe.probe_seconds(device) for _ in range(BASELINE_PROBES)]
 
 
-def quiet_speed(probes: Sequence[float]) -> float:
-    """The sweep's quiet probe time: a low percentile of the probes seen (robust to rare fast moments)."""
-    return float(np.percentile(probes, BASELINE_QUANTILE))
+def typical_speed(probes: Sequence[float]) -> float:
+    """The sweep's typical probe time: the median of what it has seen.
+
+    Not a low percentile or the minimum: this project's shared machine runs for seconds at a time
+    about 1.6x faster than usual (host clocks), and a baseline taken in such a moment flagged nearly
+    every later case of a quiet sweep. The sweep feeds it one figure for its start probes and one per
+    case (that case's median probe), so a start in an unusual moment is outvoted after two cases.
+
+    Example:
+        >>> typical_speed([0.64e-3, 1.03e-3, 1.02e-3])
+        0.00102
+    """
+    return float(np.median(probes))
 
 
 @dataclass(frozen=True)
@@ -360,9 +367,9 @@ class Timed:
 
     samples: list[float]  # per-call seconds per block of the kept attempt
     runs: int  # calls timed in the kept attempt
-    disturbance: probe.Disturbance  # the kept attempt's probes against the fastest probe known
+    disturbance: probe.Disturbance  # the kept attempt's probes against the sweep's typical probe time
     attempts: int  # attempts made (1 + retries used)
-    fastest_probe_s: float  # fastest probe seen while measuring this case (NaN when not probed)
+    probe_median_s: float  # median of the kept attempt's probes (NaN when not probed)
 
 
 def _probe_into(probes: list[float], device: str) -> None:
@@ -372,15 +379,15 @@ def _probe_into(probes: list[float], device: str) -> None:
 def timed_attempts(call: Callable[[], object], device: str, config: MeasureConfig, first_s: float = 0.0) -> Timed:
     """Time ``call``, probing around (and, for long attempts, between) blocks; retry disturbed attempts.
 
-    An attempt is disturbed when its slowest probe is more than ``probe.SLOWDOWN_LIMIT`` x the fastest
-    probe known (the sweep's, or this case's own) or its blocks are bimodal. Up to ``config.retries``
+    An attempt is disturbed when a probe is more than ``probe.SLOWDOWN_LIMIT`` x slower or faster than
+    the sweep's typical probe (``config.probe_baseline_s``) or its blocks are bimodal. Up to ``config.retries``
     more attempts are made while the case's attempts took less than ``config.retry_budget_s`` in total
     (a machine busy for the whole sweep must not triple its length: long cases are probed between
     blocks instead) and the time budget allows; the least disturbed attempt is returned.
     """
-    fastest = config.probe_baseline_s if config.probe_baseline_s is not None else math.inf
+    typical = config.probe_baseline_s if config.probe_baseline_s is not None else math.nan
     kept: tuple[list[float], int, list[float]] | None = None
-    kept_slowdown = math.inf
+    kept_deviation = math.inf
     attempts, spent = 0, 0.0
     while True:
         attempts += 1
@@ -395,19 +402,20 @@ def timed_attempts(call: Callable[[], object], device: str, config: MeasureConfi
         if not config.probe:
             return Timed(samples, runs, probe.Disturbance(math.nan, (), False), attempts, math.nan)
         probes.append(probe.probe_seconds(device))
-        fastest = min(fastest, *probes)
-        seen = probe.Disturbance(fastest, tuple(probes), probe.is_bimodal(samples))
-        score = seen.slowdown if not seen.bimodal else max(seen.slowdown, probe.SLOWDOWN_LIMIT * 1.01)
-        if kept is None or score < kept_slowdown:
-            kept, kept_slowdown = (samples, runs, probes), score
+        if math.isnan(typical):  # no baseline given: this attempt's own probes are the reference
+            typical = statistics.median(probes)
+        seen = probe.Disturbance(typical, tuple(probes), probe.is_bimodal(samples))
+        score = seen.deviation if not seen.bimodal else max(seen.deviation, probe.SLOWDOWN_LIMIT * 1.01)
+        if kept is None or score < kept_deviation:
+            kept, kept_deviation = (samples, runs, probes), score
         if not seen.disturbed or attempts > config.retries:
             break
         # Another attempt must fit the budget next to what this case already spent (warm-up, gate, first call).
         if spent >= config.retry_budget_s or first_s * 4 + spent * (attempts + 1) / attempts > config.time_budget_s:
             break
     samples, runs, probes = kept
-    disturbance = probe.Disturbance(fastest, tuple(probes), probe.is_bimodal(samples))
-    return Timed(samples, runs, disturbance, attempts, fastest)
+    disturbance = probe.Disturbance(typical, tuple(probes), probe.is_bimodal(samples))
+    return Timed(samples, runs, disturbance, attempts, statistics.median(probes))
 
 
 def sweep(
@@ -428,7 +436,7 @@ def sweep(
         cases: ``(variant name, spec)`` pairs; names are validated before anything runs.
         config: measurement policy (``threads`` is applied for the sweep, as a :class:`~.regime.Regime`,
             and the thread count restored after; the calibration probe's baseline is measured here first,
-            then kept at a low percentile of the fastest probes the cases saw: :func:`quiet_speed`).
+            then kept at the median of that and each case's median probe: :func:`typical_speed`).
         progress: called as ``progress(index, total, variant, spec)`` before each case.
         on_result: called as ``on_result(index, measurement)`` after each case (e.g. to log it durably).
         should_stop: checked before each case; when it returns True the sweep returns what it has.
@@ -459,12 +467,12 @@ def sweep(
         devices = sorted({spec.device for _, spec in cases})
         envs = {d: environment(d) for d in devices}
         peaks = {d: matmul_peak(d, "float32") for d in devices if not d.startswith("cuda") or torch.cuda.is_available()}
-        seen: dict[str, list[float]] = {}  # probe times: the sweep's start, then each case's fastest
+        seen: dict[str, list[float]] = {}  # probe times: the sweep's start (one figure), then each case's median
         baselines: dict[str, float] = {}
         if config.probe:
             for d in peaks:
-                seen[d] = baseline_probes(d)
-                baselines[d] = quiet_speed(seen[d])
+                seen[d] = [typical_speed(baseline_probes(d))]
+                baselines[d] = seen[d][0]
         results: list[Measurement] = []
         # The same case's last measured (length, seconds per call): the time guard's extrapolation.
         measured: dict[tuple, tuple[int, float]] = {}
@@ -492,10 +500,10 @@ def sweep(
                 result = measure(name, spec, case_config, peak_flops=peak, env=env, expected_call_s=expected)
             if result.samples and math.isfinite(result.median) and result.median > 0:
                 measured[shape] = (spec.seq_len, float(result.median))
-            fastest = result.extra.get("probe_fastest_s", math.nan)
-            if spec.device in baselines and isinstance(fastest, float) and fastest > 0:
-                seen[spec.device].append(fastest)
-                baselines[spec.device] = quiet_speed(seen[spec.device])
+            probed = result.extra.get("probe_median_s", math.nan)
+            if spec.device in baselines and isinstance(probed, float) and probed > 0:
+                seen[spec.device].append(probed)
+                baselines[spec.device] = typical_speed(seen[spec.device])
             results.append(result)
             if on_result is not None:
                 on_result(i, result)

@@ -157,13 +157,16 @@ class ChunkedAttention(Variant):
         # Scores in base 2: exp(x) == exp2(x * log2(e)), and exp2 is the cheaper kernel; log2(e) rides on the scale.
         q = (q * (self.scale_for(d) * _LOG2_E)).reshape(bh, lq, d)  # (B*H, Lq, D), scaled once
         k, v = k.reshape(bh, lk, d), v.reshape(bh, lk, dv)  # (B*H, Lk, D), (B*H, Lk, Dv)
-        out = torch.zeros(bh, lq, dv, dtype=q.dtype, device=q.device)  # (B*H, Lq, Dv)
+        out = torch.zeros(bh, lq, dv, dtype=q.dtype, device=q.device) if reuse else None  # (B*H, Lq, Dv)
+        blocks = []  # functional form: each query block's output, concatenated once at the end
         cq, ck = self.chunks(lq, lk, dtype)
         score_buf = q.new_empty(bh * cq * ck) if reuse else None
         acc_buf = q.new_empty(bh * cq * dv) if reuse else None
         for q0, q1, row in grid:
-            if not row:
-                continue  # every key masked for this block: output rows stay zero
+            if not row:  # every key masked for this block: output rows stay zero
+                if not reuse:
+                    blocks.append(q.new_zeros(bh, q1 - q0, dv))
+                continue
             q_blk = q[:, q0:q1]  # (B*H, Cq, D)
             mask_q = _rows(dense, q0, q1, -2)
             run_max = run_sum = acc = None
@@ -201,5 +204,7 @@ class ChunkedAttention(Variant):
             if reuse:
                 torch.div(acc, denom, out=out[:, q0:q1])
             else:
-                out[:, q0:q1] = acc / denom
+                blocks.append(acc / denom)
+        if not reuse:
+            out = torch.cat(blocks, dim=1)  # (B*H, Lq, Dv)
         return out.view(b, h, lq, dv)  # (B, H, Lq, Dv)
