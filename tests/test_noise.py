@@ -144,22 +144,12 @@ def test_a_case_measured_in_a_faster_state_is_noisy_too(monkeypatch):
     assert "2.00x faster than the sweep's typical" in m.reason
 
 
-class FastStart:
-    """probe_seconds stand-in: ``fast`` for the first ``fast_calls`` probes, then ``usual`` for good."""
-
-    def __init__(self, fast_calls: int, fast: float = 0.64e-3, usual: float = 1.03e-3) -> None:
-        self.left, self.fast, self.usual = fast_calls, fast, usual
-
-    def __call__(self, device: str = "cpu") -> float:
-        self.left -= 1
-        return self.fast if self.left >= 0 else self.usual
-
-
 def test_a_sweep_that_starts_in_a_fast_moment_flags_at_most_its_first_case(monkeypatch):
     """Planted: the start probes catch the machine 1.6x faster than it runs for the rest of the sweep
     (seen here: 0.64 vs 1.03 ms). Against the fastest (or a low percentile) every case was 'noisy';
     against the typical speed the start is outvoted after the first case."""
-    monkeypatch.setattr(probe, "probe_seconds", FastStart(runner.BASELINE_PROBES))
+    # The start probes at 0.64 ms, every later one at 1.03 ms (NeighbourArrives, below, with those speeds).
+    monkeypatch.setattr(probe, "probe_seconds", NeighbourArrives(runner.BASELINE_PROBES, quiet=0.64e-3, slow=1.03e-3))
     cases = [("batched", SPEC.replace(seq_len=n)) for n in (16, 32, 48, 64, 80)]
     results = sweep(cases, MeasureConfig(timer=FAST, threads=1, retries=1))
     statuses = [m.status for m in results]
