@@ -385,7 +385,7 @@ def timed_attempts(call: Callable[[], object], device: str, config: MeasureConfi
     (a machine busy for the whole sweep must not triple its length: long cases are probed between
     blocks instead) and the time budget allows; the least disturbed attempt is returned.
     """
-    typical = config.probe_baseline_s if config.probe_baseline_s is not None else math.nan
+    typical = config.probe_baseline_s if config.probe_baseline_s is not None else math.nan  # measure() always sets it
     kept: tuple[list[float], int, list[float]] | None = None
     kept_deviation = math.inf
     attempts, spent = 0, 0.0
@@ -402,8 +402,6 @@ def timed_attempts(call: Callable[[], object], device: str, config: MeasureConfi
         if not config.probe:
             return Timed(samples, runs, probe.Disturbance(math.nan, (), False), attempts, math.nan)
         probes.append(probe.probe_seconds(device))
-        if math.isnan(typical):  # no baseline given: this attempt's own probes are the reference
-            typical = statistics.median(probes)
         seen = probe.Disturbance(typical, tuple(probes), probe.is_bimodal(samples))
         score = seen.deviation if not seen.bimodal else max(seen.deviation, probe.SLOWDOWN_LIMIT * 1.01)
         if kept is None or score < kept_deviation:
