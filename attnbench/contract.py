@@ -1,18 +1,25 @@
-"""The results contract: the names and the grid that the asv suite writes and everything else reads.
+"""The results contract: the names, the metrics and the grids that the suite writes and everything else reads.
 
-The asv suite (:mod:`attnbench.asv_bench`), the regression gate (:mod:`attnbench.regress`) and the
-loader (:mod:`attnbench.analysis.frame`) import these constants instead of spelling them, so a
-renamed benchmark or a changed base shape cannot leave one of them reading something else.
+The asv suite (:mod:`attnbench.asv_bench`), ``attnbench run`` (:mod:`attnbench.runs`), the regression
+gate (:mod:`attnbench.regress`), the loader (:mod:`attnbench.analysis.frame`) and the report import
+these instead of spelling them, so a renamed benchmark, a new metric or a changed grid cannot leave
+one of them reading something else.
 
-* Benchmark names: ``TIME_BENCHMARK`` and the other fully-qualified asv names below; ``ASV_METRICS``
-  maps an asv method name to the tidy frame's metric, unit factor and method label.
-* The grid: ``BASE_SPEC`` (the fixed shape every asv case shares), ``ASV_LENGTHS`` /
-  ``ASV_MODES`` (defaults), and the environment variables that narrow it (``ENV_*``).
-* Units: ``UNITS`` per tidy metric.
+* Benchmark names: ``TIME_BENCHMARK`` and the other ``Class.method`` asv names below.
+* The metric table: :data:`METRICS`, one :class:`Metric` per tidy metric (unit, label, the Measurement
+  field a run reads, the asv benchmarks that record it, whether it is fitted); ``UNITS``, ``LABELS``,
+  ``FITTED`` and ``ASV_METRICS`` derive from it.
 * Workloads: ``WORKLOADS`` and ``SWEPT_LENGTH``, the spec field a workload's sweep varies.
+* The grids: :data:`GRIDS`, named profiles (``run``, ``run-decode``, ``asv``, ``asv-decode``,
+  ``asv-gqa``, ``ci``) of variants x lengths x modes x masks; ``BASE_SPEC`` (the fixed shape every asv
+  case shares) and the environment variables that narrow asv's grid (``ENV_*``).
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
 
 from attnbench.spec import AttnSpec
 
@@ -30,32 +37,124 @@ GQA_TIME_BENCHMARK = "GroupedQuery.time_gqa"
 GQA_TENSOR_BYTES_BENCHMARK = "GroupedQuery.track_gqa_peak_tensor_bytes"
 PEAK_BENCHMARK = "track_matmul_gflops"
 """The machine's matmul GFLOP/s (a module-level asv benchmark; matched by suffix)."""
+PAGE_FAULTS_BENCHMARK = "AttentionMetrics.track_page_faults"
 GATED_BENCHMARKS = (TIME_BENCHMARK, TENSOR_BYTES_BENCHMARK, FLOPS_BENCHMARK, ERROR_RATIO_BENCHMARK)
 """What the regression gate runs on BASE and HEAD."""
 
-# asv method name -> (tidy metric, factor to the metric's unit, method label; None: the runner's rule)
-ASV_METRICS: dict[str, tuple[str, float, str | None]] = {
-    "time_attention": ("time", 1.0, "asv"),
-    "peakmem_attention": ("peak_rss", 1.0, "asv"),
-    "track_peak_tensor_bytes": ("peak_tensor_bytes", 1.0, None),
-    "track_gflops": ("gflops", 1.0, "asv"),
-    "track_flops": ("flops", 1.0, "model"),
-    "track_cuda_ms": ("cuda_time", 1e-3, "cuda_events"),
-    "track_max_error": ("max_error", 1.0, "reference"),
-    "track_error_ratio": ("error_ratio", 1.0, "reference"),
-    "time_decode": ("time", 1.0, "asv"),
-    "track_decode_gbps": ("gbps", 1.0, "asv"),
-    "time_gqa": ("time", 1.0, "asv"),
-    "track_gqa_peak_tensor_bytes": ("peak_tensor_bytes", 1.0, None),
-}
+# ---- the metric table ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Metric:
+    """One metric of the tidy frame: where a run reads it, how asv records it, how it is named and shown.
 
-# ---- tidy metrics and their units --------------------------------------------------------------
-UNITS: dict[str, str] = {
-    "time": "s", "cuda_time": "s", "compile_time": "s", "peak_tensor_bytes": "bytes", "peak_rss": "bytes",
-    "gflops": "GFLOP/s", "max_error": "abs", "softmax_error": "abs", "flops": "FLOP", "error_ratio": "x tolerance",
-    "bytes": "bytes", "gbps": "GB/s",
-}
-"""``bytes`` is :attr:`AttnSpec.bytes_moved` (method "model"); ``gbps`` is that over the measured time."""
+    Everything else derives from the table, :data:`METRICS`: ``Measurement.to_row`` (the CSV export), the loader's
+    run and asv rows, :data:`UNITS`, plot labels, which metrics are fitted, and the ``track_`` methods
+    of the asv suite. Adding a metric is its measurement plus one row here.
+    """
+
+    name: str  # the tidy frame's ``metric``
+    unit: str  # the unit of ``value`` (the report's ``fmt`` knows "s" and "bytes")
+    label: str  # axis label
+    field: str | None = None  # Measurement attribute or property a run reads ("extra.KEY": a key of extra); None: asv only
+    spread: str | None = None  # Measurement attribute holding the value's spread (IQR), if any
+    method: str = ""  # how a run obtained it: a label, or "<ATTR" for the label a Measurement attribute holds
+    column: str = ""  # its column in measurements.csv (default: ``field`` without "extra.")
+    asv: tuple[str, ...] = ()  # asv benchmarks ("Class.method") that record it; their ``track_`` methods are generated
+    asv_unit: str = ""  # the unit asv shows, when not ``unit`` (``asv_factor`` converts to ``unit``)
+    asv_factor: float = 1.0
+    asv_method: str | None = "asv"  # method label of asv rows; None: the runner's rule for peak tensor bytes
+    declared: str | None = None  # the Variant attribute declaring its exponent in L (e.g. ``time_exponent``)
+    fitted: bool = False  # complexity exponents are fitted to it
+    timed: bool = False  # derived from wall time: a neighbour can disturb it
+
+    @property
+    def csv_column(self) -> str:
+        return self.column or (self.field or "").removeprefix("extra.")
+
+    @property
+    def spread_column(self) -> str:
+        """Its spread's column in measurements.csv: the attribute and the unit (``iqr_s``)."""
+        return f"{self.spread}_{self.unit}" if self.spread else ""
+
+    @property
+    def tracked(self) -> tuple[str, ...]:
+        """The ``track_`` benchmarks recording it (``time_`` and ``peakmem_`` are asv's own kinds, written by hand)."""
+        return tuple(b for b in self.asv if b.rsplit(".", 1)[-1].startswith("track_"))
+
+
+_BUILTIN_METRICS: tuple[Metric, ...] = (
+    Metric("time", "s", "median time per call", field="median", spread="iqr", method="<timing_method", column="median_s",
+           asv=(TIME_BENCHMARK, DECODE_TIME_BENCHMARK, GQA_TIME_BENCHMARK), declared="time_exponent", fitted=True,
+           timed=True),
+    Metric("cuda_time", "s", "CUDA-event time per call", asv=("AttentionCuda.track_cuda_ms",), asv_unit="ms",
+           asv_factor=1e-3, asv_method="cuda_events", timed=True),
+    Metric("compile_time", "s", "compile time (first call)", field="compile_seconds", method="wall", column="compile_s"),
+    Metric("peak_tensor_bytes", "bytes", "peak tensor memory above inputs", field="peak_tensor_bytes",
+           method="<memory_method", asv=(TENSOR_BYTES_BENCHMARK, GQA_TENSOR_BYTES_BENCHMARK), asv_method=None,
+           declared="memory_exponent", fitted=True),
+    Metric("peak_rss", "bytes", "process peak RSS", field="peak_rss_bytes", method="rss", asv=(PEAKMEM_BENCHMARK,)),
+    Metric("gflops", "GFLOP/s", "achieved GFLOP/s", field="gflops_per_s", method="<timing_method",
+           asv=("AttentionMetrics.track_gflops",), timed=True),
+    Metric("flops", "FLOP", "executed FLOPs", asv=(FLOPS_BENCHMARK,), asv_method="model"),
+    Metric("max_error", "abs", "max error vs the float64 reference", field="max_error", method="reference",
+           asv=("AttentionAccuracy.track_max_error",), asv_unit="abs error", asv_method="reference"),
+    Metric("softmax_error", "abs", "max error vs exact softmax attention", field="softmax_error", method="reference"),
+    Metric("error_ratio", "x tolerance", "max error / tolerance", field="checked_error_ratio", method="reference",
+           column="error_ratio",
+           asv=(ERROR_RATIO_BENCHMARK,), asv_method="reference"),
+    Metric("bytes", "bytes", "bytes an ideal kernel moves", field="bytes_moved", method="model"),
+    Metric("gbps", "GB/s", "achieved GB/s", field="gbytes_per_s", method="<timing_method",
+           asv=(DECODE_GBPS_BENCHMARK,), timed=True),
+    Metric("page_faults", "faults", "minor page faults per call", field="extra.page_faults", method="rusage",
+           asv=(PAGE_FAULTS_BENCHMARK,), asv_method="rusage", fitted=True),
+)
+"""``bytes`` is :attr:`AttnSpec.bytes_moved` (method "model"); ``gbps`` is that over the measured time.
+``page_faults``: minor faults of one call after the correctness gate, the fresh pages it maps. On a CPU
+that is where a dense variant's O(L\u00b2) buffers cost time beside its arithmetic."""
+METRICS: dict[str, Metric] = {}
+"""The metric table: name -> row, in the order rows were added (:func:`add_metric`)."""
+UNITS: dict[str, str] = {}
+LABELS: dict[str, str] = {}
+FITTED: list[str] = []
+DECLARED: dict[str, str] = {}
+ASV_METRICS: dict[str, tuple[str, float, str | None]] = {}
+"""asv method name -> (tidy metric, factor to the metric's unit, method label; None: the runner's rule)."""
+
+
+def add_metric(metric: Metric) -> None:
+    """Add a row to the table: the derived lookups above (shared objects every reader holds) follow it.
+
+    The built-in rows are added this way at import; a plugin may add its own (the runner must then record
+    the value its ``field`` names, e.g. in ``Measurement.extra``).
+
+    Raises:
+        ValueError: a metric of that name, or an asv benchmark another row records, exists already.
+    """
+    if metric.name in METRICS:
+        raise ValueError(f"metric {metric.name!r} is already in the table")
+    taken = [b for b in metric.asv if b.rsplit(".", 1)[-1] in ASV_METRICS]
+    if taken:
+        raise ValueError(f"asv benchmark(s) {', '.join(taken)} already record another metric")
+    METRICS[metric.name] = metric
+    UNITS[metric.name] = metric.unit
+    LABELS[metric.name] = metric.label
+    if metric.fitted:
+        FITTED.append(metric.name)
+    if metric.declared:
+        DECLARED[metric.name] = metric.declared
+    for benchmark in metric.asv:
+        ASV_METRICS[benchmark.rsplit(".", 1)[-1]] = (metric.name, metric.asv_factor, metric.asv_method)
+
+
+for _metric in _BUILTIN_METRICS:
+    add_metric(_metric)
+
+
+def metric_value(measurement: Any, field: str) -> Any:
+    """What a :class:`Metric`'s ``field`` names on a Measurement ("extra.KEY": that key of ``extra``, NaN if absent)."""
+    if field.startswith("extra."):
+        return measurement.extra.get(field.removeprefix("extra."), math.nan)
+    return getattr(measurement, field)
+
 
 # ---- workloads ---------------------------------------------------------------------------------
 WORKLOADS: tuple[str, ...] = ("prefill", "decode")
@@ -66,20 +165,41 @@ SWEPT_LENGTH: dict[str, str] = {"prefill": "seq_len", "decode": "seq_len_k"}
 """The tidy frame's column a workload's sweep varies (and complexity exponents are fitted against):
 prefill sweeps L = Lq = Lk (``seq_len``), decode sweeps the cache length Lk (``seq_len_k``), Lq fixed."""
 
-# ---- the grid ----------------------------------------------------------------------------------
+
+# ---- the grids --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Grid:
+    """A named profile of cases: variants x lengths x modes x masks (the shape comes from the caller)."""
+
+    lengths: tuple[int, ...]  # the swept length: L = Lq = Lk (prefill) or the cache length Lk (decode)
+    variants: tuple[str, ...] | None = None  # None: every variant in the default sweep (registry.default_variants)
+    modes: tuple[str, ...] = ("forward",)
+    masks: tuple[str, ...] = ("none",)
+    devices: tuple[str, ...] | None = None  # None: the caller's (``attnbench run --device``; asv: cpu, and cuda if present)
+    workload: str = "prefill"
+
+
+GRIDS: dict[str, Grid] = {
+    "run": Grid(lengths=(64, 128, 256, 512, 1024, 2048, 4096)),
+    "run-decode": Grid(lengths=tuple(2**p for p in range(10, 18)), workload="decode"),
+    "asv": Grid(lengths=(64, 128, 256, 512, 1024, 2048, 4096, 8192), modes=("forward", "backward"),
+                masks=("none", "causal")),
+    "asv-decode": Grid(lengths=(4096, 16384), variants=("sdpa", "batched"), workload="decode"),
+    "asv-gqa": Grid(lengths=(1024,), variants=("sdpa", "batched")),
+    "ci": Grid(lengths=(256, 512, 1024), variants=("batched", "chunked", "sdpa", "local", "linear_elu"), devices=("cpu",)),
+}
+"""``run``: ``attnbench run``'s default sweep; ``run-decode``: its decode workload (1K..128K keys; the guard
+skips what does not fit). ``asv``: the asv suite's main grid (``Attention*`` classes); ``asv-decode``: its
+``Decode`` class (fused vs materialised scores over a long cache); ``asv-gqa``: its ``GroupedQuery`` class.
+``ci``: the regression gate's subset of ``asv`` (a few representative variants at short lengths: minutes on
+2 cores)."""
+RUN_LENGTHS: dict[str, tuple[int, ...]] = {"prefill": GRIDS["run"].lengths, "decode": GRIDS["run-decode"].lengths}
+"""``attnbench run``'s default lengths per workload."""
 BASE_SPEC = AttnSpec(batch=1, heads=8, head_dim=64, dtype="float32")
 """The asv suite's fixed shape (B, H, D, dtype); the grid varies variant, L, device and mode."""
-ASV_LENGTHS: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
-ASV_MODES: tuple[str, ...] = ("forward", "backward")
-ASV_MASKS: tuple[str, ...] = ("none", "causal")
-ASV_DECODE_LENGTHS: tuple[int, ...] = (4096, 16384)
-"""Decode's cache lengths Lk: two points, the small asv share of the decode sweep ``attnbench run`` makes."""
 ASV_DECODE_Q_LEN = 1
-ASV_SMALL_VARIANTS: tuple[str, ...] = ("sdpa", "batched")
-"""Variants of the decode and GQA benchmarks (fused vs materialised scores), unless ENV_VARIANTS names others."""
 ASV_GQA_KV_HEADS = BASE_SPEC.heads // 4
 """Key/value heads of the GQA benchmark: 4 query heads per key/value head."""
-ASV_GQA_LENGTHS: tuple[int, ...] = (1024,)
 ASV_MAX_CALL_SECONDS = 1.0
 """Predicted seconds per call above which an asv case is n/a."""
 
@@ -95,6 +215,16 @@ ENV_BATCH = "ATTNBENCH_ASV_BATCH"
 ENV_DECODE_LENGTHS = "ATTNBENCH_ASV_DECODE_LENGTHS"
 """Decode's cache lengths (ENV_LENGTHS narrows the prefill and GQA lengths, ENV_VARIANTS every class's variants)."""
 GRID_ENV = (ENV_VARIANTS, ENV_LENGTHS, ENV_DEVICES, ENV_MODES, ENV_MASKS, ENV_MAX_CALL_S, ENV_BATCH, ENV_DECODE_LENGTHS)
+
+
+def grid_environment(grid: Grid) -> dict[str, str]:
+    """The ``ENV_*`` variables that narrow asv's grid to ``grid`` (the regression gate's CI subset)."""
+    env = {ENV_LENGTHS: ",".join(map(str, grid.lengths)), ENV_MODES: ",".join(grid.modes), ENV_MASKS: ",".join(grid.masks)}
+    if grid.variants is not None:
+        env[ENV_VARIANTS] = ",".join(grid.variants)
+    if grid.devices is not None:
+        env[ENV_DEVICES] = ",".join(grid.devices)
+    return env
 
 
 def asv_case(benchmark: str, case: dict, base: AttnSpec = BASE_SPEC) -> tuple[AttnSpec, str]:
@@ -119,6 +249,24 @@ def asv_case(benchmark: str, case: dict, base: AttnSpec = BASE_SPEC) -> tuple[At
                         mask=case.get("mask", "none"), kv_heads=kv_heads)
     return spec, "prefill"
 
+
 # ---- the teaching progression (the report's headline figure) -------------------------------------
 PROGRESSION: tuple[str, ...] = ("loop", "vectorized", "batched", "torch_mha", "sdpa")
 """From the Python loop to fused SDPA, the order in which the lecture notes build attention up."""
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "dense": ("loop", "vectorized", "batched", "multihead", "torch_mha", "sdpa_math"),
+    "fused": ("sdpa", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn"),
+    "blockwise": ("chunked", "local", "block_sparse"),
+    "linear": ("linear_elu", "performer"),
+    "scoring": ("dot", "scaled_dot", "bilinear", "additive"),
+    "compiled": ("compiled_batched", "compiled_chunked", "flex"),
+}
+"""Families of variants, each member list in the order the report shades it (lighter first)."""
+OTHER_FAMILY = "other"
+"""The family of a variant no family lists (plugins)."""
+
+
+def family(variant: str) -> str:
+    """The family a variant belongs to (:data:`OTHER_FAMILY` for variants no family lists)."""
+    base = variant.removesuffix(" (model)")
+    return next((name for name, members in FAMILIES.items() if base in members), OTHER_FAMILY)

@@ -57,3 +57,10 @@ def output_tail(out: subprocess.CompletedProcess, lines: int = 25) -> str:
     text = "\n".join(part.strip("\n") for part in (out.stdout or "", out.stderr or "") if part and part.strip())
     tail = text.splitlines()[-lines:]
     return "\n".join(f"  {line}" for line in tail) if tail else "  (no output)"
+
+
+def error_line(exc: BaseException, limit: int = 300) -> str:
+    """``"Type: first line of the message"`` (just the type when the message is empty, e.g. a bare ``MemoryError()``)."""
+    lines = str(exc).splitlines()
+    text = lines[0][:limit] if lines else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

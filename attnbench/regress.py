@@ -49,18 +49,12 @@ import pandas as pd
 
 from attnbench import contract
 from attnbench.analysis import significance
-from attnbench.analysis.frame import _decode, load_asv
+from attnbench.analysis.frame import decode_param, load_asv
 from attnbench.io import output_tail
 from attnbench.measure import regime
 
-CI_SUBSET = {
-    contract.ENV_VARIANTS: "batched,chunked,sdpa,local,linear_elu",
-    contract.ENV_LENGTHS: "256,512,1024",
-    contract.ENV_MODES: "forward",
-    contract.ENV_DEVICES: "cpu",
-    contract.ENV_MASKS: "none",
-}
-"""Short lengths and a few representative variants: finishes in minutes on 2 cores."""
+CI_SUBSET = contract.grid_environment(contract.GRIDS["ci"])
+"""The ``ci`` grid (short lengths, a few representative variants: minutes on 2 cores) as asv's grid variables."""
 TIME_BENCHMARK = contract.TIME_BENCHMARK
 GATED = "|".join(contract.GATED_BENCHMARKS)
 REGIME = regime.Regime(threads=regime.DEFAULT_THREADS)
@@ -143,7 +137,7 @@ def read_time_samples(results_dir: str | Path, machine: str) -> dict[SampleKey, 
             params = res.get_result_params(key)
             samples = res.get_result_samples(key, params)
             for combo, got in zip(itertools.product(*params), samples, strict=True):
-                case = dict(zip(names, (_decode(p) for p in combo), strict=True))
+                case = dict(zip(names, (decode_param(p) for p in combo), strict=True))
                 if got:
                     k = (res.commit_hash, *(case.get(c, d) for c, d in zip(CASE_KEYS, ("", 0, "cpu", "forward", "none"), strict=True)))
                     out.setdefault(k, []).extend(float(x) for x in got if x is not None)

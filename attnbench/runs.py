@@ -32,17 +32,16 @@ from typing import Any
 
 import pandas as pd
 
-from attnbench.contract import SWEPT_LENGTH, WORKLOADS
-from attnbench.io import atomic_write, atomic_write_text
+from attnbench.contract import RUN_LENGTHS, SWEPT_LENGTH, WORKLOADS
+from attnbench.io import atomic_write, atomic_write_text, error_line
 from attnbench.measure.record import Environment, Measurement
 from attnbench.measure.runner import MeasureConfig, default_lengths
-from attnbench.registry import get_variant, variant_names
+from attnbench.registry import default_variants, get_variant
 from attnbench.spec import AttnSpec
 
-DEFAULT_LENGTHS: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048, 4096)
-DECODE_LENGTHS: tuple[int, ...] = tuple(2**p for p in range(10, 18))
+DEFAULT_LENGTHS: tuple[int, ...] = RUN_LENGTHS["prefill"]
+DECODE_LENGTHS: tuple[int, ...] = RUN_LENGTHS["decode"]
 """The decode workload's default key/value cache lengths Lk: 1K .. 128K (the guard skips what does not fit)."""
-DEFAULT_LENGTHS_FOR: dict[str, tuple[int, ...]] = {"prefill": DEFAULT_LENGTHS, "decode": DECODE_LENGTHS}
 MEASUREMENTS = "measurements.csv"
 MANIFEST = "manifest.json"
 LOG = "cases.jsonl"
@@ -91,7 +90,7 @@ def grid(
     if workload not in WORKLOADS:
         raise ValueError(f"workload must be one of {WORKLOADS}, got {workload!r}")
     base = base or AttnSpec()
-    names = list(variants) if variants else [n for n in variant_names() if get_variant(n).IN_DEFAULT_SWEEP]
+    names = list(variants) if variants else default_variants()
     shapes = [base.replace(head_dim=d, batch=b, kv_heads=h)
               for d in head_dims or [base.head_dim] for b in batches or [base.batch]
               for h in kv_heads or [base.kv_heads]]
@@ -104,8 +103,9 @@ def grid(
                 for dtype in dtypes or [base.dtype]:
                     for mode in modes:
                         for mask in masks:
-                            for n in lens:
-                                lengths_of = {"seq_len": n} if workload == "prefill" else {"seq_len": q_len, "seq_len_k": n}
+                            for length in lens:
+                                lengths_of = ({"seq_len": length} if workload == "prefill"
+                                              else {"seq_len": q_len, "seq_len_k": length})
                                 spec = shape.replace(**lengths_of, mode=mode, mask=mask, dtype=dtype, device=device)
                                 cases.append((name, spec))
     return cases
@@ -128,7 +128,7 @@ def new_run_dir(root: str | Path = "reports/runs") -> Path:
 
 def empty_grid_reason(variants: Sequence[str] | None, lengths: Sequence[int], limit_slow: bool = True) -> str:
     """Why :func:`grid` returned no cases (for the error message)."""
-    names = list(variants) if variants else [n for n in variant_names() if get_variant(n).IN_DEFAULT_SWEEP]
+    names = list(variants) if variants else default_variants()
     if not names:
         return "no variants selected"
     if not lengths:
@@ -162,15 +162,33 @@ def measurement_to_json(m: Measurement) -> dict[str, Any]:
 
 
 def measurement_from_json(data: dict[str, Any]) -> Measurement:
-    """Rebuild a Measurement from :func:`measurement_to_json`; unknown keys are ignored."""
-    known = {f.name for f in dataclasses.fields(Measurement)}
+    """Rebuild a Measurement from :func:`measurement_to_json`; unknown keys are ignored.
+
+    Raises:
+        ValueError, TypeError, KeyError: a record that is not one (a field of the wrong type, a spec or
+            status the classes reject), with the field named.
+    """
+    known = {f.name: f.type for f in dataclasses.fields(Measurement)}
+    missing = [f.name for f in dataclasses.fields(Measurement)
+               if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in data]
+    if missing:
+        raise ValueError(f"no {', '.join(repr(m) for m in missing)} field")
     fields = {k: v for k, v in data.items() if k in known}
+    for name, kind in known.items():  # JSON gives any type: a number field must hold a number
+        value = fields.get(name)
+        if kind in ("int", "float") and value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ValueError(f"{name} {value!r} is not a number")
+    if not isinstance(data.get("spec"), dict):
+        raise ValueError(f"spec {data.get('spec')!r} is not a mapping")
     fields["spec"] = AttnSpec(**data["spec"])
     env = data.get("env")
     if env:
         env_known = {f.name for f in dataclasses.fields(Environment)}
         fields["env"] = Environment(**{k: v for k, v in env.items() if k in env_known})
-    fields["samples"] = tuple(float(s) for s in data.get("samples", ()))
+    samples = data.get("samples", ())
+    if not isinstance(samples, list) or any(isinstance(s, bool) or not isinstance(s, (int, float)) for s in samples):
+        raise ValueError(f"samples {str(samples)[:60]} is not a list of numbers")
+    fields["samples"] = tuple(float(s) for s in samples)
     fields["extra"] = dict(data.get("extra") or {})
     return Measurement(**fields)
 
@@ -185,24 +203,28 @@ class RunLog:
 
     header: dict[str, Any] | None  # configuration and planned grid; None for an empty or header-less log
     measurements: tuple[Measurement, ...]  # finished cases in the order they finished
-    notes: tuple[str, ...]  # lines ignored and why (a torn last line from a kill)
+    notes: tuple[str, ...]  # every line ignored, and why (a torn last line from a kill, a garbled line)
+    rejected: tuple[str, ...] = ()  # those of the notes that are not a torn last line: garbled, or a record the classes refuse
 
 
 def read_log(path: str | Path) -> RunLog:
-    """Read a run log; unreadable lines are skipped with a note, never an exception.
+    """Read a run log; unreadable lines are skipped with the reason, never an exception.
 
     Raises:
         OSError: the file cannot be read at all.
     """
     path = Path(path)
     lines = path.read_bytes().split(b"\n")
-    header, found, notes = None, [], []
+    header, found, notes, rejected = None, [], [], []
     last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    torn = lines[-1].strip() != b""  # a complete log ends with a line end
     for i, raw in enumerate(lines):
         if not raw.strip():
             continue
         try:
             item = json.loads(raw.decode("utf-8"))
+            if not isinstance(item, dict):
+                raise ValueError(f"a JSON {type(item).__name__}, not an object")
             if item.get("kind") == "header":
                 header = header or item
             elif item.get("kind") == "case":
@@ -210,9 +232,12 @@ def read_log(path: str | Path) -> RunLog:
             else:
                 raise ValueError(f"unknown kind {item.get('kind')!r}")
         except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
-            what = "torn last line (the run was killed while writing it)" if i == last else f"line {i + 1} unreadable"
-            notes.append(f"{path}: {what}, ignored ({len(raw)} bytes; {type(exc).__name__})")
-    return RunLog(header=header, measurements=tuple(found), notes=tuple(notes))
+            if i == last and torn:
+                notes.append(f"{path}: torn last line (the run was killed while writing it), ignored ({len(raw)} bytes)")
+            else:
+                rejected.append(f"{path}: line {i + 1} unreadable ({error_line(exc)}), ignored")
+                notes.append(rejected[-1])
+    return RunLog(header=header, measurements=tuple(found), notes=tuple(notes), rejected=tuple(rejected))
 
 
 class RunDirError(ValueError):

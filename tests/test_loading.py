@@ -22,7 +22,7 @@ from attnbench.analysis.frame import load, load_asv, load_run
 from attnbench.cli import main
 from attnbench.measure.record import Environment, Measurement
 from attnbench.measure.runner import MeasureConfig
-from attnbench.runs import MANIFEST, MEASUREMENTS, write_run
+from attnbench.runs import LOG, MANIFEST, MEASUREMENTS, write_run
 from attnbench.spec import AttnSpec
 
 FIXTURE = Path(__file__).parent / "fixtures" / "asv_results"
@@ -58,48 +58,46 @@ def write_good_run(path: Path, host: str = "bad-box", **manifest_fields) -> Path
 
 
 # ---- the faults ---------------------------------------------------------------------------------
-def _csv_lines(run: Path) -> list[str]:
-    return (run / MEASUREMENTS).read_text().splitlines(keepends=True)
+# The loader reads the typed case log (cases.jsonl); measurements.csv is an export for people and is not read.
+def _log_lines(run: Path) -> list[str]:
+    return (run / LOG).read_text().splitlines(keepends=True)
 
 
-def _edit_cell(run: Path, column: str, value: str, row: int = 1) -> None:
-    import csv
-    import io
+def case_edit(edit: Callable[[dict], None], number: int = 1) -> Callable[[Path], None]:
+    """Edit the ``number``-th case of the log (its measurement's JSON) in place."""
 
-    rows = list(csv.reader(io.StringIO((run / MEASUREMENTS).read_text())))
-    rows[row][rows[0].index(column)] = value
-    buffer = io.StringIO()
-    csv.writer(buffer, lineterminator="\n").writerows(rows)
-    (run / MEASUREMENTS).write_text(buffer.getvalue())
-
-
-def truncated_mid_value(run: Path) -> None:
-    """The issue's case: the file ends inside an ok row's time, e.g. at '0.0'."""
-    text = (run / MEASUREMENTS).read_text()
-    lines = text.splitlines(keepends=True)
-    header = lines[0].rstrip("\n").split(",")
-    last_ok = max(i for i, line in enumerate(lines) if ",ok," in line)
-    cells = lines[last_ok].split(",")
-    cut = len(",".join(cells[: header.index("median_s")])) + 4  # ",0.0"
-    (run / MEASUREMENTS).write_text("".join(lines[:last_ok]) + lines[last_ok][:cut])
-
-
-def truncated_at_row_boundary(run: Path) -> None:
-    (run / MEASUREMENTS).write_text("".join(_csv_lines(run)[:3]))
-
-
-def drop_column(name: str) -> Callable[[Path], None]:
     def fault(run: Path) -> None:
-        import pandas as pd
-
-        frame = pd.read_csv(run / MEASUREMENTS)
-        frame.drop(columns=[name]).to_csv(run / MEASUREMENTS, index=False)
+        lines = _log_lines(run)
+        item = json.loads(lines[number])
+        edit(item["measurement"])
+        lines[number] = json.dumps(item) + "\n"
+        (run / LOG).write_text("".join(lines))
 
     return fault
 
 
-def cell(column: str, value: str) -> Callable[[Path], None]:
-    return lambda run: _edit_cell(run, column, value)
+def field(name: str, value: object, number: int = 1) -> Callable[[Path], None]:
+    return case_edit(lambda m: m.__setitem__(name, value), number)
+
+
+def spec_field(name: str, value: object) -> Callable[[Path], None]:
+    return case_edit(lambda m: m["spec"].__setitem__(name, value))
+
+
+def torn_last_line(run: Path) -> None:
+    """A kill mid-write: the log ends inside its last case's line."""
+    text = (run / LOG).read_text()
+    (run / LOG).write_text(text[: len(text) - len(_log_lines(run)[-1]) // 2])
+
+
+def truncated_at_line_boundary(run: Path) -> None:
+    (run / LOG).write_text("".join(_log_lines(run)[:3]))
+
+
+def garbled_line(run: Path) -> None:
+    lines = _log_lines(run)
+    lines[2] = '{"kind": "case", "measurement": {"variant": "batch\n'
+    (run / LOG).write_text("".join(lines))
 
 
 def write(name: str, content: str | bytes) -> Callable[[Path], None]:
@@ -183,32 +181,32 @@ def _truncate_result(results: Path) -> None:
 
 # name -> (make the bad source from a fresh good run dir (or tmp dir for asv), text the problem must hold)
 RUN_FAULTS: dict[str, tuple[Callable[[Path], object], str]] = {
-    "csv truncated mid-value": (truncated_mid_value, "(truncated or garbled); rejected"),
-    "csv truncated at a row boundary": (truncated_at_row_boundary, "holds 2 row(s) but"),
-    "csv empty": (write(MEASUREMENTS, ""), "empty"),
-    "csv header only": (lambda run: (run / MEASUREMENTS).write_text(_csv_lines(run)[0]), "holds 0 row(s) but"),
-    "csv without variant column": (drop_column("variant"), "missing required column(s) variant"),
-    "csv without status column": (drop_column("status"), "missing required column(s) status"),
-    "csv non-numeric length": (cell("spec_seq_len", "sixty-four"), "spec_seq_len 'sixty-four' is not a number"),
-    "csv fractional length": (cell("spec_seq_len", "64.5"), "is not a positive integer"),
-    "csv non-numeric time": (cell("median_s", "fast"), "median_s 'fast' is not a number"),
-    "csv ok row without a time": (cell("median_s", ""), "status ok but median_s"),
-    "csv ok row with time 0": (cell("median_s", "0.000000"), "status ok but median_s"),
-    "csv non-numeric memory": (cell("peak_tensor_bytes", "lots"), "peak_tensor_bytes 'lots' is not a number"),
-    "csv unknown status": (cell("status", "great"), "status 'great' is not one of"),
-    "csv unknown workload": (cell("workload", "training"), "workload 'training' is not one of"),
-    "csv kv_heads not dividing heads": (cell("spec_kv_heads", "3"), "is not a positive integer dividing spec_heads"),
-    "csv non-numeric kv_heads": (cell("spec_kv_heads", "few"), "spec_kv_heads 'few' is not a number"),
-    "csv empty variant": (cell("variant", ""), "variant is empty"),
-    "csv extra field in a row": (lambda run: (run / MEASUREMENTS).write_text("".join(_csv_lines(run)[:2]) + _csv_lines(run)[2].rstrip("\n") + ",surplus\n" + "".join(_csv_lines(run)[3:])), "fields, the header has"),
-    "csv not UTF-8": (write(MEASUREMENTS, b"\xff\xfe\x00garbage\x80\x81"), "cannot read"),
-    "csv missing": (remove(MEASUREMENTS), "measurements.csv: missing"),
+    "log torn in its last line": (torn_last_line, "holds 4 case(s) but"),
+    "log truncated at a line boundary": (truncated_at_line_boundary, "holds 2 case(s) but"),
+    "log a garbled line": (garbled_line, "line 3 unreadable (JSONDecodeError"),
+    "log empty": (write(LOG, ""), "holds 0 case(s) but"),
+    "log header only": (lambda run: (run / LOG).write_text(_log_lines(run)[0]), "holds 0 case(s) but"),
+    "log a case without variant": (case_edit(lambda m: m.pop("variant")), "no 'variant' field"),
+    "log a case without status": (case_edit(lambda m: m.pop("status")), "no 'status' field"),
+    "log non-numeric length": (spec_field("seq_len", "sixty-four"), "seq_len must be an int, got str"),
+    "log fractional length": (spec_field("seq_len", 64.5), "seq_len must be an int, got float"),
+    "log non-numeric time": (field("samples", ["fast", 0.1]), "is not a list of numbers"),
+    "log ok case without a time": (field("samples", []), "status ok but its time is nan"),
+    "log ok case with time 0": (field("samples", [0.0, 0.0, 0.0]), "status ok but its time is 0.0"),
+    "log non-numeric memory": (field("peak_tensor_bytes", "lots"), "peak_tensor_bytes 'lots' is not a number"),
+    "log unknown status": (field("status", "great"), "status must be one of"),
+    "log unknown workload": (field("workload", "training"), "workload must be one of"),
+    "log kv_heads not dividing heads": (spec_field("kv_heads", 3), "kv_heads must divide heads"),
+    "log non-numeric kv_heads": (spec_field("kv_heads", "few"), "kv_heads must be an int, got str"),
+    "log empty variant": (field("variant", ""), "variant is empty"),
+    "log a case that is not an object": (lambda run: (run / LOG).write_text(_log_lines(run)[0] + "[1, 2]\n"), "not an object"),
+    "log not UTF-8": (write(LOG, b"\xff\xfe\x00garbage\x80\x81\n"), "UnicodeDecodeError"),
+    "log missing": (remove(LOG), "cases.jsonl: missing"),
     "manifest not JSON": (write(MANIFEST, "{not json"), "not readable JSON"),
     "manifest a list": (write(MANIFEST, "[1, 2, 3]"), "expected a JSON object, got list"),
     "manifest without cases": (manifest_edit(cases=None), "no 'cases' count"),
     "manifest cases not a count": (manifest_edit(cases="five"), "should be a count"),
-    "manifest disagrees with the rows": (manifest_edit(cases=15), "says 15 case(s)"),
-    "manifest missing": (remove(MANIFEST), "manifest.json: missing"),
+    "manifest disagrees with the log": (manifest_edit(cases=15), "says 15 case(s)"),
     "manifest empty": (write(MANIFEST, ""), "not readable JSON"),
 }
 ASV_FAULTS: dict[str, tuple[Callable[[Path], object], str]] = {
@@ -256,6 +254,28 @@ def good(tmp_path) -> tuple[Path, int]:
     return run, len(frame)
 
 
+def test_a_run_killed_before_its_first_manifest_reports_what_its_log_holds(tmp_path):
+    """kill -9 after the first case reached cases.jsonl, before manifest.json and measurements.csv existed."""
+    run = write_good_run(tmp_path / "run")
+    (run / MANIFEST).unlink()
+    (run / MEASUREMENTS).unlink()
+    (run / LOG).write_text("".join(_log_lines(run)[:2]))
+    frame = load([run])
+    assert frame.attrs["problems"] == [] and any("missing (the sweep stopped before writing it)" in n for n in frame.attrs["notes"])
+    assert any("incomplete (1 of 5 cases)" in n for n in frame.attrs["notes"])
+    assert list(frame.loc[frame["metric"] == "time", "seq_len"]) == [64]
+    assert main(["report", "--out", str(tmp_path / "out"), "--from", str(run)]) == 0
+
+
+def test_the_export_is_not_the_record(tmp_path):
+    """measurements.csv is for people: garbling it changes nothing the loader reads."""
+    run = write_good_run(tmp_path / "run")
+    before = load_run(run)
+    (run / MEASUREMENTS).write_text("garbage,\n1,2,3\n")
+    after = load_run(run)
+    assert after.attrs["problems"] == [] and after.drop(columns="origin", errors="ignore").equals(before.drop(columns="origin", errors="ignore"))
+
+
 def test_the_battery_is_large_enough():
     assert len(ALL_FAULTS) >= 20
 
@@ -274,16 +294,18 @@ def test_every_fault_is_named_and_the_good_source_still_loads(name, tmp_path, go
     assert ok["value"].notna().all() and (ok.loc[ok["metric"] == "time", "value"] > 0).all(), name
 
 
-def test_truncated_csv_never_gives_an_ok_zero(tmp_path):
-    """The issue's report: a cut measurements.csv gave a case time 0.000000, status ok, no problem listed."""
+def test_a_log_cut_mid_value_never_gives_an_ok_zero(tmp_path):
+    """The old report: a file cut inside an ok case's time gave time 0.000000, status ok, no problem listed."""
     run = write_good_run(tmp_path / "run")
-    truncated_mid_value(run)
+    lines = _log_lines(run)
+    cut = lines[4].index('"samples": [') + len('"samples": [0.0')  # inside L=512's first sample
+    (run / LOG).write_text("".join(lines[:4]) + lines[4][:cut])
     frame = load_run(run)
     time = frame[frame["metric"] == "time"]
-    assert len(time) == 3 and set(time["seq_len"]) == {64, 128, 256}  # the cut row (L=512) is gone ...
+    assert len(time) == 3 and set(time["seq_len"]) == {64, 128, 256}  # the cut case (L=512) is gone ...
     assert (time.loc[time["status"] == "ok", "value"] > 1e-6).all()  # ... never an ok 0
     problems = " | ".join(frame.attrs["problems"])
-    assert "row 4" in problems and "holds 5 row(s)" not in problems and "says 5 case(s)" in problems
+    assert "torn last line" in " | ".join(frame.attrs["notes"]) and "says 5 case(s)" in problems
 
 
 def test_an_interrupted_run_is_incomplete_not_corrupt(tmp_path):
@@ -296,7 +318,7 @@ def test_an_interrupted_run_is_incomplete_not_corrupt(tmp_path):
 
 
 @pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="running as root: chmod 000 does not stop reads")
-@pytest.mark.parametrize("target", [MEASUREMENTS, MANIFEST, "."])
+@pytest.mark.parametrize("target", [LOG, MANIFEST, "."])
 def test_unreadable_files_are_named(tmp_path, good, target):
     run = write_good_run(tmp_path / "locked")
     path = run / target
@@ -349,7 +371,7 @@ def test_report_with_nothing_loadable_exits_1_with_reasons_on_stderr(tmp_path, c
     empty = tmp_path / "empty"
     empty.mkdir()
     broken = make_bad("manifest a list", tmp_path / "x")
-    (broken / MEASUREMENTS).write_text("")
+    (broken / LOG).write_text("")
     assert main(["report", "--out", str(tmp_path / "out"), "--from", str(tmp_path / "missing"),
                  "--from", str(empty), "--from", str(broken)]) == 1
     err = capsys.readouterr().err
@@ -373,19 +395,23 @@ def test_problems_are_written_beside_the_report(tmp_path, good):
     assert saved["problems"] == list(outcome.problems) and not math.isnan(outcome.rows)
 
 
-@pytest.mark.parametrize("target", [MEASUREMENTS, MANIFEST, "."])
+@pytest.mark.parametrize("target", [LOG, MANIFEST, "."])
 def test_unreadable_files_are_named_even_as_root(tmp_path, good, target, monkeypatch):
     """The same fault planted by making the read itself fail (root can read a chmod 000 file)."""
     run = write_good_run(tmp_path / "locked")
     path = run / target
-    real_read, real_access = Path.read_text, os.access
+    real_access = os.access
 
-    def read_text(self, *args, **kwargs):
-        if self == path or self.parent == path.resolve() and target == ".":
-            raise PermissionError(13, "Permission denied", str(self))
-        return real_read(self, *args, **kwargs)
+    def refusing(real):
+        def read(self, *args, **kwargs):
+            if self == path or self.parent == path.resolve() and target == ".":
+                raise PermissionError(13, "Permission denied", str(self))
+            return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "read_text", read_text)
+        return read
+
+    monkeypatch.setattr(Path, "read_text", refusing(Path.read_text))
+    monkeypatch.setattr(Path, "read_bytes", refusing(Path.read_bytes))
     monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == path.resolve() else real_access(p, mode))
     frame = load([run, good[0]])
     assert any(str(run) in p and "ermission denied" in p for p in frame.attrs["problems"]), frame.attrs["problems"]
@@ -405,11 +431,8 @@ def test_rows_know_their_source_and_when_they_ran(tmp_path):
 
 def test_a_noisy_case_keeps_its_value_but_is_not_ok(tmp_path, monkeypatch):
     """Status ``noisy`` (a disturbed measurement): its time is kept for drawing, its status is not ok."""
-    from attnbench.analysis import frame as frame_module
-
-    monkeypatch.setattr(frame_module, "RUN_STATUSES", (*frame_module.RUN_STATUSES, "noisy"))
     run = write_good_run(tmp_path / "run")
-    _edit_cell(run, "status", "noisy", row=2)
+    field("status", "noisy", number=2)(run)
     frame = load_run(run)
     noisy = frame[(frame["status"] == "noisy") & (frame["metric"] == "time")]
     assert len(noisy) == 1 and noisy["value"].iloc[0] > 0
@@ -427,5 +450,5 @@ def test_a_manifest_one_write_behind_the_log_is_a_note_not_corruption(tmp_path):
     frame = load_run(lagging)
     assert frame.attrs["problems"] == [] and any("stopped between writing its files" in n for n in frame.attrs["notes"])
     truncated = write_good_run(tmp_path / "cut")
-    (truncated / MEASUREMENTS).write_text("".join(_csv_lines(truncated)[:-1]))  # rows disagree with the log too
+    (truncated / LOG).write_text("".join(_log_lines(truncated)[:-1]))  # the log lost a case the manifest counted
     assert any("truncated or replaced" in p for p in load_run(truncated).attrs["problems"])

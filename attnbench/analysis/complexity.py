@@ -24,12 +24,13 @@ fitted, and only ``ok`` rows are (not ``wrong`` or failed cases).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
-from attnbench.contract import SWEPT_LENGTH, WORKLOADS
+from attnbench.contract import DECLARED, FITTED, SWEPT_LENGTH, WORKLOADS
 from attnbench.registry import get_variant, variant_names
 from attnbench.spec import AttnSpec
 
@@ -46,7 +47,6 @@ GROUP = ["source", "machine", "commit", "device", "mode", "dtype", "mask", "batc
          "workload", "variant", "metric", "method"]
 """One fit per group: every shape setting but the swept length is held fixed (a sweep over head dims,
 batches or key/value heads gives one fit per value, never one line through several shapes)."""
-DECLARED = {"time": "time_exponent", "peak_tensor_bytes": "memory_exponent"}
 VERDICTS = ("matches", "steeper", "shallower", "inconclusive")
 DECODE_CAP = 1.0  # one query row over Lk keys: at most O(Lk) time and scratch, whatever the prefill exponent
 
@@ -183,7 +183,7 @@ def declared_exponent(variant: str, metric: str, workload: str = "prefill") -> f
 
     Args:
         variant: registered variant name.
-        metric: "time" or "peak_tensor_bytes" (others declare nothing).
+        metric: a tidy metric; those of :data:`attnbench.contract.DECLARED` have a declared exponent.
         workload: "prefill" or "decode" (:data:`attnbench.contract.WORKLOADS`).
     """
     if metric not in DECLARED or variant not in variant_names():
@@ -215,7 +215,7 @@ def swept(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.assign(length=length)
 
 
-def fit_table(frame: pd.DataFrame, metrics: tuple[str, ...] = ("time", "peak_tensor_bytes")) -> pd.DataFrame:
+def fit_table(frame: pd.DataFrame, metrics: Sequence[str] = FITTED) -> pd.DataFrame:
     """One row per (source, machine, commit, device, mode, dtype, mask, workload, variant, metric, method) group.
 
     Each workload is fitted along its own swept length (prefill: L; decode: the cache length Lk,

@@ -62,9 +62,7 @@ its path, kind and rows loaded.
 from __future__ import annotations
 
 import ast
-import csv
 import datetime as dt
-import io
 import itertools
 import json
 import math
@@ -75,7 +73,8 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench import contract
-from attnbench.measure.record import STATUSES
+from attnbench.io import error_line
+from attnbench.measure.record import Measurement
 from attnbench.spec import AttnSpec
 
 COLUMNS = [
@@ -84,7 +83,6 @@ COLUMNS = [
     "cpu", "gpu", "commit", "date", "torch", "threads", "peak_gflops", "peak_gbps", "kernel", "run_date", "origin",
 ]
 UNITS = contract.UNITS
-RUN_STATUSES = STATUSES  # the shared list: a status added there is read here too
 MEMORY_METHODS = {"analytic": "model"}  # older files called the prediction "analytic"
 ASV_METRICS = contract.ASV_METRICS
 PEAK_BENCHMARK = contract.PEAK_BENCHMARK
@@ -108,13 +106,9 @@ def _finish(rows: list[dict], problems: list[str], notes: list[str] | None = Non
     return frame
 
 
-def _why(exc: BaseException) -> str:
-    text = str(exc).splitlines()[0][:300] if str(exc) else ""
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
 # ---- asv -------------------------------------------------------------------------------------
-def _decode(value: object) -> object:
+def decode_param(value: object) -> object:
+    """An asv parameter as the value it names (asv stores ``repr`` strings: ``"'sdpa'"``, ``"512"``); other text as is."""
     if not isinstance(value, str):
         return value
     try:
@@ -156,14 +150,14 @@ def load_asv(results_dir: str | Path) -> pd.DataFrame:
         if not isinstance(benchmarks, dict):
             raise ValueError(f"expected a JSON object, got {type(benchmarks).__name__}")
     except (OSError, util.UserError, ValueError, TypeError) as exc:
-        return _finish([], [f"{bench_path}: cannot read the benchmark list ({_why(exc)}); "
+        return _finish([], [f"{bench_path}: cannot read the benchmark list ({error_line(exc)}); "
                             f"no result under {results_dir} can be interpreted without it"])
     problems: list[str] = []
     rows: list[dict] = []
     try:
         machine_dirs = sorted(p for p in results_dir.iterdir() if p.is_dir())
     except OSError as exc:
-        return _finish([], [f"{results_dir}: cannot list ({_why(exc)})"])
+        return _finish([], [f"{results_dir}: cannot list ({error_line(exc)})"])
     files = 0
     for machine_dir in machine_dirs:
         machine_path = machine_dir / "machine.json"
@@ -172,12 +166,12 @@ def load_asv(results_dir: str | Path) -> pd.DataFrame:
             if not isinstance(machine, dict):
                 raise ValueError(f"expected a JSON object, got {type(machine).__name__}")
         except (OSError, ValueError) as exc:
-            problems.append(f"{machine_path}: {_why(exc)}; machine name taken from the directory, CPU unknown")
+            problems.append(f"{machine_path}: {error_line(exc)}; machine name taken from the directory, CPU unknown")
             machine = {"machine": machine_dir.name}
         try:
             paths = sorted(p for p in machine_dir.glob("*.json") if p.name != "machine.json")
         except OSError as exc:
-            problems.append(f"{machine_dir}: cannot list ({_why(exc)})")
+            problems.append(f"{machine_dir}: cannot list ({error_line(exc)})")
             continue
         for path in paths:
             files += 1
@@ -201,7 +195,7 @@ def _asv_file(path: Path, benchmarks: dict, machine: dict, problems: list[str]) 
         all_keys = list(res.get_all_result_keys())
         keys = res.get_result_keys(benchmarks)  # drops stale versions
     except Exception as exc:  # noqa: BLE001 - any unreadable file is named and skipped, the rest loads
-        problems.append(f"{path}: not a readable asv result file ({_why(exc)})")
+        problems.append(f"{path}: not a readable asv result file ({error_line(exc)})")
         return []
     stale = sorted(k for k in all_keys if k not in keys)
     if stale:
@@ -222,7 +216,7 @@ def _asv_file(path: Path, benchmarks: dict, machine: dict, problems: list[str]) 
             if isinstance(value, list) and value and isinstance(value[0], (int, float)):
                 peak = float(value[0])
         except Exception as exc:  # noqa: BLE001
-            problems.append(f"{path}: {peak_key}: {_why(exc)}")
+            problems.append(f"{path}: {peak_key}: {error_line(exc)}")
     rows: list[dict] = []
     for key in sorted(keys):
         method = key.rsplit(".", 1)[-1]
@@ -231,7 +225,7 @@ def _asv_file(path: Path, benchmarks: dict, machine: dict, problems: list[str]) 
         try:
             rows.extend(_asv_key_rows(res, key, benchmarks[key], common, peak, path, problems))
         except Exception as exc:  # noqa: BLE001 - one garbled benchmark never hides the others
-            problems.append(f"{path}: {key}: garbled result ({_why(exc)}); left out")
+            problems.append(f"{path}: {key}: garbled result ({error_line(exc)}); left out")
     _mark_wrong(rows)
     return rows
 
@@ -251,7 +245,7 @@ def _asv_key_rows(res, key: str, bench: dict, common: dict, peak: float, path: P
     stats = stats if isinstance(stats, list) and len(stats) == len(values) else [None] * len(values)
     rows, bad = [], []
     for combo, value, stat in zip(combos, values, stats, strict=True):
-        case = dict(zip(names, (_decode(p) for p in combo), strict=True))
+        case = dict(zip(names, (decode_param(p) for p in combo), strict=True))
         try:
             variant = case.get("variant", "")
             length = case.get("seq_len_k", case.get("seq_len", 0))
@@ -261,7 +255,7 @@ def _asv_key_rows(res, key: str, bench: dict, common: dict, peak: float, path: P
                 raise ValueError(f"value {value!r} is not a number")
             spec, workload = contract.asv_case(key, case, BASE_SPEC)
         except (ValueError, TypeError) as exc:
-            bad.append(f"{combo}: {_why(exc)}")
+            bad.append(f"{combo}: {error_line(exc)}")
             continue
         status = _asv_status(value)
         stat = stat if isinstance(stat, dict) else {}
@@ -308,200 +302,34 @@ def _spec_columns(spec: AttnSpec) -> dict:
 
 
 # ---- attnbench run ---------------------------------------------------------------------------
-# metric -> (value column, spread column, method: a fixed label or "<column" to read it from a column)
-RUN_METRICS = {
-    "time": ("median_s", "iqr_s", "<timing_method"),
-    "peak_tensor_bytes": ("peak_tensor_bytes", None, "<memory_method"),
-    "peak_rss": ("peak_rss_bytes", None, "rss"),
-    "gflops": ("gflops_per_s", None, "<timing_method"),
-    "max_error": ("max_error", None, "reference"),
-    "softmax_error": ("softmax_error", None, "reference"),
-    "compile_time": ("compile_s", None, "wall"),
-    "bytes": ("bytes_moved", None, "model"),
-    "gbps": ("gbytes_per_s", None, "<timing_method"),
-}
-RUN_REQUIRED = ("variant", "status", "spec_seq_len", "spec_device", "spec_mode", "spec_dtype", "spec_batch",
-                "spec_heads", "spec_head_dim", "spec_mask")
-RUN_INTEGERS = ("spec_seq_len", "spec_batch", "spec_heads", "spec_head_dim")
+KEEPS_VALUES = ("ok", "wrong", "noisy")
+"""Statuses whose values are kept as recorded (``wrong`` and ``noisy`` ones are drawn, never fitted or ranked)."""
 
 
-def _number(text: str | None) -> float:
-    """A CSV cell as a float: "" / missing -> NaN; anything non-numeric raises ValueError."""
-    if text is None or text.strip() == "":
-        return math.nan
-    return float(text)
-
-
-def _read_manifest(path: Path, problems: list[str]) -> dict | None:
+def _read_manifest(path: Path, problems: list[str], notes: list[str]) -> dict:
+    """The manifest's claims to cross-check the log with (``{}`` when it cannot be read: named in problems)."""
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        problems.append(f"{path}: missing; the run may not have finished, its rows are loaded unchecked")
-        return None
+        notes.append(f"{path}: missing (the sweep stopped before writing it); the case log is read without it")
+        return {}
     except OSError as exc:
-        problems.append(f"{path}: cannot read ({_why(exc)}); the rows are loaded unchecked")
-        return None
+        problems.append(f"{path}: cannot read ({error_line(exc)}); the case log is read without it")
+        return {}
     except ValueError as exc:
-        problems.append(f"{path}: not readable JSON ({_why(exc)}); the rows are loaded unchecked")
-        return None
+        problems.append(f"{path}: not readable JSON ({error_line(exc)}); the case log is read without it")
+        return {}
     if not isinstance(manifest, dict):
-        problems.append(f"{path}: expected a JSON object, got {type(manifest).__name__}; the rows are loaded unchecked")
-        return None
+        problems.append(f"{path}: expected a JSON object, got {type(manifest).__name__}; the case log is read without it")
+        return {}
     for name, kind in (("cases", int), ("planned", int), ("complete", bool)):
         value = manifest.get(name)
         if value is not None and (not isinstance(value, kind) or (kind is int and (isinstance(value, bool) or value < 0))):
             problems.append(f"{path}: field {name!r} should be {'a count' if kind is int else 'true/false'}, got {value!r}; ignored")
             manifest.pop(name)
     if "cases" not in manifest:
-        problems.append(f"{path}: no 'cases' count; the rows cannot be cross-checked")
+        problems.append(f"{path}: no 'cases' count; the case log cannot be cross-checked")
     return manifest
-
-
-def _read_rows(path: Path, problems: list[str]) -> tuple[list[str], list[tuple[int, dict]], int] | None:
-    """``(header, [(row number, record)], data rows in the file)`` or None (problem recorded)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        problems.append(f"{path}: missing")
-        return None
-    except (OSError, UnicodeDecodeError) as exc:
-        problems.append(f"{path}: cannot read ({_why(exc)})")
-        return None
-    try:
-        table = list(csv.reader(io.StringIO(text)))
-    except csv.Error as exc:
-        problems.append(f"{path}: not CSV ({_why(exc)})")
-        return None
-    table = [row for row in table if row]  # blank lines
-    if not table:
-        problems.append(f"{path}: empty (no header, no rows)")
-        return None
-    header, data = table[0], table[1:]
-    missing = [c for c in RUN_REQUIRED if c not in header]
-    if missing:
-        problems.append(f"{path}: missing required column(s) {', '.join(missing)}; no row can be used")
-        return None
-    records = []
-    for number, row in enumerate(data, start=1):
-        if len(row) != len(header):
-            problems.append(f"{path} row {number}: {len(row)} fields, the header has {len(header)} (truncated or garbled); rejected")
-            continue
-        if number == len(data) and not text.endswith(("\n", "\r")):
-            problems.append(f"{path} row {number}: no line end (the file was cut mid-row); rejected")
-            continue
-        records.append((number, dict(zip(header, row, strict=True))))
-    return header, records, len(data)
-
-
-def _run_row(rec: dict, manifest: dict, peaks: dict, bandwidth: float = math.nan) -> list[dict]:
-    """Tidy rows of one measurements.csv record; raises ValueError with the reason to reject it."""
-    for col in RUN_REQUIRED:
-        if not rec[col].strip():
-            raise ValueError(f"{col} is empty")
-    status = rec["status"].strip()
-    if status not in RUN_STATUSES:
-        raise ValueError(f"status {status!r} is not one of {RUN_STATUSES}")
-    ints = {}
-    for col in RUN_INTEGERS:
-        try:
-            value = _number(rec[col])
-        except ValueError:
-            raise ValueError(f"{col} {rec[col]!r} is not a number") from None
-        if not (math.isfinite(value) and value == int(value) and value >= 1):
-            raise ValueError(f"{col} {rec[col]!r} is not a positive integer")
-        ints[col] = int(value)
-    try:
-        seq_len_k = _number(rec.get("seq_len_k_eff"))
-    except ValueError:
-        raise ValueError(f"seq_len_k_eff {rec['seq_len_k_eff']!r} is not a number") from None
-    seq_len_k = int(seq_len_k) if math.isfinite(seq_len_k) else ints["spec_seq_len"]
-    kv_heads = _kv_heads(rec, ints["spec_heads"])
-    workload = rec.get("workload", "").strip() or "prefill"  # older files: every case was prefill
-    if workload not in contract.WORKLOADS:
-        raise ValueError(f"workload {workload!r} is not one of {contract.WORKLOADS}")
-    _derive_traffic(rec, ints, seq_len_k, kv_heads)
-    values: dict[str, float] = {}
-    for col, spread_col, _ in RUN_METRICS.values():
-        for c in (col, spread_col):
-            if c and c in rec:
-                try:
-                    values[c] = _number(rec[c])
-                except ValueError:
-                    raise ValueError(f"{c} {rec[c]!r} is not a number") from None
-    if status == "ok" and not (values.get("median_s", math.nan) > 0):
-        raise ValueError(f"status ok but median_s is {rec.get('median_s', 'absent')!r} (a time must be > 0)")
-    dtype = rec["spec_dtype"]
-    common = {
-        "source": "run", "benchmark": "attnbench.run", "variant": rec["variant"], "seq_len": ints["spec_seq_len"],
-        "seq_len_k": seq_len_k, "device": rec["spec_device"].split(":")[0], "mode": rec["spec_mode"], "dtype": dtype,
-        "batch": ints["spec_batch"], "heads": ints["spec_heads"], "head_dim": ints["spec_head_dim"],
-        "mask": rec["spec_mask"], "kv_heads": kv_heads, "workload": workload, "status": status, "reason": rec.get("reason", ""),
-        "machine": rec.get("env_hostname", ""), "cpu": rec.get("env_cpu_model", ""), "gpu": rec.get("env_gpu_name", ""),
-        "commit": rec.get("env_commit", ""), "date": manifest.get("created"), "run_date": manifest.get("created"), "torch": rec.get("env_torch", ""),
-        "threads": _lenient(rec.get("env_threads")), "peak_gflops": _lenient(peaks.get(dtype)), "peak_gbps": bandwidth,
-        "kernel": rec.get("extra_kernel", ""),
-    }
-    keeps_values = status in ("ok", "wrong", "noisy")  # noisy: drawn (hollow), never fitted or ranked
-    out = []
-    for metric, (col, spread_col, method) in RUN_METRICS.items():
-        if col not in rec:
-            continue
-        value = values[col]
-        if method.startswith("<"):
-            method = rec.get(method[1:], "").strip() or "unrecorded"
-            method = MEMORY_METHODS.get(method, method)
-        if keeps_values and math.isnan(value) and metric != "time":
-            continue  # not measured for this case (e.g. RSS switched off): no row, never an ok NaN
-        if not keeps_values and metric not in ("time", "peak_tensor_bytes", "peak_rss", "gflops", "max_error"):
-            continue
-        out.append({
-            **common, "metric": metric, "unit": UNITS[metric], "method": method,
-            "value": value if keeps_values else math.nan,
-            "spread": values.get(spread_col, math.nan) if spread_col and keeps_values else math.nan,
-            "ci_low": math.nan, "ci_high": math.nan,
-        })
-    tolerance = _lenient(rec.get("tolerance"))
-    error = values.get("max_error", math.nan)
-    if keeps_values and math.isfinite(error) and math.isfinite(tolerance) and tolerance > 0:
-        out.append({**common, "metric": "error_ratio", "unit": UNITS["error_ratio"], "method": "reference",
-                    "value": error / tolerance, "spread": math.nan, "ci_low": math.nan, "ci_high": math.nan})
-    return out
-
-
-def _kv_heads(rec: dict, heads: int) -> int:
-    """The record's Hkv: ``spec_kv_heads``, or H when absent or empty (older files, multi-head cases)."""
-    text = rec.get("spec_kv_heads", "").strip()
-    if text in ("", "None"):
-        return heads
-    try:
-        value = _number(text)
-    except ValueError:
-        raise ValueError(f"spec_kv_heads {text!r} is not a number") from None
-    if not (math.isfinite(value) and value == int(value) and value >= 1 and heads % int(value) == 0):
-        raise ValueError(f"spec_kv_heads {text!r} is not a positive integer dividing spec_heads {heads}")
-    return int(value)
-
-
-def _derive_traffic(rec: dict, ints: dict, seq_len_k: int, kv_heads: int) -> None:
-    """Fill ``bytes_moved`` / ``gbytes_per_s`` of a file older than them from the case's shape (in place).
-
-    The traffic is a function of the shape alone (:attr:`AttnSpec.bytes_moved`); a record whose
-    shape cannot be rebuilt (an unknown dtype, say) is left without them.
-    """
-    if rec.get("bytes_moved", "").strip():
-        return
-    try:
-        dv = _number(rec.get("spec_head_dim_v"))
-        spec = AttnSpec(
-            batch=ints["spec_batch"], heads=ints["spec_heads"], kv_heads=kv_heads, seq_len=ints["spec_seq_len"],
-            seq_len_k=seq_len_k, head_dim=ints["spec_head_dim"], head_dim_v=int(dv) if math.isfinite(dv) else None,
-            dtype=rec["spec_dtype"], mode=rec["spec_mode"],
-        )
-    except (ValueError, TypeError):
-        return
-    median = _lenient(rec.get("median_s"))
-    rec["bytes_moved"] = str(spec.bytes_moved)
-    rec["gbytes_per_s"] = str(spec.bytes_moved / median / 1e9) if median > 0 else ""
 
 
 def _lenient(value: object) -> float:
@@ -511,58 +339,109 @@ def _lenient(value: object) -> float:
         return math.nan
 
 
-def load_run(run_dir: str | Path) -> pd.DataFrame:
-    """An ``attnbench run`` directory (``measurements.csv`` + ``manifest.json``) as a tidy frame.
+def _check_case(m: Measurement) -> None:
+    """Raise ValueError naming what makes a logged case unusable (the classes check types, names and shapes)."""
+    if not m.variant:
+        raise ValueError("variant is empty")
+    if m.status == "ok" and not (m.median > 0):
+        raise ValueError(f"status ok but its time is {m.median!r} (a time must be > 0)")
 
-    Bad rows are rejected with a reason, and the row count is cross-checked with the manifest.
+
+def _case_rows(m: Measurement, common: dict) -> list[dict]:
+    """The tidy rows of one logged case, one per run metric of :data:`contract.METRICS` it holds.
+
+    A case that did not run (skipped, failed) keeps one row, its time (NaN), which carries its status and
+    reason; a case that ran has a row per metric it measured (its time row always, even when not timed).
     """
-    from attnbench.runs import LOG, MANIFEST, MEASUREMENTS
+    spec = m.spec
+    base = {
+        **common, "variant": m.variant, **_spec_columns(spec), "workload": m.workload, "status": m.status,
+        "reason": m.reason, "machine": m.env.hostname if m.env else "", "cpu": m.env.cpu_model if m.env else "",
+        "gpu": m.env.gpu_name if m.env else "", "commit": m.env.commit if m.env else "",
+        "torch": m.env.torch if m.env else "", "threads": float(m.env.threads) if m.env else math.nan,
+        "peak_gflops": _lenient(common["peak_gflops"].get(spec.dtype)), "kernel": str(m.extra.get("kernel", "")),
+        "ci_low": math.nan, "ci_high": math.nan,
+    }
+    kept = m.status in KEEPS_VALUES
+    out = []
+    for metric in contract.METRICS.values():
+        if metric.field is None or (not kept and metric.name != "time"):
+            continue
+        value = _lenient(contract.metric_value(m, metric.field)) if kept else math.nan
+        if math.isnan(value) and metric.name != "time":
+            continue  # not measured for this case (e.g. RSS switched off): no row, never an ok NaN
+        method = metric.method
+        if method.startswith("<"):
+            method = getattr(m, method[1:]) or "unrecorded"
+            method = MEMORY_METHODS.get(method, method)
+        spread = _lenient(getattr(m, metric.spread)) if metric.spread and kept else math.nan
+        out.append({**base, "metric": metric.name, "unit": metric.unit, "method": method, "value": value, "spread": spread})
+    return out
+
+
+def load_run(run_dir: str | Path) -> pd.DataFrame:
+    """An ``attnbench run`` directory as a tidy frame, read from its typed case log (``cases.jsonl``).
+
+    ``manifest.json`` only adds its claims to check: the count of cases written, whether the sweep
+    finished. ``measurements.csv`` is an export for people and is not read. Unusable log lines and
+    cases are rejected with the reason.
+    """
+    from attnbench.runs import LOG, MANIFEST, read_log
 
     run_dir = Path(run_dir)
     problems: list[str] = []
     notes: list[str] = []
-    manifest = _read_manifest(run_dir / MANIFEST, problems)
-    read = _read_rows(run_dir / MEASUREMENTS, problems)
-    manifest = manifest or {}
-    peaks = manifest.get("peak_gflops") or {}
+    try:
+        log = read_log(run_dir / LOG)
+    except FileNotFoundError:
+        problems.append(f"{run_dir / LOG}: missing; nothing of this run can be read (measurements.csv is an export, "
+                        "not the record)")
+        return _finish([], problems, notes)
+    except OSError as exc:
+        problems.append(f"{run_dir / LOG}: cannot read ({error_line(exc)})")
+        return _finish([], problems, notes)
+    problems.extend(log.rejected)
+    notes.extend(n for n in log.notes if n not in log.rejected)
+    manifest = _read_manifest(run_dir / MANIFEST, problems, notes)
+    header = log.header or {}
+    if log.header is None and log.measurements:
+        problems.append(f"{run_dir / LOG}: no header line; the planned grid is unknown")
+    peaks = header.get("peak_gflops", manifest.get("peak_gflops")) or {}
     if not isinstance(peaks, dict):  # a single number: the float32 roof
         peaks = {"float32": peaks}
-    gbps = manifest.get("peak_gbps")
+    gbps = header.get("peak_gbps", manifest.get("peak_gbps"))
     gbps = _lenient(gbps.get("triad") if isinstance(gbps, dict) else gbps)  # triad: the roofline's bandwidth roof
+    created = manifest.get("created") or header.get("created")
+    common = {"source": "run", "benchmark": "attnbench.run", "date": created, "run_date": created,
+              "peak_gflops": peaks, "peak_gbps": gbps if gbps > 0 else math.nan}
     rows: list[dict] = []
-    if read is not None:
-        _, records, in_file = read
-        for number, rec in records:
-            try:
-                rows.extend(_run_row(rec, manifest, peaks, gbps if gbps > 0 else math.nan))
-            except ValueError as exc:
-                problems.append(f"{run_dir / MEASUREMENTS} row {number} ({rec.get('variant', '?')}): {exc}; rejected")
-    else:
-        in_file = 0
-    cases, planned, complete = manifest.get("cases"), manifest.get("planned"), manifest.get("complete")
-    if cases == in_file - 1 and read is not None and _logged_cases(run_dir) == in_file:
-        # One write behind the log (the truth) and the rows: killed between writing the rows and the manifest.
-        notes.append(f"{run_dir / MANIFEST} says {cases} case(s) but {run_dir / MEASUREMENTS} and {run_dir / LOG} hold "
-                     f"{in_file}: the sweep stopped between writing its files (--resume rewrites the manifest)")
-    elif cases is not None and cases != in_file and (read is not None or cases > 0):
-        problems.append(f"{run_dir / MEASUREMENTS}: holds {in_file} row(s) but {run_dir / MANIFEST} says {cases} "
-                        "case(s) were written (truncated or replaced)")
-    if complete is False:
-        notes.append(f"{run_dir}: incomplete ({cases if cases is not None else in_file} of "
-                     f"{planned if planned is not None else '?'} cases): the sweep was stopped before the end")
-    elif planned is not None and cases is not None and cases < planned and complete is not True:
-        notes.append(f"{run_dir}: incomplete ({cases} of {planned} cases)")
+    for number, m in enumerate(log.measurements, start=1):
+        try:
+            _check_case(m)
+            rows.extend(_case_rows(m, common))
+        except ValueError as exc:
+            problems.append(f"{run_dir / LOG} case {number} ({m.variant or '?'}): {exc}; rejected")
+    _cross_check(run_dir, len(log.measurements), header, manifest, problems, notes)
     return _finish(rows, problems, notes)
 
 
-def _logged_cases(run_dir: Path) -> int | None:
-    """Cases in the run's append-only log (None when it has none or cannot be read)."""
-    from attnbench.runs import LOG, read_log
+def _cross_check(run_dir: Path, logged: int, header: dict, manifest: dict, problems: list[str], notes: list[str]) -> None:
+    """The manifest's and the header's claims against the cases the log holds (the truth)."""
+    from attnbench.runs import LOG, MANIFEST
 
-    try:
-        return len(read_log(run_dir / LOG).measurements) if (run_dir / LOG).is_file() else None
-    except (OSError, ValueError):
-        return None
+    cases, complete = manifest.get("cases"), manifest.get("complete")
+    planned = manifest.get("planned", header.get("planned"))
+    if cases == logged - 1:  # one write behind the log: killed between logging a case and rewriting the manifest
+        notes.append(f"{run_dir / MANIFEST} says {cases} case(s) but {run_dir / LOG} holds {logged}: the sweep "
+                     "stopped between writing its files (--resume rewrites the manifest)")
+    elif cases is not None and cases != logged:
+        problems.append(f"{run_dir / LOG}: holds {logged} case(s) but {run_dir / MANIFEST} says {cases} case(s) were "
+                        "written (truncated or replaced)")
+    if complete is False:
+        notes.append(f"{run_dir}: incomplete ({cases if cases is not None else logged} of "
+                     f"{planned if planned is not None else '?'} cases): the sweep was stopped before the end")
+    elif planned is not None and logged < planned and complete is not True:
+        notes.append(f"{run_dir}: incomplete ({logged} of {planned} cases)")
 
 
 def _kind(path: Path) -> str:
@@ -575,14 +454,14 @@ def _kind(path: Path) -> str:
         return "cannot be read (permission denied)"
     if (path / "benchmarks.json").exists():
         return "asv"
-    if (path / "manifest.json").exists() or (path / "measurements.csv").exists():
+    if any((path / name).exists() for name in ("cases.jsonl", "manifest.json", "measurements.csv")):
         return "run"
     children = list(path.iterdir())
     if not children:
         return "is an empty directory"
     if any((c / "machine.json").exists() for c in children if c.is_dir()):
         return f"looks like asv results but has no benchmarks.json ({path / 'benchmarks.json'} missing)"
-    return "neither an asv results directory (benchmarks.json) nor a run (manifest.json, measurements.csv)"
+    return "neither an asv results directory (benchmarks.json) nor a run (cases.jsonl)"
 
 
 def load(sources: Iterable[str | Path]) -> pd.DataFrame:
@@ -603,7 +482,7 @@ def load(sources: Iterable[str | Path]) -> pd.DataFrame:
             kind = _kind(path)
             frame = load_asv(path) if kind == "asv" else load_run(path) if kind == "run" else None
         except OSError as exc:
-            kind, frame = f"cannot be read ({_why(exc)})", None
+            kind, frame = f"cannot be read ({error_line(exc)})", None
         if frame is None:
             problems.append(f"{path}: {kind}")
             summary.append({"path": str(path), "kind": "unreadable", "rows": 0})

@@ -12,7 +12,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from attnbench.contract import WORKLOADS
+from attnbench.contract import METRICS, WORKLOADS, metric_value
 from attnbench.spec import AttnSpec
 
 STATUSES = ("ok", "wrong", "noisy", "skipped", "oom", "timeout", "error", "crashed")
@@ -101,15 +101,37 @@ class Measurement:
         return self.flops_executed / med / 1e9 if med and med == med else math.nan
 
     @property
+    def checked_error_ratio(self) -> float:
+        """:attr:`error_ratio`; for a record without one (logged before it was kept), max error / tolerance."""
+        if math.isfinite(self.error_ratio) or not (self.tolerance > 0):
+            return self.error_ratio
+        return self.max_error / self.tolerance
+
+    @property
+    def bytes_moved(self) -> int:
+        """:attr:`AttnSpec.bytes_moved`: what an ideal kernel reads and writes (a function of the shape)."""
+        return self.spec.bytes_moved
+
+    @property
     def gbytes_per_s(self) -> float:
         """Achieved rate on :attr:`AttnSpec.bytes_moved` (an ideal kernel's traffic over the measured time)."""
         med = self.median
         return self.spec.bytes_moved / med / 1e9 if med and med == med else math.nan
 
     def to_row(self) -> dict[str, Any]:
-        """Flat dict for a pandas row; the column schema is documented in ``analysis.frame``."""
+        """Flat dict for one CSV row: identity, every run metric of :data:`contract.METRICS` (and its spread), the rest.
+
+        The export people read (``measurements.csv``); the loader reads the typed case log instead.
+        """
         spec = dataclasses.asdict(self.spec)
         env = dataclasses.asdict(self.env) if self.env else {}
+        metrics: dict[str, Any] = {}
+        for metric in METRICS.values():
+            if metric.field is not None:
+                metrics[metric.csv_column] = metric_value(self, metric.field)
+                if metric.spread:
+                    metrics[metric.spread_column] = getattr(self, metric.spread)
+        exported = {m.field.removeprefix("extra.") for m in METRICS.values() if m.field and m.field.startswith("extra.")}
         return {
             "variant": self.variant,
             "workload": self.workload,
@@ -117,30 +139,20 @@ class Measurement:
             "seq_len_k_eff": self.spec.lk,
             "status": self.status,
             "reason": self.reason,
-            "median_s": self.median,
-            "iqr_s": self.iqr,
             "noisy": self.noisy,
             "runs": self.runs,
             "timing_method": self.timing_method,
             "samples_s": " ".join(f"{s:.6g}" for s in self.samples),
-            "peak_tensor_bytes": self.peak_tensor_bytes,
             "memory_method": self.memory_method,
             "predicted_peak_bytes": self.predicted_peak_bytes,
-            "peak_rss_bytes": self.peak_rss_bytes,
             "flops_useful": self.flops_useful,
             "flops_executed": self.flops_executed,
-            "gflops_per_s": self.gflops_per_s,
-            "bytes_moved": self.spec.bytes_moved,
-            "gbytes_per_s": self.gbytes_per_s,
-            "max_error": self.max_error,
             "tolerance": self.tolerance,
             "grad_error": self.grad_error,
             "grad_tolerance": self.grad_tolerance,
-            "error_ratio": self.error_ratio,
-            "softmax_error": self.softmax_error,
-            "compile_s": self.compile_seconds,
             "probe_slowdown": self.probe_slowdown,
             "attempts": self.attempts,
+            **metrics,
             **{f"env_{k}": v for k, v in env.items()},
-            **{f"extra_{k}": v for k, v in self.extra.items()},
+            **{f"extra_{k}": v for k, v in self.extra.items() if k not in exported},
         }
