@@ -79,6 +79,7 @@ def digest(sources: Iterable[Path], out_dir: Path) -> dict[str, Any]:
     """Build the report of ``sources`` into ``out_dir`` and return what it says (see the module docstring)."""
     from unittest import mock
 
+    from attnbench.analysis import summary
     from attnbench.report import html
 
     figures: list[str] = []
@@ -92,7 +93,7 @@ def digest(sources: Iterable[Path], out_dir: Path) -> dict[str, Any]:
         return savefig(fig, *args, **kwargs)
 
     with mock.patch.object(Figure, "savefig", record):
-        analysis = html.analyse(html.load_results([str(s) for s in sources]))
+        analysis = summary.analyse(summary.load_results([str(s) for s in sources]))
         html.render(analysis, out_dir)
     return {
         "tidy": _frame_records(analysis.loaded.frame, VOLATILE_COLUMNS),

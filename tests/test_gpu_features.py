@@ -10,10 +10,10 @@ import torch
 
 import attnbench
 import attnbench.analysis.frame
+from attnbench.analysis.summary import provenance
 from attnbench.measure import MeasureConfig, measure
 from attnbench.measure.provenance import backends_in
 from attnbench.measure.timer import TimerConfig, cuda_graph_seconds, time_call
-from attnbench.report.html import provenance
 from attnbench.runs import write_run
 
 FAST = MeasureConfig(timer=TimerConfig(min_runs=2, min_time=0.01, max_time=0.3), measure_rss=False, probe=False)

@@ -269,7 +269,7 @@ def test_no_green_headline_above_nothing(tmp_path):
 def test_findings_rank_only_correct_cases_and_quote_only_conclusive_fits(tmp_path):
     """Planted: a wrong `batched` case at the longest L that would be the fastest by far, and a loop
     measured at two lengths (an inconclusive fit). Neither may appear as a fact."""
-    from attnbench.report.html import analyse, load_results
+    from attnbench.analysis.summary import analyse, load_results
 
     run = _scaled_run(tmp_path / "run", ["loop", "batched", "sdpa", "chunked"], (64, 128, 256, 512, 1024),
                       wrong={("batched", 1024): 1e-9})
@@ -307,7 +307,8 @@ def test_two_runs_side_by_side(tmp_path):
 def test_two_runs_compare_peak_tensor_memory_too(tmp_path):
     """B planted with 4x the peak tensor bytes and the same time: the memory table says 4x in every cell,
     the time table 1x; a side's "model" (predicted) memory and a zero-byte A are never made into a ratio."""
-    from attnbench.report.html import _compare, _sides
+    from attnbench.analysis.summary import compare as _compare
+    from attnbench.analysis.summary import sides as _sides
 
     lengths = (64, 128, 256, 512)
     a = _scaled_run(tmp_path / "runA", ["batched", "sdpa", "chunked"], lengths)
@@ -395,12 +396,12 @@ def test_crossover_colours_are_centred_at_1x_and_clipped():
 
 def test_demos_are_opt_in(tmp_path, monkeypatch):
     """Planted: a demo that fails if it is trained. The default report never trains it; --demos does."""
-    from attnbench.report import plots
+    from attnbench import demos
 
     def trained(*args, **kwargs):
         raise RuntimeError("the Nadaraya-Watson demo was trained")
 
-    monkeypatch.setattr(plots, "nadaraya_watson", trained)
+    monkeypatch.setattr(demos, "nadaraya_watson", trained)
     run = _scaled_run(tmp_path / "run", ["batched", "sdpa"], (64, 128, 256, 512))
     assert build_report([run], tmp_path / "out").exists()
     with pytest.raises(RuntimeError, match="trained"):
@@ -409,7 +410,8 @@ def test_demos_are_opt_in(tmp_path, monkeypatch):
 
 def test_report_steps_are_separate_functions(tmp_path):
     """load -> analyse -> render: analysing twice gives the same findings; rendering writes the files."""
-    from attnbench.report.html import analyse, load_results, render
+    from attnbench.analysis.summary import analyse, load_results
+    from attnbench.report.html import render
 
     run = _scaled_run(tmp_path / "run", ["loop", "batched", "sdpa"], (64, 128, 256, 512))
     loaded = load_results([run])
@@ -461,7 +463,7 @@ def _decode_run(path: Path, decode_lengths=(1024, 2048, 4096, 8192, 16384, 32768
 def test_prefill_vs_decode_and_the_roofline(tmp_path):
     """Decode's fitted slope is quoted (about 1), with its GB/s and % of the measured bandwidth; the roofline
     figure is drawn and its table collapsed; the page keeps its rules (short, nothing open, no constant column)."""
-    from attnbench.report.html import analyse, load_results
+    from attnbench.analysis.summary import analyse, load_results
 
     run = _decode_run(tmp_path / "run")
     page_path = build_report([run], tmp_path / "out")
@@ -482,7 +484,7 @@ def test_prefill_vs_decode_and_the_roofline(tmp_path):
 
 def test_an_inconclusive_decode_fit_is_shown_but_never_a_finding(tmp_path):
     """The planted fault: three decode lengths are too few to fit; the section shows them, the findings say nothing."""
-    from attnbench.report.html import analyse, load_results
+    from attnbench.analysis.summary import analyse, load_results
 
     run = _decode_run(tmp_path / "run", decode_lengths=(1024, 2048, 4096))
     page = build_report([run], tmp_path / "out").read_text()
@@ -505,7 +507,7 @@ def test_the_roofline_without_a_recorded_bandwidth_draws_the_compute_roof_only(t
 
 def test_prefill_and_decode_from_two_runs_of_one_machine(tmp_path):
     """A prefill sweep and a decode sweep are two run directories, made at two commits: the section and the finding read both."""
-    from attnbench.report.html import analyse, load_results
+    from attnbench.analysis.summary import analyse, load_results
 
     runs = [_decode_run(tmp_path / "prefill", decode_lengths=(), commit="a" * 40),
             _decode_run(tmp_path / "decode", prefill_lengths=(), commit="b" * 40)]

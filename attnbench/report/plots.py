@@ -11,6 +11,7 @@ and a disturbed measurement (``noisy``) a hollow marker: neither is ever part of
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -19,35 +20,21 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
-import torch  # noqa: E402
 from matplotlib import colors as mcolors  # noqa: E402
 
-from attnbench import masks  # noqa: E402
-from attnbench.contract import PROGRESSION  # noqa: E402
-from attnbench.registry import get_variant, variant_names  # noqa: E402
-from attnbench.variants.base import Variant  # noqa: E402
+from attnbench.analysis.text import fmt, sig  # noqa: E402
+from attnbench.contract import FAMILIES, LABELS, OTHER_FAMILY, PROGRESSION, UNITS, family  # noqa: E402
+from attnbench.registry import variant_names  # noqa: E402
+
+if TYPE_CHECKING:
+    from attnbench.demos import Heatmaps
 
 sns.set_theme(style="whitegrid", context="notebook")
-YLABELS = {"time": "median time per call", "peak_tensor_bytes": "peak tensor memory above inputs", "gflops": "achieved GFLOP/s",
-           "peak_rss": "process peak RSS"}
 WRONG_COLOUR = "#b00020"
 
-# family -> (colormap for its shades, members in the order they get darker)
-FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "dense": ("Blues", ("loop", "vectorized", "batched", "multihead", "torch_mha", "sdpa_math")),
-    "fused": ("Oranges", ("sdpa", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn")),
-    "blockwise": ("Greens", ("chunked", "local", "block_sparse")),
-    "linear": ("Purples", ("linear_elu", "performer")),
-    "scoring": ("Greys", ("dot", "scaled_dot", "bilinear", "additive")),
-    "compiled": ("RdPu", ("compiled_batched", "compiled_chunked", "flex")),
-}
-OTHER_FAMILY = "other"  # plugin variants: yellow-brown shades
-
-
-def family(variant: str) -> str:
-    """The family a variant is drawn in (``"other"`` for variants this module does not know)."""
-    base = variant.removesuffix(" (model)")
-    return next((name for name, (_, members) in FAMILIES.items() if base in members), OTHER_FAMILY)
+FAMILY_COLOURS: dict[str, str] = {"dense": "Blues", "fused": "Oranges", "blockwise": "Greens", "linear": "Purples",
+                                  "scoring": "Greys", "compiled": "RdPu", OTHER_FAMILY: "YlOrBr"}
+"""The colormap each family's shades come from (:data:`attnbench.contract.FAMILIES`; plugin variants: yellow-brown)."""
 
 
 def colour(variant: str) -> tuple[float, float, float, float]:
@@ -56,9 +43,10 @@ def colour(variant: str) -> tuple[float, float, float, float]:
     fam = family(base)
     if fam == OTHER_FAMILY:
         others = sorted(v for v in variant_names() if family(v) == OTHER_FAMILY) or [base]
-        members, cmap = tuple(others if base in others else [*others, base]), "YlOrBr"
+        members = tuple(others if base in others else [*others, base])
     else:
-        cmap, members = FAMILIES[fam]
+        members = FAMILIES[fam]
+    cmap = FAMILY_COLOURS[fam]
     i = members.index(base)
     shade = 0.45 + 0.5 * (i / max(len(members) - 1, 1))  # 0.45 .. 0.95 of the colormap
     return tuple(plt.get_cmap(cmap)(shade))
@@ -73,47 +61,11 @@ def _ok(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
     return df
 
 
-DECLARED = {"time": "time_exponent", "peak_tensor_bytes": "memory_exponent"}
-
-
 def _palette(variants: list[str]) -> dict[str, tuple]:
     """Family colours (see :func:`colour`) in registry order."""
     order = [v for v in variant_names() if v in variants]
     order += sorted(v for v in set(variants) - set(order))
     return {v: colour(v) for v in order}
-
-
-# ---- number formatting (3 significant figures, with units) --------------------------------
-def _sig(value: float, digits: int = 3) -> str:
-    if value == 0 or not math.isfinite(value):
-        return f"{value:g}"
-    text = f"{value:.{digits}g}"
-    if "e" in text:  # 1.23e+04 -> 12,300
-        text = f"{float(text):,.0f}" if abs(value) >= 1 else f"{value:.{digits}e}"
-    return text
-
-
-def fmt(value: float, unit: str) -> str:
-    """``value`` with a readable unit and 3 significant figures: "1.08 GB", "3.1 ms", "112x".
-
-    Args:
-        value: the number in the base unit (seconds, bytes, GFLOP/s, a ratio "x").
-        unit: "s", "bytes", "x", "GFLOP/s" or anything else (printed after the number).
-    """
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "n/a"
-    if unit == "s":
-        for scale, name in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns")):
-            if abs(value) >= scale or scale == 1e-9:
-                return f"{_sig(value / scale)} {name}"
-    if unit == "bytes":
-        for scale, name in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
-            if abs(value) >= scale:
-                return f"{_sig(value / scale)} {name}"
-        return f"{value:.0f} B"
-    if unit == "x":
-        return f"{_sig(value)}x"
-    return f"{_sig(value)} {unit}"
 
 
 def _unit_axis(ax, axis: str, unit: str) -> None:
@@ -156,11 +108,6 @@ def _end_labels(ax, ends: dict[str, tuple[float, float]], text: dict[str, str] |
                     arrowprops={"arrowstyle": "-", "color": "0.75", "lw": 0.5} if y > 0 and abs(ly - math.log10(y)) > 0.02 else None)
 
 
-def _declared_group(variant: str, metric: str) -> str:
-    """The facet a variant is drawn in: its family (kept under this name for the callers)."""
-    return family(variant)
-
-
 def _guides(ax, lengths: np.ndarray, anchor: float, exponents: tuple[float, ...] = (1.0, 2.0)) -> None:
     """Dashed O(n^p) lines through ``anchor`` at the shortest length."""
     x = np.array([lengths.min(), lengths.max()], dtype=float)
@@ -197,7 +144,7 @@ def scaling(frame: pd.DataFrame, metric: str, guides: bool = True, title: str | 
     if df.empty:
         return None
     method = df["method"] if "method" in df else pd.Series("", index=df.index)
-    df = df.assign(family=[_declared_group(v, metric) for v in df["variant"]],
+    df = df.assign(family=[family(v) for v in df["variant"]],
                    variant=df["variant"].where(method != "model", df["variant"] + " (model)"))
     df = df.groupby(["device", "mode", "family", "variant", "seq_len"], as_index=False)["value"].median()
     df["where"] = df["device"] + " " + df["mode"]
@@ -213,7 +160,7 @@ def scaling(frame: pd.DataFrame, metric: str, guides: bool = True, title: str | 
         facet_kws={"sharey": True, "sharex": True},
     )
     grid.set(yscale="log")
-    unit = {"time": "s", "peak_tensor_bytes": "bytes", "peak_rss": "bytes"}.get(metric, "")
+    unit = UNITS.get(metric, "")
     axes = _facet_axes(grid, row, col)
     positive = df["value"][df["value"] > 0]
     for (rv, cv), ax in axes.items():
@@ -241,20 +188,20 @@ def scaling(frame: pd.DataFrame, metric: str, guides: bool = True, title: str | 
             ends[variant] = (float(last["seq_len"]), float(last["value"]))
         _end_labels(ax, ends)
         ax.set_title(f"{cv or ''}{' / ' if cv and rv else ''}{rv or ''}", fontsize=10)
-    grid.set_ylabels(YLABELS.get(metric, metric))
+    grid.set_ylabels(LABELS.get(metric, metric))
     for status, style in (("wrong", {"marker": "x", "s": 60, "color": WRONG_COLOUR}),
                           ("noisy", {"marker": "o", "s": 40, "facecolors": "none", "edgecolors": "0.3"})):
         odd = frame[(frame["metric"] == metric) & (frame["status"] == status) & (frame["value"] > 0)]
         if not len(odd):
             continue
-        odd = odd.assign(family=[_declared_group(v, metric) for v in odd["variant"]], where=odd["device"] + " " + odd["mode"])
+        odd = odd.assign(family=[family(v) for v in odd["variant"]], where=odd["device"] + " " + odd["mode"])
         for rec in odd.to_dict("records"):
             ax = axes.get((rec["where"] if row else None, rec["family"] if col else None))
             if ax is not None:
                 ax.scatter([int(rec["seq_len"])], [rec["value"]], zorder=5, label=f"{status}", **style)
                 ax.annotate(f"{rec['variant']} {status}", (int(rec["seq_len"]), rec["value"]), fontsize=7,
                             color=WRONG_COLOUR if status == "wrong" else "0.3", xytext=(4, -8), textcoords="offset points")
-    grid.figure.suptitle(title or f"{YLABELS.get(metric, metric)} vs sequence length, by family", y=1.02)
+    grid.figure.suptitle(title or f"{LABELS.get(metric, metric)} vs sequence length, by family", y=1.02)
     return grid.figure
 
 
@@ -304,10 +251,10 @@ def progression(frame: pd.DataFrame, fits: pd.DataFrame | None = None, variants:
             text[variant] = f"{variant}  {label}" if label else variant
         ax.set_yscale("log")
         _length_axis(ax, lengths)
-        _unit_axis(ax, "y", "s" if metric == "time" else "bytes")
+        _unit_axis(ax, "y", UNITS.get(metric, ""))
         _end_labels(ax, ends, text)
         ax.set_xlim(right=max(lengths) * 2.6 if lengths else None)
-        ax.set(xlabel="sequence length L", ylabel=YLABELS[metric])
+        ax.set(xlabel="sequence length L", ylabel=LABELS[metric])
         ax.set_title("time per call" if metric == "time" else "peak tensor memory (dotted: model, not measured)", fontsize=11)
     fig.suptitle("From the Python loop to fused SDPA: time and memory vs L (log-log, fitted slopes at line ends)", fontsize=12)
     fig.tight_layout()
@@ -363,7 +310,7 @@ def roofline(table: pd.DataFrame) -> plt.Figure | None:
             ax.annotate(f"bandwidth roof (slanted): triad {fmt(bw, 'GB/s')}", (lo * 1.15, peak * 1.25), fontsize=8,
                         va="bottom")  # above the roofs' height, where nothing is drawn
             ax.axvline(ridge, color="0.7", ls=":", lw=0.8, zorder=0)
-            ax.annotate(f"ridge {_sig(ridge)} FLOP/byte", (ridge, peak), fontsize=7.5, color="0.4", xytext=(3, -12),
+            ax.annotate(f"ridge {sig(ridge)} FLOP/byte", (ridge, peak), fontsize=7.5, color="0.4", xytext=(3, -12),
                         textcoords="offset points")
         else:
             ax.axhline(peak, color="black", lw=1.6, zorder=1)
@@ -385,7 +332,7 @@ def roofline(table: pd.DataFrame) -> plt.Figure | None:
     handles = [plt.Line2D([], [], ls="", marker=m, color="0.35", label=w) for w, m in WORKLOAD_MARKERS.items()
                if w in set(df["workload"])]
     fams = [f for f in [*FAMILIES, OTHER_FAMILY] if f in {family(v) for v in df["variant"]}]
-    handles += [plt.Line2D([], [], ls="", marker="s", color=plt.get_cmap(FAMILIES[f][0] if f in FAMILIES else "YlOrBr")(0.7),
+    handles += [plt.Line2D([], [], ls="", marker="s", color=plt.get_cmap(FAMILY_COLOURS[f])(0.7),
                            label=f) for f in fams]
     axes[0][-1].legend(handles=handles, fontsize=8, loc="lower right", ncol=2, title="shape: workload; colour: family",
                        title_fontsize=7.5)
@@ -565,8 +512,8 @@ def history(frame: pd.DataFrame, metric: str = "time") -> plt.Figure | None:
         ax.set_xticks(range(len(short)))
         ax.set_xticklabels(short, rotation=45, ha="right", fontsize=8)
         ax.set_yscale("log")
-        _unit_axis(ax, "y", "s" if metric == "time" else "bytes")
-    grid.set_axis_labels("commit (oldest to newest)", YLABELS.get(metric, metric))
+        _unit_axis(ax, "y", UNITS.get(metric, ""))
+    grid.set_axis_labels("commit (oldest to newest)", LABELS.get(metric, metric))
     grid.figure.suptitle(f"{metric} history over commits", y=1.03)
     return grid.figure
 
@@ -580,10 +527,10 @@ def machines(frame: pd.DataFrame, metric: str = "time") -> plt.Figure | None:
     df = df.assign(where=df["machine"] + " / " + df["device"])
     grid = sns.relplot(data=df, x="seq_len", y="value", hue="variant", col="where", kind="line", marker="o", height=3.6,
                        aspect=1.2, palette=_palette(df["variant"].unique().tolist()))
-    grid.set(yscale="log", xlabel="sequence length L", ylabel=YLABELS.get(metric, metric))
+    grid.set(yscale="log", xlabel="sequence length L", ylabel=LABELS.get(metric, metric))
     for ax in grid.axes.flat:
         _length_axis(ax, df["seq_len"].unique())
-        _unit_axis(ax, "y", "s" if metric == "time" else "bytes")
+        _unit_axis(ax, "y", UNITS.get(metric, ""))
     grid.figure.suptitle(f"{metric} by machine", y=1.03)
     return grid.figure
 
@@ -641,81 +588,8 @@ def show_heatmaps(matrices: list[list[np.ndarray]], xlabel: str, ylabel: str, ti
     return fig
 
 
-def attention_weights(variant: str | Variant, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = None) -> np.ndarray:
-    """The ``(Lq, Lk)`` attention matrix a variant computes: call it with ``v = I``, so output = weights.
-
-    Args:
-        variant: registered name or instance.
-        q: ``(Lq, D)`` queries; k: ``(Lk, D)`` keys.
-        mask: optional bool mask broadcastable to ``(1, 1, Lq, Lk)``.
-    """
-    variant = get_variant(variant) if isinstance(variant, str) else variant
-    lk = k.shape[-2]
-    eye = torch.eye(lk, dtype=q.dtype).expand(1, 1, lk, lk)  # (1, 1, Lk, Dv=Lk)
-    with torch.no_grad():
-        return variant(q.view(1, 1, *q.shape[-2:]), k.view(1, 1, *k.shape[-2:]), eye, mask)[0, 0].numpy()
-
-
-def nadaraya_watson(seed: int = 0, n: int = 50, epochs: int = 5) -> tuple[plt.Figure, dict[str, float]]:
-    """Nadaraya-Watson kernel regression (Nadaraya 1964; Watson 1964), as in Dive into Deep Learning: weights of the non-parametric and the trained parametric model.
-
-    Data: ``y = 2 sin(x) + x^0.8 + eps``, eps ~ N(0, 0.5), 50 training and 50 test points. The
-    non-parametric model is softmax attention with scores ``-(x - x_i)^2 / 2``; the parametric one
-    learns ``w`` in ``-((x - x_i) w)^2 / 2`` by SGD (lr 0.5, 5 epochs), each training point attending
-    to all the others. Scores go through the ``dot`` variant: ``q . k`` with ``q = [x, -x^2/2, -1/2]``
-    scaled and ``k = [x_i, 1, x_i^2]`` reproduces ``-(x - x_i)^2 / 2`` up to a per-query constant.
-    """
-    gen = torch.Generator().manual_seed(seed)
-    x_train = torch.sort(torch.rand(n, generator=gen, dtype=torch.float64) * 5).values
-    f = lambda x: 2 * torch.sin(x) + x**0.8  # noqa: E731 - the regression target
-    y_train = f(x_train) + 0.5 * torch.randn(n, generator=gen, dtype=torch.float64)
-    x_test = torch.arange(0, 5, 5 / n, dtype=torch.float64)
-
-    def weights(queries: torch.Tensor, keys: torch.Tensor, w: float, mask: torch.Tensor | None = None) -> torch.Tensor:
-        w2 = w * w
-        q = torch.stack([w2 * queries, -0.5 * w2 * queries**2, torch.full_like(queries, -0.5 * w2)], -1)  # (Lq, 3)
-        k = torch.stack([keys, torch.ones_like(keys), keys**2], -1)  # (Lk, 3)
-        return torch.from_numpy(attention_weights("dot", q, k, mask))
-
-    plain = weights(x_test, x_train, 1.0)
-    w = torch.rand(1, generator=gen, dtype=torch.float64).requires_grad_(True)
-    not_self = ~torch.eye(n, dtype=torch.bool)
-    for _ in range(epochs):
-        scores = -(((x_train[:, None] - x_train[None, :]) * w) ** 2) / 2
-        probs = torch.softmax(scores.masked_fill(~not_self, float("-inf")), -1)
-        loss = ((probs @ y_train - y_train) ** 2).sum()
-        (grad,) = torch.autograd.grad(loss, w)
-        with torch.no_grad():
-            w -= 0.5 * grad
-    learned = w.item()
-    trained = weights(x_test, x_train, learned)
-    mse = {
-        "nonparametric_test_mse": float(((plain @ y_train - f(x_test)) ** 2).mean()),
-        "parametric_test_mse": float(((trained @ y_train - f(x_test)) ** 2).mean()),
-        "learned_w": learned,
-    }
-    fig = show_heatmaps([[plain.numpy(), trained.numpy()]], "sorted training inputs", "sorted testing inputs",
-                        titles=["non-parametric (w = 1)", f"parametric (learned w = {learned:.2f})"])
-    fig.suptitle("Nadaraya-Watson kernel regression: attention weights")
-    return fig, mse
-
-
-def masked_weights(length: int = 40, window: int = 4) -> plt.Figure:
-    """Attention weights of sinusoidal position encodings (a real, structured input) under masks.
-
-    Computed by the actual variants: ``batched`` with no mask and a causal mask, ``local`` (its own
-    band), and ``block_sparse`` (its own BigBird pattern).
-    """
-    pos = torch.arange(length, dtype=torch.float64)[:, None]
-    freq = torch.exp(-math.log(100.0) * torch.arange(0, 16, 2, dtype=torch.float64) / 16)
-    enc = torch.cat([torch.sin(pos * freq), torch.cos(pos * freq)], -1) * 2.0  # (L, 16)
-    panels = [
-        ("batched, no mask", attention_weights("batched", enc, enc)),
-        ("batched, causal", attention_weights("batched", enc, enc, masks.causal(length, length))),
-        (f"local, window {window}", attention_weights(get_variant("local", window=window), enc, enc)),
-        ("block_sparse, block 5", attention_weights(get_variant("block_sparse", block=5, random_blocks=1), enc, enc)),
-    ]
-    fig = show_heatmaps([[p[1] for p in panels]], "keys", "queries", titles=[p[0] for p in panels], cmap="Blues")
-    fig.suptitle("attention weights under masks and sparse patterns (sinusoidal position encodings)")
+def heatmaps(panels: Heatmaps) -> plt.Figure:
+    """A teaching demo's weight matrices (:mod:`attnbench.demos`) side by side, under its title."""
+    fig = show_heatmaps([list(panels.matrices)], panels.xlabel, panels.ylabel, titles=list(panels.titles), cmap=panels.cmap)
+    fig.suptitle(panels.title)
     return fig
-

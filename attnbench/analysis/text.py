@@ -1,0 +1,38 @@
+"""Numbers as the report writes them: 3 significant figures with a readable unit (``fmt``)."""
+
+from __future__ import annotations
+
+import math
+
+
+def sig(value: float, digits: int = 3) -> str:
+    """``value`` to ``digits`` significant figures, without an exponent for numbers of 1 and more: 12,300."""
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    text = f"{value:.{digits}g}"
+    if "e" in text:  # 1.23e+04 -> 12,300
+        text = f"{float(text):,.0f}" if abs(value) >= 1 else f"{value:.{digits}e}"
+    return text
+
+
+def fmt(value: float, unit: str) -> str:
+    """``value`` with a readable unit and 3 significant figures: "1.08 GB", "3.1 ms", "112x".
+
+    Args:
+        value: the number in the base unit (seconds, bytes, GFLOP/s, a ratio "x").
+        unit: "s", "bytes", "x", "GFLOP/s" or anything else (printed after the number).
+    """
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    if unit == "s":
+        for scale, name in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns")):
+            if abs(value) >= scale or scale == 1e-9:
+                return f"{sig(value / scale)} {name}"
+    if unit == "bytes":
+        for scale, name in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
+            if abs(value) >= scale:
+                return f"{sig(value / scale)} {name}"
+        return f"{value:.0f} B"
+    if unit == "x":
+        return f"{sig(value)}x"
+    return f"{sig(value)} {unit}"
