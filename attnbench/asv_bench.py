@@ -41,11 +41,11 @@ from dataclasses import dataclass
 import torch
 
 from attnbench import contract
-from attnbench.measure import gate, guard, regime, runner
+from attnbench.measure import gate, guard, memory, regime, runner
 from attnbench.measure.peak import matmul_peak, measure_matmul_peak
 from attnbench.measure.timer import TimerConfig, time_call
 from attnbench.plugins import load_plugins
-from attnbench.registry import get_variant, variant_names
+from attnbench.registry import default_variants, get_variant
 from attnbench.spec import AttnSpec
 
 REGIME = regime.Regime(threads=int(os.environ.get("ATTNBENCH_THREADS", "") or regime.DEFAULT_THREADS))
@@ -65,34 +65,31 @@ BASE = contract.BASE_SPEC.replace(batch=int(os.environ.get(contract.ENV_BATCH, "
 """The suite's fixed shape. ``ATTNBENCH_ASV_BATCH`` exists for tests of the gate (a batch-swapping
 fault is the identity at B=1); results taken with it are not labelled with it, so leave it unset
 for results you keep."""
-LENGTHS = _env_list(contract.ENV_LENGTHS, list(contract.ASV_LENGTHS), int)
+GRID, DECODE_GRID, GQA_GRID = contract.GRIDS["asv"], contract.GRIDS["asv-decode"], contract.GRIDS["asv-gqa"]
+LENGTHS = _env_list(contract.ENV_LENGTHS, list(GRID.lengths), int)
 DEVICES = _env_list(contract.ENV_DEVICES, ["cpu", "cuda"] if CUDA else ["cpu"])
-MODES = _env_list(contract.ENV_MODES, list(contract.ASV_MODES))
-MASKS = _env_list(contract.ENV_MASKS, list(contract.ASV_MASKS))
+MODES = _env_list(contract.ENV_MODES, list(GRID.modes))
+MASKS = _env_list(contract.ENV_MASKS, list(GRID.masks))
 """Mask kinds of the grid: no mask and causal, the one production models run (the CI subset keeps ``none``)."""
 # Default-sweep variants that run on at least one of the devices (CUDA-only SDPA backends drop out on
 # CPU boxes; compiled variants, which recompile for every parameter set, are opt-in by name).
 VARIANTS = _env_list(
     contract.ENV_VARIANTS,
-    [
-        n for n in variant_names()
-        if get_variant(n).IN_DEFAULT_SWEEP and any(not get_variant(n).not_supported_reasons(BASE.replace(device=d)) for d in DEVICES)
-    ],
+    [n for n in default_variants() if any(not get_variant(n).not_supported_reasons(BASE.replace(device=d)) for d in DEVICES)],
 )
 MAX_CALL_SECONDS = float(os.environ.get(contract.ENV_MAX_CALL_S, str(contract.ASV_MAX_CALL_SECONDS)))
 """Predicted seconds per call above which a case is n/a (keeps `asv run` within its budget)."""
 
 PARAMS: dict[str, list] = {"variant": VARIANTS, "seq_len": LENGTHS, "device": DEVICES, "mode": MODES, "mask": MASKS}
-SMALL_VARIANTS = _env_list(contract.ENV_VARIANTS, list(contract.ASV_SMALL_VARIANTS))
 DECODE_PARAMS: dict[str, list] = {
-    "variant": SMALL_VARIANTS,
-    "seq_len_k": _env_list(contract.ENV_DECODE_LENGTHS, list(contract.ASV_DECODE_LENGTHS), int),
+    "variant": _env_list(contract.ENV_VARIANTS, list(DECODE_GRID.variants or ())),
+    "seq_len_k": _env_list(contract.ENV_DECODE_LENGTHS, list(DECODE_GRID.lengths), int),
     "device": DEVICES,
 }
 """The ``Decode`` class's grid: variant x cache length Lk x device (one query, forward)."""
 GQA_PARAMS: dict[str, list] = {
-    "variant": SMALL_VARIANTS,
-    "seq_len": _env_list(contract.ENV_LENGTHS, list(contract.ASV_GQA_LENGTHS), int),
+    "variant": _env_list(contract.ENV_VARIANTS, list(GQA_GRID.variants or ())),
+    "seq_len": _env_list(contract.ENV_LENGTHS, list(GQA_GRID.lengths), int),
     "device": DEVICES,
 }
 """The ``GroupedQuery`` class's grid: variant x L x device (H/4 key/value heads, forward)."""
@@ -128,6 +125,7 @@ class WrongResult(AssertionError):
 class Prepared:
     """One parameter set, ready to time: the closure, its case, and the gate's verdict on its first call."""
 
+    variant: str  # registry name
     call: Callable[[], object]  # the closure asv times (the runner's make_call)
     spec: AttnSpec  # the case
     checked: gate.GateResult | None  # the gate on the closure's first result; None when not checked
@@ -163,7 +161,7 @@ def prepare_spec(variant: str, spec: AttnSpec) -> Prepared:
     call, inputs, mask = runner.make_call(impl, spec, seed=GATE_CONFIG.seed)
     result, _ = impl.warm_up(call)  # compiles (if anything does) outside asv's timed calls
     checked = runner.run_gate(impl, spec, result, inputs, mask, plan, GATE_CONFIG.seed)
-    return Prepared(call=call, spec=spec, checked=checked, note=plan.note)
+    return Prepared(variant=variant, call=call, spec=spec, checked=checked, note=plan.note)
 
 
 def case(
@@ -175,67 +173,42 @@ def case(
         NotImplementedError: n/a (see :func:`prepare`).
         WrongResult: the closure's result failed the correctness gate (asv: failed, never a time).
     """
-    return _gated(variant, spec_for(variant, seq_len, device, mode, mask))
+    prepared = _main_grid(variant, seq_len, device, mode, mask)
+    return prepared.call, prepared.spec
+
+
+def _main_grid(variant: str, seq_len: int, device: str, mode: str, mask: str = "none") -> Prepared:
+    return _gated_prepared(variant, spec_for(variant, seq_len, device, mode, mask))
 
 
 def _gated(variant: str, spec: AttnSpec) -> tuple[Callable[[], object], AttnSpec]:
+    prepared = _gated_prepared(variant, spec)
+    return prepared.call, prepared.spec
+
+
+def _gated_prepared(variant: str, spec: AttnSpec) -> Prepared:
     prepared = prepare_spec(variant, spec)
     if prepared.checked is not None and not prepared.checked.passed:
         raise WrongResult(f"{variant} {prepared.spec.label}: {prepared.checked.reason()}")
-    return prepared.call, prepared.spec
+    return prepared
 
 
 def decode_case(variant: str, seq_len_k: int, device: str) -> tuple[Callable[[], object], AttnSpec]:
     """The gated call of one ``Decode`` parameter set (raises as :func:`case` does)."""
-    spec, _ = contract.asv_case(contract.DECODE_TIME_BENCHMARK, {"seq_len_k": seq_len_k, "device": device}, BASE)
-    return _gated(variant, spec)
+    return _gated(variant, _decode_spec(seq_len_k, device))
 
 
-def decode_gbps(variant: str, seq_len_k: int, device: str) -> float:
-    """Achieved GB/s of a decode step: ``AttnSpec.bytes_moved`` (k, v and q read, output written) / median time."""
-    call, spec = decode_case(variant, seq_len_k, device)
-    samples, _ = time_call(call, spec.device, TimerConfig(min_runs=5, min_time=0.1, max_time=2.0))
-    return spec.bytes_moved / statistics.median(samples) / 1e9
+def _decode_spec(seq_len_k: int, device: str) -> AttnSpec:
+    return contract.asv_case(contract.DECODE_TIME_BENCHMARK, {"seq_len_k": seq_len_k, "device": device}, BASE)[0]
 
 
 def gqa_case(variant: str, seq_len: int, device: str) -> tuple[Callable[[], object], AttnSpec]:
     """The gated call of one ``GroupedQuery`` parameter set (raises as :func:`case` does)."""
-    spec, _ = contract.asv_case(contract.GQA_TIME_BENCHMARK, {"seq_len": seq_len, "device": device}, BASE)
-    return _gated(variant, spec)
+    return _gated(variant, _gqa_spec(seq_len, device))
 
 
-def gqa_peak_tensor_bytes(variant: str, seq_len: int, device: str) -> float:
-    """Peak tensor bytes above the inputs of a GQA case (the runner's method, as :func:`peak_tensor_bytes`)."""
-    call, spec = gqa_case(variant, seq_len, device)
-    call()  # warm caches outside the measured call
-    return runner.peak_tensor_bytes(get_variant(variant), spec, call)[0]
-
-
-def peak_tensor_bytes(variant: str, seq_len: int, device: str, mode: str, mask: str = "none") -> float:
-    """Peak tensor bytes above the inputs (the runner's method: profiler, CUDA stats or analytic)."""
-    call, spec = case(variant, seq_len, device, mode, mask)
-    call()  # warm caches (parameters, kernels) outside the measured call
-    return runner.peak_tensor_bytes(get_variant(variant), spec, call)[0]
-
-
-def gflops(variant: str, seq_len: int, device: str, mode: str, mask: str = "none") -> float:
-    """Achieved GFLOP/s (executed FLOPs / median of a short timing)."""
-    call, spec = case(variant, seq_len, device, mode, mask)
-    samples, _ = time_call(call, spec.device, TimerConfig(min_runs=3, min_time=0.1, max_time=2.0))
-    return get_variant(variant).flops(spec).executed / statistics.median(samples) / 1e9
-
-
-def flops(variant: str, seq_len: int, device: str, mode: str, mask: str = "none") -> float:
-    """Analytic executed FLOPs of the case: deterministic, so the regression gate is strict on it."""
-    _, spec = case(variant, seq_len, device, mode, mask)
-    return float(get_variant(variant).flops(spec).executed)
-
-
-def cuda_event_ms(variant: str, seq_len: int, device: str, mode: str, mask: str = "none") -> float:
-    """Median CUDA-event milliseconds per call (the class's setup makes non-CUDA cases n/a)."""
-    call, spec = case(variant, seq_len, device, mode, mask)
-    samples, _ = time_call(call, spec.device, TimerConfig(min_runs=10, min_time=0.2, max_time=2.0))
-    return statistics.median(samples) * 1e3
+def _gqa_spec(seq_len: int, device: str) -> AttnSpec:
+    return contract.asv_case(contract.GQA_TIME_BENCHMARK, {"seq_len": seq_len, "device": device}, BASE)[0]
 
 
 def setup_accuracy(variant: str, seq_len: int, device: str, mode: str, mask: str = "none") -> None:
@@ -248,16 +221,89 @@ def setup_accuracy(variant: str, seq_len: int, device: str, mode: str, mask: str
         raise NotImplementedError(prepared.note or "accuracy not checked")
 
 
-def error(variant: str, seq_len: int, device: str, mode: str, mask: str = "none") -> float:
-    """Max |out - float64 reference| of the timed closure's output over the checked (batch, head) slices."""
-    checked = prepare(variant, seq_len, device, mode, mask).checked
-    return math.nan if checked is None else checked.max_error
+# ---- the table's tracked metrics: one generated ``track_`` method per (class, metric) --------------
+PREPARED: dict[str, Callable[..., Prepared]] = {
+    "AttentionMetrics": _main_grid,
+    "AttentionCuda": _main_grid,
+    "AttentionAccuracy": prepare,  # a wrong result is what these benchmarks report, not a failure
+    "Decode": lambda v, n, d: _gated_prepared(v, _decode_spec(n, d)),
+    "GroupedQuery": lambda v, n, d: _gated_prepared(v, _gqa_spec(n, d)),
+}
+"""How each asv class turns its parameters into a prepared case (its ``setup`` makes the same call)."""
 
 
-def error_ratio(variant: str, seq_len: int, device: str, mode: str, mask: str = "none") -> float:
-    """Worst error / tolerance over the output and (backward) dq, dk, dv: above 1 means wrong."""
-    checked = prepare(variant, seq_len, device, mode, mask).checked
-    return math.nan if checked is None else checked.error_ratio
+def _median_seconds(prepared: Prepared, timer: TimerConfig) -> float:
+    samples, _ = time_call(prepared.call, prepared.spec.device, timer)
+    return statistics.median(samples)
+
+
+def _peak_tensor_bytes(prepared: Prepared) -> float:
+    prepared.call()  # warm caches (parameters, kernels) outside the measured call
+    return runner.peak_tensor_bytes(get_variant(prepared.variant), prepared.spec, prepared.call)[0]
+
+
+def _page_faults(prepared: Prepared) -> float:
+    prepared.call()  # the same state as the runner's count: after the warm-up call and the gate's
+    return float(memory.page_faults(prepared.call))
+
+
+MEASURES: dict[str, Callable[[Prepared], float]] = {
+    "peak_tensor_bytes": _peak_tensor_bytes,
+    "gflops": lambda p: get_variant(p.variant).flops(p.spec).executed / _median_seconds(
+        p, TimerConfig(min_runs=3, min_time=0.1, max_time=2.0)) / 1e9,
+    "flops": lambda p: float(get_variant(p.variant).flops(p.spec).executed),  # deterministic: the gate is strict on it
+    "cuda_time": lambda p: _median_seconds(p, TimerConfig(min_runs=10, min_time=0.2, max_time=2.0)),
+    "gbps": lambda p: p.spec.bytes_moved / _median_seconds(p, TimerConfig(min_runs=5, min_time=0.1, max_time=2.0)) / 1e9,
+    "max_error": lambda p: math.nan if p.checked is None else p.checked.max_error,
+    "error_ratio": lambda p: math.nan if p.checked is None else p.checked.error_ratio,
+    "page_faults": _page_faults,
+}
+"""How asv measures a tracked metric on a prepared case, in the metric's unit. A metric of the table without
+an entry here is read from a full :func:`attnbench.measure.runner.measure` of the case (slower, but the
+same number ``attnbench run`` records)."""
+
+
+def _runner_value(metric: contract.Metric, prepared: Prepared) -> float:
+    if metric.field is None:
+        raise NotImplementedError(f"metric {metric.name!r} names no Measurement field and has no asv measure")
+    measured = runner.measure(prepared.variant, prepared.spec, GATE_CONFIG)
+    return float(contract.metric_value(measured, metric.field))
+
+
+def track(metric: str, owner: str, *params: object) -> float:
+    """The value of a tracked ``metric`` for one parameter set of the asv class ``owner``, in asv's unit.
+
+    Raises:
+        NotImplementedError: n/a (see :func:`prepare`); WrongResult: a wrong result (gated classes).
+    """
+    row = contract.METRICS[metric]
+    prepared = PREPARED[owner](*params)
+    measure = MEASURES.get(metric)
+    value = measure(prepared) if measure is not None else _runner_value(row, prepared)
+    return value / row.asv_factor
+
+
+def _track_method(metric: contract.Metric, owner: str, method: str) -> Callable[..., float]:
+    def track_metric(self: object, *params: object) -> float:
+        return track(metric.name, owner, *params)
+
+    track_metric.__name__, track_metric.__qualname__ = method, f"{owner}.{method}"
+    track_metric.unit = metric.asv_unit or metric.unit  # type: ignore[attr-defined]
+    return track_metric
+
+
+def tracked(cls: type) -> type:
+    """Class decorator: add the ``track_`` methods :data:`contract.METRICS` assigns to this asv class.
+
+    A metric row naming ``"AttentionMetrics.track_x"`` in its ``asv`` gets ``AttentionMetrics.track_x``,
+    with the row's unit, measured by :func:`track`.
+    """
+    for metric in contract.METRICS.values():
+        for benchmark in metric.tracked:
+            owner, method = benchmark.split(".")
+            if owner == cls.__name__:
+                setattr(cls, method, _track_method(metric, owner, method))
+    return cls
 
 
 def matmul_gflops() -> float:

@@ -4,7 +4,8 @@ A registered name maps to a class and the keyword defaults that make it that var
 (``sdpa_math`` is ``SDPA(backend="math")``). Registering a name twice is an error. The built-in
 variants are registered at the bottom of this module from one explicit table (order = display
 order) naming each class by module path: their modules are imported on first use, so this module
-imports no variant (and ``variants/compiled.py`` can import :func:`get_variant` plainly).
+imports no variant, and no variant imports it (an option naming another variant, such as
+``compiled_batched``'s ``base``, is built here: ``Variant.VARIANT_OPTIONS``).
 
 :func:`variant_class` and :func:`variant_defaults` answer questions about a variant without
 building one; building one (:func:`get_variant`) has no global side effects either.
@@ -54,6 +55,12 @@ def variant_names() -> list[str]:
     return list(_REGISTRY)
 
 
+def default_variants() -> list[str]:
+    """The variants a sweep runs when none are named: every registered one but those that opt out
+    (``IN_DEFAULT_SWEEP = False``: compiled variants, which recompile per shape)."""
+    return [n for n in variant_names() if get_variant(n).IN_DEFAULT_SWEEP]
+
+
 def _entry(name: str) -> tuple[type[Variant] | str, dict[str, Any]]:
     if name not in _REGISTRY:
         raise ValueError(f"unknown variant {name!r}; known variants: {', '.join(_REGISTRY)}")
@@ -91,7 +98,11 @@ def get_variant(name: str, **options: Any) -> Variant:
             class for a bad option (checked here, when built, not when first called).
     """
     cls = variant_class(name)
-    variant = cls(**{**variant_defaults(name), **options})
+    options = {**variant_defaults(name), **options}
+    for option, built_with in cls.VARIANT_OPTIONS.items():
+        if isinstance(options.get(option), str):  # a registered name: built here, with the options the class asks for
+            options[option] = get_variant(options[option], **built_with.get(options[option], {}))
+    variant = cls(**options)
     variant.name = name
     return variant
 

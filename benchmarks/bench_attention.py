@@ -1,7 +1,8 @@
 """asv benchmarks: attention time and memory vs sequence length and mask (thin; logic in attnbench.asv_bench).
 
 Parameters come from ``attnbench.asv_bench.PARAMS``; impossible cases raise NotImplementedError in
-``setup`` and show as n/a.
+``setup`` and show as n/a. Each ``@ab.tracked`` class receives the ``track_`` methods the metric table
+(``attnbench.contract.METRICS``) assigns to it, with their units.
 """
 
 from attnbench import asv_bench as ab
@@ -24,8 +25,9 @@ class Attention:
         self.call()
 
 
+@ab.tracked
 class AttentionMetrics:
-    """Peak tensor bytes (profiler / CUDA allocator) and achieved GFLOP/s."""
+    """Peak tensor bytes (profiler / CUDA allocator), achieved GFLOP/s, FLOPs and page faults per call."""
 
     params, param_names = ab.params()
     timeout = 180
@@ -33,22 +35,8 @@ class AttentionMetrics:
     def setup(self, *p):
         ab.case(*p)
 
-    def track_peak_tensor_bytes(self, *p):
-        return ab.peak_tensor_bytes(*p)
 
-    track_peak_tensor_bytes.unit = "bytes"
-
-    def track_gflops(self, *p):
-        return ab.gflops(*p)
-
-    track_gflops.unit = "GFLOP/s"
-
-    def track_flops(self, *p):
-        return ab.flops(*p)
-
-    track_flops.unit = "FLOP"
-
-
+@ab.tracked
 class AttentionAccuracy:
     """The correctness gate on the timed closure's result: max error and error / tolerance (> 1: wrong)."""
 
@@ -58,19 +46,10 @@ class AttentionAccuracy:
     def setup(self, *p):
         ab.setup_accuracy(*p)
 
-    def track_max_error(self, *p):
-        return ab.error(*p)
-
-    track_max_error.unit = "abs error"
-
-    def track_error_ratio(self, *p):
-        return ab.error_ratio(*p)
-
-    track_error_ratio.unit = "x tolerance"
-
 
 if ab.CUDA:
 
+    @ab.tracked
     class AttentionCuda:
         """CUDA-event time per call: kernel time without host-side timer noise."""
 
@@ -82,12 +61,8 @@ if ab.CUDA:
                 raise NotImplementedError("CUDA-event time is measured on cuda only")
             ab.case(variant, seq_len, device, mode, mask)
 
-        def track_cuda_ms(self, *p):
-            return ab.cuda_event_ms(*p)
 
-        track_cuda_ms.unit = "ms"
-
-
+@ab.tracked
 class Decode:
     """Decode: one query over a cache of Lk keys (memory-bound): time and achieved GB/s per variant x Lk."""
 
@@ -101,12 +76,8 @@ class Decode:
     def time_decode(self, *p):
         self.call()
 
-    def track_decode_gbps(self, *p):
-        return ab.decode_gbps(*p)
 
-    track_decode_gbps.unit = "GB/s"
-
-
+@ab.tracked
 class GroupedQuery:
     """Grouped-query attention (H/4 key/value heads): time and peak tensor bytes per variant x L."""
 
@@ -119,11 +90,6 @@ class GroupedQuery:
 
     def time_gqa(self, *p):
         self.call()
-
-    def track_gqa_peak_tensor_bytes(self, *p):
-        return ab.gqa_peak_tensor_bytes(*p)
-
-    track_gqa_peak_tensor_bytes.unit = "bytes"
 
 
 def track_matmul_gflops():

@@ -9,6 +9,7 @@ from hypothesis import settings
 
 import attnbench
 from attnbench.measure import gate
+from attnbench.registry import default_variants
 
 settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True)
 settings.register_profile("dev", max_examples=50, deadline=None)
@@ -42,8 +43,8 @@ def all_variants() -> list[str]:
 
 def cheap_variants() -> list[str]:
     """Variants without per-shape compilation: the ones property tests can call on many shapes."""
-    return [n for n in all_variants() if attnbench.get_variant(n).IN_DEFAULT_SWEEP]
+    return default_variants()
 
 
 def is_expensive(name: str) -> bool:
-    return not attnbench.get_variant(name).IN_DEFAULT_SWEEP
+    return name not in default_variants()

@@ -2,7 +2,7 @@
 
 Each call either raises a ValueError/TypeError naming the argument, or returns what the float64
 reference returns (tolerance rule of the tests; NaN exactly where the reference is NaN). Never an
-obscure error, never a silently wrong result. See ``benchmarks/api_battery.py``.
+obscure error, never a silently wrong result. See ``studies/api_battery.py``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from benchmarks.api_battery import cases, classify, run
+from studies.api_battery import cases, classify, run
 from tests.conftest import cheap_variants
 
 

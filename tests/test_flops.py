@@ -21,7 +21,7 @@ import attnbench
 from attnbench import AttnSpec
 from attnbench.variants.base import Contraction
 from attnbench.variants.batched import BatchedAttention
-from benchmarks.flop_audit import counted_flops
+from studies.flop_audit import counted_flops
 from tests.conftest import all_variants
 
 COUNTER_CANNOT_RUN = {"flex"}  # FlopCounterMode has no implementation for the CPU flex HOP

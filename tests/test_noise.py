@@ -13,7 +13,8 @@ import pytest
 
 from attnbench.measure import probe, regime, runner
 from attnbench.measure.record import STATUSES, Measurement
-from attnbench.measure.runner import MeasureConfig, measure, sweep
+from attnbench.measure.runner import MeasureConfig, measure
+from attnbench.measure.sweep import sweep
 from attnbench.measure.timer import TimerConfig, time_call
 from attnbench.spec import AttnSpec
 

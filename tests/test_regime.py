@@ -110,7 +110,8 @@ def test_worker_fresh_process_and_asv_measure_in_the_same_state():
     huge pages, denormals, CPUs). Planted: a process that flushes denormals (the regime resets it)
     still matches, and one restricted to fewer CPUs does not (the line sees it).
     """
-    from attnbench.measure.runner import MeasureConfig, sweep
+    from attnbench.measure.runner import MeasureConfig
+    from attnbench.measure.sweep import sweep
     from attnbench.measure.timer import TimerConfig
     from attnbench.measure.worker import WorkerPool
     from attnbench.spec import AttnSpec

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import sys
 import threading
 import warnings
@@ -105,3 +106,15 @@ def peak_rss_bytes(fn: Callable[[], object], interval: float = 0.001) -> int:
         done.set()
         thread.join()
     return max(peak, proc.memory_info().rss)
+
+
+def minor_faults() -> int:
+    """Minor page faults of this process so far (fresh pages mapped: the kernel zero-fills each on first touch)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def page_faults(fn: Callable[[], object]) -> int:
+    """Minor page faults taken during one call of ``fn``."""
+    before = minor_faults()
+    fn()
+    return minor_faults() - before

@@ -32,7 +32,7 @@ PINNED_BYTES = 128 * 1024
 DEFAULT_THREADS = 1
 """The default torch thread count of every entry point (``run``, asv, ``regress``, ``profile``).
 
-Chosen from measurements on this project's shared 2-core machine (``benchmarks/thread_policy.py``:
+Chosen from measurements on this project's shared 2-core machine (``studies/thread_policy.py``:
 1 and 2 threads timed alternately in one process, median of the per-pair ratios 2 threads / 1
 thread; the machine was never quiet, 1-minute load average 4.6-7.6 from other work):
 

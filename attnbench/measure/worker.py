@@ -46,7 +46,12 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import torch
+
+from attnbench.measure import regime
 from attnbench.measure.record import Environment, Measurement
+from attnbench.measure.runner import MeasureConfig, measure
+from attnbench.plugins import load_plugins
 from attnbench.spec import AttnSpec
 
 PRELOAD = ["torch", "torch.profiler", "torch._inductor", "attnbench", "attnbench.measure.worker", "attnbench.measure.runner"]
@@ -64,7 +69,7 @@ class CaseJob:
 
     variant: str  # registry name
     spec: AttnSpec  # the case
-    config: object  # MeasureConfig (typed loosely: runner imports this module's users, not the reverse)
+    config: MeasureConfig  # how to measure it
     peak_flops: float | None  # this machine's matmul FLOP/s for the time guard
     env: Environment | None  # environment to record with the measurement
     sys_path: list[str] = field(default_factory=list)  # the parent's import path (plugins live there)
@@ -72,11 +77,6 @@ class CaseJob:
     memory_cap_bytes: int | None = None  # RLIMIT_DATA above the child's current use; None: no cap
     expected_call_s: float | None = None  # one call's seconds extrapolated by the sweep (time guard); None: model
 
-
-
-def _workload(job: CaseJob) -> str:
-    """The workload a job's rows carry (its config's; "prefill" for a config without one)."""
-    return getattr(job.config, "workload", "prefill")
 
 def _vm_data_bytes() -> int:
     """This process's private writable memory (``VmData`` in /proc/self/status), 0 if unknown."""
@@ -120,24 +120,16 @@ def _child(conn, job: CaseJob) -> None:
             os.environ.update(job.environ)
         if job.sys_path:
             sys.path[:] = job.sys_path
-        import torch
-
-        from attnbench.measure.runner import measure
-        from attnbench.plugins import load_plugins
-
         load_plugins()
-        from attnbench.measure import regime
-
         # Every worker measures in the same regime: threads and pinned allocator thresholds (the fork
         # server started with regime.child_env, so thresholds already held from its first allocation).
-        threads = getattr(job.config, "threads", None)
-        regime.apply(regime.Regime(threads=threads or torch.get_num_threads()))
+        regime.apply(regime.Regime(threads=job.config.threads or torch.get_num_threads()))
         if job.memory_cap_bytes is not None:
             apply_memory_cap(job.memory_cap_bytes)
         result = measure(job.variant, job.spec, job.config, peak_flops=job.peak_flops, env=job.env,
                          expected_call_s=job.expected_call_s)
     except BaseException as exc:  # noqa: BLE001 - e.g. a plugin that fails to import: a row, not a lost case
-        result = Measurement(variant=job.variant, spec=job.spec, status="error", env=job.env, workload=_workload(job),
+        result = Measurement(variant=job.variant, spec=job.spec, status="error", env=job.env, workload=job.config.workload,
                              reason=f"worker: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}")
     conn.send(result)
     conn.close()
@@ -227,7 +219,7 @@ class WorkerPool:
         if result is not None:
             return result
         elapsed = time.perf_counter() - start
-        base = dict(variant=job.variant, spec=job.spec, env=job.env, workload=_workload(job))
+        base = dict(variant=job.variant, spec=job.spec, env=job.env, workload=job.config.workload)
         code = proc.exitcode
         if timed_out:
             return Measurement(status="timeout", reason=f"killed after {timeout_s:g} s (hard timeout for one case)", **base)

@@ -44,7 +44,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 
@@ -128,6 +128,10 @@ class Variant(ABC):
     SECONDS_PER_PAIR: ClassVar[float] = 0.0  # interpreter overhead per (query, key) pair
     EFFICIENCY: ClassVar[float] = 0.25  # assumed fraction of matmul peak, for time predictions only
     IN_DEFAULT_SWEEP: ClassVar[bool] = True  # False for variants whose set-up (compilation) costs seconds per shape
+    VARIANT_OPTIONS: dict[str, dict[str, dict[str, Any]]] = {}  # noqa: RUF012 - read from the class, never changed
+    """Constructor options that take another variant: option -> {variant name: options it is built with}.
+    :func:`attnbench.registry.get_variant` builds a registered name given there (``compiled_chunked``'s
+    ``base="chunked"``), so a variant never looks another up itself."""
     PROVENANCE: ClassVar[bool] = False  # record which SDPA kernel ran (SDPA-backed variants)
     RECOMPUTES_SCORES: ClassVar[bool] = False  # backward recomputes Q K^T (fused kernels): factor 2.5, not 2.0
     OPAQUE_KERNELS: ClassVar[frozenset[str]] = frozenset()  # aten ops FlopCounterMode has no formula for

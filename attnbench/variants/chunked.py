@@ -57,7 +57,7 @@ def default_chunks(lq: int, lk: int, dtype: str, q_chunk: int | None = None) -> 
 
     ``q_chunk`` rows (default :data:`Q_CHUNK`) by as many keys as fit :data:`TILE_BYTES` per (batch,
     head): 256 x 2048 float32, 256 x 4096 in 16-bit dtypes, so the scratch stays O(L). Chosen from
-    single-thread CPU timings at L=4096 (B1 H8 D64, float32, interleaved, ``benchmarks/chunked_speed.py``):
+    single-thread CPU timings at L=4096 (B1 H8 D64, float32, interleaved, ``studies/chunked_speed.py``):
     eager, tiles from 512 x 512 to 256 x 2048 timed within the machine's noise of each other (about
     5%), 128 x 4096 slower (narrow matmuls); compiled, 128 x 4096 was fastest, so ``compiled_chunked``
     asks for 128-row tiles (see :mod:`attnbench.variants.compiled`). Short sequences use one tile.

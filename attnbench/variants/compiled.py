@@ -14,7 +14,6 @@ import time
 
 import torch
 
-from attnbench.registry import get_variant
 from attnbench.variants.base import Variant, declared_attributes
 
 _HALF_AND_FLOAT = frozenset({"float32", "bfloat16", "float16"})
@@ -27,7 +26,7 @@ BASE_OPTIONS: dict[str, dict[str, object]] = {"chunked": {"q_chunk": 128}}
 byte cap allows (4096 float32 keys). Inductor computes every score tile of a query block before
 that block's softmax (eager's 256 x 2048 tiles: two 16 MiB buffers live per block at L=4096, H=8),
 and one full-width tile lets it fuse the row maximum, exp2 and sum row by row in cache; 128 x 4096
-timed 5-10% faster than 512 x 512 or 256 x 1024 (``benchmarks/chunked_speed.py``)."""
+timed 5-10% faster than 512 x 512 or 256 x 1024 (``studies/chunked_speed.py``)."""
 
 
 def _configure_dynamo() -> None:
@@ -67,13 +66,17 @@ class CompiledVariant(Variant):
     (:meth:`warm_up` or :meth:`validate`), so listing variants has no side effects.
     """
 
-    def __init__(self, base: str = "batched", mode: str | None = None, dynamic: bool = False) -> None:
+    VARIANT_OPTIONS = {"base": BASE_OPTIONS}
+
+    def __init__(self, base: Variant, mode: str | None = None, dynamic: bool = False) -> None:
         super().__init__(None)
-        self.base = get_variant(base, **BASE_OPTIONS.get(base, {}))
+        if not isinstance(base, Variant):
+            raise TypeError(f"base must be a Variant (or, through get_variant, a registered name), got {base!r}")
+        self.base = base
         for attr in declared_attributes():
             setattr(self, attr, getattr(self.base, attr))
         self.IN_DEFAULT_SWEEP = False  # compiling costs seconds per shape
-        self.source = f"torch.compile of {base} ({self.base.source})"
+        self.source = f"torch.compile of {base.name} ({base.source})"
         self.scale = self.base.scale
         self._compiled = torch.compile(self.base.forward, mode=mode, dynamic=dynamic)
 

@@ -1,6 +1,6 @@
 """Declared executed FLOPs vs ``torch.utils.flop_counter.FlopCounterMode`` on the same call.
 
-Run: ``python benchmarks/flop_audit.py`` (B1 H2 L512 D64 float32 CPU, forward and forward+backward).
+Run: ``python -m studies.flop_audit`` (B1 H2 L512 D64 float32 CPU, forward and forward+backward).
 Columns: declared executed FLOPs, the part FlopCounterMode can see (``counter_visible_flops``),
 what it counted, and their ratio. Variants whose contractions sit in kernels the counter has no
 formula for are marked ``opaque`` (hand-counted in tests/test_flops.py).

@@ -1,6 +1,6 @@
 """A deterministic battery of malformed API inputs, run against every cheap registered variant.
 
-Run: ``python benchmarks/api_battery.py``. Each (variant, case) call is classified:
+Run: ``python -m studies.api_battery``. Each (variant, case) call is classified:
 
 * ``clear error``: ValueError/TypeError whose message names the argument (q, k, v, mask, scale,
   ...) or the variant's declared reason;
@@ -22,6 +22,7 @@ from collections.abc import Callable
 import torch
 
 import attnbench
+from attnbench.registry import default_variants
 
 NAMES = re.compile(r"\b(q|k|v|mask|scale|seed|device|dtype|head_dim|key length|batch and heads|rank|cannot run)\b")
 FLOORS = {torch.float64: 1e-10, torch.float32: 2e-6, torch.bfloat16: 2e-2, torch.float16: 2e-3}
@@ -136,7 +137,7 @@ def cases() -> list[tuple[str, Callable[[], tuple]]]:
 
 def run(variants: list[str] | None = None) -> tuple[Counter, list[tuple[str, str, str, str]]]:
     """Run every case on every variant; returns the counts and the (variant, case, category, detail) rows."""
-    names = variants or [n for n in attnbench.variant_names() if attnbench.get_variant(n).IN_DEFAULT_SWEEP]
+    names = variants or default_variants()
     counts: Counter = Counter()
     rows = []
     for label, build in cases():

@@ -13,10 +13,10 @@ Printed: the counts of ok / regressed / undecided for both, over ``--trials`` tr
 
 Usage (from the repository root, in the project's virtualenv)::
 
-    python benchmarks/gate_rates.py                         # runs asv once (a few minutes), then simulates
-    python benchmarks/gate_rates.py --results DIR --machine NAME   # reuse recorded results
+    python -m studies.gate_rates                         # runs asv once (a few minutes), then simulates
+    python -m studies.gate_rates --results DIR --machine NAME   # reuse recorded results
 
-Not an asv benchmark: importing this module does nothing; the work happens under ``__main__``.
+Importing this module does nothing; the work happens under ``__main__``.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ per-round ratios run/fresh and asv/fresh (the figure the issue asks for: within 
 
 Usage (from the repository root, in the project's virtualenv)::
 
-    python benchmarks/entry_agreement.py --rounds 5      # about 13 minutes on 2 cores
+    python -m studies.entry_agreement --rounds 5      # about 13 minutes on 2 cores
 
 What decides agreement: the three entry points measure in one process state (the regime line,
 :func:`attnbench.measure.regime.describe`, is equal for a worker, a fresh process and asv's process;
@@ -25,7 +25,7 @@ allocator is pinned by ``measure`` itself). Measured with ``resource.getrusage``
 depending on the moment. On a machine busy with other work the figures compare shares of a core
 as much as code: read the ratios with the load average printed under them.
 
-Not an asv benchmark: importing this module does nothing; the work happens under ``__main__``.
+Importing this module does nothing; the work happens under ``__main__``.
 """
 
 from __future__ import annotations

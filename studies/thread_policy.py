@@ -9,10 +9,10 @@ each thread count is printed too (what the runner compares against).
 
 Usage (from the repository root, in the project's virtualenv)::
 
-    python benchmarks/thread_policy.py               # quiet, then with one spinning neighbour
-    python benchmarks/thread_policy.py --pairs 7 --lengths 1024
+    python -m studies.thread_policy               # quiet, then with one spinning neighbour
+    python -m studies.thread_policy --pairs 7 --lengths 1024
 
-Not an asv benchmark: importing this module does nothing; the work happens under ``__main__``.
+Importing this module does nothing; the work happens under ``__main__``.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import pandas as pd
 
-    from benchmarks.noise_harness import busy_neighbour
+    from studies.noise_harness import busy_neighbour
 
     lengths = [int(x) for x in args.lengths.split(",")]
     variants = args.variants.split(",")

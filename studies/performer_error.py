@@ -1,6 +1,6 @@
 """Performer (FAVOR+) error vs exact softmax attention, against the number of random features.
 
-Run: ``python benchmarks/performer_error.py [input_scale]`` (default 1.0: standard-normal q, k, v).
+Run: ``python -m studies.performer_error [input_scale]`` (default 1.0: standard-normal q, k, v).
 Shape B1 H8 L1024 D64 float32, inputs from ``AttnSpec.make_inputs(seed=0)``, q and k multiplied
 by ``input_scale``; then the default 256 features at L = 256 .. 4096. Errors are |out - exact|
 over every output element, exact = float64 softmax attention.

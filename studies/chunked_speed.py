@@ -1,6 +1,6 @@
 """How fast our own ``chunked`` kernel is against SDPA, and how fast it could be (CPU, one thread).
 
-Run: ``PYTHONPATH=. python -m benchmarks.chunked_speed [--rounds N] [--length L] [--baseline FILE]``.
+Run: ``python -m studies.chunked_speed [--rounds N] [--length L] [--baseline FILE]``.
 
 In the suite's measurement regime (:mod:`attnbench.measure.regime`: one thread, glibc's mmap
 threshold pinned), at B1 H8 D64 float32, forward, it prints:

@@ -17,9 +17,9 @@ too wide to be conclusive.
 
 Usage (from the repository root, in the project's virtualenv)::
 
-    python benchmarks/noise_harness.py                  # both runs, about 5 minutes on 2 cores
-    python benchmarks/noise_harness.py --out reports/noise
-    python benchmarks/noise_harness.py -- --time-budget 60   # extra arguments for attnbench run
+    python -m studies.noise_harness                  # both runs, about 5 minutes on 2 cores
+    python -m studies.noise_harness --out reports/noise
+    python -m studies.noise_harness -- --time-budget 60   # extra arguments for attnbench run
 
 Not an asv benchmark: asv imports this module while discovering benchmarks, so importing it does
 nothing; the work happens under ``__main__``.

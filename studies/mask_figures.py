@@ -1,9 +1,9 @@
 """The masks/causal figures: interleaved timings (one process, one thread) and exact counts.
 
-Run: ``PYTHONPATH=. python -m benchmarks.mask_figures``, in the suite's measurement regime (one
+Run: ``python -m studies.mask_figures``, in the suite's measurement regime (one
 thread, glibc's mmap threshold pinned). Timings are medians of interleaved repeats (each round calls
 every contender once), so drift on a shared machine hits all contenders alike; FLOP and byte counts
-are exact. Section [3] is :func:`benchmarks.chunked_speed.goal_figures`.
+are exact. Section [3] is :func:`studies.chunked_speed.goal_figures`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import statistics
 import attnbench
 from attnbench import AttnSpec, masks
 from attnbench.measure import memory, regime, runner
-from benchmarks import chunked_speed
+from studies import chunked_speed
 
 
 def _prepared(name: str, spec: AttnSpec):

@@ -1,0 +1,151 @@
+"""The package's import graph: no cycle, and every arrow points down the rooms below (checked statically, every
+``import`` in a module's body or its functions: a deferred import is still a dependency)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).parent.parent / "attnbench"
+ROOMS: tuple[tuple[str, ...], ...] = (
+    # bottom: depends on nothing of the package
+    ("_checks", "io", "plugins", "mask_mods", "measure.timer", "measure.probe", "measure.regime", "measure.memory",
+     "analysis.significance", "analysis.text"),
+    ("masks", "spec", "reference"),
+    ("capability", "contract"),
+    ("variants",),  # every variants.* module
+    ("registry",),
+    ("layer", "demos"),
+    ("measure.record", "measure.gate", "measure.guard", "measure.peak", "measure.env", "measure.provenance",
+     "measure.bandwidth"),
+    ("measure.runner",),
+    ("measure.worker",),
+    ("measure.sweep",),
+    ("measure",),  # the package's facade: MeasureConfig, measure, sweep
+    ("runs", "profile", "asv_bench"),
+    ("analysis.frame", "analysis.complexity", "analysis.roofline"),
+    ("analysis.summary",),
+    ("report.plots",),
+    ("report.html",),
+    ("regress", "publish"),
+    ("cli",),
+)
+"""Groups of modules from the bottom up: a module may import its own room's and lower rooms' modules only."""
+FACADES = ("", "analysis", "report")
+"""Package ``__init__`` modules that only gather public names (``attnbench``) or are empty: not a room."""
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """Package modules ``name`` imports (``from attnbench import masks`` is an arrow to ``masks``)."""
+    found = set()
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(["attnbench", *package[: len(package) - node.level + 1], *([base] if base else [])])
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}".removeprefix("attnbench.") in modules else base
+                       for a in node.names]
+        else:
+            continue
+        for target in targets:
+            if target == "attnbench" or target.startswith("attnbench."):
+                found.add(target.removeprefix("attnbench").removeprefix("."))
+    return {m for m in found if m in modules and m != name}
+
+
+def _room(name: str) -> int:
+    for i, room in enumerate(ROOMS):
+        if name in room or any(name.startswith(f"{r}.") and r == "variants" for r in room):
+            return i
+    raise AssertionError(f"attnbench.{name} is in no room of ROOMS: place it")
+
+
+def graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {n: _imports(n, p, modules) for n, p in modules.items()}
+
+
+def arrows_up(edges: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{a} -> {b}" for a, targets in edges.items() if a not in FACADES
+                  for b in targets if b not in FACADES and _room(b) > _room(a))
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected groups of more than one module (facades left out)."""
+    edges = {a: {b for b in t if b not in FACADES} for a, t in edges.items() if a not in FACADES}
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_every_module_has_a_room():
+    for name in _modules():
+        if name not in FACADES:
+            _room(name)
+
+
+def test_no_import_cycle():
+    assert cycles(graph()) == []
+
+
+def test_no_arrow_runs_back_up():
+    assert arrows_up(graph()) == []
+
+
+@pytest.mark.parametrize(("planted", "expect"), [
+    ({"measure.runner": {"measure.worker"}, "measure.worker": {"measure.runner"}}, "cycle"),
+    ({"variants.compiled": {"registry"}}, "measure.up"),
+])
+def test_the_checks_see_a_planted_cycle_and_a_planted_back_arrow(planted, expect):
+    """The two faults the checks exist for, planted into today's graph (as they stood before they were removed)."""
+    edges = graph()
+    for a, targets in planted.items():
+        edges[a] = edges[a] | targets
+    if expect == "cycle":
+        assert ["measure.runner", "measure.worker"] in cycles(edges)
+    else:
+        assert "variants.compiled -> registry" in arrows_up(edges)
+
+
+def test_no_module_reaches_through_the_public_facade():
+    """``import attnbench`` inside the package would hide which room a name comes from."""
+    assert sorted(a for a, targets in graph().items() if "" in targets and a != "") == []
