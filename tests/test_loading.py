@@ -22,7 +22,7 @@ from attnbench.analysis.frame import load, load_asv, load_run
 from attnbench.cli import main
 from attnbench.measure.record import Environment, Measurement
 from attnbench.measure.runner import MeasureConfig
-from attnbench.runs import LOG, MANIFEST, MEASUREMENTS, write_run
+from attnbench.runs import LOG, MANIFEST, MEASUREMENTS, case_key, write_run
 from attnbench.spec import AttnSpec
 
 FIXTURE = Path(__file__).parent / "fixtures" / "asv_results"
@@ -50,7 +50,14 @@ def measurements(host: str = "bad-box") -> list[Measurement]:
 
 
 def write_good_run(path: Path, host: str = "bad-box", **manifest_fields) -> Path:
+    """A run of :func:`measurements`; ``planned`` also makes its log's header plan that many cases (as a stopped sweep's)."""
     run = write_run(path, measurements(host), MeasureConfig(), seconds=1.0, command=["test"], peak_gflops={"float32": 10.0})
+    if "planned" in manifest_fields:
+        lines = (run / LOG).read_text().splitlines(keepends=True)
+        header = json.loads(lines[0])
+        more = [case_key("batched", BASE.replace(seq_len=4096 + i)) for i in range(manifest_fields["planned"] - len(header["cases"]))]
+        header.update(planned=manifest_fields["planned"], cases=header["cases"] + more)
+        (run / LOG).write_text(json.dumps(header) + "\n" + "".join(lines[1:]))
     if manifest_fields:
         manifest = json.loads((run / MANIFEST).read_text())
         (run / MANIFEST).write_text(json.dumps({**manifest, **manifest_fields}))
@@ -159,6 +166,14 @@ def _wrong_count(data: dict) -> None:
     data["results"]["bench_attention.AttentionMetrics.track_gflops"][0] = [1.0, 2.0]
 
 
+def _negative_time(data: dict) -> None:
+    data["results"]["bench_attention.Attention.time_attention"][0][0] = -1.0
+
+
+def _infinite_bytes(data: dict) -> None:
+    data["results"]["bench_attention.AttentionMetrics.track_peak_tensor_bytes"][0][0] = float("inf")
+
+
 def _not_a_list(data: dict) -> None:
     data["results"]["bench_attention.AttentionMetrics.track_flops"][1] = "garbled"
 
@@ -202,6 +217,17 @@ RUN_FAULTS: dict[str, tuple[Callable[[Path], object], str]] = {
     "log a case that is not an object": (lambda run: (run / LOG).write_text(_log_lines(run)[0] + "[1, 2]\n"), "not an object"),
     "log not UTF-8": (write(LOG, b"\xff\xfe\x00garbage\x80\x81\n"), "UnicodeDecodeError"),
     "log missing": (remove(LOG), "cases.jsonl: missing"),
+    "log negative peak bytes": (field("peak_tensor_bytes", -5.0), "peak_tensor_bytes -5.0 is not a finite value >= 0"),
+    "log infinite time": (field("samples", [float("inf")] * 3), "time inf is not a time > 0"),
+    "log infinite memory": (field("peak_tensor_bytes", float("inf")), "peak_tensor_bytes inf is not a finite value >= 0"),
+    "log ok case far beyond its tolerance": (field("max_error", 2.93), "status ok but its error is 293,000x the tolerance"),
+    "log implausible length": (lambda run: (spec_field("seq_len", 10**18)(run), spec_field("seq_len_k", None)(run)),
+                               "no machine ran it"),
+    "log a case twice": (lambda run: (run / LOG).write_text((run / LOG).read_text() + _log_lines(run)[1]), "the same case as case 1"),
+    "manifest plans fewer cases than the log holds": (manifest_edit(planned=3), "says 3 case(s) were planned, the header"),
+    "manifest says complete with cases missing": (
+        lambda run: ((run / LOG).write_text("".join(_log_lines(run)[:3])), manifest_edit(cases=2, complete=True)(run)),
+        "says complete, but"),
     "manifest not JSON": (write(MANIFEST, "{not json"), "not readable JSON"),
     "manifest a list": (write(MANIFEST, "[1, 2, 3]"), "expected a JSON object, got list"),
     "manifest without cases": (manifest_edit(cases=None), "no 'cases' count"),
@@ -217,6 +243,8 @@ ASV_FAULTS: dict[str, tuple[Callable[[Path], object], str]] = {
     "asv garbled params": (asv_fault(asv_edit_result(_garble_params)), "garbled parameter set"),
     "asv values do not match params": (asv_fault(asv_edit_result(_wrong_count)), "values for 12 parameter sets"),
     "asv params not a list": (asv_fault(asv_edit_result(_not_a_list)), "garbled result"),
+    "asv negative time": (asv_fault(asv_edit_result(_negative_time)), "time -1.0 is not a time > 0"),
+    "asv infinite bytes": (asv_fault(asv_edit_result(_infinite_bytes)), "is not a finite value >= 0"),
     "asv stale version": (asv_fault(_stale), "2 result(s) from another version of the suite left out"),
     "asv machine.json missing": (asv_fault(lambda r: (r / "fixture-box" / "machine.json").unlink()), "machine name taken from the directory"),
     "asv no result files": (asv_fault(_no_results), "no result files"),

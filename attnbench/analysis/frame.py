@@ -67,12 +67,13 @@ import itertools
 import json
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import pandas as pd
 
 from attnbench import contract
+from attnbench.analysis.text import sig
 from attnbench.io import error_line
 from attnbench.measure.record import Measurement
 from attnbench.spec import AttnSpec
@@ -253,6 +254,7 @@ def _asv_key_rows(res, key: str, bench: dict, common: dict, peak: float, path: P
                 raise ValueError(f"variant {variant!r} / length {length!r}")
             if value is not None and not isinstance(value, (int, float)):
                 raise ValueError(f"value {value!r} is not a number")
+            _check_value(metric, value)
             spec, workload = contract.asv_case(key, case, BASE_SPEC)
         except (ValueError, TypeError) as exc:
             bad.append(f"{combo}: {error_line(exc)}")
@@ -274,6 +276,14 @@ def _asv_key_rows(res, key: str, bench: dict, common: dict, peak: float, path: P
     if bad:
         problems.append(f"{path}: {key}: {len(bad)} garbled parameter set(s) left out, e.g. {bad[0]}")
     return rows
+
+
+def _check_value(metric: str, value: object) -> None:
+    """Raise ValueError for a value no measurement of ``metric`` can hold (NaN and None: not measured)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return
+    if not math.isfinite(value) or value < 0 or (metric == "time" and value == 0):
+        raise ValueError(f"{metric} {value!r} is not a {'time > 0' if metric == 'time' else 'finite value >= 0'}")
 
 
 def _mark_wrong(rows: list[dict]) -> None:
@@ -339,12 +349,26 @@ def _lenient(value: object) -> float:
         return math.nan
 
 
+MAX_INPUT_BYTES = 2.0**50
+"""Inputs larger than this (1 PiB) ran on no machine: a case that says it did is corrupt."""
+
+
 def _check_case(m: Measurement) -> None:
     """Raise ValueError naming what makes a logged case unusable (the classes check types, names and shapes)."""
     if not m.variant:
         raise ValueError("variant is empty")
     if m.status == "ok" and not (m.median > 0):
         raise ValueError(f"status ok but its time is {m.median!r} (a time must be > 0)")
+    if m.status not in KEEPS_VALUES:
+        return
+    for metric in contract.METRICS.values():
+        if metric.field is not None:
+            _check_value(metric.name, _lenient(contract.metric_value(m, metric.field)))
+    if m.status == "ok" and m.checked_error_ratio > 1:
+        raise ValueError(f"status ok but its error is {sig(m.checked_error_ratio)}x the tolerance (the gate's limit is 1x)")
+    if m.spec.input_bytes > MAX_INPUT_BYTES:
+        raise ValueError(f"status {m.status} but its inputs would take {m.spec.input_bytes:.3g} bytes (length "
+                         f"{m.spec.lk}): no machine ran it")
 
 
 def _case_rows(m: Measurement, common: dict) -> list[dict]:
@@ -415,33 +439,67 @@ def load_run(run_dir: str | Path) -> pd.DataFrame:
     common = {"source": "run", "benchmark": "attnbench.run", "date": created, "run_date": created,
               "peak_gflops": peaks, "peak_gbps": gbps if gbps > 0 else math.nan}
     rows: list[dict] = []
-    for number, m in enumerate(log.measurements, start=1):
+    cases = _distinct_cases(run_dir / LOG, log.measurements, problems)
+    for number, m in cases:
         try:
             _check_case(m)
             rows.extend(_case_rows(m, common))
         except ValueError as exc:
             problems.append(f"{run_dir / LOG} case {number} ({m.variant or '?'}): {exc}; rejected")
-    _cross_check(run_dir, len(log.measurements), header, manifest, problems, notes)
+    _cross_check(run_dir, [m for _, m in cases], len(log.measurements), header, manifest, problems, notes)
     return _finish(rows, problems, notes)
 
 
-def _cross_check(run_dir: Path, logged: int, header: dict, manifest: dict, problems: list[str], notes: list[str]) -> None:
-    """The manifest's and the header's claims against the cases the log holds (the truth)."""
-    from attnbench.runs import LOG, MANIFEST
+def _distinct_cases(log_path: Path, measurements: Sequence[Measurement], problems: list[str]) -> list[tuple[int, Measurement]]:
+    """``(number in the log, case)`` once per case: a case logged twice (never written so by a sweep) keeps its last."""
+    from attnbench.runs import case_key
 
-    cases, complete = manifest.get("cases"), manifest.get("complete")
-    planned = manifest.get("planned", header.get("planned"))
-    if cases == logged - 1:  # one write behind the log: killed between logging a case and rewriting the manifest
-        notes.append(f"{run_dir / MANIFEST} says {cases} case(s) but {run_dir / LOG} holds {logged}: the sweep "
+    last: dict[str, tuple[int, Measurement]] = {}
+    for number, m in enumerate(measurements, start=1):
+        key = case_key(m.variant, m.spec)
+        if key in last:
+            problems.append(f"{log_path} case {number} ({m.variant} {m.spec.label}): the same case as case "
+                            f"{last[key][0]}; the last one is kept")
+            del last[key]
+        last[key] = (number, m)
+    return sorted(last.values(), key=lambda item: item[0])
+
+
+def _cross_check(run_dir: Path, cases: Sequence[Measurement], logged: int, header: dict, manifest: dict,
+                 problems: list[str], notes: list[str]) -> None:
+    """The manifest's claims, and the plan in the log's header, against the cases the log holds (the truth).
+
+    ``logged``: lines of cases in the log; ``cases``: the distinct ones.
+    """
+    from attnbench.runs import LOG, MANIFEST, case_key
+
+    claimed, complete = manifest.get("cases"), manifest.get("complete")
+    keys = header.get("cases") if isinstance(header.get("cases"), list) else None
+    planned = len(keys) if keys is not None else header.get("planned", manifest.get("planned"))
+    if manifest.get("planned") is not None and planned is not None and manifest["planned"] != planned:
+        problems.append(f"{run_dir / MANIFEST} says {manifest['planned']} case(s) were planned, the header of "
+                        f"{run_dir / LOG} {planned}")
+    if claimed == logged - 1:  # one write behind the log: killed between logging a case and rewriting the manifest
+        notes.append(f"{run_dir / MANIFEST} says {claimed} case(s) but {run_dir / LOG} holds {logged}: the sweep "
                      "stopped between writing its files (--resume rewrites the manifest)")
-    elif cases is not None and cases != logged:
-        problems.append(f"{run_dir / LOG}: holds {logged} case(s) but {run_dir / MANIFEST} says {cases} case(s) were "
+    elif claimed is not None and claimed != logged:
+        problems.append(f"{run_dir / LOG}: holds {logged} case(s) but {run_dir / MANIFEST} says {claimed} case(s) were "
                         "written (truncated or replaced)")
+    done = len(cases)
+    if keys is not None:
+        logged_keys = {case_key(m.variant, m.spec) for m in cases}
+        unplanned = logged_keys - set(keys)
+        if unplanned:
+            problems.append(f"{run_dir / LOG}: {len(unplanned)} case(s) the header did not plan ({len(keys)} planned): "
+                            "another sweep's cases, or a garbled header")
+        done = len(logged_keys & set(keys))
+    if complete is True and planned is not None and done < planned:
+        problems.append(f"{run_dir / MANIFEST} says complete, but {run_dir / LOG} holds {done} of the {planned} planned cases")
     if complete is False:
-        notes.append(f"{run_dir}: incomplete ({cases if cases is not None else logged} of "
+        notes.append(f"{run_dir}: incomplete ({claimed if claimed is not None else done} of "
                      f"{planned if planned is not None else '?'} cases): the sweep was stopped before the end")
-    elif planned is not None and logged < planned and complete is not True:
-        notes.append(f"{run_dir}: incomplete ({logged} of {planned} cases)")
+    elif planned is not None and done < planned:
+        notes.append(f"{run_dir}: incomplete ({done} of {planned} cases)")
 
 
 def _kind(path: Path) -> str:
