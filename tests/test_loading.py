@@ -480,3 +480,17 @@ def test_a_manifest_one_write_behind_the_log_is_a_note_not_corruption(tmp_path):
     truncated = write_good_run(tmp_path / "cut")
     (truncated / LOG).write_text("".join(_log_lines(truncated)[:-1]))  # the log lost a case the manifest counted
     assert any("truncated or replaced" in p for p in load_run(truncated).attrs["problems"])
+
+
+def test_a_noisy_case_keeps_its_memory_and_counts_as_facts(tmp_path):
+    """A neighbour disturbs time, not bytes: the noisy case's memory is fitted, its time is not."""
+    run = write_good_run(tmp_path / "run")
+    field("status", "noisy", number=2)(run)
+    frame = load_run(run)
+    at = frame[frame["seq_len"] == 128].set_index("metric")
+    assert at.loc["time", "status"] == "noisy" and at.loc["gflops", "status"] == "noisy"
+    assert at.loc["peak_tensor_bytes", "status"] == "ok" and at.loc["peak_tensor_bytes", "value"] == 8 * 128 * 128
+    from attnbench.analysis import complexity
+
+    fits = complexity.fit_table(frame).set_index("metric")
+    assert fits.loc["peak_tensor_bytes", "L_min"] == 128 and fits.loc["time", "n"] <= 3  # 128 is fitted for memory only

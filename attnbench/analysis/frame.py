@@ -376,6 +376,8 @@ def _case_rows(m: Measurement, common: dict) -> list[dict]:
 
     A case that did not run (skipped, failed) keeps one row, its time (NaN), which carries its status and
     reason; a case that ran has a row per metric it measured (its time row always, even when not timed).
+    A ``noisy`` case's rows of metrics a neighbour cannot disturb (not :attr:`Metric.timed`: memory, FLOPs,
+    counts) are ``ok``: fitted and ranked like any other; only its time-derived values stay ``noisy``.
     """
     spec = m.spec
     base = {
@@ -399,7 +401,10 @@ def _case_rows(m: Measurement, common: dict) -> list[dict]:
             method = getattr(m, method[1:]) or "unrecorded"
             method = MEMORY_METHODS.get(method, method)
         spread = _lenient(getattr(m, metric.spread)) if metric.spread and kept else math.nan
-        out.append({**base, "metric": metric.name, "unit": metric.unit, "method": method, "value": value, "spread": spread})
+        # A neighbour disturbs time, never bytes or counts: a noisy case's untimed values are facts.
+        status = "ok" if m.status == "noisy" and not metric.timed else m.status
+        out.append({**base, "metric": metric.name, "unit": metric.unit, "method": method, "value": value, "spread": spread,
+                    "status": status})
     return out
 
 
