@@ -515,3 +515,13 @@ def test_prefill_and_decode_from_two_runs_of_one_machine(tmp_path):
     assert "Prefill vs decode" in page and (tmp_path / "out" / "figures" / "roofline.png").exists()
     decode = [f.text for f in analyse(load_results(runs)).findings if f.text.startswith("Decode")]
     assert decode and "against prefill's L^" in decode[0] and "% of the measured bandwidth" in decode[0], decode
+
+
+def test_the_fastest_is_ranked_among_exact_softmax_attention_only(tmp_path):
+    """Planted: linear_elu and local, O(L) and the fastest by far, compute something else: they are named, not ranked."""
+    from attnbench.analysis.summary import analyse, load_results
+
+    run = _scaled_run(tmp_path / "run", ["batched", "sdpa", "chunked", "linear_elu", "local"], (64, 128, 256, 512, 1024))
+    fastest = next(f.text for f in analyse(load_results([run])).findings if "fastest" in f.text)
+    assert "fastest of 3 exact softmax attention variants" in fastest and "is `batched`" in fastest, fastest
+    assert "(`linear_elu`, `local` compute something else and are not ranked)" in fastest, fastest

@@ -377,20 +377,33 @@ def _loop_baseline(e: _Evidence) -> Finding | None:
                    f"({fmt(loop, 's')} vs {fmt(batched, 's')} per call).", "fig-progression")
 
 
+def computes_softmax_attention(variant: str) -> bool:
+    """Whether ``variant`` computes softmax attention over every allowed pair (an unknown name: assumed so)."""
+    return variant not in variant_names() or get_variant(variant).SOFTMAX_ATTENTION
+
+
 def _fastest(e: _Evidence) -> Finding | None:
-    """Fastest and slowest at the longest length where most variants ran."""
-    if not len(e.ok_time):
+    """Fastest and slowest softmax attention at the longest length where most of them ran.
+
+    Kernels that compute another function (linear, banded, sparse) are not ranked against it: faster at
+    computing something else is no finding. They are named instead.
+    """
+    exact = e.ok_time[e.ok_time["variant"].map(computes_softmax_attention)]
+    if not len(exact):
         return None
-    counts = e.ok_time.groupby("seq_len")["variant"].nunique()
+    counts = exact.groupby("seq_len")["variant"].nunique()
     good = counts[counts >= max(3, int(0.6 * counts.max()))]
     if not len(good):
         return None
     n = int(good.index.max())
-    at = e.ok_time[e.ok_time["seq_len"] == n].groupby("variant")["value"].median().sort_values()
+    at = exact[exact["seq_len"] == n].groupby("variant")["value"].median().sort_values()
     fastest, slowest = at.index[0], at.index[-1]
-    return Finding(f"At L={n}, the fastest of {len(at)} variants that ran correctly is `{fastest}` "
-                   f"({fmt(at.iloc[0], 's')}); the slowest, `{slowest}`, takes {fmt(at.iloc[-1] / at.iloc[0], 'x')} as long.",
-                   "fig-time")
+    others = sorted(set(e.ok_time.loc[e.ok_time["seq_len"] == n, "variant"]) - set(at.index))
+    aside = (f" ({', '.join(f'`{v}`' for v in others)} compute{'s' if len(others) == 1 else ''} something else and "
+             f"{'is' if len(others) == 1 else 'are'} not ranked)") if others else ""
+    return Finding(f"At L={n}, the fastest of {len(at)} exact softmax attention variants that ran correctly is `{fastest}` "
+                   f"({fmt(at.iloc[0], 's')}); the slowest, `{slowest}`, takes {fmt(at.iloc[-1] / at.iloc[0], 'x')} as long"
+                   f"{aside}.", "fig-time")
 
 
 def _fit_verdicts(e: _Evidence) -> Finding | None:

@@ -116,6 +116,7 @@ class Variant(ABC):
 
     name: str = "variant"  # registry name; set by the registry on each instance it builds
     exact: ClassVar[bool] = True  # computes softmax(QK^T * scale) V exactly (up to rounding)
+    SOFTMAX_ATTENTION: ClassVar[bool] = True  # over every pair the mask allows (False: another function, e.g. a band)
     time_exponent: ClassVar[float] = 2.0  # time ~ L ** time_exponent for self-attention
     memory_exponent: ClassVar[float] = 2.0  # extra memory ~ L ** memory_exponent
     source: ClassVar[str] = ""  # the seed or paper the variant comes from

@@ -50,6 +50,7 @@ class BlockSparseAttention(Variant):
 
     time_exponent = 1.0
     memory_exponent = 1.0
+    SOFTMAX_ATTENTION = False  # softmax over its sparse pattern only
     source = "Zaheer et al. 2020 (BigBird); Beltagy et al. 2020 (Longformer)"
     SUPPORTS_CROSS = False
     MASK_MODS = True  # evaluates the predicate on its gathered tiles (never a dense mask row)

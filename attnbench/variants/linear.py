@@ -42,6 +42,7 @@ class KernelAttention(Variant):
 
     time_exponent = 1.0
     memory_exponent = 1.0
+    SOFTMAX_ATTENTION = False  # a feature-map kernel in place of softmax
     SUPPORTED_MASKS = KEY_PADDING_MASKS
 
     def features(self, x: torch.Tensor, is_query: bool) -> torch.Tensor:

@@ -23,6 +23,7 @@ class LocalAttention(Variant):
 
     time_exponent = 1.0
     memory_exponent = 1.0
+    SOFTMAX_ATTENTION = False  # softmax over its band only
     source = "Beltagy et al. 2020 (Longformer sliding window)"
     MASK_MODS = True  # evaluates the predicate on its gathered tiles (never a dense mask row)
 
