@@ -176,9 +176,10 @@ def test_first_screen_holds_findings_and_the_headline_figure_and_the_page_is_sho
 
 
 def _scaled_run(path: Path, variants, lengths, factor: float = 1.0, wrong: dict | None = None,
-                memory_factor: float = 1.0) -> Path:
+                memory_factor: float = 1.0, skipped: tuple[str, ...] = ()) -> Path:
     """A run of ``variants`` at ``lengths`` with time ~ factor * L^2 (L^1 for linear ones), memory ~
-    memory_factor * L^p as declared; ``wrong`` maps (variant, L) to a planted time for a case that failed the gate."""
+    memory_factor * L^p as declared; ``wrong`` maps (variant, L) to a planted time for a case that failed the gate;
+    ``skipped`` variants are skipped at every length."""
     from attnbench.measure import MeasureConfig
     from attnbench.measure.record import Environment, Measurement
     from attnbench.registry import get_variant
@@ -200,6 +201,8 @@ def _scaled_run(path: Path, variants, lengths, factor: float = 1.0, wrong: dict 
                 peak_tensor_bytes=float(memory_factor * (1 + k) * 64 * n ** impl.memory_exponent), memory_method="profiler",
                 predicted_peak_bytes=float(4 * n * n), max_error=1e-3 if status == "wrong" else 1e-7, tolerance=1e-5, env=env,
             ))
+    rows += [Measurement(variant=v, spec=base.replace(seq_len=n), status="skipped", reason="planted", env=env)
+             for v in skipped for n in lengths]
     return write_run(path, rows, MeasureConfig(), seconds=1.0, command=["t"], peak_gflops={"float32": 10.0})
 
 
@@ -525,3 +528,50 @@ def test_the_fastest_is_ranked_among_exact_softmax_attention_only(tmp_path):
     fastest = next(f.text for f in analyse(load_results([run])).findings if "fastest" in f.text)
     assert "fastest of 3 exact softmax attention variants" in fastest and "is `batched`" in fastest, fastest
     assert "(`linear_elu`, `local` compute something else and are not ranked)" in fastest, fastest
+
+
+def test_lengths_and_counts_are_printed_exactly_in_every_table(tmp_path):
+    """Planted: 1024 and 2048 where a 3-significant-figure formatter prints 1,020 and 2,050."""
+    import html as html_lib
+    from html.parser import HTMLParser
+
+    run = _scaled_run(tmp_path / "run", ["batched", "sdpa", "chunked"], (256, 512, 1024, 2048), wrong={("batched", 2048): 1.0},
+                      skipped=("local",))  # a variant that never ran makes the largest-length column a float one
+    page = build_report([run], tmp_path / "out").read_text()
+
+    class Tables(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.tables, self.cell, self.row = [], None, None
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "table":
+                self.tables.append([])
+            elif tag == "tr" and self.tables:
+                self.row = []
+                self.tables[-1].append(self.row)
+            elif tag in ("td", "th"):
+                self.cell = ""
+
+        def handle_endtag(self, tag):
+            if tag in ("td", "th") and self.row is not None:
+                self.row.append(html_lib.unescape(self.cell or ""))
+                self.cell = None
+
+        def handle_data(self, data):
+            if self.cell is not None:
+                self.cell += data
+
+    parser = Tables()
+    parser.feed(page)
+    counts = re.compile(r"(^|[_ ])(L|Lq|Lk|seq_len|seq_len_k|batch|heads|head_dim|kv_heads|n|cases)$|(^|_)L(_|$)|^cases")
+    checked = 0
+    for table in parser.tables:
+        if len(table) < 2:
+            continue
+        for i, head in enumerate(table[0]):
+            if counts.search(head):
+                cells = [row[i] for row in table[1:] if i < len(row) and row[i] not in ("", "always", "never")]
+                assert all(c.isdigit() for c in cells), (head, cells)
+                checked += len(cells)
+    assert checked > 20 and "2048" in page and "2,050" not in page and "1,020" not in page

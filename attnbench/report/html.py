@@ -107,6 +107,18 @@ def lift_constants(df: pd.DataFrame, keep: Sequence[str] = (),
     return df.drop(columns=list(constants)), {k: v for k, v in constants.items() if v not in ("", "nan", "NaT")}
 
 
+COUNT_COLUMN = re.compile(r"(^|[_ ])(L|Lq|Lk|seq_len|seq_len_k|batch|heads|head_dim|kv_heads|n|cases|runs|attempts)$"
+                          r"|(^|_)L(_|$)|^L=|^cases")
+"""Columns that hold a length, a count or a batch: printed exactly (1024, never 1,020), whatever their dtype."""
+
+
+def exact_integer(value: object) -> str:
+    """An integral number as its digits (a float column holding lengths: ``1024.0`` -> ``1024``); anything else as text."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    return str(int(value)) if float(value).is_integer() else sig(float(value))
+
+
 def _cell(value: object, formatter: Callable[[object], str] | None) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA or value is pd.NaT:
         return "<td></td>"
@@ -129,8 +141,8 @@ def _table(df: pd.DataFrame | None, max_rows: int = 400, formats: dict[str, Call
         return "<p><em>nothing to show</em></p>"
     if "commit" in df:  # short hashes on the page; the full ones are in tidy.csv
         df = df.assign(commit=df["commit"].map(lambda c: short_hash(c) if isinstance(c, str) else c))
+    formats = {**{c: exact_integer for c in df.columns if COUNT_COLUMN.search(str(c))}, **(formats or {})}
     shown, constants = lift_constants(df, keep, formats) if lift else (df, {})
-    formats = formats or {}
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in shown.columns)
     body = []
     for rec in shown.head(max_rows).itertuples(index=False):
