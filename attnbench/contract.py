@@ -268,5 +268,5 @@ OTHER_FAMILY = "other"
 
 def family(variant: str) -> str:
     """The family a variant belongs to (:data:`OTHER_FAMILY` for variants no family lists)."""
-    base = variant.removesuffix(" (model)")
+    base = variant.split(" ")[0]  # a series label ("sdpa Hkv=2 (model)") belongs to its variant's family
     return next((name for name, members in FAMILIES.items() if base in members), OTHER_FAMILY)

@@ -575,3 +575,91 @@ def test_lengths_and_counts_are_printed_exactly_in_every_table(tmp_path):
                 assert all(c.isdigit() for c in cells), (head, cells)
                 checked += len(cells)
     assert checked > 20 and "2048" in page and "2,050" not in page and "1,020" not in page
+
+
+def test_an_asv_report_says_its_times_carry_no_disturbance_check(tmp_path):
+    page = build_report([FIXTURE], tmp_path / "out").read_text()
+    assert "asv results carry no disturbance check" in page
+
+
+def test_a_figureless_section_has_no_heading(tmp_path):
+    """Planted: decode cases only (no prefill shape to draw in the families): no empty 'The families' heading."""
+    from attnbench.measure import MeasureConfig
+    from attnbench.measure.record import Environment, Measurement
+    from attnbench.runs import write_run
+    from attnbench.spec import AttnSpec
+
+    env = Environment(hostname="box", python="3.11", torch="2.x", threads=1, cpu_model="cpu", cpu_count=2, device_name="cpu")
+    rows = [Measurement(variant="sdpa", spec=AttnSpec(seq_len=1, seq_len_k=n), status="ok", samples=(1e-6 * n,) * 3,
+                        runs=3, timing_method="wall", env=env, workload="decode") for n in (1024, 2048, 4096, 8192)]
+    run = write_run(tmp_path / "run", rows, MeasureConfig(workload="decode"), seconds=1.0, command=["t"])
+    page = build_report([run], tmp_path / "out").read_text()
+    assert "Prefill vs decode" in page and "The families" not in page
+
+
+def _gqa_run(path: Path) -> Path:
+    """sdpa at Hkv = 8 and 2 (H = 8), time ~ L^2 with a 10% spread between blocks."""
+    from attnbench.measure import MeasureConfig
+    from attnbench.measure.record import Environment, Measurement
+    from attnbench.runs import write_run
+    from attnbench.spec import AttnSpec
+
+    env = Environment(hostname="box", python="3.11", torch="2.x", threads=1, cpu_model="cpu", cpu_count=2, device_name="cpu")
+    rows = []
+    for hkv in (8, 2):
+        for n in (128, 256, 512, 1024, 2048):
+            t = 1e-9 * n * n * (1 if hkv == 8 else 0.5)
+            rows.append(Measurement(variant="sdpa", spec=AttnSpec(seq_len=n, kv_heads=hkv), status="ok",
+                                    samples=(0.95 * t, t, 1.05 * t), runs=3, timing_method="wall", env=env,
+                                    peak_tensor_bytes=float(n * 1000 * hkv), memory_method="profiler"))
+    return write_run(path, rows, MeasureConfig(), seconds=1.0, command=["t"])
+
+
+def test_a_gqa_sweep_shows_hkv_in_its_tables_and_figures(tmp_path):
+    """Planted: two key/value head counts whose times differ 2x: never one median line, never one summary row."""
+    from attnbench.analysis.summary import analyse, load_results
+    from attnbench.report import plots
+
+    analysis = analyse(load_results([_gqa_run(tmp_path / "run")]))
+    assert sorted(analysis.summary["kv_heads"]) == [2, 8]
+    fig = plots.scaling(analysis.main, "time")
+    labels = {t.get_text() for ax in fig.axes for t in ax.texts}
+    assert {"sdpa Hkv=2", "sdpa Hkv=8"} <= labels, labels
+
+
+def test_points_show_their_spread(tmp_path):
+    from attnbench.analysis.summary import analyse, load_results
+    from attnbench.report import plots
+
+    analysis = analyse(load_results([_gqa_run(tmp_path / "run")]))
+    for fig in (plots.scaling(analysis.main, "time"), plots.progression(analysis.main, analysis.main_fits)):
+        bars = [c for ax in fig.axes for c in ax.collections if type(c).__name__ == "LineCollection" and len(c.get_segments())]
+        assert bars and any(len(c.get_segments()) == 5 for c in bars)  # one bar per length of a series
+
+
+def _overlapping_texts(fig) -> list[tuple[str, str, str]]:
+    from matplotlib.text import Text
+
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    found = []
+    for ax in fig.axes:
+        boxes = [(t.get_text(), Text.get_window_extent(t, renderer)) for t in ax.texts]  # the text, not its leader line
+        found += [(ax.get_title(), a, b) for i, (a, box) in enumerate(boxes) for b, other in boxes[i + 1:] if box.overlaps(other)]
+    return found
+
+
+@pytest.mark.parametrize("variants", [["sdpa", "sdpa_flash"], ["sdpa", "sdpa_flash", "chunked", "local", "linear_elu", "performer", "batched"],
+                                      ["loop", "vectorized", "batched", "multihead", "torch_mha"]])
+def test_line_end_labels_never_overlap(tmp_path, variants):
+    """Planted: lines that end at (nearly) the same point, as sdpa and sdpa_flash do on a CPU, beside the O(n) and
+    O(n²) guides; and the fixture's real run, whose dense panel spans two short lengths (the guides' names met)."""
+    from attnbench.analysis.summary import analyse, load_results
+    from attnbench.report import plots
+
+    run = _scaled_run(tmp_path / "run", variants, (64, 128, 256, 512), factor=0.01)
+    for source in (run, Path(__file__).parent / "fixtures" / "runs" / "prefill"):
+        analysis = analyse(load_results([source]))
+        for fig in (plots.scaling(analysis.main, "time"), plots.scaling(analysis.main, "peak_tensor_bytes"),
+                    plots.progression(analysis.main, analysis.main_fits)):
+            assert fig is None or _overlapping_texts(fig) == []

@@ -118,6 +118,11 @@ def decode_param(value: object) -> object:
         return value
 
 
+ASV_UNCHECKED = ("asv results carry no disturbance check (no calibration probe around asv's rounds), so none of their "
+                 "times is marked noisy: a busy machine's timings read as ok here; compare them from quiet machines only")
+TIMED = {m.name for m in contract.METRICS.values() if m.timed}
+
+
 def _asv_status(value: object) -> str:
     if value is None:
         return "failed"
@@ -180,7 +185,8 @@ def load_asv(results_dir: str | Path) -> pd.DataFrame:
     if files == 0:
         problems.append(f"{results_dir}: no result files (asv saves none without --set-commit-hash when run "
                         "with --python=same)")
-    return _finish(rows, problems)
+    notes = [f"{results_dir}: {ASV_UNCHECKED}"] if any(r["metric"] in TIMED for r in rows) else []
+    return _finish(rows, problems, notes)
 
 
 def _asv_file(path: Path, benchmarks: dict, machine: dict, problems: list[str]) -> list[dict]:

@@ -125,7 +125,8 @@ def exponent_summary(fits: pd.DataFrame) -> pd.DataFrame:
     if fits.empty:
         return fits
     rows = []
-    keys = ["machine", "commit", "device", "mode", "dtype", "mask", "workload", "variant"]  # one row per commit in a history
+    # one row per commit in a history, and per shape when a sweep crosses shapes (GQA's Hkv, head dims, batches)
+    keys = ["machine", "commit", "device", "mode", "dtype", "mask", "workload", "batch", "heads", "kv_heads", "head_dim", "variant"]
     keys = [k for k in keys if k in fits]
     for key, group in fits.groupby(keys, sort=False, dropna=False):
         row = dict(zip(keys, key, strict=True))

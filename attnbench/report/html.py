@@ -39,7 +39,7 @@ body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:1rem 
 h1{margin:.2rem 0 .1rem;font-size:1.6rem} h2{border-bottom:2px solid #ddd;padding-bottom:.15rem;margin:1.6rem 0 .5rem;font-size:1.25rem}
 .sub{color:#555;font-size:.9rem;margin:.1rem 0 .5rem}
 table{border-collapse:collapse;font-size:.82rem;margin:.4rem 0} th,td{border:1px solid #ddd;padding:.2rem .45rem;text-align:right;white-space:nowrap}
-.tw{overflow-x:auto;max-width:100%} td.wrap{white-space:normal}
+.tw{overflow-x:auto;max-width:100%} td.wrap{white-space:normal;min-width:14rem}
 th{background:#f4f4f4} td:first-child,th:first-child{text-align:left} table.sortable th{cursor:pointer}
 table.sortable th:hover{background:#e8e8e8} caption{caption-side:bottom;text-align:left;font-size:.78rem;color:#666;padding-top:.2rem}
 .meta td{text-align:left;white-space:normal} figure{margin:.5rem 0} figure img{max-width:100%;height:auto;border:1px solid #eee}
@@ -119,6 +119,9 @@ def exact_integer(value: object) -> str:
     return str(int(value)) if float(value).is_integer() else sig(float(value))
 
 
+WRAP_AT = 40  # characters of a cell's text beyond which it wraps
+
+
 def _cell(value: object, formatter: Callable[[object], str] | None) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA or value is pd.NaT:
         return "<td></td>"
@@ -131,7 +134,8 @@ def _cell(value: object, formatter: Callable[[object], str] | None) -> str:
     else:
         text = str(value)
     sort = f' data-v="{html.escape(repr(float(value)))}"' if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
-    return f"<td{sort}>{html.escape(text)}</td>"
+    wrap = ' class="wrap"' if len(text) > WRAP_AT else ""  # a sentence (a reason, a verdict) wraps: the table stays on the page
+    return f"<td{sort}{wrap}>{html.escape(text)}</td>"
 
 
 def _table(df: pd.DataFrame | None, max_rows: int = 400, formats: dict[str, Callable[[object], str]] | None = None,
@@ -287,14 +291,15 @@ def _progression(page: Page) -> str:
 
 def _families(page: Page) -> str:
     main = page.analysis.main
-    return ('<h2 id="families">The families</h2>'
-            + page.figure("time", plots.scaling(main, "time"),
+    figures = (page.figure("time", plots.scaling(main, "time"),
                           "Time per call vs L, one panel per family (dense, fused SDPA, blockwise, linear, scoring functions, "
                           "compiled), lines labelled at their end. Dashed grey: O(n) and O(n²) through the shortest length. "
-                          "Red crosses: wrong results; hollow circles: noisy measurements (neither is a fact)." + page.scope)
+                          "Red crosses: wrong results; hollow circles in a variant's colour: its noisy measurements (neither is a fact); bars: the "
+                          "interquartile range of the timing blocks." + page.scope)
             + page.figure("memory", plots.scaling(main, "peak_tensor_bytes"),
                           "Peak tensor memory above the inputs vs L: dense variants climb at O(n²), chunked/SDPA/linear at O(n). "
                           "Dotted series labelled <em>(model)</em> are the analytic prediction, not a measurement."))
+    return '<h2 id="families">The families</h2>' + figures if figures else ""
 
 
 def _crossovers(page: Page) -> str:
@@ -442,7 +447,11 @@ def _page_faults(page: Page) -> str:
 
 def _accuracy(page: Page) -> str:
     accuracy = page.figure("accuracy", plots.error_vs_time(page.frame),
-                           "Approximate variants: error against exact softmax attention vs time, each point labelled by its L.")
+                           "Approximate variants: error against exact softmax attention vs time, each point labelled by its L. "
+                           "The largest error of any single output element is shown: for <code>performer</code> it is of order "
+                           "1 on standard-normal inputs, because random features estimate exp(q·k) worst where |q·k| is "
+                           "largest. What the correctness gate bounds is its <em>mean</em> error (the variant's declared "
+                           "bound), and its output is checked exactly against its own kernel.")
     return _details("Accuracy of the approximate variants", accuracy) if accuracy else ""
 
 

@@ -37,9 +37,27 @@ FAMILY_COLOURS: dict[str, str] = {"dense": "Blues", "fused": "Oranges", "blockwi
 """The colormap each family's shades come from (:data:`attnbench.contract.FAMILIES`; plugin variants: yellow-brown)."""
 
 
+SHAPE_TAGS = (("kv_heads", "Hkv"), ("head_dim", "D"), ("batch", "B"), ("heads", "H"), ("dtype", ""), ("mask", "mask "))
+"""Shape columns that name a series when a figure's rows vary in them (``sdpa Hkv=2``): never a median across shapes."""
+
+
+def series(df: pd.DataFrame, model: bool = True) -> pd.Series:
+    """Each row's series label: its variant, the shape settings that vary, and "(model)" for predicted values
+    (unless ``model`` is False: a figure that marks them by line style)."""
+    label = df["variant"].astype(str)
+    for col, tag in SHAPE_TAGS:
+        if col in df and df[col].nunique() > 1:
+            label = label + " " + tag + (df[col].astype(str) if tag.endswith(" ") or not tag else "=" + df[col].astype(str))
+    if model and "method" in df:
+        label = label.where(df["method"] != "model", label + " (model)")
+    return label
+
+
 def colour(variant: str) -> tuple[float, float, float, float]:
-    """The variant's colour: its family's hue, a shade by its place in the family (stable across figures)."""
-    base = variant.removesuffix(" (model)")
+    """The variant's colour: its family's hue, a shade by its place in the family (stable across figures).
+
+    ``variant`` may be a series label (:func:`series`): its first word is the variant."""
+    base = variant.split(" ")[0]
     fam = family(base)
     if fam == OTHER_FAMILY:
         others = sorted(v for v in variant_names() if family(v) == OTHER_FAMILY) or [base]
@@ -86,13 +104,22 @@ def _length_axis(ax, lengths) -> None:
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
 
 
+LABEL_POINTS = 7.5  # font size of line-end labels
+
+
+GUIDE_COLOUR = "0.45"
+
+
 def _end_labels(ax, ends: dict[str, tuple[float, float]], text: dict[str, str] | None = None) -> None:
-    """Label each line at its right end, spread apart vertically (log axes) inside the axes, never overlapping."""
+    """Label each line at its right end, spread apart vertically (log axes) inside the axes, never overlapping.
+
+    Names of the O(n) guides (``"O(n..."``) are drawn grey."""
     if not ends:
         return
     items = sorted(ends.items(), key=lambda kv: kv[1][1])
     lo, hi = (math.log10(v) for v in ax.get_ylim())
-    gap = (hi - lo) * 0.06  # minimal distance between label centres, in decades
+    height_pt = ax.get_window_extent().height * 72 / ax.figure.dpi
+    gap = (hi - lo) * max(0.06, 1.35 * LABEL_POINTS / height_pt)  # label centres a line of text apart, in decades
     want = [math.log10(y) if y > 0 else lo for _, (_, y) in items]
     pos: list[float] = []
     for w in want:  # upward pass: no label closer than gap to the one below
@@ -103,18 +130,34 @@ def _end_labels(ax, ends: dict[str, tuple[float, float]], text: dict[str, str] |
         for i in range(len(pos) - 2, -1, -1):
             pos[i] = min(pos[i], pos[i + 1] - gap)
     for (name, (x, y)), ly in zip(items, pos, strict=True):
-        ax.annotate((text or {}).get(name, name), xy=(x, y), xytext=(x * 1.08, 10**ly), fontsize=7.5, color=colour(name),
+        shade = GUIDE_COLOUR if name.startswith("O(n") else colour(name)
+        ax.annotate((text or {}).get(name, name), xy=(x, y), xytext=(x * 1.08, 10**ly), fontsize=LABEL_POINTS, color=shade,
                     va="center", ha="left", annotation_clip=False,
                     arrowprops={"arrowstyle": "-", "color": "0.75", "lw": 0.5} if y > 0 and abs(ly - math.log10(y)) > 0.02 else None)
 
 
-def _guides(ax, lengths: np.ndarray, anchor: float, exponents: tuple[float, ...] = (1.0, 2.0)) -> None:
-    """Dashed O(n^p) lines through ``anchor`` at the shortest length."""
+def _spread_bars(ax, x: pd.Series, y: pd.Series, spread: pd.Series, colour: tuple) -> None:
+    """Each point's spread as a bar (an IQR of width ``spread``, centred on the median); nothing where it is unknown."""
+    known = spread.notna() & (spread > 0)
+    if known.any():
+        half = spread[known].to_numpy(float) / 2
+        low = np.minimum(half, y[known].to_numpy(float) * 0.999)  # log axes: the bar stays above zero
+        ax.errorbar(x[known].to_numpy(float), y[known].to_numpy(float), yerr=[low, half], fmt="none", ecolor=colour,
+                    elinewidth=0.9, capsize=2, alpha=0.8, zorder=4)
+
+
+def _guides(ax, lengths: np.ndarray, anchor: float, exponents: tuple[float, ...] = (1.0, 2.0)) -> dict[str, tuple[float, float]]:
+    """Dashed O(n^p) lines through ``anchor`` at the shortest length; their names' places, for :func:`_end_labels`
+    (the ones that end inside the axes: the guides' names are spread with the lines' own, never on them)."""
     x = np.array([lengths.min(), lengths.max()], dtype=float)
+    top = ax.get_ylim()[1]
+    ends = {}
     for p in exponents:
-        ax.plot(x, anchor * (x / x[0]) ** p, ls="--", lw=0.8, color="0.6", zorder=0)
-        ax.annotate(f"O(n{'²' if p == 2 else ''})", (x[1], anchor * (x[1] / x[0]) ** p), fontsize=7, color="0.45",
-                    xytext=(-18, 3), textcoords="offset points")
+        y = anchor * (x / x[0]) ** p
+        ax.plot(x, y, ls="--", lw=0.8, color="0.6", zorder=0)
+        if y[1] <= top:
+            ends[f"O(n{'²' if p == 2 else ''})"] = (float(x[1]), float(y[1]))
+    return ends
 
 
 def _facet_axes(grid, row: str | None, col: str | None) -> dict:
@@ -137,16 +180,15 @@ def scaling(frame: pd.DataFrame, metric: str, guides: bool = True, title: str | 
 
     Lines are labelled at their right end. Predicted values (method "model") are their own dashed
     series, "<variant> (model)"; cases that failed the correctness gate (status "wrong") are red
-    crosses and disturbed ones (status "noisy") hollow circles, never part of a line.
+    crosses (named) and disturbed ones (status "noisy") hollow circles in their variant's colour, never part of a
+    line. Where a point's timing blocks spread, a bar shows their interquartile range.
     """
     df = _ok(frame, metric)
     df = df[df["seq_len"] == df["seq_len_k"]]
     if df.empty:
         return None
-    method = df["method"] if "method" in df else pd.Series("", index=df.index)
-    df = df.assign(family=[family(v) for v in df["variant"]],
-                   variant=df["variant"].where(method != "model", df["variant"] + " (model)"))
-    df = df.groupby(["device", "mode", "family", "variant", "seq_len"], as_index=False)["value"].median()
+    df = df.assign(family=[family(v) for v in df["variant"]], variant=series(df))
+    df = df.groupby(["device", "mode", "family", "variant", "seq_len"], as_index=False)[["value", "spread"]].median()
     df["where"] = df["device"] + " " + df["mode"]
     row = "where" if df["where"].nunique() > 1 else None
     families = [f for f in [*FAMILIES, OTHER_FAMILY] if f in set(df["family"])]
@@ -177,30 +219,35 @@ def scaling(frame: pd.DataFrame, metric: str, guides: bool = True, title: str | 
         ax.set_xlabel("sequence length L")
         if sub.empty:
             continue
+        ends = {}
         if guides:
             lengths = sub["seq_len"].to_numpy(float)
-            _guides(ax, lengths, sub[sub["seq_len"] == lengths.min()]["value"].median())
+            ends = _guides(ax, lengths, sub[sub["seq_len"] == lengths.min()]["value"].median())
             if len(positive):
                 ax.set_ylim(positive.min() / 2, positive.max() * 2)
-        ends = {}
         for variant, s in sub.groupby("variant"):
-            last = s.sort_values("seq_len").iloc[-1]
-            ends[variant] = (float(last["seq_len"]), float(last["value"]))
+            s = s.sort_values("seq_len")
+            _spread_bars(ax, s["seq_len"], s["value"], s["spread"], colour(variant))
+            ends[variant] = (float(s["seq_len"].iloc[-1]), float(s["value"].iloc[-1]))
         _end_labels(ax, ends)
         ax.set_title(f"{cv or ''}{' / ' if cv and rv else ''}{rv or ''}", fontsize=10)
     grid.set_ylabels(LABELS.get(metric, metric))
     for status, style in (("wrong", {"marker": "x", "s": 60, "color": WRONG_COLOUR}),
-                          ("noisy", {"marker": "o", "s": 40, "facecolors": "none", "edgecolors": "0.3"})):
+                          ("noisy", {"marker": "o", "s": 40, "facecolors": "none", "linewidths": 1.2})):
         odd = frame[(frame["metric"] == metric) & (frame["status"] == status) & (frame["value"] > 0)]
         if not len(odd):
             continue
         odd = odd.assign(family=[family(v) for v in odd["variant"]], where=odd["device"] + " " + odd["mode"])
         for rec in odd.to_dict("records"):
             ax = axes.get((rec["where"] if row else None, rec["family"] if col else None))
-            if ax is not None:
-                ax.scatter([int(rec["seq_len"])], [rec["value"]], zorder=5, label=f"{status}", **style)
+            if ax is None:
+                continue
+            if status == "noisy":  # hollow, in its variant's colour: many in a crowded panel, so no text
+                ax.scatter([int(rec["seq_len"])], [rec["value"]], zorder=5, label=status, edgecolors=[colour(rec["variant"])], **style)
+            else:
+                ax.scatter([int(rec["seq_len"])], [rec["value"]], zorder=5, label=status, **style)
                 ax.annotate(f"{rec['variant']} {status}", (int(rec["seq_len"]), rec["value"]), fontsize=7,
-                            color=WRONG_COLOUR if status == "wrong" else "0.3", xytext=(4, -8), textcoords="offset points")
+                            color=WRONG_COLOUR, xytext=(4, -8), textcoords="offset points")
     grid.figure.suptitle(title or f"{LABELS.get(metric, metric)} vs sequence length, by family", y=1.02)
     return grid.figure
 
@@ -241,14 +288,17 @@ def progression(frame: pd.DataFrame, fits: pd.DataFrame | None = None, variants:
     lengths = sorted({int(n) for _, df in panels for n in df["seq_len"]})
     for ax, (metric, df) in zip(axes, panels, strict=True):
         ends, text = {}, {}
-        for variant in [v for v in variants if v in set(df["variant"])]:
-            s = df[df["variant"] == variant]
-            model = "method" in s and (s["method"] == "model").all()
-            s = s.groupby("seq_len")["value"].median()
-            ax.plot(s.index, s.values, marker="o", ms=4, lw=2, color=colour(variant), ls=":" if model else "-")
-            ends[variant] = (float(s.index[-1]), float(s.values[-1]))
-            label = _fit_label(fits, variant, metric)
-            text[variant] = f"{variant}  {label}" if label else variant
+        df = df.assign(series=series(df, model=False))
+        order = [s for v in variants for s in sorted(set(df.loc[df["variant"] == v, "series"]))]
+        for name in order:
+            rows = df[df["series"] == name]
+            variant, model = rows["variant"].iloc[0], (rows["method"] == "model").all()
+            s = rows.groupby("seq_len")[["value", "spread"]].median()
+            ax.plot(s.index, s["value"], marker="o", ms=4, lw=2, color=colour(variant), ls=":" if model else "-")
+            _spread_bars(ax, s.index.to_series(), s["value"], s["spread"], colour(variant))
+            ends[name] = (float(s.index[-1]), float(s["value"].iloc[-1]))
+            label = _fit_label(fits, variant, metric) if name == variant else ""  # fits are per variant of one shape
+            text[name] = f"{name}  {label}" if label else name
         ax.set_yscale("log")
         _length_axis(ax, lengths)
         _unit_axis(ax, "y", UNITS.get(metric, ""))
