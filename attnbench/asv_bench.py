@@ -32,6 +32,7 @@ the rule the loader reads them back with.
 from __future__ import annotations
 
 import functools
+import json
 import math
 import os
 import statistics
@@ -41,7 +42,8 @@ from dataclasses import dataclass
 import torch
 
 from attnbench import contract
-from attnbench.measure import gate, guard, memory, regime, runner
+from attnbench.io import append_line
+from attnbench.measure import gate, guard, memory, probe, regime, runner
 from attnbench.measure.peak import matmul_peak, measure_matmul_peak
 from attnbench.measure.timer import TimerConfig, time_call
 from attnbench.plugins import load_plugins
@@ -175,6 +177,25 @@ def case(
     """
     prepared = _main_grid(variant, seq_len, device, mode, mask)
     return prepared.call, prepared.spec
+
+
+def timed_case(
+    variant: str, seq_len: int, device: str, mode: str = "forward", mask: str = "none"
+) -> tuple[Callable[[], object], AttnSpec]:
+    """:func:`case` for the time benchmark's ``setup``, which asv runs before every sample (outside its timer).
+
+    With ``ATTNBENCH_PROBE_LOG`` set (the regression gate sets it), a calibration probe
+    (:func:`attnbench.measure.probe.probe_seconds`) is timed here and appended to that file with the
+    commit asv is measuring (``ASV_COMMIT``) and the parameters: the gate judges every round's
+    disturbance from it, as ``attnbench run`` judges its cases'.
+    """
+    call, spec = case(variant, seq_len, device, mode, mask)
+    path = os.environ.get(contract.ENV_PROBE_LOG)
+    if path:
+        record = {"commit": os.environ.get("ASV_COMMIT", ""), "variant": variant, "seq_len": seq_len, "device": device,
+                  "mode": mode, "mask": mask, "probe_s": probe.probe_seconds(spec.device)}
+        append_line(path, json.dumps(record))
+    return call, spec
 
 
 def _main_grid(variant: str, seq_len: int, device: str, mode: str, mask: str = "none") -> Prepared:

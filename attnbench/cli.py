@@ -391,7 +391,8 @@ def cmd_regress(args: argparse.Namespace) -> int:
             print(f"  {rec['benchmark']} [{rec['variant']}, L={rec['seq_len']}, {rec['mode']}]: {rec['metric']} x{rec['ratio']:.2f}")
         return 1
     print(f"UNDECIDED: no regression found, but {len(outcome.undecided)} time case(s) could not be decided "
-          "after a confirmation round (too noisy to exclude a 1.5x slowdown); rerun with more --rounds on a quieter machine:")
+          "after a confirmation round (disturbed rounds, or too scattered to exclude a 1.5x slowdown); rerun with more "
+          "--rounds on a quieter machine:")
     for rec in outcome.undecided.to_dict("records"):
         print(f"  {rec['benchmark']} [{rec['variant']}, L={rec['seq_len']}, {rec['mode']}]: {rec['reason']}")
     return 4

@@ -214,6 +214,8 @@ ENV_BATCH = "ATTNBENCH_ASV_BATCH"
 """For tests of the gate only: results taken with it are not labelled with it."""
 ENV_DECODE_LENGTHS = "ATTNBENCH_ASV_DECODE_LENGTHS"
 """Decode's cache lengths (ENV_LENGTHS narrows the prefill and GQA lengths, ENV_VARIANTS every class's variants)."""
+ENV_PROBE_LOG = "ATTNBENCH_PROBE_LOG"
+"""A file the time benchmarks append a calibration probe to before every sample (the regression gate sets it)."""
 GRID_ENV = (ENV_VARIANTS, ENV_LENGTHS, ENV_DEVICES, ENV_MODES, ENV_MASKS, ENV_MAX_CALL_S, ENV_BATCH, ENV_DECODE_LENGTHS)
 
 

@@ -64,3 +64,13 @@ def error_line(exc: BaseException, limit: int = 300) -> str:
     lines = str(exc).splitlines()
     text = lines[0][:limit] if lines else ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def append_line(path: str | Path, line: str) -> None:
+    """Append one line to ``path`` in a single write (``O_APPEND``: lines of concurrent writers never interleave)."""
+    data = (line.rstrip("\n") + "\n").encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)

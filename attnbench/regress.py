@@ -13,7 +13,11 @@ Verdict per (benchmark, parameters), with ratio = HEAD / BASE (medians):
     is within the allowance and the interval excludes a 1.5x slowdown; otherwise ``undecided``.
     Any undecided time case first gets a confirmation round: both commits run again with
     ``--append-samples`` (more interleaved process rounds) and the decision is taken on the combined
-    samples. A case still undecided (or without recorded samples) is reported as such, with its own
+    samples. Every time round also carries the calibration probe of ``attnbench run`` (timed before each
+    sample, recorded by :func:`attnbench.asv_bench.timed_case`): a case whose rounds were disturbed on
+    either side is ``undecided`` ("noisy: ..."), never ``regressed`` or ``ok``, whatever its p-value
+    (the samples of a round are not independent when a neighbour comes and goes).
+    A case still undecided (or without recorded samples) is reported as such, with its own
     exit code: never a silent pass;
   * deterministic metrics (peak tensor bytes, analytic FLOPs): regression when
     ratio > ``memory_factor`` (default 1.1) for bytes and ratio > 1 for FLOPs: no noise to forgive;
@@ -39,6 +43,7 @@ import itertools
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -51,7 +56,7 @@ from attnbench import contract
 from attnbench.analysis import significance
 from attnbench.analysis.frame import decode_param, load_asv
 from attnbench.io import output_tail
-from attnbench.measure import regime
+from attnbench.measure import probe, regime
 
 CI_SUBSET = contract.grid_environment(contract.GRIDS["ci"])
 """The ``ci`` grid (short lengths, a few representative variants: minutes on 2 cores) as asv's grid variables."""
@@ -60,6 +65,8 @@ GATED = "|".join(contract.GATED_BENCHMARKS)
 REGIME = regime.Regime(threads=regime.DEFAULT_THREADS)
 """The regime asv's processes start in (threads, pinned allocator thresholds), as for ``attnbench run``."""
 CASE_KEYS = ("variant", "seq_len", "device", "mode", "mask")
+PROBES = "probes.jsonl"
+"""The calibration probes of the gate's time rounds, in its work directory."""
 SampleKey = tuple  # (commit, variant, seq_len, device, mode, mask)
 
 
@@ -144,14 +151,61 @@ def read_time_samples(results_dir: str | Path, machine: str) -> dict[SampleKey, 
     return out
 
 
+NOISY_SHARE = 0.1
+"""A side whose rounds had more than this share of probes beyond ``probe.SLOWDOWN_LIMIT`` of typical is disturbed."""
+
+
+def read_probes(path: str | Path) -> dict[SampleKey, list[float]]:
+    """The calibration probes the time benchmarks recorded (:func:`attnbench.asv_bench.timed_case`), per case.
+
+    A garbled line (a killed writer) is skipped; a missing file gives no probes.
+    """
+    out: dict[SampleKey, list[float]] = {}
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        try:
+            rec = json.loads(line)
+            key = (rec["commit"], rec["variant"], rec["seq_len"], rec["device"], rec["mode"], rec["mask"])
+            value = float(rec["probe_s"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        if value > 0 and math.isfinite(value):
+            out.setdefault(key, []).append(value)
+    return out
+
+
+def disturbance(probes: list[float], typical: float) -> str:
+    """Why a side's rounds are not to be decided on ("" when undisturbed): the runner's probe rule, per round.
+
+    ``typical`` is the median probe of the whole gate run (both commits, interleaved: the same machine state
+    they were meant to share). A side is disturbed when more than :data:`NOISY_SHARE` of its probes
+    deviate more than ``probe.SLOWDOWN_LIMIT`` x from it, either way.
+    """
+    if not probes or not typical > 0:
+        return ""
+    ratios = [p / typical for p in probes]
+    off = [r for r in ratios if max(r, 1 / r) > probe.SLOWDOWN_LIMIT]
+    if len(off) <= NOISY_SHARE * len(ratios):
+        return ""
+    worst = max(off, key=lambda r: max(r, 1 / r))
+    way = f"{worst:.2f}x slower" if worst > 1 else f"{1 / worst:.2f}x faster"
+    return f"{len(off)} of {len(ratios)} calibration probes beyond {probe.SLOWDOWN_LIMIT}x of typical (up to {way})"
+
+
 def compare(
     frame: pd.DataFrame, base: str, head: str, time_factor: float = 1.2, memory_factor: float = 1.1,
-    samples: dict[SampleKey, list[float]] | None = None,
+    samples: dict[SampleKey, list[float]] | None = None, probes: dict[SampleKey, list[float]] | None = None,
 ) -> pd.DataFrame:
     """Side-by-side BASE/HEAD table with a verdict per case (see the module docstring).
 
     ``samples`` maps ``(commit, variant, seq_len, device, mode, mask)`` to recorded time samples
-    (:func:`read_time_samples`); a time row without samples on both sides is ``undecided``.
+    (:func:`read_time_samples`); a time row without samples on both sides is ``undecided``. ``probes``
+    maps the same keys to the calibration probes of its rounds (:func:`read_probes`): a time case whose
+    rounds were disturbed on either side (:func:`disturbance`) is ``undecided`` with the reason "noisy: ...",
+    never ``regressed`` or ``ok``. A side without probes (a commit older than them) is decided as before.
 
     Verdicts: ``ok``, ``regressed``, ``undecided`` (time only), ``n/a``, and ``wrong``: the case ran on BASE and HEAD's result
     fails the correctness gate (an ``error_ratio`` above 1, or a row the loader marked ``wrong``).
@@ -173,7 +227,11 @@ def compare(
     wrong_cases = {tuple(r) for r in head_rows.loc[gate_failed, case_keys].itertuples(index=False)}
     time_factor = significance.check_factor("time_factor", time_factor)
     memory_factor = significance.check_factor("memory_factor", memory_factor)
-    samples = samples or {}
+    samples, probes = samples or {}, probes or {}
+    typical = {}  # per device: the median probe of the whole gate run
+    for key, values in probes.items():
+        typical.setdefault(key[3], []).extend(values)
+    typical = {device: statistics.median(values) for device, values in typical.items()}
     verdicts, ratios, reasons = [], [], []
     for rec in table.to_dict("records"):
         b_ok, h_ok = rec["base_status"] == "ok", rec["head_status"] == "ok"
@@ -192,8 +250,10 @@ def compare(
             case = tuple(rec[k] for k in case_keys)
             b_samples, h_samples = samples.get((base, *case), []), samples.get((head, *case), [])
             decision = significance.decide(b_samples, h_samples, time_factor)
-            verdicts.append(decision.verdict)
-            reasons[-1] = decision.reason
+            noisy = "; ".join(f"{side}: {why}" for side, commit in (("BASE", base), ("HEAD", head))
+                              if (why := disturbance(probes.get((commit, *case), []), typical.get(rec["device"], math.nan))))
+            verdicts.append("undecided" if noisy else decision.verdict)
+            reasons[-1] = f"noisy: {noisy} (measured x{decision.ratio:.2f})" if noisy else decision.reason
             if math.isfinite(decision.ratio):
                 ratios[-1] = decision.ratio
         elif rec["metric"] == "flops":
@@ -254,7 +314,8 @@ def regress(
     work.mkdir(parents=True, exist_ok=True)
     conf = _config(repo, work)
     (work / "hashes.txt").write_text(f"{base_hash}\n{head_hash}\n")
-    env = {**os.environ, **(subset or CI_SUBSET), **regime.child_env(REGIME)}
+    (work / PROBES).unlink(missing_ok=True)  # this gate run's rounds only
+    env = {**os.environ, **(subset or CI_SUBSET), **regime.child_env(REGIME), contract.ENV_PROBE_LOG: str(work / PROBES)}
     run = ["run", f"HASHFILE:{work / 'hashes.txt'}", "--config", str(conf), "--machine", machine,
            "--interleave-rounds", "--attribute", f"rounds={rounds}", "--record-samples", "--show-stderr"]
     log_file = Path(log_path or work / "asv.log")
@@ -286,4 +347,5 @@ def _compare_results(work: Path, machine: str, base: str, head: str, time_factor
         except OSError:
             tail = "  (log unreadable)"
         raise RegressError(f"asv produced no results for {', '.join(m[:10] for m in missing)}; the end of {log}:\n{tail}")
-    return compare(frame, base, head, time_factor, memory_factor, samples=read_time_samples(work / "results", machine))
+    return compare(frame, base, head, time_factor, memory_factor, samples=read_time_samples(work / "results", machine),
+                   probes=read_probes(work / PROBES))

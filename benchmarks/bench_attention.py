@@ -16,7 +16,7 @@ class Attention:
     timeout = 180
 
     def setup(self, *p):
-        self.call, _ = ab.case(*p)
+        self.call, _ = ab.timed_case(*p)
 
     def time_attention(self, *p):
         self.call()

@@ -163,6 +163,43 @@ def test_compare_rules_without_asv():
     assert table.loc["time", "verdict"] == "undecided", table.loc["time", "reason"]
 
 
+def test_disturbed_rounds_are_never_decided():
+    """Planted: a 1.5x slowdown that the samples alone would call a regression (p far below 0.01), measured while
+    a neighbour slowed the calibration probe; and an unchanged pair measured in a fast moment on one side."""
+    rows = [{"commit": c, "metric": "time", "value": 1.0, "status": "ok"} for c in ("A", "B")]
+    key = ("batched", 256, "cpu", "forward", "none")
+    rng = np.random.default_rng(3)
+    base, head = list(np.exp(rng.normal(0, 0.05, 20))), list(1.5 * np.exp(rng.normal(0, 0.05, 20)))
+    quiet = [1e-3 * (1 + 0.02 * x) for x in rng.normal(0, 1, 20)]
+    busy = [2e-3] * 12 + quiet[:8]  # the neighbour came during most of HEAD's rounds
+    samples = {("A", *key): base, ("B", *key): head}
+    decided = compare(_frame(rows), "A", "B", samples=samples, probes={("A", *key): quiet, ("B", *key): quiet})
+    assert decided.set_index("metric").loc["time", "verdict"] == "regressed"  # quiet rounds: the samples decide
+    noisy = compare(_frame(rows), "A", "B", samples=samples, probes={("A", *key): quiet, ("B", *key): busy})
+    row = noisy.set_index("metric").loc["time"]
+    assert row["verdict"] == "undecided" and row["reason"].startswith("noisy: HEAD: 12 of 20 calibration probes"), row["reason"]
+    fast = [0.6e-3] * 10 + quiet[:10]
+    same = compare(_frame(rows), "A", "B", samples={("A", *key): base, ("B", *key): list(base)},
+                   probes={("A", *key): fast, ("B", *key): quiet + quiet})
+    assert same.set_index("metric").loc["time", "verdict"] == "undecided"  # a fast moment is a disturbance too
+
+
+def test_time_rounds_record_their_probe(tmp_path, monkeypatch):
+    """The time benchmark's setup appends one probe per call (asv runs it before every sample), read back per case."""
+    from attnbench import asv_bench, contract
+    from attnbench.regress import read_probes
+
+    log = tmp_path / "probes.jsonl"
+    monkeypatch.setenv(contract.ENV_PROBE_LOG, str(log))
+    monkeypatch.setenv("ASV_COMMIT", "c0ffee")
+    for _ in range(3):
+        asv_bench.timed_case("batched", 64, "cpu", "forward", "none")
+    log.write_text(log.read_text() + '{"commit": "c0ffee", "variant": "batch')  # a writer killed mid-line
+    probes = read_probes(log)
+    assert list(probes) == [("c0ffee", "batched", 64, "cpu", "forward", "none")]
+    assert len(probes[("c0ffee", "batched", 64, "cpu", "forward", "none")]) == 3
+
+
 @pytest.mark.parametrize("bad", [math.nan, math.inf, 1.0, 0.5, -2.0])
 def test_bad_factors_are_usage_errors(bad):
     frame = _frame([{"commit": "A", "metric": "time", "value": 1.0, "status": "ok"}])
