@@ -413,6 +413,31 @@ def cmd_publish(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_shard(args: argparse.Namespace) -> int:
+    """Print ``KEY=VALUE`` lines for a CI job (append them to ``$GITHUB_ENV``): its grid and its ``--bench`` pattern."""
+    from attnbench.shards import ShardError, parse_shard, shard_environment
+
+    try:
+        index, count = parse_shard(args.shard)
+        env = shard_environment(args.benchmarks, index, count, args.grid)
+    except ShardError as exc:
+        return _usage(str(exc))
+    for key, value in env.items():
+        print(f"{key}={value}")
+    return 0
+
+
+def cmd_merge_results(args: argparse.Namespace) -> int:
+    from attnbench.shards import ShardError, merge_results
+
+    try:
+        merged = merge_results(args.sources, args.out)
+    except ShardError as exc:
+        return _usage(str(exc))
+    print(f"merged {merged.shards} result file(s) into {merged.files} ({merged.benchmarks} benchmark rows): {args.out}")
+    return 0
+
+
 def cmd_peak(args: argparse.Namespace) -> int:
     from attnbench.measure import regime
     from attnbench.measure.bandwidth import WORDS, bandwidth
@@ -568,6 +593,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default="asv.conf.json", help="asv configuration (its paths are relative to its folder)")
     p.add_argument("--html-dir", "-o", default=None, help="output directory (default: html_dir of the asv configuration)")
     p.set_defaults(func=cmd_publish)
+
+    p = sub.add_parser("shard", help="a CI job's share of the asv suite: KEY=VALUE lines (its grid, ATTNBENCH_ASV_BENCH)",
+                       formatter_class=_Formatter)
+    p.add_argument("shard", help="I/N: this job is shard I of N (1-based)")
+    p.add_argument("--grid", default=None, help="also print the ATTNBENCH_ASV_* variables of this named grid (e.g. ci)")
+    p.add_argument("--benchmarks", default="benchmarks", help="the asv benchmark folder")
+    p.set_defaults(func=cmd_shard)
+
+    p = sub.add_parser("merge-results", help="merge the asv results directories of several shards into one",
+                       formatter_class=_Formatter)
+    p.add_argument("sources", nargs="+", help="asv results directories (each with benchmarks.json)")
+    p.add_argument("--out", required=True, help="the merged results directory (created, or merged into)")
+    p.set_defaults(func=cmd_merge_results)
     return parser
 
 

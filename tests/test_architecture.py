@@ -29,7 +29,7 @@ ROOMS: tuple[tuple[str, ...], ...] = (
     ("analysis.summary",),
     ("report.plots",),
     ("report.html",),
-    ("regress", "publish"),
+    ("regress", "publish", "shards"),
     ("cli",),
 )
 """Groups of modules from the bottom up: a module may import its own room's and lower rooms' modules only."""
