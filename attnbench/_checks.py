@@ -75,13 +75,23 @@ def check_mask(mask: torch.Tensor, target: tuple[int, int, int, int], device: to
             )
 
 
-def check_positive_int(name: str, value: object) -> int:
-    """Return ``value`` if it is a positive int, else raise naming ``name``."""
+def check_int(name: str, value: object, minimum: int) -> int:
+    """Return ``value`` if it is an int (never a bool) of at least ``minimum``, else raise naming ``name``.
+
+    Raises:
+        TypeError: for anything but an int (``True`` is not 1).
+        ValueError: for an int below ``minimum``.
+    """
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return value
+
+
+def check_positive_int(name: str, value: object) -> int:
+    """Return ``value`` if it is a positive int, else raise naming ``name``."""
+    return check_int(name, value, 1)
 
 
 def as_4d_mask(mask: torch.Tensor | None) -> torch.Tensor | None:

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
+from attnbench._checks import check_int
+
 Predicate = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """``fn(b, h, q_idx, kv_idx) -> bool``, on broadcastable int64 index tensors (FlexAttention's mask_mod)."""
 Bounds = Callable[[int, int, int, int], str | None]
@@ -67,14 +69,6 @@ class MaskMod:
         return f"MaskMod({self.name})"
 
 
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
-
-
 def _state(full: bool, empty: bool) -> str:
     return FULL if full else EMPTY if empty else PARTIAL
 
@@ -99,7 +93,7 @@ def causal() -> MaskMod:
 
 def sliding_window(window: int) -> MaskMod:
     """Query i sees keys j with ``|i - j| <= window`` (combine with :func:`causal` to look back only)."""
-    w = _check_int("window", window, 0)
+    w = check_int("window", window, 0)
 
     def fn(b, h, q, kv):
         return (q - kv).abs() <= w
@@ -117,7 +111,7 @@ def sliding_window(window: int) -> MaskMod:
 
 def prefix_lm(prefix: int) -> MaskMod:
     """Bidirectional over the first ``prefix`` keys, causal after (T5/PaLM prefix language models)."""
-    p = _check_int("prefix", prefix, 0)
+    p = check_int("prefix", prefix, 0)
 
     def fn(b, h, q, kv):
         return (kv < p) | (kv <= q)
@@ -138,7 +132,7 @@ def document(lengths: Sequence[int], device: torch.device | str = "cpu") -> Mask
         lengths: per-document lengths, in packing order; positions past their sum belong to no
             document and see nothing.
     """
-    lengths = [_check_int("document length", n, 1) for n in lengths]
+    lengths = [check_int("document length", n, 1) for n in lengths]
     if not lengths:
         raise ValueError("lengths must name at least one document")
     total = sum(lengths)
