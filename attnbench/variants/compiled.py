@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from attnbench import mask_mods, masks
 from attnbench.registry import get_variant
 from attnbench.variants.base import Variant, declared_attributes
 
@@ -180,31 +181,17 @@ class FlexAttention(Variant):
         return False
 
     def executed_pairs(self, spec):
-        """Pairs in the non-empty ``TILE x TILE`` tiles of the spec's mask (O(Nb^2) work).
+        """Pairs in the non-empty ``TILE x TILE`` tiles of the spec's mask, in closed form (any length).
 
         Matches the BlockMask's ``kv_num_blocks + full_kv_num_blocks`` (checked by the tests).
         """
         t, lq, lk = self.TILE, spec.lq, spec.lk
-        r_lo = torch.arange(0, lq, t)[:, None]  # (Nq, 1) first query of each tile row
-        r_hi = (r_lo + t - 1).clamp(max=lq - 1)
-        c_lo = torch.arange(0, lk, t)[None, :]  # (1, Nk)
-        c_hi = (c_lo + t - 1).clamp(max=lk - 1)
-        sizes = (r_hi - r_lo + 1) * (c_hi - c_lo + 1)  # (Nq, Nk) pairs per tile
         if spec.mask == "none":
             return lq * lk
         if spec.mask == "valid_lengths":  # one block mask per batch element: average their tiles
-            from attnbench import masks
-
-            per_batch = [int((sizes * (c_lo < n)).sum()) for n in masks.default_valid_lens(spec.batch, lk)]
+            per_batch = [lq * max(0, min(lk, -(-n // t) * t)) for n in masks.default_valid_lens(spec.batch, lk)]
             return sum(per_batch) // spec.batch
-        from attnbench import mask_mods
-
-        mod = spec.mask_mod(device="cpu")  # the predicate's closed-form tile states (no L^2 work)
-        return sum(
-            (min(q0 + t, lq) - q0) * (min(k0 + t, lk) - k0)
-            for q0 in range(0, lq, t) for k0 in range(0, lk, t)
-            if mask_mods.block_state(mod, spec.batch, spec.heads, q0, min(q0 + t, lq), k0, min(k0 + t, lk)) != mask_mods.EMPTY
-        )
+        return mask_mods.nonempty_tile_pairs(spec.mask_mod(device="cpu"), spec.batch, spec.heads, lq, lk, t, t)
 
     def scratch_elements(self, spec):  # noqa: D102 - a (block x Lk) tile row and the log-sum-exp
         return spec.batch * spec.heads * (min(128, spec.lq) * spec.lk / 8 + spec.lq)
