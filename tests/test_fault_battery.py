@@ -1,14 +1,16 @@
 """Issue 23's fault battery, library side: each trial that was silently wrong, ignored an option,
 hung or failed obscurely, planted here so it stays fixed.
 
-Cost models are checked against the walk or per-row sum each closed form replaced (kept below as
-the oracle, over many shapes).
+Cost models are checked two ways: every closed form against the walk or per-row sum it replaced
+(kept below as the oracle, over many shapes), and by the work they do at L = 10**9, counted in
+Python lines and tensor elements, never in seconds.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,6 +19,7 @@ import attnbench
 from attnbench import AttnSpec, mask_mods
 from attnbench.variants.block_sparse import BlockSparseAttention, block_pattern
 from attnbench.variants.compiled import FlexAttention
+from tests.cost_work import work_at
 
 
 # ---- 5: closed-form cost models equal what they replaced --------------------------------------
@@ -134,3 +137,20 @@ def test_block_sparse_refuses_lengths_beyond_its_pattern_limit():
     spec = AttnSpec(seq_len=10**9)
     assert any("block pattern" in r for r in attnbench.get_variant("block_sparse").not_supported_reasons(spec))
     assert not attnbench.get_variant("block_sparse").not_supported_reasons(AttnSpec(seq_len=2**20))
+
+
+# ---- 5 and 13: cost models answer at any length, counted in work, never in seconds -----------
+@pytest.fixture(scope="module")
+def work():
+    return {length: work_at(length) for length in (4096, 10**9)}
+
+
+def test_cost_models_answer_at_a_billion_with_the_work_of_a_short_length(work):
+    """Every variant x mask x mode, and measure()'s guard: the same Python work at L = 10**9 as at 4096."""
+    short, _ = work[4096]
+    huge, _ = work[10**9]
+    assert short.keys() == huge.keys()
+    grown = {k: (short[k][0], huge[k][0]) for k in short if huge[k][0] > 2 * short[k][0] + 200}
+    assert not grown, f"Python lines (L=4096, L=10**9) that grew with the length: {grown}"
+    largest = {k: v[1] for k, v in huge.items() if v[1] > 2**16}
+    assert not largest, f"tensors with more than 2**16 elements built for L=10**9: {largest}"
