@@ -54,6 +54,17 @@ class MaskMod:
     bounds: Bounds | None = None  # closed-form tile classification, if any
     pairs: Callable[[int, int, int], int] | None = None  # closed-form allowed pairs (batch, lq, lk), if any
     tile_pairs: Callable[[int, int, int, int], int] | None = None  # closed-form non-empty tile pairs (lq, lk, tq, tk)
+    fits: Callable[[int, int], None] | None = None  # raises ValueError when it cannot describe (batch, lq)
+
+    def check_fits(self, batch: int, lq: int) -> None:
+        """Raise ``ValueError`` when the predicate cannot describe a call with this batch and query count.
+
+        A predicate that holds per-sequence data (``valid_lengths``) indexes it by batch entry and
+        query: a mismatch would read past it (an IndexError deep inside a variant) or silently use
+        only part of it, so it is refused before any work.
+        """
+        if self.fits is not None:
+            self.fits(batch, lq)
 
     def __call__(self, b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
         return self.fn(b, h, q, kv)
@@ -315,6 +326,8 @@ def valid_lengths(valid_lens: torch.Tensor) -> MaskMod:
         raise TypeError(f"valid_lens must be an integer tensor, got {valid_lens.dtype}")
     if valid_lens.dim() not in (1, 2):
         raise ValueError(f"valid_lens must be 1-D (B,) or 2-D (B, Lq), got {valid_lens.dim()}-D")
+    if valid_lens.numel() == 0:
+        raise ValueError(f"valid_lens must hold at least one length, got shape {tuple(valid_lens.shape)}")
     lens = valid_lens.long()
     per_query = lens.dim() == 2
     lo, hi = int(lens.min()), int(lens.max())
@@ -333,8 +346,16 @@ def valid_lengths(valid_lens: torch.Tensor) -> MaskMod:
     def tile_pairs(lq, lk, tq, tk):  # every query tile meets the key tiles that meet [0, longest length)
         return lq * _span_width(0, hi, lk, tk)
 
+    def fits(batch, lq):
+        if lens.shape[0] != batch:
+            raise ValueError(f"valid_lengths holds lengths for a batch of {lens.shape[0]}, but the batch is {batch}")
+        if per_query and lens.shape[1] != lq:
+            raise ValueError(
+                f"valid_lengths of shape (B, Lq) = {tuple(lens.shape)} must have one column per query, but Lq is {lq}"
+            )
+
     return MaskMod("valid_lengths", fn, uses_batch=True, uses_query=per_query, bounds=bounds, pairs=pairs,
-                   tile_pairs=tile_pairs)
+                   tile_pairs=tile_pairs, fits=fits)
 
 
 # ---- composition ------------------------------------------------------------------------------
@@ -356,10 +377,14 @@ def _combine(a: MaskMod, b: MaskMod, op: str) -> MaskMod:
                 return _state(full=sa == FULL and sb == FULL, empty=EMPTY in (sa, sb))
             return _state(full=FULL in (sa, sb), empty=sa == EMPTY and sb == EMPTY)
 
+    def fits(batch, lq):
+        a.check_fits(batch, lq)
+        b.check_fits(batch, lq)
+
     return MaskMod(
         f"{a.name} {op} {b.name}", fn,
         uses_batch=a.uses_batch or b.uses_batch, uses_head=a.uses_head or b.uses_head,
-        uses_query=a.uses_query or b.uses_query, bounds=bounds,
+        uses_query=a.uses_query or b.uses_query, bounds=bounds, fits=fits,
     )
 
 
@@ -399,7 +424,12 @@ def tile(
 
 
 def dense(mod: MaskMod, batch: int, heads: int, lq: int, lk: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """The whole mask as a bool tensor of the smallest broadcastable shape ``(B?, H?, Lq?, Lk)``."""
+    """The whole mask as a bool tensor of the smallest broadcastable shape ``(B?, H?, Lq?, Lk)``.
+
+    Raises:
+        ValueError: when the predicate cannot describe this batch and query count (:meth:`MaskMod.check_fits`).
+    """
+    mod.check_fits(batch, lq)
     return tile(mod, batch, heads, 0, lq, 0, lk, device).contiguous()
 
 
@@ -419,6 +449,7 @@ def allowed_pairs(mod: MaskMod | None, batch: int, lq: int, lk: int, block: int 
     """
     if mod is None:
         return lq * lk
+    mod.check_fits(batch, lq)
     if mod.pairs is not None:
         return mod.pairs(batch, lq, lk)
     total = 0

@@ -17,9 +17,59 @@ from hypothesis import strategies as st
 
 import attnbench
 from attnbench import AttnSpec, mask_mods
+from attnbench.capability import CallInfo
 from attnbench.variants.block_sparse import BlockSparseAttention, block_pattern
 from attnbench.variants.compiled import FlexAttention
 from tests.cost_work import work_at
+
+
+# ---- 1: per-query valid lengths are no key padding -------------------------------------------
+def _per_query_lengths(batch: int = 2, lq: int = 6) -> mask_mods.MaskMod:
+    return mask_mods.valid_lengths(torch.tensor([[1 + (i + b) % lq for i in range(lq)] for b in range(batch)]))
+
+
+@pytest.mark.parametrize("name", ["linear_elu", "performer"])
+def test_kernel_variants_refuse_per_query_valid_lengths(name):
+    """Was silently wrong (max error ~3 against their own reference): the per-query part was ignored."""
+    variant = attnbench.get_variant(name)
+    q, k, v = (torch.randn(2, 2, 6, 4, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    mask = _per_query_lengths()
+    with pytest.raises(ValueError, match=f"{name} cannot run these inputs: mask"):
+        variant(q, k, v, mask)
+    assert variant.reasons_for(CallInfo.from_tensors(q, k, v, mask))  # the declared rule says so, not the kernel
+
+
+@pytest.mark.parametrize("name", ["linear_elu", "performer"])
+def test_kernel_variants_still_run_key_padding_predicates(name):
+    variant = attnbench.get_variant(name)
+    q, k, v = (torch.randn(2, 2, 6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    mask = mask_mods.valid_lengths(torch.tensor([3, 6]))
+    torch.testing.assert_close(variant(q, k, v, mask), variant.reference(q, k, v, mask))
+
+
+# ---- 4 and 6: valid_lengths that cannot describe the call ------------------------------------
+@pytest.mark.parametrize("name", ["batched", "chunked", "local", "sdpa", "linear_elu", "block_sparse"])
+@pytest.mark.parametrize("lengths", [[1, 2, 3], [1]], ids=["3 lengths for batch 2", "1 length for batch 2"])
+def test_valid_lengths_for_another_batch_are_refused(name, lengths):
+    """3 lengths for batch 2 were silently cut to 2; 1 length for batch 2 raised IndexError."""
+    q = torch.randn(2, 1, 4, 4)
+    with pytest.raises(ValueError, match="valid_lengths holds lengths for a batch of"):
+        attnbench.get_variant(name)(q, q, q, mask_mods.valid_lengths(torch.tensor(lengths)))
+
+
+@pytest.mark.parametrize(
+    "trial,call,exc,word",
+    [
+        ("valid_lengths(empty)", lambda: mask_mods.valid_lengths(torch.tensor([], dtype=torch.long)), ValueError, "valid_lens"),
+        ("valid_lengths Lq mismatch",
+         lambda: attnbench.get_variant("batched")(*[torch.randn(2, 1, 4, 4)] * 3, mask_mods.valid_lengths(torch.ones(2, 3, dtype=torch.long))),
+         ValueError, "one column per query"),
+    ],
+    ids=lambda x: x if isinstance(x, str) else "",
+)
+def test_obscure_errors_are_clear(trial, call, exc, word):
+    with pytest.raises(exc, match=word):
+        call()
 
 
 # ---- 5: closed-form cost models equal what they replaced --------------------------------------
