@@ -129,6 +129,43 @@ class CompiledVariant(Variant):
         return self._compiled(q, k, v, mask)
 
 
+def _cpu_float_lanes() -> int:
+    """Float32 lanes of the narrowest CPU vector Inductor may build its kernels with here.
+
+    x86 (AVX2 or AVX512, which Inductor may or may not pick): 8; other CPUs (NEON, VSX, ...): 4.
+    """
+    capability = torch.backends.cpu.get_cpu_capability()
+    return 8 if capability.startswith("AVX") else 4
+
+
+def flex_cpu_kernel_fault(head_dim: int, lk: int, masked: bool) -> str:
+    """Why compiled CPU FlexAttention (torch 2.13) computes this shape wrong; "" when it does not.
+
+    Its score kernel ``Q K^T`` (a 1 x 16 register-blocked micro-GEMM over each key tile) has a
+    tail path for a tile width that is not a multiple of 16. When the tail is a multiple of the
+    vector width V and the head dim D is a multiple of V below 24, that path still loads and
+    stores a full 16 columns: it reads keys past the tile and writes 16 - tail scores past each
+    row. Inside a wider buffer the extra columns are overwritten later, but when the tile fills
+    its buffer (one key tile: every ``Lk`` without a block mask, ``Lk <= 128`` with one) the last
+    row's extra scores land on the running softmax maximum and sum: wrong, NaN, or different
+    from run to run. Measured against eager flex on AVX2 (V = 8), 3 inputs each: with D in
+    {8, 16} and ``Lk % 16 == 8`` in one key tile it was wrong (unmasked L = 8, 24, 40, 56, 72, 264;
+    masked L = 8, 24, 104, 120; cross Lq = 1, 32, 200 with Lk = 8 or 24; bfloat16 and float16
+    too; a fully masked query row only at such shapes), except once (Lq = 1, Lk = 24, every key
+    allowed: what lies past the buffer decides, so the rule follows the mechanism). D in {4, 9,
+    12, 20, 24, 32, 40, 64}, ``Lk % 16`` in {0, 1, 4, 7, 12, 15}, and an 8-column tail of a wider
+    tile (masked L = 136, 200, 264) were right. Eager FlexAttention is right everywhere.
+    """
+    lanes = _cpu_float_lanes()
+    tail = lk % 16
+    one_tile = not masked or lk <= FlexAttention.TILE
+    if head_dim % lanes or head_dim >= 24 or not tail or tail % lanes or not one_tile:
+        return ""
+    return (f"compiled CPU FlexAttention computes this shape wrong (torch's score micro-kernel writes past its "
+            f"buffer when head_dim D={head_dim} < 24 is a multiple of {lanes} and its one key tile of Lk={lk} "
+            f"keys ends in {tail} = Lk % 16 columns); eager FlexAttention (compiled=False) is right")
+
+
 @functools.lru_cache(maxsize=2)
 def _flex(compiled: bool):
     from torch.nn.attention.flex_attention import flex_attention
@@ -146,6 +183,11 @@ class FlexAttention(Variant):
     index ``mask_mod``). The block mask records which (query block, key block) tiles hold any
     allowed pair, so causal, sliding-window, prefix-LM and document masks skip empty tiles. It is
     built once per mask (in :meth:`warm_up` or the first call) and cached.
+
+    Compiled on CPU, torch 2.13's kernel computes some small shapes wrong (head dim 8 or 16 with
+    ``Lk % 16 == 8`` in one key tile: see :func:`flex_cpu_kernel_fault`); those are declared
+    unsupported, so a sweep records them ``skipped`` with the reason, and the correctness gate
+    still checks every shape that runs.
     """
 
     memory_exponent = 1.0
@@ -169,6 +211,9 @@ class FlexAttention(Variant):
         reasons = _compiler_reasons(call.device) if self.compiled else []
         if call.backward and call.device == "cpu":
             reasons.append("FlexAttention has no backward pass on CPU")
+        if self.compiled and call.device == "cpu":
+            fault = flex_cpu_kernel_fault(call.d, call.lk, masked=call.mask_kinds != {"none"})
+            reasons += [fault] if fault else []
         return reasons
 
     def validate(self, q, k, v, mask=None):
