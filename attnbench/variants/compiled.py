@@ -15,6 +15,7 @@ import time
 import torch
 
 from attnbench import mask_mods, masks
+from attnbench._checks import check_bool
 from attnbench.registry import get_variant
 from attnbench.variants.base import Variant, declared_attributes
 
@@ -68,8 +69,23 @@ class CompiledVariant(Variant):
     (:meth:`warm_up` or :meth:`validate`), so listing variants has no side effects.
     """
 
-    def __init__(self, base: str = "batched", mode: str | None = None, dynamic: bool = False) -> None:
+    def __init__(self, base: str = "batched", mode: str | None = None, dynamic: bool | None = False) -> None:
+        """Wrap ``base`` in ``torch.compile(mode=mode, dynamic=dynamic)`` (compiles nothing yet).
+
+        Raises:
+            ValueError: for an unknown base variant or ``mode`` (the modes torch.compile knows).
+            TypeError: for a ``mode`` that is not a str or None, or a ``dynamic`` that is not a bool or None.
+        """
         super().__init__(None)
+        if mode is not None:
+            if not isinstance(mode, str):
+                raise TypeError(f"mode must be a str or None, got {type(mode).__name__} {mode!r}")
+            from torch._inductor import list_mode_options
+
+            if mode not in list_mode_options():
+                raise ValueError(f"mode must be None or one of {sorted(list_mode_options())}, got {mode!r}")
+        if dynamic is not None:
+            check_bool("dynamic", dynamic)
         self.base = get_variant(base, **BASE_OPTIONS.get(base, {}))
         for attr in declared_attributes():
             setattr(self, attr, getattr(self.base, attr))
@@ -204,7 +220,7 @@ class FlexAttention(Variant):
 
     def __init__(self, compiled: bool = True, scale: float | None = None) -> None:
         super().__init__(scale)
-        self.compiled = compiled
+        self.compiled = check_bool("compiled", compiled)  # a str such as "no" is truthy: never guess
         self._block_masks: dict[tuple, object] = {}
 
     def extra_reasons(self, call):
