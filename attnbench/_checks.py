@@ -75,13 +75,23 @@ def check_mask(mask: torch.Tensor, target: tuple[int, int, int, int], device: to
             )
 
 
-def check_positive_int(name: str, value: object) -> int:
-    """Return ``value`` if it is a positive int, else raise naming ``name``."""
+def check_int(name: str, value: object, minimum: int) -> int:
+    """Return ``value`` if it is an int (never a bool) of at least ``minimum``, else raise naming ``name``.
+
+    Raises:
+        TypeError: for anything but an int (``True`` is not 1).
+        ValueError: for an int below ``minimum``.
+    """
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return value
+
+
+def check_positive_int(name: str, value: object) -> int:
+    """Return ``value`` if it is a positive int, else raise naming ``name``."""
+    return check_int(name, value, 1)
 
 
 def as_4d_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -121,19 +131,28 @@ def check_finite(**tensors: torch.Tensor) -> None:
             raise ValueError(f"{name} must be finite: it holds {bad} NaN/inf value(s)")
 
 
+LOG2_E = math.log2(math.e)
+"""Base-2 kernels (``exp2``) fold this into the scale: their scores are this much larger."""
+
+
 def check_score_range(q: torch.Tensor, k: torch.Tensor, scale: float) -> None:
     """Raise ``ValueError`` when ``scale * q . k`` could overflow the inputs' dtype.
 
     A sufficient bound: ``|scale * q_i . k_j| <= scale * D * max|q| * max|k|``. Beyond the dtype's
     largest finite value a variant's scores would become inf and its output NaN while the float64
-    reference stays finite, so such a call is refused before any heavy work.
+    reference stays finite, so such a call is refused before any heavy work. Kernels form more than
+    the score itself: a base-2 kernel scales by ``scale * log2(e)``, and a kernel may scale q (or
+    k) before the product (``chunked`` scales q once: ``scale = 3e38`` with tiny keys kept the
+    scores finite but made the scaled queries inf), so the bound is the largest of those, times log2(e).
     """
     limit = torch.finfo(q.dtype).max
-    bound = scale * q.shape[-1] * float(q.detach().abs().amax()) * float(k.detach().abs().amax())
+    q_max, k_max = float(q.detach().abs().amax()), float(k.detach().abs().amax())
+    bound = scale * LOG2_E * max(q.shape[-1] * q_max * k_max, q_max, k_max)
     if not bound < limit:
         raise ValueError(
             f"scale={scale:g} with these q and k could overflow {q.dtype} scores "
-            f"(scale * D * max|q| * max|k| = {bound:.3g} > {limit:.3g}); use a smaller scale or float64"
+            f"(scale * log2(e) * max(D * max|q| * max|k|, max|q|, max|k|) = {bound:.3g} > {limit:.3g}); "
+            "use a smaller scale or float64"
         )
 
 
@@ -144,3 +163,30 @@ def check_seed(seed: object) -> int:
     if seed < 0:
         raise ValueError(f"seed must be >= 0, got {seed}")
     return seed
+
+
+def check_bool(name: str, value: object) -> bool:
+    """Return ``value`` if it is a bool, else raise ``TypeError`` naming ``name`` (``"no"`` is truthy, not False)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool (True or False), got {type(value).__name__} {value!r}")
+    return value
+
+
+def check_float_dtype(name: str, dtype: object) -> torch.dtype:
+    """Return ``dtype`` if it is a floating-point ``torch.dtype``, else raise ``TypeError`` naming ``name``."""
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"{name} must be a floating-point torch.dtype such as torch.float64, got {type(dtype).__name__} {dtype!r}")
+    if not dtype.is_floating_point:
+        raise TypeError(f"{name} must be a floating-point torch.dtype such as torch.float64, got {dtype}")
+    return dtype
+
+
+def check_device_available(name: str, device: torch.device | str) -> None:
+    """Raise ``ValueError`` naming ``name`` when ``device`` is a CUDA device and this machine has no CUDA.
+
+    Torch's own answer is an ``AssertionError`` ("Torch not compiled with CUDA enabled") from deep
+    inside the first allocation.
+    """
+    kind = torch.device(device).type
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{name}={str(device)!r} needs CUDA, which is not available on this machine; use 'cpu'")

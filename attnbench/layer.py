@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnbench._checks import check_positive_int
+from attnbench._checks import check_bool, check_device_available, check_float_dtype, check_positive_int
 from attnbench.registry import get_variant
 from attnbench.variants._ops import merge_heads, split_heads
 from attnbench.variants.base import Variant
@@ -42,6 +42,12 @@ class AttentionLayer(nn.Module):
         vdim: value feature size (default E).
         kv_heads: key/value heads Hkv (grouped-query attention; must divide ``num_heads``; default
             H). The core must declare grouped-query support, else its first call raises the reason.
+        device: where the parameters live (default: torch's default device).
+        dtype: the parameters' floating-point dtype (default: torch's default dtype); inputs must match it.
+
+    Raises:
+        TypeError, ValueError: for a bad size, flag, variant, device (CUDA on a machine without it)
+            or dtype, before any parameter is allocated.
 
     Example:
         >>> layer = AttentionLayer(64, 4, variant="chunked")
@@ -64,6 +70,18 @@ class AttentionLayer(nn.Module):
     ) -> None:
         super().__init__()
         check_positive_int("embed_dim", embed_dim)
+        check_bool("bias", bias)
+        check_bool("batch_first", batch_first)
+        if device is not None:
+            if not isinstance(device, (str, torch.device)):
+                raise TypeError(f"device must be a str, a torch.device or None, got {type(device).__name__} {device!r}")
+            try:
+                device = torch.device(device)
+            except RuntimeError as exc:
+                raise ValueError(f"device must name a torch device such as 'cpu' or 'cuda', got {device!r}") from exc
+            check_device_available("device", device)
+        if dtype is not None:
+            check_float_dtype("dtype", dtype)
         check_positive_int("num_heads", num_heads)
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
@@ -132,6 +150,12 @@ class AttentionLayer(nn.Module):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
             if t.dim() != 3 or t.shape[-1] != width:
                 raise ValueError(f"{name} must have shape (batch, length, {width}), got {tuple(t.shape)}")
+            weight = self.out_proj.weight  # every parameter shares its dtype and device
+            if t.dtype != weight.dtype:  # F.linear would say "mat1 and mat2 must have the same dtype"
+                hint = f"convert it, or build the layer with dtype={t.dtype}" if t.is_floating_point() else "convert it"
+                raise TypeError(f"{name} must have the layer's dtype {weight.dtype}, got {t.dtype} ({hint})")
+            if t.device != weight.device:
+                raise ValueError(f"{name} must be on the layer's device {weight.device}, got {t.device}")
         if not self.batch_first:
             query, key, value = (t.transpose(0, 1) for t in (query, key, value))
         w_q, w_k, w_v = self._weights()

@@ -210,9 +210,16 @@ def for_kind(
 
 
 def kind_of(mod: mm.MaskMod | None) -> str | None:
-    """The :data:`MASK_KINDS` name of a built-in predicate (``"none"`` for None); None for compositions."""
+    """The :data:`MASK_KINDS` name of a built-in predicate (``"none"`` for None); None for compositions.
+
+    Also None for ``valid_lengths`` with per-query lengths (2-D): the ``valid_lengths`` kind is key
+    padding, the same keys for every query, and a variant that supports only key padding (the
+    linear variants zero masked keys' features once for all queries) cannot run a per-query mask.
+    """
     if mod is None:
         return "none"
     base = mod.name.split("(", 1)[0]
     composed = " & " in mod.name or " | " in mod.name
+    if base == "valid_lengths" and mod.uses_query:
+        return None
     return base if base in MASK_KINDS and not composed else None

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from attnbench._checks import check_qkv, check_scale
+from attnbench._checks import check_float_dtype, check_qkv, check_scale
 
 
 def repeat_kv(k: torch.Tensor, v: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,6 +74,7 @@ def attend(
     Returns:
         ``(B, H, Lq, Dv)`` tensor of ``dtype``.
     """
+    check_float_dtype("dtype", dtype)
     scores = scores.to(dtype)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))  # masked NaN scores are dropped here
@@ -97,6 +98,7 @@ def kernel_attend(
     reference for kernelised variants (linear transformer, Performer). Non-finite values
     propagate from allowed keys only, as in :func:`attend`.
     """
+    check_float_dtype("dtype", dtype)
     weights = torch.einsum("bhqf,bhkf->bhqk", q_features.to(dtype), k_features.to(dtype))
     if mask is not None:
         weights = weights.masked_fill(~mask, 0.0)
@@ -123,10 +125,14 @@ def reference_attention(
         mask: bool, broadcastable to ``(B, H, Lq, Lk)``; True = may attend. Rows with no allowed
             key return zeros.
         scale: score multiplier; default ``1 / sqrt(D)``.
-        dtype: compute dtype (see :func:`attend`).
+        dtype: compute dtype, a floating-point ``torch.dtype`` (see :func:`attend`).
 
     Returns:
         ``(B, H, Lq, Dv)`` tensor of ``dtype``.
+
+    Raises:
+        TypeError, ValueError: for bad inputs (as every variant), a bad ``scale``, or a ``dtype``
+            that is not a floating-point ``torch.dtype`` (``"float64"``, ``torch.int64``).
 
     Example:
         >>> q = k = v = torch.ones(1, 1, 2, 4)
@@ -135,6 +141,7 @@ def reference_attention(
     """
     check_qkv(q, k, v, mask)
     scale = check_scale(scale)
+    check_float_dtype("dtype", dtype)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     k, v = repeat_kv(k, v, q.shape[1])  # (B, H, Lk, D), (B, H, Lk, Dv)
     scores = torch.einsum("bhqd,bhkd->bhqk", q.to(dtype), k.to(dtype)) * scale  # (B, H, Lq, Lk)

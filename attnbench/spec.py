@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from attnbench import mask_mods, masks
-from attnbench._checks import check_positive_int
+from attnbench._checks import check_bool, check_device_available, check_positive_int, check_seed
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -195,7 +195,12 @@ class AttnSpec:
         return mask_mods.allowed_pairs(self.mask_mod(device="cpu"), self.batch, self.lq, self.lk)
 
     def make_mask(self) -> torch.Tensor | None:
-        """The dense bool mask, smallest broadcastable shape (see :attr:`mask_bytes`), or None."""
+        """The dense bool mask, smallest broadcastable shape (see :attr:`mask_bytes`), or None.
+
+        Raises:
+            ValueError: for a CUDA spec on a machine without CUDA.
+        """
+        check_device_available("device", self.device)
         mod = self.mask_mod()
         return None if mod is None else mask_mods.dense(mod, self.batch, self.heads, self.lq, self.lk, self.device)
 
@@ -212,9 +217,17 @@ class AttnSpec:
 
         Returns:
             ``q (B, H, Lq, D)``, ``k (B, Hkv, Lk, D)``, ``v (B, Hkv, Lk, Dv)``, mask or None.
+
+        Raises:
+            TypeError, ValueError: for a seed that is not an int >= 0 (a generator seed), a
+                ``requires_grad`` that is not a bool, an unknown ``mask_form``, or a CUDA spec on a
+                machine without CUDA; before anything is allocated.
         """
+        check_seed(seed)
+        check_bool("requires_grad", requires_grad)
         if mask_form not in ("dense", "mod"):
             raise ValueError(f"mask_form must be 'dense' or 'mod', got {mask_form!r}")
+        check_device_available("device", self.device)
         gen = torch.Generator(device="cpu").manual_seed(seed)
         b, h, hkv = self.batch, self.heads, self.hkv
         shapes = ((b, h, self.lq, self.head_dim), (b, hkv, self.lk, self.head_dim), (b, hkv, self.lk, self.dv))

@@ -27,6 +27,7 @@ import dataclasses
 import functools
 import gc
 import math
+import numbers
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -223,7 +224,24 @@ def measure(
         >>> m = measure("batched", AttnSpec(seq_len=256, heads=2))
         >>> m.status, m.median > 0
         ('ok', True)
+
+    Raises:
+        TypeError, ValueError: for bad arguments (an unknown variant, a spec that is not an
+            :class:`AttnSpec`, a config that is not a :class:`MeasureConfig`, a ``peak_flops`` or
+            ``expected_call_s`` that is not a finite number > 0), before anything is measured.
     """
+    if not isinstance(variant_name, str):
+        raise TypeError(f"variant_name must be a registered variant's name (a str), got {type(variant_name).__name__}")
+    if not isinstance(spec, AttnSpec):
+        raise TypeError(f"spec must be an AttnSpec, got {type(spec).__name__} {spec!r:.80}")
+    if config is not None and not isinstance(config, MeasureConfig):
+        raise TypeError(f"config must be a MeasureConfig or None, got {type(config).__name__} {config!r:.80}")
+    for name, value in (("peak_flops", peak_flops), ("expected_call_s", expected_call_s)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)
+                                  or not (math.isfinite(value) and value > 0)):
+            raise ValueError(f"{name} must be a finite number > 0 or None, got {value!r}")
+    if env is not None and not isinstance(env, Environment):
+        raise TypeError(f"env must be an Environment or None, got {type(env).__name__}")
     config = config or MeasureConfig()
     variant = get_variant(variant_name)
     saved_threads = torch.get_num_threads()

@@ -178,6 +178,8 @@ class Variant(ABC):
         """
         mod = mask if isinstance(mask, mask_mods.MaskMod) else None
         check_qkv(q, k, v, None if mod is not None else mask, same_qk_dim=self._same_qk_dim())
+        if mod is not None:
+            mod.check_fits(q.shape[0], q.shape[2])
         reasons = self.reasons_for(CallInfo.from_tensors(q, k, v, mask))
         if reasons:
             raise ValueError(f"{self.name} cannot run these inputs: " + "; ".join(reasons))

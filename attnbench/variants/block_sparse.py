@@ -27,6 +27,10 @@ from attnbench.variants._blockwise import gathered_block_attention
 from attnbench.variants._ops import masked_softmax_, zero_empty_rows
 from attnbench.variants.base import Variant, dense_mask
 
+MAX_PATTERN_BLOCKS = 2**14
+"""Most blocks per side of the ``(Nb, Nb)`` pattern this variant builds (256 MiB of bools, seconds to
+draw): longer sequences are declared unsupported (L <= 16384 x block, 1,048,576 at the default 64)."""
+
 
 @functools.lru_cache(maxsize=64)
 def block_pattern(num_blocks: int, global_blocks: int, window_blocks: int, random_blocks: int, seed: int) -> torch.Tensor:
@@ -99,11 +103,57 @@ class BlockSparseAttention(Variant):
         key_valid = block_valid.repeat_interleave(self.block, 1) & (key_index < length)
         return key_index.to(device), key_valid.to(device)
 
+    def extra_reasons(self, call):
+        nb = -(-call.lq // self.block)
+        if nb > MAX_PATTERN_BLOCKS:
+            return [f"L={call.lq} is {nb} blocks of {self.block}: block_sparse draws an (Nb x Nb) block pattern, "
+                    f"at most {MAX_PATTERN_BLOCKS} blocks (L <= {MAX_PATTERN_BLOCKS * self.block})"]
+        return []
+
+    # The cost model counts the pattern without drawing it (O(1) in the length). A non-global row
+    # r holds its window and the global columns, plus min(random_blocks, free) random columns:
+    # min(Nb, union + random_blocks), which is piecewise linear in r with kinks where the window
+    # meets an edge (r = w, r = Nb - 1 - w) or leaves the global columns (r = g + w).
+    def _row_blocks(self, nb: int, r: int, cap: bool = True) -> int:
+        """Key blocks in row ``r`` (``global_blocks <= r < Nb``) of :func:`block_pattern`, without drawing it.
+
+        ``cap=False``: window and global columns plus ``random_blocks``, before the cap at Nb.
+        """
+        g, w = min(self.global_blocks, nb), self.window_blocks
+        lo, hi = max(0, r - w), min(nb - 1, r + w)
+        union = (hi - lo + 1) + g - max(0, min(g - 1, hi) - lo + 1)  # window + global columns, shared ones once
+        return min(nb, union + self.random_blocks) if cap else union + self.random_blocks
+
+    def _row_pieces(self, nb: int) -> list[tuple[int, int]]:
+        """Ranges ``[a, b]`` of non-global rows on each of which the uncapped row count is linear in r."""
+        g, w = min(self.global_blocks, nb), self.window_blocks
+        cuts = sorted({g, nb} | {k + 1 for k in (w, nb - 1 - w, g + w) if g < k + 1 < nb})
+        return [(a, end - 1) for a, end in zip(cuts[:-1], cuts[1:], strict=True) if a < end]
+
+    def _row_sum(self, nb: int) -> int:
+        """Sum of :meth:`_row_blocks` over the non-global rows, in O(1): ``min(Nb, h0 + s*t)`` summed per piece."""
+        total = 0
+        for a, b in self._row_pieces(nb):
+            n, h0 = b - a + 1, self._row_blocks(nb, a, cap=False)
+            slope = (self._row_blocks(nb, b, cap=False) - h0) // (b - a) if b > a else 0
+            if slope == 0:
+                total += n * min(nb, h0)
+            elif slope > 0:  # the first c rows stay at or below the cap
+                c = min(n, max(0, (nb - h0) // slope + 1))
+                total += c * h0 + slope * c * (c - 1) // 2 + (n - c) * nb
+            else:  # the first c rows are above the cap
+                c = min(n, max(0, -(-(h0 - nb) // -slope)))
+                total += c * nb + (n - c) * h0 + slope * (n * (n - 1) // 2 - c * (c - 1) // 2)
+        return total
+
     def _split(self, spec) -> tuple[int, int, int]:
-        """(global query rows, non-global query blocks, gathered key blocks per such block)."""
+        """(global query rows, non-global query blocks, gathered key blocks per such block), in O(1).
+
+        The widest non-global row of the pattern; a piecewise-linear count peaks at a piece's end.
+        """
         nb = -(-spec.lq // self.block)
         g = min(self.global_blocks, nb)
-        width = int(self.blocks(spec.lq)[g:].sum(1).max()) if nb > g else 0
+        width = max((self._row_blocks(nb, r) for piece in self._row_pieces(nb) for r in piece), default=0)
         return min(g * self.block, spec.lq), nb - g, width
 
     def executed_pairs(self, spec):
@@ -111,11 +161,18 @@ class BlockSparseAttention(Variant):
         return global_rows * spec.lk + blocks * self.block * width * self.block
 
     def pattern_pairs(self, length: int) -> int:
-        """(query, key) pairs in the pattern, from the block-level pattern: O(Nb^2), never O(L^2).
+        """(query, key) pairs in the pattern: O(1) when ``block`` divides the length, else O(Nb^2), never O(L^2).
 
         Block r holds ``size[r]`` tokens (the last block may be partial), so the count is
-        ``size^T P size`` for the ``(Nb, Nb)`` block pattern ``P``.
+        ``size^T P size`` for the ``(Nb, Nb)`` block pattern ``P``. With every block full that is
+        ``block^2`` times the pattern's cells, counted without drawing it (:meth:`_row_sum`). A
+        partial last block needs the random draws that hit it, so the pattern is drawn; beyond
+        :data:`MAX_PATTERN_BLOCKS` (a length this variant refuses) the full-block count is returned,
+        an upper bound.
         """
+        nb = -(-length // self.block)
+        if length % self.block == 0 or nb > MAX_PATTERN_BLOCKS:
+            return self.block * self.block * (min(self.global_blocks, nb) * nb + self._row_sum(nb))
         blocks = self.blocks(length)  # (Nb, Nb) bool
         nb = blocks.shape[0]
         size = torch.full((nb,), self.block, dtype=torch.float64)

@@ -115,12 +115,17 @@ class ChunkedAttention(Variant):
         return grid
 
     def executed_pairs(self, spec):
-        """Pairs in the tiles computed: every non-empty tile of the predicate (O((L/C)^2) work)."""
+        """Pairs in the tiles computed: every non-empty ``Cq x min(Cq, Ck)`` tile of the predicate.
+
+        The pairs of :meth:`_tile_states`' grid (merging full tiles changes no count), counted in
+        closed form for the built-in masks (:func:`~attnbench.mask_mods.nonempty_tile_pairs`), so the
+        guard answers at any length instead of walking O((L/C)^2) tiles.
+        """
         if self.mask_form(spec) != "mod":
             return spec.lq * spec.lk
-        mod = spec.mask_mod(device="cpu")
-        grid = self._tile_states(mod, spec.batch, spec.heads, spec.lq, spec.lk, spec.dtype)
-        return sum((q1 - q0) * (k1 - k0) for q0, q1, row in grid for k0, k1, _ in row)
+        cq, ck = self.chunks(spec.lq, spec.lk, spec.dtype)
+        return mask_mods.nonempty_tile_pairs(
+            spec.mask_mod(device="cpu"), spec.batch, spec.heads, spec.lq, spec.lk, cq, min(cq, ck))
 
     def scratch_elements(self, spec):
         """The no-autograd forward's buffers per (B, H): scaled ``q``, one score tile, the accumulator.

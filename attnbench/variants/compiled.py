@@ -14,6 +14,8 @@ import time
 
 import torch
 
+from attnbench import mask_mods, masks
+from attnbench._checks import check_bool
 from attnbench.variants.base import Variant, declared_attributes
 
 _HALF_AND_FLOAT = frozenset({"float32", "bfloat16", "float16"})
@@ -68,10 +70,27 @@ class CompiledVariant(Variant):
 
     VARIANT_OPTIONS = {"base": BASE_OPTIONS}
 
-    def __init__(self, base: Variant, mode: str | None = None, dynamic: bool = False) -> None:
+    def __init__(self, base: Variant, mode: str | None = None, dynamic: bool | None = False) -> None:
+        """Wrap ``base`` in ``torch.compile(mode=mode, dynamic=dynamic)`` (compiles nothing yet).
+
+        Raises:
+            ValueError: for an unknown ``mode`` (the modes torch.compile knows); an unknown base name is
+                refused by the registry, which builds it.
+            TypeError: for a ``base`` that is not a Variant, a ``mode`` that is not a str or None, or a
+                ``dynamic`` that is not a bool or None.
+        """
         super().__init__(None)
         if not isinstance(base, Variant):
             raise TypeError(f"base must be a Variant (or, through get_variant, a registered name), got {base!r}")
+        if mode is not None:
+            if not isinstance(mode, str):
+                raise TypeError(f"mode must be a str or None, got {type(mode).__name__} {mode!r}")
+            from torch._inductor import list_mode_options
+
+            if mode not in list_mode_options():
+                raise ValueError(f"mode must be None or one of {sorted(list_mode_options())}, got {mode!r}")
+        if dynamic is not None:
+            check_bool("dynamic", dynamic)
         self.base = base
         for attr in declared_attributes():
             setattr(self, attr, getattr(self.base, attr))
@@ -131,6 +150,43 @@ class CompiledVariant(Variant):
         return self._compiled(q, k, v, mask)
 
 
+def _cpu_float_lanes() -> int:
+    """Float32 lanes of the narrowest CPU vector Inductor may build its kernels with here.
+
+    x86 (AVX2 or AVX512, which Inductor may or may not pick): 8; other CPUs (NEON, VSX, ...): 4.
+    """
+    capability = torch.backends.cpu.get_cpu_capability()
+    return 8 if capability.startswith("AVX") else 4
+
+
+def flex_cpu_kernel_fault(head_dim: int, lk: int, masked: bool) -> str:
+    """Why compiled CPU FlexAttention (torch 2.13) computes this shape wrong; "" when it does not.
+
+    Its score kernel ``Q K^T`` (a 1 x 16 register-blocked micro-GEMM over each key tile) has a
+    tail path for a tile width that is not a multiple of 16. When the tail is a multiple of the
+    vector width V and the head dim D is a multiple of V below 24, that path still loads and
+    stores a full 16 columns: it reads keys past the tile and writes 16 - tail scores past each
+    row. Inside a wider buffer the extra columns are overwritten later, but when the tile fills
+    its buffer (one key tile: every ``Lk`` without a block mask, ``Lk <= 128`` with one) the last
+    row's extra scores land on the running softmax maximum and sum: wrong, NaN, or different
+    from run to run. Measured against eager flex on AVX2 (V = 8), 3 inputs each: with D in
+    {8, 16} and ``Lk % 16 == 8`` in one key tile it was wrong (unmasked L = 8, 24, 40, 56, 72, 264;
+    masked L = 8, 24, 104, 120; cross Lq = 1, 32, 200 with Lk = 8 or 24; bfloat16 and float16
+    too; a fully masked query row only at such shapes), except once (Lq = 1, Lk = 24, every key
+    allowed: what lies past the buffer decides, so the rule follows the mechanism). D in {4, 9,
+    12, 20, 24, 32, 40, 64}, ``Lk % 16`` in {0, 1, 4, 7, 12, 15}, and an 8-column tail of a wider
+    tile (masked L = 136, 200, 264) were right. Eager FlexAttention is right everywhere.
+    """
+    lanes = _cpu_float_lanes()
+    tail = lk % 16
+    one_tile = not masked or lk <= FlexAttention.TILE
+    if head_dim % lanes or head_dim >= 24 or not tail or tail % lanes or not one_tile:
+        return ""
+    return (f"compiled CPU FlexAttention computes this shape wrong (torch's score micro-kernel writes past its "
+            f"buffer when head_dim D={head_dim} < 24 is a multiple of {lanes} and its one key tile of Lk={lk} "
+            f"keys ends in {tail} = Lk % 16 columns); eager FlexAttention (compiled=False) is right")
+
+
 @functools.lru_cache(maxsize=2)
 def _flex(compiled: bool):
     from torch.nn.attention.flex_attention import flex_attention
@@ -148,6 +204,11 @@ class FlexAttention(Variant):
     index ``mask_mod``). The block mask records which (query block, key block) tiles hold any
     allowed pair, so causal, sliding-window, prefix-LM and document masks skip empty tiles. It is
     built once per mask (in :meth:`warm_up` or the first call) and cached.
+
+    Compiled on CPU, torch 2.13's kernel computes some small shapes wrong (head dim 8 or 16 with
+    ``Lk % 16 == 8`` in one key tile: see :func:`flex_cpu_kernel_fault`); those are declared
+    unsupported, so a sweep records them ``skipped`` with the reason, and the correctness gate
+    still checks every shape that runs.
     """
 
     memory_exponent = 1.0
@@ -164,13 +225,16 @@ class FlexAttention(Variant):
 
     def __init__(self, compiled: bool = True, scale: float | None = None) -> None:
         super().__init__(scale)
-        self.compiled = compiled
+        self.compiled = check_bool("compiled", compiled)  # a str such as "no" is truthy: never guess
         self._block_masks: dict[tuple, object] = {}
 
     def extra_reasons(self, call):
         reasons = _compiler_reasons(call.device) if self.compiled else []
         if call.backward and call.device == "cpu":
             reasons.append("FlexAttention has no backward pass on CPU")
+        if self.compiled and call.device == "cpu":
+            fault = flex_cpu_kernel_fault(call.d, call.lk, masked=call.mask_kinds != {"none"})
+            reasons += [fault] if fault else []
         return reasons
 
     def validate(self, q, k, v, mask=None):
@@ -183,31 +247,17 @@ class FlexAttention(Variant):
         return False
 
     def executed_pairs(self, spec):
-        """Pairs in the non-empty ``TILE x TILE`` tiles of the spec's mask (O(Nb^2) work).
+        """Pairs in the non-empty ``TILE x TILE`` tiles of the spec's mask, in closed form (any length).
 
         Matches the BlockMask's ``kv_num_blocks + full_kv_num_blocks`` (checked by the tests).
         """
         t, lq, lk = self.TILE, spec.lq, spec.lk
-        r_lo = torch.arange(0, lq, t)[:, None]  # (Nq, 1) first query of each tile row
-        r_hi = (r_lo + t - 1).clamp(max=lq - 1)
-        c_lo = torch.arange(0, lk, t)[None, :]  # (1, Nk)
-        c_hi = (c_lo + t - 1).clamp(max=lk - 1)
-        sizes = (r_hi - r_lo + 1) * (c_hi - c_lo + 1)  # (Nq, Nk) pairs per tile
         if spec.mask == "none":
             return lq * lk
         if spec.mask == "valid_lengths":  # one block mask per batch element: average their tiles
-            from attnbench import masks
-
-            per_batch = [int((sizes * (c_lo < n)).sum()) for n in masks.default_valid_lens(spec.batch, lk)]
+            per_batch = [lq * max(0, min(lk, -(-n // t) * t)) for n in masks.default_valid_lens(spec.batch, lk)]
             return sum(per_batch) // spec.batch
-        from attnbench import mask_mods
-
-        mod = spec.mask_mod(device="cpu")  # the predicate's closed-form tile states (no L^2 work)
-        return sum(
-            (min(q0 + t, lq) - q0) * (min(k0 + t, lk) - k0)
-            for q0 in range(0, lq, t) for k0 in range(0, lk, t)
-            if mask_mods.block_state(mod, spec.batch, spec.heads, q0, min(q0 + t, lq), k0, min(k0 + t, lk)) != mask_mods.EMPTY
-        )
+        return mask_mods.nonempty_tile_pairs(spec.mask_mod(device="cpu"), spec.batch, spec.heads, lq, lk, t, t)
 
     def scratch_elements(self, spec):  # noqa: D102 - a (block x Lk) tile row and the log-sum-exp
         return spec.batch * spec.heads * (min(128, spec.lq) * spec.lk / 8 + spec.lq)

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import math
 
+import psutil
 import torch
 import torch.nn.functional as F
 
-from attnbench._checks import check_positive_int, check_seed
+from attnbench._checks import check_float_dtype, check_positive_int, check_seed
 from attnbench.reference import kernel_attend, repeat_kv
 from attnbench.variants.base import (
     CONSTANT_OPERAND_BACKWARD,
@@ -54,6 +55,7 @@ class KernelAttention(Variant):
 
     def reference(self, q, k, v, mask=None, dtype=torch.float64):
         """Dense, quadratic evaluation of the same kernel (features computed in ``dtype``)."""
+        check_float_dtype("dtype", dtype)
         k, v = repeat_kv(k, v, q.shape[1])  # (B, H, Lk, D), (B, H, Lk, Dv)
         mask = dense_mask(mask, q, k)
         q_feat, k_feat = self.features(q.to(dtype), True), self.features(k.to(dtype), False)
@@ -106,6 +108,15 @@ class LinearElu(KernelAttention):
     source = "Katharopoulos et al. 2020 (Transformers are RNNs)"
     exact = True
 
+    def __init__(self, scale: None = None) -> None:
+        """Raises ``TypeError`` for any ``scale``: the kernel never uses one, and accepting it would ignore it."""
+        if scale is not None:
+            raise TypeError(
+                f"linear_elu takes no scale (got scale={scale!r}): its kernel (elu(q) + 1) . (elu(k) + 1) has no "
+                "temperature, so a scale would be ignored; leave it unset"
+            )
+        super().__init__(None)
+
     def features(self, x, is_query):
         return F.elu(x) + 1.0
 
@@ -130,6 +141,24 @@ class Performer(KernelAttention):
 
     def num_features(self, head_dim):
         return self.n_features
+
+    def check_values(self, q, k, v):
+        """Refuse, before drawing anything, a feature count whose projection and features cannot fit in free memory.
+
+        ``num_features=10**9`` would spend minutes drawing 15 million orthogonal blocks before the
+        allocation of its (F, D) projection failed; the bytes are known from the shapes alone.
+        """
+        super().check_values(q, k, v)
+        b, h, lq, d = q.shape
+        f, item = self.n_features, q.element_size()
+        projection = 8 * (2 * f * d + d * d) + f * d * item  # float64 master and draws, then the cast copy
+        features = self.FEATURE_BUFFERS * b * h * (lq + k.shape[2]) * f * item
+        free = torch.cuda.mem_get_info(q.device)[0] if q.device.type == "cuda" else psutil.virtual_memory().available
+        if projection + features > free:
+            raise ValueError(
+                f"num_features={f} needs about {(projection + features) / 2**30:,.1f} GiB for its projection and "
+                f"features at these shapes, more than the {free / 2**30:,.1f} GiB free; use fewer features"
+            )
 
     def projection(self, head_dim: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """``(F, D)`` orthogonal Gaussian rows (blocks of D orthonormal rows, chi-distributed norms)."""

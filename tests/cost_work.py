@@ -1,0 +1,95 @@
+"""Count the work a cost model does, in a fresh process: Python lines executed and the largest tensor built.
+
+Work, not seconds: a count does not change when another process takes the CPU. Every variant x
+mask x mode's cost model (flops, peak bytes, pair counts, declared support) is counted, and so is
+:func:`attnbench.measure.measure` for cases its guard refuses (so the whole path before a
+``skipped`` row is counted). A regression fails fast instead of hanging: the process stops at a
+line budget and its heap is capped 2 GiB above its start.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+WORK_COUNTER = textwrap.dedent(
+    """
+    import json, resource, sys
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+    import attnbench
+    from attnbench import AttnSpec
+    from attnbench.measure import MeasureConfig, measure
+
+    # A regression must fail here, not thrash the machine: cap the heap 2 GiB above the start, and
+    # stop at a line budget (a tile walk at L = 10**9 would run for hours).
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    used = int(open("/proc/self/statm").read().split()[5]) * resource.getpagesize()
+    resource.setrlimit(resource.RLIMIT_DATA, (used + 2 * 2**30, hard))
+    LINE_BUDGET = 2_000_000
+
+    class Work(TorchDispatchMode):
+        largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    Work.largest = max(Work.largest, t.numel())
+            return out
+
+    lines = 0
+
+    def tracer(frame, event, arg):
+        global lines
+        if event == "line":
+            lines += 1
+            if lines > LINE_BUDGET:
+                raise RuntimeError(f"over {LINE_BUDGET} Python lines: the cost model walks the sequence")
+        return tracer
+
+    def count(call):
+        global lines
+        lines, Work.largest = 0, 0
+        with Work():
+            sys.settrace(tracer)
+            try:
+                call()
+            finally:
+                sys.settrace(None)
+        return lines, Work.largest
+
+    length = int(sys.argv[1])
+    variants = [attnbench.get_variant(n) for n in attnbench.variant_names()]  # built outside the count
+    out = {}
+    for v in variants:
+        for mask in attnbench.masks.MASK_KINDS:
+            for mode in ("forward", "backward"):
+                spec = AttnSpec(batch=2, heads=8, seq_len=length, head_dim=64, mask=mask, mode=mode)
+                out[f"{v.name} {mask} {mode}"] = count(lambda: (v.flops(spec), v.predicted_peak_bytes(spec), v.useful_pairs(spec),
+                                                                v.executed_pairs(spec), v.not_supported_reasons(spec)))
+    big = AttnSpec(batch=1, heads=16, seq_len=length, head_dim=1024)
+    out["torch_mha H16 D1024"] = count(lambda: (attnbench.get_variant("torch_mha").flops(big),
+                                                attnbench.get_variant("torch_mha").predicted_peak_bytes(big)))
+    refuse = MeasureConfig(memory_budget_bytes=1, probe=False)  # skipped at every length: the guard's own work
+    for name, mask in (("chunked", "causal"), ("batched", "document"), ("flex", "causal"), ("local", "sliding_window")):
+        spec = AttnSpec(seq_len=length, mask=mask)
+        result = []
+        out[f"measure {name} {mask}"] = count(lambda: result.append(measure(name, spec, refuse, peak_flops=1e11)))
+        assert result[0].status == "skipped", (name, mask, result[0].status, result[0].reason)
+    print(json.dumps({"work": out, "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+    """
+)
+
+
+def work_at(length: int) -> tuple[dict[str, tuple[int, int]], int]:
+    """``({cost model call: (Python lines, largest tensor's elements)}, peak RSS bytes)`` at ``length``, in a fresh process."""
+    out = subprocess.run([sys.executable, "-c", WORK_COUNTER, str(length)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    return {k: tuple(v) for k, v in result["work"].items()}, result["maxrss"]
+
+
