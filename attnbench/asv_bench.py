@@ -32,6 +32,7 @@ the rule the loader reads them back with.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import math
 import os
@@ -95,6 +96,15 @@ GQA_PARAMS: dict[str, list] = {
     "device": DEVICES,
 }
 """The ``GroupedQuery`` class's grid: variant x L x device (H/4 key/value heads, forward)."""
+CI_GRID = contract.GRIDS["ci"]
+INSTRUCTION_PARAMS: dict[str, list] = {
+    "variant": _env_list(contract.ENV_VARIANTS, list(CI_GRID.variants or ())),
+    "seq_len": _env_list(contract.ENV_LENGTHS, list(CI_GRID.lengths), int),
+    "device": ["cpu"],
+    "mode": _env_list(contract.ENV_MODES, list(CI_GRID.modes)),
+    "mask": _env_list(contract.ENV_MASKS, list(CI_GRID.masks)),
+}
+"""The ``Instructions`` class's grid: the regression gate's CI grid (counting under valgrind is slow), CPU only."""
 
 
 def params(*names: str, table: dict[str, list] | None = None) -> tuple[list[list], list[str]]:
@@ -304,9 +314,60 @@ def track(metric: str, owner: str, *params: object) -> float:
     return value / row.asv_factor
 
 
-def _track_method(metric: contract.Metric, owner: str, method: str) -> Callable[..., float]:
-    def track_metric(self: object, *params: object) -> float:
-        return track(metric.name, owner, *params)
+# ---- instruction counts: one valgrind process per commit and environment (asv's setup_cache) -------
+INSTRUCTION_SETUP_TIMEOUT = 3 * 3600
+"""Seconds asv allows the Instructions class's setup_cache (torch starts under valgrind in minutes; then every case)."""
+
+
+def instruction_counts() -> dict:
+    """``setup_cache`` of the ``Instructions`` class: every CPU parameter set of the main grid, counted in ONE valgrind
+    process (:func:`attnbench.measure.instructions.count_instructions`), keyed by its parameters.
+
+    asv runs it once per commit and environment and hands the (pickled) result to every ``setup`` and ``track_``
+    call, so no case starts a valgrind of its own. Without valgrind the cache says why (each case is then n/a).
+    """
+    from attnbench.measure.instructions import CountConfig, count_instructions, missing_message, valgrind_version
+
+    if valgrind_version() is None:
+        return {"missing": missing_message()}
+    grid, names = params(table=INSTRUCTION_PARAMS)
+    combos = [dict(zip(names, combo, strict=True)) for combo in itertools.product(*grid)]
+    cpu = [c for c in combos if c["device"] == "cpu"]
+    counts = count_instructions([(c["variant"], spec_for(**c)) for c in cpu], CountConfig(seed=GATE_CONFIG.seed))
+    return {tuple(c.values()): (count.status, count.instructions, count.reason, count.valgrind) for c, count in zip(cpu, counts, strict=True)}
+
+
+def instruction_case(counts: dict, *params: object) -> float:
+    """The count of one parameter set from :func:`instruction_counts`' cache.
+
+    Raises:
+        NotImplementedError: no count (valgrind missing, not on CPU, unsupported, over budget): n/a.
+        WrongResult: the counted closure's result failed the correctness gate.
+        RuntimeError: the count failed (its reason).
+    """
+    if "missing" in counts:
+        raise NotImplementedError(counts["missing"])
+    status, value, reason, _ = counts.get(tuple(params), ("skipped", math.nan, "not on CPU", ""))
+    if status == "wrong":
+        raise WrongResult(f"{params[0]}: {reason}")
+    if status == "error":
+        raise RuntimeError(reason)
+    if status != "ok":
+        raise NotImplementedError(reason)
+    return value
+
+
+CACHED: dict[str, Callable[..., float]] = {"instructions": instruction_case}
+"""Tracked metrics whose asv class measures every case at once in ``setup_cache``: metric -> (cache, *params) -> value."""
+
+
+def _track_method(metric: contract.Metric, owner: str, method: str, cached: bool = False) -> Callable[..., float]:
+    if cached:
+        def track_metric(self: object, cache: object, *params: object) -> float:
+            return CACHED[metric.name](cache, *params) / metric.asv_factor
+    else:
+        def track_metric(self: object, *params: object) -> float:
+            return track(metric.name, owner, *params)
 
     track_metric.__name__, track_metric.__qualname__ = method, f"{owner}.{method}"
     track_metric.unit = metric.asv_unit or metric.unit  # type: ignore[attr-defined]
@@ -317,13 +378,14 @@ def tracked(cls: type) -> type:
     """Class decorator: add the ``track_`` methods :data:`contract.METRICS` assigns to this asv class.
 
     A metric row naming ``"AttentionMetrics.track_x"`` in its ``asv`` gets ``AttentionMetrics.track_x``,
-    with the row's unit, measured by :func:`track`.
+    with the row's unit, measured by :func:`track`; in a class with ``setup_cache`` (which measured every case
+    at once), read from the cache by :data:`CACHED`.
     """
     for metric in contract.METRICS.values():
         for benchmark in metric.tracked:
             owner, method = benchmark.split(".")
             if owner == cls.__name__:
-                setattr(cls, method, _track_method(metric, owner, method))
+                setattr(cls, method, _track_method(metric, owner, method, cached=hasattr(cls, "setup_cache")))
     return cls
 
 

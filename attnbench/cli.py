@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench import masks
-from attnbench.contract import WORKLOADS
+from attnbench.contract import INSTRUCTIONS_FACTOR, WORKLOADS
 from attnbench.registry import get_variant, variant_names
 from attnbench.spec import DTYPES, MODES, AttnSpec
 
@@ -168,6 +168,7 @@ def _run_config(args: argparse.Namespace):
         probe=not args.no_probe,
         retries=args.retries,
         workload=args.workload,
+        instructions=args.instructions,
     )
 
 
@@ -238,6 +239,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _usage(str(exc))
     if not cases:
         return _usage(f"nothing to run: {empty_grid_reason(args.variants, args.lengths, not args.no_limit)}")
+    if args.instructions:
+        from attnbench.measure.instructions import missing_message, valgrind_version
+
+        if valgrind_version() is None:
+            return _usage(f"--instructions: {missing_message()}")
     try:
         run_dir = RunDirectory(args.out or new_run_dir(args.root), resume=args.resume, force=args.force)
     except RunDirError as exc:
@@ -251,6 +257,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _run_in(args, run_dir, cases, config, tqdm, sweep, matmul_peak, WorkerPool, RunDirError, summary_table) -> int:
     from attnbench.measure import regime
     from attnbench.measure.bandwidth import bandwidth
+    from attnbench.measure.instructions import attach
+    from attnbench.runs import case_key
 
     regime.apply(regime.Regime(threads=config.threads))  # the peak recorded below is the workers' threads' peak
     peak = {dtype: matmul_peak(args.device, dtype) / 1e9 for dtype in args.dtypes}
@@ -270,6 +278,11 @@ def _run_in(args, run_dir, cases, config, tqdm, sweep, matmul_peak, WorkerPool, 
     done_before = len(cases) - len(todo)
     if args.resume and done_before:
         print(f"resuming {run_dir.path}: {done_before} of {len(cases)} cases already measured", file=sys.stderr)
+    try:
+        counted = _count_first(todo, config, args.quiet, tqdm) if config.instructions else {}
+    except RuntimeError as exc:  # valgrind failed before counting anything: nothing is measured either
+        print(f"error: --instructions: {exc}", file=sys.stderr)
+        return 3
     bar = tqdm(total=len(cases), initial=done_before, unit="case", file=sys.stderr, dynamic_ncols=True,
                disable=args.quiet)
 
@@ -287,7 +300,8 @@ def _run_in(args, run_dir, cases, config, tqdm, sweep, matmul_peak, WorkerPool, 
     try:
         with policy:
             sweep(todo, config, progress=progress, isolate=True, workers=pool, case_timeout_s=args.case_timeout,
-                  on_result=lambda i, m: run_dir.add(m, seconds=time.perf_counter() - start),
+                  on_result=lambda i, m: run_dir.add(attach(m, counted.get(case_key(m.variant, m.spec))),
+                                                     seconds=time.perf_counter() - start),
                   should_stop=lambda: policy.count > 0)
             bar.n = done_before + len(todo) if policy.count == 0 else bar.n
             bar.set_description("done" if policy.count == 0 else "interrupted")
@@ -317,6 +331,27 @@ def _run_in(args, run_dir, cases, config, tqdm, sweep, matmul_peak, WorkerPool, 
               f" ({left} left: rerun with --resume --out {run_dir.path})", file=sys.stderr)
         return 130
     return 0
+
+
+def _count_first(todo, config, quiet: bool, tqdm) -> dict:
+    """Instruction counts of the cases still to measure, in one valgrind process, before their timing (with a bar)."""
+    from attnbench.measure.instructions import CountConfig, count_instructions
+    from attnbench.runs import case_key
+
+    bar = tqdm(total=len(todo), unit="case", file=sys.stderr, dynamic_ncols=True, disable=quiet,
+               desc="instructions (valgrind: torch starts in 1-3 min)")
+
+    def progress(done: int, total: int, count) -> None:
+        bar.set_description(f"instructions {count.variant} {count.spec.label}")
+        bar.n = done
+        bar.refresh()
+
+    try:
+        counts = count_instructions(todo, CountConfig(threads=config.threads or 1, seed=config.seed,
+                                                      check_accuracy=config.check_accuracy), progress=progress)
+    finally:
+        bar.close()
+    return {case_key(c.variant, c.spec): c for c in counts}
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -367,23 +402,37 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_regress(args: argparse.Namespace) -> int:
+    from attnbench.measure.instructions import missing_message, valgrind_version
     from attnbench.regress import RegressError, regress
 
+    metric = args.metric or ("both" if valgrind_version() is not None else "time")
+    if metric != "time" and valgrind_version() is None:
+        if metric == "instructions":
+            print(f"error: could not measure: --metric instructions: {missing_message()}", file=sys.stderr)
+            return 3
+        print(f"note: --metric both falls back to time: {missing_message()}", file=sys.stderr)
+        metric = "time"
     try:
         outcome = regress(args.base, args.head, repo=args.repo, time_factor=args.time_factor,
-                          memory_factor=args.memory_factor, rounds=args.rounds, work_dir=args.work_dir)
+                          memory_factor=args.memory_factor, rounds=args.rounds, work_dir=args.work_dir, metric=metric,
+                          instructions_factor=args.instructions_factor,
+                          progress=lambda line: print(f"regress: {line}", file=sys.stderr, flush=True))
     except ValueError as exc:
         return _usage(str(exc))
     except RegressError as exc:
         print(f"error: could not measure: {exc}", file=sys.stderr)
         return 3
-    cols = ["verdict", "metric", "variant", "seq_len", "mode", "base_value", "head_value", "ratio", "reason"]
+    cols = ["verdict", "metric", "variant", "seq_len", "mode", "base_value", "head_value", "ratio", "reason", "note"]
     shown = outcome.table.sort_values(["verdict", "ratio"], ascending=[False, False])[cols]
     with pd.option_context("display.width", 200, "display.max_rows", 200, "display.float_format", "{:.4g}".format):
         print(shown.to_string(index=False))
     print(f"\nbase {outcome.base[:10]}  head {outcome.head[:10]}  results: {outcome.results_dir}")
+    for note in sorted({n for n in outcome.table["note"] if n}):
+        print(f"note: {note}")
     if outcome.passed:
-        print(f"PASS: nothing regressed beyond {args.time_factor}x time / {args.memory_factor}x peak tensor bytes")
+        decided = {"time": f"{args.time_factor}x time", "instructions": f"{args.instructions_factor}x instruction counts",
+                   "both": f"{args.instructions_factor}x instruction counts and {args.time_factor}x time"}[metric]
+        print(f"PASS: nothing regressed beyond {decided} / {args.memory_factor}x peak tensor bytes")
         return 0
     if not outcome.regressions.empty:
         print(f"FAIL: {len(outcome.regressions)} regression(s):")
@@ -530,6 +579,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-time", type=_positive, default=0.25, help="seconds of timed calls per case, at least")
     p.add_argument("--max-time", type=_positive, default=5.0, help="seconds of timed calls per case, at most")
     p.add_argument("--no-check", action="store_true", help="skip the float64 accuracy check")
+    p.add_argument("--instructions", action="store_true",
+                   help="also count instructions per call under valgrind (CPU cases; slow: one valgrind process first)")
     p.add_argument("--flush-cache", action=argparse.BooleanOptionalAction, default=None,
                    help="evict caches before every timed call (default: on for --workload decode, whose KV cache is "
                         "cold in real inference, where every layer reads its own; off for prefill)")
@@ -575,6 +626,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-factor", type=_factor, default=1.2, help="allowed HEAD/BASE time ratio")
     p.add_argument("--memory-factor", type=_factor, default=1.1, help="allowed HEAD/BASE peak tensor bytes ratio")
     p.add_argument("--rounds", type=_int_at_least(1, "rounds"), default=2, help="asv rounds, interleaved across the commits")
+    p.add_argument("--metric", choices=["time", "instructions", "both"], default=None,
+                   help="what decides: wall time, instruction counts under valgrind, or both (default: both when "
+                        "valgrind is installed, else time)")
+    p.add_argument("--instructions-factor", type=_factor, default=INSTRUCTIONS_FACTOR,
+                   help="allowed HEAD/BASE instruction count ratio")
     p.add_argument("--work-dir", default=".asv/regress",
                    help="results and asv.log go here (relative to the current directory)")
     p.set_defaults(func=cmd_regress)

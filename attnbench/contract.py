@@ -38,6 +38,11 @@ GQA_TENSOR_BYTES_BENCHMARK = "GroupedQuery.track_gqa_peak_tensor_bytes"
 PEAK_BENCHMARK = "track_matmul_gflops"
 """The machine's matmul GFLOP/s (a module-level asv benchmark; matched by suffix)."""
 PAGE_FAULTS_BENCHMARK = "AttentionMetrics.track_page_faults"
+INSTRUCTIONS_BENCHMARK = "Instructions.track_instructions"
+"""Instructions per call under valgrind: one valgrind process per commit and environment (asv's setup_cache)."""
+INSTRUCTIONS_FACTOR = 1.01
+"""The regression gate's allowed HEAD/BASE instruction count ratio (the A/A spread between valgrind processes is
+far smaller: see the README)."""
 GATED_BENCHMARKS = (TIME_BENCHMARK, TENSOR_BYTES_BENCHMARK, FLOPS_BENCHMARK, ERROR_RATIO_BENCHMARK)
 """What the regression gate runs on BASE and HEAD."""
 
@@ -104,11 +109,15 @@ _BUILTIN_METRICS: tuple[Metric, ...] = (
     Metric("bytes", "bytes", "bytes an ideal kernel moves", field="bytes_moved", method="model"),
     Metric("gbps", "GB/s", "achieved GB/s", field="gbytes_per_s", method="<timing_method",
            asv=(DECODE_GBPS_BENCHMARK,), timed=True),
+    Metric("instructions", "instructions", "instructions per call", field="instructions", method="callgrind",
+           asv=(INSTRUCTIONS_BENCHMARK,), asv_method="callgrind", declared="time_exponent", fitted=True),
     Metric("page_faults", "faults", "minor page faults per call", field="extra.page_faults", method="rusage",
            asv=(PAGE_FAULTS_BENCHMARK,), asv_method="rusage", fitted=True),
 )
 """``bytes`` is :attr:`AttnSpec.bytes_moved` (method "model"); ``gbps`` is that over the measured time.
-``page_faults``: minor faults of one call after the correctness gate, the fresh pages it maps. On a CPU
+``instructions``: per call of the timed closure, counted under valgrind (:mod:`attnbench.measure.instructions`):
+deterministic, blind to cache misses, page faults, bandwidth and waiting. ``page_faults``: minor faults of one
+call after the correctness gate, the fresh pages it maps. On a CPU
 that is where a dense variant's O(L\u00b2) buffers cost time beside its arithmetic."""
 METRICS: dict[str, Metric] = {}
 """The metric table: name -> row, in the order rows were added (:func:`add_metric`)."""

@@ -39,6 +39,7 @@ decide: no regression found, but some time case stayed undecided after the confi
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -47,6 +48,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,11 +59,13 @@ from attnbench.analysis import significance
 from attnbench.analysis.frame import decode_param, load_asv
 from attnbench.io import output_tail
 from attnbench.measure import probe, regime
+from attnbench.measure.instructions import missing_message, valgrind_version
 
 CI_SUBSET = contract.grid_environment(contract.GRIDS["ci"])
 """The ``ci`` grid (short lengths, a few representative variants: minutes on 2 cores) as asv's grid variables."""
 TIME_BENCHMARK = contract.TIME_BENCHMARK
 GATED = "|".join(contract.GATED_BENCHMARKS)
+INSTRUCTIONS = contract.INSTRUCTIONS_BENCHMARK
 REGIME = regime.Regime(threads=regime.DEFAULT_THREADS)
 """The regime asv's processes start in (threads, pinned allocator thresholds), as for ``attnbench run``."""
 CASE_KEYS = ("variant", "seq_len", "device", "mode", "mask")
@@ -151,6 +155,13 @@ def read_time_samples(results_dir: str | Path, machine: str) -> dict[SampleKey, 
     return out
 
 
+GATE_METRICS = ("time", "instructions", "both")
+"""What decides: wall time (samples and probes), instruction counts (valgrind), or both."""
+INSTRUCTIONS_FACTOR = contract.INSTRUCTIONS_FACTOR
+DISAGREE_TIME = 1.5
+"""A time ratio this far from 1 beside flat counts is a disagreement worth a note (the gate's never-forgiven slowdown)."""
+DISAGREE_COUNTS = 0.005
+"""Counts within this of 1 are flat (well above their A/A spread)."""
 NOISY_SHARE = 0.1
 """A side whose rounds had more than this share of probes beyond ``probe.SLOWDOWN_LIMIT`` of typical is disturbed."""
 
@@ -195,9 +206,30 @@ def disturbance(probes: list[float], typical: float) -> str:
     return f"{len(off)} of {len(ratios)} calibration probes beyond {probe.SLOWDOWN_LIMIT}x of typical (up to {way})"
 
 
+def _typical_probes(probes: dict[SampleKey, list[float]]) -> dict[str, float]:
+    """Per device: the median probe of the whole gate run (both commits, interleaved)."""
+    pooled: dict[str, list[float]] = {}
+    for key, values in probes.items():
+        pooled.setdefault(key[3], []).extend(values)
+    return {device: statistics.median(values) for device, values in pooled.items()}
+
+
+def _time_verdict(rec: dict, base: str, head: str, time_factor: float, samples: dict, probes: dict,
+                  typical: dict[str, float]) -> tuple[str, float, str]:
+    """``(verdict, ratio, reason)`` of one time row both sides ran: disturbed rounds are never decided."""
+    case = tuple(rec[k] for k in CASE_KEYS)
+    decision = significance.decide(samples.get((base, *case), []), samples.get((head, *case), []), time_factor)
+    noisy = "; ".join(f"{side}: {why}" for side, commit in (("BASE", base), ("HEAD", head))
+                      if (why := disturbance(probes.get((commit, *case), []), typical.get(rec["device"], math.nan))))
+    if noisy:
+        return "undecided", decision.ratio, f"noisy: {noisy} (measured x{decision.ratio:.2f})"
+    return decision.verdict, decision.ratio, decision.reason
+
+
 def compare(
     frame: pd.DataFrame, base: str, head: str, time_factor: float = 1.2, memory_factor: float = 1.1,
     samples: dict[SampleKey, list[float]] | None = None, probes: dict[SampleKey, list[float]] | None = None,
+    *, metric: str = "time", instructions_factor: float = INSTRUCTIONS_FACTOR,
 ) -> pd.DataFrame:
     """Side-by-side BASE/HEAD table with a verdict per case (see the module docstring).
 
@@ -206,12 +238,20 @@ def compare(
     maps the same keys to the calibration probes of its rounds (:func:`read_probes`): a time case whose
     rounds were disturbed on either side (:func:`disturbance`) is ``undecided`` with the reason "noisy: ...",
     never ``regressed`` or ``ok``. A side without probes (a commit older than them) is decided as before.
+    Instruction counts regress beyond ``instructions_factor``, with no confirmation and no ``undecided``.
 
-    Verdicts: ``ok``, ``regressed``, ``undecided`` (time only), ``n/a``, and ``wrong``: the case ran on BASE and HEAD's result
-    fails the correctness gate (an ``error_ratio`` above 1, or a row the loader marked ``wrong``).
-    Every row of such a case reads ``wrong`` where it would otherwise be ``regressed`` or ``ok``
-    (HEAD's timings of a wrong result are not comparable), so the failure names its cause.
+    ``metric`` says what decides the time-like rows: ``"time"`` the timings, ``"instructions"`` the counts
+    (time rows are ``shown``, for the disagreement notes), ``"both"`` both (a time row left ``undecided``
+    is ``shown`` when its case's count was decided).
+
+    Verdicts: ``ok``, ``regressed``, ``undecided`` (time only), ``shown``, ``n/a``, and ``wrong``: the case ran on
+    BASE and HEAD's result fails the correctness gate (an ``error_ratio`` above 1, or a row the loader marked
+    ``wrong``). Every row of such a case reads ``wrong`` where it would otherwise be ``regressed`` or ``ok``
+    (HEAD's timings of a wrong result are not comparable), so the failure names its cause. ``note`` says where
+    counts and time disagree (:func:`disagreements`).
     """
+    if metric not in GATE_METRICS:
+        raise ValueError(f"metric must be one of {GATE_METRICS}, got {metric!r}")
     if "mask" not in frame.columns:  # results from before the asv grid had a mask parameter
         frame = frame.assign(mask="none")
     keys = ["benchmark", "variant", "seq_len", "device", "mode", "mask", "metric"]
@@ -227,42 +267,77 @@ def compare(
     wrong_cases = {tuple(r) for r in head_rows.loc[gate_failed, case_keys].itertuples(index=False)}
     time_factor = significance.check_factor("time_factor", time_factor)
     memory_factor = significance.check_factor("memory_factor", memory_factor)
+    instructions_factor = significance.check_factor("instructions_factor", instructions_factor)
     samples, probes = samples or {}, probes or {}
-    typical = {}  # per device: the median probe of the whole gate run
-    for key, values in probes.items():
-        typical.setdefault(key[3], []).extend(values)
-    typical = {device: statistics.median(values) for device, values in typical.items()}
+    typical = _typical_probes(probes)
     verdicts, ratios, reasons = [], [], []
     for rec in table.to_dict("records"):
         b_ok, h_ok = rec["base_status"] == "ok", rec["head_status"] == "ok"
         ratio = rec["head_value"] / rec["base_value"] if b_ok and h_ok and rec["base_value"] else math.nan
-        ratios.append(ratio)
-        reasons.append("")
+        verdict, reason = "ok", ""
         if b_ok and tuple(rec[k] for k in case_keys) in wrong_cases:
-            verdicts.append("wrong")  # right on BASE, wrong on HEAD: the gate fails whatever the speed
+            verdict = "wrong"  # right on BASE, wrong on HEAD: the gate fails whatever the speed
         elif b_ok and not h_ok:
-            verdicts.append("regressed")  # ran on BASE, does not on HEAD
+            verdict = "regressed"  # ran on BASE, does not on HEAD
         elif not (b_ok and h_ok):
-            verdicts.append("n/a")
-        elif rec["metric"] == "error_ratio":
-            verdicts.append("ok")  # within tolerance on HEAD (above it is "wrong" above)
+            verdict = "n/a"
         elif rec["metric"] == "time":
-            case = tuple(rec[k] for k in case_keys)
-            b_samples, h_samples = samples.get((base, *case), []), samples.get((head, *case), [])
-            decision = significance.decide(b_samples, h_samples, time_factor)
-            noisy = "; ".join(f"{side}: {why}" for side, commit in (("BASE", base), ("HEAD", head))
-                              if (why := disturbance(probes.get((commit, *case), []), typical.get(rec["device"], math.nan))))
-            verdicts.append("undecided" if noisy else decision.verdict)
-            reasons[-1] = f"noisy: {noisy} (measured x{decision.ratio:.2f})" if noisy else decision.reason
-            if math.isfinite(decision.ratio):
-                ratios[-1] = decision.ratio
+            verdict, decided_ratio, reason = _time_verdict(rec, base, head, time_factor, samples, probes, typical)
+            ratio = decided_ratio if math.isfinite(decided_ratio) else ratio
+        elif rec["metric"] == "instructions":
+            verdict = "regressed" if ratio > instructions_factor else "ok"
+            reason = f"counts x{ratio:.4f} ({'beyond' if verdict == 'regressed' else 'within'} x{instructions_factor:g})"
         elif rec["metric"] == "flops":
-            verdicts.append("regressed" if ratio > 1.0 + 1e-9 else "ok")
-        else:
-            verdicts.append("regressed" if ratio > memory_factor else "ok")
+            verdict = "regressed" if ratio > 1.0 + 1e-9 else "ok"
+        elif rec["metric"] != "error_ratio":  # an error ratio within tolerance is ok (above it: "wrong")
+            verdict = "regressed" if ratio > memory_factor else "ok"
+        verdicts.append(verdict)
+        ratios.append(ratio)
+        reasons.append(reason)
     table["ratio"] = ratios
     table["verdict"] = verdicts
     table["reason"] = reasons
+    table["note"] = disagreements(table)
+    return _decided_by(table, metric)
+
+
+def disagreements(table: pd.DataFrame) -> list[str]:
+    """Per row, where a case's instruction count and its time disagree ("" elsewhere).
+
+    Counts flat and time beyond :data:`DISAGREE_TIME` slower: a change counts cannot see (cache misses,
+    page faults, memory bandwidth, waiting); counts up and time flat: more work the machine hid (or absorbed).
+    """
+    case = [*CASE_KEYS]
+    counts = table[(table["metric"] == "instructions") & table["ratio"].notna()].set_index(case)["ratio"]
+    times = table[(table["metric"] == "time") & table["ratio"].notna()].set_index(case)["ratio"]
+    notes = {}
+    for key in counts.index.intersection(times.index):
+        c, t = float(counts[key]), float(times[key])
+        if c <= 1 + DISAGREE_COUNTS and t >= DISAGREE_TIME:
+            notes[key] = (f"time x{t:.2f} with counts flat (x{c:.4f}): a memory-bound change the counter cannot see "
+                          "(cache misses, page faults, bandwidth, waiting)")
+        elif c > 1 + DISAGREE_COUNTS and t < 1 + DISAGREE_COUNTS:
+            notes[key] = f"counts x{c:.4f} with time flat (x{t:.2f}): more work the machine absorbed"
+    return [notes.get(tuple(r), "") if m in ("time", "instructions") else ""
+            for r, m in zip(table[case].itertuples(index=False), table["metric"], strict=True)]
+
+
+def _decided_by(table: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Time rows the chosen ``metric`` does not decide become ``shown`` (their figures stay in the table)."""
+    counted = table[(table["metric"] == "instructions") & table["verdict"].isin(("ok", "regressed"))]
+    decided = {tuple(r) for r in counted[list(CASE_KEYS)].itertuples(index=False)}
+    is_time = table["metric"] == "time"
+    timing = table["verdict"].isin(("ok", "regressed", "undecided"))  # decided by the samples (not a failed case)
+    if metric == "instructions":
+        hide = is_time & timing
+    elif metric == "both":
+        case = pd.Series([tuple(r) in decided for r in table[list(CASE_KEYS)].itertuples(index=False)], index=table.index)
+        hide = is_time & (table["verdict"] == "undecided") & case
+    else:
+        return table
+    table = table.copy()
+    table.loc[hide, "reason"] = ("shown, not deciding (instruction counts decide): " + table.loc[hide, "reason"]).str.rstrip(": ")
+    table.loc[hide, "verdict"] = "shown"
     return table
 
 
@@ -278,6 +353,9 @@ def regress(
     work_dir: str | Path | None = None,
     machine: str = "attnbench-ci",
     log_path: str | Path | None = None,
+    metric: str = "time",
+    instructions_factor: float = INSTRUCTIONS_FACTOR,
+    progress: Callable[[str], None] | None = None,
 ) -> Outcome:
     """Benchmark ``base`` and ``head`` of ``repo`` with asv and compare them.
 
@@ -292,11 +370,21 @@ def regress(
             taken from the current directory.
         machine: asv machine name to record results under.
         log_path: file receiving asv's full output (default ``<work_dir>/asv.log``).
+        metric: what decides (:data:`GATE_METRICS`): ``"time"``, ``"instructions"`` (valgrind's counts: one
+            valgrind process per commit) or ``"both"``.
+        instructions_factor: allowed HEAD/BASE instruction count ratio.
+        progress: called with a line as each step starts (the CLI prints it): asv's steps take minutes.
 
     Raises:
-        ValueError: bad arguments (unknown revision, BASE and HEAD the same commit, bad factors).
-        RegressError: asv could not produce results for both commits.
+        ValueError: bad arguments (unknown revision, BASE and HEAD the same commit, bad factors, an unknown metric).
+        RegressError: asv could not produce results for both commits, or counts were asked for without valgrind.
     """
+    say = progress or (lambda line: None)
+    if metric not in GATE_METRICS:
+        raise ValueError(f"metric must be one of {GATE_METRICS}, got {metric!r}")
+    instructions_factor = significance.check_factor("instructions_factor", instructions_factor)
+    if metric != "time" and valgrind_version() is None:
+        raise RegressError(missing_message())
     time_factor = significance.check_factor("time_factor", time_factor)  # nan, inf and <= 1: usage errors
     memory_factor = significance.check_factor("memory_factor", memory_factor)
     if rounds < 1:
@@ -324,12 +412,21 @@ def regress(
         if machine_out.returncode != 0:
             raise RegressError(f"asv machine failed (exit {machine_out.returncode}):\n{output_tail(machine_out)}\nfull log: {log_file}")
         # Exit codes are deliberately unused: the result files are the truth.
+        say(f"timing BASE {base_hash[:10]} and HEAD {head_hash[:10]}: {rounds} interleaved asv round(s) of the CI subset "
+            f"(the first run builds asv's pinned virtualenv: minutes; log {log_file})")
         _asv([*run, "--bench", GATED], cwd=work, env=env, log=log)
-        table = _compare_results(work, machine, base_hash, head_hash, time_factor, memory_factor, log_file)
+        if metric != "time":  # one round: counts are deterministic (and each commit's setup_cache is one valgrind process)
+            say("counting instructions under valgrind: one process per commit (torch starts in 1-3 minutes)")
+            count = ["run", f"HASHFILE:{work / 'hashes.txt'}", "--config", str(conf), "--machine", machine, "--show-stderr"]
+            _asv([*count, "--bench", INSTRUCTIONS], cwd=work, env=env, log=log)
+        decide = functools.partial(_compare_results, work, machine, base_hash, head_hash, time_factor, memory_factor,
+                                   log_file, metric=metric, instructions_factor=instructions_factor)
+        table = decide()
         confirmed = 0
         if (table["verdict"] == "undecided").any():  # cannot tell yet: gather more samples, decide on all of them
+            say(f"{int((table['verdict'] == 'undecided').sum())} time case(s) undecided: a confirmation round")
             _asv([*run, "--bench", TIME_BENCHMARK, "--append-samples"], cwd=work, env=env, log=log)
-            table = _compare_results(work, machine, base_hash, head_hash, time_factor, memory_factor, log_file)
+            table = decide()
             confirmed = 1
     table["confirmation_runs"] = confirmed
     return Outcome(table=table, regressions=table[table["verdict"].isin(["regressed", "wrong"])],
@@ -337,7 +434,8 @@ def regress(
                    results_dir=work / "results")
 
 
-def _compare_results(work: Path, machine: str, base: str, head: str, time_factor: float, memory_factor: float, log: Path) -> pd.DataFrame:
+def _compare_results(work: Path, machine: str, base: str, head: str, time_factor: float, memory_factor: float, log: Path,
+                     *, metric: str = "time", instructions_factor: float = INSTRUCTIONS_FACTOR) -> pd.DataFrame:
     frame = load_asv(work / "results")
     frame = frame[frame["machine"] == machine]
     missing = [c for c in (base, head) if c not in set(frame["commit"])]
@@ -348,4 +446,4 @@ def _compare_results(work: Path, machine: str, base: str, head: str, time_factor
             tail = "  (log unreadable)"
         raise RegressError(f"asv produced no results for {', '.join(m[:10] for m in missing)}; the end of {log}:\n{tail}")
     return compare(frame, base, head, time_factor, memory_factor, samples=read_time_samples(work / "results", machine),
-                   probes=read_probes(work / PROBES))
+                   probes=read_probes(work / PROBES), metric=metric, instructions_factor=instructions_factor)

@@ -47,6 +47,23 @@ class AttentionAccuracy:
         ab.setup_accuracy(*p)
 
 
+@ab.tracked
+class Instructions:
+    """Instructions per call under valgrind on the CI grid, every parameter set counted in one valgrind process."""
+
+    params, param_names = ab.params(table=ab.INSTRUCTION_PARAMS)
+    rounds = 1  # counts are deterministic: one round
+    timeout = 180
+
+    def setup_cache(self):
+        return ab.instruction_counts()
+
+    setup_cache.timeout = ab.INSTRUCTION_SETUP_TIMEOUT
+
+    def setup(self, counts, *p):
+        ab.instruction_case(counts, *p)
+
+
 if ab.CUDA:
 
     @ab.tracked

@@ -1,7 +1,8 @@
 """Planted faulty variants, registered when this module is imported (as a plugin: ATTNBENCH_PLUGINS).
 
 Each one is batched attention that misbehaves in ``forward`` the way a real kernel can: it hangs,
-aborts, segfaults, is killed like the kernel's OOM killer kills, or allocates far beyond its model.
+aborts, segfaults, is killed like the kernel's OOM killer kills, allocates far beyond its model, does its
+work twice, or returns a wrong result.
 ``PLANTED_PID_FILE`` (environment) makes ``planted_pid`` append its process id, so a test can see
 that every case ran in a process of its own.
 """
@@ -60,7 +61,22 @@ class Pid(_Planted):
         return super().forward(q, k, v, mask)
 
 
-PLANTED = {"planted_hang": Hang, "planted_abort": Abort, "planted_segv": Segfault, "planted_oomkill": OomKilled,
+class Twice(_Planted):
+    """Right, and twice the work: its forward runs twice (what a planted 2x regression looks like)."""
+
+    def forward(self, q, k, v, mask):
+        super().forward(q, k, v, mask)
+        return super().forward(q, k, v, mask)
+
+
+class Off(_Planted):
+    """Wrong by 10% everywhere: the correctness gate refuses it."""
+
+    def forward(self, q, k, v, mask):
+        return 1.1 * super().forward(q, k, v, mask)
+
+
+PLANTED = {"planted_twice": Twice, "planted_off": Off, "planted_hang": Hang, "planted_abort": Abort, "planted_segv": Segfault, "planted_oomkill": OomKilled,
            "planted_hog": Hog, "planted_pid": Pid}
 for _name, _cls in PLANTED.items():
     if _name not in attnbench.variant_names():

@@ -22,7 +22,7 @@ ROOMS: tuple[tuple[str, ...], ...] = (
      "measure.bandwidth"),
     ("measure.runner",),
     ("measure.worker",),
-    ("measure.sweep",),
+    ("measure.sweep", "measure.instructions"),
     ("measure",),  # the package's facade: MeasureConfig, measure, sweep
     ("runs", "profile", "asv_bench"),
     ("analysis.frame", "analysis.complexity", "analysis.roofline"),

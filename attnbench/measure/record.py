@@ -69,6 +69,7 @@ class Measurement:
     compile_seconds: float = math.nan  # one-off preparation time outside the timed region
     probe_slowdown: float = math.nan  # calibration probe / sweep's typical, the ratio furthest from 1 (NaN: not probed)
     attempts: int = 0  # timing attempts made (1 + re-measurements of disturbed attempts); 0 when not timed
+    instructions: float = math.nan  # instructions per call of the timed closure, counted under valgrind (NaN: not counted)
     env: Environment | None = None  # where it ran
     extra: dict[str, Any] = field(default_factory=dict, compare=False)  # variant-specific facts
     workload: str = "prefill"  # one of contract.WORKLOADS: which sweep the case belongs to

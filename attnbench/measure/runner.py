@@ -68,6 +68,7 @@ class MeasureConfig:
     retry_budget_s: float = 2.0  # no further attempt once a case's timing attempts took this long in total
     probe_baseline_s: float | None = None  # the sweep's typical probe time (set by sweep); None: measured first
     workload: str = "prefill"  # contract.WORKLOADS: the sweep every measured case belongs to (recorded in each row)
+    instructions: bool = False  # also count instructions per call under valgrind (attnbench run --instructions)
 
     def __post_init__(self) -> None:
         if not 0 < self.memory_budget_fraction <= 1:

@@ -1,0 +1,98 @@
+"""Instruction counts under valgrind: deterministic, doubled by doubled work, never taken of a wrong result.
+
+One valgrind process serves the module (torch starts under valgrind in one to three minutes).
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import pytest
+
+from attnbench.measure.instructions import Count, CountConfig, CountError, count_instructions, valgrind_version
+from attnbench.spec import AttnSpec
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(valgrind_version() is None, reason="valgrind not installed (apt-get install valgrind)"),
+]
+SMALL = AttnSpec(batch=1, heads=2, seq_len=256, head_dim=64)  # big enough that call overhead is noise
+PLUGIN = "tests.planted_variants"
+
+
+@pytest.fixture(scope="module")
+def counts(request) -> dict[str, Count]:
+    """One valgrind process: batched twice (same case), the planted 2x, a wrong one, an unsupported one."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("ATTNBENCH_PLUGINS", PLUGIN)  # the child loads the planted variants as a plugin
+    import tests.planted_variants  # noqa: F401 - registers them here too (names are checked before counting)
+
+    request.addfinalizer(mp.undo)
+    cases = [("batched", SMALL), ("batched", SMALL), ("planted_twice", SMALL), ("planted_off", SMALL),
+             ("sdpa_cudnn", SMALL), ("batched", SMALL.replace(seq_len=512))]
+    found = count_instructions(cases, CountConfig(calls=3, warmup_calls=1))
+    return dict(zip(["first", "again", "twice", "wrong", "unsupported", "longer"], found, strict=True))
+
+
+def test_the_same_case_counts_the_same_in_one_process(counts):
+    first, again = counts["first"], counts["again"]
+    assert first.status == again.status == "ok" and first.valgrind.startswith("valgrind")
+    assert abs(again.instructions / first.instructions - 1) < 1e-3, (first.instructions, again.instructions)
+
+
+def test_a_planted_second_forward_counts_twice(counts):
+    ratio = counts["twice"].instructions / counts["first"].instructions
+    assert ratio == pytest.approx(2.0, abs=0.01), ratio
+
+
+def test_a_wrong_result_gets_no_count(counts):
+    wrong = counts["wrong"]
+    assert wrong.status == "wrong" and math.isnan(wrong.instructions) and "tolerance" in wrong.reason
+
+
+def test_an_unsupported_case_is_skipped_with_its_reason(counts):
+    assert counts["unsupported"].status == "skipped" and "CUDA" in counts["unsupported"].reason
+
+
+def test_counts_grow_with_the_work(counts):
+    """L 256 -> 512 at head dim 64: the work quadruples, the whole count nearly (projection-free attention)."""
+    assert 3.5 < counts["longer"].instructions / counts["first"].instructions < 4.2
+
+
+def test_an_over_budget_case_is_skipped_before_valgrind_starts():
+    (count,) = count_instructions([("batched", AttnSpec(seq_len=16384, heads=8))], CountConfig(budget_s=1.0))
+    assert count.status == "skipped" and "under valgrind > budget 1 s" in count.reason
+
+
+def test_without_valgrind_the_message_names_the_package(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert valgrind_version() is None
+    with pytest.raises(CountError, match=r"install the valgrind package \(apt-get install valgrind\)"):
+        count_instructions([("batched", SMALL)])
+
+
+def test_regress_without_valgrind(monkeypatch, capsys):
+    """--metric instructions cannot measure (exit 3, the package named); --metric both falls back to time, saying so;
+    with no --metric the default is time. Planted: valgrind missing."""
+    from attnbench import regress
+    from attnbench.cli import main
+    from attnbench.measure import instructions
+
+    monkeypatch.setattr(instructions, "valgrind_version", lambda: None)
+    asked = []
+
+    def stub(*args, **kwargs):
+        asked.append(kwargs["metric"])
+        raise regress.RegressError("stopped here by the test")
+
+    monkeypatch.setattr(regress, "regress", stub)
+    assert main(["regress", "HEAD~1", "HEAD", "--metric", "instructions"]) == 3
+    assert "install the valgrind package (apt-get install valgrind)" in capsys.readouterr().err and asked == []
+    assert main(["regress", "HEAD~1", "HEAD", "--metric", "both"]) == 3
+    assert "--metric both falls back to time" in capsys.readouterr().err and asked == ["time"]
+    assert main(["regress", "HEAD~1", "HEAD"]) == 3 and asked == ["time", "time"]
+
+
+def test_valgrind_is_found_where_the_project_says():
+    assert shutil.which("valgrind") is not None  # the skip above would have hidden everything else
