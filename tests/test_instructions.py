@@ -96,3 +96,20 @@ def test_regress_without_valgrind(monkeypatch, capsys):
 
 def test_valgrind_is_found_where_the_project_says():
     assert shutil.which("valgrind") is not None  # the skip above would have hidden everything else
+
+
+def test_run_records_counts_and_the_report_fits_them(tmp_path):
+    """attnbench run --instructions: one valgrind process first, each count attached as its case is logged."""
+    from attnbench.analysis.summary import analyse, load_results
+    from attnbench.cli import main
+
+    out = tmp_path / "run"
+    assert main(["run", "--variants", "batched", "--lengths", "64,128,256,512,1024", "--heads", "1", "--instructions",
+                 "--out", str(out), "--quiet", "--no-report", "--min-runs", "2", "--min-time", "0.01"]) == 0
+    analysis = analyse(load_results([out]))
+    frame = analysis.loaded.frame
+    counted = frame[(frame["metric"] == "instructions") & (frame["status"] == "ok")]
+    assert len(counted) == 5 and set(counted["method"]) == {"callgrind"}
+    fit = analysis.fits.set_index("metric").loc["instructions"]
+    assert fit["verdict"] == "matches" and abs(fit["exponent"] - 2.0) < 0.1, fit.to_dict()
+    assert "instructions" in " ".join(analysis.summary.columns)

@@ -120,11 +120,16 @@ def _exponent_columns(group: pd.DataFrame, metric: str, label: str, row: dict, f
         flags.append(f"{label} {r['verdict']}")
 
 
+SUMMARY_METRICS = (("time", "time"), ("peak_tensor_bytes", "memory"), ("instructions", "instructions"))
+"""The fitted metrics the exponent table shows, and their column names (a metric nothing measured lifts away)."""
+
+
 def exponent_summary(fits: pd.DataFrame) -> pd.DataFrame:
     """Variant rows with fitted time and memory exponents, how each was obtained, declared ones, and a verdict."""
     if fits.empty:
         return fits
     rows = []
+    shown = [(m, label) for m, label in SUMMARY_METRICS if (fits["metric"] == m).any()]
     # one row per commit in a history, and per shape when a sweep crosses shapes (GQA's Hkv, head dims, batches)
     keys = ["machine", "commit", "device", "mode", "dtype", "mask", "workload", "batch", "heads", "kv_heads", "head_dim", "variant"]
     keys = [k for k in keys if k in fits]
@@ -133,7 +138,7 @@ def exponent_summary(fits: pd.DataFrame) -> pd.DataFrame:
         row["commit"] = short_hash(row["commit"])
         row["family"] = family(row["variant"])
         flags: list[str] = []
-        for metric, label in (("time", "time"), ("peak_tensor_bytes", "memory")):
+        for metric, label in shown:
             _exponent_columns(group, metric, label, row, flags)
         row["verdict vs declared"] = "; ".join(flags) or "nothing fitted"
         rows.append(row)

@@ -376,8 +376,10 @@ def _headline(frame: pd.DataFrame, fits: pd.DataFrame) -> str:
 
 def _exponents(page: Page) -> str:
     doc = complexity.__doc__.split(chr(10) + chr(10))[1]
+    fits = page.analysis.fits
+    caveat = f'<p class="sub">{html.escape(COUNTS_CAVEAT)}</p>' if len(fits) and (fits["metric"] == "instructions").any() else ""
     return ('<section id="exponents"><h2>Fitted exponents: the O(n²) claim in numbers</h2>'
-            + _headline(page.frame, page.analysis.fits) + _table(page.analysis.summary, keep=("variant",))
+            + _headline(page.frame, fits) + _table(page.analysis.summary, keep=("variant",)) + caveat
             + _details("How the exponents are fitted", f"<p>{_rst_to_html(doc)}</p>") + "</section>")
 
 
@@ -443,6 +445,18 @@ def _page_faults(page: Page) -> str:
                       "Dense variants allocate new O(L²) score buffers on every call, so on a CPU part of their time is this. "
                       "Fitted exponents are in the full fit table." + page.scope)
     return _details("Page faults per call", fig) if fig else ""
+
+
+COUNTS_CAVEAT = ("Instruction counts (valgrind's callgrind, portable kernels) do not move with a busy neighbour, so "
+                 "their exponents are the steadiest O(n²) evidence here; but they do not see cache misses, page faults, "
+                 "memory bandwidth or time spent waiting for memory or for other threads (counts are summed over "
+                 "threads): a change that only moves data worse is flat in counts and slower in time.")
+
+
+def _instructions(page: Page) -> str:
+    fig = page.figure("instructions", plots.scaling(page.analysis.main, "instructions"),
+                      "Instructions per call vs L, counted under valgrind. " + html.escape(COUNTS_CAVEAT) + page.scope)
+    return _details("Instruction counts per call", fig) if fig else ""
 
 
 def _accuracy(page: Page) -> str:
@@ -596,7 +610,7 @@ STORY: tuple[Section, ...] = (_findings, _progression, _families, _crossovers, _
 BODY: tuple[Section, ...] = (_exponents, _wrong)
 """Visible whatever loaded (the exponents section says when nothing did)."""
 COMPARED: tuple[Section, ...] = (_comparison,)
-DETAILS: tuple[Section, ...] = (_gflops, _page_faults, _accuracy, _speedups, _crossover_tables, _largest_length, _memory_model,
+DETAILS: tuple[Section, ...] = (_gflops, _instructions, _page_faults, _accuracy, _speedups, _crossover_tables, _largest_length, _memory_model,
                                 _provenance, _compile_times, _commits, _failed, _environment)
 """The collapsed sections, drawn when anything loaded."""
 CLOSING: tuple[Section, ...] = (_problems, _full_fits, _demos, _reproduce)
