@@ -23,16 +23,17 @@ PLUGIN = "tests.planted_variants"
 
 @pytest.fixture(scope="module")
 def counts(request) -> dict[str, Count]:
-    """One valgrind process: batched twice (same case), the planted 2x, a wrong one, an unsupported one."""
+    """batched twice (same case), the planted 2x, a wrong one, an unsupported one, one that kills the process (a
+    second process counts the case after it)."""
     mp = pytest.MonkeyPatch()
     mp.setenv("ATTNBENCH_PLUGINS", PLUGIN)  # the child loads the planted variants as a plugin
     import tests.planted_variants  # noqa: F401 - registers them here too (names are checked before counting)
 
     request.addfinalizer(mp.undo)
     cases = [("batched", SMALL), ("batched", SMALL), ("planted_twice", SMALL), ("planted_off", SMALL),
-             ("sdpa_cudnn", SMALL), ("batched", SMALL.replace(seq_len=512))]
+             ("sdpa_cudnn", SMALL), ("batched", SMALL.replace(seq_len=512)), ("planted_abort", SMALL), ("sdpa", SMALL)]
     found = count_instructions(cases, CountConfig(calls=3, warmup_calls=1))
-    return dict(zip(["first", "again", "twice", "wrong", "unsupported", "longer"], found, strict=True))
+    return dict(zip(["first", "again", "twice", "wrong", "unsupported", "longer", "dead", "after"], found, strict=True))
 
 
 def test_the_same_case_counts_the_same_in_one_process(counts):
@@ -113,3 +114,15 @@ def test_run_records_counts_and_the_report_fits_them(tmp_path):
     fit = analysis.fits.set_index("metric").loc["instructions"]
     assert fit["verdict"] == "matches" and abs(fit["exponent"] - 2.0) < 0.1, fit.to_dict()
     assert "instructions" in " ".join(analysis.summary.columns)
+
+
+def test_a_case_that_kills_the_process_is_its_own_error_and_the_rest_are_counted(counts):
+    """Planted: a variant that aborts (SIGABRT): its row says so, and the case after it is counted in a new process."""
+    dead, after = counts["dead"], counts["after"]
+    assert dead.status == "error" and "died from SIGABRT during this case" in dead.reason, dead.reason
+    assert after.status == "ok" and after.instructions > 0
+
+
+def test_compiled_variants_are_not_counted():
+    (count,) = count_instructions([("compiled_batched", SMALL)], CountConfig())
+    assert count.status == "skipped" and "compiles per shape" in count.reason

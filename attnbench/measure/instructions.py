@@ -32,6 +32,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -48,8 +49,10 @@ PACKAGE = "valgrind"
 METHOD = "callgrind"
 SLOWDOWN = 80.0
 """Seconds under callgrind per native second of a counted call, portable kernels (measured about 60x at L=512)."""
-COUNT_ENV = {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41"}
-"""The counting process's kernels: one portable instruction set (see the module docstring)."""
+COUNT_ENV = {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41",
+             "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+"""The counting process's kernels: one portable instruction set (see the module docstring), and no helper threads
+(counts are summed over threads)."""
 KERNELS = "portable kernels: MKL SSE4.2, ATen default"
 """How the counts' kernels are recorded beside valgrind's version."""
 STARTUP_S = 240.0
@@ -144,15 +147,17 @@ def predicted_seconds(variant: str, spec: AttnSpec, config: CountConfig, peak_fl
 
 def _plan(cases: Sequence[tuple[str, AttnSpec]], config: CountConfig, version: str) -> tuple[list[int], list[Count | None]]:
     """Which cases go to valgrind (their indices), and the decided counts of the others (skipped, with the reason)."""
-    from attnbench.measure.peak import matmul_peak
     from attnbench.registry import get_variant
+    from attnbench.variants.base import Variant
 
-    peak = matmul_peak("cpu", "float32")
+    peak = _peak(config)
     todo, decided = [], []
     for i, (name, spec) in enumerate(cases):
         reasons = []
         if spec.device_type != "cpu":
             reasons.append(f"instruction counts are taken on the CPU only (this case is on {spec.device})")
+        elif type(get_variant(name)).warm_up is not Variant.warm_up:  # compiled variants: torch.compile on first use
+            reasons.append(f"{name} compiles per shape on its first call: too slow to count under valgrind")
         else:
             reasons += get_variant(name).not_supported_reasons(spec)
             if not reasons:
@@ -199,24 +204,64 @@ def count_instructions(
         raise CountError(missing_message())
     version = f"{version} ({KERNELS})"
     todo, counts = _plan(cases, config, version)
-    if todo:
-        for i, count in _run_valgrind([cases[i] for i in todo], config, version, todo, progress, len(cases)):
-            counts[i] = count
-    return [c if c is not None else Count(*cases[i], "error", reason="not reached", valgrind=version)
-            for i, c in enumerate(counts)]
+    reporter = None if progress is None else (lambda count: progress(sum(c is not None for c in counts), len(cases), count))
+    while todo:  # a case that kills the process is its own error row: the rest go on in a new process
+        batch = [cases[i] for i in todo]
+
+        def arrived(k: int, count: Count, todo: list[int] = todo) -> None:
+            counts[todo[k]] = count
+            if reporter is not None:
+                reporter(count)
+
+        ran = _one_process(batch, config, version, arrived)
+        if ran.dead is None and not ran.counts and ran.failed:
+            raise CountError(f"the valgrind process {ran.ended} before counting anything:\n  " + "\n  ".join(ran.tail))
+        if ran.dead is not None:
+            counts[todo[ran.dead]] = Count(*batch[ran.dead], "error", valgrind=version,
+                                           reason=f"the valgrind process {ran.ended} during this case")
+        if ran.timed_out or ran.dead is None:
+            break
+        todo = [i for k, i in enumerate(todo) if k not in ran.counts and k != ran.dead]
+    return [c if c is not None else Count(*cases[i], "error", valgrind=version, reason="not counted: the valgrind "
+                                          "process timed out before this case") for i, c in enumerate(counts)]
 
 
 def _timeout(cases: Sequence[tuple[str, AttnSpec]], config: CountConfig) -> float:
     if config.timeout_s is not None:
         return config.timeout_s
-    from attnbench.measure.peak import matmul_peak
-
-    peak = matmul_peak("cpu", "float32")
+    peak = _peak(config)
     return STARTUP_S + 10 * sum(predicted_seconds(n, s, config, peak) for n, s in cases) + 120 * len(cases)
 
 
-def _run_valgrind(cases, config: CountConfig, version: str, indices: list[int], progress, total: int):
-    """Yield ``(index in the caller's list, Count)`` as the child reports them, then the rest at its end."""
+def _peak(config: CountConfig) -> float:
+    """The matmul peak at the counting process's thread count (the cost model's roof for its predictions)."""
+    import torch
+
+    from attnbench.measure.peak import matmul_peak
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(config.threads)
+    try:
+        return matmul_peak("cpu", "float32")
+    finally:
+        torch.set_num_threads(saved)
+
+
+@dataclass(frozen=True)
+class _Ran:
+    """What one valgrind process did with a list of cases."""
+
+    counts: dict[int, Count]  # index in the list -> its count (ok, wrong, skipped, error)
+    dead: int | None  # the case the process died in (started, never reported), if any
+    ended: str  # "exited 0", "died from SIGSEGV", "timed out", ...
+    failed: bool  # the process did not exit 0
+    timed_out: bool
+    tail: list[str]  # the end of valgrind's output
+
+
+def _one_process(cases, config: CountConfig, version: str, arrived: Callable[[int, Count], None]) -> _Ran:
+    """Run one valgrind process over ``cases`` (``arrived(index, count)`` as each finishes); what it reported, and
+    where it died if it did."""
     with tempfile.TemporaryDirectory(prefix="attnbench-callgrind-") as tmp:
         tmp = Path(tmp)
         jobs, results, out = tmp / "jobs.json", tmp / "results.jsonl", tmp / "callgrind.out"
@@ -225,40 +270,41 @@ def _run_valgrind(cases, config: CountConfig, version: str, indices: list[int], 
         command = [shutil.which("valgrind") or PACKAGE, "--tool=callgrind", "--collect-atstart=no",
                    f"--callgrind-out-file={out}", sys.executable, "-m", "attnbench.measure.instructions",
                    str(jobs), str(results)]
-        log = open(tmp / "valgrind.log", "wb")  # noqa: SIM115 - closed below, after the process ends
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONHASHSEED": "0", **COUNT_ENV})
-        deadline = time.monotonic() + _timeout(cases, config)
-        seen, reported = 0, {}
-        try:
-            while True:
-                finished = proc.poll() is not None
-                for rec in _read_results(results)[seen:]:
-                    seen += 1
-                    count = _count_of(rec, cases, out, version, config)
-                    reported[rec["index"]] = count
-                    if progress is not None:
-                        progress(len(reported), total, count)
-                if finished:
-                    break
-                if time.monotonic() > deadline:
+        with open(tmp / "valgrind.log", "wb") as log:
+            proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                    env={**os.environ, "PYTHONHASHSEED": "0", **COUNT_ENV})
+            deadline = time.monotonic() + _timeout(cases, config)
+            timed_out, counts = False, {}
+            try:
+                while True:
+                    finished = proc.poll() is not None
+                    for r in _read_results(results):
+                        if "status" in r and r["index"] not in counts:
+                            counts[r["index"]] = _count_of(r, cases, out, version, config)
+                            arrived(r["index"], counts[r["index"]])
+                    if finished:
+                        break
+                    if time.monotonic() > deadline:
+                        timed_out = True
+                        proc.kill()
+                    time.sleep(0.5)
+            finally:
+                if proc.poll() is None:
                     proc.kill()
-                    proc.wait()
-                    break
-                time.sleep(0.5)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
                 proc.wait()
-            log.close()
+        started = [r["index"] for r in _read_results(results) if r.get("started")]
+        dead = next((i for i in started if i not in counts), None)
+        code = proc.returncode
+        ended = ("timed out" if timed_out else f"died from {_signal_name(-code)}" if code < 0 else f"exited {code}")
         tail = (tmp / "valgrind.log").read_bytes().decode("utf-8", "replace").strip().splitlines()[-15:]
-        ended = "timed out" if proc.returncode in (-9, 137) and time.monotonic() > deadline else f"exited {proc.returncode}"
-        if not reported and proc.returncode != 0:
-            raise CountError(f"the valgrind process {ended} before counting anything:\n  " + "\n  ".join(tail))
-        for k, (name, spec) in enumerate(cases):
-            count = reported.get(k) or Count(name, spec, "error", valgrind=version,
-                                             reason=f"not counted: the valgrind process {ended} before this case")
-            yield indices[k], count
+        return _Ran(counts, dead, ended, code != 0, timed_out, tail)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _read_results(path: Path) -> list[dict]:
@@ -287,6 +333,8 @@ def _count_of(rec: dict, cases, out: Path, version: str, config: CountConfig) ->
 # ---- the child: runs under valgrind ---------------------------------------------------------------
 def _child(jobs_path: str, results_path: str) -> None:
     """Count every case of the job file; report each to the results file (one JSON line, flushed)."""
+    import gc
+
     jobs = json.loads(Path(jobs_path).read_text())
     sys.path[:] = jobs["sys_path"]
     import torch
@@ -301,6 +349,7 @@ def _child(jobs_path: str, results_path: str) -> None:
     regime.apply(regime.Regime(threads=config.threads))
     dumps = 0
     for index, (name, spec_fields) in enumerate(jobs["cases"]):
+        append_line(results_path, json.dumps({"index": index, "started": True}))  # a case that kills us is named
         record: dict = {"index": index}
         counting = False
         try:
@@ -321,18 +370,22 @@ def _child(jobs_path: str, results_path: str) -> None:
             else:
                 for _ in range(config.warmup_calls):
                     call()
+                gc.collect()
+                gc.disable()  # a collection (a million objects with torch loaded) inside a counted call is not its work
                 torch._C._valgrind_toggle()
                 counting = True
                 for _ in range(config.calls):
                     call()
                 torch._C._valgrind_toggle_and_dump_stats()
                 counting = False
+                gc.enable()
                 dumps += 1
                 record.update(status="ok", dump=dumps, seconds=round(time.perf_counter() - t0, 1))
         except Exception as exc:  # noqa: BLE001 - one case's failure is its row, the others are still counted
             if counting:  # close this case's dump, so the next case's is its own
                 torch._C._valgrind_toggle_and_dump_stats()
                 dumps += 1
+            gc.enable()
             record.update(status="error", reason=error_line(exc))
         append_line(results_path, json.dumps(record))
 
