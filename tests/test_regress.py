@@ -227,7 +227,7 @@ def _outcome(verdicts):
     from attnbench.regress import Outcome
 
     table = pd.DataFrame([{"benchmark": "b", "metric": "time", "variant": "batched", "seq_len": 256, "mode": "forward",
-                           "base_value": 1.0, "head_value": 1.0, "ratio": 1.0, "verdict": v, "reason": "r"} for v in verdicts])
+                           "base_value": 1.0, "head_value": 1.0, "ratio": 1.0, "verdict": v, "reason": "r", "note": ""} for v in verdicts])
     return Outcome(table=table, regressions=table[table["verdict"].isin(["regressed", "wrong"])],
                    undecided=table[table["verdict"] == "undecided"], base="a" * 40, head="b" * 40, results_dir=Path("."))
 
