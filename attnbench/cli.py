@@ -21,6 +21,7 @@ import pandas as pd
 
 from attnbench import masks
 from attnbench.contract import INSTRUCTIONS_FACTOR, WORKLOADS
+from attnbench.io import check_writable_dir
 from attnbench.registry import get_variant, variant_names
 from attnbench.spec import DTYPES, MODES, AttnSpec
 
@@ -389,6 +390,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         return _usage(missing)
     out = Path(args.out or f"reports/profiles/{args.variant}-L{args.seq_len}-{args.device}-{args.mode}")
     try:
+        check_writable_dir(out, "--out")
         spec = AttnSpec(batch=args.batch, heads=args.heads, seq_len=args.seq_len, head_dim=args.head_dim,
                         device=args.device, dtype=args.dtype, mode=args.mode)
         from attnbench.measure.runner import MeasureConfig
@@ -413,6 +415,7 @@ def cmd_regress(args: argparse.Namespace) -> int:
         print(f"note: --metric both falls back to time: {missing_message()}", file=sys.stderr)
         metric = "time"
     try:
+        check_writable_dir(args.work_dir, "--work-dir")
         outcome = regress(args.base, args.head, repo=args.repo, time_factor=args.time_factor,
                           memory_factor=args.memory_factor, rounds=args.rounds, work_dir=args.work_dir, metric=metric,
                           instructions_factor=args.instructions_factor,
@@ -451,6 +454,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
     from attnbench.publish import PublishError, publish
 
     try:
+        if args.html_dir is not None:
+            check_writable_dir(args.html_dir, "--html-dir")
         outcome = publish(args.config, args.html_dir)
     except ValueError as exc:
         return _usage(str(exc))

@@ -33,6 +33,28 @@ def atomic_write(path: str | Path, write: Callable[[str], object]) -> Path:
     return path
 
 
+def check_writable_dir(path: str | Path, arg: str, *, create: bool = False) -> Path:
+    """``path`` as a directory this process can write into, else a ValueError naming ``arg``, before any work starts.
+
+    An existing file is refused; so is a missing directory whose nearest existing ancestor is a file or takes no
+    new file (a file is written there and removed). With ``create`` the directory is then made.
+    """
+    path = Path(path).absolute()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{arg} {path} is an existing file, not a directory")
+    nearest = next(p for p in (path, *path.parents) if p.exists())
+    if not nearest.is_dir():
+        raise ValueError(f"{arg} {path} cannot be created: {nearest} is a file")
+    try:
+        with tempfile.TemporaryFile(dir=nearest):
+            pass
+        if create:
+            path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"{arg} {path} cannot be created or written: {exc.strerror or exc}") from None
+    return path
+
+
 def atomic_write_text(path: str | Path, text: str) -> Path:
     """Atomically replace ``path`` with ``text`` (UTF-8)."""
     return atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))

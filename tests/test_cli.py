@@ -66,6 +66,12 @@ BAD = [
     (["run", "--resume", "--force", "--out", "r"], "--resume and --force"),
     (["run", "--variants", "batched", "--lengths", "32", "--out", "{file}"], "existing file"),
     (["run", "--variants", "batched", "--lengths", "32", "--out", "{file}/sub"], "cannot be created"),
+    (["profile", "batched", "--seq-len", "64", "--out", "{file}"], "--out {file} is an existing file"),
+    (["profile", "batched", "--seq-len", "64", "--out", "{file}/sub"], "--out {file}/sub cannot be created"),
+    (["regress", "HEAD~1", "HEAD", "--repo", "{root}", "--work-dir", "{file}"], "--work-dir {file} is an existing file"),
+    (["regress", "HEAD~1", "HEAD", "--repo", "{root}", "--work-dir", "{file}/sub"], "--work-dir {file}/sub cannot be"),
+    (["publish", "--html-dir", "{file}"], "--html-dir {file} is an existing file"),
+    (["publish", "--html-dir", "{file}/sub"], "--html-dir {file}/sub cannot be created"),
     (["peak", "--device", "tpu"], "--device"),
     (["peak", "--dtype", "float8"], "--dtype"),
     (["profile", "nope", "--seq-len", "64"], "variant"),
@@ -98,6 +104,7 @@ def test_bad_invocation_is_a_clear_usage_error(argv, needle, tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     (tmp_path / "afile").write_text("not a directory")
     argv = [a.replace("{file}", str(tmp_path / "afile")).replace("{root}", str(ROOT)) for a in argv]
+    needle = needle.replace("{file}", str(tmp_path / "afile"))
     before = sorted(p.name for p in tmp_path.rglob("*"))
     if argv[0] == "run":
         argv += FAST
