@@ -51,6 +51,10 @@ def _list(kind: Callable[[str], object], what: str, choices: Callable[[], Sequen
                 values.append(kind(part))
             except (ValueError, argparse.ArgumentTypeError) as exc:
                 raise argparse.ArgumentTypeError(f"invalid {what} {part!r}: {exc}") from None
+        repeated = [part for part, value in zip(parts, values, strict=True) if values.count(value) > 1]
+        if repeated:
+            raise argparse.ArgumentTypeError(f"{', '.join(dict.fromkeys(repeated))} given more than once; "
+                                             f"each {what} is measured once")
         if choices is not None:
             valid = list(choices())
             bad = [v for v in values if v not in valid]

@@ -52,6 +52,11 @@ RUN_FILES = (LOG, MEASUREMENTS, MANIFEST)
 """Files a run writes (``--force`` removes these and ``report/``; other files are left alone)."""
 
 
+def _repeated(values: Sequence) -> str:
+    """The values that occur more than once in ``values``, comma-separated ("" when none)."""
+    return ", ".join(str(v) for v in dict.fromkeys(v for v in values if list(values).count(v) > 1))
+
+
 def grid(
     variants: Sequence[str] | None = None,
     lengths: Sequence[int] = DEFAULT_LENGTHS,
@@ -89,6 +94,11 @@ def grid(
     """
     if workload not in WORKLOADS:
         raise ValueError(f"workload must be one of {WORKLOADS}, got {workload!r}")
+    axes = {"variants": variants, "lengths": lengths, "modes": modes, "masks": masks, "dtypes": dtypes,
+            "devices": devices, "head_dims": head_dims, "batches": batches, "kv_heads": kv_heads}
+    for name, values in axes.items():
+        if values and (repeated := _repeated(values)):
+            raise ValueError(f"{name}: {repeated} given more than once (each case is measured once)")
     base = base or AttnSpec()
     names = list(variants) if variants else default_variants()
     shapes = [base.replace(head_dim=d, batch=b, kv_heads=h)

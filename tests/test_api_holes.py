@@ -161,3 +161,14 @@ def test_registry_imports_no_variant_module_until_asked():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.split("\n")[:2] == ["False", "CompiledVariant {'base': 'batched'}"]
+
+
+@pytest.mark.parametrize(("axis", "values"), [("lengths", [256, 256]), ("dtypes", ["float32", "float32"]),
+                                              ("variants", ["batched", "sdpa", "batched"])])
+def test_a_repeated_grid_entry_is_refused(axis, values):
+    """Planted: a repeated length measured the same case twice, and a later --resume found the manifest incomplete."""
+    from attnbench.runs import grid
+
+    kwargs = {"variants": ["batched"], "lengths": [64], axis: values}
+    with pytest.raises(ValueError, match=f"{axis}: .* given more than once"):
+        grid(**kwargs)
