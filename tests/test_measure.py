@@ -107,6 +107,17 @@ def test_error_and_oom_become_rows_and_the_sweep_goes_on(registered):
     assert "can't allocate memory" in results[1].reason
 
 
+class _BareMemoryError(_Failing):
+    exc = MemoryError()  # Python's own out-of-memory: no message at all
+
+
+def test_a_bare_memory_error_is_an_oom_row(registered):
+    """Planted: an exception with an empty message made measure() itself raise IndexError (its first line)."""
+    name = registered("bare_oom", _BareMemoryError)
+    m = measure(name, SMALL, FAST)
+    assert m.status == "oom" and m.reason == "MemoryError", (m.status, m.reason)
+
+
 def test_sweep_rejects_unknown_variants_before_running():
     with pytest.raises(ValueError, match="unknown variant"):
         sweep([("batched", SMALL), ("nope", SMALL)], FAST)

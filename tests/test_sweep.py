@@ -50,10 +50,22 @@ def test_faults_end_only_their_own_case(planted):
     assert got["planted_hang"].status == "timeout" and "killed after 4 s" in got["planted_hang"].reason
     assert got["planted_abort"].status == "crashed" and "SIGABRT" in got["planted_abort"].reason
     assert got["planted_segv"].status == "crashed" and "SIGSEGV" in got["planted_segv"].reason
-    assert got["planted_oomkill"].status == "oom" and "OOM killer" in got["planted_oomkill"].reason
+    # planted: a SIGKILL nobody can attribute is what it is, not a guess at the OOM killer
+    assert got["planted_oomkill"].status == "crashed" and "signal 9 (SIGKILL)" in got["planted_oomkill"].reason
     # 8 GiB of untouched address space succeeds without a cap (overcommit); the cap refuses it.
     assert got["planted_hog"].status == "oom" and "allocate" in got["planted_hog"].reason, got["planted_hog"].reason
     assert got["batched"].status in ("ok", "noisy"), got["batched"].reason  # noisy: the machine was busy (probe)
+
+
+def test_a_sigkill_is_oom_only_when_the_cgroup_counted_an_oom_kill(planted, monkeypatch):
+    """Planted: the cgroup's OOM-kill count goes up while the worker dies of SIGKILL (what the kernel's OOM killer does)."""
+    import attnbench.measure.worker as worker
+
+    counts = iter([3, 4])
+    monkeypatch.setattr(worker, "cgroup_oom_kills", lambda: next(counts))
+    config = MeasureConfig(timer=FAST.timer, measure_rss=False, threads=1, probe=False)
+    (m,) = sweep([("planted_oomkill", SMALL)], config, isolate=True)
+    assert m.status == "oom" and "OOM killer" in m.reason and "from 3 to 4" in m.reason, m.reason
 
 
 def test_every_case_runs_in_a_fresh_process(planted, tmp_path, monkeypatch):

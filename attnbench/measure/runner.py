@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from attnbench.contract import WORKLOADS
+from attnbench.io import error_line
 from attnbench.measure import gate, guard, memory, probe, regime
 from attnbench.measure.env import environment
 from attnbench.measure.peak import matmul_peak
@@ -286,7 +287,7 @@ def measure(
         return _run(variant, spec, config, plan, calls, base)
     except Exception as exc:  # noqa: BLE001 - one bad case must never end a sweep
         status = "oom" if _is_oom(exc) else "error"
-        return Measurement(status=status, reason=f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}", **base)
+        return Measurement(status=status, reason=error_line(exc), **base)
     finally:
         _free(spec.device)
         torch.set_num_threads(saved_threads)

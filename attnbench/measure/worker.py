@@ -10,8 +10,9 @@ What the parent records when a case does not come back:
   * ``timeout``: the case ran past the hard timeout; the parent killed it (SIGKILL).
   * ``crashed``: the process died from a signal the parent did not send (SIGSEGV, SIGABRT, ...) or
     exited without a result; the signal is named.
-  * ``oom``: the process was killed by SIGKILL that the parent did not send (the kernel's OOM killer
-    sends SIGKILL), or an allocation failed under the memory cap (reported by :func:`measure`).
+  * ``oom``: the process was killed by SIGKILL that the parent did not send while this cgroup's count of
+    OOM kills went up (:func:`cgroup_oom_kills`), or an allocation failed under the memory cap (reported
+    by :func:`measure`). A SIGKILL without that evidence is ``crashed``, "killed by signal 9": what is known.
 
 Memory cap (CPU cases): the child sets ``RLIMIT_DATA`` to what it already uses plus the case's memory
 budget (and a fixed allowance for the reference check and the profiler). ``RLIMIT_DATA`` counts
@@ -45,9 +46,11 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
+from attnbench.io import error_line
 from attnbench.measure import regime
 from attnbench.measure.record import Environment, Measurement
 from attnbench.measure.runner import MeasureConfig, measure
@@ -130,9 +133,32 @@ def _child(conn, job: CaseJob) -> None:
                          expected_call_s=job.expected_call_s)
     except BaseException as exc:  # noqa: BLE001 - e.g. a plugin that fails to import: a row, not a lost case
         result = Measurement(variant=job.variant, spec=job.spec, status="error", env=job.env, workload=job.config.workload,
-                             reason=f"worker: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}")
+                             reason=f"worker: {error_line(exc)}")
     conn.send(result)
     conn.close()
+
+
+def cgroup_oom_kills() -> int | None:
+    """How many processes the kernel's OOM killer has killed in this process's memory cgroup (None: unreadable).
+
+    cgroup v2's ``memory.events`` or v1's ``memory.oom_control`` (``oom_kill``, Linux 4.13+), at the path
+    ``/proc/self/cgroup`` names or at the mount's root (a container sees its own cgroup there).
+    """
+    paths = []
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/cgroup").read_text(encoding="utf-8").splitlines():
+            _, controllers, path = line.split(":", 2)
+            if controllers == "":
+                paths += [f"/sys/fs/cgroup{path}/memory.events"]
+            elif "memory" in controllers.split(","):
+                paths += [f"/sys/fs/cgroup/memory{path}/memory.oom_control"]
+    for path in [*paths, "/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"]:
+        with contextlib.suppress(OSError, ValueError):
+            for line in Path(path).read_text(encoding="utf-8").splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+    return None
 
 
 def _signal_name(number: int) -> str:
@@ -193,6 +219,7 @@ class WorkerPool:
         proc = self.ctx.Process(target=_child, args=(child_conn, job), daemon=True,
                                 name=f"attnbench-{job.variant}-L{job.spec.lq}")
         self._killed_by_us = False
+        oom_kills_before = cgroup_oom_kills()
         start = time.perf_counter()
         proc.start()
         self._current = proc
@@ -226,8 +253,16 @@ class WorkerPool:
         if code is not None and code < 0:
             sig = -code
             if sig == signal.SIGKILL and not self._killed_by_us:
-                return Measurement(status="oom", reason=(
-                    f"worker killed by SIGKILL after {elapsed:.1f} s, not by attnbench: most likely the kernel's OOM killer"), **base)
+                after = cgroup_oom_kills()
+                if after is not None and oom_kills_before is not None and after > oom_kills_before:
+                    return Measurement(status="oom", reason=(
+                        f"worker killed by SIGKILL after {elapsed:.1f} s by the kernel's OOM killer (this cgroup's "
+                        f"oom_kill count went from {oom_kills_before} to {after})"), **base)
+                known = ("no OOM kill recorded in this cgroup" if after is not None
+                         else "the cgroup's OOM count is unreadable here")
+                return Measurement(status="crashed", reason=(
+                    f"worker killed by signal 9 (SIGKILL) after {elapsed:.1f} s, not by attnbench ({known}: "
+                    "another process, or an OOM killer outside this cgroup)"), **base)
             if sig == signal.SIGKILL:
                 return Measurement(status="crashed", reason="worker killed on request (interrupted)", **base)
             return Measurement(status="crashed", reason=f"worker died from {_signal_name(sig)} after {elapsed:.1f} s", **base)
