@@ -70,7 +70,18 @@ class GqaModulo(BatchedAttention):
         return super().forward(q, k[:, wrong], v[:, wrong], mask)
 
 
-for _name, _cls in (("plant_gqa_modulo", GqaModulo), ("plant_scaled", Scaled), ("plant_heads", HeadsSwapped), ("plant_batch", BatchSwapped),
+class Stateful(BatchedAttention):
+    """Right on its first call only: a reused output buffer that is never cleared accumulates every later call."""
+
+    def forward(self, q, k, v, mask):
+        out = super().forward(q, k, v, mask).detach()
+        if getattr(self, "_buf", None) is None or self._buf.shape != out.shape:
+            self._buf = torch.zeros_like(out)
+        self._buf += out
+        return self._buf.clone()
+
+
+for _name, _cls in (("plant_stateful", Stateful), ("plant_gqa_modulo", GqaModulo), ("plant_scaled", Scaled), ("plant_heads", HeadsSwapped), ("plant_batch", BatchSwapped),
                     ("plant_grad", WrongGrad), ("plant_correct", BatchedAttention)):
     attnbench.register(_name, _cls)
 '''
@@ -81,7 +92,7 @@ FORWARD_PLANTS = ["plant_scaled", "plant_heads", "plant_batch"]
 def plants():
     namespace: dict = {}
     exec(compile(PLANTS, "plants", "exec"), namespace)  # noqa: S102 - the test's own source
-    names = ["plant_gqa_modulo", "plant_scaled", "plant_heads", "plant_batch", "plant_grad", "plant_correct"]
+    names = ["plant_stateful", "plant_gqa_modulo", "plant_scaled", "plant_heads", "plant_batch", "plant_grad", "plant_correct"]
     yield names
     for n in names:
         attnbench.unregister(n)
@@ -94,6 +105,20 @@ def test_planted_wrong_outputs_are_recorded_wrong(plants, name, mode):
     assert m.status == "wrong", (m.status, m.reason)
     assert m.max_error > m.tolerance > 0 and m.error_ratio > 1
     assert "output max error" in m.reason and m.samples == () and m.runs == 0  # never timed
+
+
+def test_a_variant_wrong_after_its_first_call_is_recorded_wrong(plants):
+    """Planted: right on the checked first call, wrong on every later one (recorded ok before the re-check)."""
+    m = measure("plant_stateful", SPEC, FAST, peak_flops=1e10)
+    assert m.status == "wrong" and "right on the first call, wrong on a call after the timed ones" in m.reason, m.reason
+    assert m.error_ratio > 1 and m.samples == ()
+
+
+def test_asv_reports_a_variant_wrong_after_its_first_call(plants):
+    from attnbench import asv_bench
+
+    assert asv_bench.prepare_spec("plant_stateful", SPEC).checked.error_ratio > 1
+    assert asv_bench.prepare_spec("plant_correct", SPEC).checked.error_ratio < 1
 
 
 def test_planted_wrong_gradient_is_recorded_wrong(plants):

@@ -293,8 +293,15 @@ def measure(
         torch.set_num_threads(saved_threads)
 
 
+def _gate_fields(checked: gate.GateResult) -> dict[str, float]:
+    """The Measurement fields of a gate's result."""
+    return dict(max_error=checked.max_error, tolerance=checked.tolerance, grad_error=checked.grad_error,
+                grad_tolerance=checked.grad_tolerance, softmax_error=checked.softmax_error, error_ratio=checked.error_ratio)
+
+
 def _run(variant: Variant, spec: AttnSpec, config: MeasureConfig, plan: CheckPlan, calls: int, base: dict) -> Measurement:
-    """Inputs, the checked warm-up call, then timing and memory (raises; :func:`measure` records)."""
+    """Inputs, the checked warm-up call, timing and memory, then a later call checked again (raises; :func:`measure`
+    records). The second check holds no result during timing: it calls once more after the timed calls."""
     call, inputs, mask = make_call(variant, spec, config.seed)
     # The first call goes through the timed closure itself (same grad mode, same inputs): it compiles
     # whatever a compiled variant compiles, outside the timed region, and its result is what the gate checks.
@@ -305,9 +312,7 @@ def _run(variant: Variant, spec: AttnSpec, config: MeasureConfig, plan: CheckPla
     del result
     fields: dict[str, object] = dict(compile_seconds=compile_seconds)
     if checked is not None:
-        fields.update(max_error=checked.max_error, tolerance=checked.tolerance, grad_error=checked.grad_error,
-                      grad_tolerance=checked.grad_tolerance, softmax_error=checked.softmax_error,
-                      error_ratio=checked.error_ratio)
+        fields.update(_gate_fields(checked))
         fields["extra"] = {"checked_slices": f"{checked.slices}/{checked.total_slices}"}
         if not math.isnan(checked.softmax_mean_error):
             fields["extra"]["softmax_mean_error"] = checked.softmax_mean_error
@@ -329,6 +334,11 @@ def _run(variant: Variant, spec: AttnSpec, config: MeasureConfig, plan: CheckPla
     extra_probe = {"probe_median_s": timed.probe_median_s} if config.probe else {}  # the sweep's typical speed takes it in
     peak, method = peak_tensor_bytes(variant, spec, call) if config.measure_memory else (math.nan, "")
     rss = float(memory.peak_rss_bytes(call)) if config.measure_rss else math.nan
+    if checked is not None:  # state kept between calls (a reused buffer, a stale cache) shows after the first call
+        later = run_gate(variant, spec, call(), inputs, mask, plan, config.seed)
+        if not later.passed:
+            return Measurement(status="wrong", reason=f"right on the first call, wrong on a call after the timed ones: {later.reason()}",
+                               **{**fields, **_gate_fields(later)}, **base)
     extra: dict[str, object] = {**dict(fields.pop("extra", {})), **extra_probe}
     if variant.PROVENANCE:
         extra["kernel"] = "+".join(sdpa_backends(call, spec.device)) or "unknown"
