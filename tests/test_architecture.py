@@ -12,6 +12,7 @@ PACKAGE = Path(__file__).parent.parent / "attnbench"
 ROOMS: tuple[tuple[str, ...], ...] = (
     # bottom: depends on nothing of the package
     ("_checks", "io", "plugins", "mask_mods", "measure.timer", "measure.probe", "measure.regime", "measure.memory",
+     "measure._forkserver",
      "analysis.significance", "analysis.text"),
     ("masks", "spec", "reference"),
     ("capability", "contract"),

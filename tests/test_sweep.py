@@ -225,3 +225,33 @@ def test_force_replaces_and_no_report_leaves_no_stale_report(tmp_path):
     assert forced.wait(300) == 0, forced.communicate()
     assert not (run / "report").exists()
     assert [m.variant for m in read_log(run / LOG).measurements] == ["sdpa"]
+
+
+def _sigint_disposition(conn) -> None:
+    conn.send(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)
+
+
+def test_workers_start_with_ctrl_c_ignored():
+    """A Ctrl-C to the process group just as a case starts killed the worker before it ignored SIGINT itself
+    (recorded ``crashed``, then counted done by --resume). The fork server's children ignore it from the start;
+    planted: a fork server without that preload hands its children Python's KeyboardInterrupt handler."""
+    from attnbench.measure.worker import PRELOAD, WorkerPool
+
+    def disposition(pool: WorkerPool) -> bool:
+        parent, child = pool.ctx.Pipe(duplex=False)
+        proc = pool.ctx.Process(target=_sigint_disposition, args=(child,))
+        proc.start()
+        got = parent.recv()
+        proc.join()
+        return got
+
+    assert disposition(WorkerPool(env={"PLANT": "a"}))
+    import attnbench.measure.worker as worker
+
+    saved = list(PRELOAD)
+    try:
+        worker.PRELOAD[:] = [m for m in PRELOAD if m != "attnbench.measure._forkserver"]
+        assert not disposition(WorkerPool(env={"PLANT": "b"}))  # planted: the preload removed
+    finally:
+        worker.PRELOAD[:] = saved
+        WorkerPool(env={"PLANT": "c"})  # a server with the full preload again

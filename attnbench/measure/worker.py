@@ -57,9 +57,11 @@ from attnbench.measure.runner import MeasureConfig, measure
 from attnbench.plugins import load_plugins
 from attnbench.spec import AttnSpec
 
-PRELOAD = ["torch", "torch.profiler", "torch._inductor", "attnbench", "attnbench.measure.worker", "attnbench.measure.runner"]
+PRELOAD = ["torch", "torch.profiler", "torch._inductor", "attnbench", "attnbench.measure.worker", "attnbench.measure.runner",
+           "attnbench.measure._forkserver"]
 """Modules the fork server imports once. ``torch._inductor`` because the profiler (peak tensor memory)
-imports it lazily: 4.9 s in every fresh worker otherwise."""
+imports it lazily: 4.9 s in every fresh worker otherwise; ``_forkserver`` so that workers start with
+Ctrl-C ignored."""
 CAP_ALLOWANCE_BYTES = 1 * 2**30
 """Added to the case's memory budget for the cap: float64 reference, profiler buffers, allocator slack."""
 _server_env: dict[str, str] | None = None
