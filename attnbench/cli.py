@@ -399,7 +399,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
                         device=args.device, dtype=args.dtype, mode=args.mode)
         from attnbench.measure.runner import MeasureConfig
 
-        summary = profile_case(args.variant, spec, out, config=MeasureConfig(threads=args.threads))
+        summary = profile_case(args.variant, spec, out, config=MeasureConfig(threads=args.threads),
+                               progress=lambda line: print(f"profile: {line}", file=sys.stderr, flush=True))
     except (ValueError, TypeError) as exc:
         return _usage(str(exc))
     print(summary.line())

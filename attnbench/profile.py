@@ -19,6 +19,7 @@ import json
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -106,7 +107,8 @@ PROFILE_CALLS = 3
 
 
 def profile_case(
-    variant_name: str, spec: AttnSpec, out_dir: str | Path, seed: int = 0, config: MeasureConfig | None = None
+    variant_name: str, spec: AttnSpec, out_dir: str | Path, seed: int = 0, config: MeasureConfig | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> ProfileSummary:
     """Profile one call of ``variant_name`` on ``spec`` (after a warm-up) and write the artefacts.
 
@@ -116,10 +118,14 @@ def profile_case(
     (:class:`~attnbench.measure.regime.Regime` with ``config.threads``, default
     :data:`~attnbench.measure.regime.DEFAULT_THREADS`), recorded in the summary.
 
+    ``progress`` is called with a line as each step starts (the CLI prints it): an interpreter-bound
+    variant takes minutes over its calls and the profiler's memory replay.
+
     Raises:
         ValueError: for an unknown variant, a case the variant does not support, or one the guard
             refuses (the reason names the predicted peak and the budget).
     """
+    say = progress or (lambda line: None)
     variant = get_variant(variant_name)
     reasons = variant.not_supported_reasons(spec)
     if reasons:
@@ -135,6 +141,7 @@ def profile_case(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     call, _, _ = make_call(variant, spec, seed)
+    say(f"{variant_name} {spec.label}: a warm-up call and an unprofiled timed call")
     call()  # warm-up
     unprofiled = time_once(call, spec.device)
     # An interpreter-bound variant issues ~10 operator calls per (query, key) pair: a million events
@@ -145,6 +152,8 @@ def profile_case(
         call, _, _ = make_call(variant, profiled, seed)
     sync = torch.cuda.synchronize if spec.device_type == "cuda" else (lambda: None)
 
+    say(f"one call under torch.profiler ({profiled.label}; the previous call took {unprofiled:.3g} s), "
+        "then its memory timeline and the trace")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if spec.device_type == "cuda" else [])
     with quiet_stderr():
         with profile(activities=activities, record_shapes=True, profile_memory=True) as prof:

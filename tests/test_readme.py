@@ -92,3 +92,50 @@ def test_readme_profile_command_runs(tmp_path):
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "GFLOP/s" in out.stdout and (tmp_path / "p" / "trace.json.gz").exists()
+    steps = [line for line in out.stderr.splitlines() if line.startswith("profile: ")]
+    assert len(steps) == 2 and "torch.profiler" in steps[1], out.stderr  # long work says what it is doing
+
+
+def test_reports_readme_names_only_folders_that_a_command_makes():
+    """Planted before: it described a committed ``gallery/`` that does not exist."""
+    text = (ROOT / "reports" / "README.md").read_text()
+    for folder in re.findall(r"^- `([a-z_-]+)/", text, flags=re.M):  # the top-level folders it lists
+        made = folder in ("runs", "profiles") or (ROOT / "reports" / folder).is_dir()
+        assert made, f"reports/README.md names reports/{folder}/, which nothing makes"
+
+
+def _complexity(cell: str) -> str:
+    """The first ``O(...)`` of a README cell in the registry's spelling: ``O(L²)`` -> ``O(L^2)``, ``O(L·w)`` -> ``O(L^1)``."""
+    inner = re.search(r"O\(([^)]*)\)", cell).group(1).replace("²", "^2").replace("·w", "")
+    return f"O({inner if '^' in inner else inner + '^1'})"
+
+
+def test_the_variants_table_agrees_with_the_registry():
+    """Each README row's exactness, time, memory and devices are what ``attnbench list --wide`` prints."""
+    from attnbench.registry import get_variant, variant_names
+
+    section = (ROOT / "README.md").read_text().split("## The variants", 1)[1]
+    rows = re.search(r"^(\|.*\n)+", section, flags=re.M).group(0).splitlines()[2:]
+    seen = set()
+    for line in rows:
+        names, exact, time, memory, devices, _ = (c.strip() for c in line.strip("|").split("|"))
+        exceptions = dict(re.findall(r"\((\w+): (O\([^)]*\))\)", memory))  # "(math: O(L²))"
+        for name in re.findall(r"`(\w+)`", names):
+            row = get_variant(name).describe()
+            base = name.removeprefix("compiled_")
+            if time == "as their base":
+                time_, memory_ = _complexity_of(base)
+            else:
+                time_ = _complexity(time)
+                memory_ = _complexity(next((m for k, m in exceptions.items() if name.endswith(k)), memory))
+            assert (row["exact"], row["time"], row["memory"]) == (exact != "**approximate**", time_, memory_), name
+            assert row["devices"] == ",".join(d.split(" ")[0] for d in devices.split(", ")), name
+            seen.add(name)
+    assert seen == set(variant_names()), set(variant_names()) ^ seen
+
+
+def _complexity_of(name: str) -> tuple[str, str]:
+    from attnbench.registry import get_variant
+
+    row = get_variant(name).describe()
+    return row["time"], row["memory"]
