@@ -39,7 +39,6 @@ decide: no regression found, but some time case stayed undecided after the confi
 
 from __future__ import annotations
 
-import functools
 import itertools
 import json
 import math
@@ -57,7 +56,7 @@ import pandas as pd
 from attnbench import contract
 from attnbench.analysis import significance
 from attnbench.analysis.frame import decode_param, load_asv
-from attnbench.io import output_tail
+from attnbench.io import check_writable_dir, output_tail
 from attnbench.measure import probe, regime
 from attnbench.measure.instructions import missing_message, valgrind_version
 
@@ -118,7 +117,8 @@ def _config(repo: Path, work: Path) -> Path:
     conf.update(  # joining an absolute path keeps it as it is
         repo=str(repo), benchmark_dir=str(repo / conf.get("benchmark_dir", "benchmarks")),
         results_dir=str(work / "results"), html_dir=str(work / "html"),
-        env_dir=str(repo / conf.get("env_dir", ".asv/env")),  # envs are reused across gate runs
+        # envs are reused across gate runs (and across clones, with ATTNBENCH_ASV_ENV_DIR)
+        env_dir=str(Path(os.environ.get(contract.ENV_ENV_DIR) or repo / conf.get("env_dir", ".asv/env")).resolve()),
     )
     path = work / "asv.conf.json"
     path.write_text(json.dumps(conf, indent=1))
@@ -341,9 +341,18 @@ def _decided_by(table: pd.DataFrame, metric: str) -> pd.DataFrame:
     return table
 
 
-def regress(
+def regress(base: str, head: str, **options) -> Outcome:
+    """Benchmark ``base`` and ``head`` of ``repo`` with asv and compare them: :func:`regress_many` with one HEAD.
+
+    Takes the keyword arguments of :func:`regress_many`.
+    """
+    (outcome,) = regress_many(base, [head], **options).values()
+    return outcome
+
+
+def regress_many(
     base: str,
-    head: str,
+    heads: list[str],
     *,
     repo: str | Path = ".",
     time_factor: float = 1.2,
@@ -356,28 +365,34 @@ def regress(
     metric: str = "time",
     instructions_factor: float = INSTRUCTIONS_FACTOR,
     progress: Callable[[str], None] | None = None,
-) -> Outcome:
-    """Benchmark ``base`` and ``head`` of ``repo`` with asv and compare them.
+) -> dict[str, Outcome]:
+    """Benchmark ``base`` and every one of ``heads`` in one asv run (rounds interleaved over all of them), then
+    compare each HEAD with BASE: the outcomes, keyed by the revisions as given.
+
+    BASE is measured once for all of them, so judging several candidate commits costs one BASE, one environment
+    and one set of rounds in which all of them share the machine's moments.
 
     Args:
-        base, head: any git revisions (branch, tag, hash, ``HEAD~1``).
+        base, heads: any git revisions (branch, tag, hash, ``HEAD~1``).
         repo: the attnbench checkout (its asv.conf.json and benchmarks/ are used).
         time_factor: allowed HEAD/BASE time ratio.
         memory_factor: allowed HEAD/BASE peak tensor bytes ratio.
-        rounds: asv rounds, interleaved across the two commits.
-        subset: grid environment (default :data:`CI_SUBSET`).
+        rounds: asv rounds, interleaved across the commits.
+        subset: grid environment (default :data:`CI_SUBSET`, with any of :data:`contract.GRID_ENV` set in the
+            environment taking precedence).
         work_dir: where results and the asv log go (default: a new temporary directory); a relative path is
             taken from the current directory.
         machine: asv machine name to record results under.
         log_path: file receiving asv's full output (default ``<work_dir>/asv.log``).
-        metric: what decides (:data:`GATE_METRICS`): ``"time"``, ``"instructions"`` (valgrind's counts: one
-            valgrind process per commit) or ``"both"``.
+        metric: what decides (:data:`GATE_METRICS`): ``"time"``, ``"instructions"`` (valgrind's counts only: one
+            valgrind process per commit, no timing rounds) or ``"both"``.
         instructions_factor: allowed HEAD/BASE instruction count ratio.
         progress: called with a line as each step starts (the CLI prints it): asv's steps take minutes.
 
     Raises:
-        ValueError: bad arguments (unknown revision, BASE and HEAD the same commit, bad factors, an unknown metric).
-        RegressError: asv could not produce results for both commits, or counts were asked for without valgrind.
+        ValueError: bad arguments (unknown revision, a HEAD that is BASE, repeated HEADs, bad factors, an unknown
+            metric).
+        RegressError: asv could not produce results for every commit, or counts were asked for without valgrind.
     """
     say = progress or (lambda line: None)
     if metric not in GATE_METRICS:
@@ -389,61 +404,81 @@ def regress(
     memory_factor = significance.check_factor("memory_factor", memory_factor)
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
+    if not heads:
+        raise ValueError("heads must name at least one revision")
     repo = Path(repo).resolve()
     if not (repo / "asv.conf.json").exists():
         raise ValueError(f"repo must be an attnbench checkout with asv.conf.json, got {repo}")
     base_hash = _git(repo, "rev-parse", "--verify", f"{base}^{{commit}}")
-    head_hash = _git(repo, "rev-parse", "--verify", f"{head}^{{commit}}")
-    if base_hash == head_hash:
-        raise ValueError(f"BASE {base!r} and HEAD {head!r} are the same commit ({base_hash[:12]}): nothing to compare")
+    head_hashes = {head: _git(repo, "rev-parse", "--verify", f"{head}^{{commit}}") for head in heads}
+    for head, head_hash in head_hashes.items():
+        if head_hash == base_hash:
+            raise ValueError(f"BASE {base!r} and HEAD {head!r} are the same commit ({base_hash[:12]}): nothing to compare")
+    if len(set(head_hashes.values())) < len(heads):
+        raise ValueError(f"heads must be different commits, got {heads}")
     # Relative to where the caller stands, resolved now: asv runs with cwd=work, where a relative path
     # would be taken a second time (".asv/regress/.asv/regress").
-    work = Path(work_dir).resolve() if work_dir else Path(tempfile.mkdtemp(prefix="attnbench-regress-"))
+    work = check_writable_dir(work_dir, "work_dir", create=True).resolve() if work_dir else Path(tempfile.mkdtemp(prefix="attnbench-regress-"))
     work.mkdir(parents=True, exist_ok=True)
     conf = _config(repo, work)
-    (work / "hashes.txt").write_text(f"{base_hash}\n{head_hash}\n")
+    (work / "hashes.txt").write_text("".join(f"{h}\n" for h in (base_hash, *head_hashes.values())))
     (work / PROBES).unlink(missing_ok=True)  # this gate run's rounds only
-    env = {**os.environ, **(subset or CI_SUBSET), **regime.child_env(REGIME), contract.ENV_PROBE_LOG: str(work / PROBES)}
-    run = ["run", f"HASHFILE:{work / 'hashes.txt'}", "--config", str(conf), "--machine", machine,
-           "--interleave-rounds", "--attribute", f"rounds={rounds}", "--record-samples", "--show-stderr"]
+    if subset is None:  # the CI subset, narrowed by the grid variables the caller set (e.g. ATTNBENCH_ASV_VARIANTS)
+        subset = {**CI_SUBSET, **{k: os.environ[k] for k in contract.GRID_ENV if os.environ.get(k, "").strip()}}
+    env = {**os.environ, **subset, **regime.child_env(REGIME), contract.ENV_PROBE_LOG: str(work / PROBES)}
+    commits = f"BASE {base_hash[:10]} and " + ", ".join(f"HEAD {h[:10]}" for h in head_hashes.values())
+    run = ["run", f"HASHFILE:{work / 'hashes.txt'}", "--config", str(conf), "--machine", machine, "--show-stderr"]
+    timed = [*run, "--interleave-rounds", "--attribute", f"rounds={rounds}", "--record-samples"]
     log_file = Path(log_path or work / "asv.log")
     with open(log_file, "a", encoding="utf-8") as log:
         machine_out = _asv(["machine", "--yes", "--machine", machine, "--config", str(conf)], cwd=work, env=env, log=log)
         if machine_out.returncode != 0:
             raise RegressError(f"asv machine failed (exit {machine_out.returncode}):\n{output_tail(machine_out)}\nfull log: {log_file}")
         # Exit codes are deliberately unused: the result files are the truth.
-        say(f"timing BASE {base_hash[:10]} and HEAD {head_hash[:10]}: {rounds} interleaved asv round(s) of the CI subset "
-            f"(the first run builds asv's pinned virtualenv: minutes; log {log_file})")
-        _asv([*run, "--bench", GATED], cwd=work, env=env, log=log)
+        if metric == "instructions":  # counts, bytes, FLOPs and correctness: deterministic, one round
+            say(f"measuring {commits}: the deterministic benchmarks, one round (the first run builds asv's pinned "
+                f"virtualenv: minutes; log {log_file})")
+            _asv([*run, "--bench", "|".join(contract.DETERMINISTIC_BENCHMARKS)], cwd=work, env=env, log=log)
+        else:
+            say(f"timing {commits}: {rounds} interleaved asv round(s) of the CI subset "
+                f"(the first run builds asv's pinned virtualenv: minutes; log {log_file})")
+            _asv([*timed, "--bench", GATED], cwd=work, env=env, log=log)
         if metric != "time":  # one round: counts are deterministic (and each commit's setup_cache is one valgrind process)
             say("counting instructions under valgrind: one process per commit (torch starts in 1-3 minutes)")
-            count = ["run", f"HASHFILE:{work / 'hashes.txt'}", "--config", str(conf), "--machine", machine, "--show-stderr"]
-            _asv([*count, "--bench", INSTRUCTIONS], cwd=work, env=env, log=log)
-        decide = functools.partial(_compare_results, work, machine, base_hash, head_hash, time_factor, memory_factor,
-                                   log_file, metric=metric, instructions_factor=instructions_factor)
-        table = decide()
+            _asv([*run, "--bench", INSTRUCTIONS], cwd=work, env=env, log=log)
+
+        def decide() -> dict[str, pd.DataFrame]:
+            frame, samples, probes = _load_results(work, machine, [base_hash, *head_hashes.values()], log_file)
+            return {head: compare(frame, base_hash, head_hash, time_factor, memory_factor, samples=samples, probes=probes,
+                                  metric=metric, instructions_factor=instructions_factor)
+                    for head, head_hash in head_hashes.items()}
+
+        tables = decide()
+        undecided = sum(int((t["verdict"] == "undecided").sum()) for t in tables.values())
         confirmed = 0
-        if (table["verdict"] == "undecided").any():  # cannot tell yet: gather more samples, decide on all of them
-            say(f"{int((table['verdict'] == 'undecided').sum())} time case(s) undecided: a confirmation round")
-            _asv([*run, "--bench", TIME_BENCHMARK, "--append-samples"], cwd=work, env=env, log=log)
-            table = decide()
+        if undecided:  # cannot tell yet: gather more samples for every commit, decide on all of them
+            say(f"{undecided} time case(s) undecided: a confirmation round")
+            _asv([*timed, "--bench", TIME_BENCHMARK, "--append-samples"], cwd=work, env=env, log=log)
+            tables = decide()
             confirmed = 1
-    table["confirmation_runs"] = confirmed
-    return Outcome(table=table, regressions=table[table["verdict"].isin(["regressed", "wrong"])],
-                   undecided=table[table["verdict"] == "undecided"], base=base_hash, head=head_hash,
-                   results_dir=work / "results")
+    outcomes = {}
+    for head, table in tables.items():
+        table["confirmation_runs"] = confirmed
+        outcomes[head] = Outcome(table=table, regressions=table[table["verdict"].isin(["regressed", "wrong"])],
+                                 undecided=table[table["verdict"] == "undecided"], base=base_hash,
+                                 head=head_hashes[head], results_dir=work / "results")
+    return outcomes
 
 
-def _compare_results(work: Path, machine: str, base: str, head: str, time_factor: float, memory_factor: float, log: Path,
-                     *, metric: str = "time", instructions_factor: float = INSTRUCTIONS_FACTOR) -> pd.DataFrame:
+def _load_results(work: Path, machine: str, commits: list[str], log: Path) -> tuple[pd.DataFrame, ...]:
+    """``(frame, samples, probes)`` of this gate run, for :func:`compare`; every commit must have results."""
     frame = load_asv(work / "results")
     frame = frame[frame["machine"] == machine]
-    missing = [c for c in (base, head) if c not in set(frame["commit"])]
+    missing = [c for c in commits if c not in set(frame["commit"])]
     if missing:
         try:
             tail = "\n".join(f"  {line}" for line in log.read_text(encoding="utf-8", errors="replace").splitlines()[-25:])
         except OSError:
             tail = "  (log unreadable)"
         raise RegressError(f"asv produced no results for {', '.join(m[:10] for m in missing)}; the end of {log}:\n{tail}")
-    return compare(frame, base, head, time_factor, memory_factor, samples=read_time_samples(work / "results", machine),
-                   probes=read_probes(work / PROBES), metric=metric, instructions_factor=instructions_factor)
+    return frame, read_time_samples(work / "results", machine), read_probes(work / PROBES)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
+import pytest
 import torch
 from hypothesis import settings
 
@@ -18,6 +20,20 @@ torch.set_num_threads(min(2, torch.get_num_threads()))
 
 FLOORS = gate.FLOORS  # one definition of the tolerance rule: the library's correctness gate
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+ROOT = Path(__file__).resolve().parents[1]
+ASV_ENV_DIR = ROOT / ".asv" / "test-env"
+"""asv's environments for every test that runs asv on commits (the regression gate's tests): built once, by the
+first of them, and reused by the rest and by later sessions. Those tests share one xdist group (or run serially),
+so two asv processes never install into it at once."""
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A ``serial`` test judges the machine's timing: beside a parallel neighbour it would measure the neighbour."""
+    if item.get_closest_marker("serial") and os.environ.get("PYTEST_XDIST_WORKER"):
+        pytest.fail("a serial test times the machine and cannot run beside parallel workers: "
+                    "run `pytest -n 2 -m 'not serial'` and then `pytest -m serial`", pytrace=False)
 
 
 def assert_close_to_reference(variant, q, k, v, mask, factor: float = gate.FACTOR) -> None:

@@ -14,7 +14,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attnbench.regress import compare, regress
+from attnbench import contract
+from attnbench.analysis.frame import load_asv
+from attnbench.regress import compare, regress, regress_many
+from tests.conftest import ASV_ENV_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 SUBSET = {
@@ -71,13 +74,23 @@ def throwaway(tmp_path_factory) -> Path:
     return repo
 
 
-def _run(repo: Path, head: str, tmp_path: Path):
-    return regress("base", head, repo=repo, subset=SUBSET, rounds=2, work_dir=tmp_path / head)
+HEADS = ["slow", "slow15", "fat", "same"]
+
+
+@pytest.fixture(scope="module")
+def gate(throwaway, tmp_path_factory):
+    """Every planted HEAD judged against BASE by the time gate in one asv run: BASE measured once, the rounds of all
+    five commits interleaved, asv's one environment (the tests below read their HEAD's outcome)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(contract.ENV_ENV_DIR, str(ASV_ENV_DIR))
+        return regress_many("base", HEADS, repo=throwaway, subset=SUBSET, rounds=2,
+                            work_dir=tmp_path_factory.mktemp("gate"))
 
 
 @pytest.mark.slow
-def test_planted_slowdown_is_flagged(throwaway, tmp_path):
-    outcome = _run(throwaway, "slow", tmp_path)
+@pytest.mark.serial
+def test_planted_slowdown_is_flagged(gate):
+    outcome = gate["slow"]
     flagged = outcome.regressions
     assert not outcome.passed
     assert ((flagged["metric"] == "time") & (flagged["variant"] == "batched")).any(), outcome.table.to_string()
@@ -87,9 +100,10 @@ def test_planted_slowdown_is_flagged(throwaway, tmp_path):
 
 
 @pytest.mark.slow
-def test_planted_1_5x_slowdown_never_passes(throwaway, tmp_path):
+@pytest.mark.serial
+def test_planted_1_5x_slowdown_never_passes(gate):
     """A 1.5x slowdown is regressed on at least one length, and no length of it passes silently."""
-    outcome = _run(throwaway, "slow15", tmp_path)
+    outcome = gate["slow15"]
     time_rows = outcome.table[(outcome.table["metric"] == "time") & (outcome.table["variant"] == "batched")]
     assert not outcome.passed
     assert (time_rows["verdict"] == "regressed").any(), time_rows.to_string()
@@ -97,8 +111,9 @@ def test_planted_1_5x_slowdown_never_passes(throwaway, tmp_path):
 
 
 @pytest.mark.slow
-def test_planted_extra_scores_copy_is_flagged(throwaway, tmp_path):
-    outcome = _run(throwaway, "fat", tmp_path)
+@pytest.mark.serial
+def test_planted_extra_scores_copy_is_flagged(gate):
+    outcome = gate["fat"]
     mem = outcome.regressions[outcome.regressions["metric"] == "peak_tensor_bytes"]
     assert set(mem["variant"]) == {"batched"} and set(mem["seq_len"]) == {256, 512}, outcome.table.to_string()
     # One more (B, H, L, L) buffer on top of BASE's peak: the growth is that buffer's size, whatever
@@ -109,11 +124,41 @@ def test_planted_extra_scores_copy_is_flagged(throwaway, tmp_path):
 
 
 @pytest.mark.slow
-def test_unchanged_commit_passes(throwaway, tmp_path):
+@pytest.mark.serial
+def test_unchanged_commit_passes(gate):
     """No false regression; a time case too noisy to decide is reported undecided (exit 4), never passed."""
-    outcome = _run(throwaway, "same", tmp_path)
+    outcome = gate["same"]
     assert outcome.regressions.empty, outcome.regressions.to_string()
     assert (outcome.table["verdict"] == "ok").sum() >= 8
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("asv")
+def test_planted_2x_is_flagged_by_instruction_counts(throwaway, tmp_path, monkeypatch):
+    """The count gate on the planted 2x: batched's counts double at every length, chunked's do not move; no timing
+    rounds run and nothing is undecided (asv's environment is the one the time gate built)."""
+    if shutil.which("valgrind") is None:
+        pytest.skip("valgrind is not installed (apt-get install valgrind)")
+    monkeypatch.setenv(contract.ENV_ENV_DIR, str(ASV_ENV_DIR))
+    outcome = regress("base", "slow", repo=throwaway, subset=SUBSET, metric="instructions", work_dir=tmp_path)
+    counts = outcome.table[outcome.table["metric"] == "instructions"].set_index(["variant", "seq_len"])
+    assert set(counts.index) == {(v, n) for v in ("batched", "chunked") for n in (256, 512)}, outcome.table.to_string()
+    for n in (256, 512):
+        assert counts.loc[("batched", n), "verdict"] == "regressed"
+        assert counts.loc[("batched", n), "ratio"] == pytest.approx(2.0, abs=0.01)
+        assert counts.loc[("chunked", n), "verdict"] == "ok" and abs(counts.loc[("chunked", n), "ratio"] - 1) < 1e-3
+    assert set(outcome.regressions["variant"]) == {"batched"} and outcome.undecided.empty
+    assert "time" not in set(outcome.table["metric"])  # counts decide: no timing rounds were run
+
+
+def test_regress_many_refuses_a_head_that_is_base_or_repeated():
+    head = _git(ROOT, "rev-parse", "HEAD")
+    with pytest.raises(ValueError, match="same commit"):
+        regress_many("HEAD~1", ["HEAD", head[:12], "HEAD~1"], repo=ROOT)
+    with pytest.raises(ValueError, match="different commits"):
+        regress_many("HEAD~1", ["HEAD", head[:12]], repo=ROOT)
+    with pytest.raises(ValueError, match="heads"):
+        regress_many("HEAD~1", [], repo=ROOT)
 
 
 @pytest.mark.slow
@@ -285,14 +330,16 @@ def test_base_equal_to_head_is_a_usage_error(capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("asv")
 def test_readme_command_works_in_a_fresh_clone(tmp_path):
-    """`attnbench regress HEAD~1 HEAD`, default options, in a fresh clone (builds asv's pinned env: minutes)."""
+    """`attnbench regress HEAD~1 HEAD`, default options, in a fresh clone: on the tests' small grid and in asv's
+    environment of the other gate tests (both set through the environment, as a user or a CI cache would)."""
     if shutil.which("git") is None:
         pytest.skip("git is not installed")
     branch = _git(ROOT, "rev-parse", "--abbrev-ref", "HEAD")
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", "--branch", branch, str(ROOT), str(clone)], check=True)
-    env = {**os.environ, "PYTHONPATH": str(clone)}
+    env = {**os.environ, "PYTHONPATH": str(clone), **SUBSET, contract.ENV_ENV_DIR: str(ASV_ENV_DIR)}
     out = subprocess.run([sys.executable, "-m", "attnbench.cli", "regress", "HEAD~1", "HEAD"],
                          cwd=clone, env=env, capture_output=True, text=True, timeout=3600)
     text = out.stdout + out.stderr
@@ -300,3 +347,5 @@ def test_readme_command_works_in_a_fresh_clone(tmp_path):
     assert ".asv/regress/.asv/regress" not in text and "Traceback" not in text
     assert any((clone / ".asv" / "regress" / "results").rglob("*.json")), text
     assert f"results: {clone / '.asv' / 'regress' / 'results'}" in text
+    ran = load_asv(clone / ".asv" / "regress" / "results")
+    assert set(ran["variant"]) == {"batched", "chunked"}, set(ran["variant"])  # the grid variables were honoured
