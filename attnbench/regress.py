@@ -350,6 +350,22 @@ def regress(base: str, head: str, **options) -> Outcome:
     return outcome
 
 
+def _commits(repo: Path, base: str, heads: list[str]) -> tuple[str, dict[str, str]]:
+    """BASE's full hash and each HEAD's (keyed as given); ValueError for anything that cannot be compared."""
+    if not heads:
+        raise ValueError("heads must name at least one revision")
+    if not (repo / "asv.conf.json").exists():
+        raise ValueError(f"repo must be an attnbench checkout with asv.conf.json, got {repo}")
+    base_hash = _git(repo, "rev-parse", "--verify", f"{base}^{{commit}}")
+    head_hashes = {head: _git(repo, "rev-parse", "--verify", f"{head}^{{commit}}") for head in heads}
+    for head, head_hash in head_hashes.items():
+        if head_hash == base_hash:
+            raise ValueError(f"BASE {base!r} and HEAD {head!r} are the same commit ({base_hash[:12]}): nothing to compare")
+    if len(set(head_hashes.values())) < len(heads):
+        raise ValueError(f"heads must be different commits, got {heads}")
+    return base_hash, head_hashes
+
+
 def regress_many(
     base: str,
     heads: list[str],
@@ -404,18 +420,8 @@ def regress_many(
     memory_factor = significance.check_factor("memory_factor", memory_factor)
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
-    if not heads:
-        raise ValueError("heads must name at least one revision")
     repo = Path(repo).resolve()
-    if not (repo / "asv.conf.json").exists():
-        raise ValueError(f"repo must be an attnbench checkout with asv.conf.json, got {repo}")
-    base_hash = _git(repo, "rev-parse", "--verify", f"{base}^{{commit}}")
-    head_hashes = {head: _git(repo, "rev-parse", "--verify", f"{head}^{{commit}}") for head in heads}
-    for head, head_hash in head_hashes.items():
-        if head_hash == base_hash:
-            raise ValueError(f"BASE {base!r} and HEAD {head!r} are the same commit ({base_hash[:12]}): nothing to compare")
-    if len(set(head_hashes.values())) < len(heads):
-        raise ValueError(f"heads must be different commits, got {heads}")
+    base_hash, head_hashes = _commits(repo, base, heads)
     # Relative to where the caller stands, resolved now: asv runs with cwd=work, where a relative path
     # would be taken a second time (".asv/regress/.asv/regress").
     work = check_writable_dir(work_dir, "work_dir", create=True).resolve() if work_dir else Path(tempfile.mkdtemp(prefix="attnbench-regress-"))
