@@ -24,9 +24,9 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 ROOT = Path(__file__).resolve().parents[1]
 ASV_ENV_DIR = ROOT / ".asv" / "test-env"
-"""asv's environments for every test that runs asv on commits (the regression gate's tests): built once, by the
-first of them, and reused by the rest and by later sessions. Those tests share one xdist group (or run serially),
-so two asv processes never install into it at once."""
+"""asv's environments for the tests that run asv on commits (the README's regress command in the parallel part, the
+planted-regression gate in the serial part): built once, by the first, and reused by the other and by later
+sessions. Two asv processes must never install into it at once: keep a second user of it out of the parallel part."""
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -2,7 +2,7 @@
 
 Wall time moves with whatever else the machine does; the number of instructions a call executes does
 not. :func:`count_instructions` counts many cases in ONE ``valgrind --tool=callgrind`` process
-(starting torch under valgrind takes one to three minutes): the process is started with collection
+(starting torch under valgrind takes half a minute or more): the process is started with collection
 off, and for each case it builds the very closure the runner times (:func:`attnbench.measure.runner.make_call`),
 makes the warm-up call, puts its result through the correctness gate, warms up again, then switches
 collection on for ``calls`` calls and dumps (``torch._C._valgrind_toggle`` /
@@ -19,9 +19,15 @@ with these (0.02 s natively), and one fixed instruction set makes a count the sa
 whatever its vector units. The count is the work the code does on that portable path; the host's
 fastest kernels are what the timings measure.
 
-Measured on this project's 2-core machine (valgrind 3.19, torch 2.13 CPU, one thread): torch starts
-under callgrind in about a minute (quiet) to three (busy), and a counted call runs about
-:data:`SLOWDOWN` times slower than natively, which the budget check uses.
+The process starts uninstrumented (``--instr-atstart=no``: valgrind's bare overhead, about 4x) and
+switches instrumentation on with ``callgrind_control --instr=on`` once torch and the variants are
+imported: torch's import then takes about 30 s under valgrind instead of 90 s (measured side by side on
+this project's busy 2-core machine). Without ``callgrind_control`` (it ships with valgrind) the whole
+process is instrumented, as before. Counted calls are the same either way: collection is switched per
+case, and the warm-up calls run instrumented.
+
+Measured on this project's 2-core machine (valgrind 3.19, torch 2.13 CPU, one thread): a counted call
+runs about :data:`SLOWDOWN` times slower than natively, which the budget check uses.
 """
 
 from __future__ import annotations
@@ -61,6 +67,10 @@ GATE_SLICES = 3
 """(batch, head) slices the gate checks under valgrind (the first, the last and a seeded one): the float64
 reference is the slowest part of a case there, and the timing run checks every slice of the same closure."""
 _SUMMARY = re.compile(rb"^summary:\s+(\d+)", re.MULTILINE)
+
+
+ENV_CONTROL = "ATTNBENCH_CALLGRIND_CONTROL"
+"""valgrind's ``callgrind_control``, for the counting process to switch instrumentation on once torch is imported."""
 
 
 def valgrind_version() -> str | None:
@@ -267,12 +277,13 @@ def _one_process(cases, config: CountConfig, version: str, arrived: Callable[[in
         jobs, results, out = tmp / "jobs.json", tmp / "results.jsonl", tmp / "callgrind.out"
         jobs.write_text(json.dumps({"config": dataclasses.asdict(config), "sys_path": sys.path,
                                     "cases": [[n, dataclasses.asdict(s)] for n, s in cases]}))
+        control = shutil.which("callgrind_control")  # with it, torch is imported uninstrumented (see _child)
         command = [shutil.which("valgrind") or PACKAGE, "--tool=callgrind", "--collect-atstart=no",
-                   f"--callgrind-out-file={out}", sys.executable, "-m", "attnbench.measure.instructions",
-                   str(jobs), str(results)]
+                   *(["--instr-atstart=no"] if control else []), f"--callgrind-out-file={out}",
+                   sys.executable, "-m", "attnbench.measure.instructions", str(jobs), str(results)]
         with open(tmp / "valgrind.log", "wb") as log:
             proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                    env={**os.environ, "PYTHONHASHSEED": "0", **COUNT_ENV})
+                                    env={**os.environ, "PYTHONHASHSEED": "0", **COUNT_ENV, ENV_CONTROL: control or ""})
             deadline = time.monotonic() + _timeout(cases, config)
             timed_out, counts = False, {}
             try:
@@ -347,6 +358,9 @@ def _child(jobs_path: str, results_path: str) -> None:
     load_plugins()
     config = CountConfig(**jobs["config"])
     regime.apply(regime.Regime(threads=config.threads))
+    if os.environ.get(ENV_CONTROL):  # started with --instr-atstart=no: instrument from here on (it answers when done)
+        subprocess.run([os.environ[ENV_CONTROL], "--instr=on", str(os.getpid())], check=True, capture_output=True,
+                       timeout=STARTUP_S)
     dumps = 0
     for index, (name, spec_fields) in enumerate(jobs["cases"]):
         append_line(results_path, json.dumps({"index": index, "started": True}))  # a case that kills us is named
