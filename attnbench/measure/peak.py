@@ -17,12 +17,13 @@ import math
 import os
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from attnbench.io import read_json_cache, write_json_cache
-from attnbench.measure.timer import TimerConfig, time_call
+from attnbench.measure.timer import TimerConfig, time_call, time_once
 from attnbench.spec import DTYPES
 
 
@@ -35,11 +36,33 @@ def _key(device: str, dtype: str) -> str:
     return f"{device}|{dtype}|threads={torch.get_num_threads()}|torch={torch.__version__}"
 
 
-def measure_matmul_peak(device: str = "cpu", dtype: str = "float32", n: int = 2048) -> float:
-    """Median FLOP/s of an ``n x n @ n x n`` matmul on random inputs (2 n^3 FLOPs per call)."""
+MAX_SIDE = 2048
+CALL_TARGET_S = 0.1
+"""The matmul grows (doubling from 256, up to :data:`MAX_SIDE`) while its next size's call is predicted within this."""
+
+
+def measure_matmul_peak(device: str = "cpu", dtype: str = "float32", n: int | None = None) -> float:
+    """Median FLOP/s of an ``n x n @ n x n`` matmul on random inputs (2 n^3 FLOPs per call).
+
+    ``n`` defaults to the largest power of two up to :data:`MAX_SIDE` whose call takes about
+    :data:`CALL_TARGET_S` at most: a dtype the hardware has no fast path for (bfloat16 on this project's CPU:
+    0.27 GFLOP/s, 63 s per 2048-wide call) is measured in a second, not in three minutes.
+    """
     gen = torch.Generator().manual_seed(0)
-    a, b = (torch.randn(n, n, generator=gen).to(device=device, dtype=DTYPES[dtype]) for _ in range(2))
-    samples, _ = time_call(lambda: a @ b, device, TimerConfig(warmup=2, min_runs=5, min_time=0.5, max_time=5.0))
+
+    def matmul(side: int) -> Callable[[], torch.Tensor]:
+        a, b = (torch.randn(side, side, generator=gen).to(device=device, dtype=DTYPES[dtype]) for _ in range(2))
+        return lambda: a @ b
+
+    if n is None:
+        n = 256
+        while n < MAX_SIDE:
+            call = matmul(n)
+            time_once(call, device)  # warm-up
+            if 8 * time_once(call, device) > CALL_TARGET_S:  # twice the side: 8x the work
+                break
+            n *= 2
+    samples, _ = time_call(matmul(n), device, TimerConfig(warmup=2, min_runs=5, min_time=0.5, max_time=5.0))
     return 2 * n**3 / statistics.median(samples)
 
 
