@@ -26,6 +26,23 @@ def test_ci_runs_the_readme_test_command_verbatim():
     assert _commands()[1] in (ROOT / ".ci" / "run").read_text()
 
 
+def test_ci_fails_when_any_part_of_the_test_command_fails(tmp_path):
+    """Planted (seen: a failing first pytest, then ruff passing, exit 0): the README command is an && chain, and
+    ``set -e`` does not stop at a failed command that is not its last. Run .ci/run's status handling with the
+    chain's commands replaced by ``false``/``true``."""
+    import subprocess
+
+    script = (ROOT / ".ci" / "run").read_text()
+    command = _commands()[1]
+    assert command in script
+    for failing in range(command.count("&&") + 1):
+        parts = ["false" if i == failing else "true" for i in range(command.count("&&") + 1)]
+        plant = script.replace(command, " && ".join(parts)).replace(".venv/bin/ruff check .", "true")
+        plant = plant.replace('cd "$(dirname "$0")/.."', "command() { return 1; }  # nothing to install")
+        (tmp_path / "run").write_text(plant)
+        assert subprocess.run(["bash", str(tmp_path / "run")], cwd=tmp_path).returncode != 0, failing
+
+
 def test_asv_config_pins_torch_like_the_constraints():
     conf = (ROOT / "asv.conf.json").read_text()
     pins = dict(line.split("==") for line in (ROOT / "constraints.txt").read_text().splitlines() if "==" in line)

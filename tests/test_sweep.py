@@ -245,13 +245,16 @@ def test_workers_start_with_ctrl_c_ignored():
         proc.join()
         return got
 
-    assert disposition(WorkerPool(env={"PLANT": "a"}))
     import attnbench.measure.worker as worker
 
-    saved = list(PRELOAD)
+    # As under a terminal: Python's KeyboardInterrupt handler (an xdist worker ignores SIGINT, and a process
+    # started from one inherits that, which would hide the planted fault below).
+    previous, saved = signal.signal(signal.SIGINT, signal.default_int_handler), list(PRELOAD)
     try:
+        assert disposition(WorkerPool(env={"PLANT": "a"}))
         worker.PRELOAD[:] = [m for m in PRELOAD if m != "attnbench.measure._forkserver"]
         assert not disposition(WorkerPool(env={"PLANT": "b"}))  # planted: the preload removed
     finally:
         worker.PRELOAD[:] = saved
         WorkerPool(env={"PLANT": "c"})  # a server with the full preload again
+        signal.signal(signal.SIGINT, previous)
