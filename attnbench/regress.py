@@ -450,7 +450,7 @@ def regress_many(
                 f"(the first run builds asv's pinned virtualenv: minutes; log {log_file})")
             _asv([*timed, "--bench", GATED], cwd=work, env=env, log=log)
         if metric != "time":  # one round: counts are deterministic (and each commit's setup_cache is one valgrind process)
-            say("counting instructions under valgrind: one process per commit (torch starts in 1-3 minutes)")
+            say("counting instructions under valgrind: one process per commit (torch starts in about half a minute)")
             _asv([*run, "--bench", INSTRUCTIONS], cwd=work, env=env, log=log)
 
         def decide() -> dict[str, pd.DataFrame]:

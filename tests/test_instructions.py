@@ -1,6 +1,6 @@
 """Instruction counts under valgrind: deterministic, doubled by doubled work, never taken of a wrong result.
 
-One valgrind process serves the module (torch starts under valgrind in one to three minutes).
+One valgrind process serves the module (torch starts under valgrind in about half a minute).
 """
 
 from __future__ import annotations
