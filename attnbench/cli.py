@@ -445,7 +445,9 @@ def cmd_regress(args: argparse.Namespace) -> int:
     if not outcome.regressions.empty:
         print(f"FAIL: {len(outcome.regressions)} regression(s):")
         for rec in outcome.regressions.to_dict("records"):
-            print(f"  {rec['benchmark']} [{rec['variant']}, L={rec['seq_len']}, {rec['mode']}]: {rec['metric']} x{rec['ratio']:.2f}")
+            digits = 4 if rec["metric"] == "instructions" else 2  # a count's growth of 0.2% is a verdict
+            print(f"  {rec['benchmark']} [{rec['variant']}, L={rec['seq_len']}, {rec['mode']}]: {rec['metric']} "
+                  f"x{rec['ratio']:.{digits}f}")
         return 1
     print(f"UNDECIDED: no regression found, but {len(outcome.undecided)} time case(s) could not be decided "
           "after a confirmation round (disturbed rounds, or too scattered to exclude a 1.5x slowdown); rerun with more "

@@ -340,7 +340,7 @@ def test_readme_command_works_in_a_fresh_clone(tmp_path):
         assert "falls back to time" in out.stderr, text
         return
     for n in (256, 512):
-        assert f"[batched, L={n}, forward]: instructions x2.00" in out.stdout, text
+        assert f"[batched, L={n}, forward]: instructions x2.00" in out.stdout, text  # x2.000x: 4 decimals
     counts = ran[ran["metric"] == "instructions"].pivot_table(index=["variant", "seq_len"], columns="commit", values="value")
     ratios = (counts.iloc[:, 0] / counts.iloc[:, 1]).to_dict()  # either order: the commits' columns sort by hash
     for n in (256, 512):
