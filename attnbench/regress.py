@@ -424,8 +424,8 @@ def regress_many(
     base_hash, head_hashes = _commits(repo, base, heads)
     # Relative to where the caller stands, resolved now: asv runs with cwd=work, where a relative path
     # would be taken a second time (".asv/regress/.asv/regress").
-    work = check_writable_dir(work_dir, "work_dir", create=True).resolve() if work_dir else Path(tempfile.mkdtemp(prefix="attnbench-regress-"))
-    work.mkdir(parents=True, exist_ok=True)
+    work = (check_writable_dir(work_dir, "work_dir", create=True).resolve() if work_dir
+            else Path(tempfile.mkdtemp(prefix="attnbench-regress-")))
     conf = _config(repo, work)
     (work / "hashes.txt").write_text("".join(f"{h}\n" for h in (base_hash, *head_hashes.values())))
     (work / PROBES).unlink(missing_ok=True)  # this gate run's rounds only
