@@ -400,8 +400,8 @@ def regress_many(
             taken from the current directory.
         machine: asv machine name to record results under.
         log_path: file receiving asv's full output (default ``<work_dir>/asv.log``).
-        metric: what decides (:data:`GATE_METRICS`): ``"time"``, ``"instructions"`` (valgrind's counts only: one
-            valgrind process per commit, no timing rounds) or ``"both"``.
+        metric: what decides (:data:`GATE_METRICS`): ``"time"``, ``"instructions"`` (valgrind's counts: one
+            valgrind process per commit; time is measured and shown beside them, not deciding) or ``"both"``.
         instructions_factor: allowed HEAD/BASE instruction count ratio.
         progress: called with a line as each step starts (the CLI prints it): asv's steps take minutes.
 
@@ -441,14 +441,9 @@ def regress_many(
         if machine_out.returncode != 0:
             raise RegressError(f"asv machine failed (exit {machine_out.returncode}):\n{output_tail(machine_out)}\nfull log: {log_file}")
         # Exit codes are deliberately unused: the result files are the truth.
-        if metric == "instructions":  # counts, bytes, FLOPs and correctness: deterministic, one round
-            say(f"measuring {commits}: the deterministic benchmarks, one round (the first run builds asv's pinned "
-                f"virtualenv: minutes; log {log_file})")
-            _asv([*run, "--bench", "|".join(contract.DETERMINISTIC_BENCHMARKS)], cwd=work, env=env, log=log)
-        else:
-            say(f"timing {commits}: {rounds} interleaved asv round(s) of the CI subset "
-                f"(the first run builds asv's pinned virtualenv: minutes; log {log_file})")
-            _asv([*timed, "--bench", GATED], cwd=work, env=env, log=log)
+        say(f"timing {commits}: {rounds} interleaved asv round(s) of the CI subset "
+            f"(the first run builds asv's pinned virtualenv: minutes; log {log_file})")
+        _asv([*timed, "--bench", GATED], cwd=work, env=env, log=log)
         if metric != "time":  # one round: counts are deterministic (and each commit's setup_cache is one valgrind process)
             say("counting instructions under valgrind: one process per commit (torch starts in about half a minute)")
             _asv([*run, "--bench", INSTRUCTIONS], cwd=work, env=env, log=log)
