@@ -31,6 +31,11 @@ PLOTTED_JS = """(where) => { let series = 0, points = 0;
       series += 1; points += s.data.filter(d => d && d[1] !== null && isFinite(d[1])).length; } });
   return [series, points]; }"""
 
+GRID_DRAWN_JS = """(() => { const shown = [...document.querySelectorAll(where + ' .benchmark-plot')].filter(d => {
+  const r = d.getBoundingClientRect(); return r.bottom > 0 && r.top < innerHeight; });
+  return shown.length > 0 && shown.every(d => jQuery(d).data('plot')); })()"""
+"""Every grid plot in view is drawn (asv draws them one by one as their data arrive, and only those in view)."""
+
 
 def _site_config(tmp: Path) -> Path:
     """The repository's asv.conf.json, beside a copy of the two-commit, two-machine fixture results.
@@ -202,23 +207,29 @@ def serve():
 
 
 def _tour(shots: Path):
-    """Actions for ``_browse`` opened on a graph page: the graph, then the list, regressions and grid pages."""
+    """Actions for ``_browse`` opened on a graph page: the graph, then the list, regressions and grid pages.
+
+    Each step waits for its own event (a plot with points, rows in the table), or for the sign that none can come:
+    no jQuery once the page has loaded (its scripts failed), as on a site whose assets are on a CDN."""
 
     def act(page) -> dict:
+        def settle(condition: str, arg: str) -> None:
+            with contextlib.suppress(Exception):  # a page that never draws (or leaves for error.html) is asserted on below
+                page.wait_for_function(f"where => !window.jQuery || ({condition})", arg=arg, timeout=15_000)
+
         seen = {}
-        with contextlib.suppress(Exception):  # a page that never draws (or leaves for error.html) is asserted on below
-            page.wait_for_function(f"where => ({PLOTTED_JS})(where)[1] > 0", arg="#graph-display", timeout=15_000)
+        settle(f"({PLOTTED_JS})(where)[1] > 0", "#graph-display")
         seen["plotted"] = page.evaluate(PLOTTED_JS, "#graph-display")
         seen["graph_text"] = page.inner_text("body")
         page.screenshot(path=str(shots / "graph.png"))
         rows = {}
         for view, selector in (("summarylist", "#summarylist-body table tbody tr"), ("regressions", "#regressions-body")):
             page.evaluate(f"window.location.hash = '#{view}'")
-            page.wait_for_timeout(1500)
+            settle("document.querySelectorAll(where).length > 0", selector)
             rows[view] = page.eval_on_selector_all(selector, "els => els.length")
         seen["rows"] = rows
         page.evaluate("window.location.hash = ''")
-        page.wait_for_timeout(2000)
+        settle(GRID_DRAWN_JS, "#summarygrid-display")
         seen["grid_plots"] = page.evaluate(PLOTTED_JS, "#summarygrid-display")
         seen["text"] = page.inner_text("body")
         return seen
