@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pickle
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,7 +19,10 @@ from attnbench.registry import default_variants
 settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True)
 settings.register_profile("dev", max_examples=50, deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
-torch.set_num_threads(min(2, torch.get_num_threads()))
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // WORKERS)))
+"""Each parallel worker gets its share of the cores: two workers of two threads on two cores spin in each other's
+OpenMP barriers (measured: the variant tests take 2.5x as long)."""
 
 FLOORS = gate.FLOORS  # one definition of the tolerance rule: the library's correctness gate
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -27,6 +33,35 @@ ASV_ENV_DIR = ROOT / ".asv" / "test-env"
 """asv's environments for the tests that run asv on commits (the README's regress command in the parallel part, the
 planted-regression gate in the serial part): built once, by the first, and reused by the other and by later
 sessions. Two asv processes must never install into it at once: keep a second user of it out of the parallel part."""
+
+
+FIRST = ("test_regress.py", "test_asv.py", "test_instructions.py", "test_report.py", "test_golden_report.py",
+         "test_sweep.py", "test_gqa.py", "test_regime.py")
+"""Modules with minutes of work (asv on commits, valgrind, whole sweeps, reports), longest first. The README's test
+command hands out whole modules (``--dist loadscope --no-loadscope-reorder``: a module's fixtures are built once), in
+this order: each of these starts at once on a worker of its own, none is left last to a worker alone at the end."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        rank = {name: i for i, name in enumerate(FIRST)}
+        items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))  # stable: same order in every worker
+
+
+def once_per_session(factory: pytest.TempPathFactory, name: str, compute: Callable[[], object]) -> object:
+    """``compute()`` once per test session even across parallel workers: the first to ask computes it under a file
+    lock and leaves it pickled in the session's shared temporary directory; the others wait and read it."""
+    root = factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # pytest-N/ holds every worker's popen-gwK/ of this session
+    path = root / f"{name}.pickle"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists():
+            return pickle.loads(path.read_bytes())
+        value = compute()
+        path.write_bytes(pickle.dumps(value))
+        return value
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

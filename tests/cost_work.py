@@ -93,3 +93,14 @@ def work_at(length: int) -> tuple[dict[str, tuple[int, int]], int]:
     return {k: tuple(v) for k, v in result["work"].items()}, result["maxrss"]
 
 
+
+
+SHORT = 4096
+"""The short length every long one is compared with."""
+
+
+def work_at_short(factory) -> tuple[dict[str, tuple[int, int]], int]:
+    """:func:`work_at` of :data:`SHORT`, counted once a session (tests/test_flops.py and tests/test_fault_battery.py)."""
+    from tests.conftest import once_per_session
+
+    return once_per_session(factory, f"cost-work-{SHORT}", lambda: work_at(SHORT))

@@ -51,9 +51,7 @@ def test_asv_check(asv_env):
 
 
 @pytest.mark.slow
-def test_asv_quick_run_has_no_failures(asv_env):
-    from attnbench import asv_bench
-
+def test_asv_quick_run_has_no_failures(asv_env, tmp_path_factory):
     tmp, env, head = asv_env
     out = _asv(["run", "--python=same", "--quick", "--set-commit-hash", head, "--machine", "smoke"], env, tmp)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -74,12 +72,14 @@ def test_asv_quick_run_has_no_failures(asv_env):
     assert set(gqa["kv_heads"]) == {2} and set(gqa["heads"]) == {8} and set(gqa["workload"]) == {"prefill"}
     assert {"time", "peak_tensor_bytes"} <= set(gqa["metric"])
     assert set(ok.loc[~ok["benchmark"].str.contains("GroupedQuery"), "kv_heads"]) == {8}
-    from attnbench.measure.instructions import count_instructions, valgrind_version
+    from attnbench.measure.instructions import valgrind_version
 
     if valgrind_version() is not None:  # the Instructions class: every case counted in one valgrind process
         counted = ok[ok["metric"] == "instructions"].set_index(["variant", "seq_len", "mode"])["value"]
         assert {"batched", "chunked"} <= set(counted.index.get_level_values(0)) and (counted > 0).all()
-        (direct,) = count_instructions([("batched", asv_bench.spec_for("batched", 128, "cpu", "forward"))])
+        from tests.test_instructions import shared_counts  # the same case counted directly (count_instructions)
+
+        direct = shared_counts(tmp_path_factory)["asv"]
         assert counted[("batched", 128, "forward")] == pytest.approx(direct.instructions, rel=1e-3)
 
 

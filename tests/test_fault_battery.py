@@ -23,7 +23,7 @@ from attnbench.measure import MeasureConfig, measure
 from attnbench.measure.timer import TimerConfig
 from attnbench.variants.block_sparse import BlockSparseAttention, block_pattern
 from attnbench.variants.compiled import FlexAttention
-from tests.cost_work import work_at
+from tests.cost_work import SHORT, work_at, work_at_short
 
 FAST = MeasureConfig(timer=TimerConfig(min_runs=2, min_time=0.01, max_time=0.2), measure_rss=False, measure_memory=False,
                      probe=False)
@@ -325,13 +325,13 @@ def test_block_sparse_refuses_lengths_beyond_its_pattern_limit():
 
 # ---- 5 and 13: cost models answer at any length, counted in work, never in seconds -----------
 @pytest.fixture(scope="module")
-def work():
-    return {length: work_at(length) for length in (4096, 10**9)}
+def work(tmp_path_factory):
+    return {SHORT: work_at_short(tmp_path_factory), 10**9: work_at(10**9)}
 
 
 def test_cost_models_answer_at_a_billion_with_the_work_of_a_short_length(work):
     """Every variant x mask x mode, and measure()'s guard: the same Python work at L = 10**9 as at 4096."""
-    short, _ = work[4096]
+    short, _ = work[SHORT]
     huge, _ = work[10**9]
     assert short.keys() == huge.keys()
     grown = {k: (short[k][0], huge[k][0]) for k in short if huge[k][0] > 2 * short[k][0] + 200}

@@ -19,7 +19,7 @@ from attnbench.variants.base import Contraction
 from attnbench.variants.batched import BatchedAttention
 from studies.flop_audit import counted_flops
 from tests.conftest import all_variants
-from tests.cost_work import work_at
+from tests.cost_work import work_at, work_at_short
 
 COUNTER_CANNOT_RUN = {"flex"}  # FlopCounterMode has no implementation for the CPU flex HOP
 SHAPES = {
@@ -188,7 +188,7 @@ def test_planted_phantom_contraction_is_caught():
     assert _relative_gap(Phantom().counter_visible_flops(spec), counted_flops(Phantom(), spec)) > 0.05
 
 
-def test_cost_models_do_no_quadratic_work_at_long_lengths():
+def test_cost_models_do_no_quadratic_work_at_long_lengths(tmp_path_factory):
     """flops / predicted_peak_bytes / useful_pairs / executed_pairs at L=65536 (and torch_mha at H16 D1024): small work, small RSS.
 
     Work is counted, never timed (a timed bound failed beside other work): the Python lines every
@@ -196,7 +196,7 @@ def test_cost_models_do_no_quadratic_work_at_long_lengths():
     16-fold), no tensor beyond O(L) elements is built, and the fresh process's peak RSS, which
     measures only these calls, stays small (a dense L x L bool pattern at L=65536 alone is 4.3 GB).
     """
-    (short, _), (long, rss) = work_at(4096), work_at(65536)
+    (short, _), (long, rss) = work_at_short(tmp_path_factory), work_at(65536)
     grown = {k: (short[k][0], long[k][0]) for k in short if long[k][0] > 2 * short[k][0] + 200}
     assert not grown, f"Python lines (L=4096, L=65536) that grew with the length: {grown}"
     quadratic = {k: v[1] for k, v in long.items() if v[1] > 65536}

@@ -1,6 +1,7 @@
 """Instruction counts under valgrind: deterministic, doubled by doubled work, never taken of a wrong result.
 
-One valgrind process serves the module (torch starts under valgrind in about half a minute).
+One valgrind process (two: one case kills it) serves the module and tests/test_asv.py, once a session (torch starts
+under valgrind in about half a minute).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import pytest
 
 from attnbench.measure.instructions import Count, CountConfig, CountError, count_instructions, valgrind_version
 from attnbench.spec import AttnSpec
+from tests.conftest import once_per_session
 
 pytestmark = [
     pytest.mark.slow,
@@ -21,19 +23,32 @@ SMALL = AttnSpec(batch=1, heads=2, seq_len=256, head_dim=64)  # big enough that 
 PLUGIN = "tests.planted_variants"
 
 
-@pytest.fixture(scope="module")
-def counts(request) -> dict[str, Count]:
+def shared_counts(factory: pytest.TempPathFactory) -> dict[str, Count]:
     """batched twice (same case), the planted 2x, a wrong one, an unsupported one, one that kills the process (a
-    second process counts the case after it)."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv("ATTNBENCH_PLUGINS", PLUGIN)  # the child loads the planted variants as a plugin
-    import tests.planted_variants  # noqa: F401 - registers them here too (names are checked before counting)
+    second process counts the case after it), and the case asv's Instructions class counts for batched at L=128
+    (``asv``, read by tests/test_asv.py). Counted once per session, whichever parallel worker asks first."""
+    from attnbench import asv_bench
 
-    request.addfinalizer(mp.undo)
-    cases = [("batched", SMALL), ("batched", SMALL), ("planted_twice", SMALL), ("planted_off", SMALL),
-             ("sdpa_cudnn", SMALL), ("batched", SMALL.replace(seq_len=512)), ("planted_abort", SMALL), ("sdpa", SMALL)]
-    found = count_instructions(cases, CountConfig(calls=3, warmup_calls=1))
-    return dict(zip(["first", "again", "twice", "wrong", "unsupported", "longer", "dead", "after"], found, strict=True))
+    def count() -> dict[str, Count]:
+        import tests.planted_variants  # noqa: F401 - registers them here too (names are checked before counting)
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("ATTNBENCH_PLUGINS", PLUGIN)  # the child loads the planted variants as a plugin
+            found = count_instructions(CASES + [("batched", asv_bench.spec_for("batched", 128, "cpu", "forward"))],
+                                       CountConfig(calls=3, warmup_calls=1))
+        return dict(zip([*NAMES, "asv"], found, strict=True))
+
+    return once_per_session(factory, "instruction-counts", count)
+
+
+CASES = [("batched", SMALL), ("batched", SMALL), ("planted_twice", SMALL), ("planted_off", SMALL),
+         ("sdpa_cudnn", SMALL), ("batched", SMALL.replace(seq_len=512)), ("planted_abort", SMALL), ("sdpa", SMALL)]
+NAMES = ["first", "again", "twice", "wrong", "unsupported", "longer", "dead", "after"]
+
+
+@pytest.fixture(scope="module")
+def counts(tmp_path_factory) -> dict[str, Count]:
+    return shared_counts(tmp_path_factory)
 
 
 def test_the_same_case_counts_the_same_in_one_process(counts):
