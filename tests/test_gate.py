@@ -202,6 +202,7 @@ def test_performer_passes_its_own_bound():
     assert m.softmax_error >= m.extra["softmax_mean_error"]  # the max is recorded too
 
 
+@pytest.mark.slow
 def test_cli_run_records_planted_variants_wrong(tmp_path):
     (tmp_path / "gate_plants.py").write_text(PLANTS)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}

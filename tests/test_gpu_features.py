@@ -44,6 +44,7 @@ def test_provenance_table_flags_math_fallbacks(tmp_path):
     assert "fell back to math" in table.loc["sdpa", "note"]
 
 
+@pytest.mark.slow
 def test_compile_time_is_recorded_and_never_timed():
     torch._dynamo.reset()  # a graph compiled by an earlier test for this shape would be reused
     spec = SMALL.replace(seq_len=40, head_dim=12)  # a shape no other test compiles (Inductor's in-process caches)

@@ -120,6 +120,7 @@ def test_a_run_older_than_gqa_loads_as_prefill_mha_with_derived_traffic(tmp_path
 FAST = ["--quiet", "--no-report", "--no-probe", "--min-time", "0.01", "--max-time", "0.05", "--min-runs", "2"]
 
 
+@pytest.mark.slow
 def test_decode_run_crosses_kv_heads_head_dims_and_batches(tmp_path, capsys):
     from attnbench.cli import main
 

@@ -23,6 +23,7 @@ def test_a_missing_module_is_named():
         load_plugins(["no_such_plugin_module"])
 
 
+@pytest.mark.slow
 def test_cli_plugin_registers_a_variant(tmp_path):
     (tmp_path / "my_variants.py").write_text(
         "import attnbench\nfrom attnbench.variants.batched import BatchedAttention\n"

@@ -103,6 +103,7 @@ def _line(code: str) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_worker_fresh_process_and_asv_measure_in_the_same_state():
     """``attnbench run``'s worker, a plain process calling ``measure`` and asv's process report one state.
 
@@ -150,6 +151,7 @@ def _gate_faults(gate: str, pin: str) -> int:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_page_faults_of_a_timed_call_do_not_depend_on_the_gate_running_first():
     """The gate's float64 reference frees large buffers just before timing. In the regime (which ``measure``
     applies itself) the timed call maps the same pages either way; planted, an unpinned allocator lets

@@ -64,6 +64,7 @@ def test_report_is_self_contained_and_complete(report):
     assert "gpu-box" in page
 
 
+@pytest.mark.slow
 def test_report_from_a_run_directory(tmp_path):
     """Every figure a run can produce, including speedup over loop and the approximate-variant plot."""
     from attnbench.measure import MeasureConfig, sweep
@@ -150,6 +151,7 @@ def default_like_run(tmp_path_factory) -> Path:
     return _scaled_run(tmp / "run", variants, (64, 128, 256, 512, 1024, 2048), factor=1.0)
 
 
+@pytest.mark.slow
 def test_first_screen_holds_findings_and_the_headline_figure_and_the_page_is_short(default_like_run, tmp_path):
     """At 1400x900: the findings and a whole figure on the first screen, at most 10 screens, details
     collapsed, no horizontal scrolling, and the inline sort works (click a header, the order flips)."""
@@ -497,6 +499,7 @@ def test_an_inconclusive_decode_fit_is_shown_but_never_a_finding(tmp_path):
     assert not [f for f in analysis.findings if f.text.startswith("Decode")]
 
 
+@pytest.mark.slow
 def test_no_decode_section_without_decode_cases(default_like_run, tmp_path):
     page = build_report([default_like_run], tmp_path / "out").read_text()
     assert "Prefill vs decode" not in page and not (tmp_path / "out" / "figures" / "prefill_decode.png").exists()
