@@ -81,20 +81,24 @@ def _peak(variant, spec, requires_grad=False):
 
 
 def _gemm_scratch(variant, spec) -> int:
-    """Bytes torch's own CPU ``bmm`` allocates inside one score-tile product of ``spec``: 0 where the CPU multiplies
-    the dtype natively; one float32 tile per thread where it does not (bfloat16 without AVX512-BF16 or AMX, seen:
-    1,572,992 bytes a thread at L=1536, H=2). Not attnbench's buffers, so not in its model: measured here."""
+    """Bytes torch's own CPU GEMMs allocate inside one query block's two products (scores ``Q Kᵀ``, then ``P V``),
+    measured on the forward's own shapes: 0 where the CPU multiplies the dtype natively; a float32 tile's worth where
+    it does not (bfloat16 without AVX512-BF16 or AMX: seen 140,288 to 214,656 bytes for the first product and
+    197,632 for the second at L=1536, H=2, with one or both alive at the forward's peak, by process history). Not
+    attnbench's buffers, so not in its model: the sum bounds what they add."""
     cq, ck = variant.chunks(spec.lq, spec.lk, spec.dtype)
-    q, k, _, _ = spec.make_inputs(mask_form="mod")
-    q, k = q.flatten(0, 1)[:, :cq], k.flatten(0, 1)[:, :ck]
-    out = q.new_empty(q.shape[0], cq, ck)
-    return cpu_peak_tensor_bytes(lambda: torch.bmm(q, k.transpose(1, 2), out=out)) or 0
+    q, k, v, _ = spec.make_inputs(mask_form="mod")
+    q, k, v = (t.flatten(0, 1) for t in (q, k, v))  # (B*H, L, D)
+    scores, acc = q.new_empty(q.shape[0], cq, ck), q.new_empty(q.shape[0], cq, v.shape[-1])
+    products = (lambda: torch.bmm(q[:, :cq], k[:, :ck].transpose(1, 2), out=scores),
+                lambda: torch.bmm(scores, v[:, :ck], out=acc))
+    return sum(cpu_peak_tensor_bytes(product) or 0 for product in products)
 
 
 @pytest.mark.parametrize("case", MEMORY_CASES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
 def test_forward_peak_matches_the_memory_model(case):
-    """The measured forward peak is the predicted one (1%) plus torch's own GEMM scratch on this CPU; planted: the
-    per-tile functional path exceeds it."""
+    """The measured forward peak is the predicted one (1%), plus at most torch's own GEMM scratch on this CPU (none in
+    float32); planted: the per-tile functional path exceeds it."""
     spec = AttnSpec(batch=1, **case)
     variant = attnbench.get_variant("chunked")
     predicted = variant.predicted_peak_bytes(spec)
@@ -103,7 +107,7 @@ def test_forward_peak_matches_the_memory_model(case):
         pytest.skip("the profiler's memory timeline is unavailable")
     scratch = _gemm_scratch(variant, spec)
     tile = math.prod(variant.chunks(spec.lq, spec.lk, spec.dtype)) * 4  # one float32 score tile of one head
-    assert scratch <= 1.05 * tile * torch.get_num_threads(), (scratch, tile)  # a tile a thread at most
-    assert abs(peak - scratch - predicted) / predicted < 0.01, (peak, scratch, predicted)
+    assert scratch <= 2 * 1.05 * tile * torch.get_num_threads(), (scratch, tile)  # a tile a thread a product at most
+    assert -0.01 * predicted < peak - predicted < scratch + 0.01 * predicted, (peak, scratch, predicted)
     # A score buffer allocated per tile (what the reuse defends against) is visibly more than the model.
     assert _peak(variant, spec, requires_grad=True) > 1.1 * predicted
