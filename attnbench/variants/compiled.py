@@ -97,7 +97,9 @@ class CompiledVariant(Variant):
         self.IN_DEFAULT_SWEEP = False  # compiling costs seconds per shape
         self.source = f"torch.compile of {base.name} ({base.source})"
         self.scale = self.base.scale
-        self._compiled = torch.compile(self.base.forward, mode=mode, dynamic=dynamic)
+        self._mode, self._dynamic = mode, dynamic
+        self._compiled = None  # torch.compile's wrapper, made on the first call: making it imports Dynamo and
+        # Inductor (4.5 s here), which every process that merely lists the variants would otherwise pay
 
     # Everything the cost model and the capability rules say comes from the base.
     def _same_qk_dim(self) -> bool:
@@ -147,6 +149,8 @@ class CompiledVariant(Variant):
         return _first_call(call)
 
     def forward(self, q, k, v, mask):
+        if self._compiled is None:
+            self._compiled = torch.compile(self.base.forward, mode=self._mode, dynamic=self._dynamic)
         return self._compiled(q, k, v, mask)
 
 
