@@ -69,10 +69,6 @@ REGIME = regime.Regime(threads=regime.DEFAULT_THREADS)
 """The regime asv's processes start in (threads, pinned allocator thresholds), as for ``attnbench run``."""
 CASE_KEYS = ("variant", "seq_len", "device", "mode", "mask")
 PROBES = "probes.jsonl"
-INSTALL_ENV = {"PIP_COMPILE": "false"}
-"""asv's pip installs skip byte-compiling: building the pinned environment took 44 s of pip with it and 17 s without
-on this project's 2-core machine (torch's thousands of modules); the benchmarks compile what they import, once.
-Set in the process environment, not in asv.conf.json's matrix, which would rename the environment (and its results)."""
 """The calibration probes of the gate's time rounds, in its work directory."""
 SampleKey = tuple  # (commit, variant, seq_len, device, mode, mask)
 
@@ -435,7 +431,7 @@ def regress_many(
     (work / PROBES).unlink(missing_ok=True)  # this gate run's rounds only
     if subset is None:  # the CI subset, narrowed by the grid variables the caller set (e.g. ATTNBENCH_ASV_VARIANTS)
         subset = {**CI_SUBSET, **{k: os.environ[k] for k in contract.GRID_ENV if os.environ.get(k, "").strip()}}
-    env = {**os.environ, **INSTALL_ENV, **subset, **regime.child_env(REGIME), contract.ENV_PROBE_LOG: str(work / PROBES)}
+    env = {**os.environ, **subset, **regime.child_env(REGIME), contract.ENV_PROBE_LOG: str(work / PROBES)}
     commits = f"BASE {base_hash[:10]} and " + ", ".join(f"HEAD {h[:10]}" for h in head_hashes.values())
     run = ["run", f"HASHFILE:{work / 'hashes.txt'}", "--config", str(conf), "--machine", machine, "--show-stderr"]
     timed = [*run, "--interleave-rounds", "--attribute", f"rounds={rounds}", "--record-samples"]
