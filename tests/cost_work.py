@@ -18,6 +18,7 @@ WORK_COUNTER = textwrap.dedent(
     """
     import json, resource, sys
     import torch
+    import torch._dynamo  # noqa: F401 - the first dispatch mode imports it lazily: an import, not the cost model's work
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves
     import attnbench

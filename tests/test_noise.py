@@ -54,9 +54,12 @@ def test_a_case_disturbed_on_every_attempt_is_noisy_with_its_slowdown(monkeypatc
 
 
 def test_a_passing_disturbance_is_retried_and_the_quiet_attempt_kept(monkeypatch):
-    """Planted: the first attempt's two probes are slow, then the machine is quiet again."""
+    """Planted: the first attempt's two probes are slow, then the machine is quiet again. The blocks are scripted
+    too: real blocks timed beside parallel tests can split into two clusters, a disturbance of their own (seen: a
+    third attempt)."""
     scripted = ScriptedProbe(slow_calls=2)
     monkeypatch.setattr(probe, "probe_seconds", scripted)
+    monkeypatch.setattr(runner, "time_call", lambda *a, **k: ([1e-3] * 10, 10))
     m = measure("batched", SPEC, MeasureConfig(timer=FAST, retries=2, probe_baseline_s=1e-3))
     assert m.status == "ok", m.reason
     assert m.attempts == 2
