@@ -394,8 +394,9 @@ def regress_many(
         time_factor: allowed HEAD/BASE time ratio.
         memory_factor: allowed HEAD/BASE peak tensor bytes ratio.
         rounds: asv rounds, interleaved across the commits.
-        subset: grid environment (default :data:`CI_SUBSET`, with any of :data:`contract.GRID_ENV` set in the
-            environment taking precedence).
+        subset: grid variables narrowing :data:`CI_SUBSET` (a variable it does not set keeps the CI grid's value:
+            ``{"ATTNBENCH_ASV_VARIANTS": "batched"}`` is batched on the CI grid's lengths, modes and masks); default:
+            the ones of :data:`contract.GRID_ENV` set in the environment.
         work_dir: where results and the asv log go (default: a new temporary directory); a relative path is
             taken from the current directory.
         machine: asv machine name to record results under.
@@ -429,8 +430,9 @@ def regress_many(
     conf = _config(repo, work)
     (work / "hashes.txt").write_text("".join(f"{h}\n" for h in (base_hash, *head_hashes.values())))
     (work / PROBES).unlink(missing_ok=True)  # this gate run's rounds only
-    if subset is None:  # the CI subset, narrowed by the grid variables the caller set (e.g. ATTNBENCH_ASV_VARIANTS)
-        subset = {**CI_SUBSET, **{k: os.environ[k] for k in contract.GRID_ENV if os.environ.get(k, "").strip()}}
+    if subset is None:  # the grid variables the caller set (e.g. ATTNBENCH_ASV_VARIANTS)
+        subset = {k: os.environ[k] for k in contract.GRID_ENV if os.environ.get(k, "").strip()}
+    subset = {**CI_SUBSET, **subset}  # whatever they leave unset stays the CI grid's (not asv's whole grid)
     env = {**os.environ, **subset, **regime.child_env(REGIME), contract.ENV_PROBE_LOG: str(work / PROBES)}
     commits = f"BASE {base_hash[:10]} and " + ", ".join(f"HEAD {h[:10]}" for h in head_hashes.values())
     run = ["run", f"HASHFILE:{work / 'hashes.txt'}", "--config", str(conf), "--machine", machine, "--show-stderr"]

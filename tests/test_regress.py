@@ -303,6 +303,28 @@ def test_relative_work_dir_is_taken_once_from_the_invocation_directory(tmp_path,
     assert "exit 1" in message and str(work / "asv.log") in message
 
 
+def test_a_subset_narrows_the_ci_grid(tmp_path, monkeypatch):
+    """Planted: a subset naming variants and lengths only ran asv's whole mask axis (none and causal: twice the CI
+    grid's cases); what a subset leaves unset is the CI grid's, as for the grid variables of the environment."""
+    import attnbench.regress as regress_module
+    from attnbench.regress import RegressError
+
+    seen = []
+
+    def fake_asv(args, *, cwd, env, log):
+        seen.append(env)
+        return subprocess.CompletedProcess(args, 1, stdout="", stderr="stopped here by the test")
+
+    monkeypatch.setattr(regress_module, "_asv", fake_asv)
+    monkeypatch.delenv(contract.ENV_MASKS, raising=False)
+    with pytest.raises(RegressError):
+        regress("HEAD~1", "HEAD", repo=ROOT, work_dir=tmp_path, subset={contract.ENV_VARIANTS: "batched"})
+    ci = contract.grid_environment(contract.GRIDS["ci"])
+    assert seen[0][contract.ENV_VARIANTS] == "batched"
+    assert seen[0][contract.ENV_MASKS] == ci[contract.ENV_MASKS] == "none"
+    assert seen[0][contract.ENV_LENGTHS] == ci[contract.ENV_LENGTHS]
+
+
 def test_base_equal_to_head_is_a_usage_error(capsys):
     from attnbench.cli import main
 
