@@ -198,6 +198,34 @@ def test_timer_counts_calls_and_agrees_with_blocked_autorange_structurally():
     assert 0.5 < ours / theirs < 2.0  # a per-call bookkeeping bug would be off by the block size
 
 
+def test_cache_flushes_are_inside_max_time_and_reuse_one_buffer(monkeypatch):
+    """Planted: a flush costing 50 ms before every 1 us call (a fake clock: counted, never timed). ``max_time`` bounds
+    the wall time, flushes included: before, it bounded the timed calls alone, and a decode case at the default
+    0.25 s of timed calls took 2 minutes of flushing (0.3 ms calls, 0.12 s flushes). One buffer per timing."""
+    from attnbench.measure import timer
+
+    now = [0.0]
+    monkeypatch.setattr(timer.time, "perf_counter", lambda: now[0])
+    made = []
+
+    def flusher(device):
+        made.append(device)
+
+        def flush():
+            now[0] += 0.05
+        return flush
+
+    def call():
+        now[0] += 1e-6
+
+    monkeypatch.setattr(timer, "cache_flusher", flusher)
+    samples, calls = time_call(call, "cpu", TimerConfig(warmup=1, warmup_time=0.0, min_runs=2, min_time=0.25,
+                                                        max_time=0.3, flush_cache=True))
+    assert len(made) == 1
+    assert 2 <= len(samples) == calls <= 7  # 0.3 s of 50 ms flushes: six or seven samples, never 250,000
+    assert all(s == pytest.approx(1e-6) for s in samples)
+
+
 def test_measurement_statistics_are_derived():
     m = Measurement(variant="x", spec=SMALL, status="ok", samples=(1.0, 2.0, 3.0, 4.0, 100.0))
     assert m.median == 3.0 and m.iqr == 2.0 and m.noisy
