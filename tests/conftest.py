@@ -35,11 +35,14 @@ planted-regression gate in the serial part): built once, by the first, and reuse
 sessions. Two asv processes must never install into it at once: keep a second user of it out of the parallel part."""
 
 
-FIRST = ("test_regress.py", "test_asv.py", "test_instructions.py", "test_report.py", "test_golden_report.py",
-         "test_sweep.py", "test_gqa.py", "test_regime.py")
+FIRST = ("test_regress.py", "test_asv.py", "test_report.py", "test_instructions.py", "test_errors.py",
+         "test_golden_report.py", "test_sweep.py", "test_gate.py", "test_regime.py", "test_gqa.py")
 """Modules with minutes of work (asv on commits, valgrind, whole sweeps, reports), longest first. The README's test
 command hands out whole modules (``--dist loadscope --no-loadscope-reorder``: a module's fixtures are built once), in
-this order: each of these starts at once on a worker of its own, none is left last to a worker alone at the end."""
+this order: each of the first four starts at once on a worker of its own, none is left last to a worker alone at the
+end. xdist hands every worker a second module at the start, in the same worker order: the fifth module waits behind
+the first, the longest (the README's regress command, minutes), so it is a small one (seen: the golden report there,
+started after 410 s, was the last 25 s of the run)."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
