@@ -7,7 +7,6 @@ on how busy the machine running them is.
 from __future__ import annotations
 
 import math
-import time
 
 import pytest
 
