@@ -152,11 +152,17 @@ def default_like_run(tmp_path_factory) -> Path:
     return _scaled_run(tmp / "run", variants, (64, 128, 256, 512, 1024, 2048), factor=1.0)
 
 
+@pytest.fixture(scope="module")
+def default_like_report(default_like_run, tmp_path_factory) -> Path:
+    """The page of :func:`default_like_run`, rendered once for the tests that read it."""
+    return build_report([default_like_run], tmp_path_factory.mktemp("default-report") / "out")
+
+
 @pytest.mark.slow
-def test_first_screen_holds_findings_and_the_headline_figure_and_the_page_is_short(default_like_run, tmp_path):
+def test_first_screen_holds_findings_and_the_headline_figure_and_the_page_is_short(default_like_report, tmp_path):
     """At 1400x900: the findings and a whole figure on the first screen, at most 10 screens, details
     collapsed, no horizontal scrolling, and the inline sort works (click a header, the order flips)."""
-    page_path = build_report([default_like_run], tmp_path / "out")
+    page_path = default_like_report
 
     def sort(page):
         first = lambda: page.eval_on_selector("#exponents tbody tr td", "e => e.textContent")  # noqa: E731
@@ -501,9 +507,9 @@ def test_an_inconclusive_decode_fit_is_shown_but_never_a_finding(tmp_path):
 
 
 @pytest.mark.slow
-def test_no_decode_section_without_decode_cases(default_like_run, tmp_path):
-    page = build_report([default_like_run], tmp_path / "out").read_text()
-    assert "Prefill vs decode" not in page and not (tmp_path / "out" / "figures" / "prefill_decode.png").exists()
+def test_no_decode_section_without_decode_cases(default_like_report):
+    page = default_like_report.read_text()
+    assert "Prefill vs decode" not in page and not (default_like_report.parent / "figures" / "prefill_decode.png").exists()
 
 
 def test_the_roofline_without_a_recorded_bandwidth_draws_the_compute_roof_only(tmp_path):
