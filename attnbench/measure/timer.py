@@ -2,10 +2,9 @@
 
 Like ``torch.utils.benchmark.Timer.blocked_autorange``: calls are grouped into blocks of at least
 ``block_time`` seconds so timer overhead is negligible for fast calls, and blocks repeat until both
-``min_runs`` calls and ``min_time`` seconds of timed calls have been spent (or ``max_time`` seconds of wall
-time, untimed cache flushes included, have passed). Each
-sample is the mean per-call time of one block. On CUDA the block is bracketed by CUDA events and
-synchronised before the clock is read.
+``min_runs`` calls and ``min_time`` seconds of timed calls have been spent (or ``max_time`` seconds of
+wall time, untimed cache flushes included, have passed). Each sample is the mean per-call time of one
+block. On CUDA the block is bracketed by CUDA events and synchronised before the clock is read.
 """
 
 from __future__ import annotations
