@@ -159,9 +159,7 @@ GATE_METRICS = ("time", "instructions", "both")
 """What decides: wall time (samples and probes), instruction counts (valgrind), or both."""
 INSTRUCTIONS_FACTOR = contract.INSTRUCTIONS_FACTOR
 DISAGREE_TIME = 1.5
-"""A time ratio this far from 1 beside flat counts is a disagreement worth a note (the gate's never-forgiven slowdown)."""
-DISAGREE_COUNTS = 0.005
-"""Counts within this of 1 are flat (well above their A/A spread)."""
+"""A time regression this large beside flat counts is a disagreement worth a note (the gate's never-forgiven slowdown)."""
 NOISY_SHARE = 0.1
 """A side whose rounds had more than this share of probes beyond ``probe.SLOWDOWN_LIMIT`` of typical is disturbed."""
 
@@ -304,20 +302,22 @@ def compare(
 def disagreements(table: pd.DataFrame) -> list[str]:
     """Per row, where a case's instruction count and its time disagree ("" elsewhere).
 
-    Counts flat and time beyond :data:`DISAGREE_TIME` slower: a change counts cannot see (cache misses,
-    page faults, memory bandwidth, waiting); counts up and time flat: more work the machine hid (or absorbed).
+    Each side speaks through its own verdict, so a disturbed time (``undecided``, "noisy") never makes a note.
+    Counts within the gate's factor and time regressed by at least :data:`DISAGREE_TIME`: a change counts cannot
+    see (cache misses, page faults, memory bandwidth, waiting) or a neighbour the probes missed; counts regressed
+    and time ``ok``: more work the machine absorbed.
     """
     case = [*CASE_KEYS]
-    counts = table[(table["metric"] == "instructions") & table["ratio"].notna()].set_index(case)["ratio"]
-    times = table[(table["metric"] == "time") & table["ratio"].notna()].set_index(case)["ratio"]
+    rows = table[table["ratio"].notna()].set_index(case)
+    counts, times = rows[rows["metric"] == "instructions"], rows[rows["metric"] == "time"]
     notes = {}
     for key in counts.index.intersection(times.index):
-        c, t = float(counts[key]), float(times[key])
-        if c <= 1 + DISAGREE_COUNTS and t >= DISAGREE_TIME:
-            notes[key] = (f"time x{t:.2f} with counts flat (x{c:.4f}): a memory-bound change the counter cannot see "
-                          "(cache misses, page faults, bandwidth, waiting)")
-        elif c > 1 + DISAGREE_COUNTS and t < 1 + DISAGREE_COUNTS:
-            notes[key] = f"counts x{c:.4f} with time flat (x{t:.2f}): more work the machine absorbed"
+        (c, c_verdict), (t, t_verdict) = counts.loc[key, ["ratio", "verdict"]], times.loc[key, ["ratio", "verdict"]]
+        if c_verdict == "ok" and t_verdict == "regressed" and t >= DISAGREE_TIME:
+            notes[key] = (f"time x{t:.2f} with counts flat (x{c:.4f}): a change the counter cannot see "
+                          "(cache misses, page faults, bandwidth, waiting), or a neighbour the probes missed")
+        elif c_verdict == "regressed" and t_verdict == "ok":
+            notes[key] = f"counts x{c:.4f} with time within its allowance (x{t:.2f}): more work the machine absorbed"
     return [notes.get(tuple(r), "") if m in ("time", "instructions") else ""
             for r, m in zip(table[case].itertuples(index=False), table["metric"], strict=True)]
 

@@ -218,6 +218,36 @@ def test_disturbed_rounds_are_never_decided():
     assert same.set_index("metric").loc["time", "verdict"] == "undecided"  # a fast moment is a disturbance too
 
 
+def test_notes_speak_only_where_both_verdicts_do():
+    """Counts and time disagree only through their own verdicts. Planted: a time regression measured beside a
+    neighbour (noisy) and one beside counts that regressed themselves (x1.0047, the output pass seen beside two
+    spinning neighbours) must make no "counts flat" note; a clean 1.6x slowdown with flat counts, and counts up
+    with time within its allowance, must."""
+    rng = np.random.default_rng(11)
+    quiet = [1e-3 * (1 + 0.02 * x) for x in rng.normal(0, 1, 20)]
+    busy = [2e-3] * 12 + quiet[:8]
+    base = list(np.exp(rng.normal(0, 0.05, 20)))
+    plan = {  # variant: (time factor, HEAD's probes, count ratio, expected note)
+        "batched": (1.6, quiet, 1.0, "time x1.6"),
+        "sdpa": (1.6, busy, 1.0, ""),
+        "chunked": (2.0, quiet, 1.0047, ""),
+        "local": (1.0, quiet, 1.05, "counts x1.0500 with time within its allowance"),
+    }
+    rows, samples, probes = [], {}, {}
+    for variant, (slower, head_probes, counts, _) in plan.items():
+        key = (variant, 256, "cpu", "forward", "none")
+        samples |= {("A", *key): base, ("B", *key): [slower * x for x in base]}
+        probes |= {("A", *key): quiet, ("B", *key): head_probes}
+        rows += [{"commit": c, "variant": variant, "metric": "time", "value": v, "status": "ok"}
+                 for c, v in (("A", 1.0), ("B", slower))]
+        rows += [{"commit": c, "variant": variant, "metric": "instructions", "value": v, "status": "ok"}
+                 for c, v in (("A", 1e8), ("B", 1e8 * counts))]
+    table = compare(_frame(rows), "A", "B", samples=samples, probes=probes, metric="both")
+    for variant, (*_, note) in plan.items():
+        notes = set(table.loc[table["variant"] == variant, "note"])
+        assert (notes == {""}) if not note else (len(notes) == 1 and notes.pop().startswith(note)), (variant, notes)
+
+
 def test_time_rounds_record_their_probe(tmp_path, monkeypatch):
     """The time benchmark's setup appends one probe per call (asv runs it before every sample), read back per case."""
     from attnbench import asv_bench, contract
