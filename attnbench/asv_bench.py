@@ -37,6 +37,7 @@ import json
 import math
 import os
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -193,6 +194,42 @@ def case(
     return prepared.call, prepared.spec
 
 
+class CpuWatch:
+    """asv's ``timer`` for the time benchmark: the wall clock asv would use anyway (``time.perf_counter``), with
+    this process's CPU time read beside each reading.
+
+    asv reads a timer in pairs around the timed calls; :meth:`take_share` gives the CPU seconds per wall second
+    (per torch thread) of the calls timed since it was last taken. A neighbour that takes the core shows there as
+    a share well below 1, where the calibration probe is blind to it: a 1 ms probe slips between the scheduler's
+    4 ms slices, an 8 ms call does not (beside two spinning processes, calls took 1x or 2x while every probe
+    stayed typical).
+    """
+
+    def __init__(self) -> None:
+        self._start: tuple[float, float] | None = None
+        self._wall = self._cpu = 0.0
+
+    def __call__(self) -> float:
+        wall, cpu = time.perf_counter(), time.process_time()
+        if self._start is None:
+            self._start = (wall, cpu)
+        else:
+            self._wall += wall - self._start[0]
+            self._cpu += cpu - self._start[1]
+            self._start = None
+        return wall
+
+    def take_share(self) -> float | None:
+        """CPU seconds per wall second per torch thread of the calls timed since the last take (None: none)."""
+        wall, cpu = self._wall, self._cpu
+        self._start, self._wall, self._cpu = None, 0.0, 0.0
+        return cpu / (wall * torch.get_num_threads()) if wall > 0 else None
+
+
+TIMER = CpuWatch()
+"""The time benchmark's timer (one per benchmark process); :func:`timed_case` logs its share beside the probe."""
+
+
 def timed_case(
     variant: str, seq_len: int, device: str, mode: str = "forward", mask: str = "none"
 ) -> tuple[Callable[[], object], AttnSpec]:
@@ -201,13 +238,15 @@ def timed_case(
     With ``ATTNBENCH_PROBE_LOG`` set (the regression gate sets it), a calibration probe
     (:func:`attnbench.measure.probe.probe_seconds`) is timed here and appended to that file with the
     commit asv is measuring (``ASV_COMMIT``) and the parameters: the gate judges every round's
-    disturbance from it, as ``attnbench run`` judges its cases'.
+    disturbance from it, as ``attnbench run`` judges its cases'. Beside it goes the CPU share of the calls
+    :data:`TIMER` timed since the last setup (``cpu_share``, ``null`` before the first sample).
     """
+    cpu_share = TIMER.take_share()  # of the sample before this setup: taken first, so the setup is not in it
     call, spec = case(variant, seq_len, device, mode, mask)
     path = os.environ.get(contract.ENV_PROBE_LOG)
     if path:
         record = {"commit": os.environ.get("ASV_COMMIT", ""), "variant": variant, "seq_len": seq_len, "device": device,
-                  "mode": mode, "mask": mask, "probe_s": probe.probe_seconds(spec.device)}
+                  "mode": mode, "mask": mask, "probe_s": probe.probe_seconds(spec.device), "cpu_share": cpu_share}
         append_line(path, json.dumps(record))
     return call, spec
 

@@ -160,14 +160,17 @@ GATE_METRICS = ("time", "instructions", "both")
 INSTRUCTIONS_FACTOR = contract.INSTRUCTIONS_FACTOR
 DISAGREE_TIME = 1.5
 """A time regression this large beside flat counts is a disagreement worth a note (the gate's never-forgiven slowdown)."""
+DESCHEDULED_LIMIT = 0.1
+"""A time sample that spent more than this share of its wall time off the CPU was descheduled by a neighbour."""
 NOISY_SHARE = 0.1
 """A side whose rounds had more than this share of probes beyond ``probe.SLOWDOWN_LIMIT`` of typical is disturbed."""
 
 
-def read_probes(path: str | Path) -> dict[SampleKey, list[float]]:
-    """The calibration probes the time benchmarks recorded (:func:`attnbench.asv_bench.timed_case`), per case.
+def read_probes(path: str | Path, field: str = "probe_s") -> dict[SampleKey, list[float]]:
+    """The calibration probes the time benchmarks recorded (:func:`attnbench.asv_bench.timed_case`), per case;
+    ``field="cpu_share"``: the CPU shares of their samples instead.
 
-    A garbled line (a killed writer) is skipped; a missing file gives no probes.
+    A garbled line (a killed writer) or a missing value is skipped; a missing file gives none.
     """
     out: dict[SampleKey, list[float]] = {}
     try:
@@ -178,7 +181,7 @@ def read_probes(path: str | Path) -> dict[SampleKey, list[float]]:
         try:
             rec = json.loads(line)
             key = (rec["commit"], rec["variant"], rec["seq_len"], rec["device"], rec["mode"], rec["mask"])
-            value = float(rec["probe_s"])
+            value = float(rec[field])
         except (ValueError, KeyError, TypeError):
             continue
         if value > 0 and math.isfinite(value):
@@ -204,6 +207,20 @@ def disturbance(probes: list[float], typical: float) -> str:
     return f"{len(off)} of {len(ratios)} calibration probes beyond {probe.SLOWDOWN_LIMIT}x of typical (up to {way})"
 
 
+def descheduled(shares: list[float]) -> str:
+    """Why a side's rounds are not to be decided on ("" when undisturbed): the CPU rule, per sample.
+
+    ``shares`` are the CPU seconds per wall second of each sample's timed calls (:class:`attnbench.asv_bench.
+    CpuWatch`). A side is disturbed when more than :data:`NOISY_SHARE` of its samples spent more than
+    :data:`DESCHEDULED_LIMIT` of their wall time off the CPU: another process had the core.
+    """
+    off = [s for s in shares if s < 1 - DESCHEDULED_LIMIT]
+    if not shares or len(off) <= NOISY_SHARE * len(shares):
+        return ""
+    return (f"{len(off)} of {len(shares)} samples spent over {DESCHEDULED_LIMIT:.0%} of their wall time off the CPU "
+            f"(up to {1 - min(off):.0%})")
+
+
 def _typical_probes(probes: dict[SampleKey, list[float]]) -> dict[str, float]:
     """Per device: the median probe of the whole gate run (both commits, interleaved)."""
     pooled: dict[str, list[float]] = {}
@@ -213,12 +230,17 @@ def _typical_probes(probes: dict[SampleKey, list[float]]) -> dict[str, float]:
 
 
 def _time_verdict(rec: dict, base: str, head: str, time_factor: float, samples: dict, probes: dict,
-                  typical: dict[str, float]) -> tuple[str, float, str]:
+                  typical: dict[str, float], cpu_shares: dict) -> tuple[str, float, str]:
     """``(verdict, ratio, reason)`` of one time row both sides ran: disturbed rounds are never decided."""
     case = tuple(rec[k] for k in CASE_KEYS)
     decision = significance.decide(samples.get((base, *case), []), samples.get((head, *case), []), time_factor)
-    noisy = "; ".join(f"{side}: {why}" for side, commit in (("BASE", base), ("HEAD", head))
-                      if (why := disturbance(probes.get((commit, *case), []), typical.get(rec["device"], math.nan))))
+
+    def why(commit: str) -> str:
+        key = (commit, *case)
+        return "; ".join(filter(None, (disturbance(probes.get(key, []), typical.get(rec["device"], math.nan)),
+                                       descheduled(cpu_shares.get(key, [])))))
+
+    noisy = "; ".join(f"{side}: {reason}" for side, commit in (("BASE", base), ("HEAD", head)) if (reason := why(commit)))
     if noisy:
         return "undecided", decision.ratio, f"noisy: {noisy} (measured x{decision.ratio:.2f})"
     return decision.verdict, decision.ratio, decision.reason
@@ -228,6 +250,7 @@ def compare(
     frame: pd.DataFrame, base: str, head: str, time_factor: float = 1.2, memory_factor: float = 1.1,
     samples: dict[SampleKey, list[float]] | None = None, probes: dict[SampleKey, list[float]] | None = None,
     *, metric: str = "time", instructions_factor: float = INSTRUCTIONS_FACTOR,
+    cpu_shares: dict[SampleKey, list[float]] | None = None,
 ) -> pd.DataFrame:
     """Side-by-side BASE/HEAD table with a verdict per case (see the module docstring).
 
@@ -235,7 +258,9 @@ def compare(
     (:func:`read_time_samples`); a time row without samples on both sides is ``undecided``. ``probes``
     maps the same keys to the calibration probes of its rounds (:func:`read_probes`): a time case whose
     rounds were disturbed on either side (:func:`disturbance`) is ``undecided`` with the reason "noisy: ...",
-    never ``regressed`` or ``ok``. A side without probes (a commit older than them) is decided as before.
+    never ``regressed`` or ``ok``. ``cpu_shares`` (``read_probes(path, "cpu_share")``) hold the same keys' CPU
+    shares of their samples: a side whose samples were often off the CPU (:func:`descheduled`) is noisy too.
+    A side without probes or shares (a commit older than them) is decided as before.
     Instruction counts regress beyond ``instructions_factor``, with no confirmation and no ``undecided``.
 
     ``metric`` says what decides the time-like rows: ``"time"`` the timings, ``"instructions"`` the counts
@@ -280,7 +305,8 @@ def compare(
         elif not (b_ok and h_ok):
             verdict = "n/a"
         elif rec["metric"] == "time":
-            verdict, decided_ratio, reason = _time_verdict(rec, base, head, time_factor, samples, probes, typical)
+            verdict, decided_ratio, reason = _time_verdict(rec, base, head, time_factor, samples, probes, typical,
+                                                           cpu_shares or {})
             ratio = decided_ratio if math.isfinite(decided_ratio) else ratio
         elif rec["metric"] == "instructions":
             verdict = "regressed" if ratio > instructions_factor else "ok"
@@ -451,9 +477,10 @@ def regress_many(
             _asv([*run, "--bench", INSTRUCTIONS], cwd=work, env=env, log=log)
 
         def decide() -> dict[str, pd.DataFrame]:
-            frame, samples, probes = _load_results(work, machine, [base_hash, *head_hashes.values()], log_file)
+            frame, samples = _load_results(work, machine, [base_hash, *head_hashes.values()], log_file)
+            probes, shares = read_probes(work / PROBES), read_probes(work / PROBES, "cpu_share")
             return {head: compare(frame, base_hash, head_hash, time_factor, memory_factor, samples=samples, probes=probes,
-                                  metric=metric, instructions_factor=instructions_factor)
+                                  metric=metric, instructions_factor=instructions_factor, cpu_shares=shares)
                     for head, head_hash in head_hashes.items()}
 
         tables = decide()
@@ -474,7 +501,7 @@ def regress_many(
 
 
 def _load_results(work: Path, machine: str, commits: list[str], log: Path) -> tuple[pd.DataFrame, ...]:
-    """``(frame, samples, probes)`` of this gate run, for :func:`compare`; every commit must have results."""
+    """``(frame, samples)`` of this gate run, for :func:`compare`; every commit must have results."""
     frame = load_asv(work / "results")
     frame = frame[frame["machine"] == machine]
     missing = [c for c in commits if c not in set(frame["commit"])]
@@ -484,4 +511,4 @@ def _load_results(work: Path, machine: str, commits: list[str], log: Path) -> tu
         except OSError:
             tail = "  (log unreadable)"
         raise RegressError(f"asv produced no results for {', '.join(m[:10] for m in missing)}; the end of {log}:\n{tail}")
-    return frame, read_time_samples(work / "results", machine), read_probes(work / PROBES)
+    return frame, read_time_samples(work / "results", machine)

@@ -212,6 +212,12 @@ def test_disturbed_rounds_are_never_decided():
     noisy = compare(_frame(rows), "A", "B", samples=samples, probes={("A", *key): quiet, ("B", *key): busy})
     row = noisy.set_index("metric").loc["time"]
     assert row["verdict"] == "undecided" and row["reason"].startswith("noisy: HEAD: 12 of 20 calibration probes"), row["reason"]
+    # Planted: the probes stayed typical, but most of HEAD's samples were off the CPU for a third of their time
+    # (two spinning neighbours on 2 cores: a 1 ms probe slips between the scheduler's slices, an 8 ms call not).
+    shares = {("A", *key): [0.99] * 20, ("B", *key): [0.66] * 12 + [0.99] * 8}
+    off_cpu = compare(_frame(rows), "A", "B", samples=samples, probes={("A", *key): quiet, ("B", *key): quiet},
+                      cpu_shares=shares).set_index("metric").loc["time"]
+    assert off_cpu["verdict"] == "undecided" and "HEAD: 12 of 20 samples spent over 10%" in off_cpu["reason"], off_cpu
     fast = [0.6e-3] * 10 + quiet[:10]
     same = compare(_frame(rows), "A", "B", samples={("A", *key): base, ("B", *key): list(base)},
                    probes={("A", *key): fast, ("B", *key): quiet + quiet})
@@ -262,6 +268,31 @@ def test_time_rounds_record_their_probe(tmp_path, monkeypatch):
     probes = read_probes(log)
     assert list(probes) == [("c0ffee", "batched", 64, "cpu", "forward", "none")]
     assert len(probes[("c0ffee", "batched", 64, "cpu", "forward", "none")]) == 3
+    assert read_probes(log, "cpu_share") == {}  # nothing timed yet: no share
+
+
+def test_the_timer_sees_time_off_the_cpu(tmp_path, monkeypatch):
+    """asv reads the time benchmark's timer in pairs around the timed calls; the next setup logs the CPU share of
+    what was timed since the last one. Planted: a timed call that sleeps (off the CPU, as a descheduled one is)."""
+    import time
+
+    from attnbench import asv_bench, contract
+    from attnbench.regress import read_probes
+
+    log = tmp_path / "probes.jsonl"
+    monkeypatch.setenv(contract.ENV_PROBE_LOG, str(log))
+    monkeypatch.setenv("ASV_COMMIT", "c0ffee")
+    watch = asv_bench.CpuWatch()
+    monkeypatch.setattr(asv_bench, "TIMER", watch)
+    asv_bench.timed_case("batched", 64, "cpu")
+    for _ in range(2):  # a sample of two calls: two pairs of readings
+        start = watch()
+        time.sleep(0.03)
+        assert watch() - start >= 0.03  # the wall clock asv times with
+    asv_bench.timed_case("batched", 64, "cpu")
+    (share,) = read_probes(log, "cpu_share")[("c0ffee", "batched", 64, "cpu", "forward", "none")]
+    assert share < 0.1, share
+    assert watch.take_share() is None  # taken by the setup: the next sample starts afresh
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, 1.0, 0.5, -2.0])
