@@ -194,39 +194,58 @@ def case(
     return prepared.call, prepared.spec
 
 
-class CpuWatch:
-    """asv's ``timer`` for the time benchmark: the wall clock asv would use anyway (``time.perf_counter``), with
-    this process's CPU time read beside each reading.
+SCHEDSTAT = "/proc/thread-self/schedstat"
+"""Linux's scheduler figures of the calling thread: nanoseconds on a CPU, nanoseconds runnable but waiting for one."""
 
-    asv reads a timer in pairs around the timed calls; :meth:`take_share` gives the CPU seconds per wall second
-    (per torch thread) of the calls timed since it was last taken. A neighbour that takes the core shows there as
-    a share well below 1, where the calibration probe is blind to it: a 1 ms probe slips between the scheduler's
-    4 ms slices, an 8 ms call does not (beside two spinning processes, calls took 1x or 2x while every probe
-    stayed typical).
+
+def _runqueue_seconds() -> float | None:
+    """Seconds this thread has spent runnable but waiting for a core (None where the kernel does not say)."""
+    try:
+        with open(SCHEDSTAT, encoding="ascii") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class WaitWatch:
+    """asv's ``timer`` for the time benchmark: the wall clock asv would use anyway (``time.perf_counter``), with
+    the timing thread's run-queue wait read beside each reading (outside the interval it returns).
+
+    asv reads a timer in pairs around the timed calls; :meth:`take_share` gives the share of their wall time
+    the thread spent runnable but without a core, i.e. taken by another process. The calibration probe is blind to
+    a steady neighbour (a 1 ms probe slips between the scheduler's 4 ms slices, an 8 ms call does not: beside two
+    spinning processes calls took 1x or 2x while every probe stayed typical). Time a call spends sleeping or
+    blocked is not waiting for a core: a slowdown of that kind stays a slowdown.
     """
 
     def __init__(self) -> None:
-        self._start: tuple[float, float] | None = None
-        self._wall = self._cpu = 0.0
+        self._start: tuple[float, float | None] | None = None
+        self._wall, self._wait = 0.0, 0.0
+        self._known = True
 
     def __call__(self) -> float:
-        wall, cpu = time.perf_counter(), time.process_time()
-        if self._start is None:
-            self._start = (wall, cpu)
+        if self._start is None:  # the interval opens: the wait is read before the clock
+            wait = _runqueue_seconds()
+            self._start = (time.perf_counter(), wait)
+            return self._start[0]
+        wall = time.perf_counter()  # the interval closes: the clock is read before the wait
+        wait, (wall0, wait0) = _runqueue_seconds(), self._start
+        self._wall += wall - wall0
+        if wait is None or wait0 is None:
+            self._known = False
         else:
-            self._wall += wall - self._start[0]
-            self._cpu += cpu - self._start[1]
-            self._start = None
+            self._wait += wait - wait0
+        self._start = None
         return wall
 
     def take_share(self) -> float | None:
-        """CPU seconds per wall second per torch thread of the calls timed since the last take (None: none)."""
-        wall, cpu = self._wall, self._cpu
-        self._start, self._wall, self._cpu = None, 0.0, 0.0
-        return cpu / (wall * torch.get_num_threads()) if wall > 0 else None
+        """Run-queue seconds per wall second of the calls timed since the last take (None: none, or not known)."""
+        wall, wait, known = self._wall, self._wait, self._known
+        self._start, self._wall, self._wait, self._known = None, 0.0, 0.0, True
+        return wait / wall if wall > 0 and known else None
 
 
-TIMER = CpuWatch()
+TIMER = WaitWatch()
 """The time benchmark's timer (one per benchmark process); :func:`timed_case` logs its share beside the probe."""
 
 
@@ -238,15 +257,16 @@ def timed_case(
     With ``ATTNBENCH_PROBE_LOG`` set (the regression gate sets it), a calibration probe
     (:func:`attnbench.measure.probe.probe_seconds`) is timed here and appended to that file with the
     commit asv is measuring (``ASV_COMMIT``) and the parameters: the gate judges every round's
-    disturbance from it, as ``attnbench run`` judges its cases'. Beside it goes the CPU share of the calls
-    :data:`TIMER` timed since the last setup (``cpu_share``, ``null`` before the first sample).
+    disturbance from it, as ``attnbench run`` judges its cases'. Beside it goes the run-queue share of the calls
+    :data:`TIMER` timed since the last setup (``runqueue_share``, ``null`` before the first sample).
     """
-    cpu_share = TIMER.take_share()  # of the sample before this setup: taken first, so the setup is not in it
+    runqueue_share = TIMER.take_share()  # of the sample before this setup
     call, spec = case(variant, seq_len, device, mode, mask)
     path = os.environ.get(contract.ENV_PROBE_LOG)
     if path:
         record = {"commit": os.environ.get("ASV_COMMIT", ""), "variant": variant, "seq_len": seq_len, "device": device,
-                  "mode": mode, "mask": mask, "probe_s": probe.probe_seconds(spec.device), "cpu_share": cpu_share}
+                  "mode": mode, "mask": mask, "probe_s": probe.probe_seconds(spec.device),
+                  "runqueue_share": runqueue_share}
         append_line(path, json.dumps(record))
     return call, spec
 

@@ -161,14 +161,14 @@ INSTRUCTIONS_FACTOR = contract.INSTRUCTIONS_FACTOR
 DISAGREE_TIME = 1.5
 """A time regression this large beside flat counts is a disagreement worth a note (the gate's never-forgiven slowdown)."""
 DESCHEDULED_LIMIT = 0.1
-"""A time sample that spent more than this share of its wall time off the CPU was descheduled by a neighbour."""
+"""A time sample that waited for a core more than this share of its wall time was descheduled by a neighbour."""
 NOISY_SHARE = 0.1
 """A side whose rounds had more than this share of probes beyond ``probe.SLOWDOWN_LIMIT`` of typical is disturbed."""
 
 
 def read_probes(path: str | Path, field: str = "probe_s") -> dict[SampleKey, list[float]]:
     """The calibration probes the time benchmarks recorded (:func:`attnbench.asv_bench.timed_case`), per case;
-    ``field="cpu_share"``: the CPU shares of their samples instead.
+    ``field="runqueue_share"``: the run-queue shares of their samples instead.
 
     A garbled line (a killed writer) or a missing value is skipped; a missing file gives none.
     """
@@ -184,7 +184,7 @@ def read_probes(path: str | Path, field: str = "probe_s") -> dict[SampleKey, lis
             value = float(rec[field])
         except (ValueError, KeyError, TypeError):
             continue
-        if value > 0 and math.isfinite(value):
+        if value >= 0 and math.isfinite(value):
             out.setdefault(key, []).append(value)
     return out
 
@@ -198,7 +198,7 @@ def disturbance(probes: list[float], typical: float) -> str:
     """
     if not probes or not typical > 0:
         return ""
-    ratios = [p / typical for p in probes]
+    ratios = [p / typical for p in probes if p > 0]
     off = [r for r in ratios if max(r, 1 / r) > probe.SLOWDOWN_LIMIT]
     if len(off) <= NOISY_SHARE * len(ratios):
         return ""
@@ -210,15 +210,15 @@ def disturbance(probes: list[float], typical: float) -> str:
 def descheduled(shares: list[float]) -> str:
     """Why a side's rounds are not to be decided on ("" when undisturbed): the CPU rule, per sample.
 
-    ``shares`` are the CPU seconds per wall second of each sample's timed calls (:class:`attnbench.asv_bench.
-    CpuWatch`). A side is disturbed when more than :data:`NOISY_SHARE` of its samples spent more than
-    :data:`DESCHEDULED_LIMIT` of their wall time off the CPU: another process had the core.
+    ``shares`` are the run-queue seconds per wall second of each sample's timed calls (:class:`attnbench.asv_bench.
+    WaitWatch`). A side is disturbed when more than :data:`NOISY_SHARE` of its samples waited for a core more than
+    :data:`DESCHEDULED_LIMIT` of their wall time: another process had it.
     """
-    off = [s for s in shares if s < 1 - DESCHEDULED_LIMIT]
+    off = [s for s in shares if s > DESCHEDULED_LIMIT]
     if not shares or len(off) <= NOISY_SHARE * len(shares):
         return ""
-    return (f"{len(off)} of {len(shares)} samples spent over {DESCHEDULED_LIMIT:.0%} of their wall time off the CPU "
-            f"(up to {1 - min(off):.0%})")
+    return (f"{len(off)} of {len(shares)} samples waited for a core over {DESCHEDULED_LIMIT:.0%} of their wall time "
+            f"(up to {max(off):.0%})")
 
 
 def _typical_probes(probes: dict[SampleKey, list[float]]) -> dict[str, float]:
@@ -230,7 +230,7 @@ def _typical_probes(probes: dict[SampleKey, list[float]]) -> dict[str, float]:
 
 
 def _time_verdict(rec: dict, base: str, head: str, time_factor: float, samples: dict, probes: dict,
-                  typical: dict[str, float], cpu_shares: dict) -> tuple[str, float, str]:
+                  typical: dict[str, float], runqueue_shares: dict) -> tuple[str, float, str]:
     """``(verdict, ratio, reason)`` of one time row both sides ran: disturbed rounds are never decided."""
     case = tuple(rec[k] for k in CASE_KEYS)
     decision = significance.decide(samples.get((base, *case), []), samples.get((head, *case), []), time_factor)
@@ -238,7 +238,7 @@ def _time_verdict(rec: dict, base: str, head: str, time_factor: float, samples: 
     def why(commit: str) -> str:
         key = (commit, *case)
         return "; ".join(filter(None, (disturbance(probes.get(key, []), typical.get(rec["device"], math.nan)),
-                                       descheduled(cpu_shares.get(key, [])))))
+                                       descheduled(runqueue_shares.get(key, [])))))
 
     noisy = "; ".join(f"{side}: {reason}" for side, commit in (("BASE", base), ("HEAD", head)) if (reason := why(commit)))
     if noisy:
@@ -250,7 +250,7 @@ def compare(
     frame: pd.DataFrame, base: str, head: str, time_factor: float = 1.2, memory_factor: float = 1.1,
     samples: dict[SampleKey, list[float]] | None = None, probes: dict[SampleKey, list[float]] | None = None,
     *, metric: str = "time", instructions_factor: float = INSTRUCTIONS_FACTOR,
-    cpu_shares: dict[SampleKey, list[float]] | None = None,
+    runqueue_shares: dict[SampleKey, list[float]] | None = None,
 ) -> pd.DataFrame:
     """Side-by-side BASE/HEAD table with a verdict per case (see the module docstring).
 
@@ -258,8 +258,9 @@ def compare(
     (:func:`read_time_samples`); a time row without samples on both sides is ``undecided``. ``probes``
     maps the same keys to the calibration probes of its rounds (:func:`read_probes`): a time case whose
     rounds were disturbed on either side (:func:`disturbance`) is ``undecided`` with the reason "noisy: ...",
-    never ``regressed`` or ``ok``. ``cpu_shares`` (``read_probes(path, "cpu_share")``) hold the same keys' CPU
-    shares of their samples: a side whose samples were often off the CPU (:func:`descheduled`) is noisy too.
+    never ``regressed`` or ``ok``. ``runqueue_shares`` (``read_probes(path, "runqueue_share")``) hold the same
+    keys' run-queue shares of their samples: a side whose samples often waited for a core (:func:`descheduled`) is
+    noisy too.
     A side without probes or shares (a commit older than them) is decided as before.
     Instruction counts regress beyond ``instructions_factor``, with no confirmation and no ``undecided``.
 
@@ -306,7 +307,7 @@ def compare(
             verdict = "n/a"
         elif rec["metric"] == "time":
             verdict, decided_ratio, reason = _time_verdict(rec, base, head, time_factor, samples, probes, typical,
-                                                           cpu_shares or {})
+                                                           runqueue_shares or {})
             ratio = decided_ratio if math.isfinite(decided_ratio) else ratio
         elif rec["metric"] == "instructions":
             verdict = "regressed" if ratio > instructions_factor else "ok"
@@ -478,9 +479,9 @@ def regress_many(
 
         def decide() -> dict[str, pd.DataFrame]:
             frame, samples = _load_results(work, machine, [base_hash, *head_hashes.values()], log_file)
-            probes, shares = read_probes(work / PROBES), read_probes(work / PROBES, "cpu_share")
+            probes, shares = read_probes(work / PROBES), read_probes(work / PROBES, "runqueue_share")
             return {head: compare(frame, base_hash, head_hash, time_factor, memory_factor, samples=samples, probes=probes,
-                                  metric=metric, instructions_factor=instructions_factor, cpu_shares=shares)
+                                  metric=metric, instructions_factor=instructions_factor, runqueue_shares=shares)
                     for head, head_hash in head_hashes.items()}
 
         tables = decide()

@@ -14,7 +14,7 @@ class Attention:
     params, param_names = ab.params()
     repeat = (3, 10, 4.0)
     timeout = 180
-    timer = ab.TIMER  # the wall clock, with the CPU time beside it (the gate's sign of a neighbour)
+    timer = ab.TIMER  # the wall clock, with the run-queue wait beside it (the gate's sign of a neighbour)
 
     def setup(self, *p):
         self.call, _ = ab.timed_case(*p)

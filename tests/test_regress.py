@@ -212,12 +212,12 @@ def test_disturbed_rounds_are_never_decided():
     noisy = compare(_frame(rows), "A", "B", samples=samples, probes={("A", *key): quiet, ("B", *key): busy})
     row = noisy.set_index("metric").loc["time"]
     assert row["verdict"] == "undecided" and row["reason"].startswith("noisy: HEAD: 12 of 20 calibration probes"), row["reason"]
-    # Planted: the probes stayed typical, but most of HEAD's samples were off the CPU for a third of their time
+    # Planted: the probes stayed typical, but most of HEAD's samples waited a third of their time for a core
     # (two spinning neighbours on 2 cores: a 1 ms probe slips between the scheduler's slices, an 8 ms call not).
-    shares = {("A", *key): [0.99] * 20, ("B", *key): [0.66] * 12 + [0.99] * 8}
-    off_cpu = compare(_frame(rows), "A", "B", samples=samples, probes={("A", *key): quiet, ("B", *key): quiet},
-                      cpu_shares=shares).set_index("metric").loc["time"]
-    assert off_cpu["verdict"] == "undecided" and "HEAD: 12 of 20 samples spent over 10%" in off_cpu["reason"], off_cpu
+    shares = {("A", *key): [0.0] * 20, ("B", *key): [0.34] * 12 + [0.01] * 8}
+    crowded = compare(_frame(rows), "A", "B", samples=samples, probes={("A", *key): quiet, ("B", *key): quiet},
+                      runqueue_shares=shares).set_index("metric").loc["time"]
+    assert crowded["verdict"] == "undecided" and "HEAD: 12 of 20 samples waited for a core" in crowded["reason"], crowded
     fast = [0.6e-3] * 10 + quiet[:10]
     same = compare(_frame(rows), "A", "B", samples={("A", *key): base, ("B", *key): list(base)},
                    probes={("A", *key): fast, ("B", *key): quiet + quiet})
@@ -268,12 +268,14 @@ def test_time_rounds_record_their_probe(tmp_path, monkeypatch):
     probes = read_probes(log)
     assert list(probes) == [("c0ffee", "batched", 64, "cpu", "forward", "none")]
     assert len(probes[("c0ffee", "batched", 64, "cpu", "forward", "none")]) == 3
-    assert read_probes(log, "cpu_share") == {}  # nothing timed yet: no share
+    assert read_probes(log, "runqueue_share") == {}  # nothing timed yet: no share
 
 
-def test_the_timer_sees_time_off_the_cpu(tmp_path, monkeypatch):
-    """asv reads the time benchmark's timer in pairs around the timed calls; the next setup logs the CPU share of
-    what was timed since the last one. Planted: a timed call that sleeps (off the CPU, as a descheduled one is)."""
+@pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"), reason="needs Linux's per-thread schedstat")
+def test_the_timer_sees_a_neighbour_take_the_core_and_not_a_sleep(tmp_path, monkeypatch):
+    """asv reads the time benchmark's timer in pairs around the timed calls; the next setup logs the share of their
+    wall time the thread waited for a core. Planted: a spinning process pinned to this process's core (a neighbour:
+    counted), then a call that sleeps (a slowdown of its own: not counted)."""
     import time
 
     from attnbench import asv_bench, contract
@@ -282,16 +284,41 @@ def test_the_timer_sees_time_off_the_cpu(tmp_path, monkeypatch):
     log = tmp_path / "probes.jsonl"
     monkeypatch.setenv(contract.ENV_PROBE_LOG, str(log))
     monkeypatch.setenv("ASV_COMMIT", "c0ffee")
-    watch = asv_bench.CpuWatch()
+    watch = asv_bench.WaitWatch()
     monkeypatch.setattr(asv_bench, "TIMER", watch)
-    asv_bench.timed_case("batched", 64, "cpu")
-    for _ in range(2):  # a sample of two calls: two pairs of readings
+    key = ("c0ffee", "batched", 64, "cpu", "forward", "none")
+
+    def timed(call) -> None:
         start = watch()
-        time.sleep(0.03)
-        assert watch() - start >= 0.03  # the wall clock asv times with
+        call()
+        assert watch() > start  # the wall clock asv times with
+
+    def spin() -> None:
+        end = time.perf_counter() + 0.3
+        while time.perf_counter() < end:
+            pass
+
     asv_bench.timed_case("batched", 64, "cpu")
-    (share,) = read_probes(log, "cpu_share")[("c0ffee", "batched", 64, "cpu", "forward", "none")]
-    assert share < 0.1, share
+    cores = os.sched_getaffinity(0)
+    core = min(cores)
+    os.sched_setaffinity(0, {core})
+    neighbour = subprocess.Popen([sys.executable, "-c", f"import os, time; os.sched_setaffinity(0, {{{core}}}); "
+                                  "print(flush=True); end = time.time() + 30\nwhile time.time() < end: pass"],
+                                 stdout=subprocess.PIPE)
+    try:
+        neighbour.stdout.readline()  # it spins from here
+        timed(spin)
+    finally:
+        neighbour.kill()
+        neighbour.wait()
+        os.sched_setaffinity(0, cores)
+    asv_bench.timed_case("batched", 64, "cpu")
+    for _ in range(2):  # one sample of two calls: two pairs of readings
+        timed(lambda: time.sleep(0.1))
+    asv_bench.timed_case("batched", 64, "cpu")
+    crowded, slept = read_probes(log, "runqueue_share")[key]
+    assert crowded > 0.25, crowded  # about half: two runnable processes on one core
+    assert slept < 0.1, slept
     assert watch.take_share() is None  # taken by the setup: the next sample starts afresh
 
 
