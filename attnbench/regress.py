@@ -208,7 +208,7 @@ def disturbance(probes: list[float], typical: float) -> str:
 
 
 def descheduled(shares: list[float]) -> str:
-    """Why a side's rounds are not to be decided on ("" when undisturbed): the CPU rule, per sample.
+    """Why a side's rounds are not to be decided on ("" when undisturbed): the run-queue rule, per sample.
 
     ``shares`` are the run-queue seconds per wall second of each sample's timed calls (:class:`attnbench.asv_bench.
     WaitWatch`). A side is disturbed when more than :data:`NOISY_SHARE` of its samples waited for a core more than
@@ -260,8 +260,7 @@ def compare(
     rounds were disturbed on either side (:func:`disturbance`) is ``undecided`` with the reason "noisy: ...",
     never ``regressed`` or ``ok``. ``runqueue_shares`` (``read_probes(path, "runqueue_share")``) hold the same
     keys' run-queue shares of their samples: a side whose samples often waited for a core (:func:`descheduled`) is
-    noisy too.
-    A side without probes or shares (a commit older than them) is decided as before.
+    noisy too. A side without probes or shares (a commit older than them) is decided as before.
     Instruction counts regress beyond ``instructions_factor``, with no confirmation and no ``undecided``.
 
     ``metric`` says what decides the time-like rows: ``"time"`` the timings, ``"instructions"`` the counts
@@ -331,7 +330,7 @@ def disagreements(table: pd.DataFrame) -> list[str]:
 
     Each side speaks through its own verdict, so a disturbed time (``undecided``, "noisy") never makes a note.
     Counts within the gate's factor and time regressed by at least :data:`DISAGREE_TIME`: a change counts cannot
-    see (cache misses, page faults, memory bandwidth, waiting) or a neighbour the probes missed; counts regressed
+    see (cache misses, page faults, memory bandwidth, waiting) or a neighbour the noise checks missed; counts regressed
     and time ``ok``: more work the machine absorbed.
     """
     case = [*CASE_KEYS]
@@ -342,7 +341,7 @@ def disagreements(table: pd.DataFrame) -> list[str]:
         (c, c_verdict), (t, t_verdict) = counts.loc[key, ["ratio", "verdict"]], times.loc[key, ["ratio", "verdict"]]
         if c_verdict == "ok" and t_verdict == "regressed" and t >= DISAGREE_TIME:
             notes[key] = (f"time x{t:.2f} with counts flat (x{c:.4f}): a change the counter cannot see "
-                          "(cache misses, page faults, bandwidth, waiting), or a neighbour the probes missed")
+                          "(cache misses, page faults, bandwidth, waiting), or a neighbour the noise checks missed")
         elif c_verdict == "regressed" and t_verdict == "ok":
             notes[key] = f"counts x{c:.4f} with time within its allowance (x{t:.2f}): more work the machine absorbed"
     return [notes.get(tuple(r), "") if m in ("time", "instructions") else ""
