@@ -83,7 +83,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     global _first_test
     if item.get_closest_marker("serial") and os.environ.get("PYTEST_XDIST_WORKER"):
         pytest.fail("a serial test times the machine and cannot run beside parallel workers: "
-                    "run `pytest -n 2 -m 'not serial'` and then `pytest -m serial`", pytrace=False)
+                    "run `pytest -n 4 -m 'not serial'` and then `pytest -m serial`", pytrace=False)
     if _first_test and os.environ.get("PYTEST_XDIST_WORKER"):
         _first_test = False
         if item.path.name != CRITICAL:

@@ -271,7 +271,6 @@ def test_time_rounds_record_their_probe(tmp_path, monkeypatch):
     assert read_probes(log, "runqueue_share") == {}  # nothing timed yet: no share
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"), reason="needs Linux's per-thread schedstat")
 def test_the_timer_sees_a_neighbour_take_the_core_and_not_a_sleep(tmp_path, monkeypatch):
     """asv reads the time benchmark's timer in pairs around the timed calls; the next setup logs the share of their
     wall time the thread waited for a core. Planted: a spinning process pinned to this process's core (a neighbour:
@@ -281,6 +280,8 @@ def test_the_timer_sees_a_neighbour_take_the_core_and_not_a_sleep(tmp_path, monk
     from attnbench import asv_bench, contract
     from attnbench.regress import read_probes
 
+    if not os.path.exists(asv_bench.SCHEDSTAT):
+        pytest.skip(f"needs Linux's per-thread scheduler figures ({asv_bench.SCHEDSTAT})")
     log = tmp_path / "probes.jsonl"
     monkeypatch.setenv(contract.ENV_PROBE_LOG, str(log))
     monkeypatch.setenv("ASV_COMMIT", "c0ffee")
