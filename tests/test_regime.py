@@ -155,11 +155,17 @@ def _gate_faults(gate: str, pin: str) -> int:
 def test_page_faults_of_a_timed_call_do_not_depend_on_the_gate_running_first():
     """The gate's float64 reference frees large buffers just before timing. In the regime (which ``measure``
     applies itself) the timed call maps the same pages either way; planted, an unpinned allocator lets
-    the gate's freed memory serve the call (local at L=1024: about 10,000 faults a call fewer)."""
+    the gate's freed memory serve the call (local at L=1024: up to about 10,000 faults a call fewer)."""
     if regime._libc() is None:
         pytest.skip("not a glibc process: nothing to pin")
     after_gate, alone = _gate_faults("gate", "pinned"), _gate_faults("none", "pinned")
     assert alone > 1000 and abs(after_gate - alone) <= 0.02 * alone, (after_gate, alone)
-    planted_gate, planted_alone = _gate_faults("gate", "unpinned"), _gate_faults("none", "unpinned")
-    # planted: the gap is far beyond the 2% allowed above (measured 35% to 70% fewer faults, by machine)
-    assert planted_gate < 0.8 * planted_alone, (planted_gate, planted_alone)
+    # Planted: unpinned, how much of the gate's freed memory serves the call varies from process to process
+    # (faults left after the gate, as a share of alone: 0.00 to 0.19 on this machine, 0.80 on a CI runner).
+    # One try in three far beyond the 2% allowed above shows the check sees it; each try is two processes.
+    ratios = []
+    for _ in range(3):
+        ratios.append(_gate_faults("gate", "unpinned") / _gate_faults("none", "unpinned"))
+        if ratios[-1] < 0.9:
+            break
+    assert ratios[-1] < 0.9, ratios
