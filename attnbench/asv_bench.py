@@ -211,7 +211,7 @@ class WaitWatch:
     """asv's ``timer`` for the time benchmark: the wall clock asv would use anyway (``time.perf_counter``), with
     the timing thread's run-queue wait read beside each reading (outside the interval it returns).
 
-    asv reads a timer in pairs around the timed calls; :meth:`take_share` gives the share of their wall time
+    asv reads a timer in pairs around the timed calls; :meth:`take` gives their wall time and the share of it
     the thread spent runnable but without a core, i.e. taken by another process. The calibration probe is blind to
     a steady neighbour (a 1 ms probe slips between the scheduler's 4 ms slices, an 8 ms call does not: beside two
     spinning processes calls took 1x or 2x while every probe stayed typical). Time a call spends sleeping or
@@ -238,15 +238,17 @@ class WaitWatch:
         self._start = None
         return wall
 
-    def take_share(self) -> float | None:
-        """Run-queue seconds per wall second of the calls timed since the last take (None: none, or not known)."""
+    def take(self) -> tuple[float, float | None]:
+        """``(wall seconds, run-queue share)`` of the calls timed since the last take; the share is run-queue seconds
+        per wall second (None: nothing timed, or the kernel did not say)."""
         wall, wait, known = self._wall, self._wait, self._known
         self._start, self._wall, self._wait, self._known = None, 0.0, 0.0, True
-        return wait / wall if wall > 0 and known else None
+        return wall, (wait / wall if wall > 0 and known else None)
 
 
 TIMER = WaitWatch()
-"""The time benchmark's timer (one per benchmark process); :func:`timed_case` logs its share beside the probe."""
+"""The time benchmark's timer (one per benchmark process); :func:`timed_teardown` logs what it timed."""
+_pending: dict | None = None  # the probe line of the sample under way (set up, not yet torn down)
 
 
 def timed_case(
@@ -255,20 +257,33 @@ def timed_case(
     """:func:`case` for the time benchmark's ``setup``, which asv runs before every sample (outside its timer).
 
     With ``ATTNBENCH_PROBE_LOG`` set (the regression gate sets it), a calibration probe
-    (:func:`attnbench.measure.probe.probe_seconds`) is timed here and appended to that file with the
-    commit asv is measuring (``ASV_COMMIT``) and the parameters: the gate judges every round's
-    disturbance from it, as ``attnbench run`` judges its cases'. Beside it goes the run-queue share of the calls
-    :data:`TIMER` timed since the last setup (``runqueue_share``, ``null`` before the first sample).
+    (:func:`attnbench.measure.probe.probe_seconds`) is timed here, just before the sample; :func:`timed_teardown`
+    appends it to that file with the sample it preceded.
     """
-    runqueue_share = TIMER.take_share()  # of the sample before this setup
+    global _pending
     call, spec = case(variant, seq_len, device, mode, mask)
-    path = os.environ.get(contract.ENV_PROBE_LOG)
-    if path:
-        record = {"commit": os.environ.get("ASV_COMMIT", ""), "variant": variant, "seq_len": seq_len, "device": device,
-                  "mode": mode, "mask": mask, "probe_s": probe.probe_seconds(spec.device),
-                  "runqueue_share": runqueue_share}
-        append_line(path, json.dumps(record))
+    TIMER.take()  # the sample starts afresh
+    _pending = None
+    if os.environ.get(contract.ENV_PROBE_LOG):
+        _pending = {"commit": os.environ.get("ASV_COMMIT", ""), "variant": variant, "seq_len": seq_len,
+                    "device": device, "mode": mode, "mask": mask, "probe_s": probe.probe_seconds(spec.device)}
     return call, spec
+
+
+def timed_teardown() -> None:
+    """The time benchmark's ``teardown`` (after every sample): one line per sample in ``ATTNBENCH_PROBE_LOG``.
+
+    The line holds the probe timed just before the sample (``probe_s``), the sample's wall time (``sample_s``: asv
+    re-runs setup and teardown around every timed call of a benchmark with a ``setup``, so it is one call) and
+    the share of it the timing thread spent waiting for a core (``runqueue_share``, ``null`` where not known).
+    The gate decides on ``sample_s / probe_s`` (the sample in units of the machine's speed at that moment) and
+    refuses samples a neighbour descheduled.
+    """
+    global _pending
+    wall, share = TIMER.take()
+    path, line, _pending = os.environ.get(contract.ENV_PROBE_LOG), _pending, None
+    if path and line is not None and wall > 0:  # peakmem's samples use no timer: nothing to log
+        append_line(path, json.dumps({**line, "sample_s": wall, "runqueue_share": share}))
 
 
 def _main_grid(variant: str, seq_len: int, device: str, mode: str, mask: str = "none") -> Prepared:

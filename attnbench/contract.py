@@ -224,7 +224,8 @@ ENV_BATCH = "ATTNBENCH_ASV_BATCH"
 ENV_DECODE_LENGTHS = "ATTNBENCH_ASV_DECODE_LENGTHS"
 """Decode's cache lengths (ENV_LENGTHS narrows the prefill and GQA lengths, ENV_VARIANTS every class's variants)."""
 ENV_PROBE_LOG = "ATTNBENCH_PROBE_LOG"
-"""A file the time benchmarks append a calibration probe to before every sample (the regression gate sets it)."""
+"""A file the time benchmarks append a line to per sample: the calibration probe timed before it, its wall time and run-queue
+share (the regression gate sets it)."""
 ENV_ENV_DIR = "ATTNBENCH_ASV_ENV_DIR"
 """Where the regression gate's asv keeps its environments (default: the checkout's ``.asv/env``): one directory
 shared by several clones, or restored from a CI cache, saves building asv's pinned virtualenv again."""

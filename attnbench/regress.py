@@ -7,16 +7,19 @@
 
 Verdict per (benchmark, parameters), with ratio = HEAD / BASE (medians):
   * time (``time_attention``): decided by :func:`attnbench.analysis.significance.decide` on the
-    samples asv recorded (``--record-samples``; every process round's repeats): ``regressed`` when
-    the ratio is beyond the allowance (``time_factor`` x (1 + IQR/median of BASE), capped at 1.3) and
+    samples of every process round (speed-corrected, below; asv's ``--record-samples`` where a commit logs
+    none): ``regressed`` when the ratio is beyond the allowance (``time_factor`` x (1 + IQR/median of BASE), capped at 1.3) and
     significant (one-sided Mann-Whitney U, bootstrap interval of the ratio above 1); ``ok`` when it
     is within the allowance and the interval excludes a 1.5x slowdown; otherwise ``undecided``.
     Any undecided time case first gets a confirmation round: both commits run again with
     ``--append-samples`` (more interleaved process rounds) and the decision is taken on the combined
-    samples. Every time round also carries the calibration probe of ``attnbench run`` (timed before each
-    sample, recorded by :func:`attnbench.asv_bench.timed_case`): a case whose rounds were disturbed on
-    either side is ``undecided`` ("noisy: ..."), never ``regressed`` or ``ok``, whatever its p-value
-    (the samples of a round are not independent when a neighbour comes and goes).
+    samples. Every time round also carries the calibration probe of ``attnbench run`` (timed just before each
+    sample and logged with it by :func:`attnbench.asv_bench.timed_teardown`), and the decision is taken on
+    the samples in units of their probe (:func:`read_corrected`: the machine's speed steps, and probe and
+    sample step together). A case whose samples a neighbour descheduled on either side (the run-queue
+    wait, :func:`descheduled`), or, without corrected samples, whose probes strayed from typical
+    (:func:`disturbance`), is ``undecided`` ("noisy: ..."), never ``regressed`` or ``ok``, whatever its
+    p-value (the samples of a round are not independent when a neighbour comes and goes).
     A case still undecided (or without recorded samples) is reported as such, with its own
     exit code: never a silent pass;
   * deterministic metrics (peak tensor bytes, analytic FLOPs): regression when
@@ -47,7 +50,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -166,26 +169,56 @@ NOISY_SHARE = 0.1
 """A side whose rounds had more than this share of probes beyond ``probe.SLOWDOWN_LIMIT`` of typical is disturbed."""
 
 
-def read_probes(path: str | Path, field: str = "probe_s") -> dict[SampleKey, list[float]]:
-    """The calibration probes the time benchmarks recorded (:func:`attnbench.asv_bench.timed_case`), per case;
-    ``field="runqueue_share"``: the run-queue shares of their samples instead.
-
-    A garbled line (a killed writer) or a missing value is skipped; a missing file gives none.
-    """
-    out: dict[SampleKey, list[float]] = {}
+def _log_lines(path: str | Path) -> Iterator[tuple[SampleKey, dict]]:
+    """The lines of the gate's probe log with their case; a garbled line (a killed writer) is skipped."""
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except OSError:
-        return out
+        return
     for line in lines:
         try:
             rec = json.loads(line)
-            key = (rec["commit"], rec["variant"], rec["seq_len"], rec["device"], rec["mode"], rec["mask"])
-            value = float(rec[field])
+            yield (rec["commit"], rec["variant"], rec["seq_len"], rec["device"], rec["mode"], rec["mask"]), rec
         except (ValueError, KeyError, TypeError):
             continue
-        if value >= 0 and math.isfinite(value):
+
+
+def _value(rec: dict, field: str) -> float:
+    """``rec[field]`` as a finite number >= 0, else NaN."""
+    try:
+        value = float(rec[field])
+    except (KeyError, TypeError, ValueError):
+        return math.nan
+    return value if value >= 0 and math.isfinite(value) else math.nan
+
+
+def read_probes(path: str | Path, field: str = "probe_s") -> dict[SampleKey, list[float]]:
+    """The calibration probes the time benchmarks recorded (:func:`attnbench.asv_bench.timed_teardown`), per case;
+    ``field="runqueue_share"``: their samples' run-queue shares instead.
+
+    A garbled line or a missing value is skipped; a missing file gives none.
+    """
+    out: dict[SampleKey, list[float]] = {}
+    for key, rec in _log_lines(path):
+        if not math.isnan(value := _value(rec, field)):
             out.setdefault(key, []).append(value)
+    return out
+
+
+def read_corrected(path: str | Path) -> dict[SampleKey, list[float]]:
+    """Per case, each time sample in units of the probe timed just before it (``sample_s / probe_s``, lines of
+    :func:`attnbench.asv_bench.timed_teardown`): the sample at the machine's speed of that moment.
+
+    This shared machine's speed steps by 1.3-1.5x for seconds to minutes at a time (a host neighbour: every probe
+    and every sample of those moments move together, and nothing waits in this machine's run queue); rounds of
+    BASE and HEAD measured in different moments differ by that much with nothing changed. Divided by the probe
+    timed beside them they do not. Lines without a sample (a commit that logged probes only) are skipped.
+    """
+    out: dict[SampleKey, list[float]] = {}
+    for key, rec in _log_lines(path):
+        sample, probe_s = _value(rec, "sample_s"), _value(rec, "probe_s")
+        if sample > 0 and probe_s > 0:
+            out.setdefault(key, []).append(sample / probe_s)
     return out
 
 
@@ -230,27 +263,37 @@ def _typical_probes(probes: dict[SampleKey, list[float]]) -> dict[str, float]:
 
 
 def _time_verdict(rec: dict, base: str, head: str, time_factor: float, samples: dict, probes: dict,
-                  typical: dict[str, float], runqueue_shares: dict) -> tuple[str, float, str]:
-    """``(verdict, ratio, reason)`` of one time row both sides ran: disturbed rounds are never decided."""
+                  typical: dict[str, float], runqueue_shares: dict, corrected: dict) -> tuple[str, float, str]:
+    """``(verdict, ratio, reason)`` of one time row both sides ran: disturbed rounds are never decided.
+
+    Where both sides logged their samples with the probe beside each (:func:`read_corrected`), the decision is
+    taken on those speed-corrected samples and only a neighbour in this machine's run queue makes a side noisy;
+    otherwise on asv's samples, and a side whose probes strayed from typical is noisy too.
+    """
     case = tuple(rec[k] for k in CASE_KEYS)
-    decision = significance.decide(samples.get((base, *case), []), samples.get((head, *case), []), time_factor)
+    base_corrected, head_corrected = corrected.get((base, *case), []), corrected.get((head, *case), [])
+    speed_corrected = min(len(base_corrected), len(head_corrected)) >= significance.MIN_SAMPLES
+    if speed_corrected:
+        decision = significance.decide(base_corrected, head_corrected, time_factor)
+    else:
+        decision = significance.decide(samples.get((base, *case), []), samples.get((head, *case), []), time_factor)
 
     def why(commit: str) -> str:
         key = (commit, *case)
-        return "; ".join(filter(None, (disturbance(probes.get(key, []), typical.get(rec["device"], math.nan)),
-                                       descheduled(runqueue_shares.get(key, [])))))
+        strayed = "" if speed_corrected else disturbance(probes.get(key, []), typical.get(rec["device"], math.nan))
+        return "; ".join(filter(None, (strayed, descheduled(runqueue_shares.get(key, [])))))
 
     noisy = "; ".join(f"{side}: {reason}" for side, commit in (("BASE", base), ("HEAD", head)) if (reason := why(commit)))
     if noisy:
         return "undecided", decision.ratio, f"noisy: {noisy} (measured x{decision.ratio:.2f})"
-    return decision.verdict, decision.ratio, decision.reason
+    return decision.verdict, decision.ratio, ("speed-corrected " if speed_corrected else "") + decision.reason
 
 
 def compare(
     frame: pd.DataFrame, base: str, head: str, time_factor: float = 1.2, memory_factor: float = 1.1,
     samples: dict[SampleKey, list[float]] | None = None, probes: dict[SampleKey, list[float]] | None = None,
     *, metric: str = "time", instructions_factor: float = INSTRUCTIONS_FACTOR,
-    runqueue_shares: dict[SampleKey, list[float]] | None = None,
+    runqueue_shares: dict[SampleKey, list[float]] | None = None, corrected: dict[SampleKey, list[float]] | None = None,
 ) -> pd.DataFrame:
     """Side-by-side BASE/HEAD table with a verdict per case (see the module docstring).
 
@@ -260,7 +303,9 @@ def compare(
     rounds were disturbed on either side (:func:`disturbance`) is ``undecided`` with the reason "noisy: ...",
     never ``regressed`` or ``ok``. ``runqueue_shares`` (``read_probes(path, "runqueue_share")``) hold the same
     keys' run-queue shares of their samples: a side whose samples often waited for a core (:func:`descheduled`) is
-    noisy too. A side without probes or shares (a commit older than them) is decided as before.
+    noisy too. ``corrected`` (:func:`read_corrected`) holds the same keys' samples in units of the probe timed
+    before each: where both sides have them, they decide, and the probes' straying from typical is no longer a
+    disturbance (the correction takes it out). A side without them (a commit older than them) is decided as before.
     Instruction counts regress beyond ``instructions_factor``, with no confirmation and no ``undecided``.
 
     ``metric`` says what decides the time-like rows: ``"time"`` the timings, ``"instructions"`` the counts
@@ -306,7 +351,7 @@ def compare(
             verdict = "n/a"
         elif rec["metric"] == "time":
             verdict, decided_ratio, reason = _time_verdict(rec, base, head, time_factor, samples, probes, typical,
-                                                           runqueue_shares or {})
+                                                           runqueue_shares or {}, corrected or {})
             ratio = decided_ratio if math.isfinite(decided_ratio) else ratio
         elif rec["metric"] == "instructions":
             verdict = "regressed" if ratio > instructions_factor else "ok"
@@ -479,8 +524,10 @@ def regress_many(
         def decide() -> dict[str, pd.DataFrame]:
             frame, samples = _load_results(work, machine, [base_hash, *head_hashes.values()], log_file)
             probes, shares = read_probes(work / PROBES), read_probes(work / PROBES, "runqueue_share")
+            corrected = read_corrected(work / PROBES)
             return {head: compare(frame, base_hash, head_hash, time_factor, memory_factor, samples=samples, probes=probes,
-                                  metric=metric, instructions_factor=instructions_factor, runqueue_shares=shares)
+                                  metric=metric, instructions_factor=instructions_factor, runqueue_shares=shares,
+                                  corrected=corrected)
                     for head, head_hash in head_hashes.items()}
 
         tables = decide()

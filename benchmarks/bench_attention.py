@@ -19,6 +19,9 @@ class Attention:
     def setup(self, *p):
         self.call, _ = ab.timed_case(*p)
 
+    def teardown(self, *p):
+        ab.timed_teardown()
+
     def time_attention(self, *p):
         self.call()
 
