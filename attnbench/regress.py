@@ -14,9 +14,9 @@ Verdict per (benchmark, parameters), with ratio = HEAD / BASE (medians):
     Any undecided time case first gets a confirmation round: both commits run again with
     ``--append-samples`` (more interleaved process rounds) and the decision is taken on the combined
     samples. Every time round also carries the calibration probe of ``attnbench run`` (timed just before each
-    sample and logged with it by :func:`attnbench.asv_bench.timed_teardown`), and the decision is taken on
-    the samples in units of their probe (:func:`read_corrected`: the machine's speed steps, and probe and
-    sample step together). A case whose samples a neighbour descheduled on either side (the run-queue
+    sample and logged with it by :func:`attnbench.asv_bench.timed_teardown`), and a verdict needs the samples
+    in units of their probe (:func:`read_corrected`: the machine's speed steps, and probe and a compute-bound
+    sample step together) to agree with the samples as measured. A case whose samples a neighbour descheduled on either side (the run-queue
     wait, :func:`descheduled`), or, without corrected samples, whose probes strayed from typical
     (:func:`disturbance`), is ``undecided`` ("noisy: ..."), never ``regressed`` or ``ok``, whatever its
     p-value (the samples of a round are not independent when a neighbour comes and goes).
@@ -266,17 +266,16 @@ def _time_verdict(rec: dict, base: str, head: str, time_factor: float, samples: 
                   typical: dict[str, float], runqueue_shares: dict, corrected: dict) -> tuple[str, float, str]:
     """``(verdict, ratio, reason)`` of one time row both sides ran: disturbed rounds are never decided.
 
-    Where both sides logged their samples with the probe beside each (:func:`read_corrected`), the decision is
-    taken on those speed-corrected samples and only a neighbour in this machine's run queue makes a side noisy;
-    otherwise on asv's samples, and a side whose probes strayed from typical is noisy too.
+    Where both sides logged their samples with the probe beside each (:func:`read_corrected`), the samples as
+    measured and the speed-corrected ones must agree: a step of the machine's speed moves a compute-bound case with
+    the probe and a memory-bound one less, so the truth lies between the two. Only a neighbour in this machine's run
+    queue makes such a side noisy. Otherwise asv's samples decide, and a side whose probes strayed from typical is
+    noisy too.
     """
     case = tuple(rec[k] for k in CASE_KEYS)
+    decision = significance.decide(samples.get((base, *case), []), samples.get((head, *case), []), time_factor)
     base_corrected, head_corrected = corrected.get((base, *case), []), corrected.get((head, *case), [])
     speed_corrected = min(len(base_corrected), len(head_corrected)) >= significance.MIN_SAMPLES
-    if speed_corrected:
-        decision = significance.decide(base_corrected, head_corrected, time_factor)
-    else:
-        decision = significance.decide(samples.get((base, *case), []), samples.get((head, *case), []), time_factor)
 
     def why(commit: str) -> str:
         key = (commit, *case)
@@ -286,7 +285,13 @@ def _time_verdict(rec: dict, base: str, head: str, time_factor: float, samples: 
     noisy = "; ".join(f"{side}: {reason}" for side, commit in (("BASE", base), ("HEAD", head)) if (reason := why(commit)))
     if noisy:
         return "undecided", decision.ratio, f"noisy: {noisy} (measured x{decision.ratio:.2f})"
-    return decision.verdict, decision.ratio, ("speed-corrected " if speed_corrected else "") + decision.reason
+    if not speed_corrected:
+        return decision.verdict, decision.ratio, decision.reason
+    fixed = significance.decide(base_corrected, head_corrected, time_factor)
+    if fixed.verdict == decision.verdict:
+        return fixed.verdict, fixed.ratio, f"speed-corrected {fixed.reason}; as measured x{decision.ratio:.2f}"
+    return "undecided", fixed.ratio, (f"speed-corrected {fixed.verdict} ({fixed.reason}) but {decision.verdict} as measured "
+                                      f"({decision.reason}): the machine's speed moved")
 
 
 def compare(
@@ -304,8 +309,9 @@ def compare(
     never ``regressed`` or ``ok``. ``runqueue_shares`` (``read_probes(path, "runqueue_share")``) hold the same
     keys' run-queue shares of their samples: a side whose samples often waited for a core (:func:`descheduled`) is
     noisy too. ``corrected`` (:func:`read_corrected`) holds the same keys' samples in units of the probe timed
-    before each: where both sides have them, they decide, and the probes' straying from typical is no longer a
-    disturbance (the correction takes it out). A side without them (a commit older than them) is decided as before.
+    before each: where both sides have them, a time case is decided only where they and the samples as measured
+    agree, and the probes' straying from typical is no longer a disturbance (the correction takes it out). A side
+    without them (a commit older than them) is decided as before.
     Instruction counts regress beyond ``instructions_factor``, with no confirmation and no ``undecided``.
 
     ``metric`` says what decides the time-like rows: ``"time"`` the timings, ``"instructions"`` the counts
