@@ -276,8 +276,8 @@ def timed_teardown() -> None:
     The line holds the probe timed just before the sample (``probe_s``), the sample's wall time (``sample_s``: asv
     re-runs setup and teardown around every timed call of a benchmark with a ``setup``, so it is one call) and
     the share of it the timing thread spent waiting for a core (``runqueue_share``, ``null`` where not known).
-    The gate decides on ``sample_s / probe_s`` (the sample in units of the machine's speed at that moment) and
-    refuses samples a neighbour descheduled.
+    The gate reads ``sample_s / probe_s`` (the sample in units of the machine's speed at that moment) beside
+    ``sample_s`` and refuses samples a neighbour descheduled.
     """
     global _pending
     wall, share = TIMER.take()

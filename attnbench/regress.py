@@ -7,20 +7,21 @@
 
 Verdict per (benchmark, parameters), with ratio = HEAD / BASE (medians):
   * time (``time_attention``): decided by :func:`attnbench.analysis.significance.decide` on the
-    samples of every process round (speed-corrected, below; asv's ``--record-samples`` where a commit logs
-    none): ``regressed`` when the ratio is beyond the allowance (``time_factor`` x (1 + IQR/median of BASE), capped at 1.3) and
-    significant (one-sided Mann-Whitney U, bootstrap interval of the ratio above 1); ``ok`` when it
-    is within the allowance and the interval excludes a 1.5x slowdown; otherwise ``undecided``.
-    Any undecided time case first gets a confirmation round: both commits run again with
-    ``--append-samples`` (more interleaved process rounds) and the decision is taken on the combined
-    samples. Every time round also carries the calibration probe of ``attnbench run`` (timed just before each
-    sample and logged with it by :func:`attnbench.asv_bench.timed_teardown`), and a verdict needs the samples
-    in units of their probe (:func:`read_corrected`: the machine's speed steps, and probe and a compute-bound
-    sample step together) to agree with the samples as measured. A case whose samples a neighbour descheduled on either side (the run-queue
-    wait, :func:`descheduled`), or, without corrected samples, whose probes strayed from typical
-    (:func:`disturbance`), is ``undecided`` ("noisy: ..."), never ``regressed`` or ``ok``, whatever its
-    p-value (the samples of a round are not independent when a neighbour comes and goes).
-    A case still undecided (or without recorded samples) is reported as such, with its own
+    samples of every process round (as measured and speed-corrected, below; asv's ``--record-samples``
+    alone where a commit logs none): ``regressed`` when the ratio is beyond the allowance
+    (``time_factor`` x (1 + IQR/median of BASE), capped at 1.3) and significant (one-sided
+    Mann-Whitney U, bootstrap interval of the ratio above 1); ``ok`` when it is within the allowance
+    and the interval excludes a 1.5x slowdown; otherwise ``undecided``. Any undecided time case first
+    gets a confirmation round: both commits run again with ``--append-samples`` (more interleaved
+    process rounds) and the decision is taken on the combined samples. Every time round also carries
+    the calibration probe of ``attnbench run`` (timed just before each sample and logged with it by
+    :func:`attnbench.asv_bench.timed_teardown`), and a verdict needs the samples in units of their
+    probe (:func:`read_corrected`: the machine's speed steps, and probe and a compute-bound sample step
+    together) to agree with the samples as measured. A case whose samples a neighbour descheduled on
+    either side (the run-queue wait, :func:`descheduled`), or, without corrected samples, whose probes
+    strayed from typical (:func:`disturbance`), is ``undecided`` ("noisy: ..."), never ``regressed``
+    or ``ok``, whatever its p-value (the samples of a round are not independent when a neighbour comes
+    and goes). A case still undecided (or without recorded samples) is reported as such, with its own
     exit code: never a silent pass;
   * deterministic metrics (peak tensor bytes, analytic FLOPs): regression when
     ratio > ``memory_factor`` (default 1.1) for bytes and ratio > 1 for FLOPs: no noise to forgive;
@@ -212,7 +213,9 @@ def read_corrected(path: str | Path) -> dict[SampleKey, list[float]]:
     This shared machine's speed steps by 1.3-1.5x for seconds to minutes at a time (a host neighbour: every probe
     and every sample of those moments move together, and nothing waits in this machine's run queue); rounds of
     BASE and HEAD measured in different moments differ by that much with nothing changed. Divided by the probe
-    timed beside them they do not. Lines without a sample (a commit that logged probes only) are skipped.
+    timed beside them a compute-bound case does not; a memory-bound one follows the probe less, so a verdict needs
+    these and the samples as measured to agree. Lines without a sample (a commit that logged probes only) are
+    skipped.
     """
     out: dict[SampleKey, list[float]] = {}
     for key, rec in _log_lines(path):
