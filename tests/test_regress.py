@@ -103,16 +103,17 @@ def gate(throwaway, tmp_path_factory):
     tests ask what it says when it can judge, so a planted HEAD it refused is measured again (with BASE), at most
     :data:`NOISE_RETRIES` times; one still refused fails its test. ``test_disturbed_rounds_are_never_decided``
     covers the refusal itself."""
+    def judged(heads: list[str]) -> dict:
+        return regress_many("base", heads, repo=throwaway, subset=SUBSET, rounds=1, work_dir=tmp_path_factory.mktemp("gate"))
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(contract.ENV_ENV_DIR, str(ASV_ENV_DIR))
-        outcomes = regress_many("base", HEADS, repo=throwaway, subset=SUBSET, rounds=1,
-                                work_dir=tmp_path_factory.mktemp("gate"))
+        outcomes = judged(HEADS)
         for _ in range(NOISE_RETRIES):
             again = [head for head in PLANTED if _refused_for_noise(outcomes[head])]
             if not again:
                 break
-            outcomes.update(regress_many("base", again, repo=throwaway, subset=SUBSET, rounds=1,
-                                         work_dir=tmp_path_factory.mktemp("gate")))
+            outcomes.update(judged(again))
         return outcomes
 
 
