@@ -171,14 +171,12 @@ def prepare_spec(variant: str, spec: AttnSpec) -> Prepared:
             reasons.append(f"predicted {need / 2**20:,.0f} MiB exceeds half the free memory")
     if reasons:
         raise NotImplementedError("; ".join(reasons))
-    call, inputs, mask = runner.make_call(impl, spec, seed=GATE_CONFIG.seed)
-    result, _ = impl.warm_up(call)  # compiles (if anything does) outside asv's timed calls
-    checked = runner.run_gate(impl, spec, result, inputs, mask, plan, GATE_CONFIG.seed)
-    del result
-    if checked is not None and checked.passed:  # a second call shows state kept between calls (a reused buffer)
-        later = runner.run_gate(impl, spec, call(), inputs, mask, plan, GATE_CONFIG.seed)
+    gated = runner.GatedCall(impl, spec, plan, GATE_CONFIG.seed)  # the first call compiles outside asv's timed calls
+    checked = gated.first
+    if checked is not None and checked.passed:  # later calls show state kept between calls, or an intermittent fault
+        later, _ = gated.check_later()
         checked = checked if later.passed else later
-    return Prepared(variant=variant, call=call, spec=spec, checked=checked, note=plan.note)
+    return Prepared(variant=variant, call=gated.call, spec=spec, checked=checked, note=plan.note)
 
 
 def case(

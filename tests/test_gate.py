@@ -81,25 +81,55 @@ class Stateful(BatchedAttention):
         return self._buf.clone()
 
 
+class Float64(BatchedAttention):
+    """Computes and returns float64 for float32 inputs: closer to the reference than float32 could be."""
+
+    def forward(self, q, k, v, mask):
+        out = super().forward(q.double(), k.double(), v.double(), mask)
+        return out if q.requires_grad else out.detach()  # backward: the gradients flow back in float32
+
+
+class Mutates(BatchedAttention):
+    """Scales q in place on every call: checked against the already-changed q, its result looked right."""
+
+    def forward(self, q, k, v, mask):
+        with torch.no_grad():
+            q.mul_(1.01)
+        return super().forward(q, k, v, mask)
+
+
+class EverySecond(BatchedAttention):
+    """Wrong on every second call (+0.05): caught or not, before, by the parity of the calls timed."""
+
+    calls = 0
+
+    def forward(self, q, k, v, mask):
+        EverySecond.calls += 1
+        out = super().forward(q, k, v, mask)
+        return out + 0.05 if EverySecond.calls % 2 == 0 else out
+
+
 for _name, _cls in (("plant_stateful", Stateful), ("plant_gqa_modulo", GqaModulo), ("plant_scaled", Scaled), ("plant_heads", HeadsSwapped), ("plant_batch", BatchSwapped),
-                    ("plant_grad", WrongGrad), ("plant_correct", BatchedAttention)):
+                    ("plant_grad", WrongGrad), ("plant_correct", BatchedAttention), ("plant_float64", Float64),
+                    ("plant_mutates", Mutates), ("plant_every_second", EverySecond)):
     attnbench.register(_name, _cls)
 '''
-FORWARD_PLANTS = ["plant_scaled", "plant_heads", "plant_batch"]
+FORWARD_PLANTS = ["plant_scaled", "plant_heads", "plant_batch", "plant_float64", "plant_mutates", "plant_every_second"]
 
 
 @pytest.fixture(scope="module")
 def plants():
     namespace: dict = {}
     exec(compile(PLANTS, "plants", "exec"), namespace)  # noqa: S102 - the test's own source
-    names = ["plant_stateful", "plant_gqa_modulo", "plant_scaled", "plant_heads", "plant_batch", "plant_grad", "plant_correct"]
+    names = ["plant_stateful", "plant_gqa_modulo", "plant_scaled", "plant_heads", "plant_batch", "plant_grad", "plant_correct",
+             "plant_float64", "plant_mutates", "plant_every_second"]
     yield names
     for n in names:
         attnbench.unregister(n)
 
 
 @pytest.mark.parametrize("mode", ["forward", "backward"])
-@pytest.mark.parametrize("name", FORWARD_PLANTS)
+@pytest.mark.parametrize("name", ["plant_scaled", "plant_heads", "plant_batch"])
 def test_planted_wrong_outputs_are_recorded_wrong(plants, name, mode):
     m = measure(name, SPEC.replace(mode=mode), FAST, peak_flops=1e10)
     assert m.status == "wrong", (m.status, m.reason)
@@ -107,10 +137,38 @@ def test_planted_wrong_outputs_are_recorded_wrong(plants, name, mode):
     assert "output max error" in m.reason and m.samples == () and m.runs == 0  # never timed
 
 
+CONTRACT_PLANTS = {  # issue 28's blind spots: each was recorded ok
+    "plant_float64": "output dtype torch.float64 != torch.float32",
+    "plant_mutates": "changed its inputs in place (q)",
+    "plant_every_second": "right on the first call, wrong on call",
+}
+
+
+@pytest.mark.parametrize("mode", ["forward", "backward"])
+@pytest.mark.parametrize("seq_len", [16, 32, 64])
+@pytest.mark.parametrize("name", list(CONTRACT_PLANTS))
+def test_a_wrong_dtype_an_input_written_in_place_and_a_fault_on_every_second_call_are_wrong(plants, name, seq_len, mode):
+    """Each length changes how many calls are timed: the every-second-call fault is caught whatever their parity."""
+    m = measure(name, SPEC.replace(seq_len=seq_len, mode=mode), FAST, peak_flops=1e10)
+    assert m.status == "wrong" and CONTRACT_PLANTS[name] in m.reason, (m.status, m.reason)
+    assert m.error_ratio > 1
+
+
+@pytest.mark.parametrize("name", list(CONTRACT_PLANTS))
+def test_asv_accuracy_fails_the_contract_plants(plants, name):
+    from attnbench import asv_bench
+
+    prepared = asv_bench.prepare_spec(name, SPEC)
+    reason = "output max error" if name == "plant_every_second" else CONTRACT_PLANTS[name]
+    assert prepared.checked.error_ratio > 1 and reason in prepared.checked.reason()
+    with pytest.raises(asv_bench.WrongResult):
+        asv_bench._gated_prepared(name, SPEC)
+
+
 def test_a_variant_wrong_after_its_first_call_is_recorded_wrong(plants):
     """Planted: right on the checked first call, wrong on every later one (recorded ok before the re-check)."""
     m = measure("plant_stateful", SPEC, FAST, peak_flops=1e10)
-    assert m.status == "wrong" and "right on the first call, wrong on a call after the timed ones" in m.reason, m.reason
+    assert m.status == "wrong" and "right on the first call, wrong on call 1 of 2 checked after the timed ones" in m.reason, m.reason
     assert m.error_ratio > 1 and m.samples == ()
 
 
@@ -208,7 +266,7 @@ def test_cli_run_records_planted_variants_wrong(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
     out_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "attnbench.cli", "--plugin", "gate_plants", "run",
-           "--variants", "plant_scaled,plant_heads,plant_batch,plant_grad,plant_correct", "--lengths", "32",
+           "--variants", ",".join([*FORWARD_PLANTS, "plant_grad", "plant_correct"]), "--lengths", "32",
            "--batch", "2", "--heads", "2", "--head-dim", "16", "--modes", "forward,backward", "--out", str(out_dir),
            "--no-report", "--quiet", "--min-time", "0.01", "--max-time", "0.05", "--min-runs", "2", "--threads", "1",
            "--no-probe"]  # the gate's verdicts; a busy machine would make correct cases "noisy" (tests/test_noise.py)
@@ -278,7 +336,7 @@ def test_asv_records_planted_variants_wrong(tmp_path):
     # this checkout (not an installed attnbench) and the plant module.
     env = {**os.environ, "HOME": str(tmp_path), "ASV_PYTHONPATH": os.pathsep.join([str(root), str(tmp_path)]),
            "ATTNBENCH_PLUGINS": "gate_plants", "ATTNBENCH_ASV_LENGTHS": "64", "ATTNBENCH_ASV_BATCH": "2",
-           "ATTNBENCH_ASV_VARIANTS": "plant_scaled,plant_heads,plant_batch,plant_grad,plant_correct",
+           "ATTNBENCH_ASV_VARIANTS": ",".join([*FORWARD_PLANTS, "plant_grad", "plant_correct"]),
            "ATTNBENCH_ASV_MODES": "forward,backward", "ATTNBENCH_ASV_DEVICES": "cpu", "OMP_NUM_THREADS": "1"}
 
     def asv(*args):
@@ -304,7 +362,7 @@ def test_asv_records_planted_variants_wrong(tmp_path):
             variant, mode = combo[0].strip("'"), combo[3].strip("'")
             got[key.split(".")[1], variant, mode] = value
     wrong = {(n, m) for n in FORWARD_PLANTS for m in ("forward", "backward")} | {("plant_grad", "backward")}
-    for variant in ("plant_scaled", "plant_heads", "plant_batch", "plant_grad", "plant_correct"):
+    for variant in (*FORWARD_PLANTS, "plant_grad", "plant_correct"):
         for mode in ("forward", "backward"):
             ratio, time = got["track_error_ratio", variant, mode], got["time_attention", variant, mode]
             if (variant, mode) in wrong:

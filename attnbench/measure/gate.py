@@ -1,32 +1,23 @@
-"""The correctness gate: is what the timed closure returned right?
+"""The correctness gate: is what the timed closure returned right, on every call that is checked?
 
-One rule, used by the runner, asv and the tests: a result's max error against the float64
-reference of what the variant claims to compute must be at most ``FACTOR`` times the error of the
-plain implementation at the inputs' own precision (``variant.reference(..., dtype=q.dtype)``) plus
-a per-dtype floor. NaN or inf never passes.
+A result passes when it keeps the call contract (shape, dtype, device, layout of the inputs) and its
+max error against the float64 reference of what the variant claims to compute is at most ``FACTOR``
+times the plain same-precision implementation's error plus a per-dtype floor; NaN never passes.
+The checked result is the timed closure's own return value, so no other code path can pass for it.
+:class:`Reference` computes the truth of the checked (batch, head) slices once (all of them when
+their float64 reference fits the budget, else a seeded sample holding the first and the last), so
+several calls of one case (the first, and consecutive calls after the timed ones: an intermittent
+fault) are checked for the price of comparisons; :func:`fingerprint` shows a variant that writes
+into its inputs. Grouped-query backward checks whole groups (a shared head's dk, dv sum over its
+G query heads); an approximate variant is checked against its own kernel's dense evaluation and,
+with ``APPROX_ERROR_BOUND``, against exact softmax attention.
 
-The checked result is the timed closure's own return value (forward: the output; backward: the
-output and dq, dk, dv for a fixed ``grad_out``), so a variant cannot pass the gate through a
-different code path from the one that is timed. The reference is computed one (batch, head)
-slice at a time, so its memory stays at one slice's worth: every slice when the float64 reference
-of all of them fits the reference budget, else a seeded sample that always holds the first and the
-last slice (so swapped heads or batch entries are caught at any size). Backward compares the
-gradients with autograd through the variant's own float64 reference, with the same ``grad_out``.
-
-Grouped-query attention (Hkv < H): query head h is checked against key/value head ``h // G``
-(G = H // Hkv). A shared head's gradients dk, dv sum over its G query heads, so backward checks
-whole groups: every checked query head brings the other heads of its group.
-
-An approximate variant (``exact = False``) is checked exactly against its own reference (the dense
-evaluation of its own kernel) and, when it declares ``APPROX_ERROR_BOUND``, its distance from exact
-softmax attention must stay within that bound.
-
-Letters: B batch, H query heads, Hkv key/value heads, G = H // Hkv, Lq queries, Lk keys,
-D query/key head dim, Dv value head dim.
+Letters: B batch, H query heads, Hkv key/value heads, G = H // Hkv, Lq queries, Lk keys, D, Dv head dims.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -85,6 +76,14 @@ class GateResult:
     softmax_bound: float = math.nan  # approximate variants: the declared bound on softmax_mean_error (NaN: none)
     slices: int = 0  # (batch, head) slices checked
     total_slices: int = 0  # (batch, head) slices in the case
+    contract: str = ""  # what the result breaks of the call contract (shape, dtype, device, layout); "" when nothing
+
+    @classmethod
+    def breach(cls, contract: str, dtype: torch.dtype, total_slices: int, backward: bool) -> GateResult:
+        """A failed result that could not be compared: it broke the call ``contract`` (the reason)."""
+        floor = FLOORS[dtype]
+        return cls(max_error=math.nan, tolerance=floor, grad_error=math.nan, grad_tolerance=floor if backward else math.nan,
+                   total_slices=total_slices, contract=contract)
 
     @property
     def error_ratio(self) -> float:
@@ -102,9 +101,9 @@ class GateResult:
 
     def reason(self) -> str:
         """Why the result failed ("" when it passed)."""
-        parts = []
+        parts = [f"the result breaks the call contract: {self.contract}"] if self.contract else []
         where = f"{self.slices}/{self.total_slices} (batch, head) slices checked"
-        if not passes(self.max_error, self.tolerance):
+        if not self.contract and not passes(self.max_error, self.tolerance):
             parts.append(f"output max error {self.max_error:.3g} > tolerance {self.tolerance:.3g}")
         if not math.isnan(self.grad_tolerance) and not passes(self.grad_error, self.grad_tolerance):
             parts.append(f"gradient {self.grad_name} max error {self.grad_error:.3g} > tolerance {self.grad_tolerance:.3g}")
@@ -126,6 +125,14 @@ def slice_reference_bytes(variant: Variant, spec: AttnSpec) -> float:
     one = spec.replace(batch=1, heads=1, kv_heads=None, dtype="float64", mode="forward")
     fwd = (REFERENCE_BUFFERS * spec.lq * spec.lk + variant.scratch_elements(one)) * 8 + 2 * one.input_bytes
     return fwd * (BACKWARD_REFERENCE_FACTOR * spec.group if spec.mode == "backward" else 1.0)
+
+
+def slice_truth_bytes(variant: Variant, spec: AttnSpec) -> float:
+    """Float64 bytes :class:`Reference` keeps per checked slice: its output rows (twice for an approximate
+    variant: its kernel's and exact softmax's) and, backward, dq and a share of dk, dv."""
+    out = spec.lq * spec.dv * (1 if variant.exact else 2)
+    grads = spec.lq * spec.head_dim + spec.lk * (spec.head_dim + spec.dv) if spec.mode == "backward" else 0
+    return 8.0 * (out + grads)
 
 
 def checked_slices(spec: AttnSpec, per_slice_bytes: float, budget_bytes: float, seed: int = 0) -> list[tuple[int, int]]:
@@ -186,6 +193,140 @@ def _reference(
     return out.detach(), tuple(grads)
 
 
+def contract_breach(result: object, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backward: bool) -> str:
+    """What the result breaks of the call contract ("" when nothing): its form, shape, dtype, device, layout.
+
+    A forward result is one strided tensor ``(B, H, Lq, Dv)`` of the inputs' dtype on their device;
+    a backward result is ``(out, dq, dk, dv)``, each gradient shaped, typed and placed as its input.
+    A variant that computed in float64 for a float32 case would be closer to the reference than the
+    plain implementation, and pass the error check: the dtype is part of the promise.
+    """
+    if backward:
+        if not (isinstance(result, (tuple, list)) and len(result) == 4):
+            return f"a backward result must be (out, dq, dk, dv), got {type(result).__name__}"
+        named = list(zip(("output", "dq", "dk", "dv"), result, strict=True))
+    else:
+        if not isinstance(result, torch.Tensor):
+            return f"a forward result must be a tensor, got {type(result).__name__}"
+        named = [("output", result)]
+    expected = {"output": (*q.shape[:3], v.shape[-1]), "dq": tuple(q.shape), "dk": tuple(k.shape), "dv": tuple(v.shape)}
+    for name, x in named:
+        if not isinstance(x, torch.Tensor):
+            return f"{name} must be a tensor, got {type(x).__name__}"
+        for what, got, want in (("shape", tuple(x.shape), expected[name]), ("dtype", x.dtype, q.dtype),
+                                ("device", x.device, q.device), ("layout", x.layout, torch.strided)):
+            if got != want:
+                return f"{name} {what} {got} != {want} (the inputs')"
+    return ""
+
+
+@dataclass(frozen=True)
+class _Truth:
+    """One checked unit's float64 reference: its rows of the output and gradients, and the exact softmax."""
+
+    b: int
+    h0: int
+    h1: int
+    j: int  # the unit's key/value head
+    out: torch.Tensor  # (1, h1 - h0, Lq, Dv) float64
+    grads: tuple[torch.Tensor, ...]  # backward: dq (1, h1 - h0, Lq, D), dk and dv (1, 1, Lk, D) float64
+    exact: torch.Tensor | None  # approximate variants: exact softmax attention of the unit, float64
+
+
+class Reference:
+    """The correctness gate of one case: the float64 reference of its checked slices, computed once.
+
+    Every result of the case's closure (the first call, calls after the timed ones) is checked
+    against the same truth with :meth:`check`, so checking more calls costs comparisons, not
+    references. The plain same-precision implementation's error, which sets the tolerance, is
+    measured once here too. The truths held are the checked slices' outputs (and gradients) in
+    float64: O(L) per slice, never a score matrix.
+
+    Args:
+        variant: the variant whose results are checked.
+        q, k, v: the inputs the closure is called with, ``(B, H, L, D)``.
+        mask: rank-4 bool mask (or None), as the closure receives it.
+        slices: (batch, head) pairs to check (see :func:`checked_slices`).
+        grad_out: backward: the upstream gradient the closure uses, ``(B, H, Lq, Dv)``.
+    """
+
+    def __init__(
+        self,
+        variant: Variant,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None,
+        slices: Sequence[tuple[int, int]],
+        grad_out: torch.Tensor | None = None,
+    ) -> None:
+        self.variant, self.q, self.k, self.v = variant, q, k, v
+        self.backward = grad_out is not None
+        self.total_slices = q.shape[0] * q.shape[1]
+        plain_err, g_plain = 0.0, [0.0] * 3
+        self.truths: list[_Truth] = []
+        for b, h0, h1, j in _units(slices, q.shape[1], k.shape[1], self.backward):
+            qs = q.detach()[b : b + 1, h0:h1]  # (1, 1 or G, Lq, D): a query head, or a whole group
+            ks, vs = (x.detach()[b : b + 1, j : j + 1] for x in (k, v))  # (1, 1, Lk, D): their key/value head
+            ms = _mask_slice(mask, b, h0, h1)
+            gs = None if grad_out is None else grad_out[b : b + 1, h0:h1]
+            truth, t_grads = _reference(variant, qs, ks, vs, ms, gs, torch.float64)
+            plain, p_grads = _reference(variant, qs, ks, vs, ms, gs, q.dtype)
+            plain_err = _worst(plain_err, max_abs_diff(plain, truth))
+            for i in range(len(t_grads)):
+                g_plain[i] = _worst(g_plain[i], max_abs_diff(p_grads[i], t_grads[i]))
+            exact = None
+            if not variant.exact:
+                exact, _ = _reference(variant, qs, ks, vs, ms, None, torch.float64, exact_softmax=True)
+            self.truths.append(_Truth(b, h0, h1, j, truth, t_grads, exact))
+        floor = FLOORS[q.dtype]
+        self.tolerance = tolerance(plain_err, q.dtype) if math.isfinite(plain_err) else floor
+        self.grad_tolerances = [tolerance(p, q.dtype) if math.isfinite(p) else floor for p in g_plain]
+
+    @property
+    def slices(self) -> int:
+        """(batch, head) slices checked."""
+        return sum(t.h1 - t.h0 for t in self.truths)
+
+    def check(self, result: object) -> GateResult:
+        """Check one result of the closure (its return value: the output, or ``(out, dq, dk, dv)``)."""
+        q = self.q
+        breach = contract_breach(result, q, self.k, self.v, self.backward)
+        if breach:  # a result that breaks the contract cannot be compared: it fails, with the reason
+            return GateResult.breach(breach, q.dtype, self.total_slices, self.backward)
+        out, *grads = result if self.backward else (result,)
+        err = soft_err = soft_sum = 0.0
+        soft_count = 0
+        g_err = [0.0] * 3
+        for t in self.truths:
+            got = out[t.b : t.b + 1, t.h0 : t.h1]
+            err = _worst(err, max_abs_diff(got, t.out))
+            for i, truth in enumerate(t.grads):
+                rows = slice(t.h0, t.h1) if i == 0 else slice(t.j, t.j + 1)  # dq per query head, dk and dv per shared head
+                g_err[i] = _worst(g_err[i], max_abs_diff(grads[i][t.b : t.b + 1, rows], truth))
+            if t.exact is not None:
+                soft_err = _worst(soft_err, max_abs_diff(got, t.exact))
+                soft_sum += float((got.double() - t.exact).abs().sum())
+                soft_count += t.exact.numel()
+        fields: dict[str, object] = {}
+        if self.backward:
+            tols = self.grad_tolerances
+            worst = max(range(3), key=lambda i: _ratio(g_err[i], tols[i]))
+            fields = dict(grad_error=g_err[worst], grad_tolerance=tols[worst], grad_name=("dq", "dk", "dv")[worst])
+        approx = not self.variant.exact
+        bound = getattr(self.variant, "APPROX_ERROR_BOUND", None)
+        return GateResult(
+            max_error=err,
+            tolerance=self.tolerance,
+            softmax_error=soft_err if approx else math.nan,
+            softmax_mean_error=soft_sum / soft_count if approx and soft_count else math.nan,
+            softmax_bound=float(bound) if approx and bound is not None else math.nan,
+            slices=self.slices,
+            total_slices=self.total_slices,
+            **fields,
+        )
+
+
 def check(
     variant: Variant,
     q: torch.Tensor,
@@ -196,7 +337,7 @@ def check(
     slices: Sequence[tuple[int, int]],
     grad_out: torch.Tensor | None = None,
 ) -> GateResult:
-    """Check a closure's ``result`` on ``slices`` against the variant's float64 reference.
+    """Check one ``result`` on ``slices`` against the variant's float64 reference (see :class:`Reference`).
 
     Args:
         variant: the variant that produced ``result``.
@@ -206,64 +347,29 @@ def check(
             ``(out, dq, dk, dv)``.
         slices: (batch, head) pairs to check (see :func:`checked_slices`).
         grad_out: backward: the upstream gradient the closure used, ``(B, H, Lq, Dv)``.
-
-    Raises:
-        TypeError: if ``result`` does not have the shape of a forward or backward result.
     """
-    backward = grad_out is not None
-    if backward:
-        if not (isinstance(result, (tuple, list)) and len(result) == 4):
-            raise TypeError(f"a backward result must be (out, dq, dk, dv), got {type(result).__name__}")
-        out, *grads = result
-    else:
-        if not isinstance(result, torch.Tensor):
-            raise TypeError(f"a forward result must be a tensor, got {type(result).__name__}")
-        out, grads = result, []
-    expected = (*q.shape[:3], v.shape[-1])
-    if tuple(out.shape) != expected or any(tuple(g.shape) != tuple(x.shape) for g, x in zip(grads, (q, k, v)[: len(grads)], strict=True)):
-        floor = FLOORS[q.dtype]  # a wrongly shaped result cannot be compared: it fails
-        return GateResult(max_error=math.nan, tolerance=floor, grad_error=math.nan,
-                          grad_tolerance=floor if backward else math.nan, slices=0, total_slices=q.shape[0] * q.shape[1])
-    err = plain_err = soft_err = soft_sum = 0.0
-    soft_count = 0
-    g_err, g_plain = [0.0] * 3, [0.0] * 3
-    approx = not variant.exact
-    units = _units(slices, q.shape[1], k.shape[1], backward)
-    for b, h0, h1, j in units:
-        qs = q.detach()[b : b + 1, h0:h1]  # (1, 1 or G, Lq, D): a query head, or a whole group
-        ks, vs = (x.detach()[b : b + 1, j : j + 1] for x in (k, v))  # (1, 1, Lk, D): their key/value head
-        ms = _mask_slice(mask, b, h0, h1)
-        gs = None if grad_out is None else grad_out[b : b + 1, h0:h1]
-        truth, t_grads = _reference(variant, qs, ks, vs, ms, gs, torch.float64)
-        plain, p_grads = _reference(variant, qs, ks, vs, ms, gs, q.dtype)
-        got = out[b : b + 1, h0:h1]
-        err = _worst(err, max_abs_diff(got, truth))
-        plain_err = _worst(plain_err, max_abs_diff(plain, truth))
-        for i in range(len(t_grads)):
-            rows = slice(h0, h1) if i == 0 else slice(j, j + 1)  # dq per query head, dk and dv per shared head
-            g_err[i] = _worst(g_err[i], max_abs_diff(grads[i][b : b + 1, rows], t_grads[i]))
-            g_plain[i] = _worst(g_plain[i], max_abs_diff(p_grads[i], t_grads[i]))
-        if approx:
-            exact, _ = _reference(variant, qs, ks, vs, ms, None, torch.float64, exact_softmax=True)
-            soft_err = _worst(soft_err, max_abs_diff(got, exact))
-            soft_sum += float((got.double() - exact).abs().sum())
-            soft_count += exact.numel()
-    fields: dict[str, object] = {}
-    if backward:
-        tols = [tolerance(p, q.dtype) if math.isfinite(p) else FLOORS[q.dtype] for p in g_plain]
-        worst = max(range(3), key=lambda i: _ratio(g_err[i], tols[i]))
-        fields = dict(grad_error=g_err[worst], grad_tolerance=tols[worst], grad_name=("dq", "dk", "dv")[worst])
-    bound = getattr(variant, "APPROX_ERROR_BOUND", None)
-    return GateResult(
-        max_error=err,
-        tolerance=tolerance(plain_err, q.dtype) if math.isfinite(plain_err) else FLOORS[q.dtype],
-        softmax_error=soft_err if approx else math.nan,
-        softmax_mean_error=soft_sum / soft_count if approx and soft_count else math.nan,
-        softmax_bound=float(bound) if approx and bound is not None else math.nan,
-        slices=sum(h1 - h0 for _, h0, h1, _ in units),
-        total_slices=q.shape[0] * q.shape[1],
-        **fields,
-    )
+    return Reference(variant, q, k, v, mask, slices, grad_out).check(result)
+
+
+# ---- inputs a variant must not change -----------------------------------------------------------
+def fingerprint(tensors: Sequence[torch.Tensor | None]) -> tuple[bytes, ...]:
+    """A digest of each tensor's bytes (b"" for None): a variant that writes into its inputs changes one.
+
+    The reference is computed from the inputs as they are when the gate runs, so an in-place
+    update (``q.mul_(1.01)``) would otherwise be checked against inputs it had already changed.
+    """
+    return tuple(b"" if x is None else _digest(x) for x in tensors)
+
+
+def _digest(x: torch.Tensor) -> bytes:
+    flat = x.detach().contiguous().cpu().reshape(-1).view(torch.uint8)  # the raw bytes, whatever the dtype
+    return hashlib.blake2b(memoryview(flat.numpy()), digest_size=16).digest()
+
+
+def changed_inputs(before: tuple[bytes, ...], tensors: Sequence[torch.Tensor | None],
+                   names: Sequence[str] = ("q", "k", "v", "mask")) -> list[str]:
+    """The names of the tensors whose bytes differ from ``before`` (:func:`fingerprint`)."""
+    return [name for name, old, new in zip(names, before, fingerprint(tensors), strict=False) if old != new]
 
 
 def _worst(a: float, b: float) -> float:

@@ -92,14 +92,14 @@ def extrapolated_seconds(variant: Variant, spec: AttnSpec, measured_len: int, me
 
 
 def reference_seconds(variant: Variant, spec: AttnSpec, slices: int, peak_flops: float) -> float:
-    """Predicted seconds of the correctness gate: float64 and plain references on ``slices`` slices, twice (the first
-    call and one after the timed calls)."""
+    """Predicted seconds of the correctness gate: float64 and plain references on ``slices`` slices, once (every
+    checked call of a case is compared with the same truth: :class:`~attnbench.measure.gate.Reference`)."""
     if slices <= 0:
         return 0.0
     per_slice = 2 * spec.lq * spec.lk * (spec.head_dim + spec.dv)  # dense einsum evaluation of one (b, h)
     passes = 2 + int(not variant.exact)  # float64 truth, plain same precision, exact softmax (approximate variants)
     factor = 3.5 if spec.mode == "backward" else 1.0
-    return 2 * slices * per_slice * passes * factor / (peak_flops * REFERENCE_EFFICIENCY)
+    return slices * per_slice * passes * factor / (peak_flops * REFERENCE_EFFICIENCY)
 
 
 def guard_reasons(

@@ -104,8 +104,8 @@ class Measurement:
     @property
     def checked_error_ratio(self) -> float:
         """:attr:`error_ratio`; for a record without one (logged before it was kept), max error / tolerance."""
-        if math.isfinite(self.error_ratio) or not (self.tolerance > 0):
-            return self.error_ratio
+        if not math.isnan(self.error_ratio) or not (self.tolerance > 0):
+            return self.error_ratio  # inf: a non-finite or uncomparable result
         return self.max_error / self.tolerance
 
     @property

@@ -154,7 +154,7 @@ class CheckPlan:
     """How the correctness gate will check a case (decided before anything is allocated)."""
 
     slices: tuple[tuple[int, int], ...]  # (batch, head) slices to check; empty when not checked
-    reference_bytes: float  # memory the reference needs while it runs (one slice, float64 and plain)
+    reference_bytes: float  # memory the reference needs: one slice's working set, float64 and plain, and the truths kept
     note: str  # why the case is not checked ("" when it is)
 
 
@@ -168,20 +168,81 @@ def check_plan(variant: Variant, spec: AttnSpec, config: MeasureConfig) -> Check
             f"accuracy not checked: one (batch, head) slice of the float64 reference needs "
             f"{per_slice / 2**20:,.0f} MiB > reference budget {config.reference_budget_bytes / 2**20:,.0f} MiB"))
     slices = gate.checked_slices(spec, per_slice, config.reference_budget_bytes, config.seed)
-    return CheckPlan(tuple(slices), 2 * per_slice, "")
+    return CheckPlan(tuple(slices), 2 * per_slice + len(slices) * gate.slice_truth_bytes(variant, spec), "")
 
 
 def run_gate(
     variant: Variant, spec: AttnSpec, result: object, inputs: tuple[torch.Tensor, ...], mask: torch.Tensor | None,
     plan: CheckPlan, seed: int,
 ) -> gate.GateResult | None:
-    """Check ``result`` (the closure's return value) on the planned slices; None when not checked."""
+    """Check one ``result`` (the closure's return value) on the planned slices; None when not checked."""
+    reference = gate_reference(variant, spec, inputs, mask, plan, seed)
+    return None if reference is None else reference.check(result)
+
+
+def gate_reference(
+    variant: Variant, spec: AttnSpec, inputs: tuple[torch.Tensor, ...], mask: torch.Tensor | None,
+    plan: CheckPlan, seed: int,
+) -> gate.Reference | None:
+    """The gate's float64 reference of the planned slices (None when the plan checks nothing)."""
     if not plan.slices:
         return None
     q, k, v = inputs
     grad_out = grad_output(spec, seed).to(q) if spec.mode == "backward" else None
     mask = dense_mask(mask, q, k)  # the reference evaluates a predicate densely (untimed)
-    return gate.check(variant, q, k, v, mask, result, plan.slices, grad_out)
+    return gate.Reference(variant, q, k, v, mask, plan.slices, grad_out)
+
+
+LATER_CHECKS = 2
+"""Consecutive calls checked after the timed ones: a fault on every second call shows in one of them."""
+
+
+class GatedCall:
+    """The timed closure of one case, its first call made and checked, later calls checked on demand.
+
+    The inputs' bytes are fingerprinted before the first call and compared before every check, so a
+    variant that writes into its inputs fails (the reference would otherwise be computed from inputs
+    it had already changed). The float64 reference is computed once, at the first check.
+
+    Args:
+        variant, spec: the case.
+        plan: which slices the gate checks (:func:`check_plan`); none: results are not checked.
+        seed: the inputs' seed.
+    """
+
+    def __init__(self, variant: Variant, spec: AttnSpec, plan: CheckPlan, seed: int) -> None:
+        self.variant, self.spec, self.plan, self.seed = variant, spec, plan, seed
+        self.call, self.inputs, self.mask = make_call(variant, spec, seed)
+        self._watched = (*self.inputs, self.mask if isinstance(self.mask, torch.Tensor) else None)
+        self._before = gate.fingerprint(self._watched) if plan.slices else ()
+        self._reference: gate.Reference | None = None
+        # The first call goes through the timed closure itself (same grad mode, same inputs): it compiles
+        # whatever a compiled variant compiles, outside the timed region, and its result is what the gate checks.
+        result, compile_seconds = variant.warm_up(self.call)
+        self.compile_seconds = compile_seconds or math.nan
+        self.first = self.check(result)
+
+    def check(self, result: object) -> gate.GateResult | None:
+        """The gate on one result of the closure (None when the plan checks nothing)."""
+        if not self.plan.slices:
+            return None
+        changed = gate.changed_inputs(self._before, self._watched)
+        if changed:
+            q = self.inputs[0]
+            return gate.GateResult.breach(f"the variant changed its inputs in place ({', '.join(changed)})", q.dtype,
+                                          self.spec.batch * self.spec.heads, self.spec.mode == "backward")
+        if self._reference is None:
+            self._reference = gate_reference(self.variant, self.spec, self.inputs, self.mask, self.plan, self.seed)
+        return self._reference.check(result)
+
+    def check_later(self, calls: int = LATER_CHECKS) -> tuple[gate.GateResult | None, int]:
+        """Call ``calls`` more times, checking each: the first failing result and its 1-based number, else the last."""
+        checked = None
+        for i in range(1, calls + 1):
+            checked = self.check(self.call())
+            if checked is not None and not checked.passed:
+                return checked, i
+        return checked, calls
 
 
 def peak_tensor_bytes(variant: Variant, spec: AttnSpec, call: Callable[[], object]) -> tuple[float, str]:
@@ -266,7 +327,7 @@ def measure(
             return Measurement(status="skipped", reason="; ".join(reasons), **base)
         if peak_flops is None:
             peak_flops = matmul_peak(spec.device, "float32")
-        calls = 2 + config.timer.warmup + config.timer.min_runs + int(config.measure_memory) + int(config.measure_rss)
+        calls = 1 + LATER_CHECKS + config.timer.warmup + config.timer.min_runs + int(config.measure_memory) + int(config.measure_rss)
         plan = check_plan(variant, spec, config)
         reasons = guard.guard_reasons(
             variant, spec,
@@ -300,17 +361,12 @@ def _gate_fields(checked: gate.GateResult) -> dict[str, float]:
 
 
 def _run(variant: Variant, spec: AttnSpec, config: MeasureConfig, plan: CheckPlan, calls: int, base: dict) -> Measurement:
-    """Inputs, the checked warm-up call, timing and memory, then a later call checked again (raises; :func:`measure`
-    records). The second check holds no result during timing: it calls once more after the timed calls."""
-    call, inputs, mask = make_call(variant, spec, config.seed)
-    # The first call goes through the timed closure itself (same grad mode, same inputs): it compiles
-    # whatever a compiled variant compiles, outside the timed region, and its result is what the gate checks.
-    result, compile_seconds = variant.warm_up(call)
-    compile_seconds = compile_seconds or math.nan
+    """Inputs, the checked warm-up call, timing and memory, then later calls checked again (raises; :func:`measure`
+    records). The later checks hold no result during timing: they call again after the timed calls."""
+    gated = GatedCall(variant, spec, plan, config.seed)
+    call, checked = gated.call, gated.first
     notes = [plan.note] if plan.note else []
-    checked = run_gate(variant, spec, result, inputs, mask, plan, config.seed)
-    del result
-    fields: dict[str, object] = dict(compile_seconds=compile_seconds)
+    fields: dict[str, object] = dict(compile_seconds=gated.compile_seconds)
     if checked is not None:
         fields.update(_gate_fields(checked))
         fields["extra"] = {"checked_slices": f"{checked.slices}/{checked.total_slices}"}
@@ -334,11 +390,11 @@ def _run(variant: Variant, spec: AttnSpec, config: MeasureConfig, plan: CheckPla
     extra_probe = {"probe_median_s": timed.probe_median_s} if config.probe else {}  # the sweep's typical speed takes it in
     peak, method = peak_tensor_bytes(variant, spec, call) if config.measure_memory else (math.nan, "")
     rss = float(memory.peak_rss_bytes(call)) if config.measure_rss else math.nan
-    if checked is not None:  # state kept between calls (a reused buffer, a stale cache) shows after the first call
-        later = run_gate(variant, spec, call(), inputs, mask, plan, config.seed)
+    if checked is not None:  # state kept between calls, or a fault on every other call, shows after the first call
+        later, number = gated.check_later()
         if not later.passed:
-            return Measurement(status="wrong", reason=f"right on the first call, wrong on a call after the timed ones: {later.reason()}",
-                               **{**fields, **_gate_fields(later)}, **base)
+            return Measurement(status="wrong", reason=f"right on the first call, wrong on call {number} of {LATER_CHECKS} "
+                               f"checked after the timed ones: {later.reason()}", **{**fields, **_gate_fields(later)}, **base)
     extra: dict[str, object] = {**dict(fields.pop("extra", {})), **extra_probe}
     if variant.PROVENANCE:
         extra["kernel"] = "+".join(sdpa_backends(call, spec.device)) or "unknown"
