@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import weakref
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -77,8 +78,11 @@ class MaskMod:
 
     @property
     def is_causal(self) -> bool:
-        """Exactly the top-left causal mask (SDPA can then take ``is_causal=True``)."""
-        return self.name == "causal"
+        """Exactly the top-left causal mask of :func:`causal` (SDPA can then take ``is_causal=True``).
+
+        Known by identity, never by its name: ``MaskMod("causal", other_fn)`` is not causal.
+        """
+        return builtin_kind(self) == "causal"
 
     def __repr__(self) -> str:
         return f"MaskMod({self.name})"
@@ -178,12 +182,31 @@ def nonempty_tile_pairs(mod: MaskMod | None, batch: int, heads: int, lq: int, lk
 
 
 # ---- the named predicates ---------------------------------------------------------------------
+_BUILTIN: weakref.WeakKeyDictionary[MaskMod, str] = weakref.WeakKeyDictionary()
+"""The predicates the factories below made, with their kind: a variant may trust what these compute
+(``is_causal=True``, a band's closed-form tiles) because they were made here, not because of a name."""
+
+
+def _builtin(kind: str, mod: MaskMod) -> MaskMod:
+    _BUILTIN[mod] = kind
+    return mod
+
+
+def builtin_kind(mod: MaskMod) -> str | None:
+    """The factory that made ``mod`` ("causal", "sliding_window", ...); None for any other predicate.
+
+    Example:
+        >>> builtin_kind(causal()), builtin_kind(MaskMod("causal", lambda b, h, q, kv: kv <= q))
+        ('causal', None)
+    """
+    return _BUILTIN.get(mod)
+
+
 def causal() -> MaskMod:
     """Query i sees keys j <= i (top-left aligned when Lq != Lk, as ``is_causal=True``)."""
 
     def fn(b, h, q, kv):
         return kv <= q
-
     def bounds(q0, q1, k0, k1):
         return _state(full=k1 - 1 <= q0, empty=k0 > q1 - 1)
 
@@ -195,7 +218,7 @@ def causal() -> MaskMod:
     def tile_pairs(lq, lk, tq, tk):  # query tile [q0, q1) meets the key tiles that meet [0, q1)
         return _band_tile_pairs(lq, lk, tq, tk, None, 0, 0)
 
-    return MaskMod("causal", fn, bounds=bounds, pairs=pairs, tile_pairs=tile_pairs)
+    return _builtin("causal", MaskMod("causal", fn, bounds=bounds, pairs=pairs, tile_pairs=tile_pairs))
 
 
 def sliding_window(window: int) -> MaskMod:
@@ -217,7 +240,7 @@ def sliding_window(window: int) -> MaskMod:
     def tile_pairs(lq, lk, tq, tk):  # query tile [q0, q1) meets the key tiles that meet [q0 - w, q1 + w)
         return _band_tile_pairs(lq, lk, tq, tk, w, w, 0)
 
-    return MaskMod(f"sliding_window({w})", fn, bounds=bounds, pairs=pairs, tile_pairs=tile_pairs)
+    return _builtin("sliding_window", MaskMod(f"sliding_window({w})", fn, bounds=bounds, pairs=pairs, tile_pairs=tile_pairs))
 
 
 def prefix_lm(prefix: int) -> MaskMod:
@@ -237,7 +260,7 @@ def prefix_lm(prefix: int) -> MaskMod:
     def tile_pairs(lq, lk, tq, tk):  # query tile [q0, q1) meets the key tiles that meet [0, max(p, q1))
         return _band_tile_pairs(lq, lk, tq, tk, None, 0, p)
 
-    return MaskMod(f"prefix_lm({p})", fn, bounds=bounds, pairs=pairs, tile_pairs=tile_pairs)
+    return _builtin("prefix_lm", MaskMod(f"prefix_lm({p})", fn, bounds=bounds, pairs=pairs, tile_pairs=tile_pairs))
 
 
 _EAGER_DOCUMENT_IDS = 2**22
@@ -310,7 +333,8 @@ def document(lengths: Sequence[int], device: torch.device | str = "cpu") -> Mask
             count += (q1 - q0) * _span_width(start, starts[doc(min(q1, total) - 1) + 1], lk, tk)
         return count
 
-    return MaskMod(f"document({len(lengths)} docs)", fn, bounds=bounds, pairs=pairs, tile_pairs=tile_pairs)
+    return _builtin("document", MaskMod(f"document({len(lengths)} docs)", fn, bounds=bounds, pairs=pairs,
+                                        tile_pairs=tile_pairs))
 
 
 def valid_lengths(valid_lens: torch.Tensor) -> MaskMod:
@@ -354,8 +378,8 @@ def valid_lengths(valid_lens: torch.Tensor) -> MaskMod:
                 f"valid_lengths of shape (B, Lq) = {tuple(lens.shape)} must have one column per query, but Lq is {lq}"
             )
 
-    return MaskMod("valid_lengths", fn, uses_batch=True, uses_query=per_query, bounds=bounds, pairs=pairs,
-                   tile_pairs=tile_pairs, fits=fits)
+    return _builtin("valid_lengths", MaskMod("valid_lengths", fn, uses_batch=True, uses_query=per_query, bounds=bounds,
+                                             pairs=pairs, tile_pairs=tile_pairs, fits=fits))
 
 
 # ---- composition ------------------------------------------------------------------------------

@@ -218,8 +218,7 @@ def kind_of(mod: mm.MaskMod | None) -> str | None:
     """
     if mod is None:
         return "none"
-    base = mod.name.split("(", 1)[0]
-    composed = " & " in mod.name or " | " in mod.name
-    if base == "valid_lengths" and mod.uses_query:
+    kind = mm.builtin_kind(mod)  # by identity: a predicate named "causal" is not therefore causal
+    if kind == "valid_lengths" and mod.uses_query:
         return None
-    return base if base in MASK_KINDS and not composed else None
+    return kind if kind in MASK_KINDS else None
