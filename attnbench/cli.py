@@ -178,31 +178,49 @@ def _run_config(args: argparse.Namespace):
 
 
 class _Interrupted(BaseException):
-    """A second Ctrl-C: abandon the case in hand now."""
+    """Abandon the case in hand now: a second Ctrl-C, or SIGTERM / SIGHUP."""
 
 
-class _SigintPolicy:
-    """First Ctrl-C: stop after the case in hand. Second: kill it and stop at once."""
+class _StopPolicy:
+    """What a signal does to a sweep.
+
+    Ctrl-C (SIGINT): the first stops after the case in hand, the second abandons it at once. SIGTERM and
+    SIGHUP (a CI runner cancelling a job, ``timeout``, systemd or docker stopping a service, a closed
+    terminal) abandon the case in hand at once: their senders kill for good seconds later, too soon to
+    wait for a case. Either way what is done is written and the run can be resumed; an abandoned case
+    is not logged, so ``--resume`` measures it again.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self, pool, note: Callable[[str], None]) -> None:
         self.pool, self.note = pool, note
         self.count = 0
-        self.previous = None
+        self.first: int | None = None  # the first signal received: it decides the exit code
+        self.previous: dict[int, object] = {}
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + (self.first or signal.SIGINT)
 
     def __call__(self, signum, frame) -> None:
         self.count += 1
-        if self.count == 1:
+        self.first = self.first or signum
+        if signum == signal.SIGINT and self.count == 1:
             self.note("interrupt: finishing the case in hand, then writing what is done (Ctrl-C again to abandon it)")
             return
+        if self.count == 1:
+            self.note(f"{signal.Signals(signum).name}: abandoning the case in hand, writing what is done")
         self.pool.kill_current()
         raise _Interrupted
 
-    def __enter__(self) -> _SigintPolicy:
-        self.previous = signal.signal(signal.SIGINT, self)
+    def __enter__(self) -> _StopPolicy:
+        self.previous = {sig: signal.signal(sig, self) for sig in self.SIGNALS}
         return self
 
     def __exit__(self, *exc: object) -> None:
-        signal.signal(signal.SIGINT, self.previous)
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -300,42 +318,46 @@ def _run_in(args, run_dir, cases, config, tqdm, sweep, matmul_peak, WorkerPool, 
     # glibc at start-up), every worker applies it again (threads, mallopt) and records describe().
     pool = WorkerPool(env=regime.child_env(regime.Regime(threads=config.threads)))
     start = time.perf_counter()
-    policy = _SigintPolicy(pool, note=lambda text: tqdm.write(text, file=sys.stderr))
+    policy = _StopPolicy(pool, note=lambda text: tqdm.write(text, file=sys.stderr))
     aborted = False
-    try:
-        with policy:
+    with policy:
+        try:
             sweep(todo, config, progress=progress, isolate=True, workers=pool, case_timeout_s=args.case_timeout,
                   on_result=lambda i, m: run_dir.add(attach(m, counted.get(case_key(m.variant, m.spec))),
                                                      seconds=time.perf_counter() - start),
                   should_stop=lambda: policy.count > 0)
-            bar.n = done_before + len(todo) if policy.count == 0 else bar.n
-            bar.set_description("done" if policy.count == 0 else "interrupted")
-            bar.close()
-            run_dir.finish(time.perf_counter() - start)
-            elapsed = time.perf_counter() - start
-            results = run_dir.measurements
-            with pd.option_context("display.width", 200, "display.max_columns", 30):
-                print(summary_table(results).to_string())
-            statuses = pd.Series([m.status for m in results], dtype=object).value_counts().to_dict()
-            print(f"\n{len(results)} of {run_dir.planned} cases ({len(todo)} planned this session, "
-                  f"{elapsed:.0f} s): {statuses}")
-            print(f"measurements: {run_dir.path}")
-            if args.report and results:
-                from attnbench.report.html import build_report
-
-                page = build_report([run_dir.path], Path(run_dir.path) / "report")
-                print(f"report: {page}")
-    except _Interrupted:
-        aborted = True
+        except _Interrupted:
+            aborted = True
+        bar.n = done_before + len(todo) if policy.count == 0 else bar.n
+        bar.set_description("done" if policy.count == 0 else "interrupted")
         bar.close()
-        run_dir.write_derived(seconds=time.perf_counter() - start)
+        run_dir.finish(time.perf_counter() - start)
+        try:
+            _print_results(args, run_dir, len(todo), time.perf_counter() - start, summary_table)
+        except _Interrupted:  # a further signal while writing the report: what is logged stays, the page is not made
+            print(f"interrupted again: no report written (attnbench report --from {run_dir.path} makes it)", file=sys.stderr)
     if policy.count:
         left = run_dir.planned - len(run_dir.measurements)
         how = "aborted" if aborted else "stopped"
         print(f"interrupted: {how}; {len(run_dir.measurements)} of {run_dir.planned} cases kept in {run_dir.path}"
               f" ({left} left: rerun with --resume --out {run_dir.path})", file=sys.stderr)
-        return 130
+        return policy.exit_code
     return 0
+
+
+def _print_results(args, run_dir, planned: int, elapsed: float, summary_table) -> None:
+    """The summary table, the statuses, and the report of what the run directory holds."""
+    results = run_dir.measurements
+    with pd.option_context("display.width", 200, "display.max_columns", 30):
+        print(summary_table(results).to_string())
+    statuses = pd.Series([m.status for m in results], dtype=object).value_counts().to_dict()
+    print(f"\n{len(results)} of {run_dir.planned} cases ({planned} planned this session, {elapsed:.0f} s): {statuses}")
+    print(f"measurements: {run_dir.path}")
+    if args.report and results:
+        from attnbench.report.html import build_report
+
+        page = build_report([run_dir.path], Path(run_dir.path) / "report")
+        print(f"report: {page}")
 
 
 def _count_first(todo, config, quiet: bool, tqdm) -> dict:

@@ -214,6 +214,38 @@ def test_second_ctrl_c_abandons_a_hung_case_at_once(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(("sig", "to_group"), [(signal.SIGTERM, False), (signal.SIGHUP, True)],
+                         ids=["SIGTERM-to-the-parent", "SIGHUP-to-the-group"])
+def test_sigterm_abandons_the_case_in_hand_writes_what_is_done_and_resume_completes(tmp_path, sig, to_group):
+    """``kill -TERM`` (a CI runner, ``timeout``, systemd) ended the run at once (exit 143): no resume line, the
+    case in hand lost, an orphaned worker's BrokenPipeError traceback. Sent to the parent alone or to the group."""
+    run = tmp_path / "run"
+    env = {**os.environ, "ATTNBENCH_PLUGINS": "tests.planted_variants", "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
+    variants = "batched,planted_hang,sdpa"  # the hang is in hand when the signal comes
+    proc = _cli("run", "--variants", variants, "--lengths", "16", "--out", str(run), *CLI_FAST, cwd=ROOT, env=env)
+    _wait_for_cases(run, 1, proc)
+    time.sleep(1.0)
+    start = time.monotonic()
+    (os.killpg if to_group else os.kill)(proc.pid, sig)
+    out, err = proc.communicate(timeout=60)
+    assert time.monotonic() - start < 10, "the case in hand was waited for"
+    assert proc.returncode == 128 + sig, err
+    assert "Traceback" not in err and "BrokenPipe" not in err
+    assert f"rerun with --resume --out {run}" in err
+    assert [m.variant for m in read_log(run / LOG).measurements] == ["batched"]  # the abandoned case is not logged
+    assert json.loads((run / MANIFEST).read_text())["cases"] == 1 and (run / "report" / "report.html").exists()
+    resumed = _cli("run", "--variants", "batched,sdpa", "--lengths", "16", "--out", str(run), "--resume", *CLI_FAST,
+                   cwd=ROOT, env=env)
+    assert resumed.wait(300) == 2  # a different grid is refused, never mixed in
+    resumed = _cli("run", "--variants", variants, "--lengths", "16", "--out", str(run), "--resume", *CLI_FAST,
+                   "--case-timeout", "3", cwd=ROOT, env=env)
+    out, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err
+    keys = [(m.variant, m.spec.seq_len) for m in read_log(run / LOG).measurements]
+    assert sorted(keys) == sorted(set(keys)) and {k[0] for k in keys} == {"batched", "planted_hang", "sdpa"}
+
+
+@pytest.mark.slow
 def test_force_replaces_and_no_report_leaves_no_stale_report(tmp_path):
     run = tmp_path / "run"
     first = _cli("run", "--variants", "batched", "--lengths", "16", "--out", str(run), *CLI_FAST)

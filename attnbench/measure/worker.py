@@ -34,6 +34,7 @@ and asv's (``tests/test_regime.py``).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import gc
 import multiprocessing
@@ -115,7 +116,9 @@ def apply_memory_cap(extra_bytes: int) -> int | None:
 
 def _child(conn, job: CaseJob) -> None:
     """Worker body: measure one case and send the Measurement back (never raises)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C does
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # the parent decides what these do
+        signal.signal(sig, signal.SIG_IGN)
+    _die_with_the_server()
     # Objects inherited from the server (torch, inductor: ~10^6) move to the permanent generation:
     # a full collection would otherwise walk them all and copy every page they sit on (0.47 s per case).
     gc.freeze()
@@ -136,8 +139,20 @@ def _child(conn, job: CaseJob) -> None:
     except BaseException as exc:  # noqa: BLE001 - e.g. a plugin that fails to import: a row, not a lost case
         result = Measurement(variant=job.variant, spec=job.spec, status="error", env=job.env, workload=job.config.workload,
                              reason=f"worker: {error_line(exc)}")
-    conn.send(result)
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the parent is gone: nobody to tell
+        conn.send(result)
     conn.close()
+
+
+def _die_with_the_server() -> None:
+    """Ask Linux to kill this worker when the fork server exits (it does when the parent does), so an
+    orphaned case does not run on after ``attnbench run`` was killed outright."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+PR_SET_PDEATHSIG = 1
 
 
 def cgroup_oom_kills() -> int | None:
