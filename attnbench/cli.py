@@ -280,8 +280,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _run_in(args, run_dir, cases, config, tqdm, sweep, matmul_peak, WorkerPool, RunDirError, summary_table) -> int:
     from attnbench.measure import regime
     from attnbench.measure.bandwidth import bandwidth
-    from attnbench.measure.instructions import attach
-    from attnbench.runs import case_key
+    from attnbench.runs import RunWriteError
 
     regime.apply(regime.Regime(threads=config.threads))  # the peak recorded below is the workers' threads' peak
     peak = {dtype: matmul_peak(args.device, dtype) / 1e9 for dtype in args.dtypes}
@@ -296,6 +295,9 @@ def _run_in(args, run_dir, cases, config, tqdm, sweep, matmul_peak, WorkerPool, 
         todo = run_dir.start(config, cases, command=sys.argv, peak_gflops=peak, peak_gbps=peak_gbps)
     except RunDirError as exc:
         return _usage(str(exc))
+    except RunWriteError as exc:
+        print(f"error: {exc.strerror}", file=sys.stderr)
+        return 1
     for note in run_dir.notes:
         print(f"note: {note}", file=sys.stderr)
     done_before = len(cases) - len(todo)
@@ -319,6 +321,30 @@ def _run_in(args, run_dir, cases, config, tqdm, sweep, matmul_peak, WorkerPool, 
     pool = WorkerPool(env=regime.child_env(regime.Regime(threads=config.threads)))
     start = time.perf_counter()
     policy = _StopPolicy(pool, note=lambda text: tqdm.write(text, file=sys.stderr))
+    try:
+        aborted = _sweep_and_write(args, run_dir, todo, config, counted, progress, bar, pool, policy, sweep,
+                                   summary_table, done_before, start)
+    except RunWriteError as exc:  # a full disk: what the log holds is kept, the rest is measured on --resume
+        bar.close()
+        print(f"error: {exc.strerror} ({len(run_dir.measurements)} of {run_dir.planned} cases kept in {run_dir.path}; "
+              f"make room, then rerun with --resume --out {run_dir.path})", file=sys.stderr)
+        return 1
+    if policy.count:
+        left = run_dir.planned - len(run_dir.measurements)
+        how = "aborted" if aborted else "stopped"
+        print(f"interrupted: {how}; {len(run_dir.measurements)} of {run_dir.planned} cases kept in {run_dir.path}"
+              f" ({left} left: rerun with --resume --out {run_dir.path})", file=sys.stderr)
+        return policy.exit_code
+    return 0
+
+
+def _sweep_and_write(args, run_dir, todo, config, counted, progress, bar, pool, policy, sweep, summary_table,
+                     done_before: int, start: float) -> bool:
+    """Measure what is left, logging each case, then write the derived files and the report; True when a signal
+    abandoned a case (see :class:`_StopPolicy`)."""
+    from attnbench.measure.instructions import attach
+    from attnbench.runs import case_key
+
     aborted = False
     with policy:
         try:
@@ -336,13 +362,7 @@ def _run_in(args, run_dir, cases, config, tqdm, sweep, matmul_peak, WorkerPool, 
             _print_results(args, run_dir, len(todo), time.perf_counter() - start, summary_table)
         except _Interrupted:  # a further signal while writing the report: what is logged stays, the page is not made
             print(f"interrupted again: no report written (attnbench report --from {run_dir.path} makes it)", file=sys.stderr)
-    if policy.count:
-        left = run_dir.planned - len(run_dir.measurements)
-        how = "aborted" if aborted else "stopped"
-        print(f"interrupted: {how}; {len(run_dir.measurements)} of {run_dir.planned} cases kept in {run_dir.path}"
-              f" ({left} left: rerun with --resume --out {run_dir.path})", file=sys.stderr)
-        return policy.exit_code
-    return 0
+    return aborted
 
 
 def _print_results(args, run_dir, planned: int, elapsed: float, summary_table) -> None:
@@ -355,8 +375,12 @@ def _print_results(args, run_dir, planned: int, elapsed: float, summary_table) -
     print(f"measurements: {run_dir.path}")
     if args.report and results:
         from attnbench.report.html import build_report
+        from attnbench.runs import RunWriteError
 
-        page = build_report([run_dir.path], Path(run_dir.path) / "report")
+        try:
+            page = build_report([run_dir.path], Path(run_dir.path) / "report")
+        except OSError as exc:
+            raise RunWriteError(Path(run_dir.path) / "report", exc) from exc
         print(f"report: {page}")
 
 

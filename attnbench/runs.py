@@ -48,6 +48,7 @@ LOG = "cases.jsonl"
 LOCK = ".lock"
 REPORT = "report"
 LOG_SCHEMA = "attnbench.log/1"
+MANIFEST_SCHEMA = "attnbench.run/1"
 RUN_FILES = (LOG, MEASUREMENTS, MANIFEST)
 """Files a run writes (``--force`` removes these and ``report/``; other files are left alone)."""
 
@@ -186,8 +187,11 @@ def measurement_from_json(data: dict[str, Any]) -> Measurement:
     fields = {k: v for k, v in data.items() if k in known}
     for name, kind in known.items():  # JSON gives any type: a number field must hold a number
         value = fields.get(name)
-        if kind in ("int", "float") and value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise ValueError(f"{name} {value!r} is not a number")
+        if kind in ("int", "float") and value is not None:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{name} {str(value)[:40]!r} is not a number")
+            if kind == "float":
+                fields[name] = _float(name, value)
     if not isinstance(data.get("spec"), dict):
         raise ValueError(f"spec {data.get('spec')!r} is not a mapping")
     fields["spec"] = AttnSpec(**data["spec"])
@@ -198,9 +202,19 @@ def measurement_from_json(data: dict[str, Any]) -> Measurement:
     samples = data.get("samples", ())
     if not isinstance(samples, list) or any(isinstance(s, bool) or not isinstance(s, (int, float)) for s in samples):
         raise ValueError(f"samples {str(samples)[:60]} is not a list of numbers")
-    fields["samples"] = tuple(float(s) for s in samples)
+    fields["samples"] = tuple(_float("samples", s) for s in samples)
+    if not all(math.isfinite(s) and s >= 0 for s in fields["samples"]):
+        bad = next(s for s in fields["samples"] if not (math.isfinite(s) and s >= 0))
+        raise ValueError(f"samples hold {bad!r} (a time is a finite number of seconds >= 0)")
     fields["extra"] = dict(data.get("extra") or {})
     return Measurement(**fields)
+
+
+def _float(name: str, value: int | float) -> float:
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(f"{name} {str(value)[:20]}... ({len(str(value))} digits) is too large for a float") from None
 
 
 def config_json(config: MeasureConfig) -> dict[str, Any]:
@@ -254,6 +268,14 @@ class RunDirError(ValueError):
     """The run directory cannot be used as asked (a usage error: exit 2 on the command line)."""
 
 
+class RunWriteError(OSError):
+    """Writing into the run directory failed (a full disk, a quota, a file size limit): what was logged before stays."""
+
+    def __init__(self, path: Path, exc: OSError) -> None:
+        super().__init__(exc.errno, f"cannot write {path}: {exc.strerror or exc}")
+        self.path = path
+
+
 def _fsync_dir(path: Path) -> None:
     with contextlib.suppress(OSError):
         fd = os.open(path, os.O_RDONLY)
@@ -261,6 +283,17 @@ def _fsync_dir(path: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _drop_torn_tail(path: Path) -> None:
+    """Cut a torn last line (a kill or a power cut while it was written) off the log, so appending continues it
+    after the last whole line instead of leaving the fragment inside."""
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    keep = data.rfind(b"\n") + 1
+    if keep < len(data):
+        os.truncate(path, keep)
 
 
 def _diff_config(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
@@ -369,6 +402,9 @@ class RunDirectory:
             self.notes.extend(self.log.notes)
         if self.log.header is not None:
             old = self.log.header
+            if old.get("schema", LOG_SCHEMA) != LOG_SCHEMA:
+                raise RunDirError(f"--resume: {log_path} is in format {old.get('schema')!r}; this attnbench writes "
+                                  f"{LOG_SCHEMA!r} and would mix the two (use the attnbench that wrote it, or --force)")
             # a setting added since the log was written had its default then (e.g. workload "prefill")
             defaults = config_json(MeasureConfig())
             old_conf = {**{k: v for k, v in defaults.items() if k not in old.get("config", {})}, **old.get("config", {})}
@@ -410,22 +446,30 @@ class RunDirectory:
         return [(n, s) for (n, s), k in zip(cases, keys, strict=True) if k not in done]
 
     def _append_line(self, item: dict[str, Any], fresh: bool = False) -> None:
-        if self._file is None:
-            path = self.path / LOG
-            if path.exists() and path.stat().st_size:
-                with open(path, "rb") as f:  # a torn last line: start on a fresh line
-                    f.seek(-1, os.SEEK_END)
-                    torn = f.read(1) != b"\n"
-            else:
-                torn = False
-            self._file = open(path, "ab")  # noqa: SIM115 - kept open for the sweep
-            if torn:
-                self._file.write(b"\n")
-            if fresh:
-                _fsync_dir(self.path)
-        self._file.write(json.dumps(item).encode("utf-8") + b"\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        path = self.path / LOG
+        try:
+            if self._file is None:
+                _drop_torn_tail(path)
+                self._file = open(path, "ab")  # noqa: SIM115 - kept open for the sweep
+                if fresh:
+                    _fsync_dir(self.path)
+            line = json.dumps(item).encode("utf-8") + b"\n"
+            self._file.write(line)
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        except OSError as exc:
+            self._drop_partial_line(path)
+            raise RunWriteError(path, exc) from exc
+
+    def _drop_partial_line(self, path: Path) -> None:
+        """After a failed append, close the log and cut what part of the line reached it (the next session appends
+        after the last whole line)."""
+        with contextlib.suppress(OSError):
+            if self._file is not None:
+                self._file.close()
+        self._file = None
+        with contextlib.suppress(OSError):
+            _drop_torn_tail(path)
 
     def add(self, measurement: Measurement, *, seconds: float | None = None) -> None:
         """Append one finished case durably, then refresh the derived files."""
@@ -442,10 +486,13 @@ class RunDirectory:
         return len(self.measurements) >= self.planned
 
     def write_derived(self, *, seconds: float | None = None) -> Path:
-        """Rewrite ``measurements.csv`` and ``manifest.json`` from the cases logged so far."""
+        """Rewrite ``measurements.csv`` and ``manifest.json`` from the cases logged so far (each atomically)."""
         total = self.header.get("seconds_before", 0.0) + (seconds or 0.0)
-        _write_derived(self.path, self.measurements, self.header, seconds=total, peak_gflops=self._peak,
-                       peak_gbps=self._peak_gbps)
+        try:
+            _write_derived(self.path, self.measurements, self.header, seconds=total, peak_gflops=self._peak,
+                           peak_gbps=self._peak_gbps)
+        except OSError as exc:
+            raise RunWriteError(self.path, exc) from exc
         return self.path
 
     def finish(self, seconds: float) -> None:
@@ -484,7 +531,7 @@ def _write_derived(
     env = next((m.env for m in measurements if m.env is not None), None)
     planned = int(header.get("planned", len(measurements)))
     manifest = {
-        "schema": "attnbench.run/1",
+        "schema": MANIFEST_SCHEMA,
         "created": header.get("created") or dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": header.get("command", list(sys.argv)),
         "seconds": round(seconds, 2),

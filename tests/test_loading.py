@@ -218,7 +218,7 @@ RUN_FAULTS: dict[str, tuple[Callable[[Path], object], str]] = {
     "log not UTF-8": (write(LOG, b"\xff\xfe\x00garbage\x80\x81\n"), "UnicodeDecodeError"),
     "log missing": (remove(LOG), "cases.jsonl: missing"),
     "log negative peak bytes": (field("peak_tensor_bytes", -5.0), "peak_tensor_bytes -5.0 is not a finite value >= 0"),
-    "log infinite time": (field("samples", [float("inf")] * 3), "time inf is not a time > 0"),
+    "log infinite time": (field("samples", [float("inf")] * 3), "samples hold inf (a time is a finite number of seconds >= 0)"),
     "log infinite memory": (field("peak_tensor_bytes", float("inf")), "peak_tensor_bytes inf is not a finite value >= 0"),
     "log ok case far beyond its tolerance": (field("max_error", 2.93), "status ok but its error is 293,000x the tolerance"),
     "log implausible length": (lambda run: (spec_field("seq_len", 10**18)(run), spec_field("seq_len_k", None)(run)),

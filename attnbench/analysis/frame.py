@@ -338,6 +338,12 @@ def _read_manifest(path: Path, problems: list[str], notes: list[str]) -> dict:
     if not isinstance(manifest, dict):
         problems.append(f"{path}: expected a JSON object, got {type(manifest).__name__}; the case log is read without it")
         return {}
+    from attnbench.runs import MANIFEST_SCHEMA
+
+    if manifest.get("schema", MANIFEST_SCHEMA) != MANIFEST_SCHEMA:
+        problems.append(f"{path}: format {manifest.get('schema')!r}, and this attnbench reads {MANIFEST_SCHEMA!r}; "
+                        "the case log is read without it")
+        return {}
     for name, kind in (("cases", int), ("planned", int), ("complete", bool)):
         value = manifest.get(name)
         if value is not None and (not isinstance(value, kind) or (kind is int and (isinstance(value, bool) or value < 0))):
@@ -421,7 +427,7 @@ def load_run(run_dir: str | Path) -> pd.DataFrame:
     finished. ``measurements.csv`` is an export for people and is not read. Unusable log lines and
     cases are rejected with the reason.
     """
-    from attnbench.runs import LOG, MANIFEST, read_log
+    from attnbench.runs import LOG, LOG_SCHEMA, MANIFEST, read_log
 
     run_dir = Path(run_dir)
     problems: list[str] = []
@@ -435,10 +441,14 @@ def load_run(run_dir: str | Path) -> pd.DataFrame:
     except OSError as exc:
         problems.append(f"{run_dir / LOG}: cannot read ({error_line(exc)})")
         return _finish([], problems, notes)
+    header = log.header or {}
+    if header.get("schema", LOG_SCHEMA) != LOG_SCHEMA:
+        problems.append(f"{run_dir / LOG}: format {header.get('schema')!r}, and this attnbench reads {LOG_SCHEMA!r}: "
+                        "not read (use the attnbench that wrote it)")
+        return _finish([], problems, notes)
     problems.extend(log.rejected)
     notes.extend(n for n in log.notes if n not in log.rejected)
     manifest = _read_manifest(run_dir / MANIFEST, problems, notes)
-    header = log.header or {}
     if log.header is None and log.measurements:
         problems.append(f"{run_dir / LOG}: no header line; the planned grid is unknown")
     peaks = header.get("peak_gflops", manifest.get("peak_gflops")) or {}
@@ -543,10 +553,16 @@ def load(sources: Iterable[str | Path]) -> pd.DataFrame:
     problems: list[str] = []
     notes: list[str] = []
     summary: list[dict] = []
+    seen: dict[Path, str] = {}
     for src in sources:
         path = Path(src)
         if path.is_dir() and not (path / "benchmarks.json").exists() and (path / "results" / "benchmarks.json").exists():
             path = path / "results"  # the asv directory itself, e.g. .asv
+        same = path.resolve()  # R, R/, ./R and a link to R are one source
+        if same in seen:
+            notes.append(f"{src}: the same directory as {seen[same]}, given twice: read once")
+            continue
+        seen[same] = str(src)
         try:
             kind = _kind(path)
             frame = load_asv(path) if kind == "asv" else load_run(path) if kind == "run" else None
