@@ -28,7 +28,7 @@ Example:
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import combinations, pairwise
 
@@ -358,8 +358,11 @@ def nonempty_tile_pairs(mod: MaskMod | None, batch: int, heads: int, lq: int, lk
     (a predicate without a closed form) walks the tiles, refused beyond :data:`_WALK_LIMIT` of them.
 
     Raises:
+        TypeError, ValueError: for a size that is not an int >= 1.
         ValueError: for a walk of more than :data:`_WALK_LIMIT` tiles.
     """
+    for name, value in (("batch", batch), ("heads", heads), ("lq", lq), ("lk", lk), ("tq", tq), ("tk", tk)):
+        check_int(name, value, 1)
     if mod is None:
         return lq * lk
     if mod.tile_pairs is not None:
@@ -455,6 +458,8 @@ def document(lengths: Sequence[int], device: torch.device | str = "cpu") -> Mask
         lengths: per-document lengths, in packing order; positions past their sum belong to no
             document and see nothing.
     """
+    if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Iterable):
+        raise TypeError(f"lengths must be a sequence of ints (one length per document), got {type(lengths).__name__}")
     lengths = [check_int("document length", n, 1) for n in lengths]
     if not lengths:
         raise ValueError("lengths must name at least one document")
@@ -608,20 +613,26 @@ def _combine(a: MaskMod, b: MaskMod, op: str) -> MaskMod:
     )
 
 
-def and_(*mods: MaskMod) -> MaskMod:
-    """Pairs every predicate allows."""
+def _fold(name: str, op: str, mods: tuple) -> MaskMod:
+    if not mods:
+        raise TypeError(f"{name}() needs at least one MaskMod, got none")
+    for m in mods:
+        if not isinstance(m, MaskMod):
+            raise TypeError(f"{name}() takes MaskMod arguments, got {type(m).__name__}")
     out = mods[0]
     for m in mods[1:]:
-        out = _combine(out, m, "&")
+        out = _combine(out, m, op)
     return out
+
+
+def and_(*mods: MaskMod) -> MaskMod:
+    """Pairs every predicate allows (at least one predicate)."""
+    return _fold("and_", "&", mods)
 
 
 def or_(*mods: MaskMod) -> MaskMod:
-    """Pairs any predicate allows."""
-    out = mods[0]
-    for m in mods[1:]:
-        out = _combine(out, m, "|")
-    return out
+    """Pairs any predicate allows (at least one predicate)."""
+    return _fold("or_", "|", mods)
 
 
 # ---- consumers --------------------------------------------------------------------------------
@@ -669,9 +680,12 @@ def allowed_pairs(mod: MaskMod | None, batch: int, lq: int, lk: int, block: int 
     classifying each first and evaluating only partial ones, refused beyond :data:`_WALK_LIMIT` tiles.
 
     Raises:
-        ValueError: for a predicate that cannot describe this batch and query count
-            (:meth:`MaskMod.check_fits`), or a walk of more than :data:`_WALK_LIMIT` tiles.
+        TypeError, ValueError: for a size that is not an int >= 1, or a predicate that cannot
+            describe this batch and query count (:meth:`MaskMod.check_fits`).
+        ValueError: for a walk of more than :data:`_WALK_LIMIT` tiles.
     """
+    for name, value in (("batch", batch), ("lq", lq), ("lk", lk), ("block", block)):
+        check_int(name, value, 1)
     if mod is None:
         return lq * lk
     mod.check_fits(batch, lq)
