@@ -184,7 +184,7 @@ def test_composed_tile_counts_at_longer_lengths(data, lq, lk, tq, tk):
     for mod in (a & b, a | b):
         assume(mod.form is not None)
         assert mm.nonempty_tile_pairs(mod, 1, 1, lq, lk, tq, tk) == _tile_walk(mod, 1, lq, lk, tq, tk), mod.name
-        assert mm.allowed_pairs(mod, 1, lq, lk) == int(mm.dense(mod, 1, 1, lq, lk).sum()), mod.name
+        assert mm.allowed_pairs(mod, 1, lq, lk) == int(mm.dense(mod, 1, 1, lq, lk).expand(1, 1, lq, lk).sum()), mod.name
 
 
 LONG = 10**9
