@@ -8,7 +8,7 @@ come from (:func:`allowed_pairs`, without O(L^2) work for the built-in predicate
 FlexAttention's ``mask_mod`` (the predicate itself, :attr:`MaskMod.fn`), and the pairs a
 block-skipping engine computes on a tile grid (:func:`nonempty_tile_pairs`). The counts are closed
 forms for the built-in predicates (O(1), or O(documents)) and for their compositions with ``&`` and
-``|`` (O(pieces x predicates^2) per intersection, by inclusion-exclusion over at most
+``|`` (O(pieces x predicates) per intersection, by inclusion-exclusion over at most
 :data:`_MAX_TERMS` ands), so cost models answer at any length.
 
 Convention: True = the query may attend to the key (the SDPA convention). Indices are absolute
@@ -168,9 +168,9 @@ def _band_tile_pairs(lq: int, lk: int, tq: int, tk: int, back: int | None, fwd: 
 # Each built-in predicate lets query row i see one interval of keys [lo(i), hi(i)), lo and hi
 # piecewise linear in i with slopes 0 or 1 and integer constants (a few pieces; one per document
 # for ``document``). An ``&`` of predicates lets row i see [max lo, min hi): on a stretch of rows
-# where every predicate stays on one piece and the max and the min stay on one line each (two
-# lines cross at most once, so there are O(pieces x predicates^2) stretches), the count is an
-# arithmetic series. On a tq x tk tile grid, :func:`block_state` calls a tile of a
+# where every predicate stays on one piece and the max and the min stay on one line each (of the
+# lines of one slope only the highest lo and the lowest hi count, and two lines cross at most
+# once, so there are O(pieces) stretches, each O(predicates)), the count is an arithmetic series. On a tq x tk tile grid, :func:`block_state` calls a tile of a
 # predicate non-empty when its key tile meets [lo(q0), hi(q1 - 1)), and of an ``&`` when it is
 # non-empty for every predicate: the key tiles [floor(max lo / tk), ceil(min hi / tk)), summed with
 # :func:`_floor_sum`. An ``|`` is an or of ands (distributed out when combined) and is counted by
@@ -250,7 +250,14 @@ def _segment_pairs(s: int, e: int, los: list, his: list, lk: int, tk: int) -> in
             s, e = _positive(m, c, s, e)
     if s >= e:
         return 0
-    los, his = [*los, (0, 0)], [*his, (0, lk)]  # the clips are lines too
+    # The clips are lines too; of lines with one slope only the highest lo and the lowest hi matter.
+    low: dict[int, int] = {0: 0}
+    high: dict[int, int] = {0: lk}
+    for m, c in los:
+        low[m] = max(low.get(m, c), c)
+    for m, c in his:
+        high[m] = min(high.get(m, c), c)
+    los, his = list(low.items()), list(high.items())
     cuts = {s, e}
     for lines in (los, his):  # where the max of the lo lines or the min of the hi lines changes line
         for (m1, c1), (m2, c2) in combinations(lines, 2):
