@@ -7,7 +7,9 @@ skip empty tiles and do no mask work on full ones), the count of allowed pairs t
 come from (:func:`allowed_pairs`, without O(L^2) work for the built-in predicates), and
 FlexAttention's ``mask_mod`` (the predicate itself, :attr:`MaskMod.fn`), and the pairs a
 block-skipping engine computes on a tile grid (:func:`nonempty_tile_pairs`). The counts are closed
-forms for the built-in predicates (O(1), or O(documents)), so cost models answer at any length.
+forms for the built-in predicates (O(1), or O(documents)) and for their compositions with ``&`` and
+``|`` (O(pieces x predicates) per intersection, by inclusion-exclusion over at most
+:data:`_MAX_TERMS` ands), so cost models answer at any length.
 
 Convention: True = the query may attend to the key (the SDPA convention). Indices are absolute
 positions; when ``Lq != Lk``, ``causal`` is aligned to the top-left corner (query i sees keys
@@ -27,8 +29,9 @@ from __future__ import annotations
 
 import weakref
 from bisect import bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import combinations, pairwise
 
 import torch
 
@@ -56,6 +59,7 @@ class MaskMod:
     pairs: Callable[[int, int, int], int] | None = None  # closed-form allowed pairs (batch, lq, lk), if any
     tile_pairs: Callable[[int, int, int, int], int] | None = None  # closed-form non-empty tile pairs (lq, lk, tq, tk)
     fits: Callable[[int, int], None] | None = None  # raises ValueError when it cannot describe (batch, lq)
+    form: tuple[frozenset[_Atom], ...] | None = None  # an or of ands of built-in predicates (counted in closed form)
 
     def check_fits(self, batch: int, lq: int) -> None:
         """Raise ``ValueError`` when the predicate cannot describe a call with this batch and query count.
@@ -164,16 +168,217 @@ def _band_tile_pairs(lq: int, lk: int, tq: int, tk: int, back: int | None, fwd: 
     return total + tq * (ends - starts)
 
 
+# ---- compositions: counting ands and ors of the built-in predicates --------------------------
+# Each built-in predicate lets query row i see one interval of keys [lo(i), hi(i)), lo and hi
+# piecewise linear in i with slopes 0 or 1 and integer constants (a few pieces; one per document
+# for ``document``). An ``&`` of predicates lets row i see [max lo, min hi): on a stretch of rows
+# where every predicate stays on one piece and the max and the min stay on one line each (of the
+# lines of one slope only the highest lo and the lowest hi count, and two lines cross at most
+# once, so there are O(pieces) stretches, each O(predicates)), the count is an arithmetic series. On a tq x tk tile grid, :func:`block_state` calls a tile of a
+# predicate non-empty when its key tile meets [lo(q0), hi(q1 - 1)), and of an ``&`` when it is
+# non-empty for every predicate: the key tiles [floor(max lo / tk), ceil(min hi / tk)), summed with
+# :func:`_floor_sum`. An ``|`` is an or of ands (distributed out when combined) and is counted by
+# inclusion-exclusion, for pairs and tiles alike: |A or B| = |A| + |B| - |A and B|.
+
+Piece = tuple[int, int, int, int, int]
+"""``(first_row, lo_slope, lo_const, hi_slope, hi_const)``: from ``first_row`` up to the next piece's
+first row, row i sees keys ``[lo_slope * i + lo_const, hi_slope * i + hi_const)``."""
+
+_MAX_TERMS = 10
+"""Most ands an or may hold and still be counted by inclusion-exclusion (2**terms - 1 intersections);
+a larger composition is counted by walking its tiles, refused beyond :data:`_WALK_LIMIT` tiles."""
+
+_WALK_LIMIT = 2**18
+"""Most tiles a count without a closed form walks (a second or so) before refusing."""
+
+
+@dataclass(frozen=True, eq=False)
+class _Atom:
+    """One built-in predicate as per-row key intervals; atoms with equal ``key`` allow the same pairs."""
+
+    key: tuple
+    pieces: tuple[Piece, ...]  # sorted by first row, the first at row 0; valid_lengths: its tile-grid range
+    starts: tuple[int, ...]  # each piece's first row (for bisecting)
+    lens: torch.Tensor | None = None  # valid_lengths only: (B,) or (B, Lq), for exact pair counts
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Atom) and self.key == other.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def at(self, row: int) -> Piece:
+        """The piece holding ``row``."""
+        return self.pieces[bisect_right(self.starts, row) - 1]
+
+
+def _atom(key: tuple, pieces: tuple[Piece, ...], lens: torch.Tensor | None = None) -> _Atom:
+    return _Atom(key, pieces, tuple(p[0] for p in pieces), lens)
+
+
+def _form(key: tuple, pieces: tuple[Piece, ...], lens: torch.Tensor | None = None) -> tuple[frozenset[_Atom], ...]:
+    """The form of one built-in predicate: an or of one and of one atom."""
+    return (frozenset({_atom(key, pieces, lens)}),)
+
+
+def _absorb(terms) -> tuple[frozenset[_Atom], ...]:
+    """Drop repeated ands and every and that holds all of another's atoms (it allows a subset of its pairs).
+
+    Exact for pairs and for tile states alike, and it keeps inclusion-exclusion small.
+    """
+    unique = list(dict.fromkeys(terms))
+    return tuple(t for t in unique if not any(u < t for u in unique))
+
+
+def _positive(m: int, c: int, s: int, e: int) -> tuple[int, int]:
+    """The ``i`` in ``[s, e)`` with ``m * i + c > 0``: one interval (empty as ``(s, s)``)."""
+    if m > 0:
+        s = max(s, -c // m + 1)
+    elif m < 0:
+        e = min(e, -(c // m))  # i < c / -m, i.e. i < ceil(c / -m)
+    elif c <= 0:
+        e = s
+    return (s, e) if s < e else (s, s)
+
+
+def _segment_pairs(s: int, e: int, los: list, his: list, lk: int, tk: int) -> int:
+    """Keys in the non-empty key tiles of query tiles ``i in [s, e)``, summed over i (one row each).
+
+    In query tile i, atom a reaches keys ``[los[a](i), his[a](i))``, each a line ``(slope, const)``
+    in i with slope >= 0, and is non-empty on the key tiles meeting that range clipped to
+    ``[0, lk)``. A key tile counts when it is non-empty for every atom: none when some atom reaches
+    no key, else the key tiles ``[floor(max lo / tk), ceil(min hi / tk))``, the last one cut at ``lk``.
+    """
+    for (lm, lc), (hm, hc) in zip(los, his, strict=True):  # each atom: lo < hi, lo < lk and hi > 0
+        for m, c in ((hm - lm, hc - lc), (-lm, lk - lc), (hm, hc)):
+            s, e = _positive(m, c, s, e)
+    if s >= e:
+        return 0
+    # The clips are lines too; of lines with one slope only the highest lo and the lowest hi matter.
+    low: dict[int, int] = {0: 0}
+    high: dict[int, int] = {0: lk}
+    for m, c in los:
+        low[m] = max(low.get(m, c), c)
+    for m, c in his:
+        high[m] = min(high.get(m, c), c)
+    los, his = list(low.items()), list(high.items())
+    cuts = {s, e}
+    for lines in (los, his):  # where the max of the lo lines or the min of the hi lines changes line
+        for (m1, c1), (m2, c2) in combinations(lines, 2):
+            if m1 != m2:
+                x = -((c1 - c2) // (m1 - m2))  # ceil((c2 - c1) / (m1 - m2)): the faster line leads from x on
+                if s < x < e:
+                    cuts.add(x)
+    last = (-(-lk // tk) - 1) * tk  # first key of the last (cut) key tile
+    total = 0
+    bounds = sorted(cuts)
+    for a, b in pairwise(bounds):
+        lm, lc = max(los, key=lambda line: (line[0] * a + line[1], line[0]))
+        hm, hc = min(his, key=lambda line: (line[0] * a + line[1], line[0]))
+        # The ranges of key tiles meet when floor(lo / tk) < ceil(hi / tk); where hi - lo <= -tk they
+        # cannot, elsewhere the width below is >= 0 (and 0 exactly when they do not meet).
+        a, b = _positive(hm - lm, hc - lc + tk, a, b)
+        if a >= b:
+            continue
+        # from x on, hi lies in the last key tile, whose end is lk
+        x = (min(b, max(a, (last - hc) // hm + 1)) if hm else a if hc > last else b)
+        ends = tk * _floor_sum(x - a, tk, hm, hm * a + hc + tk - 1) + lk * (b - x)
+        total += ends - tk * _floor_sum(b - a, tk, lm, lm * a + lc)
+    return total
+
+
+def _and_tile_pairs(atoms: list[_Atom], lq: int, lk: int, tq: int, tk: int) -> int:
+    """Pairs in the tiles of a ``tq x tk`` grid that every atom's :func:`block_state` calls non-empty.
+
+    With ``tq = tk = 1`` a tile is one pair: the allowed pairs of the atoms' ``&``.
+    """
+    full = lq // tq  # query tiles i < full have tq rows; a last short one is counted directly
+    total = 0
+    if full:
+        cuts = {0, full}
+        for atom in atoms:  # tile i reads lo at row i*tq and hi at row i*tq + tq - 1
+            for first in atom.starts[1:]:
+                for x in (-(-first // tq), -(-(first - tq + 1) // tq)):
+                    if 0 < x < full:
+                        cuts.add(x)
+        bounds = sorted(cuts)
+        for s, e in pairwise(bounds):
+            los, his = [], []
+            for atom in atoms:
+                _, lm, lc, _, _ = atom.at(s * tq)
+                _, _, _, hm, hc = atom.at(s * tq + tq - 1)
+                los.append((lm * tq, lc))
+                his.append((hm * tq, hm * (tq - 1) + hc))
+            total += tq * _segment_pairs(s, e, los, his, lk, tk)
+    if lq % tq:
+        q0, start, end = full * tq, 0, lk
+        for atom in atoms:
+            _, lm, lc, _, _ = atom.at(q0)
+            _, _, _, hm, hc = atom.at(lq - 1)
+            lo, hi = max(0, lm * q0 + lc), min(lk, hm * (lq - 1) + hc)
+            if lo >= hi:
+                return total
+            start, end = max(start, lo), min(end, hi)
+        total += (lq - q0) * max(0, min(lk, -(-end // tk) * tk) - start // tk * tk)
+    return total
+
+
+def _and_pairs(atoms: frozenset[_Atom], batch: int, lq: int, lk: int) -> int:
+    """Allowed pairs of the atoms' ``&``, summed over the batch (valid_lengths differ per entry)."""
+    padded = [a for a in atoms if a.lens is not None]
+    fixed = [a for a in atoms if a.lens is None]
+    if any(a.lens.dim() == 2 for a in padded):  # arbitrary per row: O(B * Lq) data, counted with tensor ops
+        rows = torch.arange(lq)
+        lo, hi = torch.zeros((), dtype=torch.long), torch.full((), lk, dtype=torch.long)
+        for atom in atoms:
+            a_lo, a_hi = _rows_tensor(atom, rows)
+            lo, hi = torch.maximum(lo, a_lo), torch.minimum(hi, a_hi)
+        return int((hi - lo).clamp(min=0).sum())
+    if not padded:
+        return batch * _and_tile_pairs(fixed, lq, lk, 1, 1)
+    per_entry: dict[int, int] = {}  # batch entry b sees [0, min over the valid_lengths of their length b)
+    for lens in zip(*(a.lens.tolist() for a in padded), strict=True):
+        per_entry[min(lens)] = per_entry.get(min(lens), 0) + 1
+    return sum(n * _and_tile_pairs([*fixed, _atom((), ((0, 0, 0, 0, v),))], lq, lk, 1, 1) for v, n in per_entry.items())
+
+
+def _rows_tensor(atom: _Atom, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(lo, hi)`` of every row, broadcastable to ``(B, len(rows))``."""
+    if atom.lens is not None:
+        lens = atom.lens.cpu().long()
+        return torch.zeros((), dtype=torch.long), lens if lens.dim() == 2 else lens[:, None]
+    table = torch.tensor(atom.pieces, dtype=torch.long)[torch.searchsorted(torch.tensor(atom.starts), rows, right=True) - 1]
+    return table[:, 1] * rows + table[:, 2], table[:, 3] * rows + table[:, 4]
+
+
+def _union(form: tuple[frozenset[_Atom], ...], count: Callable[[frozenset[_Atom]], int]) -> int:
+    """``count`` of an or of ands by inclusion-exclusion; each distinct intersection is counted once."""
+    signs: dict[frozenset[_Atom], int] = {}
+    for r in range(1, len(form) + 1):
+        for terms in combinations(form, r):
+            both = frozenset().union(*terms)
+            signs[both] = signs.get(both, 0) + (1 if r % 2 else -1)
+    return sum(sign * count(both) for both, sign in signs.items() if sign)
+
+
 def nonempty_tile_pairs(mod: MaskMod | None, batch: int, heads: int, lq: int, lk: int, tq: int, tk: int) -> int:
     """Pairs per (batch, head) in the tiles of a ``tq x tk`` grid that :func:`block_state` does not call empty.
 
     What a block-skipping engine computes (it computes every pair of a non-empty tile). Closed form
-    for the built-in predicates (:attr:`MaskMod.tile_pairs`); for compositions, the tiles are walked.
+    (:attr:`MaskMod.tile_pairs`) for the built-in predicates and their compositions; anything else
+    (a predicate without a closed form) walks the tiles, refused beyond :data:`_WALK_LIMIT` of them.
+
+    Raises:
+        TypeError, ValueError: for a size that is not an int >= 1.
+        ValueError: for a walk of more than :data:`_WALK_LIMIT` tiles.
     """
+    for name, value in (("batch", batch), ("heads", heads), ("lq", lq), ("lk", lk), ("tq", tq), ("tk", tk)):
+        check_int(name, value, 1)
     if mod is None:
         return lq * lk
     if mod.tile_pairs is not None:
         return mod.tile_pairs(lq, lk, tq, tk)
+    _check_walk(mod, lq, lk, tq, tk)
     return sum(
         (min(q0 + tq, lq) - q0) * (min(k0 + tk, lk) - k0)
         for q0 in range(0, lq, tq) for k0 in range(0, lk, tk)
@@ -218,7 +423,9 @@ def causal() -> MaskMod:
     def tile_pairs(lq, lk, tq, tk):  # query tile [q0, q1) meets the key tiles that meet [0, q1)
         return _band_tile_pairs(lq, lk, tq, tk, None, 0, 0)
 
-    return _builtin("causal", MaskMod("causal", fn, bounds=bounds, pairs=pairs, tile_pairs=tile_pairs))
+    mod = MaskMod("causal", fn, bounds=bounds, pairs=pairs, tile_pairs=tile_pairs,
+                   form=_form(("causal",), ((0, 0, 0, 1, 1),)))
+    return _builtin("causal", mod)
 
 
 def sliding_window(window: int) -> MaskMod:
@@ -240,7 +447,9 @@ def sliding_window(window: int) -> MaskMod:
     def tile_pairs(lq, lk, tq, tk):  # query tile [q0, q1) meets the key tiles that meet [q0 - w, q1 + w)
         return _band_tile_pairs(lq, lk, tq, tk, w, w, 0)
 
-    return _builtin("sliding_window", MaskMod(f"sliding_window({w})", fn, bounds=bounds, pairs=pairs, tile_pairs=tile_pairs))
+    mod = MaskMod(f"sliding_window({w})", fn, bounds=bounds, pairs=pairs, tile_pairs=tile_pairs,
+                   form=_form(("sliding_window", w), ((0, 1, -w, 1, w + 1),)))
+    return _builtin("sliding_window", mod)
 
 
 def prefix_lm(prefix: int) -> MaskMod:
@@ -260,7 +469,10 @@ def prefix_lm(prefix: int) -> MaskMod:
     def tile_pairs(lq, lk, tq, tk):  # query tile [q0, q1) meets the key tiles that meet [0, max(p, q1))
         return _band_tile_pairs(lq, lk, tq, tk, None, 0, p)
 
-    return _builtin("prefix_lm", MaskMod(f"prefix_lm({p})", fn, bounds=bounds, pairs=pairs, tile_pairs=tile_pairs))
+    rows = ((0, 0, 0, 0, p),) if p else ()  # rows i < p see [0, p), rows from p on see [0, i + 1)
+    mod = MaskMod(f"prefix_lm({p})", fn, bounds=bounds, pairs=pairs, tile_pairs=tile_pairs,
+                   form=_form(("prefix_lm", p), (*rows, (p, 0, 0, 1, 1))))
+    return _builtin("prefix_lm", mod)
 
 
 _EAGER_DOCUMENT_IDS = 2**22
@@ -279,6 +491,8 @@ def document(lengths: Sequence[int], device: torch.device | str = "cpu") -> Mask
         lengths: per-document lengths, in packing order; positions past their sum belong to no
             document and see nothing.
     """
+    if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Iterable):
+        raise TypeError(f"lengths must be a sequence of ints (one length per document), got {type(lengths).__name__}")
     lengths = [check_int("document length", n, 1) for n in lengths]
     if not lengths:
         raise ValueError("lengths must name at least one document")
@@ -333,8 +547,12 @@ def document(lengths: Sequence[int], device: torch.device | str = "cpu") -> Mask
             count += (q1 - q0) * _span_width(start, starts[doc(min(q1, total) - 1) + 1], lk, tk)
         return count
 
-    return _builtin("document", MaskMod(f"document({len(lengths)} docs)", fn, bounds=bounds, pairs=pairs,
-                                        tile_pairs=tile_pairs))
+    # Rows of document d see [start_d, end_d); rows past the end see the empty [total, total), which
+    # keeps both ends non-decreasing (a tile's rows then reach exactly [lo(q0), hi(q1 - 1))).
+    rows = tuple((a, 0, a, 0, b) for a, b in zip(starts[:-1], starts[1:], strict=True)) + ((total, 0, total, 0, total),)
+    mod = MaskMod(f"document({len(lengths)} docs)", fn, bounds=bounds, pairs=pairs, tile_pairs=tile_pairs,
+                   form=_form(("document", tuple(lengths)), rows))
+    return _builtin("document", mod)
 
 
 def valid_lengths(valid_lens: torch.Tensor) -> MaskMod:
@@ -378,8 +596,10 @@ def valid_lengths(valid_lens: torch.Tensor) -> MaskMod:
                 f"valid_lengths of shape (B, Lq) = {tuple(lens.shape)} must have one column per query, but Lq is {lq}"
             )
 
-    return _builtin("valid_lengths", MaskMod("valid_lengths", fn, uses_batch=True, uses_query=per_query, bounds=bounds,
-                                             pairs=pairs, tile_pairs=tile_pairs, fits=fits))
+    # Tile states hold for every batch entry and row, so on the tile grid every row reaches [0, longest).
+    mod = MaskMod("valid_lengths", fn, uses_batch=True, uses_query=per_query, bounds=bounds, pairs=pairs,
+                   tile_pairs=tile_pairs, fits=fits, form=_form(("valid_lengths", id(lens)), ((0, 0, 0, 0, hi),), lens))
+    return _builtin("valid_lengths", mod)
 
 
 # ---- composition ------------------------------------------------------------------------------
@@ -405,27 +625,49 @@ def _combine(a: MaskMod, b: MaskMod, op: str) -> MaskMod:
         a.check_fits(batch, lq)
         b.check_fits(batch, lq)
 
+    # Counts in closed form while both sides are ors of ands of built-in predicates: an & distributes
+    # (every and of one side with every and of the other), an | joins the two lists.
+    form = pairs = tile_pairs = None
+    if a.form is not None and b.form is not None:
+        form = _absorb(x | y for x in a.form for y in b.form) if both else _absorb(a.form + b.form)
+        if len(form) > _MAX_TERMS:
+            form = None
+    if form is not None:
+
+        def pairs(batch, lq, lk):
+            return _union(form, lambda atoms: _and_pairs(atoms, batch, lq, lk)) // batch
+
+        def tile_pairs(lq, lk, tq, tk):
+            return _union(form, lambda atoms: _and_tile_pairs(list(atoms), lq, lk, tq, tk))
+
     return MaskMod(
         f"{a.name} {op} {b.name}", fn,
         uses_batch=a.uses_batch or b.uses_batch, uses_head=a.uses_head or b.uses_head,
-        uses_query=a.uses_query or b.uses_query, bounds=bounds, fits=fits,
+        uses_query=a.uses_query or b.uses_query, bounds=bounds, pairs=pairs, tile_pairs=tile_pairs,
+        fits=fits, form=form,
     )
 
 
-def and_(*mods: MaskMod) -> MaskMod:
-    """Pairs every predicate allows."""
+def _fold(name: str, op: str, mods: tuple) -> MaskMod:
+    if not mods:
+        raise TypeError(f"{name}() needs at least one MaskMod, got none")
+    for m in mods:
+        if not isinstance(m, MaskMod):
+            raise TypeError(f"{name}() takes MaskMod arguments, got {type(m).__name__}")
     out = mods[0]
     for m in mods[1:]:
-        out = _combine(out, m, "&")
+        out = _combine(out, m, op)
     return out
+
+
+def and_(*mods: MaskMod) -> MaskMod:
+    """Pairs every predicate allows (at least one predicate)."""
+    return _fold("and_", "&", mods)
 
 
 def or_(*mods: MaskMod) -> MaskMod:
-    """Pairs any predicate allows."""
-    out = mods[0]
-    for m in mods[1:]:
-        out = _combine(out, m, "|")
-    return out
+    """Pairs any predicate allows (at least one predicate)."""
+    return _fold("or_", "|", mods)
 
 
 # ---- consumers --------------------------------------------------------------------------------
@@ -468,14 +710,23 @@ def block_state(mod: MaskMod, batch: int, heads: int, q0: int, q1: int, k0: int,
 def allowed_pairs(mod: MaskMod | None, batch: int, lq: int, lk: int, block: int = 512) -> int:
     """Allowed (query, key) pairs per (batch, head), averaged over the batch (rounded down).
 
-    Closed-form for the built-in predicates; for compositions, tiles are classified first and only
-    partial tiles are evaluated, so banded and causal masks cost O(L * block), not O(L^2).
+    Closed form (:attr:`MaskMod.pairs`) for the built-in predicates and their compositions, at any
+    length. Anything else (a predicate without a closed form) walks ``block x block`` tiles,
+    classifying each first and evaluating only partial ones, refused beyond :data:`_WALK_LIMIT` tiles.
+
+    Raises:
+        TypeError, ValueError: for a size that is not an int >= 1, or a predicate that cannot
+            describe this batch and query count (:meth:`MaskMod.check_fits`).
+        ValueError: for a walk of more than :data:`_WALK_LIMIT` tiles.
     """
+    for name, value in (("batch", batch), ("lq", lq), ("lk", lk), ("block", block)):
+        check_int(name, value, 1)
     if mod is None:
         return lq * lk
     mod.check_fits(batch, lq)
     if mod.pairs is not None:
         return mod.pairs(batch, lq, lk)
+    _check_walk(mod, lq, lk, block, block)
     total = 0
     for q0 in range(0, lq, block):
         q1 = min(q0 + block, lq)
@@ -488,3 +739,13 @@ def allowed_pairs(mod: MaskMod | None, batch: int, lq: int, lk: int, block: int 
                 values = tile(mod, batch, 1, q0, q1, k0, k1)  # (B?, 1, Cq?, Ck)
                 total += int(values.sum()) * (batch // values.shape[0]) * ((q1 - q0) // values.shape[2])
     return total // batch
+
+
+def _check_walk(mod: MaskMod, lq: int, lk: int, tq: int, tk: int) -> None:
+    """Refuse a count that would walk more than :data:`_WALK_LIMIT` tiles (minutes at long lengths)."""
+    tiles = -(-lq // tq) * -(-lk // tk)
+    if tiles > _WALK_LIMIT:
+        raise ValueError(
+            f"counting {mod.name!r} (no closed form: not a composition of at most {_MAX_TERMS} ors of the built-in "
+            f"predicates) would walk {tiles} tiles of {tq} x {tk}, more than {_WALK_LIMIT}; use larger tiles or shorter lengths"
+        )
