@@ -160,9 +160,25 @@ def check_seed(seed: object) -> int:
     """Return ``seed`` if it is a non-negative int (a generator seed), else raise naming it."""
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise TypeError(f"seed must be an int, got {type(seed).__name__} {seed!r}")
-    if seed < 0:
-        raise ValueError(f"seed must be >= 0, got {seed}")
+    if not 0 <= seed < 2**64:
+        raise ValueError(f"seed must be >= 0 and < 2**64 (a generator seed), got {seed}")
     return seed
+
+
+def check_number(name: str, value: object, low: float, high: float = math.inf, *, low_open: bool = True) -> float:
+    """Return ``value`` if it is a finite real number in ``(low, high]`` (``[low, high]`` when not ``low_open``).
+
+    Raises:
+        TypeError: for anything but an int or float (a bool, a string such as ``'10'``).
+        ValueError: NaN, inf, or a number outside the range, naming ``name``.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    inside = (value > low if low_open else value >= low) and value <= high
+    if not (math.isfinite(value) and inside):
+        bound = f"{'>' if low_open else '>='} {low:g}" + (f" and <= {high:g}" if math.isfinite(high) else "")
+        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
+    return float(value)
 
 
 def check_bool(name: str, value: object) -> bool:
@@ -188,5 +204,7 @@ def check_device_available(name: str, device: torch.device | str) -> None:
     inside the first allocation.
     """
     kind = torch.device(device).type
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"{name}={str(device)!r}: attnbench runs on 'cpu' and 'cuda' devices, not {kind!r}")
     if kind == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"{name}={str(device)!r} needs CUDA, which is not available on this machine; use 'cpu'")

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnbench import contract
+from attnbench import contract, environ
 from attnbench.io import append_line
 from attnbench.measure import gate, guard, memory, probe, regime, runner
 from attnbench.measure.peak import matmul_peak, measure_matmul_peak
@@ -52,58 +52,52 @@ from attnbench.plugins import load_plugins
 from attnbench.registry import default_variants, get_variant
 from attnbench.spec import AttnSpec
 
-REGIME = regime.Regime(threads=int(os.environ.get("ATTNBENCH_THREADS", "") or regime.DEFAULT_THREADS))
+load_plugins()  # variants registered by modules named in ATTNBENCH_PLUGINS join the grid (and may be named below)
+REGIME = regime.Regime(threads=int(environ.read_number(environ.THREADS, regime.DEFAULT_THREADS)))
 """The regime every asv benchmark process measures in (applied at import, before any case is built)."""
 regime.apply(REGIME)
-load_plugins()  # variants registered by modules named in ATTNBENCH_PLUGINS join the grid
-
-
-def _env_list(name: str, default: list, kind: type = str) -> list:
-    """A comma-separated override from the environment (e.g. the CI subset), else ``default``."""
-    raw = os.environ.get(name, "").strip()
-    return [kind(x) for x in raw.split(",") if x.strip()] if raw else default
 
 
 CUDA = torch.cuda.is_available()
-BASE = contract.BASE_SPEC.replace(batch=int(os.environ.get(contract.ENV_BATCH, "1")))
+BASE = contract.BASE_SPEC.replace(batch=int(environ.read_number(contract.ENV_BATCH, 1)))
 """The suite's fixed shape. ``ATTNBENCH_ASV_BATCH`` exists for tests of the gate (a batch-swapping
 fault is the identity at B=1); results taken with it are not labelled with it, so leave it unset
 for results you keep."""
 GRID, DECODE_GRID, GQA_GRID = contract.GRIDS["asv"], contract.GRIDS["asv-decode"], contract.GRIDS["asv-gqa"]
-LENGTHS = _env_list(contract.ENV_LENGTHS, list(GRID.lengths), int)
-DEVICES = _env_list(contract.ENV_DEVICES, ["cpu", "cuda"] if CUDA else ["cpu"])
-MODES = _env_list(contract.ENV_MODES, list(GRID.modes))
-MASKS = _env_list(contract.ENV_MASKS, list(GRID.masks))
+LENGTHS = environ.read_list(contract.ENV_LENGTHS, list(GRID.lengths))
+DEVICES = environ.read_list(contract.ENV_DEVICES, ["cpu", "cuda"] if CUDA else ["cpu"])
+MODES = environ.read_list(contract.ENV_MODES, list(GRID.modes))
+MASKS = environ.read_list(contract.ENV_MASKS, list(GRID.masks))
 """Mask kinds of the grid: no mask and causal, the one production models run (the CI subset keeps ``none``)."""
 # Default-sweep variants that run on at least one of the devices (CUDA-only SDPA backends drop out on
 # CPU boxes; compiled variants, which recompile for every parameter set, are opt-in by name).
-VARIANTS = _env_list(
+VARIANTS = environ.read_list(
     contract.ENV_VARIANTS,
     [n for n in default_variants() if any(not get_variant(n).not_supported_reasons(BASE.replace(device=d)) for d in DEVICES)],
 )
-MAX_CALL_SECONDS = float(os.environ.get(contract.ENV_MAX_CALL_S, str(contract.ASV_MAX_CALL_SECONDS)))
+MAX_CALL_SECONDS = environ.read_number(contract.ENV_MAX_CALL_S, contract.ASV_MAX_CALL_SECONDS)
 """Predicted seconds per call above which a case is n/a (keeps `asv run` within its budget)."""
 
 PARAMS: dict[str, list] = {"variant": VARIANTS, "seq_len": LENGTHS, "device": DEVICES, "mode": MODES, "mask": MASKS}
 DECODE_PARAMS: dict[str, list] = {
-    "variant": _env_list(contract.ENV_VARIANTS, list(DECODE_GRID.variants or ())),
-    "seq_len_k": _env_list(contract.ENV_DECODE_LENGTHS, list(DECODE_GRID.lengths), int),
+    "variant": environ.read_list(contract.ENV_VARIANTS, list(DECODE_GRID.variants or ())),
+    "seq_len_k": environ.read_list(contract.ENV_DECODE_LENGTHS, list(DECODE_GRID.lengths)),
     "device": DEVICES,
 }
 """The ``Decode`` class's grid: variant x cache length Lk x device (one query, forward)."""
 GQA_PARAMS: dict[str, list] = {
-    "variant": _env_list(contract.ENV_VARIANTS, list(GQA_GRID.variants or ())),
-    "seq_len": _env_list(contract.ENV_LENGTHS, list(GQA_GRID.lengths), int),
+    "variant": environ.read_list(contract.ENV_VARIANTS, list(GQA_GRID.variants or ())),
+    "seq_len": environ.read_list(contract.ENV_LENGTHS, list(GQA_GRID.lengths)),
     "device": DEVICES,
 }
 """The ``GroupedQuery`` class's grid: variant x L x device (H/4 key/value heads, forward)."""
 CI_GRID = contract.GRIDS["ci"]
 INSTRUCTION_PARAMS: dict[str, list] = {
-    "variant": _env_list(contract.ENV_VARIANTS, list(CI_GRID.variants or ())),
-    "seq_len": _env_list(contract.ENV_LENGTHS, list(CI_GRID.lengths), int),
+    "variant": environ.read_list(contract.ENV_VARIANTS, list(CI_GRID.variants or ())),
+    "seq_len": environ.read_list(contract.ENV_LENGTHS, list(CI_GRID.lengths)),
     "device": ["cpu"],
-    "mode": _env_list(contract.ENV_MODES, list(CI_GRID.modes)),
-    "mask": _env_list(contract.ENV_MASKS, list(CI_GRID.masks)),
+    "mode": environ.read_list(contract.ENV_MODES, list(CI_GRID.modes)),
+    "mask": environ.read_list(contract.ENV_MASKS, list(CI_GRID.masks)),
 }
 """The ``Instructions`` class's grid: the regression gate's CI grid (counting under valgrind is slow), CPU only."""
 

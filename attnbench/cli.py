@@ -14,6 +14,7 @@ import re
 import signal
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from attnbench.registry import get_variant, variant_names
 from attnbench.spec import DTYPES, MODES, AttnSpec
 
 DEFAULT_TIME_BUDGET = 10.0
+DEFAULT_MAX_TIME = 5.0
 """Seconds a case of ``attnbench run`` may take in total. Measured on 2 cores: 10 s keeps the default sweep under
 5 minutes (the quadratic variants slower than that at L=4096 become skipped rows); ``--time-budget 60`` runs them."""
 
@@ -161,8 +163,12 @@ def _run_config(args: argparse.Namespace):
     from attnbench.measure import MeasureConfig
     from attnbench.measure.timer import TimerConfig
 
+    if args.max_time is not None and args.max_time < args.min_time:
+        raise ValueError(f"--max-time {args.max_time:g} is shorter than --min-time {args.min_time:g} (seconds of timed "
+                         "calls per case: at least --min-time, at most --max-time)")
+    max_time = max(DEFAULT_MAX_TIME, args.min_time) if args.max_time is None else args.max_time
     return MeasureConfig(
-        timer=TimerConfig(min_runs=args.min_runs, min_time=args.min_time, max_time=max(args.max_time, args.min_time),
+        timer=TimerConfig(min_runs=args.min_runs, min_time=args.min_time, max_time=max_time,
                           flush_cache=args.workload == "decode" if args.flush_cache is None else args.flush_cache),
         cuda_graphs=args.cuda_graphs,
         threads=args.threads,
@@ -458,6 +464,9 @@ def cmd_regress(args: argparse.Namespace) -> int:
     from attnbench.measure.instructions import missing_message, valgrind_version
     from attnbench.regress import RegressError, regress
 
+    bad = _environment_problems()
+    if bad:
+        return _usage(bad)
     metric = args.metric or ("both" if valgrind_version() is not None else "time")
     if metric != "time" and valgrind_version() is None:
         if metric == "instructions":
@@ -524,6 +533,9 @@ def cmd_shard(args: argparse.Namespace) -> int:
     """Print ``KEY=VALUE`` lines for a CI job (append them to ``$GITHUB_ENV``): its grid and its ``--bench`` pattern."""
     from attnbench.shards import ShardError, parse_shard, shard_environment
 
+    bad = _environment_problems()
+    if bad:
+        return _usage(bad)
     try:
         index, count = parse_shard(args.shard)
         env = shard_environment(args.benchmarks, index, count, args.grid)
@@ -532,6 +544,13 @@ def cmd_shard(args: argparse.Namespace) -> int:
     for key, value in env.items():
         print(f"{key}={value}")
     return 0
+
+
+def _environment_problems() -> str:
+    """The ``ATTNBENCH_*`` variables asv would be started with that cannot be used ("" when none)."""
+    from attnbench import environ
+
+    return "; ".join(environ.problems())
 
 
 def cmd_merge_results(args: argparse.Namespace) -> int:
@@ -635,7 +654,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hard limit in seconds: a case still running is killed (default: 2 x --time-budget + 60)")
     p.add_argument("--min-runs", type=_int_at_least(1, "min_runs"), default=5, help="timed calls per case, at least")
     p.add_argument("--min-time", type=_positive, default=0.25, help="seconds of timed calls per case, at least")
-    p.add_argument("--max-time", type=_positive, default=5.0, help="seconds of timed calls per case, at most")
+    p.add_argument("--max-time", type=_positive, default=None,
+                   help="seconds of timed calls per case, at most (default 5, or --min-time when that is longer)")
     p.add_argument("--no-check", action="store_true", help="skip the float64 accuracy check")
     p.add_argument("--instructions", action="store_true",
                    help="also count instructions per call under valgrind (CPU cases; slow: one valgrind process first)")
@@ -723,8 +743,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _show_notes(default: Callable[..., None]) -> Callable[..., None]:
+    """A ``warnings.showwarning`` that prints attnbench's own notes as one plain line (the rest as before)."""
+    from attnbench.io import CacheNotWritten
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        if issubclass(category, CacheNotWritten):
+            print(f"note: {message}", file=sys.stderr)
+        else:
+            default(message, category, filename, lineno, file, line)
+
+    return show
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from attnbench.plugins import export_plugins, load_plugins
+
+    warnings.showwarning = _show_notes(warnings.showwarning)
 
     argv = list(sys.argv[1:] if argv is None else argv)
     pre = argparse.ArgumentParser(add_help=False)  # plugins first: they add variant names the parser checks

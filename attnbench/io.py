@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -69,9 +70,40 @@ def read_json_cache(path: str | Path) -> dict:
     return cache if isinstance(cache, dict) else {}
 
 
-def write_json_cache(path: str | Path, cache: dict) -> Path:
-    """Atomically replace the cache in ``path`` (its folder is created)."""
-    return atomic_write_text(path, json.dumps(cache, indent=1, sort_keys=True))
+CACHE_ENV = "ATTNBENCH_CACHE"
+
+
+def cache_dir() -> Path:
+    """Where measurements of this machine are cached: ``ATTNBENCH_CACHE``, else ``$XDG_CACHE_HOME/attnbench``,
+    else ``~/.cache/attnbench``."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnbench"
+
+
+class CacheNotWritten(UserWarning):
+    """The cache could not be written (a read-only or missing home): the figure was measured and used uncached."""
+
+
+_unwritable: set[Path] = set()
+
+
+def write_json_cache(path: str | Path, cache: dict) -> Path | None:
+    """Atomically replace the cache in ``path`` (its folder is created); None when it cannot be written.
+
+    A home that is read-only, a file, or full must not end a run over a cache: the value is used
+    uncached, and a :class:`CacheNotWritten` warning says so once per folder and process.
+    """
+    try:
+        return atomic_write_text(path, json.dumps(cache, indent=1, sort_keys=True))
+    except OSError as exc:
+        folder = Path(path).parent
+        if folder not in _unwritable:
+            _unwritable.add(folder)
+            warnings.warn(CacheNotWritten(f"cannot write the cache in {folder} ({exc.strerror or exc}); running "
+                                          f"uncached (set {CACHE_ENV} or XDG_CACHE_HOME to a writable folder)"),
+                          stacklevel=2)
+        return None
 
 
 def output_tail(out: subprocess.CompletedProcess, lines: int = 25) -> str:

@@ -14,6 +14,7 @@ building one; building one (:func:`get_variant`) has no global side effects eith
 from __future__ import annotations
 
 import importlib
+import re
 from typing import Any
 
 from attnbench.variants.base import Variant
@@ -33,9 +34,15 @@ def register(name: str, cls: type[Variant], **defaults: Any) -> None:
     _add(name, cls, defaults)
 
 
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+"""What a variant may be called: a name ``--variants a,b`` and ``ATTNBENCH_ASV_VARIANTS`` can select (no comma,
+no space)."""
+
+
 def _add(name: str, cls: type[Variant] | str, defaults: dict[str, Any]) -> None:
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"variant name must be a non-empty str, got {name!r}")
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise ValueError(f"variant name must be letters, digits, '_', '.' or '-' (starting with a letter or '_'), "
+                         f"so that --variants can select it; got {name!r}")
     if name in _REGISTRY:
         raise ValueError(f"variant {name!r} is already registered ({_class_name(_REGISTRY[name][0])})")
     _REGISTRY[name] = (cls, dict(defaults))

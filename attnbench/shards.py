@@ -57,8 +57,13 @@ def suite_benchmarks(benchmark_dir: str | Path) -> list[str]:
 
     The modules are imported as asv imports them (their generated ``track_`` methods included), in name order.
     """
+    folder = Path(benchmark_dir)
+    if not folder.is_dir():
+        raise ShardError(f"--benchmarks {folder} is not a folder of asv benchmark modules "
+                         f"({'missing' if not folder.exists() else 'a file'}; run from the checkout's root, "
+                         "or name the folder asv.conf.json's benchmark_dir names)")
     names = []
-    for path in sorted(Path(benchmark_dir).glob("*.py")):
+    for path in sorted(folder.glob("*.py")):
         if path.name.startswith("_"):
             continue
         spec = importlib.util.spec_from_file_location(f"_attnbench_suite_{path.stem}", path)
@@ -70,6 +75,9 @@ def suite_benchmarks(benchmark_dir: str | Path) -> list[str]:
                           if m.startswith(BENCHMARK_PREFIXES)]
             elif inspect.isfunction(value) and attr.startswith(BENCHMARK_PREFIXES) and value.__module__ == module.__name__:
                 names.append(f"{path.stem}.{attr}")
+    if not names:
+        raise ShardError(f"--benchmarks {folder} holds no asv benchmark (no module with a time_, peakmem_, track_ ... "
+                         "function or method)")
     return sorted(names)
 
 
@@ -131,6 +139,9 @@ def merge_results(sources: Sequence[str | Path], out: str | Path) -> Merged:
     for source in sources:
         if not (source / "benchmarks.json").is_file():
             raise ShardError(f"{source} is not an asv results directory (no benchmarks.json)")
+        _check_benchmarks_json(source / "benchmarks.json")
+    if (out / "benchmarks.json").exists():
+        _check_benchmarks_json(out / "benchmarks.json")
     out.mkdir(parents=True, exist_ok=True)
     groups: dict[str, list[Path]] = {}
     for source in [out, *sources]:
@@ -151,6 +162,16 @@ def merge_results(sources: Sequence[str | Path], out: str | Path) -> Merged:
     return Merged(files=len(groups), shards=sum(len(p) for p in groups.values()), benchmarks=rows)
 
 
+def _check_benchmarks_json(path: Path) -> None:
+    """Refuse a ``benchmarks.json`` asv could not read: a JSON object of benchmarks, each with its ``name``."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ShardError(f"{path}: not a readable asv benchmarks.json ({type(exc).__name__}: {str(exc)[:80]})") from None
+    if not isinstance(data, dict) or not any(isinstance(v, dict) and "name" in v for v in data.values()):
+        raise ShardError(f"{path}: not an asv benchmarks.json (expected an object of benchmarks with their names)")
+
+
 def _merge_files(paths: Sequence[Path]) -> dict:
     """One asv result file from several of the same machine, commit and environment."""
     merged: dict | None = None
@@ -159,6 +180,8 @@ def _merge_files(paths: Sequence[Path]) -> dict:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise ShardError(f"{path}: not a readable asv result file ({exc})") from None
+        if not isinstance(data, dict) or not isinstance(data.get("results", {}), dict):
+            raise ShardError(f"{path}: not an asv result file (expected an object with its results)")
         if merged is None:
             merged = {**data, "results": dict(data.get("results", {})), "durations": dict(data.get("durations", {}))}
             continue

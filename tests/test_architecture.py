@@ -18,6 +18,7 @@ ROOMS: tuple[tuple[str, ...], ...] = (
     ("capability", "contract"),
     ("variants",),  # every variants.* module
     ("registry",),
+    ("environ",),
     ("layer", "demos"),
     ("measure.record", "measure.gate", "measure.guard", "measure.peak", "measure.env", "measure.provenance",
      "measure.bandwidth"),

@@ -5,7 +5,9 @@ planted here so it stays fixed (the correctness gate's blind spots are planted i
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -17,7 +19,7 @@ import torch
 import attnbench
 from attnbench import mask_mods, masks
 from attnbench.analysis.frame import load, load_run
-from attnbench.measure import MeasureConfig
+from attnbench.measure import MeasureConfig, measure
 from attnbench.measure.record import Measurement
 from attnbench.reference import reference_attention
 from attnbench.runs import (
@@ -31,6 +33,7 @@ from attnbench.runs import (
     read_log,
     write_run,
 )
+from attnbench.variants.batched import BatchedAttention
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = [Measurement(variant="batched", spec=attnbench.AttnSpec(batch=1, heads=2, head_dim=16, seq_len=n), status="ok",
@@ -133,3 +136,114 @@ def test_a_sample_no_float_holds_rejects_its_case_by_name(tmp_path, sample, why)
     frame = load_run(run)
     assert any("line 2" in p and why in p for p in frame.attrs["problems"]), frame.attrs["problems"]
     assert len(set(frame["seq_len"])) == len(MEASURED) - 1  # the others load
+
+
+# ---- 7: a home that takes no cache -----------------------------------------------------------
+def test_a_home_that_is_a_file_costs_the_cache_not_the_run(tmp_path):
+    home = tmp_path / "home"
+    home.write_text("not a directory")
+    env = {k: v for k, v in os.environ.items() if k not in ("ATTNBENCH_CACHE", "XDG_CACHE_HOME")}
+    env.update(HOME=str(home), PYTHONPATH=os.pathsep.join([str(ROOT), *sys.path]))
+    proc = subprocess.run([sys.executable, "-m", "attnbench.cli", "peak", "--no-bandwidth"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.count("note: cannot write the cache in") == 1 and "GFLOP/s" in proc.stdout
+    env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")  # honoured when set
+    proc = subprocess.run([sys.executable, "-m", "attnbench.cli", "peak", "--no-bandwidth"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "note:" not in proc.stderr
+    assert (tmp_path / "xdg" / "attnbench" / "matmul_peaks.json").exists()
+
+
+# ---- 12, 13: variables and folders named, results validated ------------------------------------
+@pytest.mark.parametrize(("variable", "value", "said"), [
+    ("ATTNBENCH_ASV_LENGTHS", "abc", "integers >= 1"),
+    ("ATTNBENCH_ASV_VARIANTS", "bogus", "registered variant names (valid: loop,"),
+    ("ATTNBENCH_ASV_MODES", "sideways", "passes: forward, backward"),
+    ("ATTNBENCH_ASV_MASKS", "none,diagonal", "mask kinds"),
+    ("ATTNBENCH_ASV_MAX_CALL_S", "nan", "a number of seconds > 0"),
+    ("ATTNBENCH_THREADS", "0", "an integer >= 1"),
+])
+@pytest.mark.parametrize("command", [["shard", "1/2", "--grid", "ci"], ["regress", "HEAD", "HEAD"]])
+def test_every_grid_variable_is_checked_before_any_work(variable, value, said, command):
+    env = {**os.environ, variable: value, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
+    proc = subprocess.run([sys.executable, "-m", "attnbench.cli", *command], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"{variable}={value!r}: expected" in proc.stderr and said in proc.stderr
+
+
+def test_a_missing_benchmarks_folder_is_named(tmp_path):
+    from attnbench.shards import ShardError, shard_environment
+
+    for folder in (tmp_path / "nonexistent", tmp_path):
+        with pytest.raises(ShardError, match=f"--benchmarks {folder} "):
+            shard_environment(folder, 1, 2, "ci")
+
+
+def test_merge_results_refuses_a_benchmarks_json_asv_cannot_read(tmp_path):
+    from attnbench.shards import ShardError, merge_results
+
+    source = tmp_path / "shard"
+    source.mkdir()
+    (source / "benchmarks.json").write_bytes(os.urandom(512))
+    with pytest.raises(ShardError, match="not a readable asv benchmarks.json"):
+        merge_results([source], tmp_path / "out")
+    (source / "benchmarks.json").write_text('{"version": 2}')
+    with pytest.raises(ShardError, match="not an asv benchmarks.json"):
+        merge_results([source], tmp_path / "out")
+    assert not (tmp_path / "out" / "benchmarks.json").exists()
+
+
+# ---- 14, 16: options that contradict, and messages that name what was wrong ---------------------
+@pytest.mark.parametrize(("fields", "error", "said"), [
+    (dict(time_budget_s=float("nan")), ValueError, "time_budget_s must be a finite number > 0, got nan"),
+    (dict(memory_budget_bytes=-1), ValueError, "memory_budget_bytes must be a finite number > 0, got -1"),
+    (dict(time_budget_s="10"), TypeError, "time_budget_s must be a number, got str '10'"),
+    (dict(check_accuracy="no"), TypeError, "check_accuracy must be a bool"),
+    (dict(seed=2**64), ValueError, "seed must be >= 0 and < 2**64"),
+])
+def test_measure_config_names_the_field_it_refuses(fields, error, said):
+    with pytest.raises(error, match=re.escape(said)):
+        MeasureConfig(**fields)
+
+
+def test_run_refuses_a_max_time_shorter_than_min_time():
+    proc = subprocess.run([sys.executable, "-m", "attnbench.cli", "run", "--variants", "batched", "--lengths", "16",
+                           "--min-time", "0.2", "--max-time", "0.01", "--no-report"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 2 and "--max-time 0.01 is shorter than --min-time 0.2" in proc.stderr
+
+
+class _Exits(BatchedAttention):
+    def forward(self, q, k, v, mask):
+        raise SystemExit(3)
+
+
+class _NanModel(BatchedAttention):
+    def predicted_peak_bytes(self, spec):
+        return math.nan
+
+
+@pytest.mark.parametrize(("cls", "said"), [(_Exits, "SystemExit: 3"),
+                                           (_NanModel, "gave predicted_peak_bytes = nan (expected a finite number >= 0)")])
+def test_a_variant_that_exits_or_a_cost_model_that_says_nan_is_a_row(cls, said):
+    attnbench.register("plant_battery", cls)
+    try:
+        m = measure("plant_battery", attnbench.AttnSpec(batch=1, heads=2, seq_len=16, head_dim=8),
+                    MeasureConfig(probe=False, measure_rss=False), peak_flops=1e10)
+    finally:
+        attnbench.unregister("plant_battery")
+    assert m.status == "error" and said in m.reason, m.reason
+
+
+@pytest.mark.parametrize(("call", "error", "said"), [
+    (lambda: attnbench.AttnSpec().make_inputs(seed=2**64), ValueError, "seed must be >= 0 and < 2**64"),
+    (lambda: attnbench.AttentionLayer(8, 2, device="mps"), ValueError, "device='mps': attnbench runs on 'cpu' and 'cuda'"),
+    (lambda: attnbench.get_variant("batched").not_supported_reasons("x"), TypeError, "spec must be an AttnSpec"),
+    (lambda: attnbench.register(" batched", BatchedAttention), ValueError, "so that --variants can select it"),
+    (lambda: attnbench.register("a,b", BatchedAttention), ValueError, "so that --variants can select it"),
+])
+def test_obscure_errors_now_name_the_argument(call, error, said):
+    with pytest.raises(error, match=re.escape(said)):
+        call()

@@ -14,7 +14,7 @@ output once can expect. Each kernel's rate is the median over timed blocks (CUDA
 events, via :func:`attnbench.measure.timer.time_call`).
 
 Measured once per (device, threads, torch) and cached beside the matmul peak, in
-``bandwidth.json`` under ``ATTNBENCH_CACHE`` (default ``~/.cache/attnbench``).
+``bandwidth.json`` under :func:`attnbench.io.cache_dir`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """This machine's matmul FLOP/s: the roof that achieved attention FLOP/s is compared with.
 
-Cached per (device, dtype, threads, torch) in ``~/.cache/attnbench/matmul_peaks.json`` (override with
-``ATTNBENCH_CACHE``), so reports can show "% of peak" and the time guard can predict without
+Cached per (device, dtype, threads, torch) in ``matmul_peaks.json`` under :func:`attnbench.io.cache_dir`, so reports can show "% of peak" and the time guard can predict without
 re-measuring every time. A measurement taken while the machine is busy is low (one thread beside
 other work gets a share of a core: this cache once held 22 GFLOP/s for a core that does 90), and a
 single cached value would keep it forever. So the cache keeps several measurements, each with when
@@ -22,14 +21,14 @@ from pathlib import Path
 
 import torch
 
-from attnbench.io import read_json_cache, write_json_cache
+from attnbench.io import cache_dir, read_json_cache, write_json_cache
 from attnbench.measure.timer import TimerConfig, time_call, time_once
 from attnbench.spec import DTYPES
 
 
 def cache_path() -> Path:
     """Where the matmul measurements are kept (``peak.json`` held single numbers: not read any more)."""
-    return Path(os.environ.get("ATTNBENCH_CACHE", Path.home() / ".cache" / "attnbench")) / "matmul_peaks.json"
+    return cache_dir() / "matmul_peaks.json"
 
 
 def _key(device: str, dtype: str) -> str:

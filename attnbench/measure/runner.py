@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from attnbench._checks import check_bool, check_int, check_number, check_seed
 from attnbench.contract import WORKLOADS
 from attnbench.io import error_line
 from attnbench.measure import gate, guard, memory, probe, regime
@@ -72,20 +73,23 @@ class MeasureConfig:
     instructions: bool = False  # also count instructions per call under valgrind (attnbench run --instructions)
 
     def __post_init__(self) -> None:
-        if not 0 < self.memory_budget_fraction <= 1:
-            raise ValueError(f"memory_budget_fraction must be in (0, 1], got {self.memory_budget_fraction}")
-        if self.time_budget_s <= 0:
-            raise ValueError(f"time_budget_s must be > 0, got {self.time_budget_s}")
-        if self.threads is not None and self.threads < 1:
-            raise ValueError(f"threads must be >= 1, got {self.threads}")
-        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
-            raise ValueError(f"retries must be an int >= 0, got {self.retries!r}")
-        if not (self.retry_budget_s >= 0 and math.isfinite(self.retry_budget_s)):
-            raise ValueError(f"retry_budget_s must be a finite number of seconds >= 0, got {self.retry_budget_s!r}")
+        if not isinstance(self.timer, TimerConfig):
+            raise TypeError(f"timer must be a TimerConfig, got {type(self.timer).__name__}")
+        check_number("memory_budget_fraction", self.memory_budget_fraction, 0.0, 1.0)
+        check_number("time_budget_s", self.time_budget_s, 0.0)
+        check_number("reference_budget_bytes", self.reference_budget_bytes, 0.0, low_open=False)
+        check_number("retry_budget_s", self.retry_budget_s, 0.0, low_open=False)
+        for name in ("memory_budget_bytes", "probe_baseline_s"):
+            if getattr(self, name) is not None:
+                check_number(name, getattr(self, name), 0.0)
+        if self.threads is not None:
+            check_int("threads", self.threads, 1)
+        check_int("retries", self.retries, 0)
+        check_seed(self.seed)
+        for name in ("check_accuracy", "measure_memory", "measure_rss", "cuda_graphs", "probe", "instructions"):
+            check_bool(name, getattr(self, name))
         if self.workload not in WORKLOADS:
             raise ValueError(f"workload must be one of {WORKLOADS}, got {self.workload!r}")
-        if self.probe_baseline_s is not None and not (self.probe_baseline_s > 0 and math.isfinite(self.probe_baseline_s)):
-            raise ValueError(f"probe_baseline_s must be a finite number of seconds > 0 or None, got {self.probe_baseline_s!r}")
 
     def memory_budget(self, device: str) -> float:
         if self.memory_budget_bytes is not None:
@@ -145,7 +149,7 @@ def make_call(
 
 def grad_output(spec: AttnSpec, seed: int) -> torch.Tensor:
     """The fixed upstream gradient of a backward case, ``(B, H, Lq, Dv)`` float32 on CPU (never zeros)."""
-    gen = torch.Generator().manual_seed(seed + 1)
+    gen = torch.Generator().manual_seed((seed + 1) % 2**64)
     return torch.randn(spec.batch, spec.heads, spec.lq, spec.dv, generator=gen)
 
 
@@ -319,9 +323,7 @@ def measure(
     env = dataclasses.replace(env, threads=torch.get_num_threads(), regime=regime.describe())
     base: dict[str, object] = dict(variant=variant_name, spec=spec, env=env, workload=config.workload)
     try:  # the cost model runs in here too: a variant whose model raises is a row, not a dead sweep
-        flops = variant.flops(spec)
-        base.update(flops_useful=flops.useful, flops_executed=flops.executed,
-                    predicted_peak_bytes=float(variant.predicted_peak_bytes(spec)))
+        base.update(_cost_model(variant, spec))
         reasons = variant.not_supported_reasons(spec)
         if reasons:
             return Measurement(status="skipped", reason="; ".join(reasons), **base)
@@ -346,12 +348,27 @@ def measure(
             # case's own probes: those, taken beside a neighbour, would set a slow baseline and hide it.
             config = dataclasses.replace(config, probe_baseline_s=typical_speed(baseline_probes(spec.device)))
         return _run(variant, spec, config, plan, calls, base)
-    except Exception as exc:  # noqa: BLE001 - one bad case must never end a sweep
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - one bad case (even one calling sys.exit) never ends a sweep
         status = "oom" if _is_oom(exc) else "error"
         return Measurement(status=status, reason=error_line(exc), **base)
     finally:
         _free(spec.device)
         torch.set_num_threads(saved_threads)
+
+
+def _cost_model(variant: Variant, spec: AttnSpec) -> dict[str, float]:
+    """The variant's FLOP counts and predicted peak bytes, each a finite number >= 0.
+
+    Raises:
+        ValueError: naming the figure a cost model got wrong (a NaN would fail later as an obscure int conversion).
+    """
+    flops = variant.flops(spec)
+    figures = dict(flops_useful=flops.useful, flops_executed=flops.executed,
+                   predicted_peak_bytes=variant.predicted_peak_bytes(spec))
+    for name, value in figures.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"the cost model of {variant.name} gave {name} = {value!r} (expected a finite number >= 0)")
+    return {**figures, "predicted_peak_bytes": float(figures["predicted_peak_bytes"])}
 
 
 def _gate_fields(checked: gate.GateResult) -> dict[str, float]:

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from attnbench._checks import check_bool, check_int, check_number
+
 
 @dataclass(frozen=True)
 class TimerConfig:
@@ -31,10 +33,13 @@ class TimerConfig:
     flush_cache: bool = False  # evict caches before every sample (then one call per sample), untimed
 
     def __post_init__(self) -> None:
-        if self.warmup < 0 or self.min_runs < 1:
-            raise ValueError("warmup must be >= 0 and min_runs >= 1")
-        if not (0 < self.min_time <= self.max_time) or self.block_time <= 0:
-            raise ValueError("need 0 < min_time <= max_time and block_time > 0")
+        check_int("warmup", self.warmup, 0)
+        check_int("min_runs", self.min_runs, 1)
+        for name in ("warmup_time", "min_time", "max_time", "block_time"):
+            check_number(name, getattr(self, name), 0.0, low_open=name != "warmup_time")
+        if self.max_time < self.min_time:
+            raise ValueError(f"max_time {self.max_time:g} must be >= min_time {self.min_time:g}")
+        check_bool("flush_cache", self.flush_cache)
 
 
 def _synchronize(device: torch.device) -> None:

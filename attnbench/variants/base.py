@@ -299,7 +299,12 @@ class Variant(ABC):
             >>> from attnbench import get_variant
             >>> get_variant("sdpa_efficient").not_supported_reasons(AttnSpec(device="cpu"))
             ['sdpa_efficient needs CUDA (this case is on cpu)']
+
+        Raises:
+            TypeError: ``spec`` is not an :class:`AttnSpec`.
         """
+        if not isinstance(spec, AttnSpec):
+            raise TypeError(f"spec must be an AttnSpec, got {type(spec).__name__} {spec!r:.60}")
         return self.reasons_for(CallInfo.from_spec(spec))
 
     # ---- analytic cost model -------------------------------------------------------------
