@@ -9,6 +9,7 @@ case stayed undecided after a confirmation round), 130 interrupted (``run``: fin
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import re
 import signal
@@ -179,7 +180,7 @@ def _run_config(args: argparse.Namespace):
         probe=not args.no_probe,
         retries=args.retries,
         workload=args.workload,
-        instructions=args.instructions,
+        instructions={None: "default", True: "all", False: "off"}[args.instructions],
     )
 
 
@@ -268,11 +269,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _usage(str(exc))
     if not cases:
         return _usage(f"nothing to run: {empty_grid_reason(args.variants, args.lengths, not args.no_limit)}")
-    if args.instructions:
-        from attnbench.measure.instructions import missing_message, valgrind_version
+    from attnbench.measure.instructions import missing_message, valgrind_version
 
-        if valgrind_version() is None:
-            return _usage(f"--instructions: {missing_message()}")
+    if args.instructions and valgrind_version() is None:
+        return _usage(f"--instructions: {missing_message()}")
+    if args.instructions is None and config.instructions != "off" and valgrind_version() is None:
+        print(f"note: no instruction counts ({missing_message()}); the report's claims rest on time and bytes",
+              file=sys.stderr)
+        config = dataclasses.replace(config, instructions="off")
     try:
         run_dir = RunDirectory(args.out or new_run_dir(args.root), resume=args.resume, force=args.force)
     except RunDirError as exc:
@@ -309,11 +313,7 @@ def _run_in(args, run_dir, cases, config, tqdm, sweep, matmul_peak, WorkerPool, 
     done_before = len(cases) - len(todo)
     if args.resume and done_before:
         print(f"resuming {run_dir.path}: {done_before} of {len(cases)} cases already measured", file=sys.stderr)
-    try:
-        counted = _count_first(todo, config, args.quiet, tqdm) if config.instructions else {}
-    except RuntimeError as exc:  # valgrind failed before counting anything: nothing is measured either
-        print(f"error: --instructions: {exc}", file=sys.stderr)
-        return 3
+    counter = _start_counting(run_dir, cases, config)
     bar = tqdm(total=len(cases), initial=done_before, unit="case", file=sys.stderr, dynamic_ncols=True,
                disable=args.quiet)
 
@@ -328,10 +328,12 @@ def _run_in(args, run_dir, cases, config, tqdm, sweep, matmul_peak, WorkerPool, 
     start = time.perf_counter()
     policy = _StopPolicy(pool, note=lambda text: tqdm.write(text, file=sys.stderr))
     try:
-        aborted = _sweep_and_write(args, run_dir, todo, config, counted, progress, bar, pool, policy, sweep,
-                                   summary_table, done_before, start)
+        aborted = _sweep_and_write(args, run_dir, todo, config, counter, progress, bar, pool, policy, sweep,
+                                   summary_table, done_before, start, tqdm)
     except RunWriteError as exc:  # a full disk: what the log holds is kept, the rest is measured on --resume
         bar.close()
+        if counter is not None:
+            counter.stop()
         print(f"error: {exc.strerror} ({len(run_dir.measurements)} of {run_dir.planned} cases kept in {run_dir.path}; "
               f"make room, then rerun with --resume --out {run_dir.path})", file=sys.stderr)
         return 1
@@ -344,25 +346,39 @@ def _run_in(args, run_dir, cases, config, tqdm, sweep, matmul_peak, WorkerPool, 
     return 0
 
 
-def _sweep_and_write(args, run_dir, todo, config, counted, progress, bar, pool, policy, sweep, summary_table,
-                     done_before: int, start: float) -> bool:
-    """Measure what is left, logging each case, then write the derived files and the report; True when a signal
-    abandoned a case (see :class:`_StopPolicy`)."""
-    from attnbench.measure.instructions import attach
-    from attnbench.runs import case_key
+def _sweep_and_write(args, run_dir, todo, config, counter, progress, bar, pool, policy, sweep, summary_table,
+                     done_before: int, start: float, tqdm) -> bool:
+    """Measure what is left, logging each case (and each instruction count as it arrives from beside the sweep),
+    then write the derived files and the report; True when a signal abandoned a case (see :class:`_StopPolicy`)."""
+
+    def log_counts(wait_s: float = 0.0) -> None:
+        for count in counter.take(wait_s) if counter is not None else ():
+            run_dir.add_count(count, seconds=time.perf_counter() - start)
+
+    def on_result(i: int, m) -> None:
+        run_dir.add(m, seconds=time.perf_counter() - start)
+        log_counts()
 
     aborted = False
     with policy:
         try:
-            sweep(todo, config, progress=progress, isolate=True, workers=pool, case_timeout_s=args.case_timeout,
-                  on_result=lambda i, m: run_dir.add(attach(m, counted.get(case_key(m.variant, m.spec))),
-                                                     seconds=time.perf_counter() - start),
-                  should_stop=lambda: policy.count > 0)
-        except _Interrupted:
+            try:
+                sweep(todo, config, progress=progress, isolate=True, workers=pool, case_timeout_s=args.case_timeout,
+                      on_result=on_result, should_stop=lambda: policy.count > 0)
+                bar.n = done_before + len(todo) if policy.count == 0 else bar.n
+                bar.set_description("done" if policy.count == 0 else "interrupted")
+                bar.close()
+                if counter is not None and policy.count == 0:
+                    _finish_counting(counter, log_counts, args.quiet, tqdm)
+            except _Interrupted:
+                aborted = True
+            finally:
+                bar.close()
+                if counter is not None:
+                    counter.stop()
+                    log_counts()
+        except _Interrupted:  # a further signal while the counts were being kept
             aborted = True
-        bar.n = done_before + len(todo) if policy.count == 0 else bar.n
-        bar.set_description("done" if policy.count == 0 else "interrupted")
-        bar.close()
         run_dir.finish(time.perf_counter() - start)
         try:
             _print_results(args, run_dir, len(todo), time.perf_counter() - start, summary_table)
@@ -390,25 +406,38 @@ def _print_results(args, run_dir, planned: int, elapsed: float, summary_table) -
         print(f"report: {page}")
 
 
-def _count_first(todo, config, quiet: bool, tqdm) -> dict:
-    """Instruction counts of the cases still to measure, in one valgrind process, before their timing (with a bar)."""
-    from attnbench.measure.instructions import CountConfig, count_instructions
-    from attnbench.runs import case_key
+def _start_counting(run_dir, cases, config):
+    """Instruction counts of the cases :func:`attnbench.runs.counted_cases` picks that the log lacks, in one
+    valgrind process beside the timed sweep (None when none are wanted)."""
+    from attnbench.measure.instructions import Beside, CountConfig
+    from attnbench.runs import case_key, counted_cases
 
-    bar = tqdm(total=len(todo), unit="case", file=sys.stderr, dynamic_ncols=True, disable=quiet,
-               desc="instructions (valgrind: torch starts in 1-3 min)")
+    if config.instructions == "off":
+        return None
+    wanted = [c for c in counted_cases(cases, every=config.instructions == "all") if case_key(*c) not in run_dir.counted]
+    if not wanted:
+        return None
+    return Beside(wanted, CountConfig(threads=config.threads or 1, seed=config.seed, check_accuracy=config.check_accuracy))
 
-    def progress(done: int, total: int, count) -> None:
-        bar.set_description(f"instructions {count.variant} {count.spec.label}")
-        bar.n = done
-        bar.refresh()
 
+def _finish_counting(counter, log_counts: Callable[[float], None], quiet: bool, tqdm) -> None:
+    """Wait for the counts still under way (the timed sweep is done), with their own bar."""
+    bar = tqdm(total=counter.total, initial=counter.received, unit="case", file=sys.stderr, dynamic_ncols=True,
+               disable=quiet, desc="instruction counts (valgrind)")
     try:
-        counts = count_instructions(todo, CountConfig(threads=config.threads or 1, seed=config.seed,
-                                                      check_accuracy=config.check_accuracy), progress=progress)
+        while not counter.done:
+            log_counts(1.0)
+            bar.n = counter.received
+            bar.refresh()
+        log_counts(0.0)
+        bar.n = counter.received
     finally:
         bar.close()
-    return {case_key(c.variant, c.spec): c for c in counts}
+    if counter.error is not None:
+        print(f"note: no instruction counts: {counter.error}", file=sys.stderr)
+    else:
+        print(f"instruction counts: {counter.total} case(s) in {counter.seconds:.0f} s of valgrind beside the sweep",
+              file=sys.stderr)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -657,8 +686,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-time", type=_positive, default=None,
                    help="seconds of timed calls per case, at most (default 5, or --min-time when that is longer)")
     p.add_argument("--no-check", action="store_true", help="skip the float64 accuracy check")
-    p.add_argument("--instructions", action="store_true",
-                   help="also count instructions per call under valgrind (CPU cases; slow: one valgrind process first)")
+    p.add_argument("--instructions", action=argparse.BooleanOptionalAction, default=None,
+                   help="count instructions per call under valgrind, in one process beside the timed sweep (default: "
+                        "when valgrind is installed, the headline figure's variants and one per family, at the lengths "
+                        "a budget allows; --instructions: every CPU case; --no-instructions: none)")
     p.add_argument("--flush-cache", action=argparse.BooleanOptionalAction, default=None,
                    help="evict caches before every timed call (default: on for --workload decode, whose KV cache is "
                         "cold in real inference, where every layer reads its own; off for prefill)")

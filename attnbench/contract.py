@@ -165,6 +165,11 @@ def metric_value(measurement: Any, field: str) -> Any:
     return getattr(measurement, field)
 
 
+DETERMINISTIC_POINTS = 3
+"""Lengths a fit of a metric without sampling noise needs (bytes, FLOPs, counts): with exact values, three
+points show whether one power of L holds; a sampled metric (time) needs more (``analysis.complexity.MIN_POINTS``)."""
+
+
 # ---- workloads ---------------------------------------------------------------------------------
 WORKLOADS: tuple[str, ...] = ("prefill", "decode")
 """``prefill``: every query of a sequence at once (Lq = Lk, compute-bound at long L); ``decode``: a few
@@ -277,6 +282,10 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "compiled": ("compiled_batched", "compiled_chunked", "flex"),
 }
 """Families of variants, each member list in the order the report shades it (lighter first)."""
+REPRESENTATIVES: dict[str, str] = {"dense": "batched", "fused": "sdpa", "blockwise": "chunked", "linear": "linear_elu",
+                                   "scoring": "scaled_dot"}
+"""One variant per family that ``attnbench run`` counts instructions for by default, beside :data:`PROGRESSION`
+(the compiled family compiles per shape on its first call: too slow under valgrind)."""
 OTHER_FAMILY = "other"
 """The family of a variant no family lists (plugins)."""
 

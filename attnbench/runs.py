@@ -26,6 +26,7 @@ import os
 import shutil
 import socket
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ import pandas as pd
 
 from attnbench.contract import RUN_LENGTHS, SWEPT_LENGTH, WORKLOADS
 from attnbench.io import atomic_write, atomic_write_text, error_line
+from attnbench.measure.instructions import Count, attach
 from attnbench.measure.record import Environment, Measurement
 from attnbench.measure.runner import MeasureConfig, default_lengths
 from attnbench.registry import default_variants, get_variant
@@ -125,6 +127,42 @@ def grid(
 def swept_length(spec: AttnSpec, workload: str) -> int:
     """The length a workload sweeps (``contract.SWEPT_LENGTH``): L for prefill, the cache length Lk for decode."""
     return spec.lk if SWEPT_LENGTH[workload] == "seq_len_k" else spec.lq
+
+
+COUNT_BUDGET_S = 360.0
+"""Predicted seconds under valgrind that ``attnbench run`` spends counting by default (the prediction is
+cautious: on this project's 2-core machine a counted case took about half its predicted time), so the
+counting, beside the timed sweep, ends about when the sweep does."""
+
+
+def counted_cases(cases: Sequence[tuple[str, AttnSpec]], every: bool = False,
+                  budget_s: float = COUNT_BUDGET_S) -> list[tuple[str, AttnSpec]]:
+    """The CPU cases ``attnbench run`` counts instructions for: with ``every``, all of them (``--instructions``);
+    by default those of the headline figure's variants and one per family (:data:`~attnbench.contract.PROGRESSION`,
+    :data:`~attnbench.contract.REPRESENTATIVES`), cheapest first while their predicted valgrind time fits
+    ``budget_s``: every counted variant gets its short lengths, the long ones as the budget allows.
+    """
+    from attnbench.contract import DETERMINISTIC_POINTS, PROGRESSION, REPRESENTATIVES
+    from attnbench.measure.instructions import CountConfig, peak_for, predicted_seconds
+
+    cpu = [(n, s) for n, s in cases if s.device_type == "cpu"]
+    if every:
+        return cpu
+    wanted = set(PROGRESSION) | set(REPRESENTATIVES.values())
+    config, peak = CountConfig(), peak_for(CountConfig())
+    priced = sorted(((predicted_seconds(n, s, config, peak), i) for i, (n, s) in enumerate(cpu)
+                     if n in wanted and not get_variant(n).not_supported_reasons(s)))
+    chosen, spent, per_variant = set(), 0.0, Counter()
+    for seconds, i in priced:  # first the points a fit needs, for every counted variant
+        if per_variant[cpu[i][0]] < DETERMINISTIC_POINTS and seconds <= budget_s / 4:
+            chosen.add(i)
+            spent += seconds
+            per_variant[cpu[i][0]] += 1
+    for seconds, i in priced:  # then longer lengths, cheapest first, while the budget lasts
+        if i not in chosen and spent + seconds <= budget_s:
+            chosen.add(i)
+            spent += seconds
+    return [case for i, case in enumerate(cpu) if i in chosen]
 
 
 def to_frame(measurements: Sequence[Measurement]) -> pd.DataFrame:
@@ -229,6 +267,8 @@ class RunLog:
     measurements: tuple[Measurement, ...]  # finished cases in the order they finished
     notes: tuple[str, ...]  # every line ignored, and why (a torn last line from a kill, a garbled line)
     rejected: tuple[str, ...] = ()  # those of the notes that are not a torn last line: garbled, or a record the classes refuse
+    counts: dict[str, Count] = dataclasses.field(default_factory=dict)  # case key -> its logged instruction count
+    # (already attached to the case's measurement)
 
 
 def read_log(path: str | Path) -> RunLog:
@@ -239,7 +279,7 @@ def read_log(path: str | Path) -> RunLog:
     """
     path = Path(path)
     lines = path.read_bytes().split(b"\n")
-    header, found, notes, rejected = None, [], [], []
+    header, found, notes, rejected, counts = None, [], [], [], {}
     last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
     torn = lines[-1].strip() != b""  # a complete log ends with a line end
     for i, raw in enumerate(lines):
@@ -253,6 +293,8 @@ def read_log(path: str | Path) -> RunLog:
                 header = header or item
             elif item.get("kind") == "case":
                 found.append(measurement_from_json(item["measurement"]))
+            elif item.get("kind") == "count":
+                counts[str(item["case"])] = count_from_json(item["count"])
             else:
                 raise ValueError(f"unknown kind {item.get('kind')!r}")
         except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
@@ -261,7 +303,31 @@ def read_log(path: str | Path) -> RunLog:
             else:
                 rejected.append(f"{path}: line {i + 1} unreadable ({error_line(exc)}), ignored")
                 notes.append(rejected[-1])
-    return RunLog(header=header, measurements=tuple(found), notes=tuple(notes), rejected=tuple(rejected))
+    found = [attach(m, counts.get(case_key(m.variant, m.spec))) for m in found]  # a count may be logged before its case
+    return RunLog(header=header, measurements=tuple(found), notes=tuple(notes), rejected=tuple(rejected), counts=counts)
+
+
+def count_to_json(count: Count) -> dict[str, Any]:
+    """An instruction count as a log line's ``count`` (its case is named by the line's key)."""
+    return {"status": count.status, "instructions": count.instructions, "calls": count.calls, "reason": count.reason,
+            "valgrind": count.valgrind}
+
+
+def count_from_json(data: dict[str, Any]) -> Count:
+    """The :class:`Count` of a log line (its case's name and spec are not needed to attach it).
+
+    Raises:
+        ValueError: a field of the wrong type.
+    """
+    if not isinstance(data, dict) or not isinstance(data.get("status"), str):
+        raise ValueError(f"count {str(data)[:60]} has no status")
+    instructions = data.get("instructions", math.nan)
+    if instructions is None:
+        instructions = math.nan
+    if isinstance(instructions, bool) or not isinstance(instructions, (int, float)):
+        raise ValueError(f"count instructions {instructions!r} is not a number")
+    return Count("", AttnSpec(), data["status"], instructions=_float("instructions", instructions),
+                 calls=int(data.get("calls", 0)), reason=str(data.get("reason", "")), valgrind=str(data.get("valgrind", "")))
 
 
 class RunDirError(ValueError):
@@ -368,6 +434,7 @@ class RunDirectory:
             self.close()
             raise
         self.log = RunLog(None, (), ())
+        self._counts: dict[str, Count] = {}
         self.notes: list[str] = []
         self.header: dict[str, Any] = {}
         self.measurements: list[Measurement] = []
@@ -441,6 +508,7 @@ class RunDirectory:
             if key in wanted:
                 done[key] = m  # a case logged twice (never by this code) keeps its last row
         self.measurements = list(done.values())
+        self._counts = dict(self.log.counts)
         self._peak = peak_gflops if peak_gflops is not None else self.header.get("peak_gflops")
         self._peak_gbps = peak_gbps if peak_gbps is not None else self.header.get("peak_gbps")
         return [(n, s) for (n, s), k in zip(cases, keys, strict=True) if k not in done]
@@ -474,8 +542,22 @@ class RunDirectory:
     def add(self, measurement: Measurement, *, seconds: float | None = None) -> None:
         """Append one finished case durably, then refresh the derived files."""
         self._append_line({"kind": "case", "measurement": measurement_to_json(measurement)})
-        self.measurements.append(measurement)
+        self.measurements.append(attach(measurement, self._counts.get(case_key(measurement.variant, measurement.spec))))
         self.write_derived(seconds=seconds)
+
+    def add_count(self, count: Count, *, seconds: float | None = None) -> None:
+        """Append one case's instruction count durably (counted beside the timed sweep, in any order), then attach it
+        to the case's measurement, if logged, and refresh the derived files."""
+        key = case_key(count.variant, count.spec)
+        self._append_line({"kind": "count", "case": key, "count": count_to_json(count)})
+        self._counts[key] = count
+        self.measurements = [attach(m, count) if case_key(m.variant, m.spec) == key else m for m in self.measurements]
+        self.write_derived(seconds=seconds)
+
+    @property
+    def counted(self) -> frozenset[str]:
+        """Case keys whose instruction count is logged."""
+        return frozenset(self._counts)
 
     @property
     def planned(self) -> int:

@@ -333,3 +333,55 @@ def test_loop_is_swept_at_four_lengths_by_default():
     assert fit["n"] == 4 and complexity.verdict(fit, 2.0) == "matches"
     assert default_lengths(loop, [512, 1024]) == []  # nothing that short asked for: nothing invented
     assert default_lengths(get_variant("batched"), DEFAULT_LENGTHS) == list(DEFAULT_LENGTHS)
+
+
+# ---- deterministic metrics and the cost split (issue 29) ---------------------------------------
+def test_a_deterministic_metric_is_conclusive_at_four_lengths_where_time_is_not():
+    """batched's peak bytes over 256..2048, an exact L² (4.85 MB -> 273 MB): the time rule's floor left 3 points."""
+    lengths = np.array([256, 512, 1024, 2048])
+    values = 4.85e6 * (lengths / 256) ** 2 * np.array([1.0, 0.985, 0.98, 0.978])
+    assert not complexity.fit_exponent(lengths, values)["conclusive"]  # the sampled rule: too few points
+    fit = complexity.fit_deterministic(lengths, values)
+    assert fit["conclusive"] and abs(fit["exponent"] - 2) < 0.05 and fit["max_residual"] < 0.01
+    counts = complexity.fit_deterministic(np.array([256, 512, 1024]), np.array([1.0, 3.93, 3.93 * 3.96]))
+    assert counts["conclusive"] and counts["n"] == 3 and complexity.verdict(counts, 2.0) == "matches"
+
+
+def test_a_deterministic_fit_drops_the_short_lengths_a_lower_term_bends_and_says_when_nothing_is_left():
+    lengths = np.array([64, 128, 256, 512, 1024, 2048])
+    fit = complexity.fit_deterministic(lengths, 2e5 + lengths**2.0)  # a fixed buffer, then L²
+    assert fit["conclusive"] and fit["L_min"] > 64 and fit["exponent"] > 1.5
+    bent = complexity.fit_deterministic(np.array([64, 256, 1024]), np.array([1.0, 1.1, 20.0]))
+    assert not bent["conclusive"] and "no single power of L" in bent["note"]
+
+
+def test_the_cost_split_finds_the_crossover_of_the_projections_and_the_scores():
+    """nn.MultiheadAttention at E = H·D: projections 8·L·E², scores and weighted sum 4·L²·E: L* = 2E."""
+    lengths = np.array([128, 256, 512, 1024, 2048])
+    for e in (256, 512, 1024):
+        split = complexity.cost_split(lengths, 8.0 * lengths * e**2 + 4.0 * lengths**2 * e)
+        assert split.crossover == pytest.approx(2 * e, rel=1e-6) and split.max_residual < 1e-9
+        assert split.share_at(2 * e) == pytest.approx(0.5)
+    pure = complexity.cost_split(lengths, 3.0 * lengths**2)
+    assert pure.crossover == 0 and pure.share[-1] == pytest.approx(1.0)
+    assert complexity.cost_split(lengths, 7.0 * lengths).crossover == math.inf
+    assert complexity.cost_split(np.array([128, 256]), np.array([1.0, 2.0])) is None
+
+
+def test_a_shallower_slope_is_explained_by_its_crossover_in_the_findings(tmp_path):
+    from attnbench.analysis.summary import analyse, load_results
+    from attnbench.measure.record import Measurement
+
+    e, lengths = 512, (128, 256, 512, 1024, 2048)
+    rows = []
+    for n in lengths:
+        count = 8.0 * n * e**2 + 4.0 * n**2 * e
+        rows.append(Measurement(variant="torch_mha", spec=AttnSpec(seq_len=n, heads=8, head_dim=64), status="ok",
+                                samples=(count / 1e10,) * 5, runs=5, timing_method="wall", instructions=count))
+    run = write_run(tmp_path / "run", rows, MeasureConfig(), seconds=1.0, command=["t"], peak_gflops={"float32": 10.0})
+    analysis = analyse(load_results([run]))
+    fit = analysis.fits.set_index("metric").loc["instructions"]
+    assert fit["verdict"] == "shallower" and fit["crossover_L"] == pytest.approx(1024, rel=0.01)
+    (text,) = [f.text for f in analysis.findings if "explains the shallower slopes" in f.text]
+    assert "`torch_mha` instructions grow as L^" in text and "below L* ≈ 1,024" in text
+    assert "its FLOP model puts L* at 1,024" in text

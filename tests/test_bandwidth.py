@@ -126,6 +126,6 @@ def test_a_run_whose_bandwidth_cannot_be_measured_still_runs(tmp_path, monkeypat
 
     monkeypatch.setattr(bw, "bandwidth", no_memory)
     code = cli.main(["run", "--variants", "batched", "--lengths", "32", "--no-probe", "--out", str(tmp_path / "run"),
-                     "--no-report", "--quiet", "--min-time", "0.01", "--min-runs", "1"])
+                     "--no-report", "--quiet", "--min-time", "0.01", "--min-runs", "1", "--no-instructions"])
     assert code == 0 and "memory bandwidth not measured" in capsys.readouterr().err
     assert json.loads((tmp_path / "run" / MANIFEST).read_text())["peak_gbps"] is None

@@ -13,7 +13,7 @@ from attnbench.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_CUDA = not torch.cuda.is_available()
-FAST = ["--quiet", "--no-report", "--min-time", "0.01", "--max-time", "0.05", "--min-runs", "2"]
+FAST = ["--quiet", "--no-report", "--min-time", "0.01", "--max-time", "0.05", "--min-runs", "2", "--no-instructions"]
 
 # (arguments, text the error must contain). "{file}" is an existing regular file, "{root}" this checkout.
 BAD = [

@@ -269,7 +269,7 @@ def test_cli_run_records_planted_variants_wrong(tmp_path):
            "--variants", ",".join([*FORWARD_PLANTS, "plant_grad", "plant_correct"]), "--lengths", "32",
            "--batch", "2", "--heads", "2", "--head-dim", "16", "--modes", "forward,backward", "--out", str(out_dir),
            "--no-report", "--quiet", "--min-time", "0.01", "--max-time", "0.05", "--min-runs", "2", "--threads", "1",
-           "--no-probe"]  # the gate's verdicts; a busy machine would make correct cases "noisy" (tests/test_noise.py)
+           "--no-probe", "--no-instructions"]  # the gate's verdicts; a busy machine would make correct cases "noisy" (tests/test_noise.py)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     import pandas as pd

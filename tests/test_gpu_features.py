@@ -74,7 +74,8 @@ def test_dtype_sweep_records_per_dtype_roof(tmp_path, capsys):
 
     out = tmp_path / "run"
     assert main(["run", "--variants", "batched", "--lengths", "32", "--dtypes", "float32,bfloat16", "--out", str(out),
-                 "--no-report", "--quiet", "--min-time", "0.01", "--max-time", "0.1", "--min-runs", "2"]) == 0
+                 "--no-report", "--quiet", "--min-time", "0.01", "--max-time", "0.1", "--min-runs", "2",
+                 "--no-instructions"]) == 0
     frame = attnbench.analysis.frame.load_run(out)
     roofs = frame.groupby("dtype")["peak_gflops"].first()
     assert set(roofs.index) == {"float32", "bfloat16"} and roofs.notna().all()

@@ -117,7 +117,8 @@ def test_a_run_older_than_gqa_loads_as_prefill_mha_with_derived_traffic(tmp_path
 
 
 # ---- the command line and run directories ----------------------------------------------------------
-FAST = ["--quiet", "--no-report", "--no-probe", "--min-time", "0.01", "--max-time", "0.05", "--min-runs", "2"]
+FAST = ["--quiet", "--no-report", "--no-probe", "--min-time", "0.01", "--max-time", "0.05", "--min-runs", "2",
+        "--no-instructions"]
 
 
 @pytest.mark.slow

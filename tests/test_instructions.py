@@ -141,3 +141,21 @@ def test_a_case_that_kills_the_process_is_its_own_error_and_the_rest_are_counted
 def test_compiled_variants_are_not_counted():
     (count,) = count_instructions([("compiled_batched", SMALL)], CountConfig())
     assert count.status == "skipped" and "compiles per shape" in count.reason
+
+
+def test_run_counts_the_headline_variants_beside_the_sweep_by_default(tmp_path):
+    """No --instructions: the counts of the progression's variants and one per family arrive beside the timed sweep,
+    as log lines of their own, and the report fits them; a variant outside that set is not counted."""
+    from attnbench.analysis.summary import analyse, load_results
+    from attnbench.cli import main
+    from attnbench.runs import LOG, read_log
+
+    out = tmp_path / "run"
+    assert main(["run", "--variants", "batched,local", "--lengths", "64,128,256", "--heads", "1", "--out", str(out),
+                 "--quiet", "--no-report", "--min-runs", "2", "--min-time", "0.01"]) == 0
+    log = read_log(out / LOG)
+    assert len(log.counts) == 3 and (out / LOG).read_text().count('"kind": "count"') == 3
+    counted = {m.spec.seq_len for m in log.measurements if m.variant == "batched" and m.instructions > 0}
+    assert counted == {64, 128, 256} and all(math.isnan(m.instructions) for m in log.measurements if m.variant == "local")
+    fit = analyse(load_results([out])).fits.set_index(["variant", "metric"]).loc[("batched", "instructions")]
+    assert fit["conclusive"] and fit["kind"] == "deterministic", fit.to_dict()

@@ -493,4 +493,4 @@ def test_a_noisy_case_keeps_its_memory_and_counts_as_facts(tmp_path):
     from attnbench.analysis import complexity
 
     fits = complexity.fit_table(frame).set_index("metric")
-    assert fits.loc["peak_tensor_bytes", "L_min"] == 128 and fits.loc["time", "n"] <= 3  # 128 is fitted for memory only
+    assert fits.loc["peak_tensor_bytes", "n"] == 4 and fits.loc["time", "n"] <= 3  # 128 is fitted for memory only

@@ -281,7 +281,8 @@ def test_cli_run_smoke(tmp_path, capsys):
     from attnbench.cli import main
 
     code = main(["run", "--variants", "batched,sdpa_efficient", "--lengths", "32,64", "--out", str(tmp_path / "r"),
-                 "--no-report", "--quiet", "--min-time", "0.01", "--max-time", "0.1", "--min-runs", "2"])
+                 "--no-report", "--quiet", "--min-time", "0.01", "--max-time", "0.1", "--min-runs", "2",
+                 "--no-instructions"])
     out = capsys.readouterr().out
     assert code == 0 and "batched" in out and "skipped" in out
     assert (tmp_path / "r" / MEASUREMENTS).exists()

@@ -58,7 +58,7 @@ def test_sdpa_runs_a_custom_predicate_named_causal_as_what_it_computes(name):
 
 # ---- 6, 8, 9: a full disk, a torn log resumed, a log of another format -------------------------
 CLI_FAST = ["--quiet", "--threads", "1", "--min-time", "0.01", "--max-time", "0.05", "--min-runs", "2", "--no-probe",
-            "--no-report"]
+            "--no-report", "--no-instructions"]
 GRID = ["--variants", "batched,sdpa", "--lengths", "16,32,48,64"]
 
 

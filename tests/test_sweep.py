@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 FAST = MeasureConfig(timer=TimerConfig(min_runs=2, min_time=0.01, max_time=0.1), measure_rss=False, threads=1,
                      probe=False)  # these tests are about processes, not about a busy machine (tests/test_noise.py)
 SMALL = attnbench.AttnSpec(batch=1, heads=2, seq_len=64, head_dim=16)
-CLI_FAST = ["--quiet", "--threads", "1", "--min-time", "0.01", "--max-time", "0.05", "--min-runs", "2", "--no-probe"]
+CLI_FAST = ["--quiet", "--threads", "1", "--min-time", "0.01", "--max-time", "0.05", "--min-runs", "2", "--no-probe",
+            "--no-instructions"]  # about processes, not counts (tests/test_instructions.py)
 
 
 @pytest.fixture
@@ -290,3 +291,23 @@ def test_workers_start_with_ctrl_c_ignored():
         worker.PRELOAD[:] = saved
         WorkerPool(env={"PLANT": "c"})  # a server with the full preload again
         signal.signal(signal.SIGINT, previous)
+
+
+def test_counts_logged_beside_the_sweep_attach_to_their_cases_in_any_order(tmp_path):
+    """A count may arrive before its case is timed or after: each is its own log line, attached on reading, and a
+    resumed run knows which cases are counted already."""
+    from attnbench.measure.instructions import Count
+
+    cases = [("batched", SMALL), ("sdpa", SMALL)]
+    results = sweep(cases, FAST)
+    with RunDirectory(tmp_path / "run") as rd:
+        rd.start(FAST, cases)
+        rd.add_count(Count("sdpa", SMALL, "ok", instructions=123.0, calls=2, valgrind="v"))  # before its case
+        rd.add(results[0])
+        rd.add(results[1])
+        rd.add_count(Count("batched", SMALL, "ok", instructions=456.0, calls=2, valgrind="v"))  # after it
+        assert [m.instructions for m in rd.measurements] == [456.0, 123.0]
+    log = read_log(tmp_path / "run" / LOG)
+    assert [m.instructions for m in log.measurements] == [456.0, 123.0] and log.notes == ()
+    with RunDirectory(tmp_path / "run", resume=True) as rd:
+        assert rd.start(FAST, cases) == [] and len(rd.counted) == 2

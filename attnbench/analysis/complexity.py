@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy import stats
+from scipy import optimize, stats
 
-from attnbench.contract import DECLARED, FITTED, SWEPT_LENGTH, WORKLOADS
+from attnbench.contract import DECLARED, DETERMINISTIC_POINTS, FITTED, METRICS, SWEPT_LENGTH, WORKLOADS
 from attnbench.registry import get_variant, variant_names
 from attnbench.spec import AttnSpec
 
@@ -149,6 +150,123 @@ def fit_exponent(lengths: np.ndarray, values: np.ndarray) -> dict[str, float | i
     return out
 
 
+def fit_deterministic(lengths: np.ndarray, values: np.ndarray) -> dict[str, float | int | str]:
+    """The slope of a metric without sampling noise (peak bytes, FLOPs, instruction counts) along L.
+
+    Each value is exact, so the question is not noise but whether one power of L describes the
+    series: lower-order terms (a fixed buffer, an O(L) projection) bend it at short lengths. The
+    *local slopes* (between neighbouring lengths) say where: the fit takes the longest run of
+    points from the longest length down whose local slopes lie within ``MAX_CI_WIDTH`` of each
+    other (at least :data:`DETERMINISTIC_POINTS`), fits log(value) on log(L) by least squares
+    there, and reports the local slopes' range as ``ci_low``/``ci_high`` (not a confidence
+    interval: the range the slope takes over the fitted lengths) and the largest residual.
+
+    Returns:
+        the keys of :func:`fit_exponent`, plus ``max_residual`` (largest |value / fitted - 1|) and
+        ``kind`` ("deterministic").
+
+    Example:
+        >>> fit = fit_deterministic(np.array([256, 512, 1024, 2048]), np.array([4.85e6, 1.9e7, 7.6e7, 3.0e8]))
+        >>> round(fit["exponent"], 2), fit["conclusive"]
+        (1.99, True)
+    """
+    lengths, values = np.asarray(lengths, float), np.asarray(values, float)
+    if lengths.shape != values.shape:
+        raise ValueError(f"lengths and values must have the same shape, got {lengths.shape} and {values.shape}")
+    order = np.argsort(lengths)
+    keep = (values[order] > 0) & np.isfinite(values[order]) & (lengths[order] > 0)
+    x, y = np.log(lengths[order][keep]), np.log(values[order][keep])
+    out: dict[str, float | int | str] = {
+        "exponent": math.nan, "ci_low": math.nan, "ci_high": math.nan, "r2": math.nan, "n": int(len(x)),
+        "L_min": math.nan, "L_max": math.nan, "range": "deterministic: no positive values", "conclusive": False,
+        "note": "no points", "outliers": "", "max_residual": math.nan, "kind": "deterministic",
+    }
+    if len(np.unique(x)) < 2:
+        out["note"] = f"{len(x)} point{'s' if len(x) != 1 else ''}"
+        return out
+    local = np.diff(y) / np.diff(x)  # slope between neighbouring lengths, shortest first
+    start = 0  # drop the shortest points while the slope still bends and enough points remain
+    while len(x) - start > DETERMINISTIC_POINTS and np.ptp(local[start:]) > MAX_CI_WIDTH:
+        start += 1
+    x, y, local = x[start:], y[start:], local[start:]
+    slope, intercept = np.polyfit(x, y, 1)
+    resid = y - (intercept + slope * x)
+    total = float(((y - y.mean()) ** 2).sum())
+    notes = []
+    if len(x) < DETERMINISTIC_POINTS:
+        notes.append(f"{len(x)} points")
+    if np.ptp(local) > MAX_CI_WIDTH:
+        notes.append(f"local slopes {local.min():.2f} to {local.max():.2f}: no single power of L")
+    out.update(
+        exponent=float(slope), ci_low=float(local.min()), ci_high=float(local.max()), n=int(len(x)),
+        r2=float(1 - (resid**2).sum() / total) if total > 0 else math.nan,
+        L_min=int(round(math.exp(x[0]))), L_max=int(round(math.exp(x[-1]))),
+        range=f"deterministic: {len(x)} of {len(x) + start} points, local slopes {local.min():.2f} to {local.max():.2f}",
+        conclusive=not notes, note=", ".join(notes), max_residual=float(np.abs(np.expm1(resid)).max()),
+    )
+    return out
+
+
+@dataclass(frozen=True)
+class CostSplit:
+    """cost(L) = c0 + c1·L + c2·L², fitted with non-negative terms: which term dominates where.
+
+    ``crossover`` is L* = c1 / c2, the length from which the L² term outweighs the L term (inf when
+    there is no L² term, 0 when there is no L term); ``share`` is the L² term's share of the fitted
+    cost at each measured length; ``max_residual`` the largest |value / fitted - 1|.
+    """
+
+    c0: float
+    c1: float
+    c2: float
+    lengths: tuple[int, ...]
+    share: tuple[float, ...]
+    max_residual: float
+
+    @property
+    def crossover(self) -> float:
+        if self.c2 <= 0:
+            return math.inf
+        return self.c1 / self.c2
+
+    def share_at(self, length: float) -> float:
+        total = self.c0 + self.c1 * length + self.c2 * length**2
+        return self.c2 * length**2 / total if total > 0 else math.nan
+
+
+def cost_split(lengths: np.ndarray, values: np.ndarray) -> CostSplit | None:
+    """Fit c0 + c1·L + c2·L² >= 0 term by term, least squares in relative error (None: fewer than 3 lengths).
+
+    Relative error, because the values span orders of magnitude and a plain least squares would fit
+    the longest length alone. Non-negative, because a cost has no negative term: a negative L term
+    would "explain" curvature that a constant and an L² term explain. Solved by non-negative least
+    squares on the rows divided by their values.
+
+    Example:
+        >>> split = cost_split(np.array([128, 256, 512, 1024, 2048]), 8 * 512.0 * np.array([128, 256, 512, 1024, 2048])
+        ...                    + 4 * np.array([128, 256, 512, 1024, 2048]) ** 2.0)
+        >>> round(split.crossover)
+        1024
+    """
+    lengths, values = np.asarray(lengths, float), np.asarray(values, float)
+    keep = (values > 0) & np.isfinite(values) & (lengths > 0)
+    lengths, values = lengths[keep], values[keep]
+    if len(np.unique(lengths)) < 3:
+        return None
+    scale = lengths.max()  # columns of comparable size: L / L_max, (L / L_max)^2
+    u = lengths / scale
+    design = np.stack([np.ones_like(u), u, u**2], axis=1) / values[:, None]  # (n, 3): each row relative to its value
+    coef, _ = optimize.nnls(design, np.ones(len(u)))
+    coef[coef < 1e-9 * coef.max()] = 0.0  # rounding's leftovers of an absent term (terms compared at L_max)
+    c0, c1, c2 = coef[0], coef[1] / scale, coef[2] / scale**2
+    fitted = c0 + c1 * lengths + c2 * lengths**2
+    share = c2 * lengths**2 / np.where(fitted > 0, fitted, np.nan)
+    order = np.argsort(lengths)
+    return CostSplit(c0=float(c0), c1=float(c1), c2=float(c2), lengths=tuple(int(n) for n in lengths[order]),
+                     share=tuple(float(v) for v in share[order]),
+                     max_residual=float(np.abs(values / fitted - 1).max()) if (fitted > 0).all() else math.inf)
+
+
 def verdict(fit: dict, declared: float) -> str:
     """"matches", "steeper" (a mismatch), "shallower", "inconclusive", or "" when nothing is declared.
 
@@ -234,9 +352,19 @@ def fit_table(frame: pd.DataFrame, metrics: Sequence[str] = FITTED) -> pd.DataFr
                          "range": "model values: not fitted", "note": "model", "declared": declared, "verdict": ""})
             continue
         by_len = group.groupby("length")["value"].median()
-        fit = fit_exponent(by_len.index.to_numpy(float), by_len.to_numpy(float))
-        rows.append({**info, **fit, "declared": declared, "verdict": verdict(fit, declared)})
+        lengths, values = by_len.index.to_numpy(float), by_len.to_numpy(float)
+        deterministic = info["metric"] in METRICS and not METRICS[info["metric"]].timed
+        fit = fit_deterministic(lengths, values) if deterministic else {**fit_exponent(lengths, values), "kind": "sampled"}
+        rows.append({**info, **fit, **_split_columns(cost_split(lengths, values)), "declared": declared,
+                     "verdict": verdict(fit, declared)})
     return pd.DataFrame(rows)
+
+
+def _split_columns(split: CostSplit | None) -> dict[str, float]:
+    """The fit table's columns of a :class:`CostSplit`: L* and the L² term's share at the longest length."""
+    if split is None:
+        return {"crossover_L": math.nan, "l2_share": math.nan, "split_residual": math.nan}
+    return {"crossover_L": split.crossover, "l2_share": split.share[-1], "split_residual": split.max_residual}
 
 
 def headline(fits: pd.DataFrame) -> tuple[str, str]:

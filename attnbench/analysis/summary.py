@@ -23,6 +23,7 @@ from attnbench.analysis.frame import load
 from attnbench.analysis.text import fmt, sig
 from attnbench.contract import family
 from attnbench.registry import get_variant, variant_names
+from attnbench.spec import AttnSpec
 
 SHORT_HASH = 8  # characters of a commit hash shown on the page (asv's own convention)
 SLICE = ("machine", "commit", "device", "mode", "dtype", "mask")
@@ -83,7 +84,7 @@ class Analysis:
     constants: dict[str, str]  # values shared by every case (lifted into the subtitle)
     sides: pd.DataFrame  # one row per run / commit / machine: label, short hash, run date, cases
     comparisons: tuple[Comparison, ...]  # B vs A for every side after the first (at most 3)
-    findings: tuple[Finding, ...] = field(default=())  # 0 to 7 sentences, each linked
+    findings: tuple[Finding, ...] = field(default=())  # 0 to MAX_FINDINGS sentences, each linked
     main: pd.DataFrame = field(default_factory=pd.DataFrame)  # the rows of the primary side (all of them with one side)
     main_fits: pd.DataFrame = field(default_factory=pd.DataFrame)  # the fits of the primary machine and commit
     machine: pd.DataFrame = field(default_factory=pd.DataFrame)  # the primary machine's prefill and decode rows (pair_decode)
@@ -103,6 +104,8 @@ def _short_fit(row: pd.Series) -> str:
         return f"n/a ({row['note']})" if row.get("note") else "n/a"
     if row.get("verdict") == "inconclusive" or not row.get("conclusive", True):
         return f"{row['exponent']:.2f}, inconclusive"
+    if row.get("kind") == "deterministic":  # no sampling noise: the range the slope takes along L
+        return f"{row['exponent']:.2f} (local {row['ci_low']:.2f} to {row['ci_high']:.2f})"
     return f"{row['exponent']:.2f} [{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
 
 
@@ -330,13 +333,76 @@ def _evidence(frame: pd.DataFrame, fits: pd.DataFrame, primary: dict[str, str], 
 
 
 def _time_growth(e: _Evidence) -> Finding | None:
-    """How dense and fused attention time grows (conclusive fits only)."""
-    parts = []
+    """How dense and fused attention cost grows: time (conclusive fits), and instruction counts where counted.
+
+    Counts do not move with the machine, so where time is inconclusive they still decide the O(L²) claim;
+    the sentence says what they cannot see.
+    """
+    parts, counted = [], False
     for variant, what in (("batched", "dense"), ("sdpa", "fused SDPA")):
-        fit = _fit(e.prefill_fits, variant, "time")
-        if fit:
-            parts.append(f"{what} attention (`{variant}`) as L^{fit['exponent']:.2f} [{fit['ci_low']:.2f}, {fit['ci_high']:.2f}]")
-    return Finding("Time per call grows for " + " and for ".join(parts) + " (95% intervals).", "fig-progression") if parts else None
+        time, count = _fit(e.prefill_fits, variant, "time"), _fit(e.prefill_fits, variant, "instructions")
+        if not (time or count):
+            continue
+        text = f"{what} attention (`{variant}`)"
+        if time:
+            text += f" as L^{time['exponent']:.2f} [{time['ci_low']:.2f}, {time['ci_high']:.2f}]"
+        if count:
+            counted = True
+            text += f"{',' if time else ''} in instruction counts as L^{count['exponent']:.2f}"
+            text += "" if time else " (its time fit is inconclusive)"
+        parts.append(text)
+    if not parts:
+        return None
+    text = "Time per call grows for " + " and for ".join(parts) + " (95% intervals)."
+    if counted:
+        text += (" Counts do not move with the machine; they cannot see cache misses, page faults, memory bandwidth "
+                 "or waiting.")
+    return Finding(text, "fig-progression")
+
+
+def analytic_crossover(fit: dict) -> float:
+    """L* of the variant's FLOP model at the fit's shape: where its L² FLOPs overtake its L ones (NaN: unknown)."""
+    if fit.get("variant") not in variant_names() or fit.get("workload", "prefill") != "prefill":
+        return math.nan
+    try:
+        spec = AttnSpec(batch=int(fit["batch"]), heads=int(fit["heads"]), head_dim=int(fit["head_dim"]),
+                        kv_heads=None if pd.isna(fit.get("kv_heads")) else int(fit["kv_heads"]), dtype=str(fit["dtype"]),
+                        device=str(fit["device"]), mode=str(fit["mode"]), mask=str(fit["mask"]))
+        impl = get_variant(str(fit["variant"]))
+        lengths = [int(fit["L_min"]) * 2**i for i in range(5)]
+        flops = [impl.flops(spec.replace(seq_len=n)).executed for n in lengths]
+    except (ValueError, TypeError, KeyError):
+        return math.nan
+    split = complexity.cost_split(lengths, flops)
+    return math.nan if split is None else split.crossover
+
+
+def _shallower_explained(e: _Evidence) -> Finding | None:
+    """Why conclusive fits are shallower than declared: the cost split c0 + c1·L + c2·L² and its L*.
+
+    Read from instruction counts where a variant was counted (they do not move), else from time.
+    """
+    fits = e.prefill_fits
+    if not len(fits) or "crossover_L" not in fits:
+        return None
+    parts = []
+    for variant in dict.fromkeys(fits["variant"]):
+        fit = _fit(fits, variant, "instructions") or _fit(fits, variant, "time")
+        if not fit or fit["verdict"] != "shallower" or not math.isfinite(fit.get("crossover_L", math.nan)):
+            continue
+        star, share, what = fit["crossover_L"], fit["l2_share"], "count" if fit["metric"] == "instructions" else "time"
+        model = analytic_crossover(fit)
+        model_text = f"; its FLOP model puts L* at {model:,.0f}" if math.isfinite(model) and model > 0 else ""
+        where = (f"its O(L) terms outweigh the O(L²) ones below L* ≈ {star:,.0f}{model_text}" if star > 0
+                 else "it has no O(L) term")
+        parts.append(f"`{variant}` {'instructions' if what == 'count' else 'time'} grow as L^{fit['exponent']:.2f}, "
+                     f"shallower than its declared O(L^{fit['declared']:g}): {where}, and at L={int(fit['L_max'])} "
+                     f"the L² term is {share:.0%} of the {what}")
+        if len(parts) == 3:
+            break
+    if not parts:
+        return None
+    return Finding("Fitting c0 + c1·L + c2·L² explains the shallower slopes: " + "; ".join(parts) + ".", "fig-progression")
 
 
 def _decode(e: _Evidence) -> Finding | None:
@@ -452,18 +518,18 @@ def _not_facts(e: _Evidence) -> Finding | None:
 
 
 RULES: tuple[Callable[[_Evidence], Finding | None], ...] = (
-    _time_growth, _decode, _scratch_memory, _loop_baseline, _fastest, _fit_verdicts, _comparison)
+    _time_growth, _shallower_explained, _decode, _scratch_memory, _loop_baseline, _fastest, _fit_verdicts, _comparison)
 """The finding rules, in the order their sentences appear (each returns None when the data does not support it)."""
-MAX_FINDINGS = 7
+MAX_FINDINGS = 8
 
 
 def findings(frame: pd.DataFrame, fits: pd.DataFrame, primary: dict[str, str],
              comparisons: Sequence[Comparison] = ()) -> tuple[Finding, ...]:
-    """Up to seven sentences the data supports, each with the id of the figure it is read from.
+    """Up to MAX_FINDINGS sentences the data supports, each with the id of the figure it is read from.
 
     Only ``ok`` rows and measured values (not method "model") are compared or ranked, and only
     conclusive fits are quoted; a sentence whose numbers are missing is left out, never guessed. The
-    count of cases not to rely on closes the list when fewer than six sentences came before it.
+    count of cases not to rely on closes the list when there is room for it.
     """
     evidence = _evidence(frame, fits, primary, comparisons)
     out = [f for f in (rule(evidence) for rule in RULES) if f is not None]

@@ -42,6 +42,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -160,7 +161,7 @@ def _plan(cases: Sequence[tuple[str, AttnSpec]], config: CountConfig, version: s
     from attnbench.registry import get_variant
     from attnbench.variants.base import Variant
 
-    peak = _peak(config)
+    peak = peak_for(config)
     todo, decided = [], []
     for i, (name, spec) in enumerate(cases):
         reasons = []
@@ -187,6 +188,7 @@ def count_instructions(
     config: CountConfig | None = None,
     *,
     progress: Callable[[int, int, Count], None] | None = None,
+    cancel: threading.Event | None = None,
 ) -> list[Count]:
     """Instructions per call of every case, counted in one valgrind process (see the module docstring).
 
@@ -194,6 +196,8 @@ def count_instructions(
         cases: ``(variant name, spec)`` pairs (names are checked before anything runs).
         config: calls, warm-up, budget, timeout, regime.
         progress: called as ``progress(done, total, count)`` as each case finishes (from this process).
+        cancel: when set (from another thread), the valgrind process is killed and the cases it did not
+            reach are errors "not counted: cancelled".
 
     Returns:
         One :class:`Count` per case, in order. A case the process did not reach (a crash, the timeout)
@@ -223,7 +227,9 @@ def count_instructions(
             if reporter is not None:
                 reporter(count)
 
-        ran = _one_process(batch, config, version, arrived)
+        ran = _one_process(batch, config, version, arrived, cancel)
+        if ran.cancelled:
+            break
         if ran.dead is None and not ran.counts and ran.failed:
             raise CountError(f"the valgrind process {ran.ended} before counting anything:\n  " + "\n  ".join(ran.tail))
         if ran.dead is not None:
@@ -232,18 +238,88 @@ def count_instructions(
         if ran.timed_out or ran.dead is None:
             break
         todo = [i for k, i in enumerate(todo) if k not in ran.counts and k != ran.dead]
-    return [c if c is not None else Count(*cases[i], "error", valgrind=version, reason="not counted: the valgrind "
-                                          "process timed out before this case") for i, c in enumerate(counts)]
+    why = "cancelled" if cancel is not None and cancel.is_set() else "the valgrind process timed out before this case"
+    return [c if c is not None else Count(*cases[i], "error", valgrind=version, reason=f"not counted: {why}")
+            for i, c in enumerate(counts)]
+
+
+class Beside:
+    """:func:`count_instructions` in a thread beside the caller's own work (``attnbench run`` times its sweep
+    meanwhile): one valgrind process, each count handed over as it finishes.
+
+    The counting process runs on one core; the timed sweep's workers use the other (one thread each by
+    default), and their run-queue wait shows if the two ever share a core.
+
+    Args:
+        cases: ``(variant name, spec)`` pairs to count.
+        config: how to count.
+    """
+
+    def __init__(self, cases: Sequence[tuple[str, AttnSpec]], config: CountConfig) -> None:
+        self.total = len(cases)
+        self.cancel = threading.Event()
+        self.error: CountError | None = None
+        self.seconds = math.nan  # the counting's wall time, once done
+        self._arrived: list[Count] = []
+        self._handed = 0
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._start = time.perf_counter()
+        self._thread = threading.Thread(target=self._count, args=(list(cases), config), name="attnbench-valgrind",
+                                        daemon=True)
+        self._thread.start()
+
+    def _count(self, cases: list[tuple[str, AttnSpec]], config: CountConfig) -> None:
+        seen: set[int] = set()
+
+        def keep(count: Count) -> None:
+            with self._lock:
+                seen.add(id(count))
+                self._arrived.append(count)
+
+        try:
+            counts = count_instructions(cases, config, progress=lambda done, total, count: keep(count), cancel=self.cancel)
+            for count in counts:  # the cases decided without valgrind (skipped), and those it never reached
+                if id(count) not in seen:
+                    keep(count)
+        except (CountError, OSError) as exc:
+            self.error = exc if isinstance(exc, CountError) else CountError(str(exc))
+        finally:
+            self.seconds = time.perf_counter() - self._start
+            self._done.set()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    @property
+    def received(self) -> int:
+        """Counts handed over so far."""
+        return self._handed
+
+    def take(self, wait_s: float = 0.0) -> list[Count]:
+        """The counts that arrived since the last take (waiting up to ``wait_s`` for the counting to finish)."""
+        if wait_s > 0:
+            self._done.wait(wait_s)
+        with self._lock:
+            new, self._arrived = self._arrived, []
+        self._handed += len(new)
+        return new
+
+    def stop(self) -> None:
+        """Kill the valgrind process (what it counted so far stays takeable)."""
+        self.cancel.set()
+        self._thread.join(timeout=30)
 
 
 def _timeout(cases: Sequence[tuple[str, AttnSpec]], config: CountConfig) -> float:
     if config.timeout_s is not None:
         return config.timeout_s
-    peak = _peak(config)
+    peak = peak_for(config)
     return STARTUP_S + 10 * sum(predicted_seconds(n, s, config, peak) for n, s in cases) + 120 * len(cases)
 
 
-def _peak(config: CountConfig) -> float:
+def peak_for(config: CountConfig) -> float:
     """The matmul peak at the counting process's thread count (the cost model's roof for its predictions)."""
     import torch
 
@@ -266,10 +342,12 @@ class _Ran:
     ended: str  # "exited 0", "died from SIGSEGV", "timed out", ...
     failed: bool  # the process did not exit 0
     timed_out: bool
+    cancelled: bool  # killed on request
     tail: list[str]  # the end of valgrind's output
 
 
-def _one_process(cases, config: CountConfig, version: str, arrived: Callable[[int, Count], None]) -> _Ran:
+def _one_process(cases, config: CountConfig, version: str, arrived: Callable[[int, Count], None],
+                 cancel: threading.Event | None = None) -> _Ran:
     """Run one valgrind process over ``cases`` (``arrived(index, count)`` as each finishes); what it reported, and
     where it died if it did."""
     with tempfile.TemporaryDirectory(prefix="attnbench-callgrind-") as tmp:
@@ -298,7 +376,12 @@ def _one_process(cases, config: CountConfig, version: str, arrived: Callable[[in
                     if time.monotonic() > deadline:
                         timed_out = True
                         proc.kill()
-                    time.sleep(0.5)
+                    if cancel is not None and cancel.wait(0.5):
+                        proc.kill()
+                        proc.wait()
+                        break
+                    if cancel is None:
+                        time.sleep(0.5)
             finally:
                 if proc.poll() is None:
                     proc.kill()
@@ -308,7 +391,9 @@ def _one_process(cases, config: CountConfig, version: str, arrived: Callable[[in
         code = proc.returncode
         ended = ("timed out" if timed_out else f"died from {_signal_name(-code)}" if code < 0 else f"exited {code}")
         tail = (tmp / "valgrind.log").read_bytes().decode("utf-8", "replace").strip().splitlines()[-15:]
-        return _Ran(counts, dead, ended, code != 0, timed_out, tail)
+        cancelled = cancel is not None and cancel.is_set()
+        return _Ran(counts, None if cancelled else dead, "cancelled" if cancelled else ended, code != 0, timed_out,
+                    tail, cancelled)
 
 
 def _signal_name(number: int) -> str:

@@ -49,6 +49,9 @@ from attnbench.registry import get_variant
 from attnbench.spec import AttnSpec
 from attnbench.variants.base import Variant, dense_mask
 
+INSTRUCTION_MODES = ("off", "default", "all")
+"""Which cases ``attnbench run`` counts instructions for (:func:`attnbench.runs.counted_cases`)."""
+
 
 @dataclass(frozen=True)
 class MeasureConfig:
@@ -70,7 +73,7 @@ class MeasureConfig:
     retry_budget_s: float = 2.0  # no further attempt once a case's timing attempts took this long in total
     probe_baseline_s: float | None = None  # the sweep's typical probe time (set by sweep); None: measured first
     workload: str = "prefill"  # contract.WORKLOADS: the sweep every measured case belongs to (recorded in each row)
-    instructions: bool = False  # also count instructions per call under valgrind (attnbench run --instructions)
+    instructions: str = "off"  # instruction counts under valgrind beside the sweep: "off", "default" or "all" cases
 
     def __post_init__(self) -> None:
         if not isinstance(self.timer, TimerConfig):
@@ -86,10 +89,12 @@ class MeasureConfig:
             check_int("threads", self.threads, 1)
         check_int("retries", self.retries, 0)
         check_seed(self.seed)
-        for name in ("check_accuracy", "measure_memory", "measure_rss", "cuda_graphs", "probe", "instructions"):
+        for name in ("check_accuracy", "measure_memory", "measure_rss", "cuda_graphs", "probe"):
             check_bool(name, getattr(self, name))
         if self.workload not in WORKLOADS:
             raise ValueError(f"workload must be one of {WORKLOADS}, got {self.workload!r}")
+        if self.instructions not in INSTRUCTION_MODES:
+            raise ValueError(f"instructions must be one of {INSTRUCTION_MODES}, got {self.instructions!r}")
 
     def memory_budget(self, device: str) -> float:
         if self.memory_budget_bytes is not None:

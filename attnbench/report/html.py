@@ -570,7 +570,11 @@ def _fmt_fit(row: pd.Series) -> str:
         return f"n/a ({row['note']})" if row.get("note") else "n/a"
     hi = "inf" if math.isinf(row["ci_high"]) else f"{row['ci_high']:.2f}"
     lo = "-inf" if math.isinf(row["ci_low"]) else f"{row['ci_low']:.2f}"
-    text = f"{row['exponent']:.2f} [{lo}, {hi}] R²={row['r2']:.3f} (L {row['L_min']:.0f}-{row['L_max']:.0f}, {row['n']:.0f} points)"
+    where = f"L {row['L_min']:.0f}-{row['L_max']:.0f}, {row['n']:.0f} points"
+    if row.get("kind") == "deterministic":  # exact values: the slope's range along L and the largest residual
+        text = f"{row['exponent']:.2f} (local slopes {lo} to {hi}, largest residual {row['max_residual']:.1%}; {where})"
+    else:
+        text = f"{row['exponent']:.2f} [{lo}, {hi}] R²={row['r2']:.3f} ({where})"
     if row.get("outliers"):
         text += f", outliers {row['outliers']}"
     return f"{text}: inconclusive ({row['note']})" if row.get("verdict") == "inconclusive" else text
@@ -581,6 +585,11 @@ def _full_fits(page: Page) -> str:
     if len(full):
         full.insert(0, "fit", full.apply(_fmt_fit, axis=1))
         full["commit"] = full["commit"].map(short_hash)
+        if "crossover_L" in full:  # the cost split c0 + c1·L + c2·L², in words a reader can check
+            full["L² term overtakes the L term at"] = [str(round(x)) if 0 < x < math.inf else "" for x in full["crossover_L"]]
+            full["L² share at the longest length"] = [f"{x:.0%}" if x == x else "" for x in full["l2_share"]]
+        full = full.drop(columns=[c for c in ("crossover_L", "l2_share", "split_residual", "max_residual", "kind")
+                                  if c in full])
     return _details("Full fit table", _table(full, keep=("variant", "metric")))
 
 

@@ -252,16 +252,21 @@ def scaling(frame: pd.DataFrame, metric: str, guides: bool = True, title: str | 
     return grid.figure
 
 
-def _fit_label(fits: pd.DataFrame | None, variant: str, metric: str, workload: str = "prefill") -> str:
-    """"L^2.01" for a conclusive fit of ``workload``, "slope inconclusive", "model" or "" (nothing fitted)."""
+def _fit_record(fits: pd.DataFrame | None, variant: str, metric: str, workload: str = "prefill") -> dict | None:
+    """The fit of ``variant``'s ``metric`` on ``workload`` (None: nothing fitted)."""
     if fits is None or fits.empty:
-        return ""
+        return None
     sub = fits[(fits["variant"] == variant) & (fits["metric"] == metric)]
     if "workload" in sub:
         sub = sub[sub["workload"].fillna("prefill") == workload]
-    if sub.empty:
+    return None if sub.empty else sub.iloc[0].to_dict()
+
+
+def _fit_label(fits: pd.DataFrame | None, variant: str, metric: str, workload: str = "prefill") -> str:
+    """"L^2.01" for a conclusive fit of ``workload``, "slope inconclusive", "model" or "" (nothing fitted)."""
+    rec = _fit_record(fits, variant, metric, workload)
+    if rec is None:
         return ""
-    rec = sub.iloc[0]
     if rec.get("method") == "model":
         return "model"
     if not rec.get("conclusive", False) or not math.isfinite(rec["exponent"]):
@@ -269,11 +274,44 @@ def _fit_label(fits: pd.DataFrame | None, variant: str, metric: str, workload: s
     return f"{'Lk' if workload == 'decode' else 'L'}^{rec['exponent']:.2f}"
 
 
+def _time_label(fits: pd.DataFrame | None, variant: str) -> str:
+    """A time line's end label: its time slope and, where counted, its instruction-count slope, each with its source."""
+    parts = []
+    for metric, source in (("time", "time"), ("instructions", "counts")):
+        label = _fit_label(fits, variant, metric)
+        if label:
+            parts.append(f"{label} ({source})" if label.startswith("L") else f"{source}: {label}")
+    return ", ".join(parts)
+
+
+def _mark_crossover(ax, fits: pd.DataFrame | None, variant: str, s: pd.Series) -> None:
+    """Mark L*, where the L² term of the variant's cost overtakes its L term, on its line when it falls inside.
+
+    Read from the instruction counts' cost split when counted (they do not move with the machine), else
+    from time's; only for a fit that is conclusive and shallower than declared (what L* explains).
+    """
+    for metric in ("instructions", "time"):
+        rec = _fit_record(fits, variant, metric)
+        if rec is not None and rec.get("verdict") == "shallower" and math.isfinite(rec.get("crossover_L", math.nan)):
+            break
+    else:
+        return
+    star = float(rec["crossover_L"])
+    if not s.index.min() <= star <= s.index.max():
+        return
+    y = float(np.exp(np.interp(np.log(star), np.log(s.index.to_numpy(float)), np.log(s["value"].to_numpy(float)))))
+    ax.plot([star], [y], marker="v", ms=7, color=colour(variant), mec="black", mew=0.6, zorder=5)
+    ax.annotate(f"L*≈{star:,.0f}", xy=(star, y), xytext=(0, 9), textcoords="offset points", ha="center",
+                fontsize=LABEL_POINTS, color=colour(variant))
+
+
 def progression(frame: pd.DataFrame, fits: pd.DataFrame | None = None, variants: tuple[str, ...] = PROGRESSION) -> plt.Figure | None:
     """The teaching progression (loop -> vectorized -> batched -> torch_mha -> sdpa): time and memory vs L.
 
     Two log-log panels; each line is labelled at its end with its fitted slope ("L^2.01") when the
-    fit is conclusive, "slope inconclusive" when not, "model" for predicted memory (dotted).
+    fit is conclusive, "slope inconclusive" when not, "model" for predicted memory (dotted). A time line
+    carries its instruction-count slope too where counted (counts decide where time cannot), and a
+    triangle at L* where a shallower-than-declared slope's L² term overtakes its L term.
     """
     panels = []
     for metric in ("time", "peak_tensor_bytes"):
@@ -297,7 +335,11 @@ def progression(frame: pd.DataFrame, fits: pd.DataFrame | None = None, variants:
             ax.plot(s.index, s["value"], marker="o", ms=4, lw=2, color=colour(variant), ls=":" if model else "-")
             _spread_bars(ax, s.index.to_series(), s["value"], s["spread"], colour(variant))
             ends[name] = (float(s.index[-1]), float(s["value"].iloc[-1]))
-            label = _fit_label(fits, variant, metric) if name == variant else ""  # fits are per variant of one shape
+            label = ""
+            if name == variant:  # fits are per variant of one shape
+                label = _time_label(fits, variant) if metric == "time" else _fit_label(fits, variant, metric)
+                if metric == "time":
+                    _mark_crossover(ax, fits, variant, s)
             text[name] = f"{name}  {label}" if label else name
         ax.set_yscale("log")
         _length_axis(ax, lengths)
@@ -306,7 +348,8 @@ def progression(frame: pd.DataFrame, fits: pd.DataFrame | None = None, variants:
         ax.set_xlim(right=max(lengths) * 2.6 if lengths else None)
         ax.set(xlabel="sequence length L", ylabel=LABELS[metric])
         ax.set_title("time per call" if metric == "time" else "peak tensor memory (dotted: model, not measured)", fontsize=11)
-    fig.suptitle("From the Python loop to fused SDPA: time and memory vs L (log-log, fitted slopes at line ends)", fontsize=12)
+    fig.suptitle("From the Python loop to fused SDPA: time and memory vs L (log-log, fitted slopes at line ends; "
+                 "▼ L*: the L² term overtakes the L term)", fontsize=12)
     fig.tight_layout()
     return fig
 
