@@ -17,10 +17,13 @@ carry ``MALLOC_*_`` variables; the allocator thresholds are therefore pinned her
 which holds for every allocation after import: every case is set up and timed after it.
 ``benchmarks/bench_regime.py`` records the regime in the results (its parameter is ``describe()``).
 
-The grid can be narrowed without editing code (the CI subset does this):
-``ATTNBENCH_ASV_VARIANTS``, ``ATTNBENCH_ASV_LENGTHS``, ``ATTNBENCH_ASV_DEVICES``,
-``ATTNBENCH_ASV_MODES``, ``ATTNBENCH_ASV_MASKS`` (comma-separated) and ``ATTNBENCH_ASV_MAX_CALL_S``; ``ATTNBENCH_ASV_BATCH``
-is for tests only (see :data:`BASE`).
+The grid: ``ATTNBENCH_ASV_GRID`` selects a tier of :data:`attnbench.contract.ASV_TIERS` (``default``, unset: the
+teaching progression and a representative per family at L = 128..2048; ``full``: every default-sweep variant at
+L = 64..8192), and these narrow either without editing code (the CI subset does this): ``ATTNBENCH_ASV_VARIANTS``,
+``ATTNBENCH_ASV_LENGTHS``, ``ATTNBENCH_ASV_DEVICES``, ``ATTNBENCH_ASV_MODES``, ``ATTNBENCH_ASV_MASKS``
+(comma-separated; each replaces that dimension of the tier), ``ATTNBENCH_ASV_MAX_CALL_S`` and
+``ATTNBENCH_ASV_COUNT_BUDGET_S``; ``ATTNBENCH_ASV_BATCH`` is for tests only (see :data:`BASE`). An unknown tier
+fails the suite's import, naming the variable and the valid values.
 
 Two small classes sit beside the main grid: ``Decode`` (one query over a cache of 4K and 16K keys,
 time and achieved GB/s; ``ATTNBENCH_ASV_DECODE_LENGTHS`` narrows it) and ``GroupedQuery`` (prefill
@@ -49,7 +52,7 @@ from attnbench.measure import gate, guard, memory, probe, regime, runner
 from attnbench.measure.peak import matmul_peak, measure_matmul_peak
 from attnbench.measure.timer import TimerConfig, time_call
 from attnbench.plugins import load_plugins
-from attnbench.registry import default_variants, get_variant
+from attnbench.registry import BUILTINS, default_variants, get_variant
 from attnbench.spec import AttnSpec
 
 REGIME = regime.Regime(threads=int(os.environ.get("ATTNBENCH_THREADS", "") or regime.DEFAULT_THREADS))
@@ -69,20 +72,33 @@ BASE = contract.BASE_SPEC.replace(batch=int(os.environ.get(contract.ENV_BATCH, "
 """The suite's fixed shape. ``ATTNBENCH_ASV_BATCH`` exists for tests of the gate (a batch-swapping
 fault is the identity at B=1); results taken with it are not labelled with it, so leave it unset
 for results you keep."""
-GRID, DECODE_GRID, GQA_GRID = contract.GRIDS["asv"], contract.GRIDS["asv-decode"], contract.GRIDS["asv-gqa"]
+TIER, GRID = contract.asv_tier()  # ValueError for an unknown ATTNBENCH_ASV_GRID: the suite does not import
+DECODE_GRID, GQA_GRID = contract.GRIDS["asv-decode"], contract.GRIDS["asv-gqa"]
 LENGTHS = _env_list(contract.ENV_LENGTHS, list(GRID.lengths), int)
-DEVICES = _env_list(contract.ENV_DEVICES, ["cpu", "cuda"] if CUDA else ["cpu"])
+DEVICES = _env_list(contract.ENV_DEVICES, list(GRID.devices or (["cpu", "cuda"] if CUDA else ["cpu"])))
 MODES = _env_list(contract.ENV_MODES, list(GRID.modes))
 MASKS = _env_list(contract.ENV_MASKS, list(GRID.masks))
 """Mask kinds of the grid: no mask and causal, the one production models run (the CI subset keeps ``none``)."""
-# Default-sweep variants that run on at least one of the devices (CUDA-only SDPA backends drop out on
-# CPU boxes; compiled variants, which recompile for every parameter set, are opt-in by name).
-VARIANTS = _env_list(
-    contract.ENV_VARIANTS,
-    [n for n in default_variants() if any(not get_variant(n).not_supported_reasons(BASE.replace(device=d)) for d in DEVICES)],
-)
+
+
+def _tier_variants(grid: contract.Grid) -> list[str]:
+    """The tier's variants: the ones it names (and plugins' variants, which join any default sweep), else every
+    default-sweep variant that runs on one of the devices (CUDA-only SDPA backends drop out on CPU boxes; compiled
+    variants, which recompile for every parameter set, are opt-in by name)."""
+    runs = [n for n in default_variants() if any(not get_variant(n).not_supported_reasons(BASE.replace(device=d))
+                                                 for d in DEVICES)]
+    if grid.variants is None:
+        return runs
+    builtin = {name for name, _, _ in BUILTINS}
+    return [*grid.variants, *(n for n in runs if n not in builtin and n not in grid.variants)]
+
+
+VARIANTS = _env_list(contract.ENV_VARIANTS, _tier_variants(GRID))
 MAX_CALL_SECONDS = float(os.environ.get(contract.ENV_MAX_CALL_S, str(contract.ASV_MAX_CALL_SECONDS)))
 """Predicted seconds per call above which a case is n/a (keeps `asv run` within its budget)."""
+_budget = os.environ.get(contract.ENV_COUNT_BUDGET_S, "").strip().lower()
+COUNT_BUDGET_S: float | None = (GRID.count_budget_s if not _budget else None if _budget == "none" else float(_budget))
+"""Predicted valgrind seconds the ``Instructions`` class may spend (cheapest cases first; None: every case)."""
 
 PARAMS: dict[str, list] = {"variant": VARIANTS, "seq_len": LENGTHS, "device": DEVICES, "mode": MODES, "mask": MASKS}
 DECODE_PARAMS: dict[str, list] = {
@@ -97,15 +113,8 @@ GQA_PARAMS: dict[str, list] = {
     "device": DEVICES,
 }
 """The ``GroupedQuery`` class's grid: variant x L x device (H/4 key/value heads, forward)."""
-CI_GRID = contract.GRIDS["ci"]
-INSTRUCTION_PARAMS: dict[str, list] = {
-    "variant": _env_list(contract.ENV_VARIANTS, list(CI_GRID.variants or ())),
-    "seq_len": _env_list(contract.ENV_LENGTHS, list(CI_GRID.lengths), int),
-    "device": ["cpu"],
-    "mode": _env_list(contract.ENV_MODES, list(CI_GRID.modes)),
-    "mask": _env_list(contract.ENV_MASKS, list(CI_GRID.masks)),
-}
-"""The ``Instructions`` class's grid: the regression gate's CI grid (counting under valgrind is slow), CPU only."""
+INSTRUCTION_PARAMS: dict[str, list] = {**PARAMS, "device": ["cpu"]}
+"""The ``Instructions`` class's grid: the main grid's CPU cases (those over :data:`COUNT_BUDGET_S` are n/a)."""
 
 
 def params(*names: str, table: dict[str, list] | None = None) -> tuple[list[list], list[str]]:
@@ -396,21 +405,48 @@ INSTRUCTION_SETUP_TIMEOUT = 3 * 3600
 
 
 def instruction_counts() -> dict:
-    """``setup_cache`` of the ``Instructions`` class: every CPU parameter set of the main grid, counted in ONE valgrind
-    process (:func:`attnbench.measure.instructions.count_instructions`), keyed by its parameters.
+    """``setup_cache`` of the ``Instructions`` class: the main grid's CPU cases within :data:`COUNT_BUDGET_S`, counted
+    in ONE valgrind process (:func:`attnbench.measure.instructions.count_instructions`), keyed by their parameters.
 
     asv runs it once per commit and environment and hands the (pickled) result to every ``setup`` and ``track_``
-    call, so no case starts a valgrind of its own. Without valgrind the cache says why (each case is then n/a).
+    call, so no case starts a valgrind of its own. The cases the budget leaves out (the dearest first) are n/a with
+    the reason, as are those the counter skips (unsupported, compiled, over its per-case budget). Prints its plan and
+    one line per counted case (case i of n, the seconds elapsed) to asv's log (``asv run -v``). Without valgrind the
+    cache says why (each case is then n/a).
     """
-    from attnbench.measure.instructions import CountConfig, count_instructions, missing_message, valgrind_version
+    from attnbench.measure.instructions import (
+        CountConfig,
+        count_instructions,
+        missing_message,
+        valgrind_version,
+        within_budget,
+    )
 
     if valgrind_version() is None:
         return {"missing": missing_message()}
     grid, names = params(table=INSTRUCTION_PARAMS)
     combos = [dict(zip(names, combo, strict=True)) for combo in itertools.product(*grid)]
-    cpu = [c for c in combos if c["device"] == "cpu"]
-    counts = count_instructions([(c["variant"], spec_for(**c)) for c in cpu], CountConfig(seed=GATE_CONFIG.seed))
-    return {tuple(c.values()): (count.status, count.instructions, count.reason, count.valgrind) for c, count in zip(cpu, counts, strict=True)}
+    cases = [(c["variant"], spec_for(**c)) for c in combos]
+    config = CountConfig(seed=GATE_CONFIG.seed)
+    left_out = within_budget(cases, COUNT_BUDGET_S, config)
+    todo = [i for i in range(len(cases)) if i not in left_out]
+    budget = ("no budget: every case" if COUNT_BUDGET_S is None
+              else f"{len(left_out)} beyond a budget of {COUNT_BUDGET_S:g} s predicted under valgrind")
+    print(f"attnbench: instruction counts: {len(todo)} of {len(cases)} CPU cases go to the counter ({budget}); one "
+          f"valgrind process, in which torch takes half a minute to three to start", flush=True)
+    start = time.perf_counter()
+
+    def progress(done: int, total: int, count) -> None:
+        print(f"attnbench: case {done} of {total}, {count.variant} {count.spec.label}: {count.status} "
+              f"({time.perf_counter() - start:.0f} s elapsed)", flush=True)
+
+    counts = dict(zip(todo, count_instructions([cases[i] for i in todo], config, progress=progress), strict=True))
+    out = {}
+    for i, c in enumerate(combos):
+        count = counts.get(i)
+        out[tuple(c.values())] = (("skipped", math.nan, left_out[i], "") if count is None
+                                  else (count.status, count.instructions, count.reason, count.valgrind))
+    return out
 
 
 def instruction_case(counts: dict, *params: object) -> float:

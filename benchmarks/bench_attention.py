@@ -53,7 +53,7 @@ class AttentionAccuracy:
 
 @ab.tracked
 class Instructions:
-    """Instructions per call under valgrind on the CI grid, every parameter set counted in one valgrind process."""
+    """Instructions per call under valgrind: the main grid's CPU cases within its counting budget, in one process."""
 
     params, param_names = ab.params(table=ab.INSTRUCTION_PARAMS)
     rounds = 1  # counts are deterministic: one round

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -75,12 +76,12 @@ def test_asv_quick_run_has_no_failures(asv_env, tmp_path_factory):
     from attnbench.measure.instructions import valgrind_version
 
     if valgrind_version() is not None:  # the Instructions class: every case counted in one valgrind process
-        counted = ok[ok["metric"] == "instructions"].set_index(["variant", "seq_len", "mode"])["value"]
+        counted = ok[ok["metric"] == "instructions"].set_index(["variant", "seq_len", "mode", "mask"])["value"]
         assert {"batched", "chunked"} <= set(counted.index.get_level_values(0)) and (counted > 0).all()
         from tests.test_instructions import shared_counts  # the same case counted directly (count_instructions)
 
         direct = shared_counts(tmp_path_factory)["asv"]
-        assert counted[("batched", 128, "forward")] == pytest.approx(direct.instructions, rel=1e-3)
+        assert counted[("batched", 128, "forward", "none")] == pytest.approx(direct.instructions, rel=1e-3)
 
 
 def test_benchmark_params_are_generated_from_one_table():
@@ -109,3 +110,48 @@ def test_asv_cases_name_their_workload_and_heads():
     assert (workload, spec.lq, spec.hkv, spec.mode) == ("prefill", 64, 8, "backward")
     with pytest.raises((ValueError, TypeError)):
         contract.asv_case("bench_attention.Decode.time_decode", {"seq_len_k": "long"})
+
+
+def test_instruction_counts_keep_to_the_budget_and_print_progress(monkeypatch, capsys):
+    """The Instructions class counts the cheapest cases within its budget; the rest are n/a saying so. Its setup_cache
+    prints its plan and a line per counted case (case i of n, the seconds elapsed) to asv's log."""
+    import attnbench.measure.instructions as instructions
+    from attnbench import asv_bench as ab
+
+    sent = []
+
+    def fake_count(cases, config=None, *, progress=None):
+        sent.extend(cases)
+        counts = [instructions.Count(n, s, "ok", instructions=1e6, calls=2, valgrind="fake") for n, s in cases]
+        for i, count in enumerate(counts, 1):
+            progress(i, len(cases), count)
+        return counts
+
+    monkeypatch.setattr(instructions, "valgrind_version", lambda: "valgrind-fake")
+    monkeypatch.setattr(instructions, "count_instructions", fake_count)
+    monkeypatch.setattr(ab, "INSTRUCTION_PARAMS", {"variant": ["batched", "sdpa_efficient"], "seq_len": [128, 1024],
+                                                   "device": ["cpu"], "mode": ["forward"], "mask": ["none"]})
+    monkeypatch.setattr(ab, "COUNT_BUDGET_S", 10.0)  # L=128 is predicted about 1 s under valgrind, L=1024 about 50 s
+    counts = ab.instruction_counts()
+    # batched at L=1024 is left out; sdpa_efficient (CUDA only) goes to the counter, which skips it with its reason
+    assert [(n, s.seq_len) for n, s in sent] == [("batched", 128), ("sdpa_efficient", 128), ("sdpa_efficient", 1024)]
+    assert ab.instruction_case(counts, "batched", 128, "cpu", "forward", "none") == 1e6
+    with pytest.raises(NotImplementedError, match="beyond the grid's counting budget of 10 s"):
+        ab.instruction_case(counts, "batched", 1024, "cpu", "forward", "none")
+    out = capsys.readouterr().out
+    assert "3 of 4 CPU cases go to the counter (1 beyond a budget of 10 s predicted under valgrind)" in out
+    assert re.search(r"attnbench: case 1 of 3, batched .*: ok \(\d+ s elapsed\)", out), out
+
+
+def test_the_budget_takes_the_cheapest_cases_and_none_takes_all():
+    from attnbench import asv_bench as ab
+    from attnbench.measure.instructions import CountConfig, _peak, predicted_seconds, within_budget
+
+    cases = [(v, ab.spec_for(v, n, "cpu", "forward")) for v in ("batched", "chunked") for n in (128, 256, 512, 1024)]
+    config = CountConfig()
+    left_out = within_budget(cases, 30.0, config)
+    costs = [predicted_seconds(*c, config, _peak(config)) for c in cases]
+    kept = [i for i in range(len(cases)) if i not in left_out]
+    assert sum(costs[i] for i in kept) <= 30.0 and left_out
+    assert max(costs[i] for i in kept) <= min(costs[i] for i in left_out)  # the cheapest first
+    assert within_budget(cases, None, config) == {}

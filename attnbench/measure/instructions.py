@@ -182,6 +182,30 @@ def _plan(cases: Sequence[tuple[str, AttnSpec]], config: CountConfig, version: s
     return todo, decided
 
 
+def within_budget(cases: Sequence[tuple[str, AttnSpec]], budget_s: float | None,
+                  config: CountConfig | None = None) -> dict[int, str]:
+    """The cases a total budget leaves out: index -> the reason (the rest are counted, or skipped for reasons of their own).
+
+    The cases valgrind would run (on the CPU, supported, within the per-case ``config.budget_s``) are taken cheapest
+    first by :func:`predicted_seconds` while their sum stays within ``budget_s`` seconds (the process's start not
+    included); None leaves none out.
+    """
+    config = config or CountConfig()
+    if budget_s is None:
+        return {}
+    todo, _ = _plan(cases, config, "")
+    peak = _peak(config)
+    cost = {i: predicted_seconds(*cases[i], config, peak) for i in todo}
+    left_out, spent = {}, 0.0
+    for i in sorted(todo, key=lambda i: (cost[i], i)):
+        if spent + cost[i] <= budget_s:
+            spent += cost[i]
+        else:
+            left_out[i] = (f"predicted {cost[i]:,.0f} s under valgrind: beyond the grid's counting budget of {budget_s:g} s "
+                           f"(cases are counted cheapest first)")
+    return left_out
+
+
 def count_instructions(
     cases: Sequence[tuple[str, AttnSpec]],
     config: CountConfig | None = None,
