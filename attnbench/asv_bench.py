@@ -52,11 +52,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import itertools
 import json
 import math
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -701,3 +703,15 @@ def matmul_gflops() -> float:
     """This machine's fp32 matmul GFLOP/s (freshly measured): the roof for % of peak."""
     return measure_matmul_peak("cpu", "float32") / 1e9
 
+
+# asv's forkserver imports the suite once and forks a process per benchmark, parameter set and round. Python's cyclic
+# garbage collector, at its first full collection in such a child, walks every object the import made (torch's: about
+# a million) and so writes to every page they sit on: the child copies the parent's heap page by page. Unpickling
+# ``setup_cache``'s verdicts triggered that collection: 130-300 ms per process on this project's 2-core machine
+# (instead of about 15), over a thousand processes in a quick run of the default tier. Objects that exist once the
+# suite is imported live as long as the process: they are collected here once and frozen out of every later
+# collection (``gc.freeze``), in the server and in each child it forks. Only under asv (its runner imports the suite):
+# elsewhere the importing process's objects are its own business.
+if "asv_runner" in sys.modules:
+    gc.collect()
+    gc.freeze()
