@@ -17,10 +17,10 @@ asv's process model (asv 0.6.6, asv_runner 0.3.2) decides what can be shared:
 
 So the correctness gate runs where it can be shared: :func:`grid_verdicts` (the ``setup_cache`` of the main grid's
 classes) puts every case of the grid through the guard and the gate once, in one process (the float64 reference
-evaluated once per case, memoised between the warm-up call's check and the second call's), and hands its
-:class:`Verdict` s to every benchmark process: an n/a case raises ``NotImplementedError`` there at once (asv: n/a),
-a wrong one :class:`WrongResult` (asv: failed), and the accuracy and FLOP benchmarks read their values from the
-verdict without building the case. The benchmarks that measure a call build their inputs and closure and make one
+evaluated once per case, shared by the checks of the warm-up call and of later calls: ``runner.GatedCall``), measures
+the peak tensor bytes of a call there (:data:`ONCE`), and hands its :class:`Verdict` s to every benchmark process: an
+n/a case raises ``NotImplementedError`` there at once (asv: n/a), a wrong one :class:`WrongResult` (asv: failed), and
+the accuracy, FLOP and tensor-bytes benchmarks read their values from the verdict without building the case. The benchmarks that measure a call build their inputs and closure and make one
 warm-up call (outside asv's timer) in their own process: that much each process repeats, because asv lets no
 process hand a closure to another. Without a verdict (outside asv, or a class without the cache) a process gates
 the case itself, once (:func:`prepare_spec`).
@@ -34,7 +34,7 @@ which holds for every allocation after import: every case is set up and timed af
 ``benchmarks/bench_regime.py`` records the regime in the results (its parameter is ``describe()``).
 
 The grid: ``ATTNBENCH_ASV_GRID`` selects a tier of :data:`attnbench.contract.ASV_TIERS` (``default``, unset: the
-teaching progression and a representative per family at L = 128..2048; ``full``: every default-sweep variant at
+teaching progression and a representative per family at L = 128..1024; ``full``: every default-sweep variant at
 L = 64..8192), and these narrow either without editing code (the CI subset does this): ``ATTNBENCH_ASV_VARIANTS``,
 ``ATTNBENCH_ASV_LENGTHS``, ``ATTNBENCH_ASV_DEVICES``, ``ATTNBENCH_ASV_MODES``, ``ATTNBENCH_ASV_MASKS``
 (comma-separated; each replaces that dimension of the tier), ``ATTNBENCH_ASV_MAX_CALL_S`` and
