@@ -1,13 +1,29 @@
 """Everything the asv benchmark modules need, so that ``benchmarks/*.py`` stay declarations.
 
-asv calls ``setup`` before every timed call, in a fresh process per benchmark: inputs come from
-an ``lru_cache`` getter so repeated setups are free, and an impossible combination (CUDA without a
-GPU, a variant that does not support the case, a case predicted to take more than
-``MAX_CALL_SECONDS`` or more memory than the budget) raises ``NotImplementedError``, which asv
-shows as n/a. Preparing a case makes the first call of the timed closure and puts its result
-through the correctness gate (:mod:`attnbench.measure.gate`): a case that fails it raises
-:class:`WrongResult` in the setup of the timing and metric benchmarks, so asv records it as failed,
-never as a time; ``AttentionAccuracy.track_error_ratio`` reports error / tolerance (above 1: wrong).
+asv's process model (asv 0.6.6, asv_runner 0.3.2) decides what can be shared:
+
+* Every benchmark method runs in a process of its own for each parameter set and each round (forked from a
+  server that imported the suite, with ``launch_method: forkserver``; spawned afresh otherwise). Nothing one
+  method computes in its process reaches another method's: the time, peakmem and track methods of one case never
+  share a process, so a per-process cache cannot spare the second method anything.
+* Within that process asv calls ``setup`` before every sample of a time benchmark: a per-process cache keyed by
+  the case (:func:`prepare_spec`'s ``lru_cache``) makes every setup after the first free.
+* ``setup_cache`` runs once per asv run and environment in ONE process of its own (spawned, not forked, with
+  either launcher), for every benchmark whose ``setup_cache`` is the same function (asv keys it by module and line:
+  classes inheriting one share it). What it returns is pickled and handed to every ``setup`` and method of those
+  benchmarks as their first argument: data only (numbers, verdicts), never tensors or closures worth reusing.
+  asv 0.6.6 applies its ``timeout`` as a limit on silence (any output restarts it), shows what it prints in the log
+  of ``asv run -v`` as it comes, and otherwise only when it fails.
+
+So the correctness gate runs where it can be shared: :func:`grid_verdicts` (the ``setup_cache`` of the main grid's
+classes) puts every case of the grid through the guard and the gate once, in one process (the float64 reference
+evaluated once per case, shared by the checks of the warm-up call and of later calls: ``runner.GatedCall``), measures
+the peak tensor bytes of a call there (:data:`ONCE`), and hands its :class:`Verdict` s to every benchmark process: an
+n/a case raises ``NotImplementedError`` there at once (asv: n/a), a wrong one :class:`WrongResult` (asv: failed), and
+the accuracy, FLOP and tensor-bytes benchmarks read their values from the verdict without building the case. The benchmarks that measure a call build their inputs and closure and make one
+warm-up call (outside asv's timer) in their own process: that much each process repeats, because asv lets no
+process hand a closure to another. Without a verdict (outside asv, or a class without the cache) a process gates
+the case itself, once (:func:`prepare_spec`).
 
 Measurement regime: importing this module applies :func:`attnbench.measure.regime.apply` with
 ``ATTNBENCH_THREADS`` threads (default :data:`~attnbench.measure.regime.DEFAULT_THREADS`), the
@@ -17,28 +33,34 @@ carry ``MALLOC_*_`` variables; the allocator thresholds are therefore pinned her
 which holds for every allocation after import: every case is set up and timed after it.
 ``benchmarks/bench_regime.py`` records the regime in the results (its parameter is ``describe()``).
 
-The grid can be narrowed without editing code (the CI subset does this):
-``ATTNBENCH_ASV_VARIANTS``, ``ATTNBENCH_ASV_LENGTHS``, ``ATTNBENCH_ASV_DEVICES``,
-``ATTNBENCH_ASV_MODES``, ``ATTNBENCH_ASV_MASKS`` (comma-separated) and ``ATTNBENCH_ASV_MAX_CALL_S``; ``ATTNBENCH_ASV_BATCH``
-is for tests only (see :data:`BASE`).
+The grid: ``ATTNBENCH_ASV_GRID`` selects a tier of :data:`attnbench.contract.ASV_TIERS` (``default``, unset: the
+teaching progression and a representative per family at L = 128..1024; ``full``: every default-sweep variant at
+L = 64..8192), and these narrow either without editing code (the CI subset does this): ``ATTNBENCH_ASV_VARIANTS``,
+``ATTNBENCH_ASV_LENGTHS``, ``ATTNBENCH_ASV_DEVICES``, ``ATTNBENCH_ASV_MODES``, ``ATTNBENCH_ASV_MASKS``
+(comma-separated; each replaces that dimension of the tier), ``ATTNBENCH_ASV_MAX_CALL_S`` and
+``ATTNBENCH_ASV_COUNT_BUDGET_S``; ``ATTNBENCH_ASV_BATCH`` is for tests only (see :data:`BASE`). An unknown tier
+fails the suite's import, naming the variable and the valid values.
 
 Two small classes sit beside the main grid: ``Decode`` (one query over a cache of 4K and 16K keys,
 time and achieved GB/s; ``ATTNBENCH_ASV_DECODE_LENGTHS`` narrows it) and ``GroupedQuery`` (prefill
 with H/4 key/value heads: time and peak tensor bytes), each for sdpa and batched unless
 ``ATTNBENCH_ASV_VARIANTS`` names others. Their cases come from :func:`attnbench.contract.asv_case`,
-the rule the loader reads them back with.
+the rule the loader reads them back with; each has a ``setup_cache`` of its own grid's verdicts.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import gc
 import itertools
 import json
 import math
 import os
 import statistics
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -49,7 +71,7 @@ from attnbench.measure import gate, guard, memory, probe, regime, runner
 from attnbench.measure.peak import matmul_peak, measure_matmul_peak
 from attnbench.measure.timer import TimerConfig, time_call
 from attnbench.plugins import load_plugins
-from attnbench.registry import default_variants, get_variant
+from attnbench.registry import BUILTINS, default_variants, get_variant
 from attnbench.spec import AttnSpec
 
 load_plugins()  # variants registered by modules named in ATTNBENCH_PLUGINS join the grid (and may be named below)
@@ -63,20 +85,32 @@ BASE = contract.BASE_SPEC.replace(batch=int(environ.read_number(contract.ENV_BAT
 """The suite's fixed shape. ``ATTNBENCH_ASV_BATCH`` exists for tests of the gate (a batch-swapping
 fault is the identity at B=1); results taken with it are not labelled with it, so leave it unset
 for results you keep."""
-GRID, DECODE_GRID, GQA_GRID = contract.GRIDS["asv"], contract.GRIDS["asv-decode"], contract.GRIDS["asv-gqa"]
+TIER, GRID = contract.asv_tier()  # ValueError for an unknown ATTNBENCH_ASV_GRID: the suite does not import
+DECODE_GRID, GQA_GRID = contract.GRIDS["asv-decode"], contract.GRIDS["asv-gqa"]
 LENGTHS = environ.read_list(contract.ENV_LENGTHS, list(GRID.lengths))
-DEVICES = environ.read_list(contract.ENV_DEVICES, ["cpu", "cuda"] if CUDA else ["cpu"])
+DEVICES = environ.read_list(contract.ENV_DEVICES, list(GRID.devices or (["cpu", "cuda"] if CUDA else ["cpu"])))
 MODES = environ.read_list(contract.ENV_MODES, list(GRID.modes))
 MASKS = environ.read_list(contract.ENV_MASKS, list(GRID.masks))
 """Mask kinds of the grid: no mask and causal, the one production models run (the CI subset keeps ``none``)."""
-# Default-sweep variants that run on at least one of the devices (CUDA-only SDPA backends drop out on
-# CPU boxes; compiled variants, which recompile for every parameter set, are opt-in by name).
-VARIANTS = environ.read_list(
-    contract.ENV_VARIANTS,
-    [n for n in default_variants() if any(not get_variant(n).not_supported_reasons(BASE.replace(device=d)) for d in DEVICES)],
-)
+
+
+def _tier_variants(grid: contract.Grid) -> list[str]:
+    """The tier's variants: the ones it names (and plugins' variants, which join any default sweep), else every
+    default-sweep variant that runs on one of the devices (CUDA-only SDPA backends drop out on CPU boxes; compiled
+    variants, which recompile for every parameter set, are opt-in by name)."""
+    runs = [n for n in default_variants() if any(not get_variant(n).not_supported_reasons(BASE.replace(device=d))
+                                                 for d in DEVICES)]
+    if grid.variants is None:
+        return runs
+    builtin = {name for name, _, _ in BUILTINS}
+    return [*grid.variants, *(n for n in runs if n not in builtin and n not in grid.variants)]
+
+
+VARIANTS = environ.read_list(contract.ENV_VARIANTS, _tier_variants(GRID))
 MAX_CALL_SECONDS = environ.read_number(contract.ENV_MAX_CALL_S, contract.ASV_MAX_CALL_SECONDS)
 """Predicted seconds per call above which a case is n/a (keeps `asv run` within its budget)."""
+COUNT_BUDGET_S: float | None = environ.read_budget(contract.ENV_COUNT_BUDGET_S, GRID.count_budget_s)
+"""Predicted valgrind seconds the ``Instructions`` class may spend (cheapest cases first; None: every case)."""
 
 PARAMS: dict[str, list] = {"variant": VARIANTS, "seq_len": LENGTHS, "device": DEVICES, "mode": MODES, "mask": MASKS}
 DECODE_PARAMS: dict[str, list] = {
@@ -91,15 +125,8 @@ GQA_PARAMS: dict[str, list] = {
     "device": DEVICES,
 }
 """The ``GroupedQuery`` class's grid: variant x L x device (H/4 key/value heads, forward)."""
-CI_GRID = contract.GRIDS["ci"]
-INSTRUCTION_PARAMS: dict[str, list] = {
-    "variant": environ.read_list(contract.ENV_VARIANTS, list(CI_GRID.variants or ())),
-    "seq_len": environ.read_list(contract.ENV_LENGTHS, list(CI_GRID.lengths)),
-    "device": ["cpu"],
-    "mode": environ.read_list(contract.ENV_MODES, list(CI_GRID.modes)),
-    "mask": environ.read_list(contract.ENV_MASKS, list(CI_GRID.masks)),
-}
-"""The ``Instructions`` class's grid: the regression gate's CI grid (counting under valgrind is slow), CPU only."""
+INSTRUCTION_PARAMS: dict[str, list] = {**PARAMS, "device": ["cpu"]}
+"""The ``Instructions`` class's grid: the main grid's CPU cases (those over :data:`COUNT_BUDGET_S` are n/a)."""
 
 
 def params(*names: str, table: dict[str, list] | None = None) -> tuple[list[list], list[str]]:
@@ -129,6 +156,18 @@ class WrongResult(AssertionError):
 
 
 @dataclass(frozen=True)
+class Verdict:
+    """What setting one case up found, without its tensors or closure: small and picklable, so asv's ``setup_cache``
+    can hand it to every benchmark process of the case."""
+
+    status: str  # "ok" (the gate passed, or the case is not checked), "wrong", "n/a", "error"
+    reason: str = ""  # n/a, wrong, error: why
+    checked: gate.GateResult | None = None  # the gate on the closure's first and later results (the worst)
+    note: str = ""  # why the case is not checked ("" when it is)
+    values: tuple[tuple[str, float], ...] = ()  # metrics measured once with the case set up (:data:`ONCE`)
+
+
+@dataclass(frozen=True)
 class Prepared:
     """One parameter set, ready to time: the closure, its case, and the gate's verdict on its first call."""
 
@@ -137,6 +176,17 @@ class Prepared:
     spec: AttnSpec  # the case
     checked: gate.GateResult | None  # the gate on the closure's first result; None when not checked
     note: str  # why the case is not checked ("" when it is)
+
+
+_VERDICTS: dict[tuple[str, AttnSpec], Verdict] = {}
+"""The verdicts this process was handed by asv's ``setup_cache`` (:func:`use`); empty outside asv."""
+
+
+def use(verdicts: dict | None) -> None:
+    """Take the verdicts of a ``setup_cache`` (:func:`grid_verdicts`) for this process's cases (each ``setup`` calls it:
+    asv hands the cache to every call, and a process runs one benchmark)."""
+    if verdicts is not None and verdicts is not _VERDICTS:
+        _VERDICTS.update(verdicts)
 
 
 def prepare(variant: str, seq_len: int, device: str, mode: str = "forward", mask: str = "none") -> Prepared:
@@ -148,29 +198,142 @@ def prepare(variant: str, seq_len: int, device: str, mode: str = "forward", mask
     return prepare_spec(variant, spec_for(variant, seq_len, device, mode, mask))
 
 
-@functools.lru_cache(maxsize=8)
-def prepare_spec(variant: str, spec: AttnSpec) -> Prepared:
-    """:func:`prepare` for any case (the decode and GQA classes name theirs through ``contract.asv_case``)."""
-    device = spec.device
+def _na_reasons(variant: str, spec: AttnSpec) -> list[str]:
+    """Why a case is n/a here: unsupported, or predicted over the time or memory budget ([] when it runs)."""
     impl = get_variant(variant)
     reasons = impl.not_supported_reasons(spec)
-    plan = runner.check_plan(impl, spec, GATE_CONFIG)
     if not reasons:
-        peak = matmul_peak(device, "float32")
-        seconds = guard.predicted_seconds(impl, spec, peak)
+        plan = runner.check_plan(impl, spec, GATE_CONFIG)
+        seconds = guard.predicted_seconds(impl, spec, matmul_peak(spec.device, "float32"))
         if seconds > MAX_CALL_SECONDS:
             reasons.append(f"predicted {seconds:.2f} s per call > {MAX_CALL_SECONDS:g} s")
         need = guard.predicted_bytes(impl, spec, plan.reference_bytes)
-        if need > 0.5 * guard.free_bytes(device):
+        if need > 0.5 * guard.free_bytes(spec.device):
             reasons.append(f"predicted {need / 2**20:,.0f} MiB exceeds half the free memory")
+    return reasons
+
+
+def _build(variant: str, spec: AttnSpec) -> Callable[[], object]:
+    """The timed closure after its first (warm-up) call (compiles, if anything does), for a case already judged."""
+    impl = get_variant(variant)
+    call, _, _ = runner.make_call(impl, spec, seed=GATE_CONFIG.seed)
+    impl.warm_up(call)  # outside asv's timed calls
+    return call
+
+
+def judge(variant: str, spec: AttnSpec) -> Prepared:
+    """Set a case up and put it through the gate: guard, inputs, the warm-up call, the gate on its result and on later
+    calls' (state kept between calls, an intermittent fault, shows there), against one float64 reference of the case
+    (:class:`attnbench.measure.runner.GatedCall`).
+
+    Raises:
+        NotImplementedError: the case is n/a here.
+    """
+    reasons = _na_reasons(variant, spec)
     if reasons:
         raise NotImplementedError("; ".join(reasons))
+    impl = get_variant(variant)
+    plan = runner.check_plan(impl, spec, GATE_CONFIG)
     gated = runner.GatedCall(impl, spec, plan, GATE_CONFIG.seed)  # the first call compiles outside asv's timed calls
     checked = gated.first
     if checked is not None and checked.passed:  # later calls show state kept between calls, or an intermittent fault
         later, _ = gated.check_later()
         checked = checked if later.passed else later
     return Prepared(variant=variant, call=gated.call, spec=spec, checked=checked, note=plan.note)
+
+
+def _verdict_of(prepared: Prepared) -> Verdict:
+    checked = prepared.checked
+    if checked is not None and not checked.passed:
+        return Verdict("wrong", f"{prepared.variant} {prepared.spec.label}: {checked.reason()}", checked, prepared.note)
+    return Verdict("ok", "", checked, prepared.note)
+
+
+def verdict(variant: str, spec: AttnSpec) -> Verdict:
+    """The case's verdict: the one asv's ``setup_cache`` handed this process, else judged here (once per process)."""
+    known = _VERDICTS.get((variant, spec))
+    if known is not None:
+        return known
+    try:
+        return _verdict_of(prepare_spec(variant, spec))
+    except NotImplementedError as exc:
+        return Verdict("n/a", str(exc))
+
+
+@functools.lru_cache(maxsize=8)
+def prepare_spec(variant: str, spec: AttnSpec) -> Prepared:
+    """:func:`prepare` for any case (the decode and GQA classes name theirs through ``contract.asv_case``), once per
+    process: asv calls ``setup`` before every sample, and every call after the first is free.
+
+    With a verdict from asv's ``setup_cache`` the case is only built and warmed up (no guard, no gate: the verdict
+    holds both); without one it is judged here (:func:`judge`).
+
+    Raises:
+        NotImplementedError: the case is n/a here. RuntimeError: setting it up failed in ``setup_cache``.
+    """
+    known = _VERDICTS.get((variant, spec))
+    if known is None:
+        return judge(variant, spec)
+    _raise_unless_runs(known, gated=False)
+    call = _build(variant, spec)
+    return Prepared(variant=variant, call=call, spec=spec, checked=known.checked, note=known.note)
+
+
+def _raise_unless_runs(known: Verdict, gated: bool = True) -> None:
+    """n/a: NotImplementedError (asv shows n/a); error: RuntimeError; wrong (``gated``): :class:`WrongResult`."""
+    if known.status == "n/a":
+        raise NotImplementedError(known.reason)
+    if known.status == "error":
+        raise RuntimeError(known.reason)
+    if gated and known.status == "wrong":
+        raise WrongResult(known.reason)
+
+
+def grid_verdicts(table: dict[str, list] | None = None, spec_of: Callable[..., AttnSpec] | None = None,
+                  measure: Sequence[str] = ("peak_tensor_bytes",)) -> dict:
+    """``setup_cache`` of a class family: every case of its grid judged once (:func:`judge`), as :class:`Verdict` s
+    keyed by ``(variant, spec)``, for asv to hand to every benchmark process of the family.
+
+    Prints one line per case to asv's log (case i of n, its verdict, the seconds elapsed): ``asv run -v`` shows them
+    as they come, and each restarts asv's ``setup_cache`` timeout (a limit on silence). A case whose setup raises
+    is an "error" verdict (its benchmarks fail with the reason; the others run).
+
+    Args:
+        table: the class's parameter table (default :data:`PARAMS`); its first key is the variant.
+        spec_of: the rest of a parameter set -> its case (default :func:`spec_for_params`).
+        measure: metrics of :data:`ONCE` the family records, measured here on the case just judged.
+    """
+    table = PARAMS if table is None else table
+    spec_of = spec_for_params if spec_of is None else spec_of
+    combos = list(itertools.product(*table.values()))
+    verdicts: dict[tuple[str, AttnSpec], Verdict] = {}
+    start = time.perf_counter()
+    print(f"attnbench: the correctness gate on {len(combos)} cases, once for every benchmark of this grid", flush=True)
+    for i, (variant, *rest) in enumerate(combos, 1):
+        spec = spec_of(*rest)
+        try:
+            prepared = judge(variant, spec)
+            found = _verdict_of(prepared)
+            if found.status == "ok":
+                found = dataclasses.replace(found, values=tuple((m, ONCE[m](prepared)) for m in measure))
+            del prepared
+        except NotImplementedError as exc:
+            found = Verdict("n/a", str(exc))
+        except Exception as exc:  # noqa: BLE001 - one case's failure is its own benchmarks' failure, not the grid's
+            found = Verdict("error", f"setting {variant} {spec.label} up failed: {type(exc).__name__}: {exc}")
+        verdicts[(variant, spec)] = found
+        print(f"attnbench: case {i} of {len(combos)}, {variant} {spec.label}: {found.status} "
+              f"({time.perf_counter() - start:.0f} s elapsed)", flush=True)
+    return verdicts
+
+
+GRID_SETUP_TIMEOUT = 600
+"""Seconds of silence asv allows a verdicts ``setup_cache`` (asv 0.6.6 restarts it at each line printed): one case."""
+
+
+def spec_for_params(seq_len: int, device: str, mode: str, mask: str = "none") -> AttnSpec:
+    """The main grid's case of a parameter set without its variant (the case does not depend on the variant)."""
+    return spec_for("", seq_len, device, mode, mask)
 
 
 def case(
@@ -288,10 +451,17 @@ def _gated(variant: str, spec: AttnSpec) -> tuple[Callable[[], object], AttnSpec
 
 
 def _gated_prepared(variant: str, spec: AttnSpec) -> Prepared:
-    prepared = prepare_spec(variant, spec)
-    if prepared.checked is not None and not prepared.checked.passed:
-        raise WrongResult(f"{variant} {prepared.spec.label}: {prepared.checked.reason()}")
-    return prepared
+    _raise_unless_runs(verdict(variant, spec))  # n/a, wrong or failed: raised before anything is built
+    return prepare_spec(variant, spec)
+
+
+def check(variant: str, seq_len: int, device: str, mode: str = "forward", mask: str = "none") -> None:
+    """The ``setup`` of a class whose methods build the case only if they need it: the verdict alone decides.
+
+    Raises:
+        NotImplementedError: n/a. WrongResult: the case failed the correctness gate. RuntimeError: its setup failed.
+    """
+    _raise_unless_runs(verdict(variant, spec_for(variant, seq_len, device, mode, mask)))
 
 
 def decode_case(variant: str, seq_len_k: int, device: str) -> tuple[Callable[[], object], AttnSpec]:
@@ -312,25 +482,38 @@ def _gqa_spec(seq_len: int, device: str) -> AttnSpec:
     return contract.asv_case(contract.GQA_TIME_BENCHMARK, {"seq_len": seq_len, "device": device}, BASE)[0]
 
 
+def decode_verdicts() -> dict:
+    """``setup_cache`` of the ``Decode`` class (:func:`grid_verdicts` on its grid: it records no tensor bytes)."""
+    return grid_verdicts(DECODE_PARAMS, _decode_spec, measure=())
+
+
+def gqa_verdicts() -> dict:
+    """``setup_cache`` of the ``GroupedQuery`` class (:func:`grid_verdicts` on its grid)."""
+    return grid_verdicts(GQA_PARAMS, _gqa_spec)
+
+
 def setup_accuracy(variant: str, seq_len: int, device: str, mode: str, mask: str = "none") -> None:
     """n/a rules for the accuracy benchmarks: the case's own, plus the float64 reference's budget.
 
     A wrong result does not raise here: the accuracy benchmarks report how wrong it is.
     """
-    prepared = prepare(variant, seq_len, device, mode, mask)
-    if prepared.checked is None:
-        raise NotImplementedError(prepared.note or "accuracy not checked")
+    found = verdict(variant, spec_for(variant, seq_len, device, mode, mask))
+    _raise_unless_runs(found, gated=False)
+    if found.checked is None:
+        raise NotImplementedError(found.note or "accuracy not checked")
 
 
 # ---- the table's tracked metrics: one generated ``track_`` method per (class, metric) --------------
-PREPARED: dict[str, Callable[..., Prepared]] = {
-    "AttentionMetrics": _main_grid,
-    "AttentionCuda": _main_grid,
-    "AttentionAccuracy": prepare,  # a wrong result is what these benchmarks report, not a failure
-    "Decode": lambda v, n, d: _gated_prepared(v, _decode_spec(n, d)),
-    "GroupedQuery": lambda v, n, d: _gated_prepared(v, _gqa_spec(n, d)),
+CASES: dict[str, Callable[..., tuple[str, AttnSpec]]] = {
+    "AttentionMetrics": lambda v, *p: (v, spec_for(v, *p)),
+    "AttentionCuda": lambda v, *p: (v, spec_for(v, *p)),
+    "AttentionAccuracy": lambda v, *p: (v, spec_for(v, *p)),
+    "Decode": lambda v, n, d: (v, _decode_spec(n, d)),
+    "GroupedQuery": lambda v, n, d: (v, _gqa_spec(n, d)),
 }
-"""How each asv class turns its parameters into a prepared case (its ``setup`` makes the same call)."""
+"""How each asv class turns its parameters into ``(variant, case)``."""
+UNGATED = frozenset({"AttentionAccuracy"})
+"""Classes whose metrics are read from a wrong result too: how wrong it is is what they report."""
 
 
 def _median_seconds(prepared: Prepared, timer: TimerConfig) -> float:
@@ -352,16 +535,25 @@ MEASURES: dict[str, Callable[[Prepared], float]] = {
     "peak_tensor_bytes": _peak_tensor_bytes,
     "gflops": lambda p: get_variant(p.variant).flops(p.spec).executed / _median_seconds(
         p, TimerConfig(min_runs=3, min_time=0.1, max_time=2.0)) / 1e9,
-    "flops": lambda p: float(get_variant(p.variant).flops(p.spec).executed),  # deterministic: the gate is strict on it
     "cuda_time": lambda p: _median_seconds(p, TimerConfig(min_runs=10, min_time=0.2, max_time=2.0)),
     "gbps": lambda p: p.spec.bytes_moved / _median_seconds(p, TimerConfig(min_runs=5, min_time=0.1, max_time=2.0)) / 1e9,
-    "max_error": lambda p: math.nan if p.checked is None else p.checked.max_error,
-    "error_ratio": lambda p: math.nan if p.checked is None else p.checked.error_ratio,
     "page_faults": _page_faults,
 }
-"""How asv measures a tracked metric on a prepared case, in the metric's unit. A metric of the table without
-an entry here is read from a full :func:`attnbench.measure.runner.measure` of the case (slower, but the
-same number ``attnbench run`` records)."""
+"""How asv measures a tracked metric on a prepared (built, warmed-up) case, in the metric's unit. A metric of the
+table without an entry here or in :data:`FROM_VERDICT` is read from a full :func:`attnbench.measure.runner.measure`
+of the case (slower, but the same number ``attnbench run`` records)."""
+ONCE: dict[str, Callable[[Prepared], float]] = {"peak_tensor_bytes": _peak_tensor_bytes}
+"""Measures that do not depend on the process they run in, taken once per case where the case is judged
+(:func:`grid_verdicts`) and read from its verdict. Peak tensor bytes are the sizes of the tensors one call allocates
+(the profiler's memory timeline, or the CUDA allocator's statistics), whatever ran before it in the process: in a
+process of its own each case paid the profiler's start (about 2 s on this project's 2-core machine) for one call.
+Page faults and times are not: they depend on the heap and the machine a process sees, so they stay in their own."""
+FROM_VERDICT: dict[str, Callable[[str, AttnSpec, Verdict], float]] = {
+    "flops": lambda v, spec, _: float(get_variant(v).flops(spec).executed),  # deterministic: the gate is strict on it
+    "max_error": lambda v, spec, found: math.nan if found.checked is None else found.checked.max_error,
+    "error_ratio": lambda v, spec, found: math.nan if found.checked is None else found.checked.error_ratio,
+}
+"""Metrics read from the case's :class:`Verdict` alone: their processes build no inputs and call nothing."""
 
 
 def _runner_value(metric: contract.Metric, prepared: Prepared) -> float:
@@ -378,9 +570,18 @@ def track(metric: str, owner: str, *params: object) -> float:
         NotImplementedError: n/a (see :func:`prepare`); WrongResult: a wrong result (gated classes).
     """
     row = contract.METRICS[metric]
-    prepared = PREPARED[owner](*params)
-    measure = MEASURES.get(metric)
-    value = measure(prepared) if measure is not None else _runner_value(row, prepared)
+    variant, spec = CASES[owner](*params)
+    found = verdict(variant, spec)
+    _raise_unless_runs(found, gated=owner not in UNGATED)
+    once = dict(found.values)
+    if metric in once:
+        value = once[metric]
+    elif metric in FROM_VERDICT:
+        value = FROM_VERDICT[metric](variant, spec, found)
+    else:
+        prepared = prepare_spec(variant, spec)
+        measure = MEASURES.get(metric)
+        value = measure(prepared) if measure is not None else _runner_value(row, prepared)
     return value / row.asv_factor
 
 
@@ -390,21 +591,48 @@ INSTRUCTION_SETUP_TIMEOUT = 3 * 3600
 
 
 def instruction_counts() -> dict:
-    """``setup_cache`` of the ``Instructions`` class: every CPU parameter set of the main grid, counted in ONE valgrind
-    process (:func:`attnbench.measure.instructions.count_instructions`), keyed by its parameters.
+    """``setup_cache`` of the ``Instructions`` class: the main grid's CPU cases within :data:`COUNT_BUDGET_S`, counted
+    in ONE valgrind process (:func:`attnbench.measure.instructions.count_instructions`), keyed by their parameters.
 
     asv runs it once per commit and environment and hands the (pickled) result to every ``setup`` and ``track_``
-    call, so no case starts a valgrind of its own. Without valgrind the cache says why (each case is then n/a).
+    call, so no case starts a valgrind of its own. The cases the budget leaves out (the dearest first) are n/a with
+    the reason, as are those the counter skips (unsupported, compiled, over its per-case budget). Prints its plan and
+    one line per counted case (case i of n, the seconds elapsed) to asv's log (``asv run -v``). Without valgrind the
+    cache says why (each case is then n/a).
     """
-    from attnbench.measure.instructions import CountConfig, count_instructions, missing_message, valgrind_version
+    from attnbench.measure.instructions import (
+        CountConfig,
+        count_instructions,
+        missing_message,
+        valgrind_version,
+        within_budget,
+    )
 
     if valgrind_version() is None:
         return {"missing": missing_message()}
     grid, names = params(table=INSTRUCTION_PARAMS)
     combos = [dict(zip(names, combo, strict=True)) for combo in itertools.product(*grid)]
-    cpu = [c for c in combos if c["device"] == "cpu"]
-    counts = count_instructions([(c["variant"], spec_for(**c)) for c in cpu], CountConfig(seed=GATE_CONFIG.seed))
-    return {tuple(c.values()): (count.status, count.instructions, count.reason, count.valgrind) for c, count in zip(cpu, counts, strict=True)}
+    cases = [(c["variant"], spec_for(**c)) for c in combos]
+    config = CountConfig(seed=GATE_CONFIG.seed)
+    left_out = within_budget(cases, COUNT_BUDGET_S, config)
+    todo = [i for i in range(len(cases)) if i not in left_out]
+    budget = ("no budget: every case" if COUNT_BUDGET_S is None
+              else f"{len(left_out)} beyond a budget of {COUNT_BUDGET_S:g} s predicted under valgrind")
+    print(f"attnbench: instruction counts: {len(todo)} of {len(cases)} CPU cases go to the counter ({budget}); one "
+          f"valgrind process, in which torch takes half a minute to three to start", flush=True)
+    start = time.perf_counter()
+
+    def progress(done: int, total: int, count) -> None:
+        print(f"attnbench: case {done} of {total}, {count.variant} {count.spec.label}: {count.status} "
+              f"({time.perf_counter() - start:.0f} s elapsed)", flush=True)
+
+    counts = dict(zip(todo, count_instructions([cases[i] for i in todo], config, progress=progress), strict=True))
+    out = {}
+    for i, c in enumerate(combos):
+        count = counts.get(i)
+        out[tuple(c.values())] = (("skipped", math.nan, left_out[i], "") if count is None
+                                  else (count.status, count.instructions, count.reason, count.valgrind))
+    return out
 
 
 def instruction_case(counts: dict, *params: object) -> float:
@@ -431,10 +659,14 @@ CACHED: dict[str, Callable[..., float]] = {"instructions": instruction_case}
 """Tracked metrics whose asv class measures every case at once in ``setup_cache``: metric -> (cache, *params) -> value."""
 
 
-def _track_method(metric: contract.Metric, owner: str, method: str, cached: bool = False) -> Callable[..., float]:
-    if cached:
+def _track_method(metric: contract.Metric, owner: str, method: str, cls: type) -> Callable[..., float]:
+    if metric.name in CACHED and hasattr(cls, "setup_cache"):  # measured for every case at once in setup_cache
         def track_metric(self: object, cache: object, *params: object) -> float:
             return CACHED[metric.name](cache, *params) / metric.asv_factor
+    elif hasattr(cls, "setup_cache"):  # the cache holds the grid's verdicts (grid_verdicts)
+        def track_metric(self: object, verdicts: dict, *params: object) -> float:
+            use(verdicts)
+            return track(metric.name, owner, *params)
     else:
         def track_metric(self: object, *params: object) -> float:
             return track(metric.name, owner, *params)
@@ -448,17 +680,31 @@ def tracked(cls: type) -> type:
     """Class decorator: add the ``track_`` methods :data:`contract.METRICS` assigns to this asv class.
 
     A metric row naming ``"AttentionMetrics.track_x"`` in its ``asv`` gets ``AttentionMetrics.track_x``,
-    with the row's unit, measured by :func:`track`; in a class with ``setup_cache`` (which measured every case
-    at once), read from the cache by :data:`CACHED`.
+    with the row's unit, measured by :func:`track`; in a class with ``setup_cache`` the cache comes first: the
+    grid's verdicts (:func:`grid_verdicts`, taken with :func:`use`), or for a metric of :data:`CACHED` the values
+    themselves (every case measured at once).
     """
     for metric in contract.METRICS.values():
         for benchmark in metric.tracked:
             owner, method = benchmark.split(".")
             if owner == cls.__name__:
-                setattr(cls, method, _track_method(metric, owner, method, cached=hasattr(cls, "setup_cache")))
+                setattr(cls, method, _track_method(metric, owner, method, cls))
     return cls
 
 
 def matmul_gflops() -> float:
     """This machine's fp32 matmul GFLOP/s (freshly measured): the roof for % of peak."""
     return measure_matmul_peak("cpu", "float32") / 1e9
+
+
+# asv's forkserver imports the suite once and forks a process per benchmark, parameter set and round. Python's cyclic
+# garbage collector, at its first full collection in such a child, walks every object the import made (torch's: about
+# a million) and so writes to every page they sit on: the child copies the parent's heap page by page. Unpickling
+# ``setup_cache``'s verdicts triggered that collection: 130-300 ms per process on this project's 2-core machine
+# (instead of about 15), over a thousand processes in a quick run of the default tier. Objects that exist once the
+# suite is imported live as long as the process: they are collected here once and frozen out of every later
+# collection (``gc.freeze``), in the server and in each child it forks. Only under asv (its runner imports the suite):
+# elsewhere the importing process's objects are its own business.
+if "asv_runner" in sys.modules:
+    gc.collect()
+    gc.freeze()

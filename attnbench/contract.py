@@ -10,14 +10,17 @@ one of them reading something else.
   field a run reads, the asv benchmarks that record it, whether it is fitted); ``UNITS``, ``LABELS``,
   ``FITTED`` and ``ASV_METRICS`` derive from it.
 * Workloads: ``WORKLOADS`` and ``SWEPT_LENGTH``, the spec field a workload's sweep varies.
-* The grids: :data:`GRIDS`, named profiles (``run``, ``run-decode``, ``asv``, ``asv-decode``,
-  ``asv-gqa``, ``ci``) of variants x lengths x modes x masks; ``BASE_SPEC`` (the fixed shape every asv
-  case shares) and the environment variables that narrow asv's grid (``ENV_*``).
+* The grids: :data:`GRIDS`, named profiles (``run``, ``run-decode``, ``asv`` (asv's default tier), ``asv-full``,
+  ``asv-decode``, ``asv-gqa``, ``ci``) of variants x lengths x modes x masks; ``BASE_SPEC`` (the fixed shape every
+  asv case shares) and the environment variables that select asv's tier (``ENV_GRID``: :func:`asv_tier`) and narrow
+  it (``ENV_*``).
 """
 
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -191,22 +194,38 @@ class Grid:
     masks: tuple[str, ...] = ("none",)
     devices: tuple[str, ...] | None = None  # None: the caller's (``attnbench run --device``; asv: cpu, and cuda if present)
     workload: str = "prefill"
+    count_budget_s: float | None = None  # asv's Instructions class: predicted valgrind seconds it may spend (None: all)
 
 
+ASV_COUNT_BUDGET_S = 100.0
+"""Predicted seconds under valgrind the default asv tier's ``Instructions`` class counts (cheapest cases first; the
+rest are n/a with the reason), after torch's start under valgrind (half a minute to three)."""
 GRIDS: dict[str, Grid] = {
     "run": Grid(lengths=(64, 128, 256, 512, 1024, 2048, 4096)),
     "run-decode": Grid(lengths=tuple(2**p for p in range(10, 18)), workload="decode"),
-    "asv": Grid(lengths=(64, 128, 256, 512, 1024, 2048, 4096, 8192), modes=("forward", "backward"),
-                masks=("none", "causal")),
+    "asv": Grid(lengths=(128, 256, 512, 1024),
+                variants=("loop", "vectorized", "batched", "torch_mha", "sdpa", "chunked", "linear_elu", "bilinear"),
+                modes=("forward", "backward"), masks=("none", "causal"), count_budget_s=ASV_COUNT_BUDGET_S),
+    "asv-full": Grid(lengths=(64, 128, 256, 512, 1024, 2048, 4096, 8192), modes=("forward", "backward"),
+                     masks=("none", "causal"), count_budget_s=1800.0),
     "asv-decode": Grid(lengths=(4096, 16384), variants=("sdpa", "batched"), workload="decode"),
     "asv-gqa": Grid(lengths=(1024,), variants=("sdpa", "batched")),
     "ci": Grid(lengths=(256, 512, 1024), variants=("batched", "chunked", "sdpa", "local", "linear_elu"), devices=("cpu",)),
 }
 """``run``: ``attnbench run``'s default sweep; ``run-decode``: its decode workload (1K..128K keys; the guard
-skips what does not fit). ``asv``: the asv suite's main grid (``Attention*`` classes); ``asv-decode``: its
-``Decode`` class (fused vs materialised scores over a long cache); ``asv-gqa``: its ``GroupedQuery`` class.
-``ci``: the regression gate's subset of ``asv`` (a few representative variants at short lengths: minutes on
-2 cores)."""
+skips what does not fit). ``asv``: the asv suite's default tier (``Attention*`` classes): the teaching progression
+(:data:`PROGRESSION`) and one representative of each other family (``chunked`` blockwise, ``linear_elu`` linear,
+``additive`` scoring; the compiled family recompiles per shape and stays opt-in) at L = 128..2048, both passes, no
+mask and causal, sized so that ``asv run --quick`` takes minutes on 2 cores. ``asv-full``: every default-sweep
+variant at L = 64..8192 (``ATTNBENCH_ASV_GRID=full``; an hour or more on 2 cores). ``asv-decode``: the ``Decode`` class (fused vs
+materialised scores over a long cache); ``asv-gqa``: the ``GroupedQuery`` class (both the same in either tier).
+``ci``: the regression gate's subset (a few representative variants at short lengths: minutes on 2 cores).
+
+``count_budget_s``: the ``Instructions`` class counts the grid's CPU cases cheapest first (predicted valgrind seconds,
+:func:`attnbench.measure.instructions.predicted_seconds`) while their sum stays within it; None counts every case
+(each within the counter's own per-case budget)."""
+ASV_TIERS: dict[str, str] = {"default": "asv", "full": "asv-full"}
+"""``ATTNBENCH_ASV_GRID`` value -> the grid of :data:`GRIDS` the asv suite's main classes run."""
 RUN_LENGTHS: dict[str, tuple[int, ...]] = {"prefill": GRIDS["run"].lengths, "decode": GRIDS["run-decode"].lengths}
 """``attnbench run``'s default lengths per workload."""
 BASE_SPEC = AttnSpec(batch=1, heads=8, head_dim=64, dtype="float32")
@@ -217,13 +236,17 @@ ASV_GQA_KV_HEADS = BASE_SPEC.heads // 4
 ASV_MAX_CALL_SECONDS = 1.0
 """Predicted seconds per call above which an asv case is n/a."""
 
-# environment variables that narrow the asv grid without editing code (comma-separated lists)
+# environment variables that select and narrow the asv grid without editing code (comma-separated lists)
+ENV_GRID = "ATTNBENCH_ASV_GRID"
+"""The asv tier: ``default`` (unset) or ``full`` (:data:`ASV_TIERS`); the variables below narrow either."""
 ENV_VARIANTS = "ATTNBENCH_ASV_VARIANTS"
 ENV_LENGTHS = "ATTNBENCH_ASV_LENGTHS"
 ENV_DEVICES = "ATTNBENCH_ASV_DEVICES"
 ENV_MODES = "ATTNBENCH_ASV_MODES"
 ENV_MASKS = "ATTNBENCH_ASV_MASKS"
 ENV_MAX_CALL_S = "ATTNBENCH_ASV_MAX_CALL_S"
+ENV_COUNT_BUDGET_S = "ATTNBENCH_ASV_COUNT_BUDGET_S"
+"""The ``Instructions`` class's budget (seconds, or ``none``), instead of the grid's ``count_budget_s``."""
 ENV_BATCH = "ATTNBENCH_ASV_BATCH"
 """For tests of the gate only: results taken with it are not labelled with it."""
 ENV_DECODE_LENGTHS = "ATTNBENCH_ASV_DECODE_LENGTHS"
@@ -234,14 +257,33 @@ share (the regression gate sets it)."""
 ENV_ENV_DIR = "ATTNBENCH_ASV_ENV_DIR"
 """Where the regression gate's asv keeps its environments (default: the checkout's ``.asv/env``): one directory
 shared by several clones, or restored from a CI cache, saves building asv's pinned virtualenv again."""
-GRID_ENV = (ENV_VARIANTS, ENV_LENGTHS, ENV_DEVICES, ENV_MODES, ENV_MASKS, ENV_MAX_CALL_S, ENV_BATCH, ENV_DECODE_LENGTHS)
+GRID_ENV = (ENV_GRID, ENV_VARIANTS, ENV_LENGTHS, ENV_DEVICES, ENV_MODES, ENV_MASKS, ENV_MAX_CALL_S, ENV_COUNT_BUDGET_S,
+            ENV_BATCH, ENV_DECODE_LENGTHS)
+
+
+def asv_tier(environ: Mapping[str, str] | None = None) -> tuple[str, Grid]:
+    """The asv tier ``ATTNBENCH_ASV_GRID`` selects: ``(name in GRIDS, grid)``; unset or empty: ``default``.
+
+    Raises:
+        ValueError: an unknown value (the message names the variable and the valid values).
+    """
+    raw = (os.environ if environ is None else environ).get(ENV_GRID, "").strip().lower() or "default"
+    if raw not in ASV_TIERS:
+        raise ValueError(f"{ENV_GRID} must be one of {', '.join(ASV_TIERS)} (unset: default), got {raw!r}")
+    return ASV_TIERS[raw], GRIDS[ASV_TIERS[raw]]
 
 
 def grid_environment(grid: Grid) -> dict[str, str]:
-    """The ``ENV_*`` variables that narrow asv's grid to ``grid`` (the regression gate's CI subset)."""
-    env = {ENV_LENGTHS: ",".join(map(str, grid.lengths)), ENV_MODES: ",".join(grid.modes), ENV_MASKS: ",".join(grid.masks)}
+    """The ``ENV_*`` variables that narrow asv's grid to ``grid`` (the regression gate's CI subset).
+
+    The count budget travels with it: a grid without one (``ci``) is counted whole under either tier.
+    """
+    env = {ENV_LENGTHS: ",".join(map(str, grid.lengths)), ENV_MODES: ",".join(grid.modes), ENV_MASKS: ",".join(grid.masks),
+           ENV_COUNT_BUDGET_S: "none" if grid.count_budget_s is None else f"{grid.count_budget_s:g}"}
     if grid.variants is not None:
         env[ENV_VARIANTS] = ",".join(grid.variants)
+    else:  # every default-sweep variant: the full tier's list (the default tier names its own)
+        env[ENV_GRID] = "full"
     if grid.devices is not None:
         env[ENV_DEVICES] = ",".join(grid.devices)
     return env

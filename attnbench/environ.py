@@ -112,9 +112,34 @@ def read_number(name: str, default: float, environ: Mapping[str, str] | None = N
         raise _error(name, raw, expected) from None
 
 
+def read_budget(name: str, default: float | None, environ: Mapping[str, str] | None = None) -> float | None:
+    """A budget in seconds, or ``none`` (no budget: None), else ``default`` when unset or empty.
+
+    Raises:
+        EnvironmentVariableError: neither ``none`` nor a finite number > 0.
+    """
+    raw = (os.environ if environ is None else environ).get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw == "none":
+        return None
+    try:
+        return _positive_float(raw)
+    except ValueError:
+        raise EnvironmentVariableError(f"{name}={raw!r}: expected a number of seconds > 0, or none") from None
+
+
 def problems(environ: Mapping[str, str] | None = None) -> list[str]:
     """What is wrong with the ``ATTNBENCH_*`` variables of ``environ`` (default: this process's), one line each."""
     out = []
+    try:
+        contract.asv_tier(environ)
+    except ValueError as exc:
+        out.append(str(exc))
+    try:
+        read_budget(contract.ENV_COUNT_BUDGET_S, None, environ)
+    except EnvironmentVariableError as exc:
+        out.append(str(exc))
     for name in LISTS:
         try:
             read_list(name, [], environ)

@@ -26,7 +26,6 @@ import os
 import shutil
 import socket
 import sys
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -143,26 +142,14 @@ def counted_cases(cases: Sequence[tuple[str, AttnSpec]], every: bool = False,
     ``budget_s``: every counted variant gets its short lengths, the long ones as the budget allows.
     """
     from attnbench.contract import DETERMINISTIC_POINTS, PROGRESSION, REPRESENTATIVES
-    from attnbench.measure.instructions import CountConfig, peak_for, predicted_seconds
+    from attnbench.measure.instructions import countable, within_budget
 
     cpu = [(n, s) for n, s in cases if s.device_type == "cpu"]
     if every:
         return cpu
-    wanted = set(PROGRESSION) | set(REPRESENTATIVES.values())
-    config, peak = CountConfig(), peak_for(CountConfig())
-    priced = sorted(((predicted_seconds(n, s, config, peak), i) for i, (n, s) in enumerate(cpu)
-                     if n in wanted and not get_variant(n).not_supported_reasons(s)))
-    chosen, spent, per_variant = set(), 0.0, Counter()
-    for seconds, i in priced:  # first the points a fit needs, for every counted variant
-        if per_variant[cpu[i][0]] < DETERMINISTIC_POINTS and seconds <= budget_s / 4:
-            chosen.add(i)
-            spent += seconds
-            per_variant[cpu[i][0]] += 1
-    for seconds, i in priced:  # then longer lengths, cheapest first, while the budget lasts
-        if i not in chosen and spent + seconds <= budget_s:
-            chosen.add(i)
-            spent += seconds
-    return [case for i, case in enumerate(cpu) if i in chosen]
+    wanted = [(n, s) for n, s in cpu if n in set(PROGRESSION) | set(REPRESENTATIVES.values())]
+    left_out = within_budget(wanted, budget_s, first_per_variant=DETERMINISTIC_POINTS)
+    return [wanted[i] for i in countable(wanted) if i not in left_out]
 
 
 def to_frame(measurements: Sequence[Measurement]) -> pd.DataFrame:

@@ -1,59 +1,69 @@
 """asv benchmarks: attention time and memory vs sequence length and mask (thin; logic in attnbench.asv_bench).
 
-Parameters come from ``attnbench.asv_bench.PARAMS``; impossible cases raise NotImplementedError in
-``setup`` and show as n/a. Each ``@ab.tracked`` class receives the ``track_`` methods the metric table
-(``attnbench.contract.METRICS``) assigns to it, with their units.
+Parameters come from ``attnbench.asv_bench.PARAMS`` (the tier ``ATTNBENCH_ASV_GRID`` selects); impossible cases
+raise NotImplementedError in ``setup`` and show as n/a. Each ``@ab.tracked`` class receives the ``track_``
+methods the metric table (``attnbench.contract.METRICS``) assigns to it, with their units.
+
+The main grid's classes inherit one ``setup_cache`` (asv keys it by its function: it runs once for all of them):
+every case through the correctness gate once, its verdicts handed to every benchmark process as the first argument.
 """
 
 from attnbench import asv_bench as ab
 
 
-class Attention:
+class _MainGrid:
+    """The main grid's parameters and its shared ``setup_cache`` (not a benchmark: it has no benchmark methods)."""
+
+    params, param_names = ab.params()
+    timeout = 180
+
+    def setup_cache(self):
+        return ab.grid_verdicts()
+
+    setup_cache.timeout = ab.GRID_SETUP_TIMEOUT
+
+
+class Attention(_MainGrid):
     """Wall time (asv's timer) and process peak RSS per variant x length x device x pass x mask."""
 
-    params, param_names = ab.params()
     repeat = (3, 10, 4.0)
-    timeout = 180
     timer = ab.TIMER  # the wall clock, with the run-queue wait beside it (the gate's sign of a neighbour)
 
-    def setup(self, *p):
+    def setup(self, verdicts, *p):
+        ab.use(verdicts)
         self.call, _ = ab.timed_case(*p)
 
-    def teardown(self, *p):
+    def teardown(self, verdicts, *p):
         ab.timed_teardown()
 
-    def time_attention(self, *p):
+    def time_attention(self, verdicts, *p):
         self.call()
 
-    def peakmem_attention(self, *p):
+    def peakmem_attention(self, verdicts, *p):
         self.call()
 
 
 @ab.tracked
-class AttentionMetrics:
+class AttentionMetrics(_MainGrid):
     """Peak tensor bytes (profiler / CUDA allocator), achieved GFLOP/s, FLOPs and page faults per call."""
 
-    params, param_names = ab.params()
-    timeout = 180
-
-    def setup(self, *p):
-        ab.case(*p)
+    def setup(self, verdicts, *p):
+        ab.use(verdicts)
+        ab.check(*p)
 
 
 @ab.tracked
-class AttentionAccuracy:
+class AttentionAccuracy(_MainGrid):
     """The correctness gate on the timed closure's result: max error and error / tolerance (> 1: wrong)."""
 
-    params, param_names = ab.params()
-    timeout = 180
-
-    def setup(self, *p):
+    def setup(self, verdicts, *p):
+        ab.use(verdicts)
         ab.setup_accuracy(*p)
 
 
 @ab.tracked
 class Instructions:
-    """Instructions per call under valgrind on the CI grid, every parameter set counted in one valgrind process."""
+    """Instructions per call under valgrind: the main grid's CPU cases within its counting budget, in one process."""
 
     params, param_names = ab.params(table=ab.INSTRUCTION_PARAMS)
     rounds = 1  # counts are deterministic: one round
@@ -71,16 +81,14 @@ class Instructions:
 if ab.CUDA:
 
     @ab.tracked
-    class AttentionCuda:
+    class AttentionCuda(_MainGrid):
         """CUDA-event time per call: kernel time without host-side timer noise."""
 
-        params, param_names = ab.params()
-        timeout = 180
-
-        def setup(self, variant, seq_len, device, mode, mask):
+        def setup(self, verdicts, variant, seq_len, device, mode, mask):
             if device != "cuda":
                 raise NotImplementedError("CUDA-event time is measured on cuda only")
-            ab.case(variant, seq_len, device, mode, mask)
+            ab.use(verdicts)
+            ab.check(variant, seq_len, device, mode, mask)
 
 
 @ab.tracked
@@ -91,10 +99,16 @@ class Decode:
     repeat = (3, 10, 4.0)
     timeout = 180
 
-    def setup(self, *p):
+    def setup_cache(self):
+        return ab.decode_verdicts()
+
+    setup_cache.timeout = ab.GRID_SETUP_TIMEOUT
+
+    def setup(self, verdicts, *p):
+        ab.use(verdicts)
         self.call, _ = ab.decode_case(*p)
 
-    def time_decode(self, *p):
+    def time_decode(self, verdicts, *p):
         self.call()
 
 
@@ -106,10 +120,16 @@ class GroupedQuery:
     repeat = (3, 10, 4.0)
     timeout = 180
 
-    def setup(self, *p):
+    def setup_cache(self):
+        return ab.gqa_verdicts()
+
+    setup_cache.timeout = ab.GRID_SETUP_TIMEOUT
+
+    def setup(self, verdicts, *p):
+        ab.use(verdicts)
         self.call, _ = ab.gqa_case(*p)
 
-    def time_gqa(self, *p):
+    def time_gqa(self, verdicts, *p):
         self.call()
 
 

@@ -69,3 +69,82 @@ def test_the_grid_follows_its_environment_variables():
     code = "from attnbench import asv_bench as a; print(a.LENGTHS, a.MODES)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, check=True)
     assert out.stdout.strip() == "[64, 128] ['forward']"
+
+
+# ---- asv's tiers: one place (contract.GRIDS), selected by ATTNBENCH_ASV_GRID, narrowed by the other variables ------
+def _suite_grid(env: dict[str, str], expr: str = "a.PARAMS") -> str:
+    """What a fresh process importing the suite's logic reports, with only ``env``'s asv variables set."""
+    import os
+    import subprocess
+    import sys
+
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ATTNBENCH_")}
+    code = f"from attnbench import asv_bench as a; print({expr})"
+    out = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.strip()
+
+
+def _params(grid: contract.Grid, variants: list[str] | None = None) -> dict:
+    return {"variant": list(grid.variants) if variants is None else variants, "seq_len": list(grid.lengths),
+            "device": ["cpu"], "mode": list(grid.modes), "mask": list(grid.masks)}
+
+
+def test_the_default_tier_is_the_asv_grid_and_full_is_the_whole_grid():
+    """Unset (or ``default``): ``GRIDS["asv"]``, the teaching progression and a representative per family; ``full``:
+    ``GRIDS["asv-full"]`` (every default-sweep variant, L = 64..8192). Planted: the suite reading ``GRIDS["asv-full"]``
+    whatever the variable says (the grid before this change) fails the first assertion."""
+    from attnbench.registry import default_variants, get_variant
+
+    default = contract.GRIDS[contract.ASV_TIERS["default"]]
+    assert set(contract.PROGRESSION) <= set(default.variants)
+    assert {contract.family(v) for v in default.variants} == set(contract.FAMILIES) - {"compiled"}
+    assert _suite_grid({contract.ENV_DEVICES: "cpu"}) == str(_params(default))
+    assert _suite_grid({contract.ENV_GRID: "default", contract.ENV_DEVICES: "cpu"}) == str(_params(default))
+    full = contract.GRIDS[contract.ASV_TIERS["full"]]
+    on_cpu = [n for n in default_variants() if not get_variant(n).not_supported_reasons(contract.BASE_SPEC)]
+    assert _suite_grid({contract.ENV_GRID: "full", contract.ENV_DEVICES: "cpu"}) == str(_params(full, on_cpu))
+    assert full.lengths == (64, 128, 256, 512, 1024, 2048, 4096, 8192) and full.modes == ("forward", "backward")
+
+
+def test_the_variables_narrow_either_tier():
+    narrowed = {contract.ENV_VARIANTS: "batched", contract.ENV_LENGTHS: "64", contract.ENV_DEVICES: "cpu"}
+    for tier, grid in contract.ASV_TIERS.items():
+        got = _suite_grid({contract.ENV_GRID: tier, **narrowed})
+        assert got == str({**_params(contract.GRIDS[grid], ["batched"]), "seq_len": [64]}), tier
+
+
+def test_an_unknown_tier_fails_naming_the_variable_and_the_values():
+    import os
+    import subprocess
+    import sys
+
+    with pytest.raises(ValueError, match=r"ATTNBENCH_ASV_GRID must be one of default, full \(unset: default\), got 'fast'"):
+        contract.asv_tier({contract.ENV_GRID: "fast"})
+    assert contract.asv_tier({contract.ENV_GRID: " Full "}) == ("asv-full", contract.GRIDS["asv-full"])
+    env = {**os.environ, contract.ENV_GRID: "fast"}
+    out = subprocess.run([sys.executable, "-c", "import attnbench.asv_bench"], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode != 0 and "ATTNBENCH_ASV_GRID must be one of default, full" in out.stderr
+
+
+def test_the_ci_grid_is_unchanged_and_counted_whole():
+    """The regression gate's grid stays what it was, and its Instructions run counts every case of it under either
+    tier (the default tier's counting budget would leave L=1024 out): its variables carry ``none``."""
+    assert contract.GRIDS["ci"] == contract.Grid(lengths=(256, 512, 1024),
+                                                 variants=("batched", "chunked", "sdpa", "local", "linear_elu"),
+                                                 devices=("cpu",))
+    ci = contract.grid_environment(contract.GRIDS["ci"])
+    assert ci[contract.ENV_COUNT_BUDGET_S] == "none" and contract.ENV_GRID not in ci
+    got = _suite_grid(ci, "(a.INSTRUCTION_PARAMS, a.COUNT_BUDGET_S)")
+    assert got == str((_params(contract.GRIDS["ci"]), None))
+
+
+def test_a_named_grid_travels_as_variables():
+    """``attnbench shard --grid NAME`` and the gate hand a grid to asv as variables: each tier comes back whole."""
+    for name in contract.ASV_TIERS.values():
+        grid = contract.GRIDS[name]
+        env = {**contract.grid_environment(grid), contract.ENV_DEVICES: "cpu"}
+        assert _suite_grid(env, "(a.PARAMS, a.COUNT_BUDGET_S)") == _suite_grid(
+            {contract.ENV_GRID: "full" if name == "asv-full" else "default", contract.ENV_DEVICES: "cpu"},
+            "(a.PARAMS, a.COUNT_BUDGET_S)"), name

@@ -157,3 +157,38 @@ def _complexity_of(name: str) -> tuple[str, str]:
 
     row = get_variant(name).describe()
     return row["time"], row["memory"]
+
+
+def _asv_section() -> str:
+    return (ROOT / "README.md").read_text().split("## airspeed velocity", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_asv_tiers_the_readme_states_are_the_contracts():
+    """The README's table of asv tiers is ``contract.GRIDS``, tier by tier (variants, lengths, passes, masks, counting
+    budget), and names every tier ``ATTNBENCH_ASV_GRID`` accepts. Planted: the default tier's lengths changed in the
+    contract and not in the README (and the README still stating L = 64 to 8192 for the suite) both fail here."""
+    import itertools
+
+    from attnbench import contract
+
+    rows = [line for line in _asv_section().splitlines() if line.startswith("| ") and "---" not in line]
+    header, *rows = [[c.strip() for c in line.strip("|").split("|")] for line in rows]
+    assert header[:3] == ["tier", "`ATTNBENCH_ASV_GRID`", "grid"], header
+    assert {row[0] for row in rows} == set(contract.ASV_TIERS)
+    for tier, value, grid_name, variants, lengths, passes, masks, counts in rows:
+        grid = contract.GRIDS[contract.ASV_TIERS[tier]]
+        assert grid_name == f"`{contract.ASV_TIERS[tier]}`" and f"`{tier}`" in value, tier
+        if grid.variants is None:
+            assert "every default-sweep variant" in variants, tier
+        else:
+            assert re.findall(r"`(\w+)`", variants) == list(grid.variants), tier
+        assert [int(n) for n in lengths.split(",")] == list(grid.lengths), tier
+        assert [p.strip() for p in passes.split(",")] == list(grid.modes), tier
+        assert re.findall(r"`(\w+)`", masks) == list(grid.masks), tier
+        budget = re.search(r"within ([\d,]+) s predicted", counts)
+        assert (budget is None) == (grid.count_budget_s is None), tier
+        assert budget is None or float(budget.group(1).replace(",", "")) == grid.count_budget_s, tier
+    default = contract.GRIDS[contract.ASV_TIERS["default"]]
+    size = len(list(itertools.product(default.variants, default.lengths, default.modes, default.masks)))
+    assert f"{size} cases" in _asv_section()
+    assert "64 to 8192" not in _asv_section()  # the suite's grid before the tiers

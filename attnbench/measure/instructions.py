@@ -183,6 +183,41 @@ def _plan(cases: Sequence[tuple[str, AttnSpec]], config: CountConfig, version: s
     return todo, decided
 
 
+def countable(cases: Sequence[tuple[str, AttnSpec]], config: CountConfig | None = None) -> list[int]:
+    """The indices of the cases valgrind would run: on the CPU, supported, not compiled, within ``config.budget_s``."""
+    return _plan(cases, config or CountConfig(), "")[0]
+
+
+def within_budget(cases: Sequence[tuple[str, AttnSpec]], budget_s: float | None,
+                  config: CountConfig | None = None, first_per_variant: int = 0) -> dict[int, str]:
+    """The cases a total budget leaves out: index -> the reason (the rest are counted, or skipped for reasons of their own).
+
+    The cases valgrind would run (on the CPU, supported, within the per-case ``config.budget_s``) are taken cheapest
+    first by :func:`predicted_seconds` while their sum stays within ``budget_s`` seconds (the process's start not
+    included); None leaves none out. With ``first_per_variant``, each variant's cheapest that many cases come first
+    (each within a quarter of the budget), so every variant gets the lengths a fit needs before any gets long ones.
+    """
+    config = config or CountConfig()
+    if budget_s is None:
+        return {}
+    todo, _ = _plan(cases, config, "")
+    peak = peak_for(config)
+    cost = {i: predicted_seconds(*cases[i], config, peak) for i in todo}
+    order = sorted(todo, key=lambda i: (cost[i], i))
+    chosen, spent, taken = set(), 0.0, dict.fromkeys((cases[i][0] for i in todo), 0)
+    for i in order:
+        if taken[cases[i][0]] < first_per_variant and cost[i] <= budget_s / 4:
+            chosen.add(i)
+            spent += cost[i]
+            taken[cases[i][0]] += 1
+    for i in order:
+        if i not in chosen and spent + cost[i] <= budget_s:
+            chosen.add(i)
+            spent += cost[i]
+    return {i: (f"predicted {cost[i]:,.0f} s under valgrind: beyond the counting budget of {budget_s:g} s "
+                f"(cases are counted cheapest first)") for i in order if i not in chosen}
+
+
 def count_instructions(
     cases: Sequence[tuple[str, AttnSpec]],
     config: CountConfig | None = None,
