@@ -240,6 +240,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         DECODE_LENGTHS,
         RunDirectory,
         RunDirError,
+        device_only_defaults,
         empty_grid_reason,
         grid,
         new_run_dir,
@@ -269,6 +270,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _usage(str(exc))
     if not cases:
         return _usage(f"nothing to run: {empty_grid_reason(args.variants, args.lengths, not args.no_limit)}")
+    if not args.variants and (elsewhere := device_only_defaults([args.device])):
+        print(f"note: not planned on {args.device}: {', '.join(elsewhere)} (they need another device)", file=sys.stderr)
     from attnbench.measure.instructions import missing_message, valgrind_version
 
     if args.instructions and valgrind_version() is None:

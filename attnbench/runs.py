@@ -59,6 +59,22 @@ def _repeated(values: Sequence) -> str:
     return ", ".join(str(v) for v in dict.fromkeys(v for v in values if list(values).count(v) > 1))
 
 
+def runnable_defaults(devices: Sequence[str]) -> list[str]:
+    """The default sweep's variants that run on one of ``devices`` at all (CUDA-only kernels drop out on a CPU)."""
+    kinds = {torch_device_type(d) for d in devices}
+    return [n for n in default_variants() if kinds & set(get_variant(n).SUPPORTED_DEVICES)]
+
+
+def device_only_defaults(devices: Sequence[str]) -> list[str]:
+    """The default sweep's variants left out because they run on none of ``devices`` (said once by ``run``)."""
+    runnable = set(runnable_defaults(devices))
+    return [n for n in default_variants() if n not in runnable]
+
+
+def torch_device_type(device: str) -> str:
+    return device.split(":", 1)[0]
+
+
 def grid(
     variants: Sequence[str] | None = None,
     lengths: Sequence[int] = DEFAULT_LENGTHS,
@@ -77,8 +93,8 @@ def grid(
 ) -> list[tuple[str, AttnSpec]]:
     """Cases for every variant x head dim x batch x kv heads x device x dtype x mode x mask x length.
 
-    ``variants=None`` means every registered variant in the default sweep (compiled variants, which
-    recompile per shape, are opt-in by name).
+    ``variants=None`` means every registered variant in the default sweep that runs on one of the devices
+    (compiled variants, which recompile per shape, are opt-in by name; CUDA-only kernels are left out on a CPU).
 
     ``limit_slow`` keeps interpreter-bound variants (``loop``) to the lengths they can finish in
     seconds; pass False to sweep them everywhere (the time guard still applies).
@@ -102,7 +118,7 @@ def grid(
         if values and (repeated := _repeated(values)):
             raise ValueError(f"{name}: {repeated} given more than once (each case is measured once)")
     base = base or AttnSpec()
-    names = list(variants) if variants else default_variants()
+    names = list(variants) if variants else runnable_defaults(devices or [base.device])
     shapes = [base.replace(head_dim=d, batch=b, kv_heads=h)
               for d in head_dims or [base.head_dim] for b in batches or [base.batch]
               for h in kv_heads or [base.kv_heads]]

@@ -674,3 +674,28 @@ def test_line_end_labels_never_overlap(tmp_path, variants):
         for fig in (plots.scaling(analysis.main, "time"), plots.scaling(analysis.main, "peak_tensor_bytes"),
                     plots.progression(analysis.main, analysis.main_fits)):
             assert fig is None or _overlapping_texts(fig) == []
+
+
+def test_rows_of_another_shape_are_never_pooled_into_a_finding(tmp_path):
+    """The asv report said "sdpa (61.2 ms)": the median of Hkv=8 (61.5 ms) and a GQA case (60.8 ms). Planted: the GQA
+    cases are 10x faster; the findings read the plain cases only, and the subtitle names what varies."""
+    from attnbench.analysis.summary import analyse, load_results
+    from attnbench.measure import MeasureConfig
+    from attnbench.measure.record import Measurement
+    from attnbench.runs import write_run
+    from attnbench.spec import AttnSpec
+
+    rows = []
+    for variant, base in (("sdpa", 1e-9), ("batched", 3e-9), ("chunked", 2e-9)):
+        for hkv in (8, 2):
+            for n in (128, 256, 512, 1024):
+                t = base * n * n * (1 if hkv == 8 else 0.1)
+                rows.append(Measurement(variant=variant, spec=AttnSpec(seq_len=n, kv_heads=hkv), status="ok",
+                                        samples=(t, t, t), runs=3, timing_method="wall"))
+    run = write_run(tmp_path / "run", rows, MeasureConfig(), seconds=1.0, command=["t"])
+    analysis = analyse(load_results([run]))
+    assert analysis.primary["kv_heads"] == "8"
+    (fastest,) = [f.text for f in analysis.findings if "the fastest of" in f.text]
+    assert "`sdpa` (1.05 ms)" in fastest and "takes 3x as long" in fastest, fastest
+    page = build_report([run], tmp_path / "out").read_text()
+    assert "Varying between cases: Hkv (never pooled)" in page

@@ -26,7 +26,9 @@ from attnbench.registry import get_variant, variant_names
 from attnbench.spec import AttnSpec
 
 SHORT_HASH = 8  # characters of a commit hash shown on the page (asv's own convention)
-SLICE = ("machine", "commit", "device", "mode", "dtype", "mask")
+SHAPE = ("batch", "heads", "kv_heads", "head_dim")
+"""A case's shape beside its length: rows that differ in any of them are different cases, never pooled."""
+SLICE = ("machine", "commit", "device", "mode", "dtype", "mask", *SHAPE)
 """The columns that pick the primary slice (beside its side)."""
 
 
@@ -237,19 +239,31 @@ def primary_slice(frame: pd.DataFrame) -> dict[str, str]:
     first = side.loc[time_rows.index].iloc[0]
     rows = time_rows[side.loc[time_rows.index] == first]
     pick = {"side": str(first)}
-    for col, prefer in (("machine", None), ("commit", None), ("device", None), ("mode", "forward"), ("dtype", None), ("mask", "none")):
-        values = rows[col].astype(str)
-        choice = prefer if prefer in set(values) else values.value_counts().index[0]
+    prefer = {"mode": "forward", "mask": "none"}
+    for col in SLICE:
+        if col not in rows:
+            continue
+        values = as_text(rows[col])
+        wanted = pick.get("heads") if col == "kv_heads" else prefer.get(col)  # plain attention before grouped queries
+        choice = wanted if wanted in set(values) else values.value_counts().index[0]
         pick[col] = choice
         rows = rows[values == choice]
     return pick
+
+
+def as_text(values: pd.Series) -> pd.Series:
+    """A column as the text it is compared by: whole numbers without a decimal point (8 and 8.0 are one shape)."""
+    numbers = pd.to_numeric(values, errors="coerce")
+    whole = numbers.notna() & (numbers == numbers.round())
+    return values.astype(str).where(~whole, numbers.round().astype("Int64").astype(str))
 
 
 def restrict(table: pd.DataFrame, primary: dict[str, str], columns: Sequence[str] = SLICE) -> pd.DataFrame:
     """The rows of ``table`` (frame rows, fits or crossovers) whose ``columns`` hold the primary slice's values."""
     keep = pd.Series(True, index=table.index)
     for col in columns:
-        keep &= table[col].astype(str) == primary[col]
+        if col in primary and col in table:
+            keep &= as_text(table[col]) == primary[col]
     return table[keep]
 
 
@@ -325,7 +339,7 @@ def _evidence(frame: pd.DataFrame, fits: pd.DataFrame, primary: dict[str, str], 
     commit = decode_commit(frame, primary)
     pfits = fits
     if len(fits):
-        pfits = restrict(pair_decode(fits, primary, commit), primary, ("device", "mode", "dtype", "mask"))
+        pfits = restrict(pair_decode(fits, primary, commit), primary, ("device", "mode", "dtype", "mask", *SHAPE))
     decode = pfits["workload"] == "decode" if "workload" in pfits else pd.Series(False, index=pfits.index)
     return _Evidence(frame=frame, machine=pair_decode(frame, primary, commit), ok_time=ok[ok["metric"] == "time"],
                      ok_mem=ok[ok["metric"] == "peak_tensor_bytes"], prefill_fits=pfits[~decode],
@@ -542,7 +556,8 @@ def findings(frame: pd.DataFrame, fits: pd.DataFrame, primary: dict[str, str],
 def _constants(frame: pd.DataFrame) -> dict[str, str]:
     """Values shared by every case (lifted into the page's subtitle)."""
     constants = {}
-    for col in ("device", "mode", "dtype", "batch", "heads", "head_dim", "mask", "machine", "torch", "threads"):
+    for col in ("device", "mode", "dtype", "batch", "heads", "kv_heads", "head_dim", "mask", "workload", "machine", "torch",
+                "threads"):
         values = {str(v) for v in frame[col].dropna().unique() if str(v) not in ("", "nan")}
         if len(values) == 1:
             constants[col] = values.pop()

@@ -241,15 +241,20 @@ def _subtitle(analysis: Analysis) -> str:
     if frame.empty:
         return ""
     shape = [f"{c[k]}" for k in ("device", "dtype", "mode") if k in c]
-    if all(k in c for k in ("batch", "heads", "head_dim")):
-        shape.append(f"B={c['batch']} H={c['heads']} D={c['head_dim']}")
+    letters = {"batch": "B", "heads": "H", "kv_heads": "Hkv", "head_dim": "D"}
+    shared = [f"{letter}={c[k]}" for k, letter in letters.items() if k in c and not (k == "kv_heads" and c[k] == c.get("heads"))]
+    shape += [" ".join(shared)] if shared else []
     if "mask" in c:
         shape.append(f"mask {c['mask']}")
+    varying = [letter for k, letter in letters.items() if k not in c and k in frame and frame[k].notna().any()]
+    varying += [k for k in ("device", "dtype", "mode", "mask", "workload") if k not in c and k in frame]
     time_rows = frame[frame["metric"] == "time"]
     counts = ", ".join(f"{v} {k}" for k, v in time_rows["status"].value_counts().items())
     line = ", ".join(_subtitle_bits(frame, c)) + "."
     if shape:
         line += f" Every case: {html.escape(', '.join(shape))}."
+    if varying:
+        line += f" Varying between cases: {html.escape(', '.join(varying))} (never pooled)."
     line += f" {len(time_rows)} cases ({html.escape(counts)})."
     return f'<p class="sub">{line}</p>'
 
