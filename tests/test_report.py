@@ -699,3 +699,39 @@ def test_rows_of_another_shape_are_never_pooled_into_a_finding(tmp_path):
     assert "`sdpa` (1.05 ms)" in fastest and "takes 3x as long" in fastest, fastest
     page = build_report([run], tmp_path / "out").read_text()
     assert "Varying between cases: Hkv (never pooled)" in page
+
+
+@pytest.mark.parametrize("runs", [("prefill",), ("prefill", "decode"), ("prefill", "prefill_b")])
+def test_every_count_of_fits_on_a_page_comes_from_one_tally(tmp_path, runs):
+    """The roofline report's finding said "No complexity fit is conclusive" beside a finding quoting a conclusive fit and
+    a section counting 3 conclusive: the finding and the exponents section now read the same tally."""
+    import html as html_lib
+
+    fixtures = Path(__file__).parent / "fixtures" / "runs"
+    page = build_report([fixtures / r for r in runs], tmp_path / "out").read_text()
+    section = re.search(r'<h2>Fitted exponents[^<]*</h2><p class="\w+">(\d+) of (\d+) conclusive fits match[^<]*?'
+                        r'(?:; (\d+) inconclusive\.|none inconclusive\.)', page)
+    finding = re.search(r"(\d+) of (\d+) conclusive complexity fits match the declared big-O[^;]*; (\d+) are inconclusive",
+                        html_lib.unescape(page))
+    assert section and finding, "the tally is missing from the section or the findings"
+    assert finding.groups() == (section.group(1), section.group(2), section.group(3) or "0")
+    assert "No complexity fit is conclusive" not in page
+
+
+def test_a_match_whose_interval_excludes_the_declared_exponent_says_so():
+    """block_sparse time 1.24 [1.05, 1.43] was called "matches" O(L) without a word: it matches only within the tolerance."""
+    import pandas as pd
+
+    from attnbench.analysis import complexity
+    from attnbench.analysis.summary import exponent_summary
+
+    fit = {"source": "run", "machine": "m", "commit": "", "device": "cpu", "mode": "forward", "dtype": "float32",
+           "mask": "none", "workload": "prefill", "batch": 1, "heads": 8, "kv_heads": 8, "head_dim": 64,
+           "variant": "block_sparse", "metric": "time", "method": "wall", "exponent": 1.24, "ci_low": 1.05,
+           "ci_high": 1.43, "conclusive": True, "note": "", "declared": 1.0}
+    fits = pd.DataFrame([{**fit, "verdict": complexity.verdict(fit, 1.0)}])
+    assert fits["verdict"].iloc[0] == "matches"
+    tone, text = complexity.headline(fits)
+    assert "within the 0.25 tolerance only (the interval excludes the declared exponent): block_sparse time" in text
+    row = exponent_summary(fits).iloc[0]
+    assert "time steeper than declared by less than 0.25 (matches; its interval excludes 1)" in row["verdict vs declared"]

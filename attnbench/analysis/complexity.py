@@ -289,6 +289,12 @@ def verdict(fit: dict, declared: float) -> str:
     return "matches"
 
 
+def excludes_declared(fit: dict) -> bool:
+    """A conclusive fit whose interval leaves out the declared exponent (a "matches" within TOLERANCE says so)."""
+    declared = fit.get("declared", math.nan)
+    return bool(fit.get("conclusive")) and not math.isnan(declared) and not fit["ci_low"] <= declared <= fit["ci_high"]
+
+
 def declared_exponent(variant: str, metric: str, workload: str = "prefill") -> float:
     """The exponent a registered variant declares for ``metric`` along its workload's swept length (NaN: none).
 
@@ -367,35 +373,63 @@ def _split_columns(split: CostSplit | None) -> dict[str, float]:
     return {"crossover_L": split.crossover, "l2_share": split.share[-1], "split_residual": split.max_residual}
 
 
-def headline(fits: pd.DataFrame) -> tuple[str, str]:
-    """One sentence about the fits and its tone: ``("good" | "bad" | "neutral", text)``.
+@dataclass(frozen=True)
+class Tally:
+    """The fits with a declared exponent, counted once: every sentence about them on a page reads this."""
 
-    Counts conclusive fits that match, names the steeper ones (tone "bad") and the inconclusive
-    ones with why; never claims anything when nothing was fitted.
-    """
+    judged: int  # fits with a verdict
+    conclusive: int  # of them, conclusive
+    matches: int  # of the conclusive ones, matching the declared exponent
+    near: tuple[str, ...]  # matching only within TOLERANCE: the interval excludes the declared exponent (named)
+    steeper: tuple[str, ...]  # named: "variant metric (where)"
+    shallower: tuple[str, ...]
+    inconclusive: tuple[str, ...]  # named, with why
+
+    @property
+    def tone(self) -> str:
+        if self.steeper:
+            return "bad"
+        return "good" if self.conclusive and self.matches + len(self.shallower) == self.conclusive else "neutral"
+
+
+def tally(fits: pd.DataFrame) -> Tally:
+    """Count and name the verdicts of ``fits`` (rows without a declared exponent are not judged)."""
     judged = fits[fits["verdict"].isin(VERDICTS)] if len(fits) else fits
-    if judged.empty:
-        return "neutral", "No fitted exponents: nothing measured at enough lengths to compare with a declared complexity."
-    several = {c: judged[c].nunique() > 1 for c in ("source", "machine", "device", "mode", "dtype", "mask", "workload") if c in judged}
+    several = {c: judged[c].nunique() > 1 for c in ("source", "machine", "device", "mode", "dtype", "mask", "workload")
+               if c in judged}
 
     def name(rec: dict) -> str:
         where = [str(rec[c]) for c, many in several.items() if many]
         label = "memory" if rec["metric"] == "peak_tensor_bytes" else rec["metric"]
         return f"{rec['variant']} {label}" + (f" ({', '.join(where)})" if where else "")
 
-    conclusive = judged[judged["verdict"] != "inconclusive"]
-    steeper = [name(r) for r in conclusive[conclusive["verdict"] == "steeper"].to_dict("records")]
-    shallower = [name(r) for r in conclusive[conclusive["verdict"] == "shallower"].to_dict("records")]
-    inconclusive = [f"{name(r)} ({r['note']})" for r in judged[judged["verdict"] == "inconclusive"].to_dict("records")]
-    matches = int((conclusive["verdict"] == "matches").sum())
-    parts = [f"{matches} of {len(conclusive)} conclusive fits match their declared complexity"]
-    if steeper:
-        parts.append(f"steeper than declared: {', '.join(steeper)}")
-    if shallower:
-        parts.append(f"shallower: {', '.join(shallower)}")
-    parts.append(f"inconclusive: {', '.join(inconclusive)}" if inconclusive else "none inconclusive")
-    tone = "bad" if steeper else ("good" if len(conclusive) and matches + len(shallower) == len(conclusive) else "neutral")
-    return tone, "; ".join(parts) + "."
+    records = judged.to_dict("records")
+    named = {v: tuple(name(r) for r in records if r["verdict"] == v) for v in VERDICTS}
+    return Tally(judged=len(records), conclusive=len(records) - len(named["inconclusive"]), matches=len(named["matches"]),
+                 near=tuple(name(r) for r in records if r["verdict"] == "matches" and excludes_declared(r)),
+                 steeper=named["steeper"], shallower=named["shallower"],
+                 inconclusive=tuple(f"{name(r)} ({r['note']})" for r in records if r["verdict"] == "inconclusive"))
+
+
+def headline(fits: pd.DataFrame) -> tuple[str, str]:
+    """One sentence about the fits and its tone: ``("good" | "bad" | "neutral", text)``.
+
+    Counts conclusive fits that match, names the steeper ones (tone "bad") and the inconclusive
+    ones with why; never claims anything when nothing was fitted.
+    """
+    t = tally(fits)
+    if not t.judged:
+        return "neutral", "No fitted exponents: nothing measured at enough lengths to compare with a declared complexity."
+    parts = [f"{t.matches} of {t.conclusive} conclusive fits match their declared complexity"]
+    if t.near:
+        parts.append(f"within the {TOLERANCE:g} tolerance only (the interval excludes the declared exponent): "
+                     f"{', '.join(t.near)}")
+    if t.steeper:
+        parts.append(f"steeper than declared: {', '.join(t.steeper)}")
+    if t.shallower:
+        parts.append(f"shallower: {', '.join(t.shallower)}")
+    parts.append(f"inconclusive: {', '.join(t.inconclusive)}" if t.inconclusive else "none inconclusive")
+    return t.tone, "; ".join(parts) + "."
 
 
 def crossovers(frame: pd.DataFrame, baselines: tuple[str, ...] = ("batched", "sdpa"), metric: str = "time") -> pd.DataFrame:

@@ -121,7 +121,11 @@ def _exponent_columns(group: pd.DataFrame, metric: str, label: str, row: dict, f
     row[f"{label} exponent [95% CI]"] = _short_fit(r)
     row[f"{label} method"] = r.get("method", "")
     row[f"declared {label}"] = "" if math.isnan(r["declared"]) else f"{r['declared']:g}"
-    if r["verdict"] in ("steeper", "shallower", "inconclusive", "matches"):
+    if r["verdict"] == "matches" and complexity.excludes_declared(r.to_dict()):
+        side = "steeper" if r["exponent"] > r["declared"] else "shallower"
+        flags.append(f"{label} {side} than declared by less than {complexity.TOLERANCE:g} (matches; its interval "
+                     f"excludes {r['declared']:g})")
+    elif r["verdict"] in ("steeper", "shallower", "inconclusive", "matches"):
         flags.append(f"{label} {r['verdict']}")
 
 
@@ -331,6 +335,7 @@ class _Evidence:
     prefill_fits: pd.DataFrame  # the primary slice's prefill fits
     decode_fits: pd.DataFrame  # the primary machine's decode fits of the same setting
     comparisons: Sequence[Comparison]
+    fits: pd.DataFrame  # every fit on the page (the tally the exponents section shows)
 
 
 def _evidence(frame: pd.DataFrame, fits: pd.DataFrame, primary: dict[str, str], comparisons: Sequence[Comparison]) -> _Evidence:
@@ -343,7 +348,8 @@ def _evidence(frame: pd.DataFrame, fits: pd.DataFrame, primary: dict[str, str], 
     decode = pfits["workload"] == "decode" if "workload" in pfits else pd.Series(False, index=pfits.index)
     return _Evidence(frame=frame, machine=pair_decode(frame, primary, commit), ok_time=ok[ok["metric"] == "time"],
                      ok_mem=ok[ok["metric"] == "peak_tensor_bytes"], prefill_fits=pfits[~decode],
-                     decode_fits=pfits[decode] if "workload" in pfits else pfits.iloc[0:0], comparisons=comparisons)
+                     decode_fits=pfits[decode] if "workload" in pfits else pfits.iloc[0:0], comparisons=comparisons,
+                     fits=fits)
 
 
 def _time_growth(e: _Evidence) -> Finding | None:
@@ -493,17 +499,18 @@ def _fastest(e: _Evidence) -> Finding | None:
 
 
 def _fit_verdicts(e: _Evidence) -> Finding | None:
-    """How many conclusive fits match the declared big-O, and which are steeper."""
-    judged = e.prefill_fits[e.prefill_fits["verdict"].isin(complexity.VERDICTS)] if len(e.prefill_fits) else e.prefill_fits
-    if not len(judged):
+    """How many conclusive fits match the declared big-O, and which are steeper: the page's one tally
+    (:func:`complexity.tally` of every fit, as the exponents section counts them)."""
+    t = complexity.tally(e.fits)
+    if not t.judged:
         return None
-    conclusive = judged[judged["verdict"] != "inconclusive"]
-    if not len(conclusive):
-        return Finding(f"No complexity fit is conclusive ({len(judged)} inconclusive): too few lengths or too much "
+    if not t.conclusive:
+        return Finding(f"No complexity fit is conclusive ({t.judged} inconclusive): too few lengths or too much "
                        "scatter to compare with the declared big-O.", "exponents")
-    steeper = sorted(conclusive.loc[conclusive["verdict"] == "steeper", "variant"])
-    text = (f"{int((conclusive['verdict'] == 'matches').sum())} of {len(conclusive)} conclusive complexity fits match the "
-            f"declared big-O; {len(judged) - len(conclusive)} are inconclusive")
+    near = f" ({len(t.near)} only within the {complexity.TOLERANCE:g} tolerance: {', '.join(t.near)})" if t.near else ""
+    text = (f"{t.matches} of {t.conclusive} conclusive complexity fits match the declared big-O{near}; "
+            f"{len(t.inconclusive)} are inconclusive")
+    steeper = sorted({s.split(" ")[0] for s in t.steeper})
     text += f"; steeper than declared: {', '.join(f'`{v}`' for v in steeper)}." if steeper else "; none is steeper than declared."
     return Finding(text, "exponents")
 
