@@ -419,17 +419,30 @@ def cmd_regress(args: argparse.Namespace) -> int:
             return 3
         print(f"note: --metric both falls back to time: {missing_message()}", file=sys.stderr)
         metric = "time"
+    started = time.monotonic()
     try:
         check_writable_dir(args.work_dir, "--work-dir")
         outcome = regress(args.base, args.head, repo=args.repo, time_factor=args.time_factor,
                           memory_factor=args.memory_factor, rounds=args.rounds, work_dir=args.work_dir, metric=metric,
-                          instructions_factor=args.instructions_factor,
-                          progress=lambda line: print(f"regress: {line}", file=sys.stderr, flush=True))
+                          instructions_factor=args.instructions_factor, time_cases=args.time_cases,
+                          progress=_stamped("regress", started))
     except ValueError as exc:
         return _usage(str(exc))
     except RegressError as exc:
         print(f"error: could not measure: {exc}", file=sys.stderr)
         return 3
+    code = _regress_report(args, outcome, metric)
+    print(f"({time.monotonic() - started:.0f} s)", file=sys.stderr)
+    return code
+
+
+def _stamped(command: str, started: float) -> Callable[[str], None]:
+    """A progress printer: ``command [  93 s] line`` on stderr, flushed (asv's steps take minutes)."""
+    return lambda line: print(f"{command} [{time.monotonic() - started:4.0f} s] {line}", file=sys.stderr, flush=True)
+
+
+def _regress_report(args: argparse.Namespace, outcome, metric: str) -> int:
+    """Print the gate's table and verdict; the exit code."""
     cols = ["verdict", "metric", "variant", "seq_len", "mode", "base_value", "head_value", "ratio", "reason", "note"]
     shown = outcome.table.sort_values(["verdict", "ratio"], ascending=[False, False])[cols]
     with pd.option_context("display.width", 200, "display.max_rows", 200, "display.float_format", "{:.4g}".format):
@@ -645,6 +658,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="allowed HEAD/BASE instruction count ratio")
     p.add_argument("--work-dir", default=".asv/regress",
                    help="results and asv.log go here (relative to the current directory)")
+    p.add_argument("--time-cases", choices=["longest", "all"], default="longest",
+                   help="where counts decide (--metric both or instructions): time the longest length of each variant "
+                        "only (where the working set is largest: what counts cannot see weighs most) or every case "
+                        "(minutes longer); --metric time always times every case")
     p.set_defaults(func=cmd_regress)
 
     p = sub.add_parser("peak", help="measure this machine's matmul FLOP/s and memory bandwidth (cached for reports)",

@@ -451,7 +451,7 @@ def test_relative_work_dir_is_taken_once_from_the_invocation_directory(tmp_path,
     trace = "\n".join(["Traceback (most recent call last):"] + [f'  File "x{i}.py", line {i}, in f' for i in range(40)]
                       + ["FileNotFoundError: [Errno 2] No such file or directory: 'somewhere/really/long/path.json'"])
 
-    def fake_asv(args, *, cwd, env, log):
+    def fake_asv(args, *, cwd, env, log, **_):
         seen.append(cwd)
         return subprocess.CompletedProcess(args, 1, stdout="", stderr=trace)
 
@@ -478,7 +478,7 @@ def test_a_subset_narrows_the_ci_grid(tmp_path, monkeypatch):
 
     seen = []
 
-    def fake_asv(args, *, cwd, env, log):
+    def fake_asv(args, *, cwd, env, log, **_):
         seen.append(env)
         return subprocess.CompletedProcess(args, 1, stdout="", stderr="stopped here by the test")
 
