@@ -1,4 +1,4 @@
-"""``attnbench`` command line: list | run | report | peak | profile | regress | publish.
+"""``attnbench`` command line: list | run | report | peak | profile | regress | history | publish.
 
 The library is quiet; this module is the only place that prints or draws progress bars.
 Exit codes: 0 done, 1 a regression (``regress``) or a failed publish (``publish``), 2 usage error (nothing measured, nothing written),
@@ -432,6 +432,11 @@ def cmd_regress(args: argparse.Namespace) -> int:
         print(f"error: could not measure: {exc}", file=sys.stderr)
         return 3
     code = _regress_report(args, outcome, metric)
+    from attnbench.markdown import gate_summary, write_summary
+
+    factors = {"time": args.time_factor, "memory": args.memory_factor, "instructions": args.instructions_factor}
+    for path in write_summary(gate_summary(outcome, metric, factors, time.monotonic() - started), args.summary):
+        print(f"summary: {path}", file=sys.stderr)
     print(f"({time.monotonic() - started:.0f} s)", file=sys.stderr)
     return code
 
@@ -468,6 +473,41 @@ def _regress_report(args: argparse.Namespace, outcome, metric: str) -> int:
     for rec in outcome.undecided.to_dict("records"):
         print(f"  {rec['benchmark']} [{rec['variant']}, L={rec['seq_len']}, {rec['mode']}]: {rec['reason']}")
     return 4
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    """Exit 0 when a history was read (steps or not), 1 when nothing could be, 2 usage."""
+    from attnbench.analysis.frame import load
+    from attnbench.analysis.history import find_steps, table
+    from attnbench.markdown import history_summary, write_summary
+    from attnbench.report.html import render_history
+
+    try:
+        check_writable_dir(args.out, "--out")
+    except ValueError as exc:
+        return _usage(str(exc))
+    frame = load(args.sources)
+    for problem in frame.attrs.get("problems", []):
+        print(f"problem: {problem}", file=sys.stderr)
+    rows = frame[frame["commit"].fillna("") != ""]
+    if rows["commit"].nunique() < 2:
+        print(f"error: {', '.join(args.sources)} hold(s) {rows['commit'].nunique()} commit(s) of asv results: a history "
+              "needs several", file=sys.stderr)
+        return 1
+    factors = {"instructions": args.instructions_factor, "peak_tensor_bytes": args.memory_factor,
+               "time": args.time_factor}
+    history = find_steps(rows, factors=factors, window=args.window, repo=args.repo)
+    shown = table(history)
+    print(f"{len(history.commits)} commits ({history.order}); {len(history.regressions)} regression(s), "
+          f"{len(history.improvements)} improvement(s)")
+    if len(shown):
+        with pd.option_context("display.width", 200, "display.max_rows", 500, "display.max_colwidth", 60):
+            print(shown.to_string(index=False))
+    page = render_history(history, args.out)
+    print(f"history: {page}")
+    for path in write_summary(history_summary(history), args.summary):
+        print(f"summary: {path}", file=sys.stderr)
+    return 0
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
@@ -662,7 +702,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where counts decide (--metric both or instructions): time the longest length of each variant "
                         "only (where the working set is largest: what counts cannot see weighs most) or every case "
                         "(minutes longer); --metric time always times every case")
+    p.add_argument("--summary", default=None, metavar="FILE",
+                   help="also write the verdict as Markdown to FILE (and append it to $GITHUB_STEP_SUMMARY when set)")
     p.set_defaults(func=cmd_regress)
+
+    p = sub.add_parser("history", help="steps and drifts in a results history (e.g. the benchmark-results branch)",
+                       formatter_class=_Formatter)
+    p.add_argument("--from", dest="sources", action="append", required=True,
+                   help="asv results directory of several commits (repeatable)")
+    p.add_argument("--out", default="reports/history", help="history.html, figures/ and steps.csv go here")
+    p.add_argument("--window", type=_int_at_least(2, "window"), default=10,
+                   help="commits a drift may spread over (a cumulative change beyond the factor with no single step)")
+    p.add_argument("--repo", default=".",
+                   help="git repository to order the commits by (when it knows them all; else asv's commit dates)")
+    p.add_argument("--instructions-factor", type=_factor, default=INSTRUCTIONS_FACTOR, help="a count's step or drift")
+    p.add_argument("--memory-factor", type=_factor, default=1.1, help="peak tensor bytes' step or drift")
+    p.add_argument("--time-factor", type=_factor, default=1.2, help="a time level's step or drift")
+    p.add_argument("--summary", default=None, metavar="FILE",
+                   help="also write the steps as Markdown to FILE (and append them to $GITHUB_STEP_SUMMARY when set)")
+    p.set_defaults(func=cmd_history)
 
     p = sub.add_parser("peak", help="measure this machine's matmul FLOP/s and memory bandwidth (cached for reports)",
                        formatter_class=_Formatter)

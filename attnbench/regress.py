@@ -371,6 +371,9 @@ def compare(
     (time rows are ``shown``, for the disagreement notes), ``"both"`` both (a time row left ``undecided``
     is ``shown`` when its case's count was decided).
 
+    ``improved`` marks an ``ok`` row that moved the other way beyond the same rule: a count, bytes or FLOPs below
+    1 / their factor, a time that the gate would call regressed with BASE and HEAD swapped.
+
     Verdicts: ``ok``, ``regressed``, ``undecided`` (time only), ``shown``, ``n/a``, and ``wrong``: the case ran on
     BASE and HEAD's result fails the correctness gate (an ``error_ratio`` above 1, or a row the loader marked
     ``wrong``). Every row of such a case reads ``wrong`` where it would otherwise be ``regressed`` or ``ok``
@@ -397,7 +400,7 @@ def compare(
     instructions_factor = significance.check_factor("instructions_factor", instructions_factor)
     samples, probes = samples or {}, probes or {}
     typical = _typical_probes(probes)
-    verdicts, ratios, reasons = [], [], []
+    verdicts, ratios, reasons, improved = [], [], [], []
     for rec in table.to_dict("records"):
         b_ok, h_ok = rec["base_status"] == "ok", rec["head_status"] == "ok"
         ratio = rec["head_value"] / rec["base_value"] if b_ok and h_ok and rec["base_value"] else math.nan
@@ -422,9 +425,19 @@ def compare(
         verdicts.append(verdict)
         ratios.append(ratio)
         reasons.append(reason)
+        factor = {"instructions": instructions_factor, "flops": 1.0 + 1e-9, "peak_tensor_bytes": memory_factor}.get(
+            rec["metric"], memory_factor)
+        if verdict != "ok" or not math.isfinite(ratio) or rec["metric"] == "error_ratio":
+            improved.append(False)
+        elif rec["metric"] == "time":  # the gate's own rule, BASE and HEAD swapped: HEAD faster beyond the allowance
+            improved.append(_time_verdict(rec, head, base, time_factor, samples, probes, typical, runqueue_shares or {},
+                                          corrected or {})[0] == "regressed")
+        else:
+            improved.append(ratio < 1 / factor)
     table["ratio"] = ratios
     table["verdict"] = verdicts
     table["reason"] = reasons
+    table["improved"] = improved
     table["note"] = disagreements(table)
     return _decided_by(table, metric)
 

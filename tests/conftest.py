@@ -90,6 +90,12 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             os.nice(NICE)
 
 
+@pytest.fixture(autouse=True)
+def _no_step_summary(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests that run ``regress`` or ``history`` never append to a CI job's real summary page."""
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+
+
 def assert_close_to_reference(variant, q, k, v, mask, factor: float = gate.FACTOR) -> None:
     """Error vs float64 must be within ``factor`` x the plain same-precision error, plus a floor.
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from attnbench.analysis.frame import load_asv
 from attnbench.analysis.history import exact_changes, find_steps, table, time_levels
 from attnbench.contract import INSTRUCTIONS_FACTOR
+from attnbench.markdown import history_summary
 from tests.asv_history import commit_hashes, write_history
 
 N = 16
@@ -127,6 +129,23 @@ def test_time_levels_step_over_an_outlier_and_follow_a_ramp():
     assert len(detect_steps(list(ramp))) == 1  # why the penalty comes from the noise, not detect_steps' criterion
 
 
+def test_the_cli_prints_the_table_and_writes_the_page_and_summary(history_dir, tmp_path, capsys):
+    from attnbench.cli import main
+
+    results = history_dir(_drifted(np.random.default_rng(5)))
+    out, summary = tmp_path / "page", tmp_path / "steps.md"
+    assert main(["history", "--from", str(results), "--out", str(out), "--summary", str(summary), "--repo", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "16 commits" in printed and "1 regression(s)" in printed, printed
+    assert f"{COMMITS[5][:8]}..{COMMITS[9][:8]} (5 commits)" in printed and "regression (drift)" in printed, printed
+    page = (out / "history.html").read_text()
+    assert "Steps in the history" in page and re.search(r"x1\.007\d", page)
+    assert len(list((out / "figures").glob("history_*.png"))) == 4  # one per case
+    text = summary.read_text()
+    assert text.startswith("### attnbench history"), text
+    assert re.search(r"\| chunked L=256 \| instructions \| x1\.007\d \| regression \(drift\) \|", text), text
+
+
 def test_report_from_a_history_shows_the_same_steps(history_dir, tmp_path):
     from attnbench.report.html import make_report
 
@@ -160,3 +179,8 @@ def test_commits_of_one_second_are_ordered_by_git_when_a_repository_knows_them(t
     assert table(ordered).iloc[0]["subject"] == "commit 2"
     unordered = find_steps(frame, repo=None)
     assert unordered.commits["commit"].tolist() == sorted(commits) and "hash order" in unordered.order
+
+
+def test_history_summary_markdown(history_dir):
+    history = find_steps(load_asv(history_dir(_readme_only(np.random.default_rng(6)))))
+    assert history_summary(history).splitlines()[-1] == "No step and no drift in 16 commits."
