@@ -1,4 +1,4 @@
-"""``attnbench`` command line: list | run | report | peak | profile | regress | history | publish.
+"""``attnbench`` command line: list | run | report | peak | profile | regress | bisect | history | publish.
 
 The library is quiet; this module is the only place that prints or draws progress bars.
 Exit codes: 0 done, 1 a regression (``regress``) or a failed publish (``publish``), 2 usage error (nothing measured, nothing written),
@@ -475,6 +475,29 @@ def _regress_report(args: argparse.Namespace, outcome, metric: str) -> int:
     return 4
 
 
+def cmd_bisect(args: argparse.Namespace) -> int:
+    """Exit 1: a first bad commit named; 0: nothing exceeds GOOD; 4: only a range; 2: usage; 3: could not measure."""
+    from attnbench.bisect import BisectError, answer, bisect, probe_line
+    from attnbench.regress import RegressError
+
+    started = time.monotonic()
+    say = _stamped("bisect", started)
+    try:
+        check_writable_dir(args.work_dir, "--work-dir")
+        state = bisect(args.good, args.bad, repo=args.repo, metric=args.metric, cases=args.cases,
+                       work_dir=args.work_dir, instructions_factor=args.instructions_factor,
+                       memory_factor=args.memory_factor, time_factor=args.time_factor, rounds=args.rounds, progress=say,
+                       on_probe=lambda probe, n: print(probe_line(probe, n, args.metric), flush=True))
+    except (BisectError, ValueError) as exc:
+        return _usage(str(exc))
+    except RegressError as exc:
+        print(f"error: could not measure: {exc}", file=sys.stderr)
+        return 3
+    code, lines = answer(state)
+    print("\n".join(lines))
+    return code
+
+
 def cmd_history(args: argparse.Namespace) -> int:
     """Exit 0 when a history was read (steps or not), 1 when nothing could be, 2 usage."""
     from attnbench.analysis.frame import load
@@ -705,6 +728,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--summary", default=None, metavar="FILE",
                    help="also write the verdict as Markdown to FILE (and append it to $GITHUB_STEP_SUMMARY when set)")
     p.set_defaults(func=cmd_regress)
+
+    p = sub.add_parser("bisect", help="binary search GOOD..BAD for the first commit whose metric exceeds GOOD's by the "
+                       "gate's factor", formatter_class=_Formatter)
+    p.add_argument("good", help="a git revision where the metric was fine")
+    p.add_argument("bad", help="a later revision where it is not (GOOD must be its ancestor)")
+    p.add_argument("--metric", choices=["instructions", "peak_tensor_bytes", "time"], default="instructions",
+                   help="what is searched: instruction counts and peak tensor bytes are exact (one measurement per "
+                        "commit); time probes are the gate's time verdicts (GOOD re-timed beside every probe)")
+    p.add_argument("--case", dest="cases", action="append", default=[], metavar="VARIANT:L",
+                   help="measure this case only (repeatable; default: the CI grid, narrowed by ATTNBENCH_ASV_*)")
+    p.add_argument("--repo", default=".", help="attnbench checkout")
+    p.add_argument("--work-dir", default=".asv/bisect", help="results and asv.log go here")
+    p.add_argument("--instructions-factor", type=_factor, default=INSTRUCTIONS_FACTOR,
+                   help="a probe is bad when a count exceeds GOOD's by this")
+    p.add_argument("--memory-factor", type=_factor, default=1.1, help="the same for peak tensor bytes")
+    p.add_argument("--time-factor", type=_factor, default=1.2, help="the gate's time allowance (--metric time)")
+    p.add_argument("--rounds", type=_int_at_least(1, "rounds"), default=2, help="time rounds per probe (--metric time)")
+    p.set_defaults(func=cmd_bisect)
 
     p = sub.add_parser("history", help="steps and drifts in a results history (e.g. the benchmark-results branch)",
                        formatter_class=_Formatter)
