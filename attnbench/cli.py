@@ -1,4 +1,4 @@
-"""``attnbench`` command line: list | run | report | peak | profile | regress | bisect | history | publish.
+"""``attnbench`` command line: list | run | report | peak | profile | regress | bisect | history | export | publish.
 
 The library is quiet; this module is the only place that prints or draws progress bars.
 Exit codes: 0 done, 1 a regression (``regress``) or a failed publish (``publish``), 2 usage error (nothing measured, nothing written),
@@ -533,6 +533,29 @@ def cmd_history(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from attnbench.analysis.frame import load
+    from attnbench.export import ExportError, dumps, export
+
+    frame = load([args.source])
+    for problem in frame.attrs.get("problems", []):
+        print(f"problem: {problem}", file=sys.stderr)
+    try:
+        exported = export(frame, args.fmt, args.commit)
+    except ExportError as exc:
+        return _usage(str(exc))
+    text = dumps(exported)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text, encoding="utf-8")
+        print(f"{exported.entries} entries of commit {exported.commit[:10] or '(a run)'} as {args.fmt}: {out}",
+              file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def cmd_publish(args: argparse.Namespace) -> int:
     from attnbench.publish import PublishError, publish
 
@@ -762,6 +785,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--summary", default=None, metavar="FILE",
                    help="also write the steps as Markdown to FILE (and append them to $GITHUB_STEP_SUMMARY when set)")
     p.set_defaults(func=cmd_history)
+
+    p = sub.add_parser("export", help="results as Bencher's BMF or github-action-benchmark's customSmallerIsBetter JSON",
+                       formatter_class=_Formatter)
+    p.add_argument("source", metavar="FROM", help="asv results directory or run directory")
+    p.add_argument("--format", dest="fmt", choices=["bmf", "github-action-benchmark"], required=True)
+    p.add_argument("--commit", default=None, help="the commit to export (a prefix; default: the newest)")
+    p.add_argument("--out", default=None, help="write the JSON here (default: standard output)")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("peak", help="measure this machine's matmul FLOP/s and memory bandwidth (cached for reports)",
                        formatter_class=_Formatter)
