@@ -108,7 +108,8 @@ def _git(repo: Path, *args: str) -> str:
 
 HEARTBEAT_S = 30.0
 """A long asv step says where it is at least this often (asv's own output goes to the log)."""
-_PROGRESS = re.compile(r"^\[\s*(\d+(?:\.\d+)?)%\]\s+[·.]+\s+(.*)$")
+_PROGRESS = re.compile(r"^(?:\[\s*(\d+(?:\.\d+)?)%\]\s+)?[·.]+\s+(.*)$")
+"""asv's progress lines: ``[ 33.33%] ··· bench_attention.Attention.time_attention  ok``, ``·· Creating virtualenv ...``."""
 
 
 def _asv(args: list[str], *, cwd: Path, env: dict[str, str], log, progress: Callable[[str], None] | None = None,
@@ -144,7 +145,8 @@ def _streamed(cmd: list[str], cwd: Path, env: dict[str, str], progress: Callable
             lines.append(f"[{time.monotonic() - start:6.1f} s] {line}")  # where the step's time goes, in the log
             found = _PROGRESS.match(line.strip())
             if found and found.group(2)[:1].isalpha() and not found.group(2).startswith("Running"):  # not a table row
-                latest[0] = f"{float(found.group(1)):.0f}% {' '.join(found.group(2).split())[:110]}"
+                share = f"{float(found.group(1)):.0f}% " if found.group(1) else ""
+                latest[0] = f"{share}{' '.join(found.group(2).split())[:110]}"
 
     def read_err() -> None:
         errors.extend(proc.stderr)  # type: ignore[arg-type]
@@ -626,8 +628,9 @@ class AsvSession:
         (:func:`twin_environments`, made from this session's once they exist) and its own results directory
         (``<work>/twin/results``: two asv processes must not write one ``benchmarks.json``). Its results join this
         session's with :meth:`adopt`."""
-        # this session's environments must exist first (asv setup's exit code is its return value, a list: unused)
-        out = self.asv(["setup", "--config", str(self.conf)], quiet=True)
+        # this session's environments must exist first (asv setup's exit code is its return value, a list: unused);
+        # on a first run it builds asv's pinned virtualenv (minutes), so it reports its progress like a run
+        out = self.asv(["setup", "--config", str(self.conf)])
         if not any(self.env_dir.glob("*/asv-env-info.json")):
             raise RegressError(f"asv setup made no environment in {self.env_dir}:\n{output_tail(out)}\nfull log: {self.log_file}")
         work = self.work / "twin"

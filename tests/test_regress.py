@@ -538,3 +538,63 @@ def test_readme_command_works_in_a_fresh_clone(tmp_path):
     for n in (256, 512):
         assert max(ratios[("batched", n)], 1 / ratios[("batched", n)]) == pytest.approx(2.0, abs=0.01), ratios
         assert abs(ratios[("chunked", n)] - 1) < 1e-3, ratios
+
+
+def test_a_long_asv_step_reports_where_it_is(tmp_path):
+    """Planted: an asv stand-in that prints a progress line, then says nothing for 0.7 s. With a 0.2 s heartbeat the
+    caller hears asv's latest progress line (not a table row) several times; its output is all kept, each line
+    stamped with the seconds into the step."""
+    from attnbench.regress import _streamed
+
+    script = ("import sys, time\nprint('[ 50.00%] ··· bench_attention.Attention.time_attention   ok')\n"
+              "print('[ 50.00%] ··· ============ ========= ====')\nsys.stdout.flush()\ntime.sleep(0.7)\nprint('done')")
+    heard = []
+    out = _streamed([sys.executable, "-c", script], tmp_path, dict(os.environ), heard.append, heartbeat_s=0.2)
+    assert out.returncode == 0 and out.stdout.splitlines()[-1].endswith("] done"), out.stdout
+    assert re.match(r"^\[\s+\d+\.\d s\] \[ 50\.00%\]", out.stdout), out.stdout
+    assert len(heard) >= 2 and all("asv at 50% bench_attention.Attention.time_attention ok" in h for h in heard[1:]), heard
+
+
+def test_where_counts_decide_time_is_taken_at_the_longest_length_only():
+    """The --bench pattern selects asv's parameter sets by name('variant', length, ...): the longest length only."""
+    from attnbench.regress import NOT_TIMED, _not_timed, time_selection
+
+    pattern, length = time_selection({contract.ENV_LENGTHS: "256,512,1024"})
+    assert length == 1024
+    names = [f"bench_attention.Attention.time_attention('{v}', {n}, 'cpu', 'forward', 'none')"
+             for v in ("batched", "chunked") for n in (256, 512, 1024)]
+    assert [n for n in names if re.search(pattern, n)] == [n for n in names if ", 1024, " in n]
+    assert not re.search(pattern, "bench_attention.AttentionMetrics.track_flops('batched', 1024, 'cpu', 'forward', 'none')")
+    table = pd.DataFrame({"metric": ["time", "time", "instructions"], "seq_len": [256, 1024, 256],
+                          "verdict": ["n/a", "ok", "ok"], "reason": ["", "", ""]})
+    assert _not_timed(table, 1024)["verdict"].tolist() == [NOT_TIMED, "ok", "ok"]
+
+
+def test_the_twin_environment_shares_the_packages_and_nothing_asv_writes(tmp_path):
+    """The twin's packages are hard links of the original's (made in a second, no second gigabyte); what asv writes
+    per commit (its project checkout, its install record) is copied, so a write in one is not seen in the other;
+    a twin whose pins differ is made again."""
+    from attnbench.regress import twin_environments
+
+    env = tmp_path / "env" / "abc123"
+    (env / "lib" / "site-packages" / "torch").mkdir(parents=True)
+    (env / "lib" / "site-packages" / "torch" / "__init__.py").write_text("big")
+    (env / "project").mkdir()
+    (env / "project" / "setup.py").write_text("commit A")
+    (env / "bin").mkdir()
+    (env / "bin" / "python").symlink_to(sys.executable)
+    (env / "asv-env-info.json").write_text('{"requirements": {"torch": "2.13.0"}}')
+    (env / "asv-install-status.json").write_text('{"commit": "A"}')
+    twin = twin_environments(tmp_path / "env") / "abc123"
+    assert twin.parent == tmp_path / "env-twin"
+    package = "lib/site-packages/torch/__init__.py"
+    assert (twin / package).stat().st_ino == (env / package).stat().st_ino  # a link
+    assert (twin / "bin" / "python").is_symlink()
+    (twin / "project" / "setup.py").write_text("commit B")
+    (twin / "asv-install-status.json").write_text('{"commit": "B"}')
+    assert (env / "project" / "setup.py").read_text() == "commit A"
+    assert (env / "asv-install-status.json").read_text() == '{"commit": "A"}'
+    assert twin_environments(tmp_path / "env") / "abc123" == twin and (twin / "project" / "setup.py").read_text() == "commit B"
+    (env / "asv-env-info.json").write_text('{"requirements": {"torch": "2.14.0"}}')  # new pins: made again
+    twin_environments(tmp_path / "env")
+    assert (twin / "project" / "setup.py").read_text() == "commit A"
