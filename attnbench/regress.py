@@ -601,6 +601,7 @@ class AsvSession:
         """The configuration written under the work directory and asv's machine registered (RegressError if not)."""
         # Relative to where the caller stands, resolved now: asv runs with cwd=work, where a relative path
         # would be taken a second time (".asv/regress/.asv/regress").
+        repo = Path(repo).resolve()
         work = (check_writable_dir(work_dir, "work_dir", create=True).resolve() if work_dir
                 else Path(tempfile.mkdtemp(prefix="attnbench-regress-")))
         conf = _config(repo, work)
@@ -651,10 +652,11 @@ class AsvSession:
         from attnbench.shards import merge_results
 
         mine, theirs = self.work / "results", other.work / "results"
-        for commit in commits:
-            for path in (mine / self.machine).glob(f"{commit[:8]}-*.json"):
-                path.unlink()
-        merge_results([theirs], mine)
+        if (theirs / "benchmarks.json").is_file():  # else asv wrote nothing there (the error is in its log)
+            for commit in commits:
+                for path in (mine / self.machine).glob(f"{commit[:8]}-*.json"):
+                    path.unlink()
+            merge_results([theirs], mine)
         shutil_rmtree(theirs)
         if other.log_file.exists():
             with open(self.log_file, "a", encoding="utf-8") as log:
@@ -865,8 +867,11 @@ def _measure_exact(session: AsvSession, commits: list[str], benchmarks: list[str
     twin = session.twin()
     first, second = commits[0::2], commits[1::2]
     say(f"{what}: once per commit, two asv processes at once (the second in a twin of the environment)")
-    session.say = lambda line: say(f"[{', '.join(c[:8] for c in first)}] {line.strip()}")
-    twin.say = lambda line: say(f"[{', '.join(c[:8] for c in second)}] {line.strip()}")
+    def label(mine: list[str]) -> str:
+        return mine[0][:8] + (f" and {len(mine) - 1} more" if len(mine) > 1 else "")
+
+    session.say = lambda line: say(f"[{label(first)}] {line.strip()}")
+    twin.say = lambda line: say(f"[{label(second)}] {line.strip()}")
     try:
         in_parallel([lambda: measure(session, first), lambda: measure(twin, second)])
     finally:

@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -598,3 +599,28 @@ def test_the_twin_environment_shares_the_packages_and_nothing_asv_writes(tmp_pat
     (env / "asv-env-info.json").write_text('{"requirements": {"torch": "2.14.0"}}')  # new pins: made again
     twin_environments(tmp_path / "env")
     assert (twin / "project" / "setup.py").read_text() == "commit A"
+
+
+@pytest.mark.slow
+def test_bisect_names_the_planted_doubling_end_to_end(tmp_path):
+    """Planted: 16 commits of README edits, the 11th also doubling batched's forward. ``attnbench bisect`` on batched
+    L=256's counts names commit 11 with x2.00 in at most 5 probes (GOOD and 4), through asv in the tests' shared
+    environment (here, in this module, so that no other worker's asv installs into it at the same time)."""
+    if shutil.which("git") is None or shutil.which("valgrind") is None:
+        pytest.skip("needs git and valgrind")
+    from tests.test_bisect import planted_history
+
+    clone, commits = planted_history(tmp_path)
+    good = _git(clone, "rev-parse", f"{commits[0]}~1")
+    env = {**os.environ, "PYTHONPATH": str(clone), contract.ENV_ENV_DIR: str(ASV_ENV_DIR)}
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "attnbench.cli", "bisect", good, commits[-1], "--case", "batched:256",
+                          "--metric", "instructions"], cwd=clone, env=env, capture_output=True, text=True, timeout=3600)
+    text = out.stdout + out.stderr
+    assert out.returncode == 1, text
+    named = re.search(r"^first bad commit: ([0-9a-f]{40}) x([0-9.]+) instructions \(batched L=256\)", out.stdout, re.M)
+    assert named and named[1] == commits[10] and float(named[2]) == pytest.approx(2.0, abs=0.01), text
+    probes = re.findall(r"^probe \d+: ([0-9a-f]{10}) (good|bad)", out.stdout, re.M)
+    assert len(probes) <= 4 and [c for c, _ in probes] == [commits[k - 1][:10] for k in (8, 12, 10, 11)], text
+    assert re.search(r"^bisect \[\s*\d+ s\] measuring GOOD", out.stderr, re.M), text  # progress, with elapsed time
+    print(f"bisect end to end: {time.monotonic() - started:.0f} s\n{out.stdout}")
