@@ -275,8 +275,8 @@ def bisect(good: str, bad: str, *, repo: str | Path = ".", metric: str = "instru
             "(the first run builds asv's pinned virtualenv: minutes)")
         session.run([good_hash], BENCHMARKS[metric])
         session.load([good_hash])  # GOOD must measure: RegressError otherwise
-        say(f"GOOD measured in {time.monotonic() - clock:.0f} s; {len(commits)} candidate commits, "
-            f"about {max(1, math.ceil(math.log2(len(commits) + 1)))} probes")
+        say(f"GOOD measured in {time.monotonic() - clock:.0f} s; {len(commits)} candidate commits: "
+            f"{max(1, math.ceil(math.log2(len(commits))))} probes (one more where the search ends on BAD unmeasured)")
         judge = _exact_judge(session, good_hash, metric, instructions_factor, memory_factor, subjects)
     search(state, judge, on_probe)
     state.elapsed_s = time.monotonic() - started
