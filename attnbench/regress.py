@@ -52,6 +52,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,7 +132,6 @@ def _streamed(cmd: list[str], cwd: Path, env: dict[str, str], progress: Callable
               heartbeat_s: float) -> subprocess.CompletedProcess:
     """``subprocess.run`` that reads stdout as it comes and reports asv's latest progress line every ``heartbeat_s``."""
     import threading
-    import time
 
     lines: list[str] = []
     latest = [""]
@@ -533,6 +533,8 @@ def time_selection(subset: dict[str, str]) -> tuple[str, int]:
     return rf"{re.escape(TIME_BENCHMARK)}\('[^']*', {longest}, ", longest
 
 
+MACHINE_FILE_RETRIES = 4
+_MACHINE_FILE_RACE = re.compile(r"Error parsing JSON in file '[^']*\.asv-machine\.json'")
 TWIN_SUFFIX = "-twin"
 """A second copy of asv's environment directory (``<env_dir>-twin``), for a second asv process at the same time."""
 
@@ -597,14 +599,21 @@ class AsvSession:
 
     @classmethod
     def open(cls, repo: Path, work_dir: str | Path | None, subset: dict[str, str] | None, machine: str,
-             log_path: str | Path | None, say: Callable[[str], None] | None = None) -> AsvSession:
-        """The configuration written under the work directory and asv's machine registered (RegressError if not)."""
+             log_path: str | Path | None, say: Callable[[str], None] | None = None, fresh: bool = True) -> AsvSession:
+        """The configuration written under the work directory and asv's machine registered (RegressError if not).
+
+        ``fresh``: start from an empty results directory. A verdict is taken on this session's measurements only: a
+        work directory kept from an earlier run (the CLI's ``.asv/regress``) still held, say, BASE's counts of that
+        run where this one took none of HEAD's, and compare() read "ran on BASE, not on HEAD": regressed.
+        """
         # Relative to where the caller stands, resolved now: asv runs with cwd=work, where a relative path
         # would be taken a second time (".asv/regress/.asv/regress").
         repo = Path(repo).resolve()
         work = (check_writable_dir(work_dir, "work_dir", create=True).resolve() if work_dir
                 else Path(tempfile.mkdtemp(prefix="attnbench-regress-")))
         conf = _config(repo, work)
+        if fresh:
+            shutil_rmtree(work / "results")
         if subset is None:  # the grid variables the caller set (e.g. ATTNBENCH_ASV_VARIANTS)
             subset = {k: os.environ[k] for k in contract.GRID_ENV if os.environ.get(k, "").strip()}
         subset = {**CI_SUBSET, **subset}  # whatever they leave unset stays the CI grid's (not asv's whole grid)
@@ -664,8 +673,21 @@ class AsvSession:
             other.log_file.unlink()
 
     def asv(self, args: list[str], quiet: bool = False) -> subprocess.CompletedProcess:
-        with open(self.log_file, "a", encoding="utf-8") as log:
-            return _asv(args, cwd=self.work, env=self.env, log=log, **({} if quiet else {"progress": self.say}))
+        """Run asv; a call that died reading ``~/.asv-machine.json`` while another asv process rewrote it is run again.
+
+        asv keeps its machines in one file in the home directory and rewrites it in place (``asv machine --yes``), so
+        an asv process started at that moment reads it empty and stops ("Error parsing JSON"): seen here, where the
+        home directory is shared with other users' asv runs, as a BASE whose every result was missing.
+        """
+        for attempt in range(MACHINE_FILE_RETRIES + 1):
+            with open(self.log_file, "a", encoding="utf-8") as log:
+                out = _asv(args, cwd=self.work, env=self.env, log=log, **({} if quiet else {"progress": self.say}))
+            if out.returncode == 0 or not _MACHINE_FILE_RACE.search(f"{out.stdout}\n{out.stderr}"):
+                return out
+            if attempt < MACHINE_FILE_RETRIES:
+                self.say(f"asv read ~/.asv-machine.json while it was being rewritten: again ({attempt + 1})")
+                time.sleep(1.0 + attempt)
+        return out
 
     def run(self, commits: list[str], bench: str, *, rounds: int | None = None, samples: bool = False,
             append: bool = False) -> subprocess.CompletedProcess:

@@ -624,3 +624,39 @@ def test_bisect_names_the_planted_doubling_end_to_end(tmp_path):
     assert len(probes) <= 4 and [c for c, _ in probes] == [commits[k - 1][:10] for k in (8, 12, 10, 11)], text
     assert re.search(r"^bisect \[\s*\d+ s\] measuring GOOD", out.stderr, re.M), text  # progress, with elapsed time
     print(f"bisect end to end: {time.monotonic() - started:.0f} s\n{out.stdout}")
+
+
+def test_a_gate_run_decides_on_its_own_measurements_only(tmp_path, monkeypatch):
+    """Planted (seen): a work directory kept from a run with counts held BASE's counts of that run; a second run
+    that took no counts then read "ran on BASE, not on HEAD" and failed every count. A session starts empty."""
+    import attnbench.regress as regress_module
+    from attnbench.regress import AsvSession
+
+    monkeypatch.setattr(regress_module, "_asv", lambda args, **_: subprocess.CompletedProcess(args, 0, "", ""))
+    stale = tmp_path / "work" / "results" / "attnbench-ci" / "0123abcd-env.json"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("{}")
+    AsvSession.open(ROOT, tmp_path / "work", None, "attnbench-ci", None)
+    assert not stale.exists()
+
+
+def test_asv_is_run_again_when_it_read_the_machine_file_mid_rewrite(tmp_path, monkeypatch):
+    """Planted (seen, the home directory shared with other users' asv runs): asv read ~/.asv-machine.json while another
+    asv rewrote it, stopped, and BASE had no results. The call is run again; another failure is not."""
+    import attnbench.regress as regress_module
+    from attnbench.regress import AsvSession
+
+    calls = []
+    race = "· Error parsing JSON in file '/root/.asv-machine.json': Expecting value: line 1 column 1 (char 0)"
+
+    def fake_asv(args, **_):
+        calls.append(args[0])
+        if args[0] == "run" and calls.count("run") < 3:
+            return subprocess.CompletedProcess(args, 1, race, "")
+        return subprocess.CompletedProcess(args, 1 if args[0] == "publish" else 0, "", "")
+
+    monkeypatch.setattr(regress_module, "_asv", fake_asv)
+    monkeypatch.setattr(regress_module.time, "sleep", lambda s: None)
+    session = AsvSession.open(ROOT, tmp_path / "work", None, "attnbench-ci", None)
+    assert session.run(["a" * 40], "x").returncode == 0 and calls.count("run") == 3
+    assert session.asv(["publish"]).returncode == 1 and calls.count("publish") == 1  # not that race: not again
