@@ -1,4 +1,4 @@
-"""``attnbench`` command line: list | run | report | peak | profile | regress | publish.
+"""``attnbench`` command line: list | run | report | peak | profile | regress | bisect | history | export | publish.
 
 The library is quiet; this module is the only place that prints or draws progress bars.
 Exit codes: 0 done, 1 a regression (``regress``) or a failed publish (``publish``), 2 usage error (nothing measured, nothing written),
@@ -506,17 +506,35 @@ def cmd_regress(args: argparse.Namespace) -> int:
             return 3
         print(f"note: --metric both falls back to time: {missing_message()}", file=sys.stderr)
         metric = "time"
+    started = time.monotonic()
     try:
         check_writable_dir(args.work_dir, "--work-dir")
         outcome = regress(args.base, args.head, repo=args.repo, time_factor=args.time_factor,
                           memory_factor=args.memory_factor, rounds=args.rounds, work_dir=args.work_dir, metric=metric,
-                          instructions_factor=args.instructions_factor,
-                          progress=lambda line: print(f"regress: {line}", file=sys.stderr, flush=True))
+                          instructions_factor=args.instructions_factor, time_cases=args.time_cases,
+                          progress=_stamped("regress", started))
     except ValueError as exc:
         return _usage(str(exc))
     except RegressError as exc:
         print(f"error: could not measure: {exc}", file=sys.stderr)
         return 3
+    code = _regress_report(args, outcome, metric)
+    from attnbench.markdown import gate_summary, write_summary
+
+    factors = {"time": args.time_factor, "memory": args.memory_factor, "instructions": args.instructions_factor}
+    for path in write_summary(gate_summary(outcome, metric, factors, time.monotonic() - started), args.summary):
+        print(f"summary: {path}", file=sys.stderr)
+    print(f"({time.monotonic() - started:.0f} s)", file=sys.stderr)
+    return code
+
+
+def _stamped(command: str, started: float) -> Callable[[str], None]:
+    """A progress printer: ``command [  93 s] line`` on stderr, flushed (asv's steps take minutes)."""
+    return lambda line: print(f"{command} [{time.monotonic() - started:4.0f} s] {line}", file=sys.stderr, flush=True)
+
+
+def _regress_report(args: argparse.Namespace, outcome, metric: str) -> int:
+    """Print the gate's table and verdict; the exit code."""
     cols = ["verdict", "metric", "variant", "seq_len", "mode", "base_value", "head_value", "ratio", "reason", "note"]
     shown = outcome.table.sort_values(["verdict", "ratio"], ascending=[False, False])[cols]
     with pd.option_context("display.width", 200, "display.max_rows", 200, "display.float_format", "{:.4g}".format):
@@ -542,6 +560,87 @@ def cmd_regress(args: argparse.Namespace) -> int:
     for rec in outcome.undecided.to_dict("records"):
         print(f"  {rec['benchmark']} [{rec['variant']}, L={rec['seq_len']}, {rec['mode']}]: {rec['reason']}")
     return 4
+
+
+def cmd_bisect(args: argparse.Namespace) -> int:
+    """Exit 1: a first bad commit named; 0: nothing exceeds GOOD; 4: only a range; 2: usage; 3: could not measure."""
+    from attnbench.bisect import BisectError, answer, bisect, probe_line
+    from attnbench.regress import RegressError
+
+    started = time.monotonic()
+    say = _stamped("bisect", started)
+    try:
+        check_writable_dir(args.work_dir, "--work-dir")
+        state = bisect(args.good, args.bad, repo=args.repo, metric=args.metric, cases=args.cases,
+                       work_dir=args.work_dir, instructions_factor=args.instructions_factor,
+                       memory_factor=args.memory_factor, time_factor=args.time_factor, rounds=args.rounds, progress=say,
+                       on_probe=lambda probe, n: print(probe_line(probe, n, args.metric), flush=True))
+    except (BisectError, ValueError) as exc:
+        return _usage(str(exc))
+    except RegressError as exc:
+        print(f"error: could not measure: {exc}", file=sys.stderr)
+        return 3
+    code, lines = answer(state)
+    print("\n".join(lines))
+    return code
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    """Exit 0 when a history was read (steps or not), 1 when nothing could be, 2 usage."""
+    from attnbench.analysis.frame import load
+    from attnbench.analysis.history import find_steps, table
+    from attnbench.markdown import history_summary, write_summary
+    from attnbench.report.html import render_history
+
+    try:
+        check_writable_dir(args.out, "--out")
+    except ValueError as exc:
+        return _usage(str(exc))
+    frame = load(args.sources)
+    for problem in frame.attrs.get("problems", []):
+        print(f"problem: {problem}", file=sys.stderr)
+    rows = frame[frame["commit"].fillna("") != ""]
+    if rows["commit"].nunique() < 2:
+        print(f"error: {', '.join(args.sources)} hold(s) {rows['commit'].nunique()} commit(s) of asv results: a history "
+              "needs several", file=sys.stderr)
+        return 1
+    factors = {"instructions": args.instructions_factor, "peak_tensor_bytes": args.memory_factor,
+               "time": args.time_factor}
+    history = find_steps(rows, factors=factors, window=args.window, repo=args.repo)
+    shown = table(history)
+    print(f"{len(history.commits)} commits ({history.order}); {len(history.regressions)} regression(s), "
+          f"{len(history.improvements)} improvement(s)")
+    if len(shown):
+        with pd.option_context("display.width", 200, "display.max_rows", 500, "display.max_colwidth", 60):
+            print(shown.to_string(index=False))
+    page = render_history(history, args.out)
+    print(f"history: {page}")
+    for path in write_summary(history_summary(history), args.summary):
+        print(f"summary: {path}", file=sys.stderr)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from attnbench.analysis.frame import load
+    from attnbench.export import ExportError, dumps, export
+
+    frame = load([args.source])
+    for problem in frame.attrs.get("problems", []):
+        print(f"problem: {problem}", file=sys.stderr)
+    try:
+        exported = export(frame, args.fmt, args.commit)
+    except ExportError as exc:
+        return _usage(str(exc))
+    text = dumps(exported)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text, encoding="utf-8")
+        print(f"{exported.entries} entries of commit {exported.commit[:10] or '(a run)'} as {args.fmt}: {out}",
+              file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
@@ -745,7 +844,55 @@ def build_parser() -> argparse.ArgumentParser:
                    help="allowed HEAD/BASE instruction count ratio")
     p.add_argument("--work-dir", default=".asv/regress",
                    help="results and asv.log go here (relative to the current directory)")
+    p.add_argument("--time-cases", choices=["longest", "all"], default="longest",
+                   help="where counts decide (--metric both or instructions): time the longest length of each variant "
+                        "only (where the working set is largest: what counts cannot see weighs most) or every case "
+                        "(minutes longer); --metric time always times every case")
+    p.add_argument("--summary", default=None, metavar="FILE",
+                   help="also write the verdict as Markdown to FILE (and append it to $GITHUB_STEP_SUMMARY when set)")
     p.set_defaults(func=cmd_regress)
+
+    p = sub.add_parser("bisect", help="binary search GOOD..BAD for the first commit whose metric exceeds GOOD's by the "
+                       "gate's factor", formatter_class=_Formatter)
+    p.add_argument("good", help="a git revision where the metric was fine")
+    p.add_argument("bad", help="a later revision where it is not (GOOD must be its ancestor)")
+    p.add_argument("--metric", choices=["instructions", "peak_tensor_bytes", "time"], default="instructions",
+                   help="what is searched: instruction counts and peak tensor bytes are exact (one measurement per "
+                        "commit); time probes are the gate's time verdicts (GOOD re-timed beside every probe)")
+    p.add_argument("--case", dest="cases", action="append", default=[], metavar="VARIANT:L",
+                   help="measure this case only (repeatable; default: the CI grid, narrowed by ATTNBENCH_ASV_*)")
+    p.add_argument("--repo", default=".", help="attnbench checkout")
+    p.add_argument("--work-dir", default=".asv/bisect", help="results and asv.log go here")
+    p.add_argument("--instructions-factor", type=_factor, default=INSTRUCTIONS_FACTOR,
+                   help="a probe is bad when a count exceeds GOOD's by this")
+    p.add_argument("--memory-factor", type=_factor, default=1.1, help="the same for peak tensor bytes")
+    p.add_argument("--time-factor", type=_factor, default=1.2, help="the gate's time allowance (--metric time)")
+    p.add_argument("--rounds", type=_int_at_least(1, "rounds"), default=2, help="time rounds per probe (--metric time)")
+    p.set_defaults(func=cmd_bisect)
+
+    p = sub.add_parser("history", help="steps and drifts in a results history (e.g. the benchmark-results branch)",
+                       formatter_class=_Formatter)
+    p.add_argument("--from", dest="sources", action="append", required=True,
+                   help="asv results directory of several commits (repeatable)")
+    p.add_argument("--out", default="reports/history", help="history.html, figures/ and steps.csv go here")
+    p.add_argument("--window", type=_int_at_least(2, "window"), default=10,
+                   help="commits a drift may spread over (a cumulative change beyond the factor with no single step)")
+    p.add_argument("--repo", default=".",
+                   help="git repository to order the commits by (when it knows them all; else asv's commit dates)")
+    p.add_argument("--instructions-factor", type=_factor, default=INSTRUCTIONS_FACTOR, help="a count's step or drift")
+    p.add_argument("--memory-factor", type=_factor, default=1.1, help="peak tensor bytes' step or drift")
+    p.add_argument("--time-factor", type=_factor, default=1.2, help="a time level's step or drift")
+    p.add_argument("--summary", default=None, metavar="FILE",
+                   help="also write the steps as Markdown to FILE (and append them to $GITHUB_STEP_SUMMARY when set)")
+    p.set_defaults(func=cmd_history)
+
+    p = sub.add_parser("export", help="results as Bencher's BMF or github-action-benchmark's customSmallerIsBetter JSON",
+                       formatter_class=_Formatter)
+    p.add_argument("source", metavar="FROM", help="asv results directory or run directory")
+    p.add_argument("--format", dest="fmt", choices=["bmf", "github-action-benchmark"], required=True)
+    p.add_argument("--commit", default=None, help="the commit to export (a prefix; default: the newest)")
+    p.add_argument("--out", default=None, help="write the JSON here (default: standard output)")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("peak", help="measure this machine's matmul FLOP/s and memory bandwidth (cached for reports)",
                        formatter_class=_Formatter)

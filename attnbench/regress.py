@@ -47,10 +47,12 @@ import itertools
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,12 +107,62 @@ def _git(repo: Path, *args: str) -> str:
     return out.stdout.strip()
 
 
-def _asv(args: list[str], *, cwd: Path, env: dict[str, str], log) -> subprocess.CompletedProcess:
+HEARTBEAT_S = 30.0
+"""A long asv step says where it is at least this often (asv's own output goes to the log)."""
+_PROGRESS = re.compile(r"^(?:\[\s*(\d+(?:\.\d+)?)%\]\s+)?[·.]+\s+(.*)$")
+"""asv's progress lines: ``[ 33.33%] ··· bench_attention.Attention.time_attention  ok``, ``·· Creating virtualenv ...``."""
+
+
+def _asv(args: list[str], *, cwd: Path, env: dict[str, str], log, progress: Callable[[str], None] | None = None,
+         heartbeat_s: float = HEARTBEAT_S) -> subprocess.CompletedProcess:
+    """Run asv, its output (stdout and stderr) kept for the log and the caller; with ``progress``, asv's latest
+    ``[ N%] ...`` line is reported every ``heartbeat_s`` seconds while it runs (a gate run is minutes of asv)."""
     cmd = [sys.executable, "-m", "asv", *args]
-    out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    if progress is None:
+        out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    else:
+        out = _streamed(cmd, cwd, {**env, "PYTHONUNBUFFERED": "1"}, progress, heartbeat_s)
     if log is not None:
         log.write(f"$ {' '.join(cmd)}\n{out.stdout}\n{out.stderr}\n")
+        log.flush()
     return out
+
+
+def _streamed(cmd: list[str], cwd: Path, env: dict[str, str], progress: Callable[[str], None],
+              heartbeat_s: float) -> subprocess.CompletedProcess:
+    """``subprocess.run`` that reads stdout as it comes and reports asv's latest progress line every ``heartbeat_s``."""
+    import threading
+
+    lines: list[str] = []
+    latest = [""]
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            errors="replace")
+    errors: list[str] = []
+
+    def read_out() -> None:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            lines.append(f"[{time.monotonic() - start:6.1f} s] {line}")  # where the step's time goes, in the log
+            found = _PROGRESS.match(line.strip())
+            if found and found.group(2)[:1].isalpha() and not found.group(2).startswith("Running"):  # not a table row
+                share = f"{float(found.group(1)):.0f}% " if found.group(1) else ""
+                latest[0] = f"{share}{' '.join(found.group(2).split())[:110]}"
+
+    def read_err() -> None:
+        errors.extend(proc.stderr)  # type: ignore[arg-type]
+
+    readers = [threading.Thread(target=read_out, daemon=True), threading.Thread(target=read_err, daemon=True)]
+    for reader in readers:
+        reader.start()
+    while True:
+        try:
+            proc.wait(timeout=heartbeat_s)
+            break
+        except subprocess.TimeoutExpired:
+            progress(f"  ... asv at {latest[0] or 'its start'} ({time.monotonic() - start:.0f} s into this step)")
+    for reader in readers:
+        reader.join()
+    return subprocess.CompletedProcess(cmd, proc.returncode, "".join(lines), "".join(errors))
 
 
 def _config(repo: Path, work: Path) -> Path:
@@ -321,6 +373,9 @@ def compare(
     (time rows are ``shown``, for the disagreement notes), ``"both"`` both (a time row left ``undecided``
     is ``shown`` when its case's count was decided).
 
+    ``improved`` marks an ``ok`` row that moved the other way beyond the same rule: a count, bytes or FLOPs below
+    1 / their factor, a time that the gate would call regressed with BASE and HEAD swapped.
+
     Verdicts: ``ok``, ``regressed``, ``undecided`` (time only), ``shown``, ``n/a``, and ``wrong``: the case ran on
     BASE and HEAD's result fails the correctness gate (an ``error_ratio`` above 1, or a row the loader marked
     ``wrong``). Every row of such a case reads ``wrong`` where it would otherwise be ``regressed`` or ``ok``
@@ -347,7 +402,7 @@ def compare(
     instructions_factor = significance.check_factor("instructions_factor", instructions_factor)
     samples, probes = samples or {}, probes or {}
     typical = _typical_probes(probes)
-    verdicts, ratios, reasons = [], [], []
+    verdicts, ratios, reasons, improved = [], [], [], []
     for rec in table.to_dict("records"):
         b_ok, h_ok = rec["base_status"] == "ok", rec["head_status"] == "ok"
         ratio = rec["head_value"] / rec["base_value"] if b_ok and h_ok and rec["base_value"] else math.nan
@@ -372,9 +427,19 @@ def compare(
         verdicts.append(verdict)
         ratios.append(ratio)
         reasons.append(reason)
+        factor = {"instructions": instructions_factor, "flops": 1.0 + 1e-9, "peak_tensor_bytes": memory_factor}.get(
+            rec["metric"], memory_factor)
+        if verdict != "ok" or not math.isfinite(ratio) or rec["metric"] == "error_ratio":
+            improved.append(False)
+        elif rec["metric"] == "time":  # the gate's own rule, BASE and HEAD swapped: HEAD faster beyond the allowance
+            improved.append(_time_verdict(rec, head, base, time_factor, samples, probes, typical, runqueue_shares or {},
+                                          corrected or {})[0] == "regressed")
+        else:
+            improved.append(ratio < 1 / factor)
     table["ratio"] = ratios
     table["verdict"] = verdicts
     table["reason"] = reasons
+    table["improved"] = improved
     table["note"] = disagreements(table)
     return _decided_by(table, metric)
 
@@ -446,6 +511,237 @@ def _commits(repo: Path, base: str, heads: list[str]) -> tuple[str, dict[str, st
     return base_hash, head_hashes
 
 
+TIME_CASES = ("longest", "all")
+"""Which time cases the gate times where instruction counts decide (``--metric both`` or ``instructions``):
+``longest``, the longest length of each variant in the grid, or ``all`` of them (with ``--metric time``: always all)."""
+NOT_TIMED = "not timed"
+"""The verdict of a time row the gate did not time (counts decided its case at a length where time tells nothing
+more; see :func:`time_selection`)."""
+
+
+def time_selection(subset: dict[str, str]) -> tuple[str, int]:
+    """``(asv --bench pattern, length)``: the time benchmark at the longest length of ``subset``'s grid only.
+
+    Where instruction counts decide, time tells what counts cannot see: cache misses, page faults, memory bandwidth and
+    waiting. They weigh most where the working set is largest and least where it fits in the caches: at the grid's
+    shorter lengths (the CI grid's 256 and 512: scores of 2 and 8 MiB) a call's time follows its instructions, which
+    the counts already judge exactly. asv selects parameter sets by a regular expression on
+    ``name('variant', length, ...)``.
+    """
+    lengths = [int(x) for x in subset.get(contract.ENV_LENGTHS, "").split(",") if x.strip()]
+    longest = max(lengths) if lengths else max(contract.GRIDS["ci"].lengths)
+    return rf"{re.escape(TIME_BENCHMARK)}\('[^']*', {longest}, ", longest
+
+
+MACHINE_FILE_RETRIES = 4
+_MACHINE_FILE_RACE = re.compile(r"Error parsing JSON in file '[^']*\.asv-machine\.json'")
+TWIN_SUFFIX = "-twin"
+"""A second copy of asv's environment directory (``<env_dir>-twin``), for a second asv process at the same time."""
+
+
+def twin_environments(env_dir: Path) -> Path:
+    """``<env_dir>-twin``: every environment of ``env_dir`` again, for a second asv process to install another commit
+    into while the first measures its own (an environment holds one commit at a time).
+
+    The interpreter's libraries (``lib/``: torch and the pinned packages, over a gigabyte, never written by asv) are
+    hard links, made in seconds (a copy where links cannot be made); everything asv writes per commit (the project
+    checkout it builds from, its wheel cache, its install record, ``bin/``) is copied, so neither process touches the
+    other's files. pip replaces a package's files by new ones (it never writes into an installed file), so the
+    commit installed in one copy is never seen in the other. A twin whose ``asv-env-info.json`` (the pins) differs
+    from its original's is made again.
+    """
+    import shutil
+
+    twin_dir = env_dir.with_name(env_dir.name + TWIN_SUFFIX)
+    for env in sorted(p for p in env_dir.iterdir() if (p / "asv-env-info.json").is_file()) if env_dir.is_dir() else []:
+        twin = twin_dir / env.name
+        info = (env / "asv-env-info.json").read_text()
+        if (twin / "asv-env-info.json").is_file() and (twin / "asv-env-info.json").read_text() == info:
+            continue
+        shutil.rmtree(twin, ignore_errors=True)
+        twin.mkdir(parents=True)
+        for part in env.iterdir():
+            target = twin / part.name
+            if part.is_symlink() or not part.is_dir():
+                shutil.copy2(part, target, follow_symlinks=False)
+            elif part.name in ("lib", "lib64", "include", "share"):
+                shutil.copytree(part, target, symlinks=True, copy_function=_link_or_copy)
+            else:
+                shutil.copytree(part, target, symlinks=True)
+    return twin_dir
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another filesystem, or links not allowed: a copy
+        import shutil
+
+        shutil.copy2(src, dst)
+
+
+@dataclass
+class AsvSession:
+    """One asv configuration, machine and environment for a series of ``asv run`` calls on commits of a repository:
+    the gate's (:func:`regress_many`) and the bisection's (:mod:`attnbench.bisect`).
+
+    The environment is built by the first run (minutes) in ``ATTNBENCH_ASV_ENV_DIR`` or the checkout's ``.asv/env`` and
+    reused by every later one; each run installs its commits into it (seconds each).
+    """
+
+    repo: Path
+    work: Path
+    conf: Path
+    env: dict[str, str]
+    machine: str
+    log_file: Path
+    say: Callable[[str], None]
+
+    @classmethod
+    def open(cls, repo: Path, work_dir: str | Path | None, subset: dict[str, str] | None, machine: str,
+             log_path: str | Path | None, say: Callable[[str], None] | None = None, fresh: bool = True) -> AsvSession:
+        """The configuration written under the work directory and asv's machine registered (RegressError if not).
+
+        ``fresh``: start from an empty results directory. A verdict is taken on this session's measurements only: a
+        work directory kept from an earlier run (the CLI's ``.asv/regress``) still held, say, BASE's counts of that
+        run where this one took none of HEAD's, and compare() read "ran on BASE, not on HEAD": regressed.
+        """
+        # Relative to where the caller stands, resolved now: asv runs with cwd=work, where a relative path
+        # would be taken a second time (".asv/regress/.asv/regress").
+        repo = Path(repo).resolve()
+        work = (check_writable_dir(work_dir, "work_dir", create=True).resolve() if work_dir
+                else Path(tempfile.mkdtemp(prefix="attnbench-regress-")))
+        conf = _config(repo, work)
+        if fresh:
+            shutil_rmtree(work / "results")
+        if subset is None:  # the grid variables the caller set (e.g. ATTNBENCH_ASV_VARIANTS)
+            subset = {k: os.environ[k] for k in contract.GRID_ENV if os.environ.get(k, "").strip()}
+        subset = {**CI_SUBSET, **subset}  # whatever they leave unset stays the CI grid's (not asv's whole grid)
+        env = {**os.environ, **subset, **regime.child_env(REGIME), contract.ENV_PROBE_LOG: str(work / PROBES)}
+        session = cls(repo=repo, work=work, conf=conf, env=env, machine=machine, log_file=Path(log_path or work / "asv.log"),
+                      say=say or (lambda line: None))
+        out = session.asv(["machine", "--yes", "--machine", machine, "--config", str(conf)], quiet=True)
+        if out.returncode != 0:
+            raise RegressError(f"asv machine failed (exit {out.returncode}):\n{output_tail(out)}\nfull log: {session.log_file}")
+        return session
+
+    @property
+    def subset(self) -> dict[str, str]:
+        return {k: self.env[k] for k in contract.GRID_ENV if k in self.env}
+
+    @property
+    def env_dir(self) -> Path:
+        return Path(json.loads(self.conf.read_text())["env_dir"])
+
+    def twin(self) -> AsvSession:
+        """A second session beside this one: the same repository, grid and machine, its own environments
+        (:func:`twin_environments`, made from this session's once they exist) and its own results directory
+        (``<work>/twin/results``: two asv processes must not write one ``benchmarks.json``). Its results join this
+        session's with :meth:`adopt`."""
+        # this session's environments must exist first (asv setup's exit code is its return value, a list: unused);
+        # on a first run it builds asv's pinned virtualenv (minutes), so it reports its progress like a run
+        out = self.asv(["setup", "--config", str(self.conf)])
+        if not any(self.env_dir.glob("*/asv-env-info.json")):
+            raise RegressError(f"asv setup made no environment in {self.env_dir}:\n{output_tail(out)}\nfull log: {self.log_file}")
+        work = self.work / "twin"
+        work.mkdir(exist_ok=True)
+        conf = json.loads(self.conf.read_text())
+        conf.update(env_dir=str(twin_environments(self.env_dir)), results_dir=str(work / "results"), html_dir=str(work / "html"))
+        (work / "asv.conf.json").write_text(json.dumps(conf, indent=1))
+        twin = AsvSession(repo=self.repo, work=work, conf=work / "asv.conf.json", env=self.env, machine=self.machine,
+                          log_file=work / "asv.log", say=self.say)
+        out = twin.asv(["machine", "--yes", "--machine", self.machine, "--config", str(twin.conf)], quiet=True)
+        if out.returncode != 0:
+            raise RegressError(f"asv machine failed (exit {out.returncode}):\n{output_tail(out)}\nfull log: {twin.log_file}")
+        return twin
+
+    def adopt(self, other: AsvSession, commits: list[str]) -> None:
+        """Move ``other``'s results of ``commits`` into this session's results directory (replacing what it held of
+        them: they were measured again), and its log into this one's."""
+        from attnbench.shards import merge_results
+
+        mine, theirs = self.work / "results", other.work / "results"
+        if (theirs / "benchmarks.json").is_file():  # else asv wrote nothing there (the error is in its log)
+            for commit in commits:
+                for path in (mine / self.machine).glob(f"{commit[:8]}-*.json"):
+                    path.unlink()
+            merge_results([theirs], mine)
+        shutil_rmtree(theirs)
+        if other.log_file.exists():
+            with open(self.log_file, "a", encoding="utf-8") as log:
+                log.write(other.log_file.read_text(encoding="utf-8", errors="replace"))
+            other.log_file.unlink()
+
+    def asv(self, args: list[str], quiet: bool = False) -> subprocess.CompletedProcess:
+        """Run asv; a call that died reading ``~/.asv-machine.json`` while another asv process rewrote it is run again.
+
+        asv keeps its machines in one file in the home directory and rewrites it in place (``asv machine --yes``), so
+        an asv process started at that moment reads it empty and stops ("Error parsing JSON"): seen here, where the
+        home directory is shared with other users' asv runs, as a BASE whose every result was missing.
+        """
+        for attempt in range(MACHINE_FILE_RETRIES + 1):
+            with open(self.log_file, "a", encoding="utf-8") as log:
+                out = _asv(args, cwd=self.work, env=self.env, log=log, **({} if quiet else {"progress": self.say}))
+            if out.returncode == 0 or not _MACHINE_FILE_RACE.search(f"{out.stdout}\n{out.stderr}"):
+                return out
+            if attempt < MACHINE_FILE_RETRIES:
+                self.say(f"asv read ~/.asv-machine.json while it was being rewritten: again ({attempt + 1})")
+                time.sleep(1.0 + attempt)
+        return out
+
+    def run(self, commits: list[str], bench: str, *, rounds: int | None = None, samples: bool = False,
+            append: bool = False) -> subprocess.CompletedProcess:
+        """``asv run`` of ``bench`` on ``commits`` (full hashes); ``rounds``: interleaved rounds (``--attribute rounds``
+        applies to every benchmark of the call, so deterministic ones run in calls of their own, once).
+
+        Exit codes are deliberately unused: the result files are the truth (:meth:`load`).
+        """
+        hashes = self.work / "hashes.txt"
+        hashes.write_text("".join(f"{h}\n" for h in commits))
+        args = ["run", f"HASHFILE:{hashes}", "--config", str(self.conf), "--machine", self.machine, "--show-stderr",
+                "--bench", bench]
+        if rounds is not None:
+            args += ["--interleave-rounds", "--attribute", f"rounds={rounds}"]
+        if samples:
+            args.append("--record-samples")
+        if append:
+            args.append("--append-samples")
+        return self.asv(args)
+
+    def load(self, commits: list[str]) -> tuple[pd.DataFrame, dict]:
+        """``(frame, samples)`` of this session's results, for :func:`compare`; every commit must have results."""
+        return _load_results(self.work, self.machine, commits, self.log_file)
+
+
+def shutil_rmtree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def in_parallel(jobs: list[Callable[[], object]]) -> list[object]:
+    """Run ``jobs`` at once (each waits on its own asv process); their results in order; the first error is raised."""
+    import threading
+
+    results: list[object] = [None] * len(jobs)
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            results[i] = jobs[i]()
+        except BaseException as exc:  # noqa: BLE001 - raised below, in the caller's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(jobs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
 def regress_many(
     base: str,
     heads: list[str],
@@ -461,19 +757,31 @@ def regress_many(
     metric: str = "time",
     instructions_factor: float = INSTRUCTIONS_FACTOR,
     progress: Callable[[str], None] | None = None,
+    time_cases: str = "longest",
+    deterministic: bool = True,
+    parallel: bool = True,
 ) -> dict[str, Outcome]:
-    """Benchmark ``base`` and every one of ``heads`` in one asv run (rounds interleaved over all of them), then
-    compare each HEAD with BASE: the outcomes, keyed by the revisions as given.
+    """Benchmark ``base`` and every one of ``heads`` in one asv session (time rounds interleaved over all of them),
+    then compare each HEAD with BASE: the outcomes, keyed by the revisions as given.
 
     BASE is measured once for all of them, so judging several candidate commits costs one BASE, one environment
-    and one set of rounds in which all of them share the machine's moments.
+    and one set of rounds in which all of them share the machine's moments. The steps, each one asv call: the
+    deterministic benchmarks (peak tensor bytes, FLOPs, the correctness gate's error ratio) once per commit; with
+    counts deciding, the instruction counts (one valgrind process per commit); then the time rounds, interleaved, with
+    a confirmation round for what they leave undecided.
+
+    Where counts decide (``metric`` ``both`` or ``instructions``) the time rounds take, by default
+    (``time_cases="longest"``), only the longest length of each variant (:func:`time_selection`): there time sees what
+    counts cannot (cache misses, page faults, bandwidth, waiting); at the shorter lengths the counts decide alone and
+    the time rows read ``not timed``. What that gives up: a slowdown the counts cannot see that shows at the shorter
+    lengths only. ``time_cases="all"`` times every case, as ``metric="time"`` always does.
 
     Args:
         base, heads: any git revisions (branch, tag, hash, ``HEAD~1``).
         repo: the attnbench checkout (its asv.conf.json and benchmarks/ are used).
         time_factor: allowed HEAD/BASE time ratio.
         memory_factor: allowed HEAD/BASE peak tensor bytes ratio.
-        rounds: asv rounds, interleaved across the commits.
+        rounds: asv rounds of the time benchmark, interleaved across the commits.
         subset: grid variables narrowing :data:`CI_SUBSET` (a variable it does not set keeps the CI grid's value:
             ``{"ATTNBENCH_ASV_VARIANTS": "batched"}`` is batched on the CI grid's lengths, modes and masks); default:
             the ones of :data:`contract.GRID_ENV` set in the environment.
@@ -484,16 +792,25 @@ def regress_many(
         metric: what decides (:data:`GATE_METRICS`): ``"time"``, ``"instructions"`` (valgrind's counts: one
             valgrind process per commit; time is measured and shown beside them, not deciding) or ``"both"``.
         instructions_factor: allowed HEAD/BASE instruction count ratio.
-        progress: called with a line as each step starts (the CLI prints it): asv's steps take minutes.
+        progress: called with a line as each step starts and at least every :data:`HEARTBEAT_S` seconds while asv
+            runs (the CLI prints it): asv's steps take minutes.
+        time_cases: :data:`TIME_CASES`: where counts decide, time the longest length only or every case.
+        deterministic: also measure peak tensor bytes, FLOPs and the error ratio (the bisection's time probes, which
+            decide on time alone, leave them out).
+        parallel: take the deterministic measures (bytes, FLOPs, error ratio, counts) of BASE and of the HEADs in two
+            asv processes at once, the second in a twin of the environment (:meth:`AsvSession.twin`): they do not
+            move with a neighbour, and a gate run has two cores. The time rounds always run alone, afterwards.
 
     Raises:
         ValueError: bad arguments (unknown revision, a HEAD that is BASE, repeated HEADs, bad factors, an unknown
-            metric).
+            metric or time_cases).
         RegressError: asv could not produce results for every commit, or counts were asked for without valgrind.
     """
     say = progress or (lambda line: None)
     if metric not in GATE_METRICS:
         raise ValueError(f"metric must be one of {GATE_METRICS}, got {metric!r}")
+    if time_cases not in TIME_CASES:
+        raise ValueError(f"time_cases must be one of {TIME_CASES}, got {time_cases!r}")
     instructions_factor = significance.check_factor("instructions_factor", instructions_factor)
     if metric != "time" and valgrind_version() is None:
         raise RegressError(missing_message())
@@ -503,50 +820,46 @@ def regress_many(
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     repo = Path(repo).resolve()
     base_hash, head_hashes = _commits(repo, base, heads)
-    # Relative to where the caller stands, resolved now: asv runs with cwd=work, where a relative path
-    # would be taken a second time (".asv/regress/.asv/regress").
-    work = (check_writable_dir(work_dir, "work_dir", create=True).resolve() if work_dir
-            else Path(tempfile.mkdtemp(prefix="attnbench-regress-")))
-    conf = _config(repo, work)
-    (work / "hashes.txt").write_text("".join(f"{h}\n" for h in (base_hash, *head_hashes.values())))
+    session = AsvSession.open(repo, work_dir, subset, machine, log_path, say)
+    work, log_file = session.work, session.log_file
     (work / PROBES).unlink(missing_ok=True)  # this gate run's rounds only
-    if subset is None:  # the grid variables the caller set (e.g. ATTNBENCH_ASV_VARIANTS)
-        subset = {k: os.environ[k] for k in contract.GRID_ENV if os.environ.get(k, "").strip()}
-    subset = {**CI_SUBSET, **subset}  # whatever they leave unset stays the CI grid's (not asv's whole grid)
-    env = {**os.environ, **subset, **regime.child_env(REGIME), contract.ENV_PROBE_LOG: str(work / PROBES)}
+    everything = [base_hash, *head_hashes.values()]
     commits = f"BASE {base_hash[:10]} and " + ", ".join(f"HEAD {h[:10]}" for h in head_hashes.values())
-    run = ["run", f"HASHFILE:{work / 'hashes.txt'}", "--config", str(conf), "--machine", machine, "--show-stderr"]
-    timed = [*run, "--interleave-rounds", "--attribute", f"rounds={rounds}", "--record-samples"]
-    log_file = Path(log_path or work / "asv.log")
-    with open(log_file, "a", encoding="utf-8") as log:
-        machine_out = _asv(["machine", "--yes", "--machine", machine, "--config", str(conf)], cwd=work, env=env, log=log)
-        if machine_out.returncode != 0:
-            raise RegressError(f"asv machine failed (exit {machine_out.returncode}):\n{output_tail(machine_out)}\nfull log: {log_file}")
-        # Exit codes are deliberately unused: the result files are the truth.
-        say(f"timing {commits}: {rounds} interleaved asv round(s) of the CI subset "
-            f"(the first run builds asv's pinned virtualenv: minutes; log {log_file})")
-        _asv([*timed, "--bench", GATED], cwd=work, env=env, log=log)
-        if metric != "time":  # one round: counts are deterministic (and each commit's setup_cache is one valgrind process)
-            say("counting instructions under valgrind: one process per commit (torch starts in about half a minute)")
-            _asv([*run, "--bench", INSTRUCTIONS], cwd=work, env=env, log=log)
+    counts_decide = metric != "time"
+    timed_bench, timed_length = TIME_BENCHMARK, None
+    if counts_decide and time_cases == "longest":
+        timed_bench, timed_length = time_selection(session.subset)
+    say(f"measuring {commits} on the CI subset (the first run builds asv's pinned virtualenv: minutes; log {log_file})")
+    exact = [b for b in contract.GATED_BENCHMARKS if b != TIME_BENCHMARK] if deterministic else []
+    exact += [INSTRUCTIONS] if counts_decide else []  # one round: deterministic (each commit's counts: one valgrind)
+    if exact:
+        what = ", ".join(filter(None, ("peak tensor bytes, FLOPs and the correctness gate" if deterministic else "",
+                                       "instruction counts under valgrind (torch starts in about half a minute)"
+                                       if counts_decide else "")))
+        _measure_exact(session, everything, exact, what, parallel)
+    where = (f"at L={timed_length} only (counts decide the shorter lengths; time sees what they cannot where the "
+             "working set is largest)" if timed_length else "of every case")
+    say(f"timing: {rounds} interleaved asv round(s) {where}")
+    session.run(everything, timed_bench, rounds=rounds, samples=True)
 
-        def decide() -> dict[str, pd.DataFrame]:
-            frame, samples = _load_results(work, machine, [base_hash, *head_hashes.values()], log_file)
-            probes, shares = read_probes(work / PROBES), read_probes(work / PROBES, "runqueue_share")
-            corrected = read_corrected(work / PROBES)
-            return {head: compare(frame, base_hash, head_hash, time_factor, memory_factor, samples=samples, probes=probes,
-                                  metric=metric, instructions_factor=instructions_factor, runqueue_shares=shares,
-                                  corrected=corrected)
-                    for head, head_hash in head_hashes.items()}
+    def decide() -> dict[str, pd.DataFrame]:
+        frame, samples = session.load(everything)
+        probes, shares = read_probes(work / PROBES), read_probes(work / PROBES, "runqueue_share")
+        corrected = read_corrected(work / PROBES)
+        tables = {head: compare(frame, base_hash, head_hash, time_factor, memory_factor, samples=samples, probes=probes,
+                                metric=metric, instructions_factor=instructions_factor, runqueue_shares=shares,
+                                corrected=corrected)
+                  for head, head_hash in head_hashes.items()}
+        return {head: _not_timed(table, timed_length) for head, table in tables.items()}
 
+    tables = decide()
+    undecided = sum(int((t["verdict"] == "undecided").sum()) for t in tables.values())
+    confirmed = 0
+    if undecided:  # cannot tell yet: gather more samples for every commit, decide on all of them
+        say(f"{undecided} time case(s) undecided: a confirmation round")
+        session.run(everything, timed_bench, rounds=rounds, samples=True, append=True)
         tables = decide()
-        undecided = sum(int((t["verdict"] == "undecided").sum()) for t in tables.values())
-        confirmed = 0
-        if undecided:  # cannot tell yet: gather more samples for every commit, decide on all of them
-            say(f"{undecided} time case(s) undecided: a confirmation round")
-            _asv([*timed, "--bench", TIME_BENCHMARK, "--append-samples"], cwd=work, env=env, log=log)
-            tables = decide()
-            confirmed = 1
+        confirmed = 1
     outcomes = {}
     for head, table in tables.items():
         table["confirmation_runs"] = confirmed
@@ -554,6 +867,49 @@ def regress_many(
                                  undecided=table[table["verdict"] == "undecided"], base=base_hash,
                                  head=head_hashes[head], results_dir=work / "results")
     return outcomes
+
+
+def _measure_exact(session: AsvSession, commits: list[str], benchmarks: list[str], what: str, parallel: bool) -> None:
+    """The deterministic benchmarks of ``commits``, one asv call per benchmark group; with ``parallel`` (and more than
+    one commit), the commits split between ``session`` and its twin, both at once."""
+    counts = [b for b in benchmarks if b == INSTRUCTIONS]
+    others = "|".join(b for b in benchmarks if b != INSTRUCTIONS)
+
+    def measure(target: AsvSession, mine: list[str]) -> None:
+        if others:
+            target.run(mine, others)
+        if counts:
+            target.run(mine, counts[0])
+
+    if not parallel or len(commits) < 2:
+        session.say(f"{what}: once per commit")
+        measure(session, commits)
+        return
+    say = session.say
+    twin = session.twin()
+    first, second = commits[0::2], commits[1::2]
+    say(f"{what}: once per commit, two asv processes at once (the second in a twin of the environment)")
+    def label(mine: list[str]) -> str:
+        return mine[0][:8] + (f" and {len(mine) - 1} more" if len(mine) > 1 else "")
+
+    session.say = lambda line: say(f"[{label(first)}] {line.strip()}")
+    twin.say = lambda line: say(f"[{label(second)}] {line.strip()}")
+    try:
+        in_parallel([lambda: measure(session, first), lambda: measure(twin, second)])
+    finally:
+        session.say = say
+        session.adopt(twin, second)
+
+
+def _not_timed(table: pd.DataFrame, timed_length: int | None) -> pd.DataFrame:
+    """Time rows the gate left untimed (another length than ``timed_length``) read ``not timed``, not ``n/a``."""
+    if timed_length is None:
+        return table
+    untimed = (table["metric"] == "time") & (table["seq_len"] != timed_length) & (table["verdict"] == "n/a")
+    table = table.copy()
+    table.loc[untimed, "verdict"] = NOT_TIMED
+    table.loc[untimed, "reason"] = f"counts decide this length; time is taken at L={timed_length} only"
+    return table
 
 
 def _load_results(work: Path, machine: str, commits: list[str], log: Path) -> tuple[pd.DataFrame, ...]:

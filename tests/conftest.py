@@ -30,9 +30,11 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 ROOT = Path(__file__).resolve().parents[1]
 ASV_ENV_DIR = ROOT / ".asv" / "test-env"
-"""asv's environments for the tests that run asv on commits (the README's regress command in the parallel part, the
-planted-regression gate in the serial part): built once, by the first, and reused by the other and by later
-sessions. Two asv processes must never install into it at once: keep a second user of it out of the parallel part."""
+"""asv's environments for the tests that run asv on commits (the README's regress command and the bisection's planted
+history, both in tests/test_regress.py in the parallel part, one after the other on its worker; the planted-regression
+gate in the serial part): built once, by the first, and reused by the others and by later sessions. Two asv processes
+must never install into it at once: keep a second user of it out of the parallel part, or in that module. (The gate's
+own second process uses a twin of it, ``.asv/test-env-twin``.)"""
 
 
 FIRST = ("test_regress.py", "test_asv.py", "test_report.py", "test_instructions.py", "test_errors.py",
@@ -88,6 +90,12 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         _first_test = False
         if item.path.name != CRITICAL:
             os.nice(NICE)
+
+
+@pytest.fixture(autouse=True)
+def _no_step_summary(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests that run ``regress`` or ``history`` never append to a CI job's real summary page."""
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
 
 
 def assert_close_to_reference(variant, q, k, v, mask, factor: float = gate.FACTOR) -> None:

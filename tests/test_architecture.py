@@ -28,10 +28,11 @@ ROOMS: tuple[tuple[str, ...], ...] = (
     ("measure",),  # the package's facade: MeasureConfig, measure, sweep
     ("runs", "profile", "asv_bench"),
     ("analysis.frame", "analysis.complexity", "analysis.roofline"),
-    ("analysis.summary",),
+    ("analysis.summary", "analysis.history"),
     ("report.plots",),
     ("report.html",),
     ("regress", "publish", "shards"),
+    ("bisect", "export", "markdown"),
     ("cli",),
 )
 """Groups of modules from the bottom up: a module may import its own room's and lower rooms' modules only."""

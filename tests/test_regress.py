@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -451,7 +452,7 @@ def test_relative_work_dir_is_taken_once_from_the_invocation_directory(tmp_path,
     trace = "\n".join(["Traceback (most recent call last):"] + [f'  File "x{i}.py", line {i}, in f' for i in range(40)]
                       + ["FileNotFoundError: [Errno 2] No such file or directory: 'somewhere/really/long/path.json'"])
 
-    def fake_asv(args, *, cwd, env, log):
+    def fake_asv(args, *, cwd, env, log, **_):
         seen.append(cwd)
         return subprocess.CompletedProcess(args, 1, stdout="", stderr=trace)
 
@@ -478,7 +479,7 @@ def test_a_subset_narrows_the_ci_grid(tmp_path, monkeypatch):
 
     seen = []
 
-    def fake_asv(args, *, cwd, env, log):
+    def fake_asv(args, *, cwd, env, log, **_):
         seen.append(env)
         return subprocess.CompletedProcess(args, 1, stdout="", stderr="stopped here by the test")
 
@@ -538,3 +539,124 @@ def test_readme_command_works_in_a_fresh_clone(tmp_path):
     for n in (256, 512):
         assert max(ratios[("batched", n)], 1 / ratios[("batched", n)]) == pytest.approx(2.0, abs=0.01), ratios
         assert abs(ratios[("chunked", n)] - 1) < 1e-3, ratios
+
+
+def test_a_long_asv_step_reports_where_it_is(tmp_path):
+    """Planted: an asv stand-in that prints a progress line, then says nothing for 0.7 s. With a 0.2 s heartbeat the
+    caller hears asv's latest progress line (not a table row) several times; its output is all kept, each line
+    stamped with the seconds into the step."""
+    from attnbench.regress import _streamed
+
+    script = ("import sys, time\nprint('[ 50.00%] ··· bench_attention.Attention.time_attention   ok')\n"
+              "print('[ 50.00%] ··· ============ ========= ====')\nsys.stdout.flush()\ntime.sleep(0.7)\nprint('done')")
+    heard = []
+    out = _streamed([sys.executable, "-c", script], tmp_path, dict(os.environ), heard.append, heartbeat_s=0.2)
+    assert out.returncode == 0 and out.stdout.splitlines()[-1].endswith("] done"), out.stdout
+    assert re.match(r"^\[\s+\d+\.\d s\] \[ 50\.00%\]", out.stdout), out.stdout
+    assert len(heard) >= 2 and all("asv at 50% bench_attention.Attention.time_attention ok" in h for h in heard[1:]), heard
+
+
+def test_where_counts_decide_time_is_taken_at_the_longest_length_only():
+    """The --bench pattern selects asv's parameter sets by name('variant', length, ...): the longest length only."""
+    from attnbench.regress import NOT_TIMED, _not_timed, time_selection
+
+    pattern, length = time_selection({contract.ENV_LENGTHS: "256,512,1024"})
+    assert length == 1024
+    names = [f"bench_attention.Attention.time_attention('{v}', {n}, 'cpu', 'forward', 'none')"
+             for v in ("batched", "chunked") for n in (256, 512, 1024)]
+    assert [n for n in names if re.search(pattern, n)] == [n for n in names if ", 1024, " in n]
+    assert not re.search(pattern, "bench_attention.AttentionMetrics.track_flops('batched', 1024, 'cpu', 'forward', 'none')")
+    table = pd.DataFrame({"metric": ["time", "time", "instructions"], "seq_len": [256, 1024, 256],
+                          "verdict": ["n/a", "ok", "ok"], "reason": ["", "", ""]})
+    assert _not_timed(table, 1024)["verdict"].tolist() == [NOT_TIMED, "ok", "ok"]
+
+
+def test_the_twin_environment_shares_the_packages_and_nothing_asv_writes(tmp_path):
+    """The twin's packages are hard links of the original's (made in a second, no second gigabyte); what asv writes
+    per commit (its project checkout, its install record) is copied, so a write in one is not seen in the other;
+    a twin whose pins differ is made again."""
+    from attnbench.regress import twin_environments
+
+    env = tmp_path / "env" / "abc123"
+    (env / "lib" / "site-packages" / "torch").mkdir(parents=True)
+    (env / "lib" / "site-packages" / "torch" / "__init__.py").write_text("big")
+    (env / "project").mkdir()
+    (env / "project" / "setup.py").write_text("commit A")
+    (env / "bin").mkdir()
+    (env / "bin" / "python").symlink_to(sys.executable)
+    (env / "asv-env-info.json").write_text('{"requirements": {"torch": "2.13.0"}}')
+    (env / "asv-install-status.json").write_text('{"commit": "A"}')
+    twin = twin_environments(tmp_path / "env") / "abc123"
+    assert twin.parent == tmp_path / "env-twin"
+    package = "lib/site-packages/torch/__init__.py"
+    assert (twin / package).stat().st_ino == (env / package).stat().st_ino  # a link
+    assert (twin / "bin" / "python").is_symlink()
+    (twin / "project" / "setup.py").write_text("commit B")
+    (twin / "asv-install-status.json").write_text('{"commit": "B"}')
+    assert (env / "project" / "setup.py").read_text() == "commit A"
+    assert (env / "asv-install-status.json").read_text() == '{"commit": "A"}'
+    assert twin_environments(tmp_path / "env") / "abc123" == twin and (twin / "project" / "setup.py").read_text() == "commit B"
+    (env / "asv-env-info.json").write_text('{"requirements": {"torch": "2.14.0"}}')  # new pins: made again
+    twin_environments(tmp_path / "env")
+    assert (twin / "project" / "setup.py").read_text() == "commit A"
+
+
+@pytest.mark.slow
+def test_bisect_names_the_planted_doubling_end_to_end(tmp_path):
+    """Planted: 16 commits of README edits, the 11th also doubling batched's forward. ``attnbench bisect`` on batched
+    L=256's counts names commit 11 with x2.00 in at most 5 probes (GOOD and 4), through asv in the tests' shared
+    environment (here, in this module, so that no other worker's asv installs into it at the same time)."""
+    if shutil.which("git") is None or shutil.which("valgrind") is None:
+        pytest.skip("needs git and valgrind")
+    from tests.test_bisect import planted_history
+
+    clone, commits = planted_history(tmp_path)
+    good = _git(clone, "rev-parse", f"{commits[0]}~1")
+    env = {**os.environ, "PYTHONPATH": str(clone), contract.ENV_ENV_DIR: str(ASV_ENV_DIR)}
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "attnbench.cli", "bisect", good, commits[-1], "--case", "batched:256",
+                          "--metric", "instructions"], cwd=clone, env=env, capture_output=True, text=True, timeout=3600)
+    text = out.stdout + out.stderr
+    assert out.returncode == 1, text
+    named = re.search(r"^first bad commit: ([0-9a-f]{40}) x([0-9.]+) instructions \(batched L=256\)", out.stdout, re.M)
+    assert named and named[1] == commits[10] and float(named[2]) == pytest.approx(2.0, abs=0.01), text
+    probes = re.findall(r"^probe \d+: ([0-9a-f]{10}) (good|bad)", out.stdout, re.M)
+    assert len(probes) <= 4 and [c for c, _ in probes] == [commits[k - 1][:10] for k in (8, 12, 10, 11)], text
+    assert re.search(r"^bisect \[\s*\d+ s\] measuring GOOD", out.stderr, re.M), text  # progress, with elapsed time
+    print(f"bisect end to end: {time.monotonic() - started:.0f} s\n{out.stdout}")
+
+
+def test_a_gate_run_decides_on_its_own_measurements_only(tmp_path, monkeypatch):
+    """Planted (seen): a work directory kept from a run with counts held BASE's counts of that run; a second run
+    that took no counts then read "ran on BASE, not on HEAD" and failed every count. A session starts empty."""
+    import attnbench.regress as regress_module
+    from attnbench.regress import AsvSession
+
+    monkeypatch.setattr(regress_module, "_asv", lambda args, **_: subprocess.CompletedProcess(args, 0, "", ""))
+    stale = tmp_path / "work" / "results" / "attnbench-ci" / "0123abcd-env.json"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("{}")
+    AsvSession.open(ROOT, tmp_path / "work", None, "attnbench-ci", None)
+    assert not stale.exists()
+
+
+def test_asv_is_run_again_when_it_read_the_machine_file_mid_rewrite(tmp_path, monkeypatch):
+    """Planted (seen, the home directory shared with other users' asv runs): asv read ~/.asv-machine.json while another
+    asv rewrote it, stopped, and BASE had no results. The call is run again; another failure is not."""
+    import attnbench.regress as regress_module
+    from attnbench.regress import AsvSession
+
+    calls = []
+    race = "· Error parsing JSON in file '/root/.asv-machine.json': Expecting value: line 1 column 1 (char 0)"
+
+    def fake_asv(args, **_):
+        calls.append(args[0])
+        if args[0] == "run" and calls.count("run") < 3:
+            return subprocess.CompletedProcess(args, 1, race, "")
+        return subprocess.CompletedProcess(args, 1 if args[0] == "publish" else 0, "", "")
+
+    monkeypatch.setattr(regress_module, "_asv", fake_asv)
+    monkeypatch.setattr(regress_module.time, "sleep", lambda s: None)
+    session = AsvSession.open(ROOT, tmp_path / "work", None, "attnbench-ci", None)
+    assert session.run(["a" * 40], "x").returncode == 0 and calls.count("run") == 3
+    assert session.asv(["publish"]).returncode == 1 and calls.count("publish") == 1  # not that race: not again

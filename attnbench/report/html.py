@@ -28,6 +28,7 @@ import pandas as pd
 
 from attnbench import demos as teaching
 from attnbench.analysis import complexity, roofline
+from attnbench.analysis import history as steps_
 from attnbench.analysis.summary import Analysis, analyse, load_results, provenance, short_hash
 from attnbench.analysis.text import fmt, sig
 from attnbench.contract import PROGRESSION
@@ -203,11 +204,16 @@ class Page:
 
     def figure(self, name: str, fig: plt.Figure | None, caption: str, css: str = "") -> str:
         """The figure (``id="fig-<name>"``, PNG and SVG written beside the page) with its caption; "" for no figure."""
-        if fig is None:
-            return ""
-        uri = _fig_to_files(fig, self.fig_dir / name)
-        return (f'<figure id="fig-{name}" class="{css}"><img alt="{name}" src="{uri}"><figcaption>{caption} '
-                f'(<code>figures/{name}.png</code>, <code>.svg</code>)</figcaption></figure>')
+        return _figure(self.fig_dir, name, fig, caption, css)
+
+
+def _figure(fig_dir: Path, name: str, fig: plt.Figure | None, caption: str, css: str = "") -> str:
+    """:meth:`Page.figure` for any folder of figures (the history page has no :class:`Page`)."""
+    if fig is None:
+        return ""
+    uri = _fig_to_files(fig, fig_dir / name)
+    return (f'<figure id="fig-{name}" class="{css}"><img alt="{name}" src="{uri}"><figcaption>{caption} '
+            f'(<code>figures/{name}.png</code>, <code>.svg</code>)</figcaption></figure>')
 
 
 def _code(text: str) -> str:
@@ -438,6 +444,64 @@ def _comparison(page: Page) -> str:
     return f'<section id="comparison"><h2>Comparison</h2>{body}</section>' if body else ""
 
 
+HISTORY_MIN_COMMITS = 3
+"""Commits a results directory needs before the report reads it as a history (two are a comparison: the gate's)."""
+
+
+def history_section(history: steps_.History, fig_dir: Path) -> str:
+    """The steps of a results history: the table (regressions first) and one figure per case, steps marked.
+
+    ``attnbench history`` writes it as a page of its own; ``attnbench report --from`` a history shows the same section.
+    """
+    factors = ", ".join(f"{m} x{history.factors[m]:g}" for m in steps_.METRICS)
+    caption = (f"Commits in {html.escape(history.order)}. A step moves beyond the factor ({html.escape(factors)}) from "
+               f"the previous commit; a drift moves beyond it over at most {history.window} commits with no single step; "
+               "time is read through asv's step detection first (noise is not a step).")
+    shown = steps_.table(history)
+    if len(shown):
+        regressions = len(history.regressions)
+        lead = (f'<p class="note bad">{regressions} regression(s) and {len(shown) - regressions} improvement(s) in '
+                f"{len(history.commits)} commits:</p>" if regressions else
+                f"<p>No regression in {len(history.commits)} commits; {len(shown)} improvement(s):</p>")
+        body = (lead + _table(shown.rename(columns={"commit": "commit(s)"}), lift=False)  # "commit" would be cut short
+                + f'<p class="sub">{caption}</p>')
+    else:
+        body = f"<p>No step and no drift in {len(history.commits)} commits.</p><p class=\"sub\">{caption}</p>"
+    figures = []
+    series, steps = history.series, history.steps
+    for key, rows in series.groupby(list(steps_.FIGURE_CASE), sort=True):
+        case = dict(zip(steps_.FIGURE_CASE, key, strict=True))
+        label = steps_.case_label(case)
+        mine = steps.loc[(steps[list(steps_.FIGURE_CASE)] == pd.Series(case)).all(axis=1)] if len(steps) else steps
+        name = "history_" + re.sub(r"[^A-Za-z0-9]+", "_", f"{case['machine']} {label}").strip("_")
+        figures.append(_figure(fig_dir, name, plots.case_history(rows, mine, history.commits, f"{label} on {case['machine']}"),
+                               f"{html.escape(label)} on {html.escape(str(case['machine']))}: every commit's value; "
+                               "steps dashed, drifts shaded (red: regression, green: improvement)."))
+    return (f'<section id="history"><h2>Steps in the history</h2>{body}'
+            + _details(f"History figures ({sum(1 for f in figures if f)})", "".join(figures), open_=bool(len(shown)))
+            + "</section>")
+
+
+def _history(page: Page) -> str:
+    frame = page.frame
+    asv_rows = frame[(frame["commit"].fillna("") != "") & frame["metric"].isin(steps_.METRICS)]
+    if not len(asv_rows) or asv_rows.groupby("machine")["commit"].nunique().max() < HISTORY_MIN_COMMITS:
+        return ""
+    return history_section(steps_.find_steps(asv_rows, repo=Path.cwd()), page.fig_dir)
+
+
+def render_history(history: steps_.History, out_dir: str | Path, title: str = "attnbench history") -> Path:
+    """``history.html`` (the section of :func:`history_section` alone) and ``steps.csv`` in ``out_dir``; the page."""
+    out_dir = Path(out_dir)
+    generated = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    section = history_section(history, out_dir / "figures")
+    page = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>{section}"
+            f'<p class="sub">generated {generated}</p><script>{SORT_JS}</script></body></html>')
+    atomic_write(out_dir / "steps.csv", lambda tmp: history.steps.to_csv(tmp, index=False))
+    return atomic_write_text(out_dir / "history.html", page)
+
+
 # ---- the details (collapsed) ----------------------------------------------------------------------
 def _gflops(page: Page) -> str:
     return _details("Achieved GFLOP/s and % of the matmul peak", page.figure(
@@ -623,7 +687,7 @@ STORY: tuple[Section, ...] = (_findings, _progression, _families, _crossovers, _
 """The story sections, drawn when anything loaded."""
 BODY: tuple[Section, ...] = (_exponents, _wrong)
 """Visible whatever loaded (the exponents section says when nothing did)."""
-COMPARED: tuple[Section, ...] = (_comparison,)
+COMPARED: tuple[Section, ...] = (_comparison, _history)
 DETAILS: tuple[Section, ...] = (_gflops, _instructions, _page_faults, _accuracy, _speedups, _crossover_tables, _largest_length, _memory_model,
                                 _provenance, _compile_times, _commits, _failed, _environment)
 """The collapsed sections, drawn when anything loaded."""

@@ -686,3 +686,61 @@ def heatmaps(panels: Heatmaps) -> plt.Figure:
     fig = show_heatmaps([list(panels.matrices)], panels.xlabel, panels.ylabel, titles=list(panels.titles), cmap=panels.cmap)
     fig.suptitle(panels.title)
     return fig
+
+
+REGRESSION_COLOUR, IMPROVEMENT_COLOUR = WRONG_COLOUR, "#1b5e20"
+
+
+def case_history(series: pd.DataFrame, steps: pd.DataFrame, commits: pd.DataFrame, title: str) -> plt.Figure | None:
+    """One case's metrics over the commits of a history (one panel per metric), its steps and drifts marked.
+
+    Args:
+        series: the case's rows of :attr:`attnbench.analysis.history.History.series` (``position``, ``value``,
+            ``level``: the level the step rules saw, drawn as a line for time).
+        steps: the case's rows of ``History.steps``.
+        commits: ``History.commits`` (position order; short hashes label the axis).
+        title: the figure's title (the case).
+
+    A step is a vertical line just before its commit, a drift a band over its commits: red for a regression,
+    green for an improvement; a failure or a wrong result a red cross.
+    """
+    metrics = [m for m in ("time", "instructions", "peak_tensor_bytes", "flops") if m in set(series["metric"])]
+    if not metrics or len(commits) < 2:
+        return None
+    fig, axes = plt.subplots(len(metrics), 1, figsize=(8, 1.7 * len(metrics) + 0.6), sharex=True, squeeze=False)
+    for ax, metric in zip(axes[:, 0], metrics, strict=True):
+        rows = series[series["metric"] == metric].sort_values("position")
+        ok = rows[rows["status"] == "ok"]
+        ax.plot(ok["position"], ok["value"], "o", ms=3.5, color="#455a64", zorder=3)
+        if metric == "time" and ok["level"].notna().any():
+            ax.step(ok["position"], ok["level"], where="mid", color="#90a4ae", lw=1.2, zorder=2)
+        else:
+            ax.plot(ok["position"], ok["value"], "-", color="#90a4ae", lw=1, zorder=2)
+        bad = rows[rows["status"].isin(["wrong", "failed"])]
+        if len(bad) and len(ok):
+            ax.plot(bad["position"], [ok["value"].median()] * len(bad), "x", color=WRONG_COLOUR, ms=7, mew=2, zorder=4)
+        for rec in steps[steps["metric"] == metric].to_dict("records"):
+            tone = REGRESSION_COLOUR if rec["direction"] == "regression" else IMPROVEMENT_COLOUR
+            if rec["kind"] == "drift":
+                ax.axvspan(rec["first_pos"] - 0.5, rec["last_pos"] + 0.5, color=tone, alpha=0.15, lw=0)
+            else:
+                ax.axvline(rec["first_pos"] - 0.5, color=tone, lw=1.5, ls="--")
+            label = rec["kind"] if rec["kind"] in ("failed", "wrong") else (
+                f"x{rec['ratio']:.4f}" if metric == "instructions" else f"x{rec['ratio']:.2f}")
+            ax.annotate(label, (rec["last_pos"] + 0.5 if rec["kind"] == "drift" else rec["first_pos"] - 0.5, 1.0),
+                        xycoords=("data", "axes fraction"), ha="left", va="top", fontsize=8, color=tone)
+        unit = UNITS.get(metric, "")
+        ax.set_ylabel(f"{metric}\n({unit})" if unit else metric, fontsize=8)
+        if unit in ("s", "bytes"):
+            ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _, u=unit: fmt(v, u)))
+        ax.tick_params(axis="y", labelsize=7)
+    last = axes[-1, 0]
+    every = max(1, math.ceil(len(commits) / 30))
+    ticks = commits["position"].tolist()[::every]
+    last.set_xticks(ticks)
+    last.set_xticklabels([str(c)[:8] for c in commits["commit"].tolist()[::every]], rotation=60, ha="right", fontsize=7)
+    last.set_xlim(-0.7, len(commits) - 0.3)
+    last.set_xlabel("commit (oldest to newest)")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig

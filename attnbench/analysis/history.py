@@ -1,0 +1,395 @@
+"""Steps in a results history: where each case's metric moved, commit by commit, and the slow drifts no pair shows.
+
+The regression gate compares two commits; a history (the ``benchmark-results`` branch the workflow keeps, or any
+asv results directory of several commits) holds many. Per machine, case and metric, in commit order:
+
+* **Counts, bytes and FLOPs** (``instructions``, ``peak_tensor_bytes``, ``flops``) are deterministic, so the rules
+  are exact and use the gate's own factors (:data:`attnbench.contract.INSTRUCTIONS_FACTOR`, the memory factor,
+  any FLOP growth):
+
+  - a **step** is a commit whose value is beyond the factor from the previous commit's (a regression above it,
+    an improvement below its inverse);
+  - a **drift** is a run of commits, between steps, whose cumulative change over at most ``window`` commits goes
+    beyond the factor while no single commit does: five commits adding 0.15% each pass every pairwise gate at
+    1.002 and move the count by 0.75%. The range named runs from the first commit after the lowest level to the
+    commit of the highest (for an improvement, the other way round).
+
+* **Time** is noisy: a per-commit median moves by itself. asv 0.6.6's step detection (:mod:`asv.step_detect`: a
+  Potts model, the piecewise-constant fit with an L1 cost that ``asv publish`` runs for its regressions page, each
+  point weighted by asv's own rule, 2 / the width of its 99% interval) turns the series into levels
+  (:func:`time_levels`), and the same step and drift rules then run on those levels with the time factor. Its
+  penalty comes from the series' noise, not from ``detect_steps``' information criterion, which models the noise
+  as correlated and so takes a slow drift for noise (simulated there). Chosen over E-divisive because it is
+  installed with asv (E-divisive needs a package of its own or a permutation test written here), it weighs a noisy
+  commit less, it is deterministic (E-divisive's significance is a random permutation test), and with one median
+  per commit a segment of a few commits gives a permutation test little to work with. A level held by one commit
+  only, between two others, is an outlier, not a step (asv's ``detect_regressions`` drops such short intervals
+  too).
+
+* A case that ran at one commit and **fails or is wrong** at the next is a regression of its own kind.
+
+Nothing here runs a benchmark or draws: :mod:`attnbench.report` draws, :mod:`attnbench.markdown` writes the
+summary, ``attnbench history`` prints.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from attnbench import contract
+
+MEMORY_FACTOR = 1.1
+"""The gate's default ``--memory-factor`` (peak tensor bytes)."""
+TIME_FACTOR = 1.2
+"""The gate's default ``--time-factor``: a time level must move beyond it."""
+FLOPS_FACTOR = 1.0 + 1e-9
+"""The gate's FLOPs rule: any growth of the analytic count."""
+DEFAULT_WINDOW = 10
+"""Commits a drift may spread over. Counts do not wander by themselves (an unchanged commit counts alike to 0.006%;
+the same case counted twice in one process differs by up to 0.03%), so a long window adds no false drift."""
+EXACT = ("instructions", "peak_tensor_bytes", "flops")
+"""Deterministic metrics: exact rules on the values themselves."""
+TIMED = ("time",)
+"""Noisy metrics: levels from asv's step detection first."""
+METRICS = (*EXACT, *TIMED)
+MAIN_GRID_CLASSES = ("Attention", "AttentionMetrics", "AttentionAccuracy", "AttentionCuda", "Instructions")
+"""asv classes of the main grid's shape: a case label names the class of any other (``Decode``, ``GroupedQuery``)."""
+CASE = ("machine", "benchmark", "variant", "seq_len", "seq_len_k", "device", "mode", "mask")
+"""What makes one series (with ``metric``): a machine's benchmark at one parameter set."""
+STEP_COLUMNS = ["machine", "benchmark", "variant", "seq_len", "seq_len_k", "device", "mode", "mask", "metric", "kind",
+                "direction", "first", "last", "first_pos", "last_pos", "commits", "before", "after", "ratio", "factor"]
+
+
+def default_factors() -> dict[str, float]:
+    """The factor each metric's value must move by (the gate's defaults)."""
+    return {"instructions": contract.INSTRUCTIONS_FACTOR, "peak_tensor_bytes": MEMORY_FACTOR, "flops": FLOPS_FACTOR,
+            "time": TIME_FACTOR}
+
+
+@dataclass(frozen=True)
+class Change:
+    """One step, drift or failure in one series, by positions in the commit order."""
+
+    kind: str  # "step", "drift", "failed" or "wrong"
+    direction: str  # "regression" or "improvement"
+    first: int  # position of the first commit of the change (a step: the commit itself)
+    last: int  # position of the last commit of the change
+    before: float  # the level before it
+    after: float  # the level it reached
+    start: int = -1  # position of the commit that held ``before`` (the level it is measured from)
+
+    @property
+    def ratio(self) -> float:
+        return self.after / self.before if self.before else math.nan
+
+
+def exact_changes(values: Sequence[float], factor: float, window: int = DEFAULT_WINDOW) -> list[Change]:
+    """Steps and drifts of one deterministic series (NaN: not measured at that commit), in order.
+
+    A step: ``values[i] / values[previous measured]`` beyond ``factor`` (or below ``1 / factor``). A drift: between
+    steps, ``values[i] / min(values[j])`` (or ``/ max``) beyond the factor for a ``j`` at most ``window`` commits
+    before ``i``; overlapping detections are one drift, from the first commit after its lowest level to the commit of
+    its highest.
+    """
+    y = np.asarray(values, dtype=float)
+    present = [i for i in range(len(y)) if math.isfinite(y[i]) and y[i] > 0]
+    changes: list[Change] = []
+    segments, begin = [], 0
+    for k in range(1, len(present)):
+        i, j = present[k], present[k - 1]
+        ratio = y[i] / y[j]
+        if ratio > factor or ratio < 1 / factor:
+            changes.append(Change("step", "regression" if ratio > 1 else "improvement", i, i, y[j], y[i], start=j))
+            segments.append(present[begin:k])
+            begin = k
+    segments.append(present[begin:])
+    for segment in segments:
+        changes += _drifts(y, segment, factor, window)
+    return sorted(changes, key=lambda c: (c.first, c.kind))
+
+
+def _drifts(y: np.ndarray, points: list[int], factor: float, window: int) -> list[Change]:
+    """Drifts within one segment (no step inside): cumulative moves beyond ``factor`` over at most ``window`` commits."""
+    found: list[Change] = []
+    for direction, sign in (("regression", 1), ("improvement", -1)):
+        spans: list[list[int]] = []
+        for k, i in enumerate(points):
+            earlier = [j for j in points[:k] if i - j <= window]
+            if not earlier:
+                continue
+            j = min(earlier, key=lambda p: sign * y[p])  # the best level within the window
+            if (y[i] / y[j]) ** sign > factor:
+                if spans and j <= spans[-1][1]:
+                    spans[-1][1] = i
+                else:
+                    spans.append([j, i])
+        tolerance = (factor - 1) / 4  # within it of a level is that level: noise does not move a drift's ends
+        for a, b in spans:
+            inside = [p for p in points if a <= p <= b]
+            low, high = max(((p, q) for p in inside for q in inside if p < q), key=lambda pq: (y[pq[1]] / y[pq[0]]) ** sign)
+            start = max(p for p in inside if p < high and _near(y[p], y[low], tolerance))
+            end = min(p for p in inside if p > start and _near(y[p], y[high], tolerance))
+            first = next(p for p in inside if p > start)
+            found.append(Change("drift", direction, first, end, y[start], y[end], start=start))
+    return found
+
+
+def _near(value: float, level: float, tolerance: float) -> bool:
+    """``value`` within ``tolerance`` (relative) of ``level``."""
+    return abs(value / level - 1) <= tolerance
+
+
+PENALTY = 2.0
+"""The Potts penalty per level change, in units of the series' noise x log(n + 1) (see :func:`time_levels`)."""
+
+
+def noise(values: Sequence[float]) -> float:
+    """A robust noise scale of a series: 1.4826 x the MAD of its successive differences / sqrt(2). Differences of a
+    piecewise-constant signal are noise except at its few steps, which the median ignores (a ramp's are small)."""
+    d = np.diff(np.asarray(values, dtype=float))
+    if not len(d):
+        return 0.0
+    return float(1.4826 * np.median(np.abs(d - np.median(d))) / math.sqrt(2))
+
+
+def time_levels(values: Sequence[float], weights: Sequence[float] | None = None, penalty: float = PENALTY) -> np.ndarray:
+    """The piecewise-constant levels asv's Potts solver fits to a noisy series (NaN where not measured).
+
+    :func:`asv.step_detect.solve_potts_approx` with the penalty ``penalty x noise x log(n + 1)`` (:func:`noise`),
+    each point weighted by asv's rule normalised to the median weight (as ``detect_steps`` does). Not
+    ``detect_steps``' own choice of penalty: that one models the noise as correlated (AR(1)), which takes a ramp for
+    correlated noise. Simulated (``python -m studies.step_rates``, 200 trials each): a ramp of five commits of 5%
+    each under 3% noise is named by ``detect_steps`` in 0.5% of 16-commit histories (38% of 50), by these levels in
+    93.5% (97.5%); a 1.3x step under 5% noise in 52.5% (95.5%) and 93.5% (98%); pure 5% noise names something in
+    0.5% (0%) here, 0% there.
+
+    A level held by a single commit between two others is an outlier: that commit gets NaN (no level), so the exact
+    rules step over it rather than name a step up and a step down.
+    """
+    from asv.step_detect import solve_potts_approx
+
+    y = np.asarray([float(v) if v is not None and math.isfinite(v) and v > 0 else np.nan for v in values])
+    levels = np.full(len(y), np.nan)
+    index = np.flatnonzero(np.isfinite(y))
+    if not len(index):
+        return levels
+    points = y[index]
+    if weights is None:
+        w = np.ones(len(points))
+    else:
+        raw = np.asarray([float(v) if v is not None and math.isfinite(v) and v > 0 else np.nan for v in weights])[index]
+        typical = np.nanmedian(raw) if np.isfinite(raw).any() else 1.0
+        w = np.where(np.isfinite(raw), raw / typical, 1.0)
+    scale = max(noise(points), 1e-9 * float(np.median(points)))
+    gamma = penalty * scale * math.log(len(points) + 1)
+    rights, values_, _ = solve_potts_approx(list(points), list(w), gamma=gamma)
+    left = 0
+    for k, (right, value) in enumerate(zip(rights, values_, strict=True)):
+        if not (0 < k < len(rights) - 1 and right - left == 1):  # an interior one-commit level: an outlier
+            levels[index[left:right]] = value
+        left = right
+    return levels
+
+
+def status_changes(statuses: Sequence[str]) -> list[Change]:
+    """A case that ran (``ok``) at one commit and ``wrong`` or failed at the next measured one."""
+    out, previous = [], None
+    for i, status in enumerate(statuses):
+        if status in ("", "skipped", None) or (isinstance(status, float) and math.isnan(status)):
+            continue
+        if previous == "ok" and status in ("wrong", "failed"):
+            out.append(Change(status, "regression", i, i, math.nan, math.nan))
+        previous = status
+    return out
+
+
+# ---- a results history ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class History:
+    """The steps of a results history and what they were read from."""
+
+    commits: pd.DataFrame  # commit, date, position (0 = oldest), subject ("" when no repository knows it)
+    series: pd.DataFrame  # the rows read (ok or not), with ``position`` and ``level`` (the value the rules saw)
+    steps: pd.DataFrame  # STEP_COLUMNS, one row per change
+    factors: dict[str, float] = field(default_factory=default_factors)
+    window: int = DEFAULT_WINDOW
+    order: str = ""  # how the commits were ordered (said in the table's caption)
+
+    @property
+    def regressions(self) -> pd.DataFrame:
+        return self.steps[self.steps["direction"] == "regression"]
+
+    @property
+    def improvements(self) -> pd.DataFrame:
+        return self.steps[self.steps["direction"] == "improvement"]
+
+    def subject(self, commit: str) -> str:
+        rows = self.commits[self.commits["commit"] == commit]
+        return str(rows["subject"].iloc[0]) if len(rows) else ""
+
+
+def _git_lines(repo: Path, *args: str) -> list[str] | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.splitlines() if out.returncode == 0 else None
+
+
+def commit_order(commits: pd.DataFrame, repo: str | Path | None = None) -> tuple[pd.DataFrame, str]:
+    """``commits`` (columns commit, date) in history order, with ``position`` and ``subject``, and how it was ordered.
+
+    Where ``repo`` is a git repository that knows every commit, its topological order (``git rev-list --topo-order``:
+    a parent before its children, whatever the dates say) and the commits' subjects; otherwise asv's recorded commit
+    dates (commits of the same second keep their hash order, and the order says so).
+    """
+    commits = commits.drop_duplicates("commit").reset_index(drop=True)
+    subjects: dict[str, str] = {}
+    order = "commit date (asv's record)"
+    ranked = None
+    if repo is not None and Path(repo).is_dir() and len(commits):
+        topo = _git_lines(Path(repo), "rev-list", "--topo-order", "--reverse", "--all")
+        if topo is not None:
+            rank = {c: i for i, c in enumerate(topo)}
+            if all(c in rank for c in commits["commit"]):
+                ranked = commits["commit"].map(rank)
+                order = f"git topological order of {Path(repo).resolve()}"
+                log = _git_lines(Path(repo), "log", "--no-walk=unsorted", "--format=%H %s", *commits["commit"])
+                subjects = dict(line.split(" ", 1) if " " in line else (line, "") for line in log or [])
+    if ranked is None:
+        commits = commits.sort_values(["date", "commit"], kind="stable")
+        if commits["date"].duplicated().any():
+            order += "; commits of the same second are in hash order (give --repo for git's order)"
+    else:
+        commits = commits.assign(_rank=ranked).sort_values("_rank").drop(columns="_rank")
+    commits = commits.reset_index(drop=True)
+    commits["position"] = range(len(commits))
+    commits["subject"] = commits["commit"].map(lambda c: subjects.get(c, ""))
+    return commits, order
+
+
+def find_steps(frame: pd.DataFrame, *, factors: dict[str, float] | None = None, window: int = DEFAULT_WINDOW,
+               repo: str | Path | None = None, metrics: Sequence[str] = METRICS) -> History:
+    """Every step, drift and failure of ``frame`` (a tidy frame of asv results: :func:`attnbench.analysis.frame.load`).
+
+    Args:
+        frame: rows of several commits (the rows without a commit, e.g. ``attnbench run`` directories, are ignored).
+        factors: metric -> the factor a value must move by (default :func:`default_factors`, the gate's).
+        window: commits a drift may spread over.
+        repo: a git repository to order the commits by (see :func:`commit_order`).
+        metrics: which metrics to read (default :data:`METRICS`).
+
+    Raises:
+        ValueError: a factor that is not a finite number > 1, or a window < 2.
+    """
+    from attnbench.analysis.significance import check_factor
+
+    factors = {**default_factors(), **(factors or {})}
+    for name in metrics:
+        check_factor(f"{name} factor", factors[name])
+    if window < 2:
+        raise ValueError(f"window must be at least 2 commits, got {window}")
+    rows = frame[frame["metric"].isin(list(metrics)) & frame["commit"].fillna("").astype(str).ne("")].copy()
+    commits, order = commit_order(rows.groupby("commit", as_index=False).agg(date=("date", "min")), repo)
+    position = dict(zip(commits["commit"], commits["position"], strict=True))
+    rows["position"] = rows["commit"].map(position)
+    for col in CASE:
+        rows[col] = rows[col].astype(object).where(rows[col].notna(), "")
+    rows = rows.sort_values("position", kind="stable").drop_duplicates([*CASE, "metric", "position"], keep="last")
+    n = len(commits)
+    levels, found = [], []
+    for key, group in rows.groupby([*CASE, "metric"], sort=True):
+        metric = key[-1]
+        values = np.full(n, np.nan)
+        statuses: list[str] = [""] * n
+        weights = np.full(n, np.nan)
+        for rec in group.itertuples(index=False):
+            statuses[rec.position] = rec.status
+            if rec.status == "ok":
+                values[rec.position] = rec.value
+                width = rec.ci_high - rec.ci_low
+                weights[rec.position] = 2 / width if width > 0 else np.nan  # asv's own weight (asv._stats.get_weight)
+        level = time_levels(values, weights) if metric in TIMED else values
+        changes = exact_changes(level, factors[metric], window) + status_changes(statuses)
+        levels.append(group.assign(level=group["position"].map(lambda p, lv=level: lv[p])))
+        for change in changes:
+            found.append({**dict(zip(CASE, key[:-1], strict=True)), "metric": metric, "kind": change.kind,
+                          "direction": change.direction, "first": commits["commit"].iloc[change.first],
+                          "last": commits["commit"].iloc[change.last], "first_pos": change.first,
+                          "last_pos": change.last, "commits": change.last - change.first + 1, "before": change.before,
+                          "after": change.after, "ratio": change.ratio, "factor": factors[metric]})
+    steps = pd.DataFrame(found, columns=STEP_COLUMNS)
+    if len(steps):  # regressions first, then by where they happened
+        steps = steps.sort_values(["direction", "first_pos", "variant", "seq_len", "metric"],
+                                  ascending=[False, True, True, True, True], kind="stable").reset_index(drop=True)
+    series = pd.concat(levels, ignore_index=True) if levels else rows.assign(level=np.nan)
+    series["grid"] = series["benchmark"].map(grid_of)
+    if len(steps):
+        steps.insert(1, "grid", steps["benchmark"].map(grid_of))
+    return History(commits=commits, series=series, steps=steps, factors=factors, window=window, order=order)
+
+
+FIGURE_CASE = ("machine", "grid", "variant", "seq_len", "seq_len_k", "device", "mode", "mask")
+"""What one history figure shows: a case's metrics together (``grid``: :func:`grid_of` its benchmark)."""
+
+
+def grid_of(benchmark: object) -> str:
+    """The asv class whose shape a benchmark measures: "" for the main grid's classes, else its name (``Decode``)."""
+    parts = str(benchmark).split(".")
+    cls = parts[-2] if len(parts) >= 2 else ""
+    return "" if cls in MAIN_GRID_CLASSES else cls
+
+
+def case_label(rec: dict | pd.Series) -> str:
+    """``batched L=256`` (with the device, mode and mask where they are not cpu, forward, none)."""
+    length = rec.get("seq_len")
+    parts = [str(rec.get("variant", ""))]
+    length_k = rec.get("seq_len_k")
+    known = [v not in ("", None) and not pd.isna(v) for v in (length, length_k)]
+    if known[1] and (not known[0] or int(length_k) != int(length)):  # decode: a few queries over a cache of Lk keys
+        parts.append(f"Lk={length_k}")
+    elif known[0]:
+        parts.append(f"L={length}")
+    parts += [str(rec[c]) for c, usual in (("device", "cpu"), ("mode", "forward"), ("mask", "none"))
+              if rec.get(c) not in ("", None, usual)]
+    grid = rec.get("grid") if "grid" in rec else grid_of(rec.get("benchmark", ""))
+    if grid:  # Decode, GroupedQuery: another shape than the main grid's
+        parts.append(f"({grid})")
+    return " ".join(parts)
+
+
+def ratio_text(rec: dict | pd.Series) -> str:
+    """The ratio with the digits its metric needs (counts: 4 decimals; a 0.2% change is a verdict)."""
+    if rec["kind"] in ("failed", "wrong"):
+        return rec["kind"]
+    digits = 4 if rec["metric"] == "instructions" else 2
+    return f"x{rec['ratio']:.{digits}f}"
+
+
+def commits_text(rec: dict | pd.Series, short: int = 8) -> str:
+    """``abc12345`` for a step, ``abc12345..def67890 (5 commits)`` for a drift."""
+    if rec["first"] == rec["last"]:
+        return str(rec["first"])[:short]
+    return f"{str(rec['first'])[:short]}..{str(rec['last'])[:short]} ({rec['commits']} commits)"
+
+
+def table(history: History) -> pd.DataFrame:
+    """The printed table: commit(s), case, metric, ratio, what it is (one row per change)."""
+    steps = history.steps
+    if not len(steps):
+        return pd.DataFrame(columns=["commit", "case", "metric", "ratio", "change", "subject"])
+    return pd.DataFrame({
+        "commit": [commits_text(r) for r in steps.to_dict("records")],
+        "case": [case_label(r) for r in steps.to_dict("records")],
+        "metric": steps["metric"].to_numpy(),
+        "ratio": [ratio_text(r) for r in steps.to_dict("records")],
+        "change": (steps["direction"] + " (" + steps["kind"] + ")").to_numpy(),
+        "subject": [history.subject(c) for c in steps["first"]],
+    })

@@ -1,0 +1,365 @@
+"""``attnbench bisect GOOD BAD``: which commit made ``main`` slower, found by binary search on the gate's own measures.
+
+The candidates are the first-parent commits after GOOD up to BAD (``git rev-list --first-parent GOOD..BAD``: on a
+branch that merges pull requests, one candidate per merge). GOOD is measured once, then BAD is taken to be bad (as
+``git bisect`` does: the user says so) and the commit halfway between the last good and the first bad is probed,
+until they are neighbours. A probe is judged by :func:`attnbench.regress.compare` against GOOD, with the gate's
+factors:
+
+* ``instructions`` (default) and ``peak_tensor_bytes`` are deterministic: each probed commit is measured once (one
+  asv run of that commit in the one asv environment: a valgrind process for counts), and a probe is ``bad`` when any
+  case exceeds GOOD by the factor (or fails where GOOD ran, or is wrong). Every step is exact, so 16 candidates take
+  4 probes beside GOOD.
+* ``time`` is noisy: each probe is the gate's time verdict itself (:func:`attnbench.regress.regress_many`: GOOD
+  and the probe in interleaved rounds, the confirmation round, the noise checks). A probe the gate cannot decide is
+  ``undecided``; the search goes round it (as ``git bisect skip`` does) and, where it cannot get past it, reports
+  the range it could narrow to.
+
+A commit that does not build, or where no case could be measured, is ``skip`` with the reason. BAD itself is
+measured only when the search ends on it without having probed it: a range with no regression ends with
+"nothing exceeds GOOD".
+
+Why not ``asv find`` (asv 0.6.6): it runs on ``track_`` benchmarks (``Instructions.track_instructions`` included)
+but it never measures GOOD (its range ``GOOD..BAD`` starts after it) and returns the upper end of its last interval,
+so it cannot name the first commit after GOOD; it has no threshold, so it names "the greatest regression" in a range
+where nothing regressed; its first step measures three commits (lo, mid, hi); it judges one benchmark at a time on
+one value per commit (for time: no interleaving with GOOD, no significance, no noise checks); a commit that fails is
+stepped over until it gives up with "Too many commits failed", without the reasons; and its answer is a log line.
+What it shares with this module is the machinery underneath: ``asv run`` on one commit in one environment.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from attnbench import contract
+from attnbench.analysis import history as steps_
+from attnbench.analysis import significance
+
+METRICS = ("instructions", "peak_tensor_bytes", "time")
+"""What a bisection can search on: the gate's deterministic metrics, and time."""
+BENCHMARKS = {"instructions": contract.INSTRUCTIONS_BENCHMARK, "peak_tensor_bytes": contract.TENSOR_BYTES_BENCHMARK}
+"""The asv benchmark each deterministic metric is read from."""
+VERDICTS = ("good", "bad", "undecided", "skip")
+
+
+class BisectError(ValueError):
+    """A bisection that cannot start: bad revisions, a GOOD that is not an ancestor of BAD, a bad case (exit 2)."""
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One commit measured and judged against GOOD."""
+
+    commit: str
+    subject: str
+    verdict: str  # VERDICTS
+    ratio: float  # the worst case's ratio to GOOD (NaN when none could be compared)
+    case: str  # the worst case ("batched L=256")
+    reason: str  # why this verdict, in a few words
+    elapsed_s: float  # wall time of this probe's measurement
+
+
+@dataclass
+class Bisection:
+    """The search's state and its answer."""
+
+    good: str
+    bad: str
+    candidates: list[str]  # first-parent commits after GOOD up to BAD, oldest first
+    subjects: dict[str, str]
+    metric: str
+    probes: list[Probe] = field(default_factory=list)
+    first_bad: str | None = None  # the commit named, when the search could name one
+    low: int = -1  # index of the last commit known good (-1: GOOD)
+    high: int = -1  # index of the first commit known or taken to be bad
+    elapsed_s: float = 0.0
+
+    @property
+    def verdicts(self) -> dict[str, Probe]:
+        return {p.commit: p for p in self.probes}
+
+    @property
+    def culprit(self) -> Probe | None:
+        return self.verdicts.get(self.first_bad) if self.first_bad else None
+
+    @property
+    def unresolved(self) -> list[str]:
+        """The commits the first bad one is among when the search could not name it (empty when it could)."""
+        if self.first_bad is not None or self.nothing or self.high < 0:
+            return []
+        return self.candidates[self.low + 1:self.high + 1]
+
+    @property
+    def nothing(self) -> bool:
+        """Every candidate up to BAD, BAD included, is good: there is nothing to find."""
+        return bool(self.candidates) and self.low == len(self.candidates) - 1
+
+
+Judge = Callable[[str], Probe]
+
+
+def search(state: Bisection, judge: Judge, progress: Callable[[Probe, int], None] | None = None) -> Bisection:
+    """Binary search over ``state.candidates`` (BAD, the last, taken to be bad), judging commits with ``judge``.
+
+    ``judge(commit)`` measures a commit and returns its :class:`Probe`; ``progress(probe, number)`` is told each one.
+    ``skip`` and ``undecided`` probes are left out of the search (the next probe is the nearest untried commit to
+    the middle); when nothing is left to try between the last good and the first bad, the answer is that range.
+    """
+    n = len(state.candidates)
+    low, high = -1, n - 1
+    tried: dict[int, Probe] = {}
+
+    def probe(i: int) -> Probe:
+        result = judge(state.candidates[i])
+        tried[i] = result
+        state.probes.append(result)
+        if progress is not None:
+            progress(result, len(state.probes))
+        return result
+
+    while high - low > 1:
+        middle = (low + high) // 2
+        untried = [i for i in range(low + 1, high) if i not in tried]
+        if not untried:  # every commit between is skipped or undecided: the answer is a range
+            break
+        i = min(untried, key=lambda k: (abs(k - middle), k))
+        verdict = probe(i).verdict
+        if verdict == "bad":
+            high = i
+        elif verdict == "good":
+            low = i
+    # the search ended on BAD, which nobody measured: is it bad at all?
+    if high not in tried and probe(high).verdict == "good":
+        low = high
+    state.low, state.high = low, high
+    if high - low == 1 and tried[high].verdict == "bad":
+        state.first_bad = state.candidates[high]
+    return state
+
+
+# ---- measuring commits with the gate's machinery ---------------------------------------------------
+def _git(repo: Path, *args: str) -> str:
+    out = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise BisectError(f"git {' '.join(args)} failed in {repo}: {out.stderr.strip()}")
+    return out.stdout.strip()
+
+
+def candidates(repo: Path, good: str, bad: str) -> tuple[str, str, list[str], dict[str, str]]:
+    """``(good, bad, candidates, subjects)``: full hashes and the first-parent commits after GOOD up to BAD."""
+    good_hash = _git(repo, "rev-parse", "--verify", f"{good}^{{commit}}")
+    bad_hash = _git(repo, "rev-parse", "--verify", f"{bad}^{{commit}}")
+    if good_hash == bad_hash:
+        raise BisectError(f"GOOD {good!r} and BAD {bad!r} are the same commit ({good_hash[:12]}): nothing to search")
+    if subprocess.run(["git", "merge-base", "--is-ancestor", good_hash, bad_hash], cwd=repo).returncode != 0:
+        raise BisectError(f"GOOD {good!r} ({good_hash[:12]}) is not an ancestor of BAD {bad!r} ({bad_hash[:12]})")
+    commits = _git(repo, "rev-list", "--first-parent", "--reverse", f"{good_hash}..{bad_hash}").split()
+    if not commits:
+        raise BisectError(f"no first-parent commit between {good!r} and {bad!r}")
+    log = _git(repo, "log", "--no-walk=unsorted", "--format=%H %s", good_hash, *commits).splitlines()
+    subjects = dict(line.split(" ", 1) if " " in line else (line, "") for line in log)
+    return good_hash, bad_hash, commits, subjects
+
+
+CASE = re.compile(r"^([A-Za-z0-9_]+):(\d+)$")
+
+
+def case_subset(cases: Sequence[str]) -> dict[str, str]:
+    """``["batched:256", "chunked:512"]`` -> the grid variables that narrow asv to those variants and lengths.
+
+    asv's grid is a product: several cases give every named variant at every named length.
+
+    Raises:
+        BisectError: a case that is not ``VARIANT:L``, or a variant that is not registered.
+    """
+    from attnbench.registry import variant_names
+
+    variants, lengths = [], []
+    for case in cases:
+        found = CASE.match(case.strip())
+        if not found:
+            raise BisectError(f"--case must be VARIANT:L (e.g. batched:256), got {case!r}")
+        if found[1] not in variant_names():
+            raise BisectError(f"--case {case!r}: unknown variant {found[1]!r}")
+        variants += [found[1]] if found[1] not in variants else []
+        lengths += [found[2]] if found[2] not in lengths else []
+    return {contract.ENV_VARIANTS: ",".join(variants), contract.ENV_LENGTHS: ",".join(lengths)} if cases else {}
+
+
+def judge_table(table: pd.DataFrame, metric: str, commit: str, subject: str, elapsed_s: float) -> Probe:
+    """A probe's verdict from the gate's table (:func:`attnbench.regress.compare` of GOOD against the commit)."""
+    rows = table[table["metric"] == metric]
+    if metric != "time":  # a wrong result shows on the error ratio's rows too
+        rows = table[(table["metric"] == metric) | (table["verdict"] == "wrong")]
+    ran = rows[rows["base_status"] == "ok"]
+    if not len(ran):
+        return Probe(commit, subject, "skip", math.nan, "", f"GOOD measured no {metric} case", elapsed_s)
+    if (ran["head_status"] != "ok").all() and not (ran["verdict"] == "wrong").any():
+        return Probe(commit, subject, "skip", math.nan, "", f"no case could be measured ({len(ran)} failed): see asv.log",
+                     elapsed_s)
+    compared = ran[ran["ratio"].notna()]
+    worst = compared.loc[compared["ratio"].idxmax()] if len(compared) else ran.iloc[0]
+    ratio = float(worst["ratio"]) if len(compared) else math.nan
+    label = steps_.case_label(worst.to_dict())
+    bad = ran[ran["verdict"].isin(["regressed", "wrong"])]
+    if len(bad):
+        first = bad.loc[bad["ratio"].fillna(math.inf).idxmax()]
+        why = first["reason"] or first["verdict"]
+        if first["head_status"] != "ok":
+            why = f"{first['verdict']}: {first['head_status']} on this commit"
+        return Probe(commit, subject, "bad", float(first["ratio"]), steps_.case_label(first.to_dict()),
+                     f"{len(bad)} case(s) beyond the factor; worst: {why}", elapsed_s)
+    undecided = ran[ran["verdict"] == "undecided"]
+    if len(undecided):
+        return Probe(commit, subject, "undecided", ratio, label,
+                     f"{len(undecided)} time case(s) undecided: {undecided['reason'].iloc[0]}", elapsed_s)
+    return Probe(commit, subject, "good", ratio, label, "every case within the factor", elapsed_s)
+
+
+def bisect(good: str, bad: str, *, repo: str | Path = ".", metric: str = "instructions", cases: Sequence[str] = (),
+           work_dir: str | Path | None = ".asv/bisect", machine: str = "attnbench-ci",
+           instructions_factor: float = contract.INSTRUCTIONS_FACTOR, memory_factor: float = 1.1,
+           time_factor: float = 1.2, rounds: int = 2, progress: Callable[[str], None] | None = None,
+           on_probe: Callable[[Probe, int], None] | None = None) -> Bisection:
+    """Find the first commit after ``good`` up to ``bad`` whose ``metric`` exceeds GOOD's by the gate's factor.
+
+    Args:
+        good, bad: git revisions; GOOD must be an ancestor of BAD.
+        repo: the attnbench checkout.
+        metric: :data:`METRICS`.
+        cases: ``VARIANT:L`` cases to measure (default: the CI grid, narrowed by any ``ATTNBENCH_ASV_*`` variable set).
+        work_dir: asv's results and log (the environment is the gate's: ``ATTNBENCH_ASV_ENV_DIR`` or ``.asv/env``).
+        instructions_factor, memory_factor, time_factor: the gate's factors.
+        rounds: time rounds per probe (``time`` only).
+        progress: told each step of the measuring (asv's progress at least every 30 s).
+        on_probe: told each probe as it is judged, with its number.
+
+    Raises:
+        BisectError, ValueError: bad arguments. RegressError: GOOD itself could not be measured.
+    """
+    from attnbench import regress
+
+    say = progress or (lambda line: None)
+    if metric not in METRICS:
+        raise BisectError(f"--metric must be one of {', '.join(METRICS)}, got {metric!r}")
+    factor = {"instructions": instructions_factor, "peak_tensor_bytes": memory_factor, "time": time_factor}[metric]
+    significance.check_factor(f"{metric} factor", factor)
+    if metric != "time":
+        from attnbench.measure.instructions import missing_message, valgrind_version
+
+        if metric == "instructions" and valgrind_version() is None:
+            raise regress.RegressError(missing_message())
+    repo = Path(repo).resolve()
+    if not (repo / "asv.conf.json").exists():
+        raise BisectError(f"repo must be an attnbench checkout with asv.conf.json, got {repo}")
+    good_hash, bad_hash, commits, subjects = candidates(repo, good, bad)
+    subset = case_subset(cases) or None
+    state = Bisection(good=good_hash, bad=bad_hash, candidates=commits, subjects=subjects, metric=metric)
+    started = time.monotonic()
+    if metric == "time":
+        judge = _time_judge(good_hash, repo, subset, work_dir, machine, time_factor, memory_factor, rounds, subjects, say)
+    else:
+        session = regress.AsvSession.open(repo, work_dir, subset, machine, None, say)
+        clock = time.monotonic()
+        say(f"measuring GOOD {good_hash[:10]} ({subjects.get(good_hash, '')[:60]}): {metric} of "
+            f"{session.subset.get(contract.ENV_VARIANTS)} at L={session.subset.get(contract.ENV_LENGTHS)} "
+            "(the first run builds asv's pinned virtualenv: minutes)")
+        session.run([good_hash], BENCHMARKS[metric])
+        session.load([good_hash])  # GOOD must measure: RegressError otherwise
+        say(f"GOOD measured in {time.monotonic() - clock:.0f} s; {len(commits)} candidate commits: "
+            f"{max(1, math.ceil(math.log2(len(commits))))} probes (one more where the search ends on BAD unmeasured)")
+        judge = _exact_judge(session, good_hash, metric, instructions_factor, memory_factor, subjects)
+    search(state, judge, on_probe)
+    state.elapsed_s = time.monotonic() - started
+    return state
+
+
+def _exact_judge(session, good: str, metric: str, instructions_factor: float, memory_factor: float,
+                 subjects: dict[str, str]) -> Judge:
+    from attnbench import regress
+
+    def judge(commit: str) -> Probe:
+        clock = time.monotonic()
+        session.run([commit], BENCHMARKS[metric])
+        try:
+            frame, _ = session.load([good, commit])
+        except regress.RegressError as exc:
+            return Probe(commit, subjects.get(commit, ""), "skip", math.nan, "", _skip_reason(str(exc)),
+                         time.monotonic() - clock)
+        table = regress.compare(frame, good, commit, memory_factor=memory_factor, instructions_factor=instructions_factor,
+                                metric="instructions" if metric == "instructions" else "time")
+        return judge_table(table, metric, commit, subjects.get(commit, ""), time.monotonic() - clock)
+
+    return judge
+
+
+def _time_judge(good: str, repo: Path, subset, work_dir, machine: str, time_factor: float, memory_factor: float,
+                rounds: int, subjects: dict[str, str], say) -> Judge:
+    from attnbench import regress
+
+    def judge(commit: str) -> Probe:
+        clock = time.monotonic()
+        try:
+            (outcome,) = regress.regress_many(good, [commit], repo=repo, subset=subset, work_dir=work_dir,
+                                              machine=machine, time_factor=time_factor, memory_factor=memory_factor,
+                                              rounds=rounds, metric="time", progress=say, deterministic=False).values()
+        except regress.RegressError as exc:
+            return Probe(commit, subjects.get(commit, ""), "skip", math.nan, "", _skip_reason(str(exc)),
+                         time.monotonic() - clock)
+        return judge_table(outcome.table, "time", commit, subjects.get(commit, ""), time.monotonic() - clock)
+
+    return judge
+
+
+def _skip_reason(message: str) -> str:
+    """The line of asv's log that says why a commit gave no results (a build error), else the gate's message."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if re.search(r"(Error|error:|failed|Traceback)", line) and "asv produced no results" not in line:
+            return f"does not build or measure: {line[:160]}"
+    return f"does not build or measure: {lines[0][:160] if lines else 'asv produced no results'}"
+
+
+# ---- what the command prints ---------------------------------------------------------------------------
+def probe_line(probe: Probe, number: int, metric: str) -> str:
+    ratio = "" if math.isnan(probe.ratio) else (f" x{probe.ratio:.4f}" if metric == "instructions" else f" x{probe.ratio:.2f}")
+    where = f" ({probe.case})" if probe.case and ratio else ""
+    return (f"probe {number}: {probe.commit[:10]} {probe.verdict}{ratio}{where} in {probe.elapsed_s:.0f} s: "
+            f"{probe.subject[:60]}" + (f" [{probe.reason}]" if probe.verdict in ("skip", "undecided") else ""))
+
+
+def answer(state: Bisection) -> tuple[int, list[str]]:
+    """``(exit code, lines)``: 1 a first bad commit named, 0 nothing exceeds GOOD, 4 only a range (or BAD not bad)."""
+    probes = len(state.probes)
+    took = f"{probes} probe(s) beside GOOD, {state.elapsed_s:.0f} s"
+    culprit = state.culprit
+    if culprit is not None:
+        ratio = f"x{culprit.ratio:.4f}" if state.metric == "instructions" else f"x{culprit.ratio:.2f}"
+        return 1, [f"first bad commit: {culprit.commit} {ratio} {state.metric} ({culprit.case}) \"{culprit.subject}\"",
+                   f"  {culprit.reason}", f"  {took}"]
+    if state.nothing:
+        return 0, [f"nothing exceeds GOOD {state.good[:10]} by the factor up to BAD {state.bad[:10]} ({took})"]
+    unresolved = state.unresolved
+    verdicts = state.verdicts
+    end = verdicts.get(state.candidates[state.high]) if state.high >= 0 else None
+    if end is not None and end.verdict != "bad":  # only BAD itself can be neither good nor bad here
+        lines = [f"BAD {state.bad[:10]} could not be shown to exceed GOOD: {end.verdict} ({end.reason}); {took}"]
+        if len(unresolved) > 1:
+            lines.append(f"  and {len(unresolved) - 1} commit(s) before it could not be judged either:")
+            lines += [f"  {c[:10]} [{verdicts[c].verdict}: {verdicts[c].reason}]" for c in unresolved[:-1] if c in verdicts]
+        return 4, lines
+    lines = [f"the first bad commit is one of {len(unresolved)} (the search could narrow no further; {took}):"]
+    for commit in unresolved:
+        probe = verdicts.get(commit)
+        mark = f"{probe.verdict}: {probe.reason}" if probe else "not measured"
+        lines.append(f"  {commit[:10]} {state.subjects.get(commit, '')[:60]} [{mark}]")
+    return 4, lines

@@ -1,0 +1,172 @@
+"""Markdown for the people who read a pull request: the gate's verdict and a history's steps, as short tables.
+
+``attnbench regress --summary FILE`` and ``attnbench history --summary FILE`` write these (and append them to
+``$GITHUB_STEP_SUMMARY`` when it is set, which GitHub shows on the run's summary page and the pull request's checks).
+The gate's summary lists regressions first, then what it could not decide, then improvements beyond the factor, each
+with its ratio and metric, and says in one line what decided.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from attnbench.analysis import history as steps_
+from attnbench.analysis.text import fmt
+
+STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
+"""The file GitHub Actions gives every step for Markdown it shows on the run's summary page."""
+MAX_ROWS = 30
+"""Rows a table shows before it says how many more there are (a summary is read, not searched)."""
+UNITS = {"time": "s", "peak_tensor_bytes": "bytes", "instructions": "", "flops": "", "error_ratio": ""}
+
+
+def _value(value: float, metric: str) -> str:
+    if value is None or not math.isfinite(value):
+        return "n/a"
+    unit = UNITS.get(metric, "")
+    if unit:
+        return fmt(value, unit)
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+
+
+def _ratio(rec: dict) -> str:
+    ratio = rec.get("ratio")
+    if ratio is None or not math.isfinite(ratio):
+        return "n/a"
+    return f"x{ratio:.4f}" if rec["metric"] == "instructions" else f"x{ratio:.2f}"
+
+
+def _cell(text: object) -> str:
+    """Text safe in a Markdown table cell."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _rows(table: pd.DataFrame, why: bool = True) -> list[str]:
+    head = "| case | metric | BASE | HEAD | ratio |" + (" why |" if why else "")
+    lines = [head, "|---|---|---:|---:|---:|" + ("---|" if why else "")]
+    for rec in table.head(MAX_ROWS).to_dict("records"):
+        cells = [steps_.case_label(rec), rec["metric"], _value(rec.get("base_value"), rec["metric"]),
+                 _value(rec.get("head_value"), rec["metric"]), _ratio(rec)]
+        if why:
+            cells.append(rec.get("reason") or rec.get("verdict", ""))
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    if len(table) > MAX_ROWS:
+        lines.append(f"\n{len(table) - MAX_ROWS} more in the job's log.")
+    return lines
+
+
+def _ordered(rows: pd.DataFrame) -> pd.DataFrame:
+    """Worst first: the largest ratio (a failed case, with no ratio, before all)."""
+    key = rows["ratio"].where(rows["ratio"].notna(), math.inf)
+    return rows.assign(_key=key).sort_values(["_key", "variant", "seq_len"], ascending=[False, True, True]).drop(columns="_key")
+
+
+def _cases(n: int) -> str:
+    return f"{n} case" + ("" if n == 1 else "s")
+
+
+def decided_line(table: pd.DataFrame, metric: str, factors: dict[str, float]) -> str:
+    """One line: which metrics decided, with their factors and how many cases each judged."""
+    def cases(name: str, verdicts=("ok", "regressed", "wrong")) -> int:
+        return int(((table["metric"] == name) & table["verdict"].isin(verdicts)).sum())
+
+    parts = []
+    if metric in ("instructions", "both"):
+        parts.append(f"instruction counts (x{factors['instructions']:g}, {_cases(cases('instructions'))})")
+    parts.append(f"peak tensor bytes (x{factors['memory']:g}, {_cases(cases('peak_tensor_bytes'))})")
+    parts.append("FLOPs (any growth) and correctness")
+    timed = cases("time", ("ok", "regressed", "undecided", "wrong"))
+    shown = int(((table["metric"] == "time") & (table["verdict"] == "shown")).sum())
+    if metric == "instructions":
+        time = f"time shown beside them, not deciding ({_cases(shown)})"
+    elif metric == "both":
+        time = (f"time where it could decide (x{factors['time']:g} allowance, {_cases(timed)}"
+                + (f"; {shown} undecided and shown, their counts decided" if shown else "") + ")")
+    else:
+        time = f"time (x{factors['time']:g} allowance, {_cases(timed)})"
+    untimed = int(((table["metric"] == "time") & (table["verdict"] == "not timed")).sum())
+    if untimed:
+        time += f"; {_cases(untimed)} not timed (counts decided them)"
+    return "**What decided:** " + ", ".join(parts) + "; " + time + "."
+
+
+def gate_summary(outcome, metric: str, factors: dict[str, float], elapsed_s: float | None = None) -> str:
+    """The gate's verdict as Markdown: a title line, regressions, undecided, improvements, what decided.
+
+    Args:
+        outcome: an :class:`attnbench.regress.Outcome`.
+        metric: what decided (``time``, ``instructions``, ``both``).
+        factors: ``time``, ``memory`` and ``instructions`` factors the gate used.
+        elapsed_s: the gate's wall time, said in the last line when given.
+    """
+    table = outcome.table
+    regressions = _ordered(outcome.regressions)
+    undecided = _ordered(outcome.undecided)
+    improved = table[table.get("improved", pd.Series(False, index=table.index)).fillna(False).astype(bool)
+                     & (table["verdict"] == "ok")]
+    improved = improved.assign(_key=improved["ratio"]).sort_values("_key").drop(columns="_key")
+    if len(regressions):
+        verdict = f"FAIL: {len(regressions)} regression(s)"
+    elif len(undecided):
+        verdict = f"UNDECIDED: {len(undecided)} time case(s)"
+    else:
+        verdict = "PASS"
+    lines = [f"### attnbench regress: {verdict}", "",
+             f"BASE `{outcome.base[:10]}`, HEAD `{outcome.head[:10]}`", ""]
+    if len(regressions):
+        lines += [f"**Regressed ({len(regressions)})**", "", *_rows(regressions), ""]
+    if len(undecided):
+        lines += [f"**Undecided ({len(undecided)})**: rerun with more `--rounds` on a quieter machine", "",
+                  *_rows(undecided), ""]
+    if len(improved):
+        lines += [f"**Improved beyond the factor ({len(improved)})**", "", *_rows(improved, why=False), ""]
+    if not (len(regressions) or len(undecided) or len(improved)):
+        lines += ["Every case within its factor.", ""]
+    judged = table[table["verdict"].isin(["ok", "regressed", "wrong", "undecided"])]
+    quiet = len(judged) - len(regressions) - len(undecided) - len(improved)
+    lines.append(f"{quiet} other result(s) within their factors.")
+    lines += ["", decided_line(table, metric, factors)]
+    notes = sorted({n for n in table.get("note", pd.Series(dtype=object)) if isinstance(n, str) and n})
+    lines += [f"> note: {n}" for n in notes]
+    if elapsed_s is not None:
+        lines += ["", f"Measured in {elapsed_s:.0f} s."]
+    return "\n".join(lines) + "\n"
+
+
+def history_summary(history: steps_.History) -> str:
+    """A history's steps as Markdown: regressions first, then improvements, each with its commits and ratio."""
+    shown = steps_.table(history)
+    n = len(history.commits)
+    lines = ["### attnbench history", ""]
+    if not len(shown):
+        lines.append(f"No step and no drift in {n} commits.")
+        return "\n".join(lines) + "\n"
+    regressions = len(history.regressions)
+    lines.append(f"{regressions} regression(s) and {len(shown) - regressions} improvement(s) in {n} commits "
+                 f"(a drift: beyond the factor over at most {history.window} commits, no single commit beyond it).")
+    lines += ["", "| commit(s) | case | metric | ratio | change | subject |", "|---|---|---|---:|---|---|"]
+    for rec in shown.head(MAX_ROWS).to_dict("records"):
+        lines.append("| " + " | ".join(_cell(rec[c]) for c in ("commit", "case", "metric", "ratio", "change", "subject")) + " |")
+    if len(shown) > MAX_ROWS:
+        lines.append(f"\n{len(shown) - MAX_ROWS} more in `steps.csv`.")
+    return "\n".join(lines) + "\n"
+
+
+def write_summary(text: str, path: str | Path | None = None) -> list[Path]:
+    """Write ``text`` to ``path`` (replaced) and append it to ``$GITHUB_STEP_SUMMARY`` when set; the files written."""
+    written = []
+    if path is not None:
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+        written.append(target)
+    step = os.environ.get(STEP_SUMMARY, "").strip()
+    if step:
+        with open(step, "a", encoding="utf-8") as out:
+            out.write(text + "\n")
+        written.append(Path(step))
+    return written

@@ -1,0 +1,126 @@
+"""``attnbench export``: one run's results in Bencher's BMF and github-action-benchmark's customSmallerIsBetter JSON,
+each checked against the shape its documentation gives."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from attnbench.analysis.frame import load_asv
+from attnbench.cli import main
+from attnbench.export import EXPORTED, ExportError, export
+from tests.asv_history import commit_hashes, write_history
+
+FIXTURE = Path(__file__).parent / "fixtures" / "asv_results"
+"""A real asv run of one commit (time, peak tensor bytes, FLOPs, peak RSS, ...)."""
+
+
+def check_bmf(document: object) -> None:
+    """Bencher Metric Format, as https://bencher.dev/docs/reference/bencher-metric-format gives its JSON Schema: an
+    object whose every property (a benchmark, named by a non-empty string of at most 1024 characters) is an object
+    whose every property (a measure: a slug or name of at most 64) is an object with a number ``value`` (required) and
+    optionally numbers ``lower_value`` and ``upper_value``; nothing else."""
+    assert isinstance(document, dict) and document
+    for benchmark, measures in document.items():
+        assert isinstance(benchmark, str) and 0 < len(benchmark) <= 1024, benchmark
+        assert isinstance(measures, dict) and measures, benchmark
+        for measure, metric in measures.items():
+            assert isinstance(measure, str) and 0 < len(measure) <= 64, measure
+            assert isinstance(metric, dict) and "value" in metric, (benchmark, measure)
+            assert set(metric) <= {"value", "lower_value", "upper_value"}, metric
+            for key, value in metric.items():
+                assert isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value), (key, value)
+            if "lower_value" in metric:
+                assert metric["lower_value"] <= metric["value"] <= metric["upper_value"], metric
+
+
+def check_custom_smaller_is_better(document: object) -> None:
+    """github-action-benchmark's ``customSmallerIsBetter`` input, as its README and ``extractCustomBenchmarkResult``
+    read it: a JSON array of objects with ``name`` (string), ``unit`` (string) and ``value`` (number), and optionally
+    ``range`` and ``extra`` (strings); the extractor keeps those five fields only."""
+    assert isinstance(document, list) and document
+    names = [entry["name"] for entry in document]
+    assert len(names) == len(set(names)), "one entry per case and metric"
+    for entry in document:
+        assert isinstance(entry, dict) and {"name", "unit", "value"} <= set(entry) <= {"name", "unit", "value", "range", "extra"}
+        assert isinstance(entry["name"], str) and entry["name"]
+        assert isinstance(entry["unit"], str) and entry["unit"], entry
+        assert isinstance(entry["value"], (int, float)) and math.isfinite(entry["value"]), entry
+        for key in ("range", "extra"):
+            assert key not in entry or isinstance(entry[key], str), entry
+
+
+def _one_run(tmp_path: Path) -> Path:
+    rng = np.random.default_rng(0)
+    series = {}
+    for variant in ("batched", "chunked"):
+        for length in (256, 512):
+            series[("time", variant, length)] = [0.01 * length / 256 * float(rng.uniform(0.9, 1.1))]
+            series[("instructions", variant, length)] = [1.3e8 * (length / 256) ** 2]
+            series[("peak_tensor_bytes", variant, length)] = [4.7e6 * (length / 256) ** 2]
+    return write_history(tmp_path / "results", series, commit_hashes(1))
+
+
+@pytest.mark.parametrize("source", ["synthetic", "fixture"])
+def test_bmf_has_the_documented_shape_and_one_measure_per_case_and_metric(tmp_path, source):
+    results = _one_run(tmp_path) if source == "synthetic" else FIXTURE
+    frame = load_asv(results)
+    exported = export(frame, "bmf")
+    check_bmf(exported.document)
+    ok = frame[frame["metric"].isin(list(EXPORTED)) & (frame["status"] == "ok")]
+    assert exported.entries == len(ok.drop_duplicates(["variant", "seq_len", "mode", "metric"]))
+    assert sum(len(m) for m in exported.document.values()) == exported.entries
+    if source == "synthetic":
+        doc = exported.document
+        assert set(doc) == {f"attention/{v}/L={n}" for v in ("batched", "chunked") for n in (256, 512)}
+        batched = doc["attention/batched/L=256"]
+        assert set(batched) == {"latency", "instructions", "peak-tensor-bytes"}  # latency: Bencher's own, in ns
+        assert batched["instructions"] == {"value": 1.3e8} and batched["peak-tensor-bytes"] == {"value": 4.7e6}
+        seconds = frame[(frame["metric"] == "time") & (frame["variant"] == "batched") & (frame["seq_len"] == 256)]["value"].iloc[0]
+        assert batched["latency"]["value"] == pytest.approx(seconds * 1e9)
+
+
+@pytest.mark.parametrize("source", ["synthetic", "fixture"])
+def test_github_action_benchmark_has_the_documented_shape_with_units(tmp_path, source):
+    results = _one_run(tmp_path) if source == "synthetic" else FIXTURE
+    exported = export(load_asv(results), "github-action-benchmark")
+    check_custom_smaller_is_better(exported.document)
+    if source == "synthetic":
+        entries = {e["name"]: e for e in exported.document}
+        assert entries["attention/batched/L=256 instructions"]["unit"] == "instructions"
+        assert entries["attention/batched/L=256 peak_tensor_bytes"]["unit"] == "bytes"
+        assert entries["attention/chunked/L=512 time"]["unit"] == "ns" and entries["attention/chunked/L=512 time"]["range"].startswith("± ")
+
+
+def test_the_checks_can_fail():
+    """The shape checks themselves: a document off the documented shape is refused."""
+    for bad in ({"b": {"latency": {"value": "88"}}}, {"b": {"latency": {"lower_value": 1.0}}},
+                {"b": {"latency": {"value": 1.0, "units": "ns"}}}, {"b": {"x" * 65: {"value": 1.0}}}, []):
+        with pytest.raises(AssertionError):
+            check_bmf(bad)
+    for bad in ([{"name": "a", "value": 1.0}], [{"name": "a", "unit": "ns", "value": "1"}],
+                [{"name": "a", "unit": "ns", "value": 1.0, "stddev": 2}], {"name": "a"}):
+        with pytest.raises(AssertionError):
+            check_custom_smaller_is_better(bad)
+
+
+def test_cli_writes_one_commit_of_a_history(tmp_path, capsys):
+    commits = commit_hashes(3)
+    results = write_history(tmp_path / "h", {("instructions", "batched", 256): [1e8, 1.1e8, 1.2e8]}, commits)
+    out = tmp_path / "bmf.json"
+    assert main(["export", "--format", "bmf", str(results), "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    check_bmf(doc)
+    assert doc == {"attention/batched/L=256": {"instructions": {"value": 1.2e8}}}  # the newest commit by default
+    assert main(["export", "--format", "github-action-benchmark", str(results), "--commit", commits[0][:8]]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    check_custom_smaller_is_better(printed)
+    assert printed[0]["value"] == 1e8 and commits[0][:10] in printed[0]["extra"]
+    assert main(["export", "--format", "bmf", str(results), "--commit", "ffff"]) == 2
+    assert "--commit 'ffff'" in capsys.readouterr().err
+    with pytest.raises(ExportError):
+        export(load_asv(results), "csv")
