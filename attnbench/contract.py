@@ -46,6 +46,8 @@ INSTRUCTIONS_BENCHMARK = "Instructions.track_instructions"
 INSTRUCTIONS_FACTOR = 1.002
 """The regression gate's allowed HEAD/BASE instruction count ratio (the A/A spread between valgrind processes is
 far smaller: see the README)."""
+GATE_VERDICTS = "attnbench-gate.csv"
+"""The regression gate's verdict table, written beside the asv results it decided on (the report reads it)."""
 GATED_BENCHMARKS = (TIME_BENCHMARK, TENSOR_BYTES_BENCHMARK, FLOPS_BENCHMARK, ERROR_RATIO_BENCHMARK)
 """What the regression gate runs on BASE and HEAD."""
 

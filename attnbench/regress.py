@@ -62,7 +62,7 @@ import pandas as pd
 from attnbench import contract
 from attnbench.analysis import significance
 from attnbench.analysis.frame import decode_param, load_asv
-from attnbench.io import check_writable_dir, output_tail
+from attnbench.io import atomic_write, check_writable_dir, output_tail
 from attnbench.measure import probe, regime
 from attnbench.measure.instructions import missing_message, valgrind_version
 
@@ -492,7 +492,18 @@ def regress(base: str, head: str, **options) -> Outcome:
     Takes the keyword arguments of :func:`regress_many`.
     """
     (outcome,) = regress_many(base, [head], **options).values()
+    write_verdicts(outcome)
     return outcome
+
+
+def write_verdicts(outcome: Outcome) -> Path:
+    """Write the gate's table beside asv's results (:data:`contract.GATE_VERDICTS`), so a report of the same results
+    knows what the gate knew: a time case it could not decide (noisy, waiting for a core, the machine's speed moved)
+    is drawn hollow and never compared there. Not a ``.json``: asv reads those as results."""
+    path = Path(outcome.results_dir) / contract.GATE_VERDICTS
+    table = outcome.table.assign(base=outcome.base, head=outcome.head)
+    atomic_write(path, lambda tmp: table.to_csv(tmp, index=False))
+    return path
 
 
 def _commits(repo: Path, base: str, heads: list[str]) -> tuple[str, dict[str, str]]:

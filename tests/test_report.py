@@ -735,3 +735,46 @@ def test_a_match_whose_interval_excludes_the_declared_exponent_says_so():
     assert "within the 0.25 tolerance only (the interval excludes the declared exponent): block_sparse time" in text
     row = exponent_summary(fits).iloc[0]
     assert "time steeper than declared by less than 0.25 (matches; its interval excludes 1)" in row["verdict vs declared"]
+
+
+def _gate_results(tmp_path: Path, head_factor: float) -> tuple[Path, str, str]:
+    """The fixture's asv results as BASE, and the same with every time x ``head_factor`` as HEAD."""
+    import json
+    import shutil
+
+    results = tmp_path / "results"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "asv_results", results)
+    (base_file,) = (results / "fixture-box").glob("01792c89-*.json")
+    data = json.loads(base_file.read_text())
+    base, head = data["commit_hash"], "f" * 40
+    time_key = "bench_attention.Attention.time_attention"
+    data["results"][time_key][0] = [v * head_factor for v in data["results"][time_key][0]]
+    data["commit_hash"] = head
+    (results / "fixture-box" / base_file.name.replace("01792c89", "ffffffff")).write_text(json.dumps(data))
+    return results, base, head
+
+
+def test_the_ci_report_shows_no_time_ratio_the_gate_did_not_decide(tmp_path):
+    """`regress` decided on counts and called every time case "shown, noisy"; the report of its results then said
+    "median time ratio 0.767x", a speedup nobody measured. The gate's verdicts beside the results now mark those rows."""
+    import pandas as pd
+
+    from attnbench.analysis.summary import analyse, load_results
+    from attnbench.contract import GATE_VERDICTS
+
+    results, base, head = _gate_results(tmp_path, 0.767)
+    before = analyse(load_results([results]))
+    assert any("median time ratio 0.767x" in f.text for f in before.findings)  # what the page said without the gate
+    time_rows = before.loaded.frame.query("metric == 'time' and status == 'ok'")
+    table = pd.DataFrame([{"metric": "time", "variant": r.variant, "seq_len": r.seq_len, "mode": r.mode, "mask": r.mask,
+                           "verdict": "shown", "reason": "noisy: 14 of 20 samples waited for a core", "base": base,
+                           "head": head} for r in time_rows.drop_duplicates(["variant", "seq_len", "mode"]).itertuples()]
+                         + [{"metric": "instructions", "variant": "batched", "seq_len": 64, "mode": "forward",
+                             "mask": "none", "verdict": "ok", "reason": "", "base": base, "head": head}])
+    table.to_csv(results / GATE_VERDICTS, index=False)
+    after = analyse(load_results([results]))
+    assert not any("median time ratio" in f.text for f in after.findings), [f.text for f in after.findings]
+    assert after.comparisons[0].ratios.empty
+    assert any("which decided on instructions" in n and "marked noisy here" in n for n in after.loaded.notes)
+    marked = after.loaded.frame.query("metric == 'time' and status == 'noisy'")
+    assert len(marked) == len(time_rows) and marked["reason"].str.contains("waited for a core").all()

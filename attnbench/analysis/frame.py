@@ -186,7 +186,41 @@ def load_asv(results_dir: str | Path) -> pd.DataFrame:
         problems.append(f"{results_dir}: no result files (asv saves none without --set-commit-hash when run "
                         "with --python=same)")
     notes = [f"{results_dir}: {ASV_UNCHECKED}"] if any(r["metric"] in TIMED for r in rows) else []
+    gate = results_dir / contract.GATE_VERDICTS
+    if gate.exists():
+        notes += _apply_gate(rows, gate, problems)
     return _finish(rows, problems, notes)
+
+
+GATE_DECIDED = ("ok", "regressed", "wrong")
+"""The gate's verdicts that decided a row; ``undecided`` and ``shown`` (a time case counts decided) did not."""
+
+
+def _apply_gate(rows: list[dict], path: Path, problems: list[str]) -> list[str]:
+    """Mark the time rows the regression gate could not decide (``undecided``, ``shown``) as ``noisy``, with the gate's
+    reason, and say which metrics decided: its results are then read as the gate read them (notes returned)."""
+    try:
+        table = pd.read_csv(path, dtype={"base": str, "head": str})
+        needed = {"metric", "variant", "seq_len", "mode", "mask", "verdict", "base", "head"}
+        if missing := needed - set(table.columns):
+            raise ValueError(f"no {', '.join(sorted(missing))} column")
+    except (OSError, ValueError) as exc:
+        problems.append(f"{path}: the regression gate's verdicts cannot be read ({error_line(exc)}); its time rows are "
+                        "read as asv recorded them")
+        return []
+    table = table.fillna({"reason": "", "mask": "none", "mode": "forward"})
+    commits = set(table["base"]) | set(table["head"])
+    undecided = {(r.variant, int(r.seq_len), r.mode, r.mask): r.reason or r.verdict
+                 for r in table.itertuples() if r.metric == "time" and r.verdict not in GATE_DECIDED}
+    marked = 0
+    for row in rows:
+        key = (row["variant"], row["seq_len"], row["mode"], row["mask"])
+        if row["metric"] in TIMED and row["commit"] in commits and key in undecided and row["status"] == "ok":
+            row.update(status="noisy", reason=f"the regression gate did not decide it: {undecided[key]}")
+            marked += 1
+    decided = sorted({r.metric for r in table.itertuples() if r.verdict in GATE_DECIDED})
+    return [f"{path.parent}: results of the regression gate, which decided on {', '.join(decided) or 'nothing'}; "
+            f"{marked} time row(s) it could not decide are marked noisy here (drawn hollow, never compared)"]
 
 
 def _asv_file(path: Path, benchmarks: dict, machine: dict, problems: list[str]) -> list[dict]:
