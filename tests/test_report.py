@@ -778,3 +778,28 @@ def test_the_ci_report_shows_no_time_ratio_the_gate_did_not_decide(tmp_path):
     assert any("which decided on instructions" in n and "marked noisy here" in n for n in after.loaded.notes)
     marked = after.loaded.frame.query("metric == 'time' and status == 'noisy'")
     assert len(marked) == len(time_rows) and marked["reason"].str.contains("waited for a core").all()
+
+
+def test_a_point_above_its_neighbours_line_is_flagged_before_a_crossover_rests_on_it(tmp_path):
+    """`dot` at L=512 measured 46.2 ms between neighbours on a 17.7 ms-like line and a false crossover rested on such
+    points. A cost is convex on log-log axes: the point is marked noisy, and nothing is fitted or ranked on it."""
+    from attnbench.analysis.summary import analyse, load_results
+    from attnbench.measure import MeasureConfig
+    from attnbench.measure.record import Measurement
+    from attnbench.runs import write_run
+    from attnbench.spec import AttnSpec
+
+    rows = []
+    for variant, base in (("batched", 1.0e-7), ("dot", 1.1e-7)):
+        for n in (128, 256, 512, 1024, 2048):
+            t = base * n * n * (2.6 if (variant, n) == ("dot", 512) else 1.0)
+            rows.append(Measurement(variant=variant, spec=AttnSpec(seq_len=n), status="ok", samples=(t, t, t), runs=3,
+                                    timing_method="wall"))
+    run = write_run(tmp_path / "run", rows, MeasureConfig(), seconds=1.0, command=["t"])
+    analysis = analyse(load_results([run]))
+    frame = analysis.loaded.frame
+    spike = frame[(frame["variant"] == "dot") & (frame["seq_len"] == 512) & (frame["metric"] == "time")]
+    assert list(spike["status"]) == ["noisy"] and "breaks its series' trend" in spike["reason"].iloc[0]
+    assert (frame.loc[frame["status"] == "noisy", "seq_len"] == 512).all()  # nothing else: convex series stay ok
+    fit = analysis.fits.set_index(["variant", "metric"]).loc[("dot", "time")]
+    assert fit["n"] == 3  # 256, 1024, 2048 above the overhead floor: fitted, ranked and crossed over without 512

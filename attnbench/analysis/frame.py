@@ -70,6 +70,7 @@ import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from attnbench import contract
@@ -615,7 +616,52 @@ def load(sources: Iterable[str | Path]) -> pd.DataFrame:
         frames.append(frame)
     frames = [f for f in frames if len(f)]
     out = pd.concat(frames, ignore_index=True) if frames else _finish([], [])
+    spikes = flag_spikes(out)
+    notes += [f"{spikes} time point(s) above the line through their neighbours by more than {SPIKE_FACTOR:g}x are "
+              "marked noisy (a cost in L is convex on log-log axes: such a point was disturbed)"] if spikes else []
     out.attrs["problems"] = problems
     out.attrs["notes"] = notes
     out.attrs["sources"] = summary
     return out
+
+
+SPIKE_FACTOR = 1.5
+"""A time point this many times above the log-log line through its two neighbours breaks its series' trend."""
+
+
+def flag_spikes(frame: pd.DataFrame) -> int:
+    """Mark (in place) ``ok`` time-derived points that stand above the line through their neighbours as ``noisy``.
+
+    Any cost c0 + c1·L + c2·L² + ... with non-negative terms is convex on log-log axes, so a measured point lies
+    on or below the straight line joining the points at the lengths on either side of it. One more than
+    :data:`SPIKE_FACTOR` above it was disturbed: a crossover or a ranking must not rest on it (a 46 ms ``dot`` at
+    L=512 between 17 ms-like neighbours once made a false crossover). Returns how many points were marked.
+    """
+    from attnbench.analysis.complexity import GROUP, swept
+
+    if frame.empty:
+        return 0
+    ok = frame.assign(origin=frame.get("origin", ""))
+    ok = ok[(ok["status"] == "ok") & (ok["value"] > 0)]
+    times = swept(ok[ok["metric"].isin(("time", "cuda_time"))])  # a time is convex in L; a rate (GFLOP/s) is not
+    case = [c for c in GROUP if c not in ("metric", "method")] + ["origin", "seq_len", "seq_len_k"]
+    spiked: dict[tuple, float] = {}
+    for _, series in times.groupby([*GROUP, "origin"], dropna=False, sort=False):
+        by_len = series.groupby("length")["value"].median().sort_index()
+        if len(by_len) < 3:
+            continue
+        x, y = np.log(by_len.index.to_numpy(float)), np.log(by_len.to_numpy(float))
+        chord = y[:-2] + (y[2:] - y[:-2]) * (x[1:-1] - x[:-2]) / (x[2:] - x[:-2])  # the neighbours' line at each inner point
+        for length, factor in zip(by_len.index[1:-1], np.exp(y[1:-1] - chord), strict=True):
+            if factor > SPIKE_FACTOR:
+                for key in series.loc[series["length"] == length, case].itertuples(index=False, name=None):
+                    spiked[key] = factor
+    if not spiked:
+        return 0
+    keys = pd.Series(list(ok[case].itertuples(index=False, name=None)), index=ok.index)
+    rows = ok.index[keys.isin(list(spiked)) & ok["metric"].isin(TIMED)]  # the case's rates go with its time
+    factors = keys.loc[rows].map(spiked)
+    frame.loc[rows, "status"] = "noisy"
+    frame.loc[rows, "reason"] = [f"{f:.1f}x above the line through its neighbours' lengths: it breaks its series' "
+                                 "trend (disturbed)" for f in factors]
+    return int((frame.loc[rows, "metric"] == "time").sum())
