@@ -803,3 +803,43 @@ def test_a_point_above_its_neighbours_line_is_flagged_before_a_crossover_rests_o
     assert (frame.loc[frame["status"] == "noisy", "seq_len"] == 512).all()  # nothing else: convex series stay ok
     fit = analysis.fits.set_index(["variant", "metric"]).loc[("dot", "time")]
     assert fit["n"] == 3  # 256, 1024, 2048 above the overhead floor: fitted, ranked and crossed over without 512
+
+
+def _report_overlaps(sources: list[Path], out: Path) -> dict[str, list]:
+    """Build the report of ``sources`` and list, per figure saved, its overlapping texts."""
+    from unittest import mock
+
+    from matplotlib.figure import Figure
+
+    from attnbench.analysis.summary import analyse, load_results
+    from attnbench.report import html
+    from tests.text_boxes import overlapping
+
+    found: dict[str, list] = {}
+    savefig = Figure.savefig
+
+    def record(fig, *args, **kwargs):
+        name = fig._suptitle.get_text() if fig._suptitle else (fig.axes[0].get_title() if fig.axes else "?")
+        found.setdefault(name[:60], overlapping(fig))
+        return savefig(fig, *args, **kwargs)
+
+    with mock.patch.object(Figure, "savefig", record):
+        html.render(analyse(load_results([str(s) for s in sources])), out)
+    return found
+
+
+@pytest.mark.slow
+def test_no_figure_of_any_report_kind_prints_text_over_text(tmp_path):
+    """Panel titles sat on the row above's tick labels, the speedup heatmap's labels on each other and its colour bar's,
+    the accuracy axis crowded its minor labels: every figure of a run, two runs, a roofline, an asv and a CI report."""
+    fixtures = Path(__file__).parent / "fixtures"
+    gate, _, _ = _gate_results(tmp_path / "gate", 0.767)
+    kinds = {"run": [fixtures / "runs" / "prefill"], "two runs": [fixtures / "runs" / "prefill", fixtures / "runs" / "prefill_b"],
+             "roofline": [fixtures / "runs" / "prefill", fixtures / "runs" / "decode"], "asv": [fixtures / "asv_results"],
+             "CI": [gate]}
+    figures = 0
+    for kind, sources in kinds.items():
+        found = _report_overlaps(sources, tmp_path / kind.replace(" ", "_"))
+        figures += len(found)
+        assert {name: pairs for name, pairs in found.items() if pairs} == {}, kind
+    assert figures >= 30

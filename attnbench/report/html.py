@@ -336,11 +336,14 @@ def _prefill_decode(page: Page) -> str:
     return f'<section id="prefill-decode"><h2>Prefill vs decode</h2>{fig}</section>' if fig else ""
 
 
-ROOFLINE_CAPTION = (
-    "Arithmetic intensity (executed FLOPs per byte an ideal kernel moves: q, k, v read and the output written once) "
-    "against achieved GFLOP/s, log-log, under the roofs measured on the same machine: the matmul peak (compute) and "
-    "STREAM triad bandwidth x intensity (memory). Circles: prefill (Lq = Lk); triangles: decode (one query over a "
-    "KV cache). Colour: the variant's family. Correct, undisturbed measurements only.")
+def roofline_caption(workloads: set[str]) -> str:
+    """The roofline's caption, naming only the point shapes it draws."""
+    shapes = {"prefill": "circles: prefill (Lq = Lk)", "decode": "triangles: decode (one query over a KV cache)"}
+    drawn = "; ".join(text for w, text in shapes.items() if w in workloads)
+    return ("Arithmetic intensity (executed FLOPs per byte an ideal kernel moves: q, k, v read and the output written "
+            "once) against achieved GFLOP/s, log-log, under the roofs measured on the same machine: the matmul peak "
+            f"(compute) and STREAM triad bandwidth x intensity (memory). {drawn[0].upper() + drawn[1:]}. Colour: the "
+            "variant's family. Correct, undisturbed measurements only.") if drawn else ""
 
 
 def _roof_note(table: pd.DataFrame) -> str:
@@ -355,7 +358,7 @@ def _roof_note(table: pd.DataFrame) -> str:
 def _roofline(page: Page) -> str:
     """The roofline figure and, collapsed under it, every case's % of its binding roof (empty when nothing can be placed)."""
     table = roofline.roofline(page.analysis.machine)
-    fig = page.figure("roofline", plots.roofline(table), ROOFLINE_CAPTION)
+    fig = page.figure("roofline", plots.roofline(table), roofline_caption(set(table["workload"]) if len(table) else set()))
     if not fig:
         return ""
     placed = table[table["ai"].notna()].copy()
@@ -423,7 +426,9 @@ def _comparison_ratios(page: Page) -> list[str]:
                                f"Time of {html.escape(comp.label_b)} / {html.escape(comp.label_a)} for every case both ran "
                                "correctly (log scale centred at 1x; timings on a shared machine are noisy)."))
         b_over_a = f"{html.escape(comp.label_b)} / {html.escape(comp.label_a)}"
-        out.append(f"<p>Time ratio {b_over_a} (below 1x: {html.escape(comp.label_b)} is faster):</p>" + _ratio_table(comp.ratios))
+        if len(comp.ratios):  # an empty ratio table is no section: the cases both sides ran correctly are none
+            out.append(f"<p>Time ratio {b_over_a} (below 1x: {html.escape(comp.label_b)} is faster):</p>"
+                       + _ratio_table(comp.ratios))
         if len(comp.memory):
             out.append(f"<p>Peak tensor memory ratio {b_over_a} (measured bytes above the inputs; below 1x: "
                        f"{html.escape(comp.label_b)} needs less; predicted \"model\" values are not compared):</p>"

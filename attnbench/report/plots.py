@@ -110,7 +110,8 @@ LABEL_POINTS = 7.5  # font size of line-end labels
 GUIDE_COLOUR = "0.45"
 
 
-def _end_labels(ax, ends: dict[str, tuple[float, float]], text: dict[str, str] | None = None) -> None:
+def _end_labels(ax, ends: dict[str, tuple[float, float]], text: dict[str, str] | None = None,
+                colours: dict[str, tuple] | None = None) -> None:
     """Label each line at its right end, spread apart vertically (log axes) inside the axes, never overlapping.
 
     Names of the O(n) guides (``"O(n..."``) are drawn grey."""
@@ -130,7 +131,7 @@ def _end_labels(ax, ends: dict[str, tuple[float, float]], text: dict[str, str] |
         for i in range(len(pos) - 2, -1, -1):
             pos[i] = min(pos[i], pos[i + 1] - gap)
     for (name, (x, y)), ly in zip(items, pos, strict=True):
-        shade = GUIDE_COLOUR if name.startswith("O(n") else colour(name)
+        shade = GUIDE_COLOUR if name.startswith("O(n") else (colours or {}).get(name) or colour(name)
         ax.annotate((text or {}).get(name, name), xy=(x, y), xytext=(x * 1.08, 10**ly), fontsize=LABEL_POINTS, color=shade,
                     va="center", ha="left", annotation_clip=False,
                     arrowprops={"arrowstyle": "-", "color": "0.75", "lw": 0.5} if y > 0 and abs(ly - math.log10(y)) > 0.02 else None)
@@ -248,6 +249,7 @@ def scaling(frame: pd.DataFrame, metric: str, guides: bool = True, title: str | 
                 ax.scatter([int(rec["seq_len"])], [rec["value"]], zorder=5, label=status, **style)
                 ax.annotate(f"{rec['variant']} {status}", (int(rec["seq_len"]), rec["value"]), fontsize=7,
                             color=WRONG_COLOUR, xytext=(4, -8), textcoords="offset points")
+    grid.tight_layout()  # every panel has its tick labels: rows are spaced so titles never sit on them
     grid.figure.suptitle(title or f"{LABELS.get(metric, metric)} vs sequence length, by family", y=1.02)
     return grid.figure
 
@@ -284,7 +286,7 @@ def _time_label(fits: pd.DataFrame | None, variant: str) -> str:
     return ", ".join(parts)
 
 
-def _mark_crossover(ax, fits: pd.DataFrame | None, variant: str, s: pd.Series) -> None:
+def _mark_crossover(ax, fits: pd.DataFrame | None, variant: str, s: pd.Series, shade: tuple) -> None:
     """Mark L*, where the L² term of the variant's cost overtakes its L term, on its line when it falls inside.
 
     Read from the instruction counts' cost split when counted (they do not move with the machine), else
@@ -300,9 +302,9 @@ def _mark_crossover(ax, fits: pd.DataFrame | None, variant: str, s: pd.Series) -
     if not s.index.min() <= star <= s.index.max():
         return
     y = float(np.exp(np.interp(np.log(star), np.log(s.index.to_numpy(float)), np.log(s["value"].to_numpy(float)))))
-    ax.plot([star], [y], marker="v", ms=7, color=colour(variant), mec="black", mew=0.6, zorder=5)
+    ax.plot([star], [y], marker="v", ms=7, color=shade, mec="black", mew=0.6, zorder=5)
     ax.annotate(f"L*≈{star:,.0f}", xy=(star, y), xytext=(0, 9), textcoords="offset points", ha="center",
-                fontsize=LABEL_POINTS, color=colour(variant))
+                fontsize=LABEL_POINTS, color=shade)
 
 
 def progression(frame: pd.DataFrame, fits: pd.DataFrame | None = None, variants: tuple[str, ...] = PROGRESSION) -> plt.Figure | None:
@@ -324,27 +326,30 @@ def progression(frame: pd.DataFrame, fits: pd.DataFrame | None = None, variants:
         return None
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.3))
     lengths = sorted({int(n) for _, df in panels for n in df["seq_len"]})
+    distinct = {v: plt.get_cmap("tab10")(i) for i, v in enumerate(variants)}  # five lines, five hues (not a family's shades)
     for ax, (metric, df) in zip(axes, panels, strict=True):
-        ends, text = {}, {}
+        ends, text, shades = {}, {}, {}
         df = df.assign(series=series(df, model=False))
         order = [s for v in variants for s in sorted(set(df.loc[df["variant"] == v, "series"]))]
         for name in order:
             rows = df[df["series"] == name]
             variant, model = rows["variant"].iloc[0], (rows["method"] == "model").all()
             s = rows.groupby("seq_len")[["value", "spread"]].median()
-            ax.plot(s.index, s["value"], marker="o", ms=4, lw=2, color=colour(variant), ls=":" if model else "-")
-            _spread_bars(ax, s.index.to_series(), s["value"], s["spread"], colour(variant))
+            shade = distinct.get(variant) or colour(variant)
+            ax.plot(s.index, s["value"], marker="o", ms=4, lw=2, color=shade, ls=":" if model else "-")
+            _spread_bars(ax, s.index.to_series(), s["value"], s["spread"], shade)
+            shades[name] = shade
             ends[name] = (float(s.index[-1]), float(s["value"].iloc[-1]))
             label = ""
             if name == variant:  # fits are per variant of one shape
                 label = _time_label(fits, variant) if metric == "time" else _fit_label(fits, variant, metric)
                 if metric == "time":
-                    _mark_crossover(ax, fits, variant, s)
+                    _mark_crossover(ax, fits, variant, s, shade)
             text[name] = f"{name}  {label}" if label else name
         ax.set_yscale("log")
         _length_axis(ax, lengths)
         _unit_axis(ax, "y", UNITS.get(metric, ""))
-        _end_labels(ax, ends, text)
+        _end_labels(ax, ends, text, shades)
         ax.set_xlim(right=max(lengths) * 2.6 if lengths else None)
         ax.set(xlabel="sequence length L", ylabel=LABELS[metric])
         ax.set_title("time per call" if metric == "time" else "peak tensor memory (dotted: model, not measured)", fontsize=11)
@@ -546,17 +551,28 @@ def speedup_heatmap(frame: pd.DataFrame, baseline: str) -> plt.Figure | None:
     table = df.pivot_table(index="variant", columns="seq_len", values="value", aggfunc="median")
     if baseline not in table.index:
         return None
-    ratio = (table.loc[baseline] / table).dropna(axis=1, how="all").drop(index=baseline, errors="ignore")
+    ratio = (table.loc[baseline] / table).drop(index=baseline, errors="ignore")
+    missing = [int(n) for n in ratio.columns if not ratio[n].notna().any()]  # the baseline has no correct time there
     ratio = ratio.loc[:, ratio.notna().any()]
     if ratio.empty:
         return None
-    fig, ax = plt.subplots(figsize=(1.0 * ratio.shape[1] + 3, 0.36 * ratio.shape[0] + 1.5))
+    height = max(2.6, 0.36 * ratio.shape[0] + 1.5)
+    ticks = [-3, -2, -1, 0, 1, 2, 3] if height >= 3.5 else [-3, 0, 3]  # a short colour bar holds three labels
+    fig, ax = plt.subplots(figsize=(1.0 * ratio.shape[1] + 3.5, height))
     sns.heatmap(np.log10(ratio), annot=ratio.map(lambda v: "" if pd.isna(v) else fmt(v, "x")), fmt="", cmap="RdBu",
                 center=0, vmin=-3, vmax=3, ax=ax, annot_kws={"fontsize": 7},
-                cbar_kws={"label": f"speedup over {baseline}", "ticks": [-3, -2, -1, 0, 1, 2, 3]})
-    ax.collections[0].colorbar.set_ticklabels([fmt(10.0**t, "x") for t in (-3, -2, -1, 0, 1, 2, 3)])
-    ax.set(xlabel="sequence length L", ylabel="", title=f"speedup over {baseline} (forward; {baseline} time / variant time)")
-    fig.tight_layout()
+                cbar_kws={"label": f"{baseline} time / time", "ticks": ticks})
+    ax.collections[0].colorbar.set_ticklabels([fmt(10.0**t, "x") for t in ticks])
+    ax.set(xlabel="sequence length L", ylabel="")
+    ax.tick_params(axis="y", rotation=0)
+    ax.grid(False)
+    ax.set_title(f"speedup over {baseline} (forward)", fontsize=10)
+    notes = ["blank: no correct, undisturbed time (noisy, wrong or not run)"] if ratio.isna().to_numpy().any() else []
+    if missing:
+        notes.append(f"no column at L={', '.join(map(str, missing))}: {baseline} has no correct, undisturbed time there")
+    if notes:
+        fig.text(0.01, 0.01, "; ".join(notes), fontsize=7, color="0.35")
+    fig.tight_layout(rect=(0, 0.06 if notes else 0, 1, 1))
     return fig
 
 
@@ -578,6 +594,9 @@ def error_vs_time(frame: pd.DataFrame) -> plt.Figure | None:
             ax.annotate(f"L={rec['seq_len']}", (rec["time"], rec["value"]), fontsize=7, xytext=(4, 2), textcoords="offset points")
     ax.set(xscale="log", yscale="log", xlabel="median time per call", ylabel="max |out - exact softmax attention|")
     _unit_axis(ax, "x", "s")
+    ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))  # labels in a narrow decade
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.2g}"))  # plain, not "2.9x10^0"
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.legend(fontsize=8, loc="best")
     ax.set_title("accuracy vs speed of approximate variants", fontsize=11)
     fig.tight_layout()
