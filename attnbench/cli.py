@@ -641,8 +641,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch threads in every worker (1 by default: a second thread stalls whenever another "
                         "process takes its core)")
     p.add_argument("--retries", type=_int_at_least(0, "retries"), default=2,
-                   help="re-measurements of a case the calibration probe found disturbed, before it is marked noisy")
-    p.add_argument("--no-probe", action="store_true", help="no calibration probe (no interference detection, no noisy status)")
+                   help="re-measurements of a case found disturbed (run-queue wait, probe, clusters), before it is marked noisy")
+    p.add_argument("--no-probe", action="store_true",
+                   help="no calibration probe and no re-timing of descheduled blocks (no interference detection, "
+                        "no noisy status)")
     p.add_argument("--budget-mb", type=_positive, default=None,
                    help="memory budget per case in MiB (default: --budget-fraction of free memory); "
                         "also caps each worker's memory")

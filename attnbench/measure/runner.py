@@ -11,14 +11,21 @@ than the time budget becomes ``timeout``, and any other exception (the cost mode
 becomes ``error`` with its message. Only bad arguments to the runner itself raise.
 
 Interference: a busy neighbour slows every block of a case alike, so a tight IQR proves nothing.
-The calibration probe (:mod:`.probe`, a fixed small matmul) is timed before and after each timing
+The timer reads the timing thread's run-queue wait beside every block (:mod:`.schedstat`): a block that
+waited for a core more than ``schedstat.WAIT_LIMIT`` of its wall time was partly the neighbour's, and is
+dropped and timed again while the case's retry budget (``MeasureConfig.retry_budget_s``) lasts. The
+calibration probe (:mod:`.probe`, a fixed small matmul) is timed before and after each timing
 attempt and between blocks of long ones, and compared with the sweep's typical probe time
 (``MeasureConfig.probe_baseline_s``, the median of the probe times the sweep has seen, which
-:func:`sweep` passes into every worker). A disturbed attempt (a probe more than
-``probe.SLOWDOWN_LIMIT`` x slower or faster than typical, or bimodal blocks) is timed again, up to
-``MeasureConfig.retries`` times; the least disturbed attempt is kept, and if even that one was
-disturbed the case becomes ``noisy``, with its probe ratio recorded: its samples are kept for
-inspection but it is never fitted or ranked.
+:func:`sweep` passes into every worker). A disturbed attempt (too few undisturbed blocks when the budget
+ran out, a probe more than ``probe.SLOWDOWN_LIMIT`` x slower or faster than typical, or bimodal blocks) is
+timed again, up to ``MeasureConfig.retries`` times; the least disturbed attempt is kept, and if even that
+one was disturbed the case becomes ``noisy``, its reason naming the signal (run-queue wait, probe,
+clusters) and its probe ratio recorded: its samples are kept for inspection but it is never fitted or
+ranked. Every timed case records the share of its blocks that waited (``extra["waited_blocks"]``) and the
+median and largest share of a block's time spent waiting (``extra["runqueue_share"]``,
+``extra["runqueue_max"]``); where the kernel does not report the wait, these are absent and the probe
+rule stands alone.
 """
 
 from __future__ import annotations
@@ -39,12 +46,12 @@ import torch
 from attnbench._checks import check_bool, check_int, check_number, check_seed
 from attnbench.contract import WORKLOADS
 from attnbench.io import error_line
-from attnbench.measure import gate, guard, memory, probe, regime
+from attnbench.measure import gate, guard, memory, probe, regime, schedstat
 from attnbench.measure.env import environment
 from attnbench.measure.peak import matmul_peak
 from attnbench.measure.provenance import sdpa_backends
 from attnbench.measure.record import Environment, Measurement
-from attnbench.measure.timer import TimerConfig, cuda_graph_seconds, time_call, time_once
+from attnbench.measure.timer import Blocks, TimerConfig, cuda_graph_seconds, time_blocks, time_once
 from attnbench.registry import get_variant
 from attnbench.spec import AttnSpec
 from attnbench.variants.base import Variant, dense_mask
@@ -65,9 +72,9 @@ class MeasureConfig:
     measure_rss: bool = True  # peak process RSS during one call
     seed: int = 0  # input seed
     cuda_graphs: bool = False  # CUDA: also time CUDA-graph replay (launch overhead removed), in extra
-    probe: bool = True  # time the calibration probe around every attempt; disturbed attempts are retried
+    probe: bool = True  # interference detection: the probe around every attempt, descheduled blocks re-timed
     retries: int = 2  # re-measurements of a disturbed attempt before the case is recorded as noisy
-    retry_budget_s: float = 2.0  # no further attempt once a case's timing attempts took this long in total
+    retry_budget_s: float = 2.0  # re-timed blocks and further attempts stop once a case's timing took this long
     probe_baseline_s: float | None = None  # the sweep's typical probe time (set by sweep); None: measured first
     workload: str = "prefill"  # contract.WORKLOADS: the sweep every measured case belongs to (recorded in each row)
     instructions: bool = False  # also count instructions per call under valgrind (attnbench run --instructions)
@@ -405,6 +412,7 @@ def _run(variant: Variant, spec: AttnSpec, config: MeasureConfig, plan: CheckPla
     samples, runs = timed.samples, timed.runs
     fields.update(probe_slowdown=timed.disturbance.slowdown if config.probe else math.nan, attempts=timed.attempts)
     extra_probe = {"probe_median_s": timed.probe_median_s} if config.probe else {}  # the sweep's typical speed takes it in
+    extra_probe.update(runqueue_extra(timed.shares))
     peak, method = peak_tensor_bytes(variant, spec, call) if config.measure_memory else (math.nan, "")
     rss = float(memory.peak_rss_bytes(call)) if config.measure_rss else math.nan
     if checked is not None:  # state kept between calls, or a fault on every other call, shows after the first call
@@ -458,30 +466,57 @@ def typical_speed(probes: Sequence[float]) -> float:
 
 @dataclass(frozen=True)
 class Timed:
-    """The kept timing attempt of one case, with what the calibration probe saw around it."""
+    """The kept timing attempt of one case, with what the calibration probe and the scheduler saw around it."""
 
-    samples: list[float]  # per-call seconds per block of the kept attempt
-    runs: int  # calls timed in the kept attempt
-    disturbance: probe.Disturbance  # the kept attempt's probes against the sweep's typical probe time
+    samples: list[float]  # per-call seconds per block of the kept attempt (its undisturbed blocks, if any)
+    runs: int  # calls timed in those blocks
+    disturbance: probe.Disturbance  # the kept attempt's probes against the sweep's typical probe time, and its wait
     attempts: int  # attempts made (1 + retries used)
     probe_median_s: float  # median of the kept attempt's probes (NaN when not probed)
+    shares: tuple[float, ...] = ()  # run-queue share of every block the kept attempt timed (dropped ones included)
+
+
+def runqueue_extra(shares: Sequence[float]) -> dict[str, float]:
+    """The ``extra`` keys of a case's run-queue wait (none when the kernel does not report it).
+
+    ``waited_blocks``: the share of timed blocks that waited for a core over ``schedstat.WAIT_LIMIT`` of their
+    time (each dropped and timed again when interference is judged); ``runqueue_share``: the median block's wait
+    per wall second; ``runqueue_max``: the worst block's.
+
+    Example:
+        >>> runqueue_extra([0.0, 0.0, 0.5, 0.02])
+        {'waited_blocks': 0.25, 'runqueue_share': 0.01, 'runqueue_max': 0.5}
+    """
+    if not shares:
+        return {}
+    waited = sum(share > schedstat.WAIT_LIMIT for share in shares)
+    return {"waited_blocks": waited / len(shares), "runqueue_share": float(statistics.median(shares)),
+            "runqueue_max": float(max(shares))}
 
 
 def _probe_into(probes: list[float], device: str) -> None:
     probes.append(probe.probe_seconds(device))
 
 
-def timed_attempts(call: Callable[[], object], device: str, config: MeasureConfig, first_s: float = 0.0) -> Timed:
-    """Time ``call``, probing around (and, for long attempts, between) blocks; retry disturbed attempts.
+def _seen(typical: float, probes: Sequence[float], blocks: Blocks) -> probe.Disturbance:
+    return probe.Disturbance(typical, tuple(probes), probe.is_bimodal(blocks.samples), waited=blocks.waited(),
+                             blocks=len(blocks.shares), short=blocks.short)
 
-    An attempt is disturbed when a probe is more than ``probe.SLOWDOWN_LIMIT`` x slower or faster than
-    the sweep's typical probe (``config.probe_baseline_s``) or its blocks are bimodal. Up to ``config.retries``
-    more attempts are made while the case's attempts took less than ``config.retry_budget_s`` in total
-    (a machine busy for the whole sweep must not triple its length: long cases are probed between
-    blocks instead) and the time budget allows; the least disturbed attempt is returned.
+
+def timed_attempts(call: Callable[[], object], device: str, config: MeasureConfig, first_s: float = 0.0) -> Timed:
+    """Time ``call``, re-timing descheduled blocks and probing around (and, for long attempts, between) blocks;
+    retry disturbed attempts.
+
+    With ``config.probe`` a block that waited for a core more than ``schedstat.WAIT_LIMIT`` of its wall time is
+    dropped and another timed in its place while the retry budget lasts (:func:`.timer.time_blocks`). An attempt is
+    disturbed when too few undisturbed blocks were left when that budget ran out, when a probe is more than
+    ``probe.SLOWDOWN_LIMIT`` x slower or faster than the sweep's typical probe (``config.probe_baseline_s``), or
+    when its blocks are bimodal. Up to ``config.retries`` more attempts are made while the case's attempts took less
+    than ``config.retry_budget_s`` in total (a machine busy for the whole sweep must not triple its length: long
+    cases are probed between blocks instead) and the time budget allows; the least disturbed attempt is returned.
     """
     typical = config.probe_baseline_s if config.probe_baseline_s is not None else math.nan  # measure() always sets it
-    kept: tuple[list[float], int, list[float]] | None = None
+    kept: tuple[Blocks, list[float]] | None = None
     kept_deviation = math.inf
     attempts, spent = 0, 0.0
     while True:
@@ -492,23 +527,28 @@ def timed_attempts(call: Callable[[], object], device: str, config: MeasureConfi
             probes.append(probe.probe_seconds(device))
             between = functools.partial(_probe_into, probes, device)  # this attempt's probes, between blocks
         t0 = time.perf_counter()
-        samples, runs = time_call(call, device, config.timer, between=between)
+        blocks = time_blocks(call, device, config.timer, between=between,
+                             wait_limit=schedstat.WAIT_LIMIT if config.probe else None,
+                             redo_s=max(0.0, config.retry_budget_s - spent))
         spent += time.perf_counter() - t0
         if not config.probe:
-            return Timed(samples, runs, probe.Disturbance(math.nan, (), False), attempts, math.nan)
+            return Timed(blocks.samples, blocks.runs, probe.Disturbance(math.nan, (), False), attempts, math.nan,
+                         tuple(blocks.shares))
         probes.append(probe.probe_seconds(device))
-        seen = probe.Disturbance(typical, tuple(probes), probe.is_bimodal(samples))
-        score = seen.deviation if not seen.bimodal else max(seen.deviation, probe.SLOWDOWN_LIMIT * 1.01)
+        seen = _seen(typical, probes, blocks)
+        score = seen.deviation
+        if seen.bimodal or seen.short:
+            score = max(score, probe.SLOWDOWN_LIMIT * 1.01)
         if kept is None or score < kept_deviation:
-            kept, kept_deviation = (samples, runs, probes), score
+            kept, kept_deviation = (blocks, probes), score
         if not seen.disturbed or attempts > config.retries:
             break
         # Another attempt must fit the budget next to what this case already spent (warm-up, gate, first call).
         if spent >= config.retry_budget_s or first_s * 4 + spent * (attempts + 1) / attempts > config.time_budget_s:
             break
-    samples, runs, probes = kept
-    disturbance = probe.Disturbance(typical, tuple(probes), probe.is_bimodal(samples))
-    return Timed(samples, runs, disturbance, attempts, statistics.median(probes))
+    blocks, probes = kept
+    return Timed(blocks.samples, blocks.runs, _seen(typical, probes, blocks), attempts, statistics.median(probes),
+                 tuple(blocks.shares))
 
 
 SLOW_MAX_LENGTH = 128  # interpreter-bound variants stop here by default (seconds per case)
