@@ -284,7 +284,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run_in(args, run_dir, cases, config, tqdm, sweep, matmul_peak, WorkerPool, RunDirError, summary_table) -> int:
-    from attnbench.measure import regime
+    from attnbench.measure import regime, schedstat
     from attnbench.measure.bandwidth import bandwidth
     from attnbench.runs import RunWriteError
 
@@ -306,6 +306,9 @@ def _run_in(args, run_dir, cases, config, tqdm, sweep, matmul_peak, WorkerPool, 
         return 1
     for note in run_dir.notes:
         print(f"note: {note}", file=sys.stderr)
+    if config.probe and not schedstat.available():  # said once per run, not on every case
+        print(f"note: this kernel does not report the run-queue wait ({schedstat.SCHEDSTAT}): a neighbour is judged by "
+              "the calibration probe alone, and no case records waited_blocks", file=sys.stderr)
     done_before = len(cases) - len(todo)
     if args.resume and done_before:
         print(f"resuming {run_dir.path}: {done_before} of {len(cases)} cases already measured", file=sys.stderr)

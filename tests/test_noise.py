@@ -319,6 +319,19 @@ def test_without_the_wait_the_probe_rule_stands_alone(monkeypatch):
     assert slow.status == "noisy" and slow.reason.startswith("calibration probe 3.00x slower"), slow.reason
 
 
+def test_a_run_without_the_wait_says_so_once(monkeypatch, tmp_path, capsys):
+    """``attnbench run`` on a kernel without the figures: one note for the run (the workers then judge by the probe
+    alone; library code prints nothing)."""
+    from attnbench import cli
+
+    monkeypatch.setattr(schedstat, "runqueue_seconds", ScriptedScheduler(share=None))
+    argv = ["run", "--variants", "batched", "--lengths", "16,32", "--quiet", "--no-report", "--threads", "1",
+            "--min-time", "0.01", "--max-time", "0.05", "--min-runs", "2", "--out", str(tmp_path / "run")]
+    assert cli.main(argv) == 0
+    err = capsys.readouterr().err
+    assert err.count("does not report the run-queue wait") == 1, err
+
+
 def test_the_timer_sees_a_real_neighbour_on_its_core(monkeypatch):
     """Planted for real: a process spinning on the one core this thread is pinned to. The timer must read about half
     of every block's wall time as run-queue wait (the scheduler shares the core), and the runner must drop those
