@@ -26,6 +26,11 @@ ranked. Every timed case records the share of its blocks that waited (``extra["w
 median and largest share of a block's time spent waiting (``extra["runqueue_share"]``,
 ``extra["runqueue_max"]``); where the kernel does not report the wait, these are absent and the probe
 rule stands alone.
+
+The correctness check has a time budget of its own (``MeasureConfig.check_budget_s``, default the time
+budget): :func:`check_plan` checks as many (batch, head) slices as the float64 reference predicts to fit
+it, and the time guard judges the case's measurement calls alone against ``time_budget_s``, so the check
+never costs a length. What the check covered is recorded (``extra["checked_slices"]``: "k/n").
 """
 
 from __future__ import annotations
@@ -65,8 +70,9 @@ class MeasureConfig:
     threads: int | None = regime.DEFAULT_THREADS  # torch intra-op threads while measuring; None keeps the process's
     memory_budget_fraction: float = 0.5  # skip cases predicted to need more than this share of free memory
     memory_budget_bytes: float | None = None  # explicit budget; overrides the fraction when set
-    time_budget_s: float = 60.0  # skip (predicted) or stop (measured) cases slower than this in total
+    time_budget_s: float = 60.0  # skip (predicted) or stop (measured) cases whose measurement calls take longer
     check_accuracy: bool = True  # gate the timed closure's result against the float64 reference
+    check_budget_s: float | None = None  # seconds the check may take (reference, checked calls); None: time_budget_s
     reference_budget_bytes: float = 512 * 2**20  # float64 reference: all (batch, head) slices up to this, else a sample
     measure_memory: bool = True  # peak tensor bytes (profiler on CPU, allocator stats on CUDA)
     measure_rss: bool = True  # peak process RSS during one call
@@ -86,7 +92,7 @@ class MeasureConfig:
         check_number("time_budget_s", self.time_budget_s, 0.0)
         check_number("reference_budget_bytes", self.reference_budget_bytes, 0.0, low_open=False)
         check_number("retry_budget_s", self.retry_budget_s, 0.0, low_open=False)
-        for name in ("memory_budget_bytes", "probe_baseline_s"):
+        for name in ("memory_budget_bytes", "probe_baseline_s", "check_budget_s"):
             if getattr(self, name) is not None:
                 check_number(name, getattr(self, name), 0.0)
         if self.threads is not None:
@@ -97,6 +103,11 @@ class MeasureConfig:
             check_bool(name, getattr(self, name))
         if self.workload not in WORKLOADS:
             raise ValueError(f"workload must be one of {WORKLOADS}, got {self.workload!r}")
+
+    @property
+    def check_seconds(self) -> float:
+        """The correctness check's time budget: ``check_budget_s``, or the time budget when that is None."""
+        return self.time_budget_s if self.check_budget_s is None else self.check_budget_s
 
     def memory_budget(self, device: str) -> float:
         if self.memory_budget_bytes is not None:
@@ -169,8 +180,22 @@ class CheckPlan:
     note: str  # why the case is not checked ("" when it is)
 
 
-def check_plan(variant: Variant, spec: AttnSpec, config: MeasureConfig) -> CheckPlan:
-    """Which slices the gate checks: all when affordable, else a seeded sample (see :mod:`.gate`)."""
+def check_plan(
+    variant: Variant, spec: AttnSpec, config: MeasureConfig, *, peak_flops: float | None = None,
+    call_s: float | None = None,
+) -> CheckPlan:
+    """Which slices the gate checks: all when affordable, else a seeded sample (see :mod:`.gate`).
+
+    Affordable in memory (``config.reference_budget_bytes``) and, given ``peak_flops``, in time: the check's own
+    budget (``config.check_seconds``) holds the float64 reference of the checked slices
+    (:func:`.guard.reference_seconds`) and the :data:`LATER_CHECKS` calls checked after the timed ones. A sample
+    holds at least the first and the last slice; when not even one slice fits, the case is measured unchecked,
+    with the reason as its note (the check never decides which lengths are measured).
+
+    Args:
+        peak_flops: this machine's matmul FLOP/s, for the reference's predicted time; None: memory alone decides.
+        call_s: one call's seconds (None: the cost model's :func:`.guard.predicted_seconds`).
+    """
     if not config.check_accuracy:
         return CheckPlan((), 0.0, "")
     per_slice = gate.slice_reference_bytes(variant, spec)
@@ -178,7 +203,17 @@ def check_plan(variant: Variant, spec: AttnSpec, config: MeasureConfig) -> Check
         return CheckPlan((), 0.0, (
             f"accuracy not checked: one (batch, head) slice of the float64 reference needs "
             f"{per_slice / 2**20:,.0f} MiB > reference budget {config.reference_budget_bytes / 2**20:,.0f} MiB"))
-    slices = gate.checked_slices(spec, per_slice, config.reference_budget_bytes, config.seed)
+    limit = None
+    if peak_flops is not None:
+        calls_s = LATER_CHECKS * (guard.predicted_seconds(variant, spec, peak_flops) if call_s is None else call_s)
+        slice_s = guard.reference_seconds(variant, spec, 1, peak_flops)
+        limit = math.floor((config.check_seconds - calls_s) / slice_s) if slice_s > 0 else None
+        if limit is not None and limit < 1:
+            return CheckPlan((), 0.0, (
+                f"accuracy not checked: one (batch, head) slice of the float64 reference is predicted to take "
+                f"{slice_s:,.1f} s (and {LATER_CHECKS} checked calls {calls_s:,.1f} s) > the check's time budget "
+                f"{config.check_seconds:g} s"))
+    slices = gate.checked_slices(spec, per_slice, config.reference_budget_bytes, config.seed, limit=limit)
     return CheckPlan(tuple(slices), 2 * per_slice + len(slices) * gate.slice_truth_bytes(variant, spec), "")
 
 
@@ -336,8 +371,10 @@ def measure(
             return Measurement(status="skipped", reason="; ".join(reasons), **base)
         if peak_flops is None:
             peak_flops = matmul_peak(spec.device, "float32")
-        calls = 1 + LATER_CHECKS + config.timer.warmup + config.timer.min_runs + int(config.measure_memory) + int(config.measure_rss)
-        plan = check_plan(variant, spec, config)
+        # The measurement's calls: the first (warm-up, checked), the timer's, memory and RSS. The check's own calls
+        # and its reference are budgeted apart (check_plan), so the check never costs the user a length.
+        calls = 1 + config.timer.warmup + config.timer.min_runs + int(config.measure_memory) + int(config.measure_rss)
+        plan = check_plan(variant, spec, config, peak_flops=peak_flops, call_s=expected_call_s)
         reasons = guard.guard_reasons(
             variant, spec,
             memory_budget=config.memory_budget(spec.device),
@@ -345,7 +382,6 @@ def measure(
             peak_flops=peak_flops,
             calls=calls,
             reference_bytes=plan.reference_bytes,
-            reference_s=guard.reference_seconds(variant, spec, len(plan.slices), peak_flops),
             call_s=expected_call_s,
         )
         if reasons:
