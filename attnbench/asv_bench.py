@@ -67,7 +67,7 @@ import torch
 
 from attnbench import contract, environ
 from attnbench.io import append_line
-from attnbench.measure import gate, guard, memory, probe, regime, runner
+from attnbench.measure import gate, guard, memory, probe, regime, runner, schedstat
 from attnbench.measure.peak import matmul_peak, measure_matmul_peak
 from attnbench.measure.timer import TimerConfig, time_call
 from attnbench.plugins import load_plugins
@@ -349,17 +349,8 @@ def case(
     return prepared.call, prepared.spec
 
 
-SCHEDSTAT = "/proc/thread-self/schedstat"
-"""Linux's scheduler figures of the calling thread: nanoseconds on a CPU, nanoseconds runnable but waiting for one."""
-
-
-def _runqueue_seconds() -> float | None:
-    """Seconds this thread has spent runnable but waiting for a core (None where the kernel does not say)."""
-    try:
-        with open(SCHEDSTAT, encoding="ascii") as f:
-            return int(f.read().split()[1]) / 1e9
-    except (OSError, IndexError, ValueError):
-        return None
+SCHEDSTAT = schedstat.SCHEDSTAT
+"""Where the timer reads the timing thread's run-queue wait (:mod:`attnbench.measure.schedstat`, shared with the runner)."""
 
 
 class WaitWatch:
@@ -380,11 +371,11 @@ class WaitWatch:
 
     def __call__(self) -> float:
         if self._start is None:  # the interval opens: the wait is read before the clock
-            wait = _runqueue_seconds()
+            wait = schedstat.runqueue_seconds()
             self._start = (time.perf_counter(), wait)
             return self._start[0]
         wall = time.perf_counter()  # the interval closes: the clock is read before the wait
-        wait, (wall0, wait0) = _runqueue_seconds(), self._start
+        wait, (wall0, wait0) = schedstat.runqueue_seconds(), self._start
         self._wall += wall - wall0
         if wait is None or wait0 is None:
             self._known = False

@@ -291,7 +291,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run_in(args, run_dir, cases, config, tqdm, sweep, matmul_peak, WorkerPool, RunDirError, summary_table) -> int:
-    from attnbench.measure import regime
+    from attnbench.measure import regime, schedstat
     from attnbench.measure.bandwidth import bandwidth
     from attnbench.runs import RunWriteError
 
@@ -313,6 +313,9 @@ def _run_in(args, run_dir, cases, config, tqdm, sweep, matmul_peak, WorkerPool, 
         return 1
     for note in run_dir.notes:
         print(f"note: {note}", file=sys.stderr)
+    if config.probe and not schedstat.available():  # said once per run, not on every case
+        print(f"note: this kernel does not report the run-queue wait ({schedstat.SCHEDSTAT}): a neighbour is judged by "
+              "the calibration probe alone, and no case records waited_blocks", file=sys.stderr)
     done_before = len(cases) - len(todo)
     if args.resume and done_before:
         print(f"resuming {run_dir.path}: {done_before} of {len(cases)} cases already measured", file=sys.stderr)
@@ -772,8 +775,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch threads in every worker (1 by default: a second thread stalls whenever another "
                         "process takes its core)")
     p.add_argument("--retries", type=_int_at_least(0, "retries"), default=2,
-                   help="re-measurements of a case the calibration probe found disturbed, before it is marked noisy")
-    p.add_argument("--no-probe", action="store_true", help="no calibration probe (no interference detection, no noisy status)")
+                   help="re-measurements of a case found disturbed (run-queue wait, probe, clusters), before it is marked noisy")
+    p.add_argument("--no-probe", action="store_true",
+                   help="no calibration probe and no re-timing of descheduled blocks (no interference detection, "
+                        "no noisy status)")
     p.add_argument("--budget-mb", type=_positive, default=None,
                    help="memory budget per case in MiB (default: --budget-fraction of free memory); "
                         "also caps each worker's memory")

@@ -118,12 +118,20 @@ _BUILTIN_METRICS: tuple[Metric, ...] = (
            asv=(INSTRUCTIONS_BENCHMARK,), asv_method="callgrind", declared="time_exponent", fitted=True),
     Metric("page_faults", "faults", "minor page faults per call", field="extra.page_faults", method="rusage",
            asv=(PAGE_FAULTS_BENCHMARK,), asv_method="rusage", fitted=True),
+    Metric("waited_blocks", "share", "share of timed blocks that waited for a core", field="extra.waited_blocks",
+           method="schedstat"),
+    Metric("runqueue_share", "share", "run-queue wait per wall second (median block)", field="extra.runqueue_share",
+           method="schedstat"),
 )
 """``bytes`` is :attr:`AttnSpec.bytes_moved` (method "model"); ``gbps`` is that over the measured time.
 ``instructions``: per call of the timed closure, counted under valgrind (:mod:`attnbench.measure.instructions`):
 deterministic, blind to cache misses, page faults, bandwidth and waiting. ``page_faults``: minor faults of one
 call after the correctness gate, the fresh pages it maps. On a CPU
-that is where a dense variant's O(L\u00b2) buffers cost time beside its arithmetic."""
+that is where a dense variant's O(L\u00b2) buffers cost time beside its arithmetic. ``waited_blocks`` and
+``runqueue_share``: how much a neighbour had the timing thread's core while a case was timed (the share of its
+timed blocks that waited for a core over ``schedstat.WAIT_LIMIT`` of their time, each dropped and timed again, and
+the median block's wait per wall second; :mod:`attnbench.measure.schedstat`). Facts about the machine, not the
+variant: never fitted, and not ``timed``, so a ``noisy`` case keeps them as measured."""
 METRICS: dict[str, Metric] = {}
 """The metric table: name -> row, in the order rows were added (:func:`add_metric`)."""
 UNITS: dict[str, str] = {}

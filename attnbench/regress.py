@@ -63,7 +63,7 @@ from attnbench import contract
 from attnbench.analysis import significance
 from attnbench.analysis.frame import decode_param, load_asv
 from attnbench.io import atomic_write, check_writable_dir, output_tail
-from attnbench.measure import probe, regime
+from attnbench.measure import probe, regime, schedstat
 from attnbench.measure.instructions import missing_message, valgrind_version
 
 CI_SUBSET = contract.grid_environment(contract.GRIDS["ci"])
@@ -216,8 +216,9 @@ GATE_METRICS = ("time", "instructions", "both")
 INSTRUCTIONS_FACTOR = contract.INSTRUCTIONS_FACTOR
 DISAGREE_TIME = 1.5
 """A time regression this large beside flat counts is a disagreement worth a note (the gate's never-forgiven slowdown)."""
-DESCHEDULED_LIMIT = 0.1
-"""A time sample that waited for a core more than this share of its wall time was descheduled by a neighbour."""
+DESCHEDULED_LIMIT = schedstat.WAIT_LIMIT
+"""A time sample that waited for a core more than this share of its wall time was descheduled by a neighbour (the
+runner's blocks are judged by the same limit)."""
 NOISY_SHARE = 0.1
 """A side whose rounds had more than this share of probes beyond ``probe.SLOWDOWN_LIMIT`` of typical is disturbed."""
 

@@ -11,8 +11,8 @@ import pytest
 PACKAGE = Path(__file__).parent.parent / "attnbench"
 ROOMS: tuple[tuple[str, ...], ...] = (
     # bottom: depends on nothing of the package
-    ("_checks", "io", "plugins", "mask_mods", "measure.timer", "measure.probe", "measure.regime", "measure.memory",
-     "measure._forkserver",
+    ("_checks", "io", "plugins", "mask_mods", "measure.timer", "measure.probe", "measure.schedstat", "measure.regime",
+     "measure.memory", "measure._forkserver",
      "analysis.significance", "analysis.text"),
     ("masks", "spec", "reference"),
     ("capability", "contract"),

@@ -7,6 +7,7 @@ timed closure itself, so the faults are planted in ``forward`` (what the closure
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import subprocess
@@ -206,6 +207,38 @@ def test_a_sample_always_holds_the_first_and_last_slice(plants):
     assert ok.status == "ok" and ok.extra["checked_slices"] == "4/16"
     slices = gate.checked_slices(spec, per_slice, 4 * per_slice, seed=0)
     assert slices[0] == (0, 0) and slices[-1] == (1, 7) and len(slices) == 4
+
+
+def test_the_check_has_its_own_time_budget_and_never_costs_a_length(plants):
+    """Planted: a float64 reference predicted at 5.2 s a slice (a matmul peak of 1 MFLOP/s) over 16 slices, calls
+    predicted at 1 ms, a 12 s budget. The guard once summed the calls and the whole reference (84 s) and skipped the
+    case; now the calls alone meet the time budget, the check takes what its own budget holds (the first and the
+    last slice: 2/16), and a swap of the last head is still caught. A slice over the check's budget: measured,
+    unchecked, saying why."""
+    spec = SPEC.replace(batch=2, heads=8)
+    config = MeasureConfig(timer=FAST.timer, measure_rss=False, measure_memory=False, probe=False, time_budget_s=12.0)
+    ok = measure("plant_correct", spec, config, peak_flops=1e6, expected_call_s=1e-3)
+    assert ok.status == "ok" and ok.extra["checked_slices"] == "2/16", (ok.status, ok.reason)
+    bad = measure("plant_heads", spec, config, peak_flops=1e6, expected_call_s=1e-3)
+    assert bad.status == "wrong" and "2/16 (batch, head) slices checked" in bad.reason, bad.reason
+    wider = measure("plant_correct", spec, dataclasses.replace(config, check_budget_s=30.0), peak_flops=1e6,
+                    expected_call_s=1e-3)
+    assert wider.status == "ok" and wider.extra["checked_slices"] == "5/16"  # 30 s hold 5 slices of 5.2 s
+    unchecked = measure("plant_heads", spec, config, peak_flops=1e5, expected_call_s=1e-3)
+    assert unchecked.status == "ok" and "checked_slices" not in unchecked.extra and unchecked.samples
+    assert unchecked.reason.startswith("accuracy not checked: one (batch, head) slice of the float64 reference is "
+                                       "predicted to take 52.4 s"), unchecked.reason
+    assert "the check's time budget 12 s" in unchecked.reason
+    with pytest.raises(ValueError, match="check_budget_s"):
+        MeasureConfig(check_budget_s=0.0)
+
+
+def test_the_time_sample_and_the_memory_sample_take_the_smaller():
+    spec = attnbench.AttnSpec(batch=2, heads=8)
+    assert gate.checked_slices(spec, 1.0, 100.0, limit=5) == gate.checked_slices(spec, 1.0, 5.0)  # same draw
+    assert len(gate.checked_slices(spec, 1.0, 4.0, limit=9)) == 4
+    assert gate.checked_slices(spec, 1.0, 100.0, limit=1) == [(0, 0), (1, 7)]  # the first and the last at least
+    assert len(gate.checked_slices(spec, 1.0, 100.0, limit=16)) == 16
 
 
 def test_the_sample_is_the_same_in_every_process():

@@ -82,3 +82,35 @@ def test_page_faults_is_a_row_like_the_others():
     m = Measurement(variant="batched", spec=AttnSpec(), status="ok", samples=(1.0,), extra={"page_faults": 7})
     assert m.to_row()["page_faults"] == 7 and "extra_page_faults" not in m.to_row()
     assert math.isnan(contract.metric_value(Measurement(variant="b", spec=AttnSpec(), status="skipped"), row.field))
+
+
+def test_the_run_queue_rows_are_facts_about_the_machine(tmp_path):
+    """Read from extra, never fitted, not timed: a noisy case (a neighbour took its core) keeps them as measured, in the
+    CSV export, the frame and the report's collapsed table; a case without them (a kernel that does not report the
+    wait, a run before they existed) has no rows, never an ok NaN."""
+    from attnbench.report.html import build_report
+
+    for name in ("waited_blocks", "runqueue_share"):
+        row = contract.METRICS[name]
+        assert row.field == f"extra.{name}" and not row.fitted and not row.timed and row.unit == "share"
+    env = Environment(hostname="box", python="3.11", torch="2.x", threads=1, cpu_model="cpu", cpu_count=2, device_name="cpu")
+    spec = AttnSpec(heads=2, head_dim=16)
+    cases = [Measurement(variant="batched", spec=spec.replace(seq_len=n), status="ok", samples=(1e-7 * n * n,) * 3,
+                         runs=3, timing_method="wall", env=env,
+                         extra={"waited_blocks": 0.25, "runqueue_share": 0.02, "runqueue_max": 0.6})
+             for n in (64, 128)]
+    cases.append(Measurement(variant="batched", spec=spec.replace(seq_len=256), status="noisy", samples=(1e-2,) * 3,
+                             runs=3, timing_method="wall", env=env, reason="run-queue wait: a neighbour took the core",
+                             extra={"waited_blocks": 1.0, "runqueue_share": 0.5, "runqueue_max": 0.7}))
+    cases.append(Measurement(variant="batched", spec=spec.replace(seq_len=512), status="ok", samples=(1e-2,) * 3,
+                             runs=3, timing_method="wall", env=env))
+    run = write_run(tmp_path / "run", cases, MeasureConfig(), seconds=1.0, command=["t"])
+    header = (run / MEASUREMENTS).read_text().splitlines()[0].split(",")
+    assert {"waited_blocks", "runqueue_share", "extra_runqueue_max"} <= set(header)
+    frame = load_run(run)
+    waited = frame[frame["metric"] == "waited_blocks"].set_index("seq_len")
+    assert list(waited.index) == [64, 128, 256] and set(waited["status"]) == {"ok"}  # the noisy case's wait is a fact
+    assert waited.loc[256, "value"] == 1.0 and set(waited["method"]) == {"schedstat"}
+    assert "waited_blocks" not in set(complexity.fit_table(frame)["metric"])
+    page = build_report([run], tmp_path / "out").read_text()
+    assert "Run-queue wait per case" in page and "100%" in page and "noisy" in page

@@ -1,24 +1,59 @@
 """Interference detection in the runner and one regime everywhere: each defence meets its planted fault.
 
-The probe is replaced by a scripted one (a disturbed machine on demand), so these tests do not depend
-on how busy the machine running them is.
+The probe and the scheduler's run-queue figures are replaced by scripted ones (a disturbed machine on
+demand; by default a scheduler under which nothing waits), so these tests do not depend on how busy the
+machine running them is. One test drives a real neighbour onto the timing thread's core.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 
-from attnbench.measure import probe, regime, runner
+from attnbench.measure import probe, regime, runner, schedstat
 from attnbench.measure.record import STATUSES, Measurement
 from attnbench.measure.runner import MeasureConfig, measure
 from attnbench.measure.sweep import sweep
-from attnbench.measure.timer import TimerConfig, time_call
+from attnbench.measure.timer import Blocks, TimerConfig, time_blocks, time_call
 from attnbench.spec import AttnSpec
 
 FAST = TimerConfig(min_runs=3, min_time=0.02, max_time=0.5)
 SPEC = AttnSpec(seq_len=64, heads=2)
+READER = schedstat.runqueue_seconds
+"""The library's run-queue reader, before any test scripts one."""
+
+
+class ScriptedScheduler:
+    """schedstat.runqueue_seconds stand-in: the thread waits ``share`` of the wall time of the first ``busy`` timed
+    intervals (the timer reads it in pairs, before and after every block, the block-sizing one first), then never.
+    ``None`` for ``share`` is a kernel that does not report the wait."""
+
+    def __init__(self, busy: int = 0, share: float | None = 0.5) -> None:
+        self.busy, self.share, self.reads, self.waited, self.opened = busy, share, 0, 0.0, 0.0
+
+    def __call__(self) -> float | None:
+        if self.share is None:
+            return None
+        now = time.perf_counter()
+        self.reads += 1
+        if self.reads % 2:  # an interval opens
+            self.opened = now
+        elif self.reads // 2 <= self.busy:  # it closes, in one of the busy intervals
+            self.waited += self.share * (now - self.opened)
+        return self.waited
+
+
+@pytest.fixture(autouse=True)
+def quiet_scheduler(monkeypatch):
+    """Nothing waits for a core unless a test scripts it (a busy machine would otherwise decide these tests)."""
+    scheduler = ScriptedScheduler()
+    monkeypatch.setattr(schedstat, "runqueue_seconds", scheduler)
+    return scheduler
 
 
 class ScriptedProbe:
@@ -58,7 +93,7 @@ def test_a_passing_disturbance_is_retried_and_the_quiet_attempt_kept(monkeypatch
     third attempt)."""
     scripted = ScriptedProbe(slow_calls=2)
     monkeypatch.setattr(probe, "probe_seconds", scripted)
-    monkeypatch.setattr(runner, "time_call", lambda *a, **k: ([1e-3] * 10, 10))
+    monkeypatch.setattr(runner, "time_blocks", lambda *a, **k: Blocks([1e-3] * 10, 10))
     m = measure("batched", SPEC, MeasureConfig(timer=FAST, retries=2, probe_baseline_s=1e-3))
     assert m.status == "ok", m.reason
     assert m.attempts == 2
@@ -74,7 +109,7 @@ def test_without_retries_the_first_disturbed_attempt_is_final(monkeypatch):
 def test_bimodal_blocks_are_disturbed_even_with_a_quiet_probe(monkeypatch):
     """Planted: the timer returns two clusters of block times (half of them 2x slower)."""
     monkeypatch.setattr(probe, "probe_seconds", ScriptedProbe())
-    monkeypatch.setattr(runner, "time_call", lambda *a, **k: ([1e-3] * 5 + [2e-3] * 5, 10))
+    monkeypatch.setattr(runner, "time_blocks", lambda *a, **k: Blocks([1e-3] * 5 + [2e-3] * 5, 10))
     m = measure("batched", SPEC, MeasureConfig(timer=FAST, retries=1, probe_baseline_s=1e-3))
     assert m.status == "noisy" and "bimodal" in m.reason and m.attempts == 2
 
@@ -218,3 +253,108 @@ def test_a_direct_call_judges_disturbance_as_the_sweep_does(monkeypatch):
     direct = measure("batched", SPEC, config)
     assert swept.status == direct.status == "noisy", (swept.reason, direct.reason)
     assert swept.attempts == direct.attempts == 3
+
+
+# ---- the run-queue wait: a neighbour that takes whole scheduler slices --------------------------------------------
+def test_a_descheduled_block_is_dropped_and_timed_again(monkeypatch):
+    """Planted: the first two blocks (after the block-sizing one) wait half their wall time for a core, the rest do
+    not. They are dropped and re-timed, the case stays ok on undisturbed blocks, and the row says two blocks waited.
+    Without the dropping, the waited blocks are in the samples and nothing is recorded."""
+    monkeypatch.setattr(probe, "probe_seconds", ScriptedProbe())
+    monkeypatch.setattr(probe, "is_bimodal", lambda samples: False)  # real blocks on a busy machine can cluster
+    scheduler = ScriptedScheduler(busy=3, share=0.5)
+    monkeypatch.setattr(schedstat, "runqueue_seconds", scheduler)
+    m = measure("batched", SPEC, MeasureConfig(timer=FAST, retries=0, probe_baseline_s=1e-3))
+    assert m.status == "ok" and m.reason == "", m.reason
+    timed = round(2 / m.extra["waited_blocks"])  # every block timed: the samples kept and the two dropped
+    assert timed == len(m.samples) + 2 and m.attempts == 1
+    assert m.extra["runqueue_max"] >= 0.5 and 0 <= m.extra["runqueue_share"] <= m.extra["runqueue_max"]
+    row = m.to_row()
+    assert row["waited_blocks"] == pytest.approx(2 / timed) and row["runqueue_share"] == m.extra["runqueue_share"]
+
+
+def test_blocks_report_every_wait_and_keep_the_undisturbed_ones(monkeypatch):
+    """The timer alone: the dropped blocks are listed apart, every block's share is returned in order, and without a
+    limit (asv's metric timings, the bandwidth roof) every block is kept."""
+    monkeypatch.setattr(schedstat, "runqueue_seconds", ScriptedScheduler(busy=3, share=0.5))
+    config = TimerConfig(warmup=0, warmup_time=0.0, min_runs=4, min_time=1e-9, max_time=1.0, block_time=1e-9)
+    blocks = time_blocks(lambda: sum(range(200)), "cpu", config, wait_limit=schedstat.WAIT_LIMIT, redo_s=1.0)
+    assert len(blocks.dropped) == 2 and len(blocks.samples) == 4 and blocks.runs == 4 and not blocks.short
+    assert [s > schedstat.WAIT_LIMIT for s in blocks.shares] == [True, True, False, False, False, False]
+    assert blocks.waited() == 2
+    monkeypatch.setattr(schedstat, "runqueue_seconds", ScriptedScheduler(busy=3, share=0.5))
+    kept = time_blocks(lambda: sum(range(200)), "cpu", config)
+    assert kept.dropped == [] and len(kept.samples) == 4 and kept.waited() == 2
+
+
+def test_a_case_whose_blocks_always_wait_is_noisy_naming_the_wait(monkeypatch):
+    """Planted: a neighbour on the core for good (every block waits half its time) while the probe stays typical, as
+    a 1 ms probe between the scheduler's slices does. The re-timing stops at the retry budget, and the case is
+    noisy with a reason that names the run-queue wait, not the probe."""
+    monkeypatch.setattr(probe, "probe_seconds", ScriptedProbe())
+    monkeypatch.setattr(probe, "is_bimodal", lambda samples: False)  # the wait alone is judged here
+    monkeypatch.setattr(schedstat, "runqueue_seconds", ScriptedScheduler(busy=10**9, share=0.5))
+    start = time.perf_counter()
+    m = measure("batched", SPEC, MeasureConfig(timer=FAST, retries=2, retry_budget_s=0.3, probe_baseline_s=1e-3))
+    assert time.perf_counter() - start < 10
+    assert m.status == "noisy", m.reason
+    assert m.reason.startswith("run-queue wait: a neighbour took the core") and "calibration probe" not in m.reason
+    assert m.extra["waited_blocks"] == 1.0 and m.extra["runqueue_share"] >= 0.5
+    assert m.samples and m.attempts == 1  # the budget went on re-timing: no second attempt
+    assert m.probe_slowdown == pytest.approx(1.0)
+
+
+def test_without_the_wait_the_probe_rule_stands_alone(monkeypatch):
+    """A kernel that does not report the wait (the reader says None): nothing is dropped, no wait is recorded, and
+    the probe still decides, as before there was a wait to read."""
+    monkeypatch.setattr(schedstat, "runqueue_seconds", ScriptedScheduler(share=None))
+    monkeypatch.setattr(probe, "probe_seconds", ScriptedProbe())
+    monkeypatch.setattr(probe, "is_bimodal", lambda samples: False)  # real blocks on a busy machine can cluster
+    quiet = measure("batched", SPEC, MeasureConfig(timer=FAST, retries=0, probe_baseline_s=1e-3))
+    assert quiet.status == "ok" and quiet.reason == "", quiet.reason
+    assert not {"waited_blocks", "runqueue_share", "runqueue_max"} & set(quiet.extra)
+    assert math.isnan(quiet.to_row()["waited_blocks"])
+    monkeypatch.setattr(probe, "probe_seconds", ScriptedProbe(slow_calls=10**6))
+    slow = measure("batched", SPEC, MeasureConfig(timer=FAST, retries=0, probe_baseline_s=1e-3))
+    assert slow.status == "noisy" and slow.reason.startswith("calibration probe 3.00x slower"), slow.reason
+
+
+def test_a_run_without_the_wait_says_so_once(monkeypatch, tmp_path, capsys):
+    """``attnbench run`` on a kernel without the figures: one note for the run (the workers then judge by the probe
+    alone; library code prints nothing)."""
+    from attnbench import cli
+
+    monkeypatch.setattr(schedstat, "runqueue_seconds", ScriptedScheduler(share=None))
+    argv = ["run", "--variants", "batched", "--lengths", "16,32", "--quiet", "--no-report", "--threads", "1",
+            "--min-time", "0.01", "--max-time", "0.05", "--min-runs", "2", "--out", str(tmp_path / "run")]
+    assert cli.main(argv) == 0
+    err = capsys.readouterr().err
+    assert err.count("does not report the run-queue wait") == 1, err
+
+
+def test_the_timer_sees_a_real_neighbour_on_its_core(monkeypatch):
+    """Planted for real: a process spinning on the one core this thread is pinned to. The timer must read about half
+    of every block's wall time as run-queue wait (the scheduler shares the core), and the runner must drop those
+    blocks and call the case noisy, naming the wait. A timer that ignores the wait (reads it as 0) fails here: seen,
+    with ``runqueue_seconds`` planted to return 0.0, as ``waited_blocks`` 0.0 and the case ok or noisy by the probe."""
+    monkeypatch.setattr(schedstat, "runqueue_seconds", READER)  # the real reader: no scripted scheduler here
+    if not schedstat.available():
+        pytest.skip(f"needs Linux's per-thread scheduler figures ({schedstat.SCHEDSTAT})")
+    cores = os.sched_getaffinity(0)
+    core = min(cores)
+    os.sched_setaffinity(0, {core})
+    neighbour = subprocess.Popen([sys.executable, "-c", f"import os, time; os.sched_setaffinity(0, {{{core}}}); "
+                                  "print(flush=True); end = time.time() + 60\nwhile time.time() < end: pass"],
+                                 stdout=subprocess.PIPE)
+    try:
+        neighbour.stdout.readline()  # it spins from here
+        blocks = time_blocks(lambda: sum(range(20_000)), "cpu", TimerConfig(min_runs=1, min_time=0.3, max_time=1.0))
+        m = measure("batched", SPEC, MeasureConfig(timer=FAST, retries=0, retry_budget_s=0.3, threads=1))
+    finally:
+        neighbour.kill()
+        neighbour.wait()
+        os.sched_setaffinity(0, cores)
+    assert blocks.shares and blocks.waited() >= len(blocks.shares) // 2, blocks.shares
+    assert sorted(blocks.shares)[len(blocks.shares) // 2] > 0.25, blocks.shares  # about half: two on one core
+    assert m.extra["waited_blocks"] > 0.5, (m.status, m.reason, m.extra)
+    assert m.status == "noisy" and m.reason.startswith("run-queue wait: a neighbour took the core"), m.reason

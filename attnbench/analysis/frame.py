@@ -19,7 +19,9 @@ metric         time | peak_tensor_bytes | peak_rss | gflops | flops | max_error 
                | compile_time | error_ratio (max error / the correctness gate's tolerance)
                | bytes (``AttnSpec.bytes_moved``, an ideal kernel's traffic: method "model")
                | gbps (bytes over the measured time: its method is the time's)
-unit           s | bytes | GFLOP/s | FLOP | abs | x tolerance | GB/s
+               | waited_blocks, runqueue_share (how much a neighbour had the timing thread's core: method "schedstat")
+               | the rest of ``contract.METRICS``
+unit           s | bytes | GFLOP/s | FLOP | abs | x tolerance | GB/s | share | ...
 method         how the value was obtained: "wall" (perf_counter) | "cuda_events" | "asv" (asv's own
                timer / peakmem / tracked rate) | "profiler" | "cuda" (allocator stats) | "rss" |
                "reference" (compared with the float64 reference) | "model" (an analytic prediction,

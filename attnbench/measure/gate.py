@@ -7,7 +7,8 @@ The checked result is the timed closure's own return value, so no other code pat
 :class:`Reference` computes the truth of the checked (batch, head) slices once (all of them when
 their float64 reference fits the budget, else a seeded sample holding the first and the last), so
 several calls of one case (the first, and consecutive calls after the timed ones: an intermittent
-fault) are checked for the price of comparisons; :func:`fingerprint` shows a variant that writes
+fault) are checked for the price of comparisons (the runner also caps the slices by the check's own time
+budget: :func:`attnbench.measure.runner.check_plan`); :func:`fingerprint` shows a variant that writes
 into its inputs. Grouped-query backward checks whole groups (a shared head's dk, dv sum over its
 G query heads); an approximate variant is checked against its own kernel's dense evaluation and,
 with ``APPROX_ERROR_BOUND``, against exact softmax attention.
@@ -135,19 +136,30 @@ def slice_truth_bytes(variant: Variant, spec: AttnSpec) -> float:
     return 8.0 * (out + grads)
 
 
-def checked_slices(spec: AttnSpec, per_slice_bytes: float, budget_bytes: float, seed: int = 0) -> list[tuple[int, int]]:
+def checked_slices(spec: AttnSpec, per_slice_bytes: float, budget_bytes: float, seed: int = 0,
+                   limit: int | None = None) -> list[tuple[int, int]]:
     """The (batch, head) slices to check: all when affordable, else a seeded sample with the first and last.
 
-    Affordable means the float64 reference of every slice together fits ``budget_bytes``. The sample
-    takes as many slices as the budget holds, at least 3 (first, last and one seeded draw); it
-    depends only on the shape and ``seed`` (a seeded ``torch.randperm``), so it is the same in
-    every process.
+    Affordable means the float64 reference of every slice together fits ``budget_bytes`` and, with ``limit``
+    (how many slices the check's time budget holds), that there are no more than ``limit`` slices. The sample
+    takes as many slices as both hold: at least 3 for memory (first, last and one seeded draw), at least the
+    first and the last for time. It depends only on the shape, the budgets and ``seed`` (a seeded
+    ``torch.randperm``), so it is the same in every process.
+
+    Example:
+        >>> checked_slices(AttnSpec(heads=8), 1.0, 100.0, limit=2)
+        [(0, 0), (0, 7)]
     """
     n = spec.batch * spec.heads
     if n * per_slice_bytes <= budget_bytes or n <= 3:
-        flat = list(range(n))
+        want = n
     else:
         want = min(n, max(3, int(budget_bytes // max(per_slice_bytes, 1.0))))
+    if limit is not None:
+        want = min(want, max(limit, 2))
+    if want >= n:
+        flat = list(range(n))
+    else:
         gen = torch.Generator().manual_seed(seed)
         middle = (torch.randperm(n - 2, generator=gen)[: want - 2] + 1).tolist()
         flat = sorted({0, n - 1, *middle})

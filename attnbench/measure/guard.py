@@ -6,8 +6,10 @@ which includes its parameters such as projection weights) and the correctness ga
 reference for one (batch, head) slice. Time is the same case's measured time at the sweep's
 previous length scaled by the variant's declared exponent where the sweep has one
 (:func:`extrapolated_seconds`), else the variant's analytic model (:meth:`Variant.flops`,
-``SECONDS_PER_PAIR``, the matmul peak of :mod:`.peak`), plus the reference over the checked slices. A case
-that would exhaust memory or run for minutes becomes a skipped row with a reason instead of an OOM
+``SECONDS_PER_PAIR``, the matmul peak of :mod:`.peak`), for the measurement's calls alone: the correctness
+check has a time budget of its own, which decides how many slices it checks
+(:func:`attnbench.measure.runner.check_plan`, with :func:`reference_seconds`), never whether the case runs. A
+case that would exhaust memory or run for minutes becomes a skipped row with a reason instead of an OOM
 kill or a stalled sweep.
 
 The cost model itself is called inside the runner's ``try`` (an exception is a row, not a dead
@@ -111,18 +113,16 @@ def guard_reasons(
     peak_flops: float,
     calls: int,
     reference_bytes: float = 0.0,
-    reference_s: float = 0.0,
     call_s: float | None = None,
 ) -> list[str]:
     """Reasons to skip ``spec`` under the budgets; empty when it should run.
 
     Args:
         memory_budget: bytes the case may use (everything :func:`predicted_bytes` counts).
-        time_budget: seconds the whole case may take.
+        time_budget: seconds the case's measurement calls may take (the correctness check has its own budget).
         peak_flops: this machine's matmul FLOP/s.
-        calls: how many calls the case makes at minimum (warm-up, check, timing, memory).
+        calls: how many calls the measurement makes at minimum (warm-up, timing, memory).
         reference_bytes: the correctness gate's reference memory (one slice, float64 and plain).
-        reference_s: the correctness gate's predicted seconds.
         call_s: one call's seconds extrapolated from a measurement (:func:`extrapolated_seconds`);
             None: the cost model's :func:`predicted_seconds`.
     """
@@ -136,9 +136,8 @@ def guard_reasons(
             f"reference {reference_bytes / mib:,.0f}) exceeds the memory budget {memory_budget / mib:,.0f} MiB"
         )
     per_call = predicted_seconds(variant, spec, peak_flops) if call_s is None else call_s
-    seconds = per_call * calls + reference_s
+    seconds = per_call * calls
     if seconds > time_budget:
         source = "cost model" if call_s is None else "extrapolated from the shorter length"
-        reasons.append(f"predicted {seconds:,.1f} s ({source}) for {calls} calls and the accuracy check exceeds "
-                       f"the time budget {time_budget:g} s")
+        reasons.append(f"predicted {seconds:,.1f} s ({source}) for {calls} calls exceeds the time budget {time_budget:g} s")
     return reasons

@@ -9,6 +9,12 @@ that split into two clusters, mean the case was not measured in the state the re
 the runner measures it again (a bounded number of times) and, if it stays disturbed, records it as
 ``noisy`` with the probe's ratio, so the report neither fits nor ranks it.
 
+The probe is blind to a steady neighbour that takes whole scheduler slices: a 1 ms probe fits between
+them, a block of calls does not. The timer therefore also reads the timing thread's run-queue wait beside
+every block (:mod:`.schedstat`) and re-measures blocks a neighbour descheduled; an attempt left with too few
+undisturbed blocks is the third sign (:attr:`Disturbance.short`). Where the kernel does not report the wait,
+the probe and the clusters stand alone.
+
 Why typical, and why both directions: a shared virtual machine changes speed by itself. On this
 project's 2-core machine the same single-thread probe took 1.01-1.04 ms for minutes, then 0.63-0.65
 ms for seconds (nothing else of ours running; the host's clocks), and a sweep that began in a fast
@@ -33,6 +39,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+from attnbench.measure import schedstat
 
 PROBE_SIZE = 192  # the probe multiplies two (N, N) float32 matrices
 PROBE_CALLS = 4  # matmuls per probe sample (about 1 ms on one core of this project's CPUs)
@@ -85,11 +93,14 @@ def is_bimodal(samples: Sequence[float], gap: float = GAP_LIMIT, min_share: floa
 
 @dataclass(frozen=True)
 class Disturbance:
-    """What the probe saw around one attempt at a case."""
+    """What the probe and the scheduler saw around one attempt at a case."""
 
     baseline_s: float  # the sweep's typical probe time (median of the probes it has seen)
     probes_s: tuple[float, ...]  # probe times taken around and between the case's blocks
     bimodal: bool  # the case's block samples split into two clusters
+    waited: int = 0  # timed blocks that waited for a core over schedstat.WAIT_LIMIT of their time (dropped, re-timed)
+    blocks: int = 0  # timed blocks whose wait was read, dropped ones included (0: the kernel does not say)
+    short: bool = False  # too few undisturbed blocks were left when the re-measure allowance ran out
 
     @property
     def slowdown(self) -> float:
@@ -112,14 +123,23 @@ class Disturbance:
 
     @property
     def disturbed(self) -> bool:
-        return self.bimodal or self.deviation > SLOWDOWN_LIMIT
+        return self.bimodal or self.short or self.deviation > SLOWDOWN_LIMIT
 
     def describe(self) -> str:
+        """Which signals fired: the run-queue wait, the probe, the clusters ("undisturbed" when none did).
+
+        Example:
+            >>> Disturbance(1.0, (1.0,), False, waited=14, blocks=20, short=True).describe()
+            'run-queue wait: a neighbour took the core, 14 of 20 blocks waited > 10% of their time (too few undisturbed blocks within the retry budget)'
+        """
         parts = []
+        if self.short:
+            parts.append(f"run-queue wait: a neighbour took the core, {self.waited} of {self.blocks} blocks waited > "
+                         f"{schedstat.WAIT_LIMIT:.0%} of their time (too few undisturbed blocks within the retry budget)")
         if self.deviation > SLOWDOWN_LIMIT:
             ratio = self.slowdown
             way = f"{ratio:.2f}x slower" if ratio > 1 else f"{1 / ratio:.2f}x faster"
             parts.append(f"calibration probe {way} than the sweep's typical")
         if self.bimodal:
-            parts.append("block samples bimodal")
+            parts.append("block samples bimodal (two clusters)")
         return "; ".join(parts) or "undisturbed"

@@ -16,8 +16,9 @@ from attnbench.contract import METRICS, WORKLOADS, metric_value
 from attnbench.spec import AttnSpec
 
 STATUSES = ("ok", "wrong", "noisy", "skipped", "oom", "timeout", "error", "crashed")
-"""``wrong``: the output failed the correctness gate; ``noisy``: timed, but the calibration probe says the
-machine was disturbed on every attempt (the samples are kept, never fitted or ranked); ``crashed``: the
+"""``wrong``: the output failed the correctness gate; ``noisy``: timed, but the machine was disturbed on every
+attempt (a neighbour left too few blocks undisturbed, the calibration probe strayed from typical, or the blocks
+split into two clusters; the reason names which): the samples are kept, never fitted or ranked; ``crashed``: the
 process measuring the case died."""
 NOISY_IQR_FRACTION = 0.1
 

@@ -11,14 +11,26 @@ than the time budget becomes ``timeout``, and any other exception (the cost mode
 becomes ``error`` with its message. Only bad arguments to the runner itself raise.
 
 Interference: a busy neighbour slows every block of a case alike, so a tight IQR proves nothing.
-The calibration probe (:mod:`.probe`, a fixed small matmul) is timed before and after each timing
+The timer reads the timing thread's run-queue wait beside every block (:mod:`.schedstat`): a block that
+waited for a core more than ``schedstat.WAIT_LIMIT`` of its wall time was partly the neighbour's, and is
+dropped and timed again while the case's retry budget (``MeasureConfig.retry_budget_s``) lasts. The
+calibration probe (:mod:`.probe`, a fixed small matmul) is timed before and after each timing
 attempt and between blocks of long ones, and compared with the sweep's typical probe time
 (``MeasureConfig.probe_baseline_s``, the median of the probe times the sweep has seen, which
-:func:`sweep` passes into every worker). A disturbed attempt (a probe more than
-``probe.SLOWDOWN_LIMIT`` x slower or faster than typical, or bimodal blocks) is timed again, up to
-``MeasureConfig.retries`` times; the least disturbed attempt is kept, and if even that one was
-disturbed the case becomes ``noisy``, with its probe ratio recorded: its samples are kept for
-inspection but it is never fitted or ranked.
+:func:`sweep` passes into every worker). A disturbed attempt (too few undisturbed blocks when the budget
+ran out, a probe more than ``probe.SLOWDOWN_LIMIT`` x slower or faster than typical, or bimodal blocks) is
+timed again, up to ``MeasureConfig.retries`` times; the least disturbed attempt is kept, and if even that
+one was disturbed the case becomes ``noisy``, its reason naming the signal (run-queue wait, probe,
+clusters) and its probe ratio recorded: its samples are kept for inspection but it is never fitted or
+ranked. Every timed case records the share of its blocks that waited (``extra["waited_blocks"]``) and the
+median and largest share of a block's time spent waiting (``extra["runqueue_share"]``,
+``extra["runqueue_max"]``); where the kernel does not report the wait, these are absent and the probe
+rule stands alone.
+
+The correctness check has a time budget of its own (``MeasureConfig.check_budget_s``, default the time
+budget): :func:`check_plan` checks as many (batch, head) slices as the float64 reference predicts to fit
+it, and the time guard judges the case's measurement calls alone against ``time_budget_s``, so the check
+never costs a length. What the check covered is recorded (``extra["checked_slices"]``: "k/n").
 """
 
 from __future__ import annotations
@@ -39,12 +51,12 @@ import torch
 from attnbench._checks import check_bool, check_int, check_number, check_seed
 from attnbench.contract import WORKLOADS
 from attnbench.io import error_line
-from attnbench.measure import gate, guard, memory, probe, regime
+from attnbench.measure import gate, guard, memory, probe, regime, schedstat
 from attnbench.measure.env import environment
 from attnbench.measure.peak import matmul_peak
 from attnbench.measure.provenance import sdpa_backends
 from attnbench.measure.record import Environment, Measurement
-from attnbench.measure.timer import TimerConfig, cuda_graph_seconds, time_call, time_once
+from attnbench.measure.timer import Blocks, TimerConfig, cuda_graph_seconds, time_blocks, time_once
 from attnbench.registry import get_variant
 from attnbench.spec import AttnSpec
 from attnbench.variants.base import Variant, dense_mask
@@ -61,16 +73,17 @@ class MeasureConfig:
     threads: int | None = regime.DEFAULT_THREADS  # torch intra-op threads while measuring; None keeps the process's
     memory_budget_fraction: float = 0.5  # skip cases predicted to need more than this share of free memory
     memory_budget_bytes: float | None = None  # explicit budget; overrides the fraction when set
-    time_budget_s: float = 60.0  # skip (predicted) or stop (measured) cases slower than this in total
+    time_budget_s: float = 60.0  # skip (predicted) or stop (measured) cases whose measurement calls take longer
     check_accuracy: bool = True  # gate the timed closure's result against the float64 reference
+    check_budget_s: float | None = None  # seconds the check may take (reference, checked calls); None: time_budget_s
     reference_budget_bytes: float = 512 * 2**20  # float64 reference: all (batch, head) slices up to this, else a sample
     measure_memory: bool = True  # peak tensor bytes (profiler on CPU, allocator stats on CUDA)
     measure_rss: bool = True  # peak process RSS during one call
     seed: int = 0  # input seed
     cuda_graphs: bool = False  # CUDA: also time CUDA-graph replay (launch overhead removed), in extra
-    probe: bool = True  # time the calibration probe around every attempt; disturbed attempts are retried
+    probe: bool = True  # interference detection: the probe around every attempt, descheduled blocks re-timed
     retries: int = 2  # re-measurements of a disturbed attempt before the case is recorded as noisy
-    retry_budget_s: float = 2.0  # no further attempt once a case's timing attempts took this long in total
+    retry_budget_s: float = 2.0  # re-timed blocks and further attempts stop once a case's timing took this long
     probe_baseline_s: float | None = None  # the sweep's typical probe time (set by sweep); None: measured first
     workload: str = "prefill"  # contract.WORKLOADS: the sweep every measured case belongs to (recorded in each row)
     instructions: str = "off"  # instruction counts under valgrind beside the sweep: "off", "default" or "all" cases
@@ -82,7 +95,7 @@ class MeasureConfig:
         check_number("time_budget_s", self.time_budget_s, 0.0)
         check_number("reference_budget_bytes", self.reference_budget_bytes, 0.0, low_open=False)
         check_number("retry_budget_s", self.retry_budget_s, 0.0, low_open=False)
-        for name in ("memory_budget_bytes", "probe_baseline_s"):
+        for name in ("memory_budget_bytes", "probe_baseline_s", "check_budget_s"):
             if getattr(self, name) is not None:
                 check_number(name, getattr(self, name), 0.0)
         if self.threads is not None:
@@ -95,6 +108,11 @@ class MeasureConfig:
             raise ValueError(f"workload must be one of {WORKLOADS}, got {self.workload!r}")
         if self.instructions not in INSTRUCTION_MODES:
             raise ValueError(f"instructions must be one of {INSTRUCTION_MODES}, got {self.instructions!r}")
+
+    @property
+    def check_seconds(self) -> float:
+        """The correctness check's time budget: ``check_budget_s``, or the time budget when that is None."""
+        return self.time_budget_s if self.check_budget_s is None else self.check_budget_s
 
     def memory_budget(self, device: str) -> float:
         if self.memory_budget_bytes is not None:
@@ -167,8 +185,22 @@ class CheckPlan:
     note: str  # why the case is not checked ("" when it is)
 
 
-def check_plan(variant: Variant, spec: AttnSpec, config: MeasureConfig) -> CheckPlan:
-    """Which slices the gate checks: all when affordable, else a seeded sample (see :mod:`.gate`)."""
+def check_plan(
+    variant: Variant, spec: AttnSpec, config: MeasureConfig, *, peak_flops: float | None = None,
+    call_s: float | None = None,
+) -> CheckPlan:
+    """Which slices the gate checks: all when affordable, else a seeded sample (see :mod:`.gate`).
+
+    Affordable in memory (``config.reference_budget_bytes``) and, given ``peak_flops``, in time: the check's own
+    budget (``config.check_seconds``) holds the float64 reference of the checked slices
+    (:func:`.guard.reference_seconds`) and the :data:`LATER_CHECKS` calls checked after the timed ones. A sample
+    holds at least the first and the last slice; when not even one slice fits, the case is measured unchecked,
+    with the reason as its note (the check never decides which lengths are measured).
+
+    Args:
+        peak_flops: this machine's matmul FLOP/s, for the reference's predicted time; None: memory alone decides.
+        call_s: one call's seconds (None: the cost model's :func:`.guard.predicted_seconds`).
+    """
     if not config.check_accuracy:
         return CheckPlan((), 0.0, "")
     per_slice = gate.slice_reference_bytes(variant, spec)
@@ -176,7 +208,17 @@ def check_plan(variant: Variant, spec: AttnSpec, config: MeasureConfig) -> Check
         return CheckPlan((), 0.0, (
             f"accuracy not checked: one (batch, head) slice of the float64 reference needs "
             f"{per_slice / 2**20:,.0f} MiB > reference budget {config.reference_budget_bytes / 2**20:,.0f} MiB"))
-    slices = gate.checked_slices(spec, per_slice, config.reference_budget_bytes, config.seed)
+    limit = None
+    if peak_flops is not None:
+        calls_s = LATER_CHECKS * (guard.predicted_seconds(variant, spec, peak_flops) if call_s is None else call_s)
+        slice_s = guard.reference_seconds(variant, spec, 1, peak_flops)
+        limit = math.floor((config.check_seconds - calls_s) / slice_s) if slice_s > 0 else None
+        if limit is not None and limit < 1:
+            return CheckPlan((), 0.0, (
+                f"accuracy not checked: one (batch, head) slice of the float64 reference is predicted to take "
+                f"{slice_s:,.1f} s (and {LATER_CHECKS} checked calls {calls_s:,.1f} s) > the check's time budget "
+                f"{config.check_seconds:g} s"))
+    slices = gate.checked_slices(spec, per_slice, config.reference_budget_bytes, config.seed, limit=limit)
     return CheckPlan(tuple(slices), 2 * per_slice + len(slices) * gate.slice_truth_bytes(variant, spec), "")
 
 
@@ -334,8 +376,10 @@ def measure(
             return Measurement(status="skipped", reason="; ".join(reasons), **base)
         if peak_flops is None:
             peak_flops = matmul_peak(spec.device, "float32")
-        calls = 1 + LATER_CHECKS + config.timer.warmup + config.timer.min_runs + int(config.measure_memory) + int(config.measure_rss)
-        plan = check_plan(variant, spec, config)
+        # The measurement's calls: the first (warm-up, checked), the timer's, memory and RSS. The check's own calls
+        # and its reference are budgeted apart (check_plan), so the check never costs the user a length.
+        calls = 1 + config.timer.warmup + config.timer.min_runs + int(config.measure_memory) + int(config.measure_rss)
+        plan = check_plan(variant, spec, config, peak_flops=peak_flops, call_s=expected_call_s)
         reasons = guard.guard_reasons(
             variant, spec,
             memory_budget=config.memory_budget(spec.device),
@@ -343,7 +387,6 @@ def measure(
             peak_flops=peak_flops,
             calls=calls,
             reference_bytes=plan.reference_bytes,
-            reference_s=guard.reference_seconds(variant, spec, len(plan.slices), peak_flops),
             call_s=expected_call_s,
         )
         if reasons:
@@ -410,6 +453,7 @@ def _run(variant: Variant, spec: AttnSpec, config: MeasureConfig, plan: CheckPla
     samples, runs = timed.samples, timed.runs
     fields.update(probe_slowdown=timed.disturbance.slowdown if config.probe else math.nan, attempts=timed.attempts)
     extra_probe = {"probe_median_s": timed.probe_median_s} if config.probe else {}  # the sweep's typical speed takes it in
+    extra_probe.update(runqueue_extra(timed.shares))
     peak, method = peak_tensor_bytes(variant, spec, call) if config.measure_memory else (math.nan, "")
     rss = float(memory.peak_rss_bytes(call)) if config.measure_rss else math.nan
     if checked is not None:  # state kept between calls, or a fault on every other call, shows after the first call
@@ -463,30 +507,57 @@ def typical_speed(probes: Sequence[float]) -> float:
 
 @dataclass(frozen=True)
 class Timed:
-    """The kept timing attempt of one case, with what the calibration probe saw around it."""
+    """The kept timing attempt of one case, with what the calibration probe and the scheduler saw around it."""
 
-    samples: list[float]  # per-call seconds per block of the kept attempt
-    runs: int  # calls timed in the kept attempt
-    disturbance: probe.Disturbance  # the kept attempt's probes against the sweep's typical probe time
+    samples: list[float]  # per-call seconds per block of the kept attempt (its undisturbed blocks, if any)
+    runs: int  # calls timed in those blocks
+    disturbance: probe.Disturbance  # the kept attempt's probes against the sweep's typical probe time, and its wait
     attempts: int  # attempts made (1 + retries used)
     probe_median_s: float  # median of the kept attempt's probes (NaN when not probed)
+    shares: tuple[float, ...] = ()  # run-queue share of every block the kept attempt timed (dropped ones included)
+
+
+def runqueue_extra(shares: Sequence[float]) -> dict[str, float]:
+    """The ``extra`` keys of a case's run-queue wait (none when the kernel does not report it).
+
+    ``waited_blocks``: the share of timed blocks that waited for a core over ``schedstat.WAIT_LIMIT`` of their
+    time (each dropped and timed again when interference is judged); ``runqueue_share``: the median block's wait
+    per wall second; ``runqueue_max``: the worst block's.
+
+    Example:
+        >>> runqueue_extra([0.0, 0.0, 0.5, 0.02])
+        {'waited_blocks': 0.25, 'runqueue_share': 0.01, 'runqueue_max': 0.5}
+    """
+    if not shares:
+        return {}
+    waited = sum(share > schedstat.WAIT_LIMIT for share in shares)
+    return {"waited_blocks": waited / len(shares), "runqueue_share": float(statistics.median(shares)),
+            "runqueue_max": float(max(shares))}
 
 
 def _probe_into(probes: list[float], device: str) -> None:
     probes.append(probe.probe_seconds(device))
 
 
-def timed_attempts(call: Callable[[], object], device: str, config: MeasureConfig, first_s: float = 0.0) -> Timed:
-    """Time ``call``, probing around (and, for long attempts, between) blocks; retry disturbed attempts.
+def _seen(typical: float, probes: Sequence[float], blocks: Blocks) -> probe.Disturbance:
+    return probe.Disturbance(typical, tuple(probes), probe.is_bimodal(blocks.samples), waited=blocks.waited(),
+                             blocks=len(blocks.shares), short=blocks.short)
 
-    An attempt is disturbed when a probe is more than ``probe.SLOWDOWN_LIMIT`` x slower or faster than
-    the sweep's typical probe (``config.probe_baseline_s``) or its blocks are bimodal. Up to ``config.retries``
-    more attempts are made while the case's attempts took less than ``config.retry_budget_s`` in total
-    (a machine busy for the whole sweep must not triple its length: long cases are probed between
-    blocks instead) and the time budget allows; the least disturbed attempt is returned.
+
+def timed_attempts(call: Callable[[], object], device: str, config: MeasureConfig, first_s: float = 0.0) -> Timed:
+    """Time ``call``, re-timing descheduled blocks and probing around (and, for long attempts, between) blocks;
+    retry disturbed attempts.
+
+    With ``config.probe`` a block that waited for a core more than ``schedstat.WAIT_LIMIT`` of its wall time is
+    dropped and another timed in its place while the retry budget lasts (:func:`.timer.time_blocks`). An attempt is
+    disturbed when too few undisturbed blocks were left when that budget ran out, when a probe is more than
+    ``probe.SLOWDOWN_LIMIT`` x slower or faster than the sweep's typical probe (``config.probe_baseline_s``), or
+    when its blocks are bimodal. Up to ``config.retries`` more attempts are made while the case's attempts took less
+    than ``config.retry_budget_s`` in total (a machine busy for the whole sweep must not triple its length: long
+    cases are probed between blocks instead) and the time budget allows; the least disturbed attempt is returned.
     """
     typical = config.probe_baseline_s if config.probe_baseline_s is not None else math.nan  # measure() always sets it
-    kept: tuple[list[float], int, list[float]] | None = None
+    kept: tuple[Blocks, list[float]] | None = None
     kept_deviation = math.inf
     attempts, spent = 0, 0.0
     while True:
@@ -497,23 +568,28 @@ def timed_attempts(call: Callable[[], object], device: str, config: MeasureConfi
             probes.append(probe.probe_seconds(device))
             between = functools.partial(_probe_into, probes, device)  # this attempt's probes, between blocks
         t0 = time.perf_counter()
-        samples, runs = time_call(call, device, config.timer, between=between)
+        blocks = time_blocks(call, device, config.timer, between=between,
+                             wait_limit=schedstat.WAIT_LIMIT if config.probe else None,
+                             redo_s=max(0.0, config.retry_budget_s - spent))
         spent += time.perf_counter() - t0
         if not config.probe:
-            return Timed(samples, runs, probe.Disturbance(math.nan, (), False), attempts, math.nan)
+            return Timed(blocks.samples, blocks.runs, probe.Disturbance(math.nan, (), False), attempts, math.nan,
+                         tuple(blocks.shares))
         probes.append(probe.probe_seconds(device))
-        seen = probe.Disturbance(typical, tuple(probes), probe.is_bimodal(samples))
-        score = seen.deviation if not seen.bimodal else max(seen.deviation, probe.SLOWDOWN_LIMIT * 1.01)
+        seen = _seen(typical, probes, blocks)
+        score = seen.deviation
+        if seen.bimodal or seen.short:
+            score = max(score, probe.SLOWDOWN_LIMIT * 1.01)
         if kept is None or score < kept_deviation:
-            kept, kept_deviation = (samples, runs, probes), score
+            kept, kept_deviation = (blocks, probes), score
         if not seen.disturbed or attempts > config.retries:
             break
         # Another attempt must fit the budget next to what this case already spent (warm-up, gate, first call).
         if spent >= config.retry_budget_s or first_s * 4 + spent * (attempts + 1) / attempts > config.time_budget_s:
             break
-    samples, runs, probes = kept
-    disturbance = probe.Disturbance(typical, tuple(probes), probe.is_bimodal(samples))
-    return Timed(samples, runs, disturbance, attempts, statistics.median(probes))
+    blocks, probes = kept
+    return Timed(blocks.samples, blocks.runs, _seen(typical, probes, blocks), attempts, statistics.median(probes),
+                 tuple(blocks.shares))
 
 
 SLOW_MAX_LENGTH = 128  # interpreter-bound variants stop here by default (seconds per case)

@@ -57,7 +57,8 @@ def sweep(
             (``crashed`` / ``oom``). False measures in this process (variants registered
             interactively are visible; a crash ends the caller).
         workers: the pool to use when isolating (default: a new one with no extra environment).
-        case_timeout_s: hard limit for one isolated case (default ``2 * time_budget_s + 60``).
+        case_timeout_s: hard limit for one isolated case (default ``2 * time_budget_s + 60``, or the time budget
+            plus a larger check budget plus 60).
         memory_cap: isolated CPU cases get ``RLIMIT_DATA`` = current use + memory budget + 1 GiB.
 
     Raises:
@@ -69,7 +70,7 @@ def sweep(
         get_variant(name)  # unknown names fail here, before any measurement
     if case_timeout_s is not None and not (case_timeout_s > 0 and math.isfinite(case_timeout_s)):
         raise ValueError(f"case_timeout_s must be a finite number > 0, got {case_timeout_s}")
-    timeout = case_timeout_s or 2 * config.time_budget_s + 60
+    timeout = case_timeout_s or config.time_budget_s + max(config.time_budget_s, config.check_seconds) + 60
     if isolate and workers is None:
         workers = WorkerPool()
     saved_threads = torch.get_num_threads()

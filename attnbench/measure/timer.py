@@ -5,6 +5,11 @@ Like ``torch.utils.benchmark.Timer.blocked_autorange``: calls are grouped into b
 ``min_runs`` calls and ``min_time`` seconds of timed calls have been spent (or ``max_time`` seconds of
 wall time, untimed cache flushes included, have passed). Each sample is the mean per-call time of one
 block. On CUDA the block is bracketed by CUDA events and synchronised before the clock is read.
+
+Beside every block the timing thread's run-queue wait is read (:mod:`.schedstat`, outside the block's clock
+interval). :func:`time_blocks` can drop a block that waited for a core more than a share of its wall time (a
+neighbour had the core for part of it, so its time is partly the neighbour's) and time another in its place, within
+an allowance of extra seconds; the runner decides from what is left whether the case was measured undisturbed.
 """
 
 from __future__ import annotations
@@ -13,11 +18,12 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from attnbench._checks import check_bool, check_int, check_number
+from attnbench.measure import schedstat
 
 
 @dataclass(frozen=True)
@@ -87,15 +93,46 @@ def cache_flusher(device: torch.device) -> Callable[[], None]:
     return flush
 
 
-def time_call(
+def _block(fn: Callable[[], object], number: int, device: torch.device) -> tuple[float, float | None]:
+    """``(seconds, run-queue share)`` of ``number`` back-to-back calls: the share of the block's wall time the thread
+    waited for a core (None: the kernel does not say). The wait is read outside the clock's interval (before the
+    clock when it opens, after it when it closes), so the timed calls pay nothing for it."""
+    wait0 = schedstat.runqueue_seconds()
+    t0 = time.perf_counter()
+    seconds = _block_seconds(fn, number, device)
+    wall = time.perf_counter() - t0  # the host's wall time (on CUDA ``seconds`` is the events')
+    wait1 = schedstat.runqueue_seconds()
+    if wait0 is None or wait1 is None:
+        return seconds, None
+    return seconds, (wait1 - wait0) / wall if wall > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """One timing's blocks: those kept, those dropped because a neighbour descheduled them, and every block's wait."""
+
+    samples: list[float]  # per-call seconds of each kept block; when no block was left undisturbed, the dropped ones
+    runs: int  # calls in those blocks
+    dropped: list[float] = field(default_factory=list)  # per-call seconds of the blocks dropped as descheduled
+    shares: list[float] = field(default_factory=list)  # run-queue wait / wall time of every timed block; empty: unknown
+    short: bool = False  # the re-measure allowance ran out before the kept blocks reached min_runs and min_time
+
+    def waited(self, limit: float = schedstat.WAIT_LIMIT) -> int:
+        """Timed blocks (kept or dropped) that waited for a core more than ``limit`` of their wall time."""
+        return sum(share > limit for share in self.shares)
+
+
+def time_blocks(
     fn: Callable[[], object],
     device: torch.device | str = "cpu",
     config: TimerConfig | None = None,
     *,
     between: Callable[[], object] | None = None,
     between_every_s: float = 0.5,
-) -> tuple[list[float], int]:
-    """Time ``fn`` and return ``(per-call seconds per block, total calls timed)``.
+    wait_limit: float | None = None,
+    redo_s: float = 0.0,
+) -> Blocks:
+    """Time ``fn`` in blocks (see the module docstring), reading the run-queue wait beside every block.
 
     Args:
         fn: the call to time; inputs must already exist (never time setup).
@@ -105,6 +142,10 @@ def time_call(
             ``between_every_s`` seconds of blocks have passed since the last call: the runner's
             calibration probe, so a long case is checked while it runs, not only around it.
         between_every_s: seconds of timed blocks between two calls of ``between``.
+        wait_limit: a block that waited for a core more than this share of its wall time is dropped and another
+            is timed in its place; None keeps every block (the wait is still read and returned).
+        redo_s: seconds of dropped blocks allowed beyond ``config.max_time``; once more than that was dropped the
+            timing stops with what it kept (``short`` when that is less than ``min_runs`` and ``min_time`` ask).
     """
     config = config or TimerConfig()
     device = torch.device(device)
@@ -116,25 +157,61 @@ def time_call(
         _synchronize(device)
     flush = cache_flusher(device) if config.flush_cache else None
     began = time.perf_counter()  # max_time bounds the wall time from here, flushes and probes included
-    first = _block_seconds(fn, 1, device)  # sizes the blocks; kept only if nothing else fits
+    first, _ = _block(fn, 1, device)  # sizes the blocks; kept only if nothing else fits
     number = 1 if flush else max(1, math.floor(config.block_time / max(first, 1e-9)))
-    samples: list[float] = []
-    runs, spent = 0, first
+    kept: list[float] = []
+    dropped: list[float] = []
+    shares: list[float] = []
+    known = True
+    runs, spent, lost = 0, 0.0, 0.0  # calls and seconds of the kept blocks; seconds of the dropped ones
     since_hook = 0.0
-    while time.perf_counter() - began < config.max_time and (runs < config.min_runs or spent - first < config.min_time):
-        if between is not None and samples and since_hook >= between_every_s:
+    short = False
+    while runs < config.min_runs or spent < config.min_time:
+        if time.perf_counter() - began - min(lost, redo_s) >= config.max_time:  # re-measured time within the allowance
+            break
+        if lost > redo_s:
+            short = True
+            break
+        if between is not None and (kept or dropped) and since_hook >= between_every_s:
             between()
             since_hook = 0.0
         if flush:
             flush()
-        seconds = _block_seconds(fn, number, device)
-        samples.append(seconds / number)
+        seconds, share = _block(fn, number, device)
+        since_hook += seconds
+        if share is None:
+            known = False
+        else:
+            shares.append(share)
+        if wait_limit is not None and share is not None and share > wait_limit:
+            dropped.append(seconds / number)
+            lost += seconds
+            continue
+        kept.append(seconds / number)
         runs += number
         spent += seconds
-        since_hook += seconds
-    if not samples:
-        return [first], 1
-    return samples, runs
+    shares = shares if known else []
+    if kept:
+        return Blocks(kept, runs, dropped, shares, short)
+    if dropped:  # a neighbour left no block alone: the dropped ones, for inspection (never an undisturbed time)
+        return Blocks(list(dropped), len(dropped) * number, dropped, shares, True)
+    return Blocks([first], 1, [], shares, short)
+
+
+def time_call(
+    fn: Callable[[], object],
+    device: torch.device | str = "cpu",
+    config: TimerConfig | None = None,
+    *,
+    between: Callable[[], object] | None = None,
+    between_every_s: float = 0.5,
+) -> tuple[list[float], int]:
+    """Time ``fn`` and return ``(per-call seconds per block, total calls timed)``, every block kept.
+
+    :func:`time_blocks` without dropping descheduled blocks; see it for the arguments.
+    """
+    blocks = time_blocks(fn, device, config, between=between, between_every_s=between_every_s)
+    return blocks.samples, blocks.runs
 
 
 def cuda_graph_seconds(fn: Callable[[], object], device: torch.device | str, replays: int = 20) -> float:

@@ -590,6 +590,30 @@ def _compile_times(page: Page) -> str:
                            formats={"compile time": lambda v: fmt(float(v), "s")}, keep=("variant",)))
 
 
+RUNQUEUE_CASE = ("origin", "machine", "device", "variant", "workload", "seq_len", "seq_len_k", "batch", "heads",
+                 "kv_heads", "head_dim", "dtype", "mode", "mask")
+"""The tidy columns that name one case of the run-queue table."""
+
+
+def _runqueue(page: Page) -> str:
+    """How much a neighbour had the timing thread's core while each case was timed (runs that read the wait)."""
+    frame = page.frame
+    waited = frame[frame["metric"] == "waited_blocks"]
+    if not len(waited):
+        return ""
+    keys = [c for c in RUNQUEUE_CASE if c in frame]
+    share = frame[frame["metric"] == "runqueue_share"][[*keys, "value"]].rename(columns={"value": "median block's wait"})
+    status = frame[frame["metric"] == "time"][[*keys, "status"]]
+    table = (waited[[*keys, "value"]].rename(columns={"value": "blocks that waited"})
+             .merge(share, on=keys, how="left").merge(status, on=keys, how="left"))
+    percent = {"blocks that waited": lambda v: f"{float(v):.0%}", "median block's wait": lambda v: f"{float(v):.0%}"}
+    return _details("Run-queue wait per case", "<p>The share of each case's timed blocks that waited for a core over "
+                    "10% of their wall time (another process had it: each such block was dropped and timed again), "
+                    "and the median block's wait per wall second, from Linux's scheduler figures of the timing thread. "
+                    "A case is <code>noisy</code> when too few undisturbed blocks were left within its retry budget.</p>"
+                    + _table(table, formats=percent, keep=("variant",)))
+
+
 def _commits(page: Page) -> str:
     frame = page.frame
     commits = frame[frame["commit"] != ""].groupby("commit").agg(commit_date=("date", "min"), run_date=("run_date", "min"))
@@ -694,7 +718,7 @@ BODY: tuple[Section, ...] = (_exponents, _wrong)
 """Visible whatever loaded (the exponents section says when nothing did)."""
 COMPARED: tuple[Section, ...] = (_comparison, _history)
 DETAILS: tuple[Section, ...] = (_gflops, _instructions, _page_faults, _accuracy, _speedups, _crossover_tables, _largest_length, _memory_model,
-                                _provenance, _compile_times, _commits, _failed, _environment)
+                                _provenance, _compile_times, _runqueue, _commits, _failed, _environment)
 """The collapsed sections, drawn when anything loaded."""
 CLOSING: tuple[Section, ...] = (_problems, _full_fits, _demos, _reproduce)
 """The last collapsed sections, whatever loaded."""
