@@ -405,6 +405,7 @@ def _print_results(args, run_dir, planned: int, elapsed: float, summary_table) -
         from attnbench.report.html import build_report
         from attnbench.runs import RunWriteError
 
+        print("writing the report (figures for every metric: a few seconds to a minute) ...", file=sys.stderr, flush=True)
         try:
             page = build_report([run_dir.path], Path(run_dir.path) / "report")
         except OSError as exc:
@@ -538,10 +539,11 @@ def _stamped(command: str, started: float) -> Callable[[str], None]:
 
 def _regress_report(args: argparse.Namespace, outcome, metric: str) -> int:
     """Print the gate's table and verdict; the exit code."""
-    cols = ["verdict", "metric", "variant", "seq_len", "mode", "base_value", "head_value", "ratio", "reason", "note"]
-    shown = outcome.table.sort_values(["verdict", "ratio"], ascending=[False, False])[cols]
-    with pd.option_context("display.width", 200, "display.max_rows", 200, "display.float_format", "{:.4g}".format):
-        print(shown.to_string(index=False))
+    shown = outcome.table.sort_values(["verdict", "ratio"], ascending=[False, False])
+    print(_gate_row({"verdict": "verdict", "metric": "metric", "case": "case", "base": "BASE", "head": "HEAD",
+                     "ratio": "ratio", "why": "why (whole reasons: attnbench-gate.csv beside the results)"}))
+    for rec in shown.to_dict("records"):
+        print(_gate_row(_gate_cells(rec)))
     print(f"\nbase {outcome.base[:10]}  head {outcome.head[:10]}  results: {outcome.results_dir}")
     for note in sorted({n for n in outcome.table["note"] if n}):
         print(f"note: {note}")
@@ -563,6 +565,31 @@ def _regress_report(args: argparse.Namespace, outcome, metric: str) -> int:
     for rec in outcome.undecided.to_dict("records"):
         print(f"  {rec['benchmark']} [{rec['variant']}, L={rec['seq_len']}, {rec['mode']}]: {rec['reason']}")
     return 4
+
+
+GATE_WIDTH = 100
+"""Columns of a line of regress's table (a terminal's, or a CI log's, without wrapping)."""
+
+
+def _gate_cells(rec: dict) -> dict[str, str]:
+    """One gate row as text: values with their units (the metric table's), the ratio with the digits a verdict needs."""
+    from attnbench.analysis.text import fmt
+    from attnbench.contract import UNITS
+
+    unit = UNITS.get(rec["metric"], "")
+    digits = 4 if rec["metric"] == "instructions" else 2  # a count's growth of 0.2% is a verdict
+    ratio = rec["ratio"]
+    return {"verdict": str(rec["verdict"]), "metric": str(rec["metric"]),
+            "case": f"{rec['variant']} L={rec['seq_len']} {'bwd' if rec['mode'] == 'backward' else 'fwd'}",
+            "base": fmt(rec["base_value"], unit), "head": fmt(rec["head_value"], unit),
+            "ratio": f"x{ratio:.{digits}f}" if ratio == ratio else "n/a",
+            "why": str(rec.get("reason") or rec.get("note") or "")}
+
+
+def _gate_row(cells: dict[str, str]) -> str:
+    line = (f"{cells['verdict']:<10} {cells['metric']:<17} {cells['case']:<22} {cells['base']:>11} {cells['head']:>11} "
+            f"{cells['ratio']:>8}  {cells['why']}")
+    return line if len(line) <= GATE_WIDTH else line[: GATE_WIDTH - 3] + "..."
 
 
 def cmd_bisect(args: argparse.Namespace) -> int:

@@ -152,8 +152,7 @@ def profile_case(
         call, _, _ = make_call(variant, profiled, seed)
     sync = torch.cuda.synchronize if spec.device_type == "cuda" else (lambda: None)
 
-    say(f"one call under torch.profiler ({profiled.label}; the previous call took {unprofiled:.3g} s), "
-        "then its memory timeline and the trace")
+    say(f"one call under torch.profiler ({profiled.label}; the previous call took {unprofiled:.3g} s)")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if spec.device_type == "cuda" else [])
     with quiet_stderr():
         with profile(activities=activities, record_shapes=True, profile_memory=True) as prof:
@@ -162,6 +161,8 @@ def profile_case(
             sync()
             wall = time.perf_counter() - t0
         averages = prof.key_averages()
+        say(f"the memory timeline of its {sum(a.count for a in averages):,} operator calls, then the trace "
+            "(the longest step where a call makes many operator calls)")
         try:
             from torch.profiler._memory_profiler import MemoryProfile
 

@@ -110,7 +110,8 @@ def test_readme_profile_command_runs(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert "GFLOP/s" in out.stdout and (tmp_path / "p" / "trace.json.gz").exists()
     steps = [line for line in out.stderr.splitlines() if line.startswith("profile: ")]
-    assert len(steps) == 2 and "torch.profiler" in steps[1], out.stderr  # long work says what it is doing
+    assert len(steps) == 3 and "torch.profiler" in steps[1], out.stderr  # long work says what it is doing
+    assert "memory timeline of its" in steps[2] and "operator calls" in steps[2]
 
 
 def test_reports_readme_names_only_folders_that_a_command_makes():

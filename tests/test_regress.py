@@ -660,3 +660,19 @@ def test_asv_is_run_again_when_it_read_the_machine_file_mid_rewrite(tmp_path, mo
     session = AsvSession.open(ROOT, tmp_path / "work", None, "attnbench-ci", None)
     assert session.run(["a" * 40], "x").returncode == 0 and calls.count("run") == 3
     assert session.asv(["publish"]).returncode == 1 and calls.count("publish") == 1  # not that race: not again
+
+
+def test_the_gate_table_fits_a_hundred_columns_with_units(monkeypatch, capsys):
+    """Its lines were 325 characters wide and its time columns carried no unit."""
+    import attnbench.regress
+    from attnbench.cli import main
+
+    outcome = _outcome(["ok", "undecided"])
+    outcome.table.loc[1, ["metric", "base_value", "head_value", "ratio", "reason"]] = [
+        "time", 0.0123, 0.0251, 2.04, "noisy: " + "a neighbour took the core " * 12]
+    monkeypatch.setattr(attnbench.regress, "regress", lambda *a, **k: outcome)
+    main(["regress", "HEAD~1"])
+    lines = capsys.readouterr().out.splitlines()
+    table = lines[: lines.index("")]
+    assert max(len(line) for line in table) <= 100 and len(table) == 3
+    assert "12.3 ms" in table[-1] or "12.3 ms" in table[-2]
