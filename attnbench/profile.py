@@ -154,15 +154,16 @@ def profile_case(
 
     say(f"one call under torch.profiler ({profiled.label}; the previous call took {unprofiled:.3g} s)")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if spec.device_type == "cuda" else [])
+    with quiet_stderr(), profile(activities=activities, record_shapes=True, profile_memory=True) as prof:
+        t0 = time.perf_counter()
+        call()
+        sync()
+        wall = time.perf_counter() - t0
     with quiet_stderr():
-        with profile(activities=activities, record_shapes=True, profile_memory=True) as prof:
-            t0 = time.perf_counter()
-            call()
-            sync()
-            wall = time.perf_counter() - t0
         averages = prof.key_averages()
-        say(f"the memory timeline of its {sum(a.count for a in averages):,} operator calls, then the trace "
-            "(the longest step where a call makes many operator calls)")
+    say(f"the memory timeline of its {sum(a.count for a in averages):,} operator calls, then the trace "
+        "(the longest step where a call makes many operator calls)")
+    with quiet_stderr():  # the profiler's own lines are noise on a user's terminal
         try:
             from torch.profiler._memory_profiler import MemoryProfile
 
