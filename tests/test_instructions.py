@@ -159,3 +159,18 @@ def test_run_counts_the_headline_variants_beside_the_sweep_by_default(tmp_path):
     assert counted == {64, 128, 256} and all(math.isnan(m.instructions) for m in log.measurements if m.variant == "local")
     fit = analyse(load_results([out])).fits.set_index(["variant", "metric"]).loc[("batched", "instructions")]
     assert fit["conclusive"] and fit["kind"] == "deterministic", fit.to_dict()
+
+
+def test_counting_beside_a_sweep_stops_when_asked_and_keeps_what_it_counted():
+    """SIGTERM during a run stops the valgrind process beside it: the cases it did not reach say so."""
+    import time
+
+    from attnbench.measure.instructions import Beside
+
+    beside = Beside([("batched", SMALL), ("batched", SMALL.replace(seq_len=512)), ("sdpa", SMALL)], CountConfig())
+    time.sleep(2.0)  # torch is still starting under valgrind
+    start = time.monotonic()
+    beside.stop()
+    assert beside.done and time.monotonic() - start < 20
+    counts = beside.take()
+    assert len(counts) == 3 and all(c.status == "error" and c.reason == "not counted: cancelled" for c in counts)

@@ -377,8 +377,8 @@ class _Ran:
     ended: str  # "exited 0", "died from SIGSEGV", "timed out", ...
     failed: bool  # the process did not exit 0
     timed_out: bool
-    cancelled: bool  # killed on request
     tail: list[str]  # the end of valgrind's output
+    cancelled: bool = False  # killed on request
 
 
 def _one_process(cases, config: CountConfig, version: str, arrived: Callable[[int, Count], None],
@@ -428,7 +428,7 @@ def _one_process(cases, config: CountConfig, version: str, arrived: Callable[[in
         tail = (tmp / "valgrind.log").read_bytes().decode("utf-8", "replace").strip().splitlines()[-15:]
         cancelled = cancel is not None and cancel.is_set()
         return _Ran(counts, None if cancelled else dead, "cancelled" if cancelled else ended, code != 0, timed_out,
-                    tail, cancelled)
+                    tail, cancelled=cancelled)
 
 
 def _signal_name(number: int) -> str:
