@@ -8,9 +8,6 @@ machine running them is. One test drives a real neighbour onto the timing thread
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 import time
 
 import pytest
@@ -21,6 +18,7 @@ from attnbench.measure.runner import MeasureConfig, measure
 from attnbench.measure.sweep import sweep
 from attnbench.measure.timer import Blocks, TimerConfig, time_blocks, time_call
 from attnbench.spec import AttnSpec
+from tests.neighbour import spinning_on_this_core
 
 FAST = TimerConfig(min_runs=3, min_time=0.02, max_time=0.5)
 SPEC = AttnSpec(seq_len=64, heads=2)
@@ -340,20 +338,9 @@ def test_the_timer_sees_a_real_neighbour_on_its_core(monkeypatch):
     monkeypatch.setattr(schedstat, "runqueue_seconds", READER)  # the real reader: no scripted scheduler here
     if not schedstat.available():
         pytest.skip(f"needs Linux's per-thread scheduler figures ({schedstat.SCHEDSTAT})")
-    cores = os.sched_getaffinity(0)
-    core = min(cores)
-    os.sched_setaffinity(0, {core})
-    neighbour = subprocess.Popen([sys.executable, "-c", f"import os, time; os.sched_setaffinity(0, {{{core}}}); "
-                                  "print(flush=True); end = time.time() + 60\nwhile time.time() < end: pass"],
-                                 stdout=subprocess.PIPE)
-    try:
-        neighbour.stdout.readline()  # it spins from here
+    with spinning_on_this_core():
         blocks = time_blocks(lambda: sum(range(20_000)), "cpu", TimerConfig(min_runs=1, min_time=0.3, max_time=1.0))
         m = measure("batched", SPEC, MeasureConfig(timer=FAST, retries=0, retry_budget_s=0.3, threads=1))
-    finally:
-        neighbour.kill()
-        neighbour.wait()
-        os.sched_setaffinity(0, cores)
     assert blocks.shares and blocks.waited() >= len(blocks.shares) // 2, blocks.shares
     assert sorted(blocks.shares)[len(blocks.shares) // 2] > 0.25, blocks.shares  # about half: two on one core
     assert m.extra["waited_blocks"] > 0.5, (m.status, m.reason, m.extra)

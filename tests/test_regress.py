@@ -20,6 +20,7 @@ from attnbench import contract
 from attnbench.analysis.frame import load_asv
 from attnbench.regress import compare, regress, regress_many
 from tests.conftest import ASV_ENV_DIR
+from tests.neighbour import spinning_on_this_core
 
 ROOT = Path(__file__).resolve().parents[1]
 SUBSET = {
@@ -373,19 +374,8 @@ def test_the_timer_sees_a_neighbour_take_the_core_and_not_a_sleep(tmp_path, monk
             pass
 
     asv_bench.timed_case("batched", 64, "cpu")
-    cores = os.sched_getaffinity(0)
-    core = min(cores)
-    os.sched_setaffinity(0, {core})
-    neighbour = subprocess.Popen([sys.executable, "-c", f"import os, time; os.sched_setaffinity(0, {{{core}}}); "
-                                  "print(flush=True); end = time.time() + 30\nwhile time.time() < end: pass"],
-                                 stdout=subprocess.PIPE)
-    try:
-        neighbour.stdout.readline()  # it spins from here
+    with spinning_on_this_core(30.0):
         timed(spin)
-    finally:
-        neighbour.kill()
-        neighbour.wait()
-        os.sched_setaffinity(0, cores)
     asv_bench.timed_teardown()
     asv_bench.timed_case("batched", 64, "cpu")
     for _ in range(2):  # one sample of two calls: two pairs of readings
