@@ -196,7 +196,7 @@ def test_the_sweep_extrapolates_instead_of_trusting_a_poisoned_peak(monkeypatch)
     from attnbench.measure import runner
 
     monkeypatch.setattr(runner, "matmul_peak", lambda device, dtype: 1e8)
-    config = MeasureConfig(time_budget_s=5.0, probe=False, measure_rss=False, measure_memory=False, check_accuracy=False,
+    config = MeasureConfig(time_budget_s=3.0, probe=False, measure_rss=False, measure_memory=False, check_accuracy=False,
                            timer=TimerConfig(min_runs=2, min_time=0.01, max_time=0.1))
     spec = attnbench.AttnSpec(heads=2)
     alone = measure("batched", spec.replace(seq_len=256), config)

@@ -345,3 +345,26 @@ def test_the_timer_sees_a_real_neighbour_on_its_core(monkeypatch):
     assert sorted(blocks.shares)[len(blocks.shares) // 2] > 0.25, blocks.shares  # about half: two on one core
     assert m.extra["waited_blocks"] > 0.5, (m.status, m.reason, m.extra)
     assert m.status == "noisy" and m.reason.startswith("run-queue wait: a neighbour took the core"), m.reason
+
+
+def test_a_long_call_just_made_needs_no_warm_up_or_sizing_call():
+    """batched at L=4096 (a 1.1 s call) was a timeout under the 10 s budget: two of its nine calls were a warm-up and a
+    block-sizing call after a call the runner had just made. A call at least the warm-up time long is warm already."""
+    calls = []
+
+    def fn():
+        calls.append(1)
+        time.sleep(0.06)
+
+    config = TimerConfig(warmup=1, warmup_time=0.05, min_runs=3, min_time=0.01, max_time=5.0)
+    blocks = time_blocks(fn, "cpu", config, warm_s=0.06)
+    assert len(calls) == 3 == blocks.runs  # the timed calls only
+    calls.clear()
+    time_blocks(fn, "cpu", config)  # cold: a warm-up and a sizing call first
+    assert len(calls) == 5
+    calls.clear()
+    time_blocks(lambda: calls.append(1), "cpu", config, warm_s=1e-4)  # a short call still warms up (cheap, and needed)
+    assert len(calls) > 3
+    from attnbench.measure.timer import measured_calls
+
+    assert measured_calls(config, 1.1) == 3 and measured_calls(config, 1e-4) == measured_calls(config, None) == 5

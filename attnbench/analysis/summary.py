@@ -507,7 +507,8 @@ def _fit_verdicts(e: _Evidence) -> Finding | None:
     if not t.conclusive:
         return Finding(f"No complexity fit is conclusive ({t.judged} inconclusive): too few lengths or too much "
                        "scatter to compare with the declared big-O.", "exponents")
-    near = f" ({len(t.near)} only within the {complexity.TOLERANCE:g} tolerance: {', '.join(t.near)})" if t.near else ""
+    near = (f" ({len(t.near)} only within the {complexity.TOLERANCE:g} tolerance, their intervals excluding the declared "
+            "exponent: named in the exponents section)") if t.near else ""
     text = (f"{t.matches} of {t.conclusive} conclusive complexity fits match the declared big-O{near}; "
             f"{len(t.inconclusive)} are inconclusive")
     steeper = sorted({s.split(" ")[0] for s in t.steeper})

@@ -102,6 +102,7 @@ class CountConfig:
     threads: int = 1  # torch intra-op threads (the runner's default regime)
     seed: int = 0  # input seed (the runner's)
     check_accuracy: bool = True  # put each case's warm-up result through the correctness gate
+    idle: bool = False  # run valgrind only on a core nothing else wants (SCHED_IDLE): counting beside a timed sweep
 
     def __post_init__(self) -> None:
         for name in ("calls", "threads"):
@@ -282,8 +283,9 @@ class Beside:
     """:func:`count_instructions` in a thread beside the caller's own work (``attnbench run`` times its sweep
     meanwhile): one valgrind process, each count handed over as it finishes.
 
-    The counting process runs on one core; the timed sweep's workers use the other (one thread each by
-    default), and their run-queue wait shows if the two ever share a core.
+    The counting process runs under SCHED_IDLE: it takes a core only when nothing else wants it, so the timed
+    sweep's workers (one thread each by default) never wait for it, with or without a neighbour; beside a busy
+    machine the counts simply arrive later.
 
     Args:
         cases: ``(variant name, spec)`` pairs to count.
@@ -300,7 +302,8 @@ class Beside:
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._start = time.perf_counter()
-        self._thread = threading.Thread(target=self._count, args=(list(cases), config), name="attnbench-valgrind",
+        self.config = dataclasses.replace(config, idle=True)  # the timed sweep's workers come first
+        self._thread = threading.Thread(target=self._count, args=(list(cases), self.config), name="attnbench-valgrind",
                                         daemon=True)
         self._thread.start()
 
@@ -396,7 +399,8 @@ def _one_process(cases, config: CountConfig, version: str, arrived: Callable[[in
                    sys.executable, "-m", "attnbench.measure.instructions", str(jobs), str(results)]
         with open(tmp / "valgrind.log", "wb") as log:
             proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                    env={**os.environ, "PYTHONHASHSEED": "0", **COUNT_ENV, ENV_CONTROL: control or ""})
+                                    env={**os.environ, "PYTHONHASHSEED": "0", **COUNT_ENV, ENV_CONTROL: control or ""},
+                                    preexec_fn=_idle_priority if config.idle else None)
             deadline = time.monotonic() + _timeout(cases, config)
             timed_out, counts = False, {}
             try:
@@ -429,6 +433,15 @@ def _one_process(cases, config: CountConfig, version: str, arrived: Callable[[in
         cancelled = cancel is not None and cancel.is_set()
         return _Ran(counts, None if cancelled else dead, "cancelled" if cancelled else ended, code != 0, timed_out,
                     tail, cancelled=cancelled)
+
+
+def _idle_priority() -> None:
+    """In the counting process before it starts: run only when no other process wants the core (Linux's SCHED_IDLE,
+    else the lowest nice). Counts do not depend on when they run; a timed case beside them must never wait for them."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        os.nice(19)
 
 
 def _signal_name(number: int) -> str:

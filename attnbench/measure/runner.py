@@ -56,7 +56,7 @@ from attnbench.measure.env import environment
 from attnbench.measure.peak import matmul_peak
 from attnbench.measure.provenance import sdpa_backends
 from attnbench.measure.record import Environment, Measurement
-from attnbench.measure.timer import Blocks, TimerConfig, cuda_graph_seconds, time_blocks, time_once
+from attnbench.measure.timer import Blocks, TimerConfig, cuda_graph_seconds, measured_calls, time_blocks, time_once
 from attnbench.registry import get_variant
 from attnbench.spec import AttnSpec
 from attnbench.variants.base import Variant, dense_mask
@@ -376,9 +376,8 @@ def measure(
             return Measurement(status="skipped", reason="; ".join(reasons), **base)
         if peak_flops is None:
             peak_flops = matmul_peak(spec.device, "float32")
-        # The measurement's calls: the first (warm-up, checked), the timer's, memory and RSS. The check's own calls
-        # and its reference are budgeted apart (check_plan), so the check never costs the user a length.
-        calls = 1 + config.timer.warmup + config.timer.min_runs + int(config.measure_memory) + int(config.measure_rss)
+        predicted_s = expected_call_s if expected_call_s is not None else guard.predicted_seconds(variant, spec, peak_flops)
+        calls = _calls(config, predicted_s)
         plan = check_plan(variant, spec, config, peak_flops=peak_flops, call_s=expected_call_s)
         reasons = guard.guard_reasons(
             variant, spec,
@@ -443,6 +442,7 @@ def _run(variant: Variant, spec: AttnSpec, config: MeasureConfig, plan: CheckPla
     first = time_once(call, spec.device)
     # Page faults of one call after the gate: fresh pages the call maps (the allocator regime shows here).
     fields["extra"] = {**fields.get("extra", {}), "page_faults": memory.minor_faults() - faults_before}
+    calls = _calls(config, first)
     if first * calls > config.time_budget_s:
         return Measurement(
             status="timeout", samples=(first,), runs=1,
@@ -544,6 +544,12 @@ def _seen(typical: float, probes: Sequence[float], blocks: Blocks) -> probe.Dist
                              blocks=len(blocks.shares), short=blocks.short)
 
 
+def _calls(config: MeasureConfig, call_s: float | None) -> int:
+    """The measurement's calls: the first after the gate, the timer's (:func:`.timer.measured_calls`), memory and
+    RSS. The check's own calls and its reference are budgeted apart (:func:`check_plan`): never a user's length."""
+    return 1 + measured_calls(config.timer, call_s) + int(config.measure_memory) + int(config.measure_rss)
+
+
 def timed_attempts(call: Callable[[], object], device: str, config: MeasureConfig, first_s: float = 0.0) -> Timed:
     """Time ``call``, re-timing descheduled blocks and probing around (and, for long attempts, between) blocks;
     retry disturbed attempts.
@@ -570,7 +576,7 @@ def timed_attempts(call: Callable[[], object], device: str, config: MeasureConfi
         t0 = time.perf_counter()
         blocks = time_blocks(call, device, config.timer, between=between,
                              wait_limit=schedstat.WAIT_LIMIT if config.probe else None,
-                             redo_s=max(0.0, config.retry_budget_s - spent))
+                             redo_s=max(0.0, config.retry_budget_s - spent), warm_s=first_s or None)
         spent += time.perf_counter() - t0
         if not config.probe:
             return Timed(blocks.samples, blocks.runs, probe.Disturbance(math.nan, (), False), attempts, math.nan,

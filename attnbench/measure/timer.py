@@ -131,6 +131,7 @@ def time_blocks(
     between_every_s: float = 0.5,
     wait_limit: float | None = None,
     redo_s: float = 0.0,
+    warm_s: float | None = None,
 ) -> Blocks:
     """Time ``fn`` in blocks (see the module docstring), reading the run-queue wait beside every block.
 
@@ -146,18 +147,22 @@ def time_blocks(
             is timed in its place; None keeps every block (the wait is still read and returned).
         redo_s: seconds of dropped blocks allowed beyond ``config.max_time``; once more than that was dropped the
             timing stops with what it kept (``short`` when that is less than ``min_runs`` and ``min_time`` ask).
+        warm_s: seconds of a call of ``fn`` the caller has just made. One at least ``config.warmup_time`` long
+            warmed everything a warm-up would and sizes the blocks itself (one call each): no warm-up call and
+            no sizing call are made, which spares a one-second case two seconds of its budget.
     """
     config = config or TimerConfig()
     device = torch.device(device)
+    warm = warm_s is not None and warm_s >= config.warmup_time
     start = time.perf_counter()
     calls = 0
-    while calls < config.warmup or time.perf_counter() - start < config.warmup_time:
+    while not warm and (calls < config.warmup or time.perf_counter() - start < config.warmup_time):
         fn()  # a cold process (thread pool, caches, clocks) needs more than one call
         calls += 1
         _synchronize(device)
     flush = cache_flusher(device) if config.flush_cache else None
     began = time.perf_counter()  # max_time bounds the wall time from here, flushes and probes included
-    first, _ = _block(fn, 1, device)  # sizes the blocks; kept only if nothing else fits
+    first = warm_s if warm else _block(fn, 1, device)[0]  # sizes the blocks; kept only if nothing else fits
     number = 1 if flush else max(1, math.floor(config.block_time / max(first, 1e-9)))
     kept: list[float] = []
     dropped: list[float] = []
@@ -196,6 +201,13 @@ def time_blocks(
     if dropped:  # a neighbour left no block alone: the dropped ones, for inspection (never an undisturbed time)
         return Blocks(list(dropped), len(dropped) * number, dropped, shares, True)
     return Blocks([first], 1, [], shares, short)
+
+
+def measured_calls(config: TimerConfig, call_s: float | None) -> int:
+    """Calls :func:`time_blocks` makes at least for a call of ``call_s`` seconds given as ``warm_s`` (None: unknown):
+    the warm-up and sizing calls only for calls shorter than the warm-up time, then ``min_runs``."""
+    long_call = call_s is not None and call_s >= config.warmup_time
+    return config.min_runs + (0 if long_call else config.warmup + 1)
 
 
 def time_call(
