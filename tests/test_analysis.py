@@ -130,7 +130,7 @@ def test_the_interval_is_the_same_in_every_call_and_process():
 def test_overhead_below_the_floor_is_not_fitted():
     with_overhead = 1e-4 + 3e-9 * LENGTHS**2  # the constant dominates the short lengths
     fit = complexity.fit_exponent(LENGTHS, with_overhead)
-    assert fit["L_min"] >= 256 and "2x the smallest" in fit["range"]
+    assert fit["L_min"] >= 256 and "2x the constant (0.0001, the cost split's c0)" in fit["range"]
     assert complexity.verdict(fit, 2.0) == "matches"
     everything = _least_squares(LENGTHS, with_overhead)  # what fitting every point would have said
     assert everything["exponent"] < 1.6
@@ -159,9 +159,28 @@ def test_a_wild_point_is_named():
     assert complexity.fit_exponent(LENGTHS, values)["outliers"] == "L=512"
 
 
+def test_the_floor_is_twice_the_split_constant_so_noise_at_2x_the_smallest_cuts_nothing():
+    """linear_elu beside a neighbour: 2.2 ms at L=256, 4.35 ms at 512, a hair under 2x the smallest. That bound cut
+    the point and left three (inconclusive); the cost split's c0 is the constant itself, and keeps it."""
+    lengths = np.array([256.0, 512, 1024, 2048, 4096])
+    values = np.array([2.2e-3, 4.35e-3, 8.7e-3, 17.6e-3, 35.0e-3])
+    constant, source = complexity.constant_cost(lengths, values)
+    assert constant < values.min() / 2 and source == "the cost split's c0"
+    fit = complexity.fit_exponent(lengths, values)
+    assert fit["n"] == 5 and complexity.verdict(fit, 1.0) == "matches"
+    smallest = values >= complexity.FLOOR_FACTOR * values.min()
+    assert smallest.sum() == 3 and not complexity.fit_exponent(lengths[smallest], values[smallest])["conclusive"]
+    # a series the split does not describe (a step at 1024) falls back to the bound, and says so
+    step = values * np.array([1, 1, 3, 3, 3])
+    assert complexity.constant_cost(lengths, step) == (step.min(), "at most the smallest value")
+    # too few lengths to split: the bound
+    assert complexity.constant_cost(lengths[:3], values[:3])[1] == "at most the smallest value"
+
+
 def test_fewer_than_four_points_is_inconclusive():
-    fit = complexity.fit_exponent(np.array([256.0, 512.0, 1024.0, 2048.0]), 1e-9 * np.array([256.0, 512, 1024, 2048]) ** 2)
-    assert fit["n"] == 3 and not fit["conclusive"] and fit["note"] == "3 points"  # the shortest is the floor
+    lengths = np.array([256.0, 512, 1024, 2048])
+    fit = complexity.fit_exponent(lengths, 1e-4 + 1e-9 * lengths**2)
+    assert fit["n"] == 3 and not fit["conclusive"] and fit["note"] == "3 points"  # the shortest is below 2x the constant
     assert complexity.verdict(fit, 2.0) == "inconclusive"
     two = complexity.fit_exponent(np.array([64.0, 128.0]), np.array([1.0, 4.0]))
     assert complexity.verdict(two, 2.0) == "inconclusive"
@@ -326,21 +345,24 @@ def test_loop_is_swept_at_four_lengths_by_default():
     loop = get_variant("loop")
     assert min(DEFAULT_LENGTHS) == 64
     lengths = default_lengths(loop, DEFAULT_LENGTHS)
-    assert lengths == [8, 16, 32, 64, 128] and len(lengths) - 1 >= complexity.MIN_POINTS  # the shortest is the floor
+    assert lengths == [8, 16, 32, 64, 128] and len(lengths) - 1 >= complexity.MIN_POINTS  # even if the shortest is the floor
     assert [spec.seq_len for _, spec in grid(["loop"])] == [8, 16, 32, 64, 128]
-    t = 4e-6 * np.array(lengths, float) ** 2  # loop is interpreter-bound: time ~ pairs, no big constant
+    t = 3e-4 + 4e-6 * np.array(lengths, float) ** 2  # interpreter-bound: time ~ pairs, plus a constant above L=8
     fit = complexity.fit_exponent(np.array(lengths, float), t)
-    assert fit["n"] == 4 and complexity.verdict(fit, 2.0) == "matches"
+    assert fit["n"] == 4 and fit["L_min"] == 16 and complexity.verdict(fit, 2.0) == "matches"
     assert default_lengths(loop, [512, 1024]) == []  # nothing that short asked for: nothing invented
     assert default_lengths(get_variant("batched"), DEFAULT_LENGTHS) == list(DEFAULT_LENGTHS)
 
 
 # ---- deterministic metrics and the cost split (issue 29) ---------------------------------------
-def test_a_deterministic_metric_is_conclusive_at_four_lengths_where_time_is_not():
-    """batched's peak bytes over 256..2048, an exact L² (4.85 MB -> 273 MB): the time rule's floor left 3 points."""
-    lengths = np.array([256, 512, 1024, 2048])
-    values = 4.85e6 * (lengths / 256) ** 2 * np.array([1.0, 0.985, 0.98, 0.978])
+def test_a_deterministic_metric_is_conclusive_at_three_lengths_where_time_is_not():
+    """Counts at 256..1024 (what a short sweep counts): the sampled rule needs four points, a deterministic one three."""
+    lengths = np.array([256, 512, 1024])
+    values = 4.85e6 * (lengths / 256) ** 2 * np.array([1.0, 0.985, 0.98])
     assert not complexity.fit_exponent(lengths, values)["conclusive"]  # the sampled rule: too few points
+    assert complexity.fit_deterministic(lengths, values)["conclusive"]
+    lengths = np.array([256, 512, 1024, 2048])  # batched's peak bytes, an exact L² (4.85 MB -> 273 MB)
+    values = 4.85e6 * (lengths / 256) ** 2 * np.array([1.0, 0.985, 0.98, 0.978])
     fit = complexity.fit_deterministic(lengths, values)
     assert fit["conclusive"] and abs(fit["exponent"] - 2) < 0.05 and fit["max_residual"] < 0.01
     counts = complexity.fit_deterministic(np.array([256, 512, 1024]), np.array([1.0, 3.93, 3.93 * 3.96]))

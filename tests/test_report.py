@@ -253,18 +253,19 @@ def test_headline_counts_conclusive_fits_names_inconclusive_and_steeper(tmp_path
     assert headline, "no headline under the fitted-exponents heading"
     tone, text = headline.groups()
     assert tone == "bad" and "steeper than declared: linear_elu time" in text
-    assert text.startswith("4 of 5 conclusive fits match their declared complexity")  # chunked memory: exact, 4 lengths
+    # chunked time and memory: 4 lengths, and a pure power law's cost split has no constant, so none is the floor
+    assert text.startswith("5 of 6 conclusive fits match their declared complexity")
     count = re.search(r"; (\d+) inconclusive\.$", text)
     assert count, text
     inconclusive = page.split(f"Inconclusive fits ({count.group(1)}) and why")[1][:800]
-    assert "loop time (2 points)" in inconclusive  # 32 is the floor; 64 and 128 are fitted
-    assert "chunked time (3 points)" in inconclusive
+    assert "loop time (2 points)" in inconclusive  # too few lengths to split: 32 is the floor; 64 and 128 are fitted
+    assert "chunked time" not in inconclusive
     assert "No variant grows faster" not in page
     # wrong: its own red section, and out of the fits
     assert '<h2 class="bad">Wrong results' in page and "chunked" in page.split('<h2 class="bad">Wrong results')[1][:3000]
     fits = pd.read_csv(out / "fits.csv")
     chunked_time = fits[(fits["variant"] == "chunked") & (fits["metric"] == "time")].iloc[0]
-    assert chunked_time["n"] == 3  # 64 is the floor, 512 was wrong: 128, 256, 1024
+    assert chunked_time["n"] == 4  # 512 was wrong: 64, 128, 256, 1024
     loop_mem = fits[(fits["variant"] == "loop") & (fits["metric"] == "peak_tensor_bytes")].iloc[0]
     assert loop_mem["method"] == "model" and pd.isna(loop_mem["exponent"]) and "not fitted" in loop_mem["range"]
     tidy = pd.read_csv(out / "tidy.csv")
@@ -802,7 +803,7 @@ def test_a_point_above_its_neighbours_line_is_flagged_before_a_crossover_rests_o
     assert list(spike["status"]) == ["noisy"] and "breaks its series' trend" in spike["reason"].iloc[0]
     assert (frame.loc[frame["status"] == "noisy", "seq_len"] == 512).all()  # nothing else: convex series stay ok
     fit = analysis.fits.set_index(["variant", "metric"]).loc[("dot", "time")]
-    assert fit["n"] == 3  # 256, 1024, 2048 above the overhead floor: fitted, ranked and crossed over without 512
+    assert fit["n"] == 4 and fit["L_min"] == 128  # fitted, ranked and crossed over without 512
 
 
 def _report_overlaps(sources: list[Path], out: Path) -> dict[str, list]:

@@ -2,9 +2,10 @@
 
 How the exponent is fitted. At short lengths a constant per-call cost (interpreter, dispatch,
 kernel launch) hides the asymptotic term, and on a shared machine single points can be far off.
-The *overhead floor* is ``FLOOR_FACTOR`` (2) times the smallest value in the series: that value is
-at least the constant cost, so at or above the floor the constant is at most half of what was
-measured. Every point at or above the floor is fitted; the points below it are the constant. The
+The *overhead floor* is ``FLOOR_FACTOR`` (2) times the constant cost (:func:`constant_cost`: the cost
+split's c0 where that split describes the series, else the smallest value, which bounds it), so at or
+above the floor the constant is at most half of what was measured. Every point at or above the floor
+is fitted; the points below it are the constant. The
 slope of ``log(value)`` on ``log(L)`` is the Theil-Sen estimate (the median of all pairwise
 slopes), which one wild point cannot drag far. Its 95% interval is the 2.5-97.5 percentile range
 of ``BOOTSTRAP`` (2000) Theil-Sen slopes refitted on residual-bootstrap replicates, with a fixed
@@ -92,6 +93,25 @@ def _theil_sen_bootstrap(x: np.ndarray, y: np.ndarray, slope: float, intercept: 
     return np.median(slopes, axis=1)
 
 
+SPLIT_TRUSTED = 0.25
+"""Largest relative residual at which the cost split's constant term is trusted as the per-call constant."""
+
+
+def constant_cost(lengths: np.ndarray, values: np.ndarray) -> tuple[float, str]:
+    """The per-call constant cost of a series, at most its smallest value, and where the figure comes from.
+
+    The smallest value bounds the constant from above. Where the cost split c0 + c1·L + c2·L² describes
+    the series (every point within ``SPLIT_TRUSTED``), its c0 is the constant itself: a linear series
+    whose shortest point is mostly work (``linear_elu``: 2.2 ms at L=256, 4.4 ms at 512) then keeps the
+    points the "2x the smallest" bound cut at random, as noise put them a hair above or below it.
+    """
+    smallest = float(values.min())
+    split = cost_split(lengths, values) if len(np.unique(lengths)) >= MIN_POINTS else None
+    if split is not None and split.max_residual <= SPLIT_TRUSTED and split.c0 < smallest:
+        return split.c0, "the cost split's c0"
+    return smallest, "at most the smallest value"
+
+
 def fit_exponent(lengths: np.ndarray, values: np.ndarray) -> dict[str, float | int | str]:
     """Robust slope of log(value) on log(L) over the points above the overhead floor (see module doc).
 
@@ -118,11 +138,11 @@ def fit_exponent(lengths: np.ndarray, values: np.ndarray) -> dict[str, float | i
     }
     if len(lengths) == 0:
         return out
-    floor = FLOOR_FACTOR * values.min()
-    above = values >= floor
+    constant, source = constant_cost(lengths, values)
+    above = values >= FLOOR_FACTOR * constant
     if above.sum() < 2 <= len(lengths):
         above = values > values.min()  # a flat series: fit what rises above the minimum, if anything
-    rule = f"value >= {FLOOR_FACTOR:g}x the smallest ({values.min():.3g}): {int(above.sum())} of {len(lengths)} points"
+    rule = f"value >= {FLOOR_FACTOR:g}x the constant ({constant:.3g}, {source}): {int(above.sum())} of {len(lengths)} points"
     x, y = np.log(lengths[above]), np.log(values[above])
     n = len(np.unique(x))
     out.update(n=int(len(x)), range=rule)
