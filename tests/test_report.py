@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 from pathlib import Path
@@ -149,7 +150,7 @@ def default_like_run(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("default")
     variants = ["loop", "vectorized", "batched", "multihead", "torch_mha", "sdpa", "sdpa_math", "chunked", "local",
                 "block_sparse", "linear_elu", "performer", "dot", "scaled_dot", "bilinear", "additive"]
-    return _scaled_run(tmp / "run", variants, (64, 128, 256, 512, 1024, 2048), factor=1.0)
+    return _scaled_run(tmp / "run", variants, (64, 128, 256, 512, 1024, 2048), factor=1.0, counted=True)
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +162,8 @@ def default_like_report(default_like_run, tmp_path_factory) -> Path:
 @pytest.mark.slow
 def test_first_screen_holds_findings_and_the_headline_figure_and_the_page_is_short(default_like_report, tmp_path):
     """At 1400x900: the findings and a whole figure on the first screen, at most 10 screens, details
-    collapsed, no horizontal scrolling, and the inline sort works (click a header, the order flips)."""
+    collapsed, no horizontal scrolling, not even inside a table's box (the exponents table with time, memory and
+    counts was cut off at 1400 px), and the inline sort works (click a header, the order flips)."""
     page_path = default_like_report
 
     def sort(page):
@@ -169,9 +171,12 @@ def test_first_screen_holds_findings_and_the_headline_figure_and_the_page_is_sho
         before = first()
         page.click("#exponents th:first-child")
         page.click("#exponents th:first-child")  # asc, then desc
-        return {"sorted": (before, first()), "constant_columns": page.evaluate(CONSTANT_COLUMNS_JS)}
+        cut = page.eval_on_selector_all(".tw", "els => els.filter(e => !e.closest('details:not([open])') && "
+                                                "e.scrollWidth > e.clientWidth).map(e => (e.closest('section') || {}).id || 'page')")
+        return {"sorted": (before, first()), "constant_columns": page.evaluate(CONSTANT_COLUMNS_JS), "cut": cut}
 
     seen = _browse(page_path, tmp_path / "first.png", sort)
+    assert seen["cut"] == [], "a table scrolls sideways inside its box"
     assert seen["console"] == [] and seen["failed"] == []
     assert seen["height"] <= 10 * 900, seen["height"]
     assert seen["width"] <= 1400, "the page scrolls sideways"
@@ -185,10 +190,10 @@ def test_first_screen_holds_findings_and_the_headline_figure_and_the_page_is_sho
 
 
 def _scaled_run(path: Path, variants, lengths, factor: float = 1.0, wrong: dict | None = None,
-                memory_factor: float = 1.0, skipped: tuple[str, ...] = ()) -> Path:
+                memory_factor: float = 1.0, skipped: tuple[str, ...] = (), counted: bool = False) -> Path:
     """A run of ``variants`` at ``lengths`` with time ~ factor * L^2 (L^1 for linear ones), memory ~
     memory_factor * L^p as declared; ``wrong`` maps (variant, L) to a planted time for a case that failed the gate;
-    ``skipped`` variants are skipped at every length."""
+    ``skipped`` variants are skipped at every length; ``counted`` gives every case an instruction count."""
     from attnbench.measure import MeasureConfig
     from attnbench.measure.record import Environment, Measurement
     from attnbench.registry import get_variant
@@ -209,6 +214,7 @@ def _scaled_run(path: Path, variants, lengths, factor: float = 1.0, wrong: dict 
                 variant=variant, spec=base.replace(seq_len=n), status=status, samples=(t, t, t), runs=3, timing_method="wall",
                 peak_tensor_bytes=float(memory_factor * (1 + k) * 64 * n ** impl.memory_exponent), memory_method="profiler",
                 predicted_peak_bytes=float(4 * n * n), max_error=1e-3 if status == "wrong" else 1e-7, tolerance=1e-5, env=env,
+                instructions=t * 3e9 if counted else math.nan,
             ))
     rows += [Measurement(variant=v, spec=base.replace(seq_len=n), status="skipped", reason="planted", env=env)
              for v in skipped for n in lengths]

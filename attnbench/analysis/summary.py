@@ -112,15 +112,18 @@ def _short_fit(row: pd.Series) -> str:
 
 
 def _exponent_columns(group: pd.DataFrame, metric: str, label: str, row: dict, flags: list[str]) -> None:
-    """Fill ``row``'s columns for one metric's fit of a variant (and its verdict into ``flags``)."""
+    """Fill ``row``'s cell for one metric's fit of a variant, "fitted / declared" (and its verdict into ``flags``).
+
+    One cell a metric keeps the table within a 1400 px page; how each fit was obtained is in fits.csv, and a
+    model's cell says it is one.
+    """
+    column = f"{label}: fitted [95% CI] / declared"
     sub = group[group["metric"] == metric]
     if sub.empty:
-        row[f"{label} exponent [95% CI]"], row[f"{label} method"], row[f"declared {label}"] = "", "", ""
+        row[column] = ""
         return
     r = sub.iloc[-1]
-    row[f"{label} exponent [95% CI]"] = _short_fit(r)
-    row[f"{label} method"] = r.get("method", "")
-    row[f"declared {label}"] = "" if math.isnan(r["declared"]) else f"{r['declared']:g}"
+    row[column] = _short_fit(r) + ("" if math.isnan(r["declared"]) else f" / {r['declared']:g}")
     if r["verdict"] == "matches" and complexity.excludes_declared(r.to_dict()):
         side = "steeper" if r["exponent"] > r["declared"] else "shallower"
         flags.append(f"{label} {side} than declared by less than {complexity.TOLERANCE:g} (matches; its interval "
@@ -134,7 +137,7 @@ SUMMARY_METRICS = (("time", "time"), ("peak_tensor_bytes", "memory"), ("instruct
 
 
 def exponent_summary(fits: pd.DataFrame) -> pd.DataFrame:
-    """Variant rows with fitted time and memory exponents, how each was obtained, declared ones, and a verdict."""
+    """Variant rows with fitted time, memory and count exponents beside the declared ones, and a verdict."""
     if fits.empty:
         return fits
     rows = []

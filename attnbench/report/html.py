@@ -40,8 +40,8 @@ body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:1rem 
 h1{margin:.2rem 0 .1rem;font-size:1.6rem} h2{border-bottom:2px solid #ddd;padding-bottom:.15rem;margin:1.6rem 0 .5rem;font-size:1.25rem}
 .sub{color:#555;font-size:.9rem;margin:.1rem 0 .5rem}
 table{border-collapse:collapse;font-size:.82rem;margin:.4rem 0} th,td{border:1px solid #ddd;padding:.2rem .45rem;text-align:right;white-space:nowrap}
-.tw{overflow-x:auto;max-width:100%} td.wrap{white-space:normal;min-width:14rem}
-th{background:#f4f4f4} td:first-child,th:first-child{text-align:left} table.sortable th{cursor:pointer}
+.tw{overflow-x:auto;max-width:100%} td.wrap{white-space:normal;min-width:9rem;text-align:left}
+th{background:#f4f4f4;white-space:normal;vertical-align:bottom} td:first-child,th:first-child{text-align:left} table.sortable th{cursor:pointer}
 table.sortable th:hover{background:#e8e8e8} caption{caption-side:bottom;text-align:left;font-size:.78rem;color:#666;padding-top:.2rem}
 .meta td{text-align:left;white-space:normal} figure{margin:.5rem 0} figure img{max-width:100%;height:auto;border:1px solid #eee}
 figure.head img{max-height:400px} .row{display:flex;gap:1rem;align-items:flex-start} .row figure{flex:1;min-width:0}
@@ -120,7 +120,7 @@ def exact_integer(value: object) -> str:
     return str(int(value)) if float(value).is_integer() else sig(float(value))
 
 
-WRAP_AT = 40  # characters of a cell's text beyond which it wraps
+WRAP_AT = 32  # characters of a cell's text beyond which it wraps
 
 
 def _cell(value: object, formatter: Callable[[object], str] | None) -> str:
@@ -135,7 +135,7 @@ def _cell(value: object, formatter: Callable[[object], str] | None) -> str:
     else:
         text = str(value)
     sort = f' data-v="{html.escape(repr(float(value)))}"' if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
-    wrap = ' class="wrap"' if len(text) > WRAP_AT else ""  # a sentence (a reason, a verdict) wraps: the table stays on the page
+    wrap = ' class="wrap"' if len(text) > WRAP_AT or "; " in text else ""  # a sentence (a reason, a verdict) wraps: the table stays on the page
     return f"<td{sort}{wrap}>{html.escape(text)}</td>"
 
 
