@@ -850,3 +850,25 @@ def test_no_figure_of_any_report_kind_prints_text_over_text(tmp_path):
         figures += len(found)
         assert {name: pairs for name, pairs in found.items() if pairs} == {}, kind
     assert figures >= 30
+
+
+def test_a_log_axis_within_one_decade_still_has_labelled_ticks():
+    """The CI report times only L=1024: 24 and 60 ms, no power of ten between them, and the axis had no label."""
+    import matplotlib.pyplot as plt
+
+    from attnbench.report.plots import _unit_axis
+
+    def labels(low: float, high: float) -> list[str]:
+        fig, ax = plt.subplots()
+        ax.set_yscale("log")
+        ax.plot([1, 2], [low, high])
+        _unit_axis(ax, "y", "s")
+        fig.canvas.draw()
+        lo, hi = ax.get_ylim()
+        shown = [t.get_text() for t in ax.yaxis.get_majorticklabels() + ax.yaxis.get_minorticklabels()
+                 if t.get_text() and lo <= t.get_position()[1] <= hi]
+        plt.close(fig)
+        return shown
+
+    assert labels(0.024, 0.060) == ["30 ms", "50 ms"]
+    assert labels(1e-4, 1.0) == ["100 µs", "1 ms", "10 ms", "100 ms", "1 s"]  # decades only where there are any

@@ -90,9 +90,14 @@ def _unit_axis(ax, axis: str, unit: str) -> None:
     """Tick labels in readable units (log axes): 1 ms, 10 MB, ..."""
     if unit not in ("s", "bytes"):
         return
-    formatter = matplotlib.ticker.FuncFormatter(lambda v, _: fmt(v, unit) if v > 0 else "")
-    getattr(ax, f"{axis}axis").set_major_formatter(formatter)
-    getattr(ax, f"{axis}axis").set_minor_formatter(matplotlib.ticker.NullFormatter())
+    scale = getattr(ax, f"{axis}axis")
+
+    def minor(v: float, _: int) -> str:  # a view within one decade has no major tick: label 2, 3 and 5 there
+        lo, hi = sorted(scale.get_view_interval())
+        return fmt(v, unit) if lo > 0 and hi < 10 * lo and f"{v:.0e}"[0] in "235" else ""
+
+    scale.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: fmt(v, unit) if v > 0 else ""))
+    scale.set_minor_formatter(matplotlib.ticker.FuncFormatter(minor))
 
 
 def _length_axis(ax, lengths) -> None:
