@@ -52,8 +52,28 @@ def test_too_few_samples_cannot_decide():
 
 
 def test_large_but_insignificant_ratio_is_undecided():
-    decision = sig.decide([1.0, 1.0, 3.0, 1.0], [1.6, 1.7, 1.5, 1.6])
+    decision = sig.decide([1.0, 1.0, 3.0, 1.0, 1.0], [1.6, 1.7, 1.5, 1.6, 1.6])
     assert decision.verdict == "undecided" and "not significant" in decision.reason
+
+
+@pytest.mark.parametrize("m,n,floor", [(3, 3, 1 / 20), (4, 4, 1 / 70), (3, 6, 1 / 84), (4, 5, 1 / 126), (5, 5, 1 / 252)])
+def test_the_smallest_p_value_is_exact(m, n, floor):
+    """Every HEAD sample above every BASE sample gives the exact test's smallest p: 1 / C(m + n, m)."""
+    from scipy import stats
+
+    assert sig.smallest_p(m, n) == pytest.approx(floor)
+    head, base = np.arange(n) + 100.0, np.arange(m) + 1.0
+    assert stats.mannwhitneyu(head, base, alternative="greater", method="exact").pvalue == pytest.approx(floor)
+
+
+@pytest.mark.parametrize("m,n", [(4, 4), (3, 6)])
+def test_sample_sizes_that_cannot_reach_alpha_are_refused_whatever_the_data(m, n):
+    """4 a side, HEAD 3x slower in every sample: no test at these sizes can say p < 0.01, so no verdict, not even ok."""
+    decision = sig.decide(np.linspace(1.0, 1.1, m), np.linspace(3.0, 3.1, n))
+    assert decision.verdict == "undecided" and "never below 0.01" in decision.reason, decision
+    alike = sig.decide(np.linspace(1.0, 1.1, m), np.linspace(1.0, 1.1, n))
+    assert alike.verdict == "undecided" and "never below 0.01" in alike.reason, alike
+    assert sig.decide(np.linspace(1.0, 1.1, 5), np.linspace(3.0, 3.1, 5)).verdict == "regressed"  # 5 a side can
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, 1.0, 0.5, -2, True, "1.5"])

@@ -7,8 +7,9 @@ process-to-process noise, but never more than ``CAP`` (1.3). Three outcomes:
   Mann-Whitney U, HEAD's samples larger, p < ``ALPHA``; bootstrap 95% interval above 1);
 * ``ok``: the ratio is within the allowance *and* the interval excludes a ``DETECT`` (1.5x)
   slowdown, so a pass says something;
-* ``undecided``: anything else. The gate gathers more samples; if it still cannot tell it says so
-  with its own exit code instead of passing silently.
+* ``undecided``: anything else, and every pair of sample sizes at which the test cannot reach
+  ``ALPHA`` whatever the data (:func:`smallest_p`). The gate gathers more samples; if it still
+  cannot tell it says so with its own exit code instead of passing silently.
 
 Simulated (tests/test_significance.py; lognormal samples, 300 trials each): no unchanged benchmark is
 flagged at BASE IQRs of 5-15% (0.7% at 30% with 10 samples a side, none with 20); a 1.5x slowdown is flagged in 100% of trials at IQR <= 15% with 20
@@ -81,6 +82,16 @@ def ratio_interval(base: np.ndarray, head: np.ndarray, seed: int = 0) -> tuple[f
     return float(low), float(high)
 
 
+def smallest_p(m: int, n: int) -> float:
+    """The smallest one-sided p-value the exact Mann-Whitney U test can give with m and n samples.
+
+    It is reached when every sample of one side exceeds every sample of the other: 1 / C(m + n, m). Where it
+    is not below ``ALPHA`` no data can be significant, so :func:`decide` refuses before it tests (3 a side: 0.05;
+    4 a side: 0.014; 5 a side: 0.004).
+    """
+    return 1.0 / math.comb(m + n, m)
+
+
 def decide(base: Sequence[float], head: Sequence[float], time_factor: float = 1.2, seed: int = 0) -> TimeDecision:
     """Decide whether HEAD's timing samples regressed from BASE's (see the module docstring)."""
     time_factor = check_factor("time_factor", time_factor)
@@ -88,6 +99,11 @@ def decide(base: Sequence[float], head: Sequence[float], time_factor: float = 1.
     if b.size < MIN_SAMPLES or h.size < MIN_SAMPLES:
         return TimeDecision("undecided", math.nan, math.nan, math.nan, math.nan, math.nan,
                             f"too few samples to decide (BASE {b.size}, HEAD {h.size}; need {MIN_SAMPLES} each)")
+    floor = smallest_p(b.size, h.size)
+    if floor >= ALPHA:
+        return TimeDecision("undecided", math.nan, math.nan, math.nan, math.nan, math.nan,
+                            f"too few samples to decide (BASE {b.size}, HEAD {h.size}): the one-sided test's smallest "
+                            f"p-value is {floor:.2g}, never below {ALPHA:g}")
     ratio = float(np.median(h) / np.median(b))
     allowed = allowance(time_factor, b)
     low, high = ratio_interval(b, h, seed)
