@@ -227,7 +227,7 @@ skips what does not fit). ``asv``: the asv suite's default tier (``Attention*`` 
 (:data:`PROGRESSION`) and one representative of each other family (``chunked`` blockwise, ``linear_elu`` linear,
 ``additive`` scoring; the compiled family recompiles per shape and stays opt-in) at L = 128..2048, both passes, no
 mask and causal, sized so that ``asv run --quick`` takes minutes on 2 cores. ``asv-full``: every default-sweep
-variant at L = 64..8192 (``ATTNBENCH_ASV_GRID=full``; an hour or more on 2 cores). ``asv-decode``: the ``Decode`` class (fused vs
+variant at L = 64..8192 (``ATTNBENCH_ASV_GRID=full``; half an hour with ``--quick`` on 2 quiet cores). ``asv-decode``: the ``Decode`` class (fused vs
 materialised scores over a long cache); ``asv-gqa``: the ``GroupedQuery`` class (both the same in either tier).
 ``ci``: the regression gate's subset (a few representative variants at short lengths: minutes on 2 cores).
 
