@@ -349,10 +349,6 @@ def case(
     return prepared.call, prepared.spec
 
 
-SCHEDSTAT = schedstat.SCHEDSTAT
-"""Where the timer reads the timing thread's run-queue wait (:mod:`attnbench.measure.schedstat`, shared with the runner)."""
-
-
 class WaitWatch:
     """asv's ``timer`` for the time benchmark: the wall clock asv would use anyway (``time.perf_counter``), with
     the timing thread's run-queue wait read beside each reading (outside the interval it returns).

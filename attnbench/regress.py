@@ -216,9 +216,6 @@ GATE_METRICS = ("time", "instructions", "both")
 INSTRUCTIONS_FACTOR = contract.INSTRUCTIONS_FACTOR
 DISAGREE_TIME = 1.5
 """A time regression this large beside flat counts is a disagreement worth a note (the gate's never-forgiven slowdown)."""
-DESCHEDULED_LIMIT = schedstat.WAIT_LIMIT
-"""A time sample that waited for a core more than this share of its wall time was descheduled by a neighbour (the
-runner's blocks are judged by the same limit)."""
 NOISY_SHARE = 0.1
 """A side whose rounds had more than this share of probes beyond ``probe.SLOWDOWN_LIMIT`` of typical is disturbed."""
 
@@ -301,12 +298,13 @@ def descheduled(shares: list[float]) -> str:
 
     ``shares`` are the run-queue seconds per wall second of each sample's timed calls (:class:`attnbench.asv_bench.
     WaitWatch`). A side is disturbed when more than :data:`NOISY_SHARE` of its samples waited for a core more than
-    :data:`DESCHEDULED_LIMIT` of their wall time: another process had it.
+    :data:`attnbench.measure.schedstat.WAIT_LIMIT` of their wall time (the runner's blocks' limit): another process
+    had it.
     """
-    off = [s for s in shares if s > DESCHEDULED_LIMIT]
+    off = [s for s in shares if s > schedstat.WAIT_LIMIT]
     if not shares or len(off) <= NOISY_SHARE * len(shares):
         return ""
-    return (f"{len(off)} of {len(shares)} samples waited for a core over {DESCHEDULED_LIMIT:.0%} of their wall time "
+    return (f"{len(off)} of {len(shares)} samples waited for a core over {schedstat.WAIT_LIMIT:.0%} of their wall time "
             f"(up to {max(off):.0%})")
 
 

@@ -61,7 +61,7 @@ def _repeated(values: Sequence) -> str:
 
 def runnable_defaults(devices: Sequence[str]) -> list[str]:
     """The default sweep's variants that run on one of ``devices`` at all (CUDA-only kernels drop out on a CPU)."""
-    kinds = {torch_device_type(d) for d in devices}
+    kinds = {d.split(":", 1)[0] for d in devices}  # "cuda:1" runs what "cuda" runs
     return [n for n in default_variants() if kinds & set(get_variant(n).SUPPORTED_DEVICES)]
 
 
@@ -69,10 +69,6 @@ def device_only_defaults(devices: Sequence[str]) -> list[str]:
     """The default sweep's variants left out because they run on none of ``devices`` (said once by ``run``)."""
     runnable = set(runnable_defaults(devices))
     return [n for n in default_variants() if n not in runnable]
-
-
-def torch_device_type(device: str) -> str:
-    return device.split(":", 1)[0]
 
 
 def grid(

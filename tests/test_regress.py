@@ -352,10 +352,11 @@ def test_the_timer_sees_a_neighbour_take_the_core_and_not_a_sleep(tmp_path, monk
     import time
 
     from attnbench import asv_bench, contract
+    from attnbench.measure import schedstat
     from attnbench.regress import read_probes
 
-    if not os.path.exists(asv_bench.SCHEDSTAT):
-        pytest.skip(f"needs Linux's per-thread scheduler figures ({asv_bench.SCHEDSTAT})")
+    if not schedstat.available():
+        pytest.skip(f"needs Linux's per-thread scheduler figures ({schedstat.SCHEDSTAT})")
     log = tmp_path / "probes.jsonl"
     monkeypatch.setenv(contract.ENV_PROBE_LOG, str(log))
     monkeypatch.setenv("ASV_COMMIT", "c0ffee")

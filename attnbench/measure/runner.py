@@ -378,7 +378,7 @@ def measure(
             peak_flops = matmul_peak(spec.device, "float32")
         predicted_s = expected_call_s if expected_call_s is not None else guard.predicted_seconds(variant, spec, peak_flops)
         calls = _calls(config, predicted_s)
-        plan = check_plan(variant, spec, config, peak_flops=peak_flops, call_s=expected_call_s)
+        plan = check_plan(variant, spec, config, peak_flops=peak_flops, call_s=predicted_s)
         reasons = guard.guard_reasons(
             variant, spec,
             memory_budget=config.memory_budget(spec.device),
@@ -563,7 +563,7 @@ def timed_attempts(call: Callable[[], object], device: str, config: MeasureConfi
     cases are probed between blocks instead) and the time budget allows; the least disturbed attempt is returned.
     """
     typical = config.probe_baseline_s if config.probe_baseline_s is not None else math.nan  # measure() always sets it
-    kept: tuple[Blocks, list[float]] | None = None
+    kept: tuple[Blocks, list[float], probe.Disturbance] | None = None
     kept_deviation = math.inf
     attempts, spent = 0, 0.0
     while True:
@@ -587,15 +587,14 @@ def timed_attempts(call: Callable[[], object], device: str, config: MeasureConfi
         if seen.bimodal or seen.short:
             score = max(score, probe.SLOWDOWN_LIMIT * 1.01)
         if kept is None or score < kept_deviation:
-            kept, kept_deviation = (blocks, probes), score
+            kept, kept_deviation = (blocks, probes, seen), score
         if not seen.disturbed or attempts > config.retries:
             break
         # Another attempt must fit the budget next to what this case already spent (warm-up, gate, first call).
         if spent >= config.retry_budget_s or first_s * 4 + spent * (attempts + 1) / attempts > config.time_budget_s:
             break
-    blocks, probes = kept
-    return Timed(blocks.samples, blocks.runs, _seen(typical, probes, blocks), attempts, statistics.median(probes),
-                 tuple(blocks.shares))
+    blocks, probes, seen = kept
+    return Timed(blocks.samples, blocks.runs, seen, attempts, statistics.median(probes), tuple(blocks.shares))
 
 
 SLOW_MAX_LENGTH = 128  # interpreter-bound variants stop here by default (seconds per case)
