@@ -9,6 +9,9 @@ one of them reading something else.
 * The metric table: :data:`METRICS`, one :class:`Metric` per tidy metric (unit, label, the Measurement
   field a run reads, the asv benchmarks that record it, whether it is fitted); ``UNITS``, ``LABELS``,
   ``FITTED`` and ``ASV_METRICS`` derive from it.
+* Closed sets: :class:`Status` (how a case went), :class:`GateVerdict` (the regression gate's word on a row),
+  :class:`Method` (how a metric was obtained) and :class:`Source` (where a row came from). Each is a
+  ``StrEnum``: its members are the very strings the files hold.
 * Workloads: ``WORKLOADS`` and ``SWEPT_LENGTH``, the spec field a workload's sweep varies.
 * The grids: :data:`GRIDS`, named profiles (``run``, ``run-decode``, ``asv`` (asv's default tier), ``asv-full``,
   ``asv-decode``, ``asv-gqa``, ``ci``) of variants x lengths x modes x masks; ``BASE_SPEC`` (the fixed shape every
@@ -18,6 +21,7 @@ one of them reading something else.
 
 from __future__ import annotations
 
+import enum
 import math
 import os
 from collections.abc import Mapping
@@ -25,6 +29,56 @@ from dataclasses import dataclass
 from typing import Any
 
 from attnbench.spec import AttnSpec
+
+
+# ---- closed sets ---------------------------------------------------------------------------------
+class Status(enum.StrEnum):
+    """How a case went: the ``status`` of a measurement, of a run's CSV row and of a loaded asv row."""
+
+    OK = "ok"
+    WRONG = "wrong"  # the output failed the correctness gate
+    NOISY = "noisy"  # timed, but the machine was disturbed on every attempt (the reason names the signal)
+    SKIPPED = "skipped"  # not run: unsupported, over budget, or asv had no value
+    OOM = "oom"
+    TIMEOUT = "timeout"
+    ERROR = "error"
+    CRASHED = "crashed"  # the process measuring the case died
+
+
+class GateVerdict(enum.StrEnum):
+    """The regression gate's word on one row of its BASE/HEAD table."""
+
+    OK = "ok"
+    REGRESSED = "regressed"
+    UNDECIDED = "undecided"  # time only: noisy, or not significant either way
+    SHOWN = "shown"  # a time row another metric decides; its figures stay in the table
+    NOT_TIMED = "not timed"  # a time row the gate did not run (the counts decided it)
+    NOT_APPLICABLE = "n/a"  # the case ran on neither side
+    WRONG = "wrong"  # right on BASE, wrong on HEAD
+
+
+class Method(enum.StrEnum):
+    """How a metric's value was obtained (the ``method`` column)."""
+
+    WALL = "wall"  # perf_counter around blocks of calls
+    CUDA_EVENTS = "cuda_events"
+    PROFILER = "profiler"  # torch.profiler's memory events
+    CUDA = "cuda"  # the CUDA caching allocator's peak
+    MODEL = "model"  # the analytic prediction, not a measurement
+    RSS = "rss"
+    REFERENCE = "reference"  # against the float64 reference
+    CALLGRIND = "callgrind"
+    RUSAGE = "rusage"
+    SCHEDSTAT = "schedstat"
+    ASV = "asv"  # asv's own timing
+
+
+class Source(enum.StrEnum):
+    """Where a row of the tidy frame came from."""
+
+    RUN = "run"  # an ``attnbench run`` directory
+    ASV = "asv"  # an asv results directory
+
 
 # ---- asv benchmark names (class.method, as asv stores them without the module prefix) --------
 TIME_BENCHMARK = "Attention.time_attention"

@@ -490,7 +490,7 @@ class RunDirectory:
         else:
             self.header = {
                 "kind": "header", "schema": LOG_SCHEMA,
-                "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                 "command": list(command if command is not None else sys.argv),
                 "config": conf, "cases": keys, "planned": len(keys), "peak_gflops": peak_gflops,
                 "peak_gbps": peak_gbps,
@@ -613,7 +613,7 @@ def _write_derived(
     planned = int(header.get("planned", len(measurements)))
     manifest = {
         "schema": MANIFEST_SCHEMA,
-        "created": header.get("created") or dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": header.get("created") or dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "command": header.get("command", list(sys.argv)),
         "seconds": round(seconds, 2),
         "peak_gflops": peak_gflops,
@@ -650,7 +650,7 @@ def write_run(
     keys = [case_key(m.variant, m.spec) for m in measurements]
     header = {
         "kind": "header", "schema": LOG_SCHEMA,
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "command": list(command if command is not None else sys.argv),
         "config": config_json(config), "cases": keys, "planned": len(keys), "peak_gflops": peak_gflops,
         "peak_gbps": peak_gbps,

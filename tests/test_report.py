@@ -364,8 +364,8 @@ def test_asv_pages_show_run_dates_and_short_hashes(tmp_path):
         row[col] = run_ms
     path.write_text(json.dumps(data))
     page = build_report([results], tmp_path / "out").read_text()
-    run_date = dt.datetime.fromtimestamp(run_ms / 1e3, tz=dt.timezone.utc)
-    commit_date = dt.datetime.fromtimestamp(data["date"] / 1e3, tz=dt.timezone.utc)
+    run_date = dt.datetime.fromtimestamp(run_ms / 1e3, tz=dt.UTC)
+    commit_date = dt.datetime.fromtimestamp(data["date"] / 1e3, tz=dt.UTC)
     assert f"run {run_date:%Y-%m-%d %H:%M}" in page
     assert f"run {commit_date:%Y-%m-%d %H:%M}" not in page
     assert data["commit_hash"][:8] in page and data["commit_hash"] not in page

@@ -232,9 +232,9 @@ def _asv_file(path: Path, benchmarks: dict, machine: dict, problems: list[str]) 
 
     try:
         res = Results.load(str(path))
-        date = dt.datetime.fromtimestamp(res.date / 1e3, tz=dt.timezone.utc) if res.date else None
+        date = dt.datetime.fromtimestamp(res.date / 1e3, tz=dt.UTC) if res.date else None
         starts = [v for v in (res.started_at or {}).values() if isinstance(v, (int, float)) and v > 0]
-        run_date = dt.datetime.fromtimestamp(min(starts) / 1e3, tz=dt.timezone.utc) if starts else None
+        run_date = dt.datetime.fromtimestamp(min(starts) / 1e3, tz=dt.UTC) if starts else None
         params = res.params if isinstance(res.params, dict) else {}
         all_keys = list(res.get_all_result_keys())
         keys = res.get_result_keys(benchmarks)  # drops stale versions

@@ -12,14 +12,11 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from attnbench.contract import METRICS, WORKLOADS, metric_value
+from attnbench.contract import METRICS, WORKLOADS, Status, metric_value
 from attnbench.spec import AttnSpec
 
-STATUSES = ("ok", "wrong", "noisy", "skipped", "oom", "timeout", "error", "crashed")
-"""``wrong``: the output failed the correctness gate; ``noisy``: timed, but the machine was disturbed on every
-attempt (a neighbour left too few blocks undisturbed, the calibration probe strayed from typical, or the blocks
-split into two clusters; the reason names which): the samples are kept, never fitted or ranked; ``crashed``: the
-process measuring the case died."""
+STATUSES = tuple(Status)
+"""Every :class:`attnbench.contract.Status`, in the order tables list them."""
 NOISY_IQR_FRACTION = 0.1
 
 
@@ -50,7 +47,7 @@ class Measurement:
 
     variant: str  # registry name
     spec: AttnSpec  # the case's shape, dtype, device, mask and mode
-    status: str  # one of STATUSES
+    status: Status  # a plain string is taken as its member
     reason: str = ""  # why a case is not "ok" (or a note on an ok one)
     samples: tuple[float, ...] = ()  # seconds per call, one entry per timed block
     runs: int = 0  # calls timed in total (sum over blocks)
@@ -77,7 +74,8 @@ class Measurement:
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
-            raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
+            raise ValueError(f"status must be one of {[str(s) for s in STATUSES]}, got {self.status!r}")
+        object.__setattr__(self, "status", Status(self.status))
         if self.workload not in WORKLOADS:
             raise ValueError(f"workload must be one of {WORKLOADS}, got {self.workload!r}")
 

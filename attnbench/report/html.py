@@ -498,7 +498,7 @@ def _history(page: Page) -> str:
 def render_history(history: steps_.History, out_dir: str | Path, title: str = "attnbench history") -> Path:
     """``history.html`` (the section of :func:`history_section` alone) and ``steps.csv`` in ``out_dir``; the page."""
     out_dir = Path(out_dir)
-    generated = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    generated = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     section = history_section(history, out_dir / "figures")
     page = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>{section}"
@@ -740,7 +740,7 @@ def render(analysis: Analysis, out_dir: str | Path, title: str = "attnbench repo
     anything = len(loaded.frame) > 0
     body = [s(page) for s in ((*STORY, *BODY, *COMPARED) if anything else BODY)]
     details = [s(page) for s in ((*DETAILS, *CLOSING) if anything else CLOSING)]
-    generated = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    generated = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     html_page = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
                  f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>{_subtitle(analysis)}{_inputs_notes(analysis)}"
                  f"{''.join(b for b in body if b)}<h2 id=\"details\">Details</h2>{''.join(details)}"
