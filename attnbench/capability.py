@@ -1,11 +1,12 @@
-"""One description of an attention call, built from a spec or from tensors, for one capability check.
+"""One description of an attention call, from a spec or from tensors, for one capability check.
 
 Following xFormers' ``Inputs``/``not_supported_reasons`` design: whatever a variant can or cannot
 run is decided by one function of a small frozen :class:`CallInfo`, so a planned case (an
 :class:`~attnbench.spec.AttnSpec`) and a concrete call (tensors) can never be judged by two
 different rule sets.
 
-Letters: B batch, H query heads, Hkv key/value heads, Lq queries, Lk keys, D query/key head dim, Dv value head dim.
+Letters: B batch, H query heads, Hkv key/value heads, Lq queries, Lk keys, D query/key head dim,
+Dv value head dim.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ class CallInfo:
     mask_kinds: frozenset[str]  # mask kinds the call needs (masks.MASK_KINDS names)
     backward: bool  # a backward pass is wanted (spec mode "backward", or inputs requiring grad)
     last_dim_contiguous: bool = True  # q, k and v all have stride 1 along the head dim
-    kv_heads: int | None = None  # Hkv, key/value heads (grouped-query attention); None means Hkv = H
+    # Hkv, key/value heads (grouped-query attention); None means Hkv = H
+    kv_heads: int | None = None
 
     @property
     def hkv(self) -> int:
