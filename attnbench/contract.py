@@ -125,7 +125,7 @@ class Metric:
     asv: tuple[str, ...] = ()  # asv benchmarks ("Class.method") that record it; their ``track_`` methods are generated
     asv_unit: str = ""  # the unit asv shows, when not ``unit`` (``asv_factor`` converts to ``unit``)
     asv_factor: float = 1.0
-    asv_method: str | None = "asv"  # method label of asv rows; None: the runner's rule for peak tensor bytes
+    asv_method: str | None = Method.ASV  # method label of asv rows; None: the runner's rule for peak tensor bytes
     declared: str | None = None  # the Variant attribute declaring its exponent in L (e.g. ``time_exponent``)
     fitted: bool = False  # complexity exponents are fitted to it
     timed: bool = False  # derived from wall time: a neighbour can disturb it
@@ -150,32 +150,32 @@ _BUILTIN_METRICS: tuple[Metric, ...] = (
            asv=(TIME_BENCHMARK, DECODE_TIME_BENCHMARK, GQA_TIME_BENCHMARK), declared="time_exponent", fitted=True,
            timed=True),
     Metric("cuda_time", "s", "CUDA-event time per call", asv=("AttentionCuda.track_cuda_ms",), asv_unit="ms",
-           asv_factor=1e-3, asv_method="cuda_events", timed=True),
-    Metric("compile_time", "s", "compile time (first call)", field="compile_seconds", method="wall", column="compile_s"),
+           asv_factor=1e-3, asv_method=Method.CUDA_EVENTS, timed=True),
+    Metric("compile_time", "s", "compile time (first call)", field="compile_seconds", method=Method.WALL, column="compile_s"),
     Metric("peak_tensor_bytes", "bytes", "peak tensor memory above inputs", field="peak_tensor_bytes",
            method="<memory_method", asv=(TENSOR_BYTES_BENCHMARK, GQA_TENSOR_BYTES_BENCHMARK), asv_method=None,
            declared="memory_exponent", fitted=True),
-    Metric("peak_rss", "bytes", "process peak RSS", field="peak_rss_bytes", method="rss", asv=(PEAKMEM_BENCHMARK,)),
+    Metric("peak_rss", "bytes", "process peak RSS", field="peak_rss_bytes", method=Method.RSS, asv=(PEAKMEM_BENCHMARK,)),
     Metric("gflops", "GFLOP/s", "achieved GFLOP/s", field="gflops_per_s", method="<timing_method",
            asv=("AttentionMetrics.track_gflops",), timed=True),
-    Metric("flops", "FLOP", "executed FLOPs", asv=(FLOPS_BENCHMARK,), asv_method="model"),
-    Metric("max_error", "abs", "max error vs the float64 reference", field="max_error", method="reference",
-           asv=("AttentionAccuracy.track_max_error",), asv_unit="abs error", asv_method="reference"),
-    Metric("softmax_error", "abs", "max error vs exact softmax attention", field="softmax_error", method="reference"),
-    Metric("error_ratio", "x tolerance", "max error / tolerance", field="checked_error_ratio", method="reference",
+    Metric("flops", "FLOP", "executed FLOPs", asv=(FLOPS_BENCHMARK,), asv_method=Method.MODEL),
+    Metric("max_error", "abs", "max error vs the float64 reference", field="max_error", method=Method.REFERENCE,
+           asv=("AttentionAccuracy.track_max_error",), asv_unit="abs error", asv_method=Method.REFERENCE),
+    Metric("softmax_error", "abs", "max error vs exact softmax attention", field="softmax_error", method=Method.REFERENCE),
+    Metric("error_ratio", "x tolerance", "max error / tolerance", field="checked_error_ratio", method=Method.REFERENCE,
            column="error_ratio",
-           asv=(ERROR_RATIO_BENCHMARK,), asv_method="reference"),
-    Metric("bytes", "bytes", "bytes an ideal kernel moves", field="bytes_moved", method="model"),
+           asv=(ERROR_RATIO_BENCHMARK,), asv_method=Method.REFERENCE),
+    Metric("bytes", "bytes", "bytes an ideal kernel moves", field="bytes_moved", method=Method.MODEL),
     Metric("gbps", "GB/s", "achieved GB/s", field="gbytes_per_s", method="<timing_method",
            asv=(DECODE_GBPS_BENCHMARK,), timed=True),
-    Metric("instructions", "instructions", "instructions per call", field="instructions", method="callgrind",
-           asv=(INSTRUCTIONS_BENCHMARK,), asv_method="callgrind", declared="time_exponent", fitted=True),
-    Metric("page_faults", "faults", "minor page faults per call", field="extra.page_faults", method="rusage",
-           asv=(PAGE_FAULTS_BENCHMARK,), asv_method="rusage", fitted=True),
+    Metric("instructions", "instructions", "instructions per call", field="instructions", method=Method.CALLGRIND,
+           asv=(INSTRUCTIONS_BENCHMARK,), asv_method=Method.CALLGRIND, declared="time_exponent", fitted=True),
+    Metric("page_faults", "faults", "minor page faults per call", field="extra.page_faults", method=Method.RUSAGE,
+           asv=(PAGE_FAULTS_BENCHMARK,), asv_method=Method.RUSAGE, fitted=True),
     Metric("waited_blocks", "share", "share of timed blocks that waited for a core", field="extra.waited_blocks",
-           method="schedstat"),
+           method=Method.SCHEDSTAT),
     Metric("runqueue_share", "share", "run-queue wait per wall second (median block)", field="extra.runqueue_share",
-           method="schedstat"),
+           method=Method.SCHEDSTAT),
 )
 """``bytes`` is :attr:`AttnSpec.bytes_moved` (method "model"); ``gbps`` is that over the measured time.
 ``instructions``: per call of the timed closure, counted under valgrind (:mod:`attnbench.measure.instructions`):
