@@ -51,6 +51,7 @@ the rule the loader reads them back with; each has a ``setup_cache`` of its own 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import gc
 import itertools
@@ -155,16 +156,28 @@ class WrongResult(AssertionError):
     """The case's result failed the correctness gate: asv records the benchmark as failed, never as a number."""
 
 
+class VerdictStatus(enum.StrEnum):
+    """How setting one case up went: the :attr:`Verdict.status` a ``setup_cache`` hands to benchmark processes."""
+
+    OK = "ok"  # the gate passed, or the case is not checked
+    WRONG = "wrong"  # the result failed the correctness gate (asv: failed)
+    NOT_APPLICABLE = "n/a"  # unsupported, or predicted over a budget (asv: n/a)
+    ERROR = "error"  # setting the case up raised (its benchmarks fail with the reason)
+
+
 @dataclass(frozen=True)
 class Verdict:
     """What setting one case up found, without its tensors or closure: small and picklable, so asv's ``setup_cache``
     can hand it to every benchmark process of the case."""
 
-    status: str  # "ok" (the gate passed, or the case is not checked), "wrong", "n/a", "error"
+    status: VerdictStatus  # a plain string is taken as its member
     reason: str = ""  # n/a, wrong, error: why
     checked: gate.GateResult | None = None  # the gate on the closure's first and later results (the worst)
     note: str = ""  # why the case is not checked ("" when it is)
     values: tuple[tuple[str, float], ...] = ()  # metrics measured once with the case set up (:data:`ONCE`)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", VerdictStatus(self.status))
 
 
 @dataclass(frozen=True)
@@ -245,8 +258,8 @@ def judge(variant: str, spec: AttnSpec) -> Prepared:
 def _verdict_of(prepared: Prepared) -> Verdict:
     checked = prepared.checked
     if checked is not None and not checked.passed:
-        return Verdict("wrong", f"{prepared.variant} {prepared.spec.label}: {checked.reason()}", checked, prepared.note)
-    return Verdict("ok", "", checked, prepared.note)
+        return Verdict(VerdictStatus.WRONG, f"{prepared.variant} {prepared.spec.label}: {checked.reason()}", checked, prepared.note)
+    return Verdict(VerdictStatus.OK, "", checked, prepared.note)
 
 
 def verdict(variant: str, spec: AttnSpec) -> Verdict:
@@ -257,7 +270,7 @@ def verdict(variant: str, spec: AttnSpec) -> Verdict:
     try:
         return _verdict_of(prepare_spec(variant, spec))
     except NotImplementedError as exc:
-        return Verdict("n/a", str(exc))
+        return Verdict(VerdictStatus.NOT_APPLICABLE, str(exc))
 
 
 @functools.lru_cache(maxsize=8)
@@ -281,11 +294,11 @@ def prepare_spec(variant: str, spec: AttnSpec) -> Prepared:
 
 def _raise_unless_runs(known: Verdict, gated: bool = True) -> None:
     """n/a: NotImplementedError (asv shows n/a); error: RuntimeError; wrong (``gated``): :class:`WrongResult`."""
-    if known.status == "n/a":
+    if known.status == VerdictStatus.NOT_APPLICABLE:
         raise NotImplementedError(known.reason)
-    if known.status == "error":
+    if known.status == VerdictStatus.ERROR:
         raise RuntimeError(known.reason)
-    if gated and known.status == "wrong":
+    if gated and known.status == VerdictStatus.WRONG:
         raise WrongResult(known.reason)
 
 
@@ -314,13 +327,13 @@ def grid_verdicts(table: dict[str, list] | None = None, spec_of: Callable[..., A
         try:
             prepared = judge(variant, spec)
             found = _verdict_of(prepared)
-            if found.status == "ok":
+            if found.status == VerdictStatus.OK:
                 found = dataclasses.replace(found, values=tuple((m, ONCE[m](prepared)) for m in measure))
             del prepared
         except NotImplementedError as exc:
-            found = Verdict("n/a", str(exc))
+            found = Verdict(VerdictStatus.NOT_APPLICABLE, str(exc))
         except Exception as exc:  # noqa: BLE001 - one case's failure is its own benchmarks' failure, not the grid's
-            found = Verdict("error", f"setting {variant} {spec.label} up failed: {type(exc).__name__}: {exc}")
+            found = Verdict(VerdictStatus.ERROR, f"setting {variant} {spec.label} up failed: {type(exc).__name__}: {exc}")
         verdicts[(variant, spec)] = found
         print(f"attnbench: case {i} of {len(combos)}, {variant} {spec.label}: {found.status} "
               f"({time.perf_counter() - start:.0f} s elapsed)", flush=True)
@@ -617,7 +630,7 @@ def instruction_counts() -> dict:
     out = {}
     for i, c in enumerate(combos):
         count = counts.get(i)
-        out[tuple(c.values())] = (("skipped", math.nan, left_out[i], "") if count is None
+        out[tuple(c.values())] = ((contract.Status.SKIPPED, math.nan, left_out[i], "") if count is None
                                   else (count.status, count.instructions, count.reason, count.valgrind))
     return out
 
@@ -632,12 +645,12 @@ def instruction_case(counts: dict, *params: object) -> float:
     """
     if "missing" in counts:
         raise NotImplementedError(counts["missing"])
-    status, value, reason, _ = counts.get(tuple(params), ("skipped", math.nan, "not on CPU", ""))
-    if status == "wrong":
+    status, value, reason, _ = counts.get(tuple(params), (contract.Status.SKIPPED, math.nan, "not on CPU", ""))
+    if status == contract.Status.WRONG:
         raise WrongResult(f"{params[0]}: {reason}")
-    if status == "error":
+    if status == contract.Status.ERROR:
         raise RuntimeError(reason)
-    if status != "ok":
+    if status != contract.Status.OK:
         raise NotImplementedError(reason)
     return value
 

@@ -48,12 +48,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnbench.contract import Method, Status
 from attnbench.measure.record import Measurement
 from attnbench.spec import AttnSpec
 
 PACKAGE = "valgrind"
 """The Debian package (and the command) a count needs."""
-METHOD = "callgrind"
+METHOD = Method.CALLGRIND
 SLOWDOWN = 80.0
 """Seconds under callgrind per native second of a counted call, portable kernels (measured about 60x at L=512)."""
 COUNT_ENV = {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41",
@@ -123,7 +124,7 @@ class Count:
 
     variant: str
     spec: AttnSpec
-    status: str  # "ok", "skipped" (unsupported, over budget, not on CPU), "wrong" (failed the gate), "error"
+    status: Status  # ok, skipped (unsupported, over budget, not on CPU), wrong (failed the gate), error
     instructions: float = math.nan  # per call
     calls: int = 0  # calls counted
     reason: str = ""
@@ -135,7 +136,7 @@ def attach(measurement: Measurement, count: Count | None) -> Measurement:
     count, the reason there is none in ``extra["instructions_note"]``."""
     if count is None:
         return measurement
-    if count.status == "ok":
+    if count.status == Status.OK:
         return dataclasses.replace(measurement, instructions=count.instructions,
                                    extra={**measurement.extra, "valgrind": count.valgrind})
     return dataclasses.replace(measurement, extra={**measurement.extra, "instructions_note": f"{count.status}: {count.reason}"})
@@ -177,7 +178,7 @@ def _plan(cases: Sequence[tuple[str, AttnSpec]], config: CountConfig, version: s
                 if seconds > config.budget_s:
                     reasons.append(f"predicted {seconds:,.0f} s under valgrind > budget {config.budget_s:g} s")
         if reasons:
-            decided.append(Count(name, spec, "skipped", reason="; ".join(reasons), valgrind=version))
+            decided.append(Count(name, spec, Status.SKIPPED, reason="; ".join(reasons), valgrind=version))
         else:
             decided.append(None)
             todo.append(i)
@@ -269,13 +270,13 @@ def count_instructions(
         if ran.dead is None and not ran.counts and ran.failed:
             raise CountError(f"the valgrind process {ran.ended} before counting anything:\n  " + "\n  ".join(ran.tail))
         if ran.dead is not None:
-            counts[todo[ran.dead]] = Count(*batch[ran.dead], "error", valgrind=version,
+            counts[todo[ran.dead]] = Count(*batch[ran.dead], Status.ERROR, valgrind=version,
                                            reason=f"the valgrind process {ran.ended} during this case")
         if ran.timed_out or ran.dead is None:
             break
         todo = [i for k, i in enumerate(todo) if k not in ran.counts and k != ran.dead]
     why = "cancelled" if cancel is not None and cancel.is_set() else "the valgrind process timed out before this case"
-    return [c if c is not None else Count(*cases[i], "error", valgrind=version, reason=f"not counted: {why}")
+    return [c if c is not None else Count(*cases[i], Status.ERROR, valgrind=version, reason=f"not counted: {why}")
             for i, c in enumerate(counts)]
 
 
@@ -462,16 +463,16 @@ def _read_results(path: Path) -> list[dict]:
 
 def _count_of(rec: dict, cases, out: Path, version: str, config: CountConfig) -> Count:
     name, spec = cases[rec["index"]]
-    if rec["status"] != "ok":
-        return Count(name, spec, rec["status"], reason=rec.get("reason", ""), valgrind=version)
+    if rec["status"] != Status.OK:
+        return Count(name, spec, Status(rec["status"]), reason=rec.get("reason", ""), valgrind=version)
     dump = Path(f"{out}.{rec['dump']}")
     try:
         match = _SUMMARY.search(dump.read_bytes())
     except OSError as exc:
-        return Count(name, spec, "error", reason=f"callgrind dump {dump.name} unreadable ({exc})", valgrind=version)
+        return Count(name, spec, Status.ERROR, reason=f"callgrind dump {dump.name} unreadable ({exc})", valgrind=version)
     if match is None:
-        return Count(name, spec, "error", reason=f"callgrind dump {dump.name} has no summary line", valgrind=version)
-    return Count(name, spec, "ok", instructions=int(match[1]) / config.calls, calls=config.calls, valgrind=version)
+        return Count(name, spec, Status.ERROR, reason=f"callgrind dump {dump.name} has no summary line", valgrind=version)
+    return Count(name, spec, Status.OK, instructions=int(match[1]) / config.calls, calls=config.calls, valgrind=version)
 
 
 # ---- the child: runs under valgrind ---------------------------------------------------------------
@@ -513,7 +514,7 @@ def _child(jobs_path: str, results_path: str) -> None:
             del result
             record["gate_s"] = round(time.perf_counter() - t0, 1)
             if checked is not None and not checked.passed:
-                record.update(status="wrong", reason=checked.reason())
+                record.update(status=Status.WRONG, reason=checked.reason())
             else:
                 for _ in range(config.warmup_calls):
                     call()
@@ -527,13 +528,13 @@ def _child(jobs_path: str, results_path: str) -> None:
                 counting = False
                 gc.enable()
                 dumps += 1
-                record.update(status="ok", dump=dumps, seconds=round(time.perf_counter() - t0, 1))
+                record.update(status=Status.OK, dump=dumps, seconds=round(time.perf_counter() - t0, 1))
         except Exception as exc:  # noqa: BLE001 - one case's failure is its row, the others are still counted
             if counting:  # close this case's dump, so the next case's is its own
                 torch._C._valgrind_toggle_and_dump_stats()
                 dumps += 1
             gc.enable()
-            record.update(status="error", reason=error_line(exc))
+            record.update(status=Status.ERROR, reason=error_line(exc))
         append_line(results_path, json.dumps(record))
 
 

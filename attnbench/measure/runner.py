@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from attnbench._checks import check_bool, check_int, check_number, check_seed
-from attnbench.contract import WORKLOADS
+from attnbench.contract import WORKLOADS, Method, Status
 from attnbench.io import error_line
 from attnbench.measure import gate, guard, memory, probe, regime, schedstat
 from attnbench.measure.env import environment
@@ -296,7 +296,7 @@ class GatedCall:
         return checked, calls
 
 
-def peak_tensor_bytes(variant: Variant, spec: AttnSpec, call: Callable[[], object]) -> tuple[float, str]:
+def peak_tensor_bytes(variant: Variant, spec: AttnSpec, call: Callable[[], object]) -> tuple[float, Method]:
     """Peak tensor bytes above the inputs during one ``call``, and how they were obtained.
 
     CUDA: allocator statistics. CPU: the profiler's memory timeline, except for interpreter-bound
@@ -305,12 +305,12 @@ def peak_tensor_bytes(variant: Variant, spec: AttnSpec, call: Callable[[], objec
     variant's analytic prediction (method "model": a prediction, never to be fitted as a measurement).
     """
     if spec.device_type == "cuda":
-        return float(memory.cuda_peak_tensor_bytes(call, spec.device)), "cuda"
+        return float(memory.cuda_peak_tensor_bytes(call, spec.device)), Method.CUDA
     if variant.SECONDS_PER_PAIR == 0.0:
         measured = memory.cpu_peak_tensor_bytes(call)
         if measured is not None:
-            return float(measured), "profiler"
-    return float(variant.predicted_peak_bytes(spec)), "model"
+            return float(measured), Method.PROFILER
+    return float(variant.predicted_peak_bytes(spec)), Method.MODEL
 
 
 def measure(
@@ -373,7 +373,7 @@ def measure(
         base.update(_cost_model(variant, spec))
         reasons = variant.not_supported_reasons(spec)
         if reasons:
-            return Measurement(status="skipped", reason="; ".join(reasons), **base)
+            return Measurement(status=Status.SKIPPED, reason="; ".join(reasons), **base)
         if peak_flops is None:
             peak_flops = matmul_peak(spec.device, "float32")
         predicted_s = expected_call_s if expected_call_s is not None else guard.predicted_seconds(variant, spec, peak_flops)
@@ -389,14 +389,14 @@ def measure(
             call_s=expected_call_s,
         )
         if reasons:
-            return Measurement(status="skipped", reason="; ".join(reasons), **base)
+            return Measurement(status=Status.SKIPPED, reason="; ".join(reasons), **base)
         if config.probe and config.probe_baseline_s is None:
             # A direct call (a fresh process, profile) judges disturbance by the rule sweep uses, not by the
             # case's own probes: those, taken beside a neighbour, would set a slow baseline and hide it.
             config = dataclasses.replace(config, probe_baseline_s=typical_speed(baseline_probes(spec.device)))
         return _run(variant, spec, config, plan, calls, base)
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - one bad case (even one calling sys.exit) never ends a sweep
-        status = "oom" if _is_oom(exc) else "error"
+        status = Status.OOM if _is_oom(exc) else Status.ERROR
         return Measurement(status=status, reason=error_line(exc), **base)
     finally:
         _free(spec.device)
@@ -437,7 +437,7 @@ def _run(variant: Variant, spec: AttnSpec, config: MeasureConfig, plan: CheckPla
         if not math.isnan(checked.softmax_mean_error):
             fields["extra"]["softmax_mean_error"] = checked.softmax_mean_error
         if not checked.passed:  # a number the suite cannot stand behind is not produced: never timed
-            return Measurement(status="wrong", reason=checked.reason(), **fields, **base)
+            return Measurement(status=Status.WRONG, reason=checked.reason(), **fields, **base)
     faults_before = memory.minor_faults()
     first = time_once(call, spec.device)
     # Page faults of one call after the gate: fresh pages the call maps (the allocator regime shows here).
@@ -445,7 +445,7 @@ def _run(variant: Variant, spec: AttnSpec, config: MeasureConfig, plan: CheckPla
     calls = _calls(config, first)
     if first * calls > config.time_budget_s:
         return Measurement(
-            status="timeout", samples=(first,), runs=1,
+            status=Status.TIMEOUT, samples=(first,), runs=1,
             reason=f"one call took {first:.2f} s; {calls} calls exceed the time budget {config.time_budget_s:g} s",
             **fields, **base,
         )
@@ -459,7 +459,7 @@ def _run(variant: Variant, spec: AttnSpec, config: MeasureConfig, plan: CheckPla
     if checked is not None:  # state kept between calls, or a fault on every other call, shows after the first call
         later, number = gated.check_later()
         if not later.passed:
-            return Measurement(status="wrong", reason=f"right on the first call, wrong on call {number} of {LATER_CHECKS} "
+            return Measurement(status=Status.WRONG, reason=f"right on the first call, wrong on call {number} of {LATER_CHECKS} "
                                f"checked after the timed ones: {later.reason()}", **{**fields, **_gate_fields(later)}, **base)
     extra: dict[str, object] = {**dict(fields.pop("extra", {})), **extra_probe}
     if variant.PROVENANCE:
@@ -470,13 +470,13 @@ def _run(variant: Variant, spec: AttnSpec, config: MeasureConfig, plan: CheckPla
         except RuntimeError as exc:  # not capturable: say so, keep the eager figures
             extra["graph_replay_s"] = math.nan
             notes.append(f"CUDA graph capture failed: {str(exc).splitlines()[0][:120]}")
-    status = "ok"
+    status = Status.OK
     if config.probe and timed.disturbance.disturbed:
-        status = "noisy"
+        status = Status.NOISY
         notes.insert(0, f"{timed.disturbance.describe()} (kept the least disturbed of {timed.attempts} attempts)")
     return Measurement(
         status=status, reason="; ".join(notes), samples=tuple(samples), runs=runs,
-        timing_method="cuda_events" if spec.device_type == "cuda" else "wall", peak_tensor_bytes=peak,
+        timing_method=Method.CUDA_EVENTS if spec.device_type == "cuda" else Method.WALL, peak_tensor_bytes=peak,
         memory_method=method, peak_rss_bytes=rss, extra=extra, **fields, **base,
     )
 

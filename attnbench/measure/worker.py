@@ -51,6 +51,7 @@ from pathlib import Path
 
 import torch
 
+from attnbench.contract import Status
 from attnbench.io import error_line
 from attnbench.measure import regime
 from attnbench.measure.record import Environment, Measurement
@@ -137,7 +138,7 @@ def _child(conn, job: CaseJob) -> None:
         result = measure(job.variant, job.spec, job.config, peak_flops=job.peak_flops, env=job.env,
                          expected_call_s=job.expected_call_s)
     except BaseException as exc:  # noqa: BLE001 - e.g. a plugin that fails to import: a row, not a lost case
-        result = Measurement(variant=job.variant, spec=job.spec, status="error", env=job.env, workload=job.config.workload,
+        result = Measurement(variant=job.variant, spec=job.spec, status=Status.ERROR, env=job.env, workload=job.config.workload,
                              reason=f"worker: {error_line(exc)}")
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the parent is gone: nobody to tell
         conn.send(result)
@@ -266,21 +267,21 @@ class WorkerPool:
         base = dict(variant=job.variant, spec=job.spec, env=job.env, workload=job.config.workload)
         code = proc.exitcode
         if timed_out:
-            return Measurement(status="timeout", reason=f"killed after {timeout_s:g} s (hard timeout for one case)", **base)
+            return Measurement(status=Status.TIMEOUT, reason=f"killed after {timeout_s:g} s (hard timeout for one case)", **base)
         if code is not None and code < 0:
             sig = -code
             if sig == signal.SIGKILL and not self._killed_by_us:
                 after = cgroup_oom_kills()
                 if after is not None and oom_kills_before is not None and after > oom_kills_before:
-                    return Measurement(status="oom", reason=(
+                    return Measurement(status=Status.OOM, reason=(
                         f"worker killed by SIGKILL after {elapsed:.1f} s by the kernel's OOM killer (this cgroup's "
                         f"oom_kill count went from {oom_kills_before} to {after})"), **base)
                 known = ("no OOM kill recorded in this cgroup" if after is not None
                          else "the cgroup's OOM count is unreadable here")
-                return Measurement(status="crashed", reason=(
+                return Measurement(status=Status.CRASHED, reason=(
                     f"worker killed by signal 9 (SIGKILL) after {elapsed:.1f} s, not by attnbench ({known}: "
                     "another process, or an OOM killer outside this cgroup)"), **base)
             if sig == signal.SIGKILL:
-                return Measurement(status="crashed", reason="worker killed on request (interrupted)", **base)
-            return Measurement(status="crashed", reason=f"worker died from {_signal_name(sig)} after {elapsed:.1f} s", **base)
-        return Measurement(status="crashed", reason=f"worker exited with code {code} without a result after {elapsed:.1f} s", **base)
+                return Measurement(status=Status.CRASHED, reason="worker killed on request (interrupted)", **base)
+            return Measurement(status=Status.CRASHED, reason=f"worker died from {_signal_name(sig)} after {elapsed:.1f} s", **base)
+        return Measurement(status=Status.CRASHED, reason=f"worker exited with code {code} without a result after {elapsed:.1f} s", **base)
