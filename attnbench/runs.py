@@ -3,8 +3,8 @@
 A run directory holds:
   * ``cases.jsonl``: the truth, append-only. Line 1 is a header (the configuration and the planned
     grid); every later line is one finished case (a :class:`Measurement` as JSON), flushed and
-    fsynced before the sweep moves on, so a kill at any moment loses at most the case in hand. A torn
-    last line (a kill mid-write) is ignored with a note.
+    fsynced before the sweep moves on, so a kill at any moment loses at most the case in hand. A
+    torn last line (a kill mid-write) is ignored with a note.
   * ``measurements.csv`` (one row per case, see ``Measurement.to_row``) and ``manifest.json``
     (environment, configuration, command, ``cases`` = rows written, ``planned``, ``complete``):
     derived from the log after every case, each written to a temporary file and renamed into place,
@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import fcntl
+import itertools
 import json
 import math
 import os
@@ -32,7 +33,7 @@ from typing import Any
 
 import pandas as pd
 
-from attnbench.contract import RUN_LENGTHS, SWEPT_LENGTH, WORKLOADS
+from attnbench.contract import RUN_LENGTHS, SWEPT_LENGTH, WORKLOADS, Status
 from attnbench.io import atomic_write, atomic_write_text, error_line
 from attnbench.measure.instructions import Count, attach
 from attnbench.measure.record import Environment, Measurement
@@ -42,7 +43,8 @@ from attnbench.spec import AttnSpec
 
 DEFAULT_LENGTHS: tuple[int, ...] = RUN_LENGTHS["prefill"]
 DECODE_LENGTHS: tuple[int, ...] = RUN_LENGTHS["decode"]
-"""The decode workload's default key/value cache lengths Lk: 1K .. 128K (the guard skips what does not fit)."""
+"""The decode workload's default key/value cache lengths Lk: 1K .. 128K (the guard skips what does
+not fit)."""
 MEASUREMENTS = "measurements.csv"
 MANIFEST = "manifest.json"
 LOG = "cases.jsonl"
@@ -60,13 +62,15 @@ def _repeated(values: Sequence) -> str:
 
 
 def runnable_defaults(devices: Sequence[str]) -> list[str]:
-    """The default sweep's variants that run on one of ``devices`` at all (CUDA-only kernels drop out on a CPU)."""
+    """The default sweep's variants that run on one of ``devices`` at all (CUDA-only kernels drop
+    out on a CPU)."""
     kinds = {d.split(":", 1)[0] for d in devices}  # "cuda:1" runs what "cuda" runs
     return [n for n in default_variants() if kinds & set(get_variant(n).SUPPORTED_DEVICES)]
 
 
 def device_only_defaults(devices: Sequence[str]) -> list[str]:
-    """The default sweep's variants left out because they run on none of ``devices`` (said once by ``run``)."""
+    """The default sweep's variants left out because they run on none of ``devices`` (said once by
+    ``run``)."""
     runnable = set(runnable_defaults(devices))
     return [n for n in default_variants() if n not in runnable]
 
@@ -87,10 +91,11 @@ def grid(
     batches: Sequence[int] | None = None,
     kv_heads: Sequence[int | None] | None = None,
 ) -> list[tuple[str, AttnSpec]]:
-    """Cases for every variant x head dim x batch x kv heads x device x dtype x mode x mask x length.
+    """Cases: every variant x head dim x batch x kv heads x device x dtype x mode x mask x length.
 
-    ``variants=None`` means every registered variant in the default sweep that runs on one of the devices
-    (compiled variants, which recompile per shape, are opt-in by name; CUDA-only kernels are left out on a CPU).
+    ``variants=None`` means every registered variant in the default sweep that runs on one of the
+    devices (compiled variants, which recompile per shape, are opt-in by name; CUDA-only kernels are
+    left out on a CPU).
 
     ``limit_slow`` keeps interpreter-bound variants (``loop``) to the lengths they can finish in
     seconds; pass False to sweep them everywhere (the time guard still applies).
@@ -104,54 +109,70 @@ def grid(
             a kv_heads entry of None means Hkv = H).
 
     Raises:
-        ValueError: an unknown workload, or a shape the spec rejects (e.g. kv_heads not dividing heads).
+        ValueError: an unknown workload, or a shape the spec rejects (e.g. kv_heads not
+            dividing heads).
     """
     if workload not in WORKLOADS:
         raise ValueError(f"workload must be one of {WORKLOADS}, got {workload!r}")
-    axes = {"variants": variants, "lengths": lengths, "modes": modes, "masks": masks, "dtypes": dtypes,
-            "devices": devices, "head_dims": head_dims, "batches": batches, "kv_heads": kv_heads}
-    for name, values in axes.items():
-        if values and (repeated := _repeated(values)):
-            raise ValueError(f"{name}: {repeated} given more than once (each case is measured once)")
+    values = (variants, lengths, modes, masks, dtypes, devices, head_dims, batches, kv_heads)
+    _refuse_repeats(dict(zip(_GRID_AXES, values, strict=True)))
     base = base or AttnSpec()
-    names = list(variants) if variants else runnable_defaults(devices or [base.device])
-    shapes = [base.replace(head_dim=d, batch=b, kv_heads=h)
-              for d in head_dims or [base.head_dim] for b in batches or [base.batch]
-              for h in kv_heads or [base.kv_heads]]
+    devices = devices or [base.device]
+    shapes = _shapes(base, head_dims, batches, kv_heads)
     cases = []
-    for name in names:
-        variant = get_variant(name)
-        lens = default_lengths(variant, lengths) if limit_slow else list(lengths)
-        for shape in shapes:
-            for device in devices or [base.device]:
-                for dtype in dtypes or [base.dtype]:
-                    for mode in modes:
-                        for mask in masks:
-                            for length in lens:
-                                lengths_of = ({"seq_len": length} if workload == "prefill"
-                                              else {"seq_len": q_len, "seq_len_k": length})
-                                spec = shape.replace(**lengths_of, mode=mode, mask=mask, dtype=dtype, device=device)
-                                cases.append((name, spec))
+    for name in list(variants) if variants else runnable_defaults(devices):
+        lens = default_lengths(get_variant(name), lengths) if limit_slow else list(lengths)
+        for shape, device, dtype, mode, mask, length in itertools.product(
+                shapes, devices, dtypes or [base.dtype], modes, masks, lens):
+            lengths_of = _lengths_of(workload, length, q_len)
+            cases.append((name, shape.replace(**lengths_of, mode=mode, mask=mask, dtype=dtype, device=device)))
     return cases
 
 
+_GRID_AXES = ("variants", "lengths", "modes", "masks", "dtypes", "devices", "head_dims", "batches", "kv_heads")
+"""The arguments of :func:`grid` it crosses, as its error messages name them."""
+
+
+def _refuse_repeats(axes: dict[str, Sequence | None]) -> None:
+    """Raise a ValueError naming the first axis of the grid that holds a value twice."""
+    for name, values in axes.items():
+        if values and (repeated := _repeated(values)):
+            raise ValueError(f"{name}: {repeated} given more than once (each case is measured once)")
+
+
+def _shapes(base: AttnSpec, head_dims: Sequence[int] | None, batches: Sequence[int] | None,
+            kv_heads: Sequence[int | None] | None) -> list[AttnSpec]:
+    """``base`` at every head dim x batch x kv heads (None: the base spec's own)."""
+    return [base.replace(head_dim=d, batch=b, kv_heads=h)
+            for d in head_dims or [base.head_dim] for b in batches or [base.batch]
+            for h in kv_heads or [base.kv_heads]]
+
+
+def _lengths_of(workload: str, length: int, q_len: int) -> dict[str, int]:
+    """The spec fields a swept ``length`` sets: L = Lq = Lk for prefill; for decode, Lk (and Lq =
+    ``q_len``)."""
+    return {"seq_len": length} if workload == "prefill" else {"seq_len": q_len, "seq_len_k": length}
+
+
 def swept_length(spec: AttnSpec, workload: str) -> int:
-    """The length a workload sweeps (``contract.SWEPT_LENGTH``): L for prefill, the cache length Lk for decode."""
+    """The length a workload sweeps (``contract.SWEPT_LENGTH``): L for prefill, the cache length Lk
+    for decode."""
     return spec.lk if SWEPT_LENGTH[workload] == "seq_len_k" else spec.lq
 
 
 COUNT_BUDGET_S = 360.0
-"""Predicted seconds under valgrind that ``attnbench run`` spends counting by default (the prediction is
-cautious: on this project's 2-core machine a counted case took about half its predicted time), so the
-counting, beside the timed sweep, ends about when the sweep does."""
+"""Predicted seconds under valgrind that ``attnbench run`` spends counting by default. The
+prediction is cautious (a counted case takes less than predicted), so the counting, beside the
+timed sweep, ends about when the sweep does."""
 
 
 def counted_cases(cases: Sequence[tuple[str, AttnSpec]], every: bool = False,
                   budget_s: float = COUNT_BUDGET_S) -> list[tuple[str, AttnSpec]]:
-    """The CPU cases ``attnbench run`` counts instructions for: with ``every``, all of them (``--instructions``);
-    by default those of the headline figure's variants and one per family (:data:`~attnbench.contract.PROGRESSION`,
-    :data:`~attnbench.contract.REPRESENTATIVES`), cheapest first while their predicted valgrind time fits
-    ``budget_s``: every counted variant gets its short lengths, the long ones as the budget allows.
+    """The CPU cases ``attnbench run`` counts instructions for: with ``every``, all of them
+    (``--instructions``); by default those of the headline figure's variants and one per family
+    (:data:`~attnbench.contract.PROGRESSION`, :data:`~attnbench.contract.REPRESENTATIVES`), cheapest
+    first while their predicted valgrind time fits ``budget_s``: every counted variant gets its
+    short lengths, the long ones as the budget allows.
     """
     from attnbench.contract import DETERMINISTIC_POINTS, PROGRESSION, REPRESENTATIVES
     from attnbench.measure.instructions import countable, within_budget
@@ -184,8 +205,8 @@ def empty_grid_reason(variants: Sequence[str] | None, lengths: Sequence[int], li
     limited = [n for n in names if limit_slow and not default_lengths(get_variant(n), lengths)]
     if limited:
         verb = "runs" if len(limited) == 1 else "run"
-        return (f"{', '.join(limited)} {verb} only at lengths <= 128 by default and none of {list(lengths)} qualifies "
-                "(add a length <= 128, or pass --no-limit)")
+        return (f"{', '.join(limited)} {verb} only at lengths <= 128 by default and none of "
+                f"{list(lengths)} qualifies (add a length <= 128, or pass --no-limit)")
     return "the grid is empty"
 
 
@@ -213,8 +234,8 @@ def measurement_from_json(data: dict[str, Any]) -> Measurement:
     """Rebuild a Measurement from :func:`measurement_to_json`; unknown keys are ignored.
 
     Raises:
-        ValueError, TypeError, KeyError: a record that is not one (a field of the wrong type, a spec or
-            status the classes reject), with the field named.
+        ValueError, TypeError, KeyError: a record that is not one (a field of the wrong type, a
+            spec or status the classes reject), with the field named.
     """
     known = {f.name: f.type for f in dataclasses.fields(Measurement)}
     missing = [f.name for f in dataclasses.fields(Measurement)
@@ -262,12 +283,15 @@ def config_json(config: MeasureConfig) -> dict[str, Any]:
 class RunLog:
     """What a ``cases.jsonl`` holds."""
 
-    header: dict[str, Any] | None  # configuration and planned grid; None for an empty or header-less log
+    # configuration and planned grid; None for an empty or header-less log
+    header: dict[str, Any] | None
     measurements: tuple[Measurement, ...]  # finished cases in the order they finished
-    notes: tuple[str, ...]  # every line ignored, and why (a torn last line from a kill, a garbled line)
-    rejected: tuple[str, ...] = ()  # those of the notes that are not a torn last line: garbled, or a record the classes refuse
-    counts: dict[str, Count] = dataclasses.field(default_factory=dict)  # case key -> its logged instruction count
-    # (already attached to the case's measurement)
+    # every line ignored, and why (a torn last line from a kill, a garbled line)
+    notes: tuple[str, ...]
+    # those of the notes that are not a torn last line: garbled, or a record the classes refuse
+    rejected: tuple[str, ...] = ()
+    # case key -> its logged instruction count (already attached to the case's measurement)
+    counts: dict[str, Count] = dataclasses.field(default_factory=dict)
 
 
 def read_log(path: str | Path) -> RunLog:
@@ -298,11 +322,13 @@ def read_log(path: str | Path) -> RunLog:
                 raise ValueError(f"unknown kind {item.get('kind')!r}")
         except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
             if i == last and torn:
-                notes.append(f"{path}: torn last line (the run was killed while writing it), ignored ({len(raw)} bytes)")
+                notes.append(f"{path}: torn last line (the run was killed while writing it), "
+                             f"ignored ({len(raw)} bytes)")
             else:
                 rejected.append(f"{path}: line {i + 1} unreadable ({error_line(exc)}), ignored")
                 notes.append(rejected[-1])
-    found = [attach(m, counts.get(case_key(m.variant, m.spec))) for m in found]  # a count may be logged before its case
+    # a count may be logged before its case
+    found = [attach(m, counts.get(case_key(m.variant, m.spec))) for m in found]
     return RunLog(header=header, measurements=tuple(found), notes=tuple(notes), rejected=tuple(rejected), counts=counts)
 
 
@@ -334,7 +360,8 @@ class RunDirError(ValueError):
 
 
 class RunWriteError(OSError):
-    """Writing into the run directory failed (a full disk, a quota, a file size limit): what was logged before stays."""
+    """Writing into the run directory failed (a full disk, a quota, a file size limit): what was
+    logged before stays."""
 
     def __init__(self, path: Path, exc: OSError) -> None:
         super().__init__(exc.errno, f"cannot write {path}: {exc.strerror or exc}")
@@ -351,8 +378,8 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _drop_torn_tail(path: Path) -> None:
-    """Cut a torn last line (a kill or a power cut while it was written) off the log, so appending continues it
-    after the last whole line instead of leaving the fragment inside."""
+    """Cut a torn last line (a kill or a power cut while it was written) off the log, so appending
+    continues it after the last whole line instead of leaving the fragment inside."""
     if not path.exists():
         return
     data = path.read_bytes()
@@ -376,6 +403,45 @@ def _case_label(key: str) -> str:
     name, spec = json.loads(key)
     lens = f"L={spec['seq_len']}" if spec.get("seq_len_k") is None else f"Lq={spec['seq_len']} Lk={spec['seq_len_k']}"
     return f"{name} {lens} {spec['dtype']} {spec['mode']} {spec['mask']} {spec['device']}"
+
+
+def _new_header(conf: dict[str, Any], keys: list[str], command: Sequence[str] | None,
+                peak_gflops: dict[str, float] | None, peak_gbps: dict[str, float] | None) -> dict[str, Any]:
+    """A log's first line: the configuration, the planned cases' keys and the machine's roofs."""
+    return {
+        "kind": "header", "schema": LOG_SCHEMA,
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "command": list(command if command is not None else sys.argv),
+        "config": conf, "cases": keys, "planned": len(keys), "peak_gflops": peak_gflops,
+        "peak_gbps": peak_gbps,
+    }
+
+
+def _check_resumable(old: dict[str, Any], conf: dict[str, Any], keys: list[str], run_dir: Path) -> None:
+    """Raise a RunDirError naming each difference between a logged header and the run asked for."""
+    log_path = run_dir / LOG
+    if old.get("schema", LOG_SCHEMA) != LOG_SCHEMA:
+        raise RunDirError(f"--resume: {log_path} is in format {old.get('schema')!r}; this attnbench writes "
+                          f"{LOG_SCHEMA!r} and would mix the two (use the attnbench that wrote it, or --force)")
+    # a setting added since the log was written had its default then (e.g. workload "prefill")
+    defaults = config_json(MeasureConfig())
+    old_conf = {**{k: v for k, v in defaults.items() if k not in old.get("config", {})}, **old.get("config", {})}
+    problems = _diff_config(old_conf, conf)
+    old_keys = old.get("cases", [])
+    if sorted(old_keys) != sorted(keys):
+        added = [k for k in keys if k not in set(old_keys)]
+        removed = [k for k in old_keys if k not in set(keys)]
+        detail = "; ".join(f"{what} {len(ks)}: {_case_labels(ks)}"
+                           for what, ks in (("not in the log", added), ("only in the log", removed)) if ks)
+        problems.insert(0, f"grid: {len(old_keys)} cases in the log, {len(keys)} now ({detail})")
+    if problems:
+        raise RunDirError(f"--resume: {run_dir} was measured with a different configuration: "
+                          + "; ".join(problems))
+
+
+def _case_labels(keys: Sequence[str], shown: int = 3) -> str:
+    """The first ``shown`` cases of ``keys`` as labels, then ``...`` when there are more."""
+    return ", ".join(_case_label(k) for k in keys[:shown]) + (", ..." if len(keys) > shown else "")
 
 
 class RunDirectory:
@@ -402,7 +468,8 @@ class RunDirectory:
         if not os.access(self.path, os.W_OK | os.X_OK):
             raise RunDirError(f"--out {self.path} is not writable")
         try:
-            self._lock = open(self.path / LOCK, "a+", encoding="utf-8")  # noqa: SIM115 - held until close()
+            # held until close()
+            self._lock = open(self.path / LOCK, "a+", encoding="utf-8")  # noqa: SIM115
         except OSError as exc:
             raise RunDirError(f"--out {self.path} is not writable: {exc.strerror or exc}") from None
         try:
@@ -423,8 +490,8 @@ class RunDirectory:
                 raise RunDirError(f"--out {self.path} is not empty ({shown}); pass --resume to continue that run "
                                   "or --force to replace it")
             if resume and others and not (self.path / LOG).exists():
-                raise RunDirError(f"--out {self.path} has no {LOG} to resume from (written by an older attnbench, "
-                                  "or not a run directory); use --force to replace it")
+                raise RunDirError(f"--out {self.path} has no {LOG} to resume from (written by an older "
+                                  "attnbench, or not a run directory); use --force to replace it")
             if force:
                 for name in RUN_FILES:
                     (self.path / name).unlink(missing_ok=True)
@@ -458,7 +525,8 @@ class RunDirectory:
         """Write (or, resuming, check) the header; return the cases still to measure, in order.
 
         Raises:
-            RunDirError: resuming with a different grid or measurement configuration (each difference named).
+            RunDirError: resuming with a different grid or measurement configuration (each
+                difference named).
         """
         keys = [case_key(n, s) for n, s in cases]
         conf = config_json(config)
@@ -467,39 +535,12 @@ class RunDirectory:
             self.log = read_log(log_path)
             self.notes.extend(self.log.notes)
         if self.log.header is not None:
-            old = self.log.header
-            if old.get("schema", LOG_SCHEMA) != LOG_SCHEMA:
-                raise RunDirError(f"--resume: {log_path} is in format {old.get('schema')!r}; this attnbench writes "
-                                  f"{LOG_SCHEMA!r} and would mix the two (use the attnbench that wrote it, or --force)")
-            # a setting added since the log was written had its default then (e.g. workload "prefill")
-            defaults = config_json(MeasureConfig())
-            old_conf = {**{k: v for k, v in defaults.items() if k not in old.get("config", {})}, **old.get("config", {})}
-            problems = _diff_config(old_conf, conf)
-            old_keys = old.get("cases", [])
-            if sorted(old_keys) != sorted(keys):
-                added = [k for k in keys if k not in set(old_keys)]
-                removed = [k for k in old_keys if k not in set(keys)]
-                detail = "; ".join(
-                    f"{what} {len(ks)}: {', '.join(_case_label(k) for k in ks[:3])}{', ...' if len(ks) > 3 else ''}"
-                    for what, ks in (("not in the log", added), ("only in the log", removed)) if ks)
-                problems.insert(0, f"grid: {len(old_keys)} cases in the log, {len(keys)} now ({detail})")
-            if problems:
-                raise RunDirError(f"--resume: {self.path} was measured with a different configuration: "
-                                  + "; ".join(problems))
-            self.header = dict(old)
+            _check_resumable(self.log.header, conf, keys, self.path)
+            self.header = dict(self.log.header)
         else:
-            self.header = {
-                "kind": "header", "schema": LOG_SCHEMA,
-                "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                "command": list(command if command is not None else sys.argv),
-                "config": conf, "cases": keys, "planned": len(keys), "peak_gflops": peak_gflops,
-                "peak_gbps": peak_gbps,
-            }
+            self.header = _new_header(conf, keys, command, peak_gflops, peak_gbps)
             self._append_line(self.header, fresh=not log_path.exists() or log_path.stat().st_size == 0)
-        before = 0.0
-        with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
-            before = float(json.loads((self.path / MANIFEST).read_text()).get("seconds", 0.0))  # earlier sessions
-        self.header["seconds_before"] = before if self.log.measurements else 0.0
+        self.header["seconds_before"] = self._seconds_before() if self.log.measurements else 0.0
         done: dict[str, Measurement] = {}
         wanted = set(keys)
         for m in self.log.measurements:
@@ -511,6 +552,12 @@ class RunDirectory:
         self._peak = peak_gflops if peak_gflops is not None else self.header.get("peak_gflops")
         self._peak_gbps = peak_gbps if peak_gbps is not None else self.header.get("peak_gbps")
         return [(n, s) for (n, s), k in zip(cases, keys, strict=True) if k not in done]
+
+    def _seconds_before(self) -> float:
+        """Seconds earlier sessions measured for, from the manifest (0 when it cannot be read)."""
+        with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+            return float(json.loads((self.path / MANIFEST).read_text()).get("seconds", 0.0))
+        return 0.0
 
     def _append_line(self, item: dict[str, Any], fresh: bool = False) -> None:
         path = self.path / LOG
@@ -529,8 +576,8 @@ class RunDirectory:
             raise RunWriteError(path, exc) from exc
 
     def _drop_partial_line(self, path: Path) -> None:
-        """After a failed append, close the log and cut what part of the line reached it (the next session appends
-        after the last whole line)."""
+        """After a failed append, close the log and cut what part of the line reached it (the next
+        session appends after the last whole line)."""
         with contextlib.suppress(OSError):
             if self._file is not None:
                 self._file.close()
@@ -545,8 +592,9 @@ class RunDirectory:
         self.write_derived(seconds=seconds)
 
     def add_count(self, count: Count, *, seconds: float | None = None) -> None:
-        """Append one case's instruction count durably (counted beside the timed sweep, in any order), then attach it
-        to the case's measurement, if logged, and refresh the derived files."""
+        """Append one case's instruction count durably (counted beside the timed sweep, in any
+        order), then attach it to the case's measurement, if logged, and refresh the derived
+        files."""
         key = case_key(count.variant, count.spec)
         self._append_line({"kind": "count", "case": key, "count": count_to_json(count)})
         self._counts[key] = count
@@ -567,7 +615,8 @@ class RunDirectory:
         return len(self.measurements) >= self.planned
 
     def write_derived(self, *, seconds: float | None = None) -> Path:
-        """Rewrite ``measurements.csv`` and ``manifest.json`` from the cases logged so far (each atomically)."""
+        """Rewrite ``measurements.csv`` and ``manifest.json`` from the cases logged so far (each
+        atomically)."""
         total = self.header.get("seconds_before", 0.0) + (seconds or 0.0)
         try:
             _write_derived(self.path, self.measurements, self.header, seconds=total, peak_gflops=self._peak,
@@ -639,22 +688,18 @@ def write_run(
     peak_gflops: dict[str, float] | None = None,
     peak_gbps: dict[str, float] | None = None,
 ) -> Path:
-    """Write a complete run directory for finished ``measurements`` (library use; the CLI logs as it goes).
+    """Write a complete run directory for finished ``measurements`` (library use; the CLI logs as it
+    goes).
 
     Writes ``cases.jsonl``, then ``measurements.csv`` and ``manifest.json`` atomically.
     ``peak_gflops`` maps dtype -> this machine's matmul GFLOP/s (the roof for % of peak);
-    ``peak_gbps`` its measured memory bandwidth in GB/s, ``{"copy": ..., "triad": ...}`` (triad is the roofline's roof).
+    ``peak_gbps`` its measured memory bandwidth in GB/s, ``{"copy": ..., "triad": ...}`` (triad is
+    the roofline's roof).
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     keys = [case_key(m.variant, m.spec) for m in measurements]
-    header = {
-        "kind": "header", "schema": LOG_SCHEMA,
-        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "command": list(command if command is not None else sys.argv),
-        "config": config_json(config), "cases": keys, "planned": len(keys), "peak_gflops": peak_gflops,
-        "peak_gbps": peak_gbps,
-    }
+    header = _new_header(config_json(config), keys, command, peak_gflops, peak_gbps)
     lines = [json.dumps(header)] + [json.dumps({"kind": "case", "measurement": measurement_to_json(m)}) for m in measurements]
     atomic_write_text(run_dir / LOG, "\n".join(lines) + "\n")
     _write_derived(run_dir, measurements, header, seconds=seconds, peak_gflops=peak_gflops, peak_gbps=peak_gbps)
@@ -668,7 +713,7 @@ def summary_table(measurements: Sequence[Measurement]) -> pd.DataFrame:
     """
     rows = []
     for m in measurements:
-        cell = f"{m.median * 1e3:.3g}" if m.status == "ok" else m.status
+        cell = f"{m.median * 1e3:.3g}" if m.status == Status.OK else m.status
         rows.append({"variant": m.variant, "workload": m.workload, "dtype": m.spec.dtype, "pass": m.spec.mode,
                      "mask": m.spec.mask, "D": m.spec.head_dim, "B": m.spec.batch, "Hkv": m.spec.hkv,
                      "Lq": m.spec.lq, "L": swept_length(m.spec, m.workload), "cell": cell})
