@@ -30,6 +30,7 @@ What it shares with this module is the machinery underneath: ``asv run`` on one 
 
 from __future__ import annotations
 
+import enum
 import math
 import re
 import subprocess
@@ -43,12 +44,24 @@ import pandas as pd
 from attnbench import contract
 from attnbench.analysis import history as steps_
 from attnbench.analysis import significance
+from attnbench.contract import GateVerdict, Status
 
 METRICS = ("instructions", "peak_tensor_bytes", "time")
 """What a bisection can search on: the gate's deterministic metrics, and time."""
 BENCHMARKS = {"instructions": contract.INSTRUCTIONS_BENCHMARK, "peak_tensor_bytes": contract.TENSOR_BYTES_BENCHMARK}
 """The asv benchmark each deterministic metric is read from."""
-VERDICTS = ("good", "bad", "undecided", "skip")
+
+
+class ProbeVerdict(enum.StrEnum):
+    """A probed commit's verdict against GOOD."""
+
+    GOOD = "good"  # every case within the factor
+    BAD = "bad"  # a case beyond the factor, failed where GOOD ran, or wrong
+    UNDECIDED = "undecided"  # the gate's time verdict could not decide
+    SKIP = "skip"  # does not build, or no case could be measured
+
+
+VERDICTS = tuple(ProbeVerdict)
 
 
 class BisectError(ValueError):
@@ -61,7 +74,7 @@ class Probe:
 
     commit: str
     subject: str
-    verdict: str  # VERDICTS
+    verdict: ProbeVerdict
     ratio: float  # the worst case's ratio to GOOD (NaN when none could be compared)
     case: str  # the worst case ("batched L=256")
     reason: str  # why this verdict, in a few words
@@ -133,15 +146,15 @@ def search(state: Bisection, judge: Judge, progress: Callable[[Probe, int], None
             break
         i = min(untried, key=lambda k: (abs(k - middle), k))
         verdict = probe(i).verdict
-        if verdict == "bad":
+        if verdict == ProbeVerdict.BAD:
             high = i
-        elif verdict == "good":
+        elif verdict == ProbeVerdict.GOOD:
             low = i
     # the search ended on BAD, which nobody measured: is it bad at all?
-    if high not in tried and probe(high).verdict == "good":
+    if high not in tried and probe(high).verdict == ProbeVerdict.GOOD:
         low = high
     state.low, state.high = low, high
-    if high - low == 1 and tried[high].verdict == "bad":
+    if high - low == 1 and tried[high].verdict == ProbeVerdict.BAD:
         state.first_bad = state.candidates[high]
     return state
 
@@ -199,30 +212,33 @@ def judge_table(table: pd.DataFrame, metric: str, commit: str, subject: str, ela
     """A probe's verdict from the gate's table (:func:`attnbench.regress.compare` of GOOD against the commit)."""
     rows = table[table["metric"] == metric]
     if metric != "time":  # a wrong result shows on the error ratio's rows too
-        rows = table[(table["metric"] == metric) | (table["verdict"] == "wrong")]
-    ran = rows[rows["base_status"] == "ok"]
+        rows = table[(table["metric"] == metric) | (table["verdict"] == GateVerdict.WRONG)]
+    ran = rows[rows["base_status"] == Status.OK]
     if not len(ran):
-        return Probe(commit, subject, "skip", math.nan, "", f"GOOD measured no {metric} case", elapsed_s)
-    if (ran["head_status"] != "ok").all() and not (ran["verdict"] == "wrong").any():
-        return Probe(commit, subject, "skip", math.nan, "", f"no case could be measured ({len(ran)} failed): see asv.log",
-                     elapsed_s)
+        return _skipped(commit, subject, f"GOOD measured no {metric} case", elapsed_s)
+    if (ran["head_status"] != Status.OK).all() and not (ran["verdict"] == GateVerdict.WRONG).any():
+        return _skipped(commit, subject, f"no case could be measured ({len(ran)} failed): see asv.log", elapsed_s)
     compared = ran[ran["ratio"].notna()]
     worst = compared.loc[compared["ratio"].idxmax()] if len(compared) else ran.iloc[0]
     ratio = float(worst["ratio"]) if len(compared) else math.nan
     label = steps_.case_label(worst.to_dict())
-    bad = ran[ran["verdict"].isin(["regressed", "wrong"])]
+    bad = ran[ran["verdict"].isin([GateVerdict.REGRESSED, GateVerdict.WRONG])]
     if len(bad):
         first = bad.loc[bad["ratio"].fillna(math.inf).idxmax()]
         why = first["reason"] or first["verdict"]
-        if first["head_status"] != "ok":
+        if first["head_status"] != Status.OK:
             why = f"{first['verdict']}: {first['head_status']} on this commit"
-        return Probe(commit, subject, "bad", float(first["ratio"]), steps_.case_label(first.to_dict()),
+        return Probe(commit, subject, ProbeVerdict.BAD, float(first["ratio"]), steps_.case_label(first.to_dict()),
                      f"{len(bad)} case(s) beyond the factor; worst: {why}", elapsed_s)
-    undecided = ran[ran["verdict"] == "undecided"]
+    undecided = ran[ran["verdict"] == GateVerdict.UNDECIDED]
     if len(undecided):
-        return Probe(commit, subject, "undecided", ratio, label,
+        return Probe(commit, subject, ProbeVerdict.UNDECIDED, ratio, label,
                      f"{len(undecided)} time case(s) undecided: {undecided['reason'].iloc[0]}", elapsed_s)
-    return Probe(commit, subject, "good", ratio, label, "every case within the factor", elapsed_s)
+    return Probe(commit, subject, ProbeVerdict.GOOD, ratio, label, "every case within the factor", elapsed_s)
+
+
+def _skipped(commit: str, subject: str, reason: str, elapsed_s: float) -> Probe:
+    return Probe(commit, subject, ProbeVerdict.SKIP, math.nan, "", reason, elapsed_s)
 
 
 def bisect(good: str, bad: str, *, repo: str | Path = ".", metric: str = "instructions", cases: Sequence[str] = (),
@@ -293,8 +309,7 @@ def _exact_judge(session, good: str, metric: str, instructions_factor: float, me
         try:
             frame, _ = session.load([good, commit])
         except regress.RegressError as exc:
-            return Probe(commit, subjects.get(commit, ""), "skip", math.nan, "", _skip_reason(str(exc)),
-                         time.monotonic() - clock)
+            return _skipped(commit, subjects.get(commit, ""), _skip_reason(str(exc)), time.monotonic() - clock)
         table = regress.compare(frame, good, commit, memory_factor=memory_factor, instructions_factor=instructions_factor,
                                 metric="instructions" if metric == "instructions" else "time")
         return judge_table(table, metric, commit, subjects.get(commit, ""), time.monotonic() - clock)
@@ -313,8 +328,7 @@ def _time_judge(good: str, repo: Path, subset, work_dir, machine: str, time_fact
                                               machine=machine, time_factor=time_factor, memory_factor=memory_factor,
                                               rounds=rounds, metric="time", progress=say, deterministic=False).values()
         except regress.RegressError as exc:
-            return Probe(commit, subjects.get(commit, ""), "skip", math.nan, "", _skip_reason(str(exc)),
-                         time.monotonic() - clock)
+            return _skipped(commit, subjects.get(commit, ""), _skip_reason(str(exc)), time.monotonic() - clock)
         return judge_table(outcome.table, "time", commit, subjects.get(commit, ""), time.monotonic() - clock)
 
     return judge
@@ -334,7 +348,7 @@ def probe_line(probe: Probe, number: int, metric: str) -> str:
     ratio = "" if math.isnan(probe.ratio) else (f" x{probe.ratio:.4f}" if metric == "instructions" else f" x{probe.ratio:.2f}")
     where = f" ({probe.case})" if probe.case and ratio else ""
     return (f"probe {number}: {probe.commit[:10]} {probe.verdict}{ratio}{where} in {probe.elapsed_s:.0f} s: "
-            f"{probe.subject[:60]}" + (f" [{probe.reason}]" if probe.verdict in ("skip", "undecided") else ""))
+            f"{probe.subject[:60]}" + (f" [{probe.reason}]" if probe.verdict in (ProbeVerdict.SKIP, ProbeVerdict.UNDECIDED) else ""))
 
 
 def answer(state: Bisection) -> tuple[int, list[str]]:
@@ -351,7 +365,7 @@ def answer(state: Bisection) -> tuple[int, list[str]]:
     unresolved = state.unresolved
     verdicts = state.verdicts
     end = verdicts.get(state.candidates[state.high]) if state.high >= 0 else None
-    if end is not None and end.verdict != "bad":  # only BAD itself can be neither good nor bad here
+    if end is not None and end.verdict != ProbeVerdict.BAD:  # only BAD itself can be neither good nor bad here
         lines = [f"BAD {state.bad[:10]} could not be shown to exceed GOOD: {end.verdict} ({end.reason}); {took}"]
         if len(unresolved) > 1:
             lines.append(f"  and {len(unresolved) - 1} commit(s) before it could not be judged either:")

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from attnbench.analysis import history as steps_
+from attnbench.contract import Status
 
 FORMATS = ("bmf", "github-action-benchmark")
 EXPORTED = {
@@ -78,7 +79,7 @@ def export(frame: pd.DataFrame, fmt: str, commit: str | None = None) -> Exported
     """
     if fmt not in FORMATS:
         raise ExportError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    rows = frame[frame["metric"].isin(list(EXPORTED)) & (frame["status"] == "ok")]
+    rows = frame[frame["metric"].isin(list(EXPORTED)) & (frame["status"] == Status.OK)]
     if not len(rows):
         raise ExportError("nothing to export: no measured time, count, bytes, FLOPs or faults in the results")
     rows, chosen = _pick(rows, commit)

@@ -16,6 +16,7 @@ import pandas as pd
 
 from attnbench.analysis import history as steps_
 from attnbench.analysis.text import fmt
+from attnbench.contract import GateVerdict
 
 STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
 """The file GitHub Actions gives every step for Markdown it shows on the run's summary page."""
@@ -71,7 +72,7 @@ def _cases(n: int) -> str:
 
 def decided_line(table: pd.DataFrame, metric: str, factors: dict[str, float]) -> str:
     """One line: which metrics decided, with their factors and how many cases each judged."""
-    def cases(name: str, verdicts=("ok", "regressed", "wrong")) -> int:
+    def cases(name: str, verdicts=(GateVerdict.OK, GateVerdict.REGRESSED, GateVerdict.WRONG)) -> int:
         return int(((table["metric"] == name) & table["verdict"].isin(verdicts)).sum())
 
     parts = []
@@ -79,8 +80,8 @@ def decided_line(table: pd.DataFrame, metric: str, factors: dict[str, float]) ->
         parts.append(f"instruction counts (x{factors['instructions']:g}, {_cases(cases('instructions'))})")
     parts.append(f"peak tensor bytes (x{factors['memory']:g}, {_cases(cases('peak_tensor_bytes'))})")
     parts.append("FLOPs (any growth) and correctness")
-    timed = cases("time", ("ok", "regressed", "undecided", "wrong"))
-    shown = int(((table["metric"] == "time") & (table["verdict"] == "shown")).sum())
+    timed = cases("time", (GateVerdict.OK, GateVerdict.REGRESSED, GateVerdict.UNDECIDED, GateVerdict.WRONG))
+    shown = int(((table["metric"] == "time") & (table["verdict"] == GateVerdict.SHOWN)).sum())
     if metric == "instructions":
         time = f"time shown beside them, not deciding ({_cases(shown)})"
     elif metric == "both":
@@ -88,7 +89,7 @@ def decided_line(table: pd.DataFrame, metric: str, factors: dict[str, float]) ->
                 + (f"; {shown} undecided and shown, their counts decided" if shown else "") + ")")
     else:
         time = f"time (x{factors['time']:g} allowance, {_cases(timed)})"
-    untimed = int(((table["metric"] == "time") & (table["verdict"] == "not timed")).sum())
+    untimed = int(((table["metric"] == "time") & (table["verdict"] == GateVerdict.NOT_TIMED)).sum())
     if untimed:
         time += f"; {_cases(untimed)} not timed (counts decided them)"
     return "**What decided:** " + ", ".join(parts) + "; " + time + "."
@@ -107,7 +108,7 @@ def gate_summary(outcome, metric: str, factors: dict[str, float], elapsed_s: flo
     regressions = _ordered(outcome.regressions)
     undecided = _ordered(outcome.undecided)
     improved = table[table.get("improved", pd.Series(False, index=table.index)).fillna(False).astype(bool)
-                     & (table["verdict"] == "ok")]
+                     & (table["verdict"] == GateVerdict.OK)]
     improved = improved.assign(_key=improved["ratio"]).sort_values("_key").drop(columns="_key")
     if len(regressions):
         verdict = f"FAIL: {len(regressions)} regression(s)"
@@ -126,7 +127,7 @@ def gate_summary(outcome, metric: str, factors: dict[str, float], elapsed_s: flo
         lines += [f"**Improved beyond the factor ({len(improved)})**", "", *_rows(improved, why=False), ""]
     if not (len(regressions) or len(undecided) or len(improved)):
         lines += ["Every case within its factor.", ""]
-    judged = table[table["verdict"].isin(["ok", "regressed", "wrong", "undecided"])]
+    judged = table[table["verdict"].isin([GateVerdict.OK, GateVerdict.REGRESSED, GateVerdict.WRONG, GateVerdict.UNDECIDED])]
     quiet = len(judged) - len(regressions) - len(undecided) - len(improved)
     lines.append(f"{quiet} other result(s) within their factors.")
     lines += ["", decided_line(table, metric, factors)]

@@ -54,14 +54,16 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import pandas as pd
 
 from attnbench import contract
 from attnbench.analysis import significance
 from attnbench.analysis.frame import decode_param, load_asv
+from attnbench.contract import GateVerdict, Status
 from attnbench.io import atomic_write, check_writable_dir, output_tail
 from attnbench.measure import probe, regime, schedstat
 from attnbench.measure.instructions import missing_message, valgrind_version
@@ -74,9 +76,21 @@ INSTRUCTIONS = contract.INSTRUCTIONS_BENCHMARK
 REGIME = regime.Regime(threads=regime.DEFAULT_THREADS)
 """The regime asv's processes start in (threads, pinned allocator thresholds), as for ``attnbench run``."""
 CASE_KEYS = ("variant", "seq_len", "device", "mode", "mask")
+_CASE_DEFAULTS = {"variant": "", "seq_len": 0, "device": "cpu", "mode": "forward", "mask": "none"}
+"""A case's parameters, with the value of one asv's grid does not have (older results: no mask)."""
 PROBES = "probes.jsonl"
 """The calibration probes of the gate's time rounds, in its work directory."""
-SampleKey = tuple  # (commit, variant, seq_len, device, mode, mask)
+
+
+class SampleKey(NamedTuple):
+    """One case of one commit: the key of a gate run's samples, probes and run-queue shares."""
+
+    commit: str
+    variant: str
+    seq_len: int
+    device: str
+    mode: str
+    mask: str
 
 
 class RegressError(RuntimeError):
@@ -206,8 +220,8 @@ def read_time_samples(results_dir: str | Path, machine: str) -> dict[SampleKey, 
             for combo, got in zip(itertools.product(*params), samples, strict=True):
                 case = dict(zip(names, (decode_param(p) for p in combo), strict=True))
                 if got:
-                    k = (res.commit_hash, *(case.get(c, d) for c, d in zip(CASE_KEYS, ("", 0, "cpu", "forward", "none"), strict=True)))
-                    out.setdefault(k, []).extend(float(x) for x in got if x is not None)
+                    key = SampleKey(res.commit_hash, *(case.get(c, d) for c, d in _CASE_DEFAULTS.items()))
+                    out.setdefault(key, []).extend(float(x) for x in got if x is not None)
     return out
 
 
@@ -229,7 +243,7 @@ def _log_lines(path: str | Path) -> Iterator[tuple[SampleKey, dict]]:
     for line in lines:
         try:
             rec = json.loads(line)
-            yield (rec["commit"], rec["variant"], rec["seq_len"], rec["device"], rec["mode"], rec["mask"]), rec
+            yield SampleKey(*(rec[name] for name in SampleKey._fields)), rec
         except (ValueError, KeyError, TypeError):
             continue
 
@@ -312,13 +326,49 @@ def _typical_probes(probes: dict[SampleKey, list[float]]) -> dict[str, float]:
     """Per device: the median probe of the whole gate run (both commits, interleaved)."""
     pooled: dict[str, list[float]] = {}
     for key, values in probes.items():
-        pooled.setdefault(key[3], []).extend(values)
+        pooled.setdefault(key.device, []).extend(values)
     return {device: statistics.median(values) for device, values in pooled.items()}
 
 
-def _time_verdict(rec: dict, base: str, head: str, time_factor: float, samples: dict, probes: dict,
-                  typical: dict[str, float], runqueue_shares: dict, corrected: dict) -> tuple[str, float, str]:
-    """``(verdict, ratio, reason)`` of one time row both sides ran: disturbed rounds are never decided.
+@dataclass(frozen=True)
+class _TimeEvidence:
+    """What a gate run's time rounds recorded, per :class:`SampleKey` (see :func:`compare`)."""
+
+    samples: dict[SampleKey, list[float]]  # asv's recorded samples (read_time_samples)
+    probes: dict[SampleKey, list[float]]  # the calibration probe of each sample (read_probes)
+    runqueue_shares: dict[SampleKey, list[float]]  # each sample's run-queue seconds per wall second
+    corrected: dict[SampleKey, list[float]]  # each sample in units of its probe (read_corrected)
+    typical: dict[str, float]  # per device: the median probe of the whole run
+
+    @classmethod
+    def of(cls, samples: dict | None, probes: dict | None, runqueue_shares: dict | None,
+           corrected: dict | None) -> _TimeEvidence:
+        """The evidence, every key made a :class:`SampleKey` (callers may key by plain tuples); None: none."""
+        def keyed(values: dict | None) -> dict[SampleKey, list[float]]:
+            return {SampleKey(*key): value for key, value in (values or {}).items()}
+
+        probes = keyed(probes)
+        return cls(keyed(samples), probes, keyed(runqueue_shares), keyed(corrected), _typical_probes(probes))
+
+    def noise(self, key: SampleKey, speed_corrected: bool) -> str:
+        """Why ``key``'s rounds are not to be decided on ("" when undisturbed): its samples waited for a core
+        (:func:`descheduled`), or, where they are not speed-corrected, its probes strayed (:func:`disturbance`)."""
+        typical = self.typical.get(key.device, math.nan)
+        strayed = "" if speed_corrected else disturbance(self.probes.get(key, []), typical)
+        return "; ".join(filter(None, (strayed, descheduled(self.runqueue_shares.get(key, [])))))
+
+
+@dataclass(frozen=True)
+class _RowDecision:
+    """The gate's word on one row of its table: the verdict, the ratio HEAD / BASE it stands on, and why."""
+
+    verdict: GateVerdict
+    ratio: float
+    reason: str = ""
+
+
+def _time_verdict(rec: dict, base: str, head: str, time_factor: float, evidence: _TimeEvidence) -> _RowDecision:
+    """One time row both sides ran, decided on ``evidence``: disturbed rounds never are.
 
     Where both sides logged their samples with the probe beside each (:func:`read_corrected`), the samples as
     measured and the speed-corrected ones must agree: a step of the machine's speed moves a compute-bound case with
@@ -327,25 +377,110 @@ def _time_verdict(rec: dict, base: str, head: str, time_factor: float, samples: 
     noisy too.
     """
     case = tuple(rec[k] for k in CASE_KEYS)
-    decision = significance.decide(samples.get((base, *case), []), samples.get((head, *case), []), time_factor)
-    base_corrected, head_corrected = corrected.get((base, *case), []), corrected.get((head, *case), [])
+    base_key, head_key = SampleKey(base, *case), SampleKey(head, *case)
+    samples, corrected = evidence.samples, evidence.corrected
+    measured = significance.decide(samples.get(base_key, []), samples.get(head_key, []), time_factor)
+    base_corrected, head_corrected = corrected.get(base_key, []), corrected.get(head_key, [])
     speed_corrected = min(len(base_corrected), len(head_corrected)) >= significance.MIN_SAMPLES
-
-    def why(commit: str) -> str:
-        key = (commit, *case)
-        strayed = "" if speed_corrected else disturbance(probes.get(key, []), typical.get(rec["device"], math.nan))
-        return "; ".join(filter(None, (strayed, descheduled(runqueue_shares.get(key, [])))))
-
-    noisy = "; ".join(f"{side}: {reason}" for side, commit in (("BASE", base), ("HEAD", head)) if (reason := why(commit)))
+    noisy = "; ".join(f"{side}: {reason}" for side, key in (("BASE", base_key), ("HEAD", head_key))
+                      if (reason := evidence.noise(key, speed_corrected)))
     if noisy:
-        return "undecided", decision.ratio, f"noisy: {noisy} (measured x{decision.ratio:.2f})"
+        return _RowDecision(GateVerdict.UNDECIDED, measured.ratio, f"noisy: {noisy} (measured x{measured.ratio:.2f})")
     if not speed_corrected:
-        return decision.verdict, decision.ratio, decision.reason
+        return _RowDecision(GateVerdict(measured.verdict), measured.ratio, measured.reason)
     fixed = significance.decide(base_corrected, head_corrected, time_factor)
-    if fixed.verdict == decision.verdict:
-        return fixed.verdict, fixed.ratio, f"speed-corrected {fixed.reason}; as measured x{decision.ratio:.2f}"
-    return "undecided", fixed.ratio, (f"speed-corrected {fixed.verdict} ({fixed.reason}) but {decision.verdict} as measured "
-                                      f"({decision.reason}): the machine's speed moved")
+    if fixed.verdict == measured.verdict:
+        return _RowDecision(GateVerdict(fixed.verdict), fixed.ratio,
+                            f"speed-corrected {fixed.reason}; as measured x{measured.ratio:.2f}")
+    return _RowDecision(GateVerdict.UNDECIDED, fixed.ratio,
+                        f"speed-corrected {fixed.verdict} ({fixed.reason}) but {measured.verdict} as measured "
+                        f"({measured.reason}): the machine's speed moved")
+
+
+_FLOPS_FACTOR = 1.0 + 1e-9
+"""FLOPs may not grow at all: any ratio beyond rounding regresses."""
+
+
+@dataclass(frozen=True)
+class _Factors:
+    """The ratios HEAD / BASE each metric may reach before it regresses."""
+
+    time: float
+    memory: float  # peak tensor bytes, and every exact metric without a factor of its own
+    instructions: float
+
+    def of(self, metric: str) -> float:
+        """The factor of an exact (not timed) ``metric``."""
+        return {"instructions": self.instructions, "flops": _FLOPS_FACTOR}.get(metric, self.memory)
+
+
+@dataclass(frozen=True)
+class _Comparison:
+    """What :func:`compare` decides the rows of its BASE/HEAD table with."""
+
+    base: str
+    head: str
+    factors: _Factors
+    evidence: _TimeEvidence
+    wrong_cases: set[tuple]  # the cases HEAD's result fails the correctness gate in
+
+    def decide(self, rec: dict) -> _RowDecision:
+        """The verdict on one row of the table (see :func:`compare`)."""
+        b_ok, h_ok = rec["base_status"] == Status.OK, rec["head_status"] == Status.OK
+        ratio = rec["head_value"] / rec["base_value"] if b_ok and h_ok and rec["base_value"] else math.nan
+        if b_ok and tuple(rec[k] for k in CASE_KEYS) in self.wrong_cases:
+            return _RowDecision(GateVerdict.WRONG, ratio)  # right on BASE, wrong on HEAD: the gate fails whatever the speed
+        if b_ok and not h_ok:
+            return _RowDecision(GateVerdict.REGRESSED, ratio)  # ran on BASE, does not on HEAD
+        if not (b_ok and h_ok):
+            return _RowDecision(GateVerdict.NOT_APPLICABLE, ratio)
+        metric = rec["metric"]
+        if metric == "time":
+            timed = _time_verdict(rec, self.base, self.head, self.factors.time, self.evidence)
+            return timed if math.isfinite(timed.ratio) else replace(timed, ratio=ratio)
+        if metric == "error_ratio":  # an error ratio within tolerance is ok (above it: "wrong")
+            return _RowDecision(GateVerdict.OK, ratio)
+        factor = self.factors.of(metric)
+        verdict = GateVerdict.REGRESSED if ratio > factor else GateVerdict.OK
+        if metric != "instructions":
+            return _RowDecision(verdict, ratio)
+        beyond = "beyond" if verdict == GateVerdict.REGRESSED else "within"
+        return _RowDecision(verdict, ratio, f"counts x{ratio:.4f} ({beyond} x{factor:g})")
+
+    def improved(self, rec: dict, decision: _RowDecision) -> bool:
+        """Whether an ``ok`` row moved the other way beyond the same rule."""
+        if decision.verdict != GateVerdict.OK or not math.isfinite(decision.ratio) or rec["metric"] == "error_ratio":
+            return False
+        if rec["metric"] == "time":  # the gate's own rule, BASE and HEAD swapped: HEAD faster beyond the allowance
+            swapped = _time_verdict(rec, self.head, self.base, self.factors.time, self.evidence)
+            return swapped.verdict == GateVerdict.REGRESSED
+        return decision.ratio < 1 / self.factors.of(rec["metric"])
+
+
+def _check_metric(metric: str) -> None:
+    if metric not in GATE_METRICS:
+        raise ValueError(f"metric must be one of {GATE_METRICS}, got {metric!r}")
+
+
+def _side_by_side(frame: pd.DataFrame, base: str, head: str) -> pd.DataFrame:
+    """One row per benchmark, case and metric: BASE's and HEAD's value, status, spread and interval."""
+    if "mask" not in frame.columns:  # results from before the asv grid had a mask parameter
+        frame = frame.assign(mask="none")
+    keys = ["benchmark", *CASE_KEYS, "metric"]
+    sides = []
+    for name, commit in (("base", base), ("head", head)):
+        side = frame[frame["commit"] == commit].drop_duplicates(keys, keep="last").set_index(keys)
+        sides.append(side[["value", "status", "spread", "ci_low", "ci_high"]].add_prefix(f"{name}_"))
+    return sides[0].join(sides[1], how="outer").reset_index()
+
+
+def _wrong_cases(table: pd.DataFrame) -> set[tuple]:
+    """The cases whose HEAD result fails the correctness gate: a row the loader marked wrong, an error ratio above 1."""
+    head_rows = table[table["head_status"].notna()]
+    error_above = ((head_rows["metric"] == "error_ratio") & (head_rows["head_status"] == Status.OK)
+                   & (head_rows["head_value"] > 1.0))
+    failed = (head_rows["head_status"] == Status.WRONG) | error_above
+    return {tuple(r) for r in head_rows.loc[failed, list(CASE_KEYS)].itertuples(index=False)}
 
 
 def compare(
@@ -354,91 +489,29 @@ def compare(
     *, metric: str = "time", instructions_factor: float = INSTRUCTIONS_FACTOR,
     runqueue_shares: dict[SampleKey, list[float]] | None = None, corrected: dict[SampleKey, list[float]] | None = None,
 ) -> pd.DataFrame:
-    """Side-by-side BASE/HEAD table with a verdict per case (see the module docstring).
+    """Side-by-side BASE/HEAD table of ``frame`` with a verdict per row (:class:`contract.GateVerdict`).
 
-    ``samples`` maps ``(commit, variant, seq_len, device, mode, mask)`` to recorded time samples
-    (:func:`read_time_samples`); a time row without samples on both sides is ``undecided``. ``probes``
-    maps the same keys to the calibration probes of its rounds (:func:`read_probes`): a time case whose
-    rounds were disturbed on either side (:func:`disturbance`) is ``undecided`` with the reason "noisy: ...",
-    never ``regressed`` or ``ok``. ``runqueue_shares`` (``read_probes(path, "runqueue_share")``) hold the same
-    keys' run-queue shares of their samples: a side whose samples often waited for a core (:func:`descheduled`) is
-    noisy too. ``corrected`` (:func:`read_corrected`) holds the same keys' samples in units of the probe timed
-    before each: where both sides have them, a time case is decided only where they and the samples as measured
-    agree, and the probes' straying from typical is no longer a disturbance (the correction takes it out). A side
-    without them (a commit older than them) is decided as before.
-    Instruction counts regress beyond ``instructions_factor``, with no confirmation and no ``undecided``.
-
-    ``metric`` says what decides the time-like rows: ``"time"`` the timings, ``"instructions"`` the counts
-    (time rows are ``shown``, for the disagreement notes), ``"both"`` both (a time row left ``undecided``
-    is ``shown`` when its case's count was decided).
-
-    ``improved`` marks an ``ok`` row that moved the other way beyond the same rule: a count, bytes or FLOPs below
-    1 / their factor, a time that the gate would call regressed with BASE and HEAD swapped.
-
-    Verdicts: ``ok``, ``regressed``, ``undecided`` (time only), ``shown``, ``n/a``, and ``wrong``: the case ran on
-    BASE and HEAD's result fails the correctness gate (an ``error_ratio`` above 1, or a row the loader marked
-    ``wrong``). Every row of such a case reads ``wrong`` where it would otherwise be ``regressed`` or ``ok``
-    (HEAD's timings of a wrong result are not comparable), so the failure names its cause. ``note`` says where
-    counts and time disagree (:func:`disagreements`).
+    ``samples`` (:func:`read_time_samples`) decide the time rows, judged with the same keys' ``probes`` and
+    ``runqueue_shares`` (:func:`read_probes`) and ``corrected`` samples (:func:`read_corrected`): a time row without
+    samples on both sides, disturbed, or whose speed-corrected and measured samples disagree is ``undecided``.
+    ``metric`` (:data:`GATE_METRICS`) says what decides the time-like rows; the rows it does not decide read
+    ``shown``. Columns added: ``ratio``, ``verdict``, ``reason``, ``improved`` (an ``ok`` row beyond the same rule
+    the other way) and ``note`` (:func:`disagreements`). The rules are the README's "Use it in CI".
     """
-    if metric not in GATE_METRICS:
-        raise ValueError(f"metric must be one of {GATE_METRICS}, got {metric!r}")
-    if "mask" not in frame.columns:  # results from before the asv grid had a mask parameter
-        frame = frame.assign(mask="none")
-    keys = ["benchmark", "variant", "seq_len", "device", "mode", "mask", "metric"]
-    case_keys = list(CASE_KEYS)
-    sides = {}
-    for name, commit in (("base", base), ("head", head)):
-        side = frame[frame["commit"] == commit].drop_duplicates(keys, keep="last").set_index(keys)
-        sides[name] = side[["value", "status", "spread", "ci_low", "ci_high"]].add_prefix(f"{name}_")
-    table = sides["base"].join(sides["head"], how="outer").reset_index()
-    head_rows = table[table["head_status"].notna()]
-    gate_failed = (head_rows["head_status"] == "wrong") | (
-        (head_rows["metric"] == "error_ratio") & (head_rows["head_status"] == "ok") & (head_rows["head_value"] > 1.0))
-    wrong_cases = {tuple(r) for r in head_rows.loc[gate_failed, case_keys].itertuples(index=False)}
-    time_factor = significance.check_factor("time_factor", time_factor)
-    memory_factor = significance.check_factor("memory_factor", memory_factor)
-    instructions_factor = significance.check_factor("instructions_factor", instructions_factor)
-    samples, probes = samples or {}, probes or {}
-    typical = _typical_probes(probes)
-    verdicts, ratios, reasons, improved = [], [], [], []
-    for rec in table.to_dict("records"):
-        b_ok, h_ok = rec["base_status"] == "ok", rec["head_status"] == "ok"
-        ratio = rec["head_value"] / rec["base_value"] if b_ok and h_ok and rec["base_value"] else math.nan
-        verdict, reason = "ok", ""
-        if b_ok and tuple(rec[k] for k in case_keys) in wrong_cases:
-            verdict = "wrong"  # right on BASE, wrong on HEAD: the gate fails whatever the speed
-        elif b_ok and not h_ok:
-            verdict = "regressed"  # ran on BASE, does not on HEAD
-        elif not (b_ok and h_ok):
-            verdict = "n/a"
-        elif rec["metric"] == "time":
-            verdict, decided_ratio, reason = _time_verdict(rec, base, head, time_factor, samples, probes, typical,
-                                                           runqueue_shares or {}, corrected or {})
-            ratio = decided_ratio if math.isfinite(decided_ratio) else ratio
-        elif rec["metric"] == "instructions":
-            verdict = "regressed" if ratio > instructions_factor else "ok"
-            reason = f"counts x{ratio:.4f} ({'beyond' if verdict == 'regressed' else 'within'} x{instructions_factor:g})"
-        elif rec["metric"] == "flops":
-            verdict = "regressed" if ratio > 1.0 + 1e-9 else "ok"
-        elif rec["metric"] != "error_ratio":  # an error ratio within tolerance is ok (above it: "wrong")
-            verdict = "regressed" if ratio > memory_factor else "ok"
-        verdicts.append(verdict)
-        ratios.append(ratio)
-        reasons.append(reason)
-        factor = {"instructions": instructions_factor, "flops": 1.0 + 1e-9, "peak_tensor_bytes": memory_factor}.get(
-            rec["metric"], memory_factor)
-        if verdict != "ok" or not math.isfinite(ratio) or rec["metric"] == "error_ratio":
-            improved.append(False)
-        elif rec["metric"] == "time":  # the gate's own rule, BASE and HEAD swapped: HEAD faster beyond the allowance
-            improved.append(_time_verdict(rec, head, base, time_factor, samples, probes, typical, runqueue_shares or {},
-                                          corrected or {})[0] == "regressed")
-        else:
-            improved.append(ratio < 1 / factor)
-    table["ratio"] = ratios
-    table["verdict"] = verdicts
-    table["reason"] = reasons
-    table["improved"] = improved
+    _check_metric(metric)
+    table = _side_by_side(frame, base, head)
+    wrong_cases = _wrong_cases(table)
+    factors = _Factors(time=significance.check_factor("time_factor", time_factor),
+                       memory=significance.check_factor("memory_factor", memory_factor),
+                       instructions=significance.check_factor("instructions_factor", instructions_factor))
+    evidence = _TimeEvidence.of(samples, probes, runqueue_shares, corrected)
+    comparison = _Comparison(base, head, factors, evidence, wrong_cases)
+    records = table.to_dict("records")
+    decisions = [comparison.decide(rec) for rec in records]
+    table["ratio"] = [d.ratio for d in decisions]
+    table["verdict"] = [d.verdict for d in decisions]
+    table["reason"] = [d.reason for d in decisions]
+    table["improved"] = [comparison.improved(rec, d) for rec, d in zip(records, decisions, strict=True)]
     table["note"] = disagreements(table)
     return _decided_by(table, metric)
 
@@ -457,10 +530,10 @@ def disagreements(table: pd.DataFrame) -> list[str]:
     notes = {}
     for key in counts.index.intersection(times.index):
         (c, c_verdict), (t, t_verdict) = counts.loc[key, ["ratio", "verdict"]], times.loc[key, ["ratio", "verdict"]]
-        if c_verdict == "ok" and t_verdict == "regressed" and t >= DISAGREE_TIME:
+        if c_verdict == GateVerdict.OK and t_verdict == GateVerdict.REGRESSED and t >= DISAGREE_TIME:
             notes[key] = (f"time x{t:.2f} with counts flat (x{c:.4f}): a change the counter cannot see "
                           "(cache misses, page faults, bandwidth, waiting), or a neighbour the noise checks missed")
-        elif c_verdict == "regressed" and t_verdict == "ok":
+        elif c_verdict == GateVerdict.REGRESSED and t_verdict == GateVerdict.OK:
             notes[key] = f"counts x{c:.4f} with time within its allowance (x{t:.2f}): more work the machine absorbed"
     return [notes.get(tuple(r), "") if m in ("time", "instructions") else ""
             for r, m in zip(table[case].itertuples(index=False), table["metric"], strict=True)]
@@ -468,20 +541,21 @@ def disagreements(table: pd.DataFrame) -> list[str]:
 
 def _decided_by(table: pd.DataFrame, metric: str) -> pd.DataFrame:
     """Time rows the chosen ``metric`` does not decide become ``shown`` (their figures stay in the table)."""
-    counted = table[(table["metric"] == "instructions") & table["verdict"].isin(("ok", "regressed"))]
+    counted = table[(table["metric"] == "instructions") & table["verdict"].isin((GateVerdict.OK, GateVerdict.REGRESSED))]
     decided = {tuple(r) for r in counted[list(CASE_KEYS)].itertuples(index=False)}
     is_time = table["metric"] == "time"
-    timing = table["verdict"].isin(("ok", "regressed", "undecided"))  # decided by the samples (not a failed case)
+    # decided by the samples (not a failed case)
+    timing = table["verdict"].isin((GateVerdict.OK, GateVerdict.REGRESSED, GateVerdict.UNDECIDED))
     if metric == "instructions":
         hide = is_time & timing
     elif metric == "both":
         case = pd.Series([tuple(r) in decided for r in table[list(CASE_KEYS)].itertuples(index=False)], index=table.index)
-        hide = is_time & (table["verdict"] == "undecided") & case
+        hide = is_time & (table["verdict"] == GateVerdict.UNDECIDED) & case
     else:
         return table
     table = table.copy()
     table.loc[hide, "reason"] = ("shown, not deciding (instruction counts decide): " + table.loc[hide, "reason"]).str.rstrip(": ")
-    table.loc[hide, "verdict"] = "shown"
+    table.loc[hide, "verdict"] = GateVerdict.SHOWN
     return table
 
 
@@ -524,7 +598,7 @@ def _commits(repo: Path, base: str, heads: list[str]) -> tuple[str, dict[str, st
 TIME_CASES = ("longest", "all")
 """Which time cases the gate times where instruction counts decide (``--metric both`` or ``instructions``):
 ``longest``, the longest length of each variant in the grid, or ``all`` of them (with ``--metric time``: always all)."""
-NOT_TIMED = "not timed"
+NOT_TIMED = GateVerdict.NOT_TIMED
 """The verdict of a time row the gate did not time (counts decided its case at a length where time tells nothing
 more; see :func:`time_selection`)."""
 
@@ -863,7 +937,7 @@ def regress_many(
         return {head: _not_timed(table, timed_length) for head, table in tables.items()}
 
     tables = decide()
-    undecided = sum(int((t["verdict"] == "undecided").sum()) for t in tables.values())
+    undecided = sum(int((t["verdict"] == GateVerdict.UNDECIDED).sum()) for t in tables.values())
     confirmed = 0
     if undecided:  # cannot tell yet: gather more samples for every commit, decide on all of them
         say(f"{undecided} time case(s) undecided: a confirmation round")
@@ -873,8 +947,8 @@ def regress_many(
     outcomes = {}
     for head, table in tables.items():
         table["confirmation_runs"] = confirmed
-        outcomes[head] = Outcome(table=table, regressions=table[table["verdict"].isin(["regressed", "wrong"])],
-                                 undecided=table[table["verdict"] == "undecided"], base=base_hash,
+        outcomes[head] = Outcome(table=table, regressions=table[table["verdict"].isin([GateVerdict.REGRESSED, GateVerdict.WRONG])],
+                                 undecided=table[table["verdict"] == GateVerdict.UNDECIDED], base=base_hash,
                                  head=head_hashes[head], results_dir=work / "results")
     return outcomes
 
@@ -915,7 +989,7 @@ def _not_timed(table: pd.DataFrame, timed_length: int | None) -> pd.DataFrame:
     """Time rows the gate left untimed (another length than ``timed_length``) read ``not timed``, not ``n/a``."""
     if timed_length is None:
         return table
-    untimed = (table["metric"] == "time") & (table["seq_len"] != timed_length) & (table["verdict"] == "n/a")
+    untimed = (table["metric"] == "time") & (table["seq_len"] != timed_length) & (table["verdict"] == GateVerdict.NOT_APPLICABLE)
     table = table.copy()
     table.loc[untimed, "verdict"] = NOT_TIMED
     table.loc[untimed, "reason"] = f"counts decide this length; time is taken at L={timed_length} only"
