@@ -27,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import enum
 import weakref
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
@@ -37,13 +38,23 @@ import torch
 
 from attnbench._checks import check_int
 
+
+class TileState(enum.StrEnum):
+    """What a tile of the mask holds, for every batch entry and head (:func:`block_state`)."""
+
+    EMPTY = "empty"  # no allowed pair: a block-skipping engine skips the tile
+    FULL = "full"  # every pair allowed: no mask work
+    PARTIAL = "partial"  # some pairs allowed: the predicate is evaluated on the tile
+
+
+EMPTY, FULL, PARTIAL = TileState.EMPTY, TileState.FULL, TileState.PARTIAL
+
+
 Predicate = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """``fn(b, h, q_idx, kv_idx) -> bool``, on broadcastable int64 index tensors (FlexAttention's mask_mod)."""
-Bounds = Callable[[int, int, int, int], str | None]
-"""``(q0, q1, k0, k1) -> "empty" | "full" | "partial"`` for the tile ``[q0, q1) x [k0, k1)``, valid for
+Bounds = Callable[[int, int, int, int], TileState | None]
+"""``(q0, q1, k0, k1) -> TileState`` for the tile ``[q0, q1) x [k0, k1)``, valid for
 every batch and head; None when the predicate has no closed form (the tile is then evaluated)."""
-
-EMPTY, FULL, PARTIAL = "empty", "full", "partial"
 
 
 @dataclass(frozen=True, eq=False)
@@ -92,7 +103,7 @@ class MaskMod:
         return f"MaskMod({self.name})"
 
 
-def _state(full: bool, empty: bool) -> str:
+def _state(full: bool, empty: bool) -> TileState:
     return FULL if full else EMPTY if empty else PARTIAL
 
 
@@ -699,8 +710,8 @@ def dense(mod: MaskMod, batch: int, heads: int, lq: int, lk: int, device: torch.
     return tile(mod, batch, heads, 0, lq, 0, lk, device).contiguous()
 
 
-def block_state(mod: MaskMod, batch: int, heads: int, q0: int, q1: int, k0: int, k1: int) -> str:
-    """``"empty"``, ``"full"`` or ``"partial"`` for the tile, for every batch and head."""
+def block_state(mod: MaskMod, batch: int, heads: int, q0: int, q1: int, k0: int, k1: int) -> TileState:
+    """The tile's :class:`TileState` (``"empty"``, ``"full"`` or ``"partial"``), for every batch and head."""
     if mod.bounds is not None:
         return mod.bounds(q0, q1, k0, k1)
     values = tile(mod, batch, heads, q0, q1, k0, k1)
