@@ -32,6 +32,7 @@ import weakref
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from itertools import combinations, pairwise
 
 import torch
@@ -490,6 +491,61 @@ _EAGER_DOCUMENT_IDS = 2**22
 """Positions up to which ``document`` builds its position -> document table when made (32 MiB)."""
 
 
+def _document_lengths(lengths: Sequence[int]) -> list[int]:
+    """``lengths`` as a list of ints >= 1 (at least one), else ``TypeError`` or ``ValueError``."""
+    if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Iterable):
+        raise TypeError(f"lengths must be a sequence of ints (one length per document), got {type(lengths).__name__}")
+    lengths = [check_int("document length", n, 1) for n in lengths]
+    if not lengths:
+        raise ValueError("lengths must name at least one document")
+    return lengths
+
+
+def _document_of(starts: list[int], position: int) -> int:
+    """The document holding ``position``, given each document's first position and then the end."""
+    return bisect_right(starts, position) - 1
+
+
+def _document_bounds(starts: list[int], q0: int, q1: int, k0: int, k1: int) -> TileState:
+    """The state of the tile ``[q0, q1) x [k0, k1)`` of :func:`document`."""
+    total = starts[-1]
+    qb, kb = min(q1, total), min(k1, total)  # positions past the packed end see nothing
+    if q0 >= qb or k0 >= kb:
+        return EMPTY
+    lo_q, hi_q = _document_of(starts, q0), _document_of(starts, qb - 1)
+    lo_k, hi_k = _document_of(starts, k0), _document_of(starts, kb - 1)
+    full = q1 <= total and k1 <= total and lo_q == hi_q == lo_k == hi_k
+    return _state(full=full, empty=hi_q < lo_k or hi_k < lo_q)
+
+
+def _document_pairs(starts: list[int], batch: int, lq: int, lk: int) -> int:
+    """Allowed pairs of :func:`document`: each document's queries times its keys, cut at lq and lk."""
+    count = 0
+    for start, stop in zip(starts[:-1], starts[1:], strict=True):
+        count += max(0, min(stop, lq) - start) * max(0, min(stop, lk) - start)
+    return count
+
+
+def _document_tile_pairs(starts: list[int], lq: int, lk: int, tq: int, tk: int) -> int:
+    """Pairs in the non-empty tiles of :func:`document` on a ``tq x tk`` grid.
+
+    A query tile meets the key tiles that meet the positions of the documents it spans,
+    [start of doc(q0), end of doc(last row)). Tiles are grouped by doc(q0): all but the last
+    tile of a group lie inside that document; the last one may reach into later documents.
+    """
+    total = starts[-1]
+    nq, count = -(-lq // tq), 0
+    for start, stop in zip(starts[:-1], starts[1:], strict=True):
+        first, end = -(-start // tq), min(-(-stop // tq), nq)
+        if first >= end:
+            continue
+        count += (end - 1 - first) * tq * _span_width(start, stop, lk, tk)
+        q0 = (end - 1) * tq
+        q1 = min(q0 + tq, lq)
+        count += (q1 - q0) * _span_width(start, starts[_document_of(starts, min(q1, total) - 1) + 1], lk, tk)
+    return count
+
+
 def document(lengths: Sequence[int], device: torch.device | str = "cpu") -> MaskMod:
     """Block-diagonal mask of packed sequences: a query sees the keys of its own document only.
 
@@ -502,11 +558,7 @@ def document(lengths: Sequence[int], device: torch.device | str = "cpu") -> Mask
         lengths: per-document lengths, in packing order; positions past their sum belong to no
             document and see nothing.
     """
-    if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Iterable):
-        raise TypeError(f"lengths must be a sequence of ints (one length per document), got {type(lengths).__name__}")
-    lengths = [check_int("document length", n, 1) for n in lengths]
-    if not lengths:
-        raise ValueError("lengths must name at least one document")
+    lengths = _document_lengths(lengths)
     total = sum(lengths)
     starts = [0]  # first position of each document, then the end
     for n in lengths:
@@ -521,48 +573,17 @@ def document(lengths: Sequence[int], device: torch.device | str = "cpu") -> Mask
     if total <= _EAGER_DOCUMENT_IDS:
         ids()
 
-    def doc(position: int) -> int:
-        return bisect_right(starts, position) - 1
-
     def fn(b, h, q, kv):
         inside = (q < total) & (kv < total)
         table_ = ids()
         return inside & (table_[q.clamp(max=total - 1)] == table_[kv.clamp(max=total - 1)])
 
-    def bounds(q0, q1, k0, k1):
-        qb, kb = min(q1, total), min(k1, total)  # positions past the packed end see nothing
-        if q0 >= qb or k0 >= kb:
-            return EMPTY
-        lo_q, hi_q, lo_k, hi_k = doc(q0), doc(qb - 1), doc(k0), doc(kb - 1)
-        full = q1 <= total and k1 <= total and lo_q == hi_q == lo_k == hi_k
-        return _state(full=full, empty=hi_q < lo_k or hi_k < lo_q)
-
-    def pairs(batch, lq, lk):
-        count = 0
-        for start, stop in zip(starts[:-1], starts[1:], strict=True):
-            count += max(0, min(stop, lq) - start) * max(0, min(stop, lk) - start)
-        return count
-
-    def tile_pairs(lq, lk, tq, tk):
-        # A query tile meets the key tiles that meet the positions of the documents it spans,
-        # [start of doc(q0), end of doc(last row)). Tiles are grouped by doc(q0): all but the last
-        # tile of a group lie inside that document; the last one may reach into later documents.
-        nq, count = -(-lq // tq), 0
-        for start, stop in zip(starts[:-1], starts[1:], strict=True):
-            first, end = -(-start // tq), min(-(-stop // tq), nq)
-            if first >= end:
-                continue
-            count += (end - 1 - first) * tq * _span_width(start, stop, lk, tk)
-            q0 = (end - 1) * tq
-            q1 = min(q0 + tq, lq)
-            count += (q1 - q0) * _span_width(start, starts[doc(min(q1, total) - 1) + 1], lk, tk)
-        return count
-
     # Rows of document d see [start_d, end_d); rows past the end see the empty [total, total), which
     # keeps both ends non-decreasing (a tile's rows then reach exactly [lo(q0), hi(q1 - 1))).
     rows = tuple((a, 0, a, 0, b) for a, b in zip(starts[:-1], starts[1:], strict=True)) + ((total, 0, total, 0, total),)
-    mod = MaskMod(f"document({len(lengths)} docs)", fn, bounds=bounds, pairs=pairs, tile_pairs=tile_pairs,
-                   form=_form(("document", tuple(lengths)), rows))
+    mod = MaskMod(f"document({len(lengths)} docs)", fn, bounds=partial(_document_bounds, starts),
+                  pairs=partial(_document_pairs, starts), tile_pairs=partial(_document_tile_pairs, starts),
+                  form=_form(("document", tuple(lengths)), rows))
     return _builtin("document", mod)
 
 
