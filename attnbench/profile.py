@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -34,6 +35,7 @@ from attnbench.measure.runner import MeasureConfig, make_call
 from attnbench.measure.timer import time_once
 from attnbench.registry import get_variant
 from attnbench.spec import AttnSpec
+from attnbench.variants.base import Variant
 
 
 @dataclass(frozen=True)
@@ -54,20 +56,30 @@ class ProfileSummary:
     peak_bytes: float  # peak live tensor bytes above the inputs (NaN if not measurable)
     score_bytes: float  # one (B, H, Lq, Lk) tensor at the case's dtype, for scale
     gflops: float  # executed FLOPs / unprofiled time
-    regime: str = ""  # the measurement regime the call ran in (threads, allocator, THP): regime.describe()
+    # the measurement regime the call ran in (threads, allocator, THP): regime.describe()
+    regime: str = ""
 
     def line(self) -> str:
-        peak = "n/a" if self.peak_bytes != self.peak_bytes else f"{self.peak_bytes / 2**20:.1f} MiB ({self.peak_bytes / self.score_bytes:.2f}x one score tensor)"
-        sliced = "" if self.profiled_spec == self.spec else f" [profiled {self.profiled_spec}: every head runs the same loop]"
+        """The summary as one line of text (what ``attnbench profile`` prints first)."""
+        peak = "n/a"
+        if self.peak_bytes == self.peak_bytes:
+            peak = (f"{self.peak_bytes / 2**20:.1f} MiB ({self.peak_bytes / self.score_bytes:.2f}x one "
+                    "score tensor)")
+        sliced = ""
+        if self.profiled_spec != self.spec:
+            sliced = f" [profiled {self.profiled_spec}: every head runs the same loop]"
         return (
-            f"{self.variant} [{self.spec}]: {self.unprofiled_s * 1e3:.1f} ms per call, {self.gflops:.1f} GFLOP/s; "
-            f"{self.outside_ops_fraction:.0%} of profiled wall time outside operators (Python/dispatch), "
+            f"{self.variant} [{self.spec}]: {self.unprofiled_s * 1e3:.1f} ms per call, "
+            f"{self.gflops:.1f} GFLOP/s; {self.outside_ops_fraction:.0%} of profiled wall time "
+            "outside operators (Python/dispatch), "
             f"{self.op_calls:,} operator calls ({self.calls_per_s:,.0f}/s); top op {self.top_op} "
             f"{self.top_op_fraction:.0%} of op time; peak {peak}{sliced}; {self.regime}"
         )
 
 
 def _memory_figure(timeline: list[tuple], score_bytes: float, dense: bool, title: str, stem: Path) -> None:
+    """Live tensor MiB over the profiled call with its peak marked (and, for a ``dense`` variant,
+    one score tensor's size) as ``stem``.png and .svg."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -112,25 +124,55 @@ def profile_case(
 ) -> ProfileSummary:
     """Profile one call of ``variant_name`` on ``spec`` (after a warm-up) and write the artefacts.
 
-    The case goes through the same guard as a benchmark case first (inputs, mask, weights, the
-    variant's predicted peak; ``config``'s memory and time budgets), so a profile cannot exhaust
-    the machine. It runs in the measurement regime every entry point uses
-    (:class:`~attnbench.measure.regime.Regime` with ``config.threads``, default
-    :data:`~attnbench.measure.regime.DEFAULT_THREADS`), recorded in the summary.
-
-    ``progress`` is called with a line as each step starts (the CLI prints it): an interpreter-bound
-    variant takes minutes over its calls and the profiler's memory replay.
+    The case passes a benchmark case's guard first (inputs, mask, weights, the variant's predicted
+    peak; ``config``'s memory and time budgets), so a profile cannot exhaust the machine, and runs
+    in the measurement regime every entry point uses (:class:`~attnbench.measure.regime.Regime`
+    with ``config.threads``, default :data:`~attnbench.measure.regime.DEFAULT_THREADS`), recorded
+    in the summary. ``progress`` is called with a line as each step starts (the CLI prints it): an
+    interpreter-bound variant takes minutes over its calls and the profiler's memory replay.
 
     Raises:
         ValueError: for an unknown variant, a case the variant does not support, or one the guard
             refuses (the reason names the predicted peak and the budget).
     """
     say = progress or (lambda line: None)
+    variant = _guarded_variant(variant_name, spec, config or MeasureConfig())
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    call, _, _ = make_call(variant, spec, seed)
+    say(f"{variant_name} {spec.label}: a warm-up call and an unprofiled timed call")
+    call()  # warm-up
+    unprofiled = time_once(call, spec.device)
+    profiled = _profiled_spec(variant, spec)
+    if profiled != spec:
+        call, _, _ = make_call(variant, profiled, seed)
+    say(f"one call under torch.profiler ({profiled.label}; the previous call took "
+        f"{unprofiled:.3g} s)")
+    prof, averages, wall = _profiled_call(call, spec.device_type)
+    say(f"the memory timeline of its {sum(a.count for a in averages):,} operator calls, then the "
+        "trace (the longest step where a call makes many operator calls)")
+    with quiet_stderr():  # the profiler's own lines are noise on a user's terminal
+        timeline = _memory_timeline(prof)
+        atomic_write(out_dir / "trace.json.gz", lambda tmp: _export_gzipped(prof, tmp))
+    _write_top_ops(averages, out_dir / "top_ops.txt")
+    summary = _summarise(averages, timeline, variant, spec, profiled, wall=wall, unprofiled=unprofiled)
+    _memory_figure(timeline, summary.score_bytes, variant.memory_exponent >= 2,
+                   f"{variant_name}: {profiled.label}", out_dir / "memory")
+    atomic_write_text(out_dir / "summary.json", json.dumps({**asdict(summary), "line": summary.line()}, indent=1))
+    return summary
+
+
+def _guarded_variant(variant_name: str, spec: AttnSpec, config: MeasureConfig) -> Variant:
+    """The variant, once it supports ``spec`` and the guard lets the profile's calls run. The
+    measurement regime is applied first: the guard predicts time from the matmul peak at its threads.
+
+    Raises:
+        ValueError: the reasons the variant or the guard gives.
+    """
     variant = get_variant(variant_name)
     reasons = variant.not_supported_reasons(spec)
     if reasons:
         raise ValueError(f"{variant_name} cannot run {spec.label}: " + "; ".join(reasons))
-    config = config or MeasureConfig()
     regime.apply(regime.Regime(threads=config.threads or regime.DEFAULT_THREADS))
     reasons = guard.guard_reasons(
         variant, spec, memory_budget=config.memory_budget(spec.device), time_budget=config.time_budget_s,
@@ -138,57 +180,74 @@ def profile_case(
     )
     if reasons:
         raise ValueError(f"{variant_name} {spec.label} refused by the guard: " + "; ".join(reasons))
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    call, _, _ = make_call(variant, spec, seed)
-    say(f"{variant_name} {spec.label}: a warm-up call and an unprofiled timed call")
-    call()  # warm-up
-    unprofiled = time_once(call, spec.device)
-    # An interpreter-bound variant issues ~10 operator calls per (query, key) pair: a million events
-    # for one L=128 call, which the profiler and its memory replay take many minutes over. Every
-    # (batch, head) runs the same loop, so profile one of them; the per-call time above is the full case.
-    profiled = spec.replace(batch=1, heads=1) if variant.SECONDS_PER_PAIR > 0 else spec
-    if profiled != spec:
-        call, _, _ = make_call(variant, profiled, seed)
-    sync = torch.cuda.synchronize if spec.device_type == "cuda" else (lambda: None)
+    return variant
 
-    say(f"one call under torch.profiler ({profiled.label}; the previous call took {unprofiled:.3g} s)")
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if spec.device_type == "cuda" else [])
+
+def _profiled_spec(variant: Variant, spec: AttnSpec) -> AttnSpec:
+    """The case the profiler sees: ``spec``, or one (batch, head) of it for an interpreter-bound
+    variant.
+
+    Such a variant issues ~10 operator calls per (query, key) pair: a million events for one L=128
+    call, which the profiler and its memory replay take many minutes over. Every (batch, head)
+    runs the same loop, so one of them shows where the time goes (the unprofiled time is the full
+    case's).
+    """
+    return spec.replace(batch=1, heads=1) if variant.SECONDS_PER_PAIR > 0 else spec
+
+
+class _Profiled(NamedTuple):
+    """One call as ``torch.profiler`` saw it."""
+
+    prof: profile
+    # the profiler's key_averages(): operator name -> calls, self time, self memory
+    averages: object
+    wall_s: float  # the call's wall time, profiler overhead included
+
+
+def _profiled_call(call: Callable[[], object], device_type: str) -> _Profiled:
+    """One call under ``torch.profiler``, recording shapes and memory."""
+    sync = torch.cuda.synchronize if device_type == "cuda" else (lambda: None)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_type == "cuda" else [])
     with quiet_stderr(), profile(activities=activities, record_shapes=True, profile_memory=True) as prof:
         t0 = time.perf_counter()
         call()
         sync()
         wall = time.perf_counter() - t0
     with quiet_stderr():
-        averages = prof.key_averages()
-    say(f"the memory timeline of its {sum(a.count for a in averages):,} operator calls, then the trace "
-        "(the longest step where a call makes many operator calls)")
-    with quiet_stderr():  # the profiler's own lines are noise on a user's terminal
-        try:
-            from torch.profiler._memory_profiler import MemoryProfile
+        return _Profiled(prof, prof.key_averages(), wall)
 
-            timeline = MemoryProfile(prof.profiler.kineto_results).timeline
-        except (ImportError, AttributeError, RuntimeError, TypeError, ValueError):
-            timeline = []
-        atomic_write(out_dir / "trace.json.gz", lambda tmp: _export_gzipped(prof, tmp))
 
+def _memory_timeline(prof: profile) -> list[tuple]:
+    """The profiler's memory timeline; empty where torch's private memory profiler fails."""
+    try:
+        from torch.profiler._memory_profiler import MemoryProfile
+
+        return MemoryProfile(prof.profiler.kineto_results).timeline
+    except (ImportError, AttributeError, RuntimeError, TypeError, ValueError):
+        return []
+
+
+def _write_top_ops(averages, path: Path) -> None:
+    """The 15 operators with the most self CPU time, then the 15 with the most self CPU memory."""
     by_time = averages.table(sort_by="self_cpu_time_total", row_limit=15)
     by_mem = averages.table(sort_by="self_cpu_memory_usage", row_limit=15)
-    atomic_write_text(out_dir / "top_ops.txt", f"Top operators by self CPU time\n{by_time}\n\nTop operators by self CPU memory\n{by_mem}\n")
+    atomic_write_text(path, f"Top operators by self CPU time\n{by_time}\n\n"
+                            f"Top operators by self CPU memory\n{by_mem}\n")
 
+
+def _summarise(averages, timeline: list[tuple], variant: Variant, spec: AttnSpec, profiled: AttnSpec, *,
+               wall: float, unprofiled: float) -> ProfileSummary:
+    """The summary of one call of ``profiled`` (``wall`` s under the profiler), standing for
+    ``spec`` (``unprofiled`` s)."""
     op_us = sum(a.self_cpu_time_total for a in averages)
     calls = sum(a.count for a in averages)
     top = max(averages, key=lambda a: a.self_cpu_time_total) if len(averages) else None
-    score_bytes = float(profiled.batch * profiled.heads * profiled.lq * profiled.lk * profiled.elem_bytes)
-    peak = float(peak_from_timeline(timeline)) if timeline else float("nan")
-    summary = ProfileSummary(
-        variant=variant_name, spec=spec.label, profiled_spec=profiled.label, wall_s=wall, unprofiled_s=unprofiled, op_s=op_us / 1e6,
-        outside_ops_fraction=max(0.0, 1.0 - op_us / 1e6 / wall) if wall > 0 else 0.0,
+    return ProfileSummary(
+        variant=variant.name, spec=spec.label, profiled_spec=profiled.label, wall_s=wall, unprofiled_s=unprofiled,
+        op_s=op_us / 1e6, outside_ops_fraction=max(0.0, 1.0 - op_us / 1e6 / wall) if wall > 0 else 0.0,
         op_calls=calls, calls_per_s=calls / wall if wall > 0 else 0.0,
         top_op=top.key if top else "", top_op_fraction=(top.self_cpu_time_total / op_us) if top and op_us else 0.0,
-        peak_bytes=peak, score_bytes=score_bytes, gflops=variant.flops(spec).executed / unprofiled / 1e9,
-        regime=regime.describe(),
+        peak_bytes=float(peak_from_timeline(timeline)) if timeline else float("nan"),
+        score_bytes=float(profiled.batch * profiled.heads * profiled.lq * profiled.lk * profiled.elem_bytes),
+        gflops=variant.flops(spec).executed / unprofiled / 1e9, regime=regime.describe(),
     )
-    _memory_figure(timeline, score_bytes, variant.memory_exponent >= 2, f"{variant_name}: {profiled.label}", out_dir / "memory")
-    atomic_write_text(out_dir / "summary.json", json.dumps({**asdict(summary), "line": summary.line()}, indent=1))
-    return summary
