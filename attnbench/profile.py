@@ -164,7 +164,8 @@ def profile_case(
 
 def _guarded_variant(variant_name: str, spec: AttnSpec, config: MeasureConfig) -> Variant:
     """The variant, once it supports ``spec`` and the guard lets the profile's calls run. The
-    measurement regime is applied first: the guard predicts time from the matmul peak at its threads.
+    measurement regime is applied first: the guard predicts time from the matmul peak at its
+    threads.
 
     Raises:
         ValueError: the reasons the variant or the guard gives.
