@@ -845,112 +845,127 @@ def regress_many(
     deterministic: bool = True,
     parallel: bool = True,
 ) -> dict[str, Outcome]:
-    """Benchmark ``base`` and every one of ``heads`` in one asv session (time rounds interleaved over all of them),
-    then compare each HEAD with BASE: the outcomes, keyed by the revisions as given.
+    """Benchmark ``base`` and every one of ``heads`` in one asv session, then compare each HEAD with BASE.
 
-    BASE is measured once for all of them, so judging several candidate commits costs one BASE, one environment
-    and one set of rounds in which all of them share the machine's moments. The steps, each one asv call: the
-    deterministic benchmarks (peak tensor bytes, FLOPs, the correctness gate's error ratio) once per commit; with
-    counts deciding, the instruction counts (one valgrind process per commit); then the time rounds, interleaved, with
-    a confirmation round for what they leave undecided.
-
-    Where counts decide (``metric`` ``both`` or ``instructions``) the time rounds take, by default
-    (``time_cases="longest"``), only the longest length of each variant (:func:`time_selection`): there time sees what
-    counts cannot (cache misses, page faults, bandwidth, waiting); at the shorter lengths the counts decide alone and
-    the time rows read ``not timed``. What that gives up: a slowdown the counts cannot see that shows at the shorter
-    lengths only. ``time_cases="all"`` times every case, as ``metric="time"`` always does.
+    BASE is measured once for all HEADs and the time rounds interleave every commit, so several candidates cost one
+    BASE and one set of rounds that share the machine's moments. Where counts decide, time is taken at each
+    variant's longest length only (``time_cases="longest"``: :func:`time_selection`). The steps: the README's "What
+    a gate run does, in order".
 
     Args:
-        base, heads: any git revisions (branch, tag, hash, ``HEAD~1``).
-        repo: the attnbench checkout (its asv.conf.json and benchmarks/ are used).
-        time_factor: allowed HEAD/BASE time ratio.
-        memory_factor: allowed HEAD/BASE peak tensor bytes ratio.
+        base, heads: git revisions (the outcomes are keyed by ``heads`` as given) of the checkout ``repo``.
+        time_factor, memory_factor, instructions_factor: the allowed HEAD/BASE ratios (:func:`compare`).
         rounds: asv rounds of the time benchmark, interleaved across the commits.
-        subset: grid variables narrowing :data:`CI_SUBSET` (a variable it does not set keeps the CI grid's value:
-            ``{"ATTNBENCH_ASV_VARIANTS": "batched"}`` is batched on the CI grid's lengths, modes and masks); default:
-            the ones of :data:`contract.GRID_ENV` set in the environment.
-        work_dir: where results and the asv log go (default: a new temporary directory); a relative path is
-            taken from the current directory.
-        machine: asv machine name to record results under.
-        log_path: file receiving asv's full output (default ``<work_dir>/asv.log``).
-        metric: what decides (:data:`GATE_METRICS`): ``"time"``, ``"instructions"`` (valgrind's counts: one
-            valgrind process per commit; time is measured and shown beside them, not deciding) or ``"both"``.
-        instructions_factor: allowed HEAD/BASE instruction count ratio.
-        progress: called with a line as each step starts and at least every :data:`HEARTBEAT_S` seconds while asv
-            runs (the CLI prints it): asv's steps take minutes.
-        time_cases: :data:`TIME_CASES`: where counts decide, time the longest length only or every case.
-        deterministic: also measure peak tensor bytes, FLOPs and the error ratio (the bisection's time probes, which
-            decide on time alone, leave them out).
-        parallel: take the deterministic measures (bytes, FLOPs, error ratio, counts) of BASE and of the HEADs in two
-            asv processes at once, the second in a twin of the environment (:meth:`AsvSession.twin`): they do not
-            move with a neighbour, and a gate run has two cores. The time rounds always run alone, afterwards.
+        subset: grid variables narrowing :data:`CI_SUBSET` (default: the ones of :data:`contract.GRID_ENV` set).
+        work_dir, log_path, machine: results, asv's output (default: a temporary directory, its ``asv.log``), and
+            the asv machine they are recorded under.
+        metric: what decides (:data:`GATE_METRICS`); time_cases: :data:`TIME_CASES`.
+        progress: told each step, and asv's progress at least every :data:`HEARTBEAT_S` seconds.
+        deterministic: also measure peak tensor bytes, FLOPs and the error ratio (bisect's time probes do not).
+        parallel: the deterministic measures of BASE and of the HEADs in two asv processes at once.
 
     Raises:
-        ValueError: bad arguments (unknown revision, a HEAD that is BASE, repeated HEADs, bad factors, an unknown
-            metric or time_cases).
-        RegressError: asv could not produce results for every commit, or counts were asked for without valgrind.
+        ValueError: bad arguments (unknown revision, a HEAD that is BASE, repeated HEADs, bad factors or options).
+        RegressError: asv produced no results for a commit, or counts were asked for without valgrind.
     """
     say = progress or (lambda line: None)
-    if metric not in GATE_METRICS:
-        raise ValueError(f"metric must be one of {GATE_METRICS}, got {metric!r}")
+    factors = _checked_options(metric, time_cases, rounds, time_factor, memory_factor, instructions_factor)
+    repo = Path(repo).resolve()
+    base_hash, head_hashes = _commits(repo, base, heads)
+    session = AsvSession.open(repo, work_dir, subset, machine, log_path, say)
+    (session.work / PROBES).unlink(missing_ok=True)  # this gate run's rounds only
+    timed_bench, timed_length = TIME_BENCHMARK, None
+    if metric != "time" and time_cases == "longest":
+        timed_bench, timed_length = time_selection(session.subset)
+    gate = _GateRun(session, base_hash, head_hashes, metric, factors, timed_bench, timed_length)
+    say(f"measuring {gate.described} on the CI subset (the first run builds asv's pinned virtualenv: minutes; "
+        f"log {session.log_file})")
+    gate.measure_exact(deterministic, parallel)
+    return gate.time_and_decide(rounds)
+
+
+def _checked_options(metric: str, time_cases: str, rounds: int, time_factor: float, memory_factor: float,
+                     instructions_factor: float) -> _Factors:
+    """The gate's factors, checked with its other options, each in the order its usage error is reported."""
+    _check_metric(metric)
     if time_cases not in TIME_CASES:
         raise ValueError(f"time_cases must be one of {TIME_CASES}, got {time_cases!r}")
     instructions_factor = significance.check_factor("instructions_factor", instructions_factor)
     if metric != "time" and valgrind_version() is None:
         raise RegressError(missing_message())
-    time_factor = significance.check_factor("time_factor", time_factor)  # nan, inf and <= 1: usage errors
-    memory_factor = significance.check_factor("memory_factor", memory_factor)
+    factors = _Factors(time=significance.check_factor("time_factor", time_factor),  # nan, inf and <= 1: usage errors
+                       memory=significance.check_factor("memory_factor", memory_factor),
+                       instructions=instructions_factor)
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
-    repo = Path(repo).resolve()
-    base_hash, head_hashes = _commits(repo, base, heads)
-    session = AsvSession.open(repo, work_dir, subset, machine, log_path, say)
-    work, log_file = session.work, session.log_file
-    (work / PROBES).unlink(missing_ok=True)  # this gate run's rounds only
-    everything = [base_hash, *head_hashes.values()]
-    commits = f"BASE {base_hash[:10]} and " + ", ".join(f"HEAD {h[:10]}" for h in head_hashes.values())
-    counts_decide = metric != "time"
-    timed_bench, timed_length = TIME_BENCHMARK, None
-    if counts_decide and time_cases == "longest":
-        timed_bench, timed_length = time_selection(session.subset)
-    say(f"measuring {commits} on the CI subset (the first run builds asv's pinned virtualenv: minutes; log {log_file})")
-    exact = [b for b in contract.GATED_BENCHMARKS if b != TIME_BENCHMARK] if deterministic else []
-    exact += [INSTRUCTIONS] if counts_decide else []  # one round: deterministic (each commit's counts: one valgrind)
-    if exact:
-        what = ", ".join(filter(None, ("peak tensor bytes, FLOPs and the correctness gate" if deterministic else "",
-                                       "instruction counts under valgrind (torch starts in about half a minute)"
-                                       if counts_decide else "")))
-        _measure_exact(session, everything, exact, what, parallel)
-    where = (f"at L={timed_length} only (counts decide the shorter lengths; time sees what they cannot where the "
-             "working set is largest)" if timed_length else "of every case")
-    say(f"timing: {rounds} interleaved asv round(s) {where}")
-    session.run(everything, timed_bench, rounds=rounds, samples=True)
+    return factors
 
-    def decide() -> dict[str, pd.DataFrame]:
-        frame, samples = session.load(everything)
-        probes, shares = read_probes(work / PROBES), read_probes(work / PROBES, "runqueue_share")
-        corrected = read_corrected(work / PROBES)
-        tables = {head: compare(frame, base_hash, head_hash, time_factor, memory_factor, samples=samples, probes=probes,
-                                metric=metric, instructions_factor=instructions_factor, runqueue_shares=shares,
-                                corrected=corrected)
-                  for head, head_hash in head_hashes.items()}
-        return {head: _not_timed(table, timed_length) for head, table in tables.items()}
 
-    tables = decide()
-    undecided = sum(int((t["verdict"] == GateVerdict.UNDECIDED).sum()) for t in tables.values())
-    confirmed = 0
-    if undecided:  # cannot tell yet: gather more samples for every commit, decide on all of them
-        say(f"{undecided} time case(s) undecided: a confirmation round")
-        session.run(everything, timed_bench, rounds=rounds, samples=True, append=True)
-        tables = decide()
-        confirmed = 1
-    outcomes = {}
-    for head, table in tables.items():
+@dataclass(frozen=True)
+class _GateRun:
+    """One run of :func:`regress_many`: its asv session, commits and rules, and its steps."""
+
+    session: AsvSession
+    base: str  # full hash
+    heads: dict[str, str]  # each HEAD's full hash, keyed by the revision as given
+    metric: str  # GATE_METRICS
+    factors: _Factors
+    timed_bench: str  # asv's --bench pattern of the time rounds
+    timed_length: int | None  # the one length timed where counts decide the others (None: every length)
+
+    @property
+    def commits(self) -> list[str]:
+        return [self.base, *self.heads.values()]
+
+    @property
+    def described(self) -> str:
+        return f"BASE {self.base[:10]} and " + ", ".join(f"HEAD {h[:10]}" for h in self.heads.values())
+
+    def measure_exact(self, deterministic: bool, parallel: bool) -> None:
+        """Once per commit: peak tensor bytes, FLOPs and the error ratio (``deterministic``), then, where counts
+        decide, the instruction counts (one valgrind process per commit)."""
+        counts_decide = self.metric != "time"
+        exact = [b for b in contract.GATED_BENCHMARKS if b != TIME_BENCHMARK] if deterministic else []
+        exact += [INSTRUCTIONS] if counts_decide else []
+        if exact:
+            what = ", ".join(filter(None, ("peak tensor bytes, FLOPs and the correctness gate" if deterministic else "",
+                                           "instruction counts under valgrind (torch starts in about half a minute)"
+                                           if counts_decide else "")))
+            _measure_exact(self.session, self.commits, exact, what, parallel)
+
+    def time_and_decide(self, rounds: int) -> dict[str, Outcome]:
+        """The time rounds, interleaved across the commits, a confirmation round for what they leave undecided, and
+        each HEAD's outcome."""
+        where = (f"at L={self.timed_length} only (counts decide the shorter lengths; time sees what they cannot where "
+                 "the working set is largest)" if self.timed_length else "of every case")
+        self.session.say(f"timing: {rounds} interleaved asv round(s) {where}")
+        self.session.run(self.commits, self.timed_bench, rounds=rounds, samples=True)
+        tables = self.decide()
+        undecided = sum(int((t["verdict"] == GateVerdict.UNDECIDED).sum()) for t in tables.values())
+        confirmed = 0
+        if undecided:  # cannot tell yet: gather more samples for every commit, decide on all of them
+            self.session.say(f"{undecided} time case(s) undecided: a confirmation round")
+            self.session.run(self.commits, self.timed_bench, rounds=rounds, samples=True, append=True)
+            tables = self.decide()
+            confirmed = 1
+        return {head: self.outcome(head, table, confirmed) for head, table in tables.items()}
+
+    def decide(self) -> dict[str, pd.DataFrame]:
+        """Each HEAD's table (:func:`compare`), on every result, sample and probe the run has so far."""
+        frame, samples = self.session.load(self.commits)
+        log = self.session.work / PROBES
+        probes, shares, corrected = read_probes(log), read_probes(log, "runqueue_share"), read_corrected(log)
+        tables = {head: compare(frame, self.base, head_hash, self.factors.time, self.factors.memory, samples=samples,
+                                probes=probes, metric=self.metric, instructions_factor=self.factors.instructions,
+                                runqueue_shares=shares, corrected=corrected)
+                  for head, head_hash in self.heads.items()}
+        return {head: _not_timed(table, self.timed_length) for head, table in tables.items()}
+
+    def outcome(self, head: str, table: pd.DataFrame, confirmed: int) -> Outcome:
         table["confirmation_runs"] = confirmed
-        outcomes[head] = Outcome(table=table, regressions=table[table["verdict"].isin([GateVerdict.REGRESSED, GateVerdict.WRONG])],
-                                 undecided=table[table["verdict"] == GateVerdict.UNDECIDED], base=base_hash,
-                                 head=head_hashes[head], results_dir=work / "results")
-    return outcomes
+        return Outcome(table=table, regressions=table[table["verdict"].isin([GateVerdict.REGRESSED, GateVerdict.WRONG])],
+                       undecided=table[table["verdict"] == GateVerdict.UNDECIDED], base=self.base,
+                       head=self.heads[head], results_dir=self.session.work / "results")
 
 
 def _measure_exact(session: AsvSession, commits: list[str], benchmarks: list[str], what: str, parallel: bool) -> None:
