@@ -7,13 +7,9 @@ Its parameters carry the names and shapes of ``torch.nn.MultiheadAttention``'s, 
 * otherwise: ``q_proj_weight (E, E)``, ``k_proj_weight (E, kdim)``, ``v_proj_weight (E, vdim)``;
 * with ``bias``: ``in_proj_bias (3E,)`` and ``out_proj.bias``; always ``out_proj.weight (E, E)``.
 
-Grouped-query attention (``kv_heads`` Hkv < H) projects keys and values to ``Hkv * Dh`` features
-only: ``q_proj_weight (E, E)``, ``k_proj_weight (Hkv*Dh, kdim)``, ``v_proj_weight (Hkv*Dh, vdim)``
-and ``in_proj_bias (E + 2*Hkv*Dh,)``. The names stay ``nn.MultiheadAttention``'s but the shapes
-cannot (it has no key/value head count), so such a state_dict does not load into one, nor one of
-its into this layer: ``load_state_dict`` raises its size-mismatch error. With ``kv_heads`` equal to
-H (the default) the layer is exactly the multi-head one above.
-
+Grouped-query attention (``kv_heads`` Hkv < H) projects keys and values to Hkv*Dh features
+(``k_proj_weight (Hkv*Dh, kdim)``, ``in_proj_bias (E + 2*Hkv*Dh,)``, ...): shapes
+``nn.MultiheadAttention`` lacks, so such a state_dict does not load across (a size mismatch).
 Letters: B batch, H query heads, Hkv key/value heads, L length, E embed_dim, Dh = E / H.
 """
 
@@ -43,7 +39,8 @@ class AttentionLayer(nn.Module):
         kv_heads: key/value heads Hkv (grouped-query attention; must divide ``num_heads``; default
             H). The core must declare grouped-query support, else its first call raises the reason.
         device: where the parameters live (default: torch's default device).
-        dtype: the parameters' floating-point dtype (default: torch's default dtype); inputs must match it.
+        dtype: the parameters' floating-point dtype (default: torch's default dtype); inputs must
+            match it.
 
     Raises:
         TypeError, ValueError: for a bad size, flag, variant, device (CUDA on a machine without it)
@@ -72,14 +69,7 @@ class AttentionLayer(nn.Module):
         check_positive_int("embed_dim", embed_dim)
         check_bool("bias", bias)
         check_bool("batch_first", batch_first)
-        if device is not None:
-            if not isinstance(device, (str, torch.device)):
-                raise TypeError(f"device must be a str, a torch.device or None, got {type(device).__name__} {device!r}")
-            try:
-                device = torch.device(device)
-            except RuntimeError as exc:
-                raise ValueError(f"device must name a torch device such as 'cpu' or 'cuda', got {device!r}") from exc
-            check_device_available("device", device)
+        device = _checked_device(device)
         if dtype is not None:
             check_float_dtype("dtype", dtype)
         check_positive_int("num_heads", num_heads)
@@ -97,9 +87,13 @@ class AttentionLayer(nn.Module):
         self.core = variant
         self.embed_dim, self.num_heads, self.batch_first = embed_dim, num_heads, batch_first
         self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim and self.kv_heads == num_heads
-        factory = {"device": device, "dtype": dtype}
-        e = embed_dim
-        e_kv = self.kv_heads * (e // num_heads)  # Hkv * Dh: key/value projection width
+        self._make_parameters(bias, {"device": device, "dtype": dtype})
+        self.reset_parameters()
+
+    def _make_parameters(self, bias: bool, factory: dict) -> None:
+        """Allocate the projections under ``nn.MultiheadAttention``'s names (module docstring)."""
+        e = self.embed_dim
+        e_kv = self.kv_heads * (e // self.num_heads)  # Hkv * Dh: key/value projection width
         if self._qkv_same_embed_dim:
             self.in_proj_weight = nn.Parameter(torch.empty(3 * e, e, **factory))
         else:
@@ -108,7 +102,6 @@ class AttentionLayer(nn.Module):
             self.v_proj_weight = nn.Parameter(torch.empty(e_kv, self.vdim, **factory))
         self.in_proj_bias = nn.Parameter(torch.empty(e + 2 * e_kv, **factory)) if bias else None
         self.out_proj = nn.Linear(e, e, bias=bias, **factory)
-        self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """The initialisation ``nn.MultiheadAttention`` uses (xavier-uniform, zero biases)."""
@@ -146,16 +139,7 @@ class AttentionLayer(nn.Module):
         key = query if key is None else key
         value = key if value is None else value
         for name, t, width in (("query", query, self.embed_dim), ("key", key, self.kdim), ("value", value, self.vdim)):
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-            if t.dim() != 3 or t.shape[-1] != width:
-                raise ValueError(f"{name} must have shape (batch, length, {width}), got {tuple(t.shape)}")
-            weight = self.out_proj.weight  # every parameter shares its dtype and device
-            if t.dtype != weight.dtype:  # F.linear would say "mat1 and mat2 must have the same dtype"
-                hint = f"convert it, or build the layer with dtype={t.dtype}" if t.is_floating_point() else "convert it"
-                raise TypeError(f"{name} must have the layer's dtype {weight.dtype}, got {t.dtype} ({hint})")
-            if t.device != weight.device:
-                raise ValueError(f"{name} must be on the layer's device {weight.device}, got {t.device}")
+            self._check_input(name, t, width)
         if not self.batch_first:
             query, key, value = (t.transpose(0, 1) for t in (query, key, value))
         w_q, w_k, w_v = self._weights()
@@ -167,3 +151,32 @@ class AttentionLayer(nn.Module):
         v = split_heads(F.linear(value, w_v, b_v), hkv)  # (B, Hkv, Lk, Dh)
         out = self.out_proj(merge_heads(self.core(q, k, v, mask)))  # (B, Lq, E)
         return out if self.batch_first else out.transpose(0, 1)
+
+    def _check_input(self, name: str, t: object, width: int) -> None:
+        """Raise a TypeError or ValueError naming what is wrong with input ``name``."""
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3 or t.shape[-1] != width:
+            raise ValueError(f"{name} must have shape (batch, length, {width}), got {tuple(t.shape)}")
+        weight = self.out_proj.weight  # every parameter shares its dtype and device
+        if t.dtype != weight.dtype:  # F.linear would say "mat1 and mat2 must have the same dtype"
+            hint = f"convert it, or build the layer with dtype={t.dtype}" if t.is_floating_point() else "convert it"
+            raise TypeError(f"{name} must have the layer's dtype {weight.dtype}, got {t.dtype} ({hint})")
+        if t.device != weight.device:
+            raise ValueError(f"{name} must be on the layer's device {weight.device}, got {t.device}")
+
+
+def _checked_device(device: object) -> torch.device | None:
+    """``device`` as a torch.device (None stays None); a TypeError or ValueError when it names none
+    or names CUDA on a machine without it."""
+    if device is None:
+        return None
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device must be a str, a torch.device or None, got {type(device).__name__} "
+                        f"{device!r}")
+    try:
+        device = torch.device(device)
+    except RuntimeError as exc:
+        raise ValueError(f"device must name a torch device such as 'cpu' or 'cuda', got {device!r}") from exc
+    check_device_available("device", device)
+    return device
