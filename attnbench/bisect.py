@@ -1,31 +1,16 @@
-"""``attnbench bisect GOOD BAD``: which commit made ``main`` slower, found by binary search on the gate's own measures.
+"""``attnbench bisect GOOD BAD``: the first commit after GOOD whose measure exceeds GOOD's by the gate's factor.
 
-The candidates are the first-parent commits after GOOD up to BAD (``git rev-list --first-parent GOOD..BAD``: on a
-branch that merges pull requests, one candidate per merge). GOOD is measured once, then BAD is taken to be bad (as
-``git bisect`` does: the user says so) and the commit halfway between the last good and the first bad is probed,
-until they are neighbours. A probe is judged by :func:`attnbench.regress.compare` against GOOD, with the gate's
-factors:
+The candidates are the first-parent commits after GOOD up to BAD (one per merge on a branch that merges pull
+requests). GOOD is measured once, BAD is taken to be bad (as ``git bisect`` does: the user says so), and the
+commit halfway between the last good and the first bad is probed until they are neighbours. A probe is judged
+against GOOD by the gate (:func:`attnbench.regress.compare`): ``instructions`` and ``peak_tensor_bytes`` are
+exact, one asv run per probe; ``time`` is noisy, so each probe is the gate's time verdict itself
+(:func:`attnbench.regress.regress_many`) and may be ``undecided``. A commit that does not build or measure is
+``skip``; the search goes round ``skip`` and ``undecided`` probes (as ``git bisect skip`` does) and, where it
+cannot get past them, reports the range it narrowed to. BAD is measured only when the search ends on it unprobed.
 
-* ``instructions`` (default) and ``peak_tensor_bytes`` are deterministic: each probed commit is measured once (one
-  asv run of that commit in the one asv environment: a valgrind process for counts), and a probe is ``bad`` when any
-  case exceeds GOOD by the factor (or fails where GOOD ran, or is wrong). Every step is exact, so 16 candidates take
-  4 probes beside GOOD.
-* ``time`` is noisy: each probe is the gate's time verdict itself (:func:`attnbench.regress.regress_many`: GOOD
-  and the probe in interleaved rounds, the confirmation round, the noise checks). A probe the gate cannot decide is
-  ``undecided``; the search goes round it (as ``git bisect skip`` does) and, where it cannot get past it, reports
-  the range it could narrow to.
-
-A commit that does not build, or where no case could be measured, is ``skip`` with the reason. BAD itself is
-measured only when the search ends on it without having probed it: a range with no regression ends with
-"nothing exceeds GOOD".
-
-Why not ``asv find`` (asv 0.6.6): it runs on ``track_`` benchmarks (``Instructions.track_instructions`` included)
-but it never measures GOOD (its range ``GOOD..BAD`` starts after it) and returns the upper end of its last interval,
-so it cannot name the first commit after GOOD; it has no threshold, so it names "the greatest regression" in a range
-where nothing regressed; its first step measures three commits (lo, mid, hi); it judges one benchmark at a time on
-one value per commit (for time: no interleaving with GOOD, no significance, no noise checks); a commit that fails is
-stepped over until it gives up with "Too many commits failed", without the reasons; and its answer is a log line.
-What it shares with this module is the machinery underneath: ``asv run`` on one commit in one environment.
+Not ``asv find``: it never measures GOOD, so it cannot name the first commit after it; it has no threshold, and
+judges one value per commit without the gate's noise checks (README, "Which commit did it").
 """
 
 from __future__ import annotations
@@ -265,71 +250,90 @@ def bisect(good: str, bad: str, *, repo: str | Path = ".", metric: str = "instru
     from attnbench import regress
 
     say = progress or (lambda line: None)
-    if metric not in METRICS:
-        raise BisectError(f"--metric must be one of {', '.join(METRICS)}, got {metric!r}")
-    factor = {"instructions": instructions_factor, "peak_tensor_bytes": memory_factor, "time": time_factor}[metric]
-    significance.check_factor(f"{metric} factor", factor)
-    if metric != "time":
-        from attnbench.measure.instructions import missing_message, valgrind_version
-
-        if metric == "instructions" and valgrind_version() is None:
-            raise regress.RegressError(missing_message())
     repo = Path(repo).resolve()
-    if not (repo / "asv.conf.json").exists():
-        raise BisectError(f"repo must be an attnbench checkout with asv.conf.json, got {repo}")
-    good_hash, bad_hash, commits, subjects = candidates(repo, good, bad)
+    _check_arguments(repo, metric, instructions_factor, memory_factor, time_factor)
+    state = Bisection(*candidates(repo, good, bad), metric=metric)
     subset = case_subset(cases) or None
-    state = Bisection(good=good_hash, bad=bad_hash, candidates=commits, subjects=subjects, metric=metric)
     started = time.monotonic()
     if metric == "time":
-        judge = _time_judge(good_hash, repo, subset, work_dir, machine, time_factor, memory_factor, rounds, subjects, say)
+        gate = dict(repo=repo, subset=subset, work_dir=work_dir, machine=machine, time_factor=time_factor,
+                    memory_factor=memory_factor, rounds=rounds, progress=say)
+        judge = _time_judge(state, gate)
     else:
         session = regress.AsvSession.open(repo, work_dir, subset, machine, None, say)
-        clock = time.monotonic()
-        say(f"measuring GOOD {good_hash[:10]} ({subjects.get(good_hash, '')[:60]}): {metric} of "
-            f"{session.subset.get(contract.ENV_VARIANTS)} at L={session.subset.get(contract.ENV_LENGTHS)} "
-            "(the first run builds asv's pinned virtualenv: minutes)")
-        session.run([good_hash], BENCHMARKS[metric])
-        session.load([good_hash])  # GOOD must measure: RegressError otherwise
-        say(f"GOOD measured in {time.monotonic() - clock:.0f} s; {len(commits)} candidate commits: "
-            f"{max(1, math.ceil(math.log2(len(commits))))} probes (one more where the search ends on BAD unmeasured)")
-        judge = _exact_judge(session, good_hash, metric, instructions_factor, memory_factor, subjects)
+        _measure_good(session, state)
+        judge = _exact_judge(session, state, instructions_factor, memory_factor)
     search(state, judge, on_probe)
     state.elapsed_s = time.monotonic() - started
     return state
 
 
-def _exact_judge(session, good: str, metric: str, instructions_factor: float, memory_factor: float,
-                 subjects: dict[str, str]) -> Judge:
+def _check_arguments(repo: Path, metric: str, instructions_factor: float, memory_factor: float,
+                     time_factor: float) -> None:
+    """BisectError for an unknown metric or a ``repo`` without asv.conf.json, ValueError for a bad factor,
+    RegressError for counts without valgrind."""
+    from attnbench import regress
+
+    if metric not in METRICS:
+        raise BisectError(f"--metric must be one of {', '.join(METRICS)}, got {metric!r}")
+    factor = {"instructions": instructions_factor, "peak_tensor_bytes": memory_factor, "time": time_factor}[metric]
+    significance.check_factor(f"{metric} factor", factor)
+    if metric == "instructions":
+        from attnbench.measure.instructions import missing_message, valgrind_version
+
+        if valgrind_version() is None:
+            raise regress.RegressError(missing_message())
+    if not (repo / "asv.conf.json").exists():
+        raise BisectError(f"repo must be an attnbench checkout with asv.conf.json, got {repo}")
+
+
+def _measure_good(session, state: Bisection) -> None:
+    """GOOD's measures, which every probe is judged against (RegressError where it has none)."""
+    clock = time.monotonic()
+    subset = session.subset
+    session.say(f"measuring GOOD {state.good[:10]} ({state.subjects.get(state.good, '')[:60]}): {state.metric} of "
+                f"{subset.get(contract.ENV_VARIANTS)} at L={subset.get(contract.ENV_LENGTHS)} "
+                "(the first run builds asv's pinned virtualenv: minutes)")
+    session.run([state.good], BENCHMARKS[state.metric])
+    session.load([state.good])  # GOOD must measure: RegressError otherwise
+    n = len(state.candidates)
+    session.say(f"GOOD measured in {time.monotonic() - clock:.0f} s; {n} candidate commits: "
+                f"{max(1, math.ceil(math.log2(n)))} probes (one more where the search ends on BAD unmeasured)")
+
+
+def _exact_judge(session, state: Bisection, instructions_factor: float, memory_factor: float) -> Judge:
+    """Each probe one asv run of the commit, compared with GOOD's results in the same session."""
     from attnbench import regress
 
     def judge(commit: str) -> Probe:
         clock = time.monotonic()
-        session.run([commit], BENCHMARKS[metric])
+        subject = state.subjects.get(commit, "")
+        session.run([commit], BENCHMARKS[state.metric])
         try:
-            frame, _ = session.load([good, commit])
+            frame, _ = session.load([state.good, commit])
         except regress.RegressError as exc:
-            return _skipped(commit, subjects.get(commit, ""), _skip_reason(str(exc)), time.monotonic() - clock)
-        table = regress.compare(frame, good, commit, memory_factor=memory_factor, instructions_factor=instructions_factor,
-                                metric="instructions" if metric == "instructions" else "time")
-        return judge_table(table, metric, commit, subjects.get(commit, ""), time.monotonic() - clock)
+            return _skipped(commit, subject, _skip_reason(str(exc)), time.monotonic() - clock)
+        table = regress.compare(frame, state.good, commit, memory_factor=memory_factor,
+                                instructions_factor=instructions_factor,
+                                metric="instructions" if state.metric == "instructions" else "time")
+        return judge_table(table, state.metric, commit, subject, time.monotonic() - clock)
 
     return judge
 
 
-def _time_judge(good: str, repo: Path, subset, work_dir, machine: str, time_factor: float, memory_factor: float,
-                rounds: int, subjects: dict[str, str], say) -> Judge:
+def _time_judge(state: Bisection, gate: dict) -> Judge:
+    """Each probe the gate's time verdict on GOOD and the commit: :func:`attnbench.regress.regress_many` with
+    ``gate``'s keyword arguments."""
     from attnbench import regress
 
     def judge(commit: str) -> Probe:
         clock = time.monotonic()
+        subject = state.subjects.get(commit, "")
         try:
-            (outcome,) = regress.regress_many(good, [commit], repo=repo, subset=subset, work_dir=work_dir,
-                                              machine=machine, time_factor=time_factor, memory_factor=memory_factor,
-                                              rounds=rounds, metric="time", progress=say, deterministic=False).values()
+            (outcome,) = regress.regress_many(state.good, [commit], metric="time", deterministic=False, **gate).values()
         except regress.RegressError as exc:
-            return _skipped(commit, subjects.get(commit, ""), _skip_reason(str(exc)), time.monotonic() - clock)
-        return judge_table(outcome.table, "time", commit, subjects.get(commit, ""), time.monotonic() - clock)
+            return _skipped(commit, subject, _skip_reason(str(exc)), time.monotonic() - clock)
+        return judge_table(outcome.table, "time", commit, subject, time.monotonic() - clock)
 
     return judge
 
