@@ -1,4 +1,5 @@
-"""Teaching demos computed by the variants themselves: the attention weights behind the lecture notes' figures.
+"""Teaching demos computed by the variants themselves: the attention weights behind the lecture
+notes' figures.
 
 Each demo returns :class:`Heatmaps` (matrices and their titles, no drawing): the report draws them
 (``attnbench.report.plots.heatmaps``) when built with ``--demos``. Nothing here is measured.
@@ -30,7 +31,7 @@ class Heatmaps:
 
 
 def attention_weights(variant: str | Variant, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = None) -> np.ndarray:
-    """The ``(Lq, Lk)`` attention matrix a variant computes: call it with ``v = I``, so output = weights.
+    """The ``(Lq, Lk)`` attention weights a variant computes (called with ``v = I``, its output).
 
     Args:
         variant: registered name or instance.
@@ -45,17 +46,19 @@ def attention_weights(variant: str | Variant, q: torch.Tensor, k: torch.Tensor, 
 
 
 def nadaraya_watson(seed: int = 0, n: int = 50, epochs: int = 5) -> tuple[Heatmaps, dict[str, float]]:
-    """Nadaraya-Watson kernel regression (Nadaraya 1964; Watson 1964), as in Dive into Deep Learning: weights of the
-    non-parametric and the trained parametric model, and their test errors.
+    """Nadaraya-Watson kernel regression (Nadaraya 1964; Watson 1964), as in Dive into Deep
+    Learning: weights of the non-parametric and the trained parametric model, and their test errors.
 
     Data: ``y = 2 sin(x) + x^0.8 + eps``, eps ~ N(0, 0.5), 50 training and 50 test points. The
     non-parametric model is softmax attention with scores ``-(x - x_i)^2 / 2``; the parametric one
-    learns ``w`` in ``-((x - x_i) w)^2 / 2`` by SGD (lr 0.5, 5 epochs), each training point attending
-    to all the others. Scores go through the ``dot`` variant: ``q . k`` with ``q = [x, -x^2/2, -1/2]``
-    scaled and ``k = [x_i, 1, x_i^2]`` reproduces ``-(x - x_i)^2 / 2`` up to a per-query constant.
+    learns ``w`` in ``-((x - x_i) w)^2 / 2`` by SGD (lr 0.5, 5 epochs), each training point
+    attending to all the others. Scores go through the ``dot`` variant: ``q . k`` with
+    ``q = [x, -x^2/2, -1/2]`` scaled and ``k = [x_i, 1, x_i^2]`` reproduces ``-(x - x_i)^2 / 2`` up
+    to a per-query constant.
 
     Returns:
-        The two weight matrices, and ``nonparametric_test_mse``, ``parametric_test_mse``, ``learned_w``.
+        The two weight matrices, and a dict of ``nonparametric_test_mse``,
+        ``parametric_test_mse`` and ``learned_w``.
     """
     gen = torch.Generator().manual_seed(seed)
     x_train = torch.sort(torch.rand(n, generator=gen, dtype=torch.float64) * 5).values
@@ -65,8 +68,9 @@ def nadaraya_watson(seed: int = 0, n: int = 50, epochs: int = 5) -> tuple[Heatma
 
     def weights(queries: torch.Tensor, keys: torch.Tensor, w: float, mask: torch.Tensor | None = None) -> torch.Tensor:
         w2 = w * w
-        q = torch.stack([w2 * queries, -0.5 * w2 * queries**2, torch.full_like(queries, -0.5 * w2)], -1)  # (Lq, 3)
-        k = torch.stack([keys, torch.ones_like(keys), keys**2], -1)  # (Lk, 3)
+        # (Lq, 3) queries and (Lk, 3) keys whose q . k is the score -((x - x_i) w)^2 / 2
+        q = torch.stack([w2 * queries, -0.5 * w2 * queries**2, torch.full_like(queries, -0.5 * w2)], -1)
+        k = torch.stack([keys, torch.ones_like(keys), keys**2], -1)
         return torch.from_numpy(attention_weights("dot", q, k, mask))
 
     plain = weights(x_test, x_train, 1.0)

@@ -1,10 +1,11 @@
 """The ``ATTNBENCH_*`` variables that shape asv's grid, read and checked in one place.
 
-The asv suite reads them when asv imports it, and the commands that start asv (``shard``, ``regress``)
-pass them on: a value that cannot be used must stop those commands before any work, naming the
-variable and what it may hold, never surface as a traceback inside asv or go unnoticed (an unknown
-variant name that narrows the grid to nothing). :func:`problems` says what is wrong with the current
-environment; :func:`read_list` and :func:`read_number` read one variable, raising the same message.
+The asv suite reads them when asv imports it, and the commands that start asv (``shard``,
+``regress``) pass them on: a value that cannot be used must stop those commands before any work,
+naming the variable and what it may hold, never surface as a traceback inside asv or go unnoticed
+(an unknown variant name that narrows the grid to nothing). :func:`problems` says what is wrong with
+the current environment; :func:`read_list` and :func:`read_number` read one variable, raising the
+same message.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def _error(name: str, raw: str, expected: str) -> EnvironmentVariableError:
 
 
 def read_list(name: str, default: list, environ: Mapping[str, str] | None = None) -> list:
-    """The comma-separated items of ``name`` (each read and checked), else ``default`` when unset or empty.
+    """Items of ``name`` (comma-separated, each read and checked); ``default`` if unset or empty.
 
     Raises:
         EnvironmentVariableError: an item that is not what the variable holds, or no item at all.
@@ -130,7 +131,8 @@ def read_budget(name: str, default: float | None, environ: Mapping[str, str] | N
 
 
 def problems(environ: Mapping[str, str] | None = None) -> list[str]:
-    """What is wrong with the ``ATTNBENCH_*`` variables of ``environ`` (default: this process's), one line each."""
+    """What is wrong with the ``ATTNBENCH_*`` variables of ``environ`` (default: this process's):
+    a line a problem."""
     out = []
     try:
         contract.asv_tier(environ)

@@ -35,10 +35,13 @@ def atomic_write(path: str | Path, write: Callable[[str], object]) -> Path:
 
 
 def check_writable_dir(path: str | Path, arg: str, *, create: bool = False) -> Path:
-    """``path`` as a directory this process can write into, else a ValueError naming ``arg``, before any work starts.
+    """``path`` as a directory this process can write into, else a ValueError naming ``arg``.
 
-    An existing file is refused; so is a missing directory whose nearest existing ancestor is a file or takes no
-    new file (a file is written there and removed). With ``create`` the directory is then made.
+    Called before any work starts, so a bad output path costs nothing.
+
+    An existing file is refused; so is a missing directory whose nearest existing ancestor is a file
+    or takes no new file (a file is written there and removed). With ``create`` the directory is
+    then made.
     """
     path = Path(path).absolute()
     if path.exists() and not path.is_dir():
@@ -62,7 +65,7 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
 
 
 def read_json_cache(path: str | Path) -> dict:
-    """A JSON object cached in ``path``; ``{}`` when the file is missing, unreadable or not an object."""
+    """A JSON object cached in ``path``; ``{}`` when it is missing, unreadable or not an object."""
     try:
         cache = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError):
@@ -74,22 +77,23 @@ CACHE_ENV = "ATTNBENCH_CACHE"
 
 
 def cache_dir() -> Path:
-    """Where measurements of this machine are cached: ``ATTNBENCH_CACHE``, else ``$XDG_CACHE_HOME/attnbench``,
-    else ``~/.cache/attnbench``."""
+    """Where measurements of this machine are cached: ``ATTNBENCH_CACHE``, else
+    ``$XDG_CACHE_HOME/attnbench``, else ``~/.cache/attnbench``."""
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV])
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnbench"
 
 
 class CacheNotWritten(UserWarning):
-    """The cache could not be written (a read-only or missing home): the figure was measured and used uncached."""
+    """The cache could not be written (a read-only or missing home): the figure measured is used
+    uncached."""
 
 
 _unwritable: set[Path] = set()
 
 
 def write_json_cache(path: str | Path, cache: dict) -> Path | None:
-    """Atomically replace the cache in ``path`` (its folder is created); None when it cannot be written.
+    """Atomically replace the cache in ``path`` (its folder is created); None when it cannot be.
 
     A home that is read-only, a file, or full must not end a run over a cache: the value is used
     uncached, and a :class:`CacheNotWritten` warning says so once per folder and process.
@@ -107,21 +111,22 @@ def write_json_cache(path: str | Path, cache: dict) -> Path | None:
 
 
 def output_tail(out: subprocess.CompletedProcess, lines: int = 25) -> str:
-    """The last ``lines`` whole lines of a finished process's stdout and stderr (for error messages)."""
+    """The last ``lines`` lines of a finished process's stdout and stderr (for error messages)."""
     text = "\n".join(part.strip("\n") for part in (out.stdout or "", out.stderr or "") if part and part.strip())
     tail = text.splitlines()[-lines:]
     return "\n".join(f"  {line}" for line in tail) if tail else "  (no output)"
 
 
 def error_line(exc: BaseException, limit: int = 300) -> str:
-    """``"Type: first line of the message"`` (just the type when the message is empty, e.g. a bare ``MemoryError()``)."""
+    """``"Type: first line of the message"``, just the type when it is empty (``MemoryError()``)."""
     lines = str(exc).splitlines()
     text = lines[0][:limit] if lines else ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def append_line(path: str | Path, line: str) -> None:
-    """Append one line to ``path`` in a single write (``O_APPEND``: lines of concurrent writers never interleave)."""
+    """Append one line to ``path`` in a single ``O_APPEND`` write: concurrent writers' lines never
+    interleave."""
     data = (line.rstrip("\n") + "\n").encode("utf-8")
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
