@@ -21,6 +21,7 @@ Letters: B batch, H heads, Lq queries, Lk keys, D head dim, Dv value head dim, C
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -39,11 +40,77 @@ def _rows(mask: torch.Tensor | None, start: int, stop: int, axis: int) -> torch.
     return mask.narrow(axis, start, stop - start)
 
 
-def _buffer(flat: torch.Tensor | None, *shape: int) -> torch.Tensor | None:
-    """A contiguous ``shape`` view of the front of a flat scratch buffer (None passes through)."""
-    if flat is None:
-        return None
+def _buffer(flat: torch.Tensor, *shape: int) -> torch.Tensor:
+    """A contiguous ``shape`` view of the front of a flat scratch buffer."""
     return flat[: shape[0] * shape[1] * shape[2]].view(shape)
+
+
+class _Scratch(NamedTuple):
+    """The flat buffers every tile of a no-autograd forward reuses."""
+
+    scores: torch.Tensor  # B*H*Cq*Ck elements: one score tile
+    acc: torch.Tensor  # B*H*Cq*Dv elements: one query block's accumulator
+
+
+class _Running(NamedTuple):
+    """A query block's online softmax after the key tiles so far (unnormalised)."""
+
+    run_max: torch.Tensor  # (B*H, Cq, 1) row maxima of the base-2 scores; -inf where every key was masked
+    run_sum: torch.Tensor  # (B*H, Cq, 1) sums of exp2(score - run_max)
+    acc: torch.Tensor  # (B*H, Cq, Dv) those weights times the values
+
+
+def _tile_mask(mask, b: int, h: int, q0: int, q1: int, device):
+    """``(k0, k1) -> allowed (B?, H?, Cq?, Ck)``: the mask on a tile of query block ``[q0, q1)``."""
+    if isinstance(mask, mask_mods.MaskMod):
+        return lambda k0, k1: mask_mods.tile(mask, b, h, q0, q1, k0, k1, device)
+    mask_q = _rows(mask, q0, q1, -2)
+    return lambda k0, k1: _rows(mask_q, k0, k1, -1)
+
+
+def _attend_row(q_blk, k, v, row, allowed, b: int, h: int, scratch: _Scratch | None) -> _Running:
+    """Fold the key tiles of one query block into its online softmax, in place when ``scratch``.
+
+    Args:
+        q_blk: ``(B*H, Cq, D)`` scaled queries; k: ``(B*H, Lk, D)``; v: ``(B*H, Lk, Dv)``.
+        row: the block's ``(k0, k1, state)`` tiles (at least one); allowed: :func:`_tile_mask`'s.
+        b, h: B and H, to view the scores as ``(B, H, Cq, Ck)`` for the mask.
+    """
+    bh, cq = q_blk.shape[0], q_blk.shape[1]
+    reuse = scratch is not None
+    run = None
+    for k0, k1, state in row:
+        out = None if scratch is None else _buffer(scratch.scores, bh, cq, k1 - k0)
+        scores = torch.bmm(q_blk, k[:, k0:k1].transpose(1, 2), out=out)  # (B*H, Cq, Ck)
+        partial = state == mask_mods.PARTIAL
+        if partial:
+            scores4 = scores.view(b, h, cq, k1 - k0)  # (B, H, Cq, Ck)
+            scores4 = (scores4.masked_fill_ if reuse else scores4.masked_fill)(~allowed(k0, k1), float("-inf"))
+            scores = scores4.view(bh, cq, k1 - k0)  # (B*H, Cq, Ck)
+        run = _fold_tile(run, scores, v[:, k0:k1], partial, scratch)
+    return run
+
+
+def _fold_tile(run: _Running | None, scores, v_blk, partial: bool, scratch: _Scratch | None) -> _Running:
+    """``run`` rescaled to the new row maxima plus one tile's ``scores`` (B*H, Cq, Ck) and values."""
+    reuse = scratch is not None
+    tile_max = scores.amax(dim=-1, keepdim=True)  # (B*H, Cq, 1)
+    new_max = tile_max if run is None else torch.maximum(run.run_max, tile_max)
+    # A row that has seen only masked keys keeps max -inf: shift it by 0 so exp() gives 0, not NaN.
+    shift = torch.where(torch.isinf(new_max), 0.0, new_max) if partial or run is None else new_max
+    probs = scores.sub_(shift).exp2_() if reuse else torch.exp2(scores - shift)  # (B*H, Cq, Ck), unnormalised
+    block_sum = probs.sum(dim=-1, keepdim=True)  # (B*H, Cq, 1)
+    if run is None:
+        acc_out = None if scratch is None else _buffer(scratch.acc, *scores.shape[:2], v_blk.shape[-1])
+        return _Running(new_max, block_sum, torch.bmm(probs, v_blk, out=acc_out))  # acc (B*H, Cq, Dv)
+    rescale = torch.exp2(run.run_max - shift)  # (B*H, Cq, 1); 0 where run_max is -inf
+    if reuse:
+        run_sum = run.run_sum.mul_(rescale).add_(block_sum)
+        acc = torch.baddbmm(run.acc.mul_(rescale), probs, v_blk, out=run.acc)  # acc * rescale + probs @ v_blk
+    else:
+        run_sum = run.run_sum * rescale + block_sum
+        acc = torch.baddbmm(run.acc * rescale, probs, v_blk)  # (B*H, Cq, Dv)
+    return _Running(new_max, run_sum, acc)
 
 
 Q_CHUNK = 256
@@ -141,18 +208,20 @@ class ChunkedAttention(Variant):
             mask_tile = 2 * cq * (min(cq, ck) if self.mask_form(spec) == "mod" else ck) / spec.elem_bytes
         return spec.batch * spec.heads * per_head + mask_tile
 
+    def _forward_grid(self, mask, b: int, h: int, lq: int, lk: int, dtype: str):
+        """:meth:`_tile_states` for the mask ``forward`` got; a dense tensor makes every tile partial."""
+        if not isinstance(mask, torch.Tensor):
+            return self._tile_states(mask, b, h, lq, lk, dtype)
+        # no skipping without reading the whole mask
+        return [(q0, q1, [(k0, k1, mask_mods.PARTIAL) for k0, k1, _ in row])
+                for q0, q1, row in self._tile_states(None, b, h, lq, lk, dtype)]
+
     def forward(self, q, k, v, mask):
         b, h, lq, d = q.shape
         k, v = repeat_kv(k, v, h)  # (B, H, Lk, D), (B, H, Lk, Dv)
         lk, dv = k.shape[2], v.shape[-1]
         dtype = str(q.dtype).removeprefix("torch.")
-        mod = mask if isinstance(mask, mask_mods.MaskMod) else None
-        dense = None if mod is not None else mask
-        if dense is None:
-            grid = self._tile_states(mod, b, h, lq, lk, dtype)
-        else:  # a dense tensor: every tile is partial (no skipping without reading the whole mask)
-            grid = [(q0, q1, [(k0, k1, mask_mods.PARTIAL) for k0, k1, _ in row])
-                    for q0, q1, row in self._tile_states(None, b, h, lq, lk, dtype)]
+        grid = self._forward_grid(mask, b, h, lq, lk, dtype)
         # Without autograd, every tile reuses one score buffer and one accumulator and updates them in
         # place: no per-tile allocation (under the measurement regime each would map and fault in fresh
         # pages). Autograd needs the originals, and torch.compile plans its own buffers: functional form.
@@ -165,51 +234,21 @@ class ChunkedAttention(Variant):
         out = torch.zeros(bh, lq, dv, dtype=q.dtype, device=q.device) if reuse else None  # (B*H, Lq, Dv)
         blocks = []  # functional form: each query block's output, concatenated once at the end
         cq, ck = self.chunks(lq, lk, dtype)
-        score_buf = q.new_empty(bh * cq * ck) if reuse else None
-        acc_buf = q.new_empty(bh * cq * dv) if reuse else None
+        scratch = _Scratch(q.new_empty(bh * cq * ck), q.new_empty(bh * cq * dv)) if reuse else None
         for q0, q1, row in grid:
             if not row:  # every key masked for this block: output rows stay zero
                 if not reuse:
                     blocks.append(q.new_zeros(bh, q1 - q0, dv))
                 continue
-            q_blk = q[:, q0:q1]  # (B*H, Cq, D)
-            mask_q = _rows(dense, q0, q1, -2)
-            run_max = run_sum = acc = None
-            for k0, k1, state in row:
-                scores = torch.bmm(q_blk, k[:, k0:k1].transpose(1, 2),
-                                   out=_buffer(score_buf, bh, q1 - q0, k1 - k0))  # (B*H, Cq, Ck)
-                partial = state == mask_mods.PARTIAL
-                if partial:
-                    allowed = (mask_mods.tile(mod, b, h, q0, q1, k0, k1, q.device) if mod is not None
-                               else _rows(mask_q, k0, k1, -1))  # (B?, H?, Cq?, Ck)
-                    scores4 = scores.view(b, h, q1 - q0, k1 - k0)  # (B, H, Cq, Ck)
-                    scores4 = (scores4.masked_fill_ if reuse else scores4.masked_fill)(~allowed, float("-inf"))
-                    scores = scores4.view(bh, q1 - q0, k1 - k0)  # (B*H, Cq, Ck)
-                tile_max = scores.amax(dim=-1, keepdim=True)  # (B*H, Cq, 1)
-                new_max = tile_max if run_max is None else torch.maximum(run_max, tile_max)
-                # A row that has seen only masked keys keeps max -inf: shift it by 0 so exp() gives 0, not NaN.
-                shift = torch.where(torch.isinf(new_max), 0.0, new_max) if partial or run_max is None else new_max
-                probs = scores.sub_(shift).exp2_() if reuse else torch.exp2(scores - shift)  # (B*H, Cq, Ck), unnormalised
-                block_sum = probs.sum(dim=-1, keepdim=True)  # (B*H, Cq, 1)
-                v_blk = v[:, k0:k1]  # (B*H, Ck, Dv)
-                if run_max is None:
-                    run_sum = block_sum
-                    acc = torch.bmm(probs, v_blk, out=_buffer(acc_buf, bh, q1 - q0, dv))  # (B*H, Cq, Dv)
-                else:
-                    rescale = torch.exp2(run_max - shift)  # (B*H, Cq, 1); 0 where run_max is -inf
-                    if reuse:
-                        run_sum = run_sum.mul_(rescale).add_(block_sum)
-                        acc = torch.baddbmm(acc.mul_(rescale), probs, v_blk, out=acc)  # acc * rescale + probs @ v_blk
-                    else:
-                        run_sum = run_sum * rescale + block_sum
-                        acc = torch.baddbmm(acc * rescale, probs, v_blk)  # (B*H, Cq, Dv)
-                run_max = new_max
+            allowed = _tile_mask(mask, b, h, q0, q1, q.device)
+            run = _attend_row(q[:, q0:q1], k, v, row, allowed, b, h, scratch)
             # Rows with no allowed key have run_sum == 0 and acc == 0: the output row is zero.
-            denom = torch.where(run_sum > 0, run_sum, 1.0)  # (B*H, Cq, 1)
+            denom = torch.where(run.run_sum > 0, run.run_sum, 1.0)  # (B*H, Cq, 1)
             if reuse:
-                torch.div(acc, denom, out=out[:, q0:q1])
+                torch.div(run.acc, denom, out=out[:, q0:q1])
             else:
-                blocks.append(acc / denom)
+                blocks.append(run.acc / denom)
         if not reuse:
             out = torch.cat(blocks, dim=1)  # (B*H, Lq, Dv)
         return out.view(b, h, lq, dv)  # (B, H, Lq, Dv)
+
