@@ -161,37 +161,49 @@ def localize(site: Path, assets: tuple[Asset, ...]) -> int:
     """
     site = Path(site)
     by_url = {a.replaces: a for a in assets if a.replaces}
-    rewritten = 0
-    for page in sorted(site.rglob("*.htm*")):
-        text = page.read_text(encoding="utf-8")
-
-        def swap(tag: re.Match, page: Path = page) -> str:
-            nonlocal rewritten
-            attrs = _attrs(tag["attrs"])
-            known = [v.strip() for k, v, _ in attrs if k in ("src", "href") and v.strip() in by_url]
-            if not known or tag["name"].lower() not in ("script", "link"):
-                return tag.group(0)
-            local = os.path.relpath(site / VENDOR / by_url[known[0]].path, page.parent).replace(os.sep, "/")
-            kept = tag["attrs"]
-            for key, _, m in sorted(attrs, key=lambda a: -a[2].start()):  # from the end: earlier offsets stay valid
-                if key in _DROPPED_ATTRS:
-                    kept = kept[:m.start()].rstrip() + kept[m.end():]
-                elif key in ("src", "href") and m[0].find(known[0]) >= 0:
-                    kept = kept[:m.start()] + f'{key}="{local}"' + kept[m.end():]
-            rewritten += 1
-            return f"<{tag['name']}{kept}>"
-
-        new = _TAG.sub(swap, text)
-        if new != text:
-            shim = os.path.relpath(site / VENDOR / SHIM, page.parent).replace(os.sep, "/")
-            new = re.sub(r"</head>", f'<script src="{shim}"></script>\n  </head>', new, count=1, flags=re.IGNORECASE)
-            page.write_text(new, encoding="utf-8")
+    rewritten = sum(_localize_page(page, site, by_url) for page in sorted(site.rglob("*.htm*")))
     left = external_references(site)
     if left:
         listed = "\n".join(f"  {name}: {url}" for name, url in left)
         raise PublishError(f"the published pages still load {len(left)} external address(es) that attnbench has no "
                            f"offline copy of:\n{listed}\nAdd them to {ASSETS / 'manifest.json'} (a newer asv loads new files).")
     return rewritten
+
+
+def _localize_page(page: Path, site: Path, by_url: dict[str, Asset]) -> int:
+    """Point one page's known CDN references at ``site/vendor/`` and load the offline shim; how many it rewrote."""
+    text = page.read_text(encoding="utf-8")
+    rewritten = 0
+
+    def swap(tag: re.Match) -> str:
+        nonlocal rewritten
+        local = _vendored_tag(tag, page, site, by_url)
+        rewritten += local is not None
+        return tag.group(0) if local is None else local
+
+    new = _TAG.sub(swap, text)
+    if new != text:
+        shim = os.path.relpath(site / VENDOR / SHIM, page.parent).replace(os.sep, "/")
+        new = re.sub(r"</head>", f'<script src="{shim}"></script>\n  </head>', new, count=1, flags=re.IGNORECASE)
+        page.write_text(new, encoding="utf-8")
+    return rewritten
+
+
+def _vendored_tag(tag: re.Match, page: Path, site: Path, by_url: dict[str, Asset]) -> str | None:
+    """A script or link ``tag`` of ``page`` that loads a known CDN address, rewritten to load the vendored copy and
+    without the attributes a file:// page refuses; None for any other tag."""
+    attrs = _attrs(tag["attrs"])
+    known = [v.strip() for k, v, _ in attrs if k in ("src", "href") and v.strip() in by_url]
+    if not known or tag["name"].lower() not in ("script", "link"):
+        return None
+    local = os.path.relpath(site / VENDOR / by_url[known[0]].path, page.parent).replace(os.sep, "/")
+    kept = tag["attrs"]
+    for key, _, m in sorted(attrs, key=lambda a: -a[2].start()):  # from the end: earlier offsets stay valid
+        if key in _DROPPED_ATTRS:
+            kept = kept[:m.start()].rstrip() + kept[m.end():]
+        elif key in ("src", "href") and m[0].find(known[0]) >= 0:
+            kept = kept[:m.start()] + f'{key}="{local}"' + kept[m.end():]
+    return f"<{tag['name']}{kept}>"
 
 
 def write_json_twins(site: Path) -> int:
@@ -237,8 +249,28 @@ def publish(config: str | Path = "asv.conf.json", html_dir: str | Path | None = 
         ValueError: ``config`` is missing or unreadable, or its ``results_dir`` holds no results.
         PublishError: asv failed, a vendored file is damaged, or an external reference remains.
     """
-    from asv import util
+    config, target = _config_and_target(config, html_dir)
+    assets = verify_assets()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        site = work / "site"
+        cmd = [sys.executable, "-m", "asv", "publish", "--config", str(config), "--html-dir", str(site)]
+        out = subprocess.run(cmd, cwd=config.parent, capture_output=True, text=True)
+        if out.returncode != 0 or not (site / "index.html").is_file():
+            raise PublishError(f"asv publish failed (exit {out.returncode}):\n{output_tail(out)}")
+        shutil.copytree(ASSETS, site / VENDOR, ignore=shutil.ignore_patterns("__pycache__"))
+        write_json_twins(site)
+        rewritten = localize(site, assets)
+        _put_in_place(site, target, work / "old")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return PublishOutcome(html_dir=target, rewritten=rewritten, asv_output=(out.stdout or "") + (out.stderr or ""))
 
+
+def _config_and_target(config: str | Path, html_dir: str | Path | None) -> tuple[Path, Path]:
+    """The asv configuration's absolute path and the site's folder; ValueError where either cannot be used."""
+    from asv import util
 
     config = Path(config).absolute()
     if not config.is_file():
@@ -253,27 +285,16 @@ def publish(config: str | Path = "asv.conf.json", html_dir: str | Path | None = 
     target = Path(html_dir).absolute() if html_dir is not None else config.parent / conf.get("html_dir", "html")
     if target.exists() and not target.is_dir():
         raise ValueError(f"html_dir: {target} exists and is not a directory")
-    assets = verify_assets()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    return config, target
+
+
+def _put_in_place(site: Path, target: Path, old: Path) -> None:
+    """Replace ``target`` by ``site`` (the previous site moved to ``old``, and put back if the move fails)."""
+    if target.exists():
+        os.replace(target, old)
     try:
-        site = work / "site"
-        cmd = [sys.executable, "-m", "asv", "publish", "--config", str(config), "--html-dir", str(site)]
-        out = subprocess.run(cmd, cwd=config.parent, capture_output=True, text=True)
-        if out.returncode != 0 or not (site / "index.html").is_file():
-            raise PublishError(f"asv publish failed (exit {out.returncode}):\n{output_tail(out)}")
-        shutil.copytree(ASSETS, site / VENDOR, ignore=shutil.ignore_patterns("__pycache__"))
-        write_json_twins(site)
-        rewritten = localize(site, assets)
-        old = work / "old"
-        if target.exists():
-            os.replace(target, old)
-        try:
-            os.replace(site, target)
-        except OSError:
-            if old.exists():
-                os.replace(old, target)  # put the previous site back
-            raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return PublishOutcome(html_dir=target, rewritten=rewritten, asv_output=(out.stdout or "") + (out.stderr or ""))
+        os.replace(site, target)
+    except OSError:
+        if old.exists():
+            os.replace(old, target)  # put the previous site back
+        raise
