@@ -10,9 +10,8 @@
   ``{"name": string, "unit": string, "value": number, "range": string, "extra": string}`` (``range`` and ``extra``
   optional), one entry per case and metric; the name carries the metric, the unit its unit.
 
-One run: a results directory of one commit (the gate's has two, a history many: ``--commit`` picks one, the newest
-by default). Only metrics where smaller is better are exported (time, instruction counts, peak tensor bytes, FLOPs,
-page faults, peak RSS): both formats' dashboards alert on a rise. Throughputs (GFLOP/s, GB/s) and errors are left out.
+One run (``--commit``, default the newest of the results). Only metrics where smaller is better are exported
+(time, instruction counts, peak tensor bytes, FLOPs, page faults, peak RSS): both dashboards alert on a rise.
 """
 
 from __future__ import annotations

@@ -1,44 +1,17 @@
 """Regression gate: benchmark BASE and HEAD with asv, read the results, decide.
 
-``asv continuous`` exits 1 for a regression *and* for usage errors, and ``asv compare`` always exits
-0, so this gate never trusts asv's exit code for the verdict: it runs ``asv run`` on both commits
-(interleaved rounds, fixed threads, a small CI subset of the grid), loads the result files with
-:func:`attnbench.analysis.frame.load_asv` and compares them itself.
+asv's exit codes do not say whether something regressed (``asv continuous`` exits 1 for usage errors too, ``asv
+compare`` always 0), so the gate runs ``asv run`` on both commits (interleaved rounds, the measurement regime of
+:mod:`attnbench.measure.regime`, a CI subset of the grid), reads the result files and gives each (benchmark,
+parameters) a :class:`contract.GateVerdict` on ratio = HEAD / BASE (:func:`compare`): time on the samples of every
+round (significant beyond the allowance, speed-corrected and as measured agreeing, never on disturbed rounds; else
+undecided, after a confirmation round), peak tensor bytes beyond ``memory_factor``, FLOPs beyond 1, instruction
+counts beyond ``instructions_factor``. A case that ran on BASE and fails on HEAD regresses; one right on BASE and
+wrong on HEAD is ``wrong``. The full rules: the README's "Use it in CI".
 
-Verdict per (benchmark, parameters), with ratio = HEAD / BASE (medians):
-  * time (``time_attention``): decided by :func:`attnbench.analysis.significance.decide` on the
-    samples of every process round (as measured and speed-corrected, below; asv's ``--record-samples``
-    alone where a commit logs none): ``regressed`` when the ratio is beyond the allowance
-    (``time_factor`` x (1 + IQR/median of BASE), capped at 1.3) and significant (one-sided
-    Mann-Whitney U, bootstrap interval of the ratio above 1); ``ok`` when it is within the allowance
-    and the interval excludes a 1.5x slowdown; otherwise ``undecided``. Any undecided time case first
-    gets a confirmation round: both commits run again with ``--append-samples`` (more interleaved
-    process rounds) and the decision is taken on the combined samples. Every time round also carries
-    the calibration probe of ``attnbench run`` (timed just before each sample and logged with it by
-    :func:`attnbench.asv_bench.timed_teardown`), and a verdict needs the samples in units of their
-    probe (:func:`read_corrected`: the machine's speed steps, and probe and a compute-bound sample step
-    together) to agree with the samples as measured. A case whose samples a neighbour descheduled on
-    either side (the run-queue wait, :func:`descheduled`), or, without corrected samples, whose probes
-    strayed from typical (:func:`disturbance`), is ``undecided`` ("noisy: ..."), never ``regressed``
-    or ``ok``, whatever its p-value (the samples of a round are not independent when a neighbour comes
-    and goes). A case still undecided (or without recorded samples) is reported as such, with its own
-    exit code: never a silent pass;
-  * deterministic metrics (peak tensor bytes, analytic FLOPs): regression when
-    ratio > ``memory_factor`` (default 1.1) for bytes and ratio > 1 for FLOPs: no noise to forgive;
-  * a case that ran on BASE but failed on HEAD is a regression; n/a on both is ignored;
-  * correctness (``AttentionAccuracy.track_error_ratio``, error / tolerance of the timed closure's
-    result): a case that was right on BASE and is wrong on HEAD (ratio above 1, or a loader status
-    ``wrong``) fails the gate with verdict ``wrong`` on every row of that case. asv's timing setup
-    refuses a wrong result, so its time row is missing on HEAD, not a fast number.
-
-Every asv process runs in the measurement regime of :mod:`attnbench.measure.regime` (its
-``child_env``: threads and allocator thresholds from interpreter start; ``attnbench.asv_bench``
-applies it again at import).
-
-Exit codes of ``attnbench regress``: 0 nothing regressed (every case decided), 1 something regressed
-or is wrong (a table names it), 2 usage error (bad revision, BASE == HEAD, a factor that is nan, inf
-or <= 1), 3 the benchmarks could not be measured (asv failed to build or run a commit), 4 could not
-decide: no regression found, but some time case stayed undecided after the confirmation round.
+Exit codes of ``attnbench regress``: 0 nothing regressed (every case decided), 1 something regressed or is wrong,
+2 usage error (bad revision, BASE == HEAD, a factor that is nan, inf or <= 1), 3 the benchmarks could not be
+measured (asv failed to build or run a commit), 4 no regression found, but a time case stayed undecided.
 """
 
 from __future__ import annotations
@@ -77,7 +50,7 @@ REGIME = regime.Regime(threads=regime.DEFAULT_THREADS)
 """The regime asv's processes start in (threads, pinned allocator thresholds), as for ``attnbench run``."""
 CASE_KEYS = ("variant", "seq_len", "device", "mode", "mask")
 _CASE_DEFAULTS = {"variant": "", "seq_len": 0, "device": "cpu", "mode": "forward", "mask": "none"}
-"""A case's parameters, with the value of one asv's grid does not have (older results: no mask)."""
+"""A case's parameters, each with the value a result without it is read as (older results have no mask)."""
 PROBES = "probes.jsonl"
 """The calibration probes of the gate's time rounds, in its work directory."""
 
@@ -274,12 +247,11 @@ def read_corrected(path: str | Path) -> dict[SampleKey, list[float]]:
     """Per case, each time sample in units of the probe timed just before it (``sample_s / probe_s``, lines of
     :func:`attnbench.asv_bench.timed_teardown`): the sample at the machine's speed of that moment.
 
-    This shared machine's speed steps by 1.3-1.5x for seconds to minutes at a time (a host neighbour: every probe
-    and every sample of those moments move together, and nothing waits in this machine's run queue); rounds of
-    BASE and HEAD measured in different moments differ by that much with nothing changed. Divided by the probe
-    timed beside them a compute-bound case does not; a memory-bound one follows the probe less, so a verdict needs
-    these and the samples as measured to agree. Lines without a sample (a commit that logged probes only) are
-    skipped.
+    A shared machine's speed can step for seconds to minutes at a time (a host neighbour: every probe and sample of
+    those moments move together, and nothing waits in the run queue), so rounds of BASE and HEAD measured in
+    different moments differ with nothing changed. Divided by its probe a compute-bound sample does not; a
+    memory-bound one follows the probe less, so a verdict needs these and the samples as measured to agree. Lines
+    without a sample (a commit that logged probes only) are skipped.
     """
     out: dict[SampleKey, list[float]] = {}
     for key, rec in _log_lines(path):
@@ -760,8 +732,8 @@ class AsvSession:
         """Run asv; a call that died reading ``~/.asv-machine.json`` while another asv process rewrote it is run again.
 
         asv keeps its machines in one file in the home directory and rewrites it in place (``asv machine --yes``), so
-        an asv process started at that moment reads it empty and stops ("Error parsing JSON"): seen here, where the
-        home directory is shared with other users' asv runs, as a BASE whose every result was missing.
+        an asv process started at that moment reads it empty and stops ("Error parsing JSON"): where the home
+        directory is shared with other asv runs, a BASE whose every result is missing.
         """
         for attempt in range(MACHINE_FILE_RETRIES + 1):
             with open(self.log_file, "a", encoding="utf-8") as log:

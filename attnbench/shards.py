@@ -1,12 +1,11 @@
 """Split the asv suite across CI jobs and merge their results back into one history (asv cannot do either).
 
 A large suite runs in N jobs of a CI matrix: :func:`shard` gives job ``i`` of ``N`` an ``asv run --bench``
-pattern naming its share of the suite's benchmarks (dealt round-robin in a fixed order, so every
-benchmark lands in exactly one shard, and a benchmark keeps its shard from commit to commit). Each job
-writes ordinary asv result files; :func:`merge_results` unions the shards' files of one machine,
-commit and environment into the single file asv itself would have written (each benchmark's row comes
-from the shard that ran it), and keeps every other file as it is, so ``asv publish``,
-``attnbench publish`` and ``attnbench report --from`` read the merged directory as one run.
+pattern naming its share of the suite's benchmarks (dealt round-robin in a fixed order, so every benchmark
+lands in exactly one shard, and keeps its shard from commit to commit). :func:`merge_results` unions the jobs'
+result files of one machine, commit and environment into the single file asv itself would have written, and
+keeps every other file as it is, so ``asv publish`` and ``attnbench report --from`` read the merged directory
+as one run.
 
 Example::
 
