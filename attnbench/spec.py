@@ -8,6 +8,7 @@ Lq queries, Lk keys, D query/key head dim, Dv value head dim.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +25,13 @@ DTYPES: dict[str, torch.dtype] = {
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
 MODES: tuple[str, ...] = ("forward", "backward")
 """``backward`` means one forward and one backward pass (a training step's attention work)."""
+
+
+class MaskForm(enum.StrEnum):
+    """How a case's mask reaches a variant (:meth:`AttnSpec.make_inputs`)."""
+
+    DENSE = "dense"  # a bool tensor (:meth:`AttnSpec.make_mask`)
+    MOD = "mod"  # the predicate itself (:meth:`AttnSpec.mask_mod`): nothing L^2 is built
 
 
 def _valid_device(device: object) -> bool:
@@ -205,7 +213,7 @@ class AttnSpec:
         return None if mod is None else mask_mods.dense(mod, self.batch, self.heads, self.lq, self.lk, self.device)
 
     def make_inputs(
-        self, seed: int = 0, requires_grad: bool = False, mask_form: str = "dense"
+        self, seed: int = 0, requires_grad: bool = False, mask_form: str = MaskForm.DENSE
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | mask_mods.MaskMod | None]:
         """Seeded standard-normal q, k, v (never zeros) and the spec's mask.
 
@@ -225,7 +233,7 @@ class AttnSpec:
         """
         check_seed(seed)
         check_bool("requires_grad", requires_grad)
-        if mask_form not in ("dense", "mod"):
+        if mask_form not in tuple(MaskForm):
             raise ValueError(f"mask_form must be 'dense' or 'mod', got {mask_form!r}")
         check_device_available("device", self.device)
         gen = torch.Generator(device="cpu").manual_seed(seed)
@@ -238,4 +246,4 @@ class AttnSpec:
             for s in shapes
         ]
         q, k, v = tensors
-        return q, k, v, self.make_mask() if mask_form == "dense" else self.mask_mod()
+        return q, k, v, self.make_mask() if mask_form == MaskForm.DENSE else self.mask_mod()

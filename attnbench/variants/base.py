@@ -40,6 +40,7 @@ What "executed FLOPs" means (the one definition every cost model follows):
 
 from __future__ import annotations
 
+import enum
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -52,7 +53,7 @@ from attnbench import mask_mods, masks
 from attnbench._checks import as_4d_mask, check_finite, check_qkv, check_scale, check_score_range
 from attnbench.capability import CallInfo
 from attnbench.reference import reference_attention
-from attnbench.spec import DTYPES, AttnSpec
+from attnbench.spec import DTYPES, AttnSpec, MaskForm
 
 ALL_DTYPES = frozenset(DTYPES)
 FLOAT_DTYPES = frozenset({"float32", "float64"})
@@ -63,12 +64,22 @@ EAGER_BACKWARD = 2.0
 """Backward FLOPs per forward FLOP of a matmul whose two operands both need a gradient (eager autograd)."""
 CONSTANT_OPERAND_BACKWARD = 1.0
 """Backward FLOPs per forward FLOP of a matmul with one constant operand (a fixed weight)."""
+
+
+class GqaMode(enum.StrEnum):
+    """How a variant runs grouped-query attention (``SUPPORTS_GQA``; "" where it cannot): :data:`GQA_MODES`."""
+
+    NATIVE = "native"
+    GROUPED = "grouped"
+    REPEAT = "repeat"
+
+
 GQA_MODES: dict[str, str] = {
-    "native": "the kernel reads each key/value head for its G query heads (no copy)",
-    "grouped": "grouped matmul: q viewed as (B, Hkv, G*Lq, D) against k (B, Hkv, Lk, D) (no copy)",
-    "repeat": "k and v repeated to H heads first (copies of B*H*Lk*(D+Dv) elements, counted in the peak)",
+    GqaMode.NATIVE: "the kernel reads each key/value head for its G query heads (no copy)",
+    GqaMode.GROUPED: "grouped matmul: q viewed as (B, Hkv, G*Lq, D) against k (B, Hkv, Lk, D) (no copy)",
+    GqaMode.REPEAT: "k and v repeated to H heads first (copies of B*H*Lk*(D+Dv) elements, counted in the peak)",
 }
-"""How a variant runs grouped-query attention (``SUPPORTS_GQA``; "" means it does not)."""
+"""What each :class:`GqaMode` does."""
 RECOMPUTE_BACKWARD = 3.0
 """Backward FLOPs per forward FLOP of the scores ``Q K^T`` in a fused kernel: recompute, dQ, dK."""
 
@@ -139,7 +150,7 @@ class Variant(ABC):
     REJECTS_NONFINITE: ClassVar[bool] = True  # validate() rejects NaN/inf in q, k, v (see validate)
     APPROX_ERROR_BOUND: ClassVar[float | None] = None  # approximate variants: allowed mean |out - softmax attention|
     MASK_MODS: ClassVar[bool] = False  # forward takes a MaskMod predicate itself (see takes_mask_mod)
-    SUPPORTS_GQA: ClassVar[str] = ""  # how Hkv < H is run: a GQA_MODES key ("native", "grouped", "repeat"), "" = not
+    SUPPORTS_GQA: ClassVar[str] = ""  # how Hkv < H is run: a GqaMode, "" = not at all
 
     def __init__(self, scale: float | None = None) -> None:
         self.scale = check_scale(scale)
@@ -198,13 +209,13 @@ class Variant(ABC):
         """Whether :meth:`forward` takes this predicate itself (else it gets the dense bool tensor)."""
         return self.MASK_MODS and mod is not None
 
-    def mask_form(self, spec: AttnSpec) -> str:
+    def mask_form(self, spec: AttnSpec) -> MaskForm:
         """``"mod"`` when the runner hands this variant the spec's predicate, else ``"dense"``."""
-        return "mod" if self.takes_mask_mod(spec.mask_mod(device="cpu")) else "dense"
+        return MaskForm.MOD if self.takes_mask_mod(spec.mask_mod(device="cpu")) else MaskForm.DENSE
 
     def mask_bytes(self, spec: AttnSpec) -> int:
         """Bytes of the mask the runner builds for this variant: 0 for a predicate, else the dense tensor's."""
-        return 0 if self.mask_form(spec) == "mod" else spec.mask_bytes
+        return 0 if self.mask_form(spec) == MaskForm.MOD else spec.mask_bytes
 
     def check_values(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Value checks beyond finiteness; by default, that ``scale * q . k`` cannot overflow."""
@@ -364,7 +375,7 @@ class Variant(ABC):
 
     def kv_copy_elements(self, spec: AttnSpec) -> int:
         """Elements of the k and v copies a ``"repeat"`` GQA makes: ``B*H*Lk*(D+Dv)``; 0 otherwise."""
-        if spec.hkv == spec.heads or self.gqa_mode(CallInfo.from_spec(spec)) != "repeat":
+        if spec.hkv == spec.heads or self.gqa_mode(CallInfo.from_spec(spec)) != GqaMode.REPEAT:
             return 0
         return spec.batch * spec.heads * spec.lk * (spec.head_dim + spec.dv)
 

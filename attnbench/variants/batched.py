@@ -8,14 +8,14 @@ from __future__ import annotations
 import torch
 
 from attnbench.variants._ops import masked_softmax_, zero_empty_rows
-from attnbench.variants.base import Variant
+from attnbench.variants.base import GqaMode, Variant
 
 
 class BatchedAttention(Variant):
     """``softmax(Q K^T * scale) V`` with two bmm calls; peak = scores + probabilities + output."""
 
     source = "DotProductAttention with torch.bmm; Vaswani et al. 2017"
-    SUPPORTS_GQA = "grouped"  # the G query heads of a group share one bmm against their key/value head
+    SUPPORTS_GQA = GqaMode.GROUPED  # the G query heads of a group share one bmm against their key/value head
 
     def forward(self, q, k, v, mask):
         b, h, lq, d = q.shape

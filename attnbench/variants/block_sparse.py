@@ -25,7 +25,7 @@ from attnbench.mask_mods import MaskMod, tile
 from attnbench.reference import repeat_kv
 from attnbench.variants._blockwise import gathered_block_attention
 from attnbench.variants._ops import masked_softmax_, zero_empty_rows
-from attnbench.variants.base import Variant, dense_mask
+from attnbench.variants.base import GqaMode, Variant, dense_mask
 
 MAX_PATTERN_BLOCKS = 2**14
 """Most blocks per side of the ``(Nb, Nb)`` pattern this variant builds (256 MiB of bools, seconds to
@@ -50,7 +50,7 @@ def block_pattern(num_blocks: int, global_blocks: int, window_blocks: int, rando
 class BlockSparseAttention(Variant):
     """Local blocks + global tokens + random blocks (BigBird ITC); self-attention only."""
 
-    SUPPORTS_GQA = "repeat"  # k and v repeated to H heads at entry (counted in the peak)
+    SUPPORTS_GQA = GqaMode.REPEAT  # k and v repeated to H heads at entry (counted in the peak)
 
     time_exponent = 1.0
     memory_exponent = 1.0

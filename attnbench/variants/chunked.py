@@ -28,7 +28,8 @@ import torch
 from attnbench import mask_mods
 from attnbench._checks import check_positive_int
 from attnbench.reference import repeat_kv
-from attnbench.variants.base import Variant
+from attnbench.spec import MaskForm
+from attnbench.variants.base import GqaMode, Variant
 
 _LOG2_E = math.log2(math.e)
 
@@ -144,7 +145,7 @@ class ChunkedAttention(Variant):
     memory_exponent = 1.0
     source = "Rabe & Staats 2021 (self-attention does not need O(n^2) memory)"
     MASK_MODS = True  # evaluates the predicate per tile: skips empty tiles, no mask work on full ones
-    SUPPORTS_GQA = "repeat"  # k and v repeated to H heads at entry (counted in the peak)
+    SUPPORTS_GQA = GqaMode.REPEAT  # k and v repeated to H heads at entry (counted in the peak)
 
     def __init__(self, q_chunk: int | None = None, k_chunk: int | None = None, scale: float | None = None) -> None:
         super().__init__(scale)
@@ -188,7 +189,7 @@ class ChunkedAttention(Variant):
         closed form for the built-in masks (:func:`~attnbench.mask_mods.nonempty_tile_pairs`), so the
         guard answers at any length instead of walking O((L/C)^2) tiles.
         """
-        if self.mask_form(spec) != "mod":
+        if self.mask_form(spec) != MaskForm.MOD:
             return spec.lq * spec.lk
         cq, ck = self.chunks(spec.lq, spec.lk, spec.dtype)
         return mask_mods.nonempty_tile_pairs(
@@ -205,7 +206,7 @@ class ChunkedAttention(Variant):
         per_head = spec.lq * spec.head_dim + cq * ck + cq * (spec.dv + 6)
         mask_tile = 0.0
         if spec.mask != "none":  # one partial tile: classified min(Cq, Ck) wide for a predicate
-            mask_tile = 2 * cq * (min(cq, ck) if self.mask_form(spec) == "mod" else ck) / spec.elem_bytes
+            mask_tile = 2 * cq * (min(cq, ck) if self.mask_form(spec) == MaskForm.MOD else ck) / spec.elem_bytes
         return spec.batch * spec.heads * per_head + mask_tile
 
     def _forward_grid(self, mask, b: int, h: int, lq: int, lk: int, dtype: str):

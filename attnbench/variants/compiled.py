@@ -16,7 +16,7 @@ import torch
 
 from attnbench import mask_mods, masks
 from attnbench._checks import check_bool
-from attnbench.variants.base import Variant, declared_attributes
+from attnbench.variants.base import GqaMode, Variant, declared_attributes
 
 _HALF_AND_FLOAT = frozenset({"float32", "bfloat16", "float16"})
 
@@ -225,7 +225,7 @@ class FlexAttention(Variant):
     OPAQUE_KERNELS = frozenset({"flex_attention"})  # FlopCounterMode cannot run the CPU HOP at all
     TILE = 128  # create_block_mask's default block size: FlexAttention computes whole non-empty tiles
     MASK_MODS = True  # the predicate is the block mask's mask_mod (no dense mask is built)
-    SUPPORTS_GQA = "native"  # flex_attention(enable_gqa=True)
+    SUPPORTS_GQA = GqaMode.NATIVE  # flex_attention(enable_gqa=True)
 
     def __init__(self, compiled: bool = True, scale: float | None = None) -> None:
         super().__init__(scale)

@@ -31,6 +31,7 @@ from attnbench.variants.base import (
     FLOAT_DTYPES,
     KEY_PADDING_MASKS,
     Contraction,
+    GqaMode,
     Variant,
     dense_mask,
 )
@@ -39,7 +40,7 @@ from attnbench.variants.base import (
 class KernelAttention(Variant):
     """Shared O(L) evaluation for any positive feature map ``phi``."""
 
-    SUPPORTS_GQA = "repeat"  # k and v repeated to H heads at entry (counted in the peak)
+    SUPPORTS_GQA = GqaMode.REPEAT  # k and v repeated to H heads at entry (counted in the peak)
 
     time_exponent = 1.0
     memory_exponent = 1.0

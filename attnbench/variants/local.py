@@ -13,13 +13,13 @@ import torch
 from attnbench import masks
 from attnbench.reference import repeat_kv
 from attnbench.variants._blockwise import gathered_block_attention
-from attnbench.variants.base import Variant, dense_mask
+from attnbench.variants.base import GqaMode, Variant, dense_mask
 
 
 class LocalAttention(Variant):
     """Banded attention; exact on its own pattern ``sliding_window(window) & mask``."""
 
-    SUPPORTS_GQA = "repeat"  # k and v repeated to H heads at entry (counted in the peak)
+    SUPPORTS_GQA = GqaMode.REPEAT  # k and v repeated to H heads at entry (counted in the peak)
 
     time_exponent = 1.0
     memory_exponent = 1.0

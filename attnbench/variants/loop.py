@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from attnbench.variants.base import Variant
+from attnbench.variants.base import GqaMode, Variant
 
 
 class LoopAttention(Variant):
@@ -21,7 +21,7 @@ class LoopAttention(Variant):
     memory_exponent = 1.0  # one row of Lk scores alive at a time
     source = "Python loops, one scalar score at a time (AttentionFromDsy); Bahdanau et al. 2015"
     SCORE_BUFFERS = 0.0
-    SUPPORTS_GQA = "native"  # query head h indexes key/value head h // G: no copy
+    SUPPORTS_GQA = GqaMode.NATIVE  # query head h indexes key/value head h // G: no copy
     SECONDS_PER_PAIR = 20e-6  # interpreter cost per (query, key) pair, measured on a 2-core CPU machine
     # torch.dot and the scalar-times-vector accumulation carry its contractions; FlopCounterMode
     # counts neither, so its FLOPs are checked against an instrumented count instead.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from attnbench.variants._ops import masked_softmax_, merge_heads, zero_empty_rows
-from attnbench.variants.base import Variant
+from attnbench.variants.base import GqaMode, Variant
 
 
 def transpose_qkv(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -33,7 +33,7 @@ class MultiheadAttentionCore(Variant):
     """Merge heads, fold them into the batch, attend with bmm, unfold, split heads."""
 
     source = "MultiHeadAttention with transpose_qkv/transpose_output; Vaswani et al. 2017"
-    SUPPORTS_GQA = "grouped"  # keys and values folded with their own Hkv heads; a group's queries share one bmm
+    SUPPORTS_GQA = GqaMode.GROUPED  # keys and values folded with their own Hkv heads; a group's queries share one bmm
 
     def scratch_elements(self, spec):  # noqa: D102 - scores + probs + head-folded copies
         b, h = spec.batch, spec.heads

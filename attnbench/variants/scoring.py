@@ -24,7 +24,7 @@ import torch
 from attnbench._checks import check_positive_int, check_seed
 from attnbench.reference import attend, repeat_kv
 from attnbench.variants._ops import masked_softmax_, zero_empty_rows
-from attnbench.variants.base import CONSTANT_OPERAND_BACKWARD, EAGER_BACKWARD, Contraction, Variant, dense_mask
+from attnbench.variants.base import CONSTANT_OPERAND_BACKWARD, EAGER_BACKWARD, Contraction, GqaMode, Variant, dense_mask
 
 SCORES = ("dot", "scaled_dot", "bilinear", "additive")
 
@@ -32,7 +32,7 @@ SCORES = ("dot", "scaled_dot", "bilinear", "additive")
 class ScoringAttention(Variant):
     """Attention with a named scoring function; see the module docstring."""
 
-    SUPPORTS_GQA = "repeat"  # k and v repeated to H heads at entry (counted in the peak)
+    SUPPORTS_GQA = GqaMode.REPEAT  # k and v repeated to H heads at entry (counted in the peak)
 
     source = "Luong et al. 2015; Vaswani et al. 2017; Bahdanau et al. 2015 (AdditiveAttention, DotProductAttention)"
 

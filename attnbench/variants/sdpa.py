@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnbench.mask_mods import MaskMod
-from attnbench.variants.base import Variant
+from attnbench.variants.base import GqaMode, Variant
 
 BACKENDS: dict[str, SDPBackend | None] = {
     "auto": None,
@@ -112,8 +112,8 @@ class SDPA(Variant):
         if self.backend in ("efficient", "cudnn"):
             return ""
         if self.backend == "math" or (self.backend == "auto" and (call.device == "cuda" or call.dv != call.d)):
-            return "repeat"  # the math composite (or a possible fallback to it) repeats k and v
-        return "native"
+            return GqaMode.REPEAT  # the math composite (or a possible fallback to it) repeats k and v
+        return GqaMode.NATIVE
 
     def extra_reasons(self, call):
         reasons = []

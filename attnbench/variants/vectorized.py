@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from attnbench.variants._ops import masked_softmax_, zero_empty_rows
-from attnbench.variants.base import Variant
+from attnbench.variants.base import GqaMode, Variant
 
 
 class VectorizedAttention(Variant):
@@ -17,7 +17,7 @@ class VectorizedAttention(Variant):
 
     source = "self-attention in the Q = W_Q X column form; Vaswani et al. 2017"
     SCORE_BUFFERS = 2.0
-    SUPPORTS_GQA = "native"  # query head h indexes key/value head h // G: no copy
+    SUPPORTS_GQA = GqaMode.NATIVE  # query head h indexes key/value head h // G: no copy
 
     def scratch_elements(self, spec):  # noqa: D102 - one (Lk, Lq) head at a time
         return self.SCORE_BUFFERS * spec.lq * spec.lk
