@@ -1,9 +1,10 @@
-"""Markdown for the people who read a pull request: the gate's verdict and a history's steps, as short tables.
+"""Markdown for the people who read a pull request: the gate's verdict and a history's steps.
 
-``attnbench regress --summary FILE`` and ``attnbench history --summary FILE`` write these (and append them to
-``$GITHUB_STEP_SUMMARY`` when it is set, which GitHub shows on the run's summary page and the pull request's checks).
-The gate's summary lists regressions first, then what it could not decide, then improvements beyond the factor, each
-with its ratio and metric, and says in one line what decided.
+``attnbench regress --summary FILE`` and ``attnbench history --summary FILE`` write these (and
+append them to ``$GITHUB_STEP_SUMMARY`` when it is set, which GitHub shows on the run's summary page
+and the pull request's checks). The gate's summary lists regressions first, then what it could not
+decide, then improvements beyond the factor, each with its ratio and metric, and says in one line
+what decided.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ def decided_line(table: pd.DataFrame, metric: str, factors: dict[str, float]) ->
 
 
 def gate_summary(outcome, metric: str, factors: dict[str, float], elapsed_s: float | None = None) -> str:
-    """The gate's verdict as Markdown: a title line, regressions, undecided, improvements, what decided.
+    """The gate's verdict as Markdown: a title, regressions, undecided, improvements, what decided.
 
     Args:
         outcome: an :class:`attnbench.regress.Outcome`.
@@ -105,29 +106,11 @@ def gate_summary(outcome, metric: str, factors: dict[str, float], elapsed_s: flo
         elapsed_s: the gate's wall time, said in the last line when given.
     """
     table = outcome.table
-    regressions = _ordered(outcome.regressions)
-    undecided = _ordered(outcome.undecided)
-    improved = table[table.get("improved", pd.Series(False, index=table.index)).fillna(False).astype(bool)
-                     & (table["verdict"] == GateVerdict.OK)]
-    improved = improved.assign(_key=improved["ratio"]).sort_values("_key").drop(columns="_key")
-    if len(regressions):
-        verdict = f"FAIL: {len(regressions)} regression(s)"
-    elif len(undecided):
-        verdict = f"UNDECIDED: {len(undecided)} time case(s)"
-    else:
-        verdict = "PASS"
-    lines = [f"### attnbench regress: {verdict}", "",
+    regressions, undecided, improved = _ordered(outcome.regressions), _ordered(outcome.undecided), _improved(table)
+    lines = [f"### attnbench regress: {_title(regressions, undecided)}", "",
              f"BASE `{outcome.base[:10]}`, HEAD `{outcome.head[:10]}`", ""]
-    if len(regressions):
-        lines += [f"**Regressed ({len(regressions)})**", "", *_rows(regressions), ""]
-    if len(undecided):
-        lines += [f"**Undecided ({len(undecided)})**: rerun with more `--rounds` on a quieter machine", "",
-                  *_rows(undecided), ""]
-    if len(improved):
-        lines += [f"**Improved beyond the factor ({len(improved)})**", "", *_rows(improved, why=False), ""]
-    if not (len(regressions) or len(undecided) or len(improved)):
-        lines += ["Every case within its factor.", ""]
-    judged = table[table["verdict"].isin([GateVerdict.OK, GateVerdict.REGRESSED, GateVerdict.WRONG, GateVerdict.UNDECIDED])]
+    lines += _sections(regressions, undecided, improved)
+    judged = table[table["verdict"].isin(_JUDGED)]
     quiet = len(judged) - len(regressions) - len(undecided) - len(improved)
     lines.append(f"{quiet} other result(s) within their factors.")
     lines += ["", decided_line(table, metric, factors)]
@@ -138,8 +121,42 @@ def gate_summary(outcome, metric: str, factors: dict[str, float], elapsed_s: flo
     return "\n".join(lines) + "\n"
 
 
+_JUDGED = (GateVerdict.OK, GateVerdict.REGRESSED, GateVerdict.WRONG, GateVerdict.UNDECIDED)
+"""The verdicts of rows the gate judged (not shown, not timed, or n/a)."""
+
+
+def _improved(table: pd.DataFrame) -> pd.DataFrame:
+    """The ``ok`` rows marked improved, the largest gain first."""
+    marked = table.get("improved", pd.Series(False, index=table.index)).fillna(False).astype(bool)
+    improved = table[marked & (table["verdict"] == GateVerdict.OK)]
+    return improved.assign(_key=improved["ratio"]).sort_values("_key").drop(columns="_key")
+
+
+def _title(regressions: pd.DataFrame, undecided: pd.DataFrame) -> str:
+    if len(regressions):
+        return f"FAIL: {len(regressions)} regression(s)"
+    if len(undecided):
+        return f"UNDECIDED: {len(undecided)} time case(s)"
+    return "PASS"
+
+
+def _sections(regressions: pd.DataFrame, undecided: pd.DataFrame, improved: pd.DataFrame) -> list[str]:
+    """A table each of the regressed, undecided and improved rows (a line where there are none)."""
+    lines = []
+    if len(regressions):
+        lines += [f"**Regressed ({len(regressions)})**", "", *_rows(regressions), ""]
+    if len(undecided):
+        lines += [f"**Undecided ({len(undecided)})**: rerun with more `--rounds` on a quieter machine", "",
+                  *_rows(undecided), ""]
+    if len(improved):
+        lines += [f"**Improved beyond the factor ({len(improved)})**", "", *_rows(improved, why=False), ""]
+    if not (len(regressions) or len(undecided) or len(improved)):
+        lines += ["Every case within its factor.", ""]
+    return lines
+
+
 def history_summary(history: steps_.History) -> str:
-    """A history's steps as Markdown: regressions first, then improvements, each with its commits and ratio."""
+    """A history's steps as Markdown: regressions, then improvements, with commits and ratio."""
     shown = steps_.table(history)
     n = len(history.commits)
     lines = ["### attnbench history", ""]
@@ -148,7 +165,8 @@ def history_summary(history: steps_.History) -> str:
         return "\n".join(lines) + "\n"
     regressions = len(history.regressions)
     lines.append(f"{regressions} regression(s) and {len(shown) - regressions} improvement(s) in {n} commits "
-                 f"(a drift: beyond the factor over at most {history.window} commits, no single commit beyond it).")
+                 f"(a drift: beyond the factor over at most {history.window} commits, "
+                 "no single commit beyond it).")
     lines += ["", "| commit(s) | case | metric | ratio | change | subject |", "|---|---|---|---:|---|---|"]
     for rec in shown.head(MAX_ROWS).to_dict("records"):
         lines.append("| " + " | ".join(_cell(rec[c]) for c in ("commit", "case", "metric", "ratio", "change", "subject")) + " |")
@@ -158,7 +176,10 @@ def history_summary(history: steps_.History) -> str:
 
 
 def write_summary(text: str, path: str | Path | None = None) -> list[Path]:
-    """Write ``text`` to ``path`` (replaced) and append it to ``$GITHUB_STEP_SUMMARY`` when set; the files written."""
+    """Write ``text`` to ``path`` (replaced) and append it to ``$GITHUB_STEP_SUMMARY`` when set.
+
+    Returns the files written.
+    """
     written = []
     if path is not None:
         target = Path(path)
