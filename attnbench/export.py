@@ -1,17 +1,17 @@
-"""attnbench's results in the formats other dashboards read: Bencher's and github-action-benchmark's.
+"""attnbench's results in the formats Bencher and github-action-benchmark read.
 
-* ``bmf``: the Bencher Metric Format (https://bencher.dev/docs/reference/bencher-metric-format): a JSON object of
-  benchmarks, each an object of measures, each ``{"value": number, "lower_value": number, "upper_value": number}``
-  (``value`` required). Time goes to Bencher's built-in ``latency`` measure, whose unit is nanoseconds; every other
-  metric is a measure named after the metric with its unit (``instructions``, ``peak-tensor-bytes``), which Bencher
-  creates on first use. The bounds are asv's 99% interval of the value, where asv has one (timed benchmarks).
+* ``bmf``: the Bencher Metric Format (https://bencher.dev/docs/reference/bencher-metric-format): an
+  object of benchmarks, each an object of measures ``{"value", "lower_value", "upper_value"}`` (only
+  ``value`` required). Time goes to Bencher's built-in ``latency`` measure (nanoseconds); any other
+  metric is a measure named after it (``instructions``, ``peak-tensor-bytes``), which Bencher
+  creates on first use. The bounds are asv's 99% interval of the value, where asv has one.
 * ``github-action-benchmark``: the ``customSmallerIsBetter`` tool's input
-  (https://github.com/benchmark-action/github-action-benchmark): a JSON array of
-  ``{"name": string, "unit": string, "value": number, "range": string, "extra": string}`` (``range`` and ``extra``
-  optional), one entry per case and metric; the name carries the metric, the unit its unit.
+  (https://github.com/benchmark-action/github-action-benchmark): an array of ``{"name", "unit",
+  "value"}`` with optional ``range`` and ``extra``, one entry per case and metric.
 
-One run (``--commit``, default the newest of the results). Only metrics where smaller is better are exported
-(time, instruction counts, peak tensor bytes, FLOPs, page faults, peak RSS): both dashboards alert on a rise.
+One run (``--commit``, default the newest of the results). Only metrics where smaller is better
+are exported (time, instruction counts, peak tensor bytes, FLOPs, page faults, peak RSS): both
+dashboards alert on a rise.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from attnbench.contract import Status
 
 FORMATS = ("bmf", "github-action-benchmark")
 EXPORTED = {
-    # metric: (BMF measure, unit named in the github-action-benchmark entry, factor from the tidy frame's unit)
+    # metric: (BMF measure, github-action-benchmark's unit, factor from the tidy frame's unit)
     "time": ("latency", "ns", 1e9),
     "cuda_time": ("cuda-latency", "ns", 1e9),
     "instructions": ("instructions", "instructions", 1.0),
@@ -36,7 +36,7 @@ EXPORTED = {
     "page_faults": ("page-faults", "faults", 1.0),
     "peak_rss": ("peak-rss-bytes", "bytes", 1.0),
 }
-"""What is exported, and how it is named. BMF's ``latency`` is Bencher's built-in measure (nanoseconds)."""
+"""What is exported, and how it is named (BMF's ``latency``: Bencher's built-in measure, in ns)."""
 
 
 class ExportError(ValueError):
@@ -58,7 +58,8 @@ def _pick(frame: pd.DataFrame, commit: str | None) -> tuple[pd.DataFrame, str]:
         matches = [c for c in commits.index if c and c.startswith(commit)]
         if len(matches) != 1:
             known = ", ".join(c[:10] for c in commits.index if c) or "none"
-            raise ExportError(f"--commit {commit!r} names {len(matches)} of the results' commits (they hold: {known})")
+            raise ExportError(f"--commit {commit!r} names {len(matches)} of the results' commits "
+                              f"(they hold: {known})")
         chosen = matches[0]
     else:
         chosen = commits.index[-1]
@@ -66,15 +67,16 @@ def _pick(frame: pd.DataFrame, commit: str | None) -> tuple[pd.DataFrame, str]:
 
 
 def _name(rec: dict) -> str:
-    """The case's name: ``attention/batched/L=256`` with the device, mode and mask where not cpu, forward, none."""
+    """The case's name, ``attention/batched/L=256`` (plus device, mode, mask where not default)."""
     return "attention/" + steps_.case_label(rec).replace(" ", "/")
 
 
 def export(frame: pd.DataFrame, fmt: str, commit: str | None = None) -> Exported:
-    """One run of ``frame`` (a tidy frame: :func:`attnbench.analysis.frame.load`) in format ``fmt`` (:data:`FORMATS`).
+    """One run of the tidy ``frame`` (:func:`attnbench.analysis.frame.load`) in format ``fmt``.
 
     Raises:
-        ExportError: an unknown format, nothing exportable, or a ``commit`` the results do not hold exactly once.
+        ExportError: a format not in :data:`FORMATS`, nothing exportable, or a ``commit`` the
+            results do not hold exactly once.
     """
     if fmt not in FORMATS:
         raise ExportError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")

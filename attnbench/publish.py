@@ -32,14 +32,16 @@ VENDOR = "vendor"
 """Folder of the published site that receives :data:`ASSETS`."""
 
 SHIM = "attnbench-offline.js"
-"""attnbench's own script in :data:`ASSETS` that feeds asv's data requests from ``*.json.js`` twins on file:// pages."""
+"""Our script in :data:`ASSETS` that answers a file:// page's data requests from JSON twins."""
 
 _TAG = re.compile(r"""<(?P<name>[A-Za-z][\w-]*)(?P<attrs>(?:[^>"']|"[^"]*"|'[^']*')*)>""")
 _ATTR = re.compile(r"""(?P<key>[^\s=/>"']+)\s*=\s*(?:"(?P<dq>[^"]*)"|'(?P<sq>[^']*)'|(?P<bare>[^\s>"']+))""")
 _CSS_URL = re.compile(r"""(?:url\(\s*|@import\s+)["']?\s*(?P<url>(?:https?:)?//[^"')\s;]+)""", re.IGNORECASE)
 _EXTERNAL = re.compile(r"^\s*(?:https?:)?//", re.IGNORECASE)
-_LOADING_ATTRS = ("src", "data", "poster", "srcset")  # attributes whose address a page fetches (on any element)
-_DROPPED_ATTRS = ("integrity", "crossorigin", "referrerpolicy")  # meaningless for a local file; file:// fails on them
+# attributes whose address a page fetches (on any element)
+_LOADING_ATTRS = ("src", "data", "poster", "srcset")
+# meaningless for a local file; file:// fails on them
+_DROPPED_ATTRS = ("integrity", "crossorigin", "referrerpolicy")
 
 
 class PublishError(RuntimeError):
@@ -52,7 +54,7 @@ class Asset:
 
     path: str  # relative to ASSETS and to the site's vendor/ folder, "/"-separated
     sha256: str  # hex digest of the file's bytes
-    replaces: str | None  # the address asv's pages load it from; None for files only other assets use (fonts)
+    replaces: str | None  # the address asv's pages load it from; None: only other assets use it (fonts)
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,8 @@ def verify_assets(root: Path = ASSETS) -> tuple[Asset, ...]:
             raise PublishError(f"vendored file {path} is missing (reinstall attnbench)")
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
         if digest != asset.sha256:
-            raise PublishError(f"vendored file {path} has sha256 {digest}, manifest says {asset.sha256} (reinstall attnbench)")
+            raise PublishError(f"vendored file {path} has sha256 {digest}, manifest says {asset.sha256} "
+                               "(reinstall attnbench)")
     return assets
 
 
@@ -104,7 +107,7 @@ def _attrs(text: str) -> list[tuple[str, str, re.Match]]:
 
 
 def _loaded_addresses(tag: str, attrs: list[tuple[str, str, re.Match]]) -> list[str]:
-    """Addresses a browser fetches for one tag (a link's href, any src/data/poster/srcset; not an <a>'s href)."""
+    """Addresses a browser fetches for one tag: a link's href, any src, data, poster, srcset."""
     out = []
     for key, value, _ in attrs:
         if key in _LOADING_ATTRS or (key == "href" and tag == "link"):
@@ -116,8 +119,8 @@ def external_references(site: Path) -> list[tuple[str, str]]:
     """Every external address a page or stylesheet of ``site`` would fetch.
 
     Looks at the tags of every ``.html`` file (a link's href; src, data, poster and srcset of any
-    element; not the href of an ``<a>``, which is only followed when clicked) and at ``url(...)`` and
-    ``@import`` in stylesheets and pages.
+    element; not the href of an ``<a>``, which is only followed when clicked) and at ``url(...)``
+    and ``@import`` in stylesheets and pages.
 
     Args:
         site: folder of a published site.
@@ -165,13 +168,14 @@ def localize(site: Path, assets: tuple[Asset, ...]) -> int:
     left = external_references(site)
     if left:
         listed = "\n".join(f"  {name}: {url}" for name, url in left)
-        raise PublishError(f"the published pages still load {len(left)} external address(es) that attnbench has no "
-                           f"offline copy of:\n{listed}\nAdd them to {ASSETS / 'manifest.json'} (a newer asv loads new files).")
+        raise PublishError(f"the published pages still load {len(left)} external address(es) that "
+                           f"attnbench has no offline copy of:\n{listed}\nAdd them to "
+                           f"{ASSETS / 'manifest.json'} (a newer asv loads new files).")
     return rewritten
 
 
 def _localize_page(page: Path, site: Path, by_url: dict[str, Asset]) -> int:
-    """Point one page's known CDN references at ``site/vendor/`` and load the offline shim; how many it rewrote."""
+    """Point a page's known CDN references at ``vendor/`` and add the shim; how many it rewrote."""
     text = page.read_text(encoding="utf-8")
     rewritten = 0
 
@@ -190,15 +194,16 @@ def _localize_page(page: Path, site: Path, by_url: dict[str, Asset]) -> int:
 
 
 def _vendored_tag(tag: re.Match, page: Path, site: Path, by_url: dict[str, Asset]) -> str | None:
-    """A script or link ``tag`` of ``page`` that loads a known CDN address, rewritten to load the vendored copy and
-    without the attributes a file:// page refuses; None for any other tag."""
+    """A script or link ``tag`` of ``page`` that loads a known CDN address, rewritten to load the
+    vendored copy and without the attributes a file:// page refuses; None for any other tag."""
     attrs = _attrs(tag["attrs"])
     known = [v.strip() for k, v, _ in attrs if k in ("src", "href") and v.strip() in by_url]
     if not known or tag["name"].lower() not in ("script", "link"):
         return None
     local = os.path.relpath(site / VENDOR / by_url[known[0]].path, page.parent).replace(os.sep, "/")
     kept = tag["attrs"]
-    for key, _, m in sorted(attrs, key=lambda a: -a[2].start()):  # from the end: earlier offsets stay valid
+    # from the end: earlier offsets stay valid
+    for key, _, m in sorted(attrs, key=lambda a: -a[2].start()):
         if key in _DROPPED_ATTRS:
             kept = kept[:m.start()].rstrip() + kept[m.end():]
         elif key in ("src", "href") and m[0].find(known[0]) >= 0:
@@ -207,9 +212,10 @@ def _vendored_tag(tag: re.Match, page: Path, site: Path, by_url: dict[str, Asset
 
 
 def write_json_twins(site: Path) -> int:
-    """Beside every JSON file of ``site`` (not under ``vendor/``) write ``X.json.js``: ``attnbenchOffline(<X.json>);``.
+    """Write ``X.json.js`` beside every JSON file ``X.json`` of ``site`` (not under ``vendor/``).
 
-    A file:// page may load scripts but not read files, so the offline shim loads these instead.
+    The twin holds ``attnbenchOffline(<X.json>);``: a file:// page may load scripts but not read
+    files, so the offline shim loads these instead.
 
     Args:
         site: folder of a published site.
@@ -269,7 +275,7 @@ def publish(config: str | Path = "asv.conf.json", html_dir: str | Path | None = 
 
 
 def _config_and_target(config: str | Path, html_dir: str | Path | None) -> tuple[Path, Path]:
-    """The asv configuration's absolute path and the site's folder; ValueError where either cannot be used."""
+    """The configuration's absolute path and the site's folder (ValueError: either unusable)."""
     from asv import util
 
     config = Path(config).absolute()
@@ -289,7 +295,7 @@ def _config_and_target(config: str | Path, html_dir: str | Path | None) -> tuple
 
 
 def _put_in_place(site: Path, target: Path, old: Path) -> None:
-    """Replace ``target`` by ``site`` (the previous site moved to ``old``, and put back if the move fails)."""
+    """Replace ``target`` by ``site``; the old site goes to ``old``, and back if the move fails."""
     if target.exists():
         os.replace(target, old)
     try:

@@ -1,15 +1,15 @@
-"""Split the asv suite across CI jobs and merge their results back into one history (asv cannot do either).
+"""Split the asv suite across CI jobs and merge their results into one history (asv does neither).
 
-A large suite runs in N jobs of a CI matrix: :func:`shard` gives job ``i`` of ``N`` an ``asv run --bench``
-pattern naming its share of the suite's benchmarks (dealt round-robin in a fixed order, so every benchmark
-lands in exactly one shard, and keeps its shard from commit to commit). :func:`merge_results` unions the jobs'
-result files of one machine, commit and environment into the single file asv itself would have written, and
-keeps every other file as it is, so ``asv publish`` and ``attnbench report --from`` read the merged directory
-as one run.
+A large suite runs in N jobs of a CI matrix: :func:`shard` gives job ``i`` of ``N`` an
+``asv run --bench`` pattern naming its share of the suite's benchmarks (dealt round-robin in a fixed
+order, so every benchmark lands in exactly one shard, and keeps its shard from commit to commit).
+:func:`merge_results` unions the jobs' result files of one machine, commit and environment into the
+single file asv itself would have written, and keeps every other file as it is, so ``asv publish``
+and ``attnbench report --from`` read the merged directory as one run.
 
 Example::
 
-    attnbench shard 1/2 --grid ci >> "$GITHUB_ENV"      # ATTNBENCH_ASV_* for the CI grid + ATTNBENCH_ASV_BENCH
+    attnbench shard 1/2 --grid ci >> "$GITHUB_ENV"  # ATTNBENCH_ASV_* and ATTNBENCH_ASV_BENCH
     asv run "$GITHUB_SHA^!" --bench "$ATTNBENCH_ASV_BENCH"
     attnbench merge-results shard-1/results shard-2/results --out .asv/results
 """
@@ -36,7 +36,7 @@ BENCH_ENV = "ATTNBENCH_ASV_BENCH"
 
 
 class ShardError(ValueError):
-    """A shard specification or a set of result files that cannot be used (a usage error: exit 2)."""
+    """A shard specification or a set of result files that cannot be used (usage error: exit 2)."""
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -52,9 +52,10 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 
 def suite_benchmarks(benchmark_dir: str | Path) -> list[str]:
-    """Every benchmark of the asv suite in ``benchmark_dir``, named as asv names them (``module.Class.method``).
+    """Every benchmark of the asv suite in ``benchmark_dir``, named as asv names it.
 
-    The modules are imported as asv imports them (their generated ``track_`` methods included), in name order.
+    Names are ``module.Class.method``; the modules are imported as asv imports them (their generated
+    ``track_`` methods included), in name order.
     """
     folder = Path(benchmark_dir)
     if not folder.is_dir():
@@ -75,26 +76,29 @@ def suite_benchmarks(benchmark_dir: str | Path) -> list[str]:
             elif inspect.isfunction(value) and attr.startswith(BENCHMARK_PREFIXES) and value.__module__ == module.__name__:
                 names.append(f"{path.stem}.{attr}")
     if not names:
-        raise ShardError(f"--benchmarks {folder} holds no asv benchmark (no module with a time_, peakmem_, track_ ... "
-                         "function or method)")
+        raise ShardError(f"--benchmarks {folder} holds no asv benchmark "
+                         "(no module with a time_, peakmem_, track_ ... function or method)")
     return sorted(names)
 
 
 def shard(names: Sequence[str], index: int, count: int) -> list[str]:
-    """Shard ``index`` of ``count`` (1-based): every ``count``-th benchmark of the sorted list, from the ``index``-th."""
+    """Shard ``index`` of ``count`` (1-based) of ``names``.
+
+    Every ``count``-th of the sorted names, from the ``index``-th.
+    """
     return sorted(names)[index - 1::count]
 
 
 def bench_pattern(names: Sequence[str]) -> str:
-    """An ``asv run --bench`` regular expression matching exactly ``names`` (asv searches it in each full name)."""
+    """An ``asv run --bench`` pattern matching exactly ``names`` (asv searches it in full names)."""
     if not names:
         raise ShardError("the shard holds no benchmark (more shards than benchmarks)")
     return "^(" + "|".join(re.escape(n) for n in names) + ")$"
 
 
 def shard_environment(benchmark_dir: str | Path, index: int, count: int, grid: str | None = None) -> dict[str, str]:
-    """The variables a CI job sets: its grid's ``ATTNBENCH_ASV_*`` (``grid`` names one of ``contract.GRIDS``)
-    and :data:`BENCH_ENV`, the ``--bench`` pattern of its shard.
+    """The variables a CI job sets: its grid's ``ATTNBENCH_ASV_*`` (``grid`` names one of
+    ``contract.GRIDS``) and :data:`BENCH_ENV`, the ``--bench`` pattern of its shard.
 
     Raises:
         ShardError: an unknown grid, or a shard with nothing in it.
@@ -125,10 +129,11 @@ def _result_files(source: Path) -> list[Path]:
 def merge_results(sources: Sequence[str | Path], out: str | Path) -> Merged:
     """Union the asv results directories of several shards into ``out`` (created, or added to).
 
-    Files of the same machine, commit and environment are merged benchmark by benchmark; a benchmark two
-    shards both recorded differently is an error (the shards overlapped). ``benchmarks.json`` and each
-    ``machine.json`` come from the first source that has them. Files already in ``out`` (an earlier history)
-    take part like a source, so a commit's shards can be merged into the history kept across CI runs.
+    Files of the same machine, commit and environment are merged benchmark by benchmark; a benchmark
+    two shards both recorded differently is an error (the shards overlapped). ``benchmarks.json``
+    and each ``machine.json`` come from the first source that has them. Files already in ``out`` (an
+    earlier history) take part like a source, so a commit's shards can be merged into the history
+    kept across CI runs.
 
     Raises:
         ShardError: a source that is not an asv results directory, or overlapping shards.
@@ -162,13 +167,14 @@ def merge_results(sources: Sequence[str | Path], out: str | Path) -> Merged:
 
 
 def _check_benchmarks_json(path: Path) -> None:
-    """Refuse a ``benchmarks.json`` asv could not read: a JSON object of benchmarks, each with its ``name``."""
+    """Refuse a ``benchmarks.json`` asv could not read (not an object of benchmarks with names)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ShardError(f"{path}: not a readable asv benchmarks.json ({type(exc).__name__}: {str(exc)[:80]})") from None
     if not isinstance(data, dict) or not any(isinstance(v, dict) and "name" in v for v in data.values()):
-        raise ShardError(f"{path}: not an asv benchmarks.json (expected an object of benchmarks with their names)")
+        raise ShardError(f"{path}: not an asv benchmarks.json "
+                         "(expected an object of benchmarks with their names)")
 
 
 def _merge_files(paths: Sequence[Path]) -> dict:
@@ -188,8 +194,8 @@ def _merge_files(paths: Sequence[Path]) -> dict:
             raise ShardError(f"{path}: written by another asv result format than {paths[0]}")
         for key, row in data.get("results", {}).items():
             if key in merged["results"] and merged["results"][key] != row:
-                raise ShardError(f"{key} was recorded by two shards ({paths[0].parent.parent} and {path.parent.parent}): "
-                                 "shards must not overlap")
+                raise ShardError(f"{key} was recorded by two shards "
+                                 f"({paths[0].parent.parent} and {path.parent.parent}): shards must not overlap")
             merged["results"][key] = row
         merged["durations"].update(data.get("durations", {}))
         merged["date"] = min(merged.get("date") or sys.maxsize, data.get("date") or sys.maxsize)
