@@ -1,16 +1,17 @@
-"""``attnbench bisect GOOD BAD``: the first commit after GOOD whose measure exceeds GOOD's by the gate's factor.
+"""``attnbench bisect GOOD BAD``: the first commit after GOOD to exceed GOOD by the gate's factor.
 
-The candidates are the first-parent commits after GOOD up to BAD (one per merge on a branch that merges pull
-requests). GOOD is measured once, BAD is taken to be bad (as ``git bisect`` does: the user says so), and the
-commit halfway between the last good and the first bad is probed until they are neighbours. A probe is judged
-against GOOD by the gate (:func:`attnbench.regress.compare`): ``instructions`` and ``peak_tensor_bytes`` are
-exact, one asv run per probe; ``time`` is noisy, so each probe is the gate's time verdict itself
-(:func:`attnbench.regress.regress_many`) and may be ``undecided``. A commit that does not build or measure is
-``skip``; the search goes round ``skip`` and ``undecided`` probes (as ``git bisect skip`` does) and, where it
-cannot get past them, reports the range it narrowed to. BAD is measured only when the search ends on it unprobed.
+The candidates are the first-parent commits after GOOD up to BAD (one per merge on a branch that
+merges pull requests). GOOD is measured once, BAD is taken to be bad (as ``git bisect`` does), and
+the commit halfway between the last good and the first bad is probed until they are neighbours. A
+probe is judged against GOOD by the gate (:func:`attnbench.regress.compare`): ``instructions`` and
+``peak_tensor_bytes`` are exact, one asv run per probe; for ``time`` each probe is the gate's time
+verdict itself (:func:`attnbench.regress.regress_many`) and may be ``undecided``. The search goes
+round ``undecided`` and ``skip`` probes (a commit that does not build or measure), as ``git bisect
+skip`` does, and where it cannot get past them names the range it narrowed to.
 
-Not ``asv find``: it never measures GOOD, so it cannot name the first commit after it; it has no threshold, and
-judges one value per commit without the gate's noise checks (README, "Which commit did it").
+Not ``asv find``: it never measures GOOD, so it cannot name the first commit after it, has no
+threshold, and judges one value per commit without the gate's noise checks (README, "Which commit
+did it").
 """
 
 from __future__ import annotations
@@ -50,7 +51,10 @@ VERDICTS = tuple(ProbeVerdict)
 
 
 class BisectError(ValueError):
-    """A bisection that cannot start: bad revisions, a GOOD that is not an ancestor of BAD, a bad case (exit 2)."""
+    """A bisection that cannot start (a usage error: exit 2).
+
+    Bad revisions, a GOOD that is not an ancestor of BAD, a bad case.
+    """
 
 
 @dataclass(frozen=True)
@@ -91,7 +95,7 @@ class Bisection:
 
     @property
     def unresolved(self) -> list[str]:
-        """The commits the first bad one is among when the search could not name it (empty when it could)."""
+        """The commits the first bad one is among where the search could not name it, else none."""
         if self.first_bad is not None or self.nothing or self.high < 0:
             return []
         return self.candidates[self.low + 1:self.high + 1]
@@ -106,11 +110,12 @@ Judge = Callable[[str], Probe]
 
 
 def search(state: Bisection, judge: Judge, progress: Callable[[Probe, int], None] | None = None) -> Bisection:
-    """Binary search over ``state.candidates`` (BAD, the last, taken to be bad), judging commits with ``judge``.
+    """Binary search over ``state.candidates`` (BAD, the last, taken to be bad) with ``judge``.
 
-    ``judge(commit)`` measures a commit and returns its :class:`Probe`; ``progress(probe, number)`` is told each one.
-    ``skip`` and ``undecided`` probes are left out of the search (the next probe is the nearest untried commit to
-    the middle); when nothing is left to try between the last good and the first bad, the answer is that range.
+    ``judge(commit)`` measures a commit and returns its :class:`Probe`; ``progress(probe, number)``
+    is told each one. ``skip`` and ``undecided`` probes are left out of the search (the next probe
+    is the nearest untried commit to the middle); when nothing is left to try between the last good
+    and the first bad, the answer is that range.
     """
     n = len(state.candidates)
     low, high = -1, n - 1
@@ -144,7 +149,7 @@ def search(state: Bisection, judge: Judge, progress: Callable[[Probe, int], None
     return state
 
 
-# ---- measuring commits with the gate's machinery ---------------------------------------------------
+# ---- measuring commits with the gate's machinery -------------------------------------------------
 def _git(repo: Path, *args: str) -> str:
     out = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
     if out.returncode != 0:
@@ -153,11 +158,12 @@ def _git(repo: Path, *args: str) -> str:
 
 
 def candidates(repo: Path, good: str, bad: str) -> tuple[str, str, list[str], dict[str, str]]:
-    """``(good, bad, candidates, subjects)``: full hashes and the first-parent commits after GOOD up to BAD."""
+    """GOOD's and BAD's hashes, the first-parent commits after GOOD up to BAD, their subjects."""
     good_hash = _git(repo, "rev-parse", "--verify", f"{good}^{{commit}}")
     bad_hash = _git(repo, "rev-parse", "--verify", f"{bad}^{{commit}}")
     if good_hash == bad_hash:
-        raise BisectError(f"GOOD {good!r} and BAD {bad!r} are the same commit ({good_hash[:12]}): nothing to search")
+        raise BisectError(f"GOOD {good!r} and BAD {bad!r} are the same commit ({good_hash[:12]}): "
+                          "nothing to search")
     if subprocess.run(["git", "merge-base", "--is-ancestor", good_hash, bad_hash], cwd=repo).returncode != 0:
         raise BisectError(f"GOOD {good!r} ({good_hash[:12]}) is not an ancestor of BAD {bad!r} ({bad_hash[:12]})")
     commits = _git(repo, "rev-list", "--first-parent", "--reverse", f"{good_hash}..{bad_hash}").split()
@@ -172,7 +178,7 @@ CASE = re.compile(r"^([A-Za-z0-9_]+):(\d+)$")
 
 
 def case_subset(cases: Sequence[str]) -> dict[str, str]:
-    """``["batched:256", "chunked:512"]`` -> the grid variables that narrow asv to those variants and lengths.
+    """``["batched:256", "chunked:512"]`` -> the grid variables that narrow asv to those cases.
 
     asv's grid is a product: several cases give every named variant at every named length.
 
@@ -194,7 +200,7 @@ def case_subset(cases: Sequence[str]) -> dict[str, str]:
 
 
 def judge_table(table: pd.DataFrame, metric: str, commit: str, subject: str, elapsed_s: float) -> Probe:
-    """A probe's verdict from the gate's table (:func:`attnbench.regress.compare` of GOOD against the commit)."""
+    """A probe's verdict from the gate's table of GOOD and the commit (:func:`regress.compare`)."""
     rows = table[table["metric"] == metric]
     if metric != "time":  # a wrong result shows on the error ratio's rows too
         rows = table[(table["metric"] == metric) | (table["verdict"] == GateVerdict.WRONG)]
@@ -231,14 +237,13 @@ def bisect(good: str, bad: str, *, repo: str | Path = ".", metric: str = "instru
            instructions_factor: float = contract.INSTRUCTIONS_FACTOR, memory_factor: float = 1.1,
            time_factor: float = 1.2, rounds: int = 2, progress: Callable[[str], None] | None = None,
            on_probe: Callable[[Probe, int], None] | None = None) -> Bisection:
-    """Find the first commit after ``good`` up to ``bad`` whose ``metric`` exceeds GOOD's by the gate's factor.
+    """The first commit after ``good`` up to ``bad`` whose ``metric`` exceeds GOOD's by its factor.
 
     Args:
-        good, bad: git revisions; GOOD must be an ancestor of BAD.
-        repo: the attnbench checkout.
+        good, bad: git revisions of the checkout ``repo``; GOOD must be an ancestor of BAD.
         metric: :data:`METRICS`.
-        cases: ``VARIANT:L`` cases to measure (default: the CI grid, narrowed by any ``ATTNBENCH_ASV_*`` variable set).
-        work_dir: asv's results and log (the environment is the gate's: ``ATTNBENCH_ASV_ENV_DIR`` or ``.asv/env``).
+        cases: ``VARIANT:L`` cases (default: the CI grid, narrowed by any ``ATTNBENCH_ASV_*`` set).
+        work_dir: asv's results and log (the environment is the gate's, ``ATTNBENCH_ASV_ENV_DIR``).
         instructions_factor, memory_factor, time_factor: the gate's factors.
         rounds: time rounds per probe (``time`` only).
         progress: told each step of the measuring (asv's progress at least every 30 s).
@@ -270,8 +275,8 @@ def bisect(good: str, bad: str, *, repo: str | Path = ".", metric: str = "instru
 
 def _check_arguments(repo: Path, metric: str, instructions_factor: float, memory_factor: float,
                      time_factor: float) -> None:
-    """BisectError for an unknown metric or a ``repo`` without asv.conf.json, ValueError for a bad factor,
-    RegressError for counts without valgrind."""
+    """BisectError for an unknown metric or a ``repo`` without asv.conf.json, ValueError for a bad
+    factor, RegressError for counts without valgrind."""
     from attnbench import regress
 
     if metric not in METRICS:
@@ -291,14 +296,16 @@ def _measure_good(session, state: Bisection) -> None:
     """GOOD's measures, which every probe is judged against (RegressError where it has none)."""
     clock = time.monotonic()
     subset = session.subset
-    session.say(f"measuring GOOD {state.good[:10]} ({state.subjects.get(state.good, '')[:60]}): {state.metric} of "
-                f"{subset.get(contract.ENV_VARIANTS)} at L={subset.get(contract.ENV_LENGTHS)} "
+    session.say(f"measuring GOOD {state.good[:10]} ({state.subjects.get(state.good, '')[:60]}): "
+                f"{state.metric} of {subset.get(contract.ENV_VARIANTS)} "
+                f"at L={subset.get(contract.ENV_LENGTHS)} "
                 "(the first run builds asv's pinned virtualenv: minutes)")
     session.run([state.good], BENCHMARKS[state.metric])
     session.load([state.good])  # GOOD must measure: RegressError otherwise
     n = len(state.candidates)
     session.say(f"GOOD measured in {time.monotonic() - clock:.0f} s; {n} candidate commits: "
-                f"{max(1, math.ceil(math.log2(n)))} probes (one more where the search ends on BAD unmeasured)")
+                f"{max(1, math.ceil(math.log2(n)))} probes "
+                "(one more where the search ends on BAD unmeasured)")
 
 
 def _exact_judge(session, state: Bisection, instructions_factor: float, memory_factor: float) -> Judge:
@@ -322,8 +329,10 @@ def _exact_judge(session, state: Bisection, instructions_factor: float, memory_f
 
 
 def _time_judge(state: Bisection, gate: dict) -> Judge:
-    """Each probe the gate's time verdict on GOOD and the commit: :func:`attnbench.regress.regress_many` with
-    ``gate``'s keyword arguments."""
+    """Each probe the gate's time verdict on GOOD and the commit.
+
+    The verdict is :func:`attnbench.regress.regress_many`'s, with ``gate``'s keyword arguments.
+    """
     from attnbench import regress
 
     def judge(commit: str) -> Probe:
@@ -339,7 +348,7 @@ def _time_judge(state: Bisection, gate: dict) -> Judge:
 
 
 def _skip_reason(message: str) -> str:
-    """The line of asv's log that says why a commit gave no results (a build error), else the gate's message."""
+    """Why a commit gave no results: asv's log line saying so (a build error), else ``message``."""
     lines = [line.strip() for line in message.splitlines() if line.strip()]
     for line in reversed(lines):
         if re.search(r"(Error|error:|failed|Traceback)", line) and "asv produced no results" not in line:
@@ -347,35 +356,45 @@ def _skip_reason(message: str) -> str:
     return f"does not build or measure: {lines[0][:160] if lines else 'asv produced no results'}"
 
 
-# ---- what the command prints ---------------------------------------------------------------------------
+# ---- what the command prints ---------------------------------------------------------------------
+def _ratio(ratio: float, metric: str) -> str:
+    return f"x{ratio:.4f}" if metric == "instructions" else f"x{ratio:.2f}"
+
+
 def probe_line(probe: Probe, number: int, metric: str) -> str:
-    ratio = "" if math.isnan(probe.ratio) else (f" x{probe.ratio:.4f}" if metric == "instructions" else f" x{probe.ratio:.2f}")
+    """A probe as the command prints it: commit, verdict, worst ratio and case, seconds, subject."""
+    ratio = "" if math.isnan(probe.ratio) else f" {_ratio(probe.ratio, metric)}"
     where = f" ({probe.case})" if probe.case and ratio else ""
-    return (f"probe {number}: {probe.commit[:10]} {probe.verdict}{ratio}{where} in {probe.elapsed_s:.0f} s: "
-            f"{probe.subject[:60]}" + (f" [{probe.reason}]" if probe.verdict in (ProbeVerdict.SKIP, ProbeVerdict.UNDECIDED) else ""))
+    why = f" [{probe.reason}]" if probe.verdict in (ProbeVerdict.SKIP, ProbeVerdict.UNDECIDED) else ""
+    return (f"probe {number}: {probe.commit[:10]} {probe.verdict}{ratio}{where} "
+            f"in {probe.elapsed_s:.0f} s: {probe.subject[:60]}{why}")
 
 
 def answer(state: Bisection) -> tuple[int, list[str]]:
-    """``(exit code, lines)``: 1 a first bad commit named, 0 nothing exceeds GOOD, 4 only a range (or BAD not bad)."""
+    """``(exit code, lines)``: 1 a commit named, 0 none exceeds GOOD, 4 a range (or BAD not bad)."""
     probes = len(state.probes)
     took = f"{probes} probe(s) beside GOOD, {state.elapsed_s:.0f} s"
     culprit = state.culprit
     if culprit is not None:
-        ratio = f"x{culprit.ratio:.4f}" if state.metric == "instructions" else f"x{culprit.ratio:.2f}"
-        return 1, [f"first bad commit: {culprit.commit} {ratio} {state.metric} ({culprit.case}) \"{culprit.subject}\"",
-                   f"  {culprit.reason}", f"  {took}"]
+        ratio = _ratio(culprit.ratio, state.metric)
+        return 1, [f"first bad commit: {culprit.commit} {ratio} {state.metric} ({culprit.case}) "
+                   f"\"{culprit.subject}\"", f"  {culprit.reason}", f"  {took}"]
     if state.nothing:
-        return 0, [f"nothing exceeds GOOD {state.good[:10]} by the factor up to BAD {state.bad[:10]} ({took})"]
+        return 0, [f"nothing exceeds GOOD {state.good[:10]} by the factor "
+                   f"up to BAD {state.bad[:10]} ({took})"]
     unresolved = state.unresolved
     verdicts = state.verdicts
     end = verdicts.get(state.candidates[state.high]) if state.high >= 0 else None
-    if end is not None and end.verdict != ProbeVerdict.BAD:  # only BAD itself can be neither good nor bad here
-        lines = [f"BAD {state.bad[:10]} could not be shown to exceed GOOD: {end.verdict} ({end.reason}); {took}"]
+    # only BAD itself can be neither good nor bad here
+    if end is not None and end.verdict != ProbeVerdict.BAD:
+        lines = [f"BAD {state.bad[:10]} could not be shown to exceed GOOD: "
+                 f"{end.verdict} ({end.reason}); {took}"]
         if len(unresolved) > 1:
             lines.append(f"  and {len(unresolved) - 1} commit(s) before it could not be judged either:")
             lines += [f"  {c[:10]} [{verdicts[c].verdict}: {verdicts[c].reason}]" for c in unresolved[:-1] if c in verdicts]
         return 4, lines
-    lines = [f"the first bad commit is one of {len(unresolved)} (the search could narrow no further; {took}):"]
+    lines = [f"the first bad commit is one of {len(unresolved)} "
+             f"(the search could narrow no further; {took}):"]
     for commit in unresolved:
         probe = verdicts.get(commit)
         mark = f"{probe.verdict}: {probe.reason}" if probe else "not measured"
