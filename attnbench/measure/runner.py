@@ -44,6 +44,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -344,26 +345,13 @@ def measure(
             :class:`AttnSpec`, a config that is not a :class:`MeasureConfig`, a ``peak_flops`` or
             ``expected_call_s`` that is not a finite number > 0), before anything is measured.
     """
-    if not isinstance(variant_name, str):
-        raise TypeError(f"variant_name must be a registered variant's name (a str), got {type(variant_name).__name__}")
-    if not isinstance(spec, AttnSpec):
-        raise TypeError(f"spec must be an AttnSpec, got {type(spec).__name__} {spec!r:.80}")
-    if config is not None and not isinstance(config, MeasureConfig):
-        raise TypeError(f"config must be a MeasureConfig or None, got {type(config).__name__} {config!r:.80}")
-    for name, value in (("peak_flops", peak_flops), ("expected_call_s", expected_call_s)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)
-                                  or not (math.isfinite(value) and value > 0)):
-            raise ValueError(f"{name} must be a finite number > 0 or None, got {value!r}")
-    if env is not None and not isinstance(env, Environment):
-        raise TypeError(f"env must be an Environment or None, got {type(env).__name__}")
+    _check_measure_args(variant_name, spec, config, env, peak_flops=peak_flops, expected_call_s=expected_call_s)
     config = config or MeasureConfig()
     variant = get_variant(variant_name)
     saved_threads = torch.get_num_threads()
     # The regime is applied here, the one place every entry point goes through (workers, a direct call,
     # profile): a process that did not apply it would time with glibc's dynamic thresholds, raised by
-    # whatever it freed before (measured for local at L=1024, B=1, H=8, unpinned: after the gate's float64
-    # reference a call took 30 ms of CPU and 0 page faults, without it 62 ms and 10,900 faults; pinned,
-    # 12,685 faults either way).
+    # whatever it freed before (the gate's float64 reference, for one).
     regime.apply(regime.Regime(threads=config.threads or saved_threads))
     env = env or environment(spec.device)
     # Recorded from this process (a worker applies the regime itself): what was in force, not what was asked.
@@ -371,36 +359,58 @@ def measure(
     base: dict[str, object] = dict(variant=variant_name, spec=spec, env=env, workload=config.workload)
     try:  # the cost model runs in here too: a variant whose model raises is a row, not a dead sweep
         base.update(_cost_model(variant, spec))
-        reasons = variant.not_supported_reasons(spec)
-        if reasons:
-            return Measurement(status=Status.SKIPPED, reason="; ".join(reasons), **base)
-        if peak_flops is None:
-            peak_flops = matmul_peak(spec.device, "float32")
-        predicted_s = expected_call_s if expected_call_s is not None else guard.predicted_seconds(variant, spec, peak_flops)
-        calls = _calls(config, predicted_s)
-        plan = check_plan(variant, spec, config, peak_flops=peak_flops, call_s=predicted_s)
-        reasons = guard.guard_reasons(
-            variant, spec,
-            memory_budget=config.memory_budget(spec.device),
-            time_budget=config.time_budget_s,
-            peak_flops=peak_flops,
-            calls=calls,
-            reference_bytes=plan.reference_bytes,
-            call_s=expected_call_s,
-        )
-        if reasons:
-            return Measurement(status=Status.SKIPPED, reason="; ".join(reasons), **base)
-        if config.probe and config.probe_baseline_s is None:
-            # A direct call (a fresh process, profile) judges disturbance by the rule sweep uses, not by the
-            # case's own probes: those, taken beside a neighbour, would set a slow baseline and hide it.
-            config = dataclasses.replace(config, probe_baseline_s=typical_speed(baseline_probes(spec.device)))
-        return _run(variant, spec, config, plan, calls, base)
+        return _guarded(variant, spec, config, base, peak_flops, expected_call_s)
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - one bad case (even one calling sys.exit) never ends a sweep
         status = Status.OOM if _is_oom(exc) else Status.ERROR
         return Measurement(status=status, reason=error_line(exc), **base)
     finally:
         _free(spec.device)
         torch.set_num_threads(saved_threads)
+
+
+def _check_measure_args(variant_name: object, spec: object, config: object, env: object, **positive: object) -> None:
+    """Raise TypeError or ValueError for arguments :func:`measure` refuses (see its docstring)."""
+    if not isinstance(variant_name, str):
+        raise TypeError(f"variant_name must be a registered variant's name (a str), got {type(variant_name).__name__}")
+    if not isinstance(spec, AttnSpec):
+        raise TypeError(f"spec must be an AttnSpec, got {type(spec).__name__} {spec!r:.80}")
+    if config is not None and not isinstance(config, MeasureConfig):
+        raise TypeError(f"config must be a MeasureConfig or None, got {type(config).__name__} {config!r:.80}")
+    for name, value in positive.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)
+                                  or not (math.isfinite(value) and value > 0)):
+            raise ValueError(f"{name} must be a finite number > 0 or None, got {value!r}")
+    if env is not None and not isinstance(env, Environment):
+        raise TypeError(f"env must be an Environment or None, got {type(env).__name__}")
+
+
+def _guarded(variant: Variant, spec: AttnSpec, config: MeasureConfig, base: dict, peak_flops: float | None,
+             expected_call_s: float | None) -> Measurement:
+    """Declared support and the budget guard, then the case (raises; :func:`measure` records)."""
+    reasons = variant.not_supported_reasons(spec)
+    if reasons:
+        return Measurement(status=Status.SKIPPED, reason="; ".join(reasons), **base)
+    if peak_flops is None:
+        peak_flops = matmul_peak(spec.device, "float32")
+    predicted_s = expected_call_s if expected_call_s is not None else guard.predicted_seconds(variant, spec, peak_flops)
+    calls = _calls(config, predicted_s)
+    plan = check_plan(variant, spec, config, peak_flops=peak_flops, call_s=predicted_s)
+    reasons = guard.guard_reasons(
+        variant, spec,
+        memory_budget=config.memory_budget(spec.device),
+        time_budget=config.time_budget_s,
+        peak_flops=peak_flops,
+        calls=calls,
+        reference_bytes=plan.reference_bytes,
+        call_s=expected_call_s,
+    )
+    if reasons:
+        return Measurement(status=Status.SKIPPED, reason="; ".join(reasons), **base)
+    if config.probe and config.probe_baseline_s is None:
+        # A direct call (a fresh process, profile) judges disturbance by the rule sweep uses, not by the
+        # case's own probes: those, taken beside a neighbour, would set a slow baseline and hide it.
+        config = dataclasses.replace(config, probe_baseline_s=typical_speed(baseline_probes(spec.device)))
+    return _run(variant, spec, config, plan, calls, base)
 
 
 def _cost_model(variant: Variant, spec: AttnSpec) -> dict[str, float]:
@@ -428,20 +438,14 @@ def _run(variant: Variant, spec: AttnSpec, config: MeasureConfig, plan: CheckPla
     """Inputs, the checked warm-up call, timing and memory, then later calls checked again (raises; :func:`measure`
     records). The later checks hold no result during timing: they call again after the timed calls."""
     gated = GatedCall(variant, spec, plan, config.seed)
-    call, checked = gated.call, gated.first
-    notes = [plan.note] if plan.note else []
-    fields: dict[str, object] = dict(compile_seconds=gated.compile_seconds)
-    if checked is not None:
-        fields.update(_gate_fields(checked))
-        fields["extra"] = {"checked_slices": f"{checked.slices}/{checked.total_slices}"}
-        if not math.isnan(checked.softmax_mean_error):
-            fields["extra"]["softmax_mean_error"] = checked.softmax_mean_error
-        if not checked.passed:  # a number the suite cannot stand behind is not produced: never timed
-            return Measurement(status=Status.WRONG, reason=checked.reason(), **fields, **base)
+    checked = gated.first
+    fields = _first_call_fields(gated)
+    if checked is not None and not checked.passed:  # a number the suite cannot stand behind is not produced: never timed
+        return Measurement(status=Status.WRONG, reason=checked.reason(), **fields, **base)
     faults_before = memory.minor_faults()
-    first = time_once(call, spec.device)
+    first = time_once(gated.call, spec.device)
     # Page faults of one call after the gate: fresh pages the call maps (the allocator regime shows here).
-    fields["extra"] = {**fields.get("extra", {}), "page_faults": memory.minor_faults() - faults_before}
+    fields["extra"] = {**fields["extra"], "page_faults": memory.minor_faults() - faults_before}
     calls = _calls(config, first)
     if first * calls > config.time_budget_s:
         return Measurement(
@@ -449,19 +453,60 @@ def _run(variant: Variant, spec: AttnSpec, config: MeasureConfig, plan: CheckPla
             reason=f"one call took {first:.2f} s; {calls} calls exceed the time budget {config.time_budget_s:g} s",
             **fields, **base,
         )
+    return _time_case(variant, spec, config, gated, first, [plan.note] if plan.note else [], fields, base)
+
+
+def _time_case(variant: Variant, spec: AttnSpec, config: MeasureConfig, gated: GatedCall, first: float,
+               notes: list[str], fields: dict[str, object], base: dict) -> Measurement:
+    """Timing, peak tensor bytes and RSS of a case whose first call passed, then the later checks (raises)."""
+    call = gated.call
     timed = timed_attempts(call, spec.device, config, first)
-    samples, runs = timed.samples, timed.runs
     fields.update(probe_slowdown=timed.disturbance.slowdown if config.probe else math.nan, attempts=timed.attempts)
     extra_probe = {"probe_median_s": timed.probe_median_s} if config.probe else {}  # the sweep's typical speed takes it in
     extra_probe.update(runqueue_extra(timed.shares))
     peak, method = peak_tensor_bytes(variant, spec, call) if config.measure_memory else (math.nan, "")
     rss = float(memory.peak_rss_bytes(call)) if config.measure_rss else math.nan
-    if checked is not None:  # state kept between calls, or a fault on every other call, shows after the first call
+    if gated.first is not None:  # state kept between calls, or a fault on every other call, shows after the first call
         later, number = gated.check_later()
         if not later.passed:
-            return Measurement(status=Status.WRONG, reason=f"right on the first call, wrong on call {number} of {LATER_CHECKS} "
-                               f"checked after the timed ones: {later.reason()}", **{**fields, **_gate_fields(later)}, **base)
-    extra: dict[str, object] = {**dict(fields.pop("extra", {})), **extra_probe}
+            return Measurement(status=Status.WRONG, reason=f"right on the first call, wrong on call {number} of "
+                               f"{LATER_CHECKS} checked after the timed ones: {later.reason()}",
+                               **{**fields, **_gate_fields(later)}, **base)
+    extra = {**fields.pop("extra"), **extra_probe, **_call_extra(variant, spec, call, config, notes)}
+    status = _judged(timed, config, notes)
+    return Measurement(
+        status=status, reason="; ".join(notes), samples=tuple(timed.samples), runs=timed.runs,
+        timing_method=Method.CUDA_EVENTS if spec.device_type == "cuda" else Method.WALL, peak_tensor_bytes=peak,
+        memory_method=method, peak_rss_bytes=rss, extra=extra, **fields, **base,
+    )
+
+
+def _judged(timed: Timed, config: MeasureConfig, notes: list[str]) -> Status:
+    """ok, or noisy when even the kept attempt was disturbed (then what disturbed it leads ``notes``)."""
+    if config.probe and timed.disturbance.disturbed:
+        notes.insert(0, f"{timed.disturbance.describe()} (kept the least disturbed of {timed.attempts} attempts)")
+        return Status.NOISY
+    return Status.OK
+
+
+def _first_call_fields(gated: GatedCall) -> dict[str, object]:
+    """The Measurement fields of the checked warm-up call: its compile time and, when checked, the gate's figures
+    (``extra`` holds what the check covered)."""
+    checked = gated.first
+    fields: dict[str, object] = dict(compile_seconds=gated.compile_seconds, extra={})
+    if checked is not None:
+        fields.update(_gate_fields(checked))
+        fields["extra"] = {"checked_slices": f"{checked.slices}/{checked.total_slices}"}
+        if not math.isnan(checked.softmax_mean_error):
+            fields["extra"]["softmax_mean_error"] = checked.softmax_mean_error
+    return fields
+
+
+def _call_extra(variant: Variant, spec: AttnSpec, call: Callable[[], object], config: MeasureConfig,
+                notes: list[str]) -> dict[str, object]:
+    """The ``extra`` keys about the call itself: the SDPA kernel that ran and, on CUDA with ``config.cuda_graphs``,
+    the graph replay's time (a capture that fails appends its note to ``notes``)."""
+    extra: dict[str, object] = {}
     if variant.PROVENANCE:
         extra["kernel"] = "+".join(sdpa_backends(call, spec.device)) or "unknown"
     if config.cuda_graphs and spec.device_type == "cuda":
@@ -470,15 +515,7 @@ def _run(variant: Variant, spec: AttnSpec, config: MeasureConfig, plan: CheckPla
         except RuntimeError as exc:  # not capturable: say so, keep the eager figures
             extra["graph_replay_s"] = math.nan
             notes.append(f"CUDA graph capture failed: {str(exc).splitlines()[0][:120]}")
-    status = Status.OK
-    if config.probe and timed.disturbance.disturbed:
-        status = Status.NOISY
-        notes.insert(0, f"{timed.disturbance.describe()} (kept the least disturbed of {timed.attempts} attempts)")
-    return Measurement(
-        status=status, reason="; ".join(notes), samples=tuple(samples), runs=runs,
-        timing_method=Method.CUDA_EVENTS if spec.device_type == "cuda" else Method.WALL, peak_tensor_bytes=peak,
-        memory_method=method, peak_rss_bytes=rss, extra=extra, **fields, **base,
-    )
+    return extra
 
 
 BASELINE_PROBES = 5
@@ -568,20 +605,11 @@ def timed_attempts(call: Callable[[], object], device: str, config: MeasureConfi
     attempts, spent = 0, 0.0
     while True:
         attempts += 1
-        probes: list[float] = []
-        between = None
-        if config.probe:
-            probes.append(probe.probe_seconds(device))
-            between = functools.partial(_probe_into, probes, device)  # this attempt's probes, between blocks
-        t0 = time.perf_counter()
-        blocks = time_blocks(call, device, config.timer, between=between,
-                             wait_limit=schedstat.WAIT_LIMIT if config.probe else None,
-                             redo_s=max(0.0, config.retry_budget_s - spent), warm_s=first_s or None)
-        spent += time.perf_counter() - t0
+        blocks, probes, seconds = _attempt(call, device, config, first_s, spent)
+        spent += seconds
         if not config.probe:
             return Timed(blocks.samples, blocks.runs, probe.Disturbance(math.nan, (), False), attempts, math.nan,
                          tuple(blocks.shares))
-        probes.append(probe.probe_seconds(device))
         seen = _seen(typical, probes, blocks)
         score = seen.deviation
         if seen.bimodal or seen.short:
@@ -595,6 +623,32 @@ def timed_attempts(call: Callable[[], object], device: str, config: MeasureConfi
             break
     blocks, probes, seen = kept
     return Timed(blocks.samples, blocks.runs, seen, attempts, statistics.median(probes), tuple(blocks.shares))
+
+
+class _Attempt(NamedTuple):
+    """One timing attempt at a case."""
+
+    blocks: Blocks
+    probes: list[float]  # the probes before, between and after its blocks (none without ``config.probe``)
+    seconds: float  # what its blocks took, the probes before and after not included
+
+
+def _attempt(call: Callable[[], object], device: str, config: MeasureConfig, first_s: float, spent: float) -> _Attempt:
+    """Time ``call`` once in blocks: with ``config.probe``, probed before, between (long attempts) and after, and
+    its descheduled blocks re-timed within what is left of the retry budget after ``spent`` seconds."""
+    probes: list[float] = []
+    between = None
+    if config.probe:
+        probes.append(probe.probe_seconds(device))
+        between = functools.partial(_probe_into, probes, device)  # this attempt's probes, between blocks
+    t0 = time.perf_counter()
+    blocks = time_blocks(call, device, config.timer, between=between,
+                         wait_limit=schedstat.WAIT_LIMIT if config.probe else None,
+                         redo_s=max(0.0, config.retry_budget_s - spent), warm_s=first_s or None)
+    seconds = time.perf_counter() - t0
+    if config.probe:
+        probes.append(probe.probe_seconds(device))
+    return _Attempt(blocks, probes, seconds)
 
 
 SLOW_MAX_LENGTH = 128  # interpreter-bound variants stop here by default (seconds per case)
