@@ -154,53 +154,83 @@ def time_blocks(
     config = config or TimerConfig()
     device = torch.device(device)
     warm = warm_s is not None and warm_s >= config.warmup_time
-    start = time.perf_counter()
-    calls = 0
-    while not warm and (calls < config.warmup or time.perf_counter() - start < config.warmup_time):
-        fn()  # a cold process (thread pool, caches, clocks) needs more than one call
-        calls += 1
-        _synchronize(device)
+    if not warm:
+        _warm_up(fn, device, config)
     flush = cache_flusher(device) if config.flush_cache else None
     began = time.perf_counter()  # max_time bounds the wall time from here, flushes and probes included
     first = warm_s if warm else _block(fn, 1, device)[0]  # sizes the blocks; kept only if nothing else fits
     number = 1 if flush else max(1, math.floor(config.block_time / max(first, 1e-9)))
-    kept: list[float] = []
-    dropped: list[float] = []
-    shares: list[float] = []
-    known = True
-    runs, spent, lost = 0, 0.0, 0.0  # calls and seconds of the kept blocks; seconds of the dropped ones
-    since_hook = 0.0
-    short = False
-    while runs < config.min_runs or spent < config.min_time:
-        if time.perf_counter() - began - min(lost, redo_s) >= config.max_time:  # re-measured time within the allowance
-            break
-        if lost > redo_s:
-            short = True
-            break
-        if between is not None and (kept or dropped) and since_hook >= between_every_s:
+    tally = _Tally()
+    since_hook = 0.0  # seconds of blocks since ``between`` was last called
+    while not tally.done(config, began, redo_s):
+        if between is not None and (tally.kept or tally.dropped) and since_hook >= between_every_s:
             between()
             since_hook = 0.0
         if flush:
             flush()
         seconds, share = _block(fn, number, device)
         since_hook += seconds
+        tally.add(seconds, number, share, wait_limit)
+    return tally.blocks(first, number)
+
+
+def _warm_up(fn: Callable[[], object], device: torch.device, config: TimerConfig) -> None:
+    """Call ``fn`` at least ``config.warmup`` times and for at least ``config.warmup_time`` seconds."""
+    start = time.perf_counter()
+    calls = 0
+    while calls < config.warmup or time.perf_counter() - start < config.warmup_time:
+        fn()  # a cold process (thread pool, caches, clocks) needs more than one call
+        calls += 1
+        _synchronize(device)
+
+
+@dataclass
+class _Tally:
+    """The blocks one timing has timed so far."""
+
+    kept: list[float] = field(default_factory=list)  # per-call seconds of the kept blocks
+    dropped: list[float] = field(default_factory=list)  # per-call seconds of the blocks dropped as descheduled
+    shares: list[float] = field(default_factory=list)  # run-queue share of every block whose wait was read
+    known: bool = True  # every block's wait was read
+    runs: int = 0  # calls in the kept blocks
+    spent: float = 0.0  # seconds of the kept blocks
+    lost: float = 0.0  # seconds of the dropped blocks
+    short: bool = False  # stopped by the re-measure allowance before min_runs and min_time were reached
+
+    def done(self, config: TimerConfig, began: float, redo_s: float) -> bool:
+        """Whether to stop: the kept blocks reach ``min_runs`` and ``min_time``, ``max_time`` has passed since
+        ``began`` (re-measured time within the allowance ``redo_s`` not counted), or the allowance ran out."""
+        if self.runs >= config.min_runs and self.spent >= config.min_time:
+            return True
+        if time.perf_counter() - began - min(self.lost, redo_s) >= config.max_time:
+            return True
+        if self.lost > redo_s:
+            self.short = True
+            return True
+        return False
+
+    def add(self, seconds: float, number: int, share: float | None, wait_limit: float | None) -> None:
+        """Count a block of ``number`` calls: dropped when it waited for a core more than ``wait_limit``."""
         if share is None:
-            known = False
+            self.known = False
         else:
-            shares.append(share)
+            self.shares.append(share)
         if wait_limit is not None and share is not None and share > wait_limit:
-            dropped.append(seconds / number)
-            lost += seconds
-            continue
-        kept.append(seconds / number)
-        runs += number
-        spent += seconds
-    shares = shares if known else []
-    if kept:
-        return Blocks(kept, runs, dropped, shares, short)
-    if dropped:  # a neighbour left no block alone: the dropped ones, for inspection (never an undisturbed time)
-        return Blocks(list(dropped), len(dropped) * number, dropped, shares, True)
-    return Blocks([first], 1, [], shares, short)
+            self.dropped.append(seconds / number)
+            self.lost += seconds
+            return
+        self.kept.append(seconds / number)
+        self.runs += number
+        self.spent += seconds
+
+    def blocks(self, first: float, number: int) -> Blocks:
+        """What the timing found; with no block timed, the sizing call ``first`` alone."""
+        shares = self.shares if self.known else []
+        if self.kept:
+            return Blocks(self.kept, self.runs, self.dropped, shares, self.short)
+        if self.dropped:  # a neighbour left no block alone: the dropped ones, for inspection (never an undisturbed time)
+            return Blocks(list(self.dropped), len(self.dropped) * number, self.dropped, shares, True)
+        return Blocks([first], 1, [], shares, self.short)
 
 
 def measured_calls(config: TimerConfig, call_s: float | None) -> int:
