@@ -242,46 +242,57 @@ class WorkerPool:
         proc.start()
         self._current = proc
         child_conn.close()
-        result = None
-        timed_out = False
         try:
-            if parent_conn.poll(timeout_s):
-                try:
-                    result = parent_conn.recv()
-                except (EOFError, OSError):
-                    result = None  # the child died before sending
-            else:
-                timed_out = True
-                self._killed_by_us = True
-                proc.kill()
-            proc.join(10)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+            result, timed_out = self._answer(proc, parent_conn, timeout_s)
         finally:
             self._current = None
             parent_conn.close()
         if result is not None:
             return result
-        elapsed = time.perf_counter() - start
         base = dict(variant=job.variant, spec=job.spec, env=job.env, workload=job.config.workload)
-        code = proc.exitcode
         if timed_out:
-            return Measurement(status=Status.TIMEOUT, reason=f"killed after {timeout_s:g} s (hard timeout for one case)", **base)
-        if code is not None and code < 0:
-            sig = -code
-            if sig == signal.SIGKILL and not self._killed_by_us:
-                after = cgroup_oom_kills()
-                if after is not None and oom_kills_before is not None and after > oom_kills_before:
-                    return Measurement(status=Status.OOM, reason=(
-                        f"worker killed by SIGKILL after {elapsed:.1f} s by the kernel's OOM killer (this cgroup's "
-                        f"oom_kill count went from {oom_kills_before} to {after})"), **base)
-                known = ("no OOM kill recorded in this cgroup" if after is not None
-                         else "the cgroup's OOM count is unreadable here")
-                return Measurement(status=Status.CRASHED, reason=(
-                    f"worker killed by signal 9 (SIGKILL) after {elapsed:.1f} s, not by attnbench ({known}: "
-                    "another process, or an OOM killer outside this cgroup)"), **base)
-            if sig == signal.SIGKILL:
-                return Measurement(status=Status.CRASHED, reason="worker killed on request (interrupted)", **base)
-            return Measurement(status=Status.CRASHED, reason=f"worker died from {_signal_name(sig)} after {elapsed:.1f} s", **base)
-        return Measurement(status=Status.CRASHED, reason=f"worker exited with code {code} without a result after {elapsed:.1f} s", **base)
+            return Measurement(status=Status.TIMEOUT, reason=f"killed after {timeout_s:g} s (hard timeout for one case)",
+                               **base)
+        return self._unanswered(proc.exitcode, time.perf_counter() - start, oom_kills_before, base)
+
+    def _answer(self, proc: multiprocessing.process.BaseProcess, conn, timeout_s: float) -> tuple[Measurement | None, bool]:
+        """The worker's Measurement (None: it died before sending one), and whether it ran past ``timeout_s`` (then
+        it was killed). The worker is gone on return."""
+        result, timed_out = None, False
+        if conn.poll(timeout_s):
+            try:
+                result = conn.recv()
+            except (EOFError, OSError):
+                result = None  # the child died before sending
+        else:
+            timed_out = True
+            self._killed_by_us = True
+            proc.kill()
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+        return result, timed_out
+
+    def _unanswered(self, code: int | None, elapsed: float, oom_kills_before: int | None, base: dict) -> Measurement:
+        """What a worker that ended with exit ``code`` without a result after ``elapsed`` seconds is recorded as:
+        crashed, or oom when the cgroup counted an OOM kill (see the module docstring)."""
+        if code is None or code >= 0:
+            return Measurement(status=Status.CRASHED,
+                               reason=f"worker exited with code {code} without a result after {elapsed:.1f} s", **base)
+        sig = -code
+        if sig != signal.SIGKILL:
+            return Measurement(status=Status.CRASHED, reason=f"worker died from {_signal_name(sig)} after {elapsed:.1f} s",
+                               **base)
+        if self._killed_by_us:
+            return Measurement(status=Status.CRASHED, reason="worker killed on request (interrupted)", **base)
+        after = cgroup_oom_kills()
+        if after is not None and oom_kills_before is not None and after > oom_kills_before:
+            return Measurement(status=Status.OOM, reason=(
+                f"worker killed by SIGKILL after {elapsed:.1f} s by the kernel's OOM killer (this cgroup's "
+                f"oom_kill count went from {oom_kills_before} to {after})"), **base)
+        known = ("no OOM kill recorded in this cgroup" if after is not None
+                 else "the cgroup's OOM count is unreadable here")
+        return Measurement(status=Status.CRASHED, reason=(
+            f"worker killed by signal 9 (SIGKILL) after {elapsed:.1f} s, not by attnbench ({known}: "
+            "another process, or an OOM killer outside this cgroup)"), **base)
