@@ -616,10 +616,7 @@ def instruction_counts() -> dict:
     config = CountConfig(seed=GATE_CONFIG.seed)
     left_out = within_budget(cases, COUNT_BUDGET_S, config)
     todo = [i for i in range(len(cases)) if i not in left_out]
-    budget = ("no budget: every case" if COUNT_BUDGET_S is None
-              else f"{len(left_out)} beyond a budget of {COUNT_BUDGET_S:g} s predicted under valgrind")
-    print(f"attnbench: instruction counts: {len(todo)} of {len(cases)} CPU cases go to the counter ({budget}); one "
-          f"valgrind process, in which torch takes half a minute to three to start", flush=True)
+    _print_count_plan(len(todo), len(cases), len(left_out))
     start = time.perf_counter()
 
     def progress(done: int, total: int, count) -> None:
@@ -633,6 +630,14 @@ def instruction_counts() -> dict:
         out[tuple(c.values())] = ((contract.Status.SKIPPED, math.nan, left_out[i], "") if count is None
                                   else (count.status, count.instructions, count.reason, count.valgrind))
     return out
+
+
+def _print_count_plan(todo: int, cases: int, left_out: int) -> None:
+    """Say to asv's log how many cases go to the counter, and why the others do not."""
+    budget = ("no budget: every case" if COUNT_BUDGET_S is None
+              else f"{left_out} beyond a budget of {COUNT_BUDGET_S:g} s predicted under valgrind")
+    print(f"attnbench: instruction counts: {todo} of {cases} CPU cases go to the counter ({budget}); one "
+          f"valgrind process, in which torch takes half a minute to three to start", flush=True)
 
 
 def instruction_case(counts: dict, *params: object) -> float:

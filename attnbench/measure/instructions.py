@@ -47,10 +47,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from attnbench.contract import Method, Status
 from attnbench.measure.record import Measurement
 from attnbench.spec import AttnSpec
+
+if TYPE_CHECKING:
+    from attnbench.measure.gate import GateResult
 
 PACKAGE = "valgrind"
 """The Debian package (and the command) a count needs."""
@@ -256,7 +260,21 @@ def count_instructions(
     version = f"{version} ({KERNELS})"
     todo, counts = _plan(cases, config, version)
     reporter = None if progress is None else (lambda count: progress(sum(c is not None for c in counts), len(cases), count))
-    while todo:  # a case that kills the process is its own error row: the rest go on in a new process
+    _count_todo(cases, todo, counts, config, version, reporter, cancel)
+    why = "cancelled" if cancel is not None and cancel.is_set() else "the valgrind process timed out before this case"
+    return [c if c is not None else Count(*cases[i], Status.ERROR, valgrind=version, reason=f"not counted: {why}")
+            for i, c in enumerate(counts)]
+
+
+def _count_todo(cases: list[tuple[str, AttnSpec]], todo: list[int], counts: list[Count | None], config: CountConfig,
+                version: str, reporter: Callable[[Count], None] | None, cancel: threading.Event | None) -> None:
+    """Fill ``counts`` at the indices ``todo`` names, in one valgrind process, and in a new one for the rest each
+    time a case kills it (that case is an error row). Stops at a timeout or a cancel (those cases stay None).
+
+    Raises:
+        CountError: a process failed without counting anything or dying in a case.
+    """
+    while todo:
         batch = [cases[i] for i in todo]
 
         def arrived(k: int, count: Count, todo: list[int] = todo) -> None:
@@ -275,9 +293,6 @@ def count_instructions(
         if ran.timed_out or ran.dead is None:
             break
         todo = [i for k, i in enumerate(todo) if k not in ran.counts and k != ran.dead]
-    why = "cancelled" if cancel is not None and cancel.is_set() else "the valgrind process timed out before this case"
-    return [c if c is not None else Count(*cases[i], Status.ERROR, valgrind=version, reason=f"not counted: {why}")
-            for i, c in enumerate(counts)]
 
 
 class Beside:
@@ -398,42 +413,60 @@ def _one_process(cases, config: CountConfig, version: str, arrived: Callable[[in
         command = [shutil.which("valgrind") or PACKAGE, "--tool=callgrind", "--collect-atstart=no",
                    *(["--instr-atstart=no"] if control else []), f"--callgrind-out-file={out}",
                    sys.executable, "-m", "attnbench.measure.instructions", str(jobs), str(results)]
+        counts: dict[int, Count] = {}
+
+        def collect() -> None:
+            for r in _read_results(results):
+                if "status" in r and r["index"] not in counts:
+                    counts[r["index"]] = _count_of(r, cases, out, version, config)
+                    arrived(r["index"], counts[r["index"]])
+
         with open(tmp / "valgrind.log", "wb") as log:
             proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                     env={**os.environ, "PYTHONHASHSEED": "0", **COUNT_ENV, ENV_CONTROL: control or ""},
                                     preexec_fn=_idle_priority if config.idle else None)
-            deadline = time.monotonic() + _timeout(cases, config)
-            timed_out, counts = False, {}
-            try:
-                while True:
-                    finished = proc.poll() is not None
-                    for r in _read_results(results):
-                        if "status" in r and r["index"] not in counts:
-                            counts[r["index"]] = _count_of(r, cases, out, version, config)
-                            arrived(r["index"], counts[r["index"]])
-                    if finished:
-                        break
-                    if time.monotonic() > deadline:
-                        timed_out = True
-                        proc.kill()
-                    if cancel is not None and cancel.wait(0.5):
-                        proc.kill()
-                        proc.wait()
-                        break
-                    if cancel is None:
-                        time.sleep(0.5)
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
+            timed_out = _watch(proc, collect, time.monotonic() + _timeout(cases, config), cancel)
+        return _outcome(proc.returncode, counts, results, tmp / "valgrind.log", timed_out, cancel)
+
+
+def _watch(proc: subprocess.Popen, collect: Callable[[], None], deadline: float,
+           cancel: threading.Event | None) -> bool:
+    """``collect`` the process's results every half second until it ends, killing it past ``deadline`` (then True)
+    or once ``cancel`` is set; the process has ended on return."""
+    timed_out = False
+    try:
+        while True:
+            finished = proc.poll() is not None
+            collect()
+            if finished:
+                break
+            if time.monotonic() > deadline:
+                timed_out = True
+                proc.kill()
+            if cancel is not None and cancel.wait(0.5):
+                proc.kill()
                 proc.wait()
-        started = [r["index"] for r in _read_results(results) if r.get("started")]
-        dead = next((i for i in started if i not in counts), None)
-        code = proc.returncode
-        ended = ("timed out" if timed_out else f"died from {_signal_name(-code)}" if code < 0 else f"exited {code}")
-        tail = (tmp / "valgrind.log").read_bytes().decode("utf-8", "replace").strip().splitlines()[-15:]
-        cancelled = cancel is not None and cancel.is_set()
-        return _Ran(counts, None if cancelled else dead, "cancelled" if cancelled else ended, code != 0, timed_out,
-                    tail, cancelled=cancelled)
+                break
+            if cancel is None:
+                time.sleep(0.5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    return timed_out
+
+
+def _outcome(code: int, counts: dict[int, Count], results: Path, log: Path, timed_out: bool,
+             cancel: threading.Event | None) -> _Ran:
+    """What an ended valgrind process did: its counts, the case it died in (started, never reported), how it
+    ended and the end of its output."""
+    started = [r["index"] for r in _read_results(results) if r.get("started")]
+    dead = next((i for i in started if i not in counts), None)
+    ended = ("timed out" if timed_out else f"died from {_signal_name(-code)}" if code < 0 else f"exited {code}")
+    tail = log.read_bytes().decode("utf-8", "replace").strip().splitlines()[-15:]
+    cancelled = cancel is not None and cancel.is_set()
+    return _Ran(counts, None if cancelled else dead, "cancelled" if cancelled else ended, code != 0, timed_out,
+                tail, cancelled=cancelled)
 
 
 def _idle_priority() -> None:
@@ -478,16 +511,12 @@ def _count_of(rec: dict, cases, out: Path, version: str, config: CountConfig) ->
 # ---- the child: runs under valgrind ---------------------------------------------------------------
 def _child(jobs_path: str, results_path: str) -> None:
     """Count every case of the job file; report each to the results file (one JSON line, flushed)."""
-    import gc
-
     jobs = json.loads(Path(jobs_path).read_text())
     sys.path[:] = jobs["sys_path"]
-    import torch
-
-    from attnbench.io import append_line, error_line
-    from attnbench.measure import gate, regime, runner
+    import attnbench.measure.runner  # noqa: F401 - torch, the gate and the variants, imported uninstrumented
+    from attnbench.io import append_line
+    from attnbench.measure import regime
     from attnbench.plugins import load_plugins
-    from attnbench.registry import get_variant
 
     load_plugins()
     config = CountConfig(**jobs["config"])
@@ -498,44 +527,65 @@ def _child(jobs_path: str, results_path: str) -> None:
     dumps = 0
     for index, (name, spec_fields) in enumerate(jobs["cases"]):
         append_line(results_path, json.dumps({"index": index, "started": True}))  # a case that kills us is named
-        record: dict = {"index": index}
+        record, dumps = _count_case(name, spec_fields, config, dumps)
+        append_line(results_path, json.dumps({"index": index, **record}))
+
+
+def _count_case(name: str, spec_fields: dict, config: CountConfig, dumps: int) -> tuple[dict, int]:
+    """Gate and count one case in the counting process: its line for the results file (without its index), and
+    the number of callgrind dumps made so far (each counted case closes one)."""
+    import gc
+
+    import torch
+
+    from attnbench.io import error_line
+
+    record: dict = {}
+    counting = False
+    try:
+        t0 = time.perf_counter()
+        call, checked = _checked_call(name, AttnSpec(**spec_fields), config)
+        record["gate_s"] = round(time.perf_counter() - t0, 1)
+        if checked is not None and not checked.passed:
+            record.update(status=Status.WRONG, reason=checked.reason())
+            return record, dumps
+        for _ in range(config.warmup_calls):
+            call()
+        gc.collect()
+        gc.disable()  # a collection (a million objects with torch loaded) inside a counted call is not its work
+        torch._C._valgrind_toggle()
+        counting = True
+        for _ in range(config.calls):
+            call()
+        torch._C._valgrind_toggle_and_dump_stats()
         counting = False
-        try:
-            t0 = time.perf_counter()
-            spec = AttnSpec(**spec_fields)
-            variant = get_variant(name)
-            # the gate on GATE_SLICES slices: a reference budget of that many slices (checked_slices samples them)
-            measure_config = runner.MeasureConfig(seed=config.seed, check_accuracy=config.check_accuracy,
-                                                  reference_budget_bytes=GATE_SLICES * gate.slice_reference_bytes(variant, spec))
-            call, inputs, mask = runner.make_call(variant, spec, config.seed)
-            result, _ = variant.warm_up(call)
-            checked = runner.run_gate(variant, spec, result, inputs, mask, runner.check_plan(variant, spec, measure_config),
-                                      config.seed)
-            del result
-            record["gate_s"] = round(time.perf_counter() - t0, 1)
-            if checked is not None and not checked.passed:
-                record.update(status=Status.WRONG, reason=checked.reason())
-            else:
-                for _ in range(config.warmup_calls):
-                    call()
-                gc.collect()
-                gc.disable()  # a collection (a million objects with torch loaded) inside a counted call is not its work
-                torch._C._valgrind_toggle()
-                counting = True
-                for _ in range(config.calls):
-                    call()
-                torch._C._valgrind_toggle_and_dump_stats()
-                counting = False
-                gc.enable()
-                dumps += 1
-                record.update(status=Status.OK, dump=dumps, seconds=round(time.perf_counter() - t0, 1))
-        except Exception as exc:  # noqa: BLE001 - one case's failure is its row, the others are still counted
-            if counting:  # close this case's dump, so the next case's is its own
-                torch._C._valgrind_toggle_and_dump_stats()
-                dumps += 1
-            gc.enable()
-            record.update(status=Status.ERROR, reason=error_line(exc))
-        append_line(results_path, json.dumps(record))
+        gc.enable()
+        record.update(status=Status.OK, dump=dumps + 1, seconds=round(time.perf_counter() - t0, 1))
+        return record, dumps + 1
+    except Exception as exc:  # noqa: BLE001 - one case's failure is its row, the others are still counted
+        if counting:  # close this case's dump, so the next case's is its own
+            torch._C._valgrind_toggle_and_dump_stats()
+            dumps += 1
+        gc.enable()
+        record.update(status=Status.ERROR, reason=error_line(exc))
+        return record, dumps
+
+
+def _checked_call(name: str, spec: AttnSpec, config: CountConfig) -> tuple[Callable[[], object], GateResult | None]:
+    """The runner's timed closure of a case after its warm-up call, and the gate's result on that call (on
+    :data:`GATE_SLICES` slices; None when not checked)."""
+    from attnbench.measure import gate, runner
+    from attnbench.registry import get_variant
+
+    variant = get_variant(name)
+    # the gate on GATE_SLICES slices: a reference budget of that many slices (checked_slices samples them)
+    measure_config = runner.MeasureConfig(seed=config.seed, check_accuracy=config.check_accuracy,
+                                          reference_budget_bytes=GATE_SLICES * gate.slice_reference_bytes(variant, spec))
+    call, inputs, mask = runner.make_call(variant, spec, config.seed)
+    result, _ = variant.warm_up(call)
+    checked = runner.run_gate(variant, spec, result, inputs, mask, runner.check_plan(variant, spec, measure_config),
+                              config.seed)
+    return call, checked
 
 
 if __name__ == "__main__":
