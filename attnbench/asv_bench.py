@@ -1,51 +1,17 @@
 """Everything the asv benchmark modules need, so that ``benchmarks/*.py`` stay declarations.
 
-asv's process model (asv 0.6.6, asv_runner 0.3.2) decides what can be shared:
+asv (0.6.6) runs every benchmark method in a process of its own per parameter set and round, and
+shares between processes only what ``setup_cache`` returns (once per run and environment, pickled).
+So the correctness gate runs there: :func:`grid_verdicts` judges every case of a grid once, and in
+each benchmark process its :class:`Verdict` makes an n/a case raise ``NotImplementedError`` (asv:
+n/a) and a wrong one :class:`WrongResult` (asv: failed), and gives the accuracy, FLOP and tensor
+byte benchmarks their values without building the case. A benchmark that times a call builds the
+case in its own process (:func:`prepare_spec`, once: asv calls ``setup`` before every sample).
 
-* Every benchmark method runs in a process of its own for each parameter set and each round (forked from a
-  server that imported the suite, with ``launch_method: forkserver``; spawned afresh otherwise). Nothing one
-  method computes in its process reaches another method's: the time, peakmem and track methods of one case never
-  share a process, so a per-process cache cannot spare the second method anything.
-* Within that process asv calls ``setup`` before every sample of a time benchmark: a per-process cache keyed by
-  the case (:func:`prepare_spec`'s ``lru_cache``) makes every setup after the first free.
-* ``setup_cache`` runs once per asv run and environment in ONE process of its own (spawned, not forked, with
-  either launcher), for every benchmark whose ``setup_cache`` is the same function (asv keys it by module and line:
-  classes inheriting one share it). What it returns is pickled and handed to every ``setup`` and method of those
-  benchmarks as their first argument: data only (numbers, verdicts), never tensors or closures worth reusing.
-  asv 0.6.6 applies its ``timeout`` as a limit on silence (any output restarts it), shows what it prints in the log
-  of ``asv run -v`` as it comes, and otherwise only when it fails.
-
-So the correctness gate runs where it can be shared: :func:`grid_verdicts` (the ``setup_cache`` of the main grid's
-classes) puts every case of the grid through the guard and the gate once, in one process (the float64 reference
-evaluated once per case, shared by the checks of the warm-up call and of later calls: ``runner.GatedCall``), measures
-the peak tensor bytes of a call there (:data:`ONCE`), and hands its :class:`Verdict` s to every benchmark process: an
-n/a case raises ``NotImplementedError`` there at once (asv: n/a), a wrong one :class:`WrongResult` (asv: failed), and
-the accuracy, FLOP and tensor-bytes benchmarks read their values from the verdict without building the case. The benchmarks that measure a call build their inputs and closure and make one
-warm-up call (outside asv's timer) in their own process: that much each process repeats, because asv lets no
-process hand a closure to another. Without a verdict (outside asv, or a class without the cache) a process gates
-the case itself, once (:func:`prepare_spec`).
-
-Measurement regime: importing this module applies :func:`attnbench.measure.regime.apply` with
-``ATTNBENCH_THREADS`` threads (default :data:`~attnbench.measure.regime.DEFAULT_THREADS`), the
-regime ``attnbench run`` and ``attnbench regress`` measure in. asv starts its benchmark processes
-with its own ``os.environ`` (plus the config's matrix variables), so a plain ``asv run`` does not
-carry ``MALLOC_*_`` variables; the allocator thresholds are therefore pinned here, through mallopt,
-which holds for every allocation after import: every case is set up and timed after it.
-``benchmarks/bench_regime.py`` records the regime in the results (its parameter is ``describe()``).
-
-The grid: ``ATTNBENCH_ASV_GRID`` selects a tier of :data:`attnbench.contract.ASV_TIERS` (``default``, unset: the
-teaching progression and a representative per family at L = 128..1024; ``full``: every default-sweep variant at
-L = 64..8192), and these narrow either without editing code (the CI subset does this): ``ATTNBENCH_ASV_VARIANTS``,
-``ATTNBENCH_ASV_LENGTHS``, ``ATTNBENCH_ASV_DEVICES``, ``ATTNBENCH_ASV_MODES``, ``ATTNBENCH_ASV_MASKS``
-(comma-separated; each replaces that dimension of the tier), ``ATTNBENCH_ASV_MAX_CALL_S`` and
-``ATTNBENCH_ASV_COUNT_BUDGET_S``; ``ATTNBENCH_ASV_BATCH`` is for tests only (see :data:`BASE`). An unknown tier
-fails the suite's import, naming the variable and the valid values.
-
-Two small classes sit beside the main grid: ``Decode`` (one query over a cache of 4K and 16K keys,
-time and achieved GB/s; ``ATTNBENCH_ASV_DECODE_LENGTHS`` narrows it) and ``GroupedQuery`` (prefill
-with H/4 key/value heads: time and peak tensor bytes), each for sdpa and batched unless
-``ATTNBENCH_ASV_VARIANTS`` names others. Their cases come from :func:`attnbench.contract.asv_case`,
-the rule the loader reads them back with; each has a ``setup_cache`` of its own grid's verdicts.
+Importing this module applies the measurement regime (:data:`REGIME`): asv starts its processes
+without ``MALLOC_*_`` variables, so the allocator thresholds are pinned through mallopt before any
+case is built. The grid is the tier :func:`attnbench.contract.asv_tier` selects, narrowed by the
+``ATTNBENCH_ASV_*`` variables; an unknown tier fails the import.
 """
 
 from __future__ import annotations
@@ -368,9 +334,8 @@ class WaitWatch:
 
     asv reads a timer in pairs around the timed calls; :meth:`take` gives their wall time and the share of it
     the thread spent runnable but without a core, i.e. taken by another process. The calibration probe is blind to
-    a steady neighbour (a 1 ms probe slips between the scheduler's 4 ms slices, an 8 ms call does not: beside two
-    spinning processes calls took 1x or 2x while every probe stayed typical). Time a call spends sleeping or
-    blocked is not waiting for a core: a slowdown of that kind stays a slowdown.
+    a steady neighbour (a 1 ms probe slips between the scheduler's slices, a longer call does not). Time a call
+    spends sleeping or blocked is not waiting for a core: a slowdown of that kind stays a slowdown.
     """
 
     def __init__(self) -> None:
@@ -546,7 +511,7 @@ ONCE: dict[str, Callable[[Prepared], float]] = {"peak_tensor_bytes": _peak_tenso
 """Measures that do not depend on the process they run in, taken once per case where the case is judged
 (:func:`grid_verdicts`) and read from its verdict. Peak tensor bytes are the sizes of the tensors one call allocates
 (the profiler's memory timeline, or the CUDA allocator's statistics), whatever ran before it in the process: in a
-process of its own each case paid the profiler's start (about 2 s on this project's 2-core machine) for one call.
+process of its own each case paid the profiler's start (seconds) for one call.
 Page faults and times are not: they depend on the heap and the machine a process sees, so they stay in their own."""
 FROM_VERDICT: dict[str, Callable[[str, AttnSpec, Verdict], float]] = {
     "flops": lambda v, spec, _: float(get_variant(v).flops(spec).executed),  # deterministic: the gate is strict on it
@@ -705,8 +670,8 @@ def matmul_gflops() -> float:
 # asv's forkserver imports the suite once and forks a process per benchmark, parameter set and round. Python's cyclic
 # garbage collector, at its first full collection in such a child, walks every object the import made (torch's: about
 # a million) and so writes to every page they sit on: the child copies the parent's heap page by page. Unpickling
-# ``setup_cache``'s verdicts triggered that collection: 130-300 ms per process on this project's 2-core machine
-# (instead of about 15), over a thousand processes in a quick run of the default tier. Objects that exist once the
+# ``setup_cache``'s verdicts triggered that collection, in each of the thousand-odd processes of a quick run of the
+# default tier (the README gives the cost). Objects that exist once the
 # suite is imported live as long as the process: they are collected here once and frozen out of every later
 # collection (``gc.freeze``), in the server and in each child it forks. Only under asv (its runner imports the suite):
 # elsewhere the importing process's objects are its own business.

@@ -2,16 +2,12 @@
 
 A STREAM-like measurement with torch on float32 arrays far larger than the last-level cache (at
 least ``CACHE_MULTIPLE`` x the CPU's L3 read from ``/sys``, or the GPU's L2; never below
-``MIN_ARRAY_BYTES``), at the calling process's torch thread count:
-
-* copy:  ``c = a``          counted as 2 words per element (one read, one write),
-* triad: ``a = b + s * c``  counted as 3 words per element (two reads, one write).
-
-Bytes are counted as STREAM counts them: the write-allocate read a CPU makes before it overwrites
-a cache line is not counted, so real traffic on a write-allocate CPU is higher than the figure
-(copy 3 words, triad 4), and the figure is what a kernel that reads its inputs and writes its
-output once can expect. Each kernel's rate is the median over timed blocks (CUDA timed with
-events, via :func:`attnbench.measure.timer.time_call`).
+``MIN_ARRAY_BYTES``), at the calling process's torch thread count: copy ``c = a`` counts 2 words
+per element, triad ``a = b + s * c`` 3. Bytes are counted as STREAM counts them: not the
+write-allocate read a CPU makes before it overwrites a cache line (real traffic is higher: copy 3
+words, triad 4), so the figure is what a kernel that reads its inputs and writes its output once
+can expect. Each kernel's rate is the median over timed blocks
+(:func:`attnbench.measure.timer.time_call`; CUDA timed with events).
 
 Measured once per (device, threads, torch) and cached beside the matmul peak, in
 ``bandwidth.json`` under :func:`attnbench.io.cache_dir`.

@@ -2,18 +2,16 @@
 
 A result passes when it keeps the call contract (shape, dtype, device, layout of the inputs) and its
 max error against the float64 reference of what the variant claims to compute is at most ``FACTOR``
-times the plain same-precision implementation's error plus a per-dtype floor; NaN never passes.
-The checked result is the timed closure's own return value, so no other code path can pass for it.
-:class:`Reference` computes the truth of the checked (batch, head) slices once (all of them when
-their float64 reference fits the budget, else a seeded sample holding the first and the last), so
-several calls of one case (the first, and consecutive calls after the timed ones: an intermittent
-fault) are checked for the price of comparisons (the runner also caps the slices by the check's own time
-budget: :func:`attnbench.measure.runner.check_plan`); :func:`fingerprint` shows a variant that writes
-into its inputs. Grouped-query backward checks whole groups (a shared head's dk, dv sum over its
-G query heads); an approximate variant is checked against its own kernel's dense evaluation and,
-with ``APPROX_ERROR_BOUND``, against exact softmax attention.
+times the plain same-precision implementation's error plus a per-dtype floor; NaN never passes. The
+checked result is the timed closure's own return value, so no other code path can pass for it.
+:class:`Reference` computes the truth of the checked (batch, head) slices once (all when affordable,
+else a seeded sample holding the first and the last), so several calls of a case cost comparisons;
+:func:`fingerprint` shows a variant that writes into its inputs. Grouped-query backward checks
+whole groups (a shared head's dk, dv sum over its G query heads); an approximate variant is checked
+against its own kernel's dense evaluation and, with ``APPROX_ERROR_BOUND``, against softmax.
 
-Letters: B batch, H query heads, Hkv key/value heads, G = H // Hkv, Lq queries, Lk keys, D, Dv head dims.
+Letters: B batch, H query heads, Hkv key/value heads, G = H // Hkv, Lq queries, Lk keys, D and Dv
+head dims.
 """
 
 from __future__ import annotations

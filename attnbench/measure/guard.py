@@ -2,18 +2,16 @@
 
 Everything a case allocates is counted before it is allocated: the inputs, the mask, ``grad_out``
 (backward), the variant's predicted peak above the inputs (:meth:`Variant.predicted_peak_bytes`,
-which includes its parameters such as projection weights) and the correctness gate's float64
-reference for one (batch, head) slice. Time is the same case's measured time at the sweep's
-previous length scaled by the variant's declared exponent where the sweep has one
+its parameters included) and the gate's float64 reference of one (batch, head) slice. Time is the
+same case's measured time at the sweep's previous length scaled by the variant's declared exponent
 (:func:`extrapolated_seconds`), else the variant's analytic model (:meth:`Variant.flops`,
-``SECONDS_PER_PAIR``, the matmul peak of :mod:`.peak`), for the measurement's calls alone: the correctness
-check has a time budget of its own, which decides how many slices it checks
-(:func:`attnbench.measure.runner.check_plan`, with :func:`reference_seconds`), never whether the case runs. A
-case that would exhaust memory or run for minutes becomes a skipped row with a reason instead of an OOM
-kill or a stalled sweep.
+``SECONDS_PER_PAIR``, the matmul peak of :mod:`.peak`), for the measurement's calls alone: the
+check's own budget decides how many slices it checks (:func:`attnbench.measure.runner.check_plan`,
+with :func:`reference_seconds`), never whether the case runs. A case over budget becomes a skipped
+row with the reason instead of an OOM kill or a stalled sweep.
 
-The cost model itself is called inside the runner's ``try`` (an exception is a row, not a dead
-sweep) and must not do O(L^2) work.
+The cost model runs inside the runner's ``try`` (an exception is a row, not a dead sweep) and must
+not do O(L^2) work.
 """
 
 from __future__ import annotations
@@ -76,8 +74,8 @@ def extrapolated_seconds(variant: Variant, spec: AttnSpec, measured_len: int, me
 
     ``measured_s * (L / measured_len) ** variant.time_exponent``: the variant's declared scaling from
     a time this machine took, under the load it has now. Unlike :func:`predicted_seconds` it needs
-    no assumed efficiency or matmul peak (a peak measured on a busy machine made every prediction
-    4x too slow, and skipped L=4096 of every quadratic variant). None when it does not apply:
+    no assumed efficiency or matmul peak (a peak measured on a busy machine makes every prediction
+    too slow, and skips lengths the sweep could measure). None when it does not apply:
     cross-attention (``seq_len_k`` set), a measured time that is not a positive number, or a
     ``measured_len`` that is not shorter.
 

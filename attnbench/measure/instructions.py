@@ -1,33 +1,15 @@
 """Instruction counts under valgrind: a deterministic measure of work, beside wall time.
 
-Wall time moves with whatever else the machine does; the number of instructions a call executes does
-not. :func:`count_instructions` counts many cases in ONE ``valgrind --tool=callgrind`` process
-(starting torch under valgrind takes half a minute or more): the process is started with collection
-off, and for each case it builds the very closure the runner times (:func:`attnbench.measure.runner.make_call`),
-makes the warm-up call, puts its result through the correctness gate, warms up again, then switches
-collection on for ``calls`` calls and dumps (``torch._C._valgrind_toggle`` /
-``_valgrind_toggle_and_dump_stats``). Instructions per call = the dump's total / ``calls``.
+:func:`count_instructions` counts many cases in ONE ``valgrind --tool=callgrind`` process (torch
+takes minutes to start under valgrind). The process starts uninstrumented and switches
+instrumentation on with ``callgrind_control`` once torch and the variants are imported; for each
+case it builds the closure the runner times (:func:`attnbench.measure.runner.make_call`), makes the
+warm-up call, gates its result, warms up again, then collects over ``calls`` calls and dumps:
+instructions per call = the dump's total / ``calls``.
 
-What counts do not see: cache misses, page faults, memory bandwidth, and time spent waiting (for
-memory, for other threads: counts are summed over threads). A change that only moves data worse is
-flat in counts and slower in time; the two are shown side by side, never one instead of the other.
-
-Counts are taken with portable kernels (:data:`COUNT_ENV`): MKL's SSE4.2 code and ATen's default
-(unvectorised-dispatch) kernels. Valgrind runs FMA instructions through slow helpers: a batched
-attention call at B1 H8 L512 took 15.9 s under callgrind with the host's AVX2/FMA kernels and 1.27 s
-with these (0.02 s natively), and one fixed instruction set makes a count the same on every x86 runner,
-whatever its vector units. The count is the work the code does on that portable path; the host's
-fastest kernels are what the timings measure.
-
-The process starts uninstrumented (``--instr-atstart=no``: valgrind's bare overhead, about 4x) and
-switches instrumentation on with ``callgrind_control --instr=on`` once torch and the variants are
-imported: torch's import then takes about 30 s under valgrind instead of 90 s (measured side by side on
-this project's busy 2-core machine). Without ``callgrind_control`` (it ships with valgrind) the whole
-process is instrumented, as before. Counted calls are the same either way: collection is switched per
-case, and the warm-up calls run instrumented.
-
-Measured on this project's 2-core machine (valgrind 3.19, torch 2.13 CPU, one thread): a counted call
-runs about :data:`SLOWDOWN` times slower than natively, which the budget check uses.
+Counts are taken with portable kernels (:data:`COUNT_ENV`), so that a count is the same on every
+x86 runner. They do not see cache misses, page faults, memory bandwidth or time spent waiting, and
+are summed over threads: they stand beside the timings, never instead of them.
 """
 
 from __future__ import annotations
@@ -60,15 +42,21 @@ PACKAGE = "valgrind"
 """The Debian package (and the command) a count needs."""
 METHOD = Method.CALLGRIND
 SLOWDOWN = 80.0
-"""Seconds under callgrind per native second of a counted call, portable kernels (measured about 60x at L=512)."""
+"""Seconds under callgrind per native second of a counted call, portable kernels, one thread: about 60
+measured at L=512 on 2026-11-24 (valgrind 3.19, torch 2.13 CPU; a case's ``seconds`` in the counting
+process's results against its native time), rounded up so that predictions err long."""
 COUNT_ENV = {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41",
              "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-"""The counting process's kernels: one portable instruction set (see the module docstring), and no helper threads
-(counts are summed over threads)."""
+"""The counting process's kernels: one portable instruction set (MKL's SSE4.2 code, ATen's default
+kernels), and no helper threads (counts are summed over threads). valgrind runs FMA instructions
+through slow helpers: a batched call at B1 H8 L512 took 15.9 s under callgrind with the host's
+AVX2/FMA kernels and 1.27 s with these, 0.02 s natively (2026-11-24, valgrind 3.19: the same call
+under ``valgrind --tool=callgrind python ...`` with and without these variables)."""
 KERNELS = "portable kernels: MKL SSE4.2, ATen default"
 """How the counts' kernels are recorded beside valgrind's version."""
 STARTUP_S = 240.0
-"""Allowed for torch to start under valgrind (measured 80-180 s) before the cases' own time."""
+"""Allowed for torch to start under valgrind before the cases' own time: 80-180 s fully
+instrumented on 2026-11-24 (``valgrind --tool=callgrind python -c 'import torch'``)."""
 GATE_SLICES = 3
 """(batch, head) slices the gate checks under valgrind (the first, the last and a seeded one): the float64
 reference is the slowest part of a case there, and the timing run checks every slice of the same closure."""
@@ -409,7 +397,8 @@ def _one_process(cases, config: CountConfig, version: str, arrived: Callable[[in
         jobs, results, out = tmp / "jobs.json", tmp / "results.jsonl", tmp / "callgrind.out"
         jobs.write_text(json.dumps({"config": dataclasses.asdict(config), "sys_path": sys.path,
                                     "cases": [[n, dataclasses.asdict(s)] for n, s in cases]}))
-        control = shutil.which("callgrind_control")  # with it, torch is imported uninstrumented (see _child)
+        # with it, torch is imported uninstrumented (see _child); without, everything runs instrumented (the same counts)
+        control = shutil.which("callgrind_control")
         command = [shutil.which("valgrind") or PACKAGE, "--tool=callgrind", "--collect-atstart=no",
                    *(["--instr-atstart=no"] if control else []), f"--callgrind-out-file={out}",
                    sys.executable, "-m", "attnbench.measure.instructions", str(jobs), str(results)]

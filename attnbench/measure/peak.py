@@ -1,13 +1,13 @@
 """This machine's matmul FLOP/s: the roof that achieved attention FLOP/s is compared with.
 
-Cached per (device, dtype, threads, torch) in ``matmul_peaks.json`` under :func:`attnbench.io.cache_dir`, so reports can show "% of peak" and the time guard can predict without
-re-measuring every time. A measurement taken while the machine is busy is low (one thread beside
-other work gets a share of a core: this cache once held 22 GFLOP/s for a core that does 90), and a
-single cached value would keep it forever. So the cache keeps several measurements, each with when
-and under what load it was taken, and the peak is the best of those younger than
-:data:`STALE_S`: a busy measurement can only be outvoted, never poison the figure. Another
-measurement is added on use while fewer than :data:`MIN_SAMPLES` fresh ones exist (at most one per
-:data:`SPACING_S`, so they come from different moments).
+Cached per (device, dtype, threads, torch) in ``matmul_peaks.json`` under
+:func:`attnbench.io.cache_dir`, so reports can show "% of peak" and the time guard can predict
+without re-measuring every time. A measurement taken while the machine is busy is low (one thread
+beside other work gets a share of a core), and a single cached value would keep it forever. So the
+cache keeps several measurements, each with when and under what load it was taken, and the peak is
+the best of those younger than :data:`STALE_S`: a busy measurement can only be outvoted, never
+poison the figure. Another measurement is added on use while fewer than :data:`MIN_SAMPLES` fresh
+ones exist (at most one per :data:`SPACING_S`, so they come from different moments).
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ def measure_matmul_peak(device: str = "cpu", dtype: str = "float32", n: int | No
     """Median FLOP/s of an ``n x n @ n x n`` matmul on random inputs (2 n^3 FLOPs per call).
 
     ``n`` defaults to the largest power of two up to :data:`MAX_SIDE` whose call takes about
-    :data:`CALL_TARGET_S` at most: a dtype the hardware has no fast path for (bfloat16 on this project's CPU:
-    0.27 GFLOP/s, 63 s per 2048-wide call) is measured in a second, not in three minutes.
+    :data:`CALL_TARGET_S` at most: a dtype the hardware has no fast path for (bfloat16 on many CPUs)
+    is measured in a second, not in minutes.
     """
     gen = torch.Generator().manual_seed(0)
 

@@ -1,32 +1,16 @@
 """Interference detection: a fixed calibration kernel timed around every case.
 
-A busy neighbour on a shared machine can make a case 5-10x slower while its samples stay tight
-(each block is slowed alike), so a small IQR proves nothing. The probe is a fixed matmul that runs
-with the same threads as the case: timed before and after the case (and between blocks of long
-cases), it is compared with the sweep's *typical* probe time (the median of what the sweep has seen).
-A probe more than ``SLOWDOWN_LIMIT`` times slower than that, or that much faster, or block samples
-that split into two clusters, mean the case was not measured in the state the rest of the sweep was:
-the runner measures it again (a bounded number of times) and, if it stays disturbed, records it as
-``noisy`` with the probe's ratio, so the report neither fits nor ranks it.
+A busy neighbour can make a case several times slower while its samples stay tight (each block is
+slowed alike), so a small IQR proves nothing. The probe, a fixed matmul on the case's threads, is
+timed before and after each attempt (and between blocks of long ones) and compared with the sweep's
+*typical* probe time (the median of what it has seen). A probe over ``SLOWDOWN_LIMIT`` x slower or
+faster than that, or block samples in two clusters (:func:`is_bimodal`), disturb the attempt
+(:class:`Disturbance`): the runner measures again, and a case that stays disturbed is ``noisy``. A
+steady neighbour taking whole scheduler slices leaves the 1 ms probe alone; the run-queue wait
+(:mod:`.schedstat`) catches it (:attr:`Disturbance.short`).
 
-The probe is blind to a steady neighbour that takes whole scheduler slices: a 1 ms probe fits between
-them, a block of calls does not. The timer therefore also reads the timing thread's run-queue wait beside
-every block (:mod:`.schedstat`) and re-measures blocks a neighbour descheduled; an attempt left with too few
-undisturbed blocks is the third sign (:attr:`Disturbance.short`). Where the kernel does not report the wait,
-the probe and the clusters stand alone.
-
-Why typical, and why both directions: a shared virtual machine changes speed by itself. On this
-project's 2-core machine the same single-thread probe took 1.01-1.04 ms for minutes, then 0.63-0.65
-ms for seconds (nothing else of ours running; the host's clocks), and a sweep that began in a fast
-moment and measured against it flagged 17 of 18 cases of a quiet run. Judged against the typical
-speed, a case is flagged when it was measured at a speed the other cases were not, whichever way:
-that inconsistency, not the absolute speed, is what bends a fitted exponent.
-
-Example:
-    >>> is_bimodal([1.0, 1.01, 0.99, 2.1, 2.0, 2.05])
-    True
-    >>> is_bimodal([1.0, 1.02, 0.98, 1.01, 1.03])
-    False
+Typical, not fastest, and both ways: a shared virtual machine changes speed by itself (the host's
+clocks), and a case measured at a speed the others were not bends a fitted exponent either way.
 """
 
 from __future__ import annotations
@@ -43,7 +27,7 @@ import torch
 from attnbench.measure import schedstat
 
 PROBE_SIZE = 192  # the probe multiplies two (N, N) float32 matrices
-PROBE_CALLS = 4  # matmuls per probe sample (about 1 ms on one core of this project's CPUs)
+PROBE_CALLS = 4  # matmuls per probe sample (about 1 ms on one core)
 PROBE_SAMPLES = 5  # samples per probe; their median is the probe's time
 SLOWDOWN_LIMIT = 1.25
 """A probe this much slower (or faster) than the sweep's typical probe marks the case as disturbed."""
@@ -79,6 +63,12 @@ def is_bimodal(samples: Sequence[float], gap: float = GAP_LIMIT, min_share: floa
 
     The sorted samples are cut at their largest ratio between neighbours; both sides must hold at
     least ``min_share`` of the samples (and two each), so one outlier is not a second mode.
+
+    Example:
+        >>> is_bimodal([1.0, 1.01, 0.99, 2.1, 2.0, 2.05])
+        True
+        >>> is_bimodal([1.0, 1.02, 0.98, 1.01, 1.03])
+        False
     """
     values = sorted(s for s in samples if s > 0 and math.isfinite(s))
     n = len(values)

@@ -1,18 +1,15 @@
 """One measurement regime for every entry point: allocator, threads, huge pages, recorded.
 
 Two processes running the same code on the same machine can time a case 2x apart because of what
-their allocator did before. glibc raises its mmap threshold (and trim threshold) after a large
-block is freed, so a process that once freed a 30 MiB tensor reuses heap pages for later
-buffers, while a fresh one maps, faults in and unmaps them on every call (measured here:
-``batched`` at L=256, H=8 took 3.97 ms in a fresh process and 1.87 ms after one 30 MiB tensor had
-been freed). Pinning the thresholds switches that dynamic adjustment off: every process allocates
-alike, whatever ran before.
+their allocator did before: glibc raises its mmap and trim thresholds after a large block is freed,
+so a process that once freed a large tensor reuses heap pages for later buffers, while a fresh one
+maps, faults in and unmaps them on every call. Pinning the thresholds switches that adjustment off:
+every process allocates alike, whatever ran before.
 
-:func:`apply` pins them in this process through ``mallopt`` (effective for every later
-allocation, so it works after the interpreter has started) and sets the torch thread count;
-:func:`child_env` gives the same settings to processes this one starts (asv, workers), as
-``MALLOC_*_`` variables that glibc reads at start-up. :func:`describe` is recorded with every
-measurement.
+:func:`apply` pins them in this process through ``mallopt`` (effective for every later allocation,
+so it works after the interpreter has started) and sets the torch thread count; :func:`child_env`
+gives the same settings to processes this one starts (asv, workers), as ``MALLOC_*_`` variables
+that glibc reads at start-up. :func:`describe` is recorded with every measurement.
 """
 
 from __future__ import annotations
@@ -32,26 +29,12 @@ PINNED_BYTES = 128 * 1024
 DEFAULT_THREADS = 1
 """The default torch thread count of every entry point (``run``, asv, ``regress``, ``profile``).
 
-Chosen from measurements on this project's shared 2-core machine (``studies/thread_policy.py``:
-1 and 2 threads timed alternately in one process, median of the per-pair ratios 2 threads / 1
-thread; the machine was never quiet, 1-minute load average 4.6-7.6 from other work):
-
-=================  ==========================  ==============================
-case (B=1, H=8)    other work only (load ~5)   + one spinning neighbour (~7)
-=================  ==========================  ==============================
-batched L=1024     1.19                        0.74
-batched L=4096     1.37                        (not run)
-sdpa L=1024        1.29                        0.97
-sdpa L=4096        0.78                        (not run)
-chunked L=1024     9.58                        5.33
-probe matmul       (29-139 ms vs 0.7 ms)       241
-=================  ==========================  ==============================
-
 With two threads, one intra-op thread descheduled by any other process stalls the whole operator
-at its barrier: chunked's many small matmuls run 5-10x slower and the probe 241x, while the best
-case for two threads was 1.3x faster (sdpa at 4096, batched beside a neighbour). One thread gives
-up that speed-up for timings that stay put (max/min over pairs mostly smaller with 1 thread);
-pass ``--threads`` to measure threading itself.
+at its barrier. On this project's shared 2-core machine (2026-11-22, ``python -m
+studies.thread_policy``, load average 4.6-7.6 from other work) 2 threads against 1 made chunked at
+L=1024 5-10x slower and the probe 241x, while the best case for two threads was 1.3x faster (sdpa
+at L=4096). One thread gives up that speed-up for timings that stay put; ``--threads`` measures
+threading itself.
 """
 
 
@@ -131,8 +114,8 @@ def thp_setting() -> str:
     """Kernel transparent-huge-page mode and whether torch asks for huge pages for large CPU tensors.
 
     Dense attention allocates fresh O(L^2) buffers every call; with 4 KiB pages each costs one page
-    fault per page (about 66,500 faults per call for batched at L=2048, B=1, H=8), with huge pages
-    about 40x fewer. Timings are only comparable under the same setting.
+    fault per page, with huge pages far fewer (the README gives figures). Timings are only comparable
+    under the same setting.
     """
     try:
         with open("/sys/kernel/mm/transparent_hugepage/enabled", encoding="utf-8") as f:

@@ -1,36 +1,17 @@
 """The runner: one (variant, spec) in, one :class:`Measurement` out, whatever happens.
 
-For every case: cost model and declared support -> budget guard (inputs, mask, weights, the
-variant's peak and the gate's reference, all counted before anything is allocated) -> inputs
-(untimed) -> the first call of the timed closure (warm-up; compilation happens here and is
-recorded as ``compile_seconds``) -> the correctness gate on that call's result -> timing -> peak
-tensor memory -> peak RSS. Unsupported and over-budget cases become ``skipped`` rows, a result
-that fails the gate becomes ``wrong`` (with its error and tolerance, and never timed: a number the
-suite cannot stand behind is not produced), an allocation failure becomes ``oom``, a call slower
-than the time budget becomes ``timeout``, and any other exception (the cost model's included)
-becomes ``error`` with its message. Only bad arguments to the runner itself raise.
+A case goes: cost model and declared support -> budget guard (all counted before anything is
+allocated) -> inputs -> the first call of the timed closure (warm-up, ``compile_seconds``) -> the
+correctness gate on its result -> timing -> peak tensor memory -> peak RSS -> later calls checked.
+Unsupported or over budget: ``skipped``; failing the gate: ``wrong``, never timed (a number the
+suite cannot stand behind is not produced); an allocation failure: ``oom``; a call over the time
+budget: ``timeout``; any other exception, the cost model's included: ``error``. Only bad arguments
+to the runner itself raise.
 
-Interference: a busy neighbour slows every block of a case alike, so a tight IQR proves nothing.
-The timer reads the timing thread's run-queue wait beside every block (:mod:`.schedstat`): a block that
-waited for a core more than ``schedstat.WAIT_LIMIT`` of its wall time was partly the neighbour's, and is
-dropped and timed again while the case's retry budget (``MeasureConfig.retry_budget_s``) lasts. The
-calibration probe (:mod:`.probe`, a fixed small matmul) is timed before and after each timing
-attempt and between blocks of long ones, and compared with the sweep's typical probe time
-(``MeasureConfig.probe_baseline_s``, the median of the probe times the sweep has seen, which
-:func:`sweep` passes into every worker). A disturbed attempt (too few undisturbed blocks when the budget
-ran out, a probe more than ``probe.SLOWDOWN_LIMIT`` x slower or faster than typical, or bimodal blocks) is
-timed again, up to ``MeasureConfig.retries`` times; the least disturbed attempt is kept, and if even that
-one was disturbed the case becomes ``noisy``, its reason naming the signal (run-queue wait, probe,
-clusters) and its probe ratio recorded: its samples are kept for inspection but it is never fitted or
-ranked. Every timed case records the share of its blocks that waited (``extra["waited_blocks"]``) and the
-median and largest share of a block's time spent waiting (``extra["runqueue_share"]``,
-``extra["runqueue_max"]``); where the kernel does not report the wait, these are absent and the probe
-rule stands alone.
-
-The correctness check has a time budget of its own (``MeasureConfig.check_budget_s``, default the time
-budget): :func:`check_plan` checks as many (batch, head) slices as the float64 reference predicts to fit
-it, and the time guard judges the case's measurement calls alone against ``time_budget_s``, so the check
-never costs a length. What the check covered is recorded (``extra["checked_slices"]``: "k/n").
+A busy neighbour slows every block alike, so a tight IQR proves nothing: :func:`timed_attempts`
+re-times blocks that waited for a core (:mod:`.schedstat`) and attempts the probe (:mod:`.probe`)
+or bimodal blocks call disturbed; a case still disturbed is ``noisy``. The correctness check has a
+time budget of its own (:func:`check_plan`): it takes fewer slices rather than cost a length.
 """
 
 from __future__ import annotations
@@ -326,14 +307,13 @@ def measure(
     """Measure one case; never raises for a failing case (see the module docstring).
 
     Args:
-        variant_name: a registered variant.
-        spec: the case.
-        config: measurement policy.
+        variant_name, spec: a registered variant and the case.
+        config: measurement policy (None: the defaults).
         peak_flops: this machine's matmul FLOP/s for the time guard (measured if None).
         env: environment to record (collected if None).
-        expected_call_s: one call's seconds as :func:`sweep` extrapolates them from the same case at a
-            shorter length (:func:`.guard.extrapolated_seconds`); the time guard uses it instead of the
-            cost model. None: the cost model.
+        expected_call_s: one call's seconds as :func:`sweep` extrapolates them from the same case at
+            a shorter length (:func:`.guard.extrapolated_seconds`), for the time guard; None: the
+            cost model.
 
     Example:
         >>> m = measure("batched", AttnSpec(seq_len=256, heads=2))
@@ -341,9 +321,8 @@ def measure(
         ('ok', True)
 
     Raises:
-        TypeError, ValueError: for bad arguments (an unknown variant, a spec that is not an
-            :class:`AttnSpec`, a config that is not a :class:`MeasureConfig`, a ``peak_flops`` or
-            ``expected_call_s`` that is not a finite number > 0), before anything is measured.
+        TypeError, ValueError: before anything is measured, for an unknown variant, a spec or config
+            of the wrong type, or a ``peak_flops`` or ``expected_call_s`` not a finite number > 0.
     """
     _check_measure_args(variant_name, spec, config, env, peak_flops=peak_flops, expected_call_s=expected_call_s)
     config = config or MeasureConfig()
@@ -530,9 +509,9 @@ def baseline_probes(device: str) -> list[float]:
 def typical_speed(probes: Sequence[float]) -> float:
     """The sweep's typical probe time: the median of what it has seen.
 
-    Not a low percentile or the minimum: this project's shared machine runs for seconds at a time
-    about 1.6x faster than usual (host clocks), and a baseline taken in such a moment flagged nearly
-    every later case of a quiet sweep. The sweep feeds it one figure for its start probes and one per
+    Not a low percentile or the minimum: a shared virtual machine runs for seconds at a time much
+    faster than usual (host clocks), and a baseline taken in such a moment flagged nearly every later
+    case of a quiet sweep. The sweep feeds it one figure for its start probes and one per
     case (that case's median probe), so a start in an unusual moment is outvoted after two cases.
 
     Example:

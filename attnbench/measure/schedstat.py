@@ -1,17 +1,15 @@
-"""The calling thread's run-queue wait: how long it was runnable but had no core, because another process had it.
+"""The calling thread's run-queue wait: how long it was runnable while another process had the core.
 
-Linux reports it per thread in ``/proc/thread-self/schedstat`` (nanoseconds on a CPU, nanoseconds runnable but
-waiting on a run queue, timeslices). A neighbour that takes whole scheduler slices shows here while the calibration
-probe (:mod:`.probe`, about 1 ms) slips between the slices and stays typical. Time a call spends sleeping or blocked
-(I/O, a lock) is not waiting for a core and does not show: a slowdown of that kind stays a slowdown.
+Linux reports it per thread in ``/proc/thread-self/schedstat`` (nanoseconds on a CPU, nanoseconds
+runnable but waiting on a run queue, timeslices). A neighbour that takes whole scheduler slices
+shows here while the calibration probe (:mod:`.probe`, about 1 ms) slips between the slices. Time
+spent sleeping or blocked (I/O, a lock) is not waiting for a core: that slowdown stays a slowdown.
 
-Both timers that judge it (the runner's blocks, :func:`.timer.time_blocks`, and the asv time benchmark's
-``attnbench.asv_bench.WaitWatch``) read it just outside the interval they time: the wait before the clock when the
-interval opens, the clock before the wait when it closes, so the reading costs the timed calls nothing. A preemption
-at the interval's edge can therefore count a little more wait than the interval itself held.
-
-Only the timing thread is seen: with several torch threads (``--threads N``) a neighbour that deschedules another
-thread of the pool stalls the timed call without this thread waiting.
+Both timers that judge it (:func:`.timer.time_blocks` and ``attnbench.asv_bench.WaitWatch``) read
+it just outside the interval they time (the wait before the clock when it opens, the clock before
+the wait when it closes), so the reading costs the timed calls nothing; a preemption at the edge
+can count a little more wait than the interval held. Only the timing thread is seen: with several
+torch threads, a neighbour that deschedules another thread of the pool stalls the call unseen.
 """
 
 from __future__ import annotations

@@ -48,19 +48,18 @@ def sweep(
 
     Args:
         cases: ``(variant name, spec)`` pairs; names are validated before anything runs.
-        config: measurement policy (``threads`` is applied for the sweep, as a :class:`~.regime.Regime`,
-            and the thread count restored after; the calibration probe's baseline is measured here first,
-            then kept at the median of that and each case's median probe: :func:`typical_speed`).
+        config: measurement policy (``threads`` is applied for the sweep as a :class:`~.regime.Regime`
+            and restored after; the probe's baseline is measured here, then kept at the median of that
+            and each case's median probe: :func:`typical_speed`).
         progress: called as ``progress(index, total, variant, spec)`` before each case.
         on_result: called as ``on_result(index, measurement)`` after each case (e.g. to log it durably).
         should_stop: checked before each case; when it returns True the sweep returns what it has.
-        isolate: measure each case in a fresh worker process (see :mod:`attnbench.measure.worker`):
-            a hang is killed (``timeout``), a native crash or an OOM kill ends only that case
-            (``crashed`` / ``oom``). False measures in this process (variants registered
-            interactively are visible; a crash ends the caller).
+        isolate: measure each case in a fresh worker (:mod:`attnbench.measure.worker`): a hang is
+            killed (``timeout``), a crash or an OOM kill ends only that case (``crashed``, ``oom``).
+            False: in this process (interactive variants are seen; a crash ends the caller).
         workers: the pool to use when isolating (default: a new one with no extra environment).
-        case_timeout_s: hard limit for one isolated case (default ``2 * time_budget_s + 60``, or the time budget
-            plus a larger check budget plus 60).
+        case_timeout_s: hard limit for one isolated case (default: the time budget, the larger of it
+            and the check budget, and 60 s).
         memory_cap: isolated CPU cases get ``RLIMIT_DATA`` = current use + memory budget + 1 GiB.
 
     Raises:

@@ -81,7 +81,7 @@ def cache_flusher(device: torch.device) -> Callable[[], None]:
     """A call that overwrites a buffer bigger than the last-level cache, so that the next call starts cold.
 
     The buffer is allocated once per timing: a fresh one per sample cost 65,536 page faults (4 KiB pages, 256 MiB),
-    about 0.1 s a sample on CPU, for a decode call of 0.3 ms.
+    far more than a short call takes.
     """
     buffer = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
 

@@ -1,34 +1,17 @@
 """Measure each case in a process of its own, so a hung, crashing or memory-hungry case ends alone.
 
-Workers come from multiprocessing's ``forkserver``: one server process imports torch and attnbench
-once (``set_forkserver_preload``) and forks a fresh child per case, so starting a case costs
-milliseconds instead of a torch import, and every case starts from the same process state. A
-process per case also returns all of a case's memory to the OS when it exits (recycling one worker
-across cases would keep glibc's arenas and torch's caches of the previous case).
+Workers come from multiprocessing's ``forkserver``: one server imports torch and attnbench once
+(:data:`PRELOAD`) and forks a child per case, which starts in milliseconds from the same state as
+every other and returns all its memory when it exits. For a case that sends nothing back the parent
+records ``timeout`` (past the hard timeout: killed), ``oom`` (a SIGKILL the parent did not send
+while the cgroup's OOM-kill count rose, :func:`cgroup_oom_kills`) or ``crashed`` (the signal named).
 
-What the parent records when a case does not come back:
-  * ``timeout``: the case ran past the hard timeout; the parent killed it (SIGKILL).
-  * ``crashed``: the process died from a signal the parent did not send (SIGSEGV, SIGABRT, ...) or
-    exited without a result; the signal is named.
-  * ``oom``: the process was killed by SIGKILL that the parent did not send while this cgroup's count of
-    OOM kills went up (:func:`cgroup_oom_kills`), or an allocation failed under the memory cap (reported
-    by :func:`measure`). A SIGKILL without that evidence is ``crashed``, "killed by signal 9": what is known.
-
-Memory cap (CPU cases): the child sets ``RLIMIT_DATA`` to what it already uses plus the case's memory
-budget (and a fixed allowance for the reference check and the profiler). ``RLIMIT_DATA`` counts
-private writable mappings only, so the address space torch and glibc reserve without committing
-(PROT_NONE arenas, thread stacks) does not count against it; ``RLIMIT_AS`` counts those too and makes
-a torch process fail at a fraction of the budget, so it is not used. CUDA cases are not capped (the
-CUDA driver maps large writable regions of its own).
-
-The environment of the server process is the one a worker sees at interpreter start (allocator
-settings such as ``MALLOC_MMAP_THRESHOLD_`` are read only then): :class:`WorkerPool` takes an ``env``
-mapping (``attnbench run`` passes :func:`attnbench.measure.regime.child_env`), starts the server with
-it, and restarts the server when a later pool asks for another. Each worker then applies the regime
-itself (:func:`attnbench.measure.regime.apply`: torch threads, allocator thresholds through mallopt),
-as :func:`attnbench.measure.runner.measure` does again for any caller, and the runner records
-:func:`attnbench.measure.regime.describe` with its measurement: the same line as a fresh process's
-and asv's (``tests/test_regime.py``).
+CPU cases are capped with ``RLIMIT_DATA`` (current use + the memory budget +
+:data:`CAP_ALLOWANCE_BYTES`): it counts private writable mappings only, while ``RLIMIT_AS`` counts
+the address space torch and glibc reserve without using and fails a torch process far below the
+budget. CUDA cases are not capped (the driver maps large writable regions). A worker starts with the
+server's environment (allocator variables are read only then): :class:`WorkerPool` starts the server
+with its ``env``, and restarts it for a pool with another.
 """
 
 from __future__ import annotations
@@ -62,7 +45,7 @@ from attnbench.spec import AttnSpec
 PRELOAD = ["torch", "torch.profiler", "torch._inductor", "attnbench", "attnbench.measure.worker", "attnbench.measure.runner",
            "attnbench.measure._forkserver"]
 """Modules the fork server imports once. ``torch._inductor`` because the profiler (peak tensor memory)
-imports it lazily: 4.9 s in every fresh worker otherwise; ``_forkserver`` so that workers start with
+imports it lazily: seconds in every fresh worker otherwise; ``_forkserver`` so that workers start with
 Ctrl-C ignored."""
 CAP_ALLOWANCE_BYTES = 1 * 2**30
 """Added to the case's memory budget for the cap: float64 reference, profiler buffers, allocator slack."""
@@ -121,7 +104,7 @@ def _child(conn, job: CaseJob) -> None:
         signal.signal(sig, signal.SIG_IGN)
     _die_with_the_server()
     # Objects inherited from the server (torch, inductor: ~10^6) move to the permanent generation:
-    # a full collection would otherwise walk them all and copy every page they sit on (0.47 s per case).
+    # a full collection would otherwise walk them all and copy every page they sit on.
     gc.freeze()
     try:
         if job.environ:  # the parent's environment now (the server's is the one it started with)
