@@ -1,17 +1,17 @@
 """Regression gate: benchmark BASE and HEAD with asv, read the results, decide.
 
-asv's exit codes do not say whether something regressed (``asv continuous`` exits 1 for usage errors too, ``asv
-compare`` always 0), so the gate runs ``asv run`` on both commits (interleaved rounds, the measurement regime of
-:mod:`attnbench.measure.regime`, a CI subset of the grid), reads the result files and gives each (benchmark,
-parameters) a :class:`contract.GateVerdict` on ratio = HEAD / BASE (:func:`compare`): time on the samples of every
-round (significant beyond the allowance, speed-corrected and as measured agreeing, never on disturbed rounds; else
-undecided, after a confirmation round), peak tensor bytes beyond ``memory_factor``, FLOPs beyond 1, instruction
-counts beyond ``instructions_factor``. A case that ran on BASE and fails on HEAD regresses; one right on BASE and
-wrong on HEAD is ``wrong``. The full rules: the README's "Use it in CI".
+asv's exit codes do not say whether something regressed (``asv continuous`` exits 1 for usage
+errors too, ``asv compare`` always 0), so the gate runs ``asv run`` on both commits (interleaved
+rounds, the regime of :mod:`attnbench.measure.regime`, the CI grid), reads the result files and
+gives each row a :class:`contract.GateVerdict` on its ratio HEAD / BASE (:func:`compare`): time on
+the samples of every round (significant beyond the allowance, speed-corrected and as measured
+agreeing, never on disturbed rounds; else undecided, after a confirmation round), bytes beyond
+``memory_factor``, FLOPs beyond 1, counts beyond ``instructions_factor``, a case failing on HEAD
+only; ``wrong`` where HEAD fails the correctness gate. Full rules: the README's "Use it in CI".
 
-Exit codes of ``attnbench regress``: 0 nothing regressed (every case decided), 1 something regressed or is wrong,
-2 usage error (bad revision, BASE == HEAD, a factor that is nan, inf or <= 1), 3 the benchmarks could not be
-measured (asv failed to build or run a commit), 4 no regression found, but a time case stayed undecided.
+Exit codes of ``attnbench regress``: 0 nothing regressed (every case decided), 1 something
+regressed or is wrong, 2 usage error (bad revision, BASE == HEAD, a factor that is nan, inf or
+<= 1), 3 the benchmarks could not be measured, 4 no regression but a time case stayed undecided.
 """
 
 from __future__ import annotations
@@ -42,15 +42,15 @@ from attnbench.measure import probe, regime, schedstat
 from attnbench.measure.instructions import missing_message, valgrind_version
 
 CI_SUBSET = contract.grid_environment(contract.GRIDS["ci"])
-"""The ``ci`` grid (short lengths, a few representative variants: minutes on 2 cores) as asv's grid variables."""
+"""The ``ci`` grid (short lengths, a few representative variants) as asv's grid variables."""
 TIME_BENCHMARK = contract.TIME_BENCHMARK
 GATED = "|".join(contract.GATED_BENCHMARKS)
 INSTRUCTIONS = contract.INSTRUCTIONS_BENCHMARK
 REGIME = regime.Regime(threads=regime.DEFAULT_THREADS)
-"""The regime asv's processes start in (threads, pinned allocator thresholds), as for ``attnbench run``."""
+"""The regime asv's processes start in (threads, allocator thresholds), as ``attnbench run``'s."""
 CASE_KEYS = ("variant", "seq_len", "device", "mode", "mask")
 _CASE_DEFAULTS = {"variant": "", "seq_len": 0, "device": "cpu", "mode": "forward", "mask": "none"}
-"""A case's parameters, each with the value a result without it is read as (older results have no mask)."""
+"""A case's parameters, each with the value a result lacking it is read as (old ones: no mask)."""
 PROBES = "probes.jsonl"
 """The calibration probes of the gate's time rounds, in its work directory."""
 
@@ -74,9 +74,9 @@ class RegressError(RuntimeError):
 class Outcome:
     """The gate's decision and the table behind it."""
 
-    table: pd.DataFrame  # one row per compared case: metric, variant, params, base, head, ratio, verdict
+    table: pd.DataFrame  # a row per compared case: metric, case, base, head, ratio, verdict
     regressions: pd.DataFrame  # the rows with verdict "regressed" or "wrong"
-    undecided: pd.DataFrame  # time rows the gate could not decide, even after the confirmation round
+    undecided: pd.DataFrame  # time rows still undecided after the confirmation round
     base: str  # full commit hash
     head: str  # full commit hash
     results_dir: Path  # where asv wrote its results
@@ -97,13 +97,17 @@ def _git(repo: Path, *args: str) -> str:
 HEARTBEAT_S = 30.0
 """A long asv step says where it is at least this often (asv's own output goes to the log)."""
 _PROGRESS = re.compile(r"^(?:\[\s*(\d+(?:\.\d+)?)%\]\s+)?[·.]+\s+(.*)$")
-"""asv's progress lines: ``[ 33.33%] ··· bench_attention.Attention.time_attention  ok``, ``·· Creating virtualenv ...``."""
+"""asv's progress lines: ``[ 33.33%] ··· bench_attention.Attention.time_attention  ok``, or
+``·· Creating virtualenv ...``."""
 
 
 def _asv(args: list[str], *, cwd: Path, env: dict[str, str], log, progress: Callable[[str], None] | None = None,
          heartbeat_s: float = HEARTBEAT_S) -> subprocess.CompletedProcess:
-    """Run asv, its output (stdout and stderr) kept for the log and the caller; with ``progress``, asv's latest
-    ``[ N%] ...`` line is reported every ``heartbeat_s`` seconds while it runs (a gate run is minutes of asv)."""
+    """Run asv, its output (stdout and stderr) kept for the log and the caller.
+
+    With ``progress``, asv's latest ``[ N%] ...`` line is reported every ``heartbeat_s`` seconds
+    while it runs (a gate run is minutes of asv).
+    """
     cmd = [sys.executable, "-m", "asv", *args]
     if progress is None:
         out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
@@ -117,7 +121,7 @@ def _asv(args: list[str], *, cwd: Path, env: dict[str, str], log, progress: Call
 
 def _streamed(cmd: list[str], cwd: Path, env: dict[str, str], progress: Callable[[str], None],
               heartbeat_s: float) -> subprocess.CompletedProcess:
-    """``subprocess.run`` that reads stdout as it comes and reports asv's latest progress line every ``heartbeat_s``."""
+    """``subprocess.run`` that reports asv's latest progress line every ``heartbeat_s`` seconds."""
     import threading
 
     lines: list[str] = []
@@ -129,9 +133,11 @@ def _streamed(cmd: list[str], cwd: Path, env: dict[str, str], progress: Callable
 
     def read_out() -> None:
         for line in proc.stdout:  # type: ignore[union-attr]
-            lines.append(f"[{time.monotonic() - start:6.1f} s] {line}")  # where the step's time goes, in the log
+            # where the step's time goes, in the log
+            lines.append(f"[{time.monotonic() - start:6.1f} s] {line}")
             found = _PROGRESS.match(line.strip())
-            if found and found.group(2)[:1].isalpha() and not found.group(2).startswith("Running"):  # not a table row
+            # a step of asv's, not a row of its result table
+            if found and found.group(2)[:1].isalpha() and not found.group(2).startswith("Running"):
                 share = f"{float(found.group(1)):.0f}% " if found.group(1) else ""
                 latest[0] = f"{share}{' '.join(found.group(2).split())[:110]}"
 
@@ -146,7 +152,8 @@ def _streamed(cmd: list[str], cwd: Path, env: dict[str, str], progress: Callable
             proc.wait(timeout=heartbeat_s)
             break
         except subprocess.TimeoutExpired:
-            progress(f"  ... asv at {latest[0] or 'its start'} ({time.monotonic() - start:.0f} s into this step)")
+            progress(f"  ... asv at {latest[0] or 'its start'} "
+                     f"({time.monotonic() - start:.0f} s into this step)")
     for reader in readers:
         reader.join()
     return subprocess.CompletedProcess(cmd, proc.returncode, "".join(lines), "".join(errors))
@@ -171,8 +178,9 @@ def _config(repo: Path, work: Path) -> Path:
 def read_time_samples(results_dir: str | Path, machine: str) -> dict[SampleKey, list[float]]:
     """Recorded timing samples of ``time_attention`` per (commit, variant, seq_len, device, mode).
 
-    Read with :meth:`asv.results.Results.get_result_samples` (asv keeps them with ``--record-samples``;
-    ``--append-samples`` adds a later round's to the same list). Parameter sets without samples are absent.
+    Read with :meth:`asv.results.Results.get_result_samples` (asv keeps them with
+    ``--record-samples``; ``--append-samples`` adds a later round's to the same list). Parameter
+    sets without samples are absent.
     """
     from asv import util
     from asv.results import Results
@@ -202,13 +210,13 @@ GATE_METRICS = ("time", "instructions", "both")
 """What decides: wall time (samples and probes), instruction counts (valgrind), or both."""
 INSTRUCTIONS_FACTOR = contract.INSTRUCTIONS_FACTOR
 DISAGREE_TIME = 1.5
-"""A time regression this large beside flat counts is a disagreement worth a note (the gate's never-forgiven slowdown)."""
+"""A time regression this large beside flat counts is worth a note (the gate never forgives it)."""
 NOISY_SHARE = 0.1
-"""A side whose rounds had more than this share of probes beyond ``probe.SLOWDOWN_LIMIT`` of typical is disturbed."""
+"""A side with more than this share of its probes (or samples) beyond their limit is disturbed."""
 
 
 def _log_lines(path: str | Path) -> Iterator[tuple[SampleKey, dict]]:
-    """The lines of the gate's probe log with their case; a garbled line (a killed writer) is skipped."""
+    """The lines of the gate's probe log with their case; garbled ones (a killed writer) skipped."""
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except OSError:
@@ -231,10 +239,11 @@ def _value(rec: dict, field: str) -> float:
 
 
 def read_probes(path: str | Path, field: str = "probe_s") -> dict[SampleKey, list[float]]:
-    """The calibration probes the time benchmarks recorded (:func:`attnbench.asv_bench.timed_teardown`), per case;
-    ``field="runqueue_share"``: their samples' run-queue shares instead.
+    """The calibration probes the time benchmarks recorded, per case (or another ``field``).
 
-    A garbled line or a missing value is skipped; a missing file gives none.
+    The log is :func:`attnbench.asv_bench.timed_teardown`'s; ``field="runqueue_share"`` gives the
+    samples' run-queue shares. A garbled line or a missing value is skipped; a missing file gives
+    none.
     """
     out: dict[SampleKey, list[float]] = {}
     for key, rec in _log_lines(path):
@@ -244,14 +253,16 @@ def read_probes(path: str | Path, field: str = "probe_s") -> dict[SampleKey, lis
 
 
 def read_corrected(path: str | Path) -> dict[SampleKey, list[float]]:
-    """Per case, each time sample in units of the probe timed just before it (``sample_s / probe_s``, lines of
-    :func:`attnbench.asv_bench.timed_teardown`): the sample at the machine's speed of that moment.
+    """Per case, each time sample divided by the probe timed just before it: ``sample_s / probe_s``.
 
-    A shared machine's speed can step for seconds to minutes at a time (a host neighbour: every probe and sample of
-    those moments move together, and nothing waits in the run queue), so rounds of BASE and HEAD measured in
-    different moments differ with nothing changed. Divided by its probe a compute-bound sample does not; a
-    memory-bound one follows the probe less, so a verdict needs these and the samples as measured to agree. Lines
-    without a sample (a commit that logged probes only) are skipped.
+    The lines are :func:`attnbench.asv_bench.timed_teardown`'s; each quotient is the sample at the
+    machine's speed of that moment.
+    A shared machine's speed can step for seconds to minutes at a time (a host neighbour: every
+    probe and sample of those moments move together, and nothing waits in the run queue), so rounds
+    of BASE and HEAD measured in different moments differ with nothing changed. Divided by its probe
+    a compute-bound sample does not; a memory-bound one follows the probe less, so a verdict needs
+    these and the samples as measured to agree. Lines without a sample (a commit that logged probes
+    only) are skipped.
     """
     out: dict[SampleKey, list[float]] = {}
     for key, rec in _log_lines(path):
@@ -262,11 +273,11 @@ def read_corrected(path: str | Path) -> dict[SampleKey, list[float]]:
 
 
 def disturbance(probes: list[float], typical: float) -> str:
-    """Why a side's rounds are not to be decided on ("" when undisturbed): the runner's probe rule, per round.
+    """Why a side's rounds are not to be decided on ("" when undisturbed): the probes' rule.
 
-    ``typical`` is the median probe of the whole gate run (both commits, interleaved: the same machine state
-    they were meant to share). A side is disturbed when more than :data:`NOISY_SHARE` of its probes
-    deviate more than ``probe.SLOWDOWN_LIMIT`` x from it, either way.
+    ``typical`` is the median probe of the whole gate run (both commits, interleaved: the same
+    machine state they were meant to share). A side is disturbed when more than :data:`NOISY_SHARE`
+    of its probes deviate more than ``probe.SLOWDOWN_LIMIT`` x from it, either way.
     """
     if not probes or not typical > 0:
         return ""
@@ -276,22 +287,23 @@ def disturbance(probes: list[float], typical: float) -> str:
         return ""
     worst = max(off, key=lambda r: max(r, 1 / r))
     way = f"{worst:.2f}x slower" if worst > 1 else f"{1 / worst:.2f}x faster"
-    return f"{len(off)} of {len(ratios)} calibration probes beyond {probe.SLOWDOWN_LIMIT}x of typical (up to {way})"
+    return (f"{len(off)} of {len(ratios)} calibration probes beyond {probe.SLOWDOWN_LIMIT}x of typical "
+            f"(up to {way})")
 
 
 def descheduled(shares: list[float]) -> str:
-    """Why a side's rounds are not to be decided on ("" when undisturbed): the run-queue rule, per sample.
+    """Why a side's rounds are not to be decided on ("" when undisturbed): the run-queue rule.
 
-    ``shares`` are the run-queue seconds per wall second of each sample's timed calls (:class:`attnbench.asv_bench.
-    WaitWatch`). A side is disturbed when more than :data:`NOISY_SHARE` of its samples waited for a core more than
-    :data:`attnbench.measure.schedstat.WAIT_LIMIT` of their wall time (the runner's blocks' limit): another process
-    had it.
+    ``shares`` are the run-queue seconds per wall second of each sample's timed calls
+    (:class:`attnbench.asv_bench.WaitWatch`). A side is disturbed when more than :data:`NOISY_SHARE`
+    of its samples waited for a core more than :data:`attnbench.measure.schedstat.WAIT_LIMIT` of
+    their wall time (the runner's blocks' limit): another process had it.
     """
     off = [s for s in shares if s > schedstat.WAIT_LIMIT]
     if not shares or len(off) <= NOISY_SHARE * len(shares):
         return ""
-    return (f"{len(off)} of {len(shares)} samples waited for a core over {schedstat.WAIT_LIMIT:.0%} of their wall time "
-            f"(up to {max(off):.0%})")
+    return (f"{len(off)} of {len(shares)} samples waited for a core "
+            f"over {schedstat.WAIT_LIMIT:.0%} of their wall time (up to {max(off):.0%})")
 
 
 def _typical_probes(probes: dict[SampleKey, list[float]]) -> dict[str, float]:
@@ -315,7 +327,7 @@ class _TimeEvidence:
     @classmethod
     def of(cls, samples: dict | None, probes: dict | None, runqueue_shares: dict | None,
            corrected: dict | None) -> _TimeEvidence:
-        """The evidence, every key made a :class:`SampleKey` (callers may key by plain tuples); None: none."""
+        """The evidence, each key made a :class:`SampleKey` (callers may pass tuples, or None)."""
         def keyed(values: dict | None) -> dict[SampleKey, list[float]]:
             return {SampleKey(*key): value for key, value in (values or {}).items()}
 
@@ -323,8 +335,11 @@ class _TimeEvidence:
         return cls(keyed(samples), probes, keyed(runqueue_shares), keyed(corrected), _typical_probes(probes))
 
     def noise(self, key: SampleKey, speed_corrected: bool) -> str:
-        """Why ``key``'s rounds are not to be decided on ("" when undisturbed): its samples waited for a core
-        (:func:`descheduled`), or, where they are not speed-corrected, its probes strayed (:func:`disturbance`)."""
+        """Why ``key``'s rounds are not to be decided on ("" when undisturbed).
+
+        Its samples waited for a core (:func:`descheduled`), or, where they are not speed-corrected,
+        its probes strayed from typical (:func:`disturbance`).
+        """
         typical = self.typical.get(key.device, math.nan)
         strayed = "" if speed_corrected else disturbance(self.probes.get(key, []), typical)
         return "; ".join(filter(None, (strayed, descheduled(self.runqueue_shares.get(key, [])))))
@@ -332,7 +347,7 @@ class _TimeEvidence:
 
 @dataclass(frozen=True)
 class _RowDecision:
-    """The gate's word on one row of its table: the verdict, the ratio HEAD / BASE it stands on, and why."""
+    """The gate's word on a row of its table: its verdict, the ratio HEAD / BASE, and why."""
 
     verdict: GateVerdict
     ratio: float
@@ -342,11 +357,11 @@ class _RowDecision:
 def _time_verdict(rec: dict, base: str, head: str, time_factor: float, evidence: _TimeEvidence) -> _RowDecision:
     """One time row both sides ran, decided on ``evidence``: disturbed rounds never are.
 
-    Where both sides logged their samples with the probe beside each (:func:`read_corrected`), the samples as
-    measured and the speed-corrected ones must agree: a step of the machine's speed moves a compute-bound case with
-    the probe and a memory-bound one less, so the truth lies between the two. Only a neighbour in this machine's run
-    queue makes such a side noisy. Otherwise asv's samples decide, and a side whose probes strayed from typical is
-    noisy too.
+    Where both sides logged their samples with the probe beside each (:func:`read_corrected`), the
+    samples as measured and the speed-corrected ones must agree: a step of the machine's speed moves
+    a compute-bound case with the probe and a memory-bound one less, so the truth lies between the
+    two. Only a neighbour in this machine's run queue makes such a side noisy. Otherwise asv's
+    samples decide, and a side whose probes strayed from typical is noisy too.
     """
     case = tuple(rec[k] for k in CASE_KEYS)
     base_key, head_key = SampleKey(base, *case), SampleKey(head, *case)
@@ -401,7 +416,8 @@ class _Comparison:
         b_ok, h_ok = rec["base_status"] == Status.OK, rec["head_status"] == Status.OK
         ratio = rec["head_value"] / rec["base_value"] if b_ok and h_ok and rec["base_value"] else math.nan
         if b_ok and tuple(rec[k] for k in CASE_KEYS) in self.wrong_cases:
-            return _RowDecision(GateVerdict.WRONG, ratio)  # right on BASE, wrong on HEAD: the gate fails whatever the speed
+            # right on BASE, wrong on HEAD: the gate fails whatever the speed
+            return _RowDecision(GateVerdict.WRONG, ratio)
         if b_ok and not h_ok:
             return _RowDecision(GateVerdict.REGRESSED, ratio)  # ran on BASE, does not on HEAD
         if not (b_ok and h_ok):
@@ -423,7 +439,8 @@ class _Comparison:
         """Whether an ``ok`` row moved the other way beyond the same rule."""
         if decision.verdict != GateVerdict.OK or not math.isfinite(decision.ratio) or rec["metric"] == "error_ratio":
             return False
-        if rec["metric"] == "time":  # the gate's own rule, BASE and HEAD swapped: HEAD faster beyond the allowance
+        # the gate's own rule, BASE and HEAD swapped: HEAD faster beyond the allowance
+        if rec["metric"] == "time":
             swapped = _time_verdict(rec, self.head, self.base, self.factors.time, self.evidence)
             return swapped.verdict == GateVerdict.REGRESSED
         return decision.ratio < 1 / self.factors.of(rec["metric"])
@@ -435,7 +452,7 @@ def _check_metric(metric: str) -> None:
 
 
 def _side_by_side(frame: pd.DataFrame, base: str, head: str) -> pd.DataFrame:
-    """One row per benchmark, case and metric: BASE's and HEAD's value, status, spread and interval."""
+    """A row per benchmark, case and metric: BASE's and HEAD's value, status, spread, interval."""
     if "mask" not in frame.columns:  # results from before the asv grid had a mask parameter
         frame = frame.assign(mask="none")
     keys = ["benchmark", *CASE_KEYS, "metric"]
@@ -447,7 +464,7 @@ def _side_by_side(frame: pd.DataFrame, base: str, head: str) -> pd.DataFrame:
 
 
 def _wrong_cases(table: pd.DataFrame) -> set[tuple]:
-    """The cases whose HEAD result fails the correctness gate: a row the loader marked wrong, an error ratio above 1."""
+    """The cases whose HEAD result fails the correctness gate (marked wrong, error ratio > 1)."""
     head_rows = table[table["head_status"].notna()]
     error_above = ((head_rows["metric"] == "error_ratio") & (head_rows["head_status"] == Status.OK)
                    & (head_rows["head_value"] > 1.0))
@@ -461,14 +478,16 @@ def compare(
     *, metric: str = "time", instructions_factor: float = INSTRUCTIONS_FACTOR,
     runqueue_shares: dict[SampleKey, list[float]] | None = None, corrected: dict[SampleKey, list[float]] | None = None,
 ) -> pd.DataFrame:
-    """Side-by-side BASE/HEAD table of ``frame`` with a verdict per row (:class:`contract.GateVerdict`).
+    """Side-by-side BASE/HEAD table of ``frame`` with a :class:`contract.GateVerdict` per row.
 
-    ``samples`` (:func:`read_time_samples`) decide the time rows, judged with the same keys' ``probes`` and
-    ``runqueue_shares`` (:func:`read_probes`) and ``corrected`` samples (:func:`read_corrected`): a time row without
-    samples on both sides, disturbed, or whose speed-corrected and measured samples disagree is ``undecided``.
-    ``metric`` (:data:`GATE_METRICS`) says what decides the time-like rows; the rows it does not decide read
-    ``shown``. Columns added: ``ratio``, ``verdict``, ``reason``, ``improved`` (an ``ok`` row beyond the same rule
-    the other way) and ``note`` (:func:`disagreements`). The rules are the README's "Use it in CI".
+    ``samples`` (:func:`read_time_samples`) decide the time rows, judged with the same keys'
+    ``probes`` and ``runqueue_shares`` (:func:`read_probes`) and ``corrected`` samples
+    (:func:`read_corrected`): a time row without samples on both sides, disturbed, or whose
+    speed-corrected and measured samples disagree is ``undecided``. ``metric``
+    (:data:`GATE_METRICS`) says what decides the time-like rows; the rows it does not decide read
+    ``shown``. Columns added: ``ratio``, ``verdict``, ``reason``, ``improved`` (an ``ok`` row beyond
+    the same rule the other way) and ``note`` (:func:`disagreements`). The rules are the README's
+    "Use it in CI".
     """
     _check_metric(metric)
     table = _side_by_side(frame, base, head)
@@ -491,10 +510,11 @@ def compare(
 def disagreements(table: pd.DataFrame) -> list[str]:
     """Per row, where a case's instruction count and its time disagree ("" elsewhere).
 
-    Each side speaks through its own verdict, so a disturbed time (``undecided``, "noisy") never makes a note.
-    Counts within the gate's factor and time regressed by at least :data:`DISAGREE_TIME`: a change counts cannot
-    see (cache misses, page faults, memory bandwidth, waiting) or a neighbour the noise checks missed; counts regressed
-    and time ``ok``: more work the machine absorbed.
+    Each side speaks through its own verdict, so a disturbed time (``undecided``, "noisy") never
+    makes a note. Counts within the gate's factor and time regressed by at least
+    :data:`DISAGREE_TIME`: a change counts cannot see (cache misses, page faults, memory bandwidth,
+    waiting) or a neighbour the noise checks missed; counts regressed and time ``ok``: more work the
+    machine absorbed.
     """
     case = [*CASE_KEYS]
     rows = table[table["ratio"].notna()].set_index(case)
@@ -504,15 +524,17 @@ def disagreements(table: pd.DataFrame) -> list[str]:
         (c, c_verdict), (t, t_verdict) = counts.loc[key, ["ratio", "verdict"]], times.loc[key, ["ratio", "verdict"]]
         if c_verdict == GateVerdict.OK and t_verdict == GateVerdict.REGRESSED and t >= DISAGREE_TIME:
             notes[key] = (f"time x{t:.2f} with counts flat (x{c:.4f}): a change the counter cannot see "
-                          "(cache misses, page faults, bandwidth, waiting), or a neighbour the noise checks missed")
+                          "(cache misses, page faults, bandwidth, waiting), "
+                          "or a neighbour the noise checks missed")
         elif c_verdict == GateVerdict.REGRESSED and t_verdict == GateVerdict.OK:
-            notes[key] = f"counts x{c:.4f} with time within its allowance (x{t:.2f}): more work the machine absorbed"
+            notes[key] = (f"counts x{c:.4f} with time within its allowance (x{t:.2f}): "
+                          "more work the machine absorbed")
     return [notes.get(tuple(r), "") if m in ("time", "instructions") else ""
             for r, m in zip(table[case].itertuples(index=False), table["metric"], strict=True)]
 
 
 def _decided_by(table: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """Time rows the chosen ``metric`` does not decide become ``shown`` (their figures stay in the table)."""
+    """Time rows the chosen ``metric`` does not decide become ``shown`` (their figures stay)."""
     counted = table[(table["metric"] == "instructions") & table["verdict"].isin((GateVerdict.OK, GateVerdict.REGRESSED))]
     decided = {tuple(r) for r in counted[list(CASE_KEYS)].itertuples(index=False)}
     is_time = table["metric"] == "time"
@@ -532,7 +554,7 @@ def _decided_by(table: pd.DataFrame, metric: str) -> pd.DataFrame:
 
 
 def regress(base: str, head: str, **options) -> Outcome:
-    """Benchmark ``base`` and ``head`` of ``repo`` with asv and compare them: :func:`regress_many` with one HEAD.
+    """Benchmark ``base`` and ``head`` with asv and compare them: :func:`regress_many` of one HEAD.
 
     Takes the keyword arguments of :func:`regress_many`.
     """
@@ -542,9 +564,12 @@ def regress(base: str, head: str, **options) -> Outcome:
 
 
 def write_verdicts(outcome: Outcome) -> Path:
-    """Write the gate's table beside asv's results (:data:`contract.GATE_VERDICTS`), so a report of the same results
-    knows what the gate knew: a time case it could not decide (noisy, waiting for a core, the machine's speed moved)
-    is drawn hollow and never compared there. Not a ``.json``: asv reads those as results."""
+    """Write the gate's table beside asv's results (:data:`contract.GATE_VERDICTS`).
+
+    A report of the same results then knows what the gate knew: a time case it could not decide
+    (noisy, waiting for a core, the machine's speed moved) is drawn hollow and never compared there.
+    Not a ``.json``: asv reads those as results.
+    """
     path = Path(outcome.results_dir) / contract.GATE_VERDICTS
     table = outcome.table.assign(base=outcome.base, head=outcome.head)
     atomic_write(path, lambda tmp: table.to_csv(tmp, index=False))
@@ -552,7 +577,7 @@ def write_verdicts(outcome: Outcome) -> Path:
 
 
 def _commits(repo: Path, base: str, heads: list[str]) -> tuple[str, dict[str, str]]:
-    """BASE's full hash and each HEAD's (keyed as given); ValueError for anything that cannot be compared."""
+    """BASE's full hash and each HEAD's (keyed as given); ValueError where they cannot compare."""
     if not heads:
         raise ValueError("heads must name at least one revision")
     if not (repo / "asv.conf.json").exists():
@@ -561,28 +586,30 @@ def _commits(repo: Path, base: str, heads: list[str]) -> tuple[str, dict[str, st
     head_hashes = {head: _git(repo, "rev-parse", "--verify", f"{head}^{{commit}}") for head in heads}
     for head, head_hash in head_hashes.items():
         if head_hash == base_hash:
-            raise ValueError(f"BASE {base!r} and HEAD {head!r} are the same commit ({base_hash[:12]}): nothing to compare")
+            raise ValueError(f"BASE {base!r} and HEAD {head!r} are the same commit ({base_hash[:12]}): "
+                             "nothing to compare")
     if len(set(head_hashes.values())) < len(heads):
         raise ValueError(f"heads must be different commits, got {heads}")
     return base_hash, head_hashes
 
 
 TIME_CASES = ("longest", "all")
-"""Which time cases the gate times where instruction counts decide (``--metric both`` or ``instructions``):
-``longest``, the longest length of each variant in the grid, or ``all`` of them (with ``--metric time``: always all)."""
+"""Which time cases the gate times where instruction counts decide (``--metric both`` or
+``instructions``): ``longest``, the longest length of each variant in the grid, or ``all`` of them
+(with ``--metric time``: always all)."""
 NOT_TIMED = GateVerdict.NOT_TIMED
-"""The verdict of a time row the gate did not time (counts decided its case at a length where time tells nothing
-more; see :func:`time_selection`)."""
+"""The verdict of a time row the gate did not time (counts decided its case at a length where time
+tells nothing more; see :func:`time_selection`)."""
 
 
 def time_selection(subset: dict[str, str]) -> tuple[str, int]:
-    """``(asv --bench pattern, length)``: the time benchmark at the longest length of ``subset``'s grid only.
+    """``(asv --bench pattern, length)``: the time benchmark at ``subset``'s longest length only.
 
-    Where instruction counts decide, time tells what counts cannot see: cache misses, page faults, memory bandwidth and
-    waiting. They weigh most where the working set is largest and least where it fits in the caches: at the grid's
-    shorter lengths (the CI grid's 256 and 512: scores of 2 and 8 MiB) a call's time follows its instructions, which
-    the counts already judge exactly. asv selects parameter sets by a regular expression on
-    ``name('variant', length, ...)``.
+    Where instruction counts decide, time tells what counts cannot see: cache misses, page faults,
+    memory bandwidth and waiting. They weigh most where the working set is largest and least where
+    it fits in the caches: at the grid's shorter lengths (the CI grid's 256 and 512: scores of 2 and
+    8 MiB) a call's time follows its instructions, which the counts already judge exactly. asv
+    selects parameter sets by a regular expression on ``name('variant', length, ...)``.
     """
     lengths = [int(x) for x in subset.get(contract.ENV_LENGTHS, "").split(",") if x.strip()]
     longest = max(lengths) if lengths else max(contract.GRIDS["ci"].lengths)
@@ -592,19 +619,20 @@ def time_selection(subset: dict[str, str]) -> tuple[str, int]:
 MACHINE_FILE_RETRIES = 4
 _MACHINE_FILE_RACE = re.compile(r"Error parsing JSON in file '[^']*\.asv-machine\.json'")
 TWIN_SUFFIX = "-twin"
-"""A second copy of asv's environment directory (``<env_dir>-twin``), for a second asv process at the same time."""
+"""Names a second copy of asv's environment directory, for a second asv process at the same time."""
 
 
 def twin_environments(env_dir: Path) -> Path:
-    """``<env_dir>-twin``: every environment of ``env_dir`` again, for a second asv process to install another commit
-    into while the first measures its own (an environment holds one commit at a time).
+    """``<env_dir>-twin``: every environment of ``env_dir`` again, for a second asv process.
 
-    The interpreter's libraries (``lib/``: torch and the pinned packages, over a gigabyte, never written by asv) are
-    hard links, made in seconds (a copy where links cannot be made); everything asv writes per commit (the project
-    checkout it builds from, its wheel cache, its install record, ``bin/``) is copied, so neither process touches the
-    other's files. pip replaces a package's files by new ones (it never writes into an installed file), so the
-    commit installed in one copy is never seen in the other. A twin whose ``asv-env-info.json`` (the pins) differs
-    from its original's is made again.
+    The second process installs another commit while the first measures its own (an environment
+    holds one commit at a time). The interpreter's libraries (``lib/``: torch and the pinned
+    packages, over a gigabyte, never written by asv) are hard links, made in seconds (a copy where
+    links cannot be made); everything asv writes per commit (the project checkout it builds from,
+    its wheel cache, its install record, ``bin/``) is copied, so neither process touches the other's
+    files. pip replaces a package's files by new ones (it never writes into an installed file), so
+    the commit installed in one copy is never seen in the other. A twin whose ``asv-env-info.json``
+    (the pins) differs from its original's is made again.
     """
     import shutil
 
@@ -638,11 +666,11 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 @dataclass
 class AsvSession:
-    """One asv configuration, machine and environment for a series of ``asv run`` calls on commits of a repository:
-    the gate's (:func:`regress_many`) and the bisection's (:mod:`attnbench.bisect`).
+    """One asv configuration, machine and environment for a series of ``asv run`` calls on commits.
 
-    The environment is built by the first run (minutes) in ``ATTNBENCH_ASV_ENV_DIR`` or the checkout's ``.asv/env`` and
-    reused by every later one; each run installs its commits into it (seconds each).
+    The gate's (:func:`regress_many`) and the bisection's (:mod:`attnbench.bisect`). The environment
+    is built by the first run (minutes) in ``ATTNBENCH_ASV_ENV_DIR`` or the checkout's ``.asv/env``
+    and reused by every later one; each run installs its commits into it (seconds each).
     """
 
     repo: Path
@@ -656,14 +684,16 @@ class AsvSession:
     @classmethod
     def open(cls, repo: Path, work_dir: str | Path | None, subset: dict[str, str] | None, machine: str,
              log_path: str | Path | None, say: Callable[[str], None] | None = None, fresh: bool = True) -> AsvSession:
-        """The configuration written under the work directory and asv's machine registered (RegressError if not).
+        """A session: its configuration written under the work directory, asv's machine registered.
 
-        ``fresh``: start from an empty results directory. A verdict is taken on this session's measurements only: a
-        work directory kept from an earlier run (the CLI's ``.asv/regress``) still held, say, BASE's counts of that
-        run where this one took none of HEAD's, and compare() read "ran on BASE, not on HEAD": regressed.
+        RegressError where asv cannot register the machine.
+        ``fresh``: start from an empty results directory. A verdict is taken on this session's
+        measurements only: a work directory kept from an earlier run (the CLI's ``.asv/regress``)
+        still held, say, BASE's counts of that run where this one took none of HEAD's, and compare()
+        read "ran on BASE, not on HEAD": regressed.
         """
-        # Relative to where the caller stands, resolved now: asv runs with cwd=work, where a relative path
-        # would be taken a second time (".asv/regress/.asv/regress").
+        # Relative to where the caller stands, resolved now: asv runs with cwd=work, where a
+        # relative path would be taken a second time (".asv/regress/.asv/regress").
         repo = Path(repo).resolve()
         work = (check_writable_dir(work_dir, "work_dir", create=True).resolve() if work_dir
                 else Path(tempfile.mkdtemp(prefix="attnbench-regress-")))
@@ -672,14 +702,20 @@ class AsvSession:
             shutil_rmtree(work / "results")
         if subset is None:  # the grid variables the caller set (e.g. ATTNBENCH_ASV_VARIANTS)
             subset = {k: os.environ[k] for k in contract.GRID_ENV if os.environ.get(k, "").strip()}
-        subset = {**CI_SUBSET, **subset}  # whatever they leave unset stays the CI grid's (not asv's whole grid)
+        # whatever they leave unset stays the CI grid's (not asv's whole grid)
+        subset = {**CI_SUBSET, **subset}
         env = {**os.environ, **subset, **regime.child_env(REGIME), contract.ENV_PROBE_LOG: str(work / PROBES)}
         session = cls(repo=repo, work=work, conf=conf, env=env, machine=machine, log_file=Path(log_path or work / "asv.log"),
                       say=say or (lambda line: None))
-        out = session.asv(["machine", "--yes", "--machine", machine, "--config", str(conf)], quiet=True)
-        if out.returncode != 0:
-            raise RegressError(f"asv machine failed (exit {out.returncode}):\n{output_tail(out)}\nfull log: {session.log_file}")
+        session._register_machine()
         return session
+
+    def _register_machine(self) -> None:
+        """Register asv's machine in this session's configuration (RegressError where it fails)."""
+        out = self.asv(["machine", "--yes", "--machine", self.machine, "--config", str(self.conf)], quiet=True)
+        if out.returncode != 0:
+            raise RegressError(f"asv machine failed (exit {out.returncode}):\n{output_tail(out)}\n"
+                               f"full log: {self.log_file}")
 
     @property
     def subset(self) -> dict[str, str]:
@@ -690,15 +726,20 @@ class AsvSession:
         return Path(json.loads(self.conf.read_text())["env_dir"])
 
     def twin(self) -> AsvSession:
-        """A second session beside this one: the same repository, grid and machine, its own environments
-        (:func:`twin_environments`, made from this session's once they exist) and its own results directory
-        (``<work>/twin/results``: two asv processes must not write one ``benchmarks.json``). Its results join this
-        session's with :meth:`adopt`."""
-        # this session's environments must exist first (asv setup's exit code is its return value, a list: unused);
-        # on a first run it builds asv's pinned virtualenv (minutes), so it reports its progress like a run
+        """A second session beside this one, for a second asv process at the same time.
+
+        The same repository, grid and machine, its own environments (:func:`twin_environments`, made
+        from this session's once they exist) and its own results directory (``<work>/twin/results``:
+        two asv processes must not write one ``benchmarks.json``). Its results join this session's
+        with :meth:`adopt`.
+        """
+        # this session's environments must exist first (asv setup's exit code is its return value, a
+        # list: unused); on a first run it builds asv's pinned virtualenv (minutes), so it reports
+        # its progress like a run
         out = self.asv(["setup", "--config", str(self.conf)])
         if not any(self.env_dir.glob("*/asv-env-info.json")):
-            raise RegressError(f"asv setup made no environment in {self.env_dir}:\n{output_tail(out)}\nfull log: {self.log_file}")
+            raise RegressError(f"asv setup made no environment in {self.env_dir}:\n{output_tail(out)}\n"
+                               f"full log: {self.log_file}")
         work = self.work / "twin"
         work.mkdir(exist_ok=True)
         conf = json.loads(self.conf.read_text())
@@ -706,18 +747,18 @@ class AsvSession:
         (work / "asv.conf.json").write_text(json.dumps(conf, indent=1))
         twin = AsvSession(repo=self.repo, work=work, conf=work / "asv.conf.json", env=self.env, machine=self.machine,
                           log_file=work / "asv.log", say=self.say)
-        out = twin.asv(["machine", "--yes", "--machine", self.machine, "--config", str(twin.conf)], quiet=True)
-        if out.returncode != 0:
-            raise RegressError(f"asv machine failed (exit {out.returncode}):\n{output_tail(out)}\nfull log: {twin.log_file}")
+        twin._register_machine()
         return twin
 
     def adopt(self, other: AsvSession, commits: list[str]) -> None:
-        """Move ``other``'s results of ``commits`` into this session's results directory (replacing what it held of
-        them: they were measured again), and its log into this one's."""
+        """Move ``other``'s results of ``commits`` and its log into this session's.
+
+        Its results replace what this session held of those commits: they were measured again.
+        """
         from attnbench.shards import merge_results
 
         mine, theirs = self.work / "results", other.work / "results"
-        if (theirs / "benchmarks.json").is_file():  # else asv wrote nothing there (the error is in its log)
+        if (theirs / "benchmarks.json").is_file():  # else asv wrote nothing (see its log)
             for commit in commits:
                 for path in (mine / self.machine).glob(f"{commit[:8]}-*.json"):
                     path.unlink()
@@ -729,11 +770,12 @@ class AsvSession:
             other.log_file.unlink()
 
     def asv(self, args: list[str], quiet: bool = False) -> subprocess.CompletedProcess:
-        """Run asv; a call that died reading ``~/.asv-machine.json`` while another asv process rewrote it is run again.
+        """Run asv; again where it died reading ``~/.asv-machine.json`` as another asv rewrote it.
 
-        asv keeps its machines in one file in the home directory and rewrites it in place (``asv machine --yes``), so
-        an asv process started at that moment reads it empty and stops ("Error parsing JSON"): where the home
-        directory is shared with other asv runs, a BASE whose every result is missing.
+        asv keeps its machines in one file in the home directory and rewrites it in place
+        (``asv machine --yes``), so an asv process started at that moment reads it empty and stops
+        ("Error parsing JSON"): where the home directory is shared with other asv runs, a BASE whose
+        every result is missing.
         """
         for attempt in range(MACHINE_FILE_RETRIES + 1):
             with open(self.log_file, "a", encoding="utf-8") as log:
@@ -741,16 +783,18 @@ class AsvSession:
             if out.returncode == 0 or not _MACHINE_FILE_RACE.search(f"{out.stdout}\n{out.stderr}"):
                 return out
             if attempt < MACHINE_FILE_RETRIES:
-                self.say(f"asv read ~/.asv-machine.json while it was being rewritten: again ({attempt + 1})")
+                self.say("asv read ~/.asv-machine.json while it was being rewritten: "
+                         f"again ({attempt + 1})")
                 time.sleep(1.0 + attempt)
         return out
 
     def run(self, commits: list[str], bench: str, *, rounds: int | None = None, samples: bool = False,
             append: bool = False) -> subprocess.CompletedProcess:
-        """``asv run`` of ``bench`` on ``commits`` (full hashes); ``rounds``: interleaved rounds (``--attribute rounds``
-        applies to every benchmark of the call, so deterministic ones run in calls of their own, once).
+        """``asv run`` of ``bench`` on ``commits`` (full hashes); ``rounds``: interleaved rounds.
 
-        Exit codes are deliberately unused: the result files are the truth (:meth:`load`).
+        ``--attribute rounds`` applies to every benchmark of the call, so deterministic ones run in
+        calls of their own, once. Exit codes are deliberately unused: the result files are the truth
+        (:meth:`load`).
         """
         hashes = self.work / "hashes.txt"
         hashes.write_text("".join(f"{h}\n" for h in commits))
@@ -765,7 +809,7 @@ class AsvSession:
         return self.asv(args)
 
     def load(self, commits: list[str]) -> tuple[pd.DataFrame, dict]:
-        """``(frame, samples)`` of this session's results, for :func:`compare`; every commit must have results."""
+        """``(frame, samples)`` of the results, for :func:`compare`; each commit must have some."""
         return _load_results(self.work, self.machine, commits, self.log_file)
 
 
@@ -776,7 +820,7 @@ def shutil_rmtree(path: Path) -> None:
 
 
 def in_parallel(jobs: list[Callable[[], object]]) -> list[object]:
-    """Run ``jobs`` at once (each waits on its own asv process); their results in order; the first error is raised."""
+    """Run ``jobs`` at once (each waits on its asv process): their results in order, or an error."""
     import threading
 
     results: list[object] = [None] * len(jobs)
@@ -817,28 +861,28 @@ def regress_many(
     deterministic: bool = True,
     parallel: bool = True,
 ) -> dict[str, Outcome]:
-    """Benchmark ``base`` and every one of ``heads`` in one asv session, then compare each HEAD with BASE.
+    """Benchmark ``base`` and each of ``heads`` in one asv session; compare each HEAD with BASE.
 
-    BASE is measured once for all HEADs and the time rounds interleave every commit, so several candidates cost one
-    BASE and one set of rounds that share the machine's moments. Where counts decide, time is taken at each
-    variant's longest length only (``time_cases="longest"``: :func:`time_selection`). The steps: the README's "What
-    a gate run does, in order".
+    BASE is measured once for all HEADs and the time rounds interleave every commit, so several
+    candidates cost one BASE and one set of rounds that share the machine's moments. Where counts
+    decide, time is taken at each variant's longest length only (``time_cases="longest"``:
+    :func:`time_selection`). The steps: the README's "What a gate run does, in order".
 
     Args:
-        base, heads: git revisions (the outcomes are keyed by ``heads`` as given) of the checkout ``repo``.
-        time_factor, memory_factor, instructions_factor: the allowed HEAD/BASE ratios (:func:`compare`).
+        base, heads: git revisions of ``repo``; the outcomes are keyed by ``heads`` as given.
+        time_factor, memory_factor, instructions_factor: allowed HEAD/BASE ratios (:func:`compare`).
         rounds: asv rounds of the time benchmark, interleaved across the commits.
-        subset: grid variables narrowing :data:`CI_SUBSET` (default: the ones of :data:`contract.GRID_ENV` set).
-        work_dir, log_path, machine: results, asv's output (default: a temporary directory, its ``asv.log``), and
-            the asv machine they are recorded under.
+        subset: grid variables narrowing :data:`CI_SUBSET` (default: those of ``GRID_ENV`` set).
+        work_dir, log_path, machine: where results and asv's output go (default: a temporary
+            directory, its ``asv.log``), and the asv machine they are recorded under.
         metric: what decides (:data:`GATE_METRICS`); time_cases: :data:`TIME_CASES`.
         progress: told each step, and asv's progress at least every :data:`HEARTBEAT_S` seconds.
-        deterministic: also measure peak tensor bytes, FLOPs and the error ratio (bisect's time probes do not).
+        deterministic: also measure bytes, FLOPs and the error ratio (bisect's time probes do not).
         parallel: the deterministic measures of BASE and of the HEADs in two asv processes at once.
 
     Raises:
-        ValueError: bad arguments (unknown revision, a HEAD that is BASE, repeated HEADs, bad factors or options).
-        RegressError: asv produced no results for a commit, or counts were asked for without valgrind.
+        ValueError: bad arguments (unknown revision, a HEAD that is BASE, repeated HEADs, ...).
+        RegressError: asv gave no results for a commit, or counts were asked for without valgrind.
     """
     say = progress or (lambda line: None)
     factors = _checked_options(metric, time_cases, rounds, time_factor, memory_factor, instructions_factor)
@@ -850,22 +894,23 @@ def regress_many(
     if metric != "time" and time_cases == "longest":
         timed_bench, timed_length = time_selection(session.subset)
     gate = _GateRun(session, base_hash, head_hashes, metric, factors, timed_bench, timed_length)
-    say(f"measuring {gate.described} on the CI subset (the first run builds asv's pinned virtualenv: minutes; "
-        f"log {session.log_file})")
+    say(f"measuring {gate.described} on the CI subset "
+        f"(the first run builds asv's pinned virtualenv: minutes; log {session.log_file})")
     gate.measure_exact(deterministic, parallel)
     return gate.time_and_decide(rounds)
 
 
 def _checked_options(metric: str, time_cases: str, rounds: int, time_factor: float, memory_factor: float,
                      instructions_factor: float) -> _Factors:
-    """The gate's factors, checked with its other options, each in the order its usage error is reported."""
+    """The gate's factors, checked with its other options in the order their usage errors come."""
     _check_metric(metric)
     if time_cases not in TIME_CASES:
         raise ValueError(f"time_cases must be one of {TIME_CASES}, got {time_cases!r}")
     instructions_factor = significance.check_factor("instructions_factor", instructions_factor)
     if metric != "time" and valgrind_version() is None:
         raise RegressError(missing_message())
-    factors = _Factors(time=significance.check_factor("time_factor", time_factor),  # nan, inf and <= 1: usage errors
+    # nan, inf and <= 1: usage errors
+    factors = _Factors(time=significance.check_factor("time_factor", time_factor),
                        memory=significance.check_factor("memory_factor", memory_factor),
                        instructions=instructions_factor)
     if rounds < 1:
@@ -883,7 +928,7 @@ class _GateRun:
     metric: str  # GATE_METRICS
     factors: _Factors
     timed_bench: str  # asv's --bench pattern of the time rounds
-    timed_length: int | None  # the one length timed where counts decide the others (None: every length)
+    timed_length: int | None  # where counts decide: the one length timed (None: every length)
 
     @property
     def commits(self) -> list[str]:
@@ -894,8 +939,11 @@ class _GateRun:
         return f"BASE {self.base[:10]} and " + ", ".join(f"HEAD {h[:10]}" for h in self.heads.values())
 
     def measure_exact(self, deterministic: bool, parallel: bool) -> None:
-        """Once per commit: peak tensor bytes, FLOPs and the error ratio (``deterministic``), then, where counts
-        decide, the instruction counts (one valgrind process per commit)."""
+        """The deterministic measures, once per commit, before the time rounds.
+
+        Peak tensor bytes, FLOPs and the error ratio (``deterministic``), then, where counts decide,
+        the instruction counts (one valgrind process per commit).
+        """
         counts_decide = self.metric != "time"
         exact = [b for b in contract.GATED_BENCHMARKS if b != TIME_BENCHMARK] if deterministic else []
         exact += [INSTRUCTIONS] if counts_decide else []
@@ -906,16 +954,19 @@ class _GateRun:
             _measure_exact(self.session, self.commits, exact, what, parallel)
 
     def time_and_decide(self, rounds: int) -> dict[str, Outcome]:
-        """The time rounds, interleaved across the commits, a confirmation round for what they leave undecided, and
-        each HEAD's outcome."""
-        where = (f"at L={self.timed_length} only (counts decide the shorter lengths; time sees what they cannot where "
-                 "the working set is largest)" if self.timed_length else "of every case")
+        """Each HEAD's outcome, from time rounds interleaved across the commits.
+
+        What the rounds leave undecided gets a confirmation round, of every commit.
+        """
+        where = (f"at L={self.timed_length} only (counts decide the shorter lengths; "
+                 "time sees what they cannot where the working set is largest)"
+                 if self.timed_length else "of every case")
         self.session.say(f"timing: {rounds} interleaved asv round(s) {where}")
         self.session.run(self.commits, self.timed_bench, rounds=rounds, samples=True)
         tables = self.decide()
         undecided = sum(int((t["verdict"] == GateVerdict.UNDECIDED).sum()) for t in tables.values())
         confirmed = 0
-        if undecided:  # cannot tell yet: gather more samples for every commit, decide on all of them
+        if undecided:  # cannot tell yet: more samples of every commit, decided on all of them
             self.session.say(f"{undecided} time case(s) undecided: a confirmation round")
             self.session.run(self.commits, self.timed_bench, rounds=rounds, samples=True, append=True)
             tables = self.decide()
@@ -923,7 +974,7 @@ class _GateRun:
         return {head: self.outcome(head, table, confirmed) for head, table in tables.items()}
 
     def decide(self) -> dict[str, pd.DataFrame]:
-        """Each HEAD's table (:func:`compare`), on every result, sample and probe the run has so far."""
+        """Each HEAD's table (:func:`compare`) on every result, sample and probe so far."""
         frame, samples = self.session.load(self.commits)
         log = self.session.work / PROBES
         probes, shares, corrected = read_probes(log), read_probes(log, "runqueue_share"), read_corrected(log)
@@ -941,8 +992,11 @@ class _GateRun:
 
 
 def _measure_exact(session: AsvSession, commits: list[str], benchmarks: list[str], what: str, parallel: bool) -> None:
-    """The deterministic benchmarks of ``commits``, one asv call per benchmark group; with ``parallel`` (and more than
-    one commit), the commits split between ``session`` and its twin, both at once."""
+    """The deterministic benchmarks of ``commits``, one asv call per benchmark group.
+
+    With ``parallel`` (and more than one commit), the commits are split between ``session`` and its
+    twin, measured at once.
+    """
     counts = [b for b in benchmarks if b == INSTRUCTIONS]
     others = "|".join(b for b in benchmarks if b != INSTRUCTIONS)
 
@@ -959,7 +1013,8 @@ def _measure_exact(session: AsvSession, commits: list[str], benchmarks: list[str
     say = session.say
     twin = session.twin()
     first, second = commits[0::2], commits[1::2]
-    say(f"{what}: once per commit, two asv processes at once (the second in a twin of the environment)")
+    say(f"{what}: once per commit, two asv processes at once "
+        "(the second in a twin of the environment)")
     def label(mine: list[str]) -> str:
         return mine[0][:8] + (f" and {len(mine) - 1} more" if len(mine) > 1 else "")
 
@@ -973,7 +1028,7 @@ def _measure_exact(session: AsvSession, commits: list[str], benchmarks: list[str
 
 
 def _not_timed(table: pd.DataFrame, timed_length: int | None) -> pd.DataFrame:
-    """Time rows the gate left untimed (another length than ``timed_length``) read ``not timed``, not ``n/a``."""
+    """Time rows the gate left untimed (not at ``timed_length``) read ``not timed``, not ``n/a``."""
     if timed_length is None:
         return table
     untimed = (table["metric"] == "time") & (table["seq_len"] != timed_length) & (table["verdict"] == GateVerdict.NOT_APPLICABLE)
@@ -984,7 +1039,7 @@ def _not_timed(table: pd.DataFrame, timed_length: int | None) -> pd.DataFrame:
 
 
 def _load_results(work: Path, machine: str, commits: list[str], log: Path) -> tuple[pd.DataFrame, ...]:
-    """``(frame, samples)`` of this gate run, for :func:`compare`; every commit must have results."""
+    """``(frame, samples)`` of this gate run, for :func:`compare`; each commit must have some."""
     frame = load_asv(work / "results")
     frame = frame[frame["machine"] == machine]
     missing = [c for c in commits if c not in set(frame["commit"])]
@@ -993,5 +1048,6 @@ def _load_results(work: Path, machine: str, commits: list[str], log: Path) -> tu
             tail = "\n".join(f"  {line}" for line in log.read_text(encoding="utf-8", errors="replace").splitlines()[-25:])
         except OSError:
             tail = "  (log unreadable)"
-        raise RegressError(f"asv produced no results for {', '.join(m[:10] for m in missing)}; the end of {log}:\n{tail}")
+        raise RegressError(f"asv produced no results for {', '.join(m[:10] for m in missing)}; "
+                           f"the end of {log}:\n{tail}")
     return frame, read_time_samples(work / "results", machine)
