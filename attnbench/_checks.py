@@ -20,10 +20,11 @@ def check_qkv(
     *,
     same_qk_dim: bool = True,
 ) -> None:
-    """Validate ``q: (B, H, Lq, D)``, ``k: (B, Hkv, Lk, D)``, ``v: (B, Hkv, Lk, Dv)`` and a bool mask.
+    """Validate ``q (B, H, Lq, D)``, ``k (B, Hkv, Lk, D)``, ``v (B, Hkv, Lk, Dv)`` and a bool mask.
 
-    ``Hkv`` (key/value heads) must divide ``H``: query head h reads key/value head ``h // (H // Hkv)``
-    (grouped-query attention; ``Hkv = H`` is multi-head attention, ``Hkv = 1`` multi-query).
+    ``Hkv`` (key/value heads) must divide ``H``: query head h reads key/value head
+    ``h // (H // Hkv)`` (grouped-query attention; ``Hkv = H`` is multi-head attention, ``Hkv = 1``
+    multi-query).
 
     Args:
         q, k, v: attention inputs.
@@ -76,7 +77,7 @@ def check_mask(mask: torch.Tensor, target: tuple[int, int, int, int], device: to
 
 
 def check_int(name: str, value: object, minimum: int) -> int:
-    """Return ``value`` if it is an int (never a bool) of at least ``minimum``, else raise naming ``name``.
+    """Return ``value`` if it is an int (never a bool) >= ``minimum``, else raise naming ``name``.
 
     Raises:
         TypeError: for anything but an int (``True`` is not 1).
@@ -143,7 +144,8 @@ def check_score_range(q: torch.Tensor, k: torch.Tensor, scale: float) -> None:
     reference stays finite, so such a call is refused before any heavy work. Kernels form more than
     the score itself: a base-2 kernel scales by ``scale * log2(e)``, and a kernel may scale q (or
     k) before the product (``chunked`` scales q once: ``scale = 3e38`` with tiny keys kept the
-    scores finite but made the scaled queries inf), so the bound is the largest of those, times log2(e).
+    scores finite but made the scaled queries inf), so the bound is the largest of those, times
+    log2(e).
     """
     limit = torch.finfo(q.dtype).max
     q_max, k_max = float(q.detach().abs().amax()), float(k.detach().abs().amax())
@@ -166,7 +168,7 @@ def check_seed(seed: object) -> int:
 
 
 def check_number(name: str, value: object, low: float, high: float = math.inf, *, low_open: bool = True) -> float:
-    """Return ``value`` if it is a finite real number in ``(low, high]`` (``[low, high]`` when not ``low_open``).
+    """Return ``value`` if finite and in ``(low, high]`` (``[low, high]`` unless ``low_open``).
 
     Raises:
         TypeError: for anything but an int or float (a bool, a string such as ``'10'``).
@@ -182,14 +184,14 @@ def check_number(name: str, value: object, low: float, high: float = math.inf, *
 
 
 def check_bool(name: str, value: object) -> bool:
-    """Return ``value`` if it is a bool, else raise ``TypeError`` naming ``name`` (``"no"`` is truthy, not False)."""
+    """Return ``value`` if a bool, else raise ``TypeError`` naming ``name`` (never truthiness)."""
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool (True or False), got {type(value).__name__} {value!r}")
     return value
 
 
 def check_float_dtype(name: str, dtype: object) -> torch.dtype:
-    """Return ``dtype`` if it is a floating-point ``torch.dtype``, else raise ``TypeError`` naming ``name``."""
+    """Return ``dtype`` if a floating-point ``torch.dtype``, else raise ``TypeError`` naming it."""
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"{name} must be a floating-point torch.dtype such as torch.float64, got {type(dtype).__name__} {dtype!r}")
     if not dtype.is_floating_point:
@@ -198,7 +200,7 @@ def check_float_dtype(name: str, dtype: object) -> torch.dtype:
 
 
 def check_device_available(name: str, device: torch.device | str) -> None:
-    """Raise ``ValueError`` naming ``name`` when ``device`` is a CUDA device and this machine has no CUDA.
+    """Raise ``ValueError`` naming ``name`` if ``device`` is CUDA and this machine has none.
 
     Torch's own answer is an ``AssertionError`` ("Torch not compiled with CUDA enabled") from deep
     inside the first allocation.

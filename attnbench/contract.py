@@ -1,22 +1,17 @@
-"""The results contract: the names, the metrics and the grids that the suite writes and everything else reads.
+"""The results contract: the names, metrics and grids the suite writes and everything else reads.
 
-The asv suite (:mod:`attnbench.asv_bench`), ``attnbench run`` (:mod:`attnbench.runs`), the regression
-gate (:mod:`attnbench.regress`), the loader (:mod:`attnbench.analysis.frame`) and the report import
-these instead of spelling them, so a renamed benchmark, a new metric or a changed grid cannot leave
-one of them reading something else.
+The asv suite (:mod:`attnbench.asv_bench`), ``attnbench run`` (:mod:`attnbench.runs`), the
+regression gate (:mod:`attnbench.regress`), the loader (:mod:`attnbench.analysis.frame`) and the
+report import these instead of spelling them, so a renamed benchmark, a new metric or a changed
+grid cannot leave one of them reading something else:
 
-* Benchmark names: ``TIME_BENCHMARK`` and the other ``Class.method`` asv names below.
-* The metric table: :data:`METRICS`, one :class:`Metric` per tidy metric (unit, label, the Measurement
-  field a run reads, the asv benchmarks that record it, whether it is fitted); ``UNITS``, ``LABELS``,
-  ``FITTED`` and ``ASV_METRICS`` derive from it.
-* Closed sets: :class:`Status` (how a case went), :class:`GateVerdict` (the regression gate's word on a row),
-  :class:`Method` (how a metric was obtained) and :class:`Source` (where a row came from). Each is a
-  ``StrEnum``: its members are the very strings the files hold.
-* Workloads: ``WORKLOADS`` and ``SWEPT_LENGTH``, the spec field a workload's sweep varies.
-* The grids: :data:`GRIDS`, named profiles (``run``, ``run-decode``, ``asv`` (asv's default tier), ``asv-full``,
-  ``asv-decode``, ``asv-gqa``, ``ci``) of variants x lengths x modes x masks; ``BASE_SPEC`` (the fixed shape every
-  asv case shares) and the environment variables that select asv's tier (``ENV_GRID``: :func:`asv_tier`) and narrow
-  it (``ENV_*``).
+* asv benchmark names (``TIME_BENCHMARK``, ...) and the metric table, :data:`METRICS`: one
+  :class:`Metric` per tidy metric, which ``UNITS``, ``LABELS``, ``FITTED`` and ``ASV_METRICS``
+  follow;
+* closed sets, each a ``StrEnum`` whose members are the very strings the files hold:
+  :class:`Status`, :class:`GateVerdict`, :class:`Method` and :class:`Source`;
+* workloads (``WORKLOADS``, ``SWEPT_LENGTH``) and the grids (:data:`GRIDS`, ``BASE_SPEC``, and the
+  ``ENV_*`` variables that select asv's tier, :func:`asv_tier`, and narrow it).
 """
 
 from __future__ import annotations
@@ -33,11 +28,12 @@ from attnbench.spec import AttnSpec
 
 # ---- closed sets ---------------------------------------------------------------------------------
 class Status(enum.StrEnum):
-    """How a case went: the ``status`` of a measurement, of a run's CSV row and of a loaded asv row."""
+    """How a case went: the ``status`` of a measurement, a run's CSV row and a loaded asv row."""
 
     OK = "ok"
     WRONG = "wrong"  # the output failed the correctness gate
-    NOISY = "noisy"  # timed, but the machine was disturbed on every attempt (the reason names the signal)
+    # timed, but the machine was disturbed on every attempt (the reason names the signal)
+    NOISY = "noisy"
     SKIPPED = "skipped"  # not run: unsupported, over budget, or asv had no value
     OOM = "oom"
     TIMEOUT = "timeout"
@@ -96,37 +92,44 @@ PEAK_BENCHMARK = "track_matmul_gflops"
 """The machine's matmul GFLOP/s (a module-level asv benchmark; matched by suffix)."""
 PAGE_FAULTS_BENCHMARK = "AttentionMetrics.track_page_faults"
 INSTRUCTIONS_BENCHMARK = "Instructions.track_instructions"
-"""Instructions per call under valgrind: one valgrind process per commit and environment (asv's setup_cache)."""
+"""Instructions per call under valgrind, counted in asv's setup_cache: one valgrind process per
+commit and environment."""
 INSTRUCTIONS_FACTOR = 1.002
-"""The regression gate's allowed HEAD/BASE instruction count ratio (the A/A spread between valgrind processes is
-far smaller: see the README)."""
+"""The regression gate's allowed HEAD/BASE instruction count ratio (the A/A spread between valgrind
+processes is far smaller: see the README)."""
 GATE_VERDICTS = "attnbench-gate.csv"
-"""The regression gate's verdict table, written beside the asv results it decided on (the report reads it)."""
+"""The gate's verdict table, written beside the asv results it decided on (the report reads it)."""
 GATED_BENCHMARKS = (TIME_BENCHMARK, TENSOR_BYTES_BENCHMARK, FLOPS_BENCHMARK, ERROR_RATIO_BENCHMARK)
 """What the regression gate runs on BASE and HEAD."""
 
 # ---- the metric table ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Metric:
-    """One metric of the tidy frame: where a run reads it, how asv records it, how it is named and shown.
+    """One metric of the tidy frame: where a run reads it, how asv records it, how it is shown.
 
-    Everything else derives from the table, :data:`METRICS`: ``Measurement.to_row`` (the CSV export), the loader's
-    run and asv rows, :data:`UNITS`, plot labels, which metrics are fitted, and the ``track_`` methods
-    of the asv suite. Adding a metric is its measurement plus one row here.
+    Everything else derives from the table, :data:`METRICS`: ``Measurement.to_row`` (the CSV
+    export), the loader's run and asv rows, :data:`UNITS`, plot labels, which metrics are fitted,
+    and the asv suite's ``track_`` methods. A new metric is its measurement plus one row.
     """
 
     name: str  # the tidy frame's ``metric``
     unit: str  # the unit of ``value`` (the report's ``fmt`` knows "s" and "bytes")
     label: str  # axis label
-    field: str | None = None  # Measurement attribute or property a run reads ("extra.KEY": a key of extra); None: asv only
+    # Measurement attribute or property a run reads ("extra.KEY": a key of extra); None: asv only
+    field: str | None = None
     spread: str | None = None  # Measurement attribute holding the value's spread (IQR), if any
-    method: str = ""  # how a run obtained it: a label, or "<ATTR" for the label a Measurement attribute holds
+    # how a run obtained it: a label, or "<ATTR" for the label a Measurement attribute holds
+    method: str = ""
     column: str = ""  # its column in measurements.csv (default: ``field`` without "extra.")
-    asv: tuple[str, ...] = ()  # asv benchmarks ("Class.method") that record it; their ``track_`` methods are generated
-    asv_unit: str = ""  # the unit asv shows, when not ``unit`` (``asv_factor`` converts to ``unit``)
+    # asv benchmarks ("Class.method") that record it; their ``track_`` methods are generated
+    asv: tuple[str, ...] = ()
+    # the unit asv shows, when not ``unit`` (``asv_factor`` converts to ``unit``)
+    asv_unit: str = ""
     asv_factor: float = 1.0
-    asv_method: str | None = Method.ASV  # method label of asv rows; None: the runner's rule for peak tensor bytes
-    declared: str | None = None  # the Variant attribute declaring its exponent in L (e.g. ``time_exponent``)
+    # method label of asv rows; None: the runner's rule for peak tensor bytes
+    asv_method: str | None = Method.ASV
+    # the Variant attribute declaring its exponent in L (e.g. ``time_exponent``)
+    declared: str | None = None
     fitted: bool = False  # complexity exponents are fitted to it
     timed: bool = False  # derived from wall time: a neighbour can disturb it
 
@@ -141,7 +144,7 @@ class Metric:
 
     @property
     def tracked(self) -> tuple[str, ...]:
-        """The ``track_`` benchmarks recording it (``time_`` and ``peakmem_`` are asv's own kinds, written by hand)."""
+        """The ``track_`` benchmarks recording it (asv's ``time_`` and ``peakmem_`` are by hand)."""
         return tuple(b for b in self.asv if b.rsplit(".", 1)[-1].startswith("track_"))
 
 
@@ -177,14 +180,15 @@ _BUILTIN_METRICS: tuple[Metric, ...] = (
     Metric("runqueue_share", "share", "run-queue wait per wall second (median block)", field="extra.runqueue_share",
            method=Method.SCHEDSTAT),
 )
-"""``bytes`` is :attr:`AttnSpec.bytes_moved` (method "model"); ``gbps`` is that over the measured time.
-``instructions``: per call of the timed closure, counted under valgrind (:mod:`attnbench.measure.instructions`):
-deterministic, blind to cache misses, page faults, bandwidth and waiting. ``page_faults``: minor faults of one
-call after the correctness gate, the fresh pages it maps. On a CPU
-that is where a dense variant's O(L\u00b2) buffers cost time beside its arithmetic. ``waited_blocks`` and
-``runqueue_share``: how much a neighbour had the timing thread's core while a case was timed (the share of its
-timed blocks that waited for a core over ``schedstat.WAIT_LIMIT`` of their time, each dropped and timed again, and
-the median block's wait per wall second; :mod:`attnbench.measure.schedstat`). Facts about the machine, not the
+"""``bytes`` is :attr:`AttnSpec.bytes_moved` (method "model"); ``gbps`` is that over the measured
+time. ``instructions``: per call of the timed closure, counted under valgrind
+(:mod:`attnbench.measure.instructions`): deterministic, blind to cache misses, page faults,
+bandwidth and waiting. ``page_faults``: minor faults of one call after the correctness gate, the
+fresh pages it maps. On a CPU that is where a dense variant's O(L\u00b2) buffers cost time beside
+its arithmetic. ``waited_blocks`` and ``runqueue_share``: how much a neighbour had the timing
+thread's core while a case was timed (the share of its timed blocks that waited for a core over
+``schedstat.WAIT_LIMIT`` of their time, each dropped and timed again, and the median block's wait
+per wall second; :mod:`attnbench.measure.schedstat`). Facts about the machine, not the
 variant: never fitted, and not ``timed``, so a ``noisy`` case keeps them as measured."""
 METRICS: dict[str, Metric] = {}
 """The metric table: name -> row, in the order rows were added (:func:`add_metric`)."""
@@ -193,14 +197,15 @@ LABELS: dict[str, str] = {}
 FITTED: list[str] = []
 DECLARED: dict[str, str] = {}
 ASV_METRICS: dict[str, tuple[str, float, str | None]] = {}
-"""asv method name -> (tidy metric, factor to the metric's unit, method label; None: the runner's rule)."""
+"""asv method name -> (tidy metric, factor to the metric's unit, method label); a label of None
+means the runner's rule."""
 
 
 def add_metric(metric: Metric) -> None:
-    """Add a row to the table: the derived lookups above (shared objects every reader holds) follow it.
+    """Add a row to the table; the derived lookups above (objects every reader shares) follow it.
 
-    The built-in rows are added this way at import; a plugin may add its own (the runner must then record
-    the value its ``field`` names, e.g. in ``Measurement.extra``).
+    The built-in rows are added this way at import; a plugin may add its own (the runner must then
+    record the value its ``field`` names, e.g. in ``Measurement.extra``).
 
     Raises:
         ValueError: a metric of that name, or an asv benchmark another row records, exists already.
@@ -226,44 +231,50 @@ for _metric in _BUILTIN_METRICS:
 
 
 def metric_value(measurement: Any, field: str) -> Any:
-    """What a :class:`Metric`'s ``field`` names on a Measurement ("extra.KEY": that key of ``extra``, NaN if absent)."""
+    """What a :class:`Metric`'s ``field`` names on a Measurement ("extra.KEY": NaN if absent)."""
     if field.startswith("extra."):
         return measurement.extra.get(field.removeprefix("extra."), math.nan)
     return getattr(measurement, field)
 
 
 DETERMINISTIC_POINTS = 3
-"""Lengths a fit of a metric without sampling noise needs (bytes, FLOPs, counts): with exact values, three
-points show whether one power of L holds; a sampled metric (time) needs more (``analysis.complexity.MIN_POINTS``)."""
+"""Lengths a fit of a metric without sampling noise needs (bytes, FLOPs, counts): with exact values,
+three points show whether one power of L holds; a sampled metric (time) needs more
+(``analysis.complexity.MIN_POINTS``)."""
 
 
 # ---- workloads ---------------------------------------------------------------------------------
 WORKLOADS: tuple[str, ...] = ("prefill", "decode")
-"""``prefill``: every query of a sequence at once (Lq = Lk, compute-bound at long L); ``decode``: a few
-queries (Lq = 1 per generated token, more for speculative decoding) over a long key/value cache
+"""``prefill``: every query of a sequence at once (Lq = Lk, compute-bound at long L); ``decode``: a
+few queries (Lq = 1 per generated token, more for speculative decoding) over a long key/value cache
 (memory-bound: O(Lk) work per token)."""
 SWEPT_LENGTH: dict[str, str] = {"prefill": "seq_len", "decode": "seq_len_k"}
-"""The tidy frame's column a workload's sweep varies (and complexity exponents are fitted against):
-prefill sweeps L = Lq = Lk (``seq_len``), decode sweeps the cache length Lk (``seq_len_k``), Lq fixed."""
+"""The tidy frame's column a workload's sweep varies, against which exponents are fitted: prefill
+sweeps L = Lq = Lk (``seq_len``), decode the cache length Lk (``seq_len_k``) at a fixed Lq."""
 
 
 # ---- the grids --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Grid:
-    """A named profile of cases: variants x lengths x modes x masks (the shape comes from the caller)."""
+    """A named profile of cases: variants x lengths x modes x masks (the caller gives the shape)."""
 
-    lengths: tuple[int, ...]  # the swept length: L = Lq = Lk (prefill) or the cache length Lk (decode)
-    variants: tuple[str, ...] | None = None  # None: every variant in the default sweep (registry.default_variants)
+    # the swept length: L = Lq = Lk (prefill) or the cache length Lk (decode)
+    lengths: tuple[int, ...]
+    # None: every variant in the default sweep (registry.default_variants)
+    variants: tuple[str, ...] | None = None
     modes: tuple[str, ...] = ("forward",)
     masks: tuple[str, ...] = ("none",)
-    devices: tuple[str, ...] | None = None  # None: the caller's (``attnbench run --device``; asv: cpu, and cuda if present)
+    # None: the caller's (``attnbench run --device``; asv: cpu, and cuda if present)
+    devices: tuple[str, ...] | None = None
     workload: str = "prefill"
-    count_budget_s: float | None = None  # asv's Instructions class: predicted valgrind seconds it may spend (None: all)
+    # asv's Instructions class: predicted valgrind seconds it may spend (None: all)
+    count_budget_s: float | None = None
 
 
 ASV_COUNT_BUDGET_S = 100.0
-"""Predicted seconds under valgrind the default asv tier's ``Instructions`` class counts (cheapest cases first; the
-rest are n/a with the reason), after torch's start under valgrind (half a minute to three)."""
+"""Predicted seconds under valgrind that the default asv tier's ``Instructions`` class counts,
+cheapest cases first (the rest are n/a with the reason), after torch's start under valgrind (half a
+minute to three minutes)."""
 GRIDS: dict[str, Grid] = {
     "run": Grid(lengths=(64, 128, 256, 512, 1024, 2048, 4096)),
     "run-decode": Grid(lengths=tuple(2**p for p in range(10, 18)), workload="decode"),
@@ -276,18 +287,20 @@ GRIDS: dict[str, Grid] = {
     "asv-gqa": Grid(lengths=(1024,), variants=("sdpa", "batched")),
     "ci": Grid(lengths=(256, 512, 1024), variants=("batched", "chunked", "sdpa", "local", "linear_elu"), devices=("cpu",)),
 }
-"""``run``: ``attnbench run``'s default sweep; ``run-decode``: its decode workload (1K..128K keys; the guard
-skips what does not fit). ``asv``: the asv suite's default tier (``Attention*`` classes): the teaching progression
-(:data:`PROGRESSION`) and one representative of each other family (``chunked`` blockwise, ``linear_elu`` linear,
-``additive`` scoring; the compiled family recompiles per shape and stays opt-in) at L = 128..2048, both passes, no
-mask and causal, sized so that ``asv run --quick`` takes minutes on 2 cores. ``asv-full``: every default-sweep
-variant at L = 64..8192 (``ATTNBENCH_ASV_GRID=full``; half an hour with ``--quick`` on 2 quiet cores). ``asv-decode``: the ``Decode`` class (fused vs
-materialised scores over a long cache); ``asv-gqa``: the ``GroupedQuery`` class (both the same in either tier).
-``ci``: the regression gate's subset (a few representative variants at short lengths: minutes on 2 cores).
+"""``run``: ``attnbench run``'s default sweep; ``run-decode``: its decode workload (1K..128K keys;
+the guard skips what does not fit). ``asv``: the asv suite's default tier (``Attention*`` classes):
+the teaching progression (:data:`PROGRESSION`) and one representative of each other family
+(``chunked`` blockwise, ``linear_elu`` linear, ``additive`` scoring; the compiled family recompiles
+per shape and stays opt-in) at L = 128..2048, both passes, no mask and causal, sized so that
+``asv run --quick`` takes minutes on 2 cores. ``asv-full``: every default-sweep variant at
+L = 64..8192 (``ATTNBENCH_ASV_GRID=full``). ``asv-decode``: the ``Decode`` class (fused vs
+materialised scores over a long cache); ``asv-gqa``: the ``GroupedQuery`` class (both the same in
+either tier). ``ci``: the regression gate's subset, a few representative variants at short lengths
+(minutes on 2 cores).
 
-``count_budget_s``: the ``Instructions`` class counts the grid's CPU cases cheapest first (predicted valgrind seconds,
-:func:`attnbench.measure.instructions.predicted_seconds`) while their sum stays within it; None counts every case
-(each within the counter's own per-case budget)."""
+``count_budget_s``: the ``Instructions`` class counts the grid's CPU cases cheapest first (predicted
+valgrind seconds, :func:`attnbench.measure.instructions.predicted_seconds`) while their sum stays
+within it; None counts every case (each within the counter's own per-case budget)."""
 ASV_TIERS: dict[str, str] = {"default": "asv", "full": "asv-full"}
 """``ATTNBENCH_ASV_GRID`` value -> the grid of :data:`GRIDS` the asv suite's main classes run."""
 RUN_LENGTHS: dict[str, tuple[int, ...]] = {"prefill": GRIDS["run"].lengths, "decode": GRIDS["run-decode"].lengths}
@@ -300,9 +313,9 @@ ASV_GQA_KV_HEADS = BASE_SPEC.heads // 4
 ASV_MAX_CALL_SECONDS = 1.0
 """Predicted seconds per call above which an asv case is n/a."""
 
-# environment variables that select and narrow the asv grid without editing code (comma-separated lists)
+# the environment variables that select and narrow the asv grid (comma-separated lists)
 ENV_GRID = "ATTNBENCH_ASV_GRID"
-"""The asv tier: ``default`` (unset) or ``full`` (:data:`ASV_TIERS`); the variables below narrow either."""
+"""The asv tier: ``default`` (unset) or ``full`` (:data:`ASV_TIERS`); ENV_* below narrow it."""
 ENV_VARIANTS = "ATTNBENCH_ASV_VARIANTS"
 ENV_LENGTHS = "ATTNBENCH_ASV_LENGTHS"
 ENV_DEVICES = "ATTNBENCH_ASV_DEVICES"
@@ -310,23 +323,24 @@ ENV_MODES = "ATTNBENCH_ASV_MODES"
 ENV_MASKS = "ATTNBENCH_ASV_MASKS"
 ENV_MAX_CALL_S = "ATTNBENCH_ASV_MAX_CALL_S"
 ENV_COUNT_BUDGET_S = "ATTNBENCH_ASV_COUNT_BUDGET_S"
-"""The ``Instructions`` class's budget (seconds, or ``none``), instead of the grid's ``count_budget_s``."""
+"""The ``Instructions`` class's budget (seconds, or ``none``), in place of ``count_budget_s``."""
 ENV_BATCH = "ATTNBENCH_ASV_BATCH"
 """For tests of the gate only: results taken with it are not labelled with it."""
 ENV_DECODE_LENGTHS = "ATTNBENCH_ASV_DECODE_LENGTHS"
-"""Decode's cache lengths (ENV_LENGTHS narrows the prefill and GQA lengths, ENV_VARIANTS every class's variants)."""
+"""Decode's cache lengths (ENV_LENGTHS narrows the others' lengths, ENV_VARIANTS every class's)."""
 ENV_PROBE_LOG = "ATTNBENCH_PROBE_LOG"
-"""A file the time benchmarks append a line to per sample: the calibration probe timed before it, its wall time and run-queue
-share (the regression gate sets it)."""
+"""A file the time benchmarks append a line to per sample: the calibration probe timed before it,
+its wall time and run-queue share (the regression gate sets it)."""
 ENV_ENV_DIR = "ATTNBENCH_ASV_ENV_DIR"
-"""Where the regression gate's asv keeps its environments (default: the checkout's ``.asv/env``): one directory
-shared by several clones, or restored from a CI cache, saves building asv's pinned virtualenv again."""
+"""Where the regression gate's asv keeps its environments (default: the checkout's ``.asv/env``):
+one directory shared by several clones, or restored from a CI cache, saves building asv's pinned
+virtualenv again."""
 GRID_ENV = (ENV_GRID, ENV_VARIANTS, ENV_LENGTHS, ENV_DEVICES, ENV_MODES, ENV_MASKS, ENV_MAX_CALL_S, ENV_COUNT_BUDGET_S,
             ENV_BATCH, ENV_DECODE_LENGTHS)
 
 
 def asv_tier(environ: Mapping[str, str] | None = None) -> tuple[str, Grid]:
-    """The asv tier ``ATTNBENCH_ASV_GRID`` selects: ``(name in GRIDS, grid)``; unset or empty: ``default``.
+    """The asv tier ``ATTNBENCH_ASV_GRID`` selects, ``(name in GRIDS, grid)`` (unset: ``default``).
 
     Raises:
         ValueError: an unknown value (the message names the variable and the valid values).
@@ -340,7 +354,7 @@ def asv_tier(environ: Mapping[str, str] | None = None) -> tuple[str, Grid]:
 def grid_environment(grid: Grid) -> dict[str, str]:
     """The ``ENV_*`` variables that narrow asv's grid to ``grid`` (the regression gate's CI subset).
 
-    The count budget travels with it: a grid without one (``ci``) is counted whole under either tier.
+    The count budget travels with it: a grid without one (``ci``) is counted whole in either tier.
     """
     env = {ENV_LENGTHS: ",".join(map(str, grid.lengths)), ENV_MODES: ",".join(grid.modes), ENV_MASKS: ",".join(grid.masks),
            ENV_COUNT_BUDGET_S: "none" if grid.count_budget_s is None else f"{grid.count_budget_s:g}"}
@@ -354,7 +368,7 @@ def grid_environment(grid: Grid) -> dict[str, str]:
 
 
 def asv_case(benchmark: str, case: dict, base: AttnSpec = BASE_SPEC) -> tuple[AttnSpec, str]:
-    """The case and workload one asv parameter set names: the one rule the suite and the loader share.
+    """The case and workload an asv parameter set names: the one rule the suite and loader share.
 
     Args:
         benchmark: the asv benchmark name (``Class.method``, with or without a module prefix).
@@ -390,13 +404,15 @@ FAMILIES: dict[str, tuple[str, ...]] = {
 """Families of variants, each member list in the order the report shades it (lighter first)."""
 REPRESENTATIVES: dict[str, str] = {"dense": "batched", "fused": "sdpa", "blockwise": "chunked", "linear": "linear_elu",
                                    "scoring": "scaled_dot"}
-"""One variant per family that ``attnbench run`` counts instructions for by default, beside :data:`PROGRESSION`
-(the compiled family compiles per shape on its first call: too slow under valgrind)."""
+"""One variant per family that ``attnbench run`` counts instructions for by default beside
+:data:`PROGRESSION` (not the compiled family: it compiles per shape on its first call, too slow
+under valgrind)."""
 OTHER_FAMILY = "other"
 """The family of a variant no family lists (plugins)."""
 
 
 def family(variant: str) -> str:
     """The family a variant belongs to (:data:`OTHER_FAMILY` for variants no family lists)."""
-    base = variant.split(" ")[0]  # a series label ("sdpa Hkv=2 (model)") belongs to its variant's family
+    # a series label ("sdpa Hkv=2 (model)") belongs to its variant's family
+    base = variant.split(" ")[0]
     return next((name for name, members in FAMILIES.items() if base in members), OTHER_FAMILY)

@@ -1,28 +1,17 @@
 """Masks as named predicates over ``(batch, head, q_idx, kv_idx)``, composable with ``&`` and ``|``.
 
-One definition feeds every consumer: the dense boolean tensor the reference and dense variants
-take (:func:`dense`), the tiles blockwise engines evaluate (:func:`tile`), whether a whole tile is
-empty, full or partial (:func:`block_state`, closed-form where the predicate allows, so engines
-skip empty tiles and do no mask work on full ones), the count of allowed pairs that useful FLOPs
-come from (:func:`allowed_pairs`, without O(L^2) work for the built-in predicates), and
-FlexAttention's ``mask_mod`` (the predicate itself, :attr:`MaskMod.fn`), and the pairs a
-block-skipping engine computes on a tile grid (:func:`nonempty_tile_pairs`). The counts are closed
-forms for the built-in predicates (O(1), or O(documents)) and for their compositions with ``&`` and
-``|`` (O(pieces x predicates) per intersection, by inclusion-exclusion over at most
-:data:`_MAX_TERMS` ands), so cost models answer at any length.
-
-Convention: True = the query may attend to the key (the SDPA convention). Indices are absolute
-positions; when ``Lq != Lk``, ``causal`` is aligned to the top-left corner (query i sees keys
-j <= i), as PyTorch's ``is_causal=True`` is.
+One definition feeds every consumer: the dense tensor (:func:`dense`), a blockwise engine's tiles
+(:func:`tile`) and their :class:`TileState` (:func:`block_state`), FlexAttention's ``mask_mod``
+(:attr:`MaskMod.fn`) and the counts cost models read (:func:`allowed_pairs`,
+:func:`nonempty_tile_pairs`), in closed form for built-ins and compositions. True = may attend
+(SDPA's convention); ``causal`` is top-left aligned if ``Lq != Lk``, as with ``is_causal=True``.
 
 Example:
     >>> m = causal() & sliding_window(1)
     >>> dense(m, batch=1, heads=1, lq=4, lk=4)[0, 0].int().tolist()
     [[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 1]]
-    >>> m.name
-    'causal & sliding_window(1)'
-    >>> allowed_pairs(m, batch=1, lq=4, lk=4)
-    7
+    >>> m.name, allowed_pairs(m, batch=1, lq=4, lk=4)
+    ('causal & sliding_window(1)', 7)
 """
 
 from __future__ import annotations
@@ -52,7 +41,7 @@ EMPTY, FULL, PARTIAL = TileState.EMPTY, TileState.FULL, TileState.PARTIAL
 
 
 Predicate = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-"""``fn(b, h, q_idx, kv_idx) -> bool``, on broadcastable int64 index tensors (FlexAttention's mask_mod)."""
+"""``fn(b, h, q_idx, kv_idx) -> bool`` on broadcastable int64 indices (a FlexAttention mask_mod)."""
 Bounds = Callable[[int, int, int, int], TileState | None]
 """``(q0, q1, k0, k1) -> TileState`` for the tile ``[q0, q1) x [k0, k1)``, valid for
 every batch and head; None when the predicate has no closed form (the tile is then evaluated)."""
@@ -60,7 +49,7 @@ every batch and head; None when the predicate has no closed form (the tile is th
 
 @dataclass(frozen=True, eq=False)
 class MaskMod:
-    """A named predicate with what it depends on (so dense masks keep their smallest broadcast shape)."""
+    """A named predicate with what it depends on, so dense masks keep their smallest shape."""
 
     name: str  # readable description, e.g. "causal & sliding_window(128)"
     fn: Predicate  # the predicate itself
@@ -68,13 +57,17 @@ class MaskMod:
     uses_head: bool = False  # depends on h
     uses_query: bool = True  # depends on q_idx (False: a key-padding mask, (B, 1, 1, Lk))
     bounds: Bounds | None = None  # closed-form tile classification, if any
-    pairs: Callable[[int, int, int], int] | None = None  # closed-form allowed pairs (batch, lq, lk), if any
-    tile_pairs: Callable[[int, int, int, int], int] | None = None  # closed-form non-empty tile pairs (lq, lk, tq, tk)
-    fits: Callable[[int, int], None] | None = None  # raises ValueError when it cannot describe (batch, lq)
-    form: tuple[frozenset[_Atom], ...] | None = None  # an or of ands of built-in predicates (counted in closed form)
+    # closed-form allowed pairs (batch, lq, lk), if any
+    pairs: Callable[[int, int, int], int] | None = None
+    # closed-form non-empty tile pairs (lq, lk, tq, tk)
+    tile_pairs: Callable[[int, int, int, int], int] | None = None
+    # raises ValueError when it cannot describe (batch, lq)
+    fits: Callable[[int, int], None] | None = None
+    # an or of ands of built-in predicates (counted in closed form)
+    form: tuple[frozenset[_Atom], ...] | None = None
 
     def check_fits(self, batch: int, lq: int) -> None:
-        """Raise ``ValueError`` when the predicate cannot describe a call with this batch and query count.
+        """Raise ``ValueError`` if the predicate cannot describe this batch and query count.
 
         A predicate that holds per-sequence data (``valid_lengths``) indexes it by batch entry and
         query: a mismatch would read past it (an IndexError deep inside a variant) or silently use
@@ -94,7 +87,7 @@ class MaskMod:
 
     @property
     def is_causal(self) -> bool:
-        """Exactly the top-left causal mask of :func:`causal` (SDPA can then take ``is_causal=True``).
+        """Exactly :func:`causal`'s top-left causal mask (SDPA can then take ``is_causal=True``).
 
         Known by identity, never by its name: ``MaskMod("causal", other_fn)`` is not causal.
         """
@@ -116,9 +109,10 @@ def _state(full: bool, empty: bool) -> TileState:
 
 
 def _floor_sum(n: int, m: int, a: int, b: int) -> int:
-    """``sum(floor((a*i + b) / m) for i in range(n))`` for ``n, a, b >= 0`` and ``m >= 1``, in O(log m) steps.
+    """``sum(floor((a*i + b) / m) for i in range(n))`` in O(log m) steps.
 
-    The Euclid-like reduction of AtCoder Library's ``floor_sum``.
+    For ``n, a, b >= 0`` and ``m >= 1``; the Euclid-like reduction of AtCoder Library's
+    ``floor_sum``.
     """
     total = 0
     while n > 0:
@@ -154,8 +148,10 @@ def _span_width(a: int, b: int, lk: int, tk: int) -> int:
 
 
 def _band_tile_pairs(lq: int, lk: int, tq: int, tk: int, back: int | None, fwd: int, reach: int) -> int:
-    """Pairs in the non-empty tiles of a ``tq x tk`` grid when query tile ``[q0, q1)`` meets exactly the
-    key tiles that meet ``[max(0, q0 - back), max(reach, q1 + fwd))`` (``back=None``: from key 0).
+    """Pairs in the non-empty tiles of a ``tq x tk`` grid for a band of keys around each query tile.
+
+    Query tile ``[q0, q1)`` meets exactly the key tiles that meet
+    ``[max(0, q0 - back), max(reach, q1 + fwd))`` (``back=None``: from key 0).
 
     Causal is ``(None, 0, 0)``, ``sliding_window(w)`` is ``(w, w, 0)``, ``prefix_lm(p)`` is
     ``(None, 0, p)``. Full query tiles are summed in closed form, the last (short) one directly.
@@ -163,11 +159,13 @@ def _band_tile_pairs(lq: int, lk: int, tq: int, tk: int, back: int | None, fwd: 
     nq, nk = -(-lq // tq), -(-lk // tk)
     q_last = (nq - 1) * tq
     total = (lq - q_last) * _span_width(0 if back is None else q_last - back, max(reach, lq + fwd), lk, tk)
-    # Full tiles i < n (rows tq, q0 = i*tq, q1 = (i+1)*tq); with a back edge, tiles from q0 >= lk + back on are empty.
+    # Full tiles i < n (rows tq, q0 = i*tq, q1 = (i+1)*tq); with a back edge, the tiles from
+    # q0 >= lk + back on are empty.
     n = nq - 1 if back is None else min(nq - 1, -(-(lk + back) // tq))
     if n <= 0:
         return total
-    # Ends: min(lk, tk * ceil(B_i / tk)), B_i = reach while (i+1)*tq + fwd < reach, then (i+1)*tq + fwd.
+    # Ends: min(lk, tk * ceil(B_i / tk)), where B_i = reach while (i+1)*tq + fwd < reach, then
+    # B_i = (i+1)*tq + fwd.
     i0 = min(n, max(0, -(-(reach - fwd) // tq) - 1))
     ends = i0 * min(lk, -(-reach // tk) * tk)
     i1 = min(n, max(i0, -(-((nk - 1) * tk + 1 - tq - fwd) // tq)))  # from i1 on, the end is lk
@@ -186,19 +184,21 @@ def _band_tile_pairs(lq: int, lk: int, tq: int, tk: int, back: int | None, fwd: 
 # for ``document``). An ``&`` of predicates lets row i see [max lo, min hi): on a stretch of rows
 # where every predicate stays on one piece and the max and the min stay on one line each (of the
 # lines of one slope only the highest lo and the lowest hi count, and two lines cross at most
-# once, so there are O(pieces) stretches, each O(predicates)), the count is an arithmetic series. On a tq x tk tile grid, :func:`block_state` calls a tile of a
-# predicate non-empty when its key tile meets [lo(q0), hi(q1 - 1)), and of an ``&`` when it is
-# non-empty for every predicate: the key tiles [floor(max lo / tk), ceil(min hi / tk)), summed with
-# :func:`_floor_sum`. An ``|`` is an or of ands (distributed out when combined) and is counted by
-# inclusion-exclusion, for pairs and tiles alike: |A or B| = |A| + |B| - |A and B|.
+# once, so there are O(pieces) stretches, each O(predicates)), the count is an arithmetic series. On
+# a tq x tk tile grid, :func:`block_state` calls a tile of a predicate non-empty when its key tile
+# meets [lo(q0), hi(q1 - 1)), and of an ``&`` when it is non-empty for every predicate: the key
+# tiles [floor(max lo / tk), ceil(min hi / tk)), summed with :func:`_floor_sum`. An ``|`` is an or
+# of ands (distributed out when combined) and is counted by inclusion-exclusion, for pairs and tiles
+# alike: |A or B| = |A| + |B| - |A and B|.
 
 Piece = tuple[int, int, int, int, int]
-"""``(first_row, lo_slope, lo_const, hi_slope, hi_const)``: from ``first_row`` up to the next piece's
-first row, row i sees keys ``[lo_slope * i + lo_const, hi_slope * i + hi_const)``."""
+"""``(first_row, lo_slope, lo_const, hi_slope, hi_const)``: from ``first_row`` up to the next
+piece's first row, row i sees keys ``[lo_slope * i + lo_const, hi_slope * i + hi_const)``."""
 
 _MAX_TERMS = 10
-"""Most ands an or may hold and still be counted by inclusion-exclusion (2**terms - 1 intersections);
-a larger composition is counted by walking its tiles, refused beyond :data:`_WALK_LIMIT` tiles."""
+"""Most ands an or may hold and still be counted by inclusion-exclusion (2**terms - 1
+intersections); a larger composition is counted by walking its tiles, refused beyond
+:data:`_WALK_LIMIT` tiles."""
 
 _WALK_LIMIT = 2**18
 """Most tiles a count without a closed form walks (a second or so) before refusing."""
@@ -206,10 +206,11 @@ _WALK_LIMIT = 2**18
 
 @dataclass(frozen=True, eq=False)
 class _Atom:
-    """One built-in predicate as per-row key intervals; atoms with equal ``key`` allow the same pairs."""
+    """One built-in predicate as per-row key intervals; atoms of equal ``key`` allow equal pairs."""
 
     key: tuple
-    pieces: tuple[Piece, ...]  # sorted by first row, the first at row 0; valid_lengths: its tile-grid range
+    # sorted by first row, the first at row 0; valid_lengths: its tile-grid range
+    pieces: tuple[Piece, ...]
     starts: tuple[int, ...]  # each piece's first row (for bisecting)
     lens: torch.Tensor | None = None  # valid_lengths only: (B,) or (B, Lq), for exact pair counts
 
@@ -234,7 +235,7 @@ def _form(key: tuple, pieces: tuple[Piece, ...], lens: torch.Tensor | None = Non
 
 
 def _absorb(terms) -> tuple[frozenset[_Atom], ...]:
-    """Drop repeated ands and every and that holds all of another's atoms (it allows a subset of its pairs).
+    """Drop repeated ands and every and holding all of another's atoms (a subset of its pairs).
 
     Exact for pairs and for tile states alike, and it keeps inclusion-exclusion small.
     """
@@ -259,7 +260,7 @@ def _segment_pairs(s: int, e: int, los: list, his: list, lk: int, tk: int) -> in
     In query tile i, atom a reaches keys ``[los[a](i), his[a](i))``, each a line ``(slope, const)``
     in i with slope >= 0, and is non-empty on the key tiles meeting that range clipped to
     ``[0, lk)``. A key tile counts when it is non-empty for every atom: none when some atom reaches
-    no key, else the key tiles ``[floor(max lo / tk), ceil(min hi / tk))``, the last one cut at ``lk``.
+    no key, else the key tiles ``[floor(max lo / tk), ceil(min hi / tk))`` (the last cut at ``lk``).
     """
     for (lm, lc), (hm, hc) in zip(los, his, strict=True):  # each atom: lo < hi, lo < lk and hi > 0
         for m, c in ((hm - lm, hc - lc), (-lm, lk - lc), (hm, hc)):
@@ -275,10 +276,12 @@ def _segment_pairs(s: int, e: int, los: list, his: list, lk: int, tk: int) -> in
         high[m] = min(high.get(m, c), c)
     los, his = list(low.items()), list(high.items())
     cuts = {s, e}
-    for lines in (los, his):  # where the max of the lo lines or the min of the hi lines changes line
+    # where the max of the lo lines or the min of the hi lines changes line
+    for lines in (los, his):
         for (m1, c1), (m2, c2) in combinations(lines, 2):
             if m1 != m2:
-                x = -((c1 - c2) // (m1 - m2))  # ceil((c2 - c1) / (m1 - m2)): the faster line leads from x on
+                # ceil((c2 - c1) / (m1 - m2)): the faster line leads from x on
+                x = -((c1 - c2) // (m1 - m2))
                 if s < x < e:
                     cuts.add(x)
     last = (-(-lk // tk) - 1) * tk  # first key of the last (cut) key tile
@@ -287,8 +290,8 @@ def _segment_pairs(s: int, e: int, los: list, his: list, lk: int, tk: int) -> in
     for a, b in pairwise(bounds):
         lm, lc = max(los, key=lambda line: (line[0] * a + line[1], line[0]))
         hm, hc = min(his, key=lambda line: (line[0] * a + line[1], line[0]))
-        # The ranges of key tiles meet when floor(lo / tk) < ceil(hi / tk); where hi - lo <= -tk they
-        # cannot, elsewhere the width below is >= 0 (and 0 exactly when they do not meet).
+        # The ranges of key tiles meet when floor(lo / tk) < ceil(hi / tk); where hi - lo <= -tk
+        # they cannot, elsewhere the width below is >= 0 (and 0 exactly when they do not meet).
         a, b = _positive(hm - lm, hc - lc + tk, a, b)
         if a >= b:
             continue
@@ -300,7 +303,7 @@ def _segment_pairs(s: int, e: int, los: list, his: list, lk: int, tk: int) -> in
 
 
 def _and_tile_pairs(atoms: list[_Atom], lq: int, lk: int, tq: int, tk: int) -> int:
-    """Pairs in the tiles of a ``tq x tk`` grid that every atom's :func:`block_state` calls non-empty.
+    """Pairs in the ``tq x tk`` tiles that every atom's :func:`block_state` calls non-empty.
 
     With ``tq = tk = 1`` a tile is one pair: the allowed pairs of the atoms' ``&``.
     """
@@ -339,7 +342,8 @@ def _and_pairs(atoms: frozenset[_Atom], batch: int, lq: int, lk: int) -> int:
     """Allowed pairs of the atoms' ``&``, summed over the batch (valid_lengths differ per entry)."""
     padded = [a for a in atoms if a.lens is not None]
     fixed = [a for a in atoms if a.lens is None]
-    if any(a.lens.dim() == 2 for a in padded):  # arbitrary per row: O(B * Lq) data, counted with tensor ops
+    # arbitrary per row: O(B * Lq) data, counted with tensor ops
+    if any(a.lens.dim() == 2 for a in padded):
         rows = torch.arange(lq)
         lo, hi = torch.zeros((), dtype=torch.long), torch.full((), lk, dtype=torch.long)
         for atom in atoms:
@@ -348,7 +352,8 @@ def _and_pairs(atoms: frozenset[_Atom], batch: int, lq: int, lk: int) -> int:
         return int((hi - lo).clamp(min=0).sum())
     if not padded:
         return batch * _and_tile_pairs(fixed, lq, lk, 1, 1)
-    per_entry: dict[int, int] = {}  # batch entry b sees [0, min over the valid_lengths of their length b)
+    # batch entry b sees [0, min over the valid_lengths of their length b)
+    per_entry: dict[int, int] = {}
     for lens in zip(*(a.lens.tolist() for a in padded), strict=True):
         per_entry[min(lens)] = per_entry.get(min(lens), 0) + 1
     return sum(n * _and_tile_pairs([*fixed, _atom((), ((0, 0, 0, 0, v),))], lq, lk, 1, 1) for v, n in per_entry.items())
@@ -364,7 +369,7 @@ def _rows_tensor(atom: _Atom, rows: torch.Tensor) -> tuple[torch.Tensor, torch.T
 
 
 def _union(form: tuple[frozenset[_Atom], ...], count: Callable[[frozenset[_Atom]], int]) -> int:
-    """``count`` of an or of ands by inclusion-exclusion; each distinct intersection is counted once."""
+    """``count`` of an or of ands by inclusion-exclusion (each distinct intersection once)."""
     signs: dict[frozenset[_Atom], int] = {}
     for r in range(1, len(form) + 1):
         for terms in combinations(form, r):
@@ -374,7 +379,7 @@ def _union(form: tuple[frozenset[_Atom], ...], count: Callable[[frozenset[_Atom]
 
 
 def nonempty_tile_pairs(mod: MaskMod | None, batch: int, heads: int, lq: int, lk: int, tq: int, tk: int) -> int:
-    """Pairs per (batch, head) in the tiles of a ``tq x tk`` grid that :func:`block_state` does not call empty.
+    """Pairs per (batch, head) in the ``tq x tk`` tiles :func:`block_state` does not call empty.
 
     What a block-skipping engine computes (it computes every pair of a non-empty tile). Closed form
     (:attr:`MaskMod.tile_pairs`) for the built-in predicates and their compositions; anything else
@@ -401,7 +406,7 @@ def nonempty_tile_pairs(mod: MaskMod | None, batch: int, heads: int, lq: int, lk
 # ---- the named predicates ---------------------------------------------------------------------
 _BUILTIN: weakref.WeakKeyDictionary[MaskMod, str] = weakref.WeakKeyDictionary()
 """The predicates the factories below made, with their kind: a variant may trust what these compute
-(``is_causal=True``, a band's closed-form tiles) because they were made here, not because of a name."""
+(``is_causal=True``, a band's closed-form tiles) because this module made them, not for a name."""
 
 
 def _builtin(kind: str, mod: MaskMod) -> MaskMod:
@@ -410,7 +415,7 @@ def _builtin(kind: str, mod: MaskMod) -> MaskMod:
 
 
 def builtin_kind(mod: MaskMod) -> str | None:
-    """The factory that made ``mod`` ("causal", "sliding_window", ...); None for any other predicate.
+    """The factory that made ``mod`` ("causal", "sliding_window", ...); None for other predicates.
 
     Example:
         >>> builtin_kind(causal()), builtin_kind(MaskMod("causal", lambda b, h, q, kv: kv <= q))
@@ -441,7 +446,7 @@ def causal() -> MaskMod:
 
 
 def sliding_window(window: int) -> MaskMod:
-    """Query i sees keys j with ``|i - j| <= window`` (combine with :func:`causal` to look back only)."""
+    """Query i sees keys j with ``|i - j| <= window`` (with :func:`causal`: looks back only)."""
     w = check_int("window", window, 0)
 
     def fn(b, h, q, kv):
@@ -453,10 +458,12 @@ def sliding_window(window: int) -> MaskMod:
         return _state(full=farthest <= w, empty=nearest > w)
 
     def pairs(batch, lq, lk):
-        # Key j = i + d: offsets d = 0..w reach min(lq, lk - d) queries, d = -1..-w reach min(lq + d, lk).
+        # Key j = i + d: offsets d = 0..w reach min(lq, lk - d) queries, offsets d = -1..-w reach
+        # min(lq + d, lk) queries.
         return _sum_min(lq, lk - min(w, lk - 1), lk) + _sum_min(lk, lq - min(w, lq - 1), lq - 1)
 
-    def tile_pairs(lq, lk, tq, tk):  # query tile [q0, q1) meets the key tiles that meet [q0 - w, q1 + w)
+    # query tile [q0, q1) meets the key tiles that meet [q0 - w, q1 + w)
+    def tile_pairs(lq, lk, tq, tk):
         return _band_tile_pairs(lq, lk, tq, tk, w, w, 0)
 
     mod = MaskMod(f"sliding_window({w})", fn, bounds=bounds, pairs=pairs, tile_pairs=tile_pairs,
@@ -465,7 +472,7 @@ def sliding_window(window: int) -> MaskMod:
 
 
 def prefix_lm(prefix: int) -> MaskMod:
-    """Bidirectional over the first ``prefix`` keys, causal after (T5/PaLM prefix language models)."""
+    """Bidirectional over the first ``prefix`` keys, causal after (T5/PaLM prefix LMs)."""
     p = check_int("prefix", prefix, 0)
 
     def fn(b, h, q, kv):
@@ -478,7 +485,8 @@ def prefix_lm(prefix: int) -> MaskMod:
         # rows i < p see min(lk, p) keys; row i >= p sees min(lk, i + 1)
         return min(lq, p) * min(lk, p) + _sum_min(lk, p + 1, lq)
 
-    def tile_pairs(lq, lk, tq, tk):  # query tile [q0, q1) meets the key tiles that meet [0, max(p, q1))
+    # query tile [q0, q1) meets the key tiles that meet [0, max(p, q1))
+    def tile_pairs(lq, lk, tq, tk):
         return _band_tile_pairs(lq, lk, tq, tk, None, 0, p)
 
     rows = ((0, 0, 0, 0, p),) if p else ()  # rows i < p see [0, p), rows from p on see [0, i + 1)
@@ -519,7 +527,7 @@ def _document_bounds(starts: list[int], q0: int, q1: int, k0: int, k1: int) -> T
 
 
 def _document_pairs(starts: list[int], batch: int, lq: int, lk: int) -> int:
-    """Allowed pairs of :func:`document`: each document's queries times its keys, cut at lq and lk."""
+    """Allowed pairs of :func:`document`: each document's queries x its keys, cut at lq and lk."""
     count = 0
     for start, stop in zip(starts[:-1], starts[1:], strict=True):
         count += max(0, min(stop, lq) - start) * max(0, min(stop, lk) - start)
@@ -567,7 +575,8 @@ def document(lengths: Sequence[int], device: torch.device | str = "cpu") -> Mask
 
     def ids() -> torch.Tensor:
         if "ids" not in table:
-            table["ids"] = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths)).to(device)  # (total,)
+            # position -> document, (total,)
+            table["ids"] = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths)).to(device)
         return table["ids"]
 
     if total <= _EAGER_DOCUMENT_IDS:
@@ -617,7 +626,8 @@ def valid_lengths(valid_lens: torch.Tensor) -> MaskMod:
         total = int(clipped.sum()) if per_query else int(clipped.sum()) * lq
         return total // max(1, lens.shape[0])
 
-    def tile_pairs(lq, lk, tq, tk):  # every query tile meets the key tiles that meet [0, longest length)
+    # every query tile meets the key tiles that meet [0, longest length)
+    def tile_pairs(lq, lk, tq, tk):
         return lq * _span_width(0, hi, lk, tk)
 
     def fits(batch, lq):
@@ -628,7 +638,7 @@ def valid_lengths(valid_lens: torch.Tensor) -> MaskMod:
                 f"valid_lengths of shape (B, Lq) = {tuple(lens.shape)} must have one column per query, but Lq is {lq}"
             )
 
-    # Tile states hold for every batch entry and row, so on the tile grid every row reaches [0, longest).
+    # Tile states hold for every batch entry and row, so every row of the grid reaches [0, longest).
     mod = MaskMod("valid_lengths", fn, uses_batch=True, uses_query=per_query, bounds=bounds, pairs=pairs,
                    tile_pairs=tile_pairs, fits=fits, form=_form(("valid_lengths", id(lens)), ((0, 0, 0, 0, hi),), lens))
     return _builtin("valid_lengths", mod)
@@ -657,8 +667,8 @@ def _combine(a: MaskMod, b: MaskMod, op: str) -> MaskMod:
         a.check_fits(batch, lq)
         b.check_fits(batch, lq)
 
-    # Counts in closed form while both sides are ors of ands of built-in predicates: an & distributes
-    # (every and of one side with every and of the other), an | joins the two lists.
+    # Counts in closed form while both sides are ors of ands of built-in predicates: an &
+    # distributes (every and of one side with every and of the other), an | joins the two lists.
     form = pairs = tile_pairs = None
     if a.form is not None and b.form is not None:
         form = _absorb(x | y for x in a.form for y in b.form) if both else _absorb(a.form + b.form)
@@ -715,7 +725,7 @@ def _indices(mod: MaskMod, batch: int, heads: int, q0: int, q1: int, k0: int, k1
 def tile(
     mod: MaskMod, batch: int, heads: int, q0: int, q1: int, k0: int, k1: int, device: torch.device | str = "cpu"
 ) -> torch.Tensor:
-    """The predicate on the tile ``[q0, q1) x [k0, k1)``: bool ``(B?, H?, Cq?, Ck)`` (? = 1 if unused)."""
+    """The predicate on tile ``[q0, q1) x [k0, k1)``: bool ``(B?, H?, Cq?, Ck)``, 1 where unused."""
     b, h, q, kv = _indices(mod, batch, heads, q0, q1, k0, k1, device)
     out = mod.fn(b, h, q, kv)
     return out.expand(b.shape[0], h.shape[1], q.shape[2], kv.shape[3])
@@ -725,14 +735,15 @@ def dense(mod: MaskMod, batch: int, heads: int, lq: int, lk: int, device: torch.
     """The whole mask as a bool tensor of the smallest broadcastable shape ``(B?, H?, Lq?, Lk)``.
 
     Raises:
-        ValueError: when the predicate cannot describe this batch and query count (:meth:`MaskMod.check_fits`).
+        ValueError: when the predicate cannot describe this batch and query count
+            (:meth:`MaskMod.check_fits`).
     """
     mod.check_fits(batch, lq)
     return tile(mod, batch, heads, 0, lq, 0, lk, device).contiguous()
 
 
 def block_state(mod: MaskMod, batch: int, heads: int, q0: int, q1: int, k0: int, k1: int) -> TileState:
-    """The tile's :class:`TileState` (``"empty"``, ``"full"`` or ``"partial"``), for every batch and head."""
+    """The tile's :class:`TileState`, the same for every batch entry and head."""
     if mod.bounds is not None:
         return mod.bounds(q0, q1, k0, k1)
     values = tile(mod, batch, heads, q0, q1, k0, k1)
@@ -744,7 +755,7 @@ def allowed_pairs(mod: MaskMod | None, batch: int, lq: int, lk: int, block: int 
 
     Closed form (:attr:`MaskMod.pairs`) for the built-in predicates and their compositions, at any
     length. Anything else (a predicate without a closed form) walks ``block x block`` tiles,
-    classifying each first and evaluating only partial ones, refused beyond :data:`_WALK_LIMIT` tiles.
+    classifying each and evaluating only partial ones, refused beyond :data:`_WALK_LIMIT` tiles.
 
     Raises:
         TypeError, ValueError: for a size that is not an int >= 1, or a predicate that cannot
@@ -774,7 +785,7 @@ def allowed_pairs(mod: MaskMod | None, batch: int, lq: int, lk: int, block: int 
 
 
 def _check_walk(mod: MaskMod, lq: int, lk: int, tq: int, tk: int) -> None:
-    """Refuse a count that would walk more than :data:`_WALK_LIMIT` tiles (minutes at long lengths)."""
+    """Refuse a count that would walk more than :data:`_WALK_LIMIT` tiles (minutes at long L)."""
     tiles = -(-lq // tq) * -(-lk // tk)
     if tiles > _WALK_LIMIT:
         raise ValueError(

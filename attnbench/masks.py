@@ -1,16 +1,10 @@
-"""Boolean attention masks as small composable factories (dense views of :mod:`attnbench.mask_mods`).
+"""Boolean attention masks as composable factories (dense views of :mod:`attnbench.mask_mods`).
 
-Convention (the same as ``F.scaled_dot_product_attention``): a mask is a boolean tensor
-broadcastable to ``(B, H, Lq, Lk)`` where ``True`` means *the query may attend to this key*.
-Every factory returns the smallest broadcastable shape, so one definition feeds both the
-float64 reference and the fast paths without materialising more than needed.
-
-There is one definition of each mask: the predicate in :mod:`attnbench.mask_mods`. The factories
-here only evaluate it densely (:func:`attnbench.mask_mods.dense`). ``Lq != Lk``: ``causal`` is
-aligned to the top-left corner (query i sees keys j <= i), as PyTorch's ``is_causal=True``.
-
-A query row with no allowed key produces an all-zero output row in every exact variant
-(never NaN): "attend to nothing" means "contribute nothing".
+A mask is a boolean tensor broadcastable to ``(B, H, Lq, Lk)``, True meaning *the query may attend
+to this key* (the SDPA convention), of the smallest broadcastable shape, so that the float64
+reference and the fast paths materialise no more than needed. Each mask has one definition, its
+predicate in :mod:`attnbench.mask_mods`, which the factories here evaluate densely. A query row with
+no allowed key gives an all-zero output row in every exact variant: it contributes nothing.
 
 Example:
     >>> m = combine(causal(4, 4), sliding_window(4, 4, window=1))
@@ -78,7 +72,7 @@ def prefix_lm(lq: int, lk: int, prefix: int, device: torch.device | str = "cpu")
 
 
 def document(lq: int, lk: int, lengths: Sequence[int], device: torch.device | str = "cpu") -> torch.Tensor:
-    """Block-diagonal mask of packed documents with the given lengths (positions past them see nothing).
+    """Block-diagonal mask of packed documents (positions past their lengths see nothing).
 
     Returns:
         Bool tensor of shape ``(1, 1, lq, lk)``.
@@ -131,7 +125,7 @@ def is_key_padding(mask: torch.Tensor | None) -> bool:
 
 
 def default_valid_lens(batch: int, lk: int) -> list[int]:
-    """The ``valid_lengths`` kind's key counts: batch b keeps ``ceil(lk * (b + 1) / (batch + 1))``."""
+    """The ``valid_lengths`` kind's key counts, ``ceil(lk * (b + 1) / (batch + 1))`` for entry b."""
     return [max(1, -(-lk * (b + 1) // (batch + 1))) for b in range(batch)]
 
 
@@ -210,7 +204,7 @@ def for_kind(
 
 
 def kind_of(mod: mm.MaskMod | None) -> str | None:
-    """The :data:`MASK_KINDS` name of a built-in predicate (``"none"`` for None); None for compositions.
+    """The :data:`MASK_KINDS` name of a built-in predicate ("none" for None; None if composed).
 
     Also None for ``valid_lengths`` with per-query lengths (2-D): the ``valid_lengths`` kind is key
     padding, the same keys for every query, and a variant that supports only key padding (the

@@ -14,11 +14,12 @@ from attnbench._checks import check_float_dtype, check_qkv, check_scale
 
 
 def repeat_kv(k: torch.Tensor, v: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``k (B, Hkv, Lk, D)`` and ``v (B, Hkv, Lk, Dv)`` with each head repeated for its G query heads.
+    """``k`` and ``v`` with each key/value head repeated for its G query heads (H heads in all).
 
     Query head h reads key/value head ``h // G`` (``repeat_interleave``: the convention of SDPA's
     ``enable_gqa``). Returns the inputs themselves when ``Hkv == heads`` (no copy); otherwise the
-    copies hold ``B * H * Lk * (D + Dv)`` elements, which a variant that repeats declares in its cost model.
+    copies hold ``B * H * Lk * (D + Dv)`` elements, which a variant that repeats declares in its
+    cost model.
 
     Args:
         k: keys ``(B, Hkv, Lk, D)``.
@@ -28,7 +29,8 @@ def repeat_kv(k: torch.Tensor, v: torch.Tensor, heads: int) -> tuple[torch.Tenso
     group = heads // k.shape[1]
     if group == 1:
         return k, v
-    return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, H, Lk, D), (B, H, Lk, Dv)
+    # (B, H, Lk, D), (B, H, Lk, Dv)
+    return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
 
 
 def _weighted_sum(weights: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
@@ -48,7 +50,8 @@ def _weighted_sum(weights: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor 
         return weights @ v  # (B, H, Lq, Dv)
     out = weights @ torch.where(bad, 0.0, v)
     reach = torch.ones_like(weights) if allowed is None else allowed.to(weights.dtype).expand_as(weights)
-    poisoned = (reach @ bad.to(weights.dtype)) > 0  # (B, H, Lq, Dv): an allowed key's value is non-finite
+    # (B, H, Lq, Dv): an allowed key's value is non-finite
+    poisoned = (reach @ bad.to(weights.dtype)) > 0
     return out.masked_fill(poisoned, float("nan"))
 
 
@@ -116,19 +119,16 @@ def reference_attention(
     scale: float | None = None,
     dtype: torch.dtype = torch.float64,
 ) -> torch.Tensor:
-    """Scaled dot-product attention with einsum, in float64 unless ``dtype`` says otherwise.
+    """Scaled dot-product attention by einsum, ``(B, H, Lq, Dv)`` in ``dtype`` (default float64).
 
     Args:
         q: ``(B, H, Lq, D)`` queries.
-        k: ``(B, Hkv, Lk, D)`` keys (Hkv divides H; query head h reads key head ``h // (H // Hkv)``).
+        k: ``(B, Hkv, Lk, D)`` keys (Hkv divides H; query head h reads key head
+            ``h // (H // Hkv)``).
         v: ``(B, Hkv, Lk, Dv)`` values.
-        mask: bool, broadcastable to ``(B, H, Lq, Lk)``; True = may attend. Rows with no allowed
-            key return zeros.
+        mask: bool, broadcastable to ``(B, H, Lq, Lk)``; True = may attend (a row with none: zeros).
         scale: score multiplier; default ``1 / sqrt(D)``.
         dtype: compute dtype, a floating-point ``torch.dtype`` (see :func:`attend`).
-
-    Returns:
-        ``(B, H, Lq, Dv)`` tensor of ``dtype``.
 
     Raises:
         TypeError, ValueError: for bad inputs (as every variant), a bad ``scale``, or a ``dtype``

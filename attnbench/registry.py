@@ -35,8 +35,8 @@ def register(name: str, cls: type[Variant], **defaults: Any) -> None:
 
 
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
-"""What a variant may be called: a name ``--variants a,b`` and ``ATTNBENCH_ASV_VARIANTS`` can select (no comma,
-no space)."""
+"""What a variant may be called: a name ``--variants a,b`` and ``ATTNBENCH_ASV_VARIANTS`` can select
+(no comma, no space)."""
 
 
 def _add(name: str, cls: type[Variant] | str, defaults: dict[str, Any]) -> None:
@@ -107,7 +107,8 @@ def get_variant(name: str, **options: Any) -> Variant:
     cls = variant_class(name)
     options = {**variant_defaults(name), **options}
     for option, built_with in cls.VARIANT_OPTIONS.items():
-        if isinstance(options.get(option), str):  # a registered name: built here, with the options the class asks for
+        # a registered name: built here, with the options the class asks for
+        if isinstance(options.get(option), str):
             options[option] = get_variant(options[option], **built_with.get(options[option], {}))
     variant = cls(**options)
     variant.name = name

@@ -126,7 +126,7 @@ class AttnSpec:
 
     @property
     def input_bytes(self) -> int:
-        """Bytes of q ``(B, H, Lq, D)``, k ``(B, Hkv, Lk, D)`` and v ``(B, Hkv, Lk, Dv)`` (the mask is :attr:`mask_bytes`)."""
+        """Bytes of q, k and v at their shapes (the mask's are :attr:`mask_bytes`)."""
         b = self.batch
         elems = b * (self.heads * self.lq * self.head_dim + self.hkv * self.lk * (self.head_dim + self.dv))
         return elems * self.elem_bytes
@@ -143,7 +143,8 @@ class AttnSpec:
         intermediate a real kernel spills (scores, softmax statistics).
 
         Example:
-            >>> AttnSpec(heads=8, kv_heads=1, seq_len=1, seq_len_k=4096).bytes_moved  # one decode step
+            >>> # one decode step
+            >>> AttnSpec(heads=8, kv_heads=1, seq_len=1, seq_len_k=4096).bytes_moved
             2101248
         """
         once = self.input_bytes + self.output_bytes
@@ -151,7 +152,7 @@ class AttnSpec:
 
     @property
     def mask_bytes(self) -> int:
-        """Bytes of the dense bool mask :meth:`make_mask` builds (its broadcastable shape, one byte per entry).
+        """Bytes of the dense bool mask :meth:`make_mask` builds: its broadcastable shape's entries.
 
         ``causal``, ``sliding_window``, ``prefix_lm`` and ``document`` are ``(1, 1, Lq, Lk)``;
         ``valid_lengths`` is ``(B, 1, 1, Lk)``; ``none`` builds nothing. A variant that takes the
@@ -189,7 +190,7 @@ class AttnSpec:
         return masks.default_prefix(self.lk) if self.prefix is None else self.prefix
 
     def mask_mod(self, device: torch.device | str | None = None) -> mask_mods.MaskMod | None:
-        """The spec's mask as a predicate (None for ``"none"``): the one definition every consumer uses."""
+        """The spec's mask as a predicate (None for ``"none"``): what every consumer uses."""
         return masks.mod_for_kind(
             self.mask, self.batch, self.lq, self.lk, window=self.window, prefix=self.prefix_len,
             device=self.device if device is None else device,

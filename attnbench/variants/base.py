@@ -1,41 +1,17 @@
-"""The contract every attention variant follows.
+"""The contract every attention variant follows: its call, its declared support, its cost model.
 
-Letters: B batch, H query heads, Hkv key/value heads, G = H // Hkv, Lq queries, Lk keys,
-D query/key head dim, Dv value head dim.
+``variant(q, k, v, mask=None)`` maps ``q (B, H, Lq, D)``, ``k (B, Hkv, Lk, D)``,
+``v (B, Hkv, Lk, Dv)`` to ``(B, H, Lq, Dv)``; ``Hkv < H`` is grouped-query attention (query head h
+reads key/value head ``h // G``, G = H // Hkv), run only by a variant that declares how
+(:class:`GqaMode`). The mask is None, a bool tensor broadcastable to ``(B, H, Lq, Lk)`` (True = may
+attend; causal is top-left aligned) or a :class:`~attnbench.mask_mods.MaskMod`, which
+:meth:`Variant.validate` evaluates densely while the runner prepares (never timed; the guard counts
+the bytes) unless :meth:`Variant.takes_mask_mod`. Rows with no allowed key are zeros.
 
-A variant is a callable ``variant(q, k, v, mask=None)`` with ``q (B, H, Lq, D)``,
-``k (B, Hkv, Lk, D)``, ``v (B, Hkv, Lk, Dv)`` returning ``(B, H, Lq, Dv)``. ``Hkv < H`` is
-grouped-query attention (query head h reads key/value head ``h // G``; Hkv = 1 is multi-query
-attention); a variant runs it only when it declares how (``SUPPORTS_GQA``, see :data:`GQA_MODES`). The mask is None, a
-boolean tensor broadcastable to ``(B, H, Lq, Lk)`` (True means "may attend", the SDPA convention),
-or a predicate (:class:`~attnbench.mask_mods.MaskMod`). A variant that uses the predicate directly
-(tiles, block skipping, ``is_causal``) says so in :meth:`Variant.takes_mask_mod`; for every other
-variant :meth:`Variant.validate` evaluates the predicate into the dense tensor (outside any timed
-region: the runner validates while preparing), whose bytes the guard counts
-(:meth:`Variant.mask_bytes`). Causal masks with ``Lq != Lk`` are top-left aligned (query i sees
-keys j <= i), as PyTorch's ``is_causal=True``. Rows with no allowed key return zeros in every
-exact variant.
-
-Capabilities are declared, not asserted: ``SUPPORTED_DEVICES``, ``SUPPORTED_DTYPES``,
-``SUPPORTED_MASKS`` and friends feed :meth:`Variant.not_supported_reasons`, which the test
-matrix and the benchmark runner use to turn an impossible case into a skipped row with a reason.
-A concrete call (tensors) and a planned case (an :class:`AttnSpec`) are both reduced to one
-:class:`~attnbench.capability.CallInfo` and judged by the same :meth:`Variant.reasons_for`, so
-``validate`` raises exactly what ``not_supported_reasons`` reports for the equivalent spec.
-
-What "executed FLOPs" means (the one definition every cost model follows):
-    2 x the multiply-accumulates of every *contraction* the implementation performs (matmul,
-    bmm, dot, matrix-vector products, and the fused attention kernels' internal Q K^T and P V),
-    on every pair it computes, masked or not. Elementwise work (exp, softmax, tanh, scaling,
-    masking) and plain reductions (sum, max) are not counted. This is exactly what
-    ``torch.utils.flop_counter.FlopCounterMode`` counts (``2*M*N*K`` per matmul, its own formulas
-    for the SDPA kernels, nothing elementwise), so the declared count is checked against it.
-    The backward pass is counted the same way: eager autograd runs two matmuls of the forward's
-    size per matmul whose operands both need a gradient (backward factor 2.0), one when an operand
-    is a constant weight (1.0); fused kernels that recompute the scores in the backward pass add
-    one more ``Q K^T`` (backward factor 2.5 when Dv == D, the counter's formula). Contractions
-    inside a kernel the counter cannot see (CPU flash SDPA, FlexAttention on CPU, the Python
-    loop's scalar dots) are declared ``visible=False`` and checked against a hand count instead.
+Support is declared, not asserted (``SUPPORTED_DEVICES``, ...): tensors and a planned
+:class:`AttnSpec` reduce to one :class:`~attnbench.capability.CallInfo` judged by
+:meth:`Variant.reasons_for`, so ``validate`` raises exactly what ``not_supported_reasons`` reports,
+and a sweep records an impossible case as skipped with the reason. FLOPs: :class:`Flops`.
 """
 
 from __future__ import annotations
@@ -61,13 +37,13 @@ ALL_MASKS = frozenset(masks.MASK_KINDS)
 KEY_PADDING_MASKS = frozenset({"none", "valid_lengths"})
 T = TypeVar("T")
 EAGER_BACKWARD = 2.0
-"""Backward FLOPs per forward FLOP of a matmul whose two operands both need a gradient (eager autograd)."""
+"""Backward FLOPs per forward FLOP of a matmul whose operands both need a gradient (eager)."""
 CONSTANT_OPERAND_BACKWARD = 1.0
 """Backward FLOPs per forward FLOP of a matmul with one constant operand (a fixed weight)."""
 
 
 class GqaMode(enum.StrEnum):
-    """How a variant runs grouped-query attention (``SUPPORTS_GQA``; "" where it cannot): :data:`GQA_MODES`."""
+    """How a variant runs grouped-query attention (``SUPPORTS_GQA``; "" where it cannot)."""
 
     NATIVE = "native"
     GROUPED = "grouped"
@@ -86,7 +62,20 @@ RECOMPUTE_BACKWARD = 3.0
 
 @dataclass(frozen=True)
 class Flops:
-    """Analytic floating-point operation counts of one case (see the module docstring)."""
+    """Analytic floating-point operation counts of one case, as every cost model defines them.
+
+    Executed FLOPs are 2 x the multiply-accumulates of every *contraction* the implementation
+    performs (matmul, bmm, dot, matrix-vector products, the fused kernels' internal Q K^T and P V)
+    on every pair it computes, masked or not; elementwise work (exp, softmax, tanh, scaling,
+    masking) and plain reductions (sum, max) are not counted. That is exactly what
+    ``torch.utils.flop_counter.FlopCounterMode`` counts, so the declared count is checked against
+    it. Backward: eager autograd runs two matmuls of the forward's size per matmul whose operands
+    both need a gradient (:data:`EAGER_BACKWARD`), one when an operand is a constant weight
+    (:data:`CONSTANT_OPERAND_BACKWARD`); fused kernels that recompute the scores add one more
+    ``Q K^T`` (2.5 overall when Dv == D, the counter's formula). Contractions inside a kernel the
+    counter cannot see (CPU flash SDPA, CPU FlexAttention, the Python loop's scalar dots) are
+    declared ``visible=False`` and checked against a hand count instead.
+    """
 
     useful: int  # work on (query, key) pairs the mask allows
     executed: int  # work the implementation actually performs (>= useful for masked dense)
@@ -99,7 +88,8 @@ class Contraction:
     name: str  # what it computes, e.g. "Q K^T"
     executed: int  # forward FLOPs performed (2 x multiply-accumulates), masked pairs included
     useful: int  # forward FLOPs on pairs the mask allows (== executed for mask-free work)
-    backward: float  # backward FLOPs per forward FLOP (EAGER_BACKWARD, CONSTANT_OPERAND_BACKWARD, ...)
+    # backward FLOPs per forward FLOP (EAGER_BACKWARD, CONSTANT_OPERAND_BACKWARD, ...)
+    backward: float
     visible: bool = True  # FlopCounterMode sees it (False inside kernels it has no formula for)
 
     def total(self, backward: bool, useful: bool = False) -> int:
@@ -111,7 +101,7 @@ class Contraction:
 def dense_mask(
     mask: torch.Tensor | mask_mods.MaskMod | None, q: torch.Tensor, k: torch.Tensor
 ) -> torch.Tensor | None:
-    """The mask as a bool tensor for ``q (B, H, Lq, D)`` and ``k (B, H, Lk, D)``: a predicate is evaluated."""
+    """The mask as a bool tensor for ``q (B, H, Lq, D)`` and ``k (B, H, Lk, D)``."""
     if isinstance(mask, mask_mods.MaskMod):
         return mask_mods.dense(mask, q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.device)
     return mask
@@ -127,7 +117,8 @@ class Variant(ABC):
 
     name: str = "variant"  # registry name; set by the registry on each instance it builds
     exact: ClassVar[bool] = True  # computes softmax(QK^T * scale) V exactly (up to rounding)
-    SOFTMAX_ATTENTION: ClassVar[bool] = True  # over every pair the mask allows (False: another function, e.g. a band)
+    # over every pair the mask allows (False: another function, e.g. a band)
+    SOFTMAX_ATTENTION: ClassVar[bool] = True
     time_exponent: ClassVar[float] = 2.0  # time ~ L ** time_exponent for self-attention
     memory_exponent: ClassVar[float] = 2.0  # extra memory ~ L ** memory_exponent
     source: ClassVar[str] = ""  # the seed or paper the variant comes from
@@ -139,17 +130,22 @@ class Variant(ABC):
     SCORE_BUFFERS: ClassVar[float] = 2.0  # live (Lq, Lk) buffers per (B, H) at the forward peak
     SECONDS_PER_PAIR: ClassVar[float] = 0.0  # interpreter overhead per (query, key) pair
     EFFICIENCY: ClassVar[float] = 0.25  # assumed fraction of matmul peak, for time predictions only
-    IN_DEFAULT_SWEEP: ClassVar[bool] = True  # False for variants whose set-up (compilation) costs seconds per shape
-    VARIANT_OPTIONS: dict[str, dict[str, dict[str, Any]]] = {}  # noqa: RUF012 - read from the class, never changed
-    """Constructor options that take another variant: option -> {variant name: options it is built with}.
-    :func:`attnbench.registry.get_variant` builds a registered name given there (``compiled_chunked``'s
-    ``base="chunked"``), so a variant never looks another up itself."""
+    # False for variants whose set-up (compilation) costs seconds per shape
+    IN_DEFAULT_SWEEP: ClassVar[bool] = True
+    VARIANT_OPTIONS: dict[str, dict[str, dict[str, Any]]] = {}  # noqa: RUF012
+    """Constructor options that take another variant: option -> {variant name: its options}, read
+    from the class. :func:`attnbench.registry.get_variant` builds a registered name given there
+    (``compiled_chunked``'s ``base="chunked"``), so no variant looks another up itself."""
     PROVENANCE: ClassVar[bool] = False  # record which SDPA kernel ran (SDPA-backed variants)
-    RECOMPUTES_SCORES: ClassVar[bool] = False  # backward recomputes Q K^T (fused kernels): factor 2.5, not 2.0
-    OPAQUE_KERNELS: ClassVar[frozenset[str]] = frozenset()  # aten ops FlopCounterMode has no formula for
+    # backward recomputes Q K^T (fused kernels): factor 2.5, not 2.0
+    RECOMPUTES_SCORES: ClassVar[bool] = False
+    # aten ops FlopCounterMode has no formula for
+    OPAQUE_KERNELS: ClassVar[frozenset[str]] = frozenset()
     REJECTS_NONFINITE: ClassVar[bool] = True  # validate() rejects NaN/inf in q, k, v (see validate)
-    APPROX_ERROR_BOUND: ClassVar[float | None] = None  # approximate variants: allowed mean |out - softmax attention|
-    MASK_MODS: ClassVar[bool] = False  # forward takes a MaskMod predicate itself (see takes_mask_mod)
+    # approximate variants: allowed mean |out - softmax attention|
+    APPROX_ERROR_BOUND: ClassVar[float | None] = None
+    # forward takes a MaskMod predicate itself (see takes_mask_mod)
+    MASK_MODS: ClassVar[bool] = False
     SUPPORTS_GQA: ClassVar[str] = ""  # how Hkv < H is run: a GqaMode, "" = not at all
 
     def __init__(self, scale: float | None = None) -> None:
@@ -206,7 +202,7 @@ class Variant(ABC):
         return None if mask4 is None else mask4.expand(*mask4.shape[:3], k.shape[2])
 
     def takes_mask_mod(self, mod: mask_mods.MaskMod | None) -> bool:
-        """Whether :meth:`forward` takes this predicate itself (else it gets the dense bool tensor)."""
+        """Whether :meth:`forward` takes this predicate itself (else the dense bool tensor)."""
         return self.MASK_MODS and mod is not None
 
     def mask_form(self, spec: AttnSpec) -> MaskForm:
@@ -214,7 +210,7 @@ class Variant(ABC):
         return MaskForm.MOD if self.takes_mask_mod(spec.mask_mod(device="cpu")) else MaskForm.DENSE
 
     def mask_bytes(self, spec: AttnSpec) -> int:
-        """Bytes of the mask the runner builds for this variant: 0 for a predicate, else the dense tensor's."""
+        """Bytes of the mask the runner builds here: 0 for a predicate, else the dense tensor's."""
         return 0 if self.mask_form(spec) == MaskForm.MOD else spec.mask_bytes
 
     def check_values(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -228,8 +224,7 @@ class Variant(ABC):
         same inputs), so whatever a variant prepares on first use (compilation, cached masks) is
         prepared for exactly the calls that are timed; the runner checks the returned result.
 
-        Returns:
-            ``(what call returned, seconds of one-off preparation)``: 0.0 for variants that need none.
+        ``(what call returned, seconds of one-off preparation)``, 0.0 where nothing is prepared.
         """
         return call(), 0.0
 
@@ -237,7 +232,7 @@ class Variant(ABC):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | mask_mods.MaskMod | None
     ) -> torch.Tensor:
-        """Compute attention on inputs already passed through :meth:`validate` (mask None, rank 4 or a predicate)."""
+        """Attention on inputs :meth:`validate` passed (mask None, rank 4 or a predicate)."""
 
     def scale_for(self, head_dim: int) -> float:
         return 1.0 / math.sqrt(head_dim) if self.scale is None else float(self.scale)
@@ -292,7 +287,7 @@ class Variant(ABC):
         return reasons + self.extra_reasons(call)
 
     def gqa_mode(self, call: CallInfo) -> str:
-        """How this call's grouped-query attention runs (a :data:`GQA_MODES` key), "" when it cannot.
+        """How this call's grouped-query attention runs (a :class:`GqaMode`); "" when it cannot.
 
         ``SUPPORTS_GQA`` by default; a variant whose answer depends on the call (a backend, a
         device) overrides this, and the cost model follows what it returns.
@@ -328,11 +323,11 @@ class Variant(ABC):
         return spec.allowed_pairs()
 
     def scores_visible(self, spec: AttnSpec) -> bool:
-        """Whether FlopCounterMode sees the Q K^T and P V contractions (False inside opaque kernels)."""
+        """Whether FlopCounterMode sees Q K^T and P V (False inside opaque kernels)."""
         return True
 
     def contractions(self, spec: AttnSpec) -> list[Contraction]:
-        """The forward pass's contractions: by default ``Q K^T`` (2D) and ``P V`` (2Dv) per computed pair."""
+        """Forward contractions; by default ``Q K^T`` (2D) and ``P V`` (2Dv) per computed pair."""
         bh = spec.batch * spec.heads
         executed = self.executed_pairs(spec)
         useful = min(self.useful_pairs(spec), executed)
@@ -346,7 +341,7 @@ class Variant(ABC):
     def flops(self, spec: AttnSpec) -> Flops:
         """Executed and useful FLOPs of the case (forward, plus backward in "backward" mode).
 
-        See the module docstring for what is counted. O(1) work in the sequence length.
+        :class:`Flops` says what is counted. O(1) work in the sequence length.
         """
         backward = spec.mode == "backward"
         parts = self.contractions(spec)
@@ -361,7 +356,7 @@ class Variant(ABC):
         return sum(c.total(backward) for c in self.contractions(spec) if c.visible)
 
     def backward_factor(self, spec: AttnSpec) -> float:
-        """Backward FLOPs per forward FLOP (2.0 eager autograd, 2.5 fused kernels that recompute)."""
+        """Backward FLOPs per forward FLOP (2.0 eager autograd, 2.5 fused kernels recomputing)."""
         fwd = self.flops(spec.replace(mode="forward")).executed
         return (self.flops(spec.replace(mode="backward")).executed - fwd) / fwd if fwd else 0.0
 
@@ -374,16 +369,17 @@ class Variant(ABC):
         return self.SCORE_BUFFERS * spec.batch * spec.heads * spec.lq * spec.lk
 
     def kv_copy_elements(self, spec: AttnSpec) -> int:
-        """Elements of the k and v copies a ``"repeat"`` GQA makes: ``B*H*Lk*(D+Dv)``; 0 otherwise."""
+        """Elements of the k and v copies a "repeat" GQA makes, ``B*H*Lk*(D+Dv)``; else 0."""
         if spec.hkv == spec.heads or self.gqa_mode(CallInfo.from_spec(spec)) != GqaMode.REPEAT:
             return 0
         return spec.batch * spec.heads * spec.lk * (spec.head_dim + spec.dv)
 
     def predicted_peak_bytes(self, spec: AttnSpec) -> int:
-        """Predicted peak tensor bytes above the inputs: scratch + k/v copies + output (x3 for backward) + weights.
+        """Predicted peak tensor bytes above the inputs: scratch, k/v copies, output, weights.
 
-        The backward factor covers saved activations, their gradients and the input gradients.
-        The variant's own parameters (:meth:`parameter_bytes`) are added once. O(1) work.
+        Backward is three times the forward's (saved activations, their gradients and the input
+        gradients) plus the inputs; the variant's own parameters (:meth:`parameter_bytes`) are added
+        once. O(1) work.
         """
         fwd = (self.scratch_elements(spec) + self.kv_copy_elements(spec)) * spec.elem_bytes + spec.output_bytes
         if spec.mode == "backward":

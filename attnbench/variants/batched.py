@@ -15,7 +15,8 @@ class BatchedAttention(Variant):
     """``softmax(Q K^T * scale) V`` with two bmm calls; peak = scores + probabilities + output."""
 
     source = "DotProductAttention with torch.bmm; Vaswani et al. 2017"
-    SUPPORTS_GQA = GqaMode.GROUPED  # the G query heads of a group share one bmm against their key/value head
+    # the G query heads of a group share one bmm against their key/value head
+    SUPPORTS_GQA = GqaMode.GROUPED
 
     def forward(self, q, k, v, mask):
         b, h, lq, d = q.shape

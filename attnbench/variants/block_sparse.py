@@ -28,8 +28,9 @@ from attnbench.variants._ops import masked_softmax_, zero_empty_rows
 from attnbench.variants.base import GqaMode, Variant, dense_mask
 
 MAX_PATTERN_BLOCKS = 2**14
-"""Most blocks per side of the ``(Nb, Nb)`` pattern this variant builds (256 MiB of bools, seconds to
-draw): longer sequences are declared unsupported (L <= 16384 x block, 1,048,576 at the default 64)."""
+"""Most blocks per side of the ``(Nb, Nb)`` pattern this variant builds (256 MiB of bools, seconds
+to draw): longer sequences are declared unsupported (L <= 16384 x block: 1,048,576 at the default
+block of 64)."""
 
 
 @functools.lru_cache(maxsize=64)
@@ -95,8 +96,8 @@ class BlockSparseAttention(Variant):
         """Per non-global query block, the gathered key positions ``(Nb', Nk)`` and validity."""
         pattern = self.blocks(length)[self.global_blocks :]  # (Nb', Nb)
         width = int(pattern.sum(1).max()) if len(pattern) else 0
-        # Allowed block ids first (stable sort keeps them in order), then padding.
-        order = torch.sort((~pattern).to(torch.int8), dim=1, stable=True).indices[:, :width]  # (Nb', W)
+        # Allowed block ids first (stable sort keeps them in order), then padding: (Nb', W).
+        order = torch.sort((~pattern).to(torch.int8), dim=1, stable=True).indices[:, :width]
         block_valid = pattern.gather(1, order)  # (Nb', W)
         offsets = torch.arange(self.block)
         key_index = (order[:, :, None] * self.block + offsets).flatten(1)  # (Nb', W*blk)
@@ -115,23 +116,24 @@ class BlockSparseAttention(Variant):
     # min(Nb, union + random_blocks), which is piecewise linear in r with kinks where the window
     # meets an edge (r = w, r = Nb - 1 - w) or leaves the global columns (r = g + w).
     def _row_blocks(self, nb: int, r: int, cap: bool = True) -> int:
-        """Key blocks in row ``r`` (``global_blocks <= r < Nb``) of :func:`block_pattern`, without drawing it.
+        """Key blocks in row ``r`` (``global_blocks <= r < Nb``) of :func:`block_pattern`, undrawn.
 
         ``cap=False``: window and global columns plus ``random_blocks``, before the cap at Nb.
         """
         g, w = min(self.global_blocks, nb), self.window_blocks
         lo, hi = max(0, r - w), min(nb - 1, r + w)
-        union = (hi - lo + 1) + g - max(0, min(g - 1, hi) - lo + 1)  # window + global columns, shared ones once
+        # window + global columns, shared ones once
+        union = (hi - lo + 1) + g - max(0, min(g - 1, hi) - lo + 1)
         return min(nb, union + self.random_blocks) if cap else union + self.random_blocks
 
     def _row_pieces(self, nb: int) -> list[tuple[int, int]]:
-        """Ranges ``[a, b]`` of non-global rows on each of which the uncapped row count is linear in r."""
+        """Ranges ``[a, b]`` of non-global rows on each of which the uncapped count is linear."""
         g, w = min(self.global_blocks, nb), self.window_blocks
         cuts = sorted({g, nb} | {k + 1 for k in (w, nb - 1 - w, g + w) if g < k + 1 < nb})
         return [(a, end - 1) for a, end in zip(cuts[:-1], cuts[1:], strict=True) if a < end]
 
     def _row_sum(self, nb: int) -> int:
-        """Sum of :meth:`_row_blocks` over the non-global rows, in O(1): ``min(Nb, h0 + s*t)`` summed per piece."""
+        """O(1) sum of :meth:`_row_blocks` over non-global rows: ``min(Nb, h0 + s*t)`` per piece."""
         total = 0
         for a, b in self._row_pieces(nb):
             n, h0 = b - a + 1, self._row_blocks(nb, a, cap=False)
@@ -147,7 +149,7 @@ class BlockSparseAttention(Variant):
         return total
 
     def _split(self, spec) -> tuple[int, int, int]:
-        """(global query rows, non-global query blocks, gathered key blocks per such block), in O(1).
+        """(global rows, non-global query blocks, key blocks gathered per such block), in O(1).
 
         The widest non-global row of the pattern; a piecewise-linear count peaks at a piece's end.
         """
@@ -161,7 +163,7 @@ class BlockSparseAttention(Variant):
         return global_rows * spec.lk + blocks * self.block * width * self.block
 
     def pattern_pairs(self, length: int) -> int:
-        """(query, key) pairs in the pattern: O(1) when ``block`` divides the length, else O(Nb^2), never O(L^2).
+        """Pattern (query, key) pairs: O(1) if ``block`` divides L, else O(Nb^2), never O(L^2).
 
         Block r holds ``size[r]`` tokens (the last block may be partial), so the count is
         ``size^T P size`` for the ``(Nb, Nb)`` block pattern ``P``. With every block full that is

@@ -1,19 +1,15 @@
 """Exact attention in query/key blocks with an online (streaming) softmax and block skipping.
 
-Each query block keeps a running maximum ``m``, a running normaliser ``l`` and an unnormalised
-accumulator; every key block rescales them (Milakov & Gimelshein 2018; Rabe & Staats 2021;
-FlashAttention's outer loop, Dao et al. 2022). Peak extra memory is the scaled queries, one
-``(q_chunk, k_chunk)`` score block per (B, H) (reused by every tile when autograd is off) and the
-running statistics: linear in sequence length. Probabilities are computed in base 2 (``exp2``, with
-``log2(e)`` folded into the query scale), the cheaper CPU kernel.
-
-Given the mask as a predicate (:class:`~attnbench.mask_mods.MaskMod`, what the runner passes), each
-(query block, key block) tile is classified first (:func:`~attnbench.mask_mods.block_state`, closed
-form for the built-in masks): an empty tile is skipped (no matmul at all), a full tile does no mask
-work, and only a partial tile evaluates the predicate on its own ``(Cq, Ck)`` indices, so no dense
-mask exists. Causal attention thus executes about half the pairs of unmasked attention, plus the
-diagonal tiles (:meth:`ChunkedAttention.executed_pairs` counts exactly the tiles computed). A dense
-boolean tensor is still accepted (every tile is then treated as partial).
+Each query block keeps a running maximum, a running normaliser and an unnormalised accumulator
+that every key block rescales (Milakov & Gimelshein 2018; Rabe & Staats 2021; FlashAttention's
+outer loop, Dao et al. 2022). Extra memory is the scaled queries, one ``(q_chunk, k_chunk)`` score
+block per (B, H) (reused by every tile when autograd is off) and the running statistics: linear
+in L. Probabilities are computed in base 2 (``exp2``, with ``log2(e)`` folded into the query
+scale), the cheaper CPU kernel. Given the mask as a predicate (what the runner passes), each tile
+is classified first (:func:`~attnbench.mask_mods.block_state`): an empty tile is skipped, a full
+one does no mask work, and only a partial one evaluates the predicate on its own indices, so
+causal executes about half the pairs (:meth:`ChunkedAttention.executed_pairs` counts the tiles
+computed). A dense boolean tensor is accepted too (every tile is then partial).
 
 Letters: B batch, H heads, Lq queries, Lk keys, D head dim, Dv value head dim, C chunk sizes.
 """
@@ -56,7 +52,8 @@ class _Scratch(NamedTuple):
 class _Running(NamedTuple):
     """A query block's online softmax after the key tiles so far (unnormalised)."""
 
-    run_max: torch.Tensor  # (B*H, Cq, 1) row maxima of the base-2 scores; -inf where every key was masked
+    # (B*H, Cq, 1) row maxima of the base-2 scores; -inf where every key was masked
+    run_max: torch.Tensor
     run_sum: torch.Tensor  # (B*H, Cq, 1) sums of exp2(score - run_max)
     acc: torch.Tensor  # (B*H, Cq, Dv) those weights times the values
 
@@ -93,21 +90,24 @@ def _attend_row(q_blk, k, v, row, allowed, b: int, h: int, scratch: _Scratch | N
 
 
 def _fold_tile(run: _Running | None, scores, v_blk, partial: bool, scratch: _Scratch | None) -> _Running:
-    """``run`` rescaled to the new row maxima plus one tile's ``scores`` (B*H, Cq, Ck) and values."""
+    """``run`` rescaled to the new row maxima plus a tile's ``scores`` (B*H, Cq, Ck) and values."""
     reuse = scratch is not None
     tile_max = scores.amax(dim=-1, keepdim=True)  # (B*H, Cq, 1)
     new_max = tile_max if run is None else torch.maximum(run.run_max, tile_max)
     # A row that has seen only masked keys keeps max -inf: shift it by 0 so exp() gives 0, not NaN.
     shift = torch.where(torch.isinf(new_max), 0.0, new_max) if partial or run is None else new_max
-    probs = scores.sub_(shift).exp2_() if reuse else torch.exp2(scores - shift)  # (B*H, Cq, Ck), unnormalised
+    # (B*H, Cq, Ck), unnormalised
+    probs = scores.sub_(shift).exp2_() if reuse else torch.exp2(scores - shift)
     block_sum = probs.sum(dim=-1, keepdim=True)  # (B*H, Cq, 1)
     if run is None:
         acc_out = None if scratch is None else _buffer(scratch.acc, *scores.shape[:2], v_blk.shape[-1])
-        return _Running(new_max, block_sum, torch.bmm(probs, v_blk, out=acc_out))  # acc (B*H, Cq, Dv)
+        # acc (B*H, Cq, Dv)
+        return _Running(new_max, block_sum, torch.bmm(probs, v_blk, out=acc_out))
     rescale = torch.exp2(run.run_max - shift)  # (B*H, Cq, 1); 0 where run_max is -inf
     if reuse:
         run_sum = run.run_sum.mul_(rescale).add_(block_sum)
-        acc = torch.baddbmm(run.acc.mul_(rescale), probs, v_blk, out=run.acc)  # acc * rescale + probs @ v_blk
+        # acc * rescale + probs @ v_blk
+        acc = torch.baddbmm(run.acc.mul_(rescale), probs, v_blk, out=run.acc)
     else:
         run_sum = run.run_sum * rescale + block_sum
         acc = torch.baddbmm(run.acc * rescale, probs, v_blk)  # (B*H, Cq, Dv)
@@ -115,20 +115,21 @@ def _fold_tile(run: _Running | None, scores, v_blk, partial: bool, scratch: _Scr
 
 
 Q_CHUNK = 256
-"""Query rows per tile by default (also the width at which key blocks are classified under a mask)."""
+"""Query rows per tile by default (also the width at which key blocks are classified, masked)."""
 TILE_BYTES = 2 * 2**20
-"""Bytes of one (batch, head) score tile at most by default: the widest key tile is this over the query rows."""
+"""Bytes of one (batch, head) score tile at most by default: the widest key tile, over Cq rows."""
 
 
 def default_chunks(lq: int, lk: int, dtype: str, q_chunk: int | None = None) -> tuple[int, int]:
-    """Tile sizes ``(q_chunk, k_chunk)`` for a length and dtype: keys as wide as 2 MiB a tile allows.
+    """Tile sizes ``(q_chunk, k_chunk)`` for a length and dtype: keys as wide as 2 MiB allows.
 
     ``q_chunk`` rows (default :data:`Q_CHUNK`) by as many keys as fit :data:`TILE_BYTES` per (batch,
     head): 256 x 2048 float32, 256 x 4096 in 16-bit dtypes, so the scratch stays O(L). Chosen from
-    single-thread CPU timings at L=4096 (B1 H8 D64, float32, interleaved, ``studies/chunked_speed.py``):
-    eager, tiles from 512 x 512 to 256 x 2048 timed within the machine's noise of each other (about
-    5%), 128 x 4096 slower (narrow matmuls); compiled, 128 x 4096 was fastest, so ``compiled_chunked``
-    asks for 128-row tiles (see :mod:`attnbench.variants.compiled`). Short sequences use one tile.
+    single-thread CPU timings at L=4096 (B1 H8 D64 float32, interleaved; 2026-11-22,
+    ``python -m studies.chunked_speed``): eager, tiles from 512 x 512 to 256 x 2048 timed within the
+    machine's noise of each other (about 5%), 128 x 4096 slower (narrow matmuls); compiled,
+    128 x 4096 was fastest, so ``compiled_chunked`` asks for 128-row tiles
+    (:mod:`attnbench.variants.compiled`). Short sequences use one tile.
 
     Args:
         lq: query length; lk: key length; dtype: torch dtype name ("float32", ...).
@@ -140,11 +141,12 @@ def default_chunks(lq: int, lk: int, dtype: str, q_chunk: int | None = None) -> 
 
 
 class ChunkedAttention(Variant):
-    """Blockwise exact attention; ``q_chunk`` and ``k_chunk`` set the tile sizes (None: :func:`default_chunks`)."""
+    """Blockwise exact attention in ``q_chunk x k_chunk`` tiles (None: :func:`default_chunks`)."""
 
     memory_exponent = 1.0
     source = "Rabe & Staats 2021 (self-attention does not need O(n^2) memory)"
-    MASK_MODS = True  # evaluates the predicate per tile: skips empty tiles, no mask work on full ones
+    # evaluates the predicate per tile: skips empty tiles, no mask work on full ones
+    MASK_MODS = True
     SUPPORTS_GQA = GqaMode.REPEAT  # k and v repeated to H heads at entry (counted in the peak)
 
     def __init__(self, q_chunk: int | None = None, k_chunk: int | None = None, scale: float | None = None) -> None:
@@ -153,16 +155,17 @@ class ChunkedAttention(Variant):
         self.k_chunk = None if k_chunk is None else check_positive_int("k_chunk", k_chunk)
 
     def chunks(self, lq: int, lk: int, dtype: str) -> tuple[int, int]:
-        """The tile sizes used for these lengths and dtype (explicit ones win over the tuned defaults)."""
+        """The tile sizes for these lengths and dtype (explicit ones win over tuned defaults)."""
         cq, ck = default_chunks(lq, lk, dtype, self.q_chunk)
         return cq, min(self.k_chunk or ck, lk)
 
     def _tile_states(self, mod: mask_mods.MaskMod | None, batch: int, heads: int, lq: int, lk: int, dtype: str):
         """``[(q0, q1, [(k0, k1, state), ...]), ...]`` over the tile grid; empty tiles left out.
 
-        Key blocks are classified ``min(q_chunk, k_chunk)`` wide (fine enough that causal skips about
-        half the pairs), and each run of consecutive full blocks is merged into one tile at most
-        ``k_chunk`` wide: few, wide matmuls where there is no mask work, narrow ones where there is.
+        Key blocks are classified ``min(q_chunk, k_chunk)`` wide (fine enough that causal skips
+        about half the pairs), and each run of consecutive full blocks is merged into one tile at
+        most ``k_chunk`` wide: few, wide matmuls where there is no mask work, narrow ones where
+        there is.
         """
         cq, ck = self.chunks(lq, lk, dtype)
         grain = ck if mod is None else min(cq, ck)
@@ -186,8 +189,8 @@ class ChunkedAttention(Variant):
         """Pairs in the tiles computed: every non-empty ``Cq x min(Cq, Ck)`` tile of the predicate.
 
         The pairs of :meth:`_tile_states`' grid (merging full tiles changes no count), counted in
-        closed form for the built-in masks (:func:`~attnbench.mask_mods.nonempty_tile_pairs`), so the
-        guard answers at any length instead of walking O((L/C)^2) tiles.
+        closed form for the built-in masks (:func:`~attnbench.mask_mods.nonempty_tile_pairs`), so
+        the guard answers at any length instead of walking O((L/C)^2) tiles.
         """
         if self.mask_form(spec) != MaskForm.MOD:
             return spec.lq * spec.lk
@@ -196,11 +199,12 @@ class ChunkedAttention(Variant):
             spec.mask_mod(device="cpu"), spec.batch, spec.heads, spec.lq, spec.lk, cq, min(cq, ck))
 
     def scratch_elements(self, spec):
-        """The no-autograd forward's buffers per (B, H): scaled ``q``, one score tile, the accumulator.
+        """No-autograd forward buffers per (B, H): scaled ``q``, a score tile, the accumulator.
 
         Plus a few ``(Cq, 1)`` running statistics and, under a mask, a partial tile's boolean mask
         and its negation (bytes, converted to elements); exact for causal-like predicates, an
-        over-estimate (by under 2% at L=1000) for key padding, whose tile mask broadcasts over queries.
+        over-estimate (by under 2% at L=1000) for key padding, whose tile mask broadcasts over
+        queries.
         """
         cq, ck = self.chunks(spec.lq, spec.lk, spec.dtype)
         per_head = spec.lq * spec.head_dim + cq * ck + cq * (spec.dv + 6)
@@ -210,7 +214,7 @@ class ChunkedAttention(Variant):
         return spec.batch * spec.heads * per_head + mask_tile
 
     def _forward_grid(self, mask, b: int, h: int, lq: int, lk: int, dtype: str):
-        """:meth:`_tile_states` for the mask ``forward`` got; a dense tensor makes every tile partial."""
+        """:meth:`_tile_states` for ``forward``'s mask; for a dense tensor, every tile partial."""
         if not isinstance(mask, torch.Tensor):
             return self._tile_states(mask, b, h, lq, lk, dtype)
         # no skipping without reading the whole mask
@@ -223,16 +227,19 @@ class ChunkedAttention(Variant):
         lk, dv = k.shape[2], v.shape[-1]
         dtype = str(q.dtype).removeprefix("torch.")
         grid = self._forward_grid(mask, b, h, lq, lk, dtype)
-        # Without autograd, every tile reuses one score buffer and one accumulator and updates them in
-        # place: no per-tile allocation (under the measurement regime each would map and fault in fresh
-        # pages). Autograd needs the originals, and torch.compile plans its own buffers: functional form.
+        # Without autograd, every tile reuses one score buffer and one accumulator and updates them
+        # in place: no per-tile allocation (under the measurement regime each would map and fault in
+        # fresh pages). Autograd needs the originals, and torch.compile plans its own buffers:
+        # functional form.
         differentiating = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         reuse = not (differentiating or torch.compiler.is_compiling())
         bh = b * h
-        # Scores in base 2: exp(x) == exp2(x * log2(e)), and exp2 is the cheaper kernel; log2(e) rides on the scale.
+        # Scores in base 2: exp(x) == exp2(x * log2(e)), and exp2 is the cheaper kernel; log2(e)
+        # rides on the scale.
         q = (q * (self.scale_for(d) * _LOG2_E)).reshape(bh, lq, d)  # (B*H, Lq, D), scaled once
         k, v = k.reshape(bh, lk, d), v.reshape(bh, lk, dv)  # (B*H, Lk, D), (B*H, Lk, Dv)
-        out = torch.zeros(bh, lq, dv, dtype=q.dtype, device=q.device) if reuse else None  # (B*H, Lq, Dv)
+        # (B*H, Lq, Dv)
+        out = torch.zeros(bh, lq, dv, dtype=q.dtype, device=q.device) if reuse else None
         blocks = []  # functional form: each query block's output, concatenated once at the end
         cq, ck = self.chunks(lq, lk, dtype)
         scratch = _Scratch(q.new_empty(bh * cq * ck), q.new_empty(bh * cq * dv)) if reuse else None

@@ -2,8 +2,9 @@
 
 Compilation happens in the first call of the timed closure itself (:meth:`warm_up`: same grad mode,
 same inputs as the timed calls, so nothing recompiles in the timed path), whose duration the runner
-records as ``compile_seconds``; it is never inside a timed region. Each new shape recompiles (``dynamic=False``), which costs
-seconds on a CPU, so these variants are not in the default sweep: ask for them by name.
+records as ``compile_seconds``; it is never inside a timed region. Each new shape recompiles
+(``dynamic=False``), which costs seconds on a CPU, so these variants are not in the default sweep:
+ask for them by name.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ BASE_OPTIONS: dict[str, dict[str, object]] = {"chunked": {"q_chunk": 128}}
 byte cap allows (4096 float32 keys). Inductor computes every score tile of a query block before
 that block's softmax (eager's 256 x 2048 tiles: two 16 MiB buffers live per block at L=4096, H=8),
 and one full-width tile lets it fuse the row maximum, exp2 and sum row by row in cache; 128 x 4096
-timed 5-10% faster than 512 x 512 or 256 x 1024 (``studies/chunked_speed.py``)."""
+timed 5-10% faster than 512 x 512 or 256 x 1024 (2026-11-22,
+``python -m studies.chunked_speed``)."""
 
 
 def _configure_dynamo() -> None:
@@ -74,10 +76,10 @@ class CompiledVariant(Variant):
         """Wrap ``base`` in ``torch.compile(mode=mode, dynamic=dynamic)`` (compiles nothing yet).
 
         Raises:
-            ValueError: for an unknown ``mode`` (the modes torch.compile knows); an unknown base name is
-                refused by the registry, which builds it.
-            TypeError: for a ``base`` that is not a Variant, a ``mode`` that is not a str or None, or a
-                ``dynamic`` that is not a bool or None.
+            ValueError: for an unknown ``mode`` (the modes torch.compile knows); an unknown base
+                name is refused by the registry, which builds it.
+            TypeError: for a ``base`` that is not a Variant, a ``mode`` that is not a str or None,
+                or a ``dynamic`` that is not a bool or None.
         """
         super().__init__(None)
         if not isinstance(base, Variant):
@@ -98,8 +100,9 @@ class CompiledVariant(Variant):
         self.source = f"torch.compile of {base.name} ({base.source})"
         self.scale = self.base.scale
         self._mode, self._dynamic = mode, dynamic
-        self._compiled = None  # torch.compile's wrapper, made on the first call: making it imports Dynamo and
-        # Inductor (4.5 s here), which every process that merely lists the variants would otherwise pay
+        # torch.compile's wrapper, made on the first call: making it imports Dynamo and Inductor
+        # (seconds), which every process that merely lists the variants would otherwise pay
+        self._compiled = None
 
     # Everything the cost model and the capability rules say comes from the base.
     def _same_qk_dim(self) -> bool:
@@ -144,7 +147,9 @@ class CompiledVariant(Variant):
         return mask4
 
     def warm_up(self, call):
-        """The first call of the timed closure compiles (same grad mode and inputs as the timed calls); its time is the compile time."""
+        """The first call of the timed closure compiles; its time is the compile time.
+
+        Same grad mode and inputs as the timed calls, so nothing recompiles in the timed path."""
         _configure_dynamo()
         return _first_call(call)
 
@@ -173,13 +178,12 @@ def flex_cpu_kernel_fault(head_dim: int, lk: int, masked: bool) -> str:
     row. Inside a wider buffer the extra columns are overwritten later, but when the tile fills
     its buffer (one key tile: every ``Lk`` without a block mask, ``Lk <= 128`` with one) the last
     row's extra scores land on the running softmax maximum and sum: wrong, NaN, or different
-    from run to run. Measured against eager flex on AVX2 (V = 8), 3 inputs each: with D in
-    {8, 16} and ``Lk % 16 == 8`` in one key tile it was wrong (unmasked L = 8, 24, 40, 56, 72, 264;
-    masked L = 8, 24, 104, 120; cross Lq = 1, 32, 200 with Lk = 8 or 24; bfloat16 and float16
-    too; a fully masked query row only at such shapes), except once (Lq = 1, Lk = 24, every key
-    allowed: what lies past the buffer decides, so the rule follows the mechanism). D in {4, 9,
-    12, 20, 24, 32, 40, 64}, ``Lk % 16`` in {0, 1, 4, 7, 12, 15}, and an 8-column tail of a wider
-    tile (masked L = 136, 200, 264) were right. Eager FlexAttention is right everywhere.
+    from run to run. Measured against eager flex on AVX2 (V = 8), three inputs each (2026-11-23;
+    ``tests/test_fault_battery.py`` keeps shapes of both kinds): with D in {8, 16} and
+    ``Lk % 16 == 8`` in one key tile it was wrong, masked or not, in every dtype, with one
+    exception (Lq = 1, Lk = 24, every key allowed: what lies past the buffer decides, so the rule
+    follows the mechanism); other D (4 to 64), other tails and an 8-column tail of a wider tile
+    were right. Eager FlexAttention is right everywhere.
     """
     lanes = _cpu_float_lanes()
     tail = lk % 16
@@ -223,13 +227,15 @@ class FlexAttention(Variant):
 
     RECOMPUTES_SCORES = True
     OPAQUE_KERNELS = frozenset({"flex_attention"})  # FlopCounterMode cannot run the CPU HOP at all
-    TILE = 128  # create_block_mask's default block size: FlexAttention computes whole non-empty tiles
+    # create_block_mask's default block size: FlexAttention computes whole non-empty tiles
+    TILE = 128
     MASK_MODS = True  # the predicate is the block mask's mask_mod (no dense mask is built)
     SUPPORTS_GQA = GqaMode.NATIVE  # flex_attention(enable_gqa=True)
 
     def __init__(self, compiled: bool = True, scale: float | None = None) -> None:
         super().__init__(scale)
-        self.compiled = check_bool("compiled", compiled)  # a str such as "no" is truthy: never guess
+        # a str such as "no" is truthy: never guess
+        self.compiled = check_bool("compiled", compiled)
         self._block_masks: dict[tuple, object] = {}
 
     def extra_reasons(self, call):
@@ -251,7 +257,7 @@ class FlexAttention(Variant):
         return False
 
     def executed_pairs(self, spec):
-        """Pairs in the non-empty ``TILE x TILE`` tiles of the spec's mask, in closed form (any length).
+        """Pairs in the non-empty ``TILE x TILE`` tiles of the spec's mask, in closed form at any L.
 
         Matches the BlockMask's ``kv_num_blocks + full_kv_num_blocks`` (checked by the tests).
         """
@@ -267,7 +273,7 @@ class FlexAttention(Variant):
         return spec.batch * spec.heads * (min(128, spec.lq) * spec.lk / 8 + spec.lq)
 
     def block_mask(self, mask, b: int, h: int, lq: int, lk: int, device: torch.device | str = "cpu"):
-        """The cached FlexAttention BlockMask for a predicate or a rank-4 bool mask (None for no mask)."""
+        """The cached FlexAttention BlockMask of a predicate or rank-4 bool mask (None: none)."""
         if mask is None:
             return None
         from torch.nn.attention.flex_attention import create_block_mask
@@ -275,7 +281,8 @@ class FlexAttention(Variant):
         from attnbench.mask_mods import MaskMod
 
         if isinstance(mask, MaskMod):
-            key = (id(mask), b, h, lq, lk, str(device))  # the cache holds the predicate, so its id stays unique
+            # the cache holds the predicate, so its id stays unique
+            key = (id(mask), b, h, lq, lk, str(device))
             if key not in self._block_masks:
                 self._block_masks = {key: (mask, create_block_mask(
                     mask.fn, b if mask.uses_batch else None, h if mask.uses_head else None, lq, lk, device=device))}
@@ -293,7 +300,7 @@ class FlexAttention(Variant):
         return self._block_masks[key][1]
 
     def warm_up(self, call):
-        """The first call of the timed closure builds the block mask and compiles; its time is the preparation time."""
+        """The first call of the timed closure builds the block mask and compiles (preparation)."""
         return _first_call(call)
 
     def forward(self, q, k, v, mask):

@@ -1,9 +1,8 @@
 """Kernelised (linear) attention: O(L) time and memory by reassociating ``(phi(Q) phi(K)^T) V``
 as ``phi(Q) (phi(K)^T V)``.
 
-* ``linear_elu``: ``phi(x) = elu(x) + 1`` (Katharopoulos et al. 2020, "Transformers are RNNs").
-  Exact on its own kernel; it is a different model from softmax attention, not an approximation
-  of it.
+* ``linear_elu``: ``phi(x) = elu(x) + 1`` (Katharopoulos et al. 2020, "Transformers are RNNs"):
+  exact on its own kernel, a different model from softmax attention, not an approximation of it.
 * ``performer``: FAVOR+ positive orthogonal random features (Choromanski et al. 2021) whose
   kernel is an unbiased estimate of ``exp(q . k / sqrt(D))``: it approximates softmax attention,
   and the error shrinks as ``num_features`` grows.
@@ -73,7 +72,8 @@ class KernelAttention(Variant):
         return []
 
     def contractions(self, spec):
-        """``phi(K)^T V`` (F x Dv per key), ``phi(Q) sum phi(K)`` (F per query), ``phi(Q) (phi(K)^T V)``."""
+        """``phi(K)^T V`` (F x Dv per key), ``phi(Q) sum phi(K)`` (F per query),
+        ``phi(Q) (phi(K)^T V)``."""
         f = self.num_features(spec.head_dim)
         bh, lq, lk, dv = spec.batch * spec.heads, spec.lq, spec.lk, spec.dv
         parts = [
@@ -83,7 +83,8 @@ class KernelAttention(Variant):
         ]
         return [*self.feature_contractions(spec), *(Contraction(n, x, x, EAGER_BACKWARD) for n, x in parts)]
 
-    FEATURE_BUFFERS: float = 2.0  # live (L, F) buffers per side at the peak (feature-map temporaries)
+    # live (L, F) buffers per side at the peak (feature-map temporaries)
+    FEATURE_BUFFERS: float = 2.0
 
     def scratch_elements(self, spec):  # noqa: D102 - features of q and k, plus the (F, Dv) state
         f = self.num_features(spec.head_dim)
@@ -110,7 +111,7 @@ class LinearElu(KernelAttention):
     exact = True
 
     def __init__(self, scale: None = None) -> None:
-        """Raises ``TypeError`` for any ``scale``: the kernel never uses one, and accepting it would ignore it."""
+        """Raises ``TypeError`` for any ``scale``: the kernel uses none, so one would be ignored."""
         if scale is not None:
             raise TypeError(
                 f"linear_elu takes no scale (got scale={scale!r}): its kernel (elu(q) + 1) . (elu(k) + 1) has no "
@@ -128,10 +129,11 @@ class Performer(KernelAttention):
     exact = False
     source = "Choromanski et al. 2021 (Performer, FAVOR+)"
     SUPPORTED_DTYPES = FLOAT_DTYPES | {"bfloat16"}
-    # Mean |out - softmax attention| on the suite's N(0, 1) inputs with 256 features, B1 H8 D64:
-    # 0.33 (L=16), 0.26 (64), 0.20 (256), 0.14 (1024). FAVOR+'s variance grows as exp(|q|^2/sqrt(D)),
-    # so at these logit scales it is a coarse approximation; the bound catches a blow-up, while the
-    # exact check against its own kernel catches a wrong implementation.
+    # Mean |out - softmax attention| on the suite's N(0, 1) inputs with 256 features, B1 H8 D64
+    # (2026-11-22, python -m studies.performer_error): 0.33 (L=16), 0.26 (64), 0.20 (256), 0.14
+    # (1024). FAVOR+'s variance grows as exp(|q|^2/sqrt(D)), so at these logit scales it is a coarse
+    # approximation; the bound catches a blow-up, while the exact check against its own kernel
+    # catches a wrong implementation.
     APPROX_ERROR_BOUND = 0.5
 
     def __init__(self, num_features: int = 256, seed: int = 0) -> None:
@@ -144,7 +146,7 @@ class Performer(KernelAttention):
         return self.n_features
 
     def check_values(self, q, k, v):
-        """Refuse, before drawing anything, a feature count whose projection and features cannot fit in free memory.
+        """Refuse, before drawing anything, a feature count whose buffers cannot fit in free memory.
 
         ``num_features=10**9`` would spend minutes drawing 15 million orthogonal blocks before the
         allocation of its (F, D) projection failed; the bytes are known from the shapes alone.
@@ -152,7 +154,8 @@ class Performer(KernelAttention):
         super().check_values(q, k, v)
         b, h, lq, d = q.shape
         f, item = self.n_features, q.element_size()
-        projection = 8 * (2 * f * d + d * d) + f * d * item  # float64 master and draws, then the cast copy
+        # float64 master and draws, then the cast copy
+        projection = 8 * (2 * f * d + d * d) + f * d * item
         features = self.FEATURE_BUFFERS * b * h * (lq + k.shape[2]) * f * item
         free = torch.cuda.mem_get_info(q.device)[0] if q.device.type == "cuda" else psutil.virtual_memory().available
         if projection + features > free:
@@ -162,7 +165,7 @@ class Performer(KernelAttention):
             )
 
     def projection(self, head_dim: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """``(F, D)`` orthogonal Gaussian rows (blocks of D orthonormal rows, chi-distributed norms)."""
+        """``(F, D)`` orthogonal Gaussian rows: D-row orthonormal blocks, chi-distributed norms."""
         key = (head_dim, dtype, device)
         if key not in self._projections:
             gen = torch.Generator().manual_seed(self.seed)
@@ -182,7 +185,7 @@ class Performer(KernelAttention):
         return [Contraction("x W^T", x, x, CONSTANT_OPERAND_BACKWARD)]
 
     def parameter_bytes(self, spec):
-        """The cached ``(F, D)`` projection, plus its float64 master and Gaussian draws while built."""
+        """The cached ``(F, D)`` projection, with its float64 master and draws while built."""
         f, d = self.n_features, spec.head_dim
         return f * d * spec.elem_bytes + 8 * (2 * f * d + d * d)
 

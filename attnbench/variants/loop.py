@@ -22,7 +22,8 @@ class LoopAttention(Variant):
     source = "Python loops, one scalar score at a time (AttentionFromDsy); Bahdanau et al. 2015"
     SCORE_BUFFERS = 0.0
     SUPPORTS_GQA = GqaMode.NATIVE  # query head h indexes key/value head h // G: no copy
-    SECONDS_PER_PAIR = 20e-6  # interpreter cost per (query, key) pair, measured on a 2-core CPU machine
+    # interpreter cost per (query, key) pair, measured on a 2-core CPU machine
+    SECONDS_PER_PAIR = 20e-6
     # torch.dot and the scalar-times-vector accumulation carry its contractions; FlopCounterMode
     # counts neither, so its FLOPs are checked against an instrumented count instead.
     OPAQUE_KERNELS = frozenset({"aten.dot", "aten.mul", "aten.add"})
@@ -45,7 +46,8 @@ class LoopAttention(Variant):
         rows = []
         for b in range(b_sz):
             for h in range(h_sz):
-                q_bh, k_bh, v_bh = q[b, h], k[b, h // g], v[b, h // g]  # (Lq, D), (Lk, D), (Lk, Dv): 2-D Q, K, V per (b, h)
+                # (Lq, D), (Lk, D), (Lk, Dv): 2-D Q, K, V per (b, h)
+                q_bh, k_bh, v_bh = q[b, h], k[b, h // g], v[b, h // g]
                 for i in range(lq):
                     keep = None if allowed is None else allowed[b, h, i].tolist()
                     q_i = q_bh[i]  # (D,)

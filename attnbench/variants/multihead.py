@@ -1,4 +1,4 @@
-"""Hand-written multi-head attention core with an explicit head split and merge (d2l's ``transpose_qkv``).
+"""Hand-written multi-head attention core, explicit head split and merge (d2l's transpose_qkv).
 
 The textbook layer folds heads into the batch with ``transpose_qkv`` and unfolds them with
 ``transpose_output``. Here the inputs arrive per head ``(B, H, L, D)``; they are merged to the
@@ -33,7 +33,8 @@ class MultiheadAttentionCore(Variant):
     """Merge heads, fold them into the batch, attend with bmm, unfold, split heads."""
 
     source = "MultiHeadAttention with transpose_qkv/transpose_output; Vaswani et al. 2017"
-    SUPPORTS_GQA = GqaMode.GROUPED  # keys and values folded with their own Hkv heads; a group's queries share one bmm
+    # keys and values folded with their own Hkv heads; a group's queries share one bmm
+    SUPPORTS_GQA = GqaMode.GROUPED
 
     def scratch_elements(self, spec):  # noqa: D102 - scores + probs + head-folded copies
         b, h = spec.batch, spec.heads
@@ -46,9 +47,12 @@ class MultiheadAttentionCore(Variant):
         queries = transpose_qkv(merge_heads(q), h)  # (B*H, Lq, D)
         keys = transpose_qkv(merge_heads(k), hkv)  # (B*Hkv, Lk, D)
         values = transpose_qkv(merge_heads(v), hkv)  # (B*Hkv, Lk, Dv)
-        queries = queries.reshape(b * hkv, (h // hkv) * lq, d)  # (B*Hkv, G*Lq, D): a group's heads share one bmm
-        scores = torch.bmm(queries, keys.transpose(1, 2)).mul_(self.scale_for(d))  # (B*Hkv, G*Lq, Lk)
-        probs = masked_softmax_(scores.view(b, h, lq, lk), mask).view(b * hkv, -1, lk)  # (B*Hkv, G*Lq, Lk)
+        # (B*Hkv, G*Lq, D): a group's heads share one bmm
+        queries = queries.reshape(b * hkv, (h // hkv) * lq, d)
+        # (B*Hkv, G*Lq, Lk)
+        scores = torch.bmm(queries, keys.transpose(1, 2)).mul_(self.scale_for(d))
+        # (B*Hkv, G*Lq, Lk)
+        probs = masked_softmax_(scores.view(b, h, lq, lk), mask).view(b * hkv, -1, lk)
         out = transpose_output(torch.bmm(probs, values).view(b * h, lq, -1), h)  # (B, Lq, H*Dv)
         out = out.view(b, lq, h, -1).transpose(1, 2)  # (B, H, Lq, Dv)
         return zero_empty_rows(out, mask)

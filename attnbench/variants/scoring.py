@@ -9,10 +9,9 @@
 
 Parameters are drawn once from a seeded generator in float64 and cast to the inputs' dtype and
 device (cached), so every run and the float64 reference use the same weights. Additive attention
-broadcasts a ``(Lq, Lk, h)`` hidden tensor; it is built ``q_chunk`` query rows at a time so its
-peak stays at ``q_chunk * Lk * h`` per (B, H) on top of the (Lq, Lk) scores.
-
-Letters: B batch, H heads, Lq queries, Lk keys, D head dim, Dv value head dim, h hidden size.
+broadcasts a ``(Lq, Lk, h)`` hidden tensor, built ``q_chunk`` query rows at a time: its peak stays
+at ``q_chunk * Lk * h`` per (B, H) on top of the (Lq, Lk) scores. Letters: B batch, H heads,
+Lq queries, Lk keys, D head dim, Dv value head dim, h hidden size.
 """
 
 from __future__ import annotations
@@ -83,8 +82,10 @@ class ScoringAttention(Variant):
         k_h = (k @ p["W_k"].T).unsqueeze(-3)  # (B, H, 1, Lk, h)
         rows = []
         for s in range(0, q.shape[2], self.q_chunk):
-            hidden = torch.tanh(q_h[:, :, s : s + self.q_chunk].unsqueeze(-2) + k_h)  # (B, H, Cq, Lk, h)
-            rows.append((hidden @ p["w_v"][:, None]).squeeze(-1))  # (B, H, Cq, Lk, h) @ (h, 1) -> (B, H, Cq, Lk)
+            # (B, H, Cq, Lk, h)
+            hidden = torch.tanh(q_h[:, :, s : s + self.q_chunk].unsqueeze(-2) + k_h)
+            # (B, H, Cq, Lk, h) @ (h, 1) -> (B, H, Cq, Lk)
+            rows.append((hidden @ p["w_v"][:, None]).squeeze(-1))
         return torch.cat(rows, dim=2)
 
     def reference(self, q, k, v, mask=None, dtype=torch.float64):

@@ -2,26 +2,15 @@
 
 Backends (``torch.nn.attention.SDPBackend``): ``math`` (the reference C++ composite, O(L^2)
 memory), ``flash`` (FlashAttention-2 on CUDA, a tiled kernel on CPU), ``efficient``
-(memory-efficient attention, CUDA only) and ``cudnn`` (CUDA only). ``auto`` lets PyTorch choose.
-Forcing one backend means a case that backend cannot run fails loudly instead of silently
-falling back to math.
+(memory-efficient attention, CUDA only) and ``cudnn`` (CUDA only); ``auto`` lets PyTorch choose.
+Forcing one backend makes a case that backend cannot run fail loudly instead of silently falling
+back to math.
 
 Masks, the production way: an exactly causal mask is passed as ``is_causal=True`` (top-left
 aligned, the same as :func:`attnbench.mask_mods.causal`), never as a dense tensor; every other mask
 is a dense boolean ``attn_mask``. The separately registered ``sdpa_dense_mask`` always takes the
-dense boolean tensor, so the price of a materialised mask is visible beside ``sdpa``.
-
-CUDA support follows PyTorch's ``sdp_utils`` rules: FlashAttention and cuDNN take no ``attn_mask``
-but do take ``is_causal``; FlashAttention-2 refuses ``is_causal`` when ``Lq != Lk`` (its causal
-mask is bottom-right aligned, so PyTorch rejects non-square causal there); the memory-efficient
-kernel takes both.
-
-Grouped-query attention (Hkv < H) goes through ``enable_gqa=True``. On CPU the flash kernel reads
-the shared heads in place, while the math composite repeats k and v to H heads first (measured: its
-peak grows by those copies), so ``auto`` and ``flash`` declare ``"native"`` and ``math`` (or ``auto``
-falling back to math when Dv != D) ``"repeat"``. On CUDA, FlashAttention-2 takes grouped heads; the
-efficient and cuDNN kernels are declared unsupported (their acceptance of grouped heads has changed
-between PyTorch releases and is not verified here), and ``auto`` may fall back to the math composite.
+dense boolean tensor, so the price of a materialised mask is visible beside ``sdpa``. Which backend
+takes which masks and grouped heads: :meth:`SDPA.extra_reasons` and :meth:`SDPA.gqa_mode`.
 """
 
 from __future__ import annotations
@@ -92,11 +81,11 @@ class SDPA(Variant):
             self.SUPPORTED_DEVICES = frozenset({"cuda"})
 
     def takes_mask_mod(self, mod):
-        """Only an exactly causal predicate, which becomes ``is_causal=True`` (unless ``dense_mask``)."""
+        """Only an exactly causal predicate (as ``is_causal=True``), unless ``dense_mask``."""
         return not self.dense_mask and mod is not None and mod.is_causal
 
     def _runs_math(self, spec) -> bool:
-        """On CPU, ``auto`` falls back to the math composite when Dv != D (CPU flash needs Dv == D)."""
+        """On CPU, ``auto`` falls back to math when Dv != D (the CPU flash kernel needs Dv == D)."""
         return self.backend == "math" or (self.backend == "auto" and spec.device_type == "cpu" and spec.dv != spec.head_dim)
 
     def scores_visible(self, spec):
@@ -108,14 +97,29 @@ class SDPA(Variant):
         return super().contractions(spec)
 
     def gqa_mode(self, call):
-        """See the module docstring: "native" where the kernel reads shared heads, "repeat" for math, "" where unverified."""
+        """How ``enable_gqa=True`` runs here: "native", "repeat", or "" (not supported).
+
+        On CPU the flash kernel reads the shared heads in place, while the math composite repeats k
+        and v to H heads first (measured: its peak grows by those copies), so ``auto`` and ``flash``
+        are "native" and ``math`` (or ``auto`` falling back to math when Dv != D) "repeat". On CUDA,
+        FlashAttention-2 takes grouped heads and ``auto`` may fall back to the math composite; the
+        efficient and cuDNN kernels are declared unsupported (""): their acceptance of grouped heads
+        has changed between PyTorch releases and is not verified here.
+        """
         if self.backend in ("efficient", "cudnn"):
             return ""
         if self.backend == "math" or (self.backend == "auto" and (call.device == "cuda" or call.dv != call.d)):
-            return GqaMode.REPEAT  # the math composite (or a possible fallback to it) repeats k and v
+            # the math composite (or a possible fallback to it) repeats k and v
+            return GqaMode.REPEAT
         return GqaMode.NATIVE
 
     def extra_reasons(self, call):
+        """The backend's own limits; on CUDA, PyTorch's ``sdp_utils`` rules.
+
+        FlashAttention and cuDNN take no ``attn_mask`` but do take ``is_causal``; FlashAttention-2
+        refuses ``is_causal`` when ``Lq != Lk`` (its causal mask is bottom-right aligned, so PyTorch
+        rejects non-square causal there); the memory-efficient kernel takes both.
+        """
         reasons = []
         if call.device == "cuda" and self.backend in ("flash", "cudnn"):
             if call.dtype not in _HALF:
@@ -138,7 +142,8 @@ class SDPA(Variant):
     def forward(self, q, k, v, mask):
         backend = BACKENDS[self.backend]
         ctx = contextlib.nullcontext() if backend is None else sdpa_kernel(backend)
-        gqa = k.shape[1] != q.shape[1]  # grouped-query attention: query head h reads key/value head h // G
+        # grouped-query attention: query head h reads key/value head h // G
+        gqa = k.shape[1] != q.shape[1]
         with ctx:
             if isinstance(mask, MaskMod):  # exactly causal (takes_mask_mod): the production call
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=gqa)
