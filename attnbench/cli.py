@@ -1,9 +1,10 @@
-"""``attnbench`` command line: list | run | report | peak | profile | regress | bisect | history | export | publish.
+"""The ``attnbench`` command line: one ``cmd_*`` per subcommand, and its parser.
 
 The library is quiet; this module is the only place that prints or draws progress bars.
-Exit codes: 0 done, 1 a regression (``regress``) or a failed publish (``publish``), 2 usage error (nothing measured, nothing written),
-3 could not measure (``regress``), 4 could not decide (``regress``: no regression found, but some time
-case stayed undecided after a confirmation round), 130 interrupted (``run``: finished cases kept).
+Exit codes: 0 done, 1 a regression (``regress``) or a failed publish (``publish``), 2 usage error
+(nothing measured, nothing written), 3 could not measure (``regress``), 4 could not decide
+(``regress``: no regression found, but some time case stayed undecided after a confirmation round),
+130 interrupted (``run``: finished cases kept).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -27,17 +29,32 @@ from attnbench.io import check_writable_dir
 from attnbench.registry import get_variant, variant_names
 from attnbench.spec import DTYPES, MODES, AttnSpec
 
+if TYPE_CHECKING:
+    from attnbench.measure import MeasureConfig
+    from attnbench.measure.instructions import Beside
+    from attnbench.measure.record import Measurement
+    from attnbench.measure.worker import WorkerPool
+    from attnbench.runs import RunDirectory
+
+DESCRIPTION = (
+    "``attnbench`` command line: list | run | report | peak | profile | regress | bisect | "
+    "history | export | publish."
+)
+"""``attnbench --help``'s description."""
 DEFAULT_TIME_BUDGET = 10.0
+"""Seconds a case of ``attnbench run`` may take in total: the quadratic variants slower than that at
+L=4096 become skipped rows, which keeps the default sweep under 5 minutes on 2 cores (at 15 s it
+took 303 s: ``attnbench run --time-budget 15``, 2026-11-22); ``--time-budget 60`` runs them."""
 DEFAULT_MAX_TIME = 5.0
-"""Seconds a case of ``attnbench run`` may take in total. Measured on 2 cores: 10 s keeps the default sweep under
-5 minutes (the quadratic variants slower than that at L=4096 become skipped rows); ``--time-budget 60`` runs them."""
+"""``--max-time``'s default: seconds of timed calls per case at most (``--min-time`` if longer)."""
 
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 
 def _list(kind: Callable[[str], object], what: str, choices: Callable[[], Sequence[str]] | None = None,
           unknown: str = "invalid choice(s)", known: str = "choose from"):
-    """argparse type: a non-empty comma-separated list of ``kind``, each checked against ``choices``.
+    """argparse type: a non-empty comma-separated list of ``kind``, each checked against
+    ``choices``.
 
     argparse prefixes the message with the option's name ("argument --lengths: ...").
     """
@@ -138,7 +155,8 @@ def _cuda_missing(device: str) -> str | None:
     import torch
 
     if not torch.cuda.is_available():
-        return f"--device {device}: CUDA is not available here (torch {torch.__version__}, no CUDA device); use --device cpu"
+        return (f"--device {device}: CUDA is not available here (torch {torch.__version__}, no CUDA "
+                "device); use --device cpu")
     index = int(device.split(":")[1]) if ":" in device else 0
     if index >= torch.cuda.device_count():
         return f"--device {device}: no such CUDA device (this machine has {torch.cuda.device_count()})"
@@ -165,8 +183,8 @@ def _run_config(args: argparse.Namespace):
     from attnbench.measure.timer import TimerConfig
 
     if args.max_time is not None and args.max_time < args.min_time:
-        raise ValueError(f"--max-time {args.max_time:g} is shorter than --min-time {args.min_time:g} (seconds of timed "
-                         "calls per case: at least --min-time, at most --max-time)")
+        raise ValueError(f"--max-time {args.max_time:g} is shorter than --min-time {args.min_time:g} "
+                         "(seconds of timed calls per case: at least --min-time, at most --max-time)")
     max_time = max(DEFAULT_MAX_TIME, args.min_time) if args.max_time is None else args.max_time
     return MeasureConfig(
         timer=TimerConfig(min_runs=args.min_runs, min_time=args.min_time, max_time=max_time,
@@ -191,11 +209,11 @@ class _Interrupted(BaseException):
 class _StopPolicy:
     """What a signal does to a sweep.
 
-    Ctrl-C (SIGINT): the first stops after the case in hand, the second abandons it at once. SIGTERM and
-    SIGHUP (a CI runner cancelling a job, ``timeout``, systemd or docker stopping a service, a closed
-    terminal) abandon the case in hand at once: their senders kill for good seconds later, too soon to
-    wait for a case. Either way what is done is written and the run can be resumed; an abandoned case
-    is not logged, so ``--resume`` measures it again.
+    Ctrl-C (SIGINT): the first stops after the case in hand, the second abandons it at once. SIGTERM
+    and SIGHUP (a CI runner cancelling a job, ``timeout``, systemd or docker stopping a service, a
+    closed terminal) abandon the case in hand at once: their senders kill for good seconds later,
+    too soon to wait for a case. Either way what is done is written and the run can be resumed; an
+    abandoned case is not logged, so ``--resume`` measures it again.
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -214,7 +232,8 @@ class _StopPolicy:
         self.count += 1
         self.first = self.first or signum
         if signum == signal.SIGINT and self.count == 1:
-            self.note("interrupt: finishing the case in hand, then writing what is done (Ctrl-C again to abandon it)")
+            self.note("interrupt: finishing the case in hand, then writing what is done (Ctrl-C again "
+                      "to abandon it)")
             return
         if self.count == 1:
             self.note(f"{signal.Signals(signum).name}: abandoning the case in hand, writing what is done")
@@ -231,21 +250,8 @@ class _StopPolicy:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from attnbench.measure import sweep
-    from attnbench.measure.peak import matmul_peak
-    from attnbench.measure.worker import WorkerPool
-    from attnbench.runs import (
-        DECODE_LENGTHS,
-        RunDirectory,
-        RunDirError,
-        device_only_defaults,
-        empty_grid_reason,
-        grid,
-        new_run_dir,
-        summary_table,
-    )
+    from attnbench.measure.instructions import missing_message, valgrind_version
+    from attnbench.runs import RunDirectory, RunDirError, device_only_defaults, empty_grid_reason, new_run_dir
 
     if args.resume and not args.out:
         return _usage("--resume needs --out DIR (the run directory to continue)")
@@ -253,57 +259,59 @@ def cmd_run(args: argparse.Namespace) -> int:
     if missing:
         return _usage(missing)
     try:  # every argument is validated here, before any measurement
-        bad_kv = [h for h in args.kv_heads or [] if args.heads % h]
-        if bad_kv:
-            raise ValueError(f"--kv-heads {', '.join(map(str, bad_kv))} must divide --heads {args.heads} "
-                             "(each key/value head serves H / Hkv query heads)")
-        if args.workload == "prefill" and args.q_len != 1:
-            raise ValueError("--q-len is the decode workload's query count: add --workload decode")
-        if args.workload == "decode" and isinstance(args.lengths, _DefaultList):
-            args.lengths = list(DECODE_LENGTHS)
-        base = AttnSpec(heads=args.heads, device=args.device)
-        cases = grid(args.variants, args.lengths, base, modes=args.modes, masks=args.masks,
-                     dtypes=args.dtypes, limit_slow=not args.no_limit, workload=args.workload, q_len=args.q_len,
-                     head_dims=args.head_dims, batches=args.batches, kv_heads=args.kv_heads)
+        cases = _run_cases(args)
         config = _run_config(args)
     except (ValueError, TypeError) as exc:
         return _usage(str(exc))
     if not cases:
         return _usage(f"nothing to run: {empty_grid_reason(args.variants, args.lengths, not args.no_limit)}")
     if not args.variants and (elsewhere := device_only_defaults([args.device])):
-        print(f"note: not planned on {args.device}: {', '.join(elsewhere)} (they need another device)", file=sys.stderr)
-    from attnbench.measure.instructions import missing_message, valgrind_version
-
+        print(f"note: not planned on {args.device}: {', '.join(elsewhere)} (they need another "
+              "device)", file=sys.stderr)
     if args.instructions and valgrind_version() is None:
         return _usage(f"--instructions: {missing_message()}")
     if args.instructions is None and config.instructions != "off" and valgrind_version() is None:
-        print(f"note: no instruction counts ({missing_message()}); the report's claims rest on time and bytes",
-              file=sys.stderr)
+        print(f"note: no instruction counts ({missing_message()}); the report's claims rest on time "
+              "and bytes", file=sys.stderr)
         config = dataclasses.replace(config, instructions="off")
     try:
         run_dir = RunDirectory(args.out or new_run_dir(args.root), resume=args.resume, force=args.force)
     except RunDirError as exc:
         return _usage(str(exc))
     try:
-        return _run_in(args, run_dir, cases, config, tqdm, sweep, matmul_peak, WorkerPool, RunDirError, summary_table)
+        return _run_in(args, run_dir, cases, config)
     finally:
         run_dir.close()
 
 
-def _run_in(args, run_dir, cases, config, tqdm, sweep, matmul_peak, WorkerPool, RunDirError, summary_table) -> int:
-    from attnbench.measure import regime, schedstat
-    from attnbench.measure.bandwidth import bandwidth
-    from attnbench.runs import RunWriteError
+def _run_cases(args: argparse.Namespace) -> list[tuple[str, AttnSpec]]:
+    """The grid ``run`` measures; a ValueError for arguments that contradict each other."""
+    from attnbench.runs import DECODE_LENGTHS, grid
 
-    regime.apply(regime.Regime(threads=config.threads))  # the peak recorded below is the workers' threads' peak
-    peak = {dtype: matmul_peak(args.device, dtype) / 1e9 for dtype in args.dtypes}
-    try:
-        bw = bandwidth(args.device)
-        peak_gbps = {"copy": bw.copy / 1e9, "triad": bw.triad / 1e9}  # the bandwidth roof (triad) beside the FLOP/s roof
-    except (RuntimeError, MemoryError) as exc:  # three arrays of 4x the LLC may not fit: the sweep still runs
-        peak_gbps = None
-        print(f"note: memory bandwidth not measured ({type(exc).__name__}: {str(exc)[:120]}); "
-              "the report draws no bandwidth roof", file=sys.stderr)
+    bad_kv = [h for h in args.kv_heads or [] if args.heads % h]
+    if bad_kv:
+        raise ValueError(f"--kv-heads {', '.join(map(str, bad_kv))} must divide --heads {args.heads} "
+                         "(each key/value head serves H / Hkv query heads)")
+    if args.workload == "prefill" and args.q_len != 1:
+        raise ValueError("--q-len is the decode workload's query count: add --workload decode")
+    if args.workload == "decode" and isinstance(args.lengths, _DefaultList):
+        args.lengths = list(DECODE_LENGTHS)
+    base = AttnSpec(heads=args.heads, device=args.device)
+    return grid(args.variants, args.lengths, base, modes=args.modes, masks=args.masks,
+                dtypes=args.dtypes, limit_slow=not args.no_limit, workload=args.workload, q_len=args.q_len,
+                head_dims=args.head_dims, batches=args.batches, kv_heads=args.kv_heads)
+
+
+def _run_in(args: argparse.Namespace, run_dir: RunDirectory, cases: list[tuple[str, AttnSpec]],
+            config: MeasureConfig) -> int:
+    """Measure ``cases`` into the opened ``run_dir``; the exit code (notes and errors on stderr)."""
+    from tqdm import tqdm
+
+    from attnbench.measure import regime
+    from attnbench.measure.worker import WorkerPool
+    from attnbench.runs import RunDirError, RunWriteError
+
+    peak, peak_gbps = _measure_roofs(args.device, args.dtypes, config.threads)
     try:
         todo = run_dir.start(config, cases, command=sys.argv, peak_gflops=peak, peak_gbps=peak_gbps)
     except RunDirError as exc:
@@ -311,101 +319,159 @@ def _run_in(args, run_dir, cases, config, tqdm, sweep, matmul_peak, WorkerPool, 
     except RunWriteError as exc:
         print(f"error: {exc.strerror}", file=sys.stderr)
         return 1
-    for note in run_dir.notes:
-        print(f"note: {note}", file=sys.stderr)
-    if config.probe and not schedstat.available():  # said once per run, not on every case
-        print(f"note: this kernel does not report the run-queue wait ({schedstat.SCHEDSTAT}): a neighbour is judged by "
-              "the calibration probe alone, and no case records waited_blocks", file=sys.stderr)
     done_before = len(cases) - len(todo)
-    if args.resume and done_before:
-        print(f"resuming {run_dir.path}: {done_before} of {len(cases)} cases already measured", file=sys.stderr)
+    _say_before_sweep(args, run_dir, config, done_before, len(cases))
     counter = _start_counting(run_dir, cases, config)
     bar = tqdm(total=len(cases), initial=done_before, unit="case", file=sys.stderr, dynamic_ncols=True,
                disable=args.quiet)
-
-    def progress(i: int, total: int, name: str, spec: AttnSpec) -> None:
-        bar.set_description(f"{name} {spec.label}")
-        bar.n = done_before + i
-        bar.refresh()
-
-    # One regime for parent and workers: the fork server starts with the allocator variables (read by
-    # glibc at start-up), every worker applies it again (threads, mallopt) and records describe().
+    # One regime for parent and workers: the fork server starts with the allocator variables
+    # (read by glibc at start-up), every worker applies it again (threads, mallopt) and records
+    # describe().
     pool = WorkerPool(env=regime.child_env(regime.Regime(threads=config.threads)))
-    start = time.perf_counter()
+    session = _Sweep(args, run_dir, todo, config, counter, bar, done_before, start=time.perf_counter())
     policy = _StopPolicy(pool, note=lambda text: tqdm.write(text, file=sys.stderr))
     try:
-        aborted = _sweep_and_write(args, run_dir, todo, config, counter, progress, bar, pool, policy, sweep,
-                                   summary_table, done_before, start, tqdm)
-    except RunWriteError as exc:  # a full disk: what the log holds is kept, the rest is measured on --resume
+        aborted = session.run(pool, policy)
+    except RunWriteError as exc:
+        # a full disk: what the log holds is kept, the rest is measured on --resume
         bar.close()
         if counter is not None:
             counter.stop()
-        print(f"error: {exc.strerror} ({len(run_dir.measurements)} of {run_dir.planned} cases kept in {run_dir.path}; "
-              f"make room, then rerun with --resume --out {run_dir.path})", file=sys.stderr)
+        print(f"error: {exc.strerror} ({len(run_dir.measurements)} of {run_dir.planned} cases kept "
+              f"in {run_dir.path}; make room, then rerun with --resume --out {run_dir.path})",
+              file=sys.stderr)
         return 1
     if policy.count:
-        left = run_dir.planned - len(run_dir.measurements)
-        how = "aborted" if aborted else "stopped"
-        print(f"interrupted: {how}; {len(run_dir.measurements)} of {run_dir.planned} cases kept in {run_dir.path}"
-              f" ({left} left: rerun with --resume --out {run_dir.path})", file=sys.stderr)
+        _say_interrupted(run_dir, aborted)
         return policy.exit_code
     return 0
 
 
-def _sweep_and_write(args, run_dir, todo, config, counter, progress, bar, pool, policy, sweep, summary_table,
-                     done_before: int, start: float, tqdm) -> bool:
-    """Measure what is left, logging each case (and each instruction count as it arrives from beside the sweep),
-    then write the derived files and the report; True when a signal abandoned a case (see :class:`_StopPolicy`)."""
+def _measure_roofs(device: str, dtypes: Sequence[str], threads: int) -> tuple[dict, dict | None]:
+    """This machine's matmul GFLOP/s per dtype and memory bandwidth in GB/s (None, with a note,
+    where it cannot be measured), at the threads the workers will use."""
+    from attnbench.measure import regime
+    from attnbench.measure.bandwidth import bandwidth
+    from attnbench.measure.peak import matmul_peak
 
-    def log_counts(wait_s: float = 0.0) -> None:
-        for count in counter.take(wait_s) if counter is not None else ():
-            run_dir.add_count(count, seconds=time.perf_counter() - start)
+    regime.apply(regime.Regime(threads=threads))  # the peak recorded is the workers' threads'
+    peak = {dtype: matmul_peak(device, dtype) / 1e9 for dtype in dtypes}
+    try:
+        bw = bandwidth(device)
+        # the bandwidth roof (triad) beside the FLOP/s roof
+        peak_gbps = {"copy": bw.copy / 1e9, "triad": bw.triad / 1e9}
+    except (RuntimeError, MemoryError) as exc:
+        # three arrays of 4x the LLC may not fit: the sweep still runs
+        peak_gbps = None
+        print(f"note: memory bandwidth not measured ({type(exc).__name__}: {str(exc)[:120]}); "
+              "the report draws no bandwidth roof", file=sys.stderr)
+    return peak, peak_gbps
 
-    def on_result(i: int, m) -> None:
-        run_dir.add(m, seconds=time.perf_counter() - start)
-        log_counts()
 
-    aborted = False
-    with policy:
+def _say_before_sweep(args: argparse.Namespace, run_dir: RunDirectory, config: MeasureConfig,
+                      done_before: int, planned: int) -> None:
+    """The notes of the run directory and of this kernel, and what a resumed run already holds."""
+    from attnbench.measure import schedstat
+
+    for note in run_dir.notes:
+        print(f"note: {note}", file=sys.stderr)
+    if config.probe and not schedstat.available():  # said once per run, not on every case
+        print(f"note: this kernel does not report the run-queue wait ({schedstat.SCHEDSTAT}): a "
+              "neighbour is judged by the calibration probe alone, and no case records waited_blocks",
+              file=sys.stderr)
+    if args.resume and done_before:
+        print(f"resuming {run_dir.path}: {done_before} of {planned} cases already measured", file=sys.stderr)
+
+
+def _say_interrupted(run_dir: RunDirectory, aborted: bool) -> None:
+    """What a signal left: the cases kept, and how to measure the rest."""
+    left = run_dir.planned - len(run_dir.measurements)
+    how = "aborted" if aborted else "stopped"
+    print(f"interrupted: {how}; {len(run_dir.measurements)} of {run_dir.planned} cases kept in "
+          f"{run_dir.path} ({left} left: rerun with --resume --out {run_dir.path})", file=sys.stderr)
+
+
+@dataclasses.dataclass
+class _Sweep:
+    """A run's cases left to measure, logged into its directory with the counts beside them."""
+
+    args: argparse.Namespace
+    run_dir: RunDirectory
+    todo: list[tuple[str, AttnSpec]]
+    config: MeasureConfig
+    counter: Beside | None  # the instruction counts under way beside the sweep
+    bar: Any  # the tqdm bar of the cases
+    done_before: int  # cases an earlier session measured
+    start: float  # time.perf_counter() when this session's sweep began
+
+    def run(self, pool: WorkerPool, policy: _StopPolicy) -> bool:
+        """Measure what is left, logging each case (and each instruction count as it arrives), then
+        write the derived files and the report; True when a signal abandoned a case."""
+        with policy:
+            aborted = self._measure(pool, policy)
+            self.run_dir.finish(time.perf_counter() - self.start)
+            try:
+                _print_results(self.args, self.run_dir, len(self.todo), time.perf_counter() - self.start)
+            except _Interrupted:
+                # a further signal while writing the report: what is logged stays, no page is made
+                print("interrupted again: no report written (attnbench report --from "
+                      f"{self.run_dir.path} makes it)", file=sys.stderr)
+        return aborted
+
+    def _measure(self, pool: WorkerPool, policy: _StopPolicy) -> bool:
+        """The timed sweep, then the counts still under way; True when a signal abandoned a case."""
+        from attnbench.measure import sweep
+
         try:
             try:
-                sweep(todo, config, progress=progress, isolate=True, workers=pool, case_timeout_s=args.case_timeout,
-                      on_result=on_result, should_stop=lambda: policy.count > 0)
-                bar.n = done_before + len(todo) if policy.count == 0 else bar.n
-                bar.set_description("done" if policy.count == 0 else "interrupted")
-                bar.close()
-                if counter is not None and policy.count == 0:
-                    _finish_counting(counter, log_counts, args.quiet, tqdm)
-            except _Interrupted:
-                aborted = True
+                sweep(self.todo, self.config, progress=self._progress, isolate=True, workers=pool,
+                      case_timeout_s=self.args.case_timeout, on_result=self._on_result,
+                      should_stop=lambda: policy.count > 0)
+                self.bar.n = self.done_before + len(self.todo) if policy.count == 0 else self.bar.n
+                self.bar.set_description("done" if policy.count == 0 else "interrupted")
+                self.bar.close()
+                if self.counter is not None and policy.count == 0:
+                    _finish_counting(self.counter, self._log_counts, self.args.quiet)
             finally:
-                bar.close()
-                if counter is not None:
-                    counter.stop()
-                    log_counts()
-        except _Interrupted:  # a further signal while the counts were being kept
-            aborted = True
-        run_dir.finish(time.perf_counter() - start)
-        try:
-            _print_results(args, run_dir, len(todo), time.perf_counter() - start, summary_table)
-        except _Interrupted:  # a further signal while writing the report: what is logged stays, the page is not made
-            print(f"interrupted again: no report written (attnbench report --from {run_dir.path} makes it)", file=sys.stderr)
-    return aborted
+                self.bar.close()
+                if self.counter is not None:
+                    self.counter.stop()
+                    self._log_counts()
+        except _Interrupted:  # in the sweep, or a further signal while the counts were being kept
+            return True
+        return False
+
+    def _progress(self, i: int, total: int, name: str, spec: AttnSpec) -> None:
+        self.bar.set_description(f"{name} {spec.label}")
+        self.bar.n = self.done_before + i
+        self.bar.refresh()
+
+    def _on_result(self, i: int, m: Measurement) -> None:
+        self.run_dir.add(m, seconds=time.perf_counter() - self.start)
+        self._log_counts()
+
+    def _log_counts(self, wait_s: float = 0.0) -> None:
+        for count in self.counter.take(wait_s) if self.counter is not None else ():
+            self.run_dir.add_count(count, seconds=time.perf_counter() - self.start)
 
 
-def _print_results(args, run_dir, planned: int, elapsed: float, summary_table) -> None:
+def _print_results(args: argparse.Namespace, run_dir: RunDirectory, planned: int, elapsed: float) -> None:
     """The summary table, the statuses, and the report of what the run directory holds."""
+    from attnbench.runs import summary_table
+
     results = run_dir.measurements
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(summary_table(results).to_string())
     statuses = pd.Series([m.status for m in results], dtype=object).value_counts().to_dict()
-    print(f"\n{len(results)} of {run_dir.planned} cases ({planned} planned this session, {elapsed:.0f} s): {statuses}")
+    print(f"\n{len(results)} of {run_dir.planned} cases ({planned} planned this session, "
+          f"{elapsed:.0f} s): {statuses}")
     print(f"measurements: {run_dir.path}")
     if args.report and results:
         from attnbench.report.html import build_report
         from attnbench.runs import RunWriteError
 
-        print("writing the report (figures for every metric: a few seconds to a minute) ...", file=sys.stderr, flush=True)
+        print("writing the report (figures for every metric: a few seconds to a minute) ...", file=sys.stderr,
+              flush=True)
         try:
             page = build_report([run_dir.path], Path(run_dir.path) / "report")
         except OSError as exc:
@@ -413,22 +479,27 @@ def _print_results(args, run_dir, planned: int, elapsed: float, summary_table) -
         print(f"report: {page}")
 
 
-def _start_counting(run_dir, cases, config):
-    """Instruction counts of the cases :func:`attnbench.runs.counted_cases` picks that the log lacks, in one
-    valgrind process beside the timed sweep (None when none are wanted)."""
+def _start_counting(run_dir: RunDirectory, cases: list[tuple[str, AttnSpec]],
+                    config: MeasureConfig) -> Beside | None:
+    """Instruction counts of the cases :func:`attnbench.runs.counted_cases` picks that the log
+    lacks, in one valgrind process beside the timed sweep (None when none are wanted)."""
     from attnbench.measure.instructions import Beside, CountConfig
     from attnbench.runs import case_key, counted_cases
 
     if config.instructions == "off":
         return None
-    wanted = [c for c in counted_cases(cases, every=config.instructions == "all") if case_key(*c) not in run_dir.counted]
+    every = config.instructions == "all"
+    wanted = [c for c in counted_cases(cases, every=every) if case_key(*c) not in run_dir.counted]
     if not wanted:
         return None
-    return Beside(wanted, CountConfig(threads=config.threads or 1, seed=config.seed, check_accuracy=config.check_accuracy))
+    return Beside(wanted, CountConfig(threads=config.threads or 1, seed=config.seed,
+                                      check_accuracy=config.check_accuracy))
 
 
-def _finish_counting(counter, log_counts: Callable[[float], None], quiet: bool, tqdm) -> None:
+def _finish_counting(counter: Beside, log_counts: Callable[[float], None], quiet: bool) -> None:
     """Wait for the counts still under way (the timed sweep is done), with their own bar."""
+    from tqdm import tqdm
+
     bar = tqdm(total=counter.total, initial=counter.received, unit="case", file=sys.stderr, dynamic_ncols=True,
                disable=quiet, desc="instruction counts (valgrind)")
     try:
@@ -443,12 +514,12 @@ def _finish_counting(counter, log_counts: Callable[[float], None], quiet: bool, 
     if counter.error is not None:
         print(f"note: no instruction counts: {counter.error}", file=sys.stderr)
     else:
-        print(f"instruction counts: {counter.total} case(s) in {counter.seconds:.0f} s of valgrind beside the sweep",
-              file=sys.stderr)
+        print(f"instruction counts: {counter.total} case(s) in {counter.seconds:.0f} s of valgrind "
+              "beside the sweep", file=sys.stderr)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    """Build the report; exit 0 when it holds data, 1 when nothing could be loaded (reasons on stderr)."""
+    """Build the report; exit 0 when it holds data, 1 when nothing loads (reasons on stderr)."""
     from attnbench.report.html import make_report
 
     sources = args.sources or []
@@ -465,8 +536,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     for problem in outcome.problems:
         print(f"problem: {problem}", file=sys.stderr)
     if outcome.rows == 0:
-        print(f"error: nothing could be loaded from {', '.join(sources)}; the page only lists the reasons: {outcome.page}",
-              file=sys.stderr)
+        print(f"error: nothing could be loaded from {', '.join(sources)}; the page only lists the "
+              f"reasons: {outcome.page}", file=sys.stderr)
         return 1
     print(f"report: {outcome.page}")
     if outcome.problems:
@@ -492,7 +563,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as exc:
         return _usage(str(exc))
     print(summary.line())
-    print(f"trace: {out / 'trace.json.gz'} (open in https://ui.perfetto.dev)\ntop operators: {out / 'top_ops.txt'}\nmemory plot: {out / 'memory.png'}")
+    print(f"trace: {out / 'trace.json.gz'} (open in https://ui.perfetto.dev)\n"
+          f"top operators: {out / 'top_ops.txt'}\n"
+          f"memory plot: {out / 'memory.png'}")
     return 0
 
 
@@ -533,7 +606,10 @@ def cmd_regress(args: argparse.Namespace) -> int:
 
 
 def _stamped(command: str, started: float) -> Callable[[str], None]:
-    """A progress printer: ``command [  93 s] line`` on stderr, flushed (asv's steps take minutes)."""
+    """A progress printer: ``command [  93 s] line`` on stderr, flushed.
+
+    asv's steps take minutes: the elapsed seconds show a run that is alive.
+    """
     return lambda line: print(f"{command} [{time.monotonic() - started:4.0f} s] {line}", file=sys.stderr, flush=True)
 
 
@@ -555,16 +631,21 @@ def _regress_report(args: argparse.Namespace, outcome, metric: str) -> int:
     if not outcome.regressions.empty:
         print(f"FAIL: {len(outcome.regressions)} regression(s):")
         for rec in outcome.regressions.to_dict("records"):
-            digits = 4 if rec["metric"] == "instructions" else 2  # a count's growth of 0.2% is a verdict
-            print(f"  {rec['benchmark']} [{rec['variant']}, L={rec['seq_len']}, {rec['mode']}]: {rec['metric']} "
-                  f"x{rec['ratio']:.{digits}f}")
+            # a count's growth of 0.2% is a verdict
+            digits = 4 if rec["metric"] == "instructions" else 2
+            print(f"  {_gate_case(rec)}: {rec['metric']} x{rec['ratio']:.{digits}f}")
         return 1
-    print(f"UNDECIDED: no regression found, but {len(outcome.undecided)} time case(s) could not be decided "
-          "after a confirmation round (disturbed rounds, or too scattered to exclude a 1.5x slowdown); rerun with more "
-          "--rounds on a quieter machine:")
+    print(f"UNDECIDED: no regression found, but {len(outcome.undecided)} time case(s) could not be "
+          "decided after a confirmation round (disturbed rounds, or too scattered to exclude a 1.5x "
+          "slowdown); rerun with more --rounds on a quieter machine:")
     for rec in outcome.undecided.to_dict("records"):
-        print(f"  {rec['benchmark']} [{rec['variant']}, L={rec['seq_len']}, {rec['mode']}]: {rec['reason']}")
+        print(f"  {_gate_case(rec)}: {rec['reason']}")
     return 4
+
+
+def _gate_case(rec: dict) -> str:
+    """A gate row's case as the verdict lines name it: ``benchmark [variant, L=..., mode]``."""
+    return f"{rec['benchmark']} [{rec['variant']}, L={rec['seq_len']}, {rec['mode']}]"
 
 
 GATE_WIDTH = 100
@@ -572,28 +653,31 @@ GATE_WIDTH = 100
 
 
 def _gate_cells(rec: dict) -> dict[str, str]:
-    """One gate row as text: values with their units (the metric table's), the ratio with the digits a verdict needs."""
+    """One gate row as text: values with their units (the metric table's), the ratio with the
+    digits a verdict needs."""
     from attnbench.analysis.text import fmt
     from attnbench.contract import UNITS
 
     unit = UNITS.get(rec["metric"], "")
     digits = 4 if rec["metric"] == "instructions" else 2  # a count's growth of 0.2% is a verdict
     ratio = rec["ratio"]
+    pass_ = "bwd" if rec["mode"] == "backward" else "fwd"
     return {"verdict": str(rec["verdict"]), "metric": str(rec["metric"]),
-            "case": f"{rec['variant']} L={rec['seq_len']} {'bwd' if rec['mode'] == 'backward' else 'fwd'}",
+            "case": f"{rec['variant']} L={rec['seq_len']} {pass_}",
             "base": fmt(rec["base_value"], unit), "head": fmt(rec["head_value"], unit),
             "ratio": f"x{ratio:.{digits}f}" if ratio == ratio else "n/a",
             "why": str(rec.get("reason") or rec.get("note") or "")}
 
 
 def _gate_row(cells: dict[str, str]) -> str:
-    line = (f"{cells['verdict']:<10} {cells['metric']:<17} {cells['case']:<22} {cells['base']:>11} {cells['head']:>11} "
-            f"{cells['ratio']:>8}  {cells['why']}")
+    line = (f"{cells['verdict']:<10} {cells['metric']:<17} {cells['case']:<22} "
+            f"{cells['base']:>11} {cells['head']:>11} {cells['ratio']:>8}  {cells['why']}")
     return line if len(line) <= GATE_WIDTH else line[: GATE_WIDTH - 3] + "..."
 
 
 def cmd_bisect(args: argparse.Namespace) -> int:
-    """Exit 1: a first bad commit named; 0: nothing exceeds GOOD; 4: only a range; 2: usage; 3: could not measure."""
+    """Exit 1: a first bad commit named; 0: nothing exceeds GOOD; 4: only a range; 2: usage;
+    3: could not measure."""
     from attnbench.bisect import BisectError, answer, bisect, probe_line
     from attnbench.regress import RegressError
 
@@ -631,15 +715,15 @@ def cmd_history(args: argparse.Namespace) -> int:
         print(f"problem: {problem}", file=sys.stderr)
     rows = frame[frame["commit"].fillna("") != ""]
     if rows["commit"].nunique() < 2:
-        print(f"error: {', '.join(args.sources)} hold(s) {rows['commit'].nunique()} commit(s) of asv results: a history "
-              "needs several", file=sys.stderr)
+        print(f"error: {', '.join(args.sources)} hold(s) {rows['commit'].nunique()} commit(s) of asv "
+              "results: a history needs several", file=sys.stderr)
         return 1
     factors = {"instructions": args.instructions_factor, "peak_tensor_bytes": args.memory_factor,
                "time": args.time_factor}
     history = find_steps(rows, factors=factors, window=args.window, repo=args.repo)
     shown = table(history)
-    print(f"{len(history.commits)} commits ({history.order}); {len(history.regressions)} regression(s), "
-          f"{len(history.improvements)} improvement(s)")
+    print(f"{len(history.commits)} commits ({history.order}); "
+          f"{len(history.regressions)} regression(s), {len(history.improvements)} improvement(s)")
     if len(shown):
         with pd.option_context("display.width", 200, "display.max_rows", 500, "display.max_colwidth", 60):
             print(shown.to_string(index=False))
@@ -666,8 +750,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text, encoding="utf-8")
-        print(f"{exported.entries} entries of commit {exported.commit[:10] or '(a run)'} as {args.fmt}: {out}",
-              file=sys.stderr)
+        print(f"{exported.entries} entries of commit {exported.commit[:10] or '(a run)'} as "
+              f"{args.fmt}: {out}", file=sys.stderr)
     else:
         sys.stdout.write(text)
     return 0
@@ -685,13 +769,14 @@ def cmd_publish(args: argparse.Namespace) -> int:
     except PublishError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"site: {outcome.html_dir / 'index.html'} (works offline, from the file or any local server; "
-          f"{outcome.rewritten} CDN reference(s) now served from vendor/)")
+    print(f"site: {outcome.html_dir / 'index.html'} (works offline, from the file or any local "
+          f"server; {outcome.rewritten} CDN reference(s) now served from vendor/)")
     return 0
 
 
 def cmd_shard(args: argparse.Namespace) -> int:
-    """Print ``KEY=VALUE`` lines for a CI job (append them to ``$GITHUB_ENV``): its grid and its ``--bench`` pattern."""
+    """Print ``KEY=VALUE`` lines for a CI job (append them to ``$GITHUB_ENV``): its grid and its
+    ``--bench`` pattern."""
     from attnbench.shards import ShardError, parse_shard, shard_environment
 
     bad = _environment_problems()
@@ -708,7 +793,7 @@ def cmd_shard(args: argparse.Namespace) -> int:
 
 
 def _environment_problems() -> str:
-    """The ``ATTNBENCH_*`` variables asv would be started with that cannot be used ("" when none)."""
+    """The ``ATTNBENCH_*`` variables asv would start with that cannot be used ("" when none)."""
     from attnbench import environ
 
     return "; ".join(environ.problems())
@@ -721,7 +806,8 @@ def cmd_merge_results(args: argparse.Namespace) -> int:
         merged = merge_results(args.sources, args.out)
     except ShardError as exc:
         return _usage(str(exc))
-    print(f"merged {merged.shards} result file(s) into {merged.files} ({merged.benchmarks} benchmark rows): {args.out}")
+    print(f"merged {merged.shards} result file(s) into {merged.files} ({merged.benchmarks} benchmark "
+          f"rows): {args.out}")
     return 0
 
 
@@ -733,13 +819,16 @@ def cmd_peak(args: argparse.Namespace) -> int:
     missing = _cuda_missing(args.device)
     if missing:
         return _usage(missing)
-    regime.apply(regime.Regime(threads=args.threads))  # the roofs of the threads a sweep measures with
+    # the roofs of the threads a sweep measures with
+    regime.apply(regime.Regime(threads=args.threads))
     rate = matmul_peak(args.device, args.dtype, refresh=True)
-    print(f"{args.device} {args.dtype} matmul: {rate / 1e9:.1f} GFLOP/s ({args.threads} thread{'s' if args.threads > 1 else ''})")
+    threads = f"{args.threads} thread{'s' if args.threads > 1 else ''}"
+    print(f"{args.device} {args.dtype} matmul: {rate / 1e9:.1f} GFLOP/s ({threads})")
     if args.no_bandwidth:
         return 0
     bw = bandwidth(args.device, refresh=True)
-    print(f"{args.device} memory bandwidth: copy {bw.copy / 1e9:.1f} GB/s, triad {bw.triad / 1e9:.1f} GB/s "
+    print(f"{args.device} memory bandwidth: copy {bw.copy / 1e9:.1f} GB/s, "
+          f"triad {bw.triad / 1e9:.1f} GB/s "
           f"(STREAM's count: copy {WORDS['copy']}, triad {WORDS['triad']} float32 words per element; "
           f"arrays of {bw.array_bytes / 2**20:.0f} MiB; the roofline uses triad)")
     return 0
@@ -759,25 +848,45 @@ def _dtype_choices() -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="attnbench", description=__doc__.splitlines()[0], formatter_class=_Formatter)
+    parser = argparse.ArgumentParser(prog="attnbench", description=DESCRIPTION, formatter_class=_Formatter)
     parser.add_argument("--plugin", dest="plugins", action="append", metavar="MODULE",
-                        help="import MODULE first: it registers extra variants (repeatable; also ATTNBENCH_PLUGINS)")
+                        help="import MODULE first: it registers extra variants (repeatable; also "
+                             "ATTNBENCH_PLUGINS)")
     sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_list_parser, _add_run_parser, _add_report_parser, _add_profile_parser, _add_regress_parser,
+                _add_bisect_parser, _add_history_parser, _add_export_parser, _add_peak_parser, _add_publish_parser,
+                _add_shard_parser, _add_merge_results_parser):
+        add(sub)
+    return parser
 
+
+def _add_list_parser(sub) -> None:
     p = sub.add_parser("list", help="variants with their declared complexity and support", formatter_class=_Formatter)
     p.add_argument("--wide", action="store_true", help="include the source (seed or paper) column")
     p.set_defaults(func=cmd_list)
 
-    from attnbench.measure.regime import DEFAULT_THREADS
-    from attnbench.runs import DECODE_LENGTHS, DEFAULT_LENGTHS
 
+def _add_run_parser(sub) -> None:
     p = sub.add_parser("run", help="sweep variants x sequence lengths and write measurements (+ report)",
                        formatter_class=_Formatter)
-    p.add_argument("--variants", type=_list(str, "variant name", variant_names, "unknown variant(s)", "known:"), default=None,
-                   help="comma-separated variant names (default: every variant in the default sweep)")
+    _add_grid_options(p)
+    _add_shape_options(p)
+    _add_worker_options(p)
+    _add_budget_options(p)
+    _add_measurement_options(p)
+    _add_run_output_options(p)
+    p.set_defaults(func=cmd_run)
+
+
+def _add_grid_options(p: argparse.ArgumentParser) -> None:
+    """``run``'s variants, workload, lengths, device, dtypes, passes and masks."""
+    from attnbench.runs import DECODE_LENGTHS, DEFAULT_LENGTHS
+
+    p.add_argument("--variants", type=_list(str, "variant name", variant_names, "unknown variant(s)", "known:"),
+                   default=None, help="comma-separated variant names (default: every variant in the default sweep)")
     p.add_argument("--workload", choices=list(WORKLOADS), default="prefill",
-                   help="prefill: L queries over L keys, swept along L; decode: --q-len queries over a cache of "
-                        "Lk keys, swept along Lk (memory-bound; reports GB/s)")
+                   help="prefill: L queries over L keys, swept along L; decode: --q-len queries over a "
+                        "cache of Lk keys, swept along Lk (memory-bound; reports GB/s)")
     p.add_argument("--lengths", type=_list(_length, "length (an integer >= 1)"), default=_DefaultList(DEFAULT_LENGTHS),
                    help="comma-separated lengths: L for prefill, the cache length Lk for decode "
                         f"(decode's default: {DECODE_LENGTHS[0]} .. {DECODE_LENGTHS[-1]}, powers of 2)")
@@ -790,62 +899,98 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated from {', '.join(MODES)}")
     p.add_argument("--masks", type=_list(str, "mask kind", lambda: masks.MASK_KINDS), default=["none"],
                    help=f"comma-separated from {', '.join(masks.MASK_KINDS)}")
+
+
+def _add_shape_options(p: argparse.ArgumentParser) -> None:
+    """``run``'s batch sizes, heads, key/value heads and head dimensions."""
     p.add_argument("--batches", "--batch", dest="batches", type=_list(_int_at_least(1, "batch"), "batch size"),
                    default=[1], help="comma-separated batch sizes B (every combination is a case)")
     p.add_argument("--heads", type=_int_at_least(1, "heads"), default=8, help="(query) heads H")
     p.add_argument("--kv-heads", type=_list(_int_at_least(1, "kv_heads"), "key/value head count"), default=None,
                    help="comma-separated key/value head counts Hkv, each dividing --heads (grouped-query "
                         "attention; 1 is multi-query; default: Hkv = H)")
-    p.add_argument("--head-dims", "--head-dim", dest="head_dims", type=_list(_int_at_least(1, "head_dim"), "head dimension"),
+    p.add_argument("--head-dims", "--head-dim", dest="head_dims",
+                   type=_list(_int_at_least(1, "head_dim"), "head dimension"),
                    default=[64], help="comma-separated head dimensions D")
+
+
+def _add_worker_options(p: argparse.ArgumentParser) -> None:
+    """``run``'s threads per worker and what it does about a disturbed case."""
+    from attnbench.measure.regime import DEFAULT_THREADS
+
     p.add_argument("--threads", type=_int_at_least(1, "threads"), default=DEFAULT_THREADS,
                    help="torch threads in every worker (1 by default: a second thread stalls whenever another "
                         "process takes its core)")
     p.add_argument("--retries", type=_int_at_least(0, "retries"), default=2,
-                   help="re-measurements of a case found disturbed (run-queue wait, probe, clusters), before it is marked noisy")
+                   help="re-measurements of a case found disturbed (run-queue wait, probe, clusters), "
+                        "before it is marked noisy")
     p.add_argument("--no-probe", action="store_true",
-                   help="no calibration probe and no re-timing of descheduled blocks (no interference detection, "
-                        "no noisy status)")
+                   help="no calibration probe and no re-timing of descheduled blocks (no interference "
+                        "detection, no noisy status)")
+
+
+def _add_budget_options(p: argparse.ArgumentParser) -> None:
+    """``run``'s memory and time budgets per case."""
     p.add_argument("--budget-mb", type=_positive, default=None,
                    help="memory budget per case in MiB (default: --budget-fraction of free memory); "
                         "also caps each worker's memory")
     p.add_argument("--budget-fraction", type=_fraction, default=0.5, help="memory budget as a share of free memory")
     p.add_argument("--time-budget", type=_positive, default=DEFAULT_TIME_BUDGET,
-                   help="seconds one case may take in total (predicted beforehand; the default keeps the default sweep "
-                        "under 5 minutes on 2 cores)")
+                   help="seconds one case may take in total (predicted beforehand; the default keeps the "
+                        "default sweep under 5 minutes on 2 cores)")
     p.add_argument("--case-timeout", type=_positive, default=None,
-                   help="hard limit in seconds: a case still running is killed (default: 2 x --time-budget + 60)")
+                   help="hard limit in seconds: a case still running is killed (default: 2 x "
+                        "--time-budget + 60)")
+
+
+def _add_measurement_options(p: argparse.ArgumentParser) -> None:
+    """What ``run`` measures of a case: timed calls, the accuracy check, counts, caches, graphs."""
     p.add_argument("--min-runs", type=_int_at_least(1, "min_runs"), default=5, help="timed calls per case, at least")
     p.add_argument("--min-time", type=_positive, default=0.25, help="seconds of timed calls per case, at least")
     p.add_argument("--max-time", type=_positive, default=None,
-                   help="seconds of timed calls per case, at most (default 5, or --min-time when that is longer)")
+                   help="seconds of timed calls per case, at most (default 5, or --min-time when that "
+                        "is longer)")
     p.add_argument("--no-check", action="store_true", help="skip the float64 accuracy check")
     p.add_argument("--instructions", action=argparse.BooleanOptionalAction, default=None,
-                   help="count instructions per call under valgrind, in one process beside the timed sweep (default: "
-                        "when valgrind is installed, the headline figure's variants and one per family, at the lengths "
-                        "a budget allows; --instructions: every CPU case; --no-instructions: none)")
+                   help="count instructions per call under valgrind, in one process beside the timed "
+                        "sweep (default: when valgrind is installed, the headline figure's variants and "
+                        "one per family, at the lengths a budget allows; --instructions: every CPU case; "
+                        "--no-instructions: none)")
     p.add_argument("--flush-cache", action=argparse.BooleanOptionalAction, default=None,
-                   help="evict caches before every timed call (default: on for --workload decode, whose KV cache is "
-                        "cold in real inference, where every layer reads its own; off for prefill)")
+                   help="evict caches before every timed call (default: on for --workload decode, whose "
+                        "KV cache is cold in real inference, where every layer reads its own; off for "
+                        "prefill)")
     p.add_argument("--cuda-graphs", action="store_true", help="CUDA: also time CUDA-graph replay")
     p.add_argument("--no-limit", action="store_true", help="sweep slow variants (loop) at every length")
+
+
+def _add_run_output_options(p: argparse.ArgumentParser) -> None:
+    """Where ``run`` writes, whether it continues or replaces a run there, and what it shows."""
     p.add_argument("--root", default="reports/runs", help="where new run directories go")
     p.add_argument("--out", default=None, help="exact run directory (default: <root>/<time>-<host>)")
     p.add_argument("--resume", action="store_true",
-                   help="continue the run in --out: measure only the cases its log lacks (same configuration required)")
+                   help="continue the run in --out: measure only the cases its log lacks (same "
+                        "configuration required)")
     p.add_argument("--force", action="store_true", help="replace the run in a non-empty --out (its files and report)")
     p.add_argument("--report", action=argparse.BooleanOptionalAction, default=True, help="build the HTML report")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_run)
 
+
+def _add_report_parser(sub) -> None:
     p = sub.add_parser("report", help="HTML report from asv results and/or run directories", formatter_class=_Formatter)
     p.add_argument("--from", dest="sources", action="append",
-                   help="asv results dir or run dir (repeatable: two runs, commits or machines are compared side by side)")
+                   help="asv results dir or run dir (repeatable: two runs, commits or machines are "
+                        "compared side by side)")
     p.add_argument("--out", default="reports/latest", help="output directory")
     p.add_argument("--title", default="attnbench report")
     p.add_argument("--demos", action="store_true",
-                   help="add the teaching demos (Nadaraya-Watson regression, masked attention weights; they train on every build)")
+                   help="add the teaching demos (Nadaraya-Watson regression, masked attention weights; "
+                        "they train on every build)")
     p.set_defaults(func=cmd_report)
+
+
+def _add_profile_parser(sub) -> None:
+    from attnbench.measure.regime import DEFAULT_THREADS
 
     p = sub.add_parser("profile", help="one case under torch.profiler: trace, top operators, memory plot",
                        formatter_class=_Formatter)
@@ -853,7 +998,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=_length, required=True, help="sequence length")
     p.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--dtype", default="float32", choices=list(DTYPES))
-    p.add_argument("--mode", "--pass", dest="mode", default="forward", choices=list(MODES), help="forward or backward (forward + backward)")
+    p.add_argument("--mode", "--pass", dest="mode", default="forward", choices=list(MODES),
+                   help="forward or backward (forward + backward)")
     p.add_argument("--batch", type=_int_at_least(1, "batch"), default=1)
     p.add_argument("--heads", type=_int_at_least(1, "heads"), default=8)
     p.add_argument("--head-dim", type=_int_at_least(1, "head_dim"), default=64)
@@ -861,6 +1007,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="output directory (default reports/profiles/<case>)")
     p.set_defaults(func=cmd_profile)
 
+
+def _add_regress_parser(sub) -> None:
     p = sub.add_parser("regress", help="benchmark BASE and HEAD with asv; exit 1 if HEAD regressed",
                        formatter_class=_Formatter)
     p.add_argument("base", help="git revision to compare against (e.g. origin/main)")
@@ -868,63 +1016,81 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repo", default=".", help="attnbench checkout")
     p.add_argument("--time-factor", type=_factor, default=1.2, help="allowed HEAD/BASE time ratio")
     p.add_argument("--memory-factor", type=_factor, default=1.1, help="allowed HEAD/BASE peak tensor bytes ratio")
-    p.add_argument("--rounds", type=_int_at_least(1, "rounds"), default=2, help="asv rounds, interleaved across the commits")
+    p.add_argument("--rounds", type=_int_at_least(1, "rounds"), default=2,
+                   help="asv rounds, interleaved across the commits")
     p.add_argument("--metric", choices=["time", "instructions", "both"], default=None,
-                   help="what decides: wall time, instruction counts under valgrind, or both (default: both when "
-                        "valgrind is installed, else time)")
+                   help="what decides: wall time, instruction counts under valgrind, or both (default: "
+                        "both when valgrind is installed, else time)")
     p.add_argument("--instructions-factor", type=_factor, default=INSTRUCTIONS_FACTOR,
                    help="allowed HEAD/BASE instruction count ratio")
     p.add_argument("--work-dir", default=".asv/regress",
                    help="results and asv.log go here (relative to the current directory)")
     p.add_argument("--time-cases", choices=["longest", "all"], default="longest",
-                   help="where counts decide (--metric both or instructions): time the longest length of each variant "
-                        "only (where the working set is largest: what counts cannot see weighs most) or every case "
-                        "(minutes longer); --metric time always times every case")
+                   help="where counts decide (--metric both or instructions): time the longest length of "
+                        "each variant only (where the working set is largest: what counts cannot see "
+                        "weighs most) or every case (minutes longer); --metric time always times every case")
     p.add_argument("--summary", default=None, metavar="FILE",
-                   help="also write the verdict as Markdown to FILE (and append it to $GITHUB_STEP_SUMMARY when set)")
+                   help="also write the verdict as Markdown to FILE (and append it to "
+                        "$GITHUB_STEP_SUMMARY when set)")
     p.set_defaults(func=cmd_regress)
 
+
+def _add_bisect_parser(sub) -> None:
     p = sub.add_parser("bisect", help="binary search GOOD..BAD for the first commit whose metric exceeds GOOD's by the "
                        "gate's factor", formatter_class=_Formatter)
     p.add_argument("good", help="a git revision where the metric was fine")
     p.add_argument("bad", help="a later revision where it is not (GOOD must be its ancestor)")
     p.add_argument("--metric", choices=["instructions", "peak_tensor_bytes", "time"], default="instructions",
-                   help="what is searched: instruction counts and peak tensor bytes are exact (one measurement per "
-                        "commit); time probes are the gate's time verdicts (GOOD re-timed beside every probe)")
+                   help="what is searched: instruction counts and peak tensor bytes are exact (one "
+                        "measurement per commit); time probes are the gate's time verdicts (GOOD re-timed "
+                        "beside every probe)")
     p.add_argument("--case", dest="cases", action="append", default=[], metavar="VARIANT:L",
-                   help="measure this case only (repeatable; default: the CI grid, narrowed by ATTNBENCH_ASV_*)")
+                   help="measure this case only (repeatable; default: the CI grid, narrowed by "
+                        "ATTNBENCH_ASV_*)")
     p.add_argument("--repo", default=".", help="attnbench checkout")
     p.add_argument("--work-dir", default=".asv/bisect", help="results and asv.log go here")
     p.add_argument("--instructions-factor", type=_factor, default=INSTRUCTIONS_FACTOR,
                    help="a probe is bad when a count exceeds GOOD's by this")
     p.add_argument("--memory-factor", type=_factor, default=1.1, help="the same for peak tensor bytes")
     p.add_argument("--time-factor", type=_factor, default=1.2, help="the gate's time allowance (--metric time)")
-    p.add_argument("--rounds", type=_int_at_least(1, "rounds"), default=2, help="time rounds per probe (--metric time)")
+    p.add_argument("--rounds", type=_int_at_least(1, "rounds"), default=2,
+                   help="time rounds per probe (--metric time)")
     p.set_defaults(func=cmd_bisect)
 
+
+def _add_history_parser(sub) -> None:
     p = sub.add_parser("history", help="steps and drifts in a results history (e.g. the benchmark-results branch)",
                        formatter_class=_Formatter)
     p.add_argument("--from", dest="sources", action="append", required=True,
                    help="asv results directory of several commits (repeatable)")
     p.add_argument("--out", default="reports/history", help="history.html, figures/ and steps.csv go here")
     p.add_argument("--window", type=_int_at_least(2, "window"), default=10,
-                   help="commits a drift may spread over (a cumulative change beyond the factor with no single step)")
+                   help="commits a drift may spread over (a cumulative change beyond the factor with no "
+                        "single step)")
     p.add_argument("--repo", default=".",
-                   help="git repository to order the commits by (when it knows them all; else asv's commit dates)")
+                   help="git repository to order the commits by (when it knows them all; else asv's "
+                        "commit dates)")
     p.add_argument("--instructions-factor", type=_factor, default=INSTRUCTIONS_FACTOR, help="a count's step or drift")
     p.add_argument("--memory-factor", type=_factor, default=1.1, help="peak tensor bytes' step or drift")
     p.add_argument("--time-factor", type=_factor, default=1.2, help="a time level's step or drift")
     p.add_argument("--summary", default=None, metavar="FILE",
-                   help="also write the steps as Markdown to FILE (and append them to $GITHUB_STEP_SUMMARY when set)")
+                   help="also write the steps as Markdown to FILE (and append them to "
+                        "$GITHUB_STEP_SUMMARY when set)")
     p.set_defaults(func=cmd_history)
 
-    p = sub.add_parser("export", help="results as Bencher's BMF or github-action-benchmark's customSmallerIsBetter JSON",
-                       formatter_class=_Formatter)
+
+def _add_export_parser(sub) -> None:
+    p = sub.add_parser("export", help="results as Bencher's BMF or github-action-benchmark's customSmallerIsBetter "
+                       "JSON", formatter_class=_Formatter)
     p.add_argument("source", metavar="FROM", help="asv results directory or run directory")
     p.add_argument("--format", dest="fmt", choices=["bmf", "github-action-benchmark"], required=True)
     p.add_argument("--commit", default=None, help="the commit to export (a prefix; default: the newest)")
     p.add_argument("--out", default=None, help="write the JSON here (default: standard output)")
     p.set_defaults(func=cmd_export)
+
+
+def _add_peak_parser(sub) -> None:
+    from attnbench.measure.regime import DEFAULT_THREADS
 
     p = sub.add_parser("peak", help="measure this machine's matmul FLOP/s and memory bandwidth (cached for reports)",
                        formatter_class=_Formatter)
@@ -935,29 +1101,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-bandwidth", action="store_true", help="measure the matmul peak only")
     p.set_defaults(func=cmd_peak)
 
-    p = sub.add_parser("publish", help="asv publish, made to work offline (no CDN): graphs from a file or a local server",
-                       formatter_class=_Formatter)
+
+def _add_publish_parser(sub) -> None:
+    p = sub.add_parser("publish", help="asv publish, made to work offline (no CDN): graphs from a file or a local "
+                       "server", formatter_class=_Formatter)
     p.add_argument("--config", default="asv.conf.json", help="asv configuration (its paths are relative to its folder)")
-    p.add_argument("--html-dir", "-o", default=None, help="output directory (default: html_dir of the asv configuration)")
+    p.add_argument("--html-dir", "-o", default=None,
+                   help="output directory (default: html_dir of the asv configuration)")
     p.set_defaults(func=cmd_publish)
 
-    p = sub.add_parser("shard", help="a CI job's share of the asv suite: KEY=VALUE lines (its grid, ATTNBENCH_ASV_BENCH)",
-                       formatter_class=_Formatter)
+
+def _add_shard_parser(sub) -> None:
+    p = sub.add_parser("shard", help="a CI job's share of the asv suite: KEY=VALUE lines (its grid, "
+                       "ATTNBENCH_ASV_BENCH)", formatter_class=_Formatter)
     p.add_argument("shard", help="I/N: this job is shard I of N (1-based)")
-    p.add_argument("--grid", default=None, help="also print the ATTNBENCH_ASV_* variables of this named grid (e.g. ci)")
+    p.add_argument("--grid", default=None,
+                   help="also print the ATTNBENCH_ASV_* variables of this named grid (e.g. ci)")
     p.add_argument("--benchmarks", default="benchmarks", help="the asv benchmark folder")
     p.set_defaults(func=cmd_shard)
 
+
+def _add_merge_results_parser(sub) -> None:
     p = sub.add_parser("merge-results", help="merge the asv results directories of several shards into one",
                        formatter_class=_Formatter)
     p.add_argument("sources", nargs="+", help="asv results directories (each with benchmarks.json)")
     p.add_argument("--out", required=True, help="the merged results directory (created, or merged into)")
     p.set_defaults(func=cmd_merge_results)
-    return parser
 
 
 def _show_notes(default: Callable[..., None]) -> Callable[..., None]:
-    """A ``warnings.showwarning`` that prints attnbench's own notes as one plain line (the rest as before)."""
+    """A ``warnings.showwarning`` printing attnbench's own notes as one plain line (others as
+    before)."""
     from attnbench.io import CacheNotWritten
 
     def show(message, category, filename, lineno, file=None, line=None) -> None:
@@ -975,13 +1149,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.showwarning = _show_notes(warnings.showwarning)
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    pre = argparse.ArgumentParser(add_help=False)  # plugins first: they add variant names the parser checks
+    # plugins first: they add variant names the parser checks
+    pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--plugin", dest="plugins", action="append", default=[])
     known, _ = pre.parse_known_args(argv)
     try:
         load_plugins(known.plugins)
         load_plugins()  # ATTNBENCH_PLUGINS
-        export_plugins(known.plugins)  # worker processes and asv import them too (only once they imported here)
+        # worker processes and asv import them too (only once they imported here)
+        export_plugins(known.plugins)
     except ValueError as exc:
         print(f"attnbench: error: --plugin: {exc}", file=sys.stderr)
         return 2
@@ -991,7 +1167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 2
     try:
         return args.func(args)
-    except KeyboardInterrupt:  # outside a sweep's own handling (e.g. while importing or measuring the peak)
+    # outside a sweep's own handling (e.g. while importing or measuring the peak)
+    except KeyboardInterrupt:
         print("attnbench: interrupted", file=sys.stderr)
         return 130
 
