@@ -1,64 +1,15 @@
 """One tidy DataFrame from asv results and ``attnbench run`` directories.
 
-Schema (one row per case x metric; every loader returns exactly these columns, in this order):
-
-============== =====================================================================
-source         "asv" or "run"
-benchmark      asv benchmark name, or "attnbench.run"
-variant        registered variant name
-seq_len        Lq (int); seq_len_k is Lk
-seq_len_k      Lk (int)
-device         "cpu" / "cuda"
-mode           "forward" / "backward" (forward + backward)
-dtype          "float32", ...
-batch, heads, head_dim, mask   the rest of the case's shape
-kv_heads       Hkv, key/value heads (int; = heads for multi-head attention and for files older than GQA)
-workload       "prefill" (Lq = Lk, swept along seq_len) or "decode" (few queries over a long cache, swept
-               along seq_len_k): ``contract.SWEPT_LENGTH``; "prefill" for older files
-metric         time | peak_tensor_bytes | peak_rss | gflops | flops | max_error | softmax_error | cuda_time
-               | compile_time | error_ratio (max error / the correctness gate's tolerance)
-               | bytes (``AttnSpec.bytes_moved``, an ideal kernel's traffic: method "model")
-               | gbps (bytes over the measured time: its method is the time's)
-               | waited_blocks, runqueue_share (how much a neighbour had the timing thread's core: method "schedstat")
-               | the rest of ``contract.METRICS``
-unit           s | bytes | GFLOP/s | FLOP | abs | x tolerance | GB/s | share | ...
-method         how the value was obtained: "wall" (perf_counter) | "cuda_events" | "asv" (asv's own
-               timer / peakmem / tracked rate) | "profiler" | "cuda" (allocator stats) | "rss" |
-               "reference" (compared with the float64 reference) | "model" (an analytic prediction,
-               not a measurement: never fitted, never compared with itself) | "unrecorded" (old files)
-value          float; NaN unless status is "ok" (or "wrong" / "noisy": kept as recorded, never a fact)
-spread         IQR of the timing samples (asv: q75 - q25), NaN when unknown
-ci_low         lower end of asv's 99% interval of the value (NaN for runs)
-ci_high        upper end of asv's 99% interval of the value (NaN for runs)
-status         ok | wrong | skipped | failed (asv) ; ok | wrong | skipped | oom | timeout | error | crashed (run)
-reason         why a case is not ok ("" for asv skips, which asv does not explain)
-kernel         SDPA backend(s) that actually ran, read from the profiler ("" when not recorded)
-machine        machine name (asv machine name, run hostname)
-cpu            CPU model
-gpu            GPU name ("" for none)
-commit         git commit hash ("" when unknown)
-date           pandas Timestamp (UTC) of the commit (asv) or of the run
-torch          torch version
-threads        torch threads (NaN for asv, which does not record it)
-peak_gflops    this machine's matmul GFLOP/s at the row's dtype when recorded, else NaN
-peak_gbps      this machine's measured memory bandwidth (STREAM triad, GB/s) when the run recorded it,
-               else NaN (asv results and older runs do not record it: no bandwidth roof is drawn for them)
-run_date       pandas Timestamp (UTC) of when the measurement ran (asv: the earliest ``started_at``
-               of the result file; run: the manifest's ``created``); ``date`` of asv rows is the
-               *commit* date
-origin         the source path the row was loaded from (tells two runs of one machine apart)
-============== =====================================================================
-
-Loading never stops at a bad input and never turns one into numbers. Every file that cannot be
-used, and every row that is rejected, is named with the reason in ``frame.attrs["problems"]``;
-the rest still loads. A run's manifest and its rows are cross-checked (``cases`` = rows written);
-a run stopped on purpose (``complete: false``) is listed in ``frame.attrs["notes"]`` as
-incomplete, not as corrupt. A row with a missing or non-numeric required value (its case's
-identity, its status, an ok case's time) is rejected, never kept as an ok row holding 0 or NaN.
-asv results whose benchmark ``version`` differs from ``benchmarks.json`` (another suite version)
-are left out and counted, by benchmark, in the problems. In asv results, every row of a case whose
-``error_ratio`` is above 1 becomes ``wrong``. ``frame.attrs["sources"]`` has one entry per source:
-its path, kind and rows loaded.
+Every loader returns :data:`COLUMNS`, in that order: one row per case and metric (the README's
+"Reading the numbers" describes each column). Loading never stops at a bad input and never turns one
+into numbers: every file that cannot be used and every row that is rejected is named with the reason
+in ``frame.attrs["problems"]``, and the rest still loads. A run's manifest and its rows are
+cross-checked (``cases`` = rows written); a run stopped on purpose (``complete: false``) is listed in
+``frame.attrs["notes"]`` as incomplete, not as corrupt. A row missing a required value (its case's
+identity, its status, an ok case's time) is rejected, never kept as an ok row holding 0 or NaN. asv
+results of another suite version (their benchmark ``version`` differs from ``benchmarks.json``) are
+left out and counted by benchmark; every row of an asv case whose ``error_ratio`` is above 1 becomes
+``wrong``. ``frame.attrs["sources"]`` has one entry per source: its path, kind and rows loaded.
 """
 
 from __future__ import annotations
@@ -77,6 +28,7 @@ import pandas as pd
 
 from attnbench import contract
 from attnbench.analysis.text import sig
+from attnbench.contract import GateVerdict, Method, Source, Status
 from attnbench.io import error_line
 from attnbench.measure.record import Measurement
 from attnbench.spec import AttnSpec
@@ -87,7 +39,7 @@ COLUMNS = [
     "cpu", "gpu", "commit", "date", "torch", "threads", "peak_gflops", "peak_gbps", "kernel", "run_date", "origin",
 ]
 UNITS = contract.UNITS
-MEMORY_METHODS = {"analytic": "model"}  # older files called the prediction "analytic"
+MEMORY_METHODS = {"analytic": Method.MODEL}  # older files called the prediction "analytic"
 ASV_METRICS = contract.ASV_METRICS
 PEAK_BENCHMARK = contract.PEAK_BENCHMARK
 BASE_SPEC = contract.BASE_SPEC  # the asv suite's fixed shape
@@ -124,14 +76,17 @@ def decode_param(value: object) -> object:
 ASV_UNCHECKED = ("asv results carry no disturbance check (no calibration probe around asv's rounds), so none of their "
                  "times is marked noisy: a busy machine's timings read as ok here; compare them from quiet machines only")
 TIMED = {m.name for m in contract.METRICS.values() if m.timed}
+FAILED = "failed"
+"""The status of an asv row whose benchmark recorded no value (it raised, or its setup refused the case):
+the one status of the frame that is not a :class:`contract.Status` (no run's case ends so)."""
 
 
 def _asv_status(value: object) -> str:
     if value is None:
-        return "failed"
+        return FAILED
     if isinstance(value, float) and math.isnan(value):
-        return "skipped"
-    return "ok"
+        return Status.SKIPPED
+    return Status.OK
 
 
 def _asv_memory_method(variant: str, device: str) -> str:
@@ -139,10 +94,10 @@ def _asv_memory_method(variant: str, device: str) -> str:
     from attnbench.registry import get_variant, variant_names
 
     if device.startswith("cuda"):
-        return "cuda"
+        return Method.CUDA
     if variant in variant_names() and get_variant(variant).SECONDS_PER_PAIR > 0:
-        return "model"  # interpreter-bound: the runner returns the prediction
-    return "profiler"
+        return Method.MODEL  # interpreter-bound: the runner returns the prediction
+    return Method.PROFILER
 
 
 def load_asv(results_dir: str | Path) -> pd.DataFrame:
@@ -195,7 +150,7 @@ def load_asv(results_dir: str | Path) -> pd.DataFrame:
     return _finish(rows, problems, notes)
 
 
-GATE_DECIDED = ("ok", "regressed", "wrong")
+GATE_DECIDED = (GateVerdict.OK, GateVerdict.REGRESSED, GateVerdict.WRONG)
 """The gate's verdicts that decided a row; ``undecided`` and ``shown`` (a time case counts decided) did not."""
 
 
@@ -218,8 +173,8 @@ def _apply_gate(rows: list[dict], path: Path, problems: list[str]) -> list[str]:
     marked = 0
     for row in rows:
         key = (row["variant"], row["seq_len"], row["mode"], row["mask"])
-        if row["metric"] in TIMED and row["commit"] in commits and key in undecided and row["status"] == "ok":
-            row.update(status="noisy", reason=f"the regression gate did not decide it: {undecided[key]}")
+        if row["metric"] in TIMED and row["commit"] in commits and key in undecided and row["status"] == Status.OK:
+            row.update(status=Status.NOISY, reason=f"the regression gate did not decide it: {undecided[key]}")
             marked += 1
     decided = sorted({r.metric for r in table.itertuples() if r.verdict in GATE_DECIDED})
     return [f"{path.parent}: results of the regression gate, which decided on {', '.join(decided) or 'nothing'}; "
@@ -247,7 +202,7 @@ def _asv_file(path: Path, benchmarks: dict, machine: dict, problems: list[str]) 
         problems.append(f"{path}: {len(stale)} result(s) from another version of the suite left out "
                         f"(benchmark version differs from benchmarks.json, or no longer there): {names}")
     common = {
-        "source": "asv", "machine": str(params.get("machine", machine.get("machine", ""))),
+        "source": Source.ASV, "machine": str(params.get("machine", machine.get("machine", ""))),
         "cpu": str(machine.get("cpu", "")), "gpu": "", "commit": res.commit_hash or "", "date": date, "run_date": run_date,
         "torch": params.get("torch", "") or params.get("req-torch", ""), "threads": math.nan,
         "reason": "", "kernel": "",
@@ -274,8 +229,8 @@ def _asv_file(path: Path, benchmarks: dict, machine: dict, problems: list[str]) 
     return rows
 
 
-def _asv_key_rows(res, key: str, bench: dict, common: dict, peak: float, path: Path, problems: list[str]) -> list[dict]:
-    metric, factor, label = ASV_METRICS[key.rsplit(".", 1)[-1]]
+def _asv_combos(res, key: str, bench: dict) -> tuple[list, list[str], list[tuple]]:
+    """A benchmark's parameter lists, their names and every combination (ValueError: they do not fit)."""
     params = res.get_result_params(key)
     names = bench.get("param_names", []) if isinstance(bench, dict) else []
     if not isinstance(params, list) or not all(isinstance(p, list) for p in params) or len(params) != len(names):
@@ -283,7 +238,45 @@ def _asv_key_rows(res, key: str, bench: dict, common: dict, peak: float, path: P
     combos = list(itertools.product(*params))
     raw = getattr(res, "_results", {}).get(key)  # asv pads a short list with None ("failed"): check the stored one
     if raw is not None and (not isinstance(raw, list) or len(raw) != len(combos)):
-        raise ValueError(f"{len(raw) if isinstance(raw, list) else repr(raw)[:40]} values for {len(combos)} parameter sets")
+        got = len(raw) if isinstance(raw, list) else repr(raw)[:40]
+        raise ValueError(f"{got} values for {len(combos)} parameter sets")
+    return params, names, combos
+
+
+def _asv_case(key: str, case: dict, metric: str, value: object) -> tuple[str, AttnSpec, str]:
+    """The variant, shape and workload of one asv parameter set (ValueError, TypeError: garbled)."""
+    variant = case.get("variant", "")
+    length = case.get("seq_len_k", case.get("seq_len", 0))
+    if not isinstance(variant, str) or not variant or isinstance(length, bool) or not isinstance(length, int):
+        raise ValueError(f"variant {variant!r} / length {length!r}")
+    if value is not None and not isinstance(value, (int, float)):
+        raise ValueError(f"value {value!r} is not a number")
+    _check_value(metric, value)
+    spec, workload = contract.asv_case(key, case, BASE_SPEC)
+    return variant, spec, workload
+
+
+def _asv_measured(key: str, value: object, stat: object, variant: str, spec: AttnSpec) -> dict:
+    """The columns of one asv value: metric, unit, method, value, spread, interval and status."""
+    metric, factor, label = ASV_METRICS[key.rsplit(".", 1)[-1]]
+    status = _asv_status(value)
+    stat = stat if isinstance(stat, dict) else {}
+
+    def num(name: str) -> float:
+        v = stat.get(name)
+        return float(v) * factor if isinstance(v, (int, float)) else math.nan
+
+    return {
+        "metric": metric, "unit": UNITS[metric], "method": label or _asv_memory_method(variant, spec.device_type),
+        "value": float(value) * factor if status == Status.OK else math.nan, "spread": num("q_75") - num("q_25"),
+        "ci_low": num("ci_99_a"), "ci_high": num("ci_99_b"), "status": status,
+    }
+
+
+def _asv_key_rows(res, key: str, bench: dict, common: dict, peak: float, path: Path, problems: list[str]) -> list[dict]:
+    """The rows of one benchmark of an asv result file; garbled parameter sets are named in ``problems``."""
+    metric = ASV_METRICS[key.rsplit(".", 1)[-1]][0]
+    params, names, combos = _asv_combos(res, key, bench)
     values = res.get_result_value(key, params)
     stats = res.get_result_stats(key, params)
     stats = stats if isinstance(stats, list) and len(stats) == len(values) else [None] * len(values)
@@ -291,29 +284,13 @@ def _asv_key_rows(res, key: str, bench: dict, common: dict, peak: float, path: P
     for combo, value, stat in zip(combos, values, stats, strict=True):
         case = dict(zip(names, (decode_param(p) for p in combo), strict=True))
         try:
-            variant = case.get("variant", "")
-            length = case.get("seq_len_k", case.get("seq_len", 0))
-            if not isinstance(variant, str) or not variant or isinstance(length, bool) or not isinstance(length, int):
-                raise ValueError(f"variant {variant!r} / length {length!r}")
-            if value is not None and not isinstance(value, (int, float)):
-                raise ValueError(f"value {value!r} is not a number")
-            _check_value(metric, value)
-            spec, workload = contract.asv_case(key, case, BASE_SPEC)
+            variant, spec, workload = _asv_case(key, case, metric, value)
         except (ValueError, TypeError) as exc:
             bad.append(f"{combo}: {error_line(exc)}")
             continue
-        status = _asv_status(value)
-        stat = stat if isinstance(stat, dict) else {}
-
-        def num(name: str, stat: dict = stat) -> float:
-            v = stat.get(name)
-            return float(v) * factor if isinstance(v, (int, float)) else math.nan
-
         rows.append({
-            **common, "benchmark": key, "variant": variant, **_spec_columns(spec), "workload": workload, "metric": metric,
-            "unit": UNITS[metric], "method": label or _asv_memory_method(variant, spec.device_type),
-            "value": float(value) * factor if status == "ok" else math.nan, "spread": num("q_75") - num("q_25"),
-            "ci_low": num("ci_99_a"), "ci_high": num("ci_99_b"), "status": status, "peak_gflops": peak, "peak_gbps": math.nan,
+            **common, "benchmark": key, "variant": variant, **_spec_columns(spec), "workload": workload,
+            **_asv_measured(key, value, stat, variant, spec), "peak_gflops": peak, "peak_gbps": math.nan,
             "_mode_given": "mode" in case,
         })
     if bad:
@@ -337,12 +314,12 @@ def _mark_wrong(rows: list[dict]) -> None:
         return (r["variant"], r["seq_len"], r["seq_len_k"], r["kv_heads"], r["device"], r["mask"])
 
     for r in rows:
-        if r["metric"] == "error_ratio" and r["status"] == "ok" and r["value"] > 1:
+        if r["metric"] == "error_ratio" and r["status"] == Status.OK and r["value"] > 1:
             verdicts[(*case(r), r["mode"] if r["_mode_given"] else None)] = r["value"]
     for r in rows:
         ratio = verdicts.get((*case(r), r["mode"]), verdicts.get((*case(r), None)))
         if ratio is not None:
-            r["status"], r["reason"] = "wrong", f"max error {ratio:.3g}x the tolerance"
+            r["status"], r["reason"] = Status.WRONG, f"max error {ratio:.3g}x the tolerance"
         del r["_mode_given"]
 
 
@@ -355,7 +332,7 @@ def _spec_columns(spec: AttnSpec) -> dict:
 
 
 # ---- attnbench run ---------------------------------------------------------------------------
-KEEPS_VALUES = ("ok", "wrong", "noisy")
+KEEPS_VALUES = (Status.OK, Status.WRONG, Status.NOISY)
 """Statuses whose values are kept as recorded (``wrong`` and ``noisy`` ones are drawn, never fitted or ranked)."""
 
 
@@ -406,14 +383,14 @@ def _check_case(m: Measurement) -> None:
     """Raise ValueError naming what makes a logged case unusable (the classes check types, names and shapes)."""
     if not m.variant:
         raise ValueError("variant is empty")
-    if m.status == "ok" and not (m.median > 0):
+    if m.status == Status.OK and not (m.median > 0):
         raise ValueError(f"status ok but its time is {m.median!r} (a time must be > 0)")
     if m.status not in KEEPS_VALUES:
         return
     for metric in contract.METRICS.values():
         if metric.field is not None:
             _check_value(metric.name, _lenient(contract.metric_value(m, metric.field)))
-    if m.status == "ok" and m.checked_error_ratio > 1:
+    if m.status == Status.OK and m.checked_error_ratio > 1:
         raise ValueError(f"status ok but its error is {sig(m.checked_error_ratio)}x the tolerance (the gate's limit is 1x)")
     if m.spec.input_bytes > MAX_INPUT_BYTES:
         raise ValueError(f"status {m.status} but its inputs would take {m.spec.input_bytes:.3g} bytes (length "
@@ -451,10 +428,44 @@ def _case_rows(m: Measurement, common: dict) -> list[dict]:
             method = MEMORY_METHODS.get(method, method)
         spread = _lenient(getattr(m, metric.spread)) if metric.spread and kept else math.nan
         # A neighbour disturbs time, never bytes or counts: a noisy case's untimed values are facts.
-        status = "ok" if m.status == "noisy" and not metric.timed else m.status
+        status = Status.OK if m.status == Status.NOISY and not metric.timed else m.status
         out.append({**base, "metric": metric.name, "unit": metric.unit, "method": method, "value": value, "spread": spread,
                     "status": status})
     return out
+
+
+def _read_run_log(run_dir: Path, problems: list[str]):
+    """The run's case log (:func:`attnbench.runs.read_log`), or None when nothing of it can be read (why: in
+    ``problems``)."""
+    from attnbench.runs import LOG, LOG_SCHEMA, read_log
+
+    try:
+        log = read_log(run_dir / LOG)
+    except FileNotFoundError:
+        problems.append(f"{run_dir / LOG}: missing; nothing of this run can be read (measurements.csv is an export, "
+                        "not the record)")
+        return None
+    except OSError as exc:
+        problems.append(f"{run_dir / LOG}: cannot read ({error_line(exc)})")
+        return None
+    header = log.header or {}
+    if header.get("schema", LOG_SCHEMA) != LOG_SCHEMA:
+        problems.append(f"{run_dir / LOG}: format {header.get('schema')!r}, and this attnbench reads {LOG_SCHEMA!r}: "
+                        "not read (use the attnbench that wrote it)")
+        return None
+    return log
+
+
+def _run_common(header: dict, manifest: dict) -> dict:
+    """The columns every row of a run shares: its source, dates and the machine's recorded roofs."""
+    peaks = header.get("peak_gflops", manifest.get("peak_gflops")) or {}
+    if not isinstance(peaks, dict):  # a single number: the float32 roof
+        peaks = {"float32": peaks}
+    gbps = header.get("peak_gbps", manifest.get("peak_gbps"))
+    gbps = _lenient(gbps.get("triad") if isinstance(gbps, dict) else gbps)  # triad: the roofline's bandwidth roof
+    created = manifest.get("created") or header.get("created")
+    return {"source": Source.RUN, "benchmark": "attnbench.run", "date": created, "run_date": created,
+            "peak_gflops": peaks, "peak_gbps": gbps if gbps > 0 else math.nan}
 
 
 def load_run(run_dir: str | Path) -> pd.DataFrame:
@@ -464,38 +475,21 @@ def load_run(run_dir: str | Path) -> pd.DataFrame:
     finished. ``measurements.csv`` is an export for people and is not read. Unusable log lines and
     cases are rejected with the reason.
     """
-    from attnbench.runs import LOG, LOG_SCHEMA, MANIFEST, read_log
+    from attnbench.runs import LOG, MANIFEST
 
     run_dir = Path(run_dir)
     problems: list[str] = []
     notes: list[str] = []
-    try:
-        log = read_log(run_dir / LOG)
-    except FileNotFoundError:
-        problems.append(f"{run_dir / LOG}: missing; nothing of this run can be read (measurements.csv is an export, "
-                        "not the record)")
-        return _finish([], problems, notes)
-    except OSError as exc:
-        problems.append(f"{run_dir / LOG}: cannot read ({error_line(exc)})")
+    log = _read_run_log(run_dir, problems)
+    if log is None:
         return _finish([], problems, notes)
     header = log.header or {}
-    if header.get("schema", LOG_SCHEMA) != LOG_SCHEMA:
-        problems.append(f"{run_dir / LOG}: format {header.get('schema')!r}, and this attnbench reads {LOG_SCHEMA!r}: "
-                        "not read (use the attnbench that wrote it)")
-        return _finish([], problems, notes)
     problems.extend(log.rejected)
     notes.extend(n for n in log.notes if n not in log.rejected)
     manifest = _read_manifest(run_dir / MANIFEST, problems, notes)
     if log.header is None and log.measurements:
         problems.append(f"{run_dir / LOG}: no header line; the planned grid is unknown")
-    peaks = header.get("peak_gflops", manifest.get("peak_gflops")) or {}
-    if not isinstance(peaks, dict):  # a single number: the float32 roof
-        peaks = {"float32": peaks}
-    gbps = header.get("peak_gbps", manifest.get("peak_gbps"))
-    gbps = _lenient(gbps.get("triad") if isinstance(gbps, dict) else gbps)  # triad: the roofline's bandwidth roof
-    created = manifest.get("created") or header.get("created")
-    common = {"source": "run", "benchmark": "attnbench.run", "date": created, "run_date": created,
-              "peak_gflops": peaks, "peak_gbps": gbps if gbps > 0 else math.nan}
+    common = _run_common(header, manifest)
     rows: list[dict] = []
     cases = _distinct_cases(run_dir / LOG, log.measurements, problems)
     for number, m in cases:
@@ -561,7 +555,7 @@ def _cross_check(run_dir: Path, cases: Sequence[Measurement], logged: int, heade
 
 
 def _kind(path: Path) -> str:
-    """"asv", "run", or a sentence saying why ``path`` is neither (raises OSError when unreadable)."""
+    """:class:`Source` ``asv`` or ``run``, or a sentence saying why ``path`` is neither (OSError: unreadable)."""
     if not path.exists():
         return "does not exist"
     if not path.is_dir():
@@ -569,15 +563,32 @@ def _kind(path: Path) -> str:
     if not os.access(path, os.R_OK | os.X_OK):
         return "cannot be read (permission denied)"
     if (path / "benchmarks.json").exists():
-        return "asv"
+        return Source.ASV
     if any((path / name).exists() for name in ("cases.jsonl", "manifest.json", "measurements.csv")):
-        return "run"
+        return Source.RUN
     children = list(path.iterdir())
     if not children:
         return "is an empty directory"
     if any((c / "machine.json").exists() for c in children if c.is_dir()):
         return f"looks like asv results but has no benchmarks.json ({path / 'benchmarks.json'} missing)"
     return "neither an asv results directory (benchmarks.json) nor a run (cases.jsonl)"
+
+
+def _source_dir(src: str | Path) -> Path:
+    """The directory to read for ``src``: an asv project's ``results`` where ``src`` is the project (``.asv``)."""
+    path = Path(src)
+    if path.is_dir() and not (path / "benchmarks.json").exists() and (path / "results" / "benchmarks.json").exists():
+        return path / "results"
+    return path
+
+
+def _load_one(path: Path) -> tuple[str, pd.DataFrame | None]:
+    """What ``path`` is (:func:`_kind`) and its frame; None where it is neither kind or cannot be read."""
+    try:
+        kind = _kind(path)
+        return kind, load_asv(path) if kind == Source.ASV else load_run(path) if kind == Source.RUN else None
+    except OSError as exc:
+        return f"cannot be read ({error_line(exc)})", None
 
 
 def load(sources: Iterable[str | Path]) -> pd.DataFrame:
@@ -592,19 +603,13 @@ def load(sources: Iterable[str | Path]) -> pd.DataFrame:
     summary: list[dict] = []
     seen: dict[Path, str] = {}
     for src in sources:
-        path = Path(src)
-        if path.is_dir() and not (path / "benchmarks.json").exists() and (path / "results" / "benchmarks.json").exists():
-            path = path / "results"  # the asv directory itself, e.g. .asv
+        path = _source_dir(src)
         same = path.resolve()  # R, R/, ./R and a link to R are one source
         if same in seen:
             notes.append(f"{src}: the same directory as {seen[same]}, given twice: read once")
             continue
         seen[same] = str(src)
-        try:
-            kind = _kind(path)
-            frame = load_asv(path) if kind == "asv" else load_run(path) if kind == "run" else None
-        except OSError as exc:
-            kind, frame = f"cannot be read ({error_line(exc)})", None
+        kind, frame = _load_one(path)
         if frame is None:
             problems.append(f"{path}: {kind}")
             summary.append({"path": str(path), "kind": "unreadable", "rows": 0})
@@ -636,15 +641,15 @@ def flag_spikes(frame: pd.DataFrame) -> int:
 
     Any cost c0 + c1·L + c2·L² + ... with non-negative terms is convex on log-log axes, so a measured point lies
     on or below the straight line joining the points at the lengths on either side of it. One more than
-    :data:`SPIKE_FACTOR` above it was disturbed: a crossover or a ranking must not rest on it (a 46 ms ``dot`` at
-    L=512 between 17 ms-like neighbours once made a false crossover). Returns how many points were marked.
+    :data:`SPIKE_FACTOR` above it was disturbed: a crossover or a ranking must not rest on it (one such
+    point once made a false crossover). Returns how many points were marked.
     """
     from attnbench.analysis.complexity import GROUP, swept
 
     if frame.empty:
         return 0
     ok = frame.assign(origin=frame.get("origin", ""))
-    ok = ok[(ok["status"] == "ok") & (ok["value"] > 0)]
+    ok = ok[(ok["status"] == Status.OK) & (ok["value"] > 0)]
     times = swept(ok[ok["metric"].isin(("time", "cuda_time"))])  # a time is convex in L; a rate (GFLOP/s) is not
     case = [c for c in GROUP if c not in ("metric", "method")] + ["origin", "seq_len", "seq_len_k"]
     spiked: dict[tuple, float] = {}
@@ -663,7 +668,7 @@ def flag_spikes(frame: pd.DataFrame) -> int:
     keys = pd.Series(list(ok[case].itertuples(index=False, name=None)), index=ok.index)
     rows = ok.index[keys.isin(list(spiked)) & ok["metric"].isin(TIMED)]  # the case's rates go with its time
     factors = keys.loc[rows].map(spiked)
-    frame.loc[rows, "status"] = "noisy"
+    frame.loc[rows, "status"] = Status.NOISY
     frame.loc[rows, "reason"] = [f"{f:.1f}x above the line through its neighbours' lengths: it breaks its series' "
                                  "trend (disturbed)" for f in factors]
     return int((frame.loc[rows, "metric"] == "time").sum())
