@@ -1,39 +1,22 @@
-"""Steps in a results history: where each case's metric moved, commit by commit, and the slow drifts no pair shows.
+"""Steps in a results history: where each case's metric moved, commit by commit, and slow drifts.
 
-The regression gate compares two commits; a history (the ``benchmark-results`` branch the workflow keeps, or any
-asv results directory of several commits) holds many. Per machine, case and metric, in commit order:
+The regression gate compares two commits; a history (the ``benchmark-results`` branch, or any asv
+results directory of several commits) holds many. Per machine, case and metric, in commit order:
 
-* **Counts, bytes and FLOPs** (``instructions``, ``peak_tensor_bytes``, ``flops``) are deterministic, so the rules
-  are exact and use the gate's own factors (:data:`attnbench.contract.INSTRUCTIONS_FACTOR`, the memory factor,
-  any FLOP growth):
+* exact metrics (instructions, peak tensor bytes, FLOPs) use the gate's own factors: a **step** is a
+  commit beyond the factor from the previous one, a **drift** a run of commits, none of them beyond
+  it, whose cumulative change over at most ``window`` commits is (:func:`exact_changes`);
+* time is noisy: asv's step detection turns it into levels first (:func:`time_levels`), and the same
+  rules then run on those levels with the time factor;
+* a case that ran at one commit and fails or is wrong at the next is a regression of its own kind.
 
-  - a **step** is a commit whose value is beyond the factor from the previous commit's (a regression above it,
-    an improvement below its inverse);
-  - a **drift** is a run of commits, between steps, whose cumulative change over at most ``window`` commits goes
-    beyond the factor while no single commit does: five commits adding 0.15% each pass every pairwise gate at
-    1.002 and move the count by 0.75%. The range named runs from the first commit after the lowest level to the
-    commit of the highest (for an improvement, the other way round).
-
-* **Time** is noisy: a per-commit median moves by itself. asv 0.6.6's step detection (:mod:`asv.step_detect`: a
-  Potts model, the piecewise-constant fit with an L1 cost that ``asv publish`` runs for its regressions page, each
-  point weighted by asv's own rule, 2 / the width of its 99% interval) turns the series into levels
-  (:func:`time_levels`), and the same step and drift rules then run on those levels with the time factor. Its
-  penalty comes from the series' noise, not from ``detect_steps``' information criterion, which models the noise
-  as correlated and so takes a slow drift for noise (simulated there). Chosen over E-divisive because it is
-  installed with asv (E-divisive needs a package of its own or a permutation test written here), it weighs a noisy
-  commit less, it is deterministic (E-divisive's significance is a random permutation test), and with one median
-  per commit a segment of a few commits gives a permutation test little to work with. A level held by one commit
-  only, between two others, is an outlier, not a step (asv's ``detect_regressions`` drops such short intervals
-  too).
-
-* A case that ran at one commit and **fails or is wrong** at the next is a regression of its own kind.
-
-Nothing here runs a benchmark or draws: :mod:`attnbench.report` draws, :mod:`attnbench.markdown` writes the
-summary, ``attnbench history`` prints.
+Nothing here runs a benchmark or draws: :mod:`attnbench.report` draws, :mod:`attnbench.markdown`
+writes the summary, ``attnbench history`` prints.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 import subprocess
 from collections.abc import Sequence
@@ -44,6 +27,8 @@ import numpy as np
 import pandas as pd
 
 from attnbench import contract
+from attnbench.analysis.frame import FAILED
+from attnbench.contract import Status
 
 MEMORY_FACTOR = 1.1
 """The gate's default ``--memory-factor`` (peak tensor bytes)."""
@@ -52,8 +37,8 @@ TIME_FACTOR = 1.2
 FLOPS_FACTOR = 1.0 + 1e-9
 """The gate's FLOPs rule: any growth of the analytic count."""
 DEFAULT_WINDOW = 10
-"""Commits a drift may spread over. Counts do not wander by themselves (an unchanged commit counts alike to 0.006%;
-the same case counted twice in one process differs by up to 0.03%), so a long window adds no false drift."""
+"""Commits a drift may spread over. Counts do not wander by themselves (an unchanged commit counts alike
+far within the gate's factor: the README's "Use it in CI"), so a long window adds no false drift."""
 EXACT = ("instructions", "peak_tensor_bytes", "flops")
 """Deterministic metrics: exact rules on the values themselves."""
 TIMED = ("time",)
@@ -73,12 +58,28 @@ def default_factors() -> dict[str, float]:
             "time": TIME_FACTOR}
 
 
+class ChangeKind(enum.StrEnum):
+    """What moved a series at a commit (the ``kind`` column of :attr:`History.steps`)."""
+
+    STEP = "step"  # beyond the factor from the previous commit
+    DRIFT = "drift"  # beyond it over several commits, none of them alone
+    FAILED = FAILED  # ran at the previous commit, failed at this one
+    WRONG = Status.WRONG  # right at the previous commit, wrong at this one
+
+
+class Direction(enum.StrEnum):
+    """Which way a change went (the ``direction`` column)."""
+
+    REGRESSION = "regression"
+    IMPROVEMENT = "improvement"
+
+
 @dataclass(frozen=True)
 class Change:
     """One step, drift or failure in one series, by positions in the commit order."""
 
-    kind: str  # "step", "drift", "failed" or "wrong"
-    direction: str  # "regression" or "improvement"
+    kind: ChangeKind
+    direction: Direction
     first: int  # position of the first commit of the change (a step: the commit itself)
     last: int  # position of the last commit of the change
     before: float  # the level before it
@@ -106,7 +107,8 @@ def exact_changes(values: Sequence[float], factor: float, window: int = DEFAULT_
         i, j = present[k], present[k - 1]
         ratio = y[i] / y[j]
         if ratio > factor or ratio < 1 / factor:
-            changes.append(Change("step", "regression" if ratio > 1 else "improvement", i, i, y[j], y[i], start=j))
+            direction = Direction.REGRESSION if ratio > 1 else Direction.IMPROVEMENT
+            changes.append(Change(ChangeKind.STEP, direction, i, i, y[j], y[i], start=j))
             segments.append(present[begin:k])
             begin = k
     segments.append(present[begin:])
@@ -118,7 +120,7 @@ def exact_changes(values: Sequence[float], factor: float, window: int = DEFAULT_
 def _drifts(y: np.ndarray, points: list[int], factor: float, window: int) -> list[Change]:
     """Drifts within one segment (no step inside): cumulative moves beyond ``factor`` over at most ``window`` commits."""
     found: list[Change] = []
-    for direction, sign in (("regression", 1), ("improvement", -1)):
+    for direction, sign in ((Direction.REGRESSION, 1), (Direction.IMPROVEMENT, -1)):
         spans: list[list[int]] = []
         for k, i in enumerate(points):
             earlier = [j for j in points[:k] if i - j <= window]
@@ -137,7 +139,7 @@ def _drifts(y: np.ndarray, points: list[int], factor: float, window: int) -> lis
             start = max(p for p in inside if p < high and _near(y[p], y[low], tolerance))
             end = min(p for p in inside if p > start and _near(y[p], y[high], tolerance))
             first = next(p for p in inside if p > start)
-            found.append(Change("drift", direction, first, end, y[start], y[end], start=start))
+            found.append(Change(ChangeKind.DRIFT, direction, first, end, y[start], y[end], start=start))
     return found
 
 
@@ -147,7 +149,9 @@ def _near(value: float, level: float, tolerance: float) -> bool:
 
 
 PENALTY = 2.0
-"""The Potts penalty per level change, in units of the series' noise x log(n + 1) (see :func:`time_levels`)."""
+"""The Potts penalty per level change, in units of the series' noise x log(n + 1) (see :func:`time_levels`).
+``python -m studies.step_rates`` simulates how often it names a slow ramp, a step and pure noise (the
+README's "Steps in the history" quotes the rates)."""
 
 
 def noise(values: Sequence[float]) -> float:
@@ -162,16 +166,17 @@ def noise(values: Sequence[float]) -> float:
 def time_levels(values: Sequence[float], weights: Sequence[float] | None = None, penalty: float = PENALTY) -> np.ndarray:
     """The piecewise-constant levels asv's Potts solver fits to a noisy series (NaN where not measured).
 
-    :func:`asv.step_detect.solve_potts_approx` with the penalty ``penalty x noise x log(n + 1)`` (:func:`noise`),
-    each point weighted by asv's rule normalised to the median weight (as ``detect_steps`` does). Not
-    ``detect_steps``' own choice of penalty: that one models the noise as correlated (AR(1)), which takes a ramp for
-    correlated noise. Simulated (``python -m studies.step_rates``, 200 trials each): a ramp of five commits of 5%
-    each under 3% noise is named by ``detect_steps`` in 0.5% of 16-commit histories (38% of 50), by these levels in
-    93.5% (97.5%); a 1.3x step under 5% noise in 52.5% (95.5%) and 93.5% (98%); pure 5% noise names something in
-    0.5% (0%) here, 0% there.
+    :func:`asv.step_detect.solve_potts_approx` (asv 0.6.6: the fit ``asv publish`` runs for its
+    regressions page) with the penalty ``penalty x noise x log(n + 1)`` (:func:`noise`), each point
+    weighted by asv's rule (2 / the width of its 99% interval) normalised to the median weight, as
+    ``detect_steps`` does. Not ``detect_steps``' own choice of penalty: it models the noise as
+    correlated (AR(1)) and so takes a slow ramp for noise. Chosen over E-divisive, which needs a
+    package or a permutation test of its own, is random, and has little to work with in one median
+    per commit.
 
-    A level held by a single commit between two others is an outlier: that commit gets NaN (no level), so the exact
-    rules step over it rather than name a step up and a step down.
+    A level held by a single commit between two others is an outlier: that commit gets NaN (no
+    level), so the exact rules step over it rather than name a step up and a step down (asv's
+    ``detect_regressions`` drops such short intervals too).
     """
     from asv.step_detect import solve_potts_approx
 
@@ -202,10 +207,10 @@ def status_changes(statuses: Sequence[str]) -> list[Change]:
     """A case that ran (``ok``) at one commit and ``wrong`` or failed at the next measured one."""
     out, previous = [], None
     for i, status in enumerate(statuses):
-        if status in ("", "skipped", None) or (isinstance(status, float) and math.isnan(status)):
+        if status in ("", Status.SKIPPED, None) or (isinstance(status, float) and math.isnan(status)):
             continue
-        if previous == "ok" and status in ("wrong", "failed"):
-            out.append(Change(status, "regression", i, i, math.nan, math.nan))
+        if previous == Status.OK and status in (ChangeKind.WRONG, ChangeKind.FAILED):
+            out.append(Change(ChangeKind(status), Direction.REGRESSION, i, i, math.nan, math.nan))
         previous = status
     return out
 
@@ -224,11 +229,11 @@ class History:
 
     @property
     def regressions(self) -> pd.DataFrame:
-        return self.steps[self.steps["direction"] == "regression"]
+        return self.steps[self.steps["direction"] == Direction.REGRESSION]
 
     @property
     def improvements(self) -> pd.DataFrame:
-        return self.steps[self.steps["direction"] == "improvement"]
+        return self.steps[self.steps["direction"] == Direction.IMPROVEMENT]
 
     def subject(self, commit: str) -> str:
         rows = self.commits[self.commits["commit"] == commit]
@@ -296,35 +301,16 @@ def find_steps(frame: pd.DataFrame, *, factors: dict[str, float] | None = None, 
         check_factor(f"{name} factor", factors[name])
     if window < 2:
         raise ValueError(f"window must be at least 2 commits, got {window}")
-    rows = frame[frame["metric"].isin(list(metrics)) & frame["commit"].fillna("").astype(str).ne("")].copy()
-    commits, order = commit_order(rows.groupby("commit", as_index=False).agg(date=("date", "min")), repo)
-    position = dict(zip(commits["commit"], commits["position"], strict=True))
-    rows["position"] = rows["commit"].map(position)
-    for col in CASE:
-        rows[col] = rows[col].astype(object).where(rows[col].notna(), "")
-    rows = rows.sort_values("position", kind="stable").drop_duplicates([*CASE, "metric", "position"], keep="last")
-    n = len(commits)
+    rows, commits, order = _positioned(frame, metrics, repo)
     levels, found = [], []
     for key, group in rows.groupby([*CASE, "metric"], sort=True):
         metric = key[-1]
-        values = np.full(n, np.nan)
-        statuses: list[str] = [""] * n
-        weights = np.full(n, np.nan)
-        for rec in group.itertuples(index=False):
-            statuses[rec.position] = rec.status
-            if rec.status == "ok":
-                values[rec.position] = rec.value
-                width = rec.ci_high - rec.ci_low
-                weights[rec.position] = 2 / width if width > 0 else np.nan  # asv's own weight (asv._stats.get_weight)
+        values, statuses, weights = _series(group, len(commits))
         level = time_levels(values, weights) if metric in TIMED else values
         changes = exact_changes(level, factors[metric], window) + status_changes(statuses)
         levels.append(group.assign(level=group["position"].map(lambda p, lv=level: lv[p])))
-        for change in changes:
-            found.append({**dict(zip(CASE, key[:-1], strict=True)), "metric": metric, "kind": change.kind,
-                          "direction": change.direction, "first": commits["commit"].iloc[change.first],
-                          "last": commits["commit"].iloc[change.last], "first_pos": change.first,
-                          "last_pos": change.last, "commits": change.last - change.first + 1, "before": change.before,
-                          "after": change.after, "ratio": change.ratio, "factor": factors[metric]})
+        case = dict(zip(CASE, key[:-1], strict=True))
+        found += [_step_row(case, metric, change, commits, factors[metric]) for change in changes]
     steps = pd.DataFrame(found, columns=STEP_COLUMNS)
     if len(steps):  # regressions first, then by where they happened
         steps = steps.sort_values(["direction", "first_pos", "variant", "seq_len", "metric"],
@@ -334,6 +320,42 @@ def find_steps(frame: pd.DataFrame, *, factors: dict[str, float] | None = None, 
     if len(steps):
         steps.insert(1, "grid", steps["benchmark"].map(grid_of))
     return History(commits=commits, series=series, steps=steps, factors=factors, window=window, order=order)
+
+
+def _positioned(frame: pd.DataFrame, metrics: Sequence[str], repo: str | Path | None
+                ) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+    """The rows of ``metrics`` that name a commit, each with its commit's ``position`` (one row per case,
+    metric and commit: the last loaded), the commits (:func:`commit_order`) and how they were ordered."""
+    rows = frame[frame["metric"].isin(list(metrics)) & frame["commit"].fillna("").astype(str).ne("")].copy()
+    commits, order = commit_order(rows.groupby("commit", as_index=False).agg(date=("date", "min")), repo)
+    position = dict(zip(commits["commit"], commits["position"], strict=True))
+    rows["position"] = rows["commit"].map(position)
+    for col in CASE:
+        rows[col] = rows[col].astype(object).where(rows[col].notna(), "")
+    rows = rows.sort_values("position", kind="stable").drop_duplicates([*CASE, "metric", "position"], keep="last")
+    return rows, commits, order
+
+
+def _series(group: pd.DataFrame, n: int) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """One series' values (NaN where not ok), statuses ("" where not run) and asv weights, by commit position."""
+    values = np.full(n, np.nan)
+    statuses: list[str] = [""] * n
+    weights = np.full(n, np.nan)
+    for rec in group.itertuples(index=False):
+        statuses[rec.position] = rec.status
+        if rec.status == Status.OK:
+            values[rec.position] = rec.value
+            width = rec.ci_high - rec.ci_low
+            weights[rec.position] = 2 / width if width > 0 else np.nan  # asv's own weight (asv._stats.get_weight)
+    return values, statuses, weights
+
+
+def _step_row(case: dict, metric: str, change: Change, commits: pd.DataFrame, factor: float) -> dict:
+    """A row of :attr:`History.steps` (:data:`STEP_COLUMNS` but ``grid``): one change of one case's metric."""
+    return {**case, "metric": metric, "kind": change.kind, "direction": change.direction,
+            "first": commits["commit"].iloc[change.first], "last": commits["commit"].iloc[change.last],
+            "first_pos": change.first, "last_pos": change.last, "commits": change.last - change.first + 1,
+            "before": change.before, "after": change.after, "ratio": change.ratio, "factor": factor}
 
 
 FIGURE_CASE = ("machine", "grid", "variant", "seq_len", "seq_len_k", "device", "mode", "mask")
@@ -367,7 +389,7 @@ def case_label(rec: dict | pd.Series) -> str:
 
 def ratio_text(rec: dict | pd.Series) -> str:
     """The ratio with the digits its metric needs (counts: 4 decimals; a 0.2% change is a verdict)."""
-    if rec["kind"] in ("failed", "wrong"):
+    if rec["kind"] in (ChangeKind.FAILED, ChangeKind.WRONG):
         return rec["kind"]
     digits = 4 if rec["metric"] == "instructions" else 2
     return f"x{rec['ratio']:.{digits}f}"
