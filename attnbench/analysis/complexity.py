@@ -1,29 +1,17 @@
-"""Turn a tidy frame into claims: fitted exponents, crossovers, memory model (the roofline: :mod:`.roofline`).
+"""Claims from a tidy frame: fitted exponents against the declared ones, crossovers, the memory model.
 
-How the exponent is fitted. At short lengths a constant per-call cost (interpreter, dispatch,
-kernel launch) hides the asymptotic term, and on a shared machine single points can be far off.
-The *overhead floor* is ``FLOOR_FACTOR`` (2) times the constant cost (:func:`constant_cost`: the cost
-split's c0 where that split describes the series, else the smallest value, which bounds it), so at or
-above the floor the constant is at most half of what was measured. Every point at or above the floor
-is fitted; the points below it are the constant. The
-slope of ``log(value)`` on ``log(L)`` is the Theil-Sen estimate (the median of all pairwise
-slopes), which one wild point cannot drag far. Its 95% interval is the 2.5-97.5 percentile range
-of ``BOOTSTRAP`` (2000) Theil-Sen slopes refitted on residual-bootstrap replicates, with a fixed
-seed (the same data give the same interval in every process). The residuals resampled are each
-point's distance from the line through the *other* points, clipped at ``CLIP`` (2.5) robust
-standard deviations, so a lone outlier widens nothing while general scatter does; points beyond
-``OUTLIER`` (3) robust standard deviations are listed. A fit on fewer than ``MIN_POINTS`` (4)
-points, or whose interval is wider than ``MAX_CI_WIDTH`` (0.5), is *inconclusive*: it is never
-reported as matching. Otherwise it is compared with the variant's declared exponent. Big-O is an
-upper bound, so only a fit *steeper* than declared by more than ``TOLERANCE`` (0.25) with the
-declared value outside the interval is a mismatch; a shallower fit is reported as "shallower" (a
-lower-order term, such as a fixed block buffer or a linear projection, still matters in the
-measured range). Values the suite predicted rather than measured (method "model") are never
-fitted, and only ``ok`` rows are (not ``wrong`` or failed cases).
+A sampled metric (time) is fitted by :data:`FIT_RULE`, which the report prints: Theil-Sen over the
+points above the overhead floor with a bootstrap interval; too few points or too wide an interval is
+*inconclusive*, never a match. Exact metrics (bytes, FLOPs, instruction counts) have a rule of their
+own (:func:`fit_deterministic`), and every fit carries the cost split c0 + c1·L + c2·L²
+(:func:`cost_split`) that explains a slope shallower than declared. Only ``ok``, measured rows are
+fitted or compared: never ``wrong`` or ``noisy`` cases, nor predicted values (method "model"), which
+would only agree with themselves. The roofline is :mod:`.roofline`.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,7 +20,16 @@ import numpy as np
 import pandas as pd
 from scipy import optimize, stats
 
-from attnbench.contract import DECLARED, DETERMINISTIC_POINTS, FITTED, METRICS, SWEPT_LENGTH, WORKLOADS
+from attnbench.contract import (
+    DECLARED,
+    DETERMINISTIC_POINTS,
+    FITTED,
+    METRICS,
+    SWEPT_LENGTH,
+    WORKLOADS,
+    Method,
+    Status,
+)
 from attnbench.registry import get_variant, variant_names
 from attnbench.spec import AttnSpec
 
@@ -44,13 +41,48 @@ MAX_CI_WIDTH = 0.5
 BOOTSTRAP = 2000
 SEED = 20240601  # fixed: the bootstrap interval must not change between processes
 TOLERANCE = 0.25
-MODEL = "model"  # the method label of predicted (not measured) values
+MODEL = Method.MODEL  # the method of predicted (not measured) values
 GROUP = ["source", "machine", "commit", "device", "mode", "dtype", "mask", "batch", "heads", "kv_heads", "head_dim",
          "workload", "variant", "metric", "method"]
-"""One fit per group: every shape setting but the swept length is held fixed (a sweep over head dims,
-batches or key/value heads gives one fit per value, never one line through several shapes)."""
-VERDICTS = ("matches", "steeper", "shallower", "inconclusive")
+"""One fit per group: every shape setting but the swept length is held fixed (a sweep over head
+dims, batches or key/value heads gives one fit per value, never one line through several shapes)."""
+
+
+class FitVerdict(enum.StrEnum):
+    """A fit against its declared exponent (:func:`verdict`; "" where nothing is declared)."""
+
+    MATCHES = "matches"
+    STEEPER = "steeper"  # a mismatch: big-O is an upper bound
+    SHALLOWER = "shallower"  # a lower-order term still matters in the measured range
+    INCONCLUSIVE = "inconclusive"
+
+
+VERDICTS = tuple(FitVerdict)
 DECODE_CAP = 1.0  # one query row over Lk keys: at most O(Lk) time and scratch, whatever the prefill exponent
+
+FIT_RULE = f"""How the exponent is fitted. At short lengths a constant per-call cost (interpreter, dispatch,
+kernel launch) hides the asymptotic term, and on a shared machine single points can be far off.
+The *overhead floor* is ``FLOOR_FACTOR`` ({FLOOR_FACTOR:g}) times the constant cost (:func:`constant_cost`:
+the cost split's c0 where that split describes the series, else the smallest value, which bounds it),
+so at or above the floor the constant is at most half of what was measured. Every point at or above
+the floor is fitted; the points below it are the constant. The slope of ``log(value)`` on
+``log(L)`` is the Theil-Sen estimate (the median of all pairwise slopes), which one wild point
+cannot drag far. Its 95% interval is the 2.5-97.5 percentile range of ``BOOTSTRAP`` ({BOOTSTRAP})
+Theil-Sen slopes refitted on residual-bootstrap replicates, with a fixed seed (the same data give
+the same interval in every process). The residuals resampled are each point's distance from the
+line through the *other* points, clipped at ``CLIP`` ({CLIP:g}) robust standard deviations, so a lone
+outlier widens nothing while general scatter does; points beyond ``OUTLIER`` ({OUTLIER:g}) robust
+standard deviations are listed. A fit on fewer than ``MIN_POINTS`` ({MIN_POINTS}) points, or whose
+interval is wider than ``MAX_CI_WIDTH`` ({MAX_CI_WIDTH:g}), is *inconclusive*: it is never reported as
+matching. Otherwise it is compared with the variant's declared exponent. Big-O is an upper bound,
+so only a fit *steeper* than declared by more than ``TOLERANCE`` ({TOLERANCE:g}) with the declared
+value outside the interval is a mismatch; a shallower fit is reported as "shallower" (a lower-order
+term, such as a fixed block buffer or a linear projection, still matters in the measured range).
+Values the suite predicted rather than measured (method "model") are never fitted, and only ``ok``
+rows are (not ``wrong`` or failed cases).
+"""
+"""How :func:`fit_exponent` fits and :func:`verdict` judges, in words: the report's "How the exponents
+are fitted" (rendered as it stands, the trailing newline included)."""
 
 
 def _loo_residuals(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -102,8 +134,8 @@ def constant_cost(lengths: np.ndarray, values: np.ndarray) -> tuple[float, str]:
 
     The smallest value bounds the constant from above. Where the cost split c0 + c1·L + c2·L² describes
     the series (every point within ``SPLIT_TRUSTED``), its c0 is the constant itself: a linear series
-    whose shortest point is mostly work (``linear_elu``: 2.2 ms at L=256, 4.4 ms at 512) then keeps the
-    points the "2x the smallest" bound cut at random, as noise put them a hair above or below it.
+    whose shortest point is mostly work (``linear_elu``) then keeps the points the "2x the smallest"
+    bound cut at random, as noise put them a hair above or below it.
     """
     smallest = float(values.min())
     split = cost_split(lengths, values) if len(np.unique(lengths)) >= MIN_POINTS else None
@@ -112,8 +144,65 @@ def constant_cost(lengths: np.ndarray, values: np.ndarray) -> tuple[float, str]:
     return smallest, "at most the smallest value"
 
 
+def _sorted_series(lengths: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``lengths`` and ``values`` as float arrays in length order (ValueError: their shapes differ)."""
+    lengths, values = np.asarray(lengths, float), np.asarray(values, float)
+    if lengths.shape != values.shape:
+        raise ValueError(f"lengths and values must have the same shape, got {lengths.shape} and {values.shape}")
+    order = np.argsort(lengths)
+    return lengths[order], values[order]
+
+
+def _no_fit(**fields: float | int | str) -> dict[str, float | int | str]:
+    """A fit without a slope: every key of :func:`fit_exponent`, in its order, ``fields`` set."""
+    return {
+        "exponent": math.nan, "ci_low": math.nan, "ci_high": math.nan, "r2": math.nan, "n": 0,
+        "L_min": math.nan, "L_max": math.nan, "range": "no positive values", "conclusive": False, "note": "no points",
+        "outliers": "", **fields,
+    }
+
+
+def _points(n: int) -> str:
+    return f"{n} point{'s' if n != 1 else ''}"
+
+
+def _line_fit(x: np.ndarray, y: np.ndarray, resid: np.ndarray) -> dict[str, float | int]:
+    """``r2`` of a line through log(L) ``x`` and log(value) ``y`` leaving ``resid``, and the lengths it spans."""
+    total = float(((y - y.mean()) ** 2).sum())
+    return {"r2": float(1 - (resid**2).sum() / total) if total > 0 else math.nan,
+            "L_min": int(round(math.exp(x[0]))), "L_max": int(round(math.exp(x[-1])))}
+
+
+def _above_floor(lengths: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, str]:
+    """Which points :func:`fit_exponent` fits (those at or above the overhead floor), and the rule as applied."""
+    constant, source = constant_cost(lengths, values)
+    above = values >= FLOOR_FACTOR * constant
+    if above.sum() < 2 <= len(lengths):
+        above = values > values.min()  # a flat series: fit what rises above the minimum, if anything
+    rule = (f"value >= {FLOOR_FACTOR:g}x the constant ({constant:.3g}, {source}): "
+            f"{int(above.sum())} of {len(lengths)} points")
+    return above, rule
+
+
+def _theil_sen_fit(x: np.ndarray, y: np.ndarray) -> dict[str, float | int | str]:
+    """The Theil-Sen slope of ``y`` on ``x`` (at least 2 distinct x), its bootstrap interval and verdict inputs."""
+    slope, intercept, _, _ = stats.theilslopes(y, x, method="joint")
+    boot = _theil_sen_bootstrap(x, y, slope, intercept, BOOTSTRAP, SEED)
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    resid = y - (intercept + slope * x)
+    scale = _robust_scale(_loo_residuals(x, y)) if len(x) > 2 else 0.0
+    wild = [int(round(math.exp(v))) for v, r in zip(x, resid, strict=True) if abs(r) > OUTLIER * max(scale, 1e-3)]
+    notes = []
+    if len(x) < MIN_POINTS:
+        notes.append(f"{len(x)} points")
+    if not hi - lo <= MAX_CI_WIDTH:
+        notes.append(f"95% interval {hi - lo:.2f} wide")
+    return {"exponent": float(slope), "ci_low": float(lo), "ci_high": float(hi), **_line_fit(x, y, resid),
+            "conclusive": not notes, "note": ", ".join(notes), "outliers": " ".join(f"L={n}" for n in wild)}
+
+
 def fit_exponent(lengths: np.ndarray, values: np.ndarray) -> dict[str, float | int | str]:
-    """Robust slope of log(value) on log(L) over the points above the overhead floor (see module doc).
+    """Robust slope of log(value) on log(L) over the points above the overhead floor (:data:`FIT_RULE`).
 
     Args:
         lengths: sequence lengths, one per point.
@@ -122,52 +211,37 @@ def fit_exponent(lengths: np.ndarray, values: np.ndarray) -> dict[str, float | i
     Returns:
         ``exponent``, ``ci_low``/``ci_high`` (bootstrap 95%), ``r2`` (of the robust line), ``n``
         (points fitted), ``L_min``/``L_max``, ``range`` (the floor rule as applied), ``conclusive``
-        (bool) and ``note`` (why a fit is inconclusive, "" otherwise).
+        (bool), ``note`` (why a fit is inconclusive, "" otherwise) and ``outliers``.
     """
-    lengths, values = np.asarray(lengths, float), np.asarray(values, float)
-    if lengths.shape != values.shape:
-        raise ValueError(f"lengths and values must have the same shape, got {lengths.shape} and {values.shape}")
-    order = np.argsort(lengths)
-    lengths, values = lengths[order], values[order]
+    lengths, values = _sorted_series(lengths, values)
     keep = (values > 0) & np.isfinite(values) & np.isfinite(lengths) & (lengths > 0)
     lengths, values = lengths[keep], values[keep]
-    out: dict[str, float | int | str] = {
-        "exponent": math.nan, "ci_low": math.nan, "ci_high": math.nan, "r2": math.nan, "n": 0,
-        "L_min": math.nan, "L_max": math.nan, "range": "no positive values", "conclusive": False, "note": "no points",
-        "outliers": "",
-    }
     if len(lengths) == 0:
-        return out
-    constant, source = constant_cost(lengths, values)
-    above = values >= FLOOR_FACTOR * constant
-    if above.sum() < 2 <= len(lengths):
-        above = values > values.min()  # a flat series: fit what rises above the minimum, if anything
-    rule = f"value >= {FLOOR_FACTOR:g}x the constant ({constant:.3g}, {source}): {int(above.sum())} of {len(lengths)} points"
+        return _no_fit()
+    above, rule = _above_floor(lengths, values)
     x, y = np.log(lengths[above]), np.log(values[above])
-    n = len(np.unique(x))
-    out.update(n=int(len(x)), range=rule)
-    if n < 2:
-        out["note"] = f"{len(x)} point{'s' if len(x) != 1 else ''} above the floor"
-        return out
-    slope, intercept, _, _ = stats.theilslopes(y, x, method="joint")
-    boot = _theil_sen_bootstrap(x, y, slope, intercept, BOOTSTRAP, SEED)
-    lo, hi = np.percentile(boot, [2.5, 97.5])
+    out = _no_fit(n=int(len(x)), range=rule)
+    if len(np.unique(x)) < 2:
+        return {**out, "note": f"{_points(len(x))} above the floor"}
+    return {**out, **_theil_sen_fit(x, y)}
+
+
+def _local_slopes_fit(x: np.ndarray, y: np.ndarray, local: np.ndarray, dropped: int) -> dict[str, float | int | str]:
+    """The least-squares slope of ``y`` on ``x`` and the range of the ``local`` slopes (``dropped``: points cut)."""
+    slope, intercept = np.polyfit(x, y, 1)
     resid = y - (intercept + slope * x)
-    total = float(((y - y.mean()) ** 2).sum())
-    scale = _robust_scale(_loo_residuals(x, y)) if len(x) > 2 else 0.0
-    wild = [int(round(math.exp(v))) for v, r in zip(x, resid, strict=True) if abs(r) > OUTLIER * max(scale, 1e-3)]
     notes = []
-    if len(x) < MIN_POINTS:
+    if len(x) < DETERMINISTIC_POINTS:
         notes.append(f"{len(x)} points")
-    if not hi - lo <= MAX_CI_WIDTH:
-        notes.append(f"95% interval {hi - lo:.2f} wide")
-    out.update(
-        exponent=float(slope), ci_low=float(lo), ci_high=float(hi),
-        r2=float(1 - (resid**2).sum() / total) if total > 0 else math.nan,
-        L_min=int(round(math.exp(x[0]))), L_max=int(round(math.exp(x[-1]))),
-        conclusive=not notes, note=", ".join(notes), outliers=" ".join(f"L={n}" for n in wild),
-    )
-    return out
+    low, high = local.min(), local.max()
+    if np.ptp(local) > MAX_CI_WIDTH:
+        notes.append(f"local slopes {low:.2f} to {high:.2f}: no single power of L")
+    return {
+        "exponent": float(slope), "ci_low": float(low), "ci_high": float(high), "n": int(len(x)),
+        **_line_fit(x, y, resid),
+        "range": f"deterministic: {len(x)} of {len(x) + dropped} points, local slopes {low:.2f} to {high:.2f}",
+        "conclusive": not notes, "note": ", ".join(notes), "max_residual": float(np.abs(np.expm1(resid)).max()),
+    }
 
 
 def fit_deterministic(lengths: np.ndarray, values: np.ndarray) -> dict[str, float | int | str]:
@@ -186,45 +260,22 @@ def fit_deterministic(lengths: np.ndarray, values: np.ndarray) -> dict[str, floa
         ``kind`` ("deterministic").
 
     Example:
-        >>> fit = fit_deterministic(np.array([256, 512, 1024, 2048]), np.array([4.85e6, 1.9e7, 7.6e7, 3.0e8]))
+        >>> fit = fit_deterministic(np.array([256, 512, 1024, 2048]),
+        ...                         np.array([4.85e6, 1.9e7, 7.6e7, 3.0e8]))
         >>> round(fit["exponent"], 2), fit["conclusive"]
         (1.99, True)
     """
-    lengths, values = np.asarray(lengths, float), np.asarray(values, float)
-    if lengths.shape != values.shape:
-        raise ValueError(f"lengths and values must have the same shape, got {lengths.shape} and {values.shape}")
-    order = np.argsort(lengths)
-    keep = (values[order] > 0) & np.isfinite(values[order]) & (lengths[order] > 0)
-    x, y = np.log(lengths[order][keep]), np.log(values[order][keep])
-    out: dict[str, float | int | str] = {
-        "exponent": math.nan, "ci_low": math.nan, "ci_high": math.nan, "r2": math.nan, "n": int(len(x)),
-        "L_min": math.nan, "L_max": math.nan, "range": "deterministic: no positive values", "conclusive": False,
-        "note": "no points", "outliers": "", "max_residual": math.nan, "kind": "deterministic",
-    }
+    lengths, values = _sorted_series(lengths, values)
+    keep = (values > 0) & np.isfinite(values) & (lengths > 0)
+    x, y = np.log(lengths[keep]), np.log(values[keep])
+    out = _no_fit(n=int(len(x)), range="deterministic: no positive values", max_residual=math.nan, kind="deterministic")
     if len(np.unique(x)) < 2:
-        out["note"] = f"{len(x)} point{'s' if len(x) != 1 else ''}"
-        return out
+        return {**out, "note": _points(len(x))}
     local = np.diff(y) / np.diff(x)  # slope between neighbouring lengths, shortest first
     start = 0  # drop the shortest points while the slope still bends and enough points remain
     while len(x) - start > DETERMINISTIC_POINTS and np.ptp(local[start:]) > MAX_CI_WIDTH:
         start += 1
-    x, y, local = x[start:], y[start:], local[start:]
-    slope, intercept = np.polyfit(x, y, 1)
-    resid = y - (intercept + slope * x)
-    total = float(((y - y.mean()) ** 2).sum())
-    notes = []
-    if len(x) < DETERMINISTIC_POINTS:
-        notes.append(f"{len(x)} points")
-    if np.ptp(local) > MAX_CI_WIDTH:
-        notes.append(f"local slopes {local.min():.2f} to {local.max():.2f}: no single power of L")
-    out.update(
-        exponent=float(slope), ci_low=float(local.min()), ci_high=float(local.max()), n=int(len(x)),
-        r2=float(1 - (resid**2).sum() / total) if total > 0 else math.nan,
-        L_min=int(round(math.exp(x[0]))), L_max=int(round(math.exp(x[-1]))),
-        range=f"deterministic: {len(x)} of {len(x) + start} points, local slopes {local.min():.2f} to {local.max():.2f}",
-        conclusive=not notes, note=", ".join(notes), max_residual=float(np.abs(np.expm1(resid)).max()),
-    )
-    return out
+    return {**out, **_local_slopes_fit(x[start:], y[start:], local[start:], start)}
 
 
 @dataclass(frozen=True)
@@ -287,8 +338,8 @@ def cost_split(lengths: np.ndarray, values: np.ndarray) -> CostSplit | None:
                      max_residual=float(np.abs(values / fitted - 1).max()) if (fitted > 0).all() else math.inf)
 
 
-def verdict(fit: dict, declared: float) -> str:
-    """"matches", "steeper" (a mismatch), "shallower", "inconclusive", or "" when nothing is declared.
+def verdict(fit: dict, declared: float) -> FitVerdict | str:
+    """The fit's :class:`FitVerdict` against ``declared``, or "" when nothing is declared (NaN).
 
     A fit without ``conclusive`` (a plain dict of exponent and interval) is judged by its interval
     width; one with no slope at all (fewer than 2 points above the floor) is inconclusive.
@@ -297,20 +348,21 @@ def verdict(fit: dict, declared: float) -> str:
     if math.isnan(declared):
         return ""
     if math.isnan(slope):
-        return "inconclusive"
+        return FitVerdict.INCONCLUSIVE
     conclusive = fit.get("conclusive", fit["ci_high"] - fit["ci_low"] <= MAX_CI_WIDTH)
     if not conclusive:
-        return "inconclusive"
+        return FitVerdict.INCONCLUSIVE
     inside = fit["ci_low"] <= declared <= fit["ci_high"]
     if slope > declared + TOLERANCE and not inside:
-        return "steeper"
+        return FitVerdict.STEEPER
     if slope < declared - TOLERANCE and not inside:
-        return "shallower"
-    return "matches"
+        return FitVerdict.SHALLOWER
+    return FitVerdict.MATCHES
 
 
 def excludes_declared(fit: dict) -> bool:
-    """A conclusive fit whose interval leaves out the declared exponent (a "matches" within TOLERANCE says so)."""
+    """A conclusive fit whose interval leaves out the declared exponent (a "matches" within TOLERANCE
+    says so)."""
     declared = fit.get("declared", math.nan)
     return bool(fit.get("conclusive")) and not math.isnan(declared) and not fit["ci_low"] <= declared <= fit["ci_high"]
 
@@ -367,7 +419,7 @@ def fit_table(frame: pd.DataFrame, metrics: Sequence[str] = FITTED) -> pd.DataFr
     Only ``ok`` rows are fitted. Groups of predicted values (method "model") get a row that says
     so, with no exponent and no verdict: a model checked against itself proves nothing.
     """
-    sel = swept(frame[(frame["status"] == "ok") & frame["metric"].isin(metrics)])
+    sel = swept(frame[(frame["status"] == Status.OK) & frame["metric"].isin(metrics)])
     sel = sel.assign(method=sel.get("method", ""), fixed=sel["seq_len"].where(sel["workload"] != "prefill", 0).astype("int64"))
     rows = []
     for key, group in sel.groupby([*GROUP, "fixed"], dropna=False, sort=True):
@@ -424,11 +476,14 @@ def tally(fits: pd.DataFrame) -> Tally:
         return f"{rec['variant']} {label}" + (f" ({', '.join(where)})" if where else "")
 
     records = judged.to_dict("records")
-    named = {v: tuple(name(r) for r in records if r["verdict"] == v) for v in VERDICTS}
-    return Tally(judged=len(records), conclusive=len(records) - len(named["inconclusive"]), matches=len(named["matches"]),
-                 near=tuple(name(r) for r in records if r["verdict"] == "matches" and excludes_declared(r)),
-                 steeper=named["steeper"], shallower=named["shallower"],
-                 inconclusive=tuple(f"{name(r)} ({r['note']})" for r in records if r["verdict"] == "inconclusive"))
+    named = {v: tuple(name(r) for r in records if r["verdict"] == v) for v in FitVerdict}
+    return Tally(
+        judged=len(records), conclusive=len(records) - len(named[FitVerdict.INCONCLUSIVE]),
+        matches=len(named[FitVerdict.MATCHES]),
+        near=tuple(name(r) for r in records if r["verdict"] == FitVerdict.MATCHES and excludes_declared(r)),
+        steeper=named[FitVerdict.STEEPER], shallower=named[FitVerdict.SHALLOWER],
+        inconclusive=tuple(f"{name(r)} ({r['note']})" for r in records if r["verdict"] == FitVerdict.INCONCLUSIVE),
+    )
 
 
 def headline(fits: pd.DataFrame) -> tuple[str, str]:
@@ -452,6 +507,37 @@ def headline(fits: pd.DataFrame) -> tuple[str, str]:
     return t.tone, "; ".join(parts) + "."
 
 
+_CROSSOVER_SETTING = ["source", "machine", "commit", "device", "mode", "dtype", "mask"]
+"""The columns that hold one setting of :func:`crossovers`: variants are compared within it."""
+
+
+def _first_win(wins: np.ndarray, lengths: pd.Index) -> str:
+    """The first length from which every longer one wins too ("always" from the first, else "never")."""
+    for i in range(len(wins)):
+        if wins[i:].all():
+            return "always" if i == 0 else str(int(lengths[i]))
+    return "never"
+
+
+def _crossover_rows(table: pd.DataFrame, baselines: tuple[str, ...], setting: dict, metric: str) -> list[dict]:
+    """One row per (variant, baseline) of a variant x length ``table`` of medians: where it crosses."""
+    rows = []
+    for base in baselines:
+        if base not in table:
+            continue
+        for variant in table.columns:
+            if variant == base:
+                continue
+            both = table[[variant, base]].dropna()
+            if both.empty:
+                continue
+            wins = (both[variant] < both[base]).to_numpy()
+            rows.append({**setting, "variant": variant, "baseline": base, "metric": metric,
+                         "crossover_L": _first_win(wins, both.index), "longest_L": int(both.index[-1]),
+                         "ratio_at_longest": both[base].iloc[-1] / both[variant].iloc[-1]})
+    return rows
+
+
 def crossovers(frame: pd.DataFrame, baselines: tuple[str, ...] = ("batched", "sdpa"), metric: str = "time") -> pd.DataFrame:
     """Length from which each variant stays below each baseline (faster, or smaller for memory).
 
@@ -459,34 +545,17 @@ def crossovers(frame: pd.DataFrame, baselines: tuple[str, ...] = ("batched", "sd
     every longer length both were measured at; "never" / "always" describe the edge cases. Only
     ``ok`` measured rows take part (not ``wrong`` cases, nor predicted "model" values).
     """
-    ok = frame[(frame["status"] == "ok") & (frame["metric"] == metric)]
+    ok = frame[(frame["status"] == Status.OK) & (frame["metric"] == metric)]
     ok = swept(ok)
     ok = ok[ok["workload"] == "prefill"]  # L = Lq = Lk: a decode step is compared in its own section
     if "method" in ok:
         ok = ok[ok["method"] != MODEL]  # measurements against measurements only
     rows = []
-    keys = ["source", "machine", "commit", "device", "mode", "dtype", "mask"]
-    for key, group in ok.groupby(keys, dropna=False):
+    for key, group in ok.groupby(_CROSSOVER_SETTING, dropna=False):
         table = group.pivot_table(index="seq_len", columns="variant", values="value", aggfunc="median").sort_index()
-        for base in baselines:
-            if base not in table:
-                continue
-            for variant in table.columns:
-                if variant == base:
-                    continue
-                both = table[[variant, base]].dropna()
-                if both.empty:
-                    continue
-                wins = (both[variant] < both[base]).to_numpy()
-                cross = "never"
-                for i in range(len(wins)):
-                    if wins[i:].all():
-                        cross = "always" if i == 0 else str(int(both.index[i]))
-                        break
-                ratio = both[base].iloc[-1] / both[variant].iloc[-1]
-                rows.append({**dict(zip(keys, key, strict=True)), "variant": variant, "baseline": base, "metric": metric,
-                             "crossover_L": cross, "longest_L": int(both.index[-1]), "ratio_at_longest": ratio})
-    return pd.DataFrame(rows, columns=[*keys, "variant", "baseline", "metric", "crossover_L", "longest_L", "ratio_at_longest"])
+        rows += _crossover_rows(table, baselines, dict(zip(_CROSSOVER_SETTING, key, strict=True)), metric)
+    columns = [*_CROSSOVER_SETTING, "variant", "baseline", "metric", "crossover_L", "longest_L", "ratio_at_longest"]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def largest_length(frame: pd.DataFrame) -> pd.DataFrame:
@@ -497,7 +566,7 @@ def largest_length(frame: pd.DataFrame) -> pd.DataFrame:
     """
     time_rows = swept(frame[frame["metric"] == "time"])
     rows = []
-    reached = ("ok", "noisy")
+    reached = (Status.OK, Status.NOISY)
     for (device, mode, workload, variant), group in time_rows.groupby(["device", "mode", "workload", "variant"], sort=False):
         ok = group[group["status"].isin(reached)]
         longest = int(ok["length"].max()) if len(ok) else None
@@ -517,7 +586,7 @@ def memory_model(frame: pd.DataFrame) -> pd.DataFrame:
     Only measurements (method "profiler", "cuda", ...) are compared: a "model" row *is* the
     prediction, and comparing it with itself would always "match".
     """
-    mem = frame[(frame["metric"] == "peak_tensor_bytes") & (frame["status"] == "ok")]
+    mem = frame[(frame["metric"] == "peak_tensor_bytes") & (frame["status"] == Status.OK)]
     if "method" in mem:
         mem = mem[mem["method"] != MODEL]
     rows = []

@@ -31,7 +31,7 @@ from attnbench.analysis import complexity, roofline
 from attnbench.analysis import history as steps_
 from attnbench.analysis.summary import Analysis, analyse, load_results, provenance, short_hash
 from attnbench.analysis.text import fmt, sig
-from attnbench.contract import PROGRESSION
+from attnbench.contract import PROGRESSION, Status
 from attnbench.io import atomic_write, atomic_write_text
 from attnbench.report import plots
 
@@ -77,7 +77,8 @@ def _fig_to_files(fig: plt.Figure, stem: Path) -> str:
 
 
 def _rst_to_html(text: str) -> str:
-    """Escape a docstring paragraph and render its ``literals`` and *emphasis*."""
+    """Escape a paragraph of reStructuredText (:data:`complexity.FIT_RULE`) and render its ``literals`` and
+    *emphasis*; line breaks are spaces."""
     out = html.escape(text.replace("\n", " "))
     out = re.sub(r"``(.+?)``", r"<code>\1</code>", out)
     return re.sub(r"\*(\w[^*]*?)\*", r"<em>\1</em>", out)
@@ -327,7 +328,7 @@ def _crossovers(page: Page) -> str:
 def _prefill_decode(page: Page) -> str:
     """The prefill vs decode section: only when decode cases ran."""
     frame = page.analysis.machine
-    if "workload" not in frame or not ((frame["workload"] == "decode") & (frame["status"] == "ok")).any():
+    if "workload" not in frame or not ((frame["workload"] == "decode") & (frame["status"] == Status.OK)).any():
         return ""
     fig = page.figure("prefill_decode", plots.prefill_vs_decode(frame, page.analysis.machine_fits),
                       "Left: decode, time per generated token (one query row) vs the context length Lk it attends to, declared "
@@ -389,17 +390,16 @@ def _headline(frame: pd.DataFrame, fits: pd.DataFrame) -> str:
 
 
 def _exponents(page: Page) -> str:
-    doc = complexity.__doc__.split(chr(10) + chr(10))[1]
     fits = page.analysis.fits
     caveat = f'<p class="sub">{html.escape(COUNTS_CAVEAT)}</p>' if len(fits) and (fits["metric"] == "instructions").any() else ""
     return ('<section id="exponents"><h2>Fitted exponents: the O(n²) claim in numbers</h2>'
             + _headline(page.frame, fits) + _table(page.analysis.summary, keep=("variant",)) + caveat
-            + _details("How the exponents are fitted", f"<p>{_rst_to_html(doc)}</p>") + "</section>")
+            + _details("How the exponents are fitted", f"<p>{_rst_to_html(complexity.FIT_RULE)}</p>") + "</section>")
 
 
 def _wrong(page: Page) -> str:
     frame = page.frame
-    wrong = frame[(frame["status"] == "wrong") & (frame["metric"] == "time")]
+    wrong = frame[(frame["status"] == Status.WRONG) & (frame["metric"] == "time")]
     if wrong.empty:
         return ""
     cols = ["origin", "machine", "commit", "variant", "seq_len", "device", "mode", "dtype", "mask", "reason"]
@@ -581,7 +581,7 @@ def _provenance(page: Page) -> str:
 
 def _compile_times(page: Page) -> str:
     frame = page.frame
-    rows = frame[(frame["metric"] == "compile_time") & (frame["status"] == "ok")]
+    rows = frame[(frame["metric"] == "compile_time") & (frame["status"] == Status.OK)]
     if not len(rows):
         return ""
     cols = ["machine", "device", "variant", "seq_len", "dtype", "mode", "value"]
@@ -627,7 +627,7 @@ def _commits(page: Page) -> str:
 
 def _failed(page: Page) -> str:
     frame = page.frame
-    bad = frame[(frame["status"] != "ok") & (frame["metric"] == "time")]
+    bad = frame[(frame["status"] != Status.OK) & (frame["metric"] == "time")]
     cols = ["origin", "machine", "variant", "seq_len", "device", "mode", "status", "reason"]
     return _details(f"Skipped and failed cases ({len(bad)})",
                     _table(bad[[c for c in cols if c in bad]].drop_duplicates(), keep=("variant", "status")), ident="problems")
@@ -675,7 +675,7 @@ def _fmt_fit(row: pd.Series) -> str:
         text = f"{row['exponent']:.2f} [{lo}, {hi}] R²={row['r2']:.3f} ({where})"
     if row.get("outliers"):
         text += f", outliers {row['outliers']}"
-    return f"{text}: inconclusive ({row['note']})" if row.get("verdict") == "inconclusive" else text
+    return f"{text}: inconclusive ({row['note']})" if row.get("verdict") == complexity.FitVerdict.INCONCLUSIVE else text
 
 
 def _full_fits(page: Page) -> str:
