@@ -1,22 +1,15 @@
 """Place every measured case on the roofline of the machine that measured it.
 
-For each ``ok`` case with a measured time:
-
-* arithmetic intensity ``AI = flops_executed / bytes_moved`` (FLOP per byte). ``bytes_moved`` is
-  the ideal kernel's traffic (q, k and v read once, the output written once; backward adds its
-  reads and gradient writes): a property of the case, not a measurement, so AI is exact for an
-  ideal kernel and an upper bound for one that re-reads its inputs or spills its scores;
-* achieved FLOP/s (executed FLOPs over the median time) and the bandwidth it implies
-  (``bytes_moved`` over the median time);
-* the attainable roof ``min(peak FLOP/s, AI x bandwidth)`` with the machine's measured matmul
-  peak at the case's dtype and its measured STREAM triad bandwidth, which roof binds (``compute``
-  when ``AI`` is at or above the ridge ``peak / bandwidth``, else ``bandwidth``), and the case's
-  percentage of that binding roof.
-
-Prefill (Lq = Lk = L) has AI growing with L and becomes compute-bound at long L; decode (Lq = 1
-over a KV cache of Lk) has AI near 1 FLOP/byte at every Lk and stays bandwidth-bound. A case whose
-achieved rate is missing, or whose rate is not a measurement (method "model"), is never placed; a
-machine without a recorded bandwidth gets AI and % of the compute roof, but no binding roof.
+For each ``ok`` case with a measured time: its arithmetic intensity ``AI = flops_executed /
+bytes_moved``, where ``bytes_moved`` is an ideal kernel's traffic (inputs read and output written
+once; backward adds its reads and gradient writes): a property of the case, so AI is exact for an
+ideal kernel and an upper bound for one that re-reads its inputs or spills its scores. Then its
+achieved FLOP/s and GB/s, and the attainable roof ``min(peak FLOP/s, AI x bandwidth)`` from the
+machine's measured matmul peak at the case's dtype and STREAM triad bandwidth: which roof binds
+(``compute`` at or above the ridge ``peak / bandwidth``, else ``bandwidth``) and the case's share of it.
+Prefill's AI grows with L (compute-bound at long L); decode's stays near 1 FLOP/byte (bandwidth-bound).
+A rate that is missing or not a measurement (method "model") is never placed; a machine without a
+recorded bandwidth gets AI and % of the compute roof, but no binding roof.
 """
 
 from __future__ import annotations
@@ -27,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from attnbench.analysis.complexity import MODEL
+from attnbench.contract import Status
 
 CASE = ["source", "origin", "machine", "commit", "device", "mode", "dtype", "batch", "heads", "kv_heads", "head_dim",
         "mask", "workload", "variant", "seq_len", "seq_len_k"]
@@ -38,7 +32,7 @@ COMPUTE, BANDWIDTH = "compute", "bandwidth"
 
 def _metric(frame: pd.DataFrame, metric: str, keys: list[str], measured: bool) -> pd.Series:
     """Median value of ``metric`` per case among ``ok`` rows (measured: method is not "model")."""
-    rows = frame[(frame["metric"] == metric) & (frame["status"] == "ok") & frame["value"].notna()]
+    rows = frame[(frame["metric"] == metric) & (frame["status"] == Status.OK) & frame["value"].notna()]
     if measured and "method" in rows:
         rows = rows[rows["method"] != MODEL]
     return rows.groupby(keys, dropna=False)["value"].median()
@@ -63,18 +57,40 @@ def roofline(frame: pd.DataFrame) -> pd.DataFrame:
     frame = frame.assign(workload=frame.get("workload", pd.Series("prefill", index=frame.index)).fillna("prefill"))
     keys = [c for c in CASE if c in frame]
     frame = frame.assign(**{c: frame[c].astype(object).where(frame[c].notna(), "") for c in keys})  # NaN keys group too
+    table = _measured(frame, keys)
+    if table.empty:
+        return pd.DataFrame(columns=COLUMNS)
+    table = _against_roofs(table.join(_roofs(frame, keys)).reset_index())
+    for col in CASE:
+        if col not in table:
+            table[col] = math.nan
+    return table[COLUMNS].sort_values(["workload", "variant", "seq_len_k", "seq_len"], kind="stable").reset_index(drop=True)
+
+
+def _measured(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Per case (``keys``): its median time, achieved GFLOP/s, bytes moved and executed FLOPs (cases timed only)."""
     time = _metric(frame, "time", keys, measured=True)
     gflops = _metric(frame, "gflops", keys, measured=True)
     moved = _metric(frame, "bytes", keys, measured=False)
     counted = _metric(frame, "flops", keys, measured=False)
     table = pd.DataFrame({"time": time, "gflops": gflops}).dropna(subset=["time", "gflops"])
     if table.empty:
-        return pd.DataFrame(columns=COLUMNS)
+        return table
     table = table.join(moved.rename("bytes")).join(counted.rename("flops_counted"))
     table["flops"] = table["flops_counted"].fillna(table["gflops"] * 1e9 * table["time"])  # (executed FLOPs)
-    roofs = frame[frame["metric"].isin(("time", "gflops"))].groupby(keys, dropna=False)[["peak_gflops", "peak_gbps"]].median() \
-        if "peak_gbps" in frame else frame.groupby(keys, dropna=False)[["peak_gflops"]].median().assign(peak_gbps=math.nan)
-    table = table.join(roofs).reset_index()
+    return table
+
+
+def _roofs(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Per case: the machine's recorded ``peak_gflops`` and ``peak_gbps`` (NaN where not recorded)."""
+    if "peak_gbps" not in frame:
+        return frame.groupby(keys, dropna=False)[["peak_gflops"]].median().assign(peak_gbps=math.nan)
+    timed = frame[frame["metric"].isin(("time", "gflops"))]
+    return timed.groupby(keys, dropna=False)[["peak_gflops", "peak_gbps"]].median()
+
+
+def _against_roofs(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with its intensity, GB/s, the ridge, the attainable roof, the binding one and the percentages."""
     table["ai"] = table["flops"] / table["bytes"]
     table["gbps"] = table["bytes"] / table["time"] / 1e9
     table["ridge_ai"] = table["peak_gflops"] / table["peak_gbps"]
@@ -85,7 +101,4 @@ def roofline(frame: pd.DataFrame) -> pd.DataFrame:
     table["pct_of_roof"] = np.where(known, 100.0 * table["gflops"] / table["roof_gflops"], math.nan)
     table["pct_of_compute"] = 100.0 * table["gflops"] / table["peak_gflops"]
     table["pct_of_bandwidth"] = 100.0 * table["gbps"] / table["peak_gbps"]
-    for col in CASE:
-        if col not in table:
-            table[col] = math.nan
-    return table[COLUMNS].sort_values(["workload", "variant", "seq_len_k", "seq_len"], kind="stable").reset_index(drop=True)
+    return table

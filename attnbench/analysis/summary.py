@@ -19,9 +19,10 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.analysis import complexity, roofline
+from attnbench.analysis.complexity import FitVerdict
 from attnbench.analysis.frame import load
 from attnbench.analysis.text import fmt, sig
-from attnbench.contract import family
+from attnbench.contract import Source, Status, family
 from attnbench.registry import get_variant, variant_names
 from attnbench.spec import AttnSpec
 
@@ -104,7 +105,7 @@ def _short_fit(row: pd.Series) -> str:
         return "model (predicted, not fitted)"
     if math.isnan(row["exponent"]):
         return f"n/a ({row['note']})" if row.get("note") else "n/a"
-    if row.get("verdict") == "inconclusive" or not row.get("conclusive", True):
+    if row.get("verdict") == FitVerdict.INCONCLUSIVE or not row.get("conclusive", True):
         return f"{row['exponent']:.2f}, inconclusive"
     if row.get("kind") == "deterministic":  # no sampling noise: the range the slope takes along L
         return f"{row['exponent']:.2f} (local {row['ci_low']:.2f} to {row['ci_high']:.2f})"
@@ -124,11 +125,11 @@ def _exponent_columns(group: pd.DataFrame, metric: str, label: str, row: dict, f
         return
     r = sub.iloc[-1]
     row[column] = _short_fit(r) + ("" if math.isnan(r["declared"]) else f" / {r['declared']:g}")
-    if r["verdict"] == "matches" and complexity.excludes_declared(r.to_dict()):
-        side = "steeper" if r["exponent"] > r["declared"] else "shallower"
+    if r["verdict"] == FitVerdict.MATCHES and complexity.excludes_declared(r.to_dict()):
+        side = FitVerdict.STEEPER if r["exponent"] > r["declared"] else FitVerdict.SHALLOWER
         flags.append(f"{label} {side} than declared by less than {complexity.TOLERANCE:g} (matches; its interval "
                      f"excludes {r['declared']:g})")
-    elif r["verdict"] in ("steeper", "shallower", "inconclusive", "matches"):
+    elif r["verdict"] in complexity.VERDICTS:
         flags.append(f"{label} {r['verdict']}")
 
 
@@ -199,8 +200,8 @@ def sides(frame: pd.DataFrame) -> pd.DataFrame:
         rows.append({
             "side": label, "source": ", ".join(sorted(set(group["source"]))), "machine": ", ".join(sorted(set(group["machine"]))),
             "commit": ", ".join(sorted({short_hash(c) for c in group["commit"] if c})), "run date": run_date,
-            "commit date": group["date"].min() if (group["source"] == "asv").any() else pd.NaT,
-            "cases ok": int((time_rows["status"] == "ok").sum()), "cases": len(time_rows),
+            "commit date": group["date"].min() if (group["source"] == Source.ASV).any() else pd.NaT,
+            "cases ok": int((time_rows["status"] == Status.OK).sum()), "cases": len(time_rows),
         })
     out = pd.DataFrame(rows)
     return out.sort_values(["commit date", "run date"], na_position="first", kind="stable").reset_index(drop=True)
@@ -226,7 +227,8 @@ def compare(frame: pd.DataFrame, sides: pd.DataFrame) -> tuple[Comparison, ...]:
     if len(sides) < 2:
         return ()
     frame = frame.assign(side=side_key(frame))
-    ok = frame[(frame["status"] == "ok") & (frame["seq_len"] == frame["seq_len_k"]) & (frame["method"] != complexity.MODEL)]
+    ok = frame[(frame["status"] == Status.OK) & (frame["seq_len"] == frame["seq_len_k"])
+               & (frame["method"] != complexity.MODEL)]
     med = {metric: ok[ok["metric"] == metric].groupby(["side", *_CASE], dropna=False)["value"].median().reset_index()
            for metric in _COMPARED}
     label_a = str(sides["side"].iloc[0])
@@ -311,7 +313,8 @@ def _fit(fits: pd.DataFrame, variant: str, metric: str, workload: str = "prefill
     sub = fits[(fits["variant"] == variant) & (fits["metric"] == metric) & (fits["method"] != complexity.MODEL)]
     if "workload" in sub:
         sub = sub[sub["workload"] == workload]
-    sub = sub[sub["conclusive"].astype(bool) & sub["verdict"].isin(("matches", "steeper", "shallower"))]
+    judged = (FitVerdict.MATCHES, FitVerdict.STEEPER, FitVerdict.SHALLOWER)
+    sub = sub[sub["conclusive"].astype(bool) & sub["verdict"].isin(judged)]
     return None if sub.empty else sub.iloc[0].to_dict()
 
 
@@ -343,7 +346,7 @@ class _Evidence:
 
 def _evidence(frame: pd.DataFrame, fits: pd.DataFrame, primary: dict[str, str], comparisons: Sequence[Comparison]) -> _Evidence:
     rows = _slice(frame, primary)
-    ok = rows[(rows["status"] == "ok") & (rows["seq_len"] == rows["seq_len_k"]) & (rows["method"] != complexity.MODEL)]
+    ok = rows[(rows["status"] == Status.OK) & (rows["seq_len"] == rows["seq_len_k"]) & (rows["method"] != complexity.MODEL)]
     commit = decode_commit(frame, primary)
     pfits = fits
     if len(fits):
@@ -411,7 +414,7 @@ def _shallower_explained(e: _Evidence) -> Finding | None:
     parts = []
     for variant in dict.fromkeys(fits["variant"]):
         fit = _fit(fits, variant, "instructions") or _fit(fits, variant, "time")
-        if not fit or fit["verdict"] != "shallower" or not math.isfinite(fit.get("crossover_L", math.nan)):
+        if not fit or fit["verdict"] != FitVerdict.SHALLOWER or not math.isfinite(fit.get("crossover_L", math.nan)):
             continue
         star, share, what = fit["crossover_L"], fit["l2_share"], "count" if fit["metric"] == "instructions" else "time"
         model = analytic_crossover(fit)
@@ -534,7 +537,7 @@ def _comparison(e: _Evidence) -> Finding | None:
 def _not_facts(e: _Evidence) -> Finding | None:
     """The cases that are not measurements to rely on."""
     time_rows = e.frame[e.frame["metric"] == "time"]
-    bad = time_rows[time_rows["status"] != "ok"]
+    bad = time_rows[time_rows["status"] != Status.OK]
     if not len(bad):
         return None
     counts = ", ".join(f"{v} {k}" for k, v in bad["status"].value_counts().items())
