@@ -22,8 +22,20 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib import colors as mcolors  # noqa: E402
 
+from attnbench.analysis.complexity import FitVerdict, swept  # noqa: E402
+from attnbench.analysis.frame import FAILED  # noqa: E402
+from attnbench.analysis.history import ChangeKind, Direction  # noqa: E402
 from attnbench.analysis.text import fmt, sig  # noqa: E402
-from attnbench.contract import FAMILIES, LABELS, OTHER_FAMILY, PROGRESSION, UNITS, family  # noqa: E402
+from attnbench.contract import (  # noqa: E402
+    FAMILIES,
+    LABELS,
+    OTHER_FAMILY,
+    PROGRESSION,
+    UNITS,
+    Method,
+    Status,
+    family,
+)
 from attnbench.registry import variant_names  # noqa: E402
 
 if TYPE_CHECKING:
@@ -49,7 +61,7 @@ def series(df: pd.DataFrame, model: bool = True) -> pd.Series:
         if col in df and df[col].nunique() > 1:
             label = label + " " + tag + (df[col].astype(str) if tag.endswith(" ") or not tag else "=" + df[col].astype(str))
     if model and "method" in df:
-        label = label.where(df["method"] != "model", label + " (model)")
+        label = label.where(df["method"] != Method.MODEL, label + " (model)")
     return label
 
 
@@ -73,7 +85,7 @@ def colour(variant: str) -> tuple[float, float, float, float]:
 def _ok(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
     """Rows of one metric that measured something, with plain int lengths (seaborn's legends
     cannot handle pandas' nullable Int64)."""
-    df = frame[(frame["metric"] == metric) & (frame["status"] == "ok") & frame["value"].notna()].copy()
+    df = frame[(frame["metric"] == metric) & (frame["status"] == Status.OK) & frame["value"].notna()].copy()
     for col in ("seq_len", "seq_len_k"):
         df[col] = df[col].astype("int64")
     return df
@@ -181,21 +193,79 @@ def _facet_axes(grid, row: str | None, col: str | None) -> dict:
     return out
 
 
+def _scaling_rows(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """``metric``'s median value and spread per device, mode, family, series and L (ok, positive, Lq = Lk)."""
+    df = _ok(frame, metric)
+    df = df[(df["seq_len"] == df["seq_len_k"]) & (df["value"] > 0)]  # a log axis shows no zero (0 GFLOP/s of a failed case)
+    if df.empty:
+        return df
+    df = df.assign(family=[family(v) for v in df["variant"]], variant=series(df))
+    df = df.groupby(["device", "mode", "family", "variant", "seq_len"], as_index=False)[["value", "spread"]].median()
+    df["where"] = df["device"] + " " + df["mode"]
+    return df
+
+
+def _scaling_panel(ax, df: pd.DataFrame, sub: pd.DataFrame, unit: str, guides: bool, title: str) -> None:
+    """One panel of :func:`scaling`: axes shared with every panel (``df``), its lines' spreads and end labels."""
+    positive = df["value"][df["value"] > 0]
+    if len(positive):  # the data set the range; guides beyond it are clipped
+        ax.set_ylim(positive.min() / 2, positive.max() * 2)
+    _length_axis(ax, df["seq_len"].unique())
+    ax.set_xlim(df["seq_len"].min() / 1.3, df["seq_len"].max() * 4.5)  # room for the line-end labels
+    ax.tick_params(labelbottom=True)
+    _unit_axis(ax, "y", unit)
+    ax.set_xlabel("sequence length L")
+    if sub.empty:
+        return
+    ends = {}
+    if guides:
+        lengths = sub["seq_len"].to_numpy(float)
+        ends = _guides(ax, lengths, sub[sub["seq_len"] == lengths.min()]["value"].median())
+        if len(positive):
+            ax.set_ylim(positive.min() / 2, positive.max() * 2)
+    for variant, s in sub.groupby("variant"):
+        s = s.sort_values("seq_len")
+        _spread_bars(ax, s["seq_len"], s["value"], s["spread"], colour(variant))
+        ends[variant] = (float(s["seq_len"].iloc[-1]), float(s["value"].iloc[-1]))
+    _end_labels(ax, ends)
+    ax.set_title(title, fontsize=10)
+
+
+ODD_MARKERS = ((Status.WRONG, {"marker": "x", "s": 60, "color": WRONG_COLOUR}),
+               (Status.NOISY, {"marker": "o", "s": 40, "facecolors": "none", "linewidths": 1.2}))
+"""How :func:`scaling` marks the points that are no facts: wrong ones red crosses, noisy ones hollow circles."""
+
+
+def _mark_odd(frame: pd.DataFrame, metric: str, axes: dict, row: str | None, col: str | None) -> None:
+    """Mark ``metric``'s wrong and noisy points on their panels of ``axes`` (:func:`_facet_axes`), never in a line."""
+    for status, style in ODD_MARKERS:
+        odd = frame[(frame["metric"] == metric) & (frame["status"] == status) & (frame["value"] > 0)]
+        if not len(odd):
+            continue
+        odd = odd.assign(family=[family(v) for v in odd["variant"]], where=odd["device"] + " " + odd["mode"])
+        for rec in odd.to_dict("records"):
+            ax = axes.get((rec["where"] if row else None, rec["family"] if col else None))
+            if ax is None:
+                continue
+            if status == Status.NOISY:  # hollow, in its variant's colour: many in a crowded panel, so no text
+                ax.scatter([int(rec["seq_len"])], [rec["value"]], zorder=5, label=status, edgecolors=[colour(rec["variant"])], **style)
+            else:
+                ax.scatter([int(rec["seq_len"])], [rec["value"]], zorder=5, label=status, **style)
+                ax.annotate(f"{rec['variant']} {status}", (int(rec["seq_len"]), rec["value"]), fontsize=7,
+                            color=WRONG_COLOUR, xytext=(4, -8), textcoords="offset points")
+
+
 def scaling(frame: pd.DataFrame, metric: str, guides: bool = True, title: str | None = None) -> plt.Figure | None:
     """Metric vs sequence length on log-log axes: one panel per family, one line per variant.
 
     Lines are labelled at their right end. Predicted values (method "model") are their own dashed
     series, "<variant> (model)"; cases that failed the correctness gate (status "wrong") are red
-    crosses (named) and disturbed ones (status "noisy") hollow circles in their variant's colour, never part of a
-    line. Where a point's timing blocks spread, a bar shows their interquartile range.
+    crosses (named) and disturbed ones (status "noisy") hollow circles in their variant's colour,
+    never part of a line. Where a point's timing blocks spread, a bar shows their interquartile range.
     """
-    df = _ok(frame, metric)
-    df = df[(df["seq_len"] == df["seq_len_k"]) & (df["value"] > 0)]  # a log axis shows no zero (0 GFLOP/s of a failed case)
+    df = _scaling_rows(frame, metric)
     if df.empty:
         return None
-    df = df.assign(family=[family(v) for v in df["variant"]], variant=series(df))
-    df = df.groupby(["device", "mode", "family", "variant", "seq_len"], as_index=False)[["value", "spread"]].median()
-    df["where"] = df["device"] + " " + df["mode"]
     row = "where" if df["where"].nunique() > 1 else None
     families = [f for f in [*FAMILIES, OTHER_FAMILY] if f in set(df["family"])]
     col = "family" if len(families) > 1 else None
@@ -208,52 +278,15 @@ def scaling(frame: pd.DataFrame, metric: str, guides: bool = True, title: str | 
         facet_kws={"sharey": True, "sharex": True},
     )
     grid.set(yscale="log")
-    unit = UNITS.get(metric, "")
     axes = _facet_axes(grid, row, col)
-    positive = df["value"][df["value"] > 0]
     for (rv, cv), ax in axes.items():
-        if len(positive):  # the data set the range; guides beyond it are clipped
-            ax.set_ylim(positive.min() / 2, positive.max() * 2)
         keep = pd.Series(True, index=df.index)
         keep &= (df["where"] == rv) if row else True
         keep &= (df["family"] == cv) if col else True
-        sub = df[keep]
-        _length_axis(ax, df["seq_len"].unique())
-        ax.set_xlim(df["seq_len"].min() / 1.3, df["seq_len"].max() * 4.5)  # room for the line-end labels
-        ax.tick_params(labelbottom=True)
-        _unit_axis(ax, "y", unit)
-        ax.set_xlabel("sequence length L")
-        if sub.empty:
-            continue
-        ends = {}
-        if guides:
-            lengths = sub["seq_len"].to_numpy(float)
-            ends = _guides(ax, lengths, sub[sub["seq_len"] == lengths.min()]["value"].median())
-            if len(positive):
-                ax.set_ylim(positive.min() / 2, positive.max() * 2)
-        for variant, s in sub.groupby("variant"):
-            s = s.sort_values("seq_len")
-            _spread_bars(ax, s["seq_len"], s["value"], s["spread"], colour(variant))
-            ends[variant] = (float(s["seq_len"].iloc[-1]), float(s["value"].iloc[-1]))
-        _end_labels(ax, ends)
-        ax.set_title(f"{cv or ''}{' / ' if cv and rv else ''}{rv or ''}", fontsize=10)
+        panel_title = f"{cv or ''}{' / ' if cv and rv else ''}{rv or ''}"
+        _scaling_panel(ax, df, df[keep], UNITS.get(metric, ""), guides, panel_title)
     grid.set_ylabels(LABELS.get(metric, metric))
-    for status, style in (("wrong", {"marker": "x", "s": 60, "color": WRONG_COLOUR}),
-                          ("noisy", {"marker": "o", "s": 40, "facecolors": "none", "linewidths": 1.2})):
-        odd = frame[(frame["metric"] == metric) & (frame["status"] == status) & (frame["value"] > 0)]
-        if not len(odd):
-            continue
-        odd = odd.assign(family=[family(v) for v in odd["variant"]], where=odd["device"] + " " + odd["mode"])
-        for rec in odd.to_dict("records"):
-            ax = axes.get((rec["where"] if row else None, rec["family"] if col else None))
-            if ax is None:
-                continue
-            if status == "noisy":  # hollow, in its variant's colour: many in a crowded panel, so no text
-                ax.scatter([int(rec["seq_len"])], [rec["value"]], zorder=5, label=status, edgecolors=[colour(rec["variant"])], **style)
-            else:
-                ax.scatter([int(rec["seq_len"])], [rec["value"]], zorder=5, label=status, **style)
-                ax.annotate(f"{rec['variant']} {status}", (int(rec["seq_len"]), rec["value"]), fontsize=7,
-                            color=WRONG_COLOUR, xytext=(4, -8), textcoords="offset points")
+    _mark_odd(frame, metric, axes, row, col)
     grid.tight_layout()  # every panel has its tick labels: rows are spaced so titles never sit on them
     grid.figure.suptitle(title or f"{LABELS.get(metric, metric)} vs sequence length, by family", y=1.02)
     return grid.figure
@@ -274,7 +307,7 @@ def _fit_label(fits: pd.DataFrame | None, variant: str, metric: str, workload: s
     rec = _fit_record(fits, variant, metric, workload)
     if rec is None:
         return ""
-    if rec.get("method") == "model":
+    if rec.get("method") == Method.MODEL:
         return "model"
     if not rec.get("conclusive", False) or not math.isfinite(rec["exponent"]):
         return "slope inconclusive"
@@ -299,7 +332,7 @@ def _mark_crossover(ax, fits: pd.DataFrame | None, variant: str, s: pd.Series, s
     """
     for metric in ("instructions", "time"):
         rec = _fit_record(fits, variant, metric)
-        if rec is not None and rec.get("verdict") == "shallower" and math.isfinite(rec.get("crossover_L", math.nan)):
+        if rec is not None and rec.get("verdict") == FitVerdict.SHALLOWER and math.isfinite(rec.get("crossover_L", math.nan)):
             break
     else:
         return
@@ -310,6 +343,37 @@ def _mark_crossover(ax, fits: pd.DataFrame | None, variant: str, s: pd.Series, s
     ax.plot([star], [y], marker="v", ms=7, color=shade, mec="black", mew=0.6, zorder=5)
     ax.annotate(f"L*≈{star:,.0f}", xy=(star, y), xytext=(0, 9), textcoords="offset points", ha="center",
                 fontsize=LABEL_POINTS, color=shade)
+
+
+def _progression_panel(ax, metric: str, df: pd.DataFrame, fits: pd.DataFrame | None, shades: dict[str, tuple],
+                       lengths: list[int]) -> None:
+    """One panel of :func:`progression`: a line per series of ``df`` in the order of ``shades`` (variant ->
+    its colour), each labelled at its end with its fitted slope."""
+    ends, text, colours = {}, {}, {}
+    df = df.assign(series=series(df, model=False))
+    order = [s for v in shades for s in sorted(set(df.loc[df["variant"] == v, "series"]))]
+    for name in order:
+        rows = df[df["series"] == name]
+        variant, model = rows["variant"].iloc[0], (rows["method"] == Method.MODEL).all()
+        s = rows.groupby("seq_len")[["value", "spread"]].median()
+        shade = shades.get(variant) or colour(variant)
+        ax.plot(s.index, s["value"], marker="o", ms=4, lw=2, color=shade, ls=":" if model else "-")
+        _spread_bars(ax, s.index.to_series(), s["value"], s["spread"], shade)
+        colours[name] = shade
+        ends[name] = (float(s.index[-1]), float(s["value"].iloc[-1]))
+        label = ""
+        if name == variant:  # fits are per variant of one shape
+            label = _time_label(fits, variant) if metric == "time" else _fit_label(fits, variant, metric)
+            if metric == "time":
+                _mark_crossover(ax, fits, variant, s, shade)
+        text[name] = f"{name}  {label}" if label else name
+    ax.set_yscale("log")
+    _length_axis(ax, lengths)
+    _unit_axis(ax, "y", UNITS.get(metric, ""))
+    _end_labels(ax, ends, text, colours)
+    ax.set_xlim(right=max(lengths) * 2.6 if lengths else None)
+    ax.set(xlabel="sequence length L", ylabel=LABELS[metric])
+    ax.set_title("time per call" if metric == "time" else "peak tensor memory (dotted: model, not measured)", fontsize=11)
 
 
 def progression(frame: pd.DataFrame, fits: pd.DataFrame | None = None, variants: tuple[str, ...] = PROGRESSION) -> plt.Figure | None:
@@ -333,31 +397,7 @@ def progression(frame: pd.DataFrame, fits: pd.DataFrame | None = None, variants:
     lengths = sorted({int(n) for _, df in panels for n in df["seq_len"]})
     distinct = {v: plt.get_cmap("tab10")(i) for i, v in enumerate(variants)}  # five lines, five hues (not a family's shades)
     for ax, (metric, df) in zip(axes, panels, strict=True):
-        ends, text, shades = {}, {}, {}
-        df = df.assign(series=series(df, model=False))
-        order = [s for v in variants for s in sorted(set(df.loc[df["variant"] == v, "series"]))]
-        for name in order:
-            rows = df[df["series"] == name]
-            variant, model = rows["variant"].iloc[0], (rows["method"] == "model").all()
-            s = rows.groupby("seq_len")[["value", "spread"]].median()
-            shade = distinct.get(variant) or colour(variant)
-            ax.plot(s.index, s["value"], marker="o", ms=4, lw=2, color=shade, ls=":" if model else "-")
-            _spread_bars(ax, s.index.to_series(), s["value"], s["spread"], shade)
-            shades[name] = shade
-            ends[name] = (float(s.index[-1]), float(s["value"].iloc[-1]))
-            label = ""
-            if name == variant:  # fits are per variant of one shape
-                label = _time_label(fits, variant) if metric == "time" else _fit_label(fits, variant, metric)
-                if metric == "time":
-                    _mark_crossover(ax, fits, variant, s, shade)
-            text[name] = f"{name}  {label}" if label else name
-        ax.set_yscale("log")
-        _length_axis(ax, lengths)
-        _unit_axis(ax, "y", UNITS.get(metric, ""))
-        _end_labels(ax, ends, text, shades)
-        ax.set_xlim(right=max(lengths) * 2.6 if lengths else None)
-        ax.set(xlabel="sequence length L", ylabel=LABELS[metric])
-        ax.set_title("time per call" if metric == "time" else "peak tensor memory (dotted: model, not measured)", fontsize=11)
+        _progression_panel(ax, metric, df, fits, distinct, lengths)
     fig.suptitle("From the Python loop to fused SDPA: time and memory vs L (log-log, fitted slopes at line ends; "
                  "▼ L*: the L² term overtakes the L term)", fontsize=12)
     fig.tight_layout()
@@ -383,6 +423,61 @@ def gflops(frame: pd.DataFrame) -> plt.Figure | None:
 WORKLOAD_MARKERS = {"prefill": "o", "decode": "^"}  # the roofline's point shapes
 
 
+def _roofs(ax, peak: float, bw: float, lo: float, hi: float, dtype: str) -> None:
+    """The compute roof (``peak`` GFLOP/s) and, where a bandwidth ``bw`` was recorded, the slanted
+    bandwidth roof and the ridge, each labelled with its measured value, over intensities ``lo`` to ``hi``."""
+    x = np.geomspace(lo, hi, 200)
+    if bw > 0:
+        ridge = peak / bw
+        ax.plot(x, np.minimum(peak, x * bw), color="black", lw=1.6, zorder=1)
+        ax.annotate(f"bandwidth roof (slanted): triad {fmt(bw, 'GB/s')}", (lo * 1.15, peak * 1.25), fontsize=8,
+                    va="bottom")  # above the roofs' height, where nothing is drawn
+        ax.axvline(ridge, color="0.7", ls=":", lw=0.8, zorder=0)
+        ax.annotate(f"ridge {sig(ridge)} FLOP/byte", (ridge, peak), fontsize=7.5, color="0.4", xytext=(3, -12),
+                    textcoords="offset points")
+    else:
+        ax.axhline(peak, color="black", lw=1.6, zorder=1)
+    ax.annotate(f"compute roof: {dtype} matmul {fmt(peak, 'GFLOP/s')}", (hi / 1.2, peak), fontsize=8,
+                ha="right", xytext=(0, 4), textcoords="offset points")
+
+
+def _roofline_points(ax, sub: pd.DataFrame) -> None:
+    """A point per case (family colour, workload shape) and a label per workload naming the lengths it spans."""
+    for (variant, workload), pts in sub.groupby(["variant", "workload"], sort=True):
+        ax.scatter(pts["ai"], pts["gflops"], color=colour(variant), marker=WORKLOAD_MARKERS.get(workload, "s"),
+                   s=34, edgecolors="0.2", linewidths=0.4, zorder=3)
+    for workload, pts in sub.groupby("workload"):  # name each cluster with the lengths it spans
+        length = pts["seq_len"] if workload == "prefill" else pts["seq_len_k"]
+        what = "L" if workload == "prefill" else "Lk"
+        ax.annotate(f"{workload}, {what} {int(length.min())}-{int(length.max())}", (float(pts["ai"].min()), float(pts["gflops"].min())),
+                    fontsize=7.5, color="0.3", xytext=(0, -14), textcoords="offset points")
+
+
+def _roofline_panel(ax, machine: str, device: str, dtype: str, sub: pd.DataFrame) -> None:
+    """One machine's, device's and dtype's panel of :func:`roofline`."""
+    peak, bw = float(sub["peak_gflops"].median()), float(sub["peak_gbps"].median())
+    lo = min(float(sub["ai"].min()), peak / bw if bw > 0 else math.inf) / 3
+    hi = max(float(sub["ai"].max()), peak / bw if bw > 0 else 0) * 3
+    _roofs(ax, peak, bw, lo, hi, dtype)
+    _roofline_points(ax, sub)
+    ax.set(xscale="log", yscale="log", xlim=(lo, hi), xlabel="arithmetic intensity (FLOP per byte moved by an ideal kernel)",
+           ylabel="achieved GFLOP/s")
+    top = max(peak, float(sub["gflops"].max()))
+    ax.set_ylim(float(sub["gflops"].min()) / 3, top * 2.5)
+    ax.set_title(f"{machine} / {device}" + ("" if bw > 0 else " (bandwidth not recorded)"), fontsize=10)
+
+
+def _roofline_legend(ax, df: pd.DataFrame) -> None:
+    """The legend of :func:`roofline`: the workloads' shapes and the families' colours drawn."""
+    handles = [plt.Line2D([], [], ls="", marker=m, color="0.35", label=w) for w, m in WORKLOAD_MARKERS.items()
+               if w in set(df["workload"])]
+    fams = [f for f in [*FAMILIES, OTHER_FAMILY] if f in {family(v) for v in df["variant"]}]
+    handles += [plt.Line2D([], [], ls="", marker="s", color=plt.get_cmap(FAMILY_COLOURS[f])(0.7),
+                           label=f) for f in fams]
+    ax.legend(handles=handles, fontsize=8, loc="lower right", ncol=2, title="shape: workload; colour: family",
+              title_fontsize=7.5)
+
+
 def roofline(table: pd.DataFrame) -> plt.Figure | None:
     """Arithmetic intensity vs achieved GFLOP/s (log-log) under the measured roofs of the same machine.
 
@@ -403,42 +498,8 @@ def roofline(table: pd.DataFrame) -> plt.Figure | None:
     groups = list(df.groupby(["machine", "device", "dtype"], sort=True))[:3]
     fig, axes = plt.subplots(1, len(groups), figsize=(7.2 * len(groups) if len(groups) > 1 else 10, 4.6), squeeze=False)
     for ax, ((machine, device, dtype), sub) in zip(axes[0], groups, strict=True):
-        peak, bw = float(sub["peak_gflops"].median()), float(sub["peak_gbps"].median())
-        lo = min(float(sub["ai"].min()), peak / bw if bw > 0 else math.inf) / 3
-        hi = max(float(sub["ai"].max()), peak / bw if bw > 0 else 0) * 3
-        x = np.geomspace(lo, hi, 200)
-        if bw > 0:
-            ridge = peak / bw
-            ax.plot(x, np.minimum(peak, x * bw), color="black", lw=1.6, zorder=1)
-            ax.annotate(f"bandwidth roof (slanted): triad {fmt(bw, 'GB/s')}", (lo * 1.15, peak * 1.25), fontsize=8,
-                        va="bottom")  # above the roofs' height, where nothing is drawn
-            ax.axvline(ridge, color="0.7", ls=":", lw=0.8, zorder=0)
-            ax.annotate(f"ridge {sig(ridge)} FLOP/byte", (ridge, peak), fontsize=7.5, color="0.4", xytext=(3, -12),
-                        textcoords="offset points")
-        else:
-            ax.axhline(peak, color="black", lw=1.6, zorder=1)
-        ax.annotate(f"compute roof: {dtype} matmul {fmt(peak, 'GFLOP/s')}", (hi / 1.2, peak), fontsize=8,
-                    ha="right", xytext=(0, 4), textcoords="offset points")
-        for (variant, workload), pts in sub.groupby(["variant", "workload"], sort=True):
-            ax.scatter(pts["ai"], pts["gflops"], color=colour(variant), marker=WORKLOAD_MARKERS.get(workload, "s"),
-                       s=34, edgecolors="0.2", linewidths=0.4, zorder=3)
-        for workload, pts in sub.groupby("workload"):  # name each cluster with the lengths it spans
-            length = pts["seq_len"] if workload == "prefill" else pts["seq_len_k"]
-            what = "L" if workload == "prefill" else "Lk"
-            ax.annotate(f"{workload}, {what} {int(length.min())}-{int(length.max())}", (float(pts["ai"].min()), float(pts["gflops"].min())),
-                        fontsize=7.5, color="0.3", xytext=(0, -14), textcoords="offset points")
-        ax.set(xscale="log", yscale="log", xlim=(lo, hi), xlabel="arithmetic intensity (FLOP per byte moved by an ideal kernel)",
-               ylabel="achieved GFLOP/s")
-        top = max(peak, float(sub["gflops"].max()))
-        ax.set_ylim(float(sub["gflops"].min()) / 3, top * 2.5)
-        ax.set_title(f"{machine} / {device}" + ("" if bw > 0 else " (bandwidth not recorded)"), fontsize=10)
-    handles = [plt.Line2D([], [], ls="", marker=m, color="0.35", label=w) for w, m in WORKLOAD_MARKERS.items()
-               if w in set(df["workload"])]
-    fams = [f for f in [*FAMILIES, OTHER_FAMILY] if f in {family(v) for v in df["variant"]}]
-    handles += [plt.Line2D([], [], ls="", marker="s", color=plt.get_cmap(FAMILY_COLOURS[f])(0.7),
-                           label=f) for f in fams]
-    axes[0][-1].legend(handles=handles, fontsize=8, loc="lower right", ncol=2, title="shape: workload; colour: family",
-                       title_fontsize=7.5)
+        _roofline_panel(ax, machine, device, dtype, sub)
+    _roofline_legend(axes[0][-1], df)
     fig.suptitle("Roofline: every case under the measured compute and bandwidth roofs of its machine", fontsize=11)
     fig.tight_layout()
     return fig
@@ -451,11 +512,9 @@ def prefill_vs_decode(frame: pd.DataFrame, fits: pd.DataFrame | None = None) -> 
     each line's end says its fitted slope ("L^1.01") when the fit is conclusive, as the headline
     figure does. Decode time is per call of one query row: the time to generate one token.
     """
-    from attnbench.analysis.complexity import swept
-
     df = _ok(frame, "time")
     if "method" in df:
-        df = df[df["method"] != "model"]
+        df = df[df["method"] != Method.MODEL]
     if df.empty or "workload" not in df or not (df["workload"] == "decode").any():
         return None
     df = swept(df)
@@ -492,6 +551,39 @@ def prefill_vs_decode(frame: pd.DataFrame, fits: pd.DataFrame | None = None) -> 
     return fig
 
 
+def _crossover_cells(cross: pd.DataFrame, rows: list[str], cols: list[str]) -> tuple[np.ndarray, list[list[str]]]:
+    """Each (variant, baseline) cell's ratio at the longest common L (NaN: not compared) and its text."""
+    ratio = np.full((len(rows), len(cols)), np.nan)
+    text = [["" for _ in cols] for _ in rows]
+    for rec in cross.to_dict("records"):
+        i, j = rows.index(rec["variant"]), cols.index(rec["baseline"])
+        ratio[i, j] = rec["ratio_at_longest"]
+        where = {"always": "always", "never": "never"}.get(rec["crossover_L"], f"L≥{rec['crossover_L']}")
+        text[i][j] = f"{where}  {fmt(rec['ratio_at_longest'], 'x')}"
+    return ratio, text
+
+
+def _crossover_panel(ax, metric: str, cross: pd.DataFrame, rows: list[str], cols: list[str], half: float,
+                     first: bool):
+    """One metric's variant x baseline matrix of :func:`crossover_matrix` (variant names on the ``first``
+    panel only); returns its image, for the colour bar."""
+    ratio, text = _crossover_cells(cross, rows, cols)
+    logr = np.log10(ratio)
+    image = ax.imshow(logr, cmap="RdBu", norm=mcolors.Normalize(-half, half), aspect="auto")
+    for i in range(len(rows)):
+        for j in range(len(cols)):
+            if text[i][j]:
+                dark = abs(logr[i, j]) > 0.55 * half
+                ax.text(j, i, text[i][j], ha="center", va="center", fontsize=7.5, color="white" if dark else "black")
+    ax.set_xticks(range(len(cols)), [f"vs {c}" for c in cols], fontsize=9)
+    ax.set_yticks(range(len(rows)), rows if first else [""] * len(rows), fontsize=9)
+    ax.xaxis.tick_top()
+    ax.grid(False)
+    what = "faster" if metric == "time" else "smaller"
+    ax.set_title(f"{'time' if metric == 'time' else 'peak tensor memory'}: first L where {what}", fontsize=10, pad=20)
+    return image
+
+
 def crossover_matrix(crosses: dict[str, pd.DataFrame] | pd.DataFrame, metric: str = "time") -> plt.Figure | None:
     """Variant x baseline matrices, one panel per metric: the cell says from which L the variant is
     faster (time) or smaller (memory) than the baseline at every longer L measured; its colour is
@@ -518,26 +610,7 @@ def crossover_matrix(crosses: dict[str, pd.DataFrame] | pd.DataFrame, metric: st
     image = None
     for k, (ax, (m, cross)) in enumerate(zip(axes[0], crosses.items(), strict=True)):
         cols = [b for b in order if b in set(cross["baseline"])]
-        ratio = np.full((len(rows), len(cols)), np.nan)
-        text = [["" for _ in cols] for _ in rows]
-        for rec in cross.to_dict("records"):
-            i, j = rows.index(rec["variant"]), cols.index(rec["baseline"])
-            ratio[i, j] = rec["ratio_at_longest"]
-            where = {"always": "always", "never": "never"}.get(rec["crossover_L"], f"L≥{rec['crossover_L']}")
-            text[i][j] = f"{where}  {fmt(rec['ratio_at_longest'], 'x')}"
-        logr = np.log10(ratio)
-        image = ax.imshow(logr, cmap="RdBu", norm=mcolors.Normalize(-half, half), aspect="auto")
-        for i in range(len(rows)):
-            for j in range(len(cols)):
-                if text[i][j]:
-                    dark = abs(logr[i, j]) > 0.55 * half
-                    ax.text(j, i, text[i][j], ha="center", va="center", fontsize=7.5, color="white" if dark else "black")
-        ax.set_xticks(range(len(cols)), [f"vs {c}" for c in cols], fontsize=9)
-        ax.set_yticks(range(len(rows)), rows if k == 0 else [""] * len(rows), fontsize=9)
-        ax.xaxis.tick_top()
-        ax.grid(False)
-        what = "faster" if m == "time" else "smaller"
-        ax.set_title(f"{'time' if m == 'time' else 'peak tensor memory'}: first L where {what}", fontsize=10, pad=20)
+        image = _crossover_panel(ax, m, cross, rows, cols, half, first=k == 0)
     bar = fig.colorbar(image, ax=list(axes[0]), shrink=0.8, pad=0.02)
     ticks = [t for t in (-3, -2, -1, 0, 1, 2, 3) if -half <= t <= half] or [0]
     bar.set_ticks(ticks, labels=[fmt(10.0**t, "x") for t in ticks])
@@ -715,6 +788,44 @@ def heatmaps(panels: Heatmaps) -> plt.Figure:
 REGRESSION_COLOUR, IMPROVEMENT_COLOUR = WRONG_COLOUR, "#1b5e20"
 
 
+def _history_values(ax, metric: str, rows: pd.DataFrame) -> None:
+    """A metric's value at each commit (time: with the levels the step rules saw), failures as red crosses."""
+    ok = rows[rows["status"] == Status.OK]
+    ax.plot(ok["position"], ok["value"], "o", ms=3.5, color="#455a64", zorder=3)
+    if metric == "time" and ok["level"].notna().any():
+        ax.step(ok["position"], ok["level"], where="mid", color="#90a4ae", lw=1.2, zorder=2)
+    else:
+        ax.plot(ok["position"], ok["value"], "-", color="#90a4ae", lw=1, zorder=2)
+    bad = rows[rows["status"].isin([Status.WRONG, FAILED])]
+    if len(bad) and len(ok):
+        ax.plot(bad["position"], [ok["value"].median()] * len(bad), "x", color=WRONG_COLOUR, ms=7, mew=2, zorder=4)
+
+
+def _mark_changes(ax, metric: str, steps: pd.DataFrame) -> None:
+    """Each change of ``steps``: a step a dashed line just before its commit, a drift a band over its
+    commits (red: regression, green: improvement), labelled with its ratio or what went wrong."""
+    for rec in steps.to_dict("records"):
+        tone = REGRESSION_COLOUR if rec["direction"] == Direction.REGRESSION else IMPROVEMENT_COLOUR
+        if rec["kind"] == ChangeKind.DRIFT:
+            ax.axvspan(rec["first_pos"] - 0.5, rec["last_pos"] + 0.5, color=tone, alpha=0.15, lw=0)
+        else:
+            ax.axvline(rec["first_pos"] - 0.5, color=tone, lw=1.5, ls="--")
+        label = rec["kind"] if rec["kind"] in (ChangeKind.FAILED, ChangeKind.WRONG) else (
+            f"x{rec['ratio']:.4f}" if metric == "instructions" else f"x{rec['ratio']:.2f}")
+        ax.annotate(label, (rec["last_pos"] + 0.5 if rec["kind"] == ChangeKind.DRIFT else rec["first_pos"] - 0.5, 1.0),
+                    xycoords=("data", "axes fraction"), ha="left", va="top", fontsize=8, color=tone)
+
+
+def _commit_axis(ax, commits: pd.DataFrame) -> None:
+    """Short hashes along the x axis (at most about 30 of them), oldest first."""
+    every = max(1, math.ceil(len(commits) / 30))
+    ticks = commits["position"].tolist()[::every]
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([str(c)[:8] for c in commits["commit"].tolist()[::every]], rotation=60, ha="right", fontsize=7)
+    ax.set_xlim(-0.7, len(commits) - 0.3)
+    ax.set_xlabel("commit (oldest to newest)")
+
+
 def case_history(series: pd.DataFrame, steps: pd.DataFrame, commits: pd.DataFrame, title: str) -> plt.Figure | None:
     """One case's metrics over the commits of a history (one panel per metric), its steps and drifts marked.
 
@@ -733,38 +844,14 @@ def case_history(series: pd.DataFrame, steps: pd.DataFrame, commits: pd.DataFram
         return None
     fig, axes = plt.subplots(len(metrics), 1, figsize=(8, 1.7 * len(metrics) + 0.6), sharex=True, squeeze=False)
     for ax, metric in zip(axes[:, 0], metrics, strict=True):
-        rows = series[series["metric"] == metric].sort_values("position")
-        ok = rows[rows["status"] == "ok"]
-        ax.plot(ok["position"], ok["value"], "o", ms=3.5, color="#455a64", zorder=3)
-        if metric == "time" and ok["level"].notna().any():
-            ax.step(ok["position"], ok["level"], where="mid", color="#90a4ae", lw=1.2, zorder=2)
-        else:
-            ax.plot(ok["position"], ok["value"], "-", color="#90a4ae", lw=1, zorder=2)
-        bad = rows[rows["status"].isin(["wrong", "failed"])]
-        if len(bad) and len(ok):
-            ax.plot(bad["position"], [ok["value"].median()] * len(bad), "x", color=WRONG_COLOUR, ms=7, mew=2, zorder=4)
-        for rec in steps[steps["metric"] == metric].to_dict("records"):
-            tone = REGRESSION_COLOUR if rec["direction"] == "regression" else IMPROVEMENT_COLOUR
-            if rec["kind"] == "drift":
-                ax.axvspan(rec["first_pos"] - 0.5, rec["last_pos"] + 0.5, color=tone, alpha=0.15, lw=0)
-            else:
-                ax.axvline(rec["first_pos"] - 0.5, color=tone, lw=1.5, ls="--")
-            label = rec["kind"] if rec["kind"] in ("failed", "wrong") else (
-                f"x{rec['ratio']:.4f}" if metric == "instructions" else f"x{rec['ratio']:.2f}")
-            ax.annotate(label, (rec["last_pos"] + 0.5 if rec["kind"] == "drift" else rec["first_pos"] - 0.5, 1.0),
-                        xycoords=("data", "axes fraction"), ha="left", va="top", fontsize=8, color=tone)
+        _history_values(ax, metric, series[series["metric"] == metric].sort_values("position"))
+        _mark_changes(ax, metric, steps[steps["metric"] == metric])
         unit = UNITS.get(metric, "")
         ax.set_ylabel(f"{metric}\n({unit})" if unit else metric, fontsize=8)
         if unit in ("s", "bytes"):
             ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _, u=unit: fmt(v, u)))
         ax.tick_params(axis="y", labelsize=7)
-    last = axes[-1, 0]
-    every = max(1, math.ceil(len(commits) / 30))
-    ticks = commits["position"].tolist()[::every]
-    last.set_xticks(ticks)
-    last.set_xticklabels([str(c)[:8] for c in commits["commit"].tolist()[::every]], rotation=60, ha="right", fontsize=7)
-    last.set_xlim(-0.7, len(commits) - 0.3)
-    last.set_xlabel("commit (oldest to newest)")
+    _commit_axis(axes[-1, 0], commits)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
