@@ -47,8 +47,9 @@ def check_qkv(
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     if q.shape[0] != k.shape[0] or k.shape[:2] != v.shape[:2] or q.shape[1] % k.shape[1]:
         raise ValueError(
-            "q, k, v must agree on batch and heads: one batch B, and k and v one head count Hkv dividing q's H (grouped-query "
-            f"attention; Hkv = H for multi-head), got (B, H) {tuple(q.shape[:2])}, {tuple(k.shape[:2])}, {tuple(v.shape[:2])}"
+            "q, k, v must agree on batch and heads: one batch B, and k and v one head count Hkv "
+            "dividing q's H (grouped-query attention; Hkv = H for multi-head), got (B, H) "
+            f"{tuple(q.shape[:2])}, {tuple(k.shape[:2])}, {tuple(v.shape[:2])}"
         )
     if same_qk_dim and q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k must share head_dim D, got {q.shape[-1]} and {k.shape[-1]}")
@@ -72,7 +73,8 @@ def check_mask(mask: torch.Tensor, target: tuple[int, int, int, int], device: to
     for size, want in zip(padded, target, strict=True):
         if size not in (1, want):
             raise ValueError(
-                f"mask of shape {tuple(mask.shape)} is not broadcastable to (B, H, Lq, Lk) = {target}"
+                f"mask of shape {tuple(mask.shape)} is not broadcastable to "
+                f"(B, H, Lq, Lk) = {target}"
             )
 
 
@@ -153,7 +155,8 @@ def check_score_range(q: torch.Tensor, k: torch.Tensor, scale: float) -> None:
     if not bound < limit:
         raise ValueError(
             f"scale={scale:g} with these q and k could overflow {q.dtype} scores "
-            f"(scale * log2(e) * max(D * max|q| * max|k|, max|q|, max|k|) = {bound:.3g} > {limit:.3g}); "
+            "(scale * log2(e) * max(D * max|q| * max|k|, max|q|, max|k|) = "
+            f"{bound:.3g} > {limit:.3g}); "
             "use a smaller scale or float64"
         )
 
@@ -193,7 +196,8 @@ def check_bool(name: str, value: object) -> bool:
 def check_float_dtype(name: str, dtype: object) -> torch.dtype:
     """Return ``dtype`` if a floating-point ``torch.dtype``, else raise ``TypeError`` naming it."""
     if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"{name} must be a floating-point torch.dtype such as torch.float64, got {type(dtype).__name__} {dtype!r}")
+        raise TypeError(f"{name} must be a floating-point torch.dtype such as torch.float64, "
+                        f"got {type(dtype).__name__} {dtype!r}")
     if not dtype.is_floating_point:
         raise TypeError(f"{name} must be a floating-point torch.dtype such as torch.float64, got {dtype}")
     return dtype

@@ -502,7 +502,8 @@ _EAGER_DOCUMENT_IDS = 2**22
 def _document_lengths(lengths: Sequence[int]) -> list[int]:
     """``lengths`` as a list of ints >= 1 (at least one), else ``TypeError`` or ``ValueError``."""
     if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Iterable):
-        raise TypeError(f"lengths must be a sequence of ints (one length per document), got {type(lengths).__name__}")
+        raise TypeError("lengths must be a sequence of ints (one length per document), "
+                        f"got {type(lengths).__name__}")
     lengths = [check_int("document length", n, 1) for n in lengths]
     if not lengths:
         raise ValueError("lengths must name at least one document")
@@ -596,13 +597,8 @@ def document(lengths: Sequence[int], device: torch.device | str = "cpu") -> Mask
     return _builtin("document", mod)
 
 
-def valid_lengths(valid_lens: torch.Tensor) -> MaskMod:
-    """Key padding with the d2l ``masked_softmax(X, valid_lens)`` semantics.
-
-    Args:
-        valid_lens: integer tensor; 1-D ``(B,)``: batch b sees keys ``j < valid_lens[b]``; 2-D
-            ``(B, Lq)``: query i of batch b sees ``j < valid_lens[b, i]``.
-    """
+def _valid_lens(valid_lens: torch.Tensor) -> torch.Tensor:
+    """``valid_lens`` as int64, refused unless an integer tensor of shape (B,) or (B, Lq)."""
     if not isinstance(valid_lens, torch.Tensor):
         raise TypeError(f"valid_lens must be a torch.Tensor, got {type(valid_lens).__name__}")
     if valid_lens.is_floating_point() or valid_lens.is_complex() or valid_lens.dtype == torch.bool:
@@ -611,7 +607,17 @@ def valid_lengths(valid_lens: torch.Tensor) -> MaskMod:
         raise ValueError(f"valid_lens must be 1-D (B,) or 2-D (B, Lq), got {valid_lens.dim()}-D")
     if valid_lens.numel() == 0:
         raise ValueError(f"valid_lens must hold at least one length, got shape {tuple(valid_lens.shape)}")
-    lens = valid_lens.long()
+    return valid_lens.long()
+
+
+def valid_lengths(valid_lens: torch.Tensor) -> MaskMod:
+    """Key padding with the d2l ``masked_softmax(X, valid_lens)`` semantics.
+
+    Args:
+        valid_lens: integer tensor; 1-D ``(B,)``: batch b sees keys ``j < valid_lens[b]``; 2-D
+            ``(B, Lq)``: query i of batch b sees ``j < valid_lens[b, i]``.
+    """
+    lens = _valid_lens(valid_lens)
     per_query = lens.dim() == 2
     lo, hi = int(lens.min()), int(lens.max())
 
@@ -632,10 +638,12 @@ def valid_lengths(valid_lens: torch.Tensor) -> MaskMod:
 
     def fits(batch, lq):
         if lens.shape[0] != batch:
-            raise ValueError(f"valid_lengths holds lengths for a batch of {lens.shape[0]}, but the batch is {batch}")
+            raise ValueError(f"valid_lengths holds lengths for a batch of {lens.shape[0]}, "
+                             f"but the batch is {batch}")
         if per_query and lens.shape[1] != lq:
             raise ValueError(
-                f"valid_lengths of shape (B, Lq) = {tuple(lens.shape)} must have one column per query, but Lq is {lq}"
+                f"valid_lengths of shape (B, Lq) = {tuple(lens.shape)} must have one column "
+                f"per query, but Lq is {lq}"
             )
 
     # Tile states hold for every batch entry and row, so every row of the grid reaches [0, longest).
@@ -789,6 +797,7 @@ def _check_walk(mod: MaskMod, lq: int, lk: int, tq: int, tk: int) -> None:
     tiles = -(-lq // tq) * -(-lk // tk)
     if tiles > _WALK_LIMIT:
         raise ValueError(
-            f"counting {mod.name!r} (no closed form: not a composition of at most {_MAX_TERMS} ors of the built-in "
-            f"predicates) would walk {tiles} tiles of {tq} x {tk}, more than {_WALK_LIMIT}; use larger tiles or shorter lengths"
+            f"counting {mod.name!r} (no closed form: not a composition of at most {_MAX_TERMS} ors "
+            f"of the built-in predicates) would walk {tiles} tiles of {tq} x {tk}, "
+            f"more than {_WALK_LIMIT}; use larger tiles or shorter lengths"
         )

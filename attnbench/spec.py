@@ -79,7 +79,8 @@ class AttnSpec:
                 check_positive_int(name, getattr(self, name))
         if self.kv_heads is not None and self.heads % self.kv_heads:
             raise ValueError(
-                f"kv_heads must divide heads (grouped-query attention), got kv_heads={self.kv_heads} for heads={self.heads}"
+                "kv_heads must divide heads (grouped-query attention), "
+                f"got kv_heads={self.kv_heads} for heads={self.heads}"
             )
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")

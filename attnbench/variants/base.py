@@ -52,8 +52,10 @@ class GqaMode(enum.StrEnum):
 
 GQA_MODES: dict[str, str] = {
     GqaMode.NATIVE: "the kernel reads each key/value head for its G query heads (no copy)",
-    GqaMode.GROUPED: "grouped matmul: q viewed as (B, Hkv, G*Lq, D) against k (B, Hkv, Lk, D) (no copy)",
-    GqaMode.REPEAT: "k and v repeated to H heads first (copies of B*H*Lk*(D+Dv) elements, counted in the peak)",
+    GqaMode.GROUPED: "grouped matmul: q viewed as (B, Hkv, G*Lq, D) against k (B, Hkv, Lk, D) "
+                     "(no copy)",
+    GqaMode.REPEAT: "k and v repeated to H heads first (copies of B*H*Lk*(D+Dv) elements, "
+                    "counted in the peak)",
 }
 """What each :class:`GqaMode` does."""
 RECOMPUTE_BACKWARD = 3.0
@@ -268,7 +270,8 @@ class Variant(ABC):
             if len(self.SUPPORTED_DEVICES) == 1 and "cuda" in self.SUPPORTED_DEVICES:
                 reasons.append(f"{self.name} needs CUDA (this case is on {call.device})")
             else:
-                reasons.append(f"device {call.device!r} not supported (supports {sorted(self.SUPPORTED_DEVICES)})")
+                reasons.append(f"device {call.device!r} not supported "
+                               f"(supports {sorted(self.SUPPORTED_DEVICES)})")
         if call.dtype not in self.SUPPORTED_DTYPES:
             reasons.append(f"dtype {call.dtype} not supported (supports {sorted(self.SUPPORTED_DTYPES)})")
         if not call.mask_kinds <= self.SUPPORTED_MASKS:
@@ -281,7 +284,8 @@ class Variant(ABC):
         if call.backward and not self.SUPPORTS_BACKWARD:
             reasons.append("backward pass not supported")
         if call.hkv != call.heads and not self.gqa_mode(call):
-            reasons.append(f"grouped-query attention (Hkv={call.hkv} key/value heads for H={call.heads}) not supported")
+            reasons.append(f"grouped-query attention (Hkv={call.hkv} key/value heads for H={call.heads}) "
+                           "not supported")
         if call.device == "cuda" and not torch.cuda.is_available():
             reasons.append("CUDA is not available on this machine")
         return reasons + self.extra_reasons(call)

@@ -107,8 +107,9 @@ class BlockSparseAttention(Variant):
     def extra_reasons(self, call):
         nb = -(-call.lq // self.block)
         if nb > MAX_PATTERN_BLOCKS:
-            return [f"L={call.lq} is {nb} blocks of {self.block}: block_sparse draws an (Nb x Nb) block pattern, "
-                    f"at most {MAX_PATTERN_BLOCKS} blocks (L <= {MAX_PATTERN_BLOCKS * self.block})"]
+            return [f"L={call.lq} is {nb} blocks of {self.block}: block_sparse draws an (Nb x Nb) "
+                    f"block pattern, at most {MAX_PATTERN_BLOCKS} blocks "
+                    f"(L <= {MAX_PATTERN_BLOCKS * self.block})"]
         return []
 
     # The cost model counts the pattern without drawing it (O(1) in the length). A non-global row

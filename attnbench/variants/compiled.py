@@ -190,9 +190,10 @@ def flex_cpu_kernel_fault(head_dim: int, lk: int, masked: bool) -> str:
     one_tile = not masked or lk <= FlexAttention.TILE
     if head_dim % lanes or head_dim >= 24 or not tail or tail % lanes or not one_tile:
         return ""
-    return (f"compiled CPU FlexAttention computes this shape wrong (torch's score micro-kernel writes past its "
-            f"buffer when head_dim D={head_dim} < 24 is a multiple of {lanes} and its one key tile of Lk={lk} "
-            f"keys ends in {tail} = Lk % 16 columns); eager FlexAttention (compiled=False) is right")
+    return ("compiled CPU FlexAttention computes this shape wrong (torch's score micro-kernel "
+            f"writes past its buffer when head_dim D={head_dim} < 24 is a multiple of {lanes} and "
+            f"its one key tile of Lk={lk} keys ends in {tail} = Lk % 16 columns); "
+            "eager FlexAttention (compiled=False) is right")
 
 
 @functools.lru_cache(maxsize=2)

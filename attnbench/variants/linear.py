@@ -114,8 +114,9 @@ class LinearElu(KernelAttention):
         """Raises ``TypeError`` for any ``scale``: the kernel uses none, so one would be ignored."""
         if scale is not None:
             raise TypeError(
-                f"linear_elu takes no scale (got scale={scale!r}): its kernel (elu(q) + 1) . (elu(k) + 1) has no "
-                "temperature, so a scale would be ignored; leave it unset"
+                f"linear_elu takes no scale (got scale={scale!r}): its kernel "
+                "(elu(q) + 1) . (elu(k) + 1) has no temperature, so a scale would be ignored; "
+                "leave it unset"
             )
         super().__init__(None)
 
@@ -160,8 +161,9 @@ class Performer(KernelAttention):
         free = torch.cuda.mem_get_info(q.device)[0] if q.device.type == "cuda" else psutil.virtual_memory().available
         if projection + features > free:
             raise ValueError(
-                f"num_features={f} needs about {(projection + features) / 2**30:,.1f} GiB for its projection and "
-                f"features at these shapes, more than the {free / 2**30:,.1f} GiB free; use fewer features"
+                f"num_features={f} needs about {(projection + features) / 2**30:,.1f} GiB "
+                "for its projection and features at these shapes, "
+                f"more than the {free / 2**30:,.1f} GiB free; use fewer features"
             )
 
     def projection(self, head_dim: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -33,7 +33,8 @@ class ScoringAttention(Variant):
 
     SUPPORTS_GQA = GqaMode.REPEAT  # k and v repeated to H heads at entry (counted in the peak)
 
-    source = "Luong et al. 2015; Vaswani et al. 2017; Bahdanau et al. 2015 (AdditiveAttention, DotProductAttention)"
+    source = ("Luong et al. 2015; Vaswani et al. 2017; Bahdanau et al. 2015 "
+              "(AdditiveAttention, DotProductAttention)")
 
     def __init__(self, score: str = "scaled_dot", hidden: int = 32, q_chunk: int = 64, seed: int = 0) -> None:
         super().__init__(None)

@@ -126,7 +126,8 @@ class SDPA(Variant):
                 reasons.append(f"SDPA backend {self.backend} on CUDA needs float16/bfloat16, got {call.dtype}")
             if not call.mask_kinds <= {"none", "causal"} or (self.dense_mask and call.mask_kinds != {"none"}):
                 reasons.append(
-                    f"SDPA backend {self.backend} on CUDA takes no explicit boolean mask (causal only, as is_causal)"
+                    f"SDPA backend {self.backend} on CUDA takes no explicit boolean mask "
+                    "(causal only, as is_causal)"
                 )
             elif "causal" in call.mask_kinds and self.backend == "flash" and call.lq != call.lk:
                 reasons.append(

@@ -35,7 +35,8 @@ class TorchMHA(Variant):
 
     def extra_reasons(self, call):
         if call.dv != call.d:
-            return [f"nn.MultiheadAttention needs Dv == D for identity projections (D={call.d}, Dv={call.dv})"]
+            return ["nn.MultiheadAttention needs Dv == D for identity projections "
+                    f"(D={call.d}, Dv={call.dv})"]
         return []
 
     def scores_visible(self, spec):
