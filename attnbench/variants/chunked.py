@@ -96,12 +96,12 @@ def _fold_tile(run: _Running | None, scores, v_blk, partial: bool, scratch: _Scr
     new_max = tile_max if run is None else torch.maximum(run.run_max, tile_max)
     # A row that has seen only masked keys keeps max -inf: shift it by 0 so exp() gives 0, not NaN.
     shift = torch.where(torch.isinf(new_max), 0.0, new_max) if partial or run is None else new_max
-    # (B*H, Cq, Ck), unnormalised
+    # unnormalised probabilities, (B*H, Cq, Ck)
     probs = scores.sub_(shift).exp2_() if reuse else torch.exp2(scores - shift)
     block_sum = probs.sum(dim=-1, keepdim=True)  # (B*H, Cq, 1)
     if run is None:
         acc_out = None if scratch is None else _buffer(scratch.acc, *scores.shape[:2], v_blk.shape[-1])
-        # acc (B*H, Cq, Dv)
+        # the accumulator starts as probs @ v_blk, (B*H, Cq, Dv)
         return _Running(new_max, block_sum, torch.bmm(probs, v_blk, out=acc_out))
     rescale = torch.exp2(run.run_max - shift)  # (B*H, Cq, 1); 0 where run_max is -inf
     if reuse:
@@ -115,9 +115,9 @@ def _fold_tile(run: _Running | None, scores, v_blk, partial: bool, scratch: _Scr
 
 
 Q_CHUNK = 256
-"""Query rows per tile by default (also the width at which key blocks are classified, masked)."""
+"""Query rows per tile by default (and the width of the key blocks classified under a mask)."""
 TILE_BYTES = 2 * 2**20
-"""Bytes of one (batch, head) score tile at most by default: the widest key tile, over Cq rows."""
+"""Most bytes of one (batch, head) score tile by default: the key tile is as wide as this allows."""
 
 
 def default_chunks(lq: int, lk: int, dtype: str, q_chunk: int | None = None) -> tuple[int, int]:
@@ -238,7 +238,7 @@ class ChunkedAttention(Variant):
         # rides on the scale.
         q = (q * (self.scale_for(d) * _LOG2_E)).reshape(bh, lq, d)  # (B*H, Lq, D), scaled once
         k, v = k.reshape(bh, lk, d), v.reshape(bh, lk, dv)  # (B*H, Lk, D), (B*H, Lk, Dv)
-        # (B*H, Lq, Dv)
+        # the output (B*H, Lq, Dv), written in place per query block
         out = torch.zeros(bh, lq, dv, dtype=q.dtype, device=q.device) if reuse else None
         blocks = []  # functional form: each query block's output, concatenated once at the end
         cq, ck = self.chunks(lq, lk, dtype)

@@ -149,7 +149,8 @@ class CompiledVariant(Variant):
     def warm_up(self, call):
         """The first call of the timed closure compiles; its time is the compile time.
 
-        Same grad mode and inputs as the timed calls, so nothing recompiles in the timed path."""
+        Same grad mode and inputs as the timed calls, so nothing recompiles in the timed path.
+        """
         _configure_dynamo()
         return _first_call(call)
 

@@ -72,8 +72,10 @@ class KernelAttention(Variant):
         return []
 
     def contractions(self, spec):
-        """``phi(K)^T V`` (F x Dv per key), ``phi(Q) sum phi(K)`` (F per query),
-        ``phi(Q) (phi(K)^T V)``."""
+        """Contractions ``phi(K)^T V``, ``phi(Q) sum phi(K)`` and ``phi(Q) (phi(K)^T V)``.
+
+        Multiply-adds: F x Dv per key, F per query (the normaliser), F x Dv per query (the output).
+        """
         f = self.num_features(spec.head_dim)
         bh, lq, lk, dv = spec.batch * spec.heads, spec.lq, spec.lk, spec.dv
         parts = [
@@ -131,10 +133,10 @@ class Performer(KernelAttention):
     source = "Choromanski et al. 2021 (Performer, FAVOR+)"
     SUPPORTED_DTYPES = FLOAT_DTYPES | {"bfloat16"}
     # Mean |out - softmax attention| on the suite's N(0, 1) inputs with 256 features, B1 H8 D64
-    # (2026-11-22, python -m studies.performer_error): 0.33 (L=16), 0.26 (64), 0.20 (256), 0.14
-    # (1024). FAVOR+'s variance grows as exp(|q|^2/sqrt(D)), so at these logit scales it is a coarse
-    # approximation; the bound catches a blow-up, while the exact check against its own kernel
-    # catches a wrong implementation.
+    # (2026-11-22, python -m studies.performer_error): 0.33 (L=16), 0.26 (64), 0.20 (256),
+    # 0.14 (1024). FAVOR+'s variance grows as exp(|q|^2/sqrt(D)), so at these logit scales it is a
+    # coarse approximation; the bound catches a blow-up, while the exact check against its own
+    # kernel catches a wrong implementation.
     APPROX_ERROR_BOUND = 0.5
 
     def __init__(self, num_features: int = 256, seed: int = 0) -> None:

@@ -22,7 +22,8 @@ class LoopAttention(Variant):
     source = "Python loops, one scalar score at a time (AttentionFromDsy); Bahdanau et al. 2015"
     SCORE_BUFFERS = 0.0
     SUPPORTS_GQA = GqaMode.NATIVE  # query head h indexes key/value head h // G: no copy
-    # interpreter cost per (query, key) pair, measured on a 2-core CPU machine
+    # interpreter cost per (query, key) pair, for time predictions: an order of magnitude measured
+    # on a 2-core CPU machine (2026-11-22)
     SECONDS_PER_PAIR = 20e-6
     # torch.dot and the scalar-times-vector accumulation carry its contractions; FlopCounterMode
     # counts neither, so its FLOPs are checked against an instrumented count instead.
