@@ -41,9 +41,10 @@ from attnbench.plugins import load_plugins
 from attnbench.registry import BUILTINS, default_variants, get_variant
 from attnbench.spec import AttnSpec
 
-load_plugins()  # variants registered by modules named in ATTNBENCH_PLUGINS join the grid (and may be named below)
+# variants registered by modules named in ATTNBENCH_PLUGINS join the grid (and may be named below)
+load_plugins()
 REGIME = regime.Regime(threads=int(environ.read_number(environ.THREADS, regime.DEFAULT_THREADS)))
-"""The regime every asv benchmark process measures in (applied at import, before any case is built)."""
+"""The regime every asv benchmark process measures in (applied at import, before any case)."""
 regime.apply(REGIME)
 
 
@@ -52,19 +53,21 @@ BASE = contract.BASE_SPEC.replace(batch=int(environ.read_number(contract.ENV_BAT
 """The suite's fixed shape. ``ATTNBENCH_ASV_BATCH`` exists for tests of the gate (a batch-swapping
 fault is the identity at B=1); results taken with it are not labelled with it, so leave it unset
 for results you keep."""
-TIER, GRID = contract.asv_tier()  # ValueError for an unknown ATTNBENCH_ASV_GRID: the suite does not import
+# ValueError for an unknown ATTNBENCH_ASV_GRID: the suite does not import
+TIER, GRID = contract.asv_tier()
 DECODE_GRID, GQA_GRID = contract.GRIDS["asv-decode"], contract.GRIDS["asv-gqa"]
 LENGTHS = environ.read_list(contract.ENV_LENGTHS, list(GRID.lengths))
 DEVICES = environ.read_list(contract.ENV_DEVICES, list(GRID.devices or (["cpu", "cuda"] if CUDA else ["cpu"])))
 MODES = environ.read_list(contract.ENV_MODES, list(GRID.modes))
 MASKS = environ.read_list(contract.ENV_MASKS, list(GRID.masks))
-"""Mask kinds of the grid: no mask and causal, the one production models run (the CI subset keeps ``none``)."""
+"""Mask kinds of the grid: none and causal, the one models run (the CI subset keeps ``none``)."""
 
 
 def _tier_variants(grid: contract.Grid) -> list[str]:
-    """The tier's variants: the ones it names (and plugins' variants, which join any default sweep), else every
-    default-sweep variant that runs on one of the devices (CUDA-only SDPA backends drop out on CPU boxes; compiled
-    variants, which recompile for every parameter set, are opt-in by name)."""
+    """The tier's variants: the ones it names (and plugins' variants, which join any default sweep),
+    else every default-sweep variant that runs on one of the devices (CUDA-only SDPA backends drop
+    out on CPU boxes; compiled variants, which recompile for every parameter set, are opt-in by
+    name)."""
     runs = [n for n in default_variants() if any(not get_variant(n).not_supported_reasons(BASE.replace(device=d))
                                                  for d in DEVICES)]
     if grid.variants is None:
@@ -77,7 +80,7 @@ VARIANTS = environ.read_list(contract.ENV_VARIANTS, _tier_variants(GRID))
 MAX_CALL_SECONDS = environ.read_number(contract.ENV_MAX_CALL_S, contract.ASV_MAX_CALL_SECONDS)
 """Predicted seconds per call above which a case is n/a (keeps `asv run` within its budget)."""
 COUNT_BUDGET_S: float | None = environ.read_budget(contract.ENV_COUNT_BUDGET_S, GRID.count_budget_s)
-"""Predicted valgrind seconds the ``Instructions`` class may spend (cheapest cases first; None: every case)."""
+"""Predicted valgrind seconds the ``Instructions`` class may spend (cheapest first; None: all)."""
 
 PARAMS: dict[str, list] = {"variant": VARIANTS, "seq_len": LENGTHS, "device": DEVICES, "mode": MODES, "mask": MASKS}
 DECODE_PARAMS: dict[str, list] = {
@@ -93,7 +96,7 @@ GQA_PARAMS: dict[str, list] = {
 }
 """The ``GroupedQuery`` class's grid: variant x L x device (H/4 key/value heads, forward)."""
 INSTRUCTION_PARAMS: dict[str, list] = {**PARAMS, "device": ["cpu"]}
-"""The ``Instructions`` class's grid: the main grid's CPU cases (those over :data:`COUNT_BUDGET_S` are n/a)."""
+"""The ``Instructions`` grid: the main grid's CPU cases (n/a over :data:`COUNT_BUDGET_S`)."""
 
 
 def params(*names: str, table: dict[str, list] | None = None) -> tuple[list[list], list[str]]:
@@ -119,11 +122,11 @@ GATE_CONFIG = runner.MeasureConfig()
 
 
 class WrongResult(AssertionError):
-    """The case's result failed the correctness gate: asv records the benchmark as failed, never as a number."""
+    """The case's result failed the correctness gate: asv records a failure, never a number."""
 
 
 class VerdictStatus(enum.StrEnum):
-    """How setting one case up went: the :attr:`Verdict.status` a ``setup_cache`` hands to benchmark processes."""
+    """How setting one case up went: :attr:`Verdict.status`."""
 
     OK = "ok"  # the gate passed, or the case is not checked
     WRONG = "wrong"  # the result failed the correctness gate (asv: failed)
@@ -133,14 +136,16 @@ class VerdictStatus(enum.StrEnum):
 
 @dataclass(frozen=True)
 class Verdict:
-    """What setting one case up found, without its tensors or closure: small and picklable, so asv's ``setup_cache``
-    can hand it to every benchmark process of the case."""
+    """What setting one case up found, without its tensors or closure: small and picklable, so asv's
+    ``setup_cache`` can hand it to every benchmark process of the case."""
 
     status: VerdictStatus  # a plain string is taken as its member
     reason: str = ""  # n/a, wrong, error: why
-    checked: gate.GateResult | None = None  # the gate on the closure's first and later results (the worst)
+    # the gate on the closure's first and later results (the worst)
+    checked: gate.GateResult | None = None
     note: str = ""  # why the case is not checked ("" when it is)
-    values: tuple[tuple[str, float], ...] = ()  # metrics measured once with the case set up (:data:`ONCE`)
+    # metrics measured once with the case set up (:data:`ONCE`)
+    values: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", VerdictStatus(self.status))
@@ -148,7 +153,7 @@ class Verdict:
 
 @dataclass(frozen=True)
 class Prepared:
-    """One parameter set, ready to time: the closure, its case, and the gate's verdict on its first call."""
+    """One parameter set, ready to time: the closure, its case, the gate on its first call."""
 
     variant: str  # registry name
     call: Callable[[], object]  # the closure asv times (the runner's make_call)
@@ -158,12 +163,12 @@ class Prepared:
 
 
 _VERDICTS: dict[tuple[str, AttnSpec], Verdict] = {}
-"""The verdicts this process was handed by asv's ``setup_cache`` (:func:`use`); empty outside asv."""
+"""The verdicts asv's ``setup_cache`` handed this process (:func:`use`); empty outside asv."""
 
 
 def use(verdicts: dict | None) -> None:
-    """Take the verdicts of a ``setup_cache`` (:func:`grid_verdicts`) for this process's cases (each ``setup`` calls it:
-    asv hands the cache to every call, and a process runs one benchmark)."""
+    """Take the verdicts of a ``setup_cache`` (:func:`grid_verdicts`) for this process's cases (each
+    ``setup`` calls it: asv hands the cache to every call, and a process runs one benchmark)."""
     if verdicts is not None and verdicts is not _VERDICTS:
         _VERDICTS.update(verdicts)
 
@@ -178,7 +183,7 @@ def prepare(variant: str, seq_len: int, device: str, mode: str = "forward", mask
 
 
 def _na_reasons(variant: str, spec: AttnSpec) -> list[str]:
-    """Why a case is n/a here: unsupported, or predicted over the time or memory budget ([] when it runs)."""
+    """Why a case is n/a here: unsupported, or predicted over a budget ([] when it runs)."""
     impl = get_variant(variant)
     reasons = impl.not_supported_reasons(spec)
     if not reasons:
@@ -193,7 +198,7 @@ def _na_reasons(variant: str, spec: AttnSpec) -> list[str]:
 
 
 def _build(variant: str, spec: AttnSpec) -> Callable[[], object]:
-    """The timed closure after its first (warm-up) call (compiles, if anything does), for a case already judged."""
+    """The timed closure of a case already judged, after its first (warm-up, compiling) call."""
     impl = get_variant(variant)
     call, _, _ = runner.make_call(impl, spec, seed=GATE_CONFIG.seed)
     impl.warm_up(call)  # outside asv's timed calls
@@ -201,9 +206,9 @@ def _build(variant: str, spec: AttnSpec) -> Callable[[], object]:
 
 
 def judge(variant: str, spec: AttnSpec) -> Prepared:
-    """Set a case up and put it through the gate: guard, inputs, the warm-up call, the gate on its result and on later
-    calls' (state kept between calls, an intermittent fault, shows there), against one float64 reference of the case
-    (:class:`attnbench.measure.runner.GatedCall`).
+    """Set a case up and put it through the gate: guard, inputs, the warm-up call, the gate on its
+    result and on later calls' (state kept between calls, an intermittent fault, shows there),
+    against one float64 reference of the case (:class:`attnbench.measure.runner.GatedCall`).
 
     Raises:
         NotImplementedError: the case is n/a here.
@@ -213,9 +218,11 @@ def judge(variant: str, spec: AttnSpec) -> Prepared:
         raise NotImplementedError("; ".join(reasons))
     impl = get_variant(variant)
     plan = runner.check_plan(impl, spec, GATE_CONFIG)
-    gated = runner.GatedCall(impl, spec, plan, GATE_CONFIG.seed)  # the first call compiles outside asv's timed calls
+    # the first call compiles outside asv's timed calls
+    gated = runner.GatedCall(impl, spec, plan, GATE_CONFIG.seed)
     checked = gated.first
-    if checked is not None and checked.passed:  # later calls show state kept between calls, or an intermittent fault
+    # later calls show state kept between calls, or an intermittent fault
+    if checked is not None and checked.passed:
         later, _ = gated.check_later()
         checked = checked if later.passed else later
     return Prepared(variant=variant, call=gated.call, spec=spec, checked=checked, note=plan.note)
@@ -229,7 +236,7 @@ def _verdict_of(prepared: Prepared) -> Verdict:
 
 
 def verdict(variant: str, spec: AttnSpec) -> Verdict:
-    """The case's verdict: the one asv's ``setup_cache`` handed this process, else judged here (once per process)."""
+    """The case's verdict: from asv's ``setup_cache``, else judged here (once per process)."""
     known = _VERDICTS.get((variant, spec))
     if known is not None:
         return known
@@ -241,14 +248,16 @@ def verdict(variant: str, spec: AttnSpec) -> Verdict:
 
 @functools.lru_cache(maxsize=8)
 def prepare_spec(variant: str, spec: AttnSpec) -> Prepared:
-    """:func:`prepare` for any case (the decode and GQA classes name theirs through ``contract.asv_case``), once per
-    process: asv calls ``setup`` before every sample, and every call after the first is free.
+    """:func:`prepare` for any case (the decode and GQA classes name theirs through
+    ``contract.asv_case``), once per process: asv calls ``setup`` before every sample, and every
+    call after the first is free.
 
-    With a verdict from asv's ``setup_cache`` the case is only built and warmed up (no guard, no gate: the verdict
-    holds both); without one it is judged here (:func:`judge`).
+    With a verdict from asv's ``setup_cache`` the case is only built and warmed up (no guard, no
+    gate: the verdict holds both); without one it is judged here (:func:`judge`).
 
     Raises:
-        NotImplementedError: the case is n/a here. RuntimeError: setting it up failed in ``setup_cache``.
+        NotImplementedError: the case is n/a here.
+        RuntimeError: setting it up failed in ``setup_cache``.
     """
     known = _VERDICTS.get((variant, spec))
     if known is None:
@@ -259,7 +268,7 @@ def prepare_spec(variant: str, spec: AttnSpec) -> Prepared:
 
 
 def _raise_unless_runs(known: Verdict, gated: bool = True) -> None:
-    """n/a: NotImplementedError (asv shows n/a); error: RuntimeError; wrong (``gated``): :class:`WrongResult`."""
+    """n/a: NotImplementedError; error: RuntimeError; wrong (``gated``): :class:`WrongResult`."""
     if known.status == VerdictStatus.NOT_APPLICABLE:
         raise NotImplementedError(known.reason)
     if known.status == VerdictStatus.ERROR:
@@ -270,12 +279,14 @@ def _raise_unless_runs(known: Verdict, gated: bool = True) -> None:
 
 def grid_verdicts(table: dict[str, list] | None = None, spec_of: Callable[..., AttnSpec] | None = None,
                   measure: Sequence[str] = ("peak_tensor_bytes",)) -> dict:
-    """``setup_cache`` of a class family: every case of its grid judged once (:func:`judge`), as :class:`Verdict` s
-    keyed by ``(variant, spec)``, for asv to hand to every benchmark process of the family.
+    """``setup_cache`` of a class family: every case of its grid judged once (:func:`judge`), as
+    :class:`Verdict` s keyed by ``(variant, spec)``, for asv to hand to every benchmark process of
+    the family.
 
-    Prints one line per case to asv's log (case i of n, its verdict, the seconds elapsed): ``asv run -v`` shows them
-    as they come, and each restarts asv's ``setup_cache`` timeout (a limit on silence). A case whose setup raises
-    is an "error" verdict (its benchmarks fail with the reason; the others run).
+    Prints one line per case to asv's log (case i of n, its verdict, the seconds elapsed):
+    ``asv run -v`` shows them as they come, and each restarts asv's ``setup_cache`` timeout (a limit
+    on silence). A case whose setup raises is an "error" verdict (its benchmarks fail with the
+    reason; the others run).
 
     Args:
         table: the class's parameter table (default :data:`PARAMS`); its first key is the variant.
@@ -287,7 +298,8 @@ def grid_verdicts(table: dict[str, list] | None = None, spec_of: Callable[..., A
     combos = list(itertools.product(*table.values()))
     verdicts: dict[tuple[str, AttnSpec], Verdict] = {}
     start = time.perf_counter()
-    print(f"attnbench: the correctness gate on {len(combos)} cases, once for every benchmark of this grid", flush=True)
+    print(f"attnbench: the correctness gate on {len(combos)} cases, "
+          "once for every benchmark of this grid", flush=True)
     for i, (variant, *rest) in enumerate(combos, 1):
         spec = spec_of(*rest)
         try:
@@ -298,7 +310,8 @@ def grid_verdicts(table: dict[str, list] | None = None, spec_of: Callable[..., A
             del prepared
         except NotImplementedError as exc:
             found = Verdict(VerdictStatus.NOT_APPLICABLE, str(exc))
-        except Exception as exc:  # noqa: BLE001 - one case's failure is its own benchmarks' failure, not the grid's
+        except Exception as exc:  # noqa: BLE001
+            # one case's failure is its own benchmarks' failure, not the grid's
             found = Verdict(VerdictStatus.ERROR, f"setting {variant} {spec.label} up failed: {type(exc).__name__}: {exc}")
         verdicts[(variant, spec)] = found
         print(f"attnbench: case {i} of {len(combos)}, {variant} {spec.label}: {found.status} "
@@ -307,11 +320,11 @@ def grid_verdicts(table: dict[str, list] | None = None, spec_of: Callable[..., A
 
 
 GRID_SETUP_TIMEOUT = 600
-"""Seconds of silence asv allows a verdicts ``setup_cache`` (asv 0.6.6 restarts it at each line printed): one case."""
+"""Seconds of silence asv allows a verdicts ``setup_cache`` (each printed line restarts it)."""
 
 
 def spec_for_params(seq_len: int, device: str, mode: str, mask: str = "none") -> AttnSpec:
-    """The main grid's case of a parameter set without its variant (the case does not depend on the variant)."""
+    """The main grid's case of a parameter set without its variant (the case does not need it)."""
     return spec_for("", seq_len, device, mode, mask)
 
 
@@ -329,13 +342,15 @@ def case(
 
 
 class WaitWatch:
-    """asv's ``timer`` for the time benchmark: the wall clock asv would use anyway (``time.perf_counter``), with
-    the timing thread's run-queue wait read beside each reading (outside the interval it returns).
+    """asv's ``timer`` for the time benchmark: the wall clock asv would use anyway
+    (``time.perf_counter``), with the timing thread's run-queue wait read beside each reading
+    (outside the interval it returns).
 
-    asv reads a timer in pairs around the timed calls; :meth:`take` gives their wall time and the share of it
-    the thread spent runnable but without a core, i.e. taken by another process. The calibration probe is blind to
-    a steady neighbour (a 1 ms probe slips between the scheduler's slices, a longer call does not). Time a call
-    spends sleeping or blocked is not waiting for a core: a slowdown of that kind stays a slowdown.
+    asv reads a timer in pairs around the timed calls; :meth:`take` gives their wall time and the
+    share of it the thread spent runnable but without a core, i.e. taken by another process. The
+    calibration probe is blind to a steady neighbour (a 1 ms probe slips between the scheduler's
+    slices, a longer call does not). Time a call spends sleeping or blocked is not waiting for a
+    core: a slowdown of that kind stays a slowdown.
     """
 
     def __init__(self) -> None:
@@ -359,26 +374,26 @@ class WaitWatch:
         return wall
 
     def take(self) -> tuple[float, float | None]:
-        """``(wall seconds, run-queue share)`` of the calls timed since the last take; the share is run-queue seconds
-        per wall second (None: nothing timed, or the kernel did not say)."""
+        """``(wall seconds, run-queue share)`` of the calls timed since the last take; the share is
+        run-queue seconds per wall second (None: nothing timed, or the kernel did not say)."""
         wall, wait, known = self._wall, self._wait, self._known
         self._start, self._wall, self._wait, self._known = None, 0.0, 0.0, True
         return wall, (wait / wall if wall > 0 and known else None)
 
 
 TIMER = WaitWatch()
-"""The time benchmark's timer (one per benchmark process); :func:`timed_teardown` logs what it timed."""
+"""The time benchmark's timer (one per process); :func:`timed_teardown` logs what it timed."""
 _pending: dict | None = None  # the probe line of the sample under way (set up, not yet torn down)
 
 
 def timed_case(
     variant: str, seq_len: int, device: str, mode: str = "forward", mask: str = "none"
 ) -> tuple[Callable[[], object], AttnSpec]:
-    """:func:`case` for the time benchmark's ``setup``, which asv runs before every sample (outside its timer).
+    """:func:`case` for the time benchmark's ``setup`` (asv runs it before every sample, untimed).
 
     With ``ATTNBENCH_PROBE_LOG`` set (the regression gate sets it), a calibration probe
-    (:func:`attnbench.measure.probe.probe_seconds`) is timed here, just before the sample; :func:`timed_teardown`
-    appends it to that file with the sample it preceded.
+    (:func:`attnbench.measure.probe.probe_seconds`) is timed here, just before the sample;
+    :func:`timed_teardown` appends it to that file with the sample it preceded.
     """
     global _pending
     call, spec = case(variant, seq_len, device, mode, mask)
@@ -391,13 +406,14 @@ def timed_case(
 
 
 def timed_teardown() -> None:
-    """The time benchmark's ``teardown`` (after every sample): one line per sample in ``ATTNBENCH_PROBE_LOG``.
+    """The time benchmark's ``teardown``: one line per sample in ``ATTNBENCH_PROBE_LOG``.
 
-    The line holds the probe timed just before the sample (``probe_s``), the sample's wall time (``sample_s``: asv
-    re-runs setup and teardown around every timed call of a benchmark with a ``setup``, so it is one call) and
-    the share of it the timing thread spent waiting for a core (``runqueue_share``, ``null`` where not known).
-    The gate reads ``sample_s / probe_s`` (the sample in units of the machine's speed at that moment) beside
-    ``sample_s`` and refuses samples a neighbour descheduled.
+    The line holds the probe timed just before the sample (``probe_s``), the sample's wall time
+    (``sample_s``: asv re-runs setup and teardown around every timed call of a benchmark with a
+    ``setup``, so it is one call) and the share of it the timing thread spent waiting for a core
+    (``runqueue_share``, ``null`` where not known). The gate reads ``sample_s / probe_s`` (the
+    sample in units of the machine's speed at that moment) beside ``sample_s`` and refuses samples a
+    neighbour descheduled.
     """
     global _pending
     wall, share = TIMER.take()
@@ -416,15 +432,18 @@ def _gated(variant: str, spec: AttnSpec) -> tuple[Callable[[], object], AttnSpec
 
 
 def _gated_prepared(variant: str, spec: AttnSpec) -> Prepared:
-    _raise_unless_runs(verdict(variant, spec))  # n/a, wrong or failed: raised before anything is built
+    # n/a, wrong or failed: raised before anything is built
+    _raise_unless_runs(verdict(variant, spec))
     return prepare_spec(variant, spec)
 
 
 def check(variant: str, seq_len: int, device: str, mode: str = "forward", mask: str = "none") -> None:
-    """The ``setup`` of a class whose methods build the case only if they need it: the verdict alone decides.
+    """``setup`` of a class whose methods build the case only if they need it: the verdict decides.
 
     Raises:
-        NotImplementedError: n/a. WrongResult: the case failed the correctness gate. RuntimeError: its setup failed.
+        NotImplementedError: n/a.
+        WrongResult: the case failed the correctness gate.
+        RuntimeError: its setup failed.
     """
     _raise_unless_runs(verdict(variant, spec_for(variant, seq_len, device, mode, mask)))
 
@@ -448,7 +467,7 @@ def _gqa_spec(seq_len: int, device: str) -> AttnSpec:
 
 
 def decode_verdicts() -> dict:
-    """``setup_cache`` of the ``Decode`` class (:func:`grid_verdicts` on its grid: it records no tensor bytes)."""
+    """``setup_cache`` of the ``Decode`` class: :func:`grid_verdicts`, without tensor bytes."""
     return grid_verdicts(DECODE_PARAMS, _decode_spec, measure=())
 
 
@@ -468,7 +487,7 @@ def setup_accuracy(variant: str, seq_len: int, device: str, mode: str, mask: str
         raise NotImplementedError(found.note or "accuracy not checked")
 
 
-# ---- the table's tracked metrics: one generated ``track_`` method per (class, metric) --------------
+# ---- the table's tracked metrics: one generated ``track_`` method per (class, metric) ------------
 CASES: dict[str, Callable[..., tuple[str, AttnSpec]]] = {
     "AttentionMetrics": lambda v, *p: (v, spec_for(v, *p)),
     "AttentionCuda": lambda v, *p: (v, spec_for(v, *p)),
@@ -504,21 +523,24 @@ MEASURES: dict[str, Callable[[Prepared], float]] = {
     "gbps": lambda p: p.spec.bytes_moved / _median_seconds(p, TimerConfig(min_runs=5, min_time=0.1, max_time=2.0)) / 1e9,
     "page_faults": _page_faults,
 }
-"""How asv measures a tracked metric on a prepared (built, warmed-up) case, in the metric's unit. A metric of the
-table without an entry here or in :data:`FROM_VERDICT` is read from a full :func:`attnbench.measure.runner.measure`
-of the case (slower, but the same number ``attnbench run`` records)."""
+"""How asv measures a tracked metric on a prepared (built, warmed-up) case, in the metric's unit. A
+metric of the table without an entry here or in :data:`FROM_VERDICT` is read from a full
+:func:`attnbench.measure.runner.measure` of the case (slower, but the same number ``attnbench run``
+records)."""
 ONCE: dict[str, Callable[[Prepared], float]] = {"peak_tensor_bytes": _peak_tensor_bytes}
-"""Measures that do not depend on the process they run in, taken once per case where the case is judged
-(:func:`grid_verdicts`) and read from its verdict. Peak tensor bytes are the sizes of the tensors one call allocates
-(the profiler's memory timeline, or the CUDA allocator's statistics), whatever ran before it in the process: in a
-process of its own each case paid the profiler's start (seconds) for one call.
-Page faults and times are not: they depend on the heap and the machine a process sees, so they stay in their own."""
+"""Measures that do not depend on the process they run in, taken once per case where the case is
+judged (:func:`grid_verdicts`) and read from its verdict. Peak tensor bytes are the sizes of the
+tensors one call allocates (the profiler's memory timeline, or the CUDA allocator's statistics),
+whatever ran before it in the process: in a process of its own each case paid the profiler's start
+(seconds) for one call. Page faults and times are not: they depend on the heap and the machine a
+process sees, so they stay in their own."""
 FROM_VERDICT: dict[str, Callable[[str, AttnSpec, Verdict], float]] = {
-    "flops": lambda v, spec, _: float(get_variant(v).flops(spec).executed),  # deterministic: the gate is strict on it
+    # deterministic: the gate is strict on it
+    "flops": lambda v, spec, _: float(get_variant(v).flops(spec).executed),
     "max_error": lambda v, spec, found: math.nan if found.checked is None else found.checked.max_error,
     "error_ratio": lambda v, spec, found: math.nan if found.checked is None else found.checked.error_ratio,
 }
-"""Metrics read from the case's :class:`Verdict` alone: their processes build no inputs and call nothing."""
+"""Metrics read from the case's :class:`Verdict` alone: their processes build and call nothing."""
 
 
 def _runner_value(metric: contract.Metric, prepared: Prepared) -> float:
@@ -529,7 +551,7 @@ def _runner_value(metric: contract.Metric, prepared: Prepared) -> float:
 
 
 def track(metric: str, owner: str, *params: object) -> float:
-    """The value of a tracked ``metric`` for one parameter set of the asv class ``owner``, in asv's unit.
+    """A tracked ``metric``'s value for one parameter set of the asv class ``owner``, in asv's unit.
 
     Raises:
         NotImplementedError: n/a (see :func:`prepare`); WrongResult: a wrong result (gated classes).
@@ -550,20 +572,22 @@ def track(metric: str, owner: str, *params: object) -> float:
     return value / row.asv_factor
 
 
-# ---- instruction counts: one valgrind process per commit and environment (asv's setup_cache) -------
+# ---- instruction counts: one valgrind process per commit and environment (asv's setup_cache) -----
 INSTRUCTION_SETUP_TIMEOUT = 3 * 3600
-"""Seconds asv allows the Instructions class's setup_cache (torch starts under valgrind in minutes; then every case)."""
+"""Seconds asv allows the Instructions class's setup_cache (torch's start, then every case)."""
 
 
 def instruction_counts() -> dict:
-    """``setup_cache`` of the ``Instructions`` class: the main grid's CPU cases within :data:`COUNT_BUDGET_S`, counted
-    in ONE valgrind process (:func:`attnbench.measure.instructions.count_instructions`), keyed by their parameters.
+    """``setup_cache`` of the ``Instructions`` class: the main grid's CPU cases within
+    :data:`COUNT_BUDGET_S`, counted in ONE valgrind process
+    (:func:`attnbench.measure.instructions.count_instructions`), keyed by their parameters.
 
-    asv runs it once per commit and environment and hands the (pickled) result to every ``setup`` and ``track_``
-    call, so no case starts a valgrind of its own. The cases the budget leaves out (the dearest first) are n/a with
-    the reason, as are those the counter skips (unsupported, compiled, over its per-case budget). Prints its plan and
-    one line per counted case (case i of n, the seconds elapsed) to asv's log (``asv run -v``). Without valgrind the
-    cache says why (each case is then n/a).
+    asv runs it once per commit and environment and hands the (pickled) result to every ``setup``
+    and ``track_`` call, so no case starts a valgrind of its own. The cases the budget leaves out
+    (the dearest first) are n/a with the reason, as are those the counter skips (unsupported,
+    compiled, over its per-case budget). Prints its plan and one line per counted case (case i of n,
+    the seconds elapsed) to asv's log (``asv run -v``). Without valgrind the cache says why (each
+    case is then n/a).
     """
     from attnbench.measure.instructions import (
         CountConfig,
@@ -585,8 +609,8 @@ def instruction_counts() -> dict:
     start = time.perf_counter()
 
     def progress(done: int, total: int, count) -> None:
-        print(f"attnbench: case {done} of {total}, {count.variant} {count.spec.label}: {count.status} "
-              f"({time.perf_counter() - start:.0f} s elapsed)", flush=True)
+        print(f"attnbench: case {done} of {total}, {count.variant} {count.spec.label}: "
+              f"{count.status} ({time.perf_counter() - start:.0f} s elapsed)", flush=True)
 
     counts = dict(zip(todo, count_instructions([cases[i] for i in todo], config, progress=progress), strict=True))
     out = {}
@@ -601,8 +625,9 @@ def _print_count_plan(todo: int, cases: int, left_out: int) -> None:
     """Say to asv's log how many cases go to the counter, and why the others do not."""
     budget = ("no budget: every case" if COUNT_BUDGET_S is None
               else f"{left_out} beyond a budget of {COUNT_BUDGET_S:g} s predicted under valgrind")
-    print(f"attnbench: instruction counts: {todo} of {cases} CPU cases go to the counter ({budget}); one "
-          f"valgrind process, in which torch takes half a minute to three to start", flush=True)
+    print(f"attnbench: instruction counts: {todo} of {cases} CPU cases go to the counter "
+          f"({budget}); one valgrind process, in which torch takes half a minute to three to start",
+          flush=True)
 
 
 def instruction_case(counts: dict, *params: object) -> float:
@@ -626,11 +651,13 @@ def instruction_case(counts: dict, *params: object) -> float:
 
 
 CACHED: dict[str, Callable[..., float]] = {"instructions": instruction_case}
-"""Tracked metrics whose asv class measures every case at once in ``setup_cache``: metric -> (cache, *params) -> value."""
+"""Tracked metrics whose asv class measures every case at once in ``setup_cache``:
+metric -> (cache, *params) -> value."""
 
 
 def _track_method(metric: contract.Metric, owner: str, method: str, cls: type) -> Callable[..., float]:
-    if metric.name in CACHED and hasattr(cls, "setup_cache"):  # measured for every case at once in setup_cache
+    # measured for every case at once in setup_cache
+    if metric.name in CACHED and hasattr(cls, "setup_cache"):
         def track_metric(self: object, cache: object, *params: object) -> float:
             return CACHED[metric.name](cache, *params) / metric.asv_factor
     elif hasattr(cls, "setup_cache"):  # the cache holds the grid's verdicts (grid_verdicts)
@@ -647,12 +674,13 @@ def _track_method(metric: contract.Metric, owner: str, method: str, cls: type) -
 
 
 def tracked(cls: type) -> type:
-    """Class decorator: add the ``track_`` methods :data:`contract.METRICS` assigns to this asv class.
+    """Class decorator: add the ``track_`` methods :data:`contract.METRICS` gives this asv class.
 
-    A metric row naming ``"AttentionMetrics.track_x"`` in its ``asv`` gets ``AttentionMetrics.track_x``,
-    with the row's unit, measured by :func:`track`; in a class with ``setup_cache`` the cache comes first: the
-    grid's verdicts (:func:`grid_verdicts`, taken with :func:`use`), or for a metric of :data:`CACHED` the values
-    themselves (every case measured at once).
+    A metric row naming ``"AttentionMetrics.track_x"`` in its ``asv`` gets
+    ``AttentionMetrics.track_x``, with the row's unit, measured by :func:`track`; in a class with
+    ``setup_cache`` the cache comes first: the grid's verdicts (:func:`grid_verdicts`, taken with
+    :func:`use`), or for a metric of :data:`CACHED` the values themselves (every case measured at
+    once).
     """
     for metric in contract.METRICS.values():
         for benchmark in metric.tracked:
@@ -667,14 +695,15 @@ def matmul_gflops() -> float:
     return measure_matmul_peak("cpu", "float32") / 1e9
 
 
-# asv's forkserver imports the suite once and forks a process per benchmark, parameter set and round. Python's cyclic
-# garbage collector, at its first full collection in such a child, walks every object the import made (torch's: about
-# a million) and so writes to every page they sit on: the child copies the parent's heap page by page. Unpickling
-# ``setup_cache``'s verdicts triggered that collection, in each of the thousand-odd processes of a quick run of the
-# default tier (the README gives the cost). Objects that exist once the
-# suite is imported live as long as the process: they are collected here once and frozen out of every later
-# collection (``gc.freeze``), in the server and in each child it forks. Only under asv (its runner imports the suite):
-# elsewhere the importing process's objects are its own business.
+# asv's forkserver imports the suite once and forks a process per benchmark, parameter set and
+# round. Python's cyclic garbage collector, at its first full collection in such a child, walks
+# every object the import made (torch's: about a million) and so writes to every page they sit on:
+# the child copies the parent's heap page by page. Unpickling ``setup_cache``'s verdicts triggered
+# that collection, in each of the thousand-odd processes of a quick run of the default tier (the
+# README gives the cost). Objects that exist once the suite is imported live as long as the process:
+# they are collected here once and frozen out of every later collection (``gc.freeze``), in the
+# server and in each child it forks. Only under asv (its runner imports the suite): elsewhere the
+# importing process's objects are its own business.
 if "asv_runner" in sys.modules:
     gc.collect()
     gc.freeze()

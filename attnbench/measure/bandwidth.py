@@ -44,12 +44,13 @@ class Bandwidth:
 
     @property
     def roof(self) -> float:
-        """The roofline's bandwidth roof (bytes/s): triad, which reads two streams and writes one, as attention does."""
+        """The roofline's bandwidth roof (bytes/s): triad, which reads two streams and writes
+        one, as attention does."""
         return self.triad
 
 
 def last_level_cache_bytes(device: str = "cpu") -> int:
-    """Bytes of the last-level cache: the GPU's L2 on CUDA, else the largest CPU cache in ``/sys`` (0 when unknown).
+    """Bytes of the last-level cache: the GPU's L2, else the largest CPU cache (0 when unknown).
 
     Args:
         device: "cpu" or "cuda[:N]".
@@ -71,7 +72,7 @@ def last_level_cache_bytes(device: str = "cpu") -> int:
 
 
 def array_bytes(device: str = "cpu") -> int:
-    """Bytes per array: ``max(MIN_ARRAY_BYTES, CACHE_MULTIPLE x last-level cache)``, a multiple of 4 KiB."""
+    """Bytes per array: ``max(MIN_ARRAY_BYTES, CACHE_MULTIPLE x last-level cache)``, in 4 KiB."""
     want = max(MIN_ARRAY_BYTES, CACHE_MULTIPLE * last_level_cache_bytes(device))
     return -(-want // 4096) * 4096
 
@@ -90,7 +91,8 @@ def measure_bandwidth(device: str = "cpu", nbytes: int | None = None) -> Bandwid
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0 or nbytes % WORD:
         raise ValueError(f"nbytes must be a positive multiple of {WORD} (float32 words), got {nbytes!r}")
     n = nbytes // WORD
-    a, b, c = (torch.full((n,), value, dtype=torch.float32, device=device) for value in (1.0, 2.0, 0.0))  # (n,) each
+    # (n,) each
+    a, b, c = (torch.full((n,), value, dtype=torch.float32, device=device) for value in (1.0, 2.0, 0.0))
     kernels = {
         "copy": lambda: c.copy_(a),
         "triad": lambda: torch.add(b, c, alpha=SCALAR, out=a),

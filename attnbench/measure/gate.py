@@ -32,9 +32,9 @@ FACTOR = 3.0
 FLOORS: dict[torch.dtype, float] = {torch.float64: 1e-10, torch.float32: 2e-6, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 """Absolute floor added to the scaled plain-implementation error, per dtype."""
 REFERENCE_BUFFERS = 3.0
-"""Live float64 (Lq, Lk) buffers of one slice's forward reference (scores, probabilities, a copy)."""
+"""Live float64 (Lq, Lk) buffers of one slice's forward reference: scores, probabilities, a copy."""
 BACKWARD_REFERENCE_FACTOR = 2.5
-"""A slice's backward reference (autograd) relative to its forward: saved tensors and their gradients."""
+"""A slice's backward reference (autograd) relative to its forward: saved tensors, their grads."""
 
 
 def tolerance(plain_error: float, dtype: torch.dtype, factor: float = FACTOR) -> float:
@@ -67,26 +67,30 @@ class GateResult:
 
     max_error: float  # output: max |out - float64 reference| over the checked slices
     tolerance: float  # output: allowed max error (FACTOR x plain error + floor)
-    grad_error: float = math.nan  # backward: max |grad - reference grad| of the worst of dq, dk, dv (by ratio)
+    # backward: max |grad - reference grad| of the worst of dq, dk, dv (by ratio)
+    grad_error: float = math.nan
     grad_tolerance: float = math.nan  # backward: that gradient's allowed max error
     grad_name: str = ""  # which gradient is the worst ("dq", "dk" or "dv")
     softmax_error: float = math.nan  # approximate variants: max |out - exact softmax attention|
-    softmax_mean_error: float = math.nan  # approximate variants: mean |out - exact softmax attention|
-    softmax_bound: float = math.nan  # approximate variants: the declared bound on softmax_mean_error (NaN: none)
+    # approximate variants: mean |out - exact softmax attention|
+    softmax_mean_error: float = math.nan
+    # approximate variants: the declared bound on softmax_mean_error (NaN: none)
+    softmax_bound: float = math.nan
     slices: int = 0  # (batch, head) slices checked
     total_slices: int = 0  # (batch, head) slices in the case
-    contract: str = ""  # what the result breaks of the call contract (shape, dtype, device, layout); "" when nothing
+    # what the result breaks of the call contract (shape, dtype, device, layout); "" when nothing
+    contract: str = ""
 
     @classmethod
     def breach(cls, contract: str, dtype: torch.dtype, total_slices: int, backward: bool) -> GateResult:
-        """A failed result that could not be compared: it broke the call ``contract`` (the reason)."""
+        """A failed result that could not be compared: it broke the call ``contract`` (why)."""
         floor = FLOORS[dtype]
         return cls(max_error=math.nan, tolerance=floor, grad_error=math.nan, grad_tolerance=floor if backward else math.nan,
                    total_slices=total_slices, contract=contract)
 
     @property
     def error_ratio(self) -> float:
-        """Worst error / tolerance over the output, the gradients and the declared bound (inf if non-finite)."""
+        """Worst error / tolerance over output, gradients and declared bound (inf: non-finite)."""
         ratios = [_ratio(self.max_error, self.tolerance)]
         if not math.isnan(self.grad_tolerance):
             ratios.append(_ratio(self.grad_error, self.grad_tolerance))
@@ -105,9 +109,11 @@ class GateResult:
         if not self.contract and not passes(self.max_error, self.tolerance):
             parts.append(f"output max error {self.max_error:.3g} > tolerance {self.tolerance:.3g}")
         if not math.isnan(self.grad_tolerance) and not passes(self.grad_error, self.grad_tolerance):
-            parts.append(f"gradient {self.grad_name} max error {self.grad_error:.3g} > tolerance {self.grad_tolerance:.3g}")
+            parts.append(f"gradient {self.grad_name} max error {self.grad_error:.3g} "
+                         f"> tolerance {self.grad_tolerance:.3g}")
         if not math.isnan(self.softmax_bound) and not passes(self.softmax_mean_error, self.softmax_bound):
-            parts.append(f"mean softmax error {self.softmax_mean_error:.3g} > declared bound {self.softmax_bound:.3g}")
+            parts.append(f"mean softmax error {self.softmax_mean_error:.3g} "
+                         f"> declared bound {self.softmax_bound:.3g}")
         return "" if not parts else "correctness gate failed: " + "; ".join(parts) + f" ({where})"
 
 
@@ -127,8 +133,8 @@ def slice_reference_bytes(variant: Variant, spec: AttnSpec) -> float:
 
 
 def slice_truth_bytes(variant: Variant, spec: AttnSpec) -> float:
-    """Float64 bytes :class:`Reference` keeps per checked slice: its output rows (twice for an approximate
-    variant: its kernel's and exact softmax's) and, backward, dq and a share of dk, dv."""
+    """Float64 bytes :class:`Reference` keeps per checked slice: its output rows (twice for an
+    approximate variant: its kernel's and exact softmax's); backward, also dq and part of dk, dv."""
     out = spec.lq * spec.dv * (1 if variant.exact else 2)
     grads = spec.lq * spec.head_dim + spec.lk * (spec.head_dim + spec.dv) if spec.mode == "backward" else 0
     return 8.0 * (out + grads)
@@ -136,13 +142,13 @@ def slice_truth_bytes(variant: Variant, spec: AttnSpec) -> float:
 
 def checked_slices(spec: AttnSpec, per_slice_bytes: float, budget_bytes: float, seed: int = 0,
                    limit: int | None = None) -> list[tuple[int, int]]:
-    """The (batch, head) slices to check: all when affordable, else a seeded sample with the first and last.
+    """The (batch, head) slices to check: all when affordable, else a seeded sample with both ends.
 
-    Affordable means the float64 reference of every slice together fits ``budget_bytes`` and, with ``limit``
-    (how many slices the check's time budget holds), that there are no more than ``limit`` slices. The sample
-    takes as many slices as both hold: at least 3 for memory (first, last and one seeded draw), at least the
-    first and the last for time. It depends only on the shape, the budgets and ``seed`` (a seeded
-    ``torch.randperm``), so it is the same in every process.
+    Affordable means the float64 reference of every slice together fits ``budget_bytes`` and, with
+    ``limit`` (how many slices the check's time budget holds), that there are no more than ``limit``
+    slices. The sample takes as many slices as both hold: at least 3 for memory (first, last and one
+    seeded draw), at least the first and the last for time. It depends only on the shape, the
+    budgets and ``seed`` (a seeded ``torch.randperm``), so it is the same in every process.
 
     Example:
         >>> checked_slices(AttnSpec(heads=8), 1.0, 100.0, limit=2)
@@ -165,7 +171,7 @@ def checked_slices(spec: AttnSpec, per_slice_bytes: float, budget_bytes: float, 
 
 
 def _mask_slice(mask: torch.Tensor | None, b: int, h0: int, h1: int) -> torch.Tensor | None:
-    """``(1, h1 - h0 | 1, Lq|1, Lk)`` slice of a rank-4 broadcastable mask (query heads h0 .. h1 - 1)."""
+    """``(1, h1 - h0 | 1, Lq|1, Lk)`` slice of a rank-4 broadcastable mask (heads h0..h1-1)."""
     if mask is None:
         return None
     bi = b if mask.shape[0] > 1 else 0
@@ -204,7 +210,7 @@ def _reference(
 
 
 def contract_breach(result: object, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backward: bool) -> str:
-    """What the result breaks of the call contract ("" when nothing): its form, shape, dtype, device, layout.
+    """What the result breaks of the call contract ("" when nothing): form, shape, dtype, device.
 
     A forward result is one strided tensor ``(B, H, Lq, Dv)`` of the inputs' dtype on their device;
     a backward result is ``(out, dq, dk, dv)``, each gradient shaped, typed and placed as its input.
@@ -232,14 +238,15 @@ def contract_breach(result: object, q: torch.Tensor, k: torch.Tensor, v: torch.T
 
 @dataclass(frozen=True)
 class _Truth:
-    """One checked unit's float64 reference: its rows of the output and gradients, and the exact softmax."""
+    """One checked unit's float64 reference: its output rows, gradients and exact softmax."""
 
     b: int
     h0: int
     h1: int
     j: int  # the unit's key/value head
     out: torch.Tensor  # (1, h1 - h0, Lq, Dv) float64
-    grads: tuple[torch.Tensor, ...]  # backward: dq (1, h1 - h0, Lq, D), dk and dv (1, 1, Lk, D) float64
+    # backward: dq (1, h1 - h0, Lq, D), dk and dv (1, 1, Lk, D) float64
+    grads: tuple[torch.Tensor, ...]
     exact: torch.Tensor | None  # approximate variants: exact softmax attention of the unit, float64
 
 
@@ -277,7 +284,8 @@ class Reference:
         self.truths: list[_Truth] = []
         for b, h0, h1, j in _units(slices, q.shape[1], k.shape[1], self.backward):
             qs = q.detach()[b : b + 1, h0:h1]  # (1, 1 or G, Lq, D): a query head, or a whole group
-            ks, vs = (x.detach()[b : b + 1, j : j + 1] for x in (k, v))  # (1, 1, Lk, D): their key/value head
+            # (1, 1, Lk, D): their key/value head
+            ks, vs = (x.detach()[b : b + 1, j : j + 1] for x in (k, v))
             ms = _mask_slice(mask, b, h0, h1)
             gs = None if grad_out is None else grad_out[b : b + 1, h0:h1]
             truth, t_grads = _reference(variant, qs, ks, vs, ms, gs, torch.float64)
@@ -299,10 +307,11 @@ class Reference:
         return sum(t.h1 - t.h0 for t in self.truths)
 
     def check(self, result: object) -> GateResult:
-        """Check one result of the closure (its return value: the output, or ``(out, dq, dk, dv)``)."""
+        """Check one return value of the closure: the output, or ``(out, dq, dk, dv)``."""
         q = self.q
         breach = contract_breach(result, q, self.k, self.v, self.backward)
-        if breach:  # a result that breaks the contract cannot be compared: it fails, with the reason
+        # a result that breaks the contract cannot be compared: it fails, with the reason
+        if breach:
             return GateResult.breach(breach, q.dtype, self.total_slices, self.backward)
         out, *grads = result if self.backward else (result,)
         err = soft_err = soft_sum = 0.0
@@ -312,7 +321,8 @@ class Reference:
             got = out[t.b : t.b + 1, t.h0 : t.h1]
             err = _worst(err, max_abs_diff(got, t.out))
             for i, truth in enumerate(t.grads):
-                rows = slice(t.h0, t.h1) if i == 0 else slice(t.j, t.j + 1)  # dq per query head, dk and dv per shared head
+                # dq per query head, dk and dv per shared head
+                rows = slice(t.h0, t.h1) if i == 0 else slice(t.j, t.j + 1)
                 g_err[i] = _worst(g_err[i], max_abs_diff(grads[i][t.b : t.b + 1, rows], truth))
             if t.exact is not None:
                 soft_err = _worst(soft_err, max_abs_diff(got, t.exact))
@@ -347,7 +357,7 @@ def check(
     slices: Sequence[tuple[int, int]],
     grad_out: torch.Tensor | None = None,
 ) -> GateResult:
-    """Check one ``result`` on ``slices`` against the variant's float64 reference (see :class:`Reference`).
+    """Check one ``result`` on ``slices`` against the variant's float64 :class:`Reference`.
 
     Args:
         variant: the variant that produced ``result``.
@@ -363,7 +373,7 @@ def check(
 
 # ---- inputs a variant must not change -----------------------------------------------------------
 def fingerprint(tensors: Sequence[torch.Tensor | None]) -> tuple[bytes, ...]:
-    """A digest of each tensor's bytes (b"" for None): a variant that writes into its inputs changes one.
+    """A digest of each tensor's bytes (b"" for None): writing into an input changes its digest.
 
     The reference is computed from the inputs as they are when the gate runs, so an in-place
     update (``q.mul_(1.01)``) would otherwise be checked against inputs it had already changed.
@@ -372,7 +382,8 @@ def fingerprint(tensors: Sequence[torch.Tensor | None]) -> tuple[bytes, ...]:
 
 
 def _digest(x: torch.Tensor) -> bytes:
-    flat = x.detach().contiguous().cpu().reshape(-1).view(torch.uint8)  # the raw bytes, whatever the dtype
+    # the raw bytes, whatever the dtype
+    flat = x.detach().contiguous().cpu().reshape(-1).view(torch.uint8)
     return hashlib.blake2b(memoryview(flat.numpy()), digest_size=16).digest()
 
 

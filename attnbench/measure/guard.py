@@ -25,7 +25,7 @@ from attnbench.spec import AttnSpec
 from attnbench.variants.base import Variant
 
 REFERENCE_EFFICIENCY = 0.1
-"""Assumed fraction of the float32 matmul peak the float64 einsum reference reaches (time predictions only)."""
+"""Assumed share of the float32 matmul peak the float64 einsum reference reaches (time only)."""
 
 
 def free_bytes(device: str) -> int:
@@ -36,7 +36,7 @@ def free_bytes(device: str) -> int:
 
 
 def case_bytes(spec: AttnSpec, variant: Variant | None = None) -> int:
-    """What the runner allocates before the variant runs: q, k, v, the mask and (backward) ``grad_out``.
+    """What the runner allocates before the variant runs: q, k, v, the mask, backward ``grad_out``.
 
     The mask is the dense bool tensor the runner builds for ``variant`` (:meth:`Variant.mask_bytes`:
     nothing for a variant that takes the predicate); without a variant, the dense tensor's bytes.
@@ -47,14 +47,14 @@ def case_bytes(spec: AttnSpec, variant: Variant | None = None) -> int:
 
 
 def reference_mask_bytes(spec: AttnSpec, reference_bytes: float) -> int:
-    """The dense mask the correctness gate's reference evaluates from a predicate (only when it checks)."""
+    """The dense mask the gate's reference evaluates from a predicate (only when it checks)."""
     return spec.mask_bytes if reference_bytes > 0 else 0
 
 
 def predicted_bytes(variant: Variant, spec: AttnSpec, reference_bytes: float = 0.0) -> int:
-    """Inputs, mask, ``grad_out``, the variant's predicted peak (weights included) and the reference's bytes.
+    """Inputs, mask, ``grad_out``, the variant's predicted peak (weights too), the reference's.
 
-    When the gate checks a variant that took the predicate, the reference's dense mask is counted too.
+    When the gate checks a variant that took the predicate, the reference's dense mask counts too.
     """
     reference_mask = reference_mask_bytes(spec, reference_bytes) if variant.mask_bytes(spec) == 0 else 0
     return int(case_bytes(spec, variant) + variant.predicted_peak_bytes(spec) + reference_bytes + reference_mask)
@@ -70,12 +70,12 @@ def predicted_seconds(variant: Variant, spec: AttnSpec, peak_flops: float) -> fl
 
 
 def extrapolated_seconds(variant: Variant, spec: AttnSpec, measured_len: int, measured_s: float) -> float | None:
-    """One call's seconds at ``spec``, from the same case measured at a shorter length on this machine.
+    """One call's seconds at ``spec``, from the same case measured here at a shorter length.
 
-    ``measured_s * (L / measured_len) ** variant.time_exponent``: the variant's declared scaling from
-    a time this machine took, under the load it has now. Unlike :func:`predicted_seconds` it needs
-    no assumed efficiency or matmul peak (a peak measured on a busy machine makes every prediction
-    too slow, and skips lengths the sweep could measure). None when it does not apply:
+    ``measured_s * (L / measured_len) ** variant.time_exponent``: the variant's declared scaling
+    from a time this machine took, under the load it has now. Unlike :func:`predicted_seconds` it
+    needs no assumed efficiency or matmul peak (a peak measured on a busy machine makes every
+    prediction too slow, and skips lengths the sweep could measure). None when it does not apply:
     cross-attention (``seq_len_k`` set), a measured time that is not a positive number, or a
     ``measured_len`` that is not shorter.
 
@@ -92,12 +92,15 @@ def extrapolated_seconds(variant: Variant, spec: AttnSpec, measured_len: int, me
 
 
 def reference_seconds(variant: Variant, spec: AttnSpec, slices: int, peak_flops: float) -> float:
-    """Predicted seconds of the correctness gate: float64 and plain references on ``slices`` slices, once (every
-    checked call of a case is compared with the same truth: :class:`~attnbench.measure.gate.Reference`)."""
+    """Predicted seconds of the correctness gate: float64 and plain references on ``slices`` slices,
+    once (every checked call of a case is compared with the same truth:
+    :class:`~attnbench.measure.gate.Reference`)."""
     if slices <= 0:
         return 0.0
-    per_slice = 2 * spec.lq * spec.lk * (spec.head_dim + spec.dv)  # dense einsum evaluation of one (b, h)
-    passes = 2 + int(not variant.exact)  # float64 truth, plain same precision, exact softmax (approximate variants)
+    # dense einsum evaluation of one (b, h)
+    per_slice = 2 * spec.lq * spec.lk * (spec.head_dim + spec.dv)
+    # float64 truth, plain same precision, exact softmax (approximate variants)
+    passes = 2 + int(not variant.exact)
     factor = 3.5 if spec.mode == "backward" else 1.0
     return slices * per_slice * passes * factor / (peak_flops * REFERENCE_EFFICIENCY)
 
@@ -117,7 +120,8 @@ def guard_reasons(
 
     Args:
         memory_budget: bytes the case may use (everything :func:`predicted_bytes` counts).
-        time_budget: seconds the case's measurement calls may take (the correctness check has its own budget).
+        time_budget: seconds the case's measurement calls may take (the correctness check has its
+            own budget).
         peak_flops: this machine's matmul FLOP/s.
         calls: how many calls the measurement makes at minimum (warm-up, timing, memory).
         reference_bytes: the correctness gate's reference memory (one slice, float64 and plain).
@@ -130,12 +134,15 @@ def guard_reasons(
     if need > memory_budget:
         mib = 2**20
         reasons.append(
-            f"predicted peak {need / mib:,.0f} MiB (inputs+mask {case_bytes(spec, variant) / mib:,.0f}, variant {peak / mib:,.0f}, "
-            f"reference {reference_bytes / mib:,.0f}) exceeds the memory budget {memory_budget / mib:,.0f} MiB"
+            f"predicted peak {need / mib:,.0f} MiB "
+            f"(inputs+mask {case_bytes(spec, variant) / mib:,.0f}, variant {peak / mib:,.0f}, "
+            f"reference {reference_bytes / mib:,.0f}) "
+            f"exceeds the memory budget {memory_budget / mib:,.0f} MiB"
         )
     per_call = predicted_seconds(variant, spec, peak_flops) if call_s is None else call_s
     seconds = per_call * calls
     if seconds > time_budget:
         source = "cost model" if call_s is None else "extrapolated from the shorter length"
-        reasons.append(f"predicted {seconds:,.1f} s ({source}) for {calls} calls exceeds the time budget {time_budget:g} s")
+        reasons.append(f"predicted {seconds:,.1f} s ({source}) for {calls} calls "
+                       f"exceeds the time budget {time_budget:g} s")
     return reasons

@@ -42,9 +42,9 @@ PACKAGE = "valgrind"
 """The Debian package (and the command) a count needs."""
 METHOD = Method.CALLGRIND
 SLOWDOWN = 80.0
-"""Seconds under callgrind per native second of a counted call, portable kernels, one thread: about 60
-measured at L=512 on 2026-11-24 (valgrind 3.19, torch 2.13 CPU; a case's ``seconds`` in the counting
-process's results against its native time), rounded up so that predictions err long."""
+"""Seconds under callgrind per native second of a counted call, portable kernels, one thread: about
+60 measured at L=512 on 2026-11-24 (valgrind 3.19, torch 2.13 CPU; a case's ``seconds`` in the
+counting process's results against its native time), rounded up so that predictions err long."""
 COUNT_ENV = {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41",
              "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 """The counting process's kernels: one portable instruction set (MKL's SSE4.2 code, ATen's default
@@ -58,13 +58,14 @@ STARTUP_S = 240.0
 """Allowed for torch to start under valgrind before the cases' own time: 80-180 s fully
 instrumented on 2026-11-24 (``valgrind --tool=callgrind python -c 'import torch'``)."""
 GATE_SLICES = 3
-"""(batch, head) slices the gate checks under valgrind (the first, the last and a seeded one): the float64
-reference is the slowest part of a case there, and the timing run checks every slice of the same closure."""
+"""(batch, head) slices the gate checks under valgrind (the first, the last and a seeded one): the
+float64 reference is the slowest part of a case there, and the timing run checks every slice of
+the same closure."""
 _SUMMARY = re.compile(rb"^summary:\s+(\d+)", re.MULTILINE)
 
 
 ENV_CONTROL = "ATTNBENCH_CALLGRIND_CONTROL"
-"""valgrind's ``callgrind_control``, for the counting process to switch instrumentation on once torch is imported."""
+"""valgrind's ``callgrind_control``: the counting process switches instrumentation on with it."""
 
 
 def valgrind_version() -> str | None:
@@ -81,21 +82,26 @@ def valgrind_version() -> str | None:
 
 def missing_message() -> str:
     """What to tell a user without valgrind."""
-    return f"instruction counts need valgrind on PATH: install the {PACKAGE} package (apt-get install {PACKAGE})"
+    return (f"instruction counts need valgrind on PATH: install the {PACKAGE} package "
+            f"(apt-get install {PACKAGE})")
 
 
 @dataclass(frozen=True)
 class CountConfig:
     """How cases are counted."""
 
-    calls: int = 2  # counted calls per case (their total / calls is the count per call; counts are deterministic)
-    warmup_calls: int = 1  # calls after the gate and before counting (the first case of a process counts 0.8% more cold)
+    # counted calls per case (their total / calls is the count per call; counts are deterministic)
+    calls: int = 2
+    # calls after the gate and before counting (a cold first case of a process counts more)
+    warmup_calls: int = 1
     budget_s: float = 300.0  # predicted seconds under valgrind per case above which it is skipped
-    timeout_s: float | None = None  # the whole valgrind process (None: STARTUP_S + the cases' predicted seconds x 3)
+    # the whole valgrind process (None: STARTUP_S + the cases' predicted seconds x 3)
+    timeout_s: float | None = None
     threads: int = 1  # torch intra-op threads (the runner's default regime)
     seed: int = 0  # input seed (the runner's)
     check_accuracy: bool = True  # put each case's warm-up result through the correctness gate
-    idle: bool = False  # run valgrind only on a core nothing else wants (SCHED_IDLE): counting beside a timed sweep
+    # run valgrind only on a core nothing else wants (SCHED_IDLE): counting beside a timed sweep
+    idle: bool = False
 
     def __post_init__(self) -> None:
         for name in ("calls", "threads"):
@@ -116,7 +122,8 @@ class Count:
 
     variant: str
     spec: AttnSpec
-    status: Status  # ok, skipped (unsupported, over budget, not on CPU), wrong (failed the gate), error
+    # ok, skipped (unsupported, over budget, not on CPU), wrong (failed the gate), error
+    status: Status
     instructions: float = math.nan  # per call
     calls: int = 0  # calls counted
     reason: str = ""
@@ -124,8 +131,8 @@ class Count:
 
 
 def attach(measurement: Measurement, count: Count | None) -> Measurement:
-    """``measurement`` with ``count``'s instructions per call (and valgrind's version in ``extra``); without an ok
-    count, the reason there is none in ``extra["instructions_note"]``."""
+    """``measurement`` with ``count``'s instructions per call (and valgrind's version in ``extra``);
+    without an ok count, the reason there is none in ``extra["instructions_note"]``."""
     if count is None:
         return measurement
     if count.status == Status.OK:
@@ -135,12 +142,12 @@ def attach(measurement: Measurement, count: Count | None) -> Measurement:
 
 
 class CountError(RuntimeError):
-    """The valgrind process could not be started or gave nothing (the message carries the end of its output)."""
+    """The valgrind process could not start or gave nothing (the message ends with its output)."""
 
 
 def predicted_seconds(variant: str, spec: AttnSpec, config: CountConfig, peak_flops: float) -> float:
-    """Seconds a case is predicted to take under valgrind: its calls (warm-up, counted) and the correctness gate on
-    :data:`GATE_SLICES` slices, x :data:`SLOWDOWN`."""
+    """Seconds a case is predicted to take under valgrind: its calls (warm-up, counted) and the
+    correctness gate on :data:`GATE_SLICES` slices, x :data:`SLOWDOWN`."""
     from attnbench.measure import guard
     from attnbench.registry import get_variant
 
@@ -151,7 +158,7 @@ def predicted_seconds(variant: str, spec: AttnSpec, config: CountConfig, peak_fl
 
 
 def _plan(cases: Sequence[tuple[str, AttnSpec]], config: CountConfig, version: str) -> tuple[list[int], list[Count | None]]:
-    """Which cases go to valgrind (their indices), and the decided counts of the others (skipped, with the reason)."""
+    """Which cases go to valgrind (their indices), and the others' counts (skipped, with why)."""
     from attnbench.registry import get_variant
     from attnbench.variants.base import Variant
 
@@ -161,7 +168,8 @@ def _plan(cases: Sequence[tuple[str, AttnSpec]], config: CountConfig, version: s
         reasons = []
         if spec.device_type != "cpu":
             reasons.append(f"instruction counts are taken on the CPU only (this case is on {spec.device})")
-        elif type(get_variant(name)).warm_up is not Variant.warm_up:  # compiled variants: torch.compile on first use
+        elif type(get_variant(name)).warm_up is not Variant.warm_up:
+            # compiled variants: torch.compile on first use
             reasons.append(f"{name} compiles per shape on its first call: too slow to count under valgrind")
         else:
             reasons += get_variant(name).not_supported_reasons(spec)
@@ -178,18 +186,19 @@ def _plan(cases: Sequence[tuple[str, AttnSpec]], config: CountConfig, version: s
 
 
 def countable(cases: Sequence[tuple[str, AttnSpec]], config: CountConfig | None = None) -> list[int]:
-    """The indices of the cases valgrind would run: on the CPU, supported, not compiled, within ``config.budget_s``."""
+    """The indices of the cases valgrind would run: CPU, supported, not compiled, within budget."""
     return _plan(cases, config or CountConfig(), "")[0]
 
 
 def within_budget(cases: Sequence[tuple[str, AttnSpec]], budget_s: float | None,
                   config: CountConfig | None = None, first_per_variant: int = 0) -> dict[int, str]:
-    """The cases a total budget leaves out: index -> the reason (the rest are counted, or skipped for reasons of their own).
+    """The cases a total budget leaves out: index -> the reason.
 
-    The cases valgrind would run (on the CPU, supported, within the per-case ``config.budget_s``) are taken cheapest
-    first by :func:`predicted_seconds` while their sum stays within ``budget_s`` seconds (the process's start not
-    included); None leaves none out. With ``first_per_variant``, each variant's cheapest that many cases come first
-    (each within a quarter of the budget), so every variant gets the lengths a fit needs before any gets long ones.
+    The cases valgrind would run (on the CPU, supported, within the per-case ``config.budget_s``)
+    are taken cheapest first by :func:`predicted_seconds` while their sum stays within ``budget_s``
+    seconds (the process's start not included); None leaves none out. With ``first_per_variant``,
+    each variant's cheapest that many cases come first (each within a quarter of the budget), so
+    every variant gets the lengths a fit needs before any gets long ones.
     """
     config = config or CountConfig()
     if budget_s is None:
@@ -208,8 +217,9 @@ def within_budget(cases: Sequence[tuple[str, AttnSpec]], budget_s: float | None,
         if i not in chosen and spent + cost[i] <= budget_s:
             chosen.add(i)
             spent += cost[i]
-    return {i: (f"predicted {cost[i]:,.0f} s under valgrind: beyond the counting budget of {budget_s:g} s "
-                f"(cases are counted cheapest first)") for i in order if i not in chosen}
+    return {i: (f"predicted {cost[i]:,.0f} s under valgrind: "
+                f"beyond the counting budget of {budget_s:g} s (cases are counted cheapest first)")
+            for i in order if i not in chosen}
 
 
 def count_instructions(
@@ -219,21 +229,23 @@ def count_instructions(
     progress: Callable[[int, int, Count], None] | None = None,
     cancel: threading.Event | None = None,
 ) -> list[Count]:
-    """Instructions per call of every case, counted in one valgrind process (see the module docstring).
+    """Instructions per call of every case, counted in one valgrind process (see the module).
 
     Args:
         cases: ``(variant name, spec)`` pairs (names are checked before anything runs).
         config: calls, warm-up, budget, timeout, regime.
-        progress: called as ``progress(done, total, count)`` as each case finishes (from this process).
-        cancel: when set (from another thread), the valgrind process is killed and the cases it did not
-            reach are errors "not counted: cancelled".
+        progress: called as ``progress(done, total, count)`` as each case finishes (from this
+            process).
+        cancel: when set (from another thread), the valgrind process is killed and the cases it did
+            not reach are errors "not counted: cancelled".
 
     Returns:
-        One :class:`Count` per case, in order. A case the process did not reach (a crash, the timeout)
-        has status "error" with the reason; the counts it dumped before are kept.
+        One :class:`Count` per case, in order. A case the process did not reach (a crash, the
+        timeout) has status "error" with the reason; the counts it dumped before are kept.
 
     Raises:
-        CountError: valgrind is missing, or the process gave no count at all (its output's end named).
+        CountError: valgrind is missing, or the process gave no count at all (its output's end
+            named).
         ValueError: an unknown variant name.
     """
     from attnbench.registry import get_variant
@@ -256,8 +268,9 @@ def count_instructions(
 
 def _count_todo(cases: list[tuple[str, AttnSpec]], todo: list[int], counts: list[Count | None], config: CountConfig,
                 version: str, reporter: Callable[[Count], None] | None, cancel: threading.Event | None) -> None:
-    """Fill ``counts`` at the indices ``todo`` names, in one valgrind process, and in a new one for the rest each
-    time a case kills it (that case is an error row). Stops at a timeout or a cancel (those cases stay None).
+    """Fill ``counts`` at the indices ``todo`` names, in one valgrind process, and in a new one for
+    the rest each time a case kills it (that case is an error row). Stops at a timeout or a cancel
+    (those cases stay None).
 
     Raises:
         CountError: a process failed without counting anything or dying in a case.
@@ -284,12 +297,12 @@ def _count_todo(cases: list[tuple[str, AttnSpec]], todo: list[int], counts: list
 
 
 class Beside:
-    """:func:`count_instructions` in a thread beside the caller's own work (``attnbench run`` times its sweep
-    meanwhile): one valgrind process, each count handed over as it finishes.
+    """:func:`count_instructions` in a thread beside the caller's own work (``attnbench run`` times
+    its sweep meanwhile): one valgrind process, each count handed over as it finishes.
 
-    The counting process runs under SCHED_IDLE: it takes a core only when nothing else wants it, so the timed
-    sweep's workers (one thread each by default) never wait for it, with or without a neighbour; beside a busy
-    machine the counts simply arrive later.
+    The counting process runs under SCHED_IDLE: it takes a core only when nothing else wants it, so
+    the timed sweep's workers (one thread each by default) never wait for it, with or without a
+    neighbour; beside a busy machine the counts simply arrive later.
 
     Args:
         cases: ``(variant name, spec)`` pairs to count.
@@ -321,7 +334,8 @@ class Beside:
 
         try:
             counts = count_instructions(cases, config, progress=lambda done, total, count: keep(count), cancel=self.cancel)
-            for count in counts:  # the cases decided without valgrind (skipped), and those it never reached
+            # the cases decided without valgrind (skipped), and those it never reached
+            for count in counts:
                 if id(count) not in seen:
                     keep(count)
         except (CountError, OSError) as exc:
@@ -340,7 +354,7 @@ class Beside:
         return self._handed
 
     def take(self, wait_s: float = 0.0) -> list[Count]:
-        """The counts that arrived since the last take (waiting up to ``wait_s`` for the counting to finish)."""
+        """The counts that arrived since the last take (waiting up to ``wait_s`` for the end)."""
         if wait_s > 0:
             self._done.wait(wait_s)
         with self._lock:
@@ -362,7 +376,7 @@ def _timeout(cases: Sequence[tuple[str, AttnSpec]], config: CountConfig) -> floa
 
 
 def peak_for(config: CountConfig) -> float:
-    """The matmul peak at the counting process's thread count (the cost model's roof for its predictions)."""
+    """The matmul peak at the counting process's thread count (the roof of its predictions)."""
     import torch
 
     from attnbench.measure.peak import matmul_peak
@@ -390,14 +404,15 @@ class _Ran:
 
 def _one_process(cases, config: CountConfig, version: str, arrived: Callable[[int, Count], None],
                  cancel: threading.Event | None = None) -> _Ran:
-    """Run one valgrind process over ``cases`` (``arrived(index, count)`` as each finishes); what it reported, and
-    where it died if it did."""
+    """Run one valgrind process over ``cases`` (``arrived(index, count)`` as each finishes); what it
+    reported, and where it died if it did."""
     with tempfile.TemporaryDirectory(prefix="attnbench-callgrind-") as tmp:
         tmp = Path(tmp)
         jobs, results, out = tmp / "jobs.json", tmp / "results.jsonl", tmp / "callgrind.out"
         jobs.write_text(json.dumps({"config": dataclasses.asdict(config), "sys_path": sys.path,
                                     "cases": [[n, dataclasses.asdict(s)] for n, s in cases]}))
-        # with it, torch is imported uninstrumented (see _child); without, everything runs instrumented (the same counts)
+        # with it, torch is imported uninstrumented (see _child); without, everything runs
+        # instrumented (the same counts)
         control = shutil.which("callgrind_control")
         command = [shutil.which("valgrind") or PACKAGE, "--tool=callgrind", "--collect-atstart=no",
                    *(["--instr-atstart=no"] if control else []), f"--callgrind-out-file={out}",
@@ -420,8 +435,8 @@ def _one_process(cases, config: CountConfig, version: str, arrived: Callable[[in
 
 def _watch(proc: subprocess.Popen, collect: Callable[[], None], deadline: float,
            cancel: threading.Event | None) -> bool:
-    """``collect`` the process's results every half second until it ends, killing it past ``deadline`` (then True)
-    or once ``cancel`` is set; the process has ended on return."""
+    """``collect`` the process's results every half second until it ends, killing it past
+    ``deadline`` (then True) or once ``cancel`` is set; the process has ended on return."""
     timed_out = False
     try:
         while True:
@@ -447,8 +462,8 @@ def _watch(proc: subprocess.Popen, collect: Callable[[], None], deadline: float,
 
 def _outcome(code: int, counts: dict[int, Count], results: Path, log: Path, timed_out: bool,
              cancel: threading.Event | None) -> _Ran:
-    """What an ended valgrind process did: its counts, the case it died in (started, never reported), how it
-    ended and the end of its output."""
+    """What an ended valgrind process did: its counts, the case it died in (started, never
+    reported), how it ended and the end of its output."""
     started = [r["index"] for r in _read_results(results) if r.get("started")]
     dead = next((i for i in started if i not in counts), None)
     ended = ("timed out" if timed_out else f"died from {_signal_name(-code)}" if code < 0 else f"exited {code}")
@@ -459,8 +474,9 @@ def _outcome(code: int, counts: dict[int, Count], results: Path, log: Path, time
 
 
 def _idle_priority() -> None:
-    """In the counting process before it starts: run only when no other process wants the core (Linux's SCHED_IDLE,
-    else the lowest nice). Counts do not depend on when they run; a timed case beside them must never wait for them."""
+    """In the counting process before it starts: run only when no other process wants the core
+    (Linux's SCHED_IDLE, else the lowest nice). Counts do not depend on when they run; a timed case
+    beside them must never wait for them."""
     try:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except (AttributeError, OSError):
@@ -497,12 +513,13 @@ def _count_of(rec: dict, cases, out: Path, version: str, config: CountConfig) ->
     return Count(name, spec, Status.OK, instructions=int(match[1]) / config.calls, calls=config.calls, valgrind=version)
 
 
-# ---- the child: runs under valgrind ---------------------------------------------------------------
+# ---- the child: runs under valgrind --------------------------------------------------------------
 def _child(jobs_path: str, results_path: str) -> None:
-    """Count every case of the job file; report each to the results file (one JSON line, flushed)."""
+    """Count every case of the job file; report each to the results file (a flushed JSON line)."""
     jobs = json.loads(Path(jobs_path).read_text())
     sys.path[:] = jobs["sys_path"]
-    import attnbench.measure.runner  # noqa: F401 - torch, the gate and the variants, imported uninstrumented
+    # torch, the gate and the variants, imported before instrumentation starts
+    import attnbench.measure.runner  # noqa: F401
     from attnbench.io import append_line
     from attnbench.measure import regime
     from attnbench.plugins import load_plugins
@@ -510,19 +527,21 @@ def _child(jobs_path: str, results_path: str) -> None:
     load_plugins()
     config = CountConfig(**jobs["config"])
     regime.apply(regime.Regime(threads=config.threads))
-    if os.environ.get(ENV_CONTROL):  # started with --instr-atstart=no: instrument from here on (it answers when done)
+    # started with --instr-atstart=no: instrument from here on (it answers when done)
+    if os.environ.get(ENV_CONTROL):
         subprocess.run([os.environ[ENV_CONTROL], "--instr=on", str(os.getpid())], check=True, capture_output=True,
                        timeout=STARTUP_S)
     dumps = 0
     for index, (name, spec_fields) in enumerate(jobs["cases"]):
-        append_line(results_path, json.dumps({"index": index, "started": True}))  # a case that kills us is named
+        # a case that kills us is named
+        append_line(results_path, json.dumps({"index": index, "started": True}))
         record, dumps = _count_case(name, spec_fields, config, dumps)
         append_line(results_path, json.dumps({"index": index, **record}))
 
 
 def _count_case(name: str, spec_fields: dict, config: CountConfig, dumps: int) -> tuple[dict, int]:
-    """Gate and count one case in the counting process: its line for the results file (without its index), and
-    the number of callgrind dumps made so far (each counted case closes one)."""
+    """Gate and count one case in the counting process: its line for the results file (without its
+    index), and the number of callgrind dumps made so far (each counted case closes one)."""
     import gc
 
     import torch
@@ -541,7 +560,8 @@ def _count_case(name: str, spec_fields: dict, config: CountConfig, dumps: int) -
         for _ in range(config.warmup_calls):
             call()
         gc.collect()
-        gc.disable()  # a collection (a million objects with torch loaded) inside a counted call is not its work
+        # a collection (a million objects with torch loaded) inside a counted call is not its work
+        gc.disable()
         torch._C._valgrind_toggle()
         counting = True
         for _ in range(config.calls):
@@ -551,7 +571,8 @@ def _count_case(name: str, spec_fields: dict, config: CountConfig, dumps: int) -
         gc.enable()
         record.update(status=Status.OK, dump=dumps + 1, seconds=round(time.perf_counter() - t0, 1))
         return record, dumps + 1
-    except Exception as exc:  # noqa: BLE001 - one case's failure is its row, the others are still counted
+    except Exception as exc:  # noqa: BLE001
+        # one case's failure is its row, the others are still counted
         if counting:  # close this case's dump, so the next case's is its own
             torch._C._valgrind_toggle_and_dump_stats()
             dumps += 1
@@ -561,13 +582,14 @@ def _count_case(name: str, spec_fields: dict, config: CountConfig, dumps: int) -
 
 
 def _checked_call(name: str, spec: AttnSpec, config: CountConfig) -> tuple[Callable[[], object], GateResult | None]:
-    """The runner's timed closure of a case after its warm-up call, and the gate's result on that call (on
-    :data:`GATE_SLICES` slices; None when not checked)."""
+    """The runner's timed closure of a case after its warm-up call, and the gate's result on that
+    call (on :data:`GATE_SLICES` slices; None when not checked)."""
     from attnbench.measure import gate, runner
     from attnbench.registry import get_variant
 
     variant = get_variant(name)
-    # the gate on GATE_SLICES slices: a reference budget of that many slices (checked_slices samples them)
+    # the gate on GATE_SLICES slices: a reference budget of that many slices (checked_slices samples
+    # them)
     measure_config = runner.MeasureConfig(seed=config.seed, check_accuracy=config.check_accuracy,
                                           reference_budget_bytes=GATE_SLICES * gate.slice_reference_bytes(variant, spec))
     call, inputs, mask = runner.make_call(variant, spec, config.seed)

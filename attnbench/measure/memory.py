@@ -76,7 +76,7 @@ def cpu_peak_tensor_bytes(fn: Callable[[], object]) -> int | None:
 
 
 def cuda_peak_tensor_bytes(fn: Callable[[], object], device: torch.device | str) -> int:
-    """Peak bytes the CUDA caching allocator handed out during one call, above what was live before."""
+    """Peak bytes the CUDA caching allocator handed out during one call, above those live before."""
     device = torch.device(device)
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
@@ -87,7 +87,7 @@ def cuda_peak_tensor_bytes(fn: Callable[[], object], device: torch.device | str)
 
 
 def peak_rss_bytes(fn: Callable[[], object], interval: float = 0.001) -> int:
-    """Highest resident set size of this process while ``fn`` runs (sampled every ``interval`` s)."""
+    """Highest resident set size of this process while ``fn`` runs (sampled each ``interval`` s)."""
     proc = psutil.Process()
     peak = proc.memory_info().rss
     done = threading.Event()
@@ -109,7 +109,7 @@ def peak_rss_bytes(fn: Callable[[], object], interval: float = 0.001) -> int:
 
 
 def minor_faults() -> int:
-    """Minor page faults of this process so far (fresh pages mapped: the kernel zero-fills each on first touch)."""
+    """Minor page faults of this process so far (fresh pages, zero-filled at their first touch)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 

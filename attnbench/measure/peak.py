@@ -27,7 +27,7 @@ from attnbench.spec import DTYPES
 
 
 def cache_path() -> Path:
-    """Where the matmul measurements are kept (``peak.json`` held single numbers: not read any more)."""
+    """Where the matmul measurements are kept (``peak.json`` held single numbers: not read)."""
     return cache_dir() / "matmul_peaks.json"
 
 
@@ -37,7 +37,7 @@ def _key(device: str, dtype: str) -> str:
 
 MAX_SIDE = 2048
 CALL_TARGET_S = 0.1
-"""The matmul grows (doubling from 256, up to :data:`MAX_SIDE`) while its next size's call is predicted within this."""
+"""The matmul doubles from 256 (up to :data:`MAX_SIDE`) while its next size's call fits in this."""
 
 
 def measure_matmul_peak(device: str = "cpu", dtype: str = "float32", n: int | None = None) -> float:
@@ -70,13 +70,13 @@ MIN_SAMPLES = 3
 SPACING_S = 60.0
 """Seconds between two measurements added on use (a busy minute should not fill the cache)."""
 STALE_S = 7 * 86400.0
-"""Measurements older than this are dropped (the machine, its clocks or its neighbours may have changed)."""
+"""Measurements older than this are dropped (the machine, its clocks or neighbours may differ)."""
 KEEP = 8
 """Most recent measurements kept per key."""
 
 
 def _samples(raw: object) -> list[dict[str, float]]:
-    """A cache entry as a list of ``{"flops", "at", "load"}``; an old single number counts as stale."""
+    """A cache entry as a list of ``{"flops", "at", "load"}``; an old single number is stale."""
     if isinstance(raw, (int, float)):
         return [{"flops": float(raw), "at": 0.0, "load": math.nan}]
     if isinstance(raw, list):

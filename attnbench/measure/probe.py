@@ -30,9 +30,9 @@ PROBE_SIZE = 192  # the probe multiplies two (N, N) float32 matrices
 PROBE_CALLS = 4  # matmuls per probe sample (about 1 ms on one core)
 PROBE_SAMPLES = 5  # samples per probe; their median is the probe's time
 SLOWDOWN_LIMIT = 1.25
-"""A probe this much slower (or faster) than the sweep's typical probe marks the case as disturbed."""
+"""A probe this much slower (or faster) than the sweep's typical one marks the case disturbed."""
 GAP_LIMIT = 1.3
-"""Block samples whose sorted values jump by this factor between two sizeable clusters are bimodal."""
+"""Block samples whose sorted values jump by this factor between two sizeable clusters: bimodal."""
 
 
 @functools.lru_cache(maxsize=4)
@@ -88,17 +88,23 @@ class Disturbance:
     baseline_s: float  # the sweep's typical probe time (median of the probes it has seen)
     probes_s: tuple[float, ...]  # probe times taken around and between the case's blocks
     bimodal: bool  # the case's block samples split into two clusters
-    waited: int = 0  # timed blocks that waited for a core over schedstat.WAIT_LIMIT of their time (dropped, re-timed)
-    blocks: int = 0  # timed blocks whose wait was read, dropped ones included (0: the kernel does not say)
-    short: bool = False  # too few undisturbed blocks were left when the re-measure allowance ran out
+    # timed blocks that waited for a core over schedstat.WAIT_LIMIT of their time (dropped,
+    # re-timed)
+    waited: int = 0
+    # timed blocks whose wait was read, dropped ones included (0: the kernel does not say)
+    blocks: int = 0
+    # too few undisturbed blocks were left when the re-measure allowance ran out
+    short: bool = False
 
     @property
     def slowdown(self) -> float:
-        """The probe / baseline ratio furthest from 1 (> 1: slower than typical, < 1: faster; NaN: not probed).
+        """The probe / baseline ratio furthest from 1 (> 1: slower, < 1: faster; NaN: not probed).
 
         Example:
-            >>> Disturbance(1.0, (1.1, 1.6), False).slowdown, Disturbance(1.0, (0.6, 1.1), False).slowdown
-            (1.6, 0.6)
+            >>> Disturbance(1.0, (1.1, 1.6), False).slowdown
+            1.6
+            >>> Disturbance(1.0, (0.6, 1.1), False).slowdown
+            0.6
         """
         if not self.probes_s or not self.baseline_s > 0:
             return math.nan
@@ -116,16 +122,18 @@ class Disturbance:
         return self.bimodal or self.short or self.deviation > SLOWDOWN_LIMIT
 
     def describe(self) -> str:
-        """Which signals fired: the run-queue wait, the probe, the clusters ("undisturbed" when none did).
+        """Which signals fired: run-queue wait, probe, clusters ("undisturbed" when none did).
 
         Example:
-            >>> Disturbance(1.0, (1.0,), False, waited=14, blocks=20, short=True).describe()
-            'run-queue wait: a neighbour took the core, 14 of 20 blocks waited > 10% of their time (too few undisturbed blocks within the retry budget)'
+            >>> seen = Disturbance(1.0, (1.0,), False, waited=14, blocks=20, short=True)
+            >>> seen.describe().split(" (")[0]
+            'run-queue wait: a neighbour took the core, 14 of 20 blocks waited > 10% of their time'
         """
         parts = []
         if self.short:
-            parts.append(f"run-queue wait: a neighbour took the core, {self.waited} of {self.blocks} blocks waited > "
-                         f"{schedstat.WAIT_LIMIT:.0%} of their time (too few undisturbed blocks within the retry budget)")
+            parts.append(f"run-queue wait: a neighbour took the core, {self.waited} of {self.blocks} "
+                         f"blocks waited > {schedstat.WAIT_LIMIT:.0%} of their time "
+                         "(too few undisturbed blocks within the retry budget)")
         if self.deviation > SLOWDOWN_LIMIT:
             ratio = self.slowdown
             way = f"{ratio:.2f}x slower" if ratio > 1 else f"{1 / ratio:.2f}x faster"

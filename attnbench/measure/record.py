@@ -37,8 +37,10 @@ class Environment:
     gpu_clocks: str = ""  # SM and memory clocks as read when the measurement started
     cuda: str = ""  # CUDA version torch was built with
     commit: str = ""  # attnbench checkout's git commit, "" when not in a checkout
-    thp: str = ""  # transparent huge pages: kernel mode and torch's THP_MEM_ALLOC_ENABLE (page-fault cost)
-    regime: str = ""  # the measurement regime of the measuring process (threads, allocator, THP): regime.describe()
+    # transparent huge pages: kernel mode and torch's THP_MEM_ALLOC_ENABLE (page-fault cost)
+    thp: str = ""
+    # the measurement regime of the measuring process (threads, allocator, THP): regime.describe()
+    regime: str = ""
 
 
 @dataclass(frozen=True)
@@ -51,23 +53,32 @@ class Measurement:
     reason: str = ""  # why a case is not "ok" (or a note on an ok one)
     samples: tuple[float, ...] = ()  # seconds per call, one entry per timed block
     runs: int = 0  # calls timed in total (sum over blocks)
-    timing_method: str = ""  # "wall" (perf_counter around blocks) or "cuda_events"; "" when not timed
+    # "wall" (perf_counter around blocks) or "cuda_events"; "" when not timed
+    timing_method: str = ""
     peak_tensor_bytes: float = math.nan  # peak tensor memory above the inputs during one call
-    memory_method: str = ""  # "profiler" or "cuda" (measured), or "model" (the analytic prediction, not a measurement)
-    predicted_peak_bytes: float = math.nan  # the variant's analytic prediction for the same quantity
+    # "profiler" or "cuda" (measured), or "model" (the analytic prediction, not a measurement)
+    memory_method: str = ""
+    # the variant's analytic prediction for the same quantity
+    predicted_peak_bytes: float = math.nan
     peak_rss_bytes: float = math.nan  # process resident set size at its highest during one call
     flops_useful: int = 0  # analytic FLOPs on pairs the mask allows
     flops_executed: int = 0  # analytic FLOPs the implementation performs
-    max_error: float = math.nan  # max |out - float64 reference of what the variant claims| (NaN: not checked)
+    # max |out - float64 reference of what the variant claims| (NaN: not checked)
+    max_error: float = math.nan
     tolerance: float = math.nan  # the correctness gate's allowed max error (NaN: not checked)
-    grad_error: float = math.nan  # backward: max |grad - float64 reference grad| of the worst of dq, dk, dv
+    # backward: max |grad - float64 reference grad| of the worst of dq, dk, dv
+    grad_error: float = math.nan
     grad_tolerance: float = math.nan  # backward: the gate's allowed max error for that gradient
-    error_ratio: float = math.nan  # worst error / tolerance over output, gradients, declared bound (> 1: wrong)
+    # worst error / tolerance over output, gradients, declared bound (> 1: wrong)
+    error_ratio: float = math.nan
     softmax_error: float = math.nan  # approximate variants: max |out - exact softmax attention|
     compile_seconds: float = math.nan  # one-off preparation time outside the timed region
-    probe_slowdown: float = math.nan  # calibration probe / sweep's typical, the ratio furthest from 1 (NaN: not probed)
-    attempts: int = 0  # timing attempts made (1 + re-measurements of disturbed attempts); 0 when not timed
-    instructions: float = math.nan  # instructions per call of the timed closure, counted under valgrind (NaN: not counted)
+    # calibration probe / sweep's typical, the ratio furthest from 1 (NaN: not probed)
+    probe_slowdown: float = math.nan
+    # timing attempts made (1 + re-measurements of disturbed attempts); 0 when not timed
+    attempts: int = 0
+    # instructions per call of the timed closure, counted under valgrind (NaN: not counted)
+    instructions: float = math.nan
     env: Environment | None = None  # where it ran
     extra: dict[str, Any] = field(default_factory=dict, compare=False)  # variant-specific facts
     workload: str = "prefill"  # one of contract.WORKLOADS: which sweep the case belongs to
@@ -102,24 +113,24 @@ class Measurement:
 
     @property
     def checked_error_ratio(self) -> float:
-        """:attr:`error_ratio`; for a record without one (logged before it was kept), max error / tolerance."""
+        """:attr:`error_ratio`; for an older record without one, max error / tolerance."""
         if not math.isnan(self.error_ratio) or not (self.tolerance > 0):
             return self.error_ratio  # inf: a non-finite or uncomparable result
         return self.max_error / self.tolerance
 
     @property
     def bytes_moved(self) -> int:
-        """:attr:`AttnSpec.bytes_moved`: what an ideal kernel reads and writes (a function of the shape)."""
+        """:attr:`AttnSpec.bytes_moved`: what an ideal kernel reads and writes (from the shape)."""
         return self.spec.bytes_moved
 
     @property
     def gbytes_per_s(self) -> float:
-        """Achieved rate on :attr:`AttnSpec.bytes_moved` (an ideal kernel's traffic over the measured time)."""
+        """Achieved rate on :attr:`AttnSpec.bytes_moved`: an ideal kernel's traffic / the time."""
         med = self.median
         return self.spec.bytes_moved / med / 1e9 if med and med == med else math.nan
 
     def to_row(self) -> dict[str, Any]:
-        """Flat dict for one CSV row: identity, every run metric of :data:`contract.METRICS` (and its spread), the rest.
+        """One CSV row: identity, every run metric of :data:`contract.METRICS` and spread, the rest.
 
         The export people read (``measurements.csv``); the loader reads the typed case log instead.
         """

@@ -85,21 +85,22 @@ _applied: Regime | None = None
 
 
 def apply(regime: Regime) -> None:
-    """Put this process in ``regime``: torch threads, pinned allocator thresholds, denormals kept."""
+    """Put this process in ``regime``: torch threads, pinned allocator, denormals kept."""
     global _applied
     torch.set_num_threads(regime.threads)
-    torch.set_flush_denormal(False)  # IEEE denormals, as a fresh process has them (a caller may have flushed)
+    # IEEE denormals, as a fresh process has them (a caller may have flushed)
+    torch.set_flush_denormal(False)
     pinned = allocator_pinned(regime)
     _applied = regime if pinned else Regime(threads=regime.threads, mmap_threshold=0, trim_threshold=0)
 
 
 def current() -> Regime | None:
-    """The regime :func:`apply` last set in this process (thresholds 0: no glibc to pin), or None."""
+    """The regime :func:`apply` last set here (thresholds 0: no glibc to pin), or None."""
     return _applied
 
 
 def child_env(regime: Regime) -> dict[str, str]:
-    """Environment variables that put a child process in the same regime from its first allocation."""
+    """Environment variables that put a child process in this regime from its first allocation."""
     threads = str(regime.threads)
     return {
         "MALLOC_MMAP_THRESHOLD_": str(regime.mmap_threshold),
@@ -111,11 +112,11 @@ def child_env(regime: Regime) -> dict[str, str]:
 
 
 def thp_setting() -> str:
-    """Kernel transparent-huge-page mode and whether torch asks for huge pages for large CPU tensors.
+    """Kernel transparent-huge-page mode, and whether torch asks for huge pages for CPU tensors.
 
     Dense attention allocates fresh O(L^2) buffers every call; with 4 KiB pages each costs one page
-    fault per page, with huge pages far fewer (the README gives figures). Timings are only comparable
-    under the same setting.
+    fault per page, with huge pages far fewer (the README gives figures). Timings are only
+    comparable under the same setting.
     """
     try:
         with open("/sys/kernel/mm/transparent_hugepage/enabled", encoding="utf-8") as f:
@@ -127,13 +128,13 @@ def thp_setting() -> str:
 
 
 def denormals_flushed() -> bool:
-    """Whether this thread flushes float32 denormals to zero (``torch.set_flush_denormal``; CPU flags)."""
+    """Whether this thread flushes float32 denormals to zero (``torch.set_flush_denormal``)."""
     tiny = torch.tensor([1e-39], dtype=torch.float32)  # a float32 denormal
     return bool((tiny * 1.0).item() == 0.0)
 
 
 def _cpus() -> str:
-    """How many CPUs this process may run on (its affinity mask), or "?" where the OS does not say."""
+    """How many CPUs this process may run on (its affinity mask); "?" where the OS does not say."""
     try:
         return str(len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
@@ -143,10 +144,11 @@ def _cpus() -> str:
 def describe() -> str:
     """One line for every measurement: the process state that decides how fast the same code runs.
 
-    Threads, allocator thresholds and huge pages (what :func:`apply` and :func:`child_env` set), then
-    what they do not set but a process may inherit or change: inter-op threads, denormal flushing
-    and the CPUs the process may run on. Two entry points that print the same line measure alike;
-    ``tests/test_regime.py`` compares the line of a worker, a fresh process and asv's process.
+    Threads, allocator thresholds and huge pages (what :func:`apply` and :func:`child_env` set),
+    then what they do not set but a process may inherit or change: inter-op threads, denormal
+    flushing and the CPUs the process may run on. Two entry points that print the same line measure
+    alike; ``tests/test_regime.py`` compares the line of a worker, a fresh process and asv's
+    process.
 
     Example:
         >>> apply(Regime(threads=1))
@@ -162,5 +164,5 @@ def describe() -> str:
     else:
         allocator = f"malloc=mmap:{regime.mmap_threshold},trim:{regime.trim_threshold}"
     denormals = "flushed" if denormals_flushed() else "kept"
-    return (f"threads={threads} {allocator} thp={thp_setting()} interop={torch.get_num_interop_threads()} "
-            f"denormals={denormals} cpus={_cpus()}")
+    return (f"threads={threads} {allocator} thp={thp_setting()} "
+            f"interop={torch.get_num_interop_threads()} denormals={denormals} cpus={_cpus()}")

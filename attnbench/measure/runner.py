@@ -52,23 +52,34 @@ class MeasureConfig:
     """Everything that decides how a case is measured (recorded nowhere else)."""
 
     timer: TimerConfig = field(default_factory=TimerConfig)  # repeat policy
-    threads: int | None = regime.DEFAULT_THREADS  # torch intra-op threads while measuring; None keeps the process's
-    memory_budget_fraction: float = 0.5  # skip cases predicted to need more than this share of free memory
+    # torch intra-op threads while measuring; None keeps the process's
+    threads: int | None = regime.DEFAULT_THREADS
+    # skip cases predicted to need more than this share of free memory
+    memory_budget_fraction: float = 0.5
     memory_budget_bytes: float | None = None  # explicit budget; overrides the fraction when set
-    time_budget_s: float = 60.0  # skip (predicted) or stop (measured) cases whose measurement calls take longer
+    # skip (predicted) or stop (measured) cases whose measurement calls take longer
+    time_budget_s: float = 60.0
     check_accuracy: bool = True  # gate the timed closure's result against the float64 reference
-    check_budget_s: float | None = None  # seconds the check may take (reference, checked calls); None: time_budget_s
-    reference_budget_bytes: float = 512 * 2**20  # float64 reference: all (batch, head) slices up to this, else a sample
+    # seconds the check may take (reference, checked calls); None: time_budget_s
+    check_budget_s: float | None = None
+    # float64 reference: all (batch, head) slices up to this, else a sample
+    reference_budget_bytes: float = 512 * 2**20
     measure_memory: bool = True  # peak tensor bytes (profiler on CPU, allocator stats on CUDA)
     measure_rss: bool = True  # peak process RSS during one call
     seed: int = 0  # input seed
-    cuda_graphs: bool = False  # CUDA: also time CUDA-graph replay (launch overhead removed), in extra
-    probe: bool = True  # interference detection: the probe around every attempt, descheduled blocks re-timed
+    # CUDA: also time CUDA-graph replay (launch overhead removed), in extra
+    cuda_graphs: bool = False
+    # interference detection: the probe around every attempt, descheduled blocks re-timed
+    probe: bool = True
     retries: int = 2  # re-measurements of a disturbed attempt before the case is recorded as noisy
-    retry_budget_s: float = 2.0  # re-timed blocks and further attempts stop once a case's timing took this long
-    probe_baseline_s: float | None = None  # the sweep's typical probe time (set by sweep); None: measured first
-    workload: str = "prefill"  # contract.WORKLOADS: the sweep every measured case belongs to (recorded in each row)
-    instructions: str = "off"  # instruction counts under valgrind beside the sweep: "off", "default" or "all" cases
+    # re-timed blocks and further attempts stop once a case's timing took this long
+    retry_budget_s: float = 2.0
+    # the sweep's typical probe time (set by sweep); None: measured first
+    probe_baseline_s: float | None = None
+    # contract.WORKLOADS: the sweep every measured case belongs to (recorded in each row)
+    workload: str = "prefill"
+    # instruction counts under valgrind beside the sweep: "off", "default" or "all" cases
+    instructions: str = "off"
 
     def __post_init__(self) -> None:
         if not isinstance(self.timer, TimerConfig):
@@ -93,7 +104,7 @@ class MeasureConfig:
 
     @property
     def check_seconds(self) -> float:
-        """The correctness check's time budget: ``check_budget_s``, or the time budget when that is None."""
+        """The correctness check's time budget: ``check_budget_s``, else the time budget."""
         return self.time_budget_s if self.check_budget_s is None else self.check_budget_s
 
     def memory_budget(self, device: str) -> float:
@@ -118,7 +129,7 @@ def _free(device: str) -> None:
 def make_call(
     variant: Variant, spec: AttnSpec, seed: int
 ) -> tuple[Callable[[], object], tuple[torch.Tensor, ...], torch.Tensor | None]:
-    """Build and validate inputs (untimed) and the closure to time: one forward, or forward + backward.
+    """Build and validate inputs (untimed) and the closure to time: forward, or forward + backward.
 
     The closure calls :meth:`Variant.forward` directly (validation happened here, once) and returns
     what it computed, so the correctness gate checks the very call that is timed: forward returns
@@ -131,7 +142,8 @@ def make_call(
     (:meth:`Variant.mask_bytes`).
 
     Returns:
-        ``(call, (q, k, v), mask)`` with the mask as the closure receives it (rank 4, a predicate, or None).
+        ``(call, (q, k, v), mask)`` with the mask as the closure receives it (rank 4, a predicate,
+        or None).
     """
     backward = spec.mode == "backward"
     q, k, v, mask = spec.make_inputs(seed=seed, requires_grad=backward, mask_form=variant.mask_form(spec))
@@ -153,7 +165,7 @@ def make_call(
 
 
 def grad_output(spec: AttnSpec, seed: int) -> torch.Tensor:
-    """The fixed upstream gradient of a backward case, ``(B, H, Lq, Dv)`` float32 on CPU (never zeros)."""
+    """A backward case's fixed upstream gradient: ``(B, H, Lq, Dv)`` float32 on CPU, nonzero."""
     gen = torch.Generator().manual_seed((seed + 1) % 2**64)
     return torch.randn(spec.batch, spec.heads, spec.lq, spec.dv, generator=gen)
 
@@ -163,7 +175,8 @@ class CheckPlan:
     """How the correctness gate will check a case (decided before anything is allocated)."""
 
     slices: tuple[tuple[int, int], ...]  # (batch, head) slices to check; empty when not checked
-    reference_bytes: float  # memory the reference needs: one slice's working set, float64 and plain, and the truths kept
+    # memory the reference needs: one slice's working set, float64 and plain, and the truths kept
+    reference_bytes: float
     note: str  # why the case is not checked ("" when it is)
 
 
@@ -173,14 +186,16 @@ def check_plan(
 ) -> CheckPlan:
     """Which slices the gate checks: all when affordable, else a seeded sample (see :mod:`.gate`).
 
-    Affordable in memory (``config.reference_budget_bytes``) and, given ``peak_flops``, in time: the check's own
-    budget (``config.check_seconds``) holds the float64 reference of the checked slices
-    (:func:`.guard.reference_seconds`) and the :data:`LATER_CHECKS` calls checked after the timed ones. A sample
-    holds at least the first and the last slice; when not even one slice fits, the case is measured unchecked,
-    with the reason as its note (the check never decides which lengths are measured).
+    Affordable in memory (``config.reference_budget_bytes``) and, given ``peak_flops``, in time: the
+    check's own budget (``config.check_seconds``) holds the float64 reference of the checked slices
+    (:func:`.guard.reference_seconds`) and the :data:`LATER_CHECKS` calls checked after the timed
+    ones. A sample holds at least the first and the last slice; when not even one slice fits, the
+    case is measured unchecked, with the reason as its note (the check never decides which lengths
+    are measured).
 
     Args:
-        peak_flops: this machine's matmul FLOP/s, for the reference's predicted time; None: memory alone decides.
+        peak_flops: this machine's matmul FLOP/s, for the reference's predicted time; None: memory
+            alone decides.
         call_s: one call's seconds (None: the cost model's :func:`.guard.predicted_seconds`).
     """
     if not config.check_accuracy:
@@ -189,7 +204,8 @@ def check_plan(
     if per_slice > config.reference_budget_bytes:
         return CheckPlan((), 0.0, (
             f"accuracy not checked: one (batch, head) slice of the float64 reference needs "
-            f"{per_slice / 2**20:,.0f} MiB > reference budget {config.reference_budget_bytes / 2**20:,.0f} MiB"))
+            f"{per_slice / 2**20:,.0f} MiB "
+            f"> reference budget {config.reference_budget_bytes / 2**20:,.0f} MiB"))
     limit = None
     if peak_flops is not None:
         calls_s = LATER_CHECKS * (guard.predicted_seconds(variant, spec, peak_flops) if call_s is None else call_s)
@@ -197,9 +213,10 @@ def check_plan(
         limit = math.floor((config.check_seconds - calls_s) / slice_s) if slice_s > 0 else None
         if limit is not None and limit < 1:
             return CheckPlan((), 0.0, (
-                f"accuracy not checked: one (batch, head) slice of the float64 reference is predicted to take "
-                f"{slice_s:,.1f} s (and {LATER_CHECKS} checked calls {calls_s:,.1f} s) > the check's time budget "
-                f"{config.check_seconds:g} s"))
+                f"accuracy not checked: one (batch, head) slice of the float64 reference "
+                f"is predicted to take {slice_s:,.1f} s "
+                f"(and {LATER_CHECKS} checked calls {calls_s:,.1f} s) "
+                f"> the check's time budget {config.check_seconds:g} s"))
     slices = gate.checked_slices(spec, per_slice, config.reference_budget_bytes, config.seed, limit=limit)
     return CheckPlan(tuple(slices), 2 * per_slice + len(slices) * gate.slice_truth_bytes(variant, spec), "")
 
@@ -208,7 +225,7 @@ def run_gate(
     variant: Variant, spec: AttnSpec, result: object, inputs: tuple[torch.Tensor, ...], mask: torch.Tensor | None,
     plan: CheckPlan, seed: int,
 ) -> gate.GateResult | None:
-    """Check one ``result`` (the closure's return value) on the planned slices; None when not checked."""
+    """Check one ``result`` of the closure on the planned slices; None when not checked."""
     reference = gate_reference(variant, spec, inputs, mask, plan, seed)
     return None if reference is None else reference.check(result)
 
@@ -227,11 +244,11 @@ def gate_reference(
 
 
 LATER_CHECKS = 2
-"""Consecutive calls checked after the timed ones: a fault on every second call shows in one of them."""
+"""Consecutive calls checked after the timed ones: a fault on every second call shows in one."""
 
 
 class GatedCall:
-    """The timed closure of one case, its first call made and checked, later calls checked on demand.
+    """The timed closure of a case, its first call made and checked, later calls checked on demand.
 
     The inputs' bytes are fingerprinted before the first call and compared before every check, so a
     variant that writes into its inputs fails (the reference would otherwise be computed from inputs
@@ -249,8 +266,9 @@ class GatedCall:
         self._watched = (*self.inputs, self.mask if isinstance(self.mask, torch.Tensor) else None)
         self._before = gate.fingerprint(self._watched) if plan.slices else ()
         self._reference: gate.Reference | None = None
-        # The first call goes through the timed closure itself (same grad mode, same inputs): it compiles
-        # whatever a compiled variant compiles, outside the timed region, and its result is what the gate checks.
+        # The first call goes through the timed closure itself (same grad mode, same inputs): it
+        # compiles whatever a compiled variant compiles, outside the timed region, and its result is
+        # what the gate checks.
         result, compile_seconds = variant.warm_up(self.call)
         self.compile_seconds = compile_seconds or math.nan
         self.first = self.check(result)
@@ -269,7 +287,7 @@ class GatedCall:
         return self._reference.check(result)
 
     def check_later(self, calls: int = LATER_CHECKS) -> tuple[gate.GateResult | None, int]:
-        """Call ``calls`` more times, checking each: the first failing result and its 1-based number, else the last."""
+        """Make ``calls`` more checked calls: the first failure and its number, else the last."""
         checked = None
         for i in range(1, calls + 1):
             checked = self.check(self.call())
@@ -284,7 +302,8 @@ def peak_tensor_bytes(variant: Variant, spec: AttnSpec, call: Callable[[], objec
     CUDA: allocator statistics. CPU: the profiler's memory timeline, except for interpreter-bound
     variants (``loop``), whose millions of scalar operations would make profiling slower than the
     benchmark itself; those, and any case the private profiler API cannot measure, fall back to the
-    variant's analytic prediction (method "model": a prediction, never to be fitted as a measurement).
+    variant's analytic prediction (method "model": a prediction, never to be fitted as a
+    measurement).
     """
     if spec.device_type == "cuda":
         return float(memory.cuda_peak_tensor_bytes(call, spec.device)), Method.CUDA
@@ -317,7 +336,7 @@ def measure(
 
     Example:
         >>> m = measure("batched", AttnSpec(seq_len=256, heads=2))
-        >>> m.status, m.median > 0
+        >>> str(m.status), m.median > 0
         ('ok', True)
 
     Raises:
@@ -328,18 +347,20 @@ def measure(
     config = config or MeasureConfig()
     variant = get_variant(variant_name)
     saved_threads = torch.get_num_threads()
-    # The regime is applied here, the one place every entry point goes through (workers, a direct call,
-    # profile): a process that did not apply it would time with glibc's dynamic thresholds, raised by
-    # whatever it freed before (the gate's float64 reference, for one).
+    # The regime is applied here, the one place every entry point goes through (workers, a direct
+    # call, profile): a process that did not apply it would time with glibc's dynamic thresholds,
+    # raised by whatever it freed before (the gate's float64 reference, for one).
     regime.apply(regime.Regime(threads=config.threads or saved_threads))
     env = env or environment(spec.device)
-    # Recorded from this process (a worker applies the regime itself): what was in force, not what was asked.
+    # Recorded from this process (a worker applies the regime itself): what was in force, not what
+    # was asked.
     env = dataclasses.replace(env, threads=torch.get_num_threads(), regime=regime.describe())
     base: dict[str, object] = dict(variant=variant_name, spec=spec, env=env, workload=config.workload)
     try:  # the cost model runs in here too: a variant whose model raises is a row, not a dead sweep
         base.update(_cost_model(variant, spec))
         return _guarded(variant, spec, config, base, peak_flops, expected_call_s)
-    except (Exception, SystemExit) as exc:  # noqa: BLE001 - one bad case (even one calling sys.exit) never ends a sweep
+    except (Exception, SystemExit) as exc:  # noqa: BLE001
+        # one bad case (even one calling sys.exit) never ends a sweep
         status = Status.OOM if _is_oom(exc) else Status.ERROR
         return Measurement(status=status, reason=error_line(exc), **base)
     finally:
@@ -350,7 +371,8 @@ def measure(
 def _check_measure_args(variant_name: object, spec: object, config: object, env: object, **positive: object) -> None:
     """Raise TypeError or ValueError for arguments :func:`measure` refuses (see its docstring)."""
     if not isinstance(variant_name, str):
-        raise TypeError(f"variant_name must be a registered variant's name (a str), got {type(variant_name).__name__}")
+        raise TypeError(f"variant_name must be a registered variant's name (a str), "
+                        f"got {type(variant_name).__name__}")
     if not isinstance(spec, AttnSpec):
         raise TypeError(f"spec must be an AttnSpec, got {type(spec).__name__} {spec!r:.80}")
     if config is not None and not isinstance(config, MeasureConfig):
@@ -386,8 +408,9 @@ def _guarded(variant: Variant, spec: AttnSpec, config: MeasureConfig, base: dict
     if reasons:
         return Measurement(status=Status.SKIPPED, reason="; ".join(reasons), **base)
     if config.probe and config.probe_baseline_s is None:
-        # A direct call (a fresh process, profile) judges disturbance by the rule sweep uses, not by the
-        # case's own probes: those, taken beside a neighbour, would set a slow baseline and hide it.
+        # A direct call (a fresh process, profile) judges disturbance by the rule sweep uses, not by
+        # the case's own probes: those, taken beside a neighbour, would set a slow baseline and hide
+        # it.
         config = dataclasses.replace(config, probe_baseline_s=typical_speed(baseline_probes(spec.device)))
     return _run(variant, spec, config, plan, calls, base)
 
@@ -396,14 +419,16 @@ def _cost_model(variant: Variant, spec: AttnSpec) -> dict[str, float]:
     """The variant's FLOP counts and predicted peak bytes, each a finite number >= 0.
 
     Raises:
-        ValueError: naming the figure a cost model got wrong (a NaN would fail later as an obscure int conversion).
+        ValueError: naming the figure a cost model got wrong (a NaN would fail later as an obscure
+            int conversion).
     """
     flops = variant.flops(spec)
     figures = dict(flops_useful=flops.useful, flops_executed=flops.executed,
                    predicted_peak_bytes=variant.predicted_peak_bytes(spec))
     for name, value in figures.items():
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (math.isfinite(value) and value >= 0):
-            raise ValueError(f"the cost model of {variant.name} gave {name} = {value!r} (expected a finite number >= 0)")
+            raise ValueError(f"the cost model of {variant.name} gave {name} = {value!r} "
+                             "(expected a finite number >= 0)")
     return {**figures, "predicted_peak_bytes": float(figures["predicted_peak_bytes"])}
 
 
@@ -414,22 +439,26 @@ def _gate_fields(checked: gate.GateResult) -> dict[str, float]:
 
 
 def _run(variant: Variant, spec: AttnSpec, config: MeasureConfig, plan: CheckPlan, calls: int, base: dict) -> Measurement:
-    """Inputs, the checked warm-up call, timing and memory, then later calls checked again (raises; :func:`measure`
-    records). The later checks hold no result during timing: they call again after the timed calls."""
+    """Inputs, the checked warm-up call, timing and memory, then later calls checked again
+    (raises; :func:`measure` records). The later checks hold no result during timing: they call
+    again after the timed calls."""
     gated = GatedCall(variant, spec, plan, config.seed)
     checked = gated.first
     fields = _first_call_fields(gated)
-    if checked is not None and not checked.passed:  # a number the suite cannot stand behind is not produced: never timed
+    # a number the suite cannot stand behind is not produced: never timed
+    if checked is not None and not checked.passed:
         return Measurement(status=Status.WRONG, reason=checked.reason(), **fields, **base)
     faults_before = memory.minor_faults()
     first = time_once(gated.call, spec.device)
-    # Page faults of one call after the gate: fresh pages the call maps (the allocator regime shows here).
+    # Page faults of one call after the gate: fresh pages the call maps (the allocator regime shows
+    # here).
     fields["extra"] = {**fields["extra"], "page_faults": memory.minor_faults() - faults_before}
     calls = _calls(config, first)
     if first * calls > config.time_budget_s:
         return Measurement(
             status=Status.TIMEOUT, samples=(first,), runs=1,
-            reason=f"one call took {first:.2f} s; {calls} calls exceed the time budget {config.time_budget_s:g} s",
+            reason=(f"one call took {first:.2f} s; "
+                    f"{calls} calls exceed the time budget {config.time_budget_s:g} s"),
             **fields, **base,
         )
     return _time_case(variant, spec, config, gated, first, [plan.note] if plan.note else [], fields, base)
@@ -437,15 +466,17 @@ def _run(variant: Variant, spec: AttnSpec, config: MeasureConfig, plan: CheckPla
 
 def _time_case(variant: Variant, spec: AttnSpec, config: MeasureConfig, gated: GatedCall, first: float,
                notes: list[str], fields: dict[str, object], base: dict) -> Measurement:
-    """Timing, peak tensor bytes and RSS of a case whose first call passed, then the later checks (raises)."""
+    """Timing, peak tensor bytes and RSS of a case whose first call passed, then later checks."""
     call = gated.call
     timed = timed_attempts(call, spec.device, config, first)
     fields.update(probe_slowdown=timed.disturbance.slowdown if config.probe else math.nan, attempts=timed.attempts)
-    extra_probe = {"probe_median_s": timed.probe_median_s} if config.probe else {}  # the sweep's typical speed takes it in
+    # the sweep's typical speed takes it in
+    extra_probe = {"probe_median_s": timed.probe_median_s} if config.probe else {}
     extra_probe.update(runqueue_extra(timed.shares))
     peak, method = peak_tensor_bytes(variant, spec, call) if config.measure_memory else (math.nan, "")
     rss = float(memory.peak_rss_bytes(call)) if config.measure_rss else math.nan
-    if gated.first is not None:  # state kept between calls, or a fault on every other call, shows after the first call
+    # state kept between calls, or a fault on every other call, shows after the first call
+    if gated.first is not None:
         later, number = gated.check_later()
         if not later.passed:
             return Measurement(status=Status.WRONG, reason=f"right on the first call, wrong on call {number} of "
@@ -461,16 +492,17 @@ def _time_case(variant: Variant, spec: AttnSpec, config: MeasureConfig, gated: G
 
 
 def _judged(timed: Timed, config: MeasureConfig, notes: list[str]) -> Status:
-    """ok, or noisy when even the kept attempt was disturbed (then what disturbed it leads ``notes``)."""
+    """ok, or noisy when even the kept attempt was disturbed (what disturbed it leads ``notes``)."""
     if config.probe and timed.disturbance.disturbed:
-        notes.insert(0, f"{timed.disturbance.describe()} (kept the least disturbed of {timed.attempts} attempts)")
+        notes.insert(0, f"{timed.disturbance.describe()} "
+                        f"(kept the least disturbed of {timed.attempts} attempts)")
         return Status.NOISY
     return Status.OK
 
 
 def _first_call_fields(gated: GatedCall) -> dict[str, object]:
-    """The Measurement fields of the checked warm-up call: its compile time and, when checked, the gate's figures
-    (``extra`` holds what the check covered)."""
+    """The Measurement fields of the checked warm-up call: its compile time and, when checked, the
+    gate's figures (``extra`` holds what the check covered)."""
     checked = gated.first
     fields: dict[str, object] = dict(compile_seconds=gated.compile_seconds, extra={})
     if checked is not None:
@@ -483,8 +515,8 @@ def _first_call_fields(gated: GatedCall) -> dict[str, object]:
 
 def _call_extra(variant: Variant, spec: AttnSpec, call: Callable[[], object], config: MeasureConfig,
                 notes: list[str]) -> dict[str, object]:
-    """The ``extra`` keys about the call itself: the SDPA kernel that ran and, on CUDA with ``config.cuda_graphs``,
-    the graph replay's time (a capture that fails appends its note to ``notes``)."""
+    """The ``extra`` keys about the call itself: the SDPA kernel that ran and, on CUDA with
+    ``config.cuda_graphs``, the graph replay's time (a failed capture adds a note to ``notes``)."""
     extra: dict[str, object] = {}
     if variant.PROVENANCE:
         extra["kernel"] = "+".join(sdpa_backends(call, spec.device)) or "unknown"
@@ -510,8 +542,8 @@ def typical_speed(probes: Sequence[float]) -> float:
     """The sweep's typical probe time: the median of what it has seen.
 
     Not a low percentile or the minimum: a shared virtual machine runs for seconds at a time much
-    faster than usual (host clocks), and a baseline taken in such a moment flagged nearly every later
-    case of a quiet sweep. The sweep feeds it one figure for its start probes and one per
+    faster than usual (host clocks), and a baseline taken in such a moment flagged nearly every
+    later case of a quiet sweep. The sweep feeds it one figure for its start probes and one per
     case (that case's median probe), so a start in an unusual moment is outvoted after two cases.
 
     Example:
@@ -523,22 +555,26 @@ def typical_speed(probes: Sequence[float]) -> float:
 
 @dataclass(frozen=True)
 class Timed:
-    """The kept timing attempt of one case, with what the calibration probe and the scheduler saw around it."""
+    """The kept timing attempt of a case, and what the probe and the scheduler saw around it."""
 
-    samples: list[float]  # per-call seconds per block of the kept attempt (its undisturbed blocks, if any)
+    # per-call seconds per block of the kept attempt (its undisturbed blocks, if any)
+    samples: list[float]
     runs: int  # calls timed in those blocks
-    disturbance: probe.Disturbance  # the kept attempt's probes against the sweep's typical probe time, and its wait
+    # the kept attempt's probes against the sweep's typical probe time, and its wait
+    disturbance: probe.Disturbance
     attempts: int  # attempts made (1 + retries used)
     probe_median_s: float  # median of the kept attempt's probes (NaN when not probed)
-    shares: tuple[float, ...] = ()  # run-queue share of every block the kept attempt timed (dropped ones included)
+    # run-queue share of every block the kept attempt timed (dropped ones included)
+    shares: tuple[float, ...] = ()
 
 
 def runqueue_extra(shares: Sequence[float]) -> dict[str, float]:
     """The ``extra`` keys of a case's run-queue wait (none when the kernel does not report it).
 
-    ``waited_blocks``: the share of timed blocks that waited for a core over ``schedstat.WAIT_LIMIT`` of their
-    time (each dropped and timed again when interference is judged); ``runqueue_share``: the median block's wait
-    per wall second; ``runqueue_max``: the worst block's.
+    ``waited_blocks``: the share of timed blocks that waited for a core over
+    ``schedstat.WAIT_LIMIT`` of their time (each dropped and timed again when interference is
+    judged); ``runqueue_share``: the median block's wait per wall second; ``runqueue_max``: the
+    worst block's.
 
     Example:
         >>> runqueue_extra([0.0, 0.0, 0.5, 0.02])
@@ -561,24 +597,28 @@ def _seen(typical: float, probes: Sequence[float], blocks: Blocks) -> probe.Dist
 
 
 def _calls(config: MeasureConfig, call_s: float | None) -> int:
-    """The measurement's calls: the first after the gate, the timer's (:func:`.timer.measured_calls`), memory and
-    RSS. The check's own calls and its reference are budgeted apart (:func:`check_plan`): never a user's length."""
+    """The measurement's calls: the first after the gate, the timer's
+    (:func:`.timer.measured_calls`), memory and RSS. The check's own calls and its reference are
+    budgeted apart (:func:`check_plan`): never a user's length."""
     return 1 + measured_calls(config.timer, call_s) + int(config.measure_memory) + int(config.measure_rss)
 
 
 def timed_attempts(call: Callable[[], object], device: str, config: MeasureConfig, first_s: float = 0.0) -> Timed:
-    """Time ``call``, re-timing descheduled blocks and probing around (and, for long attempts, between) blocks;
-    retry disturbed attempts.
+    """Time ``call``, re-timing descheduled blocks and probing around (and, for long attempts,
+    between) blocks; retry disturbed attempts.
 
-    With ``config.probe`` a block that waited for a core more than ``schedstat.WAIT_LIMIT`` of its wall time is
-    dropped and another timed in its place while the retry budget lasts (:func:`.timer.time_blocks`). An attempt is
-    disturbed when too few undisturbed blocks were left when that budget ran out, when a probe is more than
-    ``probe.SLOWDOWN_LIMIT`` x slower or faster than the sweep's typical probe (``config.probe_baseline_s``), or
-    when its blocks are bimodal. Up to ``config.retries`` more attempts are made while the case's attempts took less
-    than ``config.retry_budget_s`` in total (a machine busy for the whole sweep must not triple its length: long
-    cases are probed between blocks instead) and the time budget allows; the least disturbed attempt is returned.
+    With ``config.probe`` a block that waited for a core more than ``schedstat.WAIT_LIMIT`` of its
+    wall time is dropped and another timed in its place while the retry budget lasts
+    (:func:`.timer.time_blocks`). An attempt is disturbed when too few undisturbed blocks were left
+    when that budget ran out, when a probe is more than ``probe.SLOWDOWN_LIMIT`` x slower or faster
+    than the sweep's typical probe (``config.probe_baseline_s``), or when its blocks are bimodal. Up
+    to ``config.retries`` more attempts are made while the case's attempts took less than
+    ``config.retry_budget_s`` in total (a machine busy for the whole sweep must not triple its
+    length: long cases are probed between blocks instead) and the time budget allows; the least
+    disturbed attempt is returned.
     """
-    typical = config.probe_baseline_s if config.probe_baseline_s is not None else math.nan  # measure() always sets it
+    # measure() always sets it
+    typical = config.probe_baseline_s if config.probe_baseline_s is not None else math.nan
     kept: tuple[Blocks, list[float], probe.Disturbance] | None = None
     kept_deviation = math.inf
     attempts, spent = 0, 0.0
@@ -597,7 +637,8 @@ def timed_attempts(call: Callable[[], object], device: str, config: MeasureConfi
             kept, kept_deviation = (blocks, probes, seen), score
         if not seen.disturbed or attempts > config.retries:
             break
-        # Another attempt must fit the budget next to what this case already spent (warm-up, gate, first call).
+        # Another attempt must fit the budget next to what this case already spent (warm-up, gate,
+        # first call).
         if spent >= config.retry_budget_s or first_s * 4 + spent * (attempts + 1) / attempts > config.time_budget_s:
             break
     blocks, probes, seen = kept
@@ -608,18 +649,20 @@ class _Attempt(NamedTuple):
     """One timing attempt at a case."""
 
     blocks: Blocks
-    probes: list[float]  # the probes before, between and after its blocks (none without ``config.probe``)
+    # the probes before, between and after its blocks (none without ``config.probe``)
+    probes: list[float]
     seconds: float  # what its blocks took, the probes before and after not included
 
 
 def _attempt(call: Callable[[], object], device: str, config: MeasureConfig, first_s: float, spent: float) -> _Attempt:
-    """Time ``call`` once in blocks: with ``config.probe``, probed before, between (long attempts) and after, and
-    its descheduled blocks re-timed within what is left of the retry budget after ``spent`` seconds."""
+    """Time ``call`` once in blocks. With ``config.probe``: probed before, between (long attempts)
+    and after, descheduled blocks re-timed within the retry budget left after ``spent`` seconds."""
     probes: list[float] = []
     between = None
     if config.probe:
         probes.append(probe.probe_seconds(device))
-        between = functools.partial(_probe_into, probes, device)  # this attempt's probes, between blocks
+        # this attempt's probes, between blocks
+        between = functools.partial(_probe_into, probes, device)
     t0 = time.perf_counter()
     blocks = time_blocks(call, device, config.timer, between=between,
                          wait_limit=schedstat.WAIT_LIMIT if config.probe else None,
@@ -631,7 +674,8 @@ def _attempt(call: Callable[[], object], device: str, config: MeasureConfig, fir
 
 
 SLOW_MAX_LENGTH = 128  # interpreter-bound variants stop here by default (seconds per case)
-SLOW_MIN_LENGTHS = 5  # and get at least this many: the shortest sets the fit's overhead floor, 4 remain to fit
+# and get at least this many: the shortest sets the fit's overhead floor, 4 remain to fit
+SLOW_MIN_LENGTHS = 5
 
 
 def default_lengths(variant: Variant, lengths: Sequence[int]) -> list[int]:

@@ -15,13 +15,13 @@ torch threads, a neighbour that deschedules another thread of the pool stalls th
 from __future__ import annotations
 
 SCHEDSTAT = "/proc/thread-self/schedstat"
-"""Linux's scheduler figures of the calling thread: nanoseconds on a CPU, nanoseconds runnable but waiting for one."""
+"""Linux's scheduler figures of the calling thread: ns on a CPU, ns runnable but waiting for one."""
 WAIT_LIMIT = 0.1
-"""A timed interval that waited for a core more than this share of its wall time was descheduled by a neighbour."""
+"""An interval that waited for a core over this share of its wall time was descheduled."""
 
 
 def runqueue_seconds() -> float | None:
-    """Seconds this thread has spent runnable but waiting for a core (None where the kernel does not say)."""
+    """Seconds this thread has spent runnable, waiting for a core (None: the kernel won't say)."""
     try:
         with open(SCHEDSTAT, encoding="ascii") as f:
             return int(f.read().split()[1]) / 1e9
@@ -30,5 +30,5 @@ def runqueue_seconds() -> float | None:
 
 
 def available() -> bool:
-    """Whether this kernel reports the calling thread's run-queue wait (else the probe rule stands alone)."""
+    """Whether the kernel reports the thread's run-queue wait (else the probe rule stands alone)."""
     return runqueue_seconds() is not None

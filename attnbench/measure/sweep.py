@@ -1,8 +1,8 @@
-"""A sweep: many cases in order, in one measurement regime, each in this process or in a worker of its own.
+"""A sweep: many cases in order, in one measurement regime, each here or in a worker of its own.
 
-The sweep keeps what no single case can know: the calibration probe's typical time over the sweep so far
-(:func:`attnbench.measure.runner.typical_speed`, passed into every case), and each case's time at the
-previous length, from which the time guard extrapolates the next one
+The sweep keeps what no single case can know: the calibration probe's typical time over the sweep so
+far (:func:`attnbench.measure.runner.typical_speed`, passed into every case), and each case's time
+at the previous length, from which the time guard extrapolates the next one
 (:func:`attnbench.measure.guard.extrapolated_seconds`). Isolated cases run in forked workers
 (:mod:`attnbench.measure.worker`): a hang, a native crash or an OOM kill ends only that case.
 """
@@ -48,11 +48,12 @@ def sweep(
 
     Args:
         cases: ``(variant name, spec)`` pairs; names are validated before anything runs.
-        config: measurement policy (``threads`` is applied for the sweep as a :class:`~.regime.Regime`
-            and restored after; the probe's baseline is measured here, then kept at the median of that
-            and each case's median probe: :func:`typical_speed`).
+        config: measurement policy (``threads`` is applied for the sweep as a
+            :class:`~.regime.Regime` and restored after; the probe's baseline is measured here, then
+            kept at the median of that and each case's median probe: :func:`typical_speed`).
         progress: called as ``progress(index, total, variant, spec)`` before each case.
-        on_result: called as ``on_result(index, measurement)`` after each case (e.g. to log it durably).
+        on_result: called as ``on_result(index, measurement)`` after each case (e.g. to log it
+            durably).
         should_stop: checked before each case; when it returns True the sweep returns what it has.
         isolate: measure each case in a fresh worker (:mod:`attnbench.measure.worker`): a hang is
             killed (``timeout``), a crash or an OOM kill ends only that case (``crashed``, ``oom``).
@@ -63,7 +64,8 @@ def sweep(
         memory_cap: isolated CPU cases get ``RLIMIT_DATA`` = current use + memory budget + 1 GiB.
 
     Raises:
-        ValueError: an unknown variant name or a non-positive ``case_timeout_s``, before anything runs.
+        ValueError: an unknown variant name or a non-positive ``case_timeout_s``, before anything
+            runs.
     """
     config = config or MeasureConfig()
     cases = list(cases)
@@ -89,10 +91,11 @@ def sweep(
 
 @contextlib.contextmanager
 def _threads_restored(threads: int | None) -> Iterator[None]:
-    """The sweep's regime with ``threads`` (None: the process's) inside the block, the thread count restored after."""
+    """The sweep's regime with ``threads`` (None: the process's) in the block, restored after."""
     saved_threads = torch.get_num_threads()
     if threads is not None:
-        regime.apply(regime.Regime(threads=threads))  # the parent probes and measures the peak in it too
+        # the parent probes and measures the peak in it too
+        regime.apply(regime.Regime(threads=threads))
     try:
         yield
     finally:
@@ -100,8 +103,8 @@ def _threads_restored(threads: int | None) -> Iterator[None]:
 
 
 def _case_timeout(config: MeasureConfig, case_timeout_s: float | None) -> float:
-    """The hard limit of one isolated case: ``case_timeout_s``, else the time budget, the larger of it and the
-    check budget, and a minute.
+    """The hard limit of one isolated case: ``case_timeout_s``, else the time budget, the larger of
+    it and the check budget, and a minute.
 
     Raises:
         ValueError: ``case_timeout_s`` is not a finite number > 0.
@@ -118,18 +121,21 @@ def _shape(name: str, spec: AttnSpec) -> tuple:
 
 @dataclass
 class _SweepState:
-    """What the sweep knows that no single case can: per device its environment, matmul peak and typical probe
-    time, and per sweep line the last measured time."""
+    """What the sweep knows that no single case can: per device its environment, matmul peak and
+    typical probe time, and per sweep line the last measured time."""
 
     envs: dict[str, Environment]
     peaks: dict[str, float]  # devices this process can measure on
-    seen: dict[str, list[float]] = field(default_factory=dict)  # probe times: the start (one figure), each case's median
-    baselines: dict[str, float] = field(default_factory=dict)  # the typical probe time of what was seen
-    measured: dict[tuple, tuple[int, float]] = field(default_factory=dict)  # _shape -> last (length, seconds per call)
+    # probe times: the start (one figure), each case's median
+    seen: dict[str, list[float]] = field(default_factory=dict)
+    # the typical probe time of what was seen
+    baselines: dict[str, float] = field(default_factory=dict)
+    # _shape -> last (length, seconds per call)
+    measured: dict[tuple, tuple[int, float]] = field(default_factory=dict)
 
     @classmethod
     def start(cls, devices: list[str], probe: bool) -> _SweepState:
-        """Environments and matmul peaks of ``devices``; with ``probe``, the baseline probes of each."""
+        """Environments and matmul peaks of ``devices``; with ``probe``, each one's baseline."""
         envs = {d: environment(d) for d in devices}
         peaks = {d: matmul_peak(d, "float32") for d in devices if not d.startswith("cuda") or torch.cuda.is_available()}
         state = cls(envs, peaks)
@@ -149,12 +155,13 @@ class _SweepState:
         return config
 
     def expected_call_s(self, name: str, spec: AttnSpec) -> float | None:
-        """One call's seconds extrapolated from the same case at the last measured length (None: none yet)."""
+        """One call's seconds extrapolated from the case's last measured length (None: none yet)."""
         measured = self.measured.get(_shape(name, spec))
         return None if measured is None else guard.extrapolated_seconds(get_variant(name), spec, *measured)
 
     def job(self, name: str, spec: AttnSpec, config: MeasureConfig, memory_cap: bool) -> CaseJob:
-        """The worker's job for one case (CPU cases capped at the memory budget + :data:`CAP_ALLOWANCE_BYTES`)."""
+        """The worker's job for one case (CPU cases capped at the memory budget +
+        :data:`CAP_ALLOWANCE_BYTES`)."""
         cap = None
         if memory_cap and spec.device_type == "cpu":
             cap = int(config.memory_budget(spec.device)) + CAP_ALLOWANCE_BYTES
@@ -174,7 +181,7 @@ class _SweepState:
         return result
 
     def learn(self, name: str, spec: AttnSpec, result: Measurement) -> None:
-        """Keep the case's time for the next length, and its median probe for the typical probe time."""
+        """Keep the case's time for the next length, and its median probe for the typical one."""
         if result.samples and math.isfinite(result.median) and result.median > 0:
             self.measured[_shape(name, spec)] = (spec.seq_len, float(result.median))
         probed = result.extra.get("probe_median_s", math.nan)

@@ -2,14 +2,15 @@
 
 Like ``torch.utils.benchmark.Timer.blocked_autorange``: calls are grouped into blocks of at least
 ``block_time`` seconds so timer overhead is negligible for fast calls, and blocks repeat until both
-``min_runs`` calls and ``min_time`` seconds of timed calls have been spent (or ``max_time`` seconds of
-wall time, untimed cache flushes included, have passed). Each sample is the mean per-call time of one
-block. On CUDA the block is bracketed by CUDA events and synchronised before the clock is read.
+``min_runs`` calls and ``min_time`` seconds of timed calls have been spent (or ``max_time`` seconds
+of wall time, untimed cache flushes included, have passed). Each sample is the mean per-call time of
+one block. On CUDA the block is bracketed by CUDA events and synchronised before the clock is read.
 
-Beside every block the timing thread's run-queue wait is read (:mod:`.schedstat`, outside the block's clock
-interval). :func:`time_blocks` can drop a block that waited for a core more than a share of its wall time (a
-neighbour had the core for part of it, so its time is partly the neighbour's) and time another in its place, within
-an allowance of extra seconds; the runner decides from what is left whether the case was measured undisturbed.
+Beside every block the timing thread's run-queue wait is read (:mod:`.schedstat`, outside the
+block's clock interval). :func:`time_blocks` can drop a block that waited for a core more than a
+share of its wall time (a neighbour had the core for part of it, so its time is partly the
+neighbour's) and time another in its place, within an allowance of extra seconds; the runner decides
+from what is left whether the case was measured undisturbed.
 """
 
 from __future__ import annotations
@@ -34,9 +35,11 @@ class TimerConfig:
     warmup_time: float = 0.05  # ...and keep warming up until this many seconds have passed
     min_runs: int = 5  # at least this many timed calls...
     min_time: float = 0.25  # ...and at least this many seconds of timed calls
-    max_time: float = 5.0  # stop repeating after this many seconds of wall time, flushes included (bounds a case)
+    # stop repeating after this many seconds of wall time, flushes included (bounds a case)
+    max_time: float = 5.0
     block_time: float = 0.01  # target seconds per timed block
-    flush_cache: bool = False  # evict caches before every sample (then one call per sample), untimed
+    # evict caches before every sample (then one call per sample), untimed
+    flush_cache: bool = False
 
     def __post_init__(self) -> None:
         check_int("warmup", self.warmup, 0)
@@ -78,10 +81,10 @@ FLUSH_BYTES = 256 * 2**20  # larger than any CPU L3 or GPU L2 in sight
 
 
 def cache_flusher(device: torch.device) -> Callable[[], None]:
-    """A call that overwrites a buffer bigger than the last-level cache, so that the next call starts cold.
+    """A call that overwrites a buffer bigger than the last-level cache: the next call starts cold.
 
-    The buffer is allocated once per timing: a fresh one per sample cost 65,536 page faults (4 KiB pages, 256 MiB),
-    far more than a short call takes.
+    The buffer is allocated once per timing: a fresh one per sample cost 65,536 page faults (4 KiB
+    pages, 256 MiB), far more than a short call takes.
     """
     buffer = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
 
@@ -94,9 +97,10 @@ def cache_flusher(device: torch.device) -> Callable[[], None]:
 
 
 def _block(fn: Callable[[], object], number: int, device: torch.device) -> tuple[float, float | None]:
-    """``(seconds, run-queue share)`` of ``number`` back-to-back calls: the share of the block's wall time the thread
-    waited for a core (None: the kernel does not say). The wait is read outside the clock's interval (before the
-    clock when it opens, after it when it closes), so the timed calls pay nothing for it."""
+    """``(seconds, run-queue share)`` of ``number`` back-to-back calls: the share of the block's
+    wall time the thread waited for a core (None: the kernel does not say). The wait is read outside
+    the clock's interval (before the clock when it opens, after it when it closes), so the timed
+    calls pay nothing for it."""
     wait0 = schedstat.runqueue_seconds()
     t0 = time.perf_counter()
     seconds = _block_seconds(fn, number, device)
@@ -109,16 +113,20 @@ def _block(fn: Callable[[], object], number: int, device: torch.device) -> tuple
 
 @dataclass(frozen=True)
 class Blocks:
-    """One timing's blocks: those kept, those dropped because a neighbour descheduled them, and every block's wait."""
+    """One timing's blocks: those kept, those dropped as descheduled, and every block's wait."""
 
-    samples: list[float]  # per-call seconds of each kept block; when no block was left undisturbed, the dropped ones
+    # per-call seconds of each kept block; when no block was left undisturbed, the dropped ones
+    samples: list[float]
     runs: int  # calls in those blocks
-    dropped: list[float] = field(default_factory=list)  # per-call seconds of the blocks dropped as descheduled
-    shares: list[float] = field(default_factory=list)  # run-queue wait / wall time of every timed block; empty: unknown
-    short: bool = False  # the re-measure allowance ran out before the kept blocks reached min_runs and min_time
+    # per-call seconds of the blocks dropped as descheduled
+    dropped: list[float] = field(default_factory=list)
+    # run-queue wait / wall time of every timed block; empty: unknown
+    shares: list[float] = field(default_factory=list)
+    # the re-measure allowance ran out before the kept blocks reached min_runs and min_time
+    short: bool = False
 
     def waited(self, limit: float = schedstat.WAIT_LIMIT) -> int:
-        """Timed blocks (kept or dropped) that waited for a core more than ``limit`` of their wall time."""
+        """Timed blocks (kept or dropped) that waited for a core over ``limit`` of their time."""
         return sum(share > limit for share in self.shares)
 
 
@@ -133,7 +141,7 @@ def time_blocks(
     redo_s: float = 0.0,
     warm_s: float | None = None,
 ) -> Blocks:
-    """Time ``fn`` in blocks (see the module docstring), reading the run-queue wait beside every block.
+    """Time ``fn`` in blocks (see the module docstring), reading the run-queue wait beside each.
 
     Args:
         fn: the call to time; inputs must already exist (never time setup).
@@ -143,13 +151,16 @@ def time_blocks(
             ``between_every_s`` seconds of blocks have passed since the last call: the runner's
             calibration probe, so a long case is checked while it runs, not only around it.
         between_every_s: seconds of timed blocks between two calls of ``between``.
-        wait_limit: a block that waited for a core more than this share of its wall time is dropped and another
-            is timed in its place; None keeps every block (the wait is still read and returned).
-        redo_s: seconds of dropped blocks allowed beyond ``config.max_time``; once more than that was dropped the
-            timing stops with what it kept (``short`` when that is less than ``min_runs`` and ``min_time`` ask).
-        warm_s: seconds of a call of ``fn`` the caller has just made. One at least ``config.warmup_time`` long
-            warmed everything a warm-up would and sizes the blocks itself (one call each): no warm-up call and
-            no sizing call are made, which spares a one-second case two seconds of its budget.
+        wait_limit: a block that waited for a core more than this share of its wall time is dropped
+            and another is timed in its place; None keeps every block (the wait is still read and
+            returned).
+        redo_s: seconds of dropped blocks allowed beyond ``config.max_time``; once more than that
+            was dropped the timing stops with what it kept (``short`` when that is less than
+            ``min_runs`` and ``min_time`` ask).
+        warm_s: seconds of a call of ``fn`` the caller has just made. One at least
+            ``config.warmup_time`` long warmed everything a warm-up would and sizes the blocks
+            itself (one call each): no warm-up call and no sizing call are made, which spares a
+                one-second case two seconds of its budget.
     """
     config = config or TimerConfig()
     device = torch.device(device)
@@ -157,8 +168,10 @@ def time_blocks(
     if not warm:
         _warm_up(fn, device, config)
     flush = cache_flusher(device) if config.flush_cache else None
-    began = time.perf_counter()  # max_time bounds the wall time from here, flushes and probes included
-    first = warm_s if warm else _block(fn, 1, device)[0]  # sizes the blocks; kept only if nothing else fits
+    # max_time bounds the wall time from here, flushes and probes included
+    began = time.perf_counter()
+    # sizes the blocks; kept only if nothing else fits
+    first = warm_s if warm else _block(fn, 1, device)[0]
     number = 1 if flush else max(1, math.floor(config.block_time / max(first, 1e-9)))
     tally = _Tally()
     since_hook = 0.0  # seconds of blocks since ``between`` was last called
@@ -175,7 +188,7 @@ def time_blocks(
 
 
 def _warm_up(fn: Callable[[], object], device: torch.device, config: TimerConfig) -> None:
-    """Call ``fn`` at least ``config.warmup`` times and for at least ``config.warmup_time`` seconds."""
+    """Call ``fn`` at least ``config.warmup`` times and for ``config.warmup_time`` seconds."""
     start = time.perf_counter()
     calls = 0
     while calls < config.warmup or time.perf_counter() - start < config.warmup_time:
@@ -189,17 +202,21 @@ class _Tally:
     """The blocks one timing has timed so far."""
 
     kept: list[float] = field(default_factory=list)  # per-call seconds of the kept blocks
-    dropped: list[float] = field(default_factory=list)  # per-call seconds of the blocks dropped as descheduled
-    shares: list[float] = field(default_factory=list)  # run-queue share of every block whose wait was read
+    # per-call seconds of the blocks dropped as descheduled
+    dropped: list[float] = field(default_factory=list)
+    # run-queue share of every block whose wait was read
+    shares: list[float] = field(default_factory=list)
     known: bool = True  # every block's wait was read
     runs: int = 0  # calls in the kept blocks
     spent: float = 0.0  # seconds of the kept blocks
     lost: float = 0.0  # seconds of the dropped blocks
-    short: bool = False  # stopped by the re-measure allowance before min_runs and min_time were reached
+    # stopped by the re-measure allowance before min_runs and min_time were reached
+    short: bool = False
 
     def done(self, config: TimerConfig, began: float, redo_s: float) -> bool:
-        """Whether to stop: the kept blocks reach ``min_runs`` and ``min_time``, ``max_time`` has passed since
-        ``began`` (re-measured time within the allowance ``redo_s`` not counted), or the allowance ran out."""
+        """Whether to stop: the kept blocks reach ``min_runs`` and ``min_time``, ``max_time`` has
+        passed since ``began`` (re-measured time within the allowance ``redo_s`` not counted), or
+        the allowance ran out."""
         if self.runs >= config.min_runs and self.spent >= config.min_time:
             return True
         if time.perf_counter() - began - min(self.lost, redo_s) >= config.max_time:
@@ -210,7 +227,7 @@ class _Tally:
         return False
 
     def add(self, seconds: float, number: int, share: float | None, wait_limit: float | None) -> None:
-        """Count a block of ``number`` calls: dropped when it waited for a core more than ``wait_limit``."""
+        """Count a block of ``number`` calls: dropped when its wait share is over ``wait_limit``."""
         if share is None:
             self.known = False
         else:
@@ -228,14 +245,17 @@ class _Tally:
         shares = self.shares if self.known else []
         if self.kept:
             return Blocks(self.kept, self.runs, self.dropped, shares, self.short)
-        if self.dropped:  # a neighbour left no block alone: the dropped ones, for inspection (never an undisturbed time)
+        # a neighbour left no block alone: the dropped ones, for inspection (never an undisturbed
+        # time)
+        if self.dropped:
             return Blocks(list(self.dropped), len(self.dropped) * number, self.dropped, shares, True)
         return Blocks([first], 1, [], shares, self.short)
 
 
 def measured_calls(config: TimerConfig, call_s: float | None) -> int:
-    """Calls :func:`time_blocks` makes at least for a call of ``call_s`` seconds given as ``warm_s`` (None: unknown):
-    the warm-up and sizing calls only for calls shorter than the warm-up time, then ``min_runs``."""
+    """Calls :func:`time_blocks` makes at least for a call of ``call_s`` seconds given as ``warm_s``
+    (None: unknown): the warm-up and sizing calls only for calls shorter than the warm-up time, then
+    ``min_runs``."""
     long_call = call_s is not None and call_s >= config.warmup_time
     return config.min_runs + (0 if long_call else config.warmup + 1)
 

@@ -44,11 +44,11 @@ from attnbench.spec import AttnSpec
 
 PRELOAD = ["torch", "torch.profiler", "torch._inductor", "attnbench", "attnbench.measure.worker", "attnbench.measure.runner",
            "attnbench.measure._forkserver"]
-"""Modules the fork server imports once. ``torch._inductor`` because the profiler (peak tensor memory)
-imports it lazily: seconds in every fresh worker otherwise; ``_forkserver`` so that workers start with
-Ctrl-C ignored."""
+"""Modules the fork server imports once. ``torch._inductor`` because the profiler (peak tensor
+memory) imports it lazily: seconds in every fresh worker otherwise; ``_forkserver`` so that workers
+start with Ctrl-C ignored."""
 CAP_ALLOWANCE_BYTES = 1 * 2**30
-"""Added to the case's memory budget for the cap: float64 reference, profiler buffers, allocator slack."""
+"""Added to the memory budget for the cap: float64 reference, profiler buffers, allocator slack."""
 _server_env: dict[str, str] | None = None
 _server_lock = threading.Lock()
 
@@ -62,10 +62,13 @@ class CaseJob:
     config: MeasureConfig  # how to measure it
     peak_flops: float | None  # this machine's matmul FLOP/s for the time guard
     env: Environment | None  # environment to record with the measurement
-    sys_path: list[str] = field(default_factory=list)  # the parent's import path (plugins live there)
-    environ: dict[str, str] = field(default_factory=dict)  # the child's os.environ (empty: keep the server's)
+    # the parent's import path (plugins live there)
+    sys_path: list[str] = field(default_factory=list)
+    # the child's os.environ (empty: keep the server's)
+    environ: dict[str, str] = field(default_factory=dict)
     memory_cap_bytes: int | None = None  # RLIMIT_DATA above the child's current use; None: no cap
-    expected_call_s: float | None = None  # one call's seconds extrapolated by the sweep (time guard); None: model
+    # one call's seconds extrapolated by the sweep (time guard); None: model
+    expected_call_s: float | None = None
 
 
 def _vm_data_bytes() -> int:
@@ -83,7 +86,8 @@ def _vm_data_bytes() -> int:
 def apply_memory_cap(extra_bytes: int) -> int | None:
     """Limit this process's data segment to its current size + ``extra_bytes``; the limit, or None.
 
-    Returns None where the OS does not allow it (no ``RLIMIT_DATA``, or a hard limit below the request).
+    Returns None where the OS does not allow it (no ``RLIMIT_DATA``, or a hard limit below the
+    request).
     """
     if not hasattr(resource, "RLIMIT_DATA"):
         return None
@@ -113,24 +117,27 @@ def _child(conn, job: CaseJob) -> None:
         if job.sys_path:
             sys.path[:] = job.sys_path
         load_plugins()
-        # Every worker measures in the same regime: threads and pinned allocator thresholds (the fork
-        # server started with regime.child_env, so thresholds already held from its first allocation).
+        # Every worker measures in the same regime: threads and pinned allocator thresholds (the
+        # fork server started with regime.child_env, so thresholds already held from its first
+        # allocation).
         regime.apply(regime.Regime(threads=job.config.threads or torch.get_num_threads()))
         if job.memory_cap_bytes is not None:
             apply_memory_cap(job.memory_cap_bytes)
         result = measure(job.variant, job.spec, job.config, peak_flops=job.peak_flops, env=job.env,
                          expected_call_s=job.expected_call_s)
-    except BaseException as exc:  # noqa: BLE001 - e.g. a plugin that fails to import: a row, not a lost case
+    except BaseException as exc:  # noqa: BLE001
+        # e.g. a plugin that fails to import: a row, not a lost case
         result = Measurement(variant=job.variant, spec=job.spec, status=Status.ERROR, env=job.env, workload=job.config.workload,
                              reason=f"worker: {error_line(exc)}")
-    with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the parent is gone: nobody to tell
+    # the parent is gone: nobody to tell
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
         conn.send(result)
     conn.close()
 
 
 def _die_with_the_server() -> None:
-    """Ask Linux to kill this worker when the fork server exits (it does when the parent does), so an
-    orphaned case does not run on after ``attnbench run`` was killed outright."""
+    """Ask Linux to kill this worker when the fork server exits (it does when the parent does), so
+    an orphaned case does not run on after ``attnbench run`` was killed outright."""
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -140,10 +147,10 @@ PR_SET_PDEATHSIG = 1
 
 
 def cgroup_oom_kills() -> int | None:
-    """How many processes the kernel's OOM killer has killed in this process's memory cgroup (None: unreadable).
+    """Processes the kernel's OOM killer has killed in this process's memory cgroup (None: unknown).
 
-    cgroup v2's ``memory.events`` or v1's ``memory.oom_control`` (``oom_kill``, Linux 4.13+), at the path
-    ``/proc/self/cgroup`` names or at the mount's root (a container sees its own cgroup there).
+    cgroup v2's ``memory.events`` or v1's ``memory.oom_control`` (``oom_kill``, Linux 4.13+), at the
+    path ``/proc/self/cgroup`` names or at the mount's root (a container sees its own cgroup there).
     """
     paths = []
     with contextlib.suppress(OSError):
@@ -212,7 +219,7 @@ class WorkerPool:
                 os.kill(proc.pid, signal.SIGKILL)
 
     def run(self, job: CaseJob, timeout_s: float) -> Measurement:
-        """Measure ``job`` in a fresh worker; a worker that does not answer in ``timeout_s`` is killed."""
+        """Measure ``job`` in a fresh worker, killed if it does not answer in ``timeout_s``."""
         self._start_server()
         if job.environ:
             job = dataclasses.replace(job, environ={**job.environ, **self.env})
@@ -239,8 +246,8 @@ class WorkerPool:
         return self._unanswered(proc.exitcode, time.perf_counter() - start, oom_kills_before, base)
 
     def _answer(self, proc: multiprocessing.process.BaseProcess, conn, timeout_s: float) -> tuple[Measurement | None, bool]:
-        """The worker's Measurement (None: it died before sending one), and whether it ran past ``timeout_s`` (then
-        it was killed). The worker is gone on return."""
+        """The worker's Measurement (None: it died before sending one), and whether it ran past
+        ``timeout_s`` (then it was killed). The worker is gone on return."""
         result, timed_out = None, False
         if conn.poll(timeout_s):
             try:
@@ -258,7 +265,7 @@ class WorkerPool:
         return result, timed_out
 
     def _unanswered(self, code: int | None, elapsed: float, oom_kills_before: int | None, base: dict) -> Measurement:
-        """What a worker that ended with exit ``code`` without a result after ``elapsed`` seconds is recorded as:
+        """The record of a worker that ended (exit ``code``) without a result after ``elapsed`` s:
         crashed, or oom when the cgroup counted an OOM kill (see the module docstring)."""
         if code is None or code >= 0:
             return Measurement(status=Status.CRASHED,
@@ -272,10 +279,10 @@ class WorkerPool:
         after = cgroup_oom_kills()
         if after is not None and oom_kills_before is not None and after > oom_kills_before:
             return Measurement(status=Status.OOM, reason=(
-                f"worker killed by SIGKILL after {elapsed:.1f} s by the kernel's OOM killer (this cgroup's "
-                f"oom_kill count went from {oom_kills_before} to {after})"), **base)
+                f"worker killed by SIGKILL after {elapsed:.1f} s by the kernel's OOM killer "
+                f"(this cgroup's oom_kill count went from {oom_kills_before} to {after})"), **base)
         known = ("no OOM kill recorded in this cgroup" if after is not None
                  else "the cgroup's OOM count is unreadable here")
         return Measurement(status=Status.CRASHED, reason=(
-            f"worker killed by signal 9 (SIGKILL) after {elapsed:.1f} s, not by attnbench ({known}: "
-            "another process, or an OOM killer outside this cgroup)"), **base)
+            f"worker killed by signal 9 (SIGKILL) after {elapsed:.1f} s, not by attnbench "
+            f"({known}: another process, or an OOM killer outside this cgroup)"), **base)
