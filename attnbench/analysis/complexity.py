@@ -1,4 +1,4 @@
-"""Claims from a tidy frame: fitted exponents against the declared ones, crossovers, the memory model.
+"""Claims from a tidy frame: fitted exponents against declared ones, crossovers, memory model.
 
 A sampled metric (time) is fitted by :data:`FIT_RULE`, which the report prints: Theil-Sen over the
 points above the overhead floor with a bootstrap interval; too few points or too wide an interval is
@@ -58,31 +58,33 @@ class FitVerdict(enum.StrEnum):
 
 
 VERDICTS = tuple(FitVerdict)
-DECODE_CAP = 1.0  # one query row over Lk keys: at most O(Lk) time and scratch, whatever the prefill exponent
+# one query row over Lk keys: at most O(Lk) time and scratch, whatever the prefill exponent
+DECODE_CAP = 1.0
 
-FIT_RULE = f"""How the exponent is fitted. At short lengths a constant per-call cost (interpreter, dispatch,
-kernel launch) hides the asymptotic term, and on a shared machine single points can be far off.
-The *overhead floor* is ``FLOOR_FACTOR`` ({FLOOR_FACTOR:g}) times the constant cost (:func:`constant_cost`:
-the cost split's c0 where that split describes the series, else the smallest value, which bounds it),
-so at or above the floor the constant is at most half of what was measured. Every point at or above
-the floor is fitted; the points below it are the constant. The slope of ``log(value)`` on
-``log(L)`` is the Theil-Sen estimate (the median of all pairwise slopes), which one wild point
-cannot drag far. Its 95% interval is the 2.5-97.5 percentile range of ``BOOTSTRAP`` ({BOOTSTRAP})
-Theil-Sen slopes refitted on residual-bootstrap replicates, with a fixed seed (the same data give
-the same interval in every process). The residuals resampled are each point's distance from the
-line through the *other* points, clipped at ``CLIP`` ({CLIP:g}) robust standard deviations, so a lone
-outlier widens nothing while general scatter does; points beyond ``OUTLIER`` ({OUTLIER:g}) robust
-standard deviations are listed. A fit on fewer than ``MIN_POINTS`` ({MIN_POINTS}) points, or whose
-interval is wider than ``MAX_CI_WIDTH`` ({MAX_CI_WIDTH:g}), is *inconclusive*: it is never reported as
-matching. Otherwise it is compared with the variant's declared exponent. Big-O is an upper bound,
-so only a fit *steeper* than declared by more than ``TOLERANCE`` ({TOLERANCE:g}) with the declared
-value outside the interval is a mismatch; a shallower fit is reported as "shallower" (a lower-order
-term, such as a fixed block buffer or a linear projection, still matters in the measured range).
-Values the suite predicted rather than measured (method "model") are never fitted, and only ``ok``
-rows are (not ``wrong`` or failed cases).
+FIT_RULE = f"""How the exponent is fitted. At short lengths a constant per-call cost (interpreter,
+dispatch, kernel launch) hides the asymptotic term, and on a shared machine single points can be far
+off. The *overhead floor* is ``FLOOR_FACTOR`` ({FLOOR_FACTOR:g}) times the constant cost
+(:func:`constant_cost`: the cost split's c0 where that split describes the series, else the smallest
+value, which bounds it), so at or above the floor the constant is at most half of what was measured.
+Every point at or above the floor is fitted; the points below it are the constant. The slope of
+``log(value)`` on ``log(L)`` is the Theil-Sen estimate (the median of all pairwise slopes), which
+one wild point cannot drag far. Its 95% interval is the 2.5-97.5 percentile range of ``BOOTSTRAP``
+({BOOTSTRAP}) Theil-Sen slopes refitted on residual-bootstrap replicates, with a fixed seed (the
+same data give the same interval in every process). The residuals resampled are each point's
+distance from the line through the *other* points, clipped at ``CLIP`` ({CLIP:g}) robust standard
+deviations, so a lone outlier widens nothing while general scatter does; points beyond ``OUTLIER``
+({OUTLIER:g}) robust standard deviations are listed. A fit on fewer than ``MIN_POINTS``
+({MIN_POINTS}) points, or whose interval is wider than ``MAX_CI_WIDTH`` ({MAX_CI_WIDTH:g}), is
+*inconclusive*: it is never reported as matching. Otherwise it is compared with the variant's
+declared exponent. Big-O is an upper bound, so only a fit *steeper* than declared by more than
+``TOLERANCE`` ({TOLERANCE:g}) with the declared value outside the interval is a mismatch; a
+shallower fit is reported as "shallower" (a lower-order term, such as a fixed block buffer or a
+linear projection, still matters in the measured range). Values the suite predicted rather than
+measured (method "model") are never fitted, and only ``ok`` rows are (not ``wrong`` or failed
+cases).
 """
-"""How :func:`fit_exponent` fits and :func:`verdict` judges, in words: the report's "How the exponents
-are fitted" (rendered as it stands, the trailing newline included)."""
+"""How :func:`fit_exponent` fits and :func:`verdict` judges, in words: the report's "How the
+exponents are fitted" (rendered as it stands, the trailing newline included)."""
 
 
 def _loo_residuals(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -126,16 +128,16 @@ def _theil_sen_bootstrap(x: np.ndarray, y: np.ndarray, slope: float, intercept: 
 
 
 SPLIT_TRUSTED = 0.25
-"""Largest relative residual at which the cost split's constant term is trusted as the per-call constant."""
+"""The largest relative residual at which the cost split's c0 is taken as the per-call cost."""
 
 
 def constant_cost(lengths: np.ndarray, values: np.ndarray) -> tuple[float, str]:
-    """The per-call constant cost of a series, at most its smallest value, and where the figure comes from.
+    """The per-call constant cost of a series (at most its smallest value) and its source.
 
-    The smallest value bounds the constant from above. Where the cost split c0 + c1·L + c2·L² describes
-    the series (every point within ``SPLIT_TRUSTED``), its c0 is the constant itself: a linear series
-    whose shortest point is mostly work (``linear_elu``) then keeps the points the "2x the smallest"
-    bound cut at random, as noise put them a hair above or below it.
+    The smallest value bounds the constant from above. Where the cost split c0 + c1·L + c2·L²
+    describes the series (every point within ``SPLIT_TRUSTED``), its c0 is the constant itself: a
+    linear series whose shortest point is mostly work (``linear_elu``) then keeps the points the "2x
+    the smallest" bound cut at random, as noise put them a hair above or below it.
     """
     smallest = float(values.min())
     split = cost_split(lengths, values) if len(np.unique(lengths)) >= MIN_POINTS else None
@@ -145,7 +147,7 @@ def constant_cost(lengths: np.ndarray, values: np.ndarray) -> tuple[float, str]:
 
 
 def _sorted_series(lengths: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``lengths`` and ``values`` as float arrays in length order (ValueError: their shapes differ)."""
+    """``lengths`` and ``values`` as floats in length order (ValueError: shapes differ)."""
     lengths, values = np.asarray(lengths, float), np.asarray(values, float)
     if lengths.shape != values.shape:
         raise ValueError(f"lengths and values must have the same shape, got {lengths.shape} and {values.shape}")
@@ -167,25 +169,26 @@ def _points(n: int) -> str:
 
 
 def _line_fit(x: np.ndarray, y: np.ndarray, resid: np.ndarray) -> dict[str, float | int]:
-    """``r2`` of a line through log(L) ``x`` and log(value) ``y`` leaving ``resid``, and the lengths it spans."""
+    """The ``r2`` of a log-log line leaving ``resid``, and the lengths ``x`` spans."""
     total = float(((y - y.mean()) ** 2).sum())
     return {"r2": float(1 - (resid**2).sum() / total) if total > 0 else math.nan,
             "L_min": int(round(math.exp(x[0]))), "L_max": int(round(math.exp(x[-1])))}
 
 
 def _above_floor(lengths: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, str]:
-    """Which points :func:`fit_exponent` fits (those at or above the overhead floor), and the rule as applied."""
+    """The points at or above the overhead floor (those fitted), and the rule as applied."""
     constant, source = constant_cost(lengths, values)
     above = values >= FLOOR_FACTOR * constant
     if above.sum() < 2 <= len(lengths):
-        above = values > values.min()  # a flat series: fit what rises above the minimum, if anything
+        # a flat series: fit what rises above the minimum, if anything
+        above = values > values.min()
     rule = (f"value >= {FLOOR_FACTOR:g}x the constant ({constant:.3g}, {source}): "
             f"{int(above.sum())} of {len(lengths)} points")
     return above, rule
 
 
 def _theil_sen_fit(x: np.ndarray, y: np.ndarray) -> dict[str, float | int | str]:
-    """The Theil-Sen slope of ``y`` on ``x`` (at least 2 distinct x), its bootstrap interval and verdict inputs."""
+    """The Theil-Sen slope of ``y`` on ``x`` with its bootstrap interval, r², span and notes."""
     slope, intercept, _, _ = stats.theilslopes(y, x, method="joint")
     boot = _theil_sen_bootstrap(x, y, slope, intercept, BOOTSTRAP, SEED)
     lo, hi = np.percentile(boot, [2.5, 97.5])
@@ -202,7 +205,7 @@ def _theil_sen_fit(x: np.ndarray, y: np.ndarray) -> dict[str, float | int | str]
 
 
 def fit_exponent(lengths: np.ndarray, values: np.ndarray) -> dict[str, float | int | str]:
-    """Robust slope of log(value) on log(L) over the points above the overhead floor (:data:`FIT_RULE`).
+    """Robust slope of log(value) on log(L) above the overhead floor (:data:`FIT_RULE`).
 
     Args:
         lengths: sequence lengths, one per point.
@@ -227,7 +230,9 @@ def fit_exponent(lengths: np.ndarray, values: np.ndarray) -> dict[str, float | i
 
 
 def _local_slopes_fit(x: np.ndarray, y: np.ndarray, local: np.ndarray, dropped: int) -> dict[str, float | int | str]:
-    """The least-squares slope of ``y`` on ``x`` and the range of the ``local`` slopes (``dropped``: points cut)."""
+    """The least-squares slope of ``y`` on ``x`` and the range of its ``local`` slopes.
+
+    ``dropped``: how many of the shortest points were left out."""
     slope, intercept = np.polyfit(x, y, 1)
     resid = y - (intercept + slope * x)
     notes = []
@@ -239,7 +244,8 @@ def _local_slopes_fit(x: np.ndarray, y: np.ndarray, local: np.ndarray, dropped: 
     return {
         "exponent": float(slope), "ci_low": float(low), "ci_high": float(high), "n": int(len(x)),
         **_line_fit(x, y, resid),
-        "range": f"deterministic: {len(x)} of {len(x) + dropped} points, local slopes {low:.2f} to {high:.2f}",
+        "range": f"deterministic: {len(x)} of {len(x) + dropped} points, local slopes {low:.2f} to "
+                 f"{high:.2f}",
         "conclusive": not notes, "note": ", ".join(notes), "max_residual": float(np.abs(np.expm1(resid)).max()),
     }
 
@@ -306,7 +312,7 @@ class CostSplit:
 
 
 def cost_split(lengths: np.ndarray, values: np.ndarray) -> CostSplit | None:
-    """Fit c0 + c1·L + c2·L² >= 0 term by term, least squares in relative error (None: fewer than 3 lengths).
+    """Fit c0 + c1·L + c2·L² >= 0 term by term, in relative error (None: fewer than 3 lengths).
 
     Relative error, because the values span orders of magnitude and a plain least squares would fit
     the longest length alone. Non-negative, because a cost has no negative term: a negative L term
@@ -314,8 +320,8 @@ def cost_split(lengths: np.ndarray, values: np.ndarray) -> CostSplit | None:
     squares on the rows divided by their values.
 
     Example:
-        >>> split = cost_split(np.array([128, 256, 512, 1024, 2048]), 8 * 512.0 * np.array([128, 256, 512, 1024, 2048])
-        ...                    + 4 * np.array([128, 256, 512, 1024, 2048]) ** 2.0)
+        >>> lengths = np.array([128, 256, 512, 1024, 2048])
+        >>> split = cost_split(lengths, 8 * 512.0 * lengths + 4 * lengths**2.0)
         >>> round(split.crossover)
         1024
     """
@@ -326,9 +332,11 @@ def cost_split(lengths: np.ndarray, values: np.ndarray) -> CostSplit | None:
         return None
     scale = lengths.max()  # columns of comparable size: L / L_max, (L / L_max)^2
     u = lengths / scale
-    design = np.stack([np.ones_like(u), u, u**2], axis=1) / values[:, None]  # (n, 3): each row relative to its value
+    # (n, 3): each row relative to its value
+    design = np.stack([np.ones_like(u), u, u**2], axis=1) / values[:, None]
     coef, _ = optimize.nnls(design, np.ones(len(u)))
-    coef[coef < 1e-9 * coef.max()] = 0.0  # rounding's leftovers of an absent term (terms compared at L_max)
+    # rounding's leftovers of an absent term (terms compared at L_max)
+    coef[coef < 1e-9 * coef.max()] = 0.0
     c0, c1, c2 = coef[0], coef[1] / scale, coef[2] / scale**2
     fitted = c0 + c1 * lengths + c2 * lengths**2
     share = c2 * lengths**2 / np.where(fitted > 0, fitted, np.nan)
@@ -361,14 +369,13 @@ def verdict(fit: dict, declared: float) -> FitVerdict | str:
 
 
 def excludes_declared(fit: dict) -> bool:
-    """A conclusive fit whose interval leaves out the declared exponent (a "matches" within TOLERANCE
-    says so)."""
+    """Whether a conclusive fit's interval leaves out its declared exponent (a near "matches")."""
     declared = fit.get("declared", math.nan)
     return bool(fit.get("conclusive")) and not math.isnan(declared) and not fit["ci_low"] <= declared <= fit["ci_high"]
 
 
 def declared_exponent(variant: str, metric: str, workload: str = "prefill") -> float:
-    """The exponent a registered variant declares for ``metric`` along its workload's swept length (NaN: none).
+    """The exponent ``variant`` declares for ``metric`` along ``workload``'s sweep (NaN: none).
 
     Prefill sweeps L = Lq = Lk and takes the variant's declared exponents. Decode sweeps the cache
     length Lk with one query row, so no variant does more than O(Lk) work or holds more than O(Lk)
@@ -379,7 +386,8 @@ def declared_exponent(variant: str, metric: str, workload: str = "prefill") -> f
 
     Args:
         variant: registered variant name.
-        metric: a tidy metric; those of :data:`attnbench.contract.DECLARED` have a declared exponent.
+        metric: a tidy metric; those of :data:`attnbench.contract.DECLARED` have a declared
+            exponent.
         workload: "prefill" or "decode" (:data:`attnbench.contract.WORKLOADS`).
     """
     if metric not in DECLARED or variant not in variant_names():
@@ -396,7 +404,7 @@ def _workloads(frame: pd.DataFrame) -> pd.Series:
 
 
 def swept(frame: pd.DataFrame) -> pd.DataFrame:
-    """Rows on a workload's own sweep, with ``workload`` filled and ``length`` = the length it sweeps.
+    """Rows on a workload's own sweep, ``workload`` filled and ``length`` the length it sweeps.
 
     Prefill rows count only when Lq = Lk (their ``length`` is L); decode rows sweep Lk
     (:data:`attnbench.contract.SWEPT_LENGTH`) and keep their Lq in the group key.
@@ -412,12 +420,13 @@ def swept(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def fit_table(frame: pd.DataFrame, metrics: Sequence[str] = FITTED) -> pd.DataFrame:
-    """One row per (source, machine, commit, device, mode, dtype, mask, workload, variant, metric, method) group.
+    """One fit per group of :data:`GROUP`: every shape setting but the swept length held fixed.
 
     Each workload is fitted along its own swept length (prefill: L; decode: the cache length Lk,
-    per query count Lq), against the exponent declared for that workload (:func:`declared_exponent`).
-    Only ``ok`` rows are fitted. Groups of predicted values (method "model") get a row that says
-    so, with no exponent and no verdict: a model checked against itself proves nothing.
+    per query count Lq), against the exponent declared for that workload
+    (:func:`declared_exponent`). Only ``ok`` rows are fitted. Groups of predicted values (method
+    "model") get a row that says so, with no exponent and no verdict: a model checked against itself
+    proves nothing.
     """
     sel = swept(frame[(frame["status"] == Status.OK) & frame["metric"].isin(metrics)])
     sel = sel.assign(method=sel.get("method", ""), fixed=sel["seq_len"].where(sel["workload"] != "prefill", 0).astype("int64"))
@@ -439,7 +448,7 @@ def fit_table(frame: pd.DataFrame, metrics: Sequence[str] = FITTED) -> pd.DataFr
 
 
 def _split_columns(split: CostSplit | None) -> dict[str, float]:
-    """The fit table's columns of a :class:`CostSplit`: L* and the L² term's share at the longest length."""
+    """The fit table's columns of a :class:`CostSplit`: L* and the L² share at the longest L."""
     if split is None:
         return {"crossover_L": math.nan, "l2_share": math.nan, "split_residual": math.nan}
     return {"crossover_L": split.crossover, "l2_share": split.share[-1], "split_residual": split.max_residual}
@@ -447,12 +456,13 @@ def _split_columns(split: CostSplit | None) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class Tally:
-    """The fits with a declared exponent, counted once: every sentence about them on a page reads this."""
+    """The fits with a declared exponent, counted once: every sentence about them reads this."""
 
     judged: int  # fits with a verdict
     conclusive: int  # of them, conclusive
     matches: int  # of the conclusive ones, matching the declared exponent
-    near: tuple[str, ...]  # matching only within TOLERANCE: the interval excludes the declared exponent (named)
+    # matching only within TOLERANCE: the interval excludes the declared exponent (named)
+    near: tuple[str, ...]
     steeper: tuple[str, ...]  # named: "variant metric (where)"
     shallower: tuple[str, ...]
     inconclusive: tuple[str, ...]  # named, with why
@@ -494,11 +504,12 @@ def headline(fits: pd.DataFrame) -> tuple[str, str]:
     """
     t = tally(fits)
     if not t.judged:
-        return "neutral", "No fitted exponents: nothing measured at enough lengths to compare with a declared complexity."
+        return "neutral", ("No fitted exponents: nothing measured at enough lengths to compare with a declared "
+                           "complexity.")
     parts = [f"{t.matches} of {t.conclusive} conclusive fits match their declared complexity"]
     if t.near:
-        parts.append(f"within the {TOLERANCE:g} tolerance only (the interval excludes the declared exponent): "
-                     f"{', '.join(t.near)}")
+        parts.append(f"within the {TOLERANCE:g} tolerance only (the interval excludes the declared "
+                     f"exponent): {', '.join(t.near)}")
     if t.steeper:
         parts.append(f"steeper than declared: {', '.join(t.steeper)}")
     if t.shallower:
@@ -512,7 +523,7 @@ _CROSSOVER_SETTING = ["source", "machine", "commit", "device", "mode", "dtype", 
 
 
 def _first_win(wins: np.ndarray, lengths: pd.Index) -> str:
-    """The first length from which every longer one wins too ("always" from the first, else "never")."""
+    """The first length from which every longer one wins too ("always", or "never")."""
     for i in range(len(wins)):
         if wins[i:].all():
             return "always" if i == 0 else str(int(lengths[i]))
@@ -520,7 +531,7 @@ def _first_win(wins: np.ndarray, lengths: pd.Index) -> str:
 
 
 def _crossover_rows(table: pd.DataFrame, baselines: tuple[str, ...], setting: dict, metric: str) -> list[dict]:
-    """One row per (variant, baseline) of a variant x length ``table`` of medians: where it crosses."""
+    """A row per (variant, baseline) of a variant x L ``table`` of medians: where it crosses."""
     rows = []
     for base in baselines:
         if base not in table:
@@ -547,7 +558,8 @@ def crossovers(frame: pd.DataFrame, baselines: tuple[str, ...] = ("batched", "sd
     """
     ok = frame[(frame["status"] == Status.OK) & (frame["metric"] == metric)]
     ok = swept(ok)
-    ok = ok[ok["workload"] == "prefill"]  # L = Lq = Lk: a decode step is compared in its own section
+    # L = Lq = Lk: a decode step is compared in its own section
+    ok = ok[ok["workload"] == "prefill"]
     if "method" in ok:
         ok = ok[ok["method"] != MODEL]  # measurements against measurements only
     rows = []

@@ -4,12 +4,13 @@ Every loader returns :data:`COLUMNS`, in that order: one row per case and metric
 "Reading the numbers" describes each column). Loading never stops at a bad input and never turns one
 into numbers: every file that cannot be used and every row that is rejected is named with the reason
 in ``frame.attrs["problems"]``, and the rest still loads. A run's manifest and its rows are
-cross-checked (``cases`` = rows written); a run stopped on purpose (``complete: false``) is listed in
-``frame.attrs["notes"]`` as incomplete, not as corrupt. A row missing a required value (its case's
-identity, its status, an ok case's time) is rejected, never kept as an ok row holding 0 or NaN. asv
-results of another suite version (their benchmark ``version`` differs from ``benchmarks.json``) are
-left out and counted by benchmark; every row of an asv case whose ``error_ratio`` is above 1 becomes
-``wrong``. ``frame.attrs["sources"]`` has one entry per source: its path, kind and rows loaded.
+cross-checked (``cases`` = rows written); a run stopped on purpose (``complete: false``) is listed
+in ``frame.attrs["notes"]`` as incomplete, not as corrupt. A row missing a required value (its
+case's identity, its status, an ok case's time) is rejected, never kept as an ok row holding 0 or
+NaN. asv results of another suite version (their benchmark ``version`` differs from
+``benchmarks.json``) are left out and counted by benchmark; every row of an asv case whose
+``error_ratio`` is above 1 becomes ``wrong``. ``frame.attrs["sources"]`` has one entry per source:
+its path, kind and rows loaded.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ def _finish(rows: list[dict], problems: list[str], notes: list[str] | None = Non
 
 # ---- asv -------------------------------------------------------------------------------------
 def decode_param(value: object) -> object:
-    """An asv parameter as the value it names (asv stores ``repr`` strings: ``"'sdpa'"``, ``"512"``); other text as is."""
+    """An asv parameter as the value it names (asv stores ``repr`` strings: ``"'sdpa'"``,
+    ``"512"``); other text as is."""
     if not isinstance(value, str):
         return value
     try:
@@ -73,12 +75,14 @@ def decode_param(value: object) -> object:
         return value
 
 
-ASV_UNCHECKED = ("asv results carry no disturbance check (no calibration probe around asv's rounds), so none of their "
-                 "times is marked noisy: a busy machine's timings read as ok here; compare them from quiet machines only")
+ASV_UNCHECKED = ("asv results carry no disturbance check (no calibration probe around asv's rounds), so none "
+                 "of their times is marked noisy: a busy machine's timings read as ok here; compare them from "
+                 "quiet machines only")
 TIMED = {m.name for m in contract.METRICS.values() if m.timed}
 FAILED = "failed"
-"""The status of an asv row whose benchmark recorded no value (it raised, or its setup refused the case):
-the one status of the frame that is not a :class:`contract.Status` (no run's case ends so)."""
+"""asv's status for a case that recorded no value (it raised, or its setup refused the case).
+
+The one status of the frame that is not a :class:`contract.Status`: no run's case ends so."""
 
 
 def _asv_status(value: object) -> str:
@@ -130,7 +134,8 @@ def load_asv(results_dir: str | Path) -> pd.DataFrame:
             if not isinstance(machine, dict):
                 raise ValueError(f"expected a JSON object, got {type(machine).__name__}")
         except (OSError, ValueError) as exc:
-            problems.append(f"{machine_path}: {error_line(exc)}; machine name taken from the directory, CPU unknown")
+            problems.append(f"{machine_path}: {error_line(exc)}; machine name taken from the directory, CPU "
+                            "unknown")
             machine = {"machine": machine_dir.name}
         try:
             paths = sorted(p for p in machine_dir.glob("*.json") if p.name != "machine.json")
@@ -151,20 +156,21 @@ def load_asv(results_dir: str | Path) -> pd.DataFrame:
 
 
 GATE_DECIDED = (GateVerdict.OK, GateVerdict.REGRESSED, GateVerdict.WRONG)
-"""The gate's verdicts that decided a row; ``undecided`` and ``shown`` (a time case counts decided) did not."""
+"""The gate's verdicts that decided a row: not ``undecided``, nor ``shown`` (the counts decided)."""
 
 
 def _apply_gate(rows: list[dict], path: Path, problems: list[str]) -> list[str]:
-    """Mark the time rows the regression gate could not decide (``undecided``, ``shown``) as ``noisy``, with the gate's
-    reason, and say which metrics decided: its results are then read as the gate read them (notes returned)."""
+    """Mark the time rows the regression gate could not decide (``undecided``, ``shown``) as
+    ``noisy``, with the gate's reason, and say which metrics decided: its results are then read as
+    the gate read them (notes returned)."""
     try:
         table = pd.read_csv(path, dtype={"base": str, "head": str})
         needed = {"metric", "variant", "seq_len", "mode", "mask", "verdict", "base", "head"}
         if missing := needed - set(table.columns):
             raise ValueError(f"no {', '.join(sorted(missing))} column")
     except (OSError, ValueError) as exc:
-        problems.append(f"{path}: the regression gate's verdicts cannot be read ({error_line(exc)}); its time rows are "
-                        "read as asv recorded them")
+        problems.append(f"{path}: the regression gate's verdicts cannot be read ({error_line(exc)}); its "
+                        "time rows are read as asv recorded them")
         return []
     table = table.fillna({"reason": "", "mask": "none", "mode": "forward"})
     commits = set(table["base"]) | set(table["head"])
@@ -177,8 +183,9 @@ def _apply_gate(rows: list[dict], path: Path, problems: list[str]) -> list[str]:
             row.update(status=Status.NOISY, reason=f"the regression gate did not decide it: {undecided[key]}")
             marked += 1
     decided = sorted({r.metric for r in table.itertuples() if r.verdict in GATE_DECIDED})
-    return [f"{path.parent}: results of the regression gate, which decided on {', '.join(decided) or 'nothing'}; "
-            f"{marked} time row(s) it could not decide are marked noisy here (drawn hollow, never compared)"]
+    return [f"{path.parent}: results of the regression gate, which decided on "
+            f"{', '.join(decided) or 'nothing'}; {marked} time row(s) it could not decide are marked "
+            "noisy here (drawn hollow, never compared)"]
 
 
 def _asv_file(path: Path, benchmarks: dict, machine: dict, problems: list[str]) -> list[dict]:
@@ -193,7 +200,8 @@ def _asv_file(path: Path, benchmarks: dict, machine: dict, problems: list[str]) 
         params = res.params if isinstance(res.params, dict) else {}
         all_keys = list(res.get_all_result_keys())
         keys = res.get_result_keys(benchmarks)  # drops stale versions
-    except Exception as exc:  # noqa: BLE001 - any unreadable file is named and skipped, the rest loads
+    # any unreadable file is named and skipped, the rest loads
+    except Exception as exc:  # noqa: BLE001
         problems.append(f"{path}: not a readable asv result file ({error_line(exc)})")
         return []
     stale = sorted(k for k in all_keys if k not in keys)
@@ -230,13 +238,14 @@ def _asv_file(path: Path, benchmarks: dict, machine: dict, problems: list[str]) 
 
 
 def _asv_combos(res, key: str, bench: dict) -> tuple[list, list[str], list[tuple]]:
-    """A benchmark's parameter lists, their names and every combination (ValueError: they do not fit)."""
+    """A benchmark's parameter lists, their names and their combinations (ValueError: garbled)."""
     params = res.get_result_params(key)
     names = bench.get("param_names", []) if isinstance(bench, dict) else []
     if not isinstance(params, list) or not all(isinstance(p, list) for p in params) or len(params) != len(names):
         raise ValueError(f"params {str(params)[:80]} do not match param_names {names}")
     combos = list(itertools.product(*params))
-    raw = getattr(res, "_results", {}).get(key)  # asv pads a short list with None ("failed"): check the stored one
+    # asv pads a short list with None ("failed"): check the stored one
+    raw = getattr(res, "_results", {}).get(key)
     if raw is not None and (not isinstance(raw, list) or len(raw) != len(combos)):
         got = len(raw) if isinstance(raw, list) else repr(raw)[:40]
         raise ValueError(f"{got} values for {len(combos)} parameter sets")
@@ -274,7 +283,7 @@ def _asv_measured(key: str, value: object, stat: object, variant: str, spec: Att
 
 
 def _asv_key_rows(res, key: str, bench: dict, common: dict, peak: float, path: Path, problems: list[str]) -> list[dict]:
-    """The rows of one benchmark of an asv result file; garbled parameter sets are named in ``problems``."""
+    """The rows of one benchmark of an asv result file (garbled parameter sets: in ``problems``)."""
     metric = ASV_METRICS[key.rsplit(".", 1)[-1]][0]
     params, names, combos = _asv_combos(res, key, bench)
     values = res.get_result_value(key, params)
@@ -299,7 +308,7 @@ def _asv_key_rows(res, key: str, bench: dict, common: dict, peak: float, path: P
 
 
 def _check_value(metric: str, value: object) -> None:
-    """Raise ValueError for a value no measurement of ``metric`` can hold (NaN and None: not measured)."""
+    """Raise ValueError for a value no measurement of ``metric`` holds (NaN, None: not measured)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return
     if not math.isfinite(value) or value < 0 or (metric == "time" and value == 0):
@@ -307,7 +316,7 @@ def _check_value(metric: str, value: object) -> None:
 
 
 def _mark_wrong(rows: list[dict]) -> None:
-    """Every row of a case whose error ratio is above 1 becomes ``wrong`` (values kept as recorded)."""
+    """Every row of a case whose error ratio is above 1 becomes ``wrong`` (values kept)."""
     verdicts: dict[tuple, float] = {}
 
     def case(r: dict) -> tuple:
@@ -333,15 +342,16 @@ def _spec_columns(spec: AttnSpec) -> dict:
 
 # ---- attnbench run ---------------------------------------------------------------------------
 KEEPS_VALUES = (Status.OK, Status.WRONG, Status.NOISY)
-"""Statuses whose values are kept as recorded (``wrong`` and ``noisy`` ones are drawn, never fitted or ranked)."""
+"""Statuses whose values are kept as recorded (wrong and noisy ones: drawn, never fitted)."""
 
 
 def _read_manifest(path: Path, problems: list[str], notes: list[str]) -> dict:
-    """The manifest's claims to cross-check the log with (``{}`` when it cannot be read: named in problems)."""
+    """The manifest's claims to check the log against (``{}``: unreadable, named in problems)."""
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        notes.append(f"{path}: missing (the sweep stopped before writing it); the case log is read without it")
+        notes.append(f"{path}: missing (the sweep stopped before writing it); the case log is read "
+                     "without it")
         return {}
     except OSError as exc:
         problems.append(f"{path}: cannot read ({error_line(exc)}); the case log is read without it")
@@ -350,18 +360,20 @@ def _read_manifest(path: Path, problems: list[str], notes: list[str]) -> dict:
         problems.append(f"{path}: not readable JSON ({error_line(exc)}); the case log is read without it")
         return {}
     if not isinstance(manifest, dict):
-        problems.append(f"{path}: expected a JSON object, got {type(manifest).__name__}; the case log is read without it")
+        problems.append(f"{path}: expected a JSON object, got {type(manifest).__name__}; the case log is "
+                        "read without it")
         return {}
     from attnbench.runs import MANIFEST_SCHEMA
 
     if manifest.get("schema", MANIFEST_SCHEMA) != MANIFEST_SCHEMA:
-        problems.append(f"{path}: format {manifest.get('schema')!r}, and this attnbench reads {MANIFEST_SCHEMA!r}; "
-                        "the case log is read without it")
+        problems.append(f"{path}: format {manifest.get('schema')!r}, and this attnbench reads "
+                        f"{MANIFEST_SCHEMA!r}; the case log is read without it")
         return {}
     for name, kind in (("cases", int), ("planned", int), ("complete", bool)):
         value = manifest.get(name)
         if value is not None and (not isinstance(value, kind) or (kind is int and (isinstance(value, bool) or value < 0))):
-            problems.append(f"{path}: field {name!r} should be {'a count' if kind is int else 'true/false'}, got {value!r}; ignored")
+            problems.append(f"{path}: field {name!r} should be {'a count' if kind is int else 'true/false'}, "
+                            f"got {value!r}; ignored")
             manifest.pop(name)
     if "cases" not in manifest:
         problems.append(f"{path}: no 'cases' count; the case log cannot be cross-checked")
@@ -380,7 +392,7 @@ MAX_INPUT_BYTES = 2.0**50
 
 
 def _check_case(m: Measurement) -> None:
-    """Raise ValueError naming what makes a logged case unusable (the classes check types, names and shapes)."""
+    """Raise ValueError naming what makes a logged case unusable (beyond its classes' checks)."""
     if not m.variant:
         raise ValueError("variant is empty")
     if m.status == Status.OK and not (m.median > 0):
@@ -391,7 +403,8 @@ def _check_case(m: Measurement) -> None:
         if metric.field is not None:
             _check_value(metric.name, _lenient(contract.metric_value(m, metric.field)))
     if m.status == Status.OK and m.checked_error_ratio > 1:
-        raise ValueError(f"status ok but its error is {sig(m.checked_error_ratio)}x the tolerance (the gate's limit is 1x)")
+        raise ValueError(f"status ok but its error is {sig(m.checked_error_ratio)}x the tolerance (the gate's "
+                         "limit is 1x)")
     if m.spec.input_bytes > MAX_INPUT_BYTES:
         raise ValueError(f"status {m.status} but its inputs would take {m.spec.input_bytes:.3g} bytes (length "
                          f"{m.spec.lk}): no machine ran it")
@@ -400,10 +413,11 @@ def _check_case(m: Measurement) -> None:
 def _case_rows(m: Measurement, common: dict) -> list[dict]:
     """The tidy rows of one logged case, one per run metric of :data:`contract.METRICS` it holds.
 
-    A case that did not run (skipped, failed) keeps one row, its time (NaN), which carries its status and
-    reason; a case that ran has a row per metric it measured (its time row always, even when not timed).
-    A ``noisy`` case's rows of metrics a neighbour cannot disturb (not :attr:`Metric.timed`: memory, FLOPs,
-    counts) are ``ok``: fitted and ranked like any other; only its time-derived values stay ``noisy``.
+    A case that did not run (skipped, failed) keeps one row, its time (NaN), which carries its
+    status and reason; a case that ran has a row per metric it measured (its time row always, even
+    when not timed). A ``noisy`` case's rows of metrics a neighbour cannot disturb (not
+    :attr:`Metric.timed`: memory, FLOPs, counts) are ``ok``: fitted and ranked like any other; only
+    its time-derived values stay ``noisy``.
     """
     spec = m.spec
     base = {
@@ -435,23 +449,22 @@ def _case_rows(m: Measurement, common: dict) -> list[dict]:
 
 
 def _read_run_log(run_dir: Path, problems: list[str]):
-    """The run's case log (:func:`attnbench.runs.read_log`), or None when nothing of it can be read (why: in
-    ``problems``)."""
+    """The run's case log, or None when nothing of it can be read (why: in ``problems``)."""
     from attnbench.runs import LOG, LOG_SCHEMA, read_log
 
     try:
         log = read_log(run_dir / LOG)
     except FileNotFoundError:
-        problems.append(f"{run_dir / LOG}: missing; nothing of this run can be read (measurements.csv is an export, "
-                        "not the record)")
+        problems.append(f"{run_dir / LOG}: missing; nothing of this run can be read (measurements.csv is an "
+                        "export, not the record)")
         return None
     except OSError as exc:
         problems.append(f"{run_dir / LOG}: cannot read ({error_line(exc)})")
         return None
     header = log.header or {}
     if header.get("schema", LOG_SCHEMA) != LOG_SCHEMA:
-        problems.append(f"{run_dir / LOG}: format {header.get('schema')!r}, and this attnbench reads {LOG_SCHEMA!r}: "
-                        "not read (use the attnbench that wrote it)")
+        problems.append(f"{run_dir / LOG}: format {header.get('schema')!r}, and this attnbench reads "
+                        f"{LOG_SCHEMA!r}: not read (use the attnbench that wrote it)")
         return None
     return log
 
@@ -462,14 +475,15 @@ def _run_common(header: dict, manifest: dict) -> dict:
     if not isinstance(peaks, dict):  # a single number: the float32 roof
         peaks = {"float32": peaks}
     gbps = header.get("peak_gbps", manifest.get("peak_gbps"))
-    gbps = _lenient(gbps.get("triad") if isinstance(gbps, dict) else gbps)  # triad: the roofline's bandwidth roof
+    # triad: the roofline's bandwidth roof
+    gbps = _lenient(gbps.get("triad") if isinstance(gbps, dict) else gbps)
     created = manifest.get("created") or header.get("created")
     return {"source": Source.RUN, "benchmark": "attnbench.run", "date": created, "run_date": created,
             "peak_gflops": peaks, "peak_gbps": gbps if gbps > 0 else math.nan}
 
 
 def load_run(run_dir: str | Path) -> pd.DataFrame:
-    """An ``attnbench run`` directory as a tidy frame, read from its typed case log (``cases.jsonl``).
+    """An ``attnbench run`` directory as a tidy frame, read from its case log (``cases.jsonl``).
 
     ``manifest.json`` only adds its claims to check: the count of cases written, whether the sweep
     finished. ``measurements.csv`` is an export for people and is not read. Unusable log lines and
@@ -503,7 +517,7 @@ def load_run(run_dir: str | Path) -> pd.DataFrame:
 
 
 def _distinct_cases(log_path: Path, measurements: Sequence[Measurement], problems: list[str]) -> list[tuple[int, Measurement]]:
-    """``(number in the log, case)`` once per case: a case logged twice (never written so by a sweep) keeps its last."""
+    """``(number in the log, case)`` once per case: a case logged twice keeps its last."""
     from attnbench.runs import case_key
 
     last: dict[str, tuple[int, Measurement]] = {}
@@ -519,11 +533,11 @@ def _distinct_cases(log_path: Path, measurements: Sequence[Measurement], problem
 
 def _cross_check(run_dir: Path, cases: Sequence[Measurement], logged: int, header: dict, manifest: dict,
                  problems: list[str], notes: list[str]) -> None:
-    """The manifest's claims, and the plan in the log's header, against the cases the log holds (the truth).
+    """The manifest's claims and the header's plan against the cases the log holds (the truth).
 
     ``logged``: lines of cases in the log; ``cases``: the distinct ones.
     """
-    from attnbench.runs import LOG, MANIFEST, case_key
+    from attnbench.runs import LOG, MANIFEST
 
     claimed, complete = manifest.get("cases"), manifest.get("complete")
     keys = header.get("cases") if isinstance(header.get("cases"), list) else None
@@ -531,31 +545,42 @@ def _cross_check(run_dir: Path, cases: Sequence[Measurement], logged: int, heade
     if manifest.get("planned") is not None and planned is not None and manifest["planned"] != planned:
         problems.append(f"{run_dir / MANIFEST} says {manifest['planned']} case(s) were planned, the header of "
                         f"{run_dir / LOG} {planned}")
-    if claimed == logged - 1:  # one write behind the log: killed between logging a case and rewriting the manifest
-        notes.append(f"{run_dir / MANIFEST} says {claimed} case(s) but {run_dir / LOG} holds {logged}: the sweep "
-                     "stopped between writing its files (--resume rewrites the manifest)")
+    # one write behind the log: killed between logging a case and rewriting the manifest
+    if claimed == logged - 1:
+        notes.append(f"{run_dir / MANIFEST} says {claimed} case(s) but {run_dir / LOG} holds {logged}: "
+                     "the sweep stopped between writing its files (--resume rewrites the manifest)")
     elif claimed is not None and claimed != logged:
-        problems.append(f"{run_dir / LOG}: holds {logged} case(s) but {run_dir / MANIFEST} says {claimed} case(s) were "
-                        "written (truncated or replaced)")
-    done = len(cases)
-    if keys is not None:
-        logged_keys = {case_key(m.variant, m.spec) for m in cases}
-        unplanned = logged_keys - set(keys)
-        if unplanned:
-            problems.append(f"{run_dir / LOG}: {len(unplanned)} case(s) the header did not plan ({len(keys)} planned): "
-                            "another sweep's cases, or a garbled header")
-        done = len(logged_keys & set(keys))
+        problems.append(f"{run_dir / LOG}: holds {logged} case(s) but {run_dir / MANIFEST} says {claimed} "
+                        "case(s) were written (truncated or replaced)")
+    done = _planned_done(run_dir / LOG, cases, keys, problems)
     if complete is True and planned is not None and done < planned:
-        problems.append(f"{run_dir / MANIFEST} says complete, but {run_dir / LOG} holds {done} of the {planned} planned cases")
+        problems.append(f"{run_dir / MANIFEST} says complete, but {run_dir / LOG} holds {done} of the "
+                        f"{planned} planned cases")
     if complete is False:
         notes.append(f"{run_dir}: incomplete ({claimed if claimed is not None else done} of "
-                     f"{planned if planned is not None else '?'} cases): the sweep was stopped before the end")
+                     f"{planned if planned is not None else '?'} cases): the sweep was stopped before the "
+                     "end")
     elif planned is not None and done < planned:
         notes.append(f"{run_dir}: incomplete ({done} of {planned} cases)")
 
 
+def _planned_done(log_path: Path, cases: Sequence[Measurement], keys: list | None, problems: list[str]) -> int:
+    """How many planned cases the log holds (``keys``: the header's plan; None: no list, every case
+    counts); cases it did not plan are named in ``problems``."""
+    from attnbench.runs import case_key
+
+    if keys is None:
+        return len(cases)
+    logged_keys = {case_key(m.variant, m.spec) for m in cases}
+    unplanned = logged_keys - set(keys)
+    if unplanned:
+        problems.append(f"{log_path}: {len(unplanned)} case(s) the header did not plan ({len(keys)} "
+                        "planned): another sweep's cases, or a garbled header")
+    return len(logged_keys & set(keys))
+
+
 def _kind(path: Path) -> str:
-    """:class:`Source` ``asv`` or ``run``, or a sentence saying why ``path`` is neither (OSError: unreadable)."""
+    """:class:`Source` ``asv`` or ``run``, or why ``path`` is neither (OSError: unreadable)."""
     if not path.exists():
         return "does not exist"
     if not path.is_dir():
@@ -570,12 +595,13 @@ def _kind(path: Path) -> str:
     if not children:
         return "is an empty directory"
     if any((c / "machine.json").exists() for c in children if c.is_dir()):
-        return f"looks like asv results but has no benchmarks.json ({path / 'benchmarks.json'} missing)"
+        return (f"looks like asv results but has no benchmarks.json ({path / 'benchmarks.json'} "
+                "missing)")
     return "neither an asv results directory (benchmarks.json) nor a run (cases.jsonl)"
 
 
 def _source_dir(src: str | Path) -> Path:
-    """The directory to read for ``src``: an asv project's ``results`` where ``src`` is the project (``.asv``)."""
+    """The directory to read for ``src``: ``src/results`` where ``src`` is an asv project."""
     path = Path(src)
     if path.is_dir() and not (path / "benchmarks.json").exists() and (path / "results" / "benchmarks.json").exists():
         return path / "results"
@@ -583,7 +609,7 @@ def _source_dir(src: str | Path) -> Path:
 
 
 def _load_one(path: Path) -> tuple[str, pd.DataFrame | None]:
-    """What ``path`` is (:func:`_kind`) and its frame; None where it is neither kind or cannot be read."""
+    """What ``path`` is (:func:`_kind`) and its frame (None: neither kind, or unreadable)."""
     try:
         kind = _kind(path)
         return kind, load_asv(path) if kind == Source.ASV else load_run(path) if kind == Source.RUN else None
@@ -624,8 +650,9 @@ def load(sources: Iterable[str | Path]) -> pd.DataFrame:
     frames = [f for f in frames if len(f)]
     out = pd.concat(frames, ignore_index=True) if frames else _finish([], [])
     spikes = flag_spikes(out)
-    notes += [f"{spikes} time point(s) above the line through their neighbours by more than {SPIKE_FACTOR:g}x are "
-              "marked noisy (a cost in L is convex on log-log axes: such a point was disturbed)"] if spikes else []
+    notes += [f"{spikes} time point(s) above the line through their neighbours by more than "
+              f"{SPIKE_FACTOR:g}x are marked noisy (a cost in L is convex on log-log axes: such a "
+              "point was disturbed)"] if spikes else []
     out.attrs["problems"] = problems
     out.attrs["notes"] = notes
     out.attrs["sources"] = summary
@@ -633,16 +660,17 @@ def load(sources: Iterable[str | Path]) -> pd.DataFrame:
 
 
 SPIKE_FACTOR = 1.5
-"""A time point this many times above the log-log line through its two neighbours breaks its series' trend."""
+"""How far above the log-log line through its neighbours a time point breaks its series' trend."""
 
 
 def flag_spikes(frame: pd.DataFrame) -> int:
-    """Mark (in place) ``ok`` time-derived points that stand above the line through their neighbours as ``noisy``.
+    """Mark ``ok`` time points above the line through their neighbours ``noisy`` (in place).
 
-    Any cost c0 + c1·L + c2·L² + ... with non-negative terms is convex on log-log axes, so a measured point lies
-    on or below the straight line joining the points at the lengths on either side of it. One more than
-    :data:`SPIKE_FACTOR` above it was disturbed: a crossover or a ranking must not rest on it (one such
-    point once made a false crossover). Returns how many points were marked.
+    Any cost c0 + c1·L + c2·L² + ... with non-negative terms is convex on log-log axes, so a
+    measured point lies on or below the straight line joining the points at the lengths on either
+    side of it. One more than :data:`SPIKE_FACTOR` above it was disturbed: a crossover or a ranking
+    must not rest on it (one such point once made a false crossover). Returns how many points were
+    marked.
     """
     from attnbench.analysis.complexity import GROUP, swept
 
@@ -650,7 +678,8 @@ def flag_spikes(frame: pd.DataFrame) -> int:
         return 0
     ok = frame.assign(origin=frame.get("origin", ""))
     ok = ok[(ok["status"] == Status.OK) & (ok["value"] > 0)]
-    times = swept(ok[ok["metric"].isin(("time", "cuda_time"))])  # a time is convex in L; a rate (GFLOP/s) is not
+    # a time is convex in L; a rate (GFLOP/s) is not
+    times = swept(ok[ok["metric"].isin(("time", "cuda_time"))])
     case = [c for c in GROUP if c not in ("metric", "method")] + ["origin", "seq_len", "seq_len_k"]
     spiked: dict[tuple, float] = {}
     for _, series in times.groupby([*GROUP, "origin"], dropna=False, sort=False):
@@ -658,7 +687,8 @@ def flag_spikes(frame: pd.DataFrame) -> int:
         if len(by_len) < 3:
             continue
         x, y = np.log(by_len.index.to_numpy(float)), np.log(by_len.to_numpy(float))
-        chord = y[:-2] + (y[2:] - y[:-2]) * (x[1:-1] - x[:-2]) / (x[2:] - x[:-2])  # the neighbours' line at each inner point
+        # the neighbours' line at each inner point
+        chord = y[:-2] + (y[2:] - y[:-2]) * (x[1:-1] - x[:-2]) / (x[2:] - x[:-2])
         for length, factor in zip(by_len.index[1:-1], np.exp(y[1:-1] - chord), strict=True):
             if factor > SPIKE_FACTOR:
                 for key in series.loc[series["length"] == length, case].itertuples(index=False, name=None):
@@ -666,7 +696,8 @@ def flag_spikes(frame: pd.DataFrame) -> int:
     if not spiked:
         return 0
     keys = pd.Series(list(ok[case].itertuples(index=False, name=None)), index=ok.index)
-    rows = ok.index[keys.isin(list(spiked)) & ok["metric"].isin(TIMED)]  # the case's rates go with its time
+    # the case's rates go with its time
+    rows = ok.index[keys.isin(list(spiked)) & ok["metric"].isin(TIMED)]
     factors = keys.loc[rows].map(spiked)
     frame.loc[rows, "status"] = Status.NOISY
     frame.loc[rows, "reason"] = [f"{f:.1f}x above the line through its neighbours' lengths: it breaks its series' "

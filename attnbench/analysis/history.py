@@ -37,15 +37,17 @@ TIME_FACTOR = 1.2
 FLOPS_FACTOR = 1.0 + 1e-9
 """The gate's FLOPs rule: any growth of the analytic count."""
 DEFAULT_WINDOW = 10
-"""Commits a drift may spread over. Counts do not wander by themselves (an unchanged commit counts alike
-far within the gate's factor: the README's "Use it in CI"), so a long window adds no false drift."""
+"""Commits a drift may spread over.
+
+Counts do not wander by themselves (an unchanged commit counts alike far within the gate's factor:
+the README's "Use it in CI"), so a long window adds no false drift."""
 EXACT = ("instructions", "peak_tensor_bytes", "flops")
 """Deterministic metrics: exact rules on the values themselves."""
 TIMED = ("time",)
 """Noisy metrics: levels from asv's step detection first."""
 METRICS = (*EXACT, *TIMED)
 MAIN_GRID_CLASSES = ("Attention", "AttentionMetrics", "AttentionAccuracy", "AttentionCuda", "Instructions")
-"""asv classes of the main grid's shape: a case label names the class of any other (``Decode``, ``GroupedQuery``)."""
+"""The asv classes of the main grid's shape; a case label names the class of any other."""
 CASE = ("machine", "benchmark", "variant", "seq_len", "seq_len_k", "device", "mode", "mask")
 """What makes one series (with ``metric``): a machine's benchmark at one parameter set."""
 STEP_COLUMNS = ["machine", "benchmark", "variant", "seq_len", "seq_len_k", "device", "mode", "mask", "metric", "kind",
@@ -94,10 +96,10 @@ class Change:
 def exact_changes(values: Sequence[float], factor: float, window: int = DEFAULT_WINDOW) -> list[Change]:
     """Steps and drifts of one deterministic series (NaN: not measured at that commit), in order.
 
-    A step: ``values[i] / values[previous measured]`` beyond ``factor`` (or below ``1 / factor``). A drift: between
-    steps, ``values[i] / min(values[j])`` (or ``/ max``) beyond the factor for a ``j`` at most ``window`` commits
-    before ``i``; overlapping detections are one drift, from the first commit after its lowest level to the commit of
-    its highest.
+    A step: ``values[i] / values[previous measured]`` beyond ``factor`` (or below ``1 / factor``). A
+    drift: between steps, ``values[i] / min(values[j])`` (or ``/ max``) beyond the factor for a
+    ``j`` at most ``window`` commits before ``i``; overlapping detections are one drift, from the
+    first commit after its lowest level to the commit of its highest.
     """
     y = np.asarray(values, dtype=float)
     present = [i for i in range(len(y)) if math.isfinite(y[i]) and y[i] > 0]
@@ -118,7 +120,7 @@ def exact_changes(values: Sequence[float], factor: float, window: int = DEFAULT_
 
 
 def _drifts(y: np.ndarray, points: list[int], factor: float, window: int) -> list[Change]:
-    """Drifts within one segment (no step inside): cumulative moves beyond ``factor`` over at most ``window`` commits."""
+    """Drifts in a segment without steps: moves beyond ``factor`` within ``window`` commits."""
     found: list[Change] = []
     for direction, sign in ((Direction.REGRESSION, 1), (Direction.IMPROVEMENT, -1)):
         spans: list[list[int]] = []
@@ -132,7 +134,8 @@ def _drifts(y: np.ndarray, points: list[int], factor: float, window: int) -> lis
                     spans[-1][1] = i
                 else:
                     spans.append([j, i])
-        tolerance = (factor - 1) / 4  # within it of a level is that level: noise does not move a drift's ends
+        # within it of a level is that level: noise does not move a drift's ends
+        tolerance = (factor - 1) / 4
         for a, b in spans:
             inside = [p for p in points if a <= p <= b]
             low, high = max(((p, q) for p in inside for q in inside if p < q), key=lambda pq: (y[pq[1]] / y[pq[0]]) ** sign)
@@ -149,14 +152,16 @@ def _near(value: float, level: float, tolerance: float) -> bool:
 
 
 PENALTY = 2.0
-"""The Potts penalty per level change, in units of the series' noise x log(n + 1) (see :func:`time_levels`).
-``python -m studies.step_rates`` simulates how often it names a slow ramp, a step and pure noise (the
-README's "Steps in the history" quotes the rates)."""
+"""The Potts penalty per level change, in units of the series' noise x log(n + 1) (see
+:func:`time_levels`). ``python -m studies.step_rates`` simulates how often it names a slow ramp, a
+step and pure noise (the README's "Steps in the history" quotes the rates)."""
 
 
 def noise(values: Sequence[float]) -> float:
-    """A robust noise scale of a series: 1.4826 x the MAD of its successive differences / sqrt(2). Differences of a
-    piecewise-constant signal are noise except at its few steps, which the median ignores (a ramp's are small)."""
+    """A robust noise scale of a series: 1.4826 x the MAD of its successive differences / sqrt(2).
+
+    Differences of a piecewise-constant signal are noise except at its few steps, which the median
+    ignores (a ramp's are small)."""
     d = np.diff(np.asarray(values, dtype=float))
     if not len(d):
         return 0.0
@@ -164,7 +169,7 @@ def noise(values: Sequence[float]) -> float:
 
 
 def time_levels(values: Sequence[float], weights: Sequence[float] | None = None, penalty: float = PENALTY) -> np.ndarray:
-    """The piecewise-constant levels asv's Potts solver fits to a noisy series (NaN where not measured).
+    """The piecewise-constant levels asv's Potts solver fits to a series (NaN: not measured).
 
     :func:`asv.step_detect.solve_potts_approx` (asv 0.6.6: the fit ``asv publish`` runs for its
     regressions page) with the penalty ``penalty x noise x log(n + 1)`` (:func:`noise`), each point
@@ -197,7 +202,8 @@ def time_levels(values: Sequence[float], weights: Sequence[float] | None = None,
     rights, values_, _ = solve_potts_approx(list(points), list(w), gamma=gamma)
     left = 0
     for k, (right, value) in enumerate(zip(rights, values_, strict=True)):
-        if not (0 < k < len(rights) - 1 and right - left == 1):  # an interior one-commit level: an outlier
+        # an interior one-commit level: an outlier
+        if not (0 < k < len(rights) - 1 and right - left == 1):
             levels[index[left:right]] = value
         left = right
     return levels
@@ -220,8 +226,10 @@ def status_changes(statuses: Sequence[str]) -> list[Change]:
 class History:
     """The steps of a results history and what they were read from."""
 
-    commits: pd.DataFrame  # commit, date, position (0 = oldest), subject ("" when no repository knows it)
-    series: pd.DataFrame  # the rows read (ok or not), with ``position`` and ``level`` (the value the rules saw)
+    # commit, date, position (0 = oldest), subject ("" when no repository knows it)
+    commits: pd.DataFrame
+    # the rows read (ok or not), with ``position`` and ``level`` (the value the rules saw)
+    series: pd.DataFrame
     steps: pd.DataFrame  # STEP_COLUMNS, one row per change
     factors: dict[str, float] = field(default_factory=default_factors)
     window: int = DEFAULT_WINDOW
@@ -249,11 +257,12 @@ def _git_lines(repo: Path, *args: str) -> list[str] | None:
 
 
 def commit_order(commits: pd.DataFrame, repo: str | Path | None = None) -> tuple[pd.DataFrame, str]:
-    """``commits`` (columns commit, date) in history order, with ``position`` and ``subject``, and how it was ordered.
+    """``commits`` in history order with ``position`` and ``subject``, and how they were ordered.
 
-    Where ``repo`` is a git repository that knows every commit, its topological order (``git rev-list --topo-order``:
-    a parent before its children, whatever the dates say) and the commits' subjects; otherwise asv's recorded commit
-    dates (commits of the same second keep their hash order, and the order says so).
+    Where ``repo`` is a git repository that knows every commit, its topological order
+    (``git rev-list --topo-order``: a parent before its children, whatever the dates say) and the
+    commits' subjects; otherwise asv's recorded commit dates (commits of the same second keep their
+    hash order, and the order says so).
     """
     commits = commits.drop_duplicates("commit").reset_index(drop=True)
     subjects: dict[str, str] = {}
@@ -282,11 +291,14 @@ def commit_order(commits: pd.DataFrame, repo: str | Path | None = None) -> tuple
 
 def find_steps(frame: pd.DataFrame, *, factors: dict[str, float] | None = None, window: int = DEFAULT_WINDOW,
                repo: str | Path | None = None, metrics: Sequence[str] = METRICS) -> History:
-    """Every step, drift and failure of ``frame`` (a tidy frame of asv results: :func:`attnbench.analysis.frame.load`).
+    """Every step, drift and failure of ``frame`` (a tidy frame of asv results:
+    :func:`attnbench.analysis.frame.load`).
 
     Args:
-        frame: rows of several commits (the rows without a commit, e.g. ``attnbench run`` directories, are ignored).
-        factors: metric -> the factor a value must move by (default :func:`default_factors`, the gate's).
+        frame: rows of several commits (the rows without a commit, e.g. ``attnbench run``
+            directories, are ignored).
+        factors: metric -> the factor a value must move by (default :func:`default_factors`, the
+            gate's).
         window: commits a drift may spread over.
         repo: a git repository to order the commits by (see :func:`commit_order`).
         metrics: which metrics to read (default :data:`METRICS`).
@@ -324,8 +336,10 @@ def find_steps(frame: pd.DataFrame, *, factors: dict[str, float] | None = None, 
 
 def _positioned(frame: pd.DataFrame, metrics: Sequence[str], repo: str | Path | None
                 ) -> tuple[pd.DataFrame, pd.DataFrame, str]:
-    """The rows of ``metrics`` that name a commit, each with its commit's ``position`` (one row per case,
-    metric and commit: the last loaded), the commits (:func:`commit_order`) and how they were ordered."""
+    """The rows of ``metrics`` that name a commit, with its ``position``, and the commit order.
+
+    One row per case, metric and commit (the last loaded); the commits and how they were ordered
+    come from :func:`commit_order`."""
     rows = frame[frame["metric"].isin(list(metrics)) & frame["commit"].fillna("").astype(str).ne("")].copy()
     commits, order = commit_order(rows.groupby("commit", as_index=False).agg(date=("date", "min")), repo)
     position = dict(zip(commits["commit"], commits["position"], strict=True))
@@ -337,7 +351,7 @@ def _positioned(frame: pd.DataFrame, metrics: Sequence[str], repo: str | Path | 
 
 
 def _series(group: pd.DataFrame, n: int) -> tuple[np.ndarray, list[str], np.ndarray]:
-    """One series' values (NaN where not ok), statuses ("" where not run) and asv weights, by commit position."""
+    """One series' values (NaN: not ok), statuses ("": not run) and asv weights, by position."""
     values = np.full(n, np.nan)
     statuses: list[str] = [""] * n
     weights = np.full(n, np.nan)
@@ -346,12 +360,13 @@ def _series(group: pd.DataFrame, n: int) -> tuple[np.ndarray, list[str], np.ndar
         if rec.status == Status.OK:
             values[rec.position] = rec.value
             width = rec.ci_high - rec.ci_low
-            weights[rec.position] = 2 / width if width > 0 else np.nan  # asv's own weight (asv._stats.get_weight)
+            # asv's own weight (asv._stats.get_weight)
+            weights[rec.position] = 2 / width if width > 0 else np.nan
     return values, statuses, weights
 
 
 def _step_row(case: dict, metric: str, change: Change, commits: pd.DataFrame, factor: float) -> dict:
-    """A row of :attr:`History.steps` (:data:`STEP_COLUMNS` but ``grid``): one change of one case's metric."""
+    """One change of one case's metric as a row of :attr:`History.steps` (but its ``grid``)."""
     return {**case, "metric": metric, "kind": change.kind, "direction": change.direction,
             "first": commits["commit"].iloc[change.first], "last": commits["commit"].iloc[change.last],
             "first_pos": change.first, "last_pos": change.last, "commits": change.last - change.first + 1,
@@ -359,11 +374,11 @@ def _step_row(case: dict, metric: str, change: Change, commits: pd.DataFrame, fa
 
 
 FIGURE_CASE = ("machine", "grid", "variant", "seq_len", "seq_len_k", "device", "mode", "mask")
-"""What one history figure shows: a case's metrics together (``grid``: :func:`grid_of` its benchmark)."""
+"""What one history figure shows: a case's metrics (``grid``: :func:`grid_of` its benchmark)."""
 
 
 def grid_of(benchmark: object) -> str:
-    """The asv class whose shape a benchmark measures: "" for the main grid's classes, else its name (``Decode``)."""
+    """The asv class a benchmark's shape is (``Decode``), or "" for the main grid's classes."""
     parts = str(benchmark).split(".")
     cls = parts[-2] if len(parts) >= 2 else ""
     return "" if cls in MAIN_GRID_CLASSES else cls
@@ -375,7 +390,8 @@ def case_label(rec: dict | pd.Series) -> str:
     parts = [str(rec.get("variant", ""))]
     length_k = rec.get("seq_len_k")
     known = [v not in ("", None) and not pd.isna(v) for v in (length, length_k)]
-    if known[1] and (not known[0] or int(length_k) != int(length)):  # decode: a few queries over a cache of Lk keys
+    # decode: a few queries over a cache of Lk keys
+    if known[1] and (not known[0] or int(length_k) != int(length)):
         parts.append(f"Lk={length_k}")
     elif known[0]:
         parts.append(f"L={length}")
@@ -388,7 +404,7 @@ def case_label(rec: dict | pd.Series) -> str:
 
 
 def ratio_text(rec: dict | pd.Series) -> str:
-    """The ratio with the digits its metric needs (counts: 4 decimals; a 0.2% change is a verdict)."""
+    """The ratio with the digits its metric needs (counts: 4; a 0.2% change is a verdict)."""
     if rec["kind"] in (ChangeKind.FAILED, ChangeKind.WRONG):
         return rec["kind"]
     digits = 4 if rec["metric"] == "instructions" else 2

@@ -6,10 +6,10 @@ once; backward adds its reads and gradient writes): a property of the case, so A
 ideal kernel and an upper bound for one that re-reads its inputs or spills its scores. Then its
 achieved FLOP/s and GB/s, and the attainable roof ``min(peak FLOP/s, AI x bandwidth)`` from the
 machine's measured matmul peak at the case's dtype and STREAM triad bandwidth: which roof binds
-(``compute`` at or above the ridge ``peak / bandwidth``, else ``bandwidth``) and the case's share of it.
-Prefill's AI grows with L (compute-bound at long L); decode's stays near 1 FLOP/byte (bandwidth-bound).
-A rate that is missing or not a measurement (method "model") is never placed; a machine without a
-recorded bandwidth gets AI and % of the compute roof, but no binding roof.
+(``compute`` at or above the ridge ``peak / bandwidth``, else ``bandwidth``) and the case's share of
+it. Prefill's AI grows with L (compute-bound at long L); decode's stays near 1 FLOP/byte
+(bandwidth-bound). A rate that is missing or not a measurement (method "model") is never placed; a
+machine without a recorded bandwidth gets AI and % of the compute roof, but no binding roof.
 """
 
 from __future__ import annotations
@@ -39,24 +39,26 @@ def _metric(frame: pd.DataFrame, metric: str, keys: list[str], measured: bool) -
 
 
 def roofline(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per ``ok`` case with a measured time: AI, achieved GFLOP/s and GB/s, the roofs, % of the binding roof.
+    """One row per ``ok`` timed case: AI, achieved GFLOP/s and GB/s, roofs, % of the binding one.
 
     Args:
-        frame: the tidy frame (:mod:`attnbench.analysis.frame`); the ``bytes`` metric (bytes moved by
-            the ideal kernel) and the ``peak_gbps`` column come with runs that record them.
+        frame: the tidy frame (:mod:`attnbench.analysis.frame`); the ``bytes`` metric (bytes moved
+            by the ideal kernel) and the ``peak_gbps`` column come with runs that record them.
 
     Returns:
-        :data:`COLUMNS`: ``flops`` executed, ``bytes`` moved, ``ai`` (FLOP/byte), achieved ``gflops``
-        and ``gbps``, the machine's ``peak_gflops`` and ``peak_gbps`` (NaN when not recorded), the
-        ``ridge_ai`` where the roofs meet, the attainable ``roof_gflops``, ``bound`` ("compute",
-        "bandwidth", or "" without a bandwidth), ``pct_of_roof`` (of the binding roof) and the
-        percentages of each roof alone. Empty (with those columns) when nothing can be placed.
+        :data:`COLUMNS`: ``flops`` executed, ``bytes`` moved, ``ai`` (FLOP/byte), achieved
+        ``gflops`` and ``gbps``, the machine's ``peak_gflops`` and ``peak_gbps`` (NaN when not
+        recorded), the ``ridge_ai`` where the roofs meet, the attainable ``roof_gflops``, ``bound``
+        ("compute", "bandwidth", or "" without a bandwidth), ``pct_of_roof`` (of the binding roof)
+        and the percentages of each roof alone. Empty (with those columns) when nothing can be
+        placed.
     """
     if frame.empty:
         return pd.DataFrame(columns=COLUMNS)
     frame = frame.assign(workload=frame.get("workload", pd.Series("prefill", index=frame.index)).fillna("prefill"))
     keys = [c for c in CASE if c in frame]
-    frame = frame.assign(**{c: frame[c].astype(object).where(frame[c].notna(), "") for c in keys})  # NaN keys group too
+    # NaN keys group too
+    frame = frame.assign(**{c: frame[c].astype(object).where(frame[c].notna(), "") for c in keys})
     table = _measured(frame, keys)
     if table.empty:
         return pd.DataFrame(columns=COLUMNS)
@@ -68,7 +70,7 @@ def roofline(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _measured(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Per case (``keys``): its median time, achieved GFLOP/s, bytes moved and executed FLOPs (cases timed only)."""
+    """Per case: median time, achieved GFLOP/s, bytes moved and executed FLOPs (timed cases)."""
     time = _metric(frame, "time", keys, measured=True)
     gflops = _metric(frame, "gflops", keys, measured=True)
     moved = _metric(frame, "bytes", keys, measured=False)
@@ -77,12 +79,13 @@ def _measured(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     if table.empty:
         return table
     table = table.join(moved.rename("bytes")).join(counted.rename("flops_counted"))
-    table["flops"] = table["flops_counted"].fillna(table["gflops"] * 1e9 * table["time"])  # (executed FLOPs)
+    # (executed FLOPs)
+    table["flops"] = table["flops_counted"].fillna(table["gflops"] * 1e9 * table["time"])
     return table
 
 
 def _roofs(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Per case: the machine's recorded ``peak_gflops`` and ``peak_gbps`` (NaN where not recorded)."""
+    """Per case: the machine's recorded ``peak_gflops`` and ``peak_gbps`` (NaN: not recorded)."""
     if "peak_gbps" not in frame:
         return frame.groupby(keys, dropna=False)[["peak_gflops"]].median().assign(peak_gbps=math.nan)
     timed = frame[frame["metric"].isin(("time", "gflops"))]
@@ -90,7 +93,7 @@ def _roofs(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 
 def _against_roofs(table: pd.DataFrame) -> pd.DataFrame:
-    """``table`` with its intensity, GB/s, the ridge, the attainable roof, the binding one and the percentages."""
+    """``table`` with its intensity, GB/s, ridge, attainable and binding roof, and percentages."""
     table["ai"] = table["flops"] / table["bytes"]
     table["gbps"] = table["bytes"] / table["time"] / 1e9
     table["ridge_ai"] = table["peak_gflops"] / table["peak_gbps"]

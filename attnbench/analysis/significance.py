@@ -1,4 +1,4 @@
-"""Is HEAD slower than BASE? A decision on the recorded timing samples that knows when it cannot decide.
+"""Is HEAD slower than BASE? A decision on timing samples that knows when it cannot decide.
 
 The allowance is ``time_factor x (1 + IQR/median of BASE)``: a benchmark is forgiven its own
 process-to-process noise, but never more than ``CAP``. Three outcomes:
@@ -76,9 +76,9 @@ def ratio_interval(base: np.ndarray, head: np.ndarray, seed: int = 0) -> tuple[f
 def smallest_p(m: int, n: int) -> float:
     """The smallest one-sided p-value the exact Mann-Whitney U test can give with m and n samples.
 
-    It is reached when every sample of one side exceeds every sample of the other: 1 / C(m + n, m). Where it
-    is not below ``ALPHA`` no data can be significant, so :func:`decide` refuses before it tests (3 a side: 0.05;
-    4 a side: 0.014; 5 a side: 0.004).
+    It is reached when every sample of one side exceeds every sample of the other: 1 / C(m + n, m).
+    Where it is not below ``ALPHA`` no data can be significant, so :func:`decide` refuses before it
+    tests (3 a side: 0.05; 4 a side: 0.014; 5 a side: 0.004).
     """
     return 1.0 / math.comb(m + n, m)
 

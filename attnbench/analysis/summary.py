@@ -1,9 +1,10 @@
-"""What the report states, computed from the tidy frame: the analyse step of load -> analyse -> render.
+"""The analyse step of load -> analyse -> render: what the report states, from the tidy frame.
 
 * :func:`load_results` -> :class:`Loaded` (the tidy frame and what could not be read),
 * :func:`analyse` -> :class:`Analysis`: fits, crossovers, the sides compared and their ratios, the
   primary slice the story is told from, and the findings: sentences the data supports, each linked
-  to the figure it is read from. Nothing is drawn or written here (:mod:`attnbench.report.html` does).
+  to the figure it is read from. Nothing is drawn or written here: :mod:`attnbench.report.html`
+  does that.
 
 A finding is stated only when the data supports it: ``ok`` rows, measured (not "model") values and
 conclusive fits; a sentence whose numbers are missing is left out, never guessed.
@@ -28,7 +29,7 @@ from attnbench.spec import AttnSpec
 
 SHORT_HASH = 8  # characters of a commit hash shown on the page (asv's own convention)
 SHAPE = ("batch", "heads", "kv_heads", "head_dim")
-"""A case's shape beside its length: rows that differ in any of them are different cases, never pooled."""
+"""A case's shape beside its length: rows that differ in any of them are never pooled."""
 SLICE = ("machine", "commit", "device", "mode", "dtype", "mask", *SHAPE)
 """The columns that pick the primary slice (beside its side)."""
 
@@ -49,7 +50,7 @@ class Loaded:
 
 
 def load_results(sources: Iterable[str | Path]) -> Loaded:
-    """Load asv results directories and run directories into one tidy frame (never raises on bad input)."""
+    """asv results and run directories as one tidy frame (never raises on bad input)."""
     sources = tuple(str(s) for s in sources)
     frame = load(sources)
     return Loaded(frame=frame, sources=sources, problems=tuple(frame.attrs.get("problems", [])),
@@ -67,12 +68,14 @@ class Finding:
 
 @dataclass(frozen=True)
 class Comparison:
-    """Side B against side A (two runs, commits or machines): time and peak tensor memory ratios where both ran ok."""
+    """Side B against side A (runs, commits, machines): time and memory ratios where both ran ok."""
 
     label_a: str  # what A is (run directory, short hash, machine)
     label_b: str  # what B is
-    ratios: pd.DataFrame  # variant, seq_len, device, mode, dtype, mask, time_a, time_b, ratio (B / A)
-    memory: pd.DataFrame = field(default_factory=pd.DataFrame)  # same keys, bytes_a, bytes_b, ratio (B / A): measured peak tensor bytes only
+    # variant, seq_len, device, mode, dtype, mask, time_a, time_b, ratio (B / A)
+    ratios: pd.DataFrame
+    # same keys, bytes_a, bytes_b, ratio (B / A): measured peak tensor bytes only
+    memory: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 @dataclass(frozen=True)
@@ -83,19 +86,23 @@ class Analysis:
     fits: pd.DataFrame  # complexity.fit_table
     summary: pd.DataFrame  # one row per variant: exponents and verdicts (exponent_summary)
     crossovers: dict[str, pd.DataFrame]  # metric -> complexity.crossovers (ok, measured rows)
-    primary: dict[str, str]  # the slice findings are read from (machine, device, mode, dtype, mask, side)
+    # the slice findings are read from (machine, device, mode, dtype, mask, side)
+    primary: dict[str, str]
     constants: dict[str, str]  # values shared by every case (lifted into the subtitle)
     sides: pd.DataFrame  # one row per run / commit / machine: label, short hash, run date, cases
     comparisons: tuple[Comparison, ...]  # B vs A for every side after the first (at most 3)
     findings: tuple[Finding, ...] = field(default=())  # 0 to MAX_FINDINGS sentences, each linked
-    main: pd.DataFrame = field(default_factory=pd.DataFrame)  # the rows of the primary side (all of them with one side)
-    main_fits: pd.DataFrame = field(default_factory=pd.DataFrame)  # the fits of the primary machine and commit
-    machine: pd.DataFrame = field(default_factory=pd.DataFrame)  # the primary machine's prefill and decode rows (pair_decode)
+    # the rows of the primary side (all of them with one side)
+    main: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # the fits of the primary machine and commit
+    main_fits: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # the primary machine's prefill and decode rows (pair_decode)
+    machine: pd.DataFrame = field(default_factory=pd.DataFrame)
     machine_fits: pd.DataFrame = field(default_factory=pd.DataFrame)  # their fits
 
     @property
     def primary_crossovers(self) -> dict[str, pd.DataFrame]:
-        """The crossover tables of the primary slice only (a matrix shows one machine, commit and setting)."""
+        """The primary slice's crossover tables (a matrix shows one machine, commit and setting)."""
         return {m: restrict(t, self.primary) for m, t in self.crossovers.items()} if self.primary else {}
 
 
@@ -113,10 +120,10 @@ def _short_fit(row: pd.Series) -> str:
 
 
 def _exponent_columns(group: pd.DataFrame, metric: str, label: str, row: dict, flags: list[str]) -> None:
-    """Fill ``row``'s cell for one metric's fit of a variant, "fitted / declared" (and its verdict into ``flags``).
+    """Fill ``row``'s "fitted / declared" cell of one metric's fit; its verdict goes to ``flags``.
 
-    One cell a metric keeps the table within a 1400 px page; how each fit was obtained is in fits.csv, and a
-    model's cell says it is one.
+    One cell a metric keeps the table within a 1400 px page; how each fit was obtained is in
+    fits.csv, and a model's cell says it is one.
     """
     column = f"{label}: fitted [95% CI] / declared"
     sub = group[group["metric"] == metric]
@@ -127,23 +134,26 @@ def _exponent_columns(group: pd.DataFrame, metric: str, label: str, row: dict, f
     row[column] = _short_fit(r) + ("" if math.isnan(r["declared"]) else f" / {r['declared']:g}")
     if r["verdict"] == FitVerdict.MATCHES and complexity.excludes_declared(r.to_dict()):
         side = FitVerdict.STEEPER if r["exponent"] > r["declared"] else FitVerdict.SHALLOWER
-        flags.append(f"{label} {side} than declared by less than {complexity.TOLERANCE:g} (matches; its interval "
-                     f"excludes {r['declared']:g})")
+        flags.append(f"{label} {side} than declared by less than {complexity.TOLERANCE:g} (matches; its "
+                     f"interval excludes {r['declared']:g})")
     elif r["verdict"] in complexity.VERDICTS:
         flags.append(f"{label} {r['verdict']}")
 
 
 SUMMARY_METRICS = (("time", "time"), ("peak_tensor_bytes", "memory"), ("instructions", "instructions"))
-"""The fitted metrics the exponent table shows, and their column names (a metric nothing measured lifts away)."""
+"""The fitted metrics the exponent table shows, and their column headings.
+
+A metric nothing measured lifts away."""
 
 
 def exponent_summary(fits: pd.DataFrame) -> pd.DataFrame:
-    """Variant rows with fitted time, memory and count exponents beside the declared ones, and a verdict."""
+    """Variant rows: fitted time, memory and count exponents beside the declared ones, a verdict."""
     if fits.empty:
         return fits
     rows = []
     shown = [(m, label) for m, label in SUMMARY_METRICS if (fits["metric"] == m).any()]
-    # one row per commit in a history, and per shape when a sweep crosses shapes (GQA's Hkv, head dims, batches)
+    # one row per commit in a history, and per shape when a sweep crosses shapes (GQA's Hkv, head
+    # dims, batches)
     keys = ["machine", "commit", "device", "mode", "dtype", "mask", "workload", "batch", "heads", "kv_heads", "head_dim", "variant"]
     keys = [k for k in keys if k in fits]
     for key, group in fits.groupby(keys, sort=False, dropna=False):
@@ -184,7 +194,8 @@ def side_key(frame: pd.DataFrame) -> pd.Series:
     if not varying:
         return pd.Series("this run", index=frame.index)
     if "origin" in varying and len(varying) > 1 and origin.nunique() == frame.groupby(["machine", "commit"]).ngroups:
-        varying.remove("origin")  # each source is one machine/commit: name those instead of the path
+        # each source is one machine/commit: name those instead of the path
+        varying.remove("origin")
     return pd.Series([" / ".join(p) for p in zip(*(parts[k] for k in varying), strict=True)], index=frame.index)
 
 
@@ -207,7 +218,8 @@ def sides(frame: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(["commit date", "run date"], na_position="first", kind="stable").reset_index(drop=True)
 
 
-_COMPARED = {"time": "time", "peak_tensor_bytes": "bytes"}  # metric -> column prefix of A's and B's values
+# metric -> column prefix of A's and B's values
+_COMPARED = {"time": "time", "peak_tensor_bytes": "bytes"}
 _CASE = ["variant", "seq_len", "device", "mode", "dtype", "mask"]
 
 
@@ -223,7 +235,9 @@ def _ratios(med: pd.DataFrame, prefix: str, label_a: str, label_b: str) -> pd.Da
 
 
 def compare(frame: pd.DataFrame, sides: pd.DataFrame) -> tuple[Comparison, ...]:
-    """B / A ratios of time and of peak tensor bytes, per case both sides ran ok (memory: measured, not "model", and A > 0)."""
+    """B / A ratios of time and of peak tensor bytes, per case both sides ran ok.
+
+    Memory: measured values only (not "model"), where A's is above 0."""
     if len(sides) < 2:
         return ()
     frame = frame.assign(side=side_key(frame))
@@ -253,7 +267,8 @@ def primary_slice(frame: pd.DataFrame) -> dict[str, str]:
         if col not in rows:
             continue
         values = as_text(rows[col])
-        wanted = pick.get("heads") if col == "kv_heads" else prefer.get(col)  # plain attention before grouped queries
+        # plain attention before grouped queries
+        wanted = pick.get("heads") if col == "kv_heads" else prefer.get(col)
         choice = wanted if wanted in set(values) else values.value_counts().index[0]
         pick[col] = choice
         rows = rows[values == choice]
@@ -261,14 +276,14 @@ def primary_slice(frame: pd.DataFrame) -> dict[str, str]:
 
 
 def as_text(values: pd.Series) -> pd.Series:
-    """A column as the text it is compared by: whole numbers without a decimal point (8 and 8.0 are one shape)."""
+    """A column as the text it is compared by: whole numbers without a point (8 and 8.0 alike)."""
     numbers = pd.to_numeric(values, errors="coerce")
     whole = numbers.notna() & (numbers == numbers.round())
     return values.astype(str).where(~whole, numbers.round().astype("Int64").astype(str))
 
 
 def restrict(table: pd.DataFrame, primary: dict[str, str], columns: Sequence[str] = SLICE) -> pd.DataFrame:
-    """The rows of ``table`` (frame rows, fits or crossovers) whose ``columns`` hold the primary slice's values."""
+    """The rows of ``table`` (frame rows, fits, crossovers) whose ``columns`` match ``primary``."""
     keep = pd.Series(True, index=table.index)
     for col in columns:
         if col in primary and col in table:
@@ -285,8 +300,10 @@ def _slice(frame: pd.DataFrame, primary: dict[str, str]) -> pd.DataFrame:
 
 
 def decode_commit(frame: pd.DataFrame, primary: dict[str, str]) -> str:
-    """The commit whose decode cases pair with the primary prefill ones: the primary commit when it ran
-    decode on the primary machine, else the machine's latest decode run (a decode sweep is often a later run)."""
+    """The commit whose decode cases pair with the primary prefill ones.
+
+    The primary commit when it ran decode on the primary machine, else the machine's latest decode
+    run (a decode sweep is often a later run)."""
     if "workload" not in frame or not primary:
         return primary.get("commit", "") if primary else ""
     rows = frame[(frame["workload"] == "decode") & (frame["machine"].astype(str) == primary["machine"])]
@@ -296,7 +313,7 @@ def decode_commit(frame: pd.DataFrame, primary: dict[str, str]) -> str:
 
 
 def pair_decode(table: pd.DataFrame, primary: dict[str, str], commit: str) -> pd.DataFrame:
-    """Rows (or fits) of the primary machine: prefill of the primary commit, decode of ``commit`` (:func:`decode_commit`)."""
+    """The primary machine's rows or fits: prefill of the primary commit, decode of ``commit``."""
     if not primary or table.empty:
         return table
     decode = table["workload"] == "decode" if "workload" in table else pd.Series(False, index=table.index)
@@ -307,7 +324,7 @@ def pair_decode(table: pd.DataFrame, primary: dict[str, str], commit: str) -> pd
 
 # ---- findings ----------------------------------------------------------------------------------
 def _fit(fits: pd.DataFrame, variant: str, metric: str, workload: str = "prefill") -> dict | None:
-    """A conclusive fit of ``variant``'s ``metric`` on ``workload`` (measured, not model), or None."""
+    """A conclusive, measured fit of ``variant``'s ``metric`` on ``workload``, or None."""
     if fits.empty:
         return None
     sub = fits[(fits["variant"] == variant) & (fits["metric"] == metric) & (fits["method"] != complexity.MODEL)]
@@ -359,10 +376,10 @@ def _evidence(frame: pd.DataFrame, fits: pd.DataFrame, primary: dict[str, str], 
 
 
 def _time_growth(e: _Evidence) -> Finding | None:
-    """How dense and fused attention cost grows: time (conclusive fits), and instruction counts where counted.
+    """How dense and fused attention grow: time (conclusive fits) and, where counted, counts.
 
-    Counts do not move with the machine, so where time is inconclusive they still decide the O(L²) claim;
-    the sentence says what they cannot see.
+    Counts do not move with the machine, so where time is inconclusive they still decide the O(L²)
+    claim; the sentence says what they cannot see.
     """
     parts, counted = [], False
     for variant, what in (("batched", "dense"), ("sdpa", "fused SDPA")):
@@ -381,13 +398,13 @@ def _time_growth(e: _Evidence) -> Finding | None:
         return None
     text = "Time per call grows for " + " and for ".join(parts) + " (95% intervals)."
     if counted:
-        text += (" Counts do not move with the machine; they cannot see cache misses, page faults, memory bandwidth "
-                 "or waiting.")
+        text += (" Counts do not move with the machine; they cannot see cache misses, page faults, "
+                 "memory bandwidth or waiting.")
     return Finding(text, "fig-progression")
 
 
 def analytic_crossover(fit: dict) -> float:
-    """L* of the variant's FLOP model at the fit's shape: where its L² FLOPs overtake its L ones (NaN: unknown)."""
+    """L* of the FLOP model at the fit's shape: where its L² FLOPs overtake L (NaN: unknown)."""
     if fit.get("variant") not in variant_names() or fit.get("workload", "prefill") != "prefill":
         return math.nan
     try:
@@ -421,9 +438,9 @@ def _shallower_explained(e: _Evidence) -> Finding | None:
         model_text = f"; its FLOP model puts L* at {model:,.0f}" if math.isfinite(model) and model > 0 else ""
         where = (f"its O(L) terms outweigh the O(L²) ones below L* ≈ {star:,.0f}{model_text}" if star > 0
                  else "it has no O(L) term")
-        parts.append(f"`{variant}` {'instructions' if what == 'count' else 'time'} grow as L^{fit['exponent']:.2f}, "
-                     f"shallower than its declared O(L^{fit['declared']:g}): {where}, and at L={int(fit['L_max'])} "
-                     f"the L² term is {share:.0%} of the {what}")
+        parts.append(f"`{variant}` {'instructions' if what == 'count' else 'time'} grow as "
+                     f"L^{fit['exponent']:.2f}, shallower than its declared O(L^{fit['declared']:g}): "
+                     f"{where}, and at L={int(fit['L_max'])} the L² term is {share:.0%} of the {what}")
         if len(parts) == 3:
             break
     if not parts:
@@ -432,7 +449,7 @@ def _shallower_explained(e: _Evidence) -> Finding | None:
 
 
 def _decode(e: _Evidence) -> Finding | None:
-    """Decode's fitted time exponent beside prefill's, and its % of the bandwidth roof: only from a conclusive decode fit."""
+    """Decode's time exponent beside prefill's, and its % of the bandwidth roof (conclusive fit)."""
     dfits = e.decode_fits
     for variant in ("sdpa", "batched", *sorted(set(dfits["variant"]) if len(dfits) else ())):
         fit = _fit(dfits, variant, "time", "decode")
@@ -440,8 +457,8 @@ def _decode(e: _Evidence) -> Finding | None:
             break
     else:
         return None
-    text = (f"Decode (one query over a KV cache) takes time per generated token growing as Lk^{fit['exponent']:.2f} "
-            f"[{fit['ci_low']:.2f}, {fit['ci_high']:.2f}] for `{variant}`")
+    text = ("Decode (one query over a KV cache) takes time per generated token growing as "
+            f"Lk^{fit['exponent']:.2f} [{fit['ci_low']:.2f}, {fit['ci_high']:.2f}] for `{variant}`")
     pre = _fit(e.prefill_fits, variant, "time", "prefill")
     text += f", against prefill's L^{pre['exponent']:.2f}" if pre else ""
     roof = roofline.roofline(e.machine)
@@ -471,20 +488,20 @@ def _loop_baseline(e: _Evidence) -> Finding | None:
     if not both:
         return None
     n, loop, batched = both
-    return Finding(f"The teaching baseline, a Python loop, is {fmt(loop / batched, 'x')} slower than `batched` at L={n} "
-                   f"({fmt(loop, 's')} vs {fmt(batched, 's')} per call).", "fig-progression")
+    return Finding(f"The teaching baseline, a Python loop, is {fmt(loop / batched, 'x')} slower than "
+                   f"`batched` at L={n} ({fmt(loop, 's')} vs {fmt(batched, 's')} per call).", "fig-progression")
 
 
 def computes_softmax_attention(variant: str) -> bool:
-    """Whether ``variant`` computes softmax attention over every allowed pair (an unknown name: assumed so)."""
+    """Whether ``variant`` computes softmax attention over every allowed pair (unknown: yes)."""
     return variant not in variant_names() or get_variant(variant).SOFTMAX_ATTENTION
 
 
 def _fastest(e: _Evidence) -> Finding | None:
     """Fastest and slowest softmax attention at the longest length where most of them ran.
 
-    Kernels that compute another function (linear, banded, sparse) are not ranked against it: faster at
-    computing something else is no finding. They are named instead.
+    Kernels that compute another function (linear, banded, sparse) are not ranked against it: faster
+    at computing something else is no finding. They are named instead.
     """
     exact = e.ok_time[e.ok_time["variant"].map(computes_softmax_attention)]
     if not len(exact):
@@ -497,24 +514,24 @@ def _fastest(e: _Evidence) -> Finding | None:
     at = exact[exact["seq_len"] == n].groupby("variant")["value"].median().sort_values()
     fastest, slowest = at.index[0], at.index[-1]
     others = sorted(set(e.ok_time.loc[e.ok_time["seq_len"] == n, "variant"]) - set(at.index))
-    aside = (f" ({', '.join(f'`{v}`' for v in others)} compute{'s' if len(others) == 1 else ''} something else and "
-             f"{'is' if len(others) == 1 else 'are'} not ranked)") if others else ""
-    return Finding(f"At L={n}, the fastest of {len(at)} exact softmax attention variants that ran correctly is `{fastest}` "
-                   f"({fmt(at.iloc[0], 's')}); the slowest, `{slowest}`, takes {fmt(at.iloc[-1] / at.iloc[0], 'x')} as long"
-                   f"{aside}.", "fig-time")
+    aside = (f" ({', '.join(f'`{v}`' for v in others)} compute{'s' if len(others) == 1 else ''} "
+             f"something else and {'is' if len(others) == 1 else 'are'} not ranked)") if others else ""
+    return Finding(f"At L={n}, the fastest of {len(at)} exact softmax attention variants that ran correctly "
+                   f"is `{fastest}` ({fmt(at.iloc[0], 's')}); the slowest, `{slowest}`, takes "
+                   f"{fmt(at.iloc[-1] / at.iloc[0], 'x')} as long{aside}.", "fig-time")
 
 
 def _fit_verdicts(e: _Evidence) -> Finding | None:
-    """How many conclusive fits match the declared big-O, and which are steeper: the page's one tally
-    (:func:`complexity.tally` of every fit, as the exponents section counts them)."""
+    """How many conclusive fits match the declared big-O, and which are steeper: the page's one
+    tally (:func:`complexity.tally` of every fit, as the exponents section counts them)."""
     t = complexity.tally(e.fits)
     if not t.judged:
         return None
     if not t.conclusive:
-        return Finding(f"No complexity fit is conclusive ({t.judged} inconclusive): too few lengths or too much "
-                       "scatter to compare with the declared big-O.", "exponents")
-    near = (f" ({len(t.near)} only within the {complexity.TOLERANCE:g} tolerance, their intervals excluding the declared "
-            "exponent: named in the exponents section)") if t.near else ""
+        return Finding(f"No complexity fit is conclusive ({t.judged} inconclusive): too few lengths or too "
+                       "much scatter to compare with the declared big-O.", "exponents")
+    near = (f" ({len(t.near)} only within the {complexity.TOLERANCE:g} tolerance, their "
+            "intervals excluding the declared exponent: named in the exponents section)") if t.near else ""
     text = (f"{t.matches} of {t.conclusive} conclusive complexity fits match the declared big-O{near}; "
             f"{len(t.inconclusive)} are inconclusive")
     steeper = sorted({s.split(" ")[0] for s in t.steeper})
@@ -547,13 +564,13 @@ def _not_facts(e: _Evidence) -> Finding | None:
 
 RULES: tuple[Callable[[_Evidence], Finding | None], ...] = (
     _time_growth, _shallower_explained, _decode, _scratch_memory, _loop_baseline, _fastest, _fit_verdicts, _comparison)
-"""The finding rules, in the order their sentences appear (each returns None when the data does not support it)."""
+"""The finding rules, in the order their sentences appear (None: the data does not support it)."""
 MAX_FINDINGS = 8
 
 
 def findings(frame: pd.DataFrame, fits: pd.DataFrame, primary: dict[str, str],
              comparisons: Sequence[Comparison] = ()) -> tuple[Finding, ...]:
-    """Up to MAX_FINDINGS sentences the data supports, each with the id of the figure it is read from.
+    """Up to MAX_FINDINGS sentences the data supports, each with the id of its figure.
 
     Only ``ok`` rows and measured values (not method "model") are compared or ranked, and only
     conclusive fits are quoted; a sentence whose numbers are missing is left out, never guessed. The
@@ -579,7 +596,7 @@ def _constants(frame: pd.DataFrame) -> dict[str, str]:
 
 
 def analyse(loaded: Loaded) -> Analysis:
-    """Fits, crossovers, comparisons, the primary slice and findings from loaded results (nothing drawn or written)."""
+    """Fits, crossovers, comparisons, primary slice and findings of ``loaded`` (nothing drawn)."""
     frame = loaded.frame
     if not len(frame):
         return Analysis(loaded=loaded, fits=pd.DataFrame(), summary=pd.DataFrame(), crossovers={}, primary={},

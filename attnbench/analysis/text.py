@@ -6,7 +6,7 @@ import math
 
 
 def sig(value: float, digits: int = 3) -> str:
-    """``value`` to ``digits`` significant figures, without an exponent for numbers of 1 and more: 12,300."""
+    """``value`` to ``digits`` significant figures, 12,300 rather than 1.23e+04."""
     if value == 0 or not math.isfinite(value):
         return f"{value:g}"
     text = f"{value:.{digits}g}"

@@ -2,12 +2,12 @@
 figures as PNG and SVG files and the tidy table as CSV, all written atomically: the render step of
 load -> analyse -> render (:mod:`attnbench.analysis.summary` loads and analyses).
 
-The page is a list of sections, each a small function of a :class:`Page` (the analysis, where figures
-go, the scope sentence) that returns its HTML, or "" when it has nothing to show: :data:`BODY` (the
-story, visible: findings, the headline figure, the families, crossovers, prefill vs decode, the
-roofline, the exponents, wrong results, comparisons) then :data:`DETAILS` (collapsed ``<details>``:
-full tables, provenance, environment, problems). Columns that hold one value on every row are lifted
-into the table's caption.
+The page is a list of sections, each a small function of a :class:`Page` (the analysis, where
+figures go, the scope sentence) that returns its HTML, or "" when it has nothing to show:
+:data:`BODY` (the story, visible: findings, the headline figure, the families, crossovers, prefill
+vs decode, the roofline, the exponents, wrong results, comparisons) then :data:`DETAILS` (collapsed
+``<details>``: full tables, provenance, environment, problems). Columns that hold one value on every
+row are lifted into the table's caption.
 """
 
 from __future__ import annotations
@@ -35,34 +35,53 @@ from attnbench.contract import PROGRESSION, Status
 from attnbench.io import atomic_write, atomic_write_text
 from attnbench.report import plots
 
-CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:1rem auto;max-width:1200px;color:#222;line-height:1.4;padding:0 1rem}
-h1{margin:.2rem 0 .1rem;font-size:1.6rem} h2{border-bottom:2px solid #ddd;padding-bottom:.15rem;margin:1.6rem 0 .5rem;font-size:1.25rem}
-.sub{color:#555;font-size:.9rem;margin:.1rem 0 .5rem}
-table{border-collapse:collapse;font-size:.82rem;margin:.4rem 0} th,td{border:1px solid #ddd;padding:.2rem .45rem;text-align:right;white-space:nowrap}
-.tw{overflow-x:auto;max-width:100%} td.wrap{white-space:normal;min-width:9rem;text-align:left}
-th{background:#f4f4f4;white-space:normal;vertical-align:bottom} td:first-child,th:first-child{text-align:left} table.sortable th{cursor:pointer}
-table.sortable th:hover{background:#e8e8e8} caption{caption-side:bottom;text-align:left;font-size:.78rem;color:#666;padding-top:.2rem}
-.meta td{text-align:left;white-space:normal} figure{margin:.5rem 0} figure img{max-width:100%;height:auto;border:1px solid #eee}
-figure.head img{max-height:400px} .row{display:flex;gap:1rem;align-items:flex-start} .row figure{flex:1;min-width:0}
-figcaption{font-size:.8rem;color:#555} .bad{color:#b00020;font-weight:600} .good{color:#1b5e20}
-.note{background:#fff8e1;border-left:4px solid #ffb300;padding:.3rem .8rem;margin:.4rem 0;font-size:.88rem}
-.note.bad{border-left-color:#b00020;font-weight:400} .note ul{margin:.2rem 0}
-.bad td{color:#b00020} code{background:#f4f4f4;padding:0 .2rem}
-ol.findings{margin:.3rem 0 .6rem;padding-left:1.4rem;font-size:.95rem} ol.findings li{margin:.15rem 0}
-details{margin:.3rem 0;border:1px solid #e4e4e4;border-radius:4px;padding:.2rem .6rem}
-details>summary{cursor:pointer;font-weight:600;padding:.15rem 0} details[open]>summary{margin-bottom:.3rem}
-"""
+CSS = (
+    "\n"
+    "body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:1rem auto;"
+    "max-width:1200px;color:#222;line-height:1.4;padding:0 1rem}\n"
+    "h1{margin:.2rem 0 .1rem;font-size:1.6rem} "
+    "h2{border-bottom:2px solid #ddd;padding-bottom:.15rem;margin:1.6rem 0 .5rem;"
+    "font-size:1.25rem}\n"
+    ".sub{color:#555;font-size:.9rem;margin:.1rem 0 .5rem}\n"
+    "table{border-collapse:collapse;font-size:.82rem;margin:.4rem 0} "
+    "th,td{border:1px solid #ddd;padding:.2rem .45rem;text-align:right;white-space:nowrap}\n"
+    ".tw{overflow-x:auto;max-width:100%} "
+    "td.wrap{white-space:normal;min-width:9rem;text-align:left}\n"
+    "th{background:#f4f4f4;white-space:normal;vertical-align:bottom} "
+    "td:first-child,th:first-child{text-align:left} table.sortable th{cursor:pointer}\n"
+    "table.sortable th:hover{background:#e8e8e8} "
+    "caption{caption-side:bottom;text-align:left;font-size:.78rem;color:#666;padding-top:.2rem}\n"
+    ".meta td{text-align:left;white-space:normal} figure{margin:.5rem 0} "
+    "figure img{max-width:100%;height:auto;border:1px solid #eee}\n"
+    "figure.head img{max-height:400px} .row{display:flex;gap:1rem;align-items:flex-start} "
+    ".row figure{flex:1;min-width:0}\n"
+    "figcaption{font-size:.8rem;color:#555} .bad{color:#b00020;font-weight:600} "
+    ".good{color:#1b5e20}\n"
+    ".note{background:#fff8e1;border-left:4px solid #ffb300;padding:.3rem .8rem;margin:.4rem 0;"
+    "font-size:.88rem}\n"
+    ".note.bad{border-left-color:#b00020;font-weight:400} .note ul{margin:.2rem 0}\n"
+    ".bad td{color:#b00020} code{background:#f4f4f4;padding:0 .2rem}\n"
+    "ol.findings{margin:.3rem 0 .6rem;padding-left:1.4rem;font-size:.95rem} "
+    "ol.findings li{margin:.15rem 0}\n"
+    "details{margin:.3rem 0;border:1px solid #e4e4e4;border-radius:4px;padding:.2rem .6rem}\n"
+    "details>summary{cursor:pointer;font-weight:600;padding:.15rem 0} "
+    "details[open]>summary{margin-bottom:.3rem}\n"
+)
 
-SORT_JS = """
-document.querySelectorAll('table.sortable th').forEach(function(th){th.addEventListener('click',function(){
-var t=th.closest('table'),b=t.tBodies[0],i=Array.prototype.indexOf.call(th.parentNode.children,th);
-var d=th.dataset.dir=th.dataset.dir==='asc'?'desc':'asc';
-function v(r){var c=r.children[i];var s=c.dataset.v!==undefined?c.dataset.v:c.textContent;var n=parseFloat(s);return isNaN(n)?s:n;}
-Array.prototype.slice.call(b.rows).sort(function(x,y){var p=v(x),q=v(y);
-var r=(typeof p==='number'&&typeof q==='number')?p-q:String(p).localeCompare(String(q));return d==='asc'?r:-r;})
-.forEach(function(r){b.appendChild(r);});});});
-"""
+SORT_JS = (
+    "\n"
+    "document.querySelectorAll('table.sortable th').forEach(function(th){"
+    "th.addEventListener('click',function(){\n"
+    "var t=th.closest('table'),b=t.tBodies[0],"
+    "i=Array.prototype.indexOf.call(th.parentNode.children,th);\n"
+    "var d=th.dataset.dir=th.dataset.dir==='asc'?'desc':'asc';\n"
+    "function v(r){var c=r.children[i];var s=c.dataset.v!==undefined?c.dataset.v:c.textContent;"
+    "var n=parseFloat(s);return isNaN(n)?s:n;}\n"
+    "Array.prototype.slice.call(b.rows).sort(function(x,y){var p=v(x),q=v(y);\n"
+    "var r=(typeof p==='number'&&typeof q==='number')?p-q:String(p).localeCompare(String(q));"
+    "return d==='asc'?r:-r;})\n"
+    ".forEach(function(r){b.appendChild(r);});});});\n"
+)
 
 # ---- small HTML helpers ----------------------------------------------------------------------
 def _fig_to_files(fig: plt.Figure, stem: Path) -> str:
@@ -77,8 +96,8 @@ def _fig_to_files(fig: plt.Figure, stem: Path) -> str:
 
 
 def _rst_to_html(text: str) -> str:
-    """Escape a paragraph of reStructuredText (:data:`complexity.FIT_RULE`) and render its ``literals`` and
-    *emphasis*; line breaks are spaces."""
+    """Escape a paragraph of reStructuredText (:data:`complexity.FIT_RULE`), render its ``literals``
+    and *emphasis*; line breaks are spaces."""
     out = html.escape(text.replace("\n", " "))
     out = re.sub(r"``(.+?)``", r"<code>\1</code>", out)
     return re.sub(r"\*(\w[^*]*?)\*", r"<em>\1</em>", out)
@@ -91,7 +110,8 @@ def lift_constants(df: pd.DataFrame, keep: Sequence[str] = (),
     Args:
         df: the table to show.
         keep: columns never lifted (e.g. the row label).
-        formats: per-column formatters: a column is constant when its *shown* text is (dates to the minute).
+        formats: per-column formatters: a column is constant when its *shown* text is (dates to the
+            minute).
 
     Returns:
         The table without its constant columns, and those columns' single values (as text).
@@ -111,11 +131,11 @@ def lift_constants(df: pd.DataFrame, keep: Sequence[str] = (),
 
 COUNT_COLUMN = re.compile(r"(^|[_ ])(L|Lq|Lk|seq_len|seq_len_k|batch|heads|head_dim|kv_heads|n|cases|runs|attempts)$"
                           r"|(^|_)L(_|$)|^L=|^cases")
-"""Columns that hold a length, a count or a batch: printed exactly (1024, never 1,020), whatever their dtype."""
+"""Columns of a length, a count or a batch: printed exactly (1024, never 1,020), any dtype."""
 
 
 def exact_integer(value: object) -> str:
-    """An integral number as its digits (a float column holding lengths: ``1024.0`` -> ``1024``); anything else as text."""
+    """An integral number as its digits (a float length: ``1024.0`` -> ``1024``); else as text."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return str(value)
     return str(int(value)) if float(value).is_integer() else sig(float(value))
@@ -136,7 +156,8 @@ def _cell(value: object, formatter: Callable[[object], str] | None) -> str:
     else:
         text = str(value)
     sort = f' data-v="{html.escape(repr(float(value)))}"' if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
-    wrap = ' class="wrap"' if len(text) > WRAP_AT or "; " in text else ""  # a sentence (a reason, a verdict) wraps: the table stays on the page
+    # a sentence (a reason, a verdict) wraps: the table stays on the page
+    wrap = ' class="wrap"' if len(text) > WRAP_AT or "; " in text else ""
     return f"<td{sort}{wrap}>{html.escape(text)}</td>"
 
 
@@ -168,6 +189,15 @@ def _details(summary: str, body: str, open_: bool = False, ident: str = "") -> s
     return f'<details{attr}{" open" if open_ else ""}><summary>{summary}</summary>{body}</details>'
 
 
+def _html_page(title: str, body: str, generated: str) -> str:
+    """A whole page: ``title`` as its title and heading, then ``body``, the time it was
+    ``generated`` and the script that sorts its tables."""
+    return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+            f"<title>{html.escape(title)}</title><style>{CSS}</style></head>"
+            f"<body><h1>{html.escape(title)}</h1>{body}"
+            f'<p class="sub">generated {generated}</p><script>{SORT_JS}</script></body></html>')
+
+
 def _when(stamp: object) -> str:
     return f"{stamp:%Y-%m-%d %H:%M} UTC" if isinstance(stamp, pd.Timestamp) and not pd.isna(stamp) else ""
 
@@ -185,7 +215,7 @@ class ReportOutcome:
 
 @dataclass(frozen=True)
 class Page:
-    """What every section reads: the analysis, where its figures go, and whether to draw the demos."""
+    """What every section reads: the analysis, where figures go, whether to draw the demos."""
 
     analysis: Analysis
     fig_dir: Path  # figures/<name>.png and .svg
@@ -204,7 +234,7 @@ class Page:
         return ""
 
     def figure(self, name: str, fig: plt.Figure | None, caption: str, css: str = "") -> str:
-        """The figure (``id="fig-<name>"``, PNG and SVG written beside the page) with its caption; "" for no figure."""
+        """The figure ``fig-<name>`` (PNG, SVG beside the page) and its caption; "" for none."""
         return _figure(self.fig_dir, name, fig, caption, css)
 
 
@@ -213,8 +243,9 @@ def _figure(fig_dir: Path, name: str, fig: plt.Figure | None, caption: str, css:
     if fig is None:
         return ""
     uri = _fig_to_files(fig, fig_dir / name)
-    return (f'<figure id="fig-{name}" class="{css}"><img alt="{name}" src="{uri}"><figcaption>{caption} '
-            f'(<code>figures/{name}.png</code>, <code>.svg</code>)</figcaption></figure>')
+    return (f'<figure id="fig-{name}" class="{css}"><img alt="{name}" src="{uri}">'
+            f"<figcaption>{caption} (<code>figures/{name}.png</code>, <code>.svg</code>)"
+            "</figcaption></figure>")
 
 
 def _code(text: str) -> str:
@@ -271,8 +302,10 @@ def _inputs_notes(analysis: Analysis) -> str:
     problems, notes, top = analysis.loaded.problems, analysis.loaded.notes, []
     if problems:
         items = "".join(f"<li>{html.escape(p)}</li>" for p in problems[:5])
-        more = f"<li>... and {len(problems) - 5} more (Problems, below; <code>problems.json</code>)</li>" if len(problems) > 5 else ""
-        top.append(f'<div class="note bad"><strong>Some inputs could not be read and were skipped:</strong><ul>{items}{more}</ul></div>')
+        more = (f"<li>... and {len(problems) - 5} more (Problems, below; "
+                "<code>problems.json</code>)</li>") if len(problems) > 5 else ""
+        top.append('<div class="note bad"><strong>Some inputs could not be read and were '
+                   f'skipped:</strong><ul>{items}{more}</ul></div>')
     if notes:
         items = "".join(f"<li>{html.escape(n)}</li>" for n in notes)
         top.append(f'<div class="note"><strong>Notes:</strong><ul>{items}</ul></div>')
@@ -288,29 +321,34 @@ def _findings(page: Page) -> str:
     scope = ", ".join(f"{where[k]}" for k in ("device", "mode", "dtype") if k in where)
     items = "".join(f'<li>{_code(f.text)} <a href="#{f.target}">[figure]</a></li>' if f.target.startswith("fig")
                     else f'<li>{_code(f.text)} <a href="#{f.target}">[details]</a></li>' for f in analysis.findings)
-    return (f'<section id="findings"><h2 style="margin-top:.6rem">Findings</h2><ol class="findings">{items}</ol>'
-            f'<p class="sub">Read from {html.escape(scope)} cases that ran correctly (status ok); noisy, wrong and failed '
-            "cases are never ranked; exponents are quoted only from conclusive fits.</p></section>")
+    return ('<section id="findings"><h2 style="margin-top:.6rem">Findings</h2>'
+            f'<ol class="findings">{items}</ol>'
+            f'<p class="sub">Read from {html.escape(scope)} cases that ran correctly (status ok); '
+            "noisy, wrong and failed cases are never ranked; exponents are quoted only from "
+            "conclusive fits.</p></section>")
 
 
 def _progression(page: Page) -> str:
-    return page.figure("progression", plots.progression(page.analysis.main, page.analysis.main_fits),
-                       "The teaching progression (" + " → ".join(PROGRESSION) + "): median time per call and peak tensor "
-                       "memory above the inputs vs L, log-log, forward. Each line's end says its fitted slope (a conclusive "
-                       "Theil-Sen fit) or that the fit is inconclusive; dotted memory is the analytic model, not a measurement."
-                       + page.scope, css="head")
+    caption = ("The teaching progression (" + " → ".join(PROGRESSION) + "): median time per call and peak "
+               "tensor memory above the inputs vs L, log-log, forward. Each line's end says its fitted "
+               "slope (a conclusive Theil-Sen fit) or that the fit is inconclusive; dotted memory is the "
+               "analytic model, not a measurement." + page.scope)
+    return page.figure("progression", plots.progression(page.analysis.main, page.analysis.main_fits), caption,
+                       css="head")
 
 
 def _families(page: Page) -> str:
     main = page.analysis.main
     figures = (page.figure("time", plots.scaling(main, "time"),
-                          "Time per call vs L, one panel per family (dense, fused SDPA, blockwise, linear, scoring functions, "
-                          "compiled), lines labelled at their end. Dashed grey: O(n) and O(n²) through the shortest length. "
-                          "Red crosses: wrong results; hollow circles in a variant's colour: its noisy measurements (neither is a fact); bars: the "
-                          "interquartile range of the timing blocks." + page.scope)
+                          "Time per call vs L, one panel per family (dense, fused SDPA, blockwise, linear, scoring "
+                          "functions, compiled), lines labelled at their end. Dashed grey: O(n) and O(n²) through "
+                          "the shortest length. Red crosses: wrong results; hollow circles in a variant's colour: "
+                          "its noisy measurements (neither is a fact); bars: the interquartile range of the timing "
+                          "blocks." + page.scope)
             + page.figure("memory", plots.scaling(main, "peak_tensor_bytes"),
-                          "Peak tensor memory above the inputs vs L: dense variants climb at O(n²), chunked/SDPA/linear at O(n). "
-                          "Dotted series labelled <em>(model)</em> are the analytic prediction, not a measurement."))
+                          "Peak tensor memory above the inputs vs L: dense variants climb at O(n²), "
+                          "chunked/SDPA/linear at O(n). Dotted series labelled <em>(model)</em> are the analytic "
+                          "prediction, not a measurement."))
     return '<h2 id="families">The families</h2>' + figures if figures else ""
 
 
@@ -318,10 +356,11 @@ def _crossovers(page: Page) -> str:
     pick = page.analysis.primary
     setting = html.escape(", ".join(str(pick.get(k, "")) for k in ("device", "mode", "dtype")))
     cross = page.figure("crossovers", plots.crossover_matrix(page.analysis.primary_crossovers),
-                        "Crossovers, variant x baseline. Cell: from which L the variant stays faster (time) or smaller (peak "
-                        "tensor memory) than the baseline at every longer measured L, and baseline / variant at the longest "
-                        "common L; colour: that ratio on a log scale centred at 1x (blue: better than the baseline). Measured, "
-                        f"correct cases only (no wrong, noisy or model values). {setting} cases{page.scope}")
+                        "Crossovers, variant x baseline. Cell: from which L the variant stays faster (time) or "
+                        "smaller (peak tensor memory) than the baseline at every longer measured L, and "
+                        "baseline / variant at the longest common L; colour: that ratio on a log scale centred "
+                        "at 1x (blue: better than the baseline). Measured, correct cases only (no wrong, noisy "
+                        f"or model values). {setting} cases{page.scope}")
     return '<h2 id="crossovers-h">Crossovers</h2>' + cross if cross else ""
 
 
@@ -331,9 +370,10 @@ def _prefill_decode(page: Page) -> str:
     if "workload" not in frame or not ((frame["workload"] == "decode") & (frame["status"] == Status.OK)).any():
         return ""
     fig = page.figure("prefill_decode", plots.prefill_vs_decode(frame, page.analysis.machine_fits),
-                      "Left: decode, time per generated token (one query row) vs the context length Lk it attends to, declared "
-                      "O(L) per token. Right: prefill, time per call vs L = Lq = Lk, declared O(L²). Log-log; each line's end "
-                      "says its fitted slope when the Theil-Sen fit is conclusive.")
+                      "Left: decode, time per generated token (one query row) vs the context length Lk it "
+                      "attends to, declared O(L) per token. Right: prefill, time per call vs L = Lq = Lk, "
+                      "declared O(L²). Log-log; each line's end says its fitted slope when the Theil-Sen fit "
+                      "is conclusive.")
     return f'<section id="prefill-decode"><h2>Prefill vs decode</h2>{fig}</section>' if fig else ""
 
 
@@ -341,23 +381,29 @@ def roofline_caption(workloads: set[str]) -> str:
     """The roofline's caption, naming only the point shapes it draws."""
     shapes = {"prefill": "circles: prefill (Lq = Lk)", "decode": "triangles: decode (one query over a KV cache)"}
     drawn = "; ".join(text for w, text in shapes.items() if w in workloads)
-    return ("Arithmetic intensity (executed FLOPs per byte an ideal kernel moves: q, k, v read and the output written "
-            "once) against achieved GFLOP/s, log-log, under the roofs measured on the same machine: the matmul peak "
-            f"(compute) and STREAM triad bandwidth x intensity (memory). {drawn[0].upper() + drawn[1:]}. Colour: the "
-            "variant's family. Correct, undisturbed measurements only.") if drawn else ""
+    return ("Arithmetic intensity (executed FLOPs per byte an ideal kernel moves: q, k, v read "
+            "and the output written once) against achieved GFLOP/s, log-log, under the roofs "
+            "measured on the same machine: the matmul peak (compute) and STREAM triad bandwidth "
+            f"x intensity (memory). {drawn[0].upper() + drawn[1:]}. Colour: the variant's "
+            "family. Correct, undisturbed measurements only.") if drawn else ""
 
 
 def _roof_note(table: pd.DataFrame) -> str:
     roofs = table.dropna(subset=["peak_gflops"]).drop_duplicates(["machine", "device", "dtype"])
-    named = "; ".join(f"{r['machine']} {r['device']} {r['dtype']}: matmul {fmt(float(r['peak_gflops']), 'GFLOP/s')}, "
-                      + (f"triad {fmt(float(r['peak_gbps']), 'GB/s')}" if r["peak_gbps"] == r["peak_gbps"] else "bandwidth not recorded")
-                      for r in roofs.to_dict("records"))
-    return ("<p>Roofs: " + html.escape(named or "not recorded") + ". The binding roof is the lower of the two at the case's "
-            "intensity; <code>attnbench peak</code> measures both (asv results record no bandwidth).</p>")
+    def roof(r: dict) -> str:
+        matmul = fmt(float(r["peak_gflops"]), "GFLOP/s")
+        triad = (f"triad {fmt(float(r['peak_gbps']), 'GB/s')}" if r["peak_gbps"] == r["peak_gbps"]
+                 else "bandwidth not recorded")
+        return f"{r['machine']} {r['device']} {r['dtype']}: matmul {matmul}, {triad}"
+
+    named = "; ".join(roof(r) for r in roofs.to_dict("records"))
+    return ("<p>Roofs: " + html.escape(named or "not recorded") + ". The binding roof is the lower of the "
+            "two at the case's intensity; <code>attnbench peak</code> measures both (asv results "
+            "record no bandwidth).</p>")
 
 
 def _roofline(page: Page) -> str:
-    """The roofline figure and, collapsed under it, every case's % of its binding roof (empty when nothing can be placed)."""
+    """The roofline figure and, collapsed under it, each case's % of its binding roof ("": none)."""
     table = roofline.roofline(page.analysis.machine)
     fig = page.figure("roofline", plots.roofline(table), roofline_caption(set(table["workload"]) if len(table) else set()))
     if not fig:
@@ -378,7 +424,8 @@ def _roofline(page: Page) -> str:
 
 def _headline(frame: pd.DataFrame, fits: pd.DataFrame) -> str:
     if frame.empty:
-        return '<p class="bad">Nothing could be loaded: there are no measurements to show (the reasons are listed above).</p>'
+        return ('<p class="bad">Nothing could be loaded: there are no measurements to show '
+                "(the reasons are listed above).</p>")
     tone, text = complexity.headline(fits)
     head, sep, rest = text.partition("; inconclusive: ")
     if not sep:
@@ -405,8 +452,8 @@ def _wrong(page: Page) -> str:
     cols = ["origin", "machine", "commit", "variant", "seq_len", "device", "mode", "dtype", "mask", "reason"]
     wrong = wrong[[c for c in cols if c in wrong]].drop_duplicates().assign(commit=lambda d: d["commit"].map(short_hash))
     return ('<h2 class="bad">Wrong results: cases that failed the correctness gate</h2>'
-            '<p class="bad">These cases produced output outside their tolerance. They are left out of the fits, '
-            'crossovers, rankings and speedup figures; their timings are not claims.</p>'
+            '<p class="bad">These cases produced output outside their tolerance. They are left out '
+            "of the fits, crossovers, rankings and speedup figures; their timings are not claims.</p>"
             f'<div class="bad">{_table(wrong, keep=("variant",))}</div>')
 
 
@@ -423,15 +470,18 @@ def _comparison_ratios(page: Page) -> list[str]:
     out = []
     for k, comp in enumerate(page.analysis.comparisons):
         out.append(page.figure(f"comparison_{k + 1}", plots.comparison(comp.ratios, comp.label_a, comp.label_b),
-                               f"Time of {html.escape(comp.label_b)} / {html.escape(comp.label_a)} for every case both ran "
-                               "correctly (log scale centred at 1x; timings on a shared machine are noisy)."))
+                               f"Time of {html.escape(comp.label_b)} / {html.escape(comp.label_a)} for every "
+                               "case both ran correctly (log scale centred at 1x; timings on a shared machine "
+                               "are noisy)."))
         b_over_a = f"{html.escape(comp.label_b)} / {html.escape(comp.label_a)}"
-        if len(comp.ratios):  # an empty ratio table is no section: the cases both sides ran correctly are none
+        # an empty ratio table is no section: the cases both sides ran correctly are none
+        if len(comp.ratios):
             out.append(f"<p>Time ratio {b_over_a} (below 1x: {html.escape(comp.label_b)} is faster):</p>"
                        + _ratio_table(comp.ratios))
         if len(comp.memory):
-            out.append(f"<p>Peak tensor memory ratio {b_over_a} (measured bytes above the inputs; below 1x: "
-                       f"{html.escape(comp.label_b)} needs less; predicted \"model\" values are not compared):</p>"
+            out.append(f"<p>Peak tensor memory ratio {b_over_a} (measured bytes above the inputs; below "
+                       f"1x: {html.escape(comp.label_b)} needs less; predicted \"model\" values are not "
+                       "compared):</p>"
                        + _ratio_table(comp.memory))
     return out
 
@@ -440,7 +490,8 @@ def _comparison(page: Page) -> str:
     sides = page.analysis.sides
     out = []
     if len(sides) > 1:
-        out.append("<p>What was compared (run dates are when the measurements ran; commit dates are asv's):</p>"
+        out.append("<p>What was compared (run dates are when the measurements ran; commit dates are "
+                   "asv's):</p>"
                    + _table(sides, keep=("side",), formats={"run date": _when, "commit date": _when}))
     out += _comparison_ratios(page)
     out.append(page.figure("history", plots.history(page.frame), "History over commits (asv results with several commits; short hashes)."))
@@ -450,28 +501,44 @@ def _comparison(page: Page) -> str:
 
 
 HISTORY_MIN_COMMITS = 3
-"""Commits a results directory needs before the report reads it as a history (two are a comparison: the gate's)."""
+"""Commits a results directory needs to be read as a history (two are the gate's comparison)."""
 
 
 def history_section(history: steps_.History, fig_dir: Path) -> str:
-    """The steps of a results history: the table (regressions first) and one figure per case, steps marked.
+    """A results history's steps: the table (regressions first), a figure per case, steps marked.
 
-    ``attnbench history`` writes it as a page of its own; ``attnbench report --from`` a history shows the same section.
+    ``attnbench history`` writes it as a page of its own; ``attnbench report --from`` a history
+    shows the same section.
     """
     factors = ", ".join(f"{m} x{history.factors[m]:g}" for m in steps_.METRICS)
-    caption = (f"Commits in {html.escape(history.order)}. A step moves beyond the factor ({html.escape(factors)}) from "
-               f"the previous commit; a drift moves beyond it over at most {history.window} commits with no single step; "
-               "time is read through asv's step detection first (noise is not a step).")
-    shown = steps_.table(history)
-    if len(shown):
-        regressions = len(history.regressions)
-        lead = (f'<p class="note bad">{regressions} regression(s) and {len(shown) - regressions} improvement(s) in '
-                f"{len(history.commits)} commits:</p>" if regressions else
-                f"<p>No regression in {len(history.commits)} commits; {len(shown)} improvement(s):</p>")
-        body = (lead + _table(shown.rename(columns={"commit": "commit(s)"}), lift=False)  # "commit" would be cut short
-                + f'<p class="sub">{caption}</p>')
+    caption = (f"Commits in {html.escape(history.order)}. A step moves beyond the factor "
+               f"({html.escape(factors)}) from the previous commit; a drift moves beyond it over at "
+               f"most {history.window} commits with no single step; time is read through asv's step "
+               "detection first (noise is not a step).")
+    figures = _history_figures(history, fig_dir)
+    return (f'<section id="history"><h2>Steps in the history</h2>{_history_table(history, caption)}'
+            + _details(f"History figures ({sum(1 for f in figures if f)})", "".join(figures),
+                       open_=bool(len(history.steps)))
+            + "</section>")
+
+
+def _history_table(history: steps_.History, caption: str) -> str:
+    """The steps as a table (regressions first) under a line counting them, then ``caption``."""
+    shown, commits = steps_.table(history), len(history.commits)
+    if not len(shown):
+        return f'<p>No step and no drift in {commits} commits.</p><p class="sub">{caption}</p>'
+    regressions = len(history.regressions)
+    if regressions:
+        lead = (f'<p class="note bad">{regressions} regression(s) and {len(shown) - regressions} '
+                f"improvement(s) in {commits} commits:</p>")
     else:
-        body = f"<p>No step and no drift in {len(history.commits)} commits.</p><p class=\"sub\">{caption}</p>"
+        lead = f"<p>No regression in {commits} commits; {len(shown)} improvement(s):</p>"
+    # "commit" would be cut short
+    return lead + _table(shown.rename(columns={"commit": "commit(s)"}), lift=False) + f'<p class="sub">{caption}</p>'
+
+
+def _history_figures(history: steps_.History, fig_dir: Path) -> list[str]:
+    """One figure per case of the history (its ``FIGURE_CASE``), its steps marked."""
     figures = []
     series, steps = history.series, history.steps
     for key, rows in series.groupby(list(steps_.FIGURE_CASE), sort=True):
@@ -480,11 +547,9 @@ def history_section(history: steps_.History, fig_dir: Path) -> str:
         mine = steps.loc[(steps[list(steps_.FIGURE_CASE)] == pd.Series(case)).all(axis=1)] if len(steps) else steps
         name = "history_" + re.sub(r"[^A-Za-z0-9]+", "_", f"{case['machine']} {label}").strip("_")
         figures.append(_figure(fig_dir, name, plots.case_history(rows, mine, history.commits, f"{label} on {case['machine']}"),
-                               f"{html.escape(label)} on {html.escape(str(case['machine']))}: every commit's value; "
-                               "steps dashed, drifts shaded (red: regression, green: improvement)."))
-    return (f'<section id="history"><h2>Steps in the history</h2>{body}'
-            + _details(f"History figures ({sum(1 for f in figures if f)})", "".join(figures), open_=bool(len(shown)))
-            + "</section>")
+                               f"{html.escape(label)} on {html.escape(str(case['machine']))}: every commit's "
+                               "value; steps dashed, drifts shaded (red: regression, green: improvement)."))
+    return figures
 
 
 def _history(page: Page) -> str:
@@ -496,18 +561,15 @@ def _history(page: Page) -> str:
 
 
 def render_history(history: steps_.History, out_dir: str | Path, title: str = "attnbench history") -> Path:
-    """``history.html`` (the section of :func:`history_section` alone) and ``steps.csv`` in ``out_dir``; the page."""
+    """Write ``history.html`` (:func:`history_section` alone) and ``steps.csv``; return the page."""
     out_dir = Path(out_dir)
     generated = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     section = history_section(history, out_dir / "figures")
-    page = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>{section}"
-            f'<p class="sub">generated {generated}</p><script>{SORT_JS}</script></body></html>')
     atomic_write(out_dir / "steps.csv", lambda tmp: history.steps.to_csv(tmp, index=False))
-    return atomic_write_text(out_dir / "history.html", page)
+    return atomic_write_text(out_dir / "history.html", _html_page(title, section, generated))
 
 
-# ---- the details (collapsed) ----------------------------------------------------------------------
+# ---- the details (collapsed) ---------------------------------------------------------------------
 def _gflops(page: Page) -> str:
     return _details("Achieved GFLOP/s and % of the matmul peak", page.figure(
         "gflops", plots.gflops(page.frame), "Achieved GFLOP/s on executed FLOPs; dotted line: this machine's fp32 matmul peak."))
@@ -515,16 +577,17 @@ def _gflops(page: Page) -> str:
 
 def _page_faults(page: Page) -> str:
     fig = page.figure("page_faults", plots.scaling(page.analysis.main, "page_faults"),
-                      "Minor page faults per call vs L: the fresh pages a call maps (the kernel zero-fills each on first touch). "
-                      "Dense variants allocate new O(L²) score buffers on every call, so on a CPU part of their time is this. "
-                      "Fitted exponents are in the full fit table." + page.scope)
+                      "Minor page faults per call vs L: the fresh pages a call maps (the kernel zero-fills "
+                      "each on first touch). Dense variants allocate new O(L²) score buffers on every call, so "
+                      "on a CPU part of their time is this. Fitted exponents are in the full fit table." + page.scope)
     return _details("Page faults per call", fig) if fig else ""
 
 
-COUNTS_CAVEAT = ("Instruction counts (valgrind's callgrind, portable kernels) do not move with a busy neighbour, so "
-                 "their exponents are the steadiest O(n²) evidence here; but they do not see cache misses, page faults, "
-                 "memory bandwidth or time spent waiting for memory or for other threads (counts are summed over "
-                 "threads): a change that only moves data worse is flat in counts and slower in time.")
+COUNTS_CAVEAT = ("Instruction counts (valgrind's callgrind, portable kernels) do not move with a busy "
+                 "neighbour, so their exponents are the steadiest O(n²) evidence here; but they do not see "
+                 "cache misses, page faults, memory bandwidth or time spent waiting for memory or for other "
+                 "threads (counts are summed over threads): a change that only moves data worse is flat in "
+                 "counts and slower in time.")
 
 
 def _instructions(page: Page) -> str:
@@ -535,17 +598,19 @@ def _instructions(page: Page) -> str:
 
 def _accuracy(page: Page) -> str:
     accuracy = page.figure("accuracy", plots.error_vs_time(page.frame),
-                           "Approximate variants: error against exact softmax attention vs time, each point labelled by its L. "
-                           "The largest error of any single output element is shown: for <code>performer</code> it is of order "
-                           "1 on standard-normal inputs, because random features estimate exp(q·k) worst where |q·k| is "
-                           "largest. What the correctness gate bounds is its <em>mean</em> error (the variant's declared "
-                           "bound), and its output is checked exactly against its own kernel.")
+                           "Approximate variants: error against exact softmax attention vs time, each point "
+                           "labelled by its L. The largest error of any single output element is shown: for "
+                           "<code>performer</code> it is of order 1 on standard-normal inputs, because random "
+                           "features estimate exp(q·k) worst where |q·k| is largest. What the correctness gate "
+                           "bounds is its <em>mean</em> error (the variant's declared bound), and its output is "
+                           "checked exactly against its own kernel.")
     return _details("Accuracy of the approximate variants", accuracy) if accuracy else ""
 
 
 def _speedups(page: Page) -> str:
     speedups = "".join(page.figure(f"speedup_{b}", plots.speedup_heatmap(page.frame, b),
-                                   f"Speedup over <code>{b}</code> per variant and L (correct cases only; colour clipped at 1000x).")
+                                   f"Speedup over <code>{b}</code> per variant and L (correct cases only; colour "
+                                   "clipped at 1000x).")
                        for b in ("loop", "batched"))
     return _details("Speedup per variant and length (heatmaps)", speedups) if speedups else ""
 
@@ -553,8 +618,9 @@ def _speedups(page: Page) -> str:
 def _crossover_tables(page: Page) -> str:
     tables = "".join(f"<h3>{m}</h3>" + _table(t, formats={"ratio_at_longest": lambda v: fmt(float(v), "x")}, keep=("variant",))
                      for m, t in page.analysis.crossovers.items())
-    return _details("Crossover tables", "<p>Smallest length from which a variant stays faster (or smaller) than the "
-                    "baseline at every longer length measured; ratio = baseline / variant at the longest common length.</p>" + tables)
+    intro = ("<p>Smallest length from which a variant stays faster (or smaller) than the baseline at "
+             "every longer length measured; ratio = baseline / variant at the longest common length.</p>")
+    return _details("Crossover tables", intro + tables)
 
 
 def _largest_length(page: Page) -> str:
@@ -596,7 +662,7 @@ RUNQUEUE_CASE = ("origin", "machine", "device", "variant", "workload", "seq_len"
 
 
 def _runqueue(page: Page) -> str:
-    """How much a neighbour had the timing thread's core while each case was timed (runs that read the wait)."""
+    """How much a neighbour had the timing thread's core per case (runs that read the wait)."""
     frame = page.frame
     waited = frame[frame["metric"] == "waited_blocks"]
     if not len(waited):
@@ -607,11 +673,12 @@ def _runqueue(page: Page) -> str:
     table = (waited[[*keys, "value"]].rename(columns={"value": "blocks that waited"})
              .merge(share, on=keys, how="left").merge(status, on=keys, how="left"))
     percent = {"blocks that waited": lambda v: f"{float(v):.0%}", "median block's wait": lambda v: f"{float(v):.0%}"}
-    return _details("Run-queue wait per case", "<p>The share of each case's timed blocks that waited for a core over "
-                    "10% of their wall time (another process had it: each such block was dropped and timed again), "
-                    "and the median block's wait per wall second, from Linux's scheduler figures of the timing thread. "
-                    "A case is <code>noisy</code> when too few undisturbed blocks were left within its retry budget.</p>"
-                    + _table(table, formats=percent, keep=("variant",)))
+    intro = ("<p>The share of each case's timed blocks that waited for a core over 10% of their wall "
+             "time (another process had it: each such block was dropped and timed again), and the "
+             "median block's wait per wall second, from Linux's scheduler figures of the timing "
+             "thread. A case is <code>noisy</code> when too few undisturbed blocks were left within "
+             "its retry budget.</p>")
+    return _details("Run-queue wait per case", intro + _table(table, formats=percent, keep=("variant",)))
 
 
 def _commits(page: Page) -> str:
@@ -669,8 +736,10 @@ def _fmt_fit(row: pd.Series) -> str:
     hi = "inf" if math.isinf(row["ci_high"]) else f"{row['ci_high']:.2f}"
     lo = "-inf" if math.isinf(row["ci_low"]) else f"{row['ci_low']:.2f}"
     where = f"L {row['L_min']:.0f}-{row['L_max']:.0f}, {row['n']:.0f} points"
-    if row.get("kind") == "deterministic":  # exact values: the slope's range along L and the largest residual
-        text = f"{row['exponent']:.2f} (local slopes {lo} to {hi}, largest residual {row['max_residual']:.1%}; {where})"
+    # exact values: the slope's range along L and the largest residual
+    if row.get("kind") == "deterministic":
+        text = (f"{row['exponent']:.2f} (local slopes {lo} to {hi}, largest residual "
+                f"{row['max_residual']:.1%}; {where})")
     else:
         text = f"{row['exponent']:.2f} [{lo}, {hi}] R²={row['r2']:.3f} ({where})"
     if row.get("outliers"):
@@ -696,19 +765,22 @@ def _demos(page: Page) -> str:
         return ""
     nw_panels, nw = teaching.nadaraya_watson()
     nw_fig = page.figure("nadaraya_watson", plots.heatmaps(nw_panels),
-                         f"Nadaraya-Watson kernel regression through the <code>dot</code> variant. Test MSE non-parametric "
-                         f"{nw['nonparametric_test_mse']:.3f}, parametric {nw['parametric_test_mse']:.3f} (learned w = {nw['learned_w']:.2f}).")
+                         "Nadaraya-Watson kernel regression through the <code>dot</code> variant. Test MSE "
+                         f"non-parametric {nw['nonparametric_test_mse']:.3f}, parametric "
+                         f"{nw['parametric_test_mse']:.3f} (learned w = {nw['learned_w']:.2f}).")
     masked = page.figure("masked_weights", plots.heatmaps(teaching.masked_weights()),
-                         "Attention weights computed by the variants themselves (v = I) under a causal mask, a sliding window and a "
-                         "block-sparse pattern.")
+                         "Attention weights computed by the variants themselves (v = I) under a causal mask, a "
+                         "sliding window and a block-sparse pattern.")
     return _details("Teaching demos: attention weights", nw_fig + masked)
 
 
 def _reproduce(page: Page) -> str:
-    return _details("Reproduce", "<p>Sweep and report: <code>attnbench run</code>; from asv results: <code>asv run</code> "
-                    "then <code>attnbench report --from .asv/results</code>; two runs side by side: <code>attnbench report "
-                    "--from RUN_A --from RUN_B</code>; teaching demos: <code>--demos</code>. Tidy data: <code>tidy.csv</code>; "
-                    "fits: <code>fits.csv</code> (beside this page); inputs that could not be used: <code>problems.json</code>.</p>")
+    text = ("<p>Sweep and report: <code>attnbench run</code>; from asv results: <code>asv run</code> "
+            "then <code>attnbench report --from .asv/results</code>; two runs side by side: "
+            "<code>attnbench report --from RUN_A --from RUN_B</code>; teaching demos: "
+            "<code>--demos</code>. Tidy data: <code>tidy.csv</code>; fits: <code>fits.csv</code> "
+            "(beside this page); inputs that could not be used: <code>problems.json</code>.</p>")
+    return _details("Reproduce", text)
 
 
 Section = Callable[[Page], str]
@@ -725,7 +797,7 @@ CLOSING: tuple[Section, ...] = (_problems, _full_fits, _demos, _reproduce)
 
 
 def render(analysis: Analysis, out_dir: str | Path, title: str = "attnbench report", demos: bool = False) -> ReportOutcome:
-    """Draw the figures and write ``report.html``, ``figures/``, ``tidy.csv``, ``fits.csv`` and ``problems.json``.
+    """Draw the figures; write ``report.html``, ``figures/``, the CSVs and ``problems.json``.
 
     Args:
         analysis: what :func:`analyse` computed.
@@ -741,10 +813,8 @@ def render(analysis: Analysis, out_dir: str | Path, title: str = "attnbench repo
     body = [s(page) for s in ((*STORY, *BODY, *COMPARED) if anything else BODY)]
     details = [s(page) for s in ((*DETAILS, *CLOSING) if anything else CLOSING)]
     generated = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    html_page = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-                 f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>{_subtitle(analysis)}{_inputs_notes(analysis)}"
-                 f"{''.join(b for b in body if b)}<h2 id=\"details\">Details</h2>{''.join(details)}"
-                 f'<p class="sub">generated {generated}</p><script>{SORT_JS}</script></body></html>')
+    html_page = _html_page(title, _subtitle(analysis) + _inputs_notes(analysis) + "".join(b for b in body if b)
+                           + '<h2 id="details">Details</h2>' + "".join(details), generated)
     atomic_write(out_dir / "tidy.csv", lambda tmp: loaded.frame.to_csv(tmp, index=False))
     atomic_write(out_dir / "fits.csv", lambda tmp: analysis.fits.to_csv(tmp, index=False))
     atomic_write_text(out_dir / "problems.json", json.dumps({"problems": list(loaded.problems), "notes": list(loaded.notes)}, indent=1))
@@ -764,6 +834,7 @@ def build_report(sources: Iterable[str | Path], out_dir: str | Path, title: str 
 
     Returns:
         Path of ``report.html`` inside ``out_dir`` (which also receives ``figures/``,
-        ``tidy.csv``, ``fits.csv`` and ``problems.json``). :func:`make_report` also says what loaded.
+        ``tidy.csv``, ``fits.csv`` and ``problems.json``). :func:`make_report` also says what
+        loaded.
     """
     return make_report(sources, out_dir, title, demos=demos).page

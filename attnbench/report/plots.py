@@ -46,16 +46,18 @@ WRONG_COLOUR = "#b00020"
 
 FAMILY_COLOURS: dict[str, str] = {"dense": "Blues", "fused": "Oranges", "blockwise": "Greens", "linear": "Purples",
                                   "scoring": "Greys", "compiled": "RdPu", OTHER_FAMILY: "YlOrBr"}
-"""The colormap each family's shades come from (:data:`attnbench.contract.FAMILIES`; plugin variants: yellow-brown)."""
+"""The colormap each family's shades come from (``contract.FAMILIES``; plugin variants: YlOrBr)."""
 
 
 SHAPE_TAGS = (("kv_heads", "Hkv"), ("head_dim", "D"), ("batch", "B"), ("heads", "H"), ("dtype", ""), ("mask", "mask "))
-"""Shape columns that name a series when a figure's rows vary in them (``sdpa Hkv=2``): never a median across shapes."""
+"""Shape columns that name a series where a figure's rows vary in them (``sdpa Hkv=2``).
+
+Never a median across shapes."""
 
 
 def series(df: pd.DataFrame, model: bool = True) -> pd.Series:
-    """Each row's series label: its variant, the shape settings that vary, and "(model)" for predicted values
-    (unless ``model`` is False: a figure that marks them by line style)."""
+    """Each row's series label: its variant, the shape settings that vary, and "(model)" for
+    predicted values (unless ``model`` is False: a figure that marks them by line style)."""
     label = df["variant"].astype(str)
     for col, tag in SHAPE_TAGS:
         if col in df and df[col].nunique() > 1:
@@ -66,7 +68,7 @@ def series(df: pd.DataFrame, model: bool = True) -> pd.Series:
 
 
 def colour(variant: str) -> tuple[float, float, float, float]:
-    """The variant's colour: its family's hue, a shade by its place in the family (stable across figures).
+    """The variant's colour: its family's hue, a shade by its place in the family (every figure).
 
     ``variant`` may be a series label (:func:`series`): its first word is the variant."""
     base = variant.split(" ")[0]
@@ -104,7 +106,8 @@ def _unit_axis(ax, axis: str, unit: str) -> None:
         return
     scale = getattr(ax, f"{axis}axis")
 
-    def minor(v: float, _: int) -> str:  # a view within one decade has no major tick: label 2, 3 and 5 there
+    # a view within one decade has no major tick: label 2, 3 and 5 there
+    def minor(v: float, _: int) -> str:
         lo, hi = sorted(scale.get_view_interval())
         return fmt(v, unit) if lo > 0 and hi < 10 * lo and f"{v:.0e}"[0] in "235" else ""
 
@@ -129,7 +132,7 @@ GUIDE_COLOUR = "0.45"
 
 def _end_labels(ax, ends: dict[str, tuple[float, float]], text: dict[str, str] | None = None,
                 colours: dict[str, tuple] | None = None) -> None:
-    """Label each line at its right end, spread apart vertically (log axes) inside the axes, never overlapping.
+    """Label each line at its right end, spread apart vertically inside the axes, never overlapping.
 
     Names of the O(n) guides (``"O(n..."``) are drawn grey."""
     if not ends:
@@ -137,7 +140,8 @@ def _end_labels(ax, ends: dict[str, tuple[float, float]], text: dict[str, str] |
     items = sorted(ends.items(), key=lambda kv: kv[1][1])
     lo, hi = (math.log10(v) for v in ax.get_ylim())
     height_pt = ax.get_window_extent().height * 72 / ax.figure.dpi
-    gap = (hi - lo) * max(0.06, 1.35 * LABEL_POINTS / height_pt)  # label centres a line of text apart, in decades
+    # label centres a line of text apart, in decades
+    gap = (hi - lo) * max(0.06, 1.35 * LABEL_POINTS / height_pt)
     want = [math.log10(y) if y > 0 else lo for _, (_, y) in items]
     pos: list[float] = []
     for w in want:  # upward pass: no label closer than gap to the one below
@@ -155,18 +159,20 @@ def _end_labels(ax, ends: dict[str, tuple[float, float]], text: dict[str, str] |
 
 
 def _spread_bars(ax, x: pd.Series, y: pd.Series, spread: pd.Series, colour: tuple) -> None:
-    """Each point's spread as a bar (an IQR of width ``spread``, centred on the median); nothing where it is unknown."""
+    """Each point's IQR (``spread``, centred on the median) as a bar; none where it is unknown."""
     known = spread.notna() & (spread > 0)
     if known.any():
         half = spread[known].to_numpy(float) / 2
-        low = np.minimum(half, y[known].to_numpy(float) * 0.999)  # log axes: the bar stays above zero
+        # log axes: the bar stays above zero
+        low = np.minimum(half, y[known].to_numpy(float) * 0.999)
         ax.errorbar(x[known].to_numpy(float), y[known].to_numpy(float), yerr=[low, half], fmt="none", ecolor=colour,
                     elinewidth=0.9, capsize=2, alpha=0.8, zorder=4)
 
 
 def _guides(ax, lengths: np.ndarray, anchor: float, exponents: tuple[float, ...] = (1.0, 2.0)) -> dict[str, tuple[float, float]]:
-    """Dashed O(n^p) lines through ``anchor`` at the shortest length; their names' places, for :func:`_end_labels`
-    (the ones that end inside the axes: the guides' names are spread with the lines' own, never on them)."""
+    """Dashed O(n^p) lines through ``anchor`` at the shortest length; their names' places, for
+    :func:`_end_labels` (the ones that end inside the axes: the guides' names are spread with the
+    lines' own, never on them)."""
     x = np.array([lengths.min(), lengths.max()], dtype=float)
     top = ax.get_ylim()[1]
     ends = {}
@@ -179,7 +185,7 @@ def _guides(ax, lengths: np.ndarray, anchor: float, exponents: tuple[float, ...]
 
 
 def _facet_axes(grid, row: str | None, col: str | None) -> dict:
-    """``{(row value, col value): ax}`` for a relplot grid, ``None`` standing for an absent facet."""
+    """``{(row value, col value): ax}`` of a relplot grid (``None``: an absent facet)."""
     if row is None and col is None:
         return {(None, None): grid.ax}
     out = {}
@@ -194,9 +200,10 @@ def _facet_axes(grid, row: str | None, col: str | None) -> dict:
 
 
 def _scaling_rows(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """``metric``'s median value and spread per device, mode, family, series and L (ok, positive, Lq = Lk)."""
+    """``metric``'s median and spread per device, mode, family, series and L (ok, Lq = Lk, > 0)."""
     df = _ok(frame, metric)
-    df = df[(df["seq_len"] == df["seq_len_k"]) & (df["value"] > 0)]  # a log axis shows no zero (0 GFLOP/s of a failed case)
+    # a log axis shows no zero (0 GFLOP/s of a failed case)
+    df = df[(df["seq_len"] == df["seq_len_k"]) & (df["value"] > 0)]
     if df.empty:
         return df
     df = df.assign(family=[family(v) for v in df["variant"]], variant=series(df))
@@ -206,12 +213,13 @@ def _scaling_rows(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
 
 
 def _scaling_panel(ax, df: pd.DataFrame, sub: pd.DataFrame, unit: str, guides: bool, title: str) -> None:
-    """One panel of :func:`scaling`: axes shared with every panel (``df``), its lines' spreads and end labels."""
+    """One panel of :func:`scaling` (``df``: every panel's rows, for the shared axes)."""
     positive = df["value"][df["value"] > 0]
     if len(positive):  # the data set the range; guides beyond it are clipped
         ax.set_ylim(positive.min() / 2, positive.max() * 2)
     _length_axis(ax, df["seq_len"].unique())
-    ax.set_xlim(df["seq_len"].min() / 1.3, df["seq_len"].max() * 4.5)  # room for the line-end labels
+    # room for the line-end labels
+    ax.set_xlim(df["seq_len"].min() / 1.3, df["seq_len"].max() * 4.5)
     ax.tick_params(labelbottom=True)
     _unit_axis(ax, "y", unit)
     ax.set_xlabel("sequence length L")
@@ -233,11 +241,11 @@ def _scaling_panel(ax, df: pd.DataFrame, sub: pd.DataFrame, unit: str, guides: b
 
 ODD_MARKERS = ((Status.WRONG, {"marker": "x", "s": 60, "color": WRONG_COLOUR}),
                (Status.NOISY, {"marker": "o", "s": 40, "facecolors": "none", "linewidths": 1.2}))
-"""How :func:`scaling` marks the points that are no facts: wrong ones red crosses, noisy ones hollow circles."""
+"""How :func:`scaling` marks no-fact points: wrong ones red crosses, noisy ones hollow circles."""
 
 
 def _mark_odd(frame: pd.DataFrame, metric: str, axes: dict, row: str | None, col: str | None) -> None:
-    """Mark ``metric``'s wrong and noisy points on their panels of ``axes`` (:func:`_facet_axes`), never in a line."""
+    """Mark ``metric``'s wrong and noisy points on their panels of ``axes``, never in a line."""
     for status, style in ODD_MARKERS:
         odd = frame[(frame["metric"] == metric) & (frame["status"] == status) & (frame["value"] > 0)]
         if not len(odd):
@@ -247,7 +255,8 @@ def _mark_odd(frame: pd.DataFrame, metric: str, axes: dict, row: str | None, col
             ax = axes.get((rec["where"] if row else None, rec["family"] if col else None))
             if ax is None:
                 continue
-            if status == Status.NOISY:  # hollow, in its variant's colour: many in a crowded panel, so no text
+            # hollow, in its variant's colour: many in a crowded panel, so no text
+            if status == Status.NOISY:
                 ax.scatter([int(rec["seq_len"])], [rec["value"]], zorder=5, label=status, edgecolors=[colour(rec["variant"])], **style)
             else:
                 ax.scatter([int(rec["seq_len"])], [rec["value"]], zorder=5, label=status, **style)
@@ -261,7 +270,8 @@ def scaling(frame: pd.DataFrame, metric: str, guides: bool = True, title: str | 
     Lines are labelled at their right end. Predicted values (method "model") are their own dashed
     series, "<variant> (model)"; cases that failed the correctness gate (status "wrong") are red
     crosses (named) and disturbed ones (status "noisy") hollow circles in their variant's colour,
-    never part of a line. Where a point's timing blocks spread, a bar shows their interquartile range.
+    never part of a line. Where a point's timing blocks spread, a bar shows their interquartile
+    range.
     """
     df = _scaling_rows(frame, metric)
     if df.empty:
@@ -287,7 +297,8 @@ def scaling(frame: pd.DataFrame, metric: str, guides: bool = True, title: str | 
         _scaling_panel(ax, df, df[keep], UNITS.get(metric, ""), guides, panel_title)
     grid.set_ylabels(LABELS.get(metric, metric))
     _mark_odd(frame, metric, axes, row, col)
-    grid.tight_layout()  # every panel has its tick labels: rows are spaced so titles never sit on them
+    # every panel has its tick labels: rows are spaced so titles never sit on them
+    grid.tight_layout()
     grid.figure.suptitle(title or f"{LABELS.get(metric, metric)} vs sequence length, by family", y=1.02)
     return grid.figure
 
@@ -303,7 +314,7 @@ def _fit_record(fits: pd.DataFrame | None, variant: str, metric: str, workload: 
 
 
 def _fit_label(fits: pd.DataFrame | None, variant: str, metric: str, workload: str = "prefill") -> str:
-    """"L^2.01" for a conclusive fit of ``workload``, "slope inconclusive", "model" or "" (nothing fitted)."""
+    """"L^2.01" for a conclusive fit of ``workload``; "slope inconclusive", "model" or ""."""
     rec = _fit_record(fits, variant, metric, workload)
     if rec is None:
         return ""
@@ -315,7 +326,7 @@ def _fit_label(fits: pd.DataFrame | None, variant: str, metric: str, workload: s
 
 
 def _time_label(fits: pd.DataFrame | None, variant: str) -> str:
-    """A time line's end label: its time slope and, where counted, its instruction-count slope, each with its source."""
+    """A time line's end label: its time slope and, where counted, its instruction-count slope."""
     parts = []
     for metric, source in (("time", "time"), ("instructions", "counts")):
         label = _fit_label(fits, variant, metric)
@@ -325,10 +336,11 @@ def _time_label(fits: pd.DataFrame | None, variant: str) -> str:
 
 
 def _mark_crossover(ax, fits: pd.DataFrame | None, variant: str, s: pd.Series, shade: tuple) -> None:
-    """Mark L*, where the L² term of the variant's cost overtakes its L term, on its line when it falls inside.
+    """Mark L*, where the L² term overtakes the L term, on the variant's line when it falls inside.
 
-    Read from the instruction counts' cost split when counted (they do not move with the machine), else
-    from time's; only for a fit that is conclusive and shallower than declared (what L* explains).
+    Read from the instruction counts' cost split when counted (they do not move with the machine),
+    else from time's; only for a fit that is conclusive and shallower than declared (what L*
+    explains).
     """
     for metric in ("instructions", "time"):
         rec = _fit_record(fits, variant, metric)
@@ -347,8 +359,8 @@ def _mark_crossover(ax, fits: pd.DataFrame | None, variant: str, s: pd.Series, s
 
 def _progression_panel(ax, metric: str, df: pd.DataFrame, fits: pd.DataFrame | None, shades: dict[str, tuple],
                        lengths: list[int]) -> None:
-    """One panel of :func:`progression`: a line per series of ``df`` in the order of ``shades`` (variant ->
-    its colour), each labelled at its end with its fitted slope."""
+    """One panel of :func:`progression`: a line per series of ``df`` in the order of ``shades``
+    (variant -> its colour), each labelled at its end with its fitted slope."""
     ends, text, colours = {}, {}, {}
     df = df.assign(series=series(df, model=False))
     order = [s for v in shades for s in sorted(set(df.loc[df["variant"] == v, "series"]))]
@@ -377,12 +389,12 @@ def _progression_panel(ax, metric: str, df: pd.DataFrame, fits: pd.DataFrame | N
 
 
 def progression(frame: pd.DataFrame, fits: pd.DataFrame | None = None, variants: tuple[str, ...] = PROGRESSION) -> plt.Figure | None:
-    """The teaching progression (loop -> vectorized -> batched -> torch_mha -> sdpa): time and memory vs L.
+    """The teaching progression, loop -> vectorized -> batched -> torch_mha -> sdpa, vs L.
 
     Two log-log panels; each line is labelled at its end with its fitted slope ("L^2.01") when the
-    fit is conclusive, "slope inconclusive" when not, "model" for predicted memory (dotted). A time line
-    carries its instruction-count slope too where counted (counts decide where time cannot), and a
-    triangle at L* where a shallower-than-declared slope's L² term overtakes its L term.
+    fit is conclusive, "slope inconclusive" when not, "model" for predicted memory (dotted). A time
+    line carries its instruction-count slope too where counted (counts decide where time cannot),
+    and a triangle at L* where a shallower-than-declared slope's L² term overtakes its L term.
     """
     panels = []
     for metric in ("time", "peak_tensor_bytes"):
@@ -395,11 +407,12 @@ def progression(frame: pd.DataFrame, fits: pd.DataFrame | None = None, variants:
         return None
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.3))
     lengths = sorted({int(n) for _, df in panels for n in df["seq_len"]})
-    distinct = {v: plt.get_cmap("tab10")(i) for i, v in enumerate(variants)}  # five lines, five hues (not a family's shades)
+    # five lines, five hues (not a family's shades)
+    distinct = {v: plt.get_cmap("tab10")(i) for i, v in enumerate(variants)}
     for ax, (metric, df) in zip(axes, panels, strict=True):
         _progression_panel(ax, metric, df, fits, distinct, lengths)
-    fig.suptitle("From the Python loop to fused SDPA: time and memory vs L (log-log, fitted slopes at line ends; "
-                 "▼ L*: the L² term overtakes the L term)", fontsize=12)
+    fig.suptitle("From the Python loop to fused SDPA: time and memory vs L (log-log, fitted slopes at "
+                 "line ends; ▼ L*: the L² term overtakes the L term)", fontsize=12)
     fig.tight_layout()
     return fig
 
@@ -424,8 +437,9 @@ WORKLOAD_MARKERS = {"prefill": "o", "decode": "^"}  # the roofline's point shape
 
 
 def _roofs(ax, peak: float, bw: float, lo: float, hi: float, dtype: str) -> None:
-    """The compute roof (``peak`` GFLOP/s) and, where a bandwidth ``bw`` was recorded, the slanted
-    bandwidth roof and the ridge, each labelled with its measured value, over intensities ``lo`` to ``hi``."""
+    """The compute roof and, with a recorded bandwidth, the slanted bandwidth roof and the ridge.
+
+    Each is labelled with its measured value, over intensities ``lo`` to ``hi``."""
     x = np.geomspace(lo, hi, 200)
     if bw > 0:
         ridge = peak / bw
@@ -442,7 +456,7 @@ def _roofs(ax, peak: float, bw: float, lo: float, hi: float, dtype: str) -> None
 
 
 def _roofline_points(ax, sub: pd.DataFrame) -> None:
-    """A point per case (family colour, workload shape) and a label per workload naming the lengths it spans."""
+    """A point per case (family colour, workload shape), a label per workload with its lengths."""
     for (variant, workload), pts in sub.groupby(["variant", "workload"], sort=True):
         ax.scatter(pts["ai"], pts["gflops"], color=colour(variant), marker=WORKLOAD_MARKERS.get(workload, "s"),
                    s=34, edgecolors="0.2", linewidths=0.4, zorder=3)
@@ -479,11 +493,11 @@ def _roofline_legend(ax, df: pd.DataFrame) -> None:
 
 
 def roofline(table: pd.DataFrame) -> plt.Figure | None:
-    """Arithmetic intensity vs achieved GFLOP/s (log-log) under the measured roofs of the same machine.
+    """Arithmetic intensity vs achieved GFLOP/s (log-log) under the roofs measured on its machine.
 
     One panel per (machine, device, dtype) with a recorded matmul peak (at most 3). The compute roof
-    is the matmul peak (horizontal), the bandwidth roof ``AI x triad bandwidth`` (slanted; absent when
-    the run recorded no bandwidth), both labelled with their measured values; they meet at the
+    is the matmul peak (horizontal), the bandwidth roof ``AI x triad bandwidth`` (slanted; absent
+    when the run recorded no bandwidth), both labelled with their measured values; they meet at the
     ridge. Points: one per case, coloured by the variant's family hue, shaped by workload
     (prefill: circles, decode: triangles).
 
@@ -552,7 +566,7 @@ def prefill_vs_decode(frame: pd.DataFrame, fits: pd.DataFrame | None = None) -> 
 
 
 def _crossover_cells(cross: pd.DataFrame, rows: list[str], cols: list[str]) -> tuple[np.ndarray, list[list[str]]]:
-    """Each (variant, baseline) cell's ratio at the longest common L (NaN: not compared) and its text."""
+    """Each (variant, baseline) cell's ratio at the longest common L (NaN: none) and its text."""
     ratio = np.full((len(rows), len(cols)), np.nan)
     text = [["" for _ in cols] for _ in rows]
     for rec in cross.to_dict("records"):
@@ -565,8 +579,8 @@ def _crossover_cells(cross: pd.DataFrame, rows: list[str], cols: list[str]) -> t
 
 def _crossover_panel(ax, metric: str, cross: pd.DataFrame, rows: list[str], cols: list[str], half: float,
                      first: bool):
-    """One metric's variant x baseline matrix of :func:`crossover_matrix` (variant names on the ``first``
-    panel only); returns its image, for the colour bar."""
+    """One metric's variant x baseline matrix of :func:`crossover_matrix` (variant names on the
+    ``first`` panel only); returns its image, for the colour bar."""
     ratio, text = _crossover_cells(cross, rows, cols)
     logr = np.log10(ratio)
     image = ax.imshow(logr, cmap="RdBu", norm=mcolors.Normalize(-half, half), aspect="auto")
@@ -590,7 +604,7 @@ def crossover_matrix(crosses: dict[str, pd.DataFrame] | pd.DataFrame, metric: st
     baseline / variant at the longest common L, on a log scale centred at 1x (clipped at 1000x).
 
     Args:
-        crosses: ``{metric: complexity.crossovers(...)}``, or one such table (then ``metric`` names it).
+        crosses: ``{metric: complexity.crossovers(...)}``, or one such table (of ``metric``).
         metric: the metric of a single table.
     """
     if isinstance(crosses, pd.DataFrame) or crosses is None:
@@ -603,7 +617,8 @@ def crossover_matrix(crosses: dict[str, pd.DataFrame] | pd.DataFrame, metric: st
     rows = [v for v in order if any(v in set(t["variant"]) for t in crosses.values())]
     logs = np.concatenate([np.log10(t["ratio_at_longest"].to_numpy(float)) for t in crosses.values()])
     logs = logs[np.isfinite(logs)]
-    half = min(max(float(np.abs(logs).max()) if len(logs) else 1.0, 0.5), 3.0)  # a 10^4 outlier must not wash out 2x
+    # a 10^4 outlier must not wash out 2x
+    half = min(max(float(np.abs(logs).max()) if len(logs) else 1.0, 0.5), 3.0)
     widths = [len(set(t["baseline"])) for t in crosses.values()]
     fig, axes = plt.subplots(1, len(crosses), figsize=(1.55 * sum(widths) + 2.2 * len(crosses) + 1.2, 0.34 * len(rows) + 1.3),
                              gridspec_kw={"width_ratios": widths}, squeeze=False)
@@ -630,12 +645,14 @@ def speedup_heatmap(frame: pd.DataFrame, baseline: str) -> plt.Figure | None:
     if baseline not in table.index:
         return None
     ratio = (table.loc[baseline] / table).drop(index=baseline, errors="ignore")
-    missing = [int(n) for n in ratio.columns if not ratio[n].notna().any()]  # the baseline has no correct time there
+    # the baseline has no correct time there
+    missing = [int(n) for n in ratio.columns if not ratio[n].notna().any()]
     ratio = ratio.loc[:, ratio.notna().any()]
     if ratio.empty:
         return None
     height = max(2.6, 0.36 * ratio.shape[0] + 1.5)
-    ticks = [-3, -2, -1, 0, 1, 2, 3] if height >= 3.5 else [-3, 0, 3]  # a short colour bar holds three labels
+    # a short colour bar holds three labels
+    ticks = [-3, -2, -1, 0, 1, 2, 3] if height >= 3.5 else [-3, 0, 3]
     fig, ax = plt.subplots(figsize=(1.0 * ratio.shape[1] + 3.5, height))
     sns.heatmap(np.log10(ratio), annot=ratio.map(lambda v: "" if pd.isna(v) else fmt(v, "x")), fmt="", cmap="RdBu",
                 center=0, vmin=-3, vmax=3, ax=ax, annot_kws={"fontsize": 7},
@@ -647,7 +664,8 @@ def speedup_heatmap(frame: pd.DataFrame, baseline: str) -> plt.Figure | None:
     ax.set_title(f"speedup over {baseline} (forward)", fontsize=10)
     notes = ["blank: no correct, undisturbed time (noisy, wrong or not run)"] if ratio.isna().to_numpy().any() else []
     if missing:
-        notes.append(f"no column at L={', '.join(map(str, missing))}: {baseline} has no correct, undisturbed time there")
+        notes.append(f"no column at L={', '.join(map(str, missing))}: {baseline} has no correct, "
+                     "undisturbed time there")
     if notes:
         fig.text(0.01, 0.01, "; ".join(notes), fontsize=7, color="0.35")
     fig.tight_layout(rect=(0, 0.06 if notes else 0, 1, 1))
@@ -655,7 +673,7 @@ def speedup_heatmap(frame: pd.DataFrame, baseline: str) -> plt.Figure | None:
 
 
 def error_vs_time(frame: pd.DataFrame) -> plt.Figure | None:
-    """Approximate variants: error against exact softmax attention vs time, each point labelled by its L."""
+    """Approximate variants' error against exact softmax attention vs time, points labelled by L."""
     err = _ok(frame, "softmax_error")
     if err.empty:
         return None
@@ -672,8 +690,10 @@ def error_vs_time(frame: pd.DataFrame) -> plt.Figure | None:
             ax.annotate(f"L={rec['seq_len']}", (rec["time"], rec["value"]), fontsize=7, xytext=(4, 2), textcoords="offset points")
     ax.set(xscale="log", yscale="log", xlabel="median time per call", ylabel="max |out - exact softmax attention|")
     _unit_axis(ax, "x", "s")
-    ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))  # labels in a narrow decade
-    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.2g}"))  # plain, not "2.9x10^0"
+    # labels in a narrow decade
+    ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    # plain, not "2.9x10^0"
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.2g}"))
     ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.legend(fontsize=8, loc="best")
     ax.set_title("accuracy vs speed of approximate variants", fontsize=11)
@@ -760,7 +780,7 @@ def comparison(ratios: pd.DataFrame, label_a: str, label_b: str) -> plt.Figure |
 
 # ---- attention weights, in the spirit of d2l's show_heatmaps ------------------------------
 def show_heatmaps(matrices: list[list[np.ndarray]], xlabel: str, ylabel: str, titles: list[str] | None = None, cmap: str = "Reds") -> plt.Figure:
-    """Grid of matrix heatmaps sharing axes and one colour bar (Dive into Deep Learning's ``show_heatmaps``)."""
+    """Grid of matrix heatmaps sharing axes and one colour bar (d2l's ``show_heatmaps``)."""
     rows, cols = len(matrices), len(matrices[0])
     fig, axes = plt.subplots(rows, cols, figsize=(3.0 * cols + 1, 3.0 * rows), sharex=True, sharey=True, squeeze=False)
     image = None
@@ -789,7 +809,7 @@ REGRESSION_COLOUR, IMPROVEMENT_COLOUR = WRONG_COLOUR, "#1b5e20"
 
 
 def _history_values(ax, metric: str, rows: pd.DataFrame) -> None:
-    """A metric's value at each commit (time: with the levels the step rules saw), failures as red crosses."""
+    """A metric's value at each commit (time: and the levels the rules saw); failures as crosses."""
     ok = rows[rows["status"] == Status.OK]
     ax.plot(ok["position"], ok["value"], "o", ms=3.5, color="#455a64", zorder=3)
     if metric == "time" and ok["level"].notna().any():
@@ -802,8 +822,9 @@ def _history_values(ax, metric: str, rows: pd.DataFrame) -> None:
 
 
 def _mark_changes(ax, metric: str, steps: pd.DataFrame) -> None:
-    """Each change of ``steps``: a step a dashed line just before its commit, a drift a band over its
-    commits (red: regression, green: improvement), labelled with its ratio or what went wrong."""
+    """Each change: a step a dashed line before its commit, a drift a band over its commits.
+
+    Red for a regression, green for an improvement, labelled with its ratio or what went wrong."""
     for rec in steps.to_dict("records"):
         tone = REGRESSION_COLOUR if rec["direction"] == Direction.REGRESSION else IMPROVEMENT_COLOUR
         if rec["kind"] == ChangeKind.DRIFT:
@@ -827,17 +848,17 @@ def _commit_axis(ax, commits: pd.DataFrame) -> None:
 
 
 def case_history(series: pd.DataFrame, steps: pd.DataFrame, commits: pd.DataFrame, title: str) -> plt.Figure | None:
-    """One case's metrics over the commits of a history (one panel per metric), its steps and drifts marked.
+    """One case's metrics over a history's commits (a panel per metric), steps and drifts marked.
 
     Args:
-        series: the case's rows of :attr:`attnbench.analysis.history.History.series` (``position``, ``value``,
-            ``level``: the level the step rules saw, drawn as a line for time).
+        series: the case's rows of :attr:`attnbench.analysis.history.History.series` (``position``,
+            ``value``, ``level``: the level the step rules saw, drawn as a line for time).
         steps: the case's rows of ``History.steps``.
         commits: ``History.commits`` (position order; short hashes label the axis).
         title: the figure's title (the case).
 
-    A step is a vertical line just before its commit, a drift a band over its commits: red for a regression,
-    green for an improvement; a failure or a wrong result a red cross.
+    A step is a vertical line just before its commit, a drift a band over its commits: red for a
+    regression, green for an improvement; a failure or a wrong result a red cross.
     """
     metrics = [m for m in ("time", "instructions", "peak_tensor_bytes", "flops") if m in set(series["metric"])]
     if not metrics or len(commits) < 2:
