@@ -239,14 +239,14 @@ def _scaling_panel(ax, df: pd.DataFrame, sub: pd.DataFrame, unit: str, guides: b
     ax.set_title(title, fontsize=10)
 
 
-ODD_MARKERS = ((Status.WRONG, {"marker": "x", "s": 60, "color": WRONG_COLOUR}),
+_ODD_MARKERS = ((Status.WRONG, {"marker": "x", "s": 60, "color": WRONG_COLOUR}),
                (Status.NOISY, {"marker": "o", "s": 40, "facecolors": "none", "linewidths": 1.2}))
 """How :func:`scaling` marks no-fact points: wrong ones red crosses, noisy ones hollow circles."""
 
 
 def _mark_odd(frame: pd.DataFrame, metric: str, axes: dict, row: str | None, col: str | None) -> None:
     """Mark ``metric``'s wrong and noisy points on their panels of ``axes``, never in a line."""
-    for status, style in ODD_MARKERS:
+    for status, style in _ODD_MARKERS:
         odd = frame[(frame["metric"] == metric) & (frame["status"] == status) & (frame["value"] > 0)]
         if not len(odd):
             continue
