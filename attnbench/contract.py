@@ -39,6 +39,7 @@ class Status(enum.StrEnum):
     TIMEOUT = "timeout"
     ERROR = "error"
     CRASHED = "crashed"  # the process measuring the case died
+    FAILED = "failed"  # asv rows only: no value recorded (the benchmark raised, or setup refused)
 
 
 class GateVerdict(enum.StrEnum):

@@ -79,15 +79,11 @@ ASV_UNCHECKED = ("asv results carry no disturbance check (no calibration probe a
                  "of their times is marked noisy: a busy machine's timings read as ok here; compare them from "
                  "quiet machines only")
 TIMED = {m.name for m in contract.METRICS.values() if m.timed}
-FAILED = "failed"
-"""asv's status for a case that recorded no value (it raised, or its setup refused the case).
-
-The one status of the frame that is not a :class:`contract.Status`: no run's case ends so."""
 
 
 def _asv_status(value: object) -> str:
     if value is None:
-        return FAILED
+        return Status.FAILED
     if isinstance(value, float) and math.isnan(value):
         return Status.SKIPPED
     return Status.OK

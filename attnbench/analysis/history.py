@@ -27,7 +27,6 @@ import numpy as np
 import pandas as pd
 
 from attnbench import contract
-from attnbench.analysis.frame import FAILED
 from attnbench.contract import Status
 
 MEMORY_FACTOR = 1.1
@@ -65,7 +64,7 @@ class ChangeKind(enum.StrEnum):
 
     STEP = "step"  # beyond the factor from the previous commit
     DRIFT = "drift"  # beyond it over several commits, none of them alone
-    FAILED = FAILED  # ran at the previous commit, failed at this one
+    FAILED = Status.FAILED  # ran at the previous commit, failed at this one
     WRONG = Status.WRONG  # right at the previous commit, wrong at this one
 
 

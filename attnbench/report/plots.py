@@ -23,7 +23,6 @@ import seaborn as sns  # noqa: E402
 from matplotlib import colors as mcolors  # noqa: E402
 
 from attnbench.analysis.complexity import FitVerdict, swept  # noqa: E402
-from attnbench.analysis.frame import FAILED  # noqa: E402
 from attnbench.analysis.history import ChangeKind, Direction  # noqa: E402
 from attnbench.analysis.text import fmt, sig  # noqa: E402
 from attnbench.contract import (  # noqa: E402
@@ -816,7 +815,7 @@ def _history_values(ax, metric: str, rows: pd.DataFrame) -> None:
         ax.step(ok["position"], ok["level"], where="mid", color="#90a4ae", lw=1.2, zorder=2)
     else:
         ax.plot(ok["position"], ok["value"], "-", color="#90a4ae", lw=1, zorder=2)
-    bad = rows[rows["status"].isin([Status.WRONG, FAILED])]
+    bad = rows[rows["status"].isin([Status.WRONG, Status.FAILED])]
     if len(bad) and len(ok):
         ax.plot(bad["position"], [ok["value"].median()] * len(bad), "x", color=WRONG_COLOUR, ms=7, mew=2, zorder=4)
 
