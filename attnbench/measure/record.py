@@ -16,8 +16,8 @@ from attnbench.contract import METRICS, WORKLOADS, Status, metric_value
 from attnbench.spec import AttnSpec
 
 STATUSES = tuple(s for s in Status if s is not Status.FAILED)
-"""The statuses a measurement can have: every :class:`attnbench.contract.Status` but ``failed``, which
-only asv rows hold (a run records why its case did not finish)."""
+"""The statuses a measurement can have: every :class:`attnbench.contract.Status` but ``failed``,
+which only asv rows hold (a run records why its case did not finish)."""
 NOISY_IQR_FRACTION = 0.1
 
 
