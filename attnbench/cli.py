@@ -462,7 +462,7 @@ def _print_results(args: argparse.Namespace, run_dir: RunDirectory, planned: int
     results = run_dir.measurements
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(summary_table(results).to_string())
-    statuses = pd.Series([m.status for m in results], dtype=object).value_counts().to_dict()
+    statuses = pd.Series([str(m.status) for m in results], dtype=object).value_counts().to_dict()
     print(f"\n{len(results)} of {run_dir.planned} cases ({planned} planned this session, "
           f"{elapsed:.0f} s): {statuses}")
     print(f"measurements: {run_dir.path}")
@@ -615,6 +615,8 @@ def _stamped(command: str, started: float) -> Callable[[str], None]:
 
 def _regress_report(args: argparse.Namespace, outcome, metric: str) -> int:
     """Print the gate's table and verdict; the exit code."""
+    from attnbench.analysis.text import ratio
+
     shown = outcome.table.sort_values(["verdict", "ratio"], ascending=[False, False])
     print(_gate_row({"verdict": "verdict", "metric": "metric", "case": "case", "base": "BASE", "head": "HEAD",
                      "ratio": "ratio", "why": "why (whole reasons: attnbench-gate.csv beside the results)"}))
@@ -631,9 +633,7 @@ def _regress_report(args: argparse.Namespace, outcome, metric: str) -> int:
     if not outcome.regressions.empty:
         print(f"FAIL: {len(outcome.regressions)} regression(s):")
         for rec in outcome.regressions.to_dict("records"):
-            # a count's growth of 0.2% is a verdict
-            digits = 4 if rec["metric"] == "instructions" else 2
-            print(f"  {_gate_case(rec)}: {rec['metric']} x{rec['ratio']:.{digits}f}")
+            print(f"  {_gate_case(rec)}: {rec['metric']} {ratio(rec['ratio'], rec['metric'])}")
         return 1
     print(f"UNDECIDED: no regression found, but {len(outcome.undecided)} time case(s) could not be "
           "decided after a confirmation round (disturbed rounds, or too scattered to exclude a 1.5x "
@@ -655,17 +655,15 @@ GATE_WIDTH = 100
 def _gate_cells(rec: dict) -> dict[str, str]:
     """One gate row as text: values with their units (the metric table's), the ratio with the
     digits a verdict needs."""
-    from attnbench.analysis.text import fmt
+    from attnbench.analysis.text import fmt, ratio
     from attnbench.contract import UNITS
 
     unit = UNITS.get(rec["metric"], "")
-    digits = 4 if rec["metric"] == "instructions" else 2  # a count's growth of 0.2% is a verdict
-    ratio = rec["ratio"]
     pass_ = "bwd" if rec["mode"] == "backward" else "fwd"
     return {"verdict": str(rec["verdict"]), "metric": str(rec["metric"]),
             "case": f"{rec['variant']} L={rec['seq_len']} {pass_}",
             "base": fmt(rec["base_value"], unit), "head": fmt(rec["head_value"], unit),
-            "ratio": f"x{ratio:.{digits}f}" if ratio == ratio else "n/a",
+            "ratio": ratio(rec["ratio"], rec["metric"]) if rec["ratio"] == rec["ratio"] else "n/a",
             "why": str(rec.get("reason") or rec.get("note") or "")}
 
 
@@ -1167,8 +1165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 2
     try:
         return args.func(args)
-    # outside a sweep's own handling (e.g. while importing or measuring the peak)
     except KeyboardInterrupt:
+        # outside a sweep's own handling (e.g. while importing or measuring the peak)
         print("attnbench: interrupted", file=sys.stderr)
         return 130
 

@@ -310,7 +310,7 @@ def _typical_probes(probes: dict[SampleKey, list[float]]) -> dict[str, float]:
     """Per device: the median probe of the whole gate run (both commits, interleaved)."""
     pooled: dict[str, list[float]] = {}
     for key, values in probes.items():
-        pooled.setdefault(key.device, []).extend(values)
+        pooled.setdefault(key[3], []).extend(values)  # its device (a caller may pass plain tuples)
     return {device: statistics.median(values) for device, values in pooled.items()}
 
 
@@ -327,12 +327,9 @@ class _TimeEvidence:
     @classmethod
     def of(cls, samples: dict | None, probes: dict | None, runqueue_shares: dict | None,
            corrected: dict | None) -> _TimeEvidence:
-        """The evidence, each key made a :class:`SampleKey` (callers may pass tuples, or None)."""
-        def keyed(values: dict | None) -> dict[SampleKey, list[float]]:
-            return {SampleKey(*key): value for key, value in (values or {}).items()}
-
-        probes = keyed(probes)
-        return cls(keyed(samples), probes, keyed(runqueue_shares), keyed(corrected), _typical_probes(probes))
+        """The evidence as given (None: none), with the typical probe per device."""
+        probes = probes or {}
+        return cls(samples or {}, probes, runqueue_shares or {}, corrected or {}, _typical_probes(probes))
 
     def noise(self, key: SampleKey, speed_corrected: bool) -> str:
         """Why ``key``'s rounds are not to be decided on ("" when undisturbed).
@@ -374,18 +371,16 @@ def _time_verdict(rec: dict, base: str, head: str, time_factor: float, evidence:
     if noisy:
         return _RowDecision(GateVerdict.UNDECIDED, measured.ratio, f"noisy: {noisy} (measured x{measured.ratio:.2f})")
     if not speed_corrected:
-        return _RowDecision(GateVerdict(measured.verdict), measured.ratio, measured.reason)
+        return _RowDecision(measured.verdict, measured.ratio, measured.reason)
     fixed = significance.decide(base_corrected, head_corrected, time_factor)
     if fixed.verdict == measured.verdict:
-        return _RowDecision(GateVerdict(fixed.verdict), fixed.ratio,
+        return _RowDecision(fixed.verdict, fixed.ratio,
                             f"speed-corrected {fixed.reason}; as measured x{measured.ratio:.2f}")
     return _RowDecision(GateVerdict.UNDECIDED, fixed.ratio,
                         f"speed-corrected {fixed.verdict} ({fixed.reason}) but {measured.verdict} as measured "
                         f"({measured.reason}): the machine's speed moved")
 
 
-_FLOPS_FACTOR = 1.0 + 1e-9
-"""FLOPs may not grow at all: any ratio beyond rounding regresses."""
 
 
 @dataclass(frozen=True)
@@ -398,7 +393,7 @@ class _Factors:
 
     def of(self, metric: str) -> float:
         """The factor of an exact (not timed) ``metric``."""
-        return {"instructions": self.instructions, "flops": _FLOPS_FACTOR}.get(metric, self.memory)
+        return {"instructions": self.instructions, "flops": contract.FLOPS_FACTOR}.get(metric, self.memory)
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ import pandas as pd
 from attnbench.contract import RUN_LENGTHS, SWEPT_LENGTH, WORKLOADS, Status
 from attnbench.io import atomic_write, atomic_write_text, error_line
 from attnbench.measure.instructions import Count, attach
-from attnbench.measure.record import Environment, Measurement
+from attnbench.measure.record import STATUSES, Environment, Measurement
 from attnbench.measure.runner import MeasureConfig, default_lengths
 from attnbench.registry import default_variants, get_variant
 from attnbench.spec import AttnSpec
@@ -93,44 +93,38 @@ def grid(
 ) -> list[tuple[str, AttnSpec]]:
     """Cases: every variant x head dim x batch x kv heads x device x dtype x mode x mask x length.
 
-    ``variants=None`` means every registered variant in the default sweep that runs on one of the
-    devices (compiled variants, which recompile per shape, are opt-in by name; CUDA-only kernels are
-    left out on a CPU).
-
-    ``limit_slow`` keeps interpreter-bound variants (``loop``) to the lengths they can finish in
-    seconds; pass False to sweep them everywhere (the time guard still applies).
-
     Args:
-        workload: ``"prefill"`` (``lengths`` are L = Lq = Lk) or ``"decode"`` (``lengths`` are the
-            cache length Lk, with ``q_len`` queries: 1 per generated token, a few for speculative
-            decoding); see ``contract.SWEPT_LENGTH``.
-        q_len: decode's Lq (ignored by prefill).
-        head_dims, batches, kv_heads: values of D, B and Hkv to cross (None: the base spec's;
-            a kv_heads entry of None means Hkv = H).
+        variants: None for every variant of the default sweep that runs on one of the devices
+            (compiled variants, which recompile per shape, are opt-in by name).
+        limit_slow: keep interpreter-bound variants (``loop``) to lengths they finish in seconds.
+        workload: ``"prefill"`` (``lengths`` are L = Lq = Lk) or ``"decode"`` (``lengths`` are
+            the cache length Lk, with ``q_len`` queries: 1 per generated token).
+        head_dims, batches, kv_heads: D, B and Hkv to cross (None: the base spec's; Hkv None: H).
 
     Raises:
-        ValueError: an unknown workload, or a shape the spec rejects (e.g. kv_heads not
-            dividing heads).
+        ValueError: an unknown variant or workload, a value given twice, or a shape the spec
+            rejects (e.g. kv_heads not dividing heads).
     """
     if workload not in WORKLOADS:
         raise ValueError(f"workload must be one of {WORKLOADS}, got {workload!r}")
-    values = (variants, lengths, modes, masks, dtypes, devices, head_dims, batches, kv_heads)
-    _refuse_repeats(dict(zip(_GRID_AXES, values, strict=True)))
+    _refuse_repeats({"variants": variants, "lengths": lengths, "modes": modes, "masks": masks,
+                     "dtypes": dtypes, "devices": devices, "head_dims": head_dims, "batches": batches,
+                     "kv_heads": kv_heads})
     base = base or AttnSpec()
     devices = devices or [base.device]
     shapes = _shapes(base, head_dims, batches, kv_heads)
     cases = []
     for name in list(variants) if variants else runnable_defaults(devices):
-        lens = default_lengths(get_variant(name), lengths) if limit_slow else list(lengths)
+        variant = get_variant(name)  # an unknown name raises here, whatever limit_slow says
+        lens = default_lengths(variant, lengths) if limit_slow else list(lengths)
         for shape, device, dtype, mode, mask, length in itertools.product(
                 shapes, devices, dtypes or [base.dtype], modes, masks, lens):
             lengths_of = _lengths_of(workload, length, q_len)
-            cases.append((name, shape.replace(**lengths_of, mode=mode, mask=mask, dtype=dtype, device=device)))
+            spec = shape.replace(**lengths_of, mode=mode, mask=mask, dtype=dtype, device=device)
+            cases.append((name, spec))
     return cases
 
 
-_GRID_AXES = ("variants", "lengths", "modes", "masks", "dtypes", "devices", "head_dims", "batches", "kv_heads")
-"""The arguments of :func:`grid` it crosses, as its error messages name them."""
 
 
 def _refuse_repeats(axes: dict[str, Sequence | None]) -> None:
@@ -346,12 +340,15 @@ def count_from_json(data: dict[str, Any]) -> Count:
     """
     if not isinstance(data, dict) or not isinstance(data.get("status"), str):
         raise ValueError(f"count {str(data)[:60]} has no status")
+    if data["status"] not in STATUSES:
+        raise ValueError(f"count status must be one of {tuple(map(str, STATUSES))}, "
+                         f"got {data['status']!r}")
     instructions = data.get("instructions", math.nan)
     if instructions is None:
         instructions = math.nan
     if isinstance(instructions, bool) or not isinstance(instructions, (int, float)):
         raise ValueError(f"count instructions {instructions!r} is not a number")
-    return Count("", AttnSpec(), data["status"], instructions=_float("instructions", instructions),
+    return Count("", AttnSpec(), Status(data["status"]), instructions=_float("instructions", instructions),
                  calls=int(data.get("calls", 0)), reason=str(data.get("reason", "")), valgrind=str(data.get("valgrind", "")))
 
 

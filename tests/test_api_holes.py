@@ -172,3 +172,12 @@ def test_a_repeated_grid_entry_is_refused(axis, values):
     kwargs = {"variants": ["batched"], "lengths": [64], axis: values}
     with pytest.raises(ValueError, match=f"{axis}: .* given more than once"):
         grid(**kwargs)
+
+
+@pytest.mark.parametrize("limit_slow", [True, False])
+def test_an_unknown_variant_is_refused_whatever_limit_slow_says(limit_slow):
+    """Planted: with ``limit_slow=False`` the grid skipped the registry lookup and planned a case of no variant."""
+    from attnbench.runs import grid
+
+    with pytest.raises(ValueError, match="unknown variant 'nosuch'"):
+        grid(["nosuch"], [64], limit_slow=limit_slow)

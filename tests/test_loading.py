@@ -494,3 +494,13 @@ def test_a_noisy_case_keeps_its_memory_and_counts_as_facts(tmp_path):
 
     fits = complexity.fit_table(frame).set_index("metric")
     assert fits.loc["peak_tensor_bytes", "n"] == 4 and fits.loc["time", "n"] <= 3  # 128 is fitted for memory only
+
+
+def test_a_logged_count_of_unknown_status_is_refused():
+    """Planted: a count line whose status is no Status was attached as if its word were one."""
+    from attnbench.contract import Status
+    from attnbench.runs import count_from_json
+
+    with pytest.raises(ValueError, match="count status must be one of .* got 'great'"):
+        count_from_json({"status": "great", "instructions": 5.0})
+    assert count_from_json({"status": "ok", "instructions": 5.0}).status is Status.OK

@@ -255,7 +255,8 @@ def test_force_replaces_and_no_report_leaves_no_stale_report(tmp_path):
     again = _cli("run", "--variants", "sdpa", "--lengths", "16", "--out", str(run), "--no-report", *CLI_FAST)
     assert again.wait(300) == 2 and "--force" in again.communicate()[1]
     forced = _cli("run", "--variants", "sdpa", "--lengths", "16", "--out", str(run), "--no-report", "--force", *CLI_FAST)
-    assert forced.wait(300) == 0, forced.communicate()
+    assert forced.wait(300) == 0
+    assert "planned this session" in (out := forced.communicate()[0]) and "): {'ok': 1}" in out, out  # plain words
     assert not (run / "report").exists()
     assert [m.variant for m in read_log(run / LOG).measurements] == ["sdpa"]
 

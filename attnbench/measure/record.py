@@ -86,7 +86,7 @@ class Measurement:
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
-            raise ValueError(f"status must be one of {[str(s) for s in STATUSES]}, got {self.status!r}")
+            raise ValueError(f"status must be one of {tuple(map(str, STATUSES))}, got {self.status!r}")
         object.__setattr__(self, "status", Status(self.status))
         if self.workload not in WORKLOADS:
             raise ValueError(f"workload must be one of {WORKLOADS}, got {self.workload!r}")
