@@ -17,6 +17,7 @@ did it").
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import re
 import subprocess
@@ -29,7 +30,7 @@ import pandas as pd
 
 from attnbench import contract
 from attnbench.analysis import history as steps_
-from attnbench.analysis import significance
+from attnbench.analysis import significance, text
 from attnbench.contract import GateVerdict, Status
 
 METRICS = ("instructions", "peak_tensor_bytes", "time")
@@ -257,12 +258,14 @@ def bisect(good: str, bad: str, *, repo: str | Path = ".", metric: str = "instru
     say = progress or (lambda line: None)
     repo = Path(repo).resolve()
     _check_arguments(repo, metric, instructions_factor, memory_factor, time_factor)
-    state = Bisection(*candidates(repo, good, bad), metric=metric)
+    good_hash, bad_hash, commits, subjects = candidates(repo, good, bad)
+    state = Bisection(good_hash, bad_hash, candidates=commits, subjects=subjects, metric=metric)
     subset = case_subset(cases) or None
     started = time.monotonic()
     if metric == "time":
-        gate = dict(repo=repo, subset=subset, work_dir=work_dir, machine=machine, time_factor=time_factor,
-                    memory_factor=memory_factor, rounds=rounds, progress=say)
+        gate = functools.partial(regress.regress_many, repo=repo, subset=subset, work_dir=work_dir,
+                                 machine=machine, time_factor=time_factor, memory_factor=memory_factor,
+                                 rounds=rounds, progress=say)
         judge = _time_judge(state, gate)
     else:
         session = regress.AsvSession.open(repo, work_dir, subset, machine, None, say)
@@ -328,10 +331,10 @@ def _exact_judge(session, state: Bisection, instructions_factor: float, memory_f
     return judge
 
 
-def _time_judge(state: Bisection, gate: dict) -> Judge:
+def _time_judge(state: Bisection, gate: Callable[..., dict]) -> Judge:
     """Each probe the gate's time verdict on GOOD and the commit.
 
-    The verdict is :func:`attnbench.regress.regress_many`'s, with ``gate``'s keyword arguments.
+    ``gate`` is :func:`attnbench.regress.regress_many` with the bisection's options bound.
     """
     from attnbench import regress
 
@@ -339,7 +342,7 @@ def _time_judge(state: Bisection, gate: dict) -> Judge:
         clock = time.monotonic()
         subject = state.subjects.get(commit, "")
         try:
-            (outcome,) = regress.regress_many(state.good, [commit], metric="time", deterministic=False, **gate).values()
+            (outcome,) = gate(state.good, [commit], metric="time", deterministic=False).values()
         except regress.RegressError as exc:
             return _skipped(commit, subject, _skip_reason(str(exc)), time.monotonic() - clock)
         return judge_table(outcome.table, "time", commit, subject, time.monotonic() - clock)
@@ -357,13 +360,9 @@ def _skip_reason(message: str) -> str:
 
 
 # ---- what the command prints ---------------------------------------------------------------------
-def _ratio(ratio: float, metric: str) -> str:
-    return f"x{ratio:.4f}" if metric == "instructions" else f"x{ratio:.2f}"
-
-
 def probe_line(probe: Probe, number: int, metric: str) -> str:
     """A probe as the command prints it: commit, verdict, worst ratio and case, seconds, subject."""
-    ratio = "" if math.isnan(probe.ratio) else f" {_ratio(probe.ratio, metric)}"
+    ratio = "" if math.isnan(probe.ratio) else f" {text.ratio(probe.ratio, metric)}"
     where = f" ({probe.case})" if probe.case and ratio else ""
     why = f" [{probe.reason}]" if probe.verdict in (ProbeVerdict.SKIP, ProbeVerdict.UNDECIDED) else ""
     return (f"probe {number}: {probe.commit[:10]} {probe.verdict}{ratio}{where} "
@@ -376,7 +375,7 @@ def answer(state: Bisection) -> tuple[int, list[str]]:
     took = f"{probes} probe(s) beside GOOD, {state.elapsed_s:.0f} s"
     culprit = state.culprit
     if culprit is not None:
-        ratio = _ratio(culprit.ratio, state.metric)
+        ratio = text.ratio(culprit.ratio, state.metric)
         return 1, [f"first bad commit: {culprit.commit} {ratio} {state.metric} ({culprit.case}) "
                    f"\"{culprit.subject}\"", f"  {culprit.reason}", f"  {took}"]
     if state.nothing:

@@ -54,6 +54,12 @@ class GateVerdict(enum.StrEnum):
     WRONG = "wrong"  # right on BASE, wrong on HEAD
 
 
+GATE_DECIDED = (GateVerdict.OK, GateVerdict.REGRESSED, GateVerdict.WRONG)
+"""The verdicts that decided a row: not ``undecided``, nor ``shown`` (the counts decided)."""
+GATE_JUDGED = (*GATE_DECIDED, GateVerdict.UNDECIDED)
+"""The verdicts of the rows the gate judged (not ``shown``, ``not timed`` or ``n/a``)."""
+
+
 class Method(enum.StrEnum):
     """How a metric's value was obtained (the ``method`` column)."""
 
@@ -98,6 +104,8 @@ commit and environment."""
 INSTRUCTIONS_FACTOR = 1.002
 """The regression gate's allowed HEAD/BASE instruction count ratio (the A/A spread between valgrind
 processes is far smaller: see the README)."""
+FLOPS_FACTOR = 1.0 + 1e-9
+"""The regression gate's allowed HEAD/BASE analytic FLOP ratio: no growth beyond rounding."""
 GATE_VERDICTS = "attnbench-gate.csv"
 """The gate's verdict table, written beside the asv results it decided on (the report reads it)."""
 GATED_BENCHMARKS = (TIME_BENCHMARK, TENSOR_BYTES_BENCHMARK, FLOPS_BENCHMARK, ERROR_RATIO_BENCHMARK)

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from attnbench import contract
 from attnbench.analysis import history as steps_
+from attnbench.analysis import text
 from attnbench.analysis.text import fmt
 from attnbench.contract import GateVerdict
 
@@ -39,7 +41,7 @@ def _ratio(rec: dict) -> str:
     ratio = rec.get("ratio")
     if ratio is None or not math.isfinite(ratio):
         return "n/a"
-    return f"x{ratio:.4f}" if rec["metric"] == "instructions" else f"x{ratio:.2f}"
+    return text.ratio(ratio, rec["metric"])
 
 
 def _cell(text: object) -> str:
@@ -73,7 +75,7 @@ def _cases(n: int) -> str:
 
 def decided_line(table: pd.DataFrame, metric: str, factors: dict[str, float]) -> str:
     """One line: which metrics decided, with their factors and how many cases each judged."""
-    def cases(name: str, verdicts=(GateVerdict.OK, GateVerdict.REGRESSED, GateVerdict.WRONG)) -> int:
+    def cases(name: str, verdicts=contract.GATE_DECIDED) -> int:
         return int(((table["metric"] == name) & table["verdict"].isin(verdicts)).sum())
 
     parts = []
@@ -81,7 +83,7 @@ def decided_line(table: pd.DataFrame, metric: str, factors: dict[str, float]) ->
         parts.append(f"instruction counts (x{factors['instructions']:g}, {_cases(cases('instructions'))})")
     parts.append(f"peak tensor bytes (x{factors['memory']:g}, {_cases(cases('peak_tensor_bytes'))})")
     parts.append("FLOPs (any growth) and correctness")
-    timed = cases("time", (GateVerdict.OK, GateVerdict.REGRESSED, GateVerdict.UNDECIDED, GateVerdict.WRONG))
+    timed = cases("time", contract.GATE_JUDGED)
     shown = int(((table["metric"] == "time") & (table["verdict"] == GateVerdict.SHOWN)).sum())
     if metric == "instructions":
         time = f"time shown beside them, not deciding ({_cases(shown)})"
@@ -110,7 +112,7 @@ def gate_summary(outcome, metric: str, factors: dict[str, float], elapsed_s: flo
     lines = [f"### attnbench regress: {_title(regressions, undecided)}", "",
              f"BASE `{outcome.base[:10]}`, HEAD `{outcome.head[:10]}`", ""]
     lines += _sections(regressions, undecided, improved)
-    judged = table[table["verdict"].isin(_JUDGED)]
+    judged = table[table["verdict"].isin(contract.GATE_JUDGED)]
     quiet = len(judged) - len(regressions) - len(undecided) - len(improved)
     lines.append(f"{quiet} other result(s) within their factors.")
     lines += ["", decided_line(table, metric, factors)]
@@ -121,8 +123,6 @@ def gate_summary(outcome, metric: str, factors: dict[str, float], elapsed_s: flo
     return "\n".join(lines) + "\n"
 
 
-_JUDGED = (GateVerdict.OK, GateVerdict.REGRESSED, GateVerdict.WRONG, GateVerdict.UNDECIDED)
-"""The verdicts of rows the gate judged (not shown, not timed, or n/a)."""
 
 
 def _improved(table: pd.DataFrame) -> pd.DataFrame:

@@ -13,7 +13,7 @@ ROOMS: tuple[tuple[str, ...], ...] = (
     # bottom: depends on nothing of the package
     ("_checks", "io", "plugins", "mask_mods", "measure.timer", "measure.probe", "measure.schedstat", "measure.regime",
      "measure.memory", "measure._forkserver",
-     "analysis.significance", "analysis.text"),
+     "analysis.text"),
     ("masks", "spec", "reference"),
     ("capability", "contract"),
     ("variants",),  # every variants.* module
@@ -27,7 +27,7 @@ ROOMS: tuple[tuple[str, ...], ...] = (
     ("measure.sweep", "measure.instructions"),
     ("measure",),  # the package's facade: MeasureConfig, measure, sweep
     ("runs", "profile", "asv_bench"),
-    ("analysis.frame", "analysis.complexity", "analysis.roofline"),
+    ("analysis.frame", "analysis.complexity", "analysis.roofline", "analysis.significance"),
     ("analysis.summary", "analysis.history"),
     ("report.plots",),
     ("report.html",),

@@ -29,7 +29,7 @@ import pandas as pd
 
 from attnbench import contract
 from attnbench.analysis.text import sig
-from attnbench.contract import GateVerdict, Method, Source, Status
+from attnbench.contract import Method, Source, Status
 from attnbench.io import error_line
 from attnbench.measure.record import Measurement
 from attnbench.spec import AttnSpec
@@ -151,8 +151,6 @@ def load_asv(results_dir: str | Path) -> pd.DataFrame:
     return _finish(rows, problems, notes)
 
 
-GATE_DECIDED = (GateVerdict.OK, GateVerdict.REGRESSED, GateVerdict.WRONG)
-"""The gate's verdicts that decided a row: not ``undecided``, nor ``shown`` (the counts decided)."""
 
 
 def _apply_gate(rows: list[dict], path: Path, problems: list[str]) -> list[str]:
@@ -171,14 +169,14 @@ def _apply_gate(rows: list[dict], path: Path, problems: list[str]) -> list[str]:
     table = table.fillna({"reason": "", "mask": "none", "mode": "forward"})
     commits = set(table["base"]) | set(table["head"])
     undecided = {(r.variant, int(r.seq_len), r.mode, r.mask): r.reason or r.verdict
-                 for r in table.itertuples() if r.metric == "time" and r.verdict not in GATE_DECIDED}
+                 for r in table.itertuples() if r.metric == "time" and r.verdict not in contract.GATE_DECIDED}
     marked = 0
     for row in rows:
         key = (row["variant"], row["seq_len"], row["mode"], row["mask"])
         if row["metric"] in TIMED and row["commit"] in commits and key in undecided and row["status"] == Status.OK:
             row.update(status=Status.NOISY, reason=f"the regression gate did not decide it: {undecided[key]}")
             marked += 1
-    decided = sorted({r.metric for r in table.itertuples() if r.verdict in GATE_DECIDED})
+    decided = sorted({r.metric for r in table.itertuples() if r.verdict in contract.GATE_DECIDED})
     return [f"{path.parent}: results of the regression gate, which decided on "
             f"{', '.join(decided) or 'nothing'}; {marked} time row(s) it could not decide are marked "
             "noisy here (drawn hollow, never compared)"]
@@ -196,8 +194,8 @@ def _asv_file(path: Path, benchmarks: dict, machine: dict, problems: list[str]) 
         params = res.params if isinstance(res.params, dict) else {}
         all_keys = list(res.get_all_result_keys())
         keys = res.get_result_keys(benchmarks)  # drops stale versions
-    # any unreadable file is named and skipped, the rest loads
     except Exception as exc:  # noqa: BLE001
+        # any unreadable file is named and skipped, the rest loads
         problems.append(f"{path}: not a readable asv result file ({error_line(exc)})")
         return []
     stale = sorted(k for k in all_keys if k not in keys)

@@ -4,8 +4,8 @@ The regression gate compares two commits; a history (the ``benchmark-results`` b
 results directory of several commits) holds many. Per machine, case and metric, in commit order:
 
 * exact metrics (instructions, peak tensor bytes, FLOPs) use the gate's own factors: a **step** is a
-  commit beyond the factor from the previous one, a **drift** a run of commits, none of them beyond
-  it, whose cumulative change over at most ``window`` commits is (:func:`exact_changes`);
+  commit beyond the factor from the previous one, a **drift** commits within it one by one but
+  beyond it together, over at most ``window`` commits (:func:`exact_changes`);
 * time is noisy: asv's step detection turns it into levels first (:func:`time_levels`), and the same
   rules then run on those levels with the time factor;
 * a case that ran at one commit and fails or is wrong at the next is a regression of its own kind.
@@ -27,14 +27,13 @@ import numpy as np
 import pandas as pd
 
 from attnbench import contract
+from attnbench.analysis import text
 from attnbench.contract import Status
 
 MEMORY_FACTOR = 1.1
 """The gate's default ``--memory-factor`` (peak tensor bytes)."""
 TIME_FACTOR = 1.2
 """The gate's default ``--time-factor``: a time level must move beyond it."""
-FLOPS_FACTOR = 1.0 + 1e-9
-"""The gate's FLOPs rule: any growth of the analytic count."""
 DEFAULT_WINDOW = 10
 """Commits a drift may spread over.
 
@@ -55,7 +54,7 @@ STEP_COLUMNS = ["machine", "benchmark", "variant", "seq_len", "seq_len_k", "devi
 
 def default_factors() -> dict[str, float]:
     """The factor each metric's value must move by (the gate's defaults)."""
-    return {"instructions": contract.INSTRUCTIONS_FACTOR, "peak_tensor_bytes": MEMORY_FACTOR, "flops": FLOPS_FACTOR,
+    return {"instructions": contract.INSTRUCTIONS_FACTOR, "peak_tensor_bytes": MEMORY_FACTOR, "flops": contract.FLOPS_FACTOR,
             "time": TIME_FACTOR}
 
 
@@ -64,8 +63,8 @@ class ChangeKind(enum.StrEnum):
 
     STEP = "step"  # beyond the factor from the previous commit
     DRIFT = "drift"  # beyond it over several commits, none of them alone
-    FAILED = Status.FAILED  # ran at the previous commit, failed at this one
-    WRONG = Status.WRONG  # right at the previous commit, wrong at this one
+    FAILED = "failed"  # ran at the previous commit, failed at this one (its status: failed)
+    WRONG = "wrong"  # right at the previous commit, wrong at this one (its status: wrong)
 
 
 class Direction(enum.StrEnum):
@@ -214,7 +213,7 @@ def status_changes(statuses: Sequence[str]) -> list[Change]:
     for i, status in enumerate(statuses):
         if status in ("", Status.SKIPPED, None) or (isinstance(status, float) and math.isnan(status)):
             continue
-        if previous == Status.OK and status in (ChangeKind.WRONG, ChangeKind.FAILED):
+        if previous == Status.OK and status in (Status.WRONG, Status.FAILED):
             out.append(Change(ChangeKind(status), Direction.REGRESSION, i, i, math.nan, math.nan))
         previous = status
     return out
@@ -312,7 +311,7 @@ def find_steps(frame: pd.DataFrame, *, factors: dict[str, float] | None = None, 
         check_factor(f"{name} factor", factors[name])
     if window < 2:
         raise ValueError(f"window must be at least 2 commits, got {window}")
-    rows, commits, order = _positioned(frame, metrics, repo)
+    rows, commits, order = _rows_by_commit(frame, metrics, repo)
     levels, found = [], []
     for key, group in rows.groupby([*CASE, "metric"], sort=True):
         metric = key[-1]
@@ -333,7 +332,7 @@ def find_steps(frame: pd.DataFrame, *, factors: dict[str, float] | None = None, 
     return History(commits=commits, series=series, steps=steps, factors=factors, window=window, order=order)
 
 
-def _positioned(frame: pd.DataFrame, metrics: Sequence[str], repo: str | Path | None
+def _rows_by_commit(frame: pd.DataFrame, metrics: Sequence[str], repo: str | Path | None
                 ) -> tuple[pd.DataFrame, pd.DataFrame, str]:
     """The rows of ``metrics`` that name a commit, with its ``position``, and the commit order.
 
@@ -406,8 +405,7 @@ def ratio_text(rec: dict | pd.Series) -> str:
     """The ratio with the digits its metric needs (counts: 4; a 0.2% change is a verdict)."""
     if rec["kind"] in (ChangeKind.FAILED, ChangeKind.WRONG):
         return rec["kind"]
-    digits = 4 if rec["metric"] == "instructions" else 2
-    return f"x{rec['ratio']:.{digits}f}"
+    return text.ratio(rec["ratio"], rec["metric"])
 
 
 def commits_text(rec: dict | pd.Series, short: int = 8) -> str:

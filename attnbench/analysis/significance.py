@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
+from attnbench.contract import GateVerdict
+
 CAP = 1.3  # largest allowance, whatever BASE's noise: 1.5x stays well beyond it
 DETECT = 1.5  # the slowdown a pass must exclude: "ok" needs the ratio's interval below it
 ALPHA = 0.01  # one-sided significance level of the Mann-Whitney U test
@@ -34,7 +36,7 @@ BOOTSTRAP = 2000  # resamples for the interval of the ratio of medians
 class TimeDecision:
     """The gate's decision on one timed benchmark."""
 
-    verdict: str  # "ok", "regressed" or "undecided"
+    verdict: GateVerdict  # ok, regressed or undecided
     ratio: float  # median(HEAD) / median(BASE)
     ci_low: float  # bootstrap 95% interval of the ratio
     ci_high: float
@@ -98,25 +100,25 @@ def decide(base: Sequence[float], head: Sequence[float], time_factor: float = 1.
     """Decide whether HEAD's timing samples regressed from BASE's (see the module docstring).
 
     Example:
-        >>> decide([1.0, 1.1, 0.9, 1.0, 1.05], [2.0, 2.1, 1.9, 2.05, 2.0]).verdict
+        >>> str(decide([1.0, 1.1, 0.9, 1.0, 1.05], [2.0, 2.1, 1.9, 2.05, 2.0]).verdict)
         'regressed'
-        >>> decide([1.0, 1.1, 0.9, 1.0, 1.05], [1.0, 1.02, 0.95, 1.08, 1.01]).verdict
+        >>> str(decide([1.0, 1.1, 0.9, 1.0, 1.05], [1.0, 1.02, 0.95, 1.08, 1.01]).verdict)
         'ok'
     """
     time_factor = check_factor("time_factor", time_factor)
     b, h = _clean("BASE", base), _clean("HEAD", head)
     if refused := _refusal(b.size, h.size):
-        return TimeDecision("undecided", math.nan, math.nan, math.nan, math.nan, math.nan, refused)
+        return TimeDecision(GateVerdict.UNDECIDED, math.nan, math.nan, math.nan, math.nan, math.nan, refused)
     ratio = float(np.median(h) / np.median(b))
     allowed = allowance(time_factor, b)
     low, high = ratio_interval(b, h, seed)
     p = float(stats.mannwhitneyu(h, b, alternative="greater").pvalue)
     interval = f"[{low:.2f}, {high:.2f}]"
     if ratio > allowed and p < ALPHA and low > 1.0:
-        verdict, reason = "regressed", f"x{ratio:.2f} {interval} beyond x{allowed:.2f}, p={p:.2g}"
+        verdict, reason = GateVerdict.REGRESSED, f"x{ratio:.2f} {interval} beyond x{allowed:.2f}, p={p:.2g}"
     elif ratio <= allowed and high <= DETECT:
-        verdict, reason = "ok", f"x{ratio:.2f} {interval} within x{allowed:.2f}"
+        verdict, reason = GateVerdict.OK, f"x{ratio:.2f} {interval} within x{allowed:.2f}"
     else:
         why = "not significant" if ratio > allowed else f"interval reaches x{DETECT:g}"
-        verdict, reason = "undecided", f"x{ratio:.2f} {interval}, allowance x{allowed:.2f}: {why} (p={p:.2g})"
+        verdict, reason = GateVerdict.UNDECIDED, f"x{ratio:.2f} {interval}, allowance x{allowed:.2f}: {why} (p={p:.2g})"
     return TimeDecision(verdict, ratio, low, high, p, allowed, reason)

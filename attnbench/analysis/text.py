@@ -15,6 +15,12 @@ def sig(value: float, digits: int = 3) -> str:
     return text
 
 
+def ratio(value: float, metric: str) -> str:
+    """A HEAD / BASE ratio, ``x1.23``, with the digits its metric needs: a count's 0.2% change is a
+    verdict, so instructions get 4."""
+    return f"x{value:.{4 if metric == 'instructions' else 2}f}"
+
+
 def fmt(value: float, unit: str) -> str:
     """``value`` with a readable unit and 3 significant figures: "1.08 GB", "3.1 ms", "112x".
 

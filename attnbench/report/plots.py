@@ -24,7 +24,7 @@ from matplotlib import colors as mcolors  # noqa: E402
 
 from attnbench.analysis.complexity import FitVerdict, swept  # noqa: E402
 from attnbench.analysis.history import ChangeKind, Direction  # noqa: E402
-from attnbench.analysis.text import fmt, sig  # noqa: E402
+from attnbench.analysis.text import fmt, ratio, sig  # noqa: E402
 from attnbench.contract import (  # noqa: E402
     FAMILIES,
     LABELS,
@@ -830,8 +830,7 @@ def _mark_changes(ax, metric: str, steps: pd.DataFrame) -> None:
             ax.axvspan(rec["first_pos"] - 0.5, rec["last_pos"] + 0.5, color=tone, alpha=0.15, lw=0)
         else:
             ax.axvline(rec["first_pos"] - 0.5, color=tone, lw=1.5, ls="--")
-        label = rec["kind"] if rec["kind"] in (ChangeKind.FAILED, ChangeKind.WRONG) else (
-            f"x{rec['ratio']:.4f}" if metric == "instructions" else f"x{rec['ratio']:.2f}")
+        label = rec["kind"] if rec["kind"] in (ChangeKind.FAILED, ChangeKind.WRONG) else ratio(rec["ratio"], metric)
         ax.annotate(label, (rec["last_pos"] + 0.5 if rec["kind"] == ChangeKind.DRIFT else rec["first_pos"] - 0.5, 1.0),
                     xycoords=("data", "axes fraction"), ha="left", va="top", fontsize=8, color=tone)
 
