@@ -1,5 +1,4 @@
-"""Teaching demos computed by the variants themselves: the attention weights behind the lecture
-notes' figures.
+"""Teaching demos computed by the variants themselves: the weights behind the notes' figures.
 
 Each demo returns :class:`Heatmaps` (matrices and their titles, no drawing): the report draws them
 (``attnbench.report.plots.heatmaps``) when built with ``--demos``. Nothing here is measured.

@@ -131,8 +131,10 @@ def read_budget(name: str, default: float | None, environ: Mapping[str, str] | N
 
 
 def problems(environ: Mapping[str, str] | None = None) -> list[str]:
-    """What is wrong with the ``ATTNBENCH_*`` variables of ``environ`` (default: this process's):
-    a line a problem."""
+    """What is wrong with the ``ATTNBENCH_*`` variables of ``environ`` (default: this process's).
+
+    One line each.
+    """
     out = []
     try:
         contract.asv_tier(environ)

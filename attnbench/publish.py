@@ -54,7 +54,8 @@ class Asset:
 
     path: str  # relative to ASSETS and to the site's vendor/ folder, "/"-separated
     sha256: str  # hex digest of the file's bytes
-    replaces: str | None  # the address asv's pages load it from; None: only other assets use it (fonts)
+    # the address asv's pages load it from; None: only other assets use it (fonts)
+    replaces: str | None
 
 
 @dataclass(frozen=True)

@@ -165,6 +165,7 @@ def _no_fit(**fields: float | int | str) -> dict[str, float | int | str]:
 
 
 def _points(n: int) -> str:
+    """``1 point``, ``3 points``."""
     return f"{n} point{'s' if n != 1 else ''}"
 
 

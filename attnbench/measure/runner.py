@@ -358,7 +358,7 @@ def measure(
     base: dict[str, object] = dict(variant=variant_name, spec=spec, env=env, workload=config.workload)
     try:  # the cost model runs in here too: a variant whose model raises is a row, not a dead sweep
         base.update(_cost_model(variant, spec))
-        return _guarded(variant, spec, config, base, peak_flops, expected_call_s)
+        return _guard_and_run(variant, spec, config, base, peak_flops, expected_call_s)
     except (Exception, SystemExit) as exc:  # noqa: BLE001
         # one bad case (even one calling sys.exit) never ends a sweep
         status = Status.OOM if _is_oom(exc) else Status.ERROR
@@ -385,7 +385,7 @@ def _check_measure_args(variant_name: object, spec: object, config: object, env:
         raise TypeError(f"env must be an Environment or None, got {type(env).__name__}")
 
 
-def _guarded(variant: Variant, spec: AttnSpec, config: MeasureConfig, base: dict, peak_flops: float | None,
+def _guard_and_run(variant: Variant, spec: AttnSpec, config: MeasureConfig, base: dict, peak_flops: float | None,
              expected_call_s: float | None) -> Measurement:
     """Declared support and the budget guard, then the case (raises; :func:`measure` records)."""
     reasons = variant.not_supported_reasons(spec)
@@ -461,13 +461,13 @@ def _run(variant: Variant, spec: AttnSpec, config: MeasureConfig, plan: CheckPla
                     f"{calls} calls exceed the time budget {config.time_budget_s:g} s"),
             **fields, **base,
         )
-    return _time_case(variant, spec, config, gated, first, [plan.note] if plan.note else [], fields, base)
+    return _time_case(gated, config, first, fields, base)
 
 
-def _time_case(variant: Variant, spec: AttnSpec, config: MeasureConfig, gated: GatedCall, first: float,
-               notes: list[str], fields: dict[str, object], base: dict) -> Measurement:
+def _time_case(gated: GatedCall, config: MeasureConfig, first: float, fields: dict[str, object],
+               base: dict) -> Measurement:
     """Timing, peak tensor bytes and RSS of a case whose first call passed, then later checks."""
-    call = gated.call
+    variant, spec, call = gated.variant, gated.spec, gated.call
     timed = timed_attempts(call, spec.device, config, first)
     fields.update(probe_slowdown=timed.disturbance.slowdown if config.probe else math.nan, attempts=timed.attempts)
     # the sweep's typical speed takes it in
@@ -482,22 +482,23 @@ def _time_case(variant: Variant, spec: AttnSpec, config: MeasureConfig, gated: G
             return Measurement(status=Status.WRONG, reason=f"right on the first call, wrong on call {number} of "
                                f"{LATER_CHECKS} checked after the timed ones: {later.reason()}",
                                **{**fields, **_gate_fields(later)}, **base)
-    extra = {**fields.pop("extra"), **extra_probe, **_call_extra(variant, spec, call, config, notes)}
-    status = _judged(timed, config, notes)
+    call_extra, call_notes = _call_extra(variant, spec, call, config)
+    extra = {**fields.pop("extra"), **extra_probe, **call_extra}
+    status, disturbed = _disturbance_status(timed, config)
+    reason = "; ".join(filter(None, (disturbed, gated.plan.note, *call_notes)))
     return Measurement(
-        status=status, reason="; ".join(notes), samples=tuple(timed.samples), runs=timed.runs,
+        status=status, reason=reason, samples=tuple(timed.samples), runs=timed.runs,
         timing_method=Method.CUDA_EVENTS if spec.device_type == "cuda" else Method.WALL, peak_tensor_bytes=peak,
         memory_method=method, peak_rss_bytes=rss, extra=extra, **fields, **base,
     )
 
 
-def _judged(timed: Timed, config: MeasureConfig, notes: list[str]) -> Status:
-    """ok, or noisy when even the kept attempt was disturbed (what disturbed it leads ``notes``)."""
+def _disturbance_status(timed: Timed, config: MeasureConfig) -> tuple[Status, str]:
+    """ok, or noisy when even the kept attempt was disturbed, and what disturbed it ("" if ok)."""
     if config.probe and timed.disturbance.disturbed:
-        notes.insert(0, f"{timed.disturbance.describe()} "
-                        f"(kept the least disturbed of {timed.attempts} attempts)")
-        return Status.NOISY
-    return Status.OK
+        return Status.NOISY, (f"{timed.disturbance.describe()} "
+                              f"(kept the least disturbed of {timed.attempts} attempts)")
+    return Status.OK, ""
 
 
 def _first_call_fields(gated: GatedCall) -> dict[str, object]:
@@ -513,11 +514,15 @@ def _first_call_fields(gated: GatedCall) -> dict[str, object]:
     return fields
 
 
-def _call_extra(variant: Variant, spec: AttnSpec, call: Callable[[], object], config: MeasureConfig,
-                notes: list[str]) -> dict[str, object]:
-    """The ``extra`` keys about the call itself: the SDPA kernel that ran and, on CUDA with
-    ``config.cuda_graphs``, the graph replay's time (a failed capture adds a note to ``notes``)."""
+def _call_extra(variant: Variant, spec: AttnSpec, call: Callable[[], object],
+                config: MeasureConfig) -> tuple[dict[str, object], list[str]]:
+    """The ``extra`` keys about the call itself, and notes on them.
+
+    The keys: the SDPA kernel that ran and, on CUDA with ``config.cuda_graphs``, the graph replay's
+    time (a failed capture leaves a note).
+    """
     extra: dict[str, object] = {}
+    notes: list[str] = []
     if variant.PROVENANCE:
         extra["kernel"] = "+".join(sdpa_backends(call, spec.device)) or "unknown"
     if config.cuda_graphs and spec.device_type == "cuda":
@@ -526,7 +531,7 @@ def _call_extra(variant: Variant, spec: AttnSpec, call: Callable[[], object], co
         except RuntimeError as exc:  # not capturable: say so, keep the eager figures
             extra["graph_replay_s"] = math.nan
             notes.append(f"CUDA graph capture failed: {str(exc).splitlines()[0][:120]}")
-    return extra
+    return extra, notes
 
 
 BASELINE_PROBES = 5
@@ -674,7 +679,8 @@ def _attempt(call: Callable[[], object], device: str, config: MeasureConfig, fir
 
 
 SLOW_MAX_LENGTH = 128  # interpreter-bound variants stop here by default (seconds per case)
-# and get at least this many: the shortest sets the fit's overhead floor, 4 remain to fit
+# interpreter-bound variants get at least this many lengths: the shortest sets the fit's overhead
+# floor, 4 remain to fit
 SLOW_MIN_LENGTHS = 5
 
 

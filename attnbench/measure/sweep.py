@@ -59,8 +59,8 @@ def sweep(
             killed (``timeout``), a crash or an OOM kill ends only that case (``crashed``, ``oom``).
             False: in this process (interactive variants are seen; a crash ends the caller).
         workers: the pool to use when isolating (default: a new one with no extra environment).
-        case_timeout_s: hard limit for one isolated case (default: the time budget, the larger of it
-            and the check budget, and 60 s).
+        case_timeout_s: hard limit for one isolated case (default ``2 * time_budget_s + 60``, or
+            the time budget plus a larger check budget plus 60).
         memory_cap: isolated CPU cases get ``RLIMIT_DATA`` = current use + memory budget + 1 GiB.
 
     Raises:
@@ -103,8 +103,8 @@ def _threads_restored(threads: int | None) -> Iterator[None]:
 
 
 def _case_timeout(config: MeasureConfig, case_timeout_s: float | None) -> float:
-    """The hard limit of one isolated case: ``case_timeout_s``, else the time budget, the larger of
-    it and the check budget, and a minute.
+    """The hard limit of one isolated case: ``case_timeout_s``, else the sum of the time budget,
+    the larger of it and the check budget, and a minute.
 
     Raises:
         ValueError: ``case_timeout_s`` is not a finite number > 0.

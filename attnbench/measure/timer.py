@@ -160,7 +160,7 @@ def time_blocks(
         warm_s: seconds of a call of ``fn`` the caller has just made. One at least
             ``config.warmup_time`` long warmed everything a warm-up would and sizes the blocks
             itself (one call each): no warm-up call and no sizing call are made, which spares a
-                one-second case two seconds of its budget.
+            one-second case two seconds of its budget.
     """
     config = config or TimerConfig()
     device = torch.device(device)
@@ -216,7 +216,7 @@ class _Tally:
     def done(self, config: TimerConfig, began: float, redo_s: float) -> bool:
         """Whether to stop: the kept blocks reach ``min_runs`` and ``min_time``, ``max_time`` has
         passed since ``began`` (re-measured time within the allowance ``redo_s`` not counted), or
-        the allowance ran out."""
+        the allowance ran out (which marks the tally ``short``)."""
         if self.runs >= config.min_runs and self.spent >= config.min_time:
             return True
         if time.perf_counter() - began - min(self.lost, redo_s) >= config.max_time:

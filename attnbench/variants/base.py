@@ -226,7 +226,8 @@ class Variant(ABC):
         same inputs), so whatever a variant prepares on first use (compilation, cached masks) is
         prepared for exactly the calls that are timed; the runner checks the returned result.
 
-        ``(what call returned, seconds of one-off preparation)``, 0.0 where nothing is prepared.
+        Returns:
+            ``(what call returned, seconds of one-off preparation)``, 0.0 where nothing is prepared.
         """
         return call(), 0.0
 
