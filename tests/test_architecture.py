@@ -152,3 +152,48 @@ def test_the_checks_see_a_planted_cycle_and_a_planted_back_arrow(planted, expect
 def test_no_module_reaches_through_the_public_facade():
     """``import attnbench`` inside the package would hide which room a name comes from."""
     assert sorted(a for a, targets in graph().items() if "" in targets and a != "") == []
+
+
+MAX_FUNCTION_LINES = 60
+"""The longest a function of the package may be (decorators and docstring included)."""
+
+
+def long_functions(source: str) -> list[str]:
+    """The functions of ``source`` longer than :data:`MAX_FUNCTION_LINES`, with their lengths."""
+    return [f"{node.name}: {node.end_lineno - node.lineno + 1} lines" for node in ast.walk(ast.parse(source))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+
+
+def compared_words(source: str) -> list[str]:
+    """String literals of a closed set (a status, a gate verdict) that ``source`` compares with."""
+    from attnbench.contract import GateVerdict, Status
+
+    words = {str(w) for w in (*Status, *GateVerdict)}
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            for side in (node.left, *node.comparators):
+                items = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
+                found += [f"line {node.lineno}: {item.value!r}" for item in items
+                          if isinstance(item, ast.Constant) and item.value in words]
+    return found
+
+
+def test_no_function_is_longer_than_a_screen():
+    found = {name: long for name, path in _modules().items() if (long := long_functions(path.read_text()))}
+    assert found == {}
+
+
+def test_statuses_and_verdicts_are_compared_as_members_not_words():
+    found = {name: words for name, path in _modules().items() if (words := compared_words(path.read_text()))}
+    assert found == {}
+
+
+def test_the_style_checks_see_a_planted_long_function_and_a_compared_word():
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    assert long_functions(f"def f():\n{body}") == [f"f: {MAX_FUNCTION_LINES + 1} lines"]
+    assert long_functions(f"def f():\n{body[: body.rindex('    x')]}") == []
+    assert compared_words('ok = status == "ok" or verdict in ("regressed", "fine")') == [
+        "line 1: 'ok'", "line 1: 'regressed'"]
+    assert compared_words("ok = status == Status.OK") == []
