@@ -64,10 +64,13 @@ MASKS = environ.read_list(contract.ENV_MASKS, list(GRID.masks))
 
 
 def _tier_variants(grid: contract.Grid) -> list[str]:
-    """The tier's variants: the ones it names (and plugins' variants, which join any default sweep),
-    else every default-sweep variant that runs on one of the devices (CUDA-only SDPA backends drop
-    out on CPU boxes; compiled variants, which recompile for every parameter set, are opt-in by
-    name)."""
+    """The tier's variants: those it names, else every default-sweep variant that runs here.
+
+    A tier that names variants also gets plugins' variants, which join any default sweep.
+    Otherwise it gets every default-sweep variant that runs on one of the devices (CUDA-only SDPA
+    backends drop out on CPU boxes; compiled variants, which recompile for every parameter set, are
+    opt-in by name).
+    """
     runs = [n for n in default_variants() if any(not get_variant(n).not_supported_reasons(BASE.replace(device=d))
                                                  for d in DEVICES)]
     if grid.variants is None:
@@ -136,8 +139,11 @@ class VerdictStatus(enum.StrEnum):
 
 @dataclass(frozen=True)
 class Verdict:
-    """What setting one case up found, without its tensors or closure: small and picklable, so asv's
-    ``setup_cache`` can hand it to every benchmark process of the case."""
+    """What setting one case up found, without its tensors or closure.
+
+    Small and picklable, so asv's ``setup_cache`` can hand it to every benchmark process of the
+    case.
+    """
 
     status: VerdictStatus  # a plain string is taken as its member
     reason: str = ""  # n/a, wrong, error: why
@@ -167,8 +173,10 @@ _VERDICTS: dict[tuple[str, AttnSpec], Verdict] = {}
 
 
 def use(verdicts: dict | None) -> None:
-    """Take the verdicts of a ``setup_cache`` (:func:`grid_verdicts`) for this process's cases (each
-    ``setup`` calls it: asv hands the cache to every call, and a process runs one benchmark)."""
+    """Take the verdicts of a ``setup_cache`` (:func:`grid_verdicts`) for this process's cases.
+
+    Each ``setup`` calls it: asv hands the cache to every call, and a process runs one benchmark.
+    """
     if verdicts is not None and verdicts is not _VERDICTS:
         _VERDICTS.update(verdicts)
 
@@ -206,9 +214,10 @@ def _build(variant: str, spec: AttnSpec) -> Callable[[], object]:
 
 
 def judge(variant: str, spec: AttnSpec) -> Prepared:
-    """Set a case up and put it through the gate: guard, inputs, the warm-up call, the gate on its
-    result and on later calls' (state kept between calls, an intermittent fault, shows there),
-    against one float64 reference of the case (:class:`attnbench.measure.runner.GatedCall`).
+    """Set a case up and put it through the gate (:class:`attnbench.measure.runner.GatedCall`).
+
+    Guard, inputs, the warm-up call, then the gate on its result and on later calls' (state kept
+    between calls, an intermittent fault, shows there), against one float64 reference of the case.
 
     Raises:
         NotImplementedError: the case is n/a here.
@@ -248,9 +257,10 @@ def verdict(variant: str, spec: AttnSpec) -> Verdict:
 
 @functools.lru_cache(maxsize=8)
 def prepare_spec(variant: str, spec: AttnSpec) -> Prepared:
-    """:func:`prepare` for any case (the decode and GQA classes name theirs through
-    ``contract.asv_case``), once per process: asv calls ``setup`` before every sample, and every
-    call after the first is free.
+    """:func:`prepare` for any case, once per process: asv calls ``setup`` before every sample.
+
+    The decode and GQA classes name their case through ``contract.asv_case``. Every call after the
+    first is free.
 
     With a verdict from asv's ``setup_cache`` the case is only built and warmed up (no guard, no
     gate: the verdict holds both); without one it is judged here (:func:`judge`).
@@ -279,9 +289,10 @@ def _raise_unless_runs(known: Verdict, gated: bool = True) -> None:
 
 def grid_verdicts(table: dict[str, list] | None = None, spec_of: Callable[..., AttnSpec] | None = None,
                   measure: Sequence[str] = ("peak_tensor_bytes",)) -> dict:
-    """``setup_cache`` of a class family: every case of its grid judged once (:func:`judge`), as
-    :class:`Verdict` s keyed by ``(variant, spec)``, for asv to hand to every benchmark process of
-    the family.
+    """``setup_cache`` of a class family: every case of its grid judged once (:func:`judge`).
+
+    The verdicts are :class:`Verdict` s keyed by ``(variant, spec)``, for asv to hand to every
+    benchmark process of the family.
 
     Prints one line per case to asv's log (case i of n, its verdict, the seconds elapsed):
     ``asv run -v`` shows them as they come, and each restarts asv's ``setup_cache`` timeout (a limit
@@ -342,9 +353,10 @@ def case(
 
 
 class WaitWatch:
-    """asv's ``timer`` for the time benchmark: the wall clock asv would use anyway
-    (``time.perf_counter``), with the timing thread's run-queue wait read beside each reading
-    (outside the interval it returns).
+    """asv's ``timer`` for the time benchmark: the wall clock, with the run-queue wait beside it.
+
+    The clock is the one asv would use anyway (``time.perf_counter``); the timing thread's run-queue
+    wait is read beside each reading (outside the interval it returns).
 
     asv reads a timer in pairs around the timed calls; :meth:`take` gives their wall time and the
     share of it the thread spent runnable but without a core, i.e. taken by another process. The
@@ -374,8 +386,11 @@ class WaitWatch:
         return wall
 
     def take(self) -> tuple[float, float | None]:
-        """``(wall seconds, run-queue share)`` of the calls timed since the last take; the share is
-        run-queue seconds per wall second (None: nothing timed, or the kernel did not say)."""
+        """``(wall seconds, run-queue share)`` of the calls timed since the last take.
+
+        The share is run-queue seconds per wall second (None: nothing timed, or the kernel did not
+        say).
+        """
         wall, wait, known = self._wall, self._wait, self._known
         self._start, self._wall, self._wait, self._known = None, 0.0, 0.0, True
         return wall, (wait / wall if wall > 0 and known else None)
@@ -578,8 +593,9 @@ INSTRUCTION_SETUP_TIMEOUT = 3 * 3600
 
 
 def instruction_counts() -> dict:
-    """``setup_cache`` of the ``Instructions`` class: the main grid's CPU cases within
-    :data:`COUNT_BUDGET_S`, counted in ONE valgrind process
+    """``setup_cache`` of the ``Instructions`` class: CPU cases counted in ONE valgrind process.
+
+    The main grid's CPU cases within :data:`COUNT_BUDGET_S` are counted
     (:func:`attnbench.measure.instructions.count_instructions`), keyed by their parameters.
 
     asv runs it once per commit and environment and hands the (pickled) result to every ``setup``

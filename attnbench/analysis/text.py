@@ -16,8 +16,10 @@ def sig(value: float, digits: int = 3) -> str:
 
 
 def ratio(value: float, metric: str) -> str:
-    """A HEAD / BASE ratio, ``x1.23``, with the digits its metric needs: a count's 0.2% change is a
-    verdict, so instructions get 4."""
+    """A HEAD / BASE ratio, ``x1.23``, with the digits its metric needs.
+
+    A count's 0.2% change is a verdict, so instructions get 4.
+    """
     return f"x{value:.{4 if metric == 'instructions' else 2}f}"
 
 

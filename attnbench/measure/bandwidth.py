@@ -44,8 +44,10 @@ class Bandwidth:
 
     @property
     def roof(self) -> float:
-        """The roofline's bandwidth roof (bytes/s): triad, which reads two streams and writes
-        one, as attention does."""
+        """The roofline's bandwidth roof (bytes/s): the triad bandwidth.
+
+        Triad reads two streams and writes one, as attention does.
+        """
         return self.triad
 
 

@@ -133,8 +133,11 @@ def slice_reference_bytes(variant: Variant, spec: AttnSpec) -> float:
 
 
 def slice_truth_bytes(variant: Variant, spec: AttnSpec) -> float:
-    """Float64 bytes :class:`Reference` keeps per checked slice: its output rows (twice for an
-    approximate variant: its kernel's and exact softmax's); backward, also dq and part of dk, dv."""
+    """Float64 bytes :class:`Reference` keeps per checked slice.
+
+    Its output rows (twice for an approximate variant: its kernel's and exact softmax's); backward,
+    also dq and part of dk, dv.
+    """
     out = spec.lq * spec.dv * (1 if variant.exact else 2)
     grads = spec.lq * spec.head_dim + spec.lk * (spec.head_dim + spec.dv) if spec.mode == "backward" else 0
     return 8.0 * (out + grads)

@@ -92,9 +92,11 @@ def extrapolated_seconds(variant: Variant, spec: AttnSpec, measured_len: int, me
 
 
 def reference_seconds(variant: Variant, spec: AttnSpec, slices: int, peak_flops: float) -> float:
-    """Predicted seconds of the correctness gate: float64 and plain references on ``slices`` slices,
-    once (every checked call of a case is compared with the same truth:
-    :class:`~attnbench.measure.gate.Reference`)."""
+    """Predicted seconds of the correctness gate's float64 and plain references.
+
+    They run on ``slices`` slices, once: every checked call of a case is compared with the same
+    truth (:class:`~attnbench.measure.gate.Reference`).
+    """
     if slices <= 0:
         return 0.0
     # dense einsum evaluation of one (b, h)

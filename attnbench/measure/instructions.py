@@ -131,8 +131,11 @@ class Count:
 
 
 def attach(measurement: Measurement, count: Count | None) -> Measurement:
-    """``measurement`` with ``count``'s instructions per call (and valgrind's version in ``extra``);
-    without an ok count, the reason there is none in ``extra["instructions_note"]``."""
+    """``measurement`` with ``count``'s instructions per call, or the reason there is none.
+
+    Valgrind's version goes in ``extra``; without an ok count, the reason there is none goes in
+    ``extra["instructions_note"]``.
+    """
     if count is None:
         return measurement
     if count.status == Status.OK:
@@ -146,8 +149,11 @@ class CountError(RuntimeError):
 
 
 def predicted_seconds(variant: str, spec: AttnSpec, config: CountConfig, peak_flops: float) -> float:
-    """Seconds a case is predicted to take under valgrind: its calls (warm-up, counted) and the
-    correctness gate on :data:`GATE_SLICES` slices, x :data:`SLOWDOWN`."""
+    """Seconds a case is predicted to take under valgrind: its calls and gate, x :data:`SLOWDOWN`.
+
+    The calls are the warm-up and the counted ones; the correctness gate runs on :data:`GATE_SLICES`
+    slices.
+    """
     from attnbench.measure import guard
     from attnbench.registry import get_variant
 
@@ -268,9 +274,10 @@ def count_instructions(
 
 def _count_todo(cases: list[tuple[str, AttnSpec]], todo: list[int], counts: list[Count | None], config: CountConfig,
                 version: str, reporter: Callable[[Count], None] | None, cancel: threading.Event | None) -> None:
-    """Fill ``counts`` at the indices ``todo`` names, in one valgrind process, and in a new one for
-    the rest each time a case kills it (that case is an error row). Stops at a timeout or a cancel
-    (those cases stay None).
+    """Fill ``counts`` at the indices ``todo`` names, in as few valgrind processes as it takes.
+
+    One process counts them, and a new one counts the rest each time a case kills it (that case is
+    an error row). Stops at a timeout or a cancel (those cases stay None).
 
     Raises:
         CountError: a process failed without counting anything or dying in a case.
@@ -297,8 +304,10 @@ def _count_todo(cases: list[tuple[str, AttnSpec]], todo: list[int], counts: list
 
 
 class Beside:
-    """:func:`count_instructions` in a thread beside the caller's own work (``attnbench run`` times
-    its sweep meanwhile): one valgrind process, each count handed over as it finishes.
+    """:func:`count_instructions` in a thread beside the caller's own work.
+
+    ``attnbench run`` times its sweep meanwhile. One valgrind process counts the cases, and each
+    count is handed over as it finishes.
 
     The counting process runs under SCHED_IDLE: it takes a core only when nothing else wants it, so
     the timed sweep's workers (one thread each by default) never wait for it, with or without a
@@ -404,8 +413,10 @@ class _Ran:
 
 def _one_process(cases, config: CountConfig, version: str, arrived: Callable[[int, Count], None],
                  cancel: threading.Event | None = None) -> _Ran:
-    """Run one valgrind process over ``cases`` (``arrived(index, count)`` as each finishes); what it
-    reported, and where it died if it did."""
+    """Run one valgrind process over ``cases``: what it reported, and where it died if it did.
+
+    ``arrived(index, count)`` is called as each case finishes.
+    """
     with tempfile.TemporaryDirectory(prefix="attnbench-callgrind-") as tmp:
         tmp = Path(tmp)
         jobs, results, out = tmp / "jobs.json", tmp / "results.jsonl", tmp / "callgrind.out"
@@ -435,8 +446,11 @@ def _one_process(cases, config: CountConfig, version: str, arrived: Callable[[in
 
 def _watch(proc: subprocess.Popen, collect: Callable[[], None], deadline: float,
            cancel: threading.Event | None) -> bool:
-    """``collect`` the process's results every half second until it ends, killing it past
-    ``deadline`` (then True) or once ``cancel`` is set; the process has ended on return."""
+    """``collect`` the process's results every half second until it ends; True if it timed out.
+
+    The process is killed past ``deadline`` (then True) or once ``cancel`` is set; it has ended on
+    return.
+    """
     timed_out = False
     try:
         while True:
@@ -462,8 +476,10 @@ def _watch(proc: subprocess.Popen, collect: Callable[[], None], deadline: float,
 
 def _outcome(code: int, counts: dict[int, Count], results: Path, log: Path, timed_out: bool,
              cancel: threading.Event | None) -> _Ran:
-    """What an ended valgrind process did: its counts, the case it died in (started, never
-    reported), how it ended and the end of its output."""
+    """What an ended valgrind process did: its counts, where it died, how it ended, its output.
+
+    Where it died is the case it started but never reported; the output is the end of its log.
+    """
     started = [r["index"] for r in _read_results(results) if r.get("started")]
     dead = next((i for i in started if i not in counts), None)
     ended = ("timed out" if timed_out else f"died from {_signal_name(-code)}" if code < 0 else f"exited {code}")
@@ -474,9 +490,11 @@ def _outcome(code: int, counts: dict[int, Count], results: Path, log: Path, time
 
 
 def _idle_priority() -> None:
-    """In the counting process before it starts: run only when no other process wants the core
-    (Linux's SCHED_IDLE, else the lowest nice). Counts do not depend on when they run; a timed case
-    beside them must never wait for them."""
+    """In the counting process before it starts: run only when no other process wants the core.
+
+    Linux's SCHED_IDLE, else the lowest nice. Counts do not depend on when they run; a timed case
+    beside them must never wait for them.
+    """
     try:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except (AttributeError, OSError):
@@ -540,8 +558,11 @@ def _child(jobs_path: str, results_path: str) -> None:
 
 
 def _count_case(name: str, spec_fields: dict, config: CountConfig, dumps: int) -> tuple[dict, int]:
-    """Gate and count one case in the counting process: its line for the results file (without its
-    index), and the number of callgrind dumps made so far (each counted case closes one)."""
+    """Gate and count one case in the counting process: its result line and the dumps so far.
+
+    The line is the case's line for the results file (without its index); the number is that of the
+    callgrind dumps made so far (each counted case closes one).
+    """
     import gc
 
     import torch
@@ -582,8 +603,10 @@ def _count_case(name: str, spec_fields: dict, config: CountConfig, dumps: int) -
 
 
 def _checked_call(name: str, spec: AttnSpec, config: CountConfig) -> tuple[Callable[[], object], GateResult | None]:
-    """The runner's timed closure of a case after its warm-up call, and the gate's result on that
-    call (on :data:`GATE_SLICES` slices; None when not checked)."""
+    """The runner's timed closure of a case after its warm-up call, and the gate's result on it.
+
+    The gate checks that call on :data:`GATE_SLICES` slices; its result is None when not checked.
+    """
     from attnbench.measure import gate, runner
     from attnbench.registry import get_variant
 

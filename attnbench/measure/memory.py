@@ -1,5 +1,7 @@
-"""Peak memory of one call: tensor bytes (profiler timeline on CPU, allocator stats on CUDA) and
-process RSS (psutil, sampled on a thread).
+"""Peak memory of one call: tensor bytes and process RSS.
+
+Tensor bytes come from the profiler timeline on CPU and from allocator stats on CUDA; RSS from
+psutil, sampled on a thread.
 
 The CPU figure uses ``torch.profiler._memory_profiler.MemoryProfile``, a private API: it replays
 every allocation and free the profiler saw, which is exact for tensors (``tracemalloc`` cannot see

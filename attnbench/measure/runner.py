@@ -439,9 +439,11 @@ def _gate_fields(checked: gate.GateResult) -> dict[str, float]:
 
 
 def _run(variant: Variant, spec: AttnSpec, config: MeasureConfig, plan: CheckPlan, calls: int, base: dict) -> Measurement:
-    """Inputs, the checked warm-up call, timing and memory, then later calls checked again
-    (raises; :func:`measure` records). The later checks hold no result during timing: they call
-    again after the timed calls."""
+    """Inputs, the checked warm-up call, timing and memory, then later calls checked again.
+
+    Failures raise; :func:`measure` records them. The later checks hold no result during timing:
+    they call again after the timed calls.
+    """
     gated = GatedCall(variant, spec, plan, config.seed)
     checked = gated.first
     fields = _first_call_fields(gated)
@@ -502,8 +504,11 @@ def _disturbance_status(timed: Timed, config: MeasureConfig) -> tuple[Status, st
 
 
 def _first_call_fields(gated: GatedCall) -> dict[str, object]:
-    """The Measurement fields of the checked warm-up call: its compile time and, when checked, the
-    gate's figures (``extra`` holds what the check covered)."""
+    """The Measurement fields of the checked warm-up call: its compile time and gate figures.
+
+    The gate's figures are there when the call was checked (``extra`` holds what the check
+    covered).
+    """
     checked = gated.first
     fields: dict[str, object] = dict(compile_seconds=gated.compile_seconds, extra={})
     if checked is not None:
@@ -602,15 +607,18 @@ def _seen(typical: float, probes: Sequence[float], blocks: Blocks) -> probe.Dist
 
 
 def _calls(config: MeasureConfig, call_s: float | None) -> int:
-    """The measurement's calls: the first after the gate, the timer's
-    (:func:`.timer.measured_calls`), memory and RSS. The check's own calls and its reference are
-    budgeted apart (:func:`check_plan`): never a user's length."""
+    """The measurement's calls: the first after the gate, the timer's, memory and RSS.
+
+    The timer's are :func:`.timer.measured_calls`. The check's own calls and its reference are
+    budgeted apart (:func:`check_plan`): never a user's length.
+    """
     return 1 + measured_calls(config.timer, call_s) + int(config.measure_memory) + int(config.measure_rss)
 
 
 def timed_attempts(call: Callable[[], object], device: str, config: MeasureConfig, first_s: float = 0.0) -> Timed:
-    """Time ``call``, re-timing descheduled blocks and probing around (and, for long attempts,
-    between) blocks; retry disturbed attempts.
+    """Time ``call`` in probed blocks, re-timing descheduled ones; retry disturbed attempts.
+
+    Probes run around the blocks and, for long attempts, between them.
 
     With ``config.probe`` a block that waited for a core more than ``schedstat.WAIT_LIMIT`` of its
     wall time is dropped and another timed in its place while the retry budget lasts
@@ -660,8 +668,11 @@ class _Attempt(NamedTuple):
 
 
 def _attempt(call: Callable[[], object], device: str, config: MeasureConfig, first_s: float, spent: float) -> _Attempt:
-    """Time ``call`` once in blocks. With ``config.probe``: probed before, between (long attempts)
-    and after, descheduled blocks re-timed within the retry budget left after ``spent`` seconds."""
+    """Time ``call`` once in blocks.
+
+    With ``config.probe``: probed before, between (long attempts) and after, descheduled blocks
+    re-timed within the retry budget left after ``spent`` seconds.
+    """
     probes: list[float] = []
     between = None
     if config.probe:

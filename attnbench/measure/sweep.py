@@ -103,8 +103,9 @@ def _threads_restored(threads: int | None) -> Iterator[None]:
 
 
 def _case_timeout(config: MeasureConfig, case_timeout_s: float | None) -> float:
-    """The hard limit of one isolated case: ``case_timeout_s``, else the sum of the time budget,
-    the larger of it and the check budget, and a minute.
+    """The hard limit of one isolated case: ``case_timeout_s``, else a sum of budgets.
+
+    The sum is of the time budget, the larger of it and the check budget, and a minute.
 
     Raises:
         ValueError: ``case_timeout_s`` is not a finite number > 0.
@@ -121,8 +122,11 @@ def _shape(name: str, spec: AttnSpec) -> tuple:
 
 @dataclass
 class _SweepState:
-    """What the sweep knows that no single case can: per device its environment, matmul peak and
-    typical probe time, and per sweep line the last measured time."""
+    """What the sweep knows that no single case can.
+
+    Per device its environment, matmul peak and typical probe time, and per sweep line the last
+    measured time.
+    """
 
     envs: dict[str, Environment]
     peaks: dict[str, float]  # devices this process can measure on
@@ -160,8 +164,10 @@ class _SweepState:
         return None if measured is None else guard.extrapolated_seconds(get_variant(name), spec, *measured)
 
     def job(self, name: str, spec: AttnSpec, config: MeasureConfig, memory_cap: bool) -> CaseJob:
-        """The worker's job for one case (CPU cases capped at the memory budget +
-        :data:`CAP_ALLOWANCE_BYTES`)."""
+        """The worker's job for one case.
+
+        CPU cases are capped at the memory budget + :data:`CAP_ALLOWANCE_BYTES`.
+        """
         cap = None
         if memory_cap and spec.device_type == "cpu":
             cap = int(config.memory_budget(spec.device)) + CAP_ALLOWANCE_BYTES

@@ -97,10 +97,12 @@ def cache_flusher(device: torch.device) -> Callable[[], None]:
 
 
 def _block(fn: Callable[[], object], number: int, device: torch.device) -> tuple[float, float | None]:
-    """``(seconds, run-queue share)`` of ``number`` back-to-back calls: the share of the block's
-    wall time the thread waited for a core (None: the kernel does not say). The wait is read outside
-    the clock's interval (before the clock when it opens, after it when it closes), so the timed
-    calls pay nothing for it."""
+    """``(seconds, run-queue share)`` of ``number`` back-to-back calls.
+
+    The share is that of the block's wall time the thread waited for a core (None: the kernel does
+    not say). The wait is read outside the clock's interval (before the clock when it opens, after
+    it when it closes), so the timed calls pay nothing for it.
+    """
     wait0 = schedstat.runqueue_seconds()
     t0 = time.perf_counter()
     seconds = _block_seconds(fn, number, device)
@@ -214,9 +216,12 @@ class _Tally:
     short: bool = False
 
     def done(self, config: TimerConfig, began: float, redo_s: float) -> bool:
-        """Whether to stop: the kept blocks reach ``min_runs`` and ``min_time``, ``max_time`` has
-        passed since ``began`` (re-measured time within the allowance ``redo_s`` not counted), or
-        the allowance ran out (which marks the tally ``short``)."""
+        """Whether to stop: enough blocks kept, ``max_time`` passed, or the allowance ran out.
+
+        Enough: the kept blocks reach ``min_runs`` and ``min_time``. ``max_time`` counts since
+        ``began``, re-measured time within the allowance ``redo_s`` not counted. An allowance that
+        ran out marks the tally ``short``.
+        """
         if self.runs >= config.min_runs and self.spent >= config.min_time:
             return True
         if time.perf_counter() - began - min(self.lost, redo_s) >= config.max_time:
@@ -253,9 +258,11 @@ class _Tally:
 
 
 def measured_calls(config: TimerConfig, call_s: float | None) -> int:
-    """Calls :func:`time_blocks` makes at least for a call of ``call_s`` seconds given as ``warm_s``
-    (None: unknown): the warm-up and sizing calls only for calls shorter than the warm-up time, then
-    ``min_runs``."""
+    """Calls :func:`time_blocks` makes at least for a call of ``call_s`` seconds.
+
+    ``call_s`` is given as ``warm_s`` (None: unknown). The count is ``min_runs``, plus the warm-up
+    and sizing calls for calls shorter than the warm-up time.
+    """
     long_call = call_s is not None and call_s >= config.warmup_time
     return config.min_runs + (0 if long_call else config.warmup + 1)
 

@@ -136,8 +136,10 @@ def _child(conn, job: CaseJob) -> None:
 
 
 def _die_with_the_server() -> None:
-    """Ask Linux to kill this worker when the fork server exits (it does when the parent does), so
-    an orphaned case does not run on after ``attnbench run`` was killed outright."""
+    """Ask Linux to kill this worker when the fork server exits (it does when the parent does).
+
+    That way an orphaned case does not run on after ``attnbench run`` was killed outright.
+    """
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -246,8 +248,11 @@ class WorkerPool:
         return self._unanswered(proc.exitcode, time.perf_counter() - start, oom_kills_before, base)
 
     def _answer(self, proc: multiprocessing.process.BaseProcess, conn, timeout_s: float) -> tuple[Measurement | None, bool]:
-        """The worker's Measurement (None: it died before sending one), and whether it ran past
-        ``timeout_s`` (then it was killed). The worker is gone on return."""
+        """The worker's Measurement (None: it died before sending one), and whether it timed out.
+
+        It timed out when it ran past ``timeout_s`` (then it was killed). The worker is gone on
+        return.
+        """
         result, timed_out = None, False
         if conn.poll(timeout_s):
             try:
@@ -265,8 +270,11 @@ class WorkerPool:
         return result, timed_out
 
     def _unanswered(self, code: int | None, elapsed: float, oom_kills_before: int | None, base: dict) -> Measurement:
-        """The record of a worker that ended (exit ``code``) without a result after ``elapsed`` s:
-        crashed, or oom when the cgroup counted an OOM kill (see the module docstring)."""
+        """The record of a worker that ended without a result: crashed, or oom.
+
+        The worker ended (exit ``code``) after ``elapsed`` s; it is oom when the cgroup counted an
+        OOM kill (see the module docstring).
+        """
         if code is None or code >= 0:
             return Measurement(status=Status.CRASHED,
                                reason=f"worker exited with code {code} without a result after {elapsed:.1f} s", **base)

@@ -1,5 +1,6 @@
-"""All batches and heads at once with ``torch.bmm`` on ``(B*H, L, D)`` (the textbook
-``DotProductAttention``). The textbook O(L^2)-memory implementation: scores and probabilities
+"""All batches and heads at once with ``torch.bmm`` on ``(B*H, L, D)``.
+
+The textbook ``DotProductAttention`` and O(L^2)-memory implementation: scores and probabilities
 are both materialised.
 """
 

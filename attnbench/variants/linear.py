@@ -1,5 +1,7 @@
-"""Kernelised (linear) attention: O(L) time and memory by reassociating ``(phi(Q) phi(K)^T) V``
-as ``phi(Q) (phi(K)^T V)``.
+"""Kernelised (linear) attention: O(L) time and memory by reassociating the attention product.
+
+``(phi(Q) phi(K)^T) V`` is computed as ``phi(Q) (phi(K)^T V)``. Letters: B batch, H heads, Lq
+queries, Lk keys, D head dim, Dv value head dim, F features.
 
 * ``linear_elu``: ``phi(x) = elu(x) + 1`` (Katharopoulos et al. 2020, "Transformers are RNNs"):
   exact on its own kernel, a different model from softmax attention, not an approximation of it.
@@ -10,8 +12,6 @@ as ``phi(Q) (phi(K)^T V)``.
 Masks: only key-padding masks (query-independent, e.g. valid lengths) are supported, by zeroing
 the features of masked keys. Causal linear attention needs prefix sums over ``(L, F, Dv)`` state
 and is not implemented; such cases are reported as not supported.
-
-Letters: B batch, H heads, Lq queries, Lk keys, D head dim, Dv value head dim, F features.
 """
 
 from __future__ import annotations

@@ -110,9 +110,12 @@ class ScoringAttention(Variant):
         return attend(logits, v, mask, dtype)
 
     def contractions(self, spec):
-        """dot/scaled_dot: the default two. bilinear adds ``q W``. additive has no ``Q K^T``:
+        """Forward contractions, by score function.
+
+        dot/scaled_dot: the default two. bilinear adds ``q W``. additive has no ``Q K^T``:
         ``q W_q^T``, ``k W_k^T``, ``tanh(.) w_v`` (h per pair) and ``P V``. Weights are constants
-        (backward 1.0)."""
+        (backward 1.0).
+        """
         if self.score in ("dot", "scaled_dot"):
             return super().contractions(spec)
         bh, lq, lk, d, dv = spec.batch * spec.heads, spec.lq, spec.lk, spec.head_dim, spec.dv
