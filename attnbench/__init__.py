@@ -1,5 +1,6 @@
-"""attnbench: every attention variant under one contract, proven against a float64 reference,
-measured for time and memory against sequence length.
+"""attnbench: every attention variant under one contract, proven against a float64 reference.
+
+Each is measured for time and memory against sequence length.
 
 Public API::
 

@@ -278,8 +278,11 @@ def bisect(good: str, bad: str, *, repo: str | Path = ".", metric: str = "instru
 
 def _check_arguments(repo: Path, metric: str, instructions_factor: float, memory_factor: float,
                      time_factor: float) -> None:
-    """BisectError for an unknown metric or a ``repo`` without asv.conf.json, ValueError for a bad
-    factor, RegressError for counts without valgrind."""
+    """Raise for arguments a bisect cannot run with.
+
+    BisectError for an unknown metric or a ``repo`` without asv.conf.json, ValueError for a bad
+    factor, RegressError for counts without valgrind.
+    """
     from attnbench import regress
 
     if metric not in METRICS:

@@ -53,8 +53,7 @@ _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 def _list(kind: Callable[[str], object], what: str, choices: Callable[[], Sequence[str]] | None = None,
           unknown: str = "invalid choice(s)", known: str = "choose from"):
-    """argparse type: a non-empty comma-separated list of ``kind``, each checked against
-    ``choices``.
+    """argparse type: a non-empty comma-separated list of ``kind``, checked against ``choices``.
 
     argparse prefixes the message with the option's name ("argument --lengths: ...").
     """
@@ -348,8 +347,11 @@ def _run_in(args: argparse.Namespace, run_dir: RunDirectory, cases: list[tuple[s
 
 
 def _measure_roofs(device: str, dtypes: Sequence[str], threads: int) -> tuple[dict, dict | None]:
-    """This machine's matmul GFLOP/s per dtype and memory bandwidth in GB/s (None, with a note,
-    where it cannot be measured), at the threads the workers will use."""
+    """This machine's matmul GFLOP/s per dtype and memory bandwidth in GB/s.
+
+    Both are measured at the threads the workers will use; the bandwidth is None, with a note, where
+    it cannot be measured.
+    """
     from attnbench.measure import regime
     from attnbench.measure.bandwidth import bandwidth
     from attnbench.measure.peak import matmul_peak
@@ -405,8 +407,11 @@ class _Sweep:
     start: float  # time.perf_counter() when this session's sweep began
 
     def run(self, pool: WorkerPool, policy: _StopPolicy) -> bool:
-        """Measure what is left, logging each case (and each instruction count as it arrives), then
-        write the derived files and the report; True when a signal abandoned a case."""
+        """Measure what is left, then write the derived files and the report.
+
+        Each case is logged as it is measured, each instruction count as it arrives. True when a
+        signal abandoned a case.
+        """
         with policy:
             aborted = self._measure(pool, policy)
             self.run_dir.finish(time.perf_counter() - self.start)
@@ -481,8 +486,11 @@ def _print_results(args: argparse.Namespace, run_dir: RunDirectory, planned: int
 
 def _start_counting(run_dir: RunDirectory, cases: list[tuple[str, AttnSpec]],
                     config: MeasureConfig) -> Beside | None:
-    """Instruction counts of the cases :func:`attnbench.runs.counted_cases` picks that the log
-    lacks, in one valgrind process beside the timed sweep (None when none are wanted)."""
+    """Instruction counts the log lacks, in one valgrind process beside the timed sweep.
+
+    The cases counted are those :func:`attnbench.runs.counted_cases` picks; None when none are
+    wanted.
+    """
     from attnbench.measure.instructions import Beside, CountConfig
     from attnbench.runs import case_key, counted_cases
 
@@ -653,8 +661,10 @@ GATE_WIDTH = 100
 
 
 def _gate_cells(rec: dict) -> dict[str, str]:
-    """One gate row as text: values with their units (the metric table's), the ratio with the
-    digits a verdict needs."""
+    """One gate row as text: values with units, the ratio with the digits a verdict needs.
+
+    The units are the metric table's.
+    """
     from attnbench.analysis.text import fmt, ratio
     from attnbench.contract import UNITS
 
@@ -674,8 +684,11 @@ def _gate_row(cells: dict[str, str]) -> str:
 
 
 def cmd_bisect(args: argparse.Namespace) -> int:
-    """Exit 1: a first bad commit named; 0: nothing exceeds GOOD; 4: only a range; 2: usage;
-    3: could not measure."""
+    """Bisect GOOD..BAD for the commit that regressed; the exit status says what was found.
+
+    Exit 1: a first bad commit named; 0: nothing exceeds GOOD; 4: only a range; 2: usage;
+    3: could not measure.
+    """
     from attnbench.bisect import BisectError, answer, bisect, probe_line
     from attnbench.regress import RegressError
 
@@ -773,8 +786,10 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def cmd_shard(args: argparse.Namespace) -> int:
-    """Print ``KEY=VALUE`` lines for a CI job (append them to ``$GITHUB_ENV``): its grid and its
-    ``--bench`` pattern."""
+    """Print ``KEY=VALUE`` lines for a CI job: its grid and its ``--bench`` pattern.
+
+    Append them to ``$GITHUB_ENV``.
+    """
     from attnbench.shards import ShardError, parse_shard, shard_environment
 
     bad = _environment_problems()
@@ -1128,8 +1143,10 @@ def _add_merge_results_parser(sub) -> None:
 
 
 def _show_notes(default: Callable[..., None]) -> Callable[..., None]:
-    """A ``warnings.showwarning`` printing attnbench's own notes as one plain line (others as
-    before)."""
+    """A ``warnings.showwarning`` printing attnbench's own notes as one plain line.
+
+    Other warnings are shown as before.
+    """
     from attnbench.io import CacheNotWritten
 
     def show(message, category, filename, lineno, file=None, line=None) -> None:

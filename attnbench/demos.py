@@ -45,15 +45,15 @@ def attention_weights(variant: str | Variant, q: torch.Tensor, k: torch.Tensor, 
 
 
 def nadaraya_watson(seed: int = 0, n: int = 50, epochs: int = 5) -> tuple[Heatmaps, dict[str, float]]:
-    """Nadaraya-Watson kernel regression (Nadaraya 1964; Watson 1964), as in Dive into Deep
-    Learning: weights of the non-parametric and the trained parametric model, and their test errors.
+    """Nadaraya-Watson kernel regression, as in Dive into Deep Learning: weights and test errors.
 
-    Data: ``y = 2 sin(x) + x^0.8 + eps``, eps ~ N(0, 0.5), 50 training and 50 test points. The
-    non-parametric model is softmax attention with scores ``-(x - x_i)^2 / 2``; the parametric one
-    learns ``w`` in ``-((x - x_i) w)^2 / 2`` by SGD (lr 0.5, 5 epochs), each training point
-    attending to all the others. Scores go through the ``dot`` variant: ``q . k`` with
-    ``q = [x, -x^2/2, -1/2]`` scaled and ``k = [x_i, 1, x_i^2]`` reproduces ``-(x - x_i)^2 / 2`` up
-    to a per-query constant.
+    The weights and test errors are those of the non-parametric and the trained parametric model
+    (Nadaraya 1964; Watson 1964). Data: ``y = 2 sin(x) + x^0.8 + eps``, eps ~ N(0, 0.5), 50 training
+    and 50 test points. The non-parametric model is softmax attention with scores
+    ``-(x - x_i)^2 / 2``; the parametric one learns ``w`` in ``-((x - x_i) w)^2 / 2`` by SGD
+    (lr 0.5, 5 epochs), each training point attending to all the others. Scores go through the
+    ``dot`` variant: ``q . k`` with ``q = [x, -x^2/2, -1/2]`` scaled and ``k = [x_i, 1, x_i^2]``
+    reproduces ``-(x - x_i)^2 / 2`` up to a per-query constant.
 
     Returns:
         The two weight matrices, and a dict of ``nonparametric_test_mse``,

@@ -77,16 +77,20 @@ CACHE_ENV = "ATTNBENCH_CACHE"
 
 
 def cache_dir() -> Path:
-    """Where measurements of this machine are cached: ``ATTNBENCH_CACHE``, else
-    ``$XDG_CACHE_HOME/attnbench``, else ``~/.cache/attnbench``."""
+    """Where measurements of this machine are cached.
+
+    ``ATTNBENCH_CACHE``, else ``$XDG_CACHE_HOME/attnbench``, else ``~/.cache/attnbench``.
+    """
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV])
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnbench"
 
 
 class CacheNotWritten(UserWarning):
-    """The cache could not be written (a read-only or missing home): the figure measured is used
-    uncached."""
+    """The cache could not be written (a read-only or missing home).
+
+    The figure measured is used uncached.
+    """
 
 
 _unwritable: set[Path] = set()
@@ -125,8 +129,10 @@ def error_line(exc: BaseException, limit: int = 300) -> str:
 
 
 def append_line(path: str | Path, line: str) -> None:
-    """Append one line to ``path`` in a single ``O_APPEND`` write: concurrent writers' lines never
-    interleave."""
+    """Append one line to ``path`` in a single ``O_APPEND`` write.
+
+    Concurrent writers' lines therefore never interleave.
+    """
     data = (line.rstrip("\n") + "\n").encode("utf-8")
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:

@@ -167,8 +167,10 @@ class AttentionLayer(nn.Module):
 
 
 def _checked_device(device: object) -> torch.device | None:
-    """``device`` as a torch.device (None stays None); a TypeError or ValueError when it names none
-    or names CUDA on a machine without it."""
+    """``device`` as a torch.device (None stays None).
+
+    Raises a TypeError or ValueError when it names none or names CUDA on a machine without it.
+    """
     if device is None:
         return None
     if not isinstance(device, (str, torch.device)):

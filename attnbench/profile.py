@@ -78,8 +78,10 @@ class ProfileSummary:
 
 
 def _memory_figure(timeline: list[tuple], score_bytes: float, dense: bool, title: str, stem: Path) -> None:
-    """Live tensor MiB over the profiled call with its peak marked (and, for a ``dense`` variant,
-    one score tensor's size) as ``stem``.png and .svg."""
+    """Live tensor MiB over the profiled call with its peak marked, as ``stem``.png and .svg.
+
+    For a ``dense`` variant, one score tensor's size is marked too.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -163,8 +165,9 @@ def profile_case(
 
 
 def _guarded_variant(variant_name: str, spec: AttnSpec, config: MeasureConfig) -> Variant:
-    """The variant, once it supports ``spec`` and the guard lets the profile's calls run. The
-    measurement regime is applied first: the guard predicts time from the matmul peak at its
+    """The variant, once it supports ``spec`` and the guard lets the profile's calls run.
+
+    The measurement regime is applied first: the guard predicts time from the matmul peak at its
     threads.
 
     Raises:
@@ -185,8 +188,7 @@ def _guarded_variant(variant_name: str, spec: AttnSpec, config: MeasureConfig) -
 
 
 def _profiled_spec(variant: Variant, spec: AttnSpec) -> AttnSpec:
-    """The case the profiler sees: ``spec``, or one (batch, head) of it for an interpreter-bound
-    variant.
+    """The profiler's case: ``spec``, or one (batch, head) of it for an interpreter-bound variant.
 
     Such a variant issues ~10 operator calls per (query, key) pair: a million events for one L=128
     call, which the profiler and its memory replay take many minutes over. Every (batch, head)
@@ -238,8 +240,10 @@ def _write_top_ops(averages, path: Path) -> None:
 
 def _summarise(averages, timeline: list[tuple], variant: Variant, spec: AttnSpec, profiled: AttnSpec, *,
                wall: float, unprofiled: float) -> ProfileSummary:
-    """The summary of one call of ``profiled`` (``wall`` s under the profiler), standing for
-    ``spec`` (``unprofiled`` s)."""
+    """The summary of one call of ``profiled``, standing for ``spec``.
+
+    ``wall``: the call's seconds under the profiler; ``unprofiled``: ``spec``'s seconds without it.
+    """
     op_us = sum(a.self_cpu_time_total for a in averages)
     calls = sum(a.count for a in averages)
     top = max(averages, key=lambda a: a.self_cpu_time_total) if len(averages) else None

@@ -195,8 +195,11 @@ def _localize_page(page: Path, site: Path, by_url: dict[str, Asset]) -> int:
 
 
 def _vendored_tag(tag: re.Match, page: Path, site: Path, by_url: dict[str, Asset]) -> str | None:
-    """A script or link ``tag`` of ``page`` that loads a known CDN address, rewritten to load the
-    vendored copy and without the attributes a file:// page refuses; None for any other tag."""
+    """A script or link ``tag`` of ``page`` from a known CDN, rewritten to load the vendored copy.
+
+    The rewritten tag also drops the attributes a file:// page refuses. None for any other tag
+    (one that loads no known CDN address).
+    """
     attrs = _attrs(tag["attrs"])
     known = [v.strip() for k, v, _ in attrs if k in ("src", "href") and v.strip() in by_url]
     if not known or tag["name"].lower() not in ("script", "link"):

@@ -63,8 +63,10 @@ def variant_names() -> list[str]:
 
 
 def default_variants() -> list[str]:
-    """The variants a sweep runs when none are named: every registered one but those that opt out
-    (``IN_DEFAULT_SWEEP = False``: compiled variants, which recompile per shape)."""
+    """The variants a sweep runs when none are named: every registered one but those opting out.
+
+    Opting out is ``IN_DEFAULT_SWEEP = False``: compiled variants, which recompile per shape.
+    """
     return [n for n in variant_names() if get_variant(n).IN_DEFAULT_SWEEP]
 
 

@@ -62,15 +62,19 @@ def _repeated(values: Sequence) -> str:
 
 
 def runnable_defaults(devices: Sequence[str]) -> list[str]:
-    """The default sweep's variants that run on one of ``devices`` at all (CUDA-only kernels drop
-    out on a CPU)."""
+    """The default sweep's variants that run on one of ``devices`` at all.
+
+    CUDA-only kernels drop out on a CPU.
+    """
     kinds = {d.split(":", 1)[0] for d in devices}  # "cuda:1" runs what "cuda" runs
     return [n for n in default_variants() if kinds & set(get_variant(n).SUPPORTED_DEVICES)]
 
 
 def device_only_defaults(devices: Sequence[str]) -> list[str]:
-    """The default sweep's variants left out because they run on none of ``devices`` (said once by
-    ``run``)."""
+    """The default sweep's variants left out because they run on none of ``devices``.
+
+    ``run`` says so once.
+    """
     runnable = set(runnable_defaults(devices))
     return [n for n in default_variants() if n not in runnable]
 
@@ -143,14 +147,18 @@ def _shapes(base: AttnSpec, head_dims: Sequence[int] | None, batches: Sequence[i
 
 
 def _lengths_of(workload: str, length: int, q_len: int) -> dict[str, int]:
-    """The spec fields a swept ``length`` sets: L = Lq = Lk for prefill; for decode, Lk (and Lq =
-    ``q_len``)."""
+    """The spec fields a swept ``length`` sets.
+
+    L = Lq = Lk for prefill; for decode, Lk (and Lq = ``q_len``).
+    """
     return {"seq_len": length} if workload == "prefill" else {"seq_len": q_len, "seq_len_k": length}
 
 
 def swept_length(spec: AttnSpec, workload: str) -> int:
-    """The length a workload sweeps (``contract.SWEPT_LENGTH``): L for prefill, the cache length Lk
-    for decode."""
+    """The length a workload sweeps: L for prefill, the cache length Lk for decode.
+
+    ``contract.SWEPT_LENGTH`` names the spec field it is.
+    """
     return spec.lk if SWEPT_LENGTH[workload] == "seq_len_k" else spec.lq
 
 
@@ -162,11 +170,13 @@ timed sweep, ends about when the sweep does."""
 
 def counted_cases(cases: Sequence[tuple[str, AttnSpec]], every: bool = False,
                   budget_s: float = COUNT_BUDGET_S) -> list[tuple[str, AttnSpec]]:
-    """The CPU cases ``attnbench run`` counts instructions for: with ``every``, all of them
-    (``--instructions``); by default those of the headline figure's variants and one per family
-    (:data:`~attnbench.contract.PROGRESSION`, :data:`~attnbench.contract.REPRESENTATIVES`), cheapest
-    first while their predicted valgrind time fits ``budget_s``: every counted variant gets its
-    short lengths, the long ones as the budget allows.
+    """The CPU cases ``attnbench run`` counts instructions for.
+
+    With ``every``, all of them (``--instructions``); by default those of the headline figure's
+    variants and one per family (:data:`~attnbench.contract.PROGRESSION`,
+    :data:`~attnbench.contract.REPRESENTATIVES`), cheapest first while their predicted valgrind time
+    fits ``budget_s``: every counted variant gets its short lengths, the long ones as the budget
+    allows.
     """
     from attnbench.contract import DETERMINISTIC_POINTS, PROGRESSION, REPRESENTATIVES
     from attnbench.measure.instructions import countable, within_budget
@@ -357,8 +367,10 @@ class RunDirError(ValueError):
 
 
 class RunWriteError(OSError):
-    """Writing into the run directory failed (a full disk, a quota, a file size limit): what was
-    logged before stays."""
+    """Writing into the run directory failed (a full disk, a quota, a file size limit).
+
+    What was logged before stays.
+    """
 
     def __init__(self, path: Path, exc: OSError) -> None:
         super().__init__(exc.errno, f"cannot write {path}: {exc.strerror or exc}")
@@ -375,8 +387,11 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _drop_torn_tail(path: Path) -> None:
-    """Cut a torn last line (a kill or a power cut while it was written) off the log, so appending
-    continues it after the last whole line instead of leaving the fragment inside."""
+    """Cut a torn last line (a kill or a power cut while it was written) off the log.
+
+    Appending then continues the log after the last whole line instead of leaving the fragment
+    inside.
+    """
     if not path.exists():
         return
     data = path.read_bytes()
@@ -573,8 +588,10 @@ class RunDirectory:
             raise RunWriteError(path, exc) from exc
 
     def _drop_partial_line(self, path: Path) -> None:
-        """After a failed append, close the log and cut what part of the line reached it (the next
-        session appends after the last whole line)."""
+        """After a failed append, close the log and cut what part of the line reached it.
+
+        The next session then appends after the last whole line.
+        """
         with contextlib.suppress(OSError):
             if self._file is not None:
                 self._file.close()
@@ -589,9 +606,11 @@ class RunDirectory:
         self.write_derived(seconds=seconds)
 
     def add_count(self, count: Count, *, seconds: float | None = None) -> None:
-        """Append one case's instruction count durably (counted beside the timed sweep, in any
-        order), then attach it to the case's measurement, if logged, and refresh the derived
-        files."""
+        """Append one case's instruction count durably, attach it and refresh the derived files.
+
+        Counts come beside the timed sweep, in any order; the count is attached to the case's
+        measurement if that is logged.
+        """
         key = case_key(count.variant, count.spec)
         self._append_line({"kind": "count", "case": key, "count": count_to_json(count)})
         self._counts[key] = count
@@ -612,8 +631,10 @@ class RunDirectory:
         return len(self.measurements) >= self.planned
 
     def write_derived(self, *, seconds: float | None = None) -> Path:
-        """Rewrite ``measurements.csv`` and ``manifest.json`` from the cases logged so far (each
-        atomically)."""
+        """Rewrite ``measurements.csv`` and ``manifest.json`` from the cases logged so far.
+
+        Each is written atomically.
+        """
         total = self.header.get("seconds_before", 0.0) + (seconds or 0.0)
         try:
             _write_derived(self.path, self.measurements, self.header, seconds=total, peak_gflops=self._peak,
@@ -685,13 +706,12 @@ def write_run(
     peak_gflops: dict[str, float] | None = None,
     peak_gbps: dict[str, float] | None = None,
 ) -> Path:
-    """Write a complete run directory for finished ``measurements`` (library use; the CLI logs as it
-    goes).
+    """Write a complete run directory for finished ``measurements``.
 
-    Writes ``cases.jsonl``, then ``measurements.csv`` and ``manifest.json`` atomically.
-    ``peak_gflops`` maps dtype -> this machine's matmul GFLOP/s (the roof for % of peak);
-    ``peak_gbps`` its measured memory bandwidth in GB/s, ``{"copy": ..., "triad": ...}`` (triad is
-    the roofline's roof).
+    For library use; the CLI logs as it goes. Writes ``cases.jsonl``, then ``measurements.csv`` and
+    ``manifest.json`` atomically. ``peak_gflops`` maps dtype -> this machine's matmul GFLOP/s (the
+    roof for % of peak); ``peak_gbps`` its measured memory bandwidth in GB/s,
+    ``{"copy": ..., "triad": ...}`` (triad is the roofline's roof).
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -97,8 +97,10 @@ def bench_pattern(names: Sequence[str]) -> str:
 
 
 def shard_environment(benchmark_dir: str | Path, index: int, count: int, grid: str | None = None) -> dict[str, str]:
-    """The variables a CI job sets: its grid's ``ATTNBENCH_ASV_*`` (``grid`` names one of
-    ``contract.GRIDS``) and :data:`BENCH_ENV`, the ``--bench`` pattern of its shard.
+    """The variables a CI job sets: its grid's settings and its shard's ``--bench`` pattern.
+
+    The grid's are ``ATTNBENCH_ASV_*`` (``grid`` names one of ``contract.GRIDS``); the ``--bench``
+    pattern of its shard is :data:`BENCH_ENV`.
 
     Raises:
         ShardError: an unknown grid, or a shard with nothing in it.

@@ -65,8 +65,10 @@ def _finish(rows: list[dict], problems: list[str], notes: list[str] | None = Non
 
 # ---- asv -------------------------------------------------------------------------------------
 def decode_param(value: object) -> object:
-    """An asv parameter as the value it names (asv stores ``repr`` strings: ``"'sdpa'"``,
-    ``"512"``); other text as is."""
+    """An asv parameter as the value it names; other text as is.
+
+    asv stores ``repr`` strings: ``"'sdpa'"``, ``"512"``.
+    """
     if not isinstance(value, str):
         return value
     try:
@@ -154,9 +156,11 @@ def load_asv(results_dir: str | Path) -> pd.DataFrame:
 
 
 def _apply_gate(rows: list[dict], path: Path, problems: list[str]) -> list[str]:
-    """Mark the time rows the regression gate could not decide (``undecided``, ``shown``) as
-    ``noisy``, with the gate's reason, and say which metrics decided: its results are then read as
-    the gate read them (notes returned)."""
+    """Mark the time rows the regression gate could not decide as ``noisy``, with its reason.
+
+    The rows it could not decide have the verdict ``undecided`` or ``shown``. The notes returned
+    say which metrics the gate decided: its results are then read as the gate read them.
+    """
     try:
         table = pd.read_csv(path, dtype={"base": str, "head": str})
         needed = {"metric", "variant", "seq_len", "mode", "mask", "verdict", "base", "head"}
@@ -559,8 +563,10 @@ def _cross_check(run_dir: Path, cases: Sequence[Measurement], logged: int, heade
 
 
 def _planned_done(log_path: Path, cases: Sequence[Measurement], keys: list | None, problems: list[str]) -> int:
-    """How many planned cases the log holds (``keys``: the header's plan; None: no list, every case
-    counts); cases it did not plan are named in ``problems``."""
+    """How many planned cases the log holds; cases it did not plan are named in ``problems``.
+
+    ``keys``: the header's plan; None: no list, every case counts.
+    """
     from attnbench.runs import case_key
 
     if keys is None:

@@ -289,8 +289,9 @@ def commit_order(commits: pd.DataFrame, repo: str | Path | None = None) -> tuple
 
 def find_steps(frame: pd.DataFrame, *, factors: dict[str, float] | None = None, window: int = DEFAULT_WINDOW,
                repo: str | Path | None = None, metrics: Sequence[str] = METRICS) -> History:
-    """Every step, drift and failure of ``frame`` (a tidy frame of asv results:
-    :func:`attnbench.analysis.frame.load`).
+    """Every step, drift and failure of ``frame``, a tidy frame of asv results.
+
+    The frame is one :func:`attnbench.analysis.frame.load` returns.
 
     Args:
         frame: rows of several commits (the rows without a commit, e.g. ``attnbench run``

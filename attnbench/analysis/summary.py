@@ -522,8 +522,11 @@ def _fastest(e: _Evidence) -> Finding | None:
 
 
 def _fit_verdicts(e: _Evidence) -> Finding | None:
-    """How many conclusive fits match the declared big-O, and which are steeper: the page's one
-    tally (:func:`complexity.tally` of every fit, as the exponents section counts them)."""
+    """How many conclusive fits match the declared big-O, and which are steeper.
+
+    The page's one tally: :func:`complexity.tally` of every fit, as the exponents section counts
+    them.
+    """
     t = complexity.tally(e.fits)
     if not t.judged:
         return None

@@ -1,5 +1,7 @@
-"""One self-contained HTML page (figures embedded as data URIs, no network requests), plus the
-figures as PNG and SVG files and the tidy table as CSV, all written atomically: the render step of
+"""The render step: one self-contained HTML page, plus its figures and tidy table as files.
+
+The page embeds its figures as data URIs and makes no network requests; the figures are also
+written as PNG and SVG files and the tidy table as CSV, all atomically. This is the render step of
 load -> analyse -> render (:mod:`attnbench.analysis.summary` loads and analyses).
 
 The page is a list of sections, each a small function of a :class:`Page` (the analysis, where
@@ -96,8 +98,10 @@ def _fig_to_files(fig: plt.Figure, stem: Path) -> str:
 
 
 def _rst_to_html(text: str) -> str:
-    """Escape a paragraph of reStructuredText (:data:`complexity.FIT_RULE`), render its ``literals``
-    and *emphasis*; line breaks are spaces."""
+    """Escape a paragraph of reStructuredText and render its ``literals`` and *emphasis*.
+
+    The paragraph is one such as :data:`complexity.FIT_RULE`; line breaks are spaces.
+    """
     out = html.escape(text.replace("\n", " "))
     out = re.sub(r"``(.+?)``", r"<code>\1</code>", out)
     return re.sub(r"\*(\w[^*]*?)\*", r"<em>\1</em>", out)
@@ -190,8 +194,10 @@ def _details(summary: str, body: str, open_: bool = False, ident: str = "") -> s
 
 
 def _html_page(title: str, body: str, generated: str) -> str:
-    """A whole page: ``title`` as its title and heading, then ``body``, the time it was
-    ``generated`` and the script that sorts its tables."""
+    """A whole page: ``title`` as its title and heading, then ``body``.
+
+    After the body come the time it was ``generated`` and the script that sorts its tables.
+    """
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             f"<title>{html.escape(title)}</title><style>{CSS}</style></head>"
             f"<body><h1>{html.escape(title)}</h1>{body}"

@@ -55,8 +55,11 @@ Never a median across shapes."""
 
 
 def series(df: pd.DataFrame, model: bool = True) -> pd.Series:
-    """Each row's series label: its variant, the shape settings that vary, and "(model)" for
-    predicted values (unless ``model`` is False: a figure that marks them by line style)."""
+    """Each row's series label: its variant and the shape settings that vary.
+
+    Predicted values also get "(model)", unless ``model`` is False (a figure that marks them by
+    line style).
+    """
     label = df["variant"].astype(str)
     for col, tag in SHAPE_TAGS:
         if col in df and df[col].nunique() > 1:
@@ -84,8 +87,10 @@ def colour(variant: str) -> tuple[float, float, float, float]:
 
 
 def _ok(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """Rows of one metric that measured something, with plain int lengths (seaborn's legends
-    cannot handle pandas' nullable Int64)."""
+    """Rows of one metric that measured something, with plain int lengths.
+
+    seaborn's legends cannot handle pandas' nullable Int64.
+    """
     df = frame[(frame["metric"] == metric) & (frame["status"] == Status.OK) & frame["value"].notna()].copy()
     for col in ("seq_len", "seq_len_k"):
         df[col] = df[col].astype("int64")
@@ -169,9 +174,11 @@ def _spread_bars(ax, x: pd.Series, y: pd.Series, spread: pd.Series, colour: tupl
 
 
 def _guides(ax, lengths: np.ndarray, anchor: float, exponents: tuple[float, ...] = (1.0, 2.0)) -> dict[str, tuple[float, float]]:
-    """Dashed O(n^p) lines through ``anchor`` at the shortest length; their names' places, for
-    :func:`_end_labels` (the ones that end inside the axes: the guides' names are spread with the
-    lines' own, never on them)."""
+    """Dashed O(n^p) lines through ``anchor`` at the shortest length; returns their names' places.
+
+    The places, of the ones that end inside the axes, are for :func:`_end_labels`: the guides'
+    names are spread with the lines' own, never on them.
+    """
     x = np.array([lengths.min(), lengths.max()], dtype=float)
     top = ax.get_ylim()[1]
     ends = {}
@@ -358,8 +365,11 @@ def _mark_crossover(ax, fits: pd.DataFrame | None, variant: str, s: pd.Series, s
 
 def _progression_panel(ax, metric: str, df: pd.DataFrame, fits: pd.DataFrame | None, shades: dict[str, tuple],
                        lengths: list[int]) -> None:
-    """One panel of :func:`progression`: a line per series of ``df`` in the order of ``shades``
-    (variant -> its colour), each labelled at its end with its fitted slope."""
+    """One panel of :func:`progression`: a line per series of ``df``, labelled with its slope.
+
+    The lines follow the order of ``shades`` (variant -> its colour); each is labelled at its end
+    with its fitted slope.
+    """
     ends, text, colours = {}, {}, {}
     df = df.assign(series=series(df, model=False))
     order = [s for v in shades for s in sorted(set(df.loc[df["variant"] == v, "series"]))]
@@ -578,8 +588,10 @@ def _crossover_cells(cross: pd.DataFrame, rows: list[str], cols: list[str]) -> t
 
 def _crossover_panel(ax, metric: str, cross: pd.DataFrame, rows: list[str], cols: list[str], half: float,
                      first: bool):
-    """One metric's variant x baseline matrix of :func:`crossover_matrix` (variant names on the
-    ``first`` panel only); returns its image, for the colour bar."""
+    """One metric's variant x baseline matrix of :func:`crossover_matrix`; returns its image.
+
+    Variant names go on the ``first`` panel only; the image is returned for the colour bar.
+    """
     ratio, text = _crossover_cells(cross, rows, cols)
     logr = np.log10(ratio)
     image = ax.imshow(logr, cmap="RdBu", norm=mcolors.Normalize(-half, half), aspect="auto")
@@ -598,9 +610,11 @@ def _crossover_panel(ax, metric: str, cross: pd.DataFrame, rows: list[str], cols
 
 
 def crossover_matrix(crosses: dict[str, pd.DataFrame] | pd.DataFrame, metric: str = "time") -> plt.Figure | None:
-    """Variant x baseline matrices, one panel per metric: the cell says from which L the variant is
-    faster (time) or smaller (memory) than the baseline at every longer L measured; its colour is
-    baseline / variant at the longest common L, on a log scale centred at 1x (clipped at 1000x).
+    """Variant x baseline matrices, one panel per metric: from which L each variant wins.
+
+    The cell says from which L the variant is faster (time) or smaller (memory) than the baseline
+    at every longer L measured; its colour is baseline / variant at the longest common L, on a log
+    scale centred at 1x (clipped at 1000x).
 
     Args:
         crosses: ``{metric: complexity.crossovers(...)}``, or one such table (of ``metric``).
