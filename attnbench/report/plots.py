@@ -320,7 +320,7 @@ def _fit_record(fits: pd.DataFrame | None, variant: str, metric: str, workload: 
 
 
 def _fit_label(fits: pd.DataFrame | None, variant: str, metric: str, workload: str = "prefill") -> str:
-    """"L^2.01" for a conclusive fit of ``workload``; "slope inconclusive", "model" or ""."""
+    """A fit's label for ``workload``: "L^2.01", "slope inconclusive", "model" or ""."""
     rec = _fit_record(fits, variant, metric, workload)
     if rec is None:
         return ""
