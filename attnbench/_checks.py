@@ -40,7 +40,9 @@ def check_qkv(
         if not t.is_floating_point():
             raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
         if 0 in t.shape:
-            raise ValueError(f"{name} must have no zero-sized dimension, got shape {tuple(t.shape)}")
+            raise ValueError(
+                f"{name} must have no zero-sized dimension, got shape {tuple(t.shape)}"
+            )
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
@@ -114,7 +116,9 @@ def check_scale(scale: object) -> float | None:
     if scale is None:
         return None
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise TypeError(f"scale must be a real number or None, got {type(scale).__name__} {scale!r}")
+        raise TypeError(
+            f"scale must be a real number or None, got {type(scale).__name__} {scale!r}"
+        )
     value = float(scale)
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"scale must be a finite number > 0 or None, got {scale!r}")
@@ -170,7 +174,9 @@ def check_seed(seed: object) -> int:
     return seed
 
 
-def check_number(name: str, value: object, low: float, high: float = math.inf, *, low_open: bool = True) -> float:
+def check_number(
+    name: str, value: object, low: float, high: float = math.inf, *, low_open: bool = True
+) -> float:
     """Return ``value`` if finite and in ``(low, high]`` (``[low, high]`` unless ``low_open``).
 
     Raises:
@@ -181,7 +187,9 @@ def check_number(name: str, value: object, low: float, high: float = math.inf, *
         raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
     inside = (value > low if low_open else value >= low) and value <= high
     if not (math.isfinite(value) and inside):
-        bound = f"{'>' if low_open else '>='} {low:g}" + (f" and <= {high:g}" if math.isfinite(high) else "")
+        bound = f"{'>' if low_open else '>='} {low:g}" + (
+            f" and <= {high:g}" if math.isfinite(high) else ""
+        )
         raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
     return float(value)
 
@@ -189,17 +197,23 @@ def check_number(name: str, value: object, low: float, high: float = math.inf, *
 def check_bool(name: str, value: object) -> bool:
     """Return ``value`` if a bool, else raise ``TypeError`` naming ``name`` (never truthiness)."""
     if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool (True or False), got {type(value).__name__} {value!r}")
+        raise TypeError(
+            f"{name} must be a bool (True or False), got {type(value).__name__} {value!r}"
+        )
     return value
 
 
 def check_float_dtype(name: str, dtype: object) -> torch.dtype:
     """Return ``dtype`` if a floating-point ``torch.dtype``, else raise ``TypeError`` naming it."""
     if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"{name} must be a floating-point torch.dtype such as torch.float64, "
-                        f"got {type(dtype).__name__} {dtype!r}")
+        raise TypeError(
+            f"{name} must be a floating-point torch.dtype such as torch.float64, "
+            f"got {type(dtype).__name__} {dtype!r}"
+        )
     if not dtype.is_floating_point:
-        raise TypeError(f"{name} must be a floating-point torch.dtype such as torch.float64, got {dtype}")
+        raise TypeError(
+            f"{name} must be a floating-point torch.dtype such as torch.float64, got {dtype}"
+        )
     return dtype
 
 
@@ -211,6 +225,10 @@ def check_device_available(name: str, device: torch.device | str) -> None:
     """
     kind = torch.device(device).type
     if kind not in ("cpu", "cuda"):
-        raise ValueError(f"{name}={str(device)!r}: attnbench runs on 'cpu' and 'cuda' devices, not {kind!r}")
+        raise ValueError(
+            f"{name}={str(device)!r}: attnbench runs on 'cpu' and 'cuda' devices, not {kind!r}"
+        )
     if kind == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"{name}={str(device)!r} needs CUDA, which is not available on this machine; use 'cpu'")
+        raise ValueError(
+            f"{name}={str(device)!r} needs CUDA, which is not available on this machine; use 'cpu'"
+        )

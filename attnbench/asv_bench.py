@@ -57,7 +57,9 @@ for results you keep."""
 TIER, GRID = contract.asv_tier()
 DECODE_GRID, GQA_GRID = contract.GRIDS["asv-decode"], contract.GRIDS["asv-gqa"]
 LENGTHS = environ.read_list(contract.ENV_LENGTHS, list(GRID.lengths))
-DEVICES = environ.read_list(contract.ENV_DEVICES, list(GRID.devices or (["cpu", "cuda"] if CUDA else ["cpu"])))
+DEVICES = environ.read_list(
+    contract.ENV_DEVICES, list(GRID.devices or (["cpu", "cuda"] if CUDA else ["cpu"]))
+)
 MODES = environ.read_list(contract.ENV_MODES, list(GRID.modes))
 MASKS = environ.read_list(contract.ENV_MASKS, list(GRID.masks))
 """Mask kinds of the grid: none and causal, the one models run (the CI subset keeps ``none``)."""
@@ -71,8 +73,11 @@ def _tier_variants(grid: contract.Grid) -> list[str]:
     backends drop out on CPU boxes; compiled variants, which recompile for every parameter set, are
     opt-in by name).
     """
-    runs = [n for n in default_variants() if any(not get_variant(n).not_supported_reasons(BASE.replace(device=d))
-                                                 for d in DEVICES)]
+    runs = [
+        n
+        for n in default_variants()
+        if any(not get_variant(n).not_supported_reasons(BASE.replace(device=d)) for d in DEVICES)
+    ]
     if grid.variants is None:
         return runs
     builtin = {name for name, _, _ in BUILTINS}
@@ -85,7 +90,13 @@ MAX_CALL_SECONDS = environ.read_number(contract.ENV_MAX_CALL_S, contract.ASV_MAX
 COUNT_BUDGET_S: float | None = environ.read_budget(contract.ENV_COUNT_BUDGET_S, GRID.count_budget_s)
 """Predicted valgrind seconds the ``Instructions`` class may spend (cheapest first; None: all)."""
 
-PARAMS: dict[str, list] = {"variant": VARIANTS, "seq_len": LENGTHS, "device": DEVICES, "mode": MODES, "mask": MASKS}
+PARAMS: dict[str, list] = {
+    "variant": VARIANTS,
+    "seq_len": LENGTHS,
+    "device": DEVICES,
+    "mode": MODES,
+    "mask": MASKS,
+}
 DECODE_PARAMS: dict[str, list] = {
     "variant": environ.read_list(contract.ENV_VARIANTS, list(DECODE_GRID.variants or ())),
     "seq_len_k": environ.read_list(contract.ENV_DECODE_LENGTHS, list(DECODE_GRID.lengths)),
@@ -181,7 +192,9 @@ def use(verdicts: dict | None) -> None:
         _VERDICTS.update(verdicts)
 
 
-def prepare(variant: str, seq_len: int, device: str, mode: str = "forward", mask: str = "none") -> Prepared:
+def prepare(
+    variant: str, seq_len: int, device: str, mode: str = "forward", mask: str = "none"
+) -> Prepared:
     """Guard, inputs, the first (warm-up) call of the timed closure and the gate on its result.
 
     Raises:
@@ -240,7 +253,12 @@ def judge(variant: str, spec: AttnSpec) -> Prepared:
 def _verdict_of(prepared: Prepared) -> Verdict:
     checked = prepared.checked
     if checked is not None and not checked.passed:
-        return Verdict(VerdictStatus.WRONG, f"{prepared.variant} {prepared.spec.label}: {checked.reason()}", checked, prepared.note)
+        return Verdict(
+            VerdictStatus.WRONG,
+            f"{prepared.variant} {prepared.spec.label}: {checked.reason()}",
+            checked,
+            prepared.note,
+        )
     return Verdict(VerdictStatus.OK, "", checked, prepared.note)
 
 
@@ -287,8 +305,11 @@ def _raise_unless_runs(known: Verdict, gated: bool = True) -> None:
         raise WrongResult(known.reason)
 
 
-def grid_verdicts(table: dict[str, list] | None = None, spec_of: Callable[..., AttnSpec] | None = None,
-                  measure: Sequence[str] = ("peak_tensor_bytes",)) -> dict:
+def grid_verdicts(
+    table: dict[str, list] | None = None,
+    spec_of: Callable[..., AttnSpec] | None = None,
+    measure: Sequence[str] = ("peak_tensor_bytes",),
+) -> dict:
     """``setup_cache`` of a class family: every case of its grid judged once (:func:`judge`).
 
     The verdicts are :class:`Verdict` s keyed by ``(variant, spec)``, for asv to hand to every
@@ -309,24 +330,35 @@ def grid_verdicts(table: dict[str, list] | None = None, spec_of: Callable[..., A
     combos = list(itertools.product(*table.values()))
     verdicts: dict[tuple[str, AttnSpec], Verdict] = {}
     start = time.perf_counter()
-    print(f"attnbench: the correctness gate on {len(combos)} cases, "
-          "once for every benchmark of this grid", flush=True)
+    print(
+        f"attnbench: the correctness gate on {len(combos)} cases, "
+        "once for every benchmark of this grid",
+        flush=True,
+    )
     for i, (variant, *rest) in enumerate(combos, 1):
         spec = spec_of(*rest)
         try:
             prepared = judge(variant, spec)
             found = _verdict_of(prepared)
             if found.status == VerdictStatus.OK:
-                found = dataclasses.replace(found, values=tuple((m, ONCE[m](prepared)) for m in measure))
+                found = dataclasses.replace(
+                    found, values=tuple((m, ONCE[m](prepared)) for m in measure)
+                )
             del prepared
         except NotImplementedError as exc:
             found = Verdict(VerdictStatus.NOT_APPLICABLE, str(exc))
         except Exception as exc:  # noqa: BLE001
             # one case's failure is its own benchmarks' failure, not the grid's
-            found = Verdict(VerdictStatus.ERROR, f"setting {variant} {spec.label} up failed: {type(exc).__name__}: {exc}")
+            found = Verdict(
+                VerdictStatus.ERROR,
+                f"setting {variant} {spec.label} up failed: {type(exc).__name__}: {exc}",
+            )
         verdicts[(variant, spec)] = found
-        print(f"attnbench: case {i} of {len(combos)}, {variant} {spec.label}: {found.status} "
-              f"({time.perf_counter() - start:.0f} s elapsed)", flush=True)
+        print(
+            f"attnbench: case {i} of {len(combos)}, {variant} {spec.label}: {found.status} "
+            f"({time.perf_counter() - start:.0f} s elapsed)",
+            flush=True,
+        )
     return verdicts
 
 
@@ -415,8 +447,15 @@ def timed_case(
     TIMER.take()  # the sample starts afresh
     _pending = None
     if os.environ.get(contract.ENV_PROBE_LOG):
-        _pending = {"commit": os.environ.get("ASV_COMMIT", ""), "variant": variant, "seq_len": seq_len,
-                    "device": device, "mode": mode, "mask": mask, "probe_s": probe.probe_seconds(spec.device)}
+        _pending = {
+            "commit": os.environ.get("ASV_COMMIT", ""),
+            "variant": variant,
+            "seq_len": seq_len,
+            "device": device,
+            "mode": mode,
+            "mask": mask,
+            "probe_s": probe.probe_seconds(spec.device),
+        }
     return call, spec
 
 
@@ -452,7 +491,9 @@ def _gated_prepared(variant: str, spec: AttnSpec) -> Prepared:
     return prepare_spec(variant, spec)
 
 
-def check(variant: str, seq_len: int, device: str, mode: str = "forward", mask: str = "none") -> None:
+def check(
+    variant: str, seq_len: int, device: str, mode: str = "forward", mask: str = "none"
+) -> None:
     """``setup`` of a class whose methods build the case only if they need it: the verdict decides.
 
     Raises:
@@ -469,7 +510,9 @@ def decode_case(variant: str, seq_len_k: int, device: str) -> tuple[Callable[[],
 
 
 def _decode_spec(seq_len_k: int, device: str) -> AttnSpec:
-    return contract.asv_case(contract.DECODE_TIME_BENCHMARK, {"seq_len_k": seq_len_k, "device": device}, BASE)[0]
+    return contract.asv_case(
+        contract.DECODE_TIME_BENCHMARK, {"seq_len_k": seq_len_k, "device": device}, BASE
+    )[0]
 
 
 def gqa_case(variant: str, seq_len: int, device: str) -> tuple[Callable[[], object], AttnSpec]:
@@ -478,7 +521,9 @@ def gqa_case(variant: str, seq_len: int, device: str) -> tuple[Callable[[], obje
 
 
 def _gqa_spec(seq_len: int, device: str) -> AttnSpec:
-    return contract.asv_case(contract.GQA_TIME_BENCHMARK, {"seq_len": seq_len, "device": device}, BASE)[0]
+    return contract.asv_case(
+        contract.GQA_TIME_BENCHMARK, {"seq_len": seq_len, "device": device}, BASE
+    )[0]
 
 
 def decode_verdicts() -> dict:
@@ -532,10 +577,17 @@ def _page_faults(prepared: Prepared) -> float:
 
 MEASURES: dict[str, Callable[[Prepared], float]] = {
     "peak_tensor_bytes": _peak_tensor_bytes,
-    "gflops": lambda p: get_variant(p.variant).flops(p.spec).executed / _median_seconds(
-        p, TimerConfig(min_runs=3, min_time=0.1, max_time=2.0)) / 1e9,
+    "gflops": lambda p: (
+        get_variant(p.variant).flops(p.spec).executed
+        / _median_seconds(p, TimerConfig(min_runs=3, min_time=0.1, max_time=2.0))
+        / 1e9
+    ),
     "cuda_time": lambda p: _median_seconds(p, TimerConfig(min_runs=10, min_time=0.2, max_time=2.0)),
-    "gbps": lambda p: p.spec.bytes_moved / _median_seconds(p, TimerConfig(min_runs=5, min_time=0.1, max_time=2.0)) / 1e9,
+    "gbps": lambda p: (
+        p.spec.bytes_moved
+        / _median_seconds(p, TimerConfig(min_runs=5, min_time=0.1, max_time=2.0))
+        / 1e9
+    ),
     "page_faults": _page_faults,
 }
 """How asv measures a tracked metric on a prepared (built, warmed-up) case, in the metric's unit. A
@@ -552,15 +604,21 @@ process sees, so they stay in their own."""
 FROM_VERDICT: dict[str, Callable[[str, AttnSpec, Verdict], float]] = {
     # deterministic: the gate is strict on it
     "flops": lambda v, spec, _: float(get_variant(v).flops(spec).executed),
-    "max_error": lambda v, spec, found: math.nan if found.checked is None else found.checked.max_error,
-    "error_ratio": lambda v, spec, found: math.nan if found.checked is None else found.checked.error_ratio,
+    "max_error": lambda v, spec, found: (
+        math.nan if found.checked is None else found.checked.max_error
+    ),
+    "error_ratio": lambda v, spec, found: (
+        math.nan if found.checked is None else found.checked.error_ratio
+    ),
 }
 """Metrics read from the case's :class:`Verdict` alone: their processes build and call nothing."""
 
 
 def _runner_value(metric: contract.Metric, prepared: Prepared) -> float:
     if metric.field is None:
-        raise NotImplementedError(f"metric {metric.name!r} names no Measurement field and has no asv measure")
+        raise NotImplementedError(
+            f"metric {metric.name!r} names no Measurement field and has no asv measure"
+        )
     measured = runner.measure(prepared.variant, prepared.spec, GATE_CONFIG)
     return float(contract.metric_value(measured, metric.field))
 
@@ -625,25 +683,42 @@ def instruction_counts() -> dict:
     start = time.perf_counter()
 
     def progress(done: int, total: int, count) -> None:
-        print(f"attnbench: case {done} of {total}, {count.variant} {count.spec.label}: "
-              f"{count.status} ({time.perf_counter() - start:.0f} s elapsed)", flush=True)
+        print(
+            f"attnbench: case {done} of {total}, {count.variant} {count.spec.label}: "
+            f"{count.status} ({time.perf_counter() - start:.0f} s elapsed)",
+            flush=True,
+        )
 
-    counts = dict(zip(todo, count_instructions([cases[i] for i in todo], config, progress=progress), strict=True))
+    counts = dict(
+        zip(
+            todo,
+            count_instructions([cases[i] for i in todo], config, progress=progress),
+            strict=True,
+        )
+    )
     out = {}
     for i, c in enumerate(combos):
         count = counts.get(i)
-        out[tuple(c.values())] = ((contract.Status.SKIPPED, math.nan, left_out[i], "") if count is None
-                                  else (count.status, count.instructions, count.reason, count.valgrind))
+        out[tuple(c.values())] = (
+            (contract.Status.SKIPPED, math.nan, left_out[i], "")
+            if count is None
+            else (count.status, count.instructions, count.reason, count.valgrind)
+        )
     return out
 
 
 def _print_count_plan(todo: int, cases: int, left_out: int) -> None:
     """Say to asv's log how many cases go to the counter, and why the others do not."""
-    budget = ("no budget: every case" if COUNT_BUDGET_S is None
-              else f"{left_out} beyond a budget of {COUNT_BUDGET_S:g} s predicted under valgrind")
-    print(f"attnbench: instruction counts: {todo} of {cases} CPU cases go to the counter "
-          f"({budget}); one valgrind process, in which torch takes half a minute to three to start",
-          flush=True)
+    budget = (
+        "no budget: every case"
+        if COUNT_BUDGET_S is None
+        else f"{left_out} beyond a budget of {COUNT_BUDGET_S:g} s predicted under valgrind"
+    )
+    print(
+        f"attnbench: instruction counts: {todo} of {cases} CPU cases go to the counter "
+        f"({budget}); one valgrind process, in which torch takes half a minute to three to start",
+        flush=True,
+    )
 
 
 def instruction_case(counts: dict, *params: object) -> float:
@@ -656,7 +731,9 @@ def instruction_case(counts: dict, *params: object) -> float:
     """
     if "missing" in counts:
         raise NotImplementedError(counts["missing"])
-    status, value, reason, _ = counts.get(tuple(params), (contract.Status.SKIPPED, math.nan, "not on CPU", ""))
+    status, value, reason, _ = counts.get(
+        tuple(params), (contract.Status.SKIPPED, math.nan, "not on CPU", "")
+    )
     if status == contract.Status.WRONG:
         raise WrongResult(f"{params[0]}: {reason}")
     if status == contract.Status.ERROR:
@@ -671,16 +748,21 @@ CACHED: dict[str, Callable[..., float]] = {"instructions": instruction_case}
 metric -> (cache, *params) -> value."""
 
 
-def _track_method(metric: contract.Metric, owner: str, method: str, cls: type) -> Callable[..., float]:
+def _track_method(
+    metric: contract.Metric, owner: str, method: str, cls: type
+) -> Callable[..., float]:
     # measured for every case at once in setup_cache
     if metric.name in CACHED and hasattr(cls, "setup_cache"):
+
         def track_metric(self: object, cache: object, *params: object) -> float:
             return CACHED[metric.name](cache, *params) / metric.asv_factor
     elif hasattr(cls, "setup_cache"):  # the cache holds the grid's verdicts (grid_verdicts)
+
         def track_metric(self: object, verdicts: dict, *params: object) -> float:
             use(verdicts)
             return track(metric.name, owner, *params)
     else:
+
         def track_metric(self: object, *params: object) -> float:
             return track(metric.name, owner, *params)
 

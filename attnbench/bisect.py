@@ -35,7 +35,10 @@ from attnbench.contract import GateVerdict, Status
 
 METRICS = ("instructions", "peak_tensor_bytes", "time")
 """What a bisection can search on: the gate's deterministic metrics, and time."""
-BENCHMARKS = {"instructions": contract.INSTRUCTIONS_BENCHMARK, "peak_tensor_bytes": contract.TENSOR_BYTES_BENCHMARK}
+BENCHMARKS = {
+    "instructions": contract.INSTRUCTIONS_BENCHMARK,
+    "peak_tensor_bytes": contract.TENSOR_BYTES_BENCHMARK,
+}
 """The asv benchmark each deterministic metric is read from."""
 
 
@@ -99,7 +102,7 @@ class Bisection:
         """The commits the first bad one is among where the search could not name it, else none."""
         if self.first_bad is not None or self.nothing or self.high < 0:
             return []
-        return self.candidates[self.low + 1:self.high + 1]
+        return self.candidates[self.low + 1 : self.high + 1]
 
     @property
     def nothing(self) -> bool:
@@ -110,7 +113,9 @@ class Bisection:
 Judge = Callable[[str], Probe]
 
 
-def search(state: Bisection, judge: Judge, progress: Callable[[Probe, int], None] | None = None) -> Bisection:
+def search(
+    state: Bisection, judge: Judge, progress: Callable[[Probe, int], None] | None = None
+) -> Bisection:
     """Binary search over ``state.candidates`` (BAD, the last, taken to be bad) with ``judge``.
 
     ``judge(commit)`` measures a commit and returns its :class:`Probe`; ``progress(probe, number)``
@@ -163,14 +168,27 @@ def candidates(repo: Path, good: str, bad: str) -> tuple[str, str, list[str], di
     good_hash = _git(repo, "rev-parse", "--verify", f"{good}^{{commit}}")
     bad_hash = _git(repo, "rev-parse", "--verify", f"{bad}^{{commit}}")
     if good_hash == bad_hash:
-        raise BisectError(f"GOOD {good!r} and BAD {bad!r} are the same commit ({good_hash[:12]}): "
-                          "nothing to search")
-    if subprocess.run(["git", "merge-base", "--is-ancestor", good_hash, bad_hash], cwd=repo).returncode != 0:
-        raise BisectError(f"GOOD {good!r} ({good_hash[:12]}) is not an ancestor of BAD {bad!r} ({bad_hash[:12]})")
-    commits = _git(repo, "rev-list", "--first-parent", "--reverse", f"{good_hash}..{bad_hash}").split()
+        raise BisectError(
+            f"GOOD {good!r} and BAD {bad!r} are the same commit ({good_hash[:12]}): "
+            "nothing to search"
+        )
+    if (
+        subprocess.run(
+            ["git", "merge-base", "--is-ancestor", good_hash, bad_hash], cwd=repo
+        ).returncode
+        != 0
+    ):
+        raise BisectError(
+            f"GOOD {good!r} ({good_hash[:12]}) is not an ancestor of BAD {bad!r} ({bad_hash[:12]})"
+        )
+    commits = _git(
+        repo, "rev-list", "--first-parent", "--reverse", f"{good_hash}..{bad_hash}"
+    ).split()
     if not commits:
         raise BisectError(f"no first-parent commit between {good!r} and {bad!r}")
-    log = _git(repo, "log", "--no-walk=unsorted", "--format=%H %s", good_hash, *commits).splitlines()
+    log = _git(
+        repo, "log", "--no-walk=unsorted", "--format=%H %s", good_hash, *commits
+    ).splitlines()
     subjects = dict(line.split(" ", 1) if " " in line else (line, "") for line in log)
     return good_hash, bad_hash, commits, subjects
 
@@ -197,10 +215,16 @@ def case_subset(cases: Sequence[str]) -> dict[str, str]:
             raise BisectError(f"--case {case!r}: unknown variant {found[1]!r}")
         variants += [found[1]] if found[1] not in variants else []
         lengths += [found[2]] if found[2] not in lengths else []
-    return {contract.ENV_VARIANTS: ",".join(variants), contract.ENV_LENGTHS: ",".join(lengths)} if cases else {}
+    return (
+        {contract.ENV_VARIANTS: ",".join(variants), contract.ENV_LENGTHS: ",".join(lengths)}
+        if cases
+        else {}
+    )
 
 
-def judge_table(table: pd.DataFrame, metric: str, commit: str, subject: str, elapsed_s: float) -> Probe:
+def judge_table(
+    table: pd.DataFrame, metric: str, commit: str, subject: str, elapsed_s: float
+) -> Probe:
     """A probe's verdict from the gate's table of GOOD and the commit (:func:`regress.compare`)."""
     rows = table[table["metric"] == metric]
     if metric != "time":  # a wrong result shows on the error ratio's rows too
@@ -209,7 +233,12 @@ def judge_table(table: pd.DataFrame, metric: str, commit: str, subject: str, ela
     if not len(ran):
         return _skipped(commit, subject, f"GOOD measured no {metric} case", elapsed_s)
     if (ran["head_status"] != Status.OK).all() and not (ran["verdict"] == GateVerdict.WRONG).any():
-        return _skipped(commit, subject, f"no case could be measured ({len(ran)} failed): see asv.log", elapsed_s)
+        return _skipped(
+            commit,
+            subject,
+            f"no case could be measured ({len(ran)} failed): see asv.log",
+            elapsed_s,
+        )
     compared = ran[ran["ratio"].notna()]
     worst = compared.loc[compared["ratio"].idxmax()] if len(compared) else ran.iloc[0]
     ratio = float(worst["ratio"]) if len(compared) else math.nan
@@ -220,24 +249,51 @@ def judge_table(table: pd.DataFrame, metric: str, commit: str, subject: str, ela
         why = first["reason"] or first["verdict"]
         if first["head_status"] != Status.OK:
             why = f"{first['verdict']}: {first['head_status']} on this commit"
-        return Probe(commit, subject, ProbeVerdict.BAD, float(first["ratio"]), steps_.case_label(first.to_dict()),
-                     f"{len(bad)} case(s) beyond the factor; worst: {why}", elapsed_s)
+        return Probe(
+            commit,
+            subject,
+            ProbeVerdict.BAD,
+            float(first["ratio"]),
+            steps_.case_label(first.to_dict()),
+            f"{len(bad)} case(s) beyond the factor; worst: {why}",
+            elapsed_s,
+        )
     undecided = ran[ran["verdict"] == GateVerdict.UNDECIDED]
     if len(undecided):
-        return Probe(commit, subject, ProbeVerdict.UNDECIDED, ratio, label,
-                     f"{len(undecided)} time case(s) undecided: {undecided['reason'].iloc[0]}", elapsed_s)
-    return Probe(commit, subject, ProbeVerdict.GOOD, ratio, label, "every case within the factor", elapsed_s)
+        return Probe(
+            commit,
+            subject,
+            ProbeVerdict.UNDECIDED,
+            ratio,
+            label,
+            f"{len(undecided)} time case(s) undecided: {undecided['reason'].iloc[0]}",
+            elapsed_s,
+        )
+    return Probe(
+        commit, subject, ProbeVerdict.GOOD, ratio, label, "every case within the factor", elapsed_s
+    )
 
 
 def _skipped(commit: str, subject: str, reason: str, elapsed_s: float) -> Probe:
     return Probe(commit, subject, ProbeVerdict.SKIP, math.nan, "", reason, elapsed_s)
 
 
-def bisect(good: str, bad: str, *, repo: str | Path = ".", metric: str = "instructions", cases: Sequence[str] = (),
-           work_dir: str | Path | None = ".asv/bisect", machine: str = "attnbench-ci",
-           instructions_factor: float = contract.INSTRUCTIONS_FACTOR, memory_factor: float = 1.1,
-           time_factor: float = 1.2, rounds: int = 2, progress: Callable[[str], None] | None = None,
-           on_probe: Callable[[Probe, int], None] | None = None) -> Bisection:
+def bisect(
+    good: str,
+    bad: str,
+    *,
+    repo: str | Path = ".",
+    metric: str = "instructions",
+    cases: Sequence[str] = (),
+    work_dir: str | Path | None = ".asv/bisect",
+    machine: str = "attnbench-ci",
+    instructions_factor: float = contract.INSTRUCTIONS_FACTOR,
+    memory_factor: float = 1.1,
+    time_factor: float = 1.2,
+    rounds: int = 2,
+    progress: Callable[[str], None] | None = None,
+    on_probe: Callable[[Probe, int], None] | None = None,
+) -> Bisection:
     """The first commit after ``good`` up to ``bad`` whose ``metric`` exceeds GOOD's by its factor.
 
     Args:
@@ -263,9 +319,17 @@ def bisect(good: str, bad: str, *, repo: str | Path = ".", metric: str = "instru
     subset = case_subset(cases) or None
     started = time.monotonic()
     if metric == "time":
-        gate = functools.partial(regress.regress_many, repo=repo, subset=subset, work_dir=work_dir,
-                                 machine=machine, time_factor=time_factor, memory_factor=memory_factor,
-                                 rounds=rounds, progress=say)
+        gate = functools.partial(
+            regress.regress_many,
+            repo=repo,
+            subset=subset,
+            work_dir=work_dir,
+            machine=machine,
+            time_factor=time_factor,
+            memory_factor=memory_factor,
+            rounds=rounds,
+            progress=say,
+        )
         judge = _time_judge(state, gate)
     else:
         session = regress.AsvSession.open(repo, work_dir, subset, machine, None, say)
@@ -276,8 +340,9 @@ def bisect(good: str, bad: str, *, repo: str | Path = ".", metric: str = "instru
     return state
 
 
-def _check_arguments(repo: Path, metric: str, instructions_factor: float, memory_factor: float,
-                     time_factor: float) -> None:
+def _check_arguments(
+    repo: Path, metric: str, instructions_factor: float, memory_factor: float, time_factor: float
+) -> None:
     """Raise for arguments a bisect cannot run with.
 
     BisectError for an unknown metric or a ``repo`` without asv.conf.json, ValueError for a bad
@@ -287,7 +352,11 @@ def _check_arguments(repo: Path, metric: str, instructions_factor: float, memory
 
     if metric not in METRICS:
         raise BisectError(f"--metric must be one of {', '.join(METRICS)}, got {metric!r}")
-    factor = {"instructions": instructions_factor, "peak_tensor_bytes": memory_factor, "time": time_factor}[metric]
+    factor = {
+        "instructions": instructions_factor,
+        "peak_tensor_bytes": memory_factor,
+        "time": time_factor,
+    }[metric]
     significance.check_factor(f"{metric} factor", factor)
     if metric == "instructions":
         from attnbench.measure.instructions import missing_message, valgrind_version
@@ -302,19 +371,25 @@ def _measure_good(session, state: Bisection) -> None:
     """GOOD's measures, which every probe is judged against (RegressError where it has none)."""
     clock = time.monotonic()
     subset = session.subset
-    session.say(f"measuring GOOD {state.good[:10]} ({state.subjects.get(state.good, '')[:60]}): "
-                f"{state.metric} of {subset.get(contract.ENV_VARIANTS)} "
-                f"at L={subset.get(contract.ENV_LENGTHS)} "
-                "(the first run builds asv's pinned virtualenv: minutes)")
+    session.say(
+        f"measuring GOOD {state.good[:10]} ({state.subjects.get(state.good, '')[:60]}): "
+        f"{state.metric} of {subset.get(contract.ENV_VARIANTS)} "
+        f"at L={subset.get(contract.ENV_LENGTHS)} "
+        "(the first run builds asv's pinned virtualenv: minutes)"
+    )
     session.run([state.good], BENCHMARKS[state.metric])
     session.load([state.good])  # GOOD must measure: RegressError otherwise
     n = len(state.candidates)
-    session.say(f"GOOD measured in {time.monotonic() - clock:.0f} s; {n} candidate commits: "
-                f"{max(1, math.ceil(math.log2(n)))} probes "
-                "(one more where the search ends on BAD unmeasured)")
+    session.say(
+        f"GOOD measured in {time.monotonic() - clock:.0f} s; {n} candidate commits: "
+        f"{max(1, math.ceil(math.log2(n)))} probes "
+        "(one more where the search ends on BAD unmeasured)"
+    )
 
 
-def _exact_judge(session, state: Bisection, instructions_factor: float, memory_factor: float) -> Judge:
+def _exact_judge(
+    session, state: Bisection, instructions_factor: float, memory_factor: float
+) -> Judge:
     """Each probe one asv run of the commit, compared with GOOD's results in the same session."""
     from attnbench import regress
 
@@ -326,9 +401,14 @@ def _exact_judge(session, state: Bisection, instructions_factor: float, memory_f
             frame, _ = session.load([state.good, commit])
         except regress.RegressError as exc:
             return _skipped(commit, subject, _skip_reason(str(exc)), time.monotonic() - clock)
-        table = regress.compare(frame, state.good, commit, memory_factor=memory_factor,
-                                instructions_factor=instructions_factor,
-                                metric="instructions" if state.metric == "instructions" else "time")
+        table = regress.compare(
+            frame,
+            state.good,
+            commit,
+            memory_factor=memory_factor,
+            instructions_factor=instructions_factor,
+            metric="instructions" if state.metric == "instructions" else "time",
+        )
         return judge_table(table, state.metric, commit, subject, time.monotonic() - clock)
 
     return judge
@@ -357,7 +437,10 @@ def _skip_reason(message: str) -> str:
     """Why a commit gave no results: asv's log line saying so (a build error), else ``message``."""
     lines = [line.strip() for line in message.splitlines() if line.strip()]
     for line in reversed(lines):
-        if re.search(r"(Error|error:|failed|Traceback)", line) and "asv produced no results" not in line:
+        if (
+            re.search(r"(Error|error:|failed|Traceback)", line)
+            and "asv produced no results" not in line
+        ):
             return f"does not build or measure: {line[:160]}"
     return f"does not build or measure: {lines[0][:160] if lines else 'asv produced no results'}"
 
@@ -367,9 +450,13 @@ def probe_line(probe: Probe, number: int, metric: str) -> str:
     """A probe as the command prints it: commit, verdict, worst ratio and case, seconds, subject."""
     ratio = "" if math.isnan(probe.ratio) else f" {text.ratio(probe.ratio, metric)}"
     where = f" ({probe.case})" if probe.case and ratio else ""
-    why = f" [{probe.reason}]" if probe.verdict in (ProbeVerdict.SKIP, ProbeVerdict.UNDECIDED) else ""
-    return (f"probe {number}: {probe.commit[:10]} {probe.verdict}{ratio}{where} "
-            f"in {probe.elapsed_s:.0f} s: {probe.subject[:60]}{why}")
+    why = (
+        f" [{probe.reason}]" if probe.verdict in (ProbeVerdict.SKIP, ProbeVerdict.UNDECIDED) else ""
+    )
+    return (
+        f"probe {number}: {probe.commit[:10]} {probe.verdict}{ratio}{where} "
+        f"in {probe.elapsed_s:.0f} s: {probe.subject[:60]}{why}"
+    )
 
 
 def answer(state: Bisection) -> tuple[int, list[str]]:
@@ -379,24 +466,40 @@ def answer(state: Bisection) -> tuple[int, list[str]]:
     culprit = state.culprit
     if culprit is not None:
         ratio = text.ratio(culprit.ratio, state.metric)
-        return 1, [f"first bad commit: {culprit.commit} {ratio} {state.metric} ({culprit.case}) "
-                   f"\"{culprit.subject}\"", f"  {culprit.reason}", f"  {took}"]
+        return 1, [
+            f"first bad commit: {culprit.commit} {ratio} {state.metric} ({culprit.case}) "
+            f'"{culprit.subject}"',
+            f"  {culprit.reason}",
+            f"  {took}",
+        ]
     if state.nothing:
-        return 0, [f"nothing exceeds GOOD {state.good[:10]} by the factor "
-                   f"up to BAD {state.bad[:10]} ({took})"]
+        return 0, [
+            f"nothing exceeds GOOD {state.good[:10]} by the factor "
+            f"up to BAD {state.bad[:10]} ({took})"
+        ]
     unresolved = state.unresolved
     verdicts = state.verdicts
     end = verdicts.get(state.candidates[state.high]) if state.high >= 0 else None
     # only BAD itself can be neither good nor bad here
     if end is not None and end.verdict != ProbeVerdict.BAD:
-        lines = [f"BAD {state.bad[:10]} could not be shown to exceed GOOD: "
-                 f"{end.verdict} ({end.reason}); {took}"]
+        lines = [
+            f"BAD {state.bad[:10]} could not be shown to exceed GOOD: "
+            f"{end.verdict} ({end.reason}); {took}"
+        ]
         if len(unresolved) > 1:
-            lines.append(f"  and {len(unresolved) - 1} commit(s) before it could not be judged either:")
-            lines += [f"  {c[:10]} [{verdicts[c].verdict}: {verdicts[c].reason}]" for c in unresolved[:-1] if c in verdicts]
+            lines.append(
+                f"  and {len(unresolved) - 1} commit(s) before it could not be judged either:"
+            )
+            lines += [
+                f"  {c[:10]} [{verdicts[c].verdict}: {verdicts[c].reason}]"
+                for c in unresolved[:-1]
+                if c in verdicts
+            ]
         return 4, lines
-    lines = [f"the first bad commit is one of {len(unresolved)} "
-             f"(the search could narrow no further; {took}):"]
+    lines = [
+        f"the first bad commit is one of {len(unresolved)} "
+        f"(the search could narrow no further; {took}):"
+    ]
     for commit in unresolved:
         probe = verdicts.get(commit)
         mark = f"{probe.verdict}: {probe.reason}" if probe else "not measured"

@@ -49,14 +49,25 @@ class CallInfo:
     def from_spec(cls, spec: AttnSpec) -> CallInfo:
         """The call a spec describes (its inputs are contiguous, as ``make_inputs`` builds them)."""
         return cls(
-            device=spec.device_type, dtype=spec.dtype, batch=spec.batch, heads=spec.heads,
-            lq=spec.lq, lk=spec.lk, d=spec.head_dim, dv=spec.dv,
-            mask_kinds=frozenset({spec.mask}), backward=spec.mode == "backward", kv_heads=spec.hkv,
+            device=spec.device_type,
+            dtype=spec.dtype,
+            batch=spec.batch,
+            heads=spec.heads,
+            lq=spec.lq,
+            lk=spec.lk,
+            d=spec.head_dim,
+            dv=spec.dv,
+            mask_kinds=frozenset({spec.mask}),
+            backward=spec.mode == "backward",
+            kv_heads=spec.hkv,
         )
 
     @classmethod
     def from_tensors(
-        cls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+        cls,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
         mask: torch.Tensor | mask_mods.MaskMod | None = None,
     ) -> CallInfo:
         """The call these (already shape-checked) tensors make.
@@ -76,8 +87,14 @@ class CallInfo:
         else:
             kinds = frozenset({"causal", "sliding_window"})
         return cls(
-            device=q.device.type, dtype=str(q.dtype).removeprefix("torch."),
-            batch=q.shape[0], heads=q.shape[1], lq=q.shape[2], lk=k.shape[2], d=q.shape[-1], dv=v.shape[-1],
+            device=q.device.type,
+            dtype=str(q.dtype).removeprefix("torch."),
+            batch=q.shape[0],
+            heads=q.shape[1],
+            lq=q.shape[2],
+            lk=k.shape[2],
+            d=q.shape[-1],
+            dv=v.shape[-1],
             mask_kinds=kinds,
             backward=torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)),
             last_dim_contiguous=all(t.stride(-1) == 1 or t.shape[-1] == 1 for t in (q, k, v)),

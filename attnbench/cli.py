@@ -51,8 +51,13 @@ DEFAULT_MAX_TIME = 5.0
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 
-def _list(kind: Callable[[str], object], what: str, choices: Callable[[], Sequence[str]] | None = None,
-          unknown: str = "invalid choice(s)", known: str = "choose from"):
+def _list(
+    kind: Callable[[str], object],
+    what: str,
+    choices: Callable[[], Sequence[str]] | None = None,
+    unknown: str = "invalid choice(s)",
+    known: str = "choose from",
+):
     """argparse type: a non-empty comma-separated list of ``kind``, checked against ``choices``.
 
     argparse prefixes the message with the option's name ("argument --lengths: ...").
@@ -63,23 +68,30 @@ def _list(kind: Callable[[str], object], what: str, choices: Callable[[], Sequen
         if not any(parts):
             raise argparse.ArgumentTypeError(f"empty list; give at least one {what}")
         if not all(parts):
-            raise argparse.ArgumentTypeError(f"empty item in {text!r}; give a comma-separated list of {what}")
+            raise argparse.ArgumentTypeError(
+                f"empty item in {text!r}; give a comma-separated list of {what}"
+            )
         values = []
         for part in parts:
             try:
                 values.append(kind(part))
             except (ValueError, argparse.ArgumentTypeError) as exc:
                 raise argparse.ArgumentTypeError(f"invalid {what} {part!r}: {exc}") from None
-        repeated = [part for part, value in zip(parts, values, strict=True) if values.count(value) > 1]
+        repeated = [
+            part for part, value in zip(parts, values, strict=True) if values.count(value) > 1
+        ]
         if repeated:
-            raise argparse.ArgumentTypeError(f"{', '.join(dict.fromkeys(repeated))} given more than once; "
-                                             f"each {what} is measured once")
+            raise argparse.ArgumentTypeError(
+                f"{', '.join(dict.fromkeys(repeated))} given more than once; "
+                f"each {what} is measured once"
+            )
         if choices is not None:
             valid = list(choices())
             bad = [v for v in values if v not in valid]
             if bad:
                 raise argparse.ArgumentTypeError(
-                    f"{unknown} {', '.join(map(repr, bad))}; {known} {', '.join(valid)}")
+                    f"{unknown} {', '.join(map(repr, bad))}; {known} {', '.join(valid)}"
+                )
         return values
 
     return parse
@@ -90,7 +102,9 @@ def _int_at_least(low: int, name: str = "value"):
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer >= {low}, got {text!r}") from None
+            raise argparse.ArgumentTypeError(
+                f"{name} must be an integer >= {low}, got {text!r}"
+            ) from None
         if value < low:
             raise argparse.ArgumentTypeError(f"{name} must be >= {low}, got {value}")
         return value
@@ -143,7 +157,9 @@ def _device(text: str) -> str:
 
 def _variant(text: str) -> str:
     if text not in variant_names():
-        raise argparse.ArgumentTypeError(f"unknown variant {text!r}; known: {', '.join(variant_names())}")
+        raise argparse.ArgumentTypeError(
+            f"unknown variant {text!r}; known: {', '.join(variant_names())}"
+        )
     return text
 
 
@@ -154,11 +170,15 @@ def _cuda_missing(device: str) -> str | None:
     import torch
 
     if not torch.cuda.is_available():
-        return (f"--device {device}: CUDA is not available here (torch {torch.__version__}, no CUDA "
-                "device); use --device cpu")
+        return (
+            f"--device {device}: CUDA is not available here (torch {torch.__version__}, no CUDA "
+            "device); use --device cpu"
+        )
     index = int(device.split(":")[1]) if ":" in device else 0
     if index >= torch.cuda.device_count():
-        return f"--device {device}: no such CUDA device (this machine has {torch.cuda.device_count()})"
+        return (
+            f"--device {device}: no such CUDA device (this machine has {torch.cuda.device_count()})"
+        )
     return None
 
 
@@ -182,12 +202,18 @@ def _run_config(args: argparse.Namespace):
     from attnbench.measure.timer import TimerConfig
 
     if args.max_time is not None and args.max_time < args.min_time:
-        raise ValueError(f"--max-time {args.max_time:g} is shorter than --min-time {args.min_time:g} "
-                         "(seconds of timed calls per case: at least --min-time, at most --max-time)")
+        raise ValueError(
+            f"--max-time {args.max_time:g} is shorter than --min-time {args.min_time:g} "
+            "(seconds of timed calls per case: at least --min-time, at most --max-time)"
+        )
     max_time = max(DEFAULT_MAX_TIME, args.min_time) if args.max_time is None else args.max_time
     return MeasureConfig(
-        timer=TimerConfig(min_runs=args.min_runs, min_time=args.min_time, max_time=max_time,
-                          flush_cache=args.workload == "decode" if args.flush_cache is None else args.flush_cache),
+        timer=TimerConfig(
+            min_runs=args.min_runs,
+            min_time=args.min_time,
+            max_time=max_time,
+            flush_cache=args.workload == "decode" if args.flush_cache is None else args.flush_cache,
+        ),
         cuda_graphs=args.cuda_graphs,
         threads=args.threads,
         memory_budget_bytes=None if args.budget_mb is None else args.budget_mb * 2**20,
@@ -231,11 +257,15 @@ class _StopPolicy:
         self.count += 1
         self.first = self.first or signum
         if signum == signal.SIGINT and self.count == 1:
-            self.note("interrupt: finishing the case in hand, then writing what is done (Ctrl-C again "
-                      "to abandon it)")
+            self.note(
+                "interrupt: finishing the case in hand, then writing what is done (Ctrl-C again "
+                "to abandon it)"
+            )
             return
         if self.count == 1:
-            self.note(f"{signal.Signals(signum).name}: abandoning the case in hand, writing what is done")
+            self.note(
+                f"{signal.Signals(signum).name}: abandoning the case in hand, writing what is done"
+            )
         self.pool.kill_current()
         raise _Interrupted
 
@@ -250,7 +280,13 @@ class _StopPolicy:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from attnbench.measure.instructions import missing_message, valgrind_version
-    from attnbench.runs import RunDirectory, RunDirError, device_only_defaults, empty_grid_reason, new_run_dir
+    from attnbench.runs import (
+        RunDirectory,
+        RunDirError,
+        device_only_defaults,
+        empty_grid_reason,
+        new_run_dir,
+    )
 
     if args.resume and not args.out:
         return _usage("--resume needs --out DIR (the run directory to continue)")
@@ -263,18 +299,28 @@ def cmd_run(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as exc:
         return _usage(str(exc))
     if not cases:
-        return _usage(f"nothing to run: {empty_grid_reason(args.variants, args.lengths, not args.no_limit)}")
+        return _usage(
+            f"nothing to run: {empty_grid_reason(args.variants, args.lengths, not args.no_limit)}"
+        )
     if not args.variants and (elsewhere := device_only_defaults([args.device])):
-        print(f"note: not planned on {args.device}: {', '.join(elsewhere)} (they need another "
-              "device)", file=sys.stderr)
+        print(
+            f"note: not planned on {args.device}: {', '.join(elsewhere)} (they need another "
+            "device)",
+            file=sys.stderr,
+        )
     if args.instructions and valgrind_version() is None:
         return _usage(f"--instructions: {missing_message()}")
     if args.instructions is None and config.instructions != "off" and valgrind_version() is None:
-        print(f"note: no instruction counts ({missing_message()}); the report's claims rest on time "
-              "and bytes", file=sys.stderr)
+        print(
+            f"note: no instruction counts ({missing_message()}); the report's claims rest on time "
+            "and bytes",
+            file=sys.stderr,
+        )
         config = dataclasses.replace(config, instructions="off")
     try:
-        run_dir = RunDirectory(args.out or new_run_dir(args.root), resume=args.resume, force=args.force)
+        run_dir = RunDirectory(
+            args.out or new_run_dir(args.root), resume=args.resume, force=args.force
+        )
     except RunDirError as exc:
         return _usage(str(exc))
     try:
@@ -289,20 +335,37 @@ def _run_cases(args: argparse.Namespace) -> list[tuple[str, AttnSpec]]:
 
     bad_kv = [h for h in args.kv_heads or [] if args.heads % h]
     if bad_kv:
-        raise ValueError(f"--kv-heads {', '.join(map(str, bad_kv))} must divide --heads {args.heads} "
-                         "(each key/value head serves H / Hkv query heads)")
+        raise ValueError(
+            f"--kv-heads {', '.join(map(str, bad_kv))} must divide --heads {args.heads} "
+            "(each key/value head serves H / Hkv query heads)"
+        )
     if args.workload == "prefill" and args.q_len != 1:
         raise ValueError("--q-len is the decode workload's query count: add --workload decode")
     if args.workload == "decode" and isinstance(args.lengths, _DefaultList):
         args.lengths = list(DECODE_LENGTHS)
     base = AttnSpec(heads=args.heads, device=args.device)
-    return grid(args.variants, args.lengths, base, modes=args.modes, masks=args.masks,
-                dtypes=args.dtypes, limit_slow=not args.no_limit, workload=args.workload, q_len=args.q_len,
-                head_dims=args.head_dims, batches=args.batches, kv_heads=args.kv_heads)
+    return grid(
+        args.variants,
+        args.lengths,
+        base,
+        modes=args.modes,
+        masks=args.masks,
+        dtypes=args.dtypes,
+        limit_slow=not args.no_limit,
+        workload=args.workload,
+        q_len=args.q_len,
+        head_dims=args.head_dims,
+        batches=args.batches,
+        kv_heads=args.kv_heads,
+    )
 
 
-def _run_in(args: argparse.Namespace, run_dir: RunDirectory, cases: list[tuple[str, AttnSpec]],
-            config: MeasureConfig) -> int:
+def _run_in(
+    args: argparse.Namespace,
+    run_dir: RunDirectory,
+    cases: list[tuple[str, AttnSpec]],
+    config: MeasureConfig,
+) -> int:
     """Measure ``cases`` into the opened ``run_dir``; the exit code (notes and errors on stderr)."""
     from tqdm import tqdm
 
@@ -321,13 +384,21 @@ def _run_in(args: argparse.Namespace, run_dir: RunDirectory, cases: list[tuple[s
     done_before = len(cases) - len(todo)
     _say_before_sweep(args, run_dir, config, done_before, len(cases))
     counter = _start_counting(run_dir, cases, config)
-    bar = tqdm(total=len(cases), initial=done_before, unit="case", file=sys.stderr, dynamic_ncols=True,
-               disable=args.quiet)
+    bar = tqdm(
+        total=len(cases),
+        initial=done_before,
+        unit="case",
+        file=sys.stderr,
+        dynamic_ncols=True,
+        disable=args.quiet,
+    )
     # One regime for parent and workers: the fork server starts with the allocator variables
     # (read by glibc at start-up), every worker applies it again (threads, mallopt) and records
     # describe().
     pool = WorkerPool(env=regime.child_env(regime.Regime(threads=config.threads)))
-    session = _Sweep(args, run_dir, todo, config, counter, bar, done_before, start=time.perf_counter())
+    session = _Sweep(
+        args, run_dir, todo, config, counter, bar, done_before, start=time.perf_counter()
+    )
     policy = _StopPolicy(pool, note=lambda text: tqdm.write(text, file=sys.stderr))
     try:
         aborted = session.run(pool, policy)
@@ -336,9 +407,11 @@ def _run_in(args: argparse.Namespace, run_dir: RunDirectory, cases: list[tuple[s
         bar.close()
         if counter is not None:
             counter.stop()
-        print(f"error: {exc.strerror} ({len(run_dir.measurements)} of {run_dir.planned} cases kept "
-              f"in {run_dir.path}; make room, then rerun with --resume --out {run_dir.path})",
-              file=sys.stderr)
+        print(
+            f"error: {exc.strerror} ({len(run_dir.measurements)} of {run_dir.planned} cases kept "
+            f"in {run_dir.path}; make room, then rerun with --resume --out {run_dir.path})",
+            file=sys.stderr,
+        )
         return 1
     if policy.count:
         _say_interrupted(run_dir, aborted)
@@ -365,32 +438,48 @@ def _measure_roofs(device: str, dtypes: Sequence[str], threads: int) -> tuple[di
     except (RuntimeError, MemoryError) as exc:
         # three arrays of 4x the LLC may not fit: the sweep still runs
         peak_gbps = None
-        print(f"note: memory bandwidth not measured ({type(exc).__name__}: {str(exc)[:120]}); "
-              "the report draws no bandwidth roof", file=sys.stderr)
+        print(
+            f"note: memory bandwidth not measured ({type(exc).__name__}: {str(exc)[:120]}); "
+            "the report draws no bandwidth roof",
+            file=sys.stderr,
+        )
     return peak, peak_gbps
 
 
-def _say_before_sweep(args: argparse.Namespace, run_dir: RunDirectory, config: MeasureConfig,
-                      done_before: int, planned: int) -> None:
+def _say_before_sweep(
+    args: argparse.Namespace,
+    run_dir: RunDirectory,
+    config: MeasureConfig,
+    done_before: int,
+    planned: int,
+) -> None:
     """The notes of the run directory and of this kernel, and what a resumed run already holds."""
     from attnbench.measure import schedstat
 
     for note in run_dir.notes:
         print(f"note: {note}", file=sys.stderr)
     if config.probe and not schedstat.available():  # said once per run, not on every case
-        print(f"note: this kernel does not report the run-queue wait ({schedstat.SCHEDSTAT}): a "
-              "neighbour is judged by the calibration probe alone, and no case records waited_blocks",
-              file=sys.stderr)
+        print(
+            f"note: this kernel does not report the run-queue wait ({schedstat.SCHEDSTAT}): a "
+            "neighbour is judged by the calibration probe alone, and no case records waited_blocks",
+            file=sys.stderr,
+        )
     if args.resume and done_before:
-        print(f"resuming {run_dir.path}: {done_before} of {planned} cases already measured", file=sys.stderr)
+        print(
+            f"resuming {run_dir.path}: {done_before} of {planned} cases already measured",
+            file=sys.stderr,
+        )
 
 
 def _say_interrupted(run_dir: RunDirectory, aborted: bool) -> None:
     """What a signal left: the cases kept, and how to measure the rest."""
     left = run_dir.planned - len(run_dir.measurements)
     how = "aborted" if aborted else "stopped"
-    print(f"interrupted: {how}; {len(run_dir.measurements)} of {run_dir.planned} cases kept in "
-          f"{run_dir.path} ({left} left: rerun with --resume --out {run_dir.path})", file=sys.stderr)
+    print(
+        f"interrupted: {how}; {len(run_dir.measurements)} of {run_dir.planned} cases kept in "
+        f"{run_dir.path} ({left} left: rerun with --resume --out {run_dir.path})",
+        file=sys.stderr,
+    )
 
 
 @dataclasses.dataclass
@@ -416,11 +505,16 @@ class _Sweep:
             aborted = self._measure(pool, policy)
             self.run_dir.finish(time.perf_counter() - self.start)
             try:
-                _print_results(self.args, self.run_dir, len(self.todo), time.perf_counter() - self.start)
+                _print_results(
+                    self.args, self.run_dir, len(self.todo), time.perf_counter() - self.start
+                )
             except _Interrupted:
                 # a further signal while writing the report: what is logged stays, no page is made
-                print("interrupted again: no report written (attnbench report --from "
-                      f"{self.run_dir.path} makes it)", file=sys.stderr)
+                print(
+                    "interrupted again: no report written (attnbench report --from "
+                    f"{self.run_dir.path} makes it)",
+                    file=sys.stderr,
+                )
         return aborted
 
     def _measure(self, pool: WorkerPool, policy: _StopPolicy) -> bool:
@@ -429,9 +523,16 @@ class _Sweep:
 
         try:
             try:
-                sweep(self.todo, self.config, progress=self._progress, isolate=True, workers=pool,
-                      case_timeout_s=self.args.case_timeout, on_result=self._on_result,
-                      should_stop=lambda: policy.count > 0)
+                sweep(
+                    self.todo,
+                    self.config,
+                    progress=self._progress,
+                    isolate=True,
+                    workers=pool,
+                    case_timeout_s=self.args.case_timeout,
+                    on_result=self._on_result,
+                    should_stop=lambda: policy.count > 0,
+                )
                 self.bar.n = self.done_before + len(self.todo) if policy.count == 0 else self.bar.n
                 self.bar.set_description("done" if policy.count == 0 else "interrupted")
                 self.bar.close()
@@ -460,7 +561,9 @@ class _Sweep:
             self.run_dir.add_count(count, seconds=time.perf_counter() - self.start)
 
 
-def _print_results(args: argparse.Namespace, run_dir: RunDirectory, planned: int, elapsed: float) -> None:
+def _print_results(
+    args: argparse.Namespace, run_dir: RunDirectory, planned: int, elapsed: float
+) -> None:
     """The summary table, the statuses, and the report of what the run directory holds."""
     from attnbench.runs import summary_table
 
@@ -468,15 +571,20 @@ def _print_results(args: argparse.Namespace, run_dir: RunDirectory, planned: int
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(summary_table(results).to_string())
     statuses = pd.Series([str(m.status) for m in results], dtype=object).value_counts().to_dict()
-    print(f"\n{len(results)} of {run_dir.planned} cases ({planned} planned this session, "
-          f"{elapsed:.0f} s): {statuses}")
+    print(
+        f"\n{len(results)} of {run_dir.planned} cases ({planned} planned this session, "
+        f"{elapsed:.0f} s): {statuses}"
+    )
     print(f"measurements: {run_dir.path}")
     if args.report and results:
         from attnbench.report.html import build_report
         from attnbench.runs import RunWriteError
 
-        print("writing the report (figures for every metric: a few seconds to a minute) ...", file=sys.stderr,
-              flush=True)
+        print(
+            "writing the report (figures for every metric: a few seconds to a minute) ...",
+            file=sys.stderr,
+            flush=True,
+        )
         try:
             page = build_report([run_dir.path], Path(run_dir.path) / "report")
         except OSError as exc:
@@ -484,8 +592,9 @@ def _print_results(args: argparse.Namespace, run_dir: RunDirectory, planned: int
         print(f"report: {page}")
 
 
-def _start_counting(run_dir: RunDirectory, cases: list[tuple[str, AttnSpec]],
-                    config: MeasureConfig) -> Beside | None:
+def _start_counting(
+    run_dir: RunDirectory, cases: list[tuple[str, AttnSpec]], config: MeasureConfig
+) -> Beside | None:
     """Instruction counts the log lacks, in one valgrind process beside the timed sweep.
 
     The cases counted are those :func:`attnbench.runs.counted_cases` picks; None when none are
@@ -500,16 +609,27 @@ def _start_counting(run_dir: RunDirectory, cases: list[tuple[str, AttnSpec]],
     wanted = [c for c in counted_cases(cases, every=every) if case_key(*c) not in run_dir.counted]
     if not wanted:
         return None
-    return Beside(wanted, CountConfig(threads=config.threads or 1, seed=config.seed,
-                                      check_accuracy=config.check_accuracy))
+    return Beside(
+        wanted,
+        CountConfig(
+            threads=config.threads or 1, seed=config.seed, check_accuracy=config.check_accuracy
+        ),
+    )
 
 
 def _finish_counting(counter: Beside, log_counts: Callable[[float], None], quiet: bool) -> None:
     """Wait for the counts still under way (the timed sweep is done), with their own bar."""
     from tqdm import tqdm
 
-    bar = tqdm(total=counter.total, initial=counter.received, unit="case", file=sys.stderr, dynamic_ncols=True,
-               disable=quiet, desc="instruction counts (valgrind)")
+    bar = tqdm(
+        total=counter.total,
+        initial=counter.received,
+        unit="case",
+        file=sys.stderr,
+        dynamic_ncols=True,
+        disable=quiet,
+        desc="instruction counts (valgrind)",
+    )
     try:
         while not counter.done:
             log_counts(1.0)
@@ -522,8 +642,11 @@ def _finish_counting(counter: Beside, log_counts: Callable[[float], None], quiet
     if counter.error is not None:
         print(f"note: no instruction counts: {counter.error}", file=sys.stderr)
     else:
-        print(f"instruction counts: {counter.total} case(s) in {counter.seconds:.0f} s of valgrind "
-              "beside the sweep", file=sys.stderr)
+        print(
+            f"instruction counts: {counter.total} case(s) in {counter.seconds:.0f} s of valgrind "
+            "beside the sweep",
+            file=sys.stderr,
+        )
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -532,7 +655,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     sources = args.sources or []
     if not sources:
-        print("error: --from is required (an asv results directory or a run directory)", file=sys.stderr)
+        print(
+            "error: --from is required (an asv results directory or a run directory)",
+            file=sys.stderr,
+        )
         return 2
     try:
         outcome = make_report(sources, args.out, title=args.title, demos=args.demos)
@@ -544,12 +670,18 @@ def cmd_report(args: argparse.Namespace) -> int:
     for problem in outcome.problems:
         print(f"problem: {problem}", file=sys.stderr)
     if outcome.rows == 0:
-        print(f"error: nothing could be loaded from {', '.join(sources)}; the page only lists the "
-              f"reasons: {outcome.page}", file=sys.stderr)
+        print(
+            f"error: nothing could be loaded from {', '.join(sources)}; the page only lists the "
+            f"reasons: {outcome.page}",
+            file=sys.stderr,
+        )
         return 1
     print(f"report: {outcome.page}")
     if outcome.problems:
-        print(f"{len(outcome.problems)} problem(s) with the inputs (listed above and in the report)", file=sys.stderr)
+        print(
+            f"{len(outcome.problems)} problem(s) with the inputs (listed above and in the report)",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -559,21 +691,37 @@ def cmd_profile(args: argparse.Namespace) -> int:
     missing = _cuda_missing(args.device)
     if missing:
         return _usage(missing)
-    out = Path(args.out or f"reports/profiles/{args.variant}-L{args.seq_len}-{args.device}-{args.mode}")
+    out = Path(
+        args.out or f"reports/profiles/{args.variant}-L{args.seq_len}-{args.device}-{args.mode}"
+    )
     try:
         check_writable_dir(out, "--out")
-        spec = AttnSpec(batch=args.batch, heads=args.heads, seq_len=args.seq_len, head_dim=args.head_dim,
-                        device=args.device, dtype=args.dtype, mode=args.mode)
+        spec = AttnSpec(
+            batch=args.batch,
+            heads=args.heads,
+            seq_len=args.seq_len,
+            head_dim=args.head_dim,
+            device=args.device,
+            dtype=args.dtype,
+            mode=args.mode,
+        )
         from attnbench.measure.runner import MeasureConfig
 
-        summary = profile_case(args.variant, spec, out, config=MeasureConfig(threads=args.threads),
-                               progress=lambda line: print(f"profile: {line}", file=sys.stderr, flush=True))
+        summary = profile_case(
+            args.variant,
+            spec,
+            out,
+            config=MeasureConfig(threads=args.threads),
+            progress=lambda line: print(f"profile: {line}", file=sys.stderr, flush=True),
+        )
     except (ValueError, TypeError) as exc:
         return _usage(str(exc))
     print(summary.line())
-    print(f"trace: {out / 'trace.json.gz'} (open in https://ui.perfetto.dev)\n"
-          f"top operators: {out / 'top_ops.txt'}\n"
-          f"memory plot: {out / 'memory.png'}")
+    print(
+        f"trace: {out / 'trace.json.gz'} (open in https://ui.perfetto.dev)\n"
+        f"top operators: {out / 'top_ops.txt'}\n"
+        f"memory plot: {out / 'memory.png'}"
+    )
     return 0
 
 
@@ -587,17 +735,29 @@ def cmd_regress(args: argparse.Namespace) -> int:
     metric = args.metric or ("both" if valgrind_version() is not None else "time")
     if metric != "time" and valgrind_version() is None:
         if metric == "instructions":
-            print(f"error: could not measure: --metric instructions: {missing_message()}", file=sys.stderr)
+            print(
+                f"error: could not measure: --metric instructions: {missing_message()}",
+                file=sys.stderr,
+            )
             return 3
         print(f"note: --metric both falls back to time: {missing_message()}", file=sys.stderr)
         metric = "time"
     started = time.monotonic()
     try:
         check_writable_dir(args.work_dir, "--work-dir")
-        outcome = regress(args.base, args.head, repo=args.repo, time_factor=args.time_factor,
-                          memory_factor=args.memory_factor, rounds=args.rounds, work_dir=args.work_dir, metric=metric,
-                          instructions_factor=args.instructions_factor, time_cases=args.time_cases,
-                          progress=_stamped("regress", started))
+        outcome = regress(
+            args.base,
+            args.head,
+            repo=args.repo,
+            time_factor=args.time_factor,
+            memory_factor=args.memory_factor,
+            rounds=args.rounds,
+            work_dir=args.work_dir,
+            metric=metric,
+            instructions_factor=args.instructions_factor,
+            time_cases=args.time_cases,
+            progress=_stamped("regress", started),
+        )
     except ValueError as exc:
         return _usage(str(exc))
     except RegressError as exc:
@@ -606,8 +766,14 @@ def cmd_regress(args: argparse.Namespace) -> int:
     code = _regress_report(args, outcome, metric)
     from attnbench.markdown import gate_summary, write_summary
 
-    factors = {"time": args.time_factor, "memory": args.memory_factor, "instructions": args.instructions_factor}
-    for path in write_summary(gate_summary(outcome, metric, factors, time.monotonic() - started), args.summary):
+    factors = {
+        "time": args.time_factor,
+        "memory": args.memory_factor,
+        "instructions": args.instructions_factor,
+    }
+    for path in write_summary(
+        gate_summary(outcome, metric, factors, time.monotonic() - started), args.summary
+    ):
         print(f"summary: {path}", file=sys.stderr)
     print(f"({time.monotonic() - started:.0f} s)", file=sys.stderr)
     return code
@@ -618,7 +784,9 @@ def _stamped(command: str, started: float) -> Callable[[str], None]:
 
     asv's steps take minutes: the elapsed seconds show a run that is alive.
     """
-    return lambda line: print(f"{command} [{time.monotonic() - started:4.0f} s] {line}", file=sys.stderr, flush=True)
+    return lambda line: print(
+        f"{command} [{time.monotonic() - started:4.0f} s] {line}", file=sys.stderr, flush=True
+    )
 
 
 def _regress_report(args: argparse.Namespace, outcome, metric: str) -> int:
@@ -626,16 +794,30 @@ def _regress_report(args: argparse.Namespace, outcome, metric: str) -> int:
     from attnbench.analysis.text import ratio
 
     shown = outcome.table.sort_values(["verdict", "ratio"], ascending=[False, False])
-    print(_gate_row({"verdict": "verdict", "metric": "metric", "case": "case", "base": "BASE", "head": "HEAD",
-                     "ratio": "ratio", "why": "why (whole reasons: attnbench-gate.csv beside the results)"}))
+    print(
+        _gate_row(
+            {
+                "verdict": "verdict",
+                "metric": "metric",
+                "case": "case",
+                "base": "BASE",
+                "head": "HEAD",
+                "ratio": "ratio",
+                "why": "why (whole reasons: attnbench-gate.csv beside the results)",
+            }
+        )
+    )
     for rec in shown.to_dict("records"):
         print(_gate_row(_gate_cells(rec)))
     print(f"\nbase {outcome.base[:10]}  head {outcome.head[:10]}  results: {outcome.results_dir}")
     for note in sorted({n for n in outcome.table["note"] if n}):
         print(f"note: {note}")
     if outcome.passed:
-        decided = {"time": f"{args.time_factor}x time", "instructions": f"{args.instructions_factor}x instruction counts",
-                   "both": f"{args.instructions_factor}x instruction counts and {args.time_factor}x time"}[metric]
+        decided = {
+            "time": f"{args.time_factor}x time",
+            "instructions": f"{args.instructions_factor}x instruction counts",
+            "both": f"{args.instructions_factor}x instruction counts and {args.time_factor}x time",
+        }[metric]
         print(f"PASS: nothing regressed beyond {decided} / {args.memory_factor}x peak tensor bytes")
         return 0
     if not outcome.regressions.empty:
@@ -643,9 +825,11 @@ def _regress_report(args: argparse.Namespace, outcome, metric: str) -> int:
         for rec in outcome.regressions.to_dict("records"):
             print(f"  {_gate_case(rec)}: {rec['metric']} {ratio(rec['ratio'], rec['metric'])}")
         return 1
-    print(f"UNDECIDED: no regression found, but {len(outcome.undecided)} time case(s) could not be "
-          "decided after a confirmation round (disturbed rounds, or too scattered to exclude a 1.5x "
-          "slowdown); rerun with more --rounds on a quieter machine:")
+    print(
+        f"UNDECIDED: no regression found, but {len(outcome.undecided)} time case(s) could not be "
+        "decided after a confirmation round (disturbed rounds, or too scattered to exclude a 1.5x "
+        "slowdown); rerun with more --rounds on a quieter machine:"
+    )
     for rec in outcome.undecided.to_dict("records"):
         print(f"  {_gate_case(rec)}: {rec['reason']}")
     return 4
@@ -670,16 +854,22 @@ def _gate_cells(rec: dict) -> dict[str, str]:
 
     unit = UNITS.get(rec["metric"], "")
     pass_ = "bwd" if rec["mode"] == "backward" else "fwd"
-    return {"verdict": str(rec["verdict"]), "metric": str(rec["metric"]),
-            "case": f"{rec['variant']} L={rec['seq_len']} {pass_}",
-            "base": fmt(rec["base_value"], unit), "head": fmt(rec["head_value"], unit),
-            "ratio": ratio(rec["ratio"], rec["metric"]) if rec["ratio"] == rec["ratio"] else "n/a",
-            "why": str(rec.get("reason") or rec.get("note") or "")}
+    return {
+        "verdict": str(rec["verdict"]),
+        "metric": str(rec["metric"]),
+        "case": f"{rec['variant']} L={rec['seq_len']} {pass_}",
+        "base": fmt(rec["base_value"], unit),
+        "head": fmt(rec["head_value"], unit),
+        "ratio": ratio(rec["ratio"], rec["metric"]) if rec["ratio"] == rec["ratio"] else "n/a",
+        "why": str(rec.get("reason") or rec.get("note") or ""),
+    }
 
 
 def _gate_row(cells: dict[str, str]) -> str:
-    line = (f"{cells['verdict']:<10} {cells['metric']:<17} {cells['case']:<22} "
-            f"{cells['base']:>11} {cells['head']:>11} {cells['ratio']:>8}  {cells['why']}")
+    line = (
+        f"{cells['verdict']:<10} {cells['metric']:<17} {cells['case']:<22} "
+        f"{cells['base']:>11} {cells['head']:>11} {cells['ratio']:>8}  {cells['why']}"
+    )
     return line if len(line) <= GATE_WIDTH else line[: GATE_WIDTH - 3] + "..."
 
 
@@ -696,10 +886,20 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     say = _stamped("bisect", started)
     try:
         check_writable_dir(args.work_dir, "--work-dir")
-        state = bisect(args.good, args.bad, repo=args.repo, metric=args.metric, cases=args.cases,
-                       work_dir=args.work_dir, instructions_factor=args.instructions_factor,
-                       memory_factor=args.memory_factor, time_factor=args.time_factor, rounds=args.rounds, progress=say,
-                       on_probe=lambda probe, n: print(probe_line(probe, n, args.metric), flush=True))
+        state = bisect(
+            args.good,
+            args.bad,
+            repo=args.repo,
+            metric=args.metric,
+            cases=args.cases,
+            work_dir=args.work_dir,
+            instructions_factor=args.instructions_factor,
+            memory_factor=args.memory_factor,
+            time_factor=args.time_factor,
+            rounds=args.rounds,
+            progress=say,
+            on_probe=lambda probe, n: print(probe_line(probe, n, args.metric), flush=True),
+        )
     except (BisectError, ValueError) as exc:
         return _usage(str(exc))
     except RegressError as exc:
@@ -726,17 +926,27 @@ def cmd_history(args: argparse.Namespace) -> int:
         print(f"problem: {problem}", file=sys.stderr)
     rows = frame[frame["commit"].fillna("") != ""]
     if rows["commit"].nunique() < 2:
-        print(f"error: {', '.join(args.sources)} hold(s) {rows['commit'].nunique()} commit(s) of asv "
-              "results: a history needs several", file=sys.stderr)
+        print(
+            f"error: {', '.join(args.sources)} hold(s) {rows['commit'].nunique()} commit(s) of asv "
+            "results: a history needs several",
+            file=sys.stderr,
+        )
         return 1
-    factors = {"instructions": args.instructions_factor, "peak_tensor_bytes": args.memory_factor,
-               "time": args.time_factor}
+    factors = {
+        "instructions": args.instructions_factor,
+        "peak_tensor_bytes": args.memory_factor,
+        "time": args.time_factor,
+    }
     history = find_steps(rows, factors=factors, window=args.window, repo=args.repo)
     shown = table(history)
-    print(f"{len(history.commits)} commits ({history.order}); "
-          f"{len(history.regressions)} regression(s), {len(history.improvements)} improvement(s)")
+    print(
+        f"{len(history.commits)} commits ({history.order}); "
+        f"{len(history.regressions)} regression(s), {len(history.improvements)} improvement(s)"
+    )
     if len(shown):
-        with pd.option_context("display.width", 200, "display.max_rows", 500, "display.max_colwidth", 60):
+        with pd.option_context(
+            "display.width", 200, "display.max_rows", 500, "display.max_colwidth", 60
+        ):
             print(shown.to_string(index=False))
     page = render_history(history, args.out)
     print(f"history: {page}")
@@ -761,8 +971,11 @@ def cmd_export(args: argparse.Namespace) -> int:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text, encoding="utf-8")
-        print(f"{exported.entries} entries of commit {exported.commit[:10] or '(a run)'} as "
-              f"{args.fmt}: {out}", file=sys.stderr)
+        print(
+            f"{exported.entries} entries of commit {exported.commit[:10] or '(a run)'} as "
+            f"{args.fmt}: {out}",
+            file=sys.stderr,
+        )
     else:
         sys.stdout.write(text)
     return 0
@@ -780,8 +993,10 @@ def cmd_publish(args: argparse.Namespace) -> int:
     except PublishError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"site: {outcome.html_dir / 'index.html'} (works offline, from the file or any local "
-          f"server; {outcome.rewritten} CDN reference(s) now served from vendor/)")
+    print(
+        f"site: {outcome.html_dir / 'index.html'} (works offline, from the file or any local "
+        f"server; {outcome.rewritten} CDN reference(s) now served from vendor/)"
+    )
     return 0
 
 
@@ -819,8 +1034,10 @@ def cmd_merge_results(args: argparse.Namespace) -> int:
         merged = merge_results(args.sources, args.out)
     except ShardError as exc:
         return _usage(str(exc))
-    print(f"merged {merged.shards} result file(s) into {merged.files} ({merged.benchmarks} benchmark "
-          f"rows): {args.out}")
+    print(
+        f"merged {merged.shards} result file(s) into {merged.files} ({merged.benchmarks} benchmark "
+        f"rows): {args.out}"
+    )
     return 0
 
 
@@ -840,10 +1057,12 @@ def cmd_peak(args: argparse.Namespace) -> int:
     if args.no_bandwidth:
         return 0
     bw = bandwidth(args.device, refresh=True)
-    print(f"{args.device} memory bandwidth: copy {bw.copy / 1e9:.1f} GB/s, "
-          f"triad {bw.triad / 1e9:.1f} GB/s "
-          f"(STREAM's count: copy {WORDS['copy']}, triad {WORDS['triad']} float32 words per element; "
-          f"arrays of {bw.array_bytes / 2**20:.0f} MiB; the roofline uses triad)")
+    print(
+        f"{args.device} memory bandwidth: copy {bw.copy / 1e9:.1f} GB/s, "
+        f"triad {bw.triad / 1e9:.1f} GB/s "
+        f"(STREAM's count: copy {WORDS['copy']}, triad {WORDS['triad']} float32 words per element; "
+        f"arrays of {bw.array_bytes / 2**20:.0f} MiB; the roofline uses triad)"
+    )
     return 0
 
 
@@ -851,7 +1070,11 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows every option's default in --help (except flags and options without one)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        if action.default is None or action.default is False or isinstance(action, argparse._HelpAction):
+        if (
+            action.default is None
+            or action.default is False
+            or isinstance(action, argparse._HelpAction)
+        ):
             return action.help or ""
         return super()._get_help_string(action)
 
@@ -861,27 +1084,52 @@ def _dtype_choices() -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="attnbench", description=DESCRIPTION, formatter_class=_Formatter)
-    parser.add_argument("--plugin", dest="plugins", action="append", metavar="MODULE",
-                        help="import MODULE first: it registers extra variants (repeatable; also "
-                             "ATTNBENCH_PLUGINS)")
+    parser = argparse.ArgumentParser(
+        prog="attnbench", description=DESCRIPTION, formatter_class=_Formatter
+    )
+    parser.add_argument(
+        "--plugin",
+        dest="plugins",
+        action="append",
+        metavar="MODULE",
+        help="import MODULE first: it registers extra variants (repeatable; also "
+        "ATTNBENCH_PLUGINS)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_list_parser, _add_run_parser, _add_report_parser, _add_profile_parser, _add_regress_parser,
-                _add_bisect_parser, _add_history_parser, _add_export_parser, _add_peak_parser, _add_publish_parser,
-                _add_shard_parser, _add_merge_results_parser):
+    for add in (
+        _add_list_parser,
+        _add_run_parser,
+        _add_report_parser,
+        _add_profile_parser,
+        _add_regress_parser,
+        _add_bisect_parser,
+        _add_history_parser,
+        _add_export_parser,
+        _add_peak_parser,
+        _add_publish_parser,
+        _add_shard_parser,
+        _add_merge_results_parser,
+    ):
         add(sub)
     return parser
 
 
 def _add_list_parser(sub) -> None:
-    p = sub.add_parser("list", help="variants with their declared complexity and support", formatter_class=_Formatter)
+    p = sub.add_parser(
+        "list",
+        help="variants with their declared complexity and support",
+        formatter_class=_Formatter,
+    )
     p.add_argument("--wide", action="store_true", help="include the source (seed or paper) column")
     p.set_defaults(func=cmd_list)
 
 
 def _add_run_parser(sub) -> None:
-    p = sub.add_parser("run", help="sweep variants x sequence lengths and write measurements (+ report)",
-                       formatter_class=_Formatter)
+    p = sub.add_parser(
+        "run",
+        help="sweep variants x sequence lengths and write measurements (+ report)",
+        formatter_class=_Formatter,
+    )
     _add_grid_options(p)
     _add_shape_options(p)
     _add_worker_options(p)
@@ -895,209 +1143,431 @@ def _add_grid_options(p: argparse.ArgumentParser) -> None:
     """``run``'s variants, workload, lengths, device, dtypes, passes and masks."""
     from attnbench.runs import DECODE_LENGTHS, DEFAULT_LENGTHS
 
-    p.add_argument("--variants", type=_list(str, "variant name", variant_names, "unknown variant(s)", "known:"),
-                   default=None, help="comma-separated variant names (default: every variant in the default sweep)")
-    p.add_argument("--workload", choices=list(WORKLOADS), default="prefill",
-                   help="prefill: L queries over L keys, swept along L; decode: --q-len queries over a "
-                        "cache of Lk keys, swept along Lk (memory-bound; reports GB/s)")
-    p.add_argument("--lengths", type=_list(_length, "length (an integer >= 1)"), default=_DefaultList(DEFAULT_LENGTHS),
-                   help="comma-separated lengths: L for prefill, the cache length Lk for decode "
-                        f"(decode's default: {DECODE_LENGTHS[0]} .. {DECODE_LENGTHS[-1]}, powers of 2)")
-    p.add_argument("--q-len", type=_int_at_least(1, "q_len"), default=1,
-                   help="decode: queries per step Lq (1 per generated token; more for speculative decoding)")
+    p.add_argument(
+        "--variants",
+        type=_list(str, "variant name", variant_names, "unknown variant(s)", "known:"),
+        default=None,
+        help="comma-separated variant names (default: every variant in the default sweep)",
+    )
+    p.add_argument(
+        "--workload",
+        choices=list(WORKLOADS),
+        default="prefill",
+        help="prefill: L queries over L keys, swept along L; decode: --q-len queries over a "
+        "cache of Lk keys, swept along Lk (memory-bound; reports GB/s)",
+    )
+    p.add_argument(
+        "--lengths",
+        type=_list(_length, "length (an integer >= 1)"),
+        default=_DefaultList(DEFAULT_LENGTHS),
+        help="comma-separated lengths: L for prefill, the cache length Lk for decode "
+        f"(decode's default: {DECODE_LENGTHS[0]} .. {DECODE_LENGTHS[-1]}, powers of 2)",
+    )
+    p.add_argument(
+        "--q-len",
+        type=_int_at_least(1, "q_len"),
+        default=1,
+        help="decode: queries per step Lq (1 per generated token; more for speculative decoding)",
+    )
     p.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N]")
-    p.add_argument("--dtypes", "--dtype", dest="dtypes", type=_list(str, "dtype", _dtype_choices), default=["float32"],
-                   help=f"comma-separated from {', '.join(DTYPES)}")
-    p.add_argument("--modes", type=_list(str, "mode", lambda: MODES), default=["forward"],
-                   help=f"comma-separated from {', '.join(MODES)}")
-    p.add_argument("--masks", type=_list(str, "mask kind", lambda: masks.MASK_KINDS), default=["none"],
-                   help=f"comma-separated from {', '.join(masks.MASK_KINDS)}")
+    p.add_argument(
+        "--dtypes",
+        "--dtype",
+        dest="dtypes",
+        type=_list(str, "dtype", _dtype_choices),
+        default=["float32"],
+        help=f"comma-separated from {', '.join(DTYPES)}",
+    )
+    p.add_argument(
+        "--modes",
+        type=_list(str, "mode", lambda: MODES),
+        default=["forward"],
+        help=f"comma-separated from {', '.join(MODES)}",
+    )
+    p.add_argument(
+        "--masks",
+        type=_list(str, "mask kind", lambda: masks.MASK_KINDS),
+        default=["none"],
+        help=f"comma-separated from {', '.join(masks.MASK_KINDS)}",
+    )
 
 
 def _add_shape_options(p: argparse.ArgumentParser) -> None:
     """``run``'s batch sizes, heads, key/value heads and head dimensions."""
-    p.add_argument("--batches", "--batch", dest="batches", type=_list(_int_at_least(1, "batch"), "batch size"),
-                   default=[1], help="comma-separated batch sizes B (every combination is a case)")
+    p.add_argument(
+        "--batches",
+        "--batch",
+        dest="batches",
+        type=_list(_int_at_least(1, "batch"), "batch size"),
+        default=[1],
+        help="comma-separated batch sizes B (every combination is a case)",
+    )
     p.add_argument("--heads", type=_int_at_least(1, "heads"), default=8, help="(query) heads H")
-    p.add_argument("--kv-heads", type=_list(_int_at_least(1, "kv_heads"), "key/value head count"), default=None,
-                   help="comma-separated key/value head counts Hkv, each dividing --heads (grouped-query "
-                        "attention; 1 is multi-query; default: Hkv = H)")
-    p.add_argument("--head-dims", "--head-dim", dest="head_dims",
-                   type=_list(_int_at_least(1, "head_dim"), "head dimension"),
-                   default=[64], help="comma-separated head dimensions D")
+    p.add_argument(
+        "--kv-heads",
+        type=_list(_int_at_least(1, "kv_heads"), "key/value head count"),
+        default=None,
+        help="comma-separated key/value head counts Hkv, each dividing --heads (grouped-query "
+        "attention; 1 is multi-query; default: Hkv = H)",
+    )
+    p.add_argument(
+        "--head-dims",
+        "--head-dim",
+        dest="head_dims",
+        type=_list(_int_at_least(1, "head_dim"), "head dimension"),
+        default=[64],
+        help="comma-separated head dimensions D",
+    )
 
 
 def _add_worker_options(p: argparse.ArgumentParser) -> None:
     """``run``'s threads per worker and what it does about a disturbed case."""
     from attnbench.measure.regime import DEFAULT_THREADS
 
-    p.add_argument("--threads", type=_int_at_least(1, "threads"), default=DEFAULT_THREADS,
-                   help="torch threads in every worker (1 by default: a second thread stalls whenever another "
-                        "process takes its core)")
-    p.add_argument("--retries", type=_int_at_least(0, "retries"), default=2,
-                   help="re-measurements of a case found disturbed (run-queue wait, probe, clusters), "
-                        "before it is marked noisy")
-    p.add_argument("--no-probe", action="store_true",
-                   help="no calibration probe and no re-timing of descheduled blocks (no interference "
-                        "detection, no noisy status)")
+    p.add_argument(
+        "--threads",
+        type=_int_at_least(1, "threads"),
+        default=DEFAULT_THREADS,
+        help="torch threads in every worker (1 by default: a second thread stalls whenever another "
+        "process takes its core)",
+    )
+    p.add_argument(
+        "--retries",
+        type=_int_at_least(0, "retries"),
+        default=2,
+        help="re-measurements of a case found disturbed (run-queue wait, probe, clusters), "
+        "before it is marked noisy",
+    )
+    p.add_argument(
+        "--no-probe",
+        action="store_true",
+        help="no calibration probe and no re-timing of descheduled blocks (no interference "
+        "detection, no noisy status)",
+    )
 
 
 def _add_budget_options(p: argparse.ArgumentParser) -> None:
     """``run``'s memory and time budgets per case."""
-    p.add_argument("--budget-mb", type=_positive, default=None,
-                   help="memory budget per case in MiB (default: --budget-fraction of free memory); "
-                        "also caps each worker's memory")
-    p.add_argument("--budget-fraction", type=_fraction, default=0.5, help="memory budget as a share of free memory")
-    p.add_argument("--time-budget", type=_positive, default=DEFAULT_TIME_BUDGET,
-                   help="seconds one case may take in total (predicted beforehand; the default keeps the "
-                        "default sweep under 5 minutes on 2 cores)")
-    p.add_argument("--case-timeout", type=_positive, default=None,
-                   help="hard limit in seconds: a case still running is killed (default: 2 x "
-                        "--time-budget + 60)")
+    p.add_argument(
+        "--budget-mb",
+        type=_positive,
+        default=None,
+        help="memory budget per case in MiB (default: --budget-fraction of free memory); "
+        "also caps each worker's memory",
+    )
+    p.add_argument(
+        "--budget-fraction",
+        type=_fraction,
+        default=0.5,
+        help="memory budget as a share of free memory",
+    )
+    p.add_argument(
+        "--time-budget",
+        type=_positive,
+        default=DEFAULT_TIME_BUDGET,
+        help="seconds one case may take in total (predicted beforehand; the default keeps the "
+        "default sweep under 5 minutes on 2 cores)",
+    )
+    p.add_argument(
+        "--case-timeout",
+        type=_positive,
+        default=None,
+        help="hard limit in seconds: a case still running is killed (default: 2 x "
+        "--time-budget + 60)",
+    )
 
 
 def _add_measurement_options(p: argparse.ArgumentParser) -> None:
     """What ``run`` measures of a case: timed calls, the accuracy check, counts, caches, graphs."""
-    p.add_argument("--min-runs", type=_int_at_least(1, "min_runs"), default=5, help="timed calls per case, at least")
-    p.add_argument("--min-time", type=_positive, default=0.25, help="seconds of timed calls per case, at least")
-    p.add_argument("--max-time", type=_positive, default=None,
-                   help="seconds of timed calls per case, at most (default 5, or --min-time when that "
-                        "is longer)")
+    p.add_argument(
+        "--min-runs",
+        type=_int_at_least(1, "min_runs"),
+        default=5,
+        help="timed calls per case, at least",
+    )
+    p.add_argument(
+        "--min-time", type=_positive, default=0.25, help="seconds of timed calls per case, at least"
+    )
+    p.add_argument(
+        "--max-time",
+        type=_positive,
+        default=None,
+        help="seconds of timed calls per case, at most (default 5, or --min-time when that "
+        "is longer)",
+    )
     p.add_argument("--no-check", action="store_true", help="skip the float64 accuracy check")
-    p.add_argument("--instructions", action=argparse.BooleanOptionalAction, default=None,
-                   help="count instructions per call under valgrind, in one process beside the timed "
-                        "sweep (default: when valgrind is installed, the headline figure's variants and "
-                        "one per family, at the lengths a budget allows; --instructions: every CPU case; "
-                        "--no-instructions: none)")
-    p.add_argument("--flush-cache", action=argparse.BooleanOptionalAction, default=None,
-                   help="evict caches before every timed call (default: on for --workload decode, whose "
-                        "KV cache is cold in real inference, where every layer reads its own; off for "
-                        "prefill)")
+    p.add_argument(
+        "--instructions",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="count instructions per call under valgrind, in one process beside the timed "
+        "sweep (default: when valgrind is installed, the headline figure's variants and "
+        "one per family, at the lengths a budget allows; --instructions: every CPU case; "
+        "--no-instructions: none)",
+    )
+    p.add_argument(
+        "--flush-cache",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="evict caches before every timed call (default: on for --workload decode, whose "
+        "KV cache is cold in real inference, where every layer reads its own; off for "
+        "prefill)",
+    )
     p.add_argument("--cuda-graphs", action="store_true", help="CUDA: also time CUDA-graph replay")
-    p.add_argument("--no-limit", action="store_true", help="sweep slow variants (loop) at every length")
+    p.add_argument(
+        "--no-limit", action="store_true", help="sweep slow variants (loop) at every length"
+    )
 
 
 def _add_run_output_options(p: argparse.ArgumentParser) -> None:
     """Where ``run`` writes, whether it continues or replaces a run there, and what it shows."""
     p.add_argument("--root", default="reports/runs", help="where new run directories go")
-    p.add_argument("--out", default=None, help="exact run directory (default: <root>/<time>-<host>)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue the run in --out: measure only the cases its log lacks (same "
-                        "configuration required)")
-    p.add_argument("--force", action="store_true", help="replace the run in a non-empty --out (its files and report)")
-    p.add_argument("--report", action=argparse.BooleanOptionalAction, default=True, help="build the HTML report")
+    p.add_argument(
+        "--out", default=None, help="exact run directory (default: <root>/<time>-<host>)"
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out: measure only the cases its log lacks (same "
+        "configuration required)",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace the run in a non-empty --out (its files and report)",
+    )
+    p.add_argument(
+        "--report",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="build the HTML report",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def _add_report_parser(sub) -> None:
-    p = sub.add_parser("report", help="HTML report from asv results and/or run directories", formatter_class=_Formatter)
-    p.add_argument("--from", dest="sources", action="append",
-                   help="asv results dir or run dir (repeatable: two runs, commits or machines are "
-                        "compared side by side)")
+    p = sub.add_parser(
+        "report",
+        help="HTML report from asv results and/or run directories",
+        formatter_class=_Formatter,
+    )
+    p.add_argument(
+        "--from",
+        dest="sources",
+        action="append",
+        help="asv results dir or run dir (repeatable: two runs, commits or machines are "
+        "compared side by side)",
+    )
     p.add_argument("--out", default="reports/latest", help="output directory")
     p.add_argument("--title", default="attnbench report")
-    p.add_argument("--demos", action="store_true",
-                   help="add the teaching demos (Nadaraya-Watson regression, masked attention weights; "
-                        "they train on every build)")
+    p.add_argument(
+        "--demos",
+        action="store_true",
+        help="add the teaching demos (Nadaraya-Watson regression, masked attention weights; "
+        "they train on every build)",
+    )
     p.set_defaults(func=cmd_report)
 
 
 def _add_profile_parser(sub) -> None:
     from attnbench.measure.regime import DEFAULT_THREADS
 
-    p = sub.add_parser("profile", help="one case under torch.profiler: trace, top operators, memory plot",
-                       formatter_class=_Formatter)
+    p = sub.add_parser(
+        "profile",
+        help="one case under torch.profiler: trace, top operators, memory plot",
+        formatter_class=_Formatter,
+    )
     p.add_argument("variant", type=_variant, help="registered variant name")
     p.add_argument("--seq-len", type=_length, required=True, help="sequence length")
     p.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--dtype", default="float32", choices=list(DTYPES))
-    p.add_argument("--mode", "--pass", dest="mode", default="forward", choices=list(MODES),
-                   help="forward or backward (forward + backward)")
+    p.add_argument(
+        "--mode",
+        "--pass",
+        dest="mode",
+        default="forward",
+        choices=list(MODES),
+        help="forward or backward (forward + backward)",
+    )
     p.add_argument("--batch", type=_int_at_least(1, "batch"), default=1)
     p.add_argument("--heads", type=_int_at_least(1, "heads"), default=8)
     p.add_argument("--head-dim", type=_int_at_least(1, "head_dim"), default=64)
-    p.add_argument("--threads", type=_int_at_least(1, "threads"), default=DEFAULT_THREADS, help="torch threads")
+    p.add_argument(
+        "--threads", type=_int_at_least(1, "threads"), default=DEFAULT_THREADS, help="torch threads"
+    )
     p.add_argument("--out", default=None, help="output directory (default reports/profiles/<case>)")
     p.set_defaults(func=cmd_profile)
 
 
 def _add_regress_parser(sub) -> None:
-    p = sub.add_parser("regress", help="benchmark BASE and HEAD with asv; exit 1 if HEAD regressed",
-                       formatter_class=_Formatter)
+    p = sub.add_parser(
+        "regress",
+        help="benchmark BASE and HEAD with asv; exit 1 if HEAD regressed",
+        formatter_class=_Formatter,
+    )
     p.add_argument("base", help="git revision to compare against (e.g. origin/main)")
     p.add_argument("head", nargs="?", default="HEAD", help="git revision under test")
     p.add_argument("--repo", default=".", help="attnbench checkout")
     p.add_argument("--time-factor", type=_factor, default=1.2, help="allowed HEAD/BASE time ratio")
-    p.add_argument("--memory-factor", type=_factor, default=1.1, help="allowed HEAD/BASE peak tensor bytes ratio")
-    p.add_argument("--rounds", type=_int_at_least(1, "rounds"), default=2,
-                   help="asv rounds, interleaved across the commits")
-    p.add_argument("--metric", choices=["time", "instructions", "both"], default=None,
-                   help="what decides: wall time, instruction counts under valgrind, or both (default: "
-                        "both when valgrind is installed, else time)")
-    p.add_argument("--instructions-factor", type=_factor, default=INSTRUCTIONS_FACTOR,
-                   help="allowed HEAD/BASE instruction count ratio")
-    p.add_argument("--work-dir", default=".asv/regress",
-                   help="results and asv.log go here (relative to the current directory)")
-    p.add_argument("--time-cases", choices=["longest", "all"], default="longest",
-                   help="where counts decide (--metric both or instructions): time the longest length of "
-                        "each variant only (where the working set is largest: what counts cannot see "
-                        "weighs most) or every case (minutes longer); --metric time always times every case")
-    p.add_argument("--summary", default=None, metavar="FILE",
-                   help="also write the verdict as Markdown to FILE (and append it to "
-                        "$GITHUB_STEP_SUMMARY when set)")
+    p.add_argument(
+        "--memory-factor",
+        type=_factor,
+        default=1.1,
+        help="allowed HEAD/BASE peak tensor bytes ratio",
+    )
+    p.add_argument(
+        "--rounds",
+        type=_int_at_least(1, "rounds"),
+        default=2,
+        help="asv rounds, interleaved across the commits",
+    )
+    p.add_argument(
+        "--metric",
+        choices=["time", "instructions", "both"],
+        default=None,
+        help="what decides: wall time, instruction counts under valgrind, or both (default: "
+        "both when valgrind is installed, else time)",
+    )
+    p.add_argument(
+        "--instructions-factor",
+        type=_factor,
+        default=INSTRUCTIONS_FACTOR,
+        help="allowed HEAD/BASE instruction count ratio",
+    )
+    p.add_argument(
+        "--work-dir",
+        default=".asv/regress",
+        help="results and asv.log go here (relative to the current directory)",
+    )
+    p.add_argument(
+        "--time-cases",
+        choices=["longest", "all"],
+        default="longest",
+        help="where counts decide (--metric both or instructions): time the longest length of "
+        "each variant only (where the working set is largest: what counts cannot see "
+        "weighs most) or every case (minutes longer); --metric time always times every case",
+    )
+    p.add_argument(
+        "--summary",
+        default=None,
+        metavar="FILE",
+        help="also write the verdict as Markdown to FILE (and append it to "
+        "$GITHUB_STEP_SUMMARY when set)",
+    )
     p.set_defaults(func=cmd_regress)
 
 
 def _add_bisect_parser(sub) -> None:
-    p = sub.add_parser("bisect", help="binary search GOOD..BAD for the first commit whose metric exceeds GOOD's by the "
-                       "gate's factor", formatter_class=_Formatter)
+    p = sub.add_parser(
+        "bisect",
+        help="binary search GOOD..BAD for the first commit whose metric exceeds GOOD's by the "
+        "gate's factor",
+        formatter_class=_Formatter,
+    )
     p.add_argument("good", help="a git revision where the metric was fine")
     p.add_argument("bad", help="a later revision where it is not (GOOD must be its ancestor)")
-    p.add_argument("--metric", choices=["instructions", "peak_tensor_bytes", "time"], default="instructions",
-                   help="what is searched: instruction counts and peak tensor bytes are exact (one "
-                        "measurement per commit); time probes are the gate's time verdicts (GOOD re-timed "
-                        "beside every probe)")
-    p.add_argument("--case", dest="cases", action="append", default=[], metavar="VARIANT:L",
-                   help="measure this case only (repeatable; default: the CI grid, narrowed by "
-                        "ATTNBENCH_ASV_*)")
+    p.add_argument(
+        "--metric",
+        choices=["instructions", "peak_tensor_bytes", "time"],
+        default="instructions",
+        help="what is searched: instruction counts and peak tensor bytes are exact (one "
+        "measurement per commit); time probes are the gate's time verdicts (GOOD re-timed "
+        "beside every probe)",
+    )
+    p.add_argument(
+        "--case",
+        dest="cases",
+        action="append",
+        default=[],
+        metavar="VARIANT:L",
+        help="measure this case only (repeatable; default: the CI grid, narrowed by "
+        "ATTNBENCH_ASV_*)",
+    )
     p.add_argument("--repo", default=".", help="attnbench checkout")
     p.add_argument("--work-dir", default=".asv/bisect", help="results and asv.log go here")
-    p.add_argument("--instructions-factor", type=_factor, default=INSTRUCTIONS_FACTOR,
-                   help="a probe is bad when a count exceeds GOOD's by this")
-    p.add_argument("--memory-factor", type=_factor, default=1.1, help="the same for peak tensor bytes")
-    p.add_argument("--time-factor", type=_factor, default=1.2, help="the gate's time allowance (--metric time)")
-    p.add_argument("--rounds", type=_int_at_least(1, "rounds"), default=2,
-                   help="time rounds per probe (--metric time)")
+    p.add_argument(
+        "--instructions-factor",
+        type=_factor,
+        default=INSTRUCTIONS_FACTOR,
+        help="a probe is bad when a count exceeds GOOD's by this",
+    )
+    p.add_argument(
+        "--memory-factor", type=_factor, default=1.1, help="the same for peak tensor bytes"
+    )
+    p.add_argument(
+        "--time-factor", type=_factor, default=1.2, help="the gate's time allowance (--metric time)"
+    )
+    p.add_argument(
+        "--rounds",
+        type=_int_at_least(1, "rounds"),
+        default=2,
+        help="time rounds per probe (--metric time)",
+    )
     p.set_defaults(func=cmd_bisect)
 
 
 def _add_history_parser(sub) -> None:
-    p = sub.add_parser("history", help="steps and drifts in a results history (e.g. the benchmark-results branch)",
-                       formatter_class=_Formatter)
-    p.add_argument("--from", dest="sources", action="append", required=True,
-                   help="asv results directory of several commits (repeatable)")
-    p.add_argument("--out", default="reports/history", help="history.html, figures/ and steps.csv go here")
-    p.add_argument("--window", type=_int_at_least(2, "window"), default=10,
-                   help="commits a drift may spread over (a cumulative change beyond the factor with no "
-                        "single step)")
-    p.add_argument("--repo", default=".",
-                   help="git repository to order the commits by (when it knows them all; else asv's "
-                        "commit dates)")
-    p.add_argument("--instructions-factor", type=_factor, default=INSTRUCTIONS_FACTOR, help="a count's step or drift")
-    p.add_argument("--memory-factor", type=_factor, default=1.1, help="peak tensor bytes' step or drift")
+    p = sub.add_parser(
+        "history",
+        help="steps and drifts in a results history (e.g. the benchmark-results branch)",
+        formatter_class=_Formatter,
+    )
+    p.add_argument(
+        "--from",
+        dest="sources",
+        action="append",
+        required=True,
+        help="asv results directory of several commits (repeatable)",
+    )
+    p.add_argument(
+        "--out", default="reports/history", help="history.html, figures/ and steps.csv go here"
+    )
+    p.add_argument(
+        "--window",
+        type=_int_at_least(2, "window"),
+        default=10,
+        help="commits a drift may spread over (a cumulative change beyond the factor with no "
+        "single step)",
+    )
+    p.add_argument(
+        "--repo",
+        default=".",
+        help="git repository to order the commits by (when it knows them all; else asv's "
+        "commit dates)",
+    )
+    p.add_argument(
+        "--instructions-factor",
+        type=_factor,
+        default=INSTRUCTIONS_FACTOR,
+        help="a count's step or drift",
+    )
+    p.add_argument(
+        "--memory-factor", type=_factor, default=1.1, help="peak tensor bytes' step or drift"
+    )
     p.add_argument("--time-factor", type=_factor, default=1.2, help="a time level's step or drift")
-    p.add_argument("--summary", default=None, metavar="FILE",
-                   help="also write the steps as Markdown to FILE (and append them to "
-                        "$GITHUB_STEP_SUMMARY when set)")
+    p.add_argument(
+        "--summary",
+        default=None,
+        metavar="FILE",
+        help="also write the steps as Markdown to FILE (and append them to "
+        "$GITHUB_STEP_SUMMARY when set)",
+    )
     p.set_defaults(func=cmd_history)
 
 
 def _add_export_parser(sub) -> None:
-    p = sub.add_parser("export", help="results as Bencher's BMF or github-action-benchmark's customSmallerIsBetter "
-                       "JSON", formatter_class=_Formatter)
+    p = sub.add_parser(
+        "export",
+        help="results as Bencher's BMF or github-action-benchmark's customSmallerIsBetter JSON",
+        formatter_class=_Formatter,
+    )
     p.add_argument("source", metavar="FROM", help="asv results directory or run directory")
-    p.add_argument("--format", dest="fmt", choices=["bmf", "github-action-benchmark"], required=True)
-    p.add_argument("--commit", default=None, help="the commit to export (a prefix; default: the newest)")
+    p.add_argument(
+        "--format", dest="fmt", choices=["bmf", "github-action-benchmark"], required=True
+    )
+    p.add_argument(
+        "--commit", default=None, help="the commit to export (a prefix; default: the newest)"
+    )
     p.add_argument("--out", default=None, help="write the JSON here (default: standard output)")
     p.set_defaults(func=cmd_export)
 
@@ -1105,40 +1575,69 @@ def _add_export_parser(sub) -> None:
 def _add_peak_parser(sub) -> None:
     from attnbench.measure.regime import DEFAULT_THREADS
 
-    p = sub.add_parser("peak", help="measure this machine's matmul FLOP/s and memory bandwidth (cached for reports)",
-                       formatter_class=_Formatter)
+    p = sub.add_parser(
+        "peak",
+        help="measure this machine's matmul FLOP/s and memory bandwidth (cached for reports)",
+        formatter_class=_Formatter,
+    )
     p.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--dtype", default="float32", choices=list(DTYPES))
-    p.add_argument("--threads", type=_int_at_least(1, "threads"), default=DEFAULT_THREADS,
-                   help="torch threads (as attnbench run's --threads: the roofs of that sweep)")
+    p.add_argument(
+        "--threads",
+        type=_int_at_least(1, "threads"),
+        default=DEFAULT_THREADS,
+        help="torch threads (as attnbench run's --threads: the roofs of that sweep)",
+    )
     p.add_argument("--no-bandwidth", action="store_true", help="measure the matmul peak only")
     p.set_defaults(func=cmd_peak)
 
 
 def _add_publish_parser(sub) -> None:
-    p = sub.add_parser("publish", help="asv publish, made to work offline (no CDN): graphs from a file or a local "
-                       "server", formatter_class=_Formatter)
-    p.add_argument("--config", default="asv.conf.json", help="asv configuration (its paths are relative to its folder)")
-    p.add_argument("--html-dir", "-o", default=None,
-                   help="output directory (default: html_dir of the asv configuration)")
+    p = sub.add_parser(
+        "publish",
+        help="asv publish, made to work offline (no CDN): graphs from a file or a local server",
+        formatter_class=_Formatter,
+    )
+    p.add_argument(
+        "--config",
+        default="asv.conf.json",
+        help="asv configuration (its paths are relative to its folder)",
+    )
+    p.add_argument(
+        "--html-dir",
+        "-o",
+        default=None,
+        help="output directory (default: html_dir of the asv configuration)",
+    )
     p.set_defaults(func=cmd_publish)
 
 
 def _add_shard_parser(sub) -> None:
-    p = sub.add_parser("shard", help="a CI job's share of the asv suite: KEY=VALUE lines (its grid, "
-                       "ATTNBENCH_ASV_BENCH)", formatter_class=_Formatter)
+    p = sub.add_parser(
+        "shard",
+        help="a CI job's share of the asv suite: KEY=VALUE lines (its grid, ATTNBENCH_ASV_BENCH)",
+        formatter_class=_Formatter,
+    )
     p.add_argument("shard", help="I/N: this job is shard I of N (1-based)")
-    p.add_argument("--grid", default=None,
-                   help="also print the ATTNBENCH_ASV_* variables of this named grid (e.g. ci)")
+    p.add_argument(
+        "--grid",
+        default=None,
+        help="also print the ATTNBENCH_ASV_* variables of this named grid (e.g. ci)",
+    )
     p.add_argument("--benchmarks", default="benchmarks", help="the asv benchmark folder")
     p.set_defaults(func=cmd_shard)
 
 
 def _add_merge_results_parser(sub) -> None:
-    p = sub.add_parser("merge-results", help="merge the asv results directories of several shards into one",
-                       formatter_class=_Formatter)
+    p = sub.add_parser(
+        "merge-results",
+        help="merge the asv results directories of several shards into one",
+        formatter_class=_Formatter,
+    )
     p.add_argument("sources", nargs="+", help="asv results directories (each with benchmarks.json)")
-    p.add_argument("--out", required=True, help="the merged results directory (created, or merged into)")
+    p.add_argument(
+        "--out", required=True, help="the merged results directory (created, or merged into)"
+    )
     p.set_defaults(func=cmd_merge_results)
 
 

@@ -111,6 +111,7 @@ GATE_VERDICTS = "attnbench-gate.csv"
 GATED_BENCHMARKS = (TIME_BENCHMARK, TENSOR_BYTES_BENCHMARK, FLOPS_BENCHMARK, ERROR_RATIO_BENCHMARK)
 """What the regression gate runs on BASE and HEAD."""
 
+
 # ---- the metric table ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Metric:
@@ -158,36 +159,140 @@ class Metric:
 
 
 _BUILTIN_METRICS: tuple[Metric, ...] = (
-    Metric("time", "s", "median time per call", field="median", spread="iqr", method="<timing_method", column="median_s",
-           asv=(TIME_BENCHMARK, DECODE_TIME_BENCHMARK, GQA_TIME_BENCHMARK), declared="time_exponent", fitted=True,
-           timed=True),
-    Metric("cuda_time", "s", "CUDA-event time per call", asv=("AttentionCuda.track_cuda_ms",), asv_unit="ms",
-           asv_factor=1e-3, asv_method=Method.CUDA_EVENTS, timed=True),
-    Metric("compile_time", "s", "compile time (first call)", field="compile_seconds", method=Method.WALL, column="compile_s"),
-    Metric("peak_tensor_bytes", "bytes", "peak tensor memory above inputs", field="peak_tensor_bytes",
-           method="<memory_method", asv=(TENSOR_BYTES_BENCHMARK, GQA_TENSOR_BYTES_BENCHMARK), asv_method=None,
-           declared="memory_exponent", fitted=True),
-    Metric("peak_rss", "bytes", "process peak RSS", field="peak_rss_bytes", method=Method.RSS, asv=(PEAKMEM_BENCHMARK,)),
-    Metric("gflops", "GFLOP/s", "achieved GFLOP/s", field="gflops_per_s", method="<timing_method",
-           asv=("AttentionMetrics.track_gflops",), timed=True),
+    Metric(
+        "time",
+        "s",
+        "median time per call",
+        field="median",
+        spread="iqr",
+        method="<timing_method",
+        column="median_s",
+        asv=(TIME_BENCHMARK, DECODE_TIME_BENCHMARK, GQA_TIME_BENCHMARK),
+        declared="time_exponent",
+        fitted=True,
+        timed=True,
+    ),
+    Metric(
+        "cuda_time",
+        "s",
+        "CUDA-event time per call",
+        asv=("AttentionCuda.track_cuda_ms",),
+        asv_unit="ms",
+        asv_factor=1e-3,
+        asv_method=Method.CUDA_EVENTS,
+        timed=True,
+    ),
+    Metric(
+        "compile_time",
+        "s",
+        "compile time (first call)",
+        field="compile_seconds",
+        method=Method.WALL,
+        column="compile_s",
+    ),
+    Metric(
+        "peak_tensor_bytes",
+        "bytes",
+        "peak tensor memory above inputs",
+        field="peak_tensor_bytes",
+        method="<memory_method",
+        asv=(TENSOR_BYTES_BENCHMARK, GQA_TENSOR_BYTES_BENCHMARK),
+        asv_method=None,
+        declared="memory_exponent",
+        fitted=True,
+    ),
+    Metric(
+        "peak_rss",
+        "bytes",
+        "process peak RSS",
+        field="peak_rss_bytes",
+        method=Method.RSS,
+        asv=(PEAKMEM_BENCHMARK,),
+    ),
+    Metric(
+        "gflops",
+        "GFLOP/s",
+        "achieved GFLOP/s",
+        field="gflops_per_s",
+        method="<timing_method",
+        asv=("AttentionMetrics.track_gflops",),
+        timed=True,
+    ),
     Metric("flops", "FLOP", "executed FLOPs", asv=(FLOPS_BENCHMARK,), asv_method=Method.MODEL),
-    Metric("max_error", "abs", "max error vs the float64 reference", field="max_error", method=Method.REFERENCE,
-           asv=("AttentionAccuracy.track_max_error",), asv_unit="abs error", asv_method=Method.REFERENCE),
-    Metric("softmax_error", "abs", "max error vs exact softmax attention", field="softmax_error", method=Method.REFERENCE),
-    Metric("error_ratio", "x tolerance", "max error / tolerance", field="checked_error_ratio", method=Method.REFERENCE,
-           column="error_ratio",
-           asv=(ERROR_RATIO_BENCHMARK,), asv_method=Method.REFERENCE),
-    Metric("bytes", "bytes", "bytes an ideal kernel moves", field="bytes_moved", method=Method.MODEL),
-    Metric("gbps", "GB/s", "achieved GB/s", field="gbytes_per_s", method="<timing_method",
-           asv=(DECODE_GBPS_BENCHMARK,), timed=True),
-    Metric("instructions", "instructions", "instructions per call", field="instructions", method=Method.CALLGRIND,
-           asv=(INSTRUCTIONS_BENCHMARK,), asv_method=Method.CALLGRIND, declared="time_exponent", fitted=True),
-    Metric("page_faults", "faults", "minor page faults per call", field="extra.page_faults", method=Method.RUSAGE,
-           asv=(PAGE_FAULTS_BENCHMARK,), asv_method=Method.RUSAGE, fitted=True),
-    Metric("waited_blocks", "share", "share of timed blocks that waited for a core", field="extra.waited_blocks",
-           method=Method.SCHEDSTAT),
-    Metric("runqueue_share", "share", "run-queue wait per wall second (median block)", field="extra.runqueue_share",
-           method=Method.SCHEDSTAT),
+    Metric(
+        "max_error",
+        "abs",
+        "max error vs the float64 reference",
+        field="max_error",
+        method=Method.REFERENCE,
+        asv=("AttentionAccuracy.track_max_error",),
+        asv_unit="abs error",
+        asv_method=Method.REFERENCE,
+    ),
+    Metric(
+        "softmax_error",
+        "abs",
+        "max error vs exact softmax attention",
+        field="softmax_error",
+        method=Method.REFERENCE,
+    ),
+    Metric(
+        "error_ratio",
+        "x tolerance",
+        "max error / tolerance",
+        field="checked_error_ratio",
+        method=Method.REFERENCE,
+        column="error_ratio",
+        asv=(ERROR_RATIO_BENCHMARK,),
+        asv_method=Method.REFERENCE,
+    ),
+    Metric(
+        "bytes", "bytes", "bytes an ideal kernel moves", field="bytes_moved", method=Method.MODEL
+    ),
+    Metric(
+        "gbps",
+        "GB/s",
+        "achieved GB/s",
+        field="gbytes_per_s",
+        method="<timing_method",
+        asv=(DECODE_GBPS_BENCHMARK,),
+        timed=True,
+    ),
+    Metric(
+        "instructions",
+        "instructions",
+        "instructions per call",
+        field="instructions",
+        method=Method.CALLGRIND,
+        asv=(INSTRUCTIONS_BENCHMARK,),
+        asv_method=Method.CALLGRIND,
+        declared="time_exponent",
+        fitted=True,
+    ),
+    Metric(
+        "page_faults",
+        "faults",
+        "minor page faults per call",
+        field="extra.page_faults",
+        method=Method.RUSAGE,
+        asv=(PAGE_FAULTS_BENCHMARK,),
+        asv_method=Method.RUSAGE,
+        fitted=True,
+    ),
+    Metric(
+        "waited_blocks",
+        "share",
+        "share of timed blocks that waited for a core",
+        field="extra.waited_blocks",
+        method=Method.SCHEDSTAT,
+    ),
+    Metric(
+        "runqueue_share",
+        "share",
+        "run-queue wait per wall second (median block)",
+        field="extra.runqueue_share",
+        method=Method.SCHEDSTAT,
+    ),
 )
 """``bytes`` is :attr:`AttnSpec.bytes_moved` (method "model"); ``gbps`` is that over the measured
 time. ``instructions``: per call of the timed closure, counted under valgrind
@@ -232,7 +337,11 @@ def add_metric(metric: Metric) -> None:
     if metric.declared:
         DECLARED[metric.name] = metric.declared
     for benchmark in metric.asv:
-        ASV_METRICS[benchmark.rsplit(".", 1)[-1]] = (metric.name, metric.asv_factor, metric.asv_method)
+        ASV_METRICS[benchmark.rsplit(".", 1)[-1]] = (
+            metric.name,
+            metric.asv_factor,
+            metric.asv_method,
+        )
 
 
 for _metric in _BUILTIN_METRICS:
@@ -287,14 +396,35 @@ minute to three minutes)."""
 GRIDS: dict[str, Grid] = {
     "run": Grid(lengths=(64, 128, 256, 512, 1024, 2048, 4096)),
     "run-decode": Grid(lengths=tuple(2**p for p in range(10, 18)), workload="decode"),
-    "asv": Grid(lengths=(128, 256, 512, 1024),
-                variants=("loop", "vectorized", "batched", "torch_mha", "sdpa", "chunked", "linear_elu", "bilinear"),
-                modes=("forward", "backward"), masks=("none", "causal"), count_budget_s=ASV_COUNT_BUDGET_S),
-    "asv-full": Grid(lengths=(64, 128, 256, 512, 1024, 2048, 4096, 8192), modes=("forward", "backward"),
-                     masks=("none", "causal"), count_budget_s=1800.0),
+    "asv": Grid(
+        lengths=(128, 256, 512, 1024),
+        variants=(
+            "loop",
+            "vectorized",
+            "batched",
+            "torch_mha",
+            "sdpa",
+            "chunked",
+            "linear_elu",
+            "bilinear",
+        ),
+        modes=("forward", "backward"),
+        masks=("none", "causal"),
+        count_budget_s=ASV_COUNT_BUDGET_S,
+    ),
+    "asv-full": Grid(
+        lengths=(64, 128, 256, 512, 1024, 2048, 4096, 8192),
+        modes=("forward", "backward"),
+        masks=("none", "causal"),
+        count_budget_s=1800.0,
+    ),
     "asv-decode": Grid(lengths=(4096, 16384), variants=("sdpa", "batched"), workload="decode"),
     "asv-gqa": Grid(lengths=(1024,), variants=("sdpa", "batched")),
-    "ci": Grid(lengths=(256, 512, 1024), variants=("batched", "chunked", "sdpa", "local", "linear_elu"), devices=("cpu",)),
+    "ci": Grid(
+        lengths=(256, 512, 1024),
+        variants=("batched", "chunked", "sdpa", "local", "linear_elu"),
+        devices=("cpu",),
+    ),
 }
 """``run``: ``attnbench run``'s default sweep; ``run-decode``: its decode workload (1K..128K keys;
 the guard skips what does not fit). ``asv``: the asv suite's default tier (``Attention*`` classes):
@@ -312,7 +442,10 @@ valgrind seconds, :func:`attnbench.measure.instructions.predicted_seconds`) whil
 within it; None counts every case (each within the counter's own per-case budget)."""
 ASV_TIERS: dict[str, str] = {"default": "asv", "full": "asv-full"}
 """``ATTNBENCH_ASV_GRID`` value -> the grid of :data:`GRIDS` the asv suite's main classes run."""
-RUN_LENGTHS: dict[str, tuple[int, ...]] = {"prefill": GRIDS["run"].lengths, "decode": GRIDS["run-decode"].lengths}
+RUN_LENGTHS: dict[str, tuple[int, ...]] = {
+    "prefill": GRIDS["run"].lengths,
+    "decode": GRIDS["run-decode"].lengths,
+}
 """``attnbench run``'s default lengths per workload."""
 BASE_SPEC = AttnSpec(batch=1, heads=8, head_dim=64, dtype="float32")
 """The asv suite's fixed shape (B, H, D, dtype); the grid varies variant, L, device and mode."""
@@ -344,8 +477,18 @@ ENV_ENV_DIR = "ATTNBENCH_ASV_ENV_DIR"
 """Where the regression gate's asv keeps its environments (default: the checkout's ``.asv/env``):
 one directory shared by several clones, or restored from a CI cache, saves building asv's pinned
 virtualenv again."""
-GRID_ENV = (ENV_GRID, ENV_VARIANTS, ENV_LENGTHS, ENV_DEVICES, ENV_MODES, ENV_MASKS, ENV_MAX_CALL_S, ENV_COUNT_BUDGET_S,
-            ENV_BATCH, ENV_DECODE_LENGTHS)
+GRID_ENV = (
+    ENV_GRID,
+    ENV_VARIANTS,
+    ENV_LENGTHS,
+    ENV_DEVICES,
+    ENV_MODES,
+    ENV_MASKS,
+    ENV_MAX_CALL_S,
+    ENV_COUNT_BUDGET_S,
+    ENV_BATCH,
+    ENV_DECODE_LENGTHS,
+)
 
 
 def asv_tier(environ: Mapping[str, str] | None = None) -> tuple[str, Grid]:
@@ -354,9 +497,13 @@ def asv_tier(environ: Mapping[str, str] | None = None) -> tuple[str, Grid]:
     Raises:
         ValueError: an unknown value (the message names the variable and the valid values).
     """
-    raw = (os.environ if environ is None else environ).get(ENV_GRID, "").strip().lower() or "default"
+    raw = (os.environ if environ is None else environ).get(
+        ENV_GRID, ""
+    ).strip().lower() or "default"
     if raw not in ASV_TIERS:
-        raise ValueError(f"{ENV_GRID} must be one of {', '.join(ASV_TIERS)} (unset: default), got {raw!r}")
+        raise ValueError(
+            f"{ENV_GRID} must be one of {', '.join(ASV_TIERS)} (unset: default), got {raw!r}"
+        )
     return ASV_TIERS[raw], GRIDS[ASV_TIERS[raw]]
 
 
@@ -365,8 +512,12 @@ def grid_environment(grid: Grid) -> dict[str, str]:
 
     The count budget travels with it: a grid without one (``ci``) is counted whole in either tier.
     """
-    env = {ENV_LENGTHS: ",".join(map(str, grid.lengths)), ENV_MODES: ",".join(grid.modes), ENV_MASKS: ",".join(grid.masks),
-           ENV_COUNT_BUDGET_S: "none" if grid.count_budget_s is None else f"{grid.count_budget_s:g}"}
+    env = {
+        ENV_LENGTHS: ",".join(map(str, grid.lengths)),
+        ENV_MODES: ",".join(grid.modes),
+        ENV_MASKS: ",".join(grid.masks),
+        ENV_COUNT_BUDGET_S: "none" if grid.count_budget_s is None else f"{grid.count_budget_s:g}",
+    }
     if grid.variants is not None:
         env[ENV_VARIANTS] = ",".join(grid.variants)
     else:  # every default-sweep variant: the full tier's list (the default tier names its own)
@@ -390,12 +541,19 @@ def asv_case(benchmark: str, case: dict, base: AttnSpec = BASE_SPEC) -> tuple[At
     cls = benchmark.split(".")[-2] if "." in benchmark else ""
     device = case.get("device", "cpu")
     if cls == DECODE_TIME_BENCHMARK.split(".")[0]:
-        spec = base.replace(seq_len=ASV_DECODE_Q_LEN, seq_len_k=case.get("seq_len_k", 0), device=device)
+        spec = base.replace(
+            seq_len=ASV_DECODE_Q_LEN, seq_len_k=case.get("seq_len_k", 0), device=device
+        )
         return spec, "decode"
     kv_heads = ASV_GQA_KV_HEADS if cls == GQA_TIME_BENCHMARK.split(".")[0] else None
     # older suites had no mask parameter (unmasked) and, before that, no mode (forward)
-    spec = base.replace(seq_len=case.get("seq_len", 0), device=device, mode=case.get("mode", "forward"),
-                        mask=case.get("mask", "none"), kv_heads=kv_heads)
+    spec = base.replace(
+        seq_len=case.get("seq_len", 0),
+        device=device,
+        mode=case.get("mode", "forward"),
+        mask=case.get("mask", "none"),
+        kv_heads=kv_heads,
+    )
     return spec, "prefill"
 
 
@@ -411,8 +569,13 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "compiled": ("compiled_batched", "compiled_chunked", "flex"),
 }
 """Families of variants, each member list in the order the report shades it (lighter first)."""
-REPRESENTATIVES: dict[str, str] = {"dense": "batched", "fused": "sdpa", "blockwise": "chunked", "linear": "linear_elu",
-                                   "scoring": "scaled_dot"}
+REPRESENTATIVES: dict[str, str] = {
+    "dense": "batched",
+    "fused": "sdpa",
+    "blockwise": "chunked",
+    "linear": "linear_elu",
+    "scoring": "scaled_dot",
+}
 """One variant per family that ``attnbench run`` counts instructions for by default beside
 :data:`PROGRESSION` (not the compiled family: it compiles per shape on its first call, too slow
 under valgrind)."""

@@ -29,7 +29,9 @@ class Heatmaps:
     cmap: str = "Reds"
 
 
-def attention_weights(variant: str | Variant, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = None) -> np.ndarray:
+def attention_weights(
+    variant: str | Variant, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = None
+) -> np.ndarray:
     """The ``(Lq, Lk)`` attention weights a variant computes (called with ``v = I``, its output).
 
     Args:
@@ -41,10 +43,14 @@ def attention_weights(variant: str | Variant, q: torch.Tensor, k: torch.Tensor, 
     lk = k.shape[-2]
     eye = torch.eye(lk, dtype=q.dtype).expand(1, 1, lk, lk)  # (1, 1, Lk, Dv=Lk)
     with torch.no_grad():
-        return variant(q.view(1, 1, *q.shape[-2:]), k.view(1, 1, *k.shape[-2:]), eye, mask)[0, 0].numpy()
+        return variant(q.view(1, 1, *q.shape[-2:]), k.view(1, 1, *k.shape[-2:]), eye, mask)[
+            0, 0
+        ].numpy()
 
 
-def nadaraya_watson(seed: int = 0, n: int = 50, epochs: int = 5) -> tuple[Heatmaps, dict[str, float]]:
+def nadaraya_watson(
+    seed: int = 0, n: int = 50, epochs: int = 5
+) -> tuple[Heatmaps, dict[str, float]]:
     """Nadaraya-Watson kernel regression, as in Dive into Deep Learning: weights and test errors.
 
     The weights and test errors are those of the non-parametric and the trained parametric model
@@ -65,10 +71,14 @@ def nadaraya_watson(seed: int = 0, n: int = 50, epochs: int = 5) -> tuple[Heatma
     y_train = f(x_train) + 0.5 * torch.randn(n, generator=gen, dtype=torch.float64)
     x_test = torch.arange(0, 5, 5 / n, dtype=torch.float64)
 
-    def weights(queries: torch.Tensor, keys: torch.Tensor, w: float, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def weights(
+        queries: torch.Tensor, keys: torch.Tensor, w: float, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         w2 = w * w
         # (Lq, 3) queries and (Lk, 3) keys whose q . k is the score -((x - x_i) w)^2 / 2
-        q = torch.stack([w2 * queries, -0.5 * w2 * queries**2, torch.full_like(queries, -0.5 * w2)], -1)
+        q = torch.stack(
+            [w2 * queries, -0.5 * w2 * queries**2, torch.full_like(queries, -0.5 * w2)], -1
+        )
         k = torch.stack([keys, torch.ones_like(keys), keys**2], -1)
         return torch.from_numpy(attention_weights("dot", q, k, mask))
 
@@ -89,8 +99,13 @@ def nadaraya_watson(seed: int = 0, n: int = 50, epochs: int = 5) -> tuple[Heatma
         "parametric_test_mse": float(((trained @ y_train - f(x_test)) ** 2).mean()),
         "learned_w": learned,
     }
-    panels = Heatmaps((plain.numpy(), trained.numpy()), ("non-parametric (w = 1)", f"parametric (learned w = {learned:.2f})"),
-                      "sorted training inputs", "sorted testing inputs", "Nadaraya-Watson kernel regression: attention weights")
+    panels = Heatmaps(
+        (plain.numpy(), trained.numpy()),
+        ("non-parametric (w = 1)", f"parametric (learned w = {learned:.2f})"),
+        "sorted training inputs",
+        "sorted testing inputs",
+        "Nadaraya-Watson kernel regression: attention weights",
+    )
     return panels, mse
 
 
@@ -106,8 +121,20 @@ def masked_weights(length: int = 40, window: int = 4) -> Heatmaps:
     panels = [
         ("batched, no mask", attention_weights("batched", enc, enc)),
         ("batched, causal", attention_weights("batched", enc, enc, masks.causal(length, length))),
-        (f"local, window {window}", attention_weights(get_variant("local", window=window), enc, enc)),
-        ("block_sparse, block 5", attention_weights(get_variant("block_sparse", block=5, random_blocks=1), enc, enc)),
+        (
+            f"local, window {window}",
+            attention_weights(get_variant("local", window=window), enc, enc),
+        ),
+        (
+            "block_sparse, block 5",
+            attention_weights(get_variant("block_sparse", block=5, random_blocks=1), enc, enc),
+        ),
     ]
-    return Heatmaps(tuple(p[1] for p in panels), tuple(p[0] for p in panels), "keys", "queries",
-                    "attention weights under masks and sparse patterns (sinusoidal position encodings)", cmap="Blues")
+    return Heatmaps(
+        tuple(p[1] for p in panels),
+        tuple(p[0] for p in panels),
+        "keys",
+        "queries",
+        "attention weights under masks and sparse patterns (sinusoidal position encodings)",
+        cmap="Blues",
+    )

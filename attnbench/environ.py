@@ -61,7 +61,10 @@ LISTS: dict[str, tuple[Callable[[str], object], str]] = {
     contract.ENV_DECODE_LENGTHS: (_positive_int, "cache lengths, integers >= 1"),
     contract.ENV_DEVICES: (_device, "devices: cpu, cuda or cuda:N"),
     contract.ENV_MODES: (_one_of(lambda: MODES), f"passes: {', '.join(MODES)}"),
-    contract.ENV_MASKS: (_one_of(lambda: masks.MASK_KINDS), f"mask kinds: {', '.join(masks.MASK_KINDS)}"),
+    contract.ENV_MASKS: (
+        _one_of(lambda: masks.MASK_KINDS),
+        f"mask kinds: {', '.join(masks.MASK_KINDS)}",
+    ),
 }
 """Comma-separated variables: how one item is read, and what the items may be."""
 NUMBERS: dict[str, tuple[Callable[[str], float], str]] = {
@@ -74,8 +77,11 @@ NUMBERS: dict[str, tuple[Callable[[str], float], str]] = {
 
 def _error(name: str, raw: str, expected: str) -> EnvironmentVariableError:
     valid = f" (valid: {', '.join(variant_names())})" if name == contract.ENV_VARIANTS else ""
-    return EnvironmentVariableError(f"{name}={raw!r}: expected comma-separated {expected}{valid}" if name in LISTS
-                                    else f"{name}={raw!r}: expected {expected}")
+    return EnvironmentVariableError(
+        f"{name}={raw!r}: expected comma-separated {expected}{valid}"
+        if name in LISTS
+        else f"{name}={raw!r}: expected {expected}"
+    )
 
 
 def read_list(name: str, default: list, environ: Mapping[str, str] | None = None) -> list:
@@ -113,7 +119,9 @@ def read_number(name: str, default: float, environ: Mapping[str, str] | None = N
         raise _error(name, raw, expected) from None
 
 
-def read_budget(name: str, default: float | None, environ: Mapping[str, str] | None = None) -> float | None:
+def read_budget(
+    name: str, default: float | None, environ: Mapping[str, str] | None = None
+) -> float | None:
     """A budget in seconds, or ``none`` (no budget: None), else ``default`` when unset or empty.
 
     Raises:
@@ -127,7 +135,9 @@ def read_budget(name: str, default: float | None, environ: Mapping[str, str] | N
     try:
         return _positive_float(raw)
     except ValueError:
-        raise EnvironmentVariableError(f"{name}={raw!r}: expected a number of seconds > 0, or none") from None
+        raise EnvironmentVariableError(
+            f"{name}={raw!r}: expected a number of seconds > 0, or none"
+        ) from None
 
 
 def problems(environ: Mapping[str, str] | None = None) -> list[str]:

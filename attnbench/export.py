@@ -58,8 +58,10 @@ def _pick(frame: pd.DataFrame, commit: str | None) -> tuple[pd.DataFrame, str]:
         matches = [c for c in commits.index if c and c.startswith(commit)]
         if len(matches) != 1:
             known = ", ".join(c[:10] for c in commits.index if c) or "none"
-            raise ExportError(f"--commit {commit!r} names {len(matches)} of the results' commits "
-                              f"(they hold: {known})")
+            raise ExportError(
+                f"--commit {commit!r} names {len(matches)} of the results' commits "
+                f"(they hold: {known})"
+            )
         chosen = matches[0]
     else:
         chosen = commits.index[-1]
@@ -82,7 +84,9 @@ def export(frame: pd.DataFrame, fmt: str, commit: str | None = None) -> Exported
         raise ExportError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     rows = frame[frame["metric"].isin(list(EXPORTED)) & (frame["status"] == Status.OK)]
     if not len(rows):
-        raise ExportError("nothing to export: no measured time, count, bytes, FLOPs or faults in the results")
+        raise ExportError(
+            "nothing to export: no measured time, count, bytes, FLOPs or faults in the results"
+        )
     rows, chosen = _pick(rows, commit)
     rows = rows.drop_duplicates([*steps_.CASE, "metric"], keep="last")
     entries = []
@@ -106,8 +110,10 @@ def export(frame: pd.DataFrame, fmt: str, commit: str | None = None) -> Exported
             entry = {"name": f"{name} {rec['metric']}", "unit": unit, "value": value}
             if math.isfinite(lower):
                 entry["range"] = f"± {(upper - lower) / 2:.4g}"  # half asv's 99% interval
-            entry["extra"] = (f"commit {str(rec.get('commit') or '')[:10]} on {rec.get('machine', '')}; "
-                              f"{rec.get('method', '')}").strip("; ")
+            entry["extra"] = (
+                f"commit {str(rec.get('commit') or '')[:10]} on {rec.get('machine', '')}; "
+                f"{rec.get('method', '')}"
+            ).strip("; ")
             document.append(entry)
     return Exported(document=document, commit=chosen, entries=len(entries))
 

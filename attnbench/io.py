@@ -55,7 +55,9 @@ def check_writable_dir(path: str | Path, arg: str, *, create: bool = False) -> P
         if create:
             path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ValueError(f"{arg} {path} cannot be created or written: {exc.strerror or exc}") from None
+        raise ValueError(
+            f"{arg} {path} cannot be created or written: {exc.strerror or exc}"
+        ) from None
     return path
 
 
@@ -108,15 +110,21 @@ def write_json_cache(path: str | Path, cache: dict) -> Path | None:
         folder = Path(path).parent
         if folder not in _unwritable:
             _unwritable.add(folder)
-            warnings.warn(CacheNotWritten(f"cannot write the cache in {folder} ({exc.strerror or exc}); running "
-                                          f"uncached (set {CACHE_ENV} or XDG_CACHE_HOME to a writable folder)"),
-                          stacklevel=2)
+            warnings.warn(
+                CacheNotWritten(
+                    f"cannot write the cache in {folder} ({exc.strerror or exc}); running "
+                    f"uncached (set {CACHE_ENV} or XDG_CACHE_HOME to a writable folder)"
+                ),
+                stacklevel=2,
+            )
         return None
 
 
 def output_tail(out: subprocess.CompletedProcess, lines: int = 25) -> str:
     """The last ``lines`` lines of a finished process's stdout and stderr (for error messages)."""
-    text = "\n".join(part.strip("\n") for part in (out.stdout or "", out.stderr or "") if part and part.strip())
+    text = "\n".join(
+        part.strip("\n") for part in (out.stdout or "", out.stderr or "") if part and part.strip()
+    )
     tail = text.splitlines()[-lines:]
     return "\n".join(f"  {line}" for line in tail) if tail else "  (no output)"
 

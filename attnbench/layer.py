@@ -19,7 +19,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnbench._checks import check_bool, check_device_available, check_float_dtype, check_positive_int
+from attnbench._checks import (
+    check_bool,
+    check_device_available,
+    check_float_dtype,
+    check_positive_int,
+)
 from attnbench.registry import get_variant
 from attnbench.variants._ops import merge_heads, split_heads
 from attnbench.variants.base import Variant
@@ -74,7 +79,9 @@ class AttentionLayer(nn.Module):
             check_float_dtype("dtype", dtype)
         check_positive_int("num_heads", num_heads)
         if embed_dim % num_heads:
-            raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
+            raise ValueError(
+                f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})"
+            )
         self.kv_heads = num_heads if kv_heads is None else check_positive_int("kv_heads", kv_heads)
         if num_heads % self.kv_heads:
             raise ValueError(f"kv_heads ({self.kv_heads}) must divide num_heads ({num_heads})")
@@ -83,10 +90,14 @@ class AttentionLayer(nn.Module):
         if isinstance(variant, str):
             variant = get_variant(variant)
         elif not isinstance(variant, Variant):
-            raise TypeError(f"variant must be a registered name or a Variant, got {type(variant).__name__}")
+            raise TypeError(
+                f"variant must be a registered name or a Variant, got {type(variant).__name__}"
+            )
         self.core = variant
         self.embed_dim, self.num_heads, self.batch_first = embed_dim, num_heads, batch_first
-        self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim and self.kv_heads == num_heads
+        self._qkv_same_embed_dim = (
+            self.kdim == embed_dim and self.vdim == embed_dim and self.kv_heads == num_heads
+        )
         self._make_parameters(bias, {"device": device, "dtype": dtype})
         self.reset_parameters()
 
@@ -138,13 +149,19 @@ class AttentionLayer(nn.Module):
         """
         key = query if key is None else key
         value = key if value is None else value
-        for name, t, width in (("query", query, self.embed_dim), ("key", key, self.kdim), ("value", value, self.vdim)):
+        for name, t, width in (
+            ("query", query, self.embed_dim),
+            ("key", key, self.kdim),
+            ("value", value, self.vdim),
+        ):
             self._check_input(name, t, width)
         if not self.batch_first:
             query, key, value = (t.transpose(0, 1) for t in (query, key, value))
         w_q, w_k, w_v = self._weights()
         sizes = [w_q.shape[0], w_k.shape[0], w_v.shape[0]]  # E, Hkv*Dh, Hkv*Dh
-        b_q, b_k, b_v = (None, None, None) if self.in_proj_bias is None else self.in_proj_bias.split(sizes)
+        b_q, b_k, b_v = (
+            (None, None, None) if self.in_proj_bias is None else self.in_proj_bias.split(sizes)
+        )
         h, hkv = self.num_heads, self.kv_heads
         q = split_heads(F.linear(query, w_q, b_q), h)  # (B, H, Lq, Dh)
         k = split_heads(F.linear(key, w_k, b_k), hkv)  # (B, Hkv, Lk, Dh)
@@ -157,13 +174,23 @@ class AttentionLayer(nn.Module):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 3 or t.shape[-1] != width:
-            raise ValueError(f"{name} must have shape (batch, length, {width}), got {tuple(t.shape)}")
+            raise ValueError(
+                f"{name} must have shape (batch, length, {width}), got {tuple(t.shape)}"
+            )
         weight = self.out_proj.weight  # every parameter shares its dtype and device
         if t.dtype != weight.dtype:  # F.linear would say "mat1 and mat2 must have the same dtype"
-            hint = f"convert it, or build the layer with dtype={t.dtype}" if t.is_floating_point() else "convert it"
-            raise TypeError(f"{name} must have the layer's dtype {weight.dtype}, got {t.dtype} ({hint})")
+            hint = (
+                f"convert it, or build the layer with dtype={t.dtype}"
+                if t.is_floating_point()
+                else "convert it"
+            )
+            raise TypeError(
+                f"{name} must have the layer's dtype {weight.dtype}, got {t.dtype} ({hint})"
+            )
         if t.device != weight.device:
-            raise ValueError(f"{name} must be on the layer's device {weight.device}, got {t.device}")
+            raise ValueError(
+                f"{name} must be on the layer's device {weight.device}, got {t.device}"
+            )
 
 
 def _checked_device(device: object) -> torch.device | None:
@@ -174,11 +201,14 @@ def _checked_device(device: object) -> torch.device | None:
     if device is None:
         return None
     if not isinstance(device, (str, torch.device)):
-        raise TypeError(f"device must be a str, a torch.device or None, got {type(device).__name__} "
-                        f"{device!r}")
+        raise TypeError(
+            f"device must be a str, a torch.device or None, got {type(device).__name__} {device!r}"
+        )
     try:
         device = torch.device(device)
     except RuntimeError as exc:
-        raise ValueError(f"device must name a torch device such as 'cpu' or 'cuda', got {device!r}") from exc
+        raise ValueError(
+            f"device must name a torch device such as 'cpu' or 'cuda', got {device!r}"
+        ) from exc
     check_device_available("device", device)
     return device

@@ -25,7 +25,13 @@ STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
 """The file GitHub Actions gives every step for Markdown it shows on the run's summary page."""
 MAX_ROWS = 30
 """Rows a table shows before it says how many more there are (a summary is read, not searched)."""
-UNITS = {"time": "s", "peak_tensor_bytes": "bytes", "instructions": "", "flops": "", "error_ratio": ""}
+UNITS = {
+    "time": "s",
+    "peak_tensor_bytes": "bytes",
+    "instructions": "",
+    "flops": "",
+    "error_ratio": "",
+}
 
 
 def _value(value: float, metric: str) -> str:
@@ -53,8 +59,13 @@ def _rows(table: pd.DataFrame, why: bool = True) -> list[str]:
     head = "| case | metric | BASE | HEAD | ratio |" + (" why |" if why else "")
     lines = [head, "|---|---|---:|---:|---:|" + ("---|" if why else "")]
     for rec in table.head(MAX_ROWS).to_dict("records"):
-        cells = [steps_.case_label(rec), rec["metric"], _value(rec.get("base_value"), rec["metric"]),
-                 _value(rec.get("head_value"), rec["metric"]), _ratio(rec)]
+        cells = [
+            steps_.case_label(rec),
+            rec["metric"],
+            _value(rec.get("base_value"), rec["metric"]),
+            _value(rec.get("head_value"), rec["metric"]),
+            _ratio(rec),
+        ]
         if why:
             cells.append(rec.get("reason") or rec.get("verdict", ""))
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
@@ -66,7 +77,11 @@ def _rows(table: pd.DataFrame, why: bool = True) -> list[str]:
 def _ordered(rows: pd.DataFrame) -> pd.DataFrame:
     """Worst first: the largest ratio (a failed case, with no ratio, before all)."""
     key = rows["ratio"].where(rows["ratio"].notna(), math.inf)
-    return rows.assign(_key=key).sort_values(["_key", "variant", "seq_len"], ascending=[False, True, True]).drop(columns="_key")
+    return (
+        rows.assign(_key=key)
+        .sort_values(["_key", "variant", "seq_len"], ascending=[False, True, True])
+        .drop(columns="_key")
+    )
 
 
 def _cases(n: int) -> str:
@@ -75,21 +90,29 @@ def _cases(n: int) -> str:
 
 def decided_line(table: pd.DataFrame, metric: str, factors: dict[str, float]) -> str:
     """One line: which metrics decided, with their factors and how many cases each judged."""
+
     def cases(name: str, verdicts=contract.GATE_DECIDED) -> int:
         return int(((table["metric"] == name) & table["verdict"].isin(verdicts)).sum())
 
     parts = []
     if metric in ("instructions", "both"):
-        parts.append(f"instruction counts (x{factors['instructions']:g}, {_cases(cases('instructions'))})")
-    parts.append(f"peak tensor bytes (x{factors['memory']:g}, {_cases(cases('peak_tensor_bytes'))})")
+        parts.append(
+            f"instruction counts (x{factors['instructions']:g}, {_cases(cases('instructions'))})"
+        )
+    parts.append(
+        f"peak tensor bytes (x{factors['memory']:g}, {_cases(cases('peak_tensor_bytes'))})"
+    )
     parts.append("FLOPs (any growth) and correctness")
     timed = cases("time", contract.GATE_JUDGED)
     shown = int(((table["metric"] == "time") & (table["verdict"] == GateVerdict.SHOWN)).sum())
     if metric == "instructions":
         time = f"time shown beside them, not deciding ({_cases(shown)})"
     elif metric == "both":
-        time = (f"time where it could decide (x{factors['time']:g} allowance, {_cases(timed)}"
-                + (f"; {shown} undecided and shown, their counts decided" if shown else "") + ")")
+        time = (
+            f"time where it could decide (x{factors['time']:g} allowance, {_cases(timed)}"
+            + (f"; {shown} undecided and shown, their counts decided" if shown else "")
+            + ")"
+        )
     else:
         time = f"time (x{factors['time']:g} allowance, {_cases(timed)})"
     untimed = int(((table["metric"] == "time") & (table["verdict"] == GateVerdict.NOT_TIMED)).sum())
@@ -98,7 +121,9 @@ def decided_line(table: pd.DataFrame, metric: str, factors: dict[str, float]) ->
     return "**What decided:** " + ", ".join(parts) + "; " + time + "."
 
 
-def gate_summary(outcome, metric: str, factors: dict[str, float], elapsed_s: float | None = None) -> str:
+def gate_summary(
+    outcome, metric: str, factors: dict[str, float], elapsed_s: float | None = None
+) -> str:
     """The gate's verdict as Markdown: a title, regressions, undecided, improvements, what decided.
 
     Args:
@@ -108,21 +133,29 @@ def gate_summary(outcome, metric: str, factors: dict[str, float], elapsed_s: flo
         elapsed_s: the gate's wall time, said in the last line when given.
     """
     table = outcome.table
-    regressions, undecided, improved = _ordered(outcome.regressions), _ordered(outcome.undecided), _improved(table)
-    lines = [f"### attnbench regress: {_title(regressions, undecided)}", "",
-             f"BASE `{outcome.base[:10]}`, HEAD `{outcome.head[:10]}`", ""]
+    regressions, undecided, improved = (
+        _ordered(outcome.regressions),
+        _ordered(outcome.undecided),
+        _improved(table),
+    )
+    lines = [
+        f"### attnbench regress: {_title(regressions, undecided)}",
+        "",
+        f"BASE `{outcome.base[:10]}`, HEAD `{outcome.head[:10]}`",
+        "",
+    ]
     lines += _sections(regressions, undecided, improved)
     judged = table[table["verdict"].isin(contract.GATE_JUDGED)]
     quiet = len(judged) - len(regressions) - len(undecided) - len(improved)
     lines.append(f"{quiet} other result(s) within their factors.")
     lines += ["", decided_line(table, metric, factors)]
-    notes = sorted({n for n in table.get("note", pd.Series(dtype=object)) if isinstance(n, str) and n})
+    notes = sorted(
+        {n for n in table.get("note", pd.Series(dtype=object)) if isinstance(n, str) and n}
+    )
     lines += [f"> note: {n}" for n in notes]
     if elapsed_s is not None:
         lines += ["", f"Measured in {elapsed_s:.0f} s."]
     return "\n".join(lines) + "\n"
-
-
 
 
 def _improved(table: pd.DataFrame) -> pd.DataFrame:
@@ -140,16 +173,27 @@ def _title(regressions: pd.DataFrame, undecided: pd.DataFrame) -> str:
     return "PASS"
 
 
-def _sections(regressions: pd.DataFrame, undecided: pd.DataFrame, improved: pd.DataFrame) -> list[str]:
+def _sections(
+    regressions: pd.DataFrame, undecided: pd.DataFrame, improved: pd.DataFrame
+) -> list[str]:
     """A table each of the regressed, undecided and improved rows (a line where there are none)."""
     lines = []
     if len(regressions):
         lines += [f"**Regressed ({len(regressions)})**", "", *_rows(regressions), ""]
     if len(undecided):
-        lines += [f"**Undecided ({len(undecided)})**: rerun with more `--rounds` on a quieter machine", "",
-                  *_rows(undecided), ""]
+        lines += [
+            f"**Undecided ({len(undecided)})**: rerun with more `--rounds` on a quieter machine",
+            "",
+            *_rows(undecided),
+            "",
+        ]
     if len(improved):
-        lines += [f"**Improved beyond the factor ({len(improved)})**", "", *_rows(improved, why=False), ""]
+        lines += [
+            f"**Improved beyond the factor ({len(improved)})**",
+            "",
+            *_rows(improved, why=False),
+            "",
+        ]
     if not (len(regressions) or len(undecided) or len(improved)):
         lines += ["Every case within its factor.", ""]
     return lines
@@ -164,12 +208,24 @@ def history_summary(history: steps_.History) -> str:
         lines.append(f"No step and no drift in {n} commits.")
         return "\n".join(lines) + "\n"
     regressions = len(history.regressions)
-    lines.append(f"{regressions} regression(s) and {len(shown) - regressions} improvement(s) in {n} commits "
-                 f"(a drift: beyond the factor over at most {history.window} commits, "
-                 "no single commit beyond it).")
-    lines += ["", "| commit(s) | case | metric | ratio | change | subject |", "|---|---|---|---:|---|---|"]
+    lines.append(
+        f"{regressions} regression(s) and {len(shown) - regressions} improvement(s) in {n} commits "
+        f"(a drift: beyond the factor over at most {history.window} commits, "
+        "no single commit beyond it)."
+    )
+    lines += [
+        "",
+        "| commit(s) | case | metric | ratio | change | subject |",
+        "|---|---|---|---:|---|---|",
+    ]
     for rec in shown.head(MAX_ROWS).to_dict("records"):
-        lines.append("| " + " | ".join(_cell(rec[c]) for c in ("commit", "case", "metric", "ratio", "change", "subject")) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                _cell(rec[c]) for c in ("commit", "case", "metric", "ratio", "change", "subject")
+            )
+            + " |"
+        )
     if len(shown) > MAX_ROWS:
         lines.append(f"\n{len(shown) - MAX_ROWS} more in `steps.csv`.")
     return "\n".join(lines) + "\n"

@@ -76,7 +76,9 @@ class MaskMod:
         if self.fits is not None:
             self.fits(batch, lq)
 
-    def __call__(self, b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor
+    ) -> torch.Tensor:
         return self.fn(b, h, q, kv)
 
     def __and__(self, other: MaskMod) -> MaskMod:
@@ -147,7 +149,9 @@ def _span_width(a: int, b: int, lk: int, tk: int) -> int:
     return min(lk, -(-b // tk) * tk) - (a // tk) * tk
 
 
-def _band_tile_pairs(lq: int, lk: int, tq: int, tk: int, back: int | None, fwd: int, reach: int) -> int:
+def _band_tile_pairs(
+    lq: int, lk: int, tq: int, tk: int, back: int | None, fwd: int, reach: int
+) -> int:
     """Pairs in the non-empty tiles of a ``tq x tk`` grid for a band of keys around each query tile.
 
     Query tile ``[q0, q1)`` meets exactly the key tiles that meet
@@ -158,7 +162,9 @@ def _band_tile_pairs(lq: int, lk: int, tq: int, tk: int, back: int | None, fwd: 
     """
     nq, nk = -(-lq // tq), -(-lk // tk)
     q_last = (nq - 1) * tq
-    total = (lq - q_last) * _span_width(0 if back is None else q_last - back, max(reach, lq + fwd), lk, tk)
+    total = (lq - q_last) * _span_width(
+        0 if back is None else q_last - back, max(reach, lq + fwd), lk, tk
+    )
     # Full tiles i < n (rows tq, q0 = i*tq, q1 = (i+1)*tq); with a back edge, the tiles from
     # q0 >= lk + back on are empty.
     n = nq - 1 if back is None else min(nq - 1, -(-(lk + back) // tq))
@@ -229,7 +235,9 @@ def _atom(key: tuple, pieces: tuple[Piece, ...], lens: torch.Tensor | None = Non
     return _Atom(key, pieces, tuple(p[0] for p in pieces), lens)
 
 
-def _form(key: tuple, pieces: tuple[Piece, ...], lens: torch.Tensor | None = None) -> tuple[frozenset[_Atom], ...]:
+def _form(
+    key: tuple, pieces: tuple[Piece, ...], lens: torch.Tensor | None = None
+) -> tuple[frozenset[_Atom], ...]:
     """The form of one built-in predicate: an or of one and of one atom."""
     return (frozenset({_atom(key, pieces, lens)}),)
 
@@ -296,7 +304,7 @@ def _segment_pairs(s: int, e: int, los: list, his: list, lk: int, tk: int) -> in
         if a >= b:
             continue
         # from x on, hi lies in the last key tile, whose end is lk
-        x = (min(b, max(a, (last - hc) // hm + 1)) if hm else a if hc > last else b)
+        x = min(b, max(a, (last - hc) // hm + 1)) if hm else a if hc > last else b
         ends = tk * _floor_sum(x - a, tk, hm, hm * a + hc + tk - 1) + lk * (b - x)
         total += ends - tk * _floor_sum(b - a, tk, lm, lm * a + lc)
     return total
@@ -356,7 +364,10 @@ def _and_pairs(atoms: frozenset[_Atom], batch: int, lq: int, lk: int) -> int:
     per_entry: dict[int, int] = {}
     for lens in zip(*(a.lens.tolist() for a in padded), strict=True):
         per_entry[min(lens)] = per_entry.get(min(lens), 0) + 1
-    return sum(n * _and_tile_pairs([*fixed, _atom((), ((0, 0, 0, 0, v),))], lq, lk, 1, 1) for v, n in per_entry.items())
+    return sum(
+        n * _and_tile_pairs([*fixed, _atom((), ((0, 0, 0, 0, v),))], lq, lk, 1, 1)
+        for v, n in per_entry.items()
+    )
 
 
 def _rows_tensor(atom: _Atom, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -364,7 +375,9 @@ def _rows_tensor(atom: _Atom, rows: torch.Tensor) -> tuple[torch.Tensor, torch.T
     if atom.lens is not None:
         lens = atom.lens.cpu().long()
         return torch.zeros((), dtype=torch.long), lens if lens.dim() == 2 else lens[:, None]
-    table = torch.tensor(atom.pieces, dtype=torch.long)[torch.searchsorted(torch.tensor(atom.starts), rows, right=True) - 1]
+    table = torch.tensor(atom.pieces, dtype=torch.long)[
+        torch.searchsorted(torch.tensor(atom.starts), rows, right=True) - 1
+    ]
     return table[:, 1] * rows + table[:, 2], table[:, 3] * rows + table[:, 4]
 
 
@@ -378,7 +391,9 @@ def _union(form: tuple[frozenset[_Atom], ...], count: Callable[[frozenset[_Atom]
     return sum(sign * count(both) for both, sign in signs.items() if sign)
 
 
-def nonempty_tile_pairs(mod: MaskMod | None, batch: int, heads: int, lq: int, lk: int, tq: int, tk: int) -> int:
+def nonempty_tile_pairs(
+    mod: MaskMod | None, batch: int, heads: int, lq: int, lk: int, tq: int, tk: int
+) -> int:
     """Pairs per (batch, head) in the ``tq x tk`` tiles :func:`block_state` does not call empty.
 
     What a block-skipping engine computes (it computes every pair of a non-empty tile). Closed form
@@ -389,7 +404,14 @@ def nonempty_tile_pairs(mod: MaskMod | None, batch: int, heads: int, lq: int, lk
         TypeError, ValueError: for a size that is not an int >= 1.
         ValueError: for a walk of more than :data:`_WALK_LIMIT` tiles.
     """
-    for name, value in (("batch", batch), ("heads", heads), ("lq", lq), ("lk", lk), ("tq", tq), ("tk", tk)):
+    for name, value in (
+        ("batch", batch),
+        ("heads", heads),
+        ("lq", lq),
+        ("lk", lk),
+        ("tq", tq),
+        ("tk", tk),
+    ):
         check_int(name, value, 1)
     if mod is None:
         return lq * lk
@@ -398,7 +420,8 @@ def nonempty_tile_pairs(mod: MaskMod | None, batch: int, heads: int, lq: int, lk
     _check_walk(mod, lq, lk, tq, tk)
     return sum(
         (min(q0 + tq, lq) - q0) * (min(k0 + tk, lk) - k0)
-        for q0 in range(0, lq, tq) for k0 in range(0, lk, tk)
+        for q0 in range(0, lq, tq)
+        for k0 in range(0, lk, tk)
         if block_state(mod, batch, heads, q0, min(q0 + tq, lq), k0, min(k0 + tk, lk)) != EMPTY
     )
 
@@ -429,6 +452,7 @@ def causal() -> MaskMod:
 
     def fn(b, h, q, kv):
         return kv <= q
+
     def bounds(q0, q1, k0, k1):
         return _state(full=k1 - 1 <= q0, empty=k0 > q1 - 1)
 
@@ -440,8 +464,14 @@ def causal() -> MaskMod:
     def tile_pairs(lq, lk, tq, tk):  # query tile [q0, q1) meets the key tiles that meet [0, q1)
         return _band_tile_pairs(lq, lk, tq, tk, None, 0, 0)
 
-    mod = MaskMod("causal", fn, bounds=bounds, pairs=pairs, tile_pairs=tile_pairs,
-                   form=_form(("causal",), ((0, 0, 0, 1, 1),)))
+    mod = MaskMod(
+        "causal",
+        fn,
+        bounds=bounds,
+        pairs=pairs,
+        tile_pairs=tile_pairs,
+        form=_form(("causal",), ((0, 0, 0, 1, 1),)),
+    )
     return _builtin("causal", mod)
 
 
@@ -454,7 +484,9 @@ def sliding_window(window: int) -> MaskMod:
 
     def bounds(q0, q1, k0, k1):
         farthest = max(abs(q0 - (k1 - 1)), abs((q1 - 1) - k0))
-        nearest = 0 if k0 <= q1 - 1 and q0 <= k1 - 1 else min(abs(k0 - (q1 - 1)), abs(q0 - (k1 - 1)))
+        nearest = (
+            0 if k0 <= q1 - 1 and q0 <= k1 - 1 else min(abs(k0 - (q1 - 1)), abs(q0 - (k1 - 1)))
+        )
         return _state(full=farthest <= w, empty=nearest > w)
 
     def pairs(batch, lq, lk):
@@ -466,8 +498,14 @@ def sliding_window(window: int) -> MaskMod:
     def tile_pairs(lq, lk, tq, tk):
         return _band_tile_pairs(lq, lk, tq, tk, w, w, 0)
 
-    mod = MaskMod(f"sliding_window({w})", fn, bounds=bounds, pairs=pairs, tile_pairs=tile_pairs,
-                   form=_form(("sliding_window", w), ((0, 1, -w, 1, w + 1),)))
+    mod = MaskMod(
+        f"sliding_window({w})",
+        fn,
+        bounds=bounds,
+        pairs=pairs,
+        tile_pairs=tile_pairs,
+        form=_form(("sliding_window", w), ((0, 1, -w, 1, w + 1),)),
+    )
     return _builtin("sliding_window", mod)
 
 
@@ -490,8 +528,14 @@ def prefix_lm(prefix: int) -> MaskMod:
         return _band_tile_pairs(lq, lk, tq, tk, None, 0, p)
 
     rows = ((0, 0, 0, 0, p),) if p else ()  # rows i < p see [0, p), rows from p on see [0, i + 1)
-    mod = MaskMod(f"prefix_lm({p})", fn, bounds=bounds, pairs=pairs, tile_pairs=tile_pairs,
-                   form=_form(("prefix_lm", p), (*rows, (p, 0, 0, 1, 1))))
+    mod = MaskMod(
+        f"prefix_lm({p})",
+        fn,
+        bounds=bounds,
+        pairs=pairs,
+        tile_pairs=tile_pairs,
+        form=_form(("prefix_lm", p), (*rows, (p, 0, 0, 1, 1))),
+    )
     return _builtin("prefix_lm", mod)
 
 
@@ -502,8 +546,10 @@ _EAGER_DOCUMENT_IDS = 2**22
 def _document_lengths(lengths: Sequence[int]) -> list[int]:
     """``lengths`` as a list of ints >= 1 (at least one), else ``TypeError`` or ``ValueError``."""
     if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Iterable):
-        raise TypeError("lengths must be a sequence of ints (one length per document), "
-                        f"got {type(lengths).__name__}")
+        raise TypeError(
+            "lengths must be a sequence of ints (one length per document), "
+            f"got {type(lengths).__name__}"
+        )
     lengths = [check_int("document length", n, 1) for n in lengths]
     if not lengths:
         raise ValueError("lengths must name at least one document")
@@ -551,7 +597,9 @@ def _document_tile_pairs(starts: list[int], lq: int, lk: int, tq: int, tk: int) 
         count += (end - 1 - first) * tq * _span_width(start, stop, lk, tk)
         q0 = (end - 1) * tq
         q1 = min(q0 + tq, lq)
-        count += (q1 - q0) * _span_width(start, starts[_document_of(starts, min(q1, total) - 1) + 1], lk, tk)
+        count += (q1 - q0) * _span_width(
+            start, starts[_document_of(starts, min(q1, total) - 1) + 1], lk, tk
+        )
     return count
 
 
@@ -577,7 +625,9 @@ def document(lengths: Sequence[int], device: torch.device | str = "cpu") -> Mask
     def ids() -> torch.Tensor:
         if "ids" not in table:
             # position -> document, (total,)
-            table["ids"] = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths)).to(device)
+            table["ids"] = torch.repeat_interleave(
+                torch.arange(len(lengths)), torch.tensor(lengths)
+            ).to(device)
         return table["ids"]
 
     if total <= _EAGER_DOCUMENT_IDS:
@@ -590,10 +640,17 @@ def document(lengths: Sequence[int], device: torch.device | str = "cpu") -> Mask
 
     # Rows of document d see [start_d, end_d); rows past the end see the empty [total, total), which
     # keeps both ends non-decreasing (a tile's rows then reach exactly [lo(q0), hi(q1 - 1))).
-    rows = tuple((a, 0, a, 0, b) for a, b in zip(starts[:-1], starts[1:], strict=True)) + ((total, 0, total, 0, total),)
-    mod = MaskMod(f"document({len(lengths)} docs)", fn, bounds=partial(_document_bounds, starts),
-                  pairs=partial(_document_pairs, starts), tile_pairs=partial(_document_tile_pairs, starts),
-                  form=_form(("document", tuple(lengths)), rows))
+    rows = tuple((a, 0, a, 0, b) for a, b in zip(starts[:-1], starts[1:], strict=True)) + (
+        (total, 0, total, 0, total),
+    )
+    mod = MaskMod(
+        f"document({len(lengths)} docs)",
+        fn,
+        bounds=partial(_document_bounds, starts),
+        pairs=partial(_document_pairs, starts),
+        tile_pairs=partial(_document_tile_pairs, starts),
+        form=_form(("document", tuple(lengths)), rows),
+    )
     return _builtin("document", mod)
 
 
@@ -606,7 +663,9 @@ def _valid_lens(valid_lens: torch.Tensor) -> torch.Tensor:
     if valid_lens.dim() not in (1, 2):
         raise ValueError(f"valid_lens must be 1-D (B,) or 2-D (B, Lq), got {valid_lens.dim()}-D")
     if valid_lens.numel() == 0:
-        raise ValueError(f"valid_lens must hold at least one length, got shape {tuple(valid_lens.shape)}")
+        raise ValueError(
+            f"valid_lens must hold at least one length, got shape {tuple(valid_lens.shape)}"
+        )
     return valid_lens.long()
 
 
@@ -638,8 +697,10 @@ def valid_lengths(valid_lens: torch.Tensor) -> MaskMod:
 
     def fits(batch, lq):
         if lens.shape[0] != batch:
-            raise ValueError(f"valid_lengths holds lengths for a batch of {lens.shape[0]}, "
-                             f"but the batch is {batch}")
+            raise ValueError(
+                f"valid_lengths holds lengths for a batch of {lens.shape[0]}, "
+                f"but the batch is {batch}"
+            )
         if per_query and lens.shape[1] != lq:
             raise ValueError(
                 f"valid_lengths of shape (B, Lq) = {tuple(lens.shape)} must have one column "
@@ -647,8 +708,17 @@ def valid_lengths(valid_lens: torch.Tensor) -> MaskMod:
             )
 
     # Tile states hold for every batch entry and row, so every row of the grid reaches [0, longest).
-    mod = MaskMod("valid_lengths", fn, uses_batch=True, uses_query=per_query, bounds=bounds, pairs=pairs,
-                   tile_pairs=tile_pairs, fits=fits, form=_form(("valid_lengths", id(lens)), ((0, 0, 0, 0, hi),), lens))
+    mod = MaskMod(
+        "valid_lengths",
+        fn,
+        uses_batch=True,
+        uses_query=per_query,
+        bounds=bounds,
+        pairs=pairs,
+        tile_pairs=tile_pairs,
+        fits=fits,
+        form=_form(("valid_lengths", id(lens)), ((0, 0, 0, 0, hi),), lens),
+    )
     return _builtin("valid_lengths", mod)
 
 
@@ -660,7 +730,11 @@ def _combine(a: MaskMod, b: MaskMod, op: str) -> MaskMod:
     both = op == "&"
 
     def fn(bi, hi, q, kv):
-        return a.fn(bi, hi, q, kv) & b.fn(bi, hi, q, kv) if both else a.fn(bi, hi, q, kv) | b.fn(bi, hi, q, kv)
+        return (
+            a.fn(bi, hi, q, kv) & b.fn(bi, hi, q, kv)
+            if both
+            else a.fn(bi, hi, q, kv) | b.fn(bi, hi, q, kv)
+        )
 
     bounds = None
     if a.bounds is not None and b.bounds is not None:
@@ -691,10 +765,16 @@ def _combine(a: MaskMod, b: MaskMod, op: str) -> MaskMod:
             return _union(form, lambda atoms: _and_tile_pairs(list(atoms), lq, lk, tq, tk))
 
     return MaskMod(
-        f"{a.name} {op} {b.name}", fn,
-        uses_batch=a.uses_batch or b.uses_batch, uses_head=a.uses_head or b.uses_head,
-        uses_query=a.uses_query or b.uses_query, bounds=bounds, pairs=pairs, tile_pairs=tile_pairs,
-        fits=fits, form=form,
+        f"{a.name} {op} {b.name}",
+        fn,
+        uses_batch=a.uses_batch or b.uses_batch,
+        uses_head=a.uses_head or b.uses_head,
+        uses_query=a.uses_query or b.uses_query,
+        bounds=bounds,
+        pairs=pairs,
+        tile_pairs=tile_pairs,
+        fits=fits,
+        form=form,
     )
 
 
@@ -721,17 +801,30 @@ def or_(*mods: MaskMod) -> MaskMod:
 
 
 # ---- consumers --------------------------------------------------------------------------------
-def _indices(mod: MaskMod, batch: int, heads: int, q0: int, q1: int, k0: int, k1: int, device) -> tuple:
+def _indices(
+    mod: MaskMod, batch: int, heads: int, q0: int, q1: int, k0: int, k1: int, device
+) -> tuple:
     """Broadcastable index tensors for the tile, of the smallest shape the predicate needs."""
     b = torch.arange(batch if mod.uses_batch else 1, device=device).view(-1, 1, 1, 1)
     h = torch.arange(heads if mod.uses_head else 1, device=device).view(1, -1, 1, 1)
-    q = (torch.arange(q0, q1, device=device) if mod.uses_query else torch.zeros(1, dtype=torch.long, device=device)).view(1, 1, -1, 1)
+    q = (
+        torch.arange(q0, q1, device=device)
+        if mod.uses_query
+        else torch.zeros(1, dtype=torch.long, device=device)
+    ).view(1, 1, -1, 1)
     kv = torch.arange(k0, k1, device=device).view(1, 1, 1, -1)
     return b, h, q, kv
 
 
 def tile(
-    mod: MaskMod, batch: int, heads: int, q0: int, q1: int, k0: int, k1: int, device: torch.device | str = "cpu"
+    mod: MaskMod,
+    batch: int,
+    heads: int,
+    q0: int,
+    q1: int,
+    k0: int,
+    k1: int,
+    device: torch.device | str = "cpu",
 ) -> torch.Tensor:
     """The predicate on tile ``[q0, q1) x [k0, k1)``: bool ``(B?, H?, Cq?, Ck)``, 1 where unused."""
     b, h, q, kv = _indices(mod, batch, heads, q0, q1, k0, k1, device)
@@ -739,7 +832,9 @@ def tile(
     return out.expand(b.shape[0], h.shape[1], q.shape[2], kv.shape[3])
 
 
-def dense(mod: MaskMod, batch: int, heads: int, lq: int, lk: int, device: torch.device | str = "cpu") -> torch.Tensor:
+def dense(
+    mod: MaskMod, batch: int, heads: int, lq: int, lk: int, device: torch.device | str = "cpu"
+) -> torch.Tensor:
     """The whole mask as a bool tensor of the smallest broadcastable shape ``(B?, H?, Lq?, Lk)``.
 
     Raises:
@@ -750,7 +845,9 @@ def dense(mod: MaskMod, batch: int, heads: int, lq: int, lk: int, device: torch.
     return tile(mod, batch, heads, 0, lq, 0, lk, device).contiguous()
 
 
-def block_state(mod: MaskMod, batch: int, heads: int, q0: int, q1: int, k0: int, k1: int) -> TileState:
+def block_state(
+    mod: MaskMod, batch: int, heads: int, q0: int, q1: int, k0: int, k1: int
+) -> TileState:
     """The tile's :class:`TileState`, the same for every batch entry and head."""
     if mod.bounds is not None:
         return mod.bounds(q0, q1, k0, k1)
@@ -788,7 +885,9 @@ def allowed_pairs(mod: MaskMod | None, batch: int, lq: int, lk: int, block: int 
                 total += (q1 - q0) * (k1 - k0) * batch
             elif state == PARTIAL:
                 values = tile(mod, batch, 1, q0, q1, k0, k1)  # (B?, 1, Cq?, Ck)
-                total += int(values.sum()) * (batch // values.shape[0]) * ((q1 - q0) // values.shape[2])
+                total += (
+                    int(values.sum()) * (batch // values.shape[0]) * ((q1 - q0) // values.shape[2])
+                )
     return total // batch
 
 

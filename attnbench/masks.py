@@ -22,7 +22,14 @@ import torch
 
 from attnbench import mask_mods as mm
 
-MASK_KINDS: tuple[str, ...] = ("none", "causal", "valid_lengths", "sliding_window", "prefix_lm", "document")
+MASK_KINDS: tuple[str, ...] = (
+    "none",
+    "causal",
+    "valid_lengths",
+    "sliding_window",
+    "prefix_lm",
+    "document",
+)
 """Named mask kinds a benchmark spec can ask for (see :func:`mod_for_kind` and :func:`for_kind`)."""
 
 DOCUMENT_FRACTIONS: tuple[tuple[int, int], ...] = ((3, 8), (1, 8), (1, 4), (1, 16), (3, 16))
@@ -71,7 +78,9 @@ def prefix_lm(lq: int, lk: int, prefix: int, device: torch.device | str = "cpu")
     return mm.dense(mm.prefix_lm(prefix), 1, 1, lq, lk, device)
 
 
-def document(lq: int, lk: int, lengths: Sequence[int], device: torch.device | str = "cpu") -> torch.Tensor:
+def document(
+    lq: int, lk: int, lengths: Sequence[int], device: torch.device | str = "cpu"
+) -> torch.Tensor:
     """Block-diagonal mask of packed documents (positions past their lengths see nothing).
 
     Returns:
@@ -97,7 +106,9 @@ def valid_lengths(valid_lens: torch.Tensor, lq: int, lk: int) -> torch.Tensor:
     _check_lengths(lq, lk)
     mod = mm.valid_lengths(valid_lens)  # type and rank checks
     if valid_lens.dim() == 2 and valid_lens.shape[1] != lq:
-        raise ValueError(f"valid_lens of shape (B, Lq) must have Lq={lq} columns, got {tuple(valid_lens.shape)}")
+        raise ValueError(
+            f"valid_lens of shape (B, Lq) must have Lq={lq} columns, got {tuple(valid_lens.shape)}"
+        )
     return mm.dense(mod, valid_lens.shape[0], 1, lq, lk, valid_lens.device)
 
 

@@ -45,7 +45,9 @@ def load_plugins(names: Iterable[str] | None = None) -> list[str]:
         try:
             importlib.import_module(name)
         except Exception as exc:  # noqa: BLE001 - any import failure is reported the same way
-            raise ValueError(f"plugin module {name!r} could not be imported: {type(exc).__name__}: {exc}") from exc
+            raise ValueError(
+                f"plugin module {name!r} could not be imported: {type(exc).__name__}: {exc}"
+            ) from exc
         _loaded.add(name)
         loaded.append(name)
     return loaded

@@ -63,8 +63,10 @@ class ProfileSummary:
         """The summary as one line of text (what ``attnbench profile`` prints first)."""
         peak = "n/a"
         if self.peak_bytes == self.peak_bytes:
-            peak = (f"{self.peak_bytes / 2**20:.1f} MiB ({self.peak_bytes / self.score_bytes:.2f}x one "
-                    "score tensor)")
+            peak = (
+                f"{self.peak_bytes / 2**20:.1f} MiB ({self.peak_bytes / self.score_bytes:.2f}x one "
+                "score tensor)"
+            )
         sliced = ""
         if self.profiled_spec != self.spec:
             sliced = f" [profiled {self.profiled_spec}: every head runs the same loop]"
@@ -77,7 +79,9 @@ class ProfileSummary:
         )
 
 
-def _memory_figure(timeline: list[tuple], score_bytes: float, dense: bool, title: str, stem: Path) -> None:
+def _memory_figure(
+    timeline: list[tuple], score_bytes: float, dense: bool, title: str, stem: Path
+) -> None:
     """Live tensor MiB over the profiled call with its peak marked, as ``stem``.png and .svg.
 
     For a ``dense`` variant, one score tensor's size is marked too.
@@ -96,14 +100,32 @@ def _memory_figure(timeline: list[tuple], score_bytes: float, dense: bool, title
         ax.step(times, live, where="post", lw=1.2)
         i = max(range(len(live)), key=live.__getitem__)
         ax.scatter([times[i]], [live[i]], color="red", zorder=3)
-        ax.annotate(f"peak {live[i]:.1f} MiB", (times[i], live[i]), xytext=(6, -12), textcoords="offset points", color="red")
+        ax.annotate(
+            f"peak {live[i]:.1f} MiB",
+            (times[i], live[i]),
+            xytext=(6, -12),
+            textcoords="offset points",
+            color="red",
+        )
     if dense:
         ax.axhline(score_bytes / 2**20, ls="--", color="0.4")
-        ax.annotate("one (L x L) score tensor", (0, score_bytes / 2**20), xytext=(2, 3), textcoords="offset points", fontsize=8)
-    ax.set(xlabel="time since profiling started (ms)", ylabel="live tensor MiB (above inputs)", title=title)
+        ax.annotate(
+            "one (L x L) score tensor",
+            (0, score_bytes / 2**20),
+            xytext=(2, 3),
+            textcoords="offset points",
+            fontsize=8,
+        )
+    ax.set(
+        xlabel="time since profiling started (ms)",
+        ylabel="live tensor MiB (above inputs)",
+        title=title,
+    )
     fig.tight_layout()
     for ext in ("png", "svg"):
-        atomic_write(stem.with_suffix(f".{ext}"), lambda tmp, ext=ext: fig.savefig(tmp, format=ext, dpi=110))
+        atomic_write(
+            stem.with_suffix(f".{ext}"), lambda tmp, ext=ext: fig.savefig(tmp, format=ext, dpi=110)
+        )
     plt.close(fig)
 
 
@@ -121,7 +143,11 @@ PROFILE_CALLS = 3
 
 
 def profile_case(
-    variant_name: str, spec: AttnSpec, out_dir: str | Path, seed: int = 0, config: MeasureConfig | None = None,
+    variant_name: str,
+    spec: AttnSpec,
+    out_dir: str | Path,
+    seed: int = 0,
+    config: MeasureConfig | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> ProfileSummary:
     """Profile one call of ``variant_name`` on ``spec`` (after a warm-up) and write the artefacts.
@@ -148,19 +174,32 @@ def profile_case(
     profiled = _profiled_spec(variant, spec)
     if profiled != spec:
         call, _, _ = make_call(variant, profiled, seed)
-    say(f"one call under torch.profiler ({profiled.label}; the previous call took "
-        f"{unprofiled:.3g} s)")
+    say(
+        f"one call under torch.profiler ({profiled.label}; the previous call took "
+        f"{unprofiled:.3g} s)"
+    )
     prof, averages, wall = _profiled_call(call, spec.device_type)
-    say(f"the memory timeline of its {sum(a.count for a in averages):,} operator calls, then the "
-        "trace (the longest step where a call makes many operator calls)")
+    say(
+        f"the memory timeline of its {sum(a.count for a in averages):,} operator calls, then the "
+        "trace (the longest step where a call makes many operator calls)"
+    )
     with quiet_stderr():  # the profiler's own lines are noise on a user's terminal
         timeline = _memory_timeline(prof)
         atomic_write(out_dir / "trace.json.gz", lambda tmp: _export_gzipped(prof, tmp))
     _write_top_ops(averages, out_dir / "top_ops.txt")
-    summary = _summarise(averages, timeline, variant, spec, profiled, wall=wall, unprofiled=unprofiled)
-    _memory_figure(timeline, summary.score_bytes, variant.memory_exponent >= 2,
-                   f"{variant_name}: {profiled.label}", out_dir / "memory")
-    atomic_write_text(out_dir / "summary.json", json.dumps({**asdict(summary), "line": summary.line()}, indent=1))
+    summary = _summarise(
+        averages, timeline, variant, spec, profiled, wall=wall, unprofiled=unprofiled
+    )
+    _memory_figure(
+        timeline,
+        summary.score_bytes,
+        variant.memory_exponent >= 2,
+        f"{variant_name}: {profiled.label}",
+        out_dir / "memory",
+    )
+    atomic_write_text(
+        out_dir / "summary.json", json.dumps({**asdict(summary), "line": summary.line()}, indent=1)
+    )
     return summary
 
 
@@ -179,8 +218,12 @@ def _guarded_variant(variant_name: str, spec: AttnSpec, config: MeasureConfig) -
         raise ValueError(f"{variant_name} cannot run {spec.label}: " + "; ".join(reasons))
     regime.apply(regime.Regime(threads=config.threads or regime.DEFAULT_THREADS))
     reasons = guard.guard_reasons(
-        variant, spec, memory_budget=config.memory_budget(spec.device), time_budget=config.time_budget_s,
-        peak_flops=matmul_peak(spec.device, "float32"), calls=PROFILE_CALLS,
+        variant,
+        spec,
+        memory_budget=config.memory_budget(spec.device),
+        time_budget=config.time_budget_s,
+        peak_flops=matmul_peak(spec.device, "float32"),
+        calls=PROFILE_CALLS,
     )
     if reasons:
         raise ValueError(f"{variant_name} {spec.label} refused by the guard: " + "; ".join(reasons))
@@ -211,7 +254,10 @@ def _profiled_call(call: Callable[[], object], device_type: str) -> _Profiled:
     """One call under ``torch.profiler``, recording shapes and memory."""
     sync = torch.cuda.synchronize if device_type == "cuda" else (lambda: None)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_type == "cuda" else [])
-    with quiet_stderr(), profile(activities=activities, record_shapes=True, profile_memory=True) as prof:
+    with (
+        quiet_stderr(),
+        profile(activities=activities, record_shapes=True, profile_memory=True) as prof,
+    ):
         t0 = time.perf_counter()
         call()
         sync()
@@ -234,12 +280,23 @@ def _write_top_ops(averages, path: Path) -> None:
     """The 15 operators with the most self CPU time, then the 15 with the most self CPU memory."""
     by_time = averages.table(sort_by="self_cpu_time_total", row_limit=15)
     by_mem = averages.table(sort_by="self_cpu_memory_usage", row_limit=15)
-    atomic_write_text(path, f"Top operators by self CPU time\n{by_time}\n\n"
-                            f"Top operators by self CPU memory\n{by_mem}\n")
+    atomic_write_text(
+        path,
+        f"Top operators by self CPU time\n{by_time}\n\n"
+        f"Top operators by self CPU memory\n{by_mem}\n",
+    )
 
 
-def _summarise(averages, timeline: list[tuple], variant: Variant, spec: AttnSpec, profiled: AttnSpec, *,
-               wall: float, unprofiled: float) -> ProfileSummary:
+def _summarise(
+    averages,
+    timeline: list[tuple],
+    variant: Variant,
+    spec: AttnSpec,
+    profiled: AttnSpec,
+    *,
+    wall: float,
+    unprofiled: float,
+) -> ProfileSummary:
     """The summary of one call of ``profiled``, standing for ``spec``.
 
     ``wall``: the call's seconds under the profiler; ``unprofiled``: ``spec``'s seconds without it.
@@ -248,11 +305,21 @@ def _summarise(averages, timeline: list[tuple], variant: Variant, spec: AttnSpec
     calls = sum(a.count for a in averages)
     top = max(averages, key=lambda a: a.self_cpu_time_total) if len(averages) else None
     return ProfileSummary(
-        variant=variant.name, spec=spec.label, profiled_spec=profiled.label, wall_s=wall, unprofiled_s=unprofiled,
-        op_s=op_us / 1e6, outside_ops_fraction=max(0.0, 1.0 - op_us / 1e6 / wall) if wall > 0 else 0.0,
-        op_calls=calls, calls_per_s=calls / wall if wall > 0 else 0.0,
-        top_op=top.key if top else "", top_op_fraction=(top.self_cpu_time_total / op_us) if top and op_us else 0.0,
+        variant=variant.name,
+        spec=spec.label,
+        profiled_spec=profiled.label,
+        wall_s=wall,
+        unprofiled_s=unprofiled,
+        op_s=op_us / 1e6,
+        outside_ops_fraction=max(0.0, 1.0 - op_us / 1e6 / wall) if wall > 0 else 0.0,
+        op_calls=calls,
+        calls_per_s=calls / wall if wall > 0 else 0.0,
+        top_op=top.key if top else "",
+        top_op_fraction=(top.self_cpu_time_total / op_us) if top and op_us else 0.0,
         peak_bytes=float(peak_from_timeline(timeline)) if timeline else float("nan"),
-        score_bytes=float(profiled.batch * profiled.heads * profiled.lq * profiled.lk * profiled.elem_bytes),
-        gflops=variant.flops(spec).executed / unprofiled / 1e9, regime=regime.describe(),
+        score_bytes=float(
+            profiled.batch * profiled.heads * profiled.lq * profiled.lk * profiled.elem_bytes
+        ),
+        gflops=variant.flops(spec).executed / unprofiled / 1e9,
+        regime=regime.describe(),
     )

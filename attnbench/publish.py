@@ -35,8 +35,12 @@ SHIM = "attnbench-offline.js"
 """Our script in :data:`ASSETS` that answers a file:// page's data requests from JSON twins."""
 
 _TAG = re.compile(r"""<(?P<name>[A-Za-z][\w-]*)(?P<attrs>(?:[^>"']|"[^"]*"|'[^']*')*)>""")
-_ATTR = re.compile(r"""(?P<key>[^\s=/>"']+)\s*=\s*(?:"(?P<dq>[^"]*)"|'(?P<sq>[^']*)'|(?P<bare>[^\s>"']+))""")
-_CSS_URL = re.compile(r"""(?:url\(\s*|@import\s+)["']?\s*(?P<url>(?:https?:)?//[^"')\s;]+)""", re.IGNORECASE)
+_ATTR = re.compile(
+    r"""(?P<key>[^\s=/>"']+)\s*=\s*(?:"(?P<dq>[^"]*)"|'(?P<sq>[^']*)'|(?P<bare>[^\s>"']+))"""
+)
+_CSS_URL = re.compile(
+    r"""(?:url\(\s*|@import\s+)["']?\s*(?P<url>(?:https?:)?//[^"')\s;]+)""", re.IGNORECASE
+)
 _EXTERNAL = re.compile(r"^\s*(?:https?:)?//", re.IGNORECASE)
 # attributes whose address a page fetches (on any element)
 _LOADING_ATTRS = ("src", "data", "poster", "srcset")
@@ -74,8 +78,11 @@ def load_assets(root: Path = ASSETS) -> tuple[Asset, ...]:
         root: folder holding ``manifest.json`` and the files (default: the installed assets).
     """
     manifest = json.loads((Path(root) / "manifest.json").read_text(encoding="utf-8"))
-    return tuple(Asset(path=f["path"], sha256=f["sha256"], replaces=f.get("replaces"))
-                 for pkg in manifest["packages"] for f in pkg["files"])
+    return tuple(
+        Asset(path=f["path"], sha256=f["sha256"], replaces=f.get("replaces"))
+        for pkg in manifest["packages"]
+        for f in pkg["files"]
+    )
 
 
 def verify_assets(root: Path = ASSETS) -> tuple[Asset, ...]:
@@ -97,14 +104,22 @@ def verify_assets(root: Path = ASSETS) -> tuple[Asset, ...]:
             raise PublishError(f"vendored file {path} is missing (reinstall attnbench)")
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
         if digest != asset.sha256:
-            raise PublishError(f"vendored file {path} has sha256 {digest}, manifest says {asset.sha256} "
-                               "(reinstall attnbench)")
+            raise PublishError(
+                f"vendored file {path} has sha256 {digest}, manifest says {asset.sha256} "
+                "(reinstall attnbench)"
+            )
     return assets
 
 
 def _attrs(text: str) -> list[tuple[str, str, re.Match]]:
-    return [(m["key"].lower(), m["dq"] if m["dq"] is not None else m["sq"] if m["sq"] is not None else m["bare"], m)
-            for m in _ATTR.finditer(text)]
+    return [
+        (
+            m["key"].lower(),
+            m["dq"] if m["dq"] is not None else m["sq"] if m["sq"] is not None else m["bare"],
+            m,
+        )
+        for m in _ATTR.finditer(text)
+    ]
 
 
 def _loaded_addresses(tag: str, attrs: list[tuple[str, str, re.Match]]) -> list[str]:
@@ -112,7 +127,9 @@ def _loaded_addresses(tag: str, attrs: list[tuple[str, str, re.Match]]) -> list[
     out = []
     for key, value, _ in attrs:
         if key in _LOADING_ATTRS or (key == "href" and tag == "link"):
-            out.extend(part.split()[0] for part in value.split(",") if part.strip()) if key == "srcset" else out.append(value)
+            out.extend(
+                part.split()[0] for part in value.split(",") if part.strip()
+            ) if key == "srcset" else out.append(value)
     return out
 
 
@@ -169,9 +186,11 @@ def localize(site: Path, assets: tuple[Asset, ...]) -> int:
     left = external_references(site)
     if left:
         listed = "\n".join(f"  {name}: {url}" for name, url in left)
-        raise PublishError(f"the published pages still load {len(left)} external address(es) that "
-                           f"attnbench has no offline copy of:\n{listed}\nAdd them to "
-                           f"{ASSETS / 'manifest.json'} (a newer asv loads new files).")
+        raise PublishError(
+            f"the published pages still load {len(left)} external address(es) that "
+            f"attnbench has no offline copy of:\n{listed}\nAdd them to "
+            f"{ASSETS / 'manifest.json'} (a newer asv loads new files)."
+        )
     return rewritten
 
 
@@ -189,7 +208,13 @@ def _localize_page(page: Path, site: Path, by_url: dict[str, Asset]) -> int:
     new = _TAG.sub(swap, text)
     if new != text:
         shim = os.path.relpath(site / VENDOR / SHIM, page.parent).replace(os.sep, "/")
-        new = re.sub(r"</head>", f'<script src="{shim}"></script>\n  </head>', new, count=1, flags=re.IGNORECASE)
+        new = re.sub(
+            r"</head>",
+            f'<script src="{shim}"></script>\n  </head>',
+            new,
+            count=1,
+            flags=re.IGNORECASE,
+        )
         page.write_text(new, encoding="utf-8")
     return rewritten
 
@@ -209,9 +234,9 @@ def _vendored_tag(tag: re.Match, page: Path, site: Path, by_url: dict[str, Asset
     # from the end: earlier offsets stay valid
     for key, _, m in sorted(attrs, key=lambda a: -a[2].start()):
         if key in _DROPPED_ATTRS:
-            kept = kept[:m.start()].rstrip() + kept[m.end():]
+            kept = kept[: m.start()].rstrip() + kept[m.end() :]
         elif key in ("src", "href") and m[0].find(known[0]) >= 0:
-            kept = kept[:m.start()] + f'{key}="{local}"' + kept[m.end():]
+            kept = kept[: m.start()] + f'{key}="{local}"' + kept[m.end() :]
     return f"<{tag['name']}{kept}>"
 
 
@@ -233,16 +258,24 @@ def write_json_twins(site: Path) -> int:
         if path.relative_to(site).parts[0] == VENDOR:
             continue
         twin = path.with_name(path.name + ".js")
-        twin.write_text(f"attnbenchOffline({path.read_text(encoding='utf-8')});\n", encoding="utf-8")
+        twin.write_text(
+            f"attnbenchOffline({path.read_text(encoding='utf-8')});\n", encoding="utf-8"
+        )
         count += 1
     return count
 
 
 def _has_results(results_dir: Path) -> bool:
-    return any(p.name != "machine.json" for machine in results_dir.glob("*/machine.json") for p in machine.parent.glob("*.json"))
+    return any(
+        p.name != "machine.json"
+        for machine in results_dir.glob("*/machine.json")
+        for p in machine.parent.glob("*.json")
+    )
 
 
-def publish(config: str | Path = "asv.conf.json", html_dir: str | Path | None = None) -> PublishOutcome:
+def publish(
+    config: str | Path = "asv.conf.json", html_dir: str | Path | None = None
+) -> PublishOutcome:
     """Run ``asv publish`` and make its site work offline; the site appears whole or not at all.
 
     asv runs in the configuration's folder, so the paths in the configuration are relative to it.
@@ -265,7 +298,16 @@ def publish(config: str | Path = "asv.conf.json", html_dir: str | Path | None = 
     work = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         site = work / "site"
-        cmd = [sys.executable, "-m", "asv", "publish", "--config", str(config), "--html-dir", str(site)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "asv",
+            "publish",
+            "--config",
+            str(config),
+            "--html-dir",
+            str(site),
+        ]
         out = subprocess.run(cmd, cwd=config.parent, capture_output=True, text=True)
         if out.returncode != 0 or not (site / "index.html").is_file():
             raise PublishError(f"asv publish failed (exit {out.returncode}):\n{output_tail(out)}")
@@ -275,7 +317,9 @@ def publish(config: str | Path = "asv.conf.json", html_dir: str | Path | None = 
         _put_in_place(site, target, work / "old")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return PublishOutcome(html_dir=target, rewritten=rewritten, asv_output=(out.stdout or "") + (out.stderr or ""))
+    return PublishOutcome(
+        html_dir=target, rewritten=rewritten, asv_output=(out.stdout or "") + (out.stderr or "")
+    )
 
 
 def _config_and_target(config: str | Path, html_dir: str | Path | None) -> tuple[Path, Path]:
@@ -292,7 +336,11 @@ def _config_and_target(config: str | Path, html_dir: str | Path | None) -> tuple
     results = config.parent / conf.get("results_dir", "results")
     if not _has_results(results):
         raise ValueError(f"config: no asv results in {results} (run `asv run` first)")
-    target = Path(html_dir).absolute() if html_dir is not None else config.parent / conf.get("html_dir", "html")
+    target = (
+        Path(html_dir).absolute()
+        if html_dir is not None
+        else config.parent / conf.get("html_dir", "html")
+    )
     if target.exists() and not target.is_dir():
         raise ValueError(f"html_dir: {target} exists and is not a directory")
     return config, target

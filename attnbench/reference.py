@@ -33,7 +33,9 @@ def repeat_kv(k: torch.Tensor, v: torch.Tensor, heads: int) -> tuple[torch.Tenso
     return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
 
 
-def _weighted_sum(weights: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+def _weighted_sum(
+    weights: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None
+) -> torch.Tensor:
     """``weights @ v`` where a non-finite ``v`` entry reaches the output only through allowed keys.
 
     ``0 * NaN`` is NaN, so a plain product would let a masked-out key's NaN value poison every
@@ -49,7 +51,11 @@ def _weighted_sum(weights: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor 
     if not bool(bad.any()):
         return weights @ v  # (B, H, Lq, Dv)
     out = weights @ torch.where(bad, 0.0, v)
-    reach = torch.ones_like(weights) if allowed is None else allowed.to(weights.dtype).expand_as(weights)
+    reach = (
+        torch.ones_like(weights)
+        if allowed is None
+        else allowed.to(weights.dtype).expand_as(weights)
+    )
     # (B, H, Lq, Dv): an allowed key's value is non-finite
     poisoned = (reach @ bad.to(weights.dtype)) > 0
     return out.masked_fill(poisoned, float("nan"))

@@ -41,10 +41,14 @@ NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 
 def _add(name: str, cls: type[Variant] | str, defaults: dict[str, Any]) -> None:
     if not isinstance(name, str) or not NAME.fullmatch(name):
-        raise ValueError("variant name must be letters, digits, '_', '.' or '-' (starting with a letter "
-                         f"or '_'), so that --variants can select it; got {name!r}")
+        raise ValueError(
+            "variant name must be letters, digits, '_', '.' or '-' (starting with a letter "
+            f"or '_'), so that --variants can select it; got {name!r}"
+        )
     if name in _REGISTRY:
-        raise ValueError(f"variant {name!r} is already registered ({_class_name(_REGISTRY[name][0])})")
+        raise ValueError(
+            f"variant {name!r} is already registered ({_class_name(_REGISTRY[name][0])})"
+        )
     _REGISTRY[name] = (cls, dict(defaults))
 
 

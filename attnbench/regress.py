@@ -101,8 +101,15 @@ _PROGRESS = re.compile(r"^(?:\[\s*(\d+(?:\.\d+)?)%\]\s+)?[·.]+\s+(.*)$")
 ``·· Creating virtualenv ...``."""
 
 
-def _asv(args: list[str], *, cwd: Path, env: dict[str, str], log, progress: Callable[[str], None] | None = None,
-         heartbeat_s: float = HEARTBEAT_S) -> subprocess.CompletedProcess:
+def _asv(
+    args: list[str],
+    *,
+    cwd: Path,
+    env: dict[str, str],
+    log,
+    progress: Callable[[str], None] | None = None,
+    heartbeat_s: float = HEARTBEAT_S,
+) -> subprocess.CompletedProcess:
     """Run asv, its output (stdout and stderr) kept for the log and the caller.
 
     With ``progress``, asv's latest ``[ N%] ...`` line is reported every ``heartbeat_s`` seconds
@@ -119,16 +126,28 @@ def _asv(args: list[str], *, cwd: Path, env: dict[str, str], log, progress: Call
     return out
 
 
-def _streamed(cmd: list[str], cwd: Path, env: dict[str, str], progress: Callable[[str], None],
-              heartbeat_s: float) -> subprocess.CompletedProcess:
+def _streamed(
+    cmd: list[str],
+    cwd: Path,
+    env: dict[str, str],
+    progress: Callable[[str], None],
+    heartbeat_s: float,
+) -> subprocess.CompletedProcess:
     """``subprocess.run`` that reports asv's latest progress line every ``heartbeat_s`` seconds."""
     import threading
 
     lines: list[str] = []
     latest = [""]
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            errors="replace")
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+    )
     errors: list[str] = []
 
     def read_out() -> None:
@@ -144,7 +163,10 @@ def _streamed(cmd: list[str], cwd: Path, env: dict[str, str], progress: Callable
     def read_err() -> None:
         errors.extend(proc.stderr)  # type: ignore[arg-type]
 
-    readers = [threading.Thread(target=read_out, daemon=True), threading.Thread(target=read_err, daemon=True)]
+    readers = [
+        threading.Thread(target=read_out, daemon=True),
+        threading.Thread(target=read_err, daemon=True),
+    ]
     for reader in readers:
         reader.start()
     while True:
@@ -152,8 +174,10 @@ def _streamed(cmd: list[str], cwd: Path, env: dict[str, str], progress: Callable
             proc.wait(timeout=heartbeat_s)
             break
         except subprocess.TimeoutExpired:
-            progress(f"  ... asv at {latest[0] or 'its start'} "
-                     f"({time.monotonic() - start:.0f} s into this step)")
+            progress(
+                f"  ... asv at {latest[0] or 'its start'} "
+                f"({time.monotonic() - start:.0f} s into this step)"
+            )
     for reader in readers:
         reader.join()
     return subprocess.CompletedProcess(cmd, proc.returncode, "".join(lines), "".join(errors))
@@ -165,10 +189,16 @@ def _config(repo: Path, work: Path) -> Path:
 
     conf = util.load_json(str(repo / "asv.conf.json"), js_comments=True)
     conf.update(  # joining an absolute path keeps it as it is
-        repo=str(repo), benchmark_dir=str(repo / conf.get("benchmark_dir", "benchmarks")),
-        results_dir=str(work / "results"), html_dir=str(work / "html"),
+        repo=str(repo),
+        benchmark_dir=str(repo / conf.get("benchmark_dir", "benchmarks")),
+        results_dir=str(work / "results"),
+        html_dir=str(work / "html"),
         # envs are reused across gate runs (and across clones, with ATTNBENCH_ASV_ENV_DIR)
-        env_dir=str(Path(os.environ.get(contract.ENV_ENV_DIR) or repo / conf.get("env_dir", ".asv/env")).resolve()),
+        env_dir=str(
+            Path(
+                os.environ.get(contract.ENV_ENV_DIR) or repo / conf.get("env_dir", ".asv/env")
+            ).resolve()
+        ),
     )
     path = work / "asv.conf.json"
     path.write_text(json.dumps(conf, indent=1))
@@ -201,7 +231,9 @@ def read_time_samples(results_dir: str | Path, machine: str) -> dict[SampleKey, 
             for combo, got in zip(itertools.product(*params), samples, strict=True):
                 case = dict(zip(names, (decode_param(p) for p in combo), strict=True))
                 if got:
-                    key = SampleKey(res.commit_hash, *(case.get(c, d) for c, d in _CASE_DEFAULTS.items()))
+                    key = SampleKey(
+                        res.commit_hash, *(case.get(c, d) for c, d in _CASE_DEFAULTS.items())
+                    )
                     out.setdefault(key, []).extend(float(x) for x in got if x is not None)
     return out
 
@@ -287,8 +319,10 @@ def disturbance(probes: list[float], typical: float) -> str:
         return ""
     worst = max(off, key=lambda r: max(r, 1 / r))
     way = f"{worst:.2f}x slower" if worst > 1 else f"{1 / worst:.2f}x faster"
-    return (f"{len(off)} of {len(ratios)} calibration probes beyond {probe.SLOWDOWN_LIMIT}x of typical "
-            f"(up to {way})")
+    return (
+        f"{len(off)} of {len(ratios)} calibration probes beyond {probe.SLOWDOWN_LIMIT}x of typical "
+        f"(up to {way})"
+    )
 
 
 def descheduled(shares: list[float]) -> str:
@@ -302,8 +336,10 @@ def descheduled(shares: list[float]) -> str:
     off = [s for s in shares if s > schedstat.WAIT_LIMIT]
     if not shares or len(off) <= NOISY_SHARE * len(shares):
         return ""
-    return (f"{len(off)} of {len(shares)} samples waited for a core "
-            f"over {schedstat.WAIT_LIMIT:.0%} of their wall time (up to {max(off):.0%})")
+    return (
+        f"{len(off)} of {len(shares)} samples waited for a core "
+        f"over {schedstat.WAIT_LIMIT:.0%} of their wall time (up to {max(off):.0%})"
+    )
 
 
 def _typical_probes(probes: dict[SampleKey, list[float]]) -> dict[str, float]:
@@ -325,11 +361,18 @@ class _TimeEvidence:
     typical: dict[str, float]  # per device: the median probe of the whole run
 
     @classmethod
-    def of(cls, samples: dict | None, probes: dict | None, runqueue_shares: dict | None,
-           corrected: dict | None) -> _TimeEvidence:
+    def of(
+        cls,
+        samples: dict | None,
+        probes: dict | None,
+        runqueue_shares: dict | None,
+        corrected: dict | None,
+    ) -> _TimeEvidence:
         """The evidence as given (None: none), with the typical probe per device."""
         probes = probes or {}
-        return cls(samples or {}, probes, runqueue_shares or {}, corrected or {}, _typical_probes(probes))
+        return cls(
+            samples or {}, probes, runqueue_shares or {}, corrected or {}, _typical_probes(probes)
+        )
 
     def noise(self, key: SampleKey, speed_corrected: bool) -> str:
         """Why ``key``'s rounds are not to be decided on ("" when undisturbed).
@@ -351,7 +394,9 @@ class _RowDecision:
     reason: str = ""
 
 
-def _time_verdict(rec: dict, base: str, head: str, time_factor: float, evidence: _TimeEvidence) -> _RowDecision:
+def _time_verdict(
+    rec: dict, base: str, head: str, time_factor: float, evidence: _TimeEvidence
+) -> _RowDecision:
     """One time row both sides ran, decided on ``evidence``: disturbed rounds never are.
 
     Where both sides logged their samples with the probe beside each (:func:`read_corrected`), the
@@ -363,24 +408,37 @@ def _time_verdict(rec: dict, base: str, head: str, time_factor: float, evidence:
     case = tuple(rec[k] for k in CASE_KEYS)
     base_key, head_key = SampleKey(base, *case), SampleKey(head, *case)
     samples, corrected = evidence.samples, evidence.corrected
-    measured = significance.decide(samples.get(base_key, []), samples.get(head_key, []), time_factor)
+    measured = significance.decide(
+        samples.get(base_key, []), samples.get(head_key, []), time_factor
+    )
     base_corrected, head_corrected = corrected.get(base_key, []), corrected.get(head_key, [])
     speed_corrected = min(len(base_corrected), len(head_corrected)) >= significance.MIN_SAMPLES
-    noisy = "; ".join(f"{side}: {reason}" for side, key in (("BASE", base_key), ("HEAD", head_key))
-                      if (reason := evidence.noise(key, speed_corrected)))
+    noisy = "; ".join(
+        f"{side}: {reason}"
+        for side, key in (("BASE", base_key), ("HEAD", head_key))
+        if (reason := evidence.noise(key, speed_corrected))
+    )
     if noisy:
-        return _RowDecision(GateVerdict.UNDECIDED, measured.ratio, f"noisy: {noisy} (measured x{measured.ratio:.2f})")
+        return _RowDecision(
+            GateVerdict.UNDECIDED,
+            measured.ratio,
+            f"noisy: {noisy} (measured x{measured.ratio:.2f})",
+        )
     if not speed_corrected:
         return _RowDecision(measured.verdict, measured.ratio, measured.reason)
     fixed = significance.decide(base_corrected, head_corrected, time_factor)
     if fixed.verdict == measured.verdict:
-        return _RowDecision(fixed.verdict, fixed.ratio,
-                            f"speed-corrected {fixed.reason}; as measured x{measured.ratio:.2f}")
-    return _RowDecision(GateVerdict.UNDECIDED, fixed.ratio,
-                        f"speed-corrected {fixed.verdict} ({fixed.reason}) but {measured.verdict} as measured "
-                        f"({measured.reason}): the machine's speed moved")
-
-
+        return _RowDecision(
+            fixed.verdict,
+            fixed.ratio,
+            f"speed-corrected {fixed.reason}; as measured x{measured.ratio:.2f}",
+        )
+    return _RowDecision(
+        GateVerdict.UNDECIDED,
+        fixed.ratio,
+        f"speed-corrected {fixed.verdict} ({fixed.reason}) but {measured.verdict} as measured "
+        f"({measured.reason}): the machine's speed moved",
+    )
 
 
 @dataclass(frozen=True)
@@ -393,7 +451,9 @@ class _Factors:
 
     def of(self, metric: str) -> float:
         """The factor of an exact (not timed) ``metric``."""
-        return {"instructions": self.instructions, "flops": contract.FLOPS_FACTOR}.get(metric, self.memory)
+        return {"instructions": self.instructions, "flops": contract.FLOPS_FACTOR}.get(
+            metric, self.memory
+        )
 
 
 @dataclass(frozen=True)
@@ -409,7 +469,11 @@ class _Comparison:
     def decide(self, rec: dict) -> _RowDecision:
         """The verdict on one row of the table (see :func:`compare`)."""
         b_ok, h_ok = rec["base_status"] == Status.OK, rec["head_status"] == Status.OK
-        ratio = rec["head_value"] / rec["base_value"] if b_ok and h_ok and rec["base_value"] else math.nan
+        ratio = (
+            rec["head_value"] / rec["base_value"]
+            if b_ok and h_ok and rec["base_value"]
+            else math.nan
+        )
         if b_ok and tuple(rec[k] for k in CASE_KEYS) in self.wrong_cases:
             # right on BASE, wrong on HEAD: the gate fails whatever the speed
             return _RowDecision(GateVerdict.WRONG, ratio)
@@ -432,7 +496,11 @@ class _Comparison:
 
     def improved(self, rec: dict, decision: _RowDecision) -> bool:
         """Whether an ``ok`` row moved the other way beyond the same rule."""
-        if decision.verdict != GateVerdict.OK or not math.isfinite(decision.ratio) or rec["metric"] == "error_ratio":
+        if (
+            decision.verdict != GateVerdict.OK
+            or not math.isfinite(decision.ratio)
+            or rec["metric"] == "error_ratio"
+        ):
             return False
         # the gate's own rule, BASE and HEAD swapped: HEAD faster beyond the allowance
         if rec["metric"] == "time":
@@ -454,24 +522,37 @@ def _side_by_side(frame: pd.DataFrame, base: str, head: str) -> pd.DataFrame:
     sides = []
     for name, commit in (("base", base), ("head", head)):
         side = frame[frame["commit"] == commit].drop_duplicates(keys, keep="last").set_index(keys)
-        sides.append(side[["value", "status", "spread", "ci_low", "ci_high"]].add_prefix(f"{name}_"))
+        sides.append(
+            side[["value", "status", "spread", "ci_low", "ci_high"]].add_prefix(f"{name}_")
+        )
     return sides[0].join(sides[1], how="outer").reset_index()
 
 
 def _wrong_cases(table: pd.DataFrame) -> set[tuple]:
     """The cases whose HEAD result fails the correctness gate (marked wrong, error ratio > 1)."""
     head_rows = table[table["head_status"].notna()]
-    error_above = ((head_rows["metric"] == "error_ratio") & (head_rows["head_status"] == Status.OK)
-                   & (head_rows["head_value"] > 1.0))
+    error_above = (
+        (head_rows["metric"] == "error_ratio")
+        & (head_rows["head_status"] == Status.OK)
+        & (head_rows["head_value"] > 1.0)
+    )
     failed = (head_rows["head_status"] == Status.WRONG) | error_above
     return {tuple(r) for r in head_rows.loc[failed, list(CASE_KEYS)].itertuples(index=False)}
 
 
 def compare(
-    frame: pd.DataFrame, base: str, head: str, time_factor: float = 1.2, memory_factor: float = 1.1,
-    samples: dict[SampleKey, list[float]] | None = None, probes: dict[SampleKey, list[float]] | None = None,
-    *, metric: str = "time", instructions_factor: float = INSTRUCTIONS_FACTOR,
-    runqueue_shares: dict[SampleKey, list[float]] | None = None, corrected: dict[SampleKey, list[float]] | None = None,
+    frame: pd.DataFrame,
+    base: str,
+    head: str,
+    time_factor: float = 1.2,
+    memory_factor: float = 1.1,
+    samples: dict[SampleKey, list[float]] | None = None,
+    probes: dict[SampleKey, list[float]] | None = None,
+    *,
+    metric: str = "time",
+    instructions_factor: float = INSTRUCTIONS_FACTOR,
+    runqueue_shares: dict[SampleKey, list[float]] | None = None,
+    corrected: dict[SampleKey, list[float]] | None = None,
 ) -> pd.DataFrame:
     """Side-by-side BASE/HEAD table of ``frame`` with a :class:`contract.GateVerdict` per row.
 
@@ -487,9 +568,11 @@ def compare(
     _check_metric(metric)
     table = _side_by_side(frame, base, head)
     wrong_cases = _wrong_cases(table)
-    factors = _Factors(time=significance.check_factor("time_factor", time_factor),
-                       memory=significance.check_factor("memory_factor", memory_factor),
-                       instructions=significance.check_factor("instructions_factor", instructions_factor))
+    factors = _Factors(
+        time=significance.check_factor("time_factor", time_factor),
+        memory=significance.check_factor("memory_factor", memory_factor),
+        instructions=significance.check_factor("instructions_factor", instructions_factor),
+    )
     evidence = _TimeEvidence.of(samples, probes, runqueue_shares, corrected)
     comparison = _Comparison(base, head, factors, evidence, wrong_cases)
     records = table.to_dict("records")
@@ -497,7 +580,9 @@ def compare(
     table["ratio"] = [d.ratio for d in decisions]
     table["verdict"] = [d.verdict for d in decisions]
     table["reason"] = [d.reason for d in decisions]
-    table["improved"] = [comparison.improved(rec, d) for rec, d in zip(records, decisions, strict=True)]
+    table["improved"] = [
+        comparison.improved(rec, d) for rec, d in zip(records, decisions, strict=True)
+    ]
     table["note"] = disagreements(table)
     return _decided_by(table, metric)
 
@@ -516,21 +601,37 @@ def disagreements(table: pd.DataFrame) -> list[str]:
     counts, times = rows[rows["metric"] == "instructions"], rows[rows["metric"] == "time"]
     notes = {}
     for key in counts.index.intersection(times.index):
-        (c, c_verdict), (t, t_verdict) = counts.loc[key, ["ratio", "verdict"]], times.loc[key, ["ratio", "verdict"]]
-        if c_verdict == GateVerdict.OK and t_verdict == GateVerdict.REGRESSED and t >= DISAGREE_TIME:
-            notes[key] = (f"time x{t:.2f} with counts flat (x{c:.4f}): a change the counter cannot see "
-                          "(cache misses, page faults, bandwidth, waiting), "
-                          "or a neighbour the noise checks missed")
+        (c, c_verdict), (t, t_verdict) = (
+            counts.loc[key, ["ratio", "verdict"]],
+            times.loc[key, ["ratio", "verdict"]],
+        )
+        if (
+            c_verdict == GateVerdict.OK
+            and t_verdict == GateVerdict.REGRESSED
+            and t >= DISAGREE_TIME
+        ):
+            notes[key] = (
+                f"time x{t:.2f} with counts flat (x{c:.4f}): a change the counter cannot see "
+                "(cache misses, page faults, bandwidth, waiting), "
+                "or a neighbour the noise checks missed"
+            )
         elif c_verdict == GateVerdict.REGRESSED and t_verdict == GateVerdict.OK:
-            notes[key] = (f"counts x{c:.4f} with time within its allowance (x{t:.2f}): "
-                          "more work the machine absorbed")
-    return [notes.get(tuple(r), "") if m in ("time", "instructions") else ""
-            for r, m in zip(table[case].itertuples(index=False), table["metric"], strict=True)]
+            notes[key] = (
+                f"counts x{c:.4f} with time within its allowance (x{t:.2f}): "
+                "more work the machine absorbed"
+            )
+    return [
+        notes.get(tuple(r), "") if m in ("time", "instructions") else ""
+        for r, m in zip(table[case].itertuples(index=False), table["metric"], strict=True)
+    ]
 
 
 def _decided_by(table: pd.DataFrame, metric: str) -> pd.DataFrame:
     """Time rows the chosen ``metric`` does not decide become ``shown`` (their figures stay)."""
-    counted = table[(table["metric"] == "instructions") & table["verdict"].isin((GateVerdict.OK, GateVerdict.REGRESSED))]
+    counted = table[
+        (table["metric"] == "instructions")
+        & table["verdict"].isin((GateVerdict.OK, GateVerdict.REGRESSED))
+    ]
     decided = {tuple(r) for r in counted[list(CASE_KEYS)].itertuples(index=False)}
     is_time = table["metric"] == "time"
     # decided by the samples (not a failed case)
@@ -538,12 +639,17 @@ def _decided_by(table: pd.DataFrame, metric: str) -> pd.DataFrame:
     if metric == "instructions":
         hide = is_time & timing
     elif metric == "both":
-        case = pd.Series([tuple(r) in decided for r in table[list(CASE_KEYS)].itertuples(index=False)], index=table.index)
+        case = pd.Series(
+            [tuple(r) in decided for r in table[list(CASE_KEYS)].itertuples(index=False)],
+            index=table.index,
+        )
         hide = is_time & (table["verdict"] == GateVerdict.UNDECIDED) & case
     else:
         return table
     table = table.copy()
-    table.loc[hide, "reason"] = ("shown, not deciding (instruction counts decide): " + table.loc[hide, "reason"]).str.rstrip(": ")
+    table.loc[hide, "reason"] = (
+        "shown, not deciding (instruction counts decide): " + table.loc[hide, "reason"]
+    ).str.rstrip(": ")
     table.loc[hide, "verdict"] = GateVerdict.SHOWN
     return table
 
@@ -578,11 +684,15 @@ def _commits(repo: Path, base: str, heads: list[str]) -> tuple[str, dict[str, st
     if not (repo / "asv.conf.json").exists():
         raise ValueError(f"repo must be an attnbench checkout with asv.conf.json, got {repo}")
     base_hash = _git(repo, "rev-parse", "--verify", f"{base}^{{commit}}")
-    head_hashes = {head: _git(repo, "rev-parse", "--verify", f"{head}^{{commit}}") for head in heads}
+    head_hashes = {
+        head: _git(repo, "rev-parse", "--verify", f"{head}^{{commit}}") for head in heads
+    }
     for head, head_hash in head_hashes.items():
         if head_hash == base_hash:
-            raise ValueError(f"BASE {base!r} and HEAD {head!r} are the same commit ({base_hash[:12]}): "
-                             "nothing to compare")
+            raise ValueError(
+                f"BASE {base!r} and HEAD {head!r} are the same commit ({base_hash[:12]}): "
+                "nothing to compare"
+            )
     if len(set(head_hashes.values())) < len(heads):
         raise ValueError(f"heads must be different commits, got {heads}")
     return base_hash, head_hashes
@@ -632,10 +742,16 @@ def twin_environments(env_dir: Path) -> Path:
     import shutil
 
     twin_dir = env_dir.with_name(env_dir.name + TWIN_SUFFIX)
-    for env in sorted(p for p in env_dir.iterdir() if (p / "asv-env-info.json").is_file()) if env_dir.is_dir() else []:
+    for env in (
+        sorted(p for p in env_dir.iterdir() if (p / "asv-env-info.json").is_file())
+        if env_dir.is_dir()
+        else []
+    ):
         twin = twin_dir / env.name
         info = (env / "asv-env-info.json").read_text()
-        if (twin / "asv-env-info.json").is_file() and (twin / "asv-env-info.json").read_text() == info:
+        if (twin / "asv-env-info.json").is_file() and (
+            twin / "asv-env-info.json"
+        ).read_text() == info:
             continue
         shutil.rmtree(twin, ignore_errors=True)
         twin.mkdir(parents=True)
@@ -677,8 +793,16 @@ class AsvSession:
     say: Callable[[str], None]
 
     @classmethod
-    def open(cls, repo: Path, work_dir: str | Path | None, subset: dict[str, str] | None, machine: str,
-             log_path: str | Path | None, say: Callable[[str], None] | None = None, fresh: bool = True) -> AsvSession:
+    def open(
+        cls,
+        repo: Path,
+        work_dir: str | Path | None,
+        subset: dict[str, str] | None,
+        machine: str,
+        log_path: str | Path | None,
+        say: Callable[[str], None] | None = None,
+        fresh: bool = True,
+    ) -> AsvSession:
         """A session: its configuration written under the work directory, asv's machine registered.
 
         RegressError where asv cannot register the machine.
@@ -690,8 +814,11 @@ class AsvSession:
         # Relative to where the caller stands, resolved now: asv runs with cwd=work, where a
         # relative path would be taken a second time (".asv/regress/.asv/regress").
         repo = Path(repo).resolve()
-        work = (check_writable_dir(work_dir, "work_dir", create=True).resolve() if work_dir
-                else Path(tempfile.mkdtemp(prefix="attnbench-regress-")))
+        work = (
+            check_writable_dir(work_dir, "work_dir", create=True).resolve()
+            if work_dir
+            else Path(tempfile.mkdtemp(prefix="attnbench-regress-"))
+        )
         conf = _config(repo, work)
         if fresh:
             shutil_rmtree(work / "results")
@@ -699,18 +826,34 @@ class AsvSession:
             subset = {k: os.environ[k] for k in contract.GRID_ENV if os.environ.get(k, "").strip()}
         # whatever they leave unset stays the CI grid's (not asv's whole grid)
         subset = {**CI_SUBSET, **subset}
-        env = {**os.environ, **subset, **regime.child_env(REGIME), contract.ENV_PROBE_LOG: str(work / PROBES)}
-        session = cls(repo=repo, work=work, conf=conf, env=env, machine=machine, log_file=Path(log_path or work / "asv.log"),
-                      say=say or (lambda line: None))
+        env = {
+            **os.environ,
+            **subset,
+            **regime.child_env(REGIME),
+            contract.ENV_PROBE_LOG: str(work / PROBES),
+        }
+        session = cls(
+            repo=repo,
+            work=work,
+            conf=conf,
+            env=env,
+            machine=machine,
+            log_file=Path(log_path or work / "asv.log"),
+            say=say or (lambda line: None),
+        )
         session._register_machine()
         return session
 
     def _register_machine(self) -> None:
         """Register asv's machine in this session's configuration (RegressError where it fails)."""
-        out = self.asv(["machine", "--yes", "--machine", self.machine, "--config", str(self.conf)], quiet=True)
+        out = self.asv(
+            ["machine", "--yes", "--machine", self.machine, "--config", str(self.conf)], quiet=True
+        )
         if out.returncode != 0:
-            raise RegressError(f"asv machine failed (exit {out.returncode}):\n{output_tail(out)}\n"
-                               f"full log: {self.log_file}")
+            raise RegressError(
+                f"asv machine failed (exit {out.returncode}):\n{output_tail(out)}\n"
+                f"full log: {self.log_file}"
+            )
 
     @property
     def subset(self) -> dict[str, str]:
@@ -733,15 +876,28 @@ class AsvSession:
         # its progress like a run
         out = self.asv(["setup", "--config", str(self.conf)])
         if not any(self.env_dir.glob("*/asv-env-info.json")):
-            raise RegressError(f"asv setup made no environment in {self.env_dir}:\n{output_tail(out)}\n"
-                               f"full log: {self.log_file}")
+            raise RegressError(
+                f"asv setup made no environment in {self.env_dir}:\n{output_tail(out)}\n"
+                f"full log: {self.log_file}"
+            )
         work = self.work / "twin"
         work.mkdir(exist_ok=True)
         conf = json.loads(self.conf.read_text())
-        conf.update(env_dir=str(twin_environments(self.env_dir)), results_dir=str(work / "results"), html_dir=str(work / "html"))
+        conf.update(
+            env_dir=str(twin_environments(self.env_dir)),
+            results_dir=str(work / "results"),
+            html_dir=str(work / "html"),
+        )
         (work / "asv.conf.json").write_text(json.dumps(conf, indent=1))
-        twin = AsvSession(repo=self.repo, work=work, conf=work / "asv.conf.json", env=self.env, machine=self.machine,
-                          log_file=work / "asv.log", say=self.say)
+        twin = AsvSession(
+            repo=self.repo,
+            work=work,
+            conf=work / "asv.conf.json",
+            env=self.env,
+            machine=self.machine,
+            log_file=work / "asv.log",
+            say=self.say,
+        )
         twin._register_machine()
         return twin
 
@@ -774,17 +930,32 @@ class AsvSession:
         """
         for attempt in range(MACHINE_FILE_RETRIES + 1):
             with open(self.log_file, "a", encoding="utf-8") as log:
-                out = _asv(args, cwd=self.work, env=self.env, log=log, **({} if quiet else {"progress": self.say}))
+                out = _asv(
+                    args,
+                    cwd=self.work,
+                    env=self.env,
+                    log=log,
+                    **({} if quiet else {"progress": self.say}),
+                )
             if out.returncode == 0 or not _MACHINE_FILE_RACE.search(f"{out.stdout}\n{out.stderr}"):
                 return out
             if attempt < MACHINE_FILE_RETRIES:
-                self.say("asv read ~/.asv-machine.json while it was being rewritten: "
-                         f"again ({attempt + 1})")
+                self.say(
+                    "asv read ~/.asv-machine.json while it was being rewritten: "
+                    f"again ({attempt + 1})"
+                )
                 time.sleep(1.0 + attempt)
         return out
 
-    def run(self, commits: list[str], bench: str, *, rounds: int | None = None, samples: bool = False,
-            append: bool = False) -> subprocess.CompletedProcess:
+    def run(
+        self,
+        commits: list[str],
+        bench: str,
+        *,
+        rounds: int | None = None,
+        samples: bool = False,
+        append: bool = False,
+    ) -> subprocess.CompletedProcess:
         """``asv run`` of ``bench`` on ``commits`` (full hashes); ``rounds``: interleaved rounds.
 
         ``--attribute rounds`` applies to every benchmark of the call, so deterministic ones run in
@@ -793,8 +964,17 @@ class AsvSession:
         """
         hashes = self.work / "hashes.txt"
         hashes.write_text("".join(f"{h}\n" for h in commits))
-        args = ["run", f"HASHFILE:{hashes}", "--config", str(self.conf), "--machine", self.machine, "--show-stderr",
-                "--bench", bench]
+        args = [
+            "run",
+            f"HASHFILE:{hashes}",
+            "--config",
+            str(self.conf),
+            "--machine",
+            self.machine,
+            "--show-stderr",
+            "--bench",
+            bench,
+        ]
         if rounds is not None:
             args += ["--interleave-rounds", "--attribute", f"rounds={rounds}"]
         if samples:
@@ -880,7 +1060,9 @@ def regress_many(
         RegressError: asv gave no results for a commit, or counts were asked for without valgrind.
     """
     say = progress or (lambda line: None)
-    factors = _checked_options(metric, time_cases, rounds, time_factor, memory_factor, instructions_factor)
+    factors = _checked_options(
+        metric, time_cases, rounds, time_factor, memory_factor, instructions_factor
+    )
     repo = Path(repo).resolve()
     base_hash, head_hashes = _commits(repo, base, heads)
     session = AsvSession.open(repo, work_dir, subset, machine, log_path, say)
@@ -889,14 +1071,22 @@ def regress_many(
     if metric != "time" and time_cases == "longest":
         timed_bench, timed_length = time_selection(session.subset)
     gate = _GateRun(session, base_hash, head_hashes, metric, factors, timed_bench, timed_length)
-    say(f"measuring {gate.described} on the CI subset "
-        f"(the first run builds asv's pinned virtualenv: minutes; log {session.log_file})")
+    say(
+        f"measuring {gate.described} on the CI subset "
+        f"(the first run builds asv's pinned virtualenv: minutes; log {session.log_file})"
+    )
     gate.measure_exact(deterministic, parallel)
     return gate.time_and_decide(rounds)
 
 
-def _checked_options(metric: str, time_cases: str, rounds: int, time_factor: float, memory_factor: float,
-                     instructions_factor: float) -> _Factors:
+def _checked_options(
+    metric: str,
+    time_cases: str,
+    rounds: int,
+    time_factor: float,
+    memory_factor: float,
+    instructions_factor: float,
+) -> _Factors:
     """The gate's factors, checked with its other options in the order their usage errors come."""
     _check_metric(metric)
     if time_cases not in TIME_CASES:
@@ -905,9 +1095,11 @@ def _checked_options(metric: str, time_cases: str, rounds: int, time_factor: flo
     if metric != "time" and valgrind_version() is None:
         raise RegressError(missing_message())
     # nan, inf and <= 1: usage errors
-    factors = _Factors(time=significance.check_factor("time_factor", time_factor),
-                       memory=significance.check_factor("memory_factor", memory_factor),
-                       instructions=instructions_factor)
+    factors = _Factors(
+        time=significance.check_factor("time_factor", time_factor),
+        memory=significance.check_factor("memory_factor", memory_factor),
+        instructions=instructions_factor,
+    )
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     return factors
@@ -931,7 +1123,9 @@ class _GateRun:
 
     @property
     def described(self) -> str:
-        return f"BASE {self.base[:10]} and " + ", ".join(f"HEAD {h[:10]}" for h in self.heads.values())
+        return f"BASE {self.base[:10]} and " + ", ".join(
+            f"HEAD {h[:10]}" for h in self.heads.values()
+        )
 
     def measure_exact(self, deterministic: bool, parallel: bool) -> None:
         """The deterministic measures, once per commit, before the time rounds.
@@ -940,12 +1134,24 @@ class _GateRun:
         the instruction counts (one valgrind process per commit).
         """
         counts_decide = self.metric != "time"
-        exact = [b for b in contract.GATED_BENCHMARKS if b != TIME_BENCHMARK] if deterministic else []
+        exact = (
+            [b for b in contract.GATED_BENCHMARKS if b != TIME_BENCHMARK] if deterministic else []
+        )
         exact += [INSTRUCTIONS] if counts_decide else []
         if exact:
-            what = ", ".join(filter(None, ("peak tensor bytes, FLOPs and the correctness gate" if deterministic else "",
-                                           "instruction counts under valgrind (torch starts in about half a minute)"
-                                           if counts_decide else "")))
+            what = ", ".join(
+                filter(
+                    None,
+                    (
+                        "peak tensor bytes, FLOPs and the correctness gate"
+                        if deterministic
+                        else "",
+                        "instruction counts under valgrind (torch starts in about half a minute)"
+                        if counts_decide
+                        else "",
+                    ),
+                )
+            )
             _measure_exact(self.session, self.commits, exact, what, parallel)
 
     def time_and_decide(self, rounds: int) -> dict[str, Outcome]:
@@ -953,9 +1159,12 @@ class _GateRun:
 
         What the rounds leave undecided gets a confirmation round, of every commit.
         """
-        where = (f"at L={self.timed_length} only (counts decide the shorter lengths; "
-                 "time sees what they cannot where the working set is largest)"
-                 if self.timed_length else "of every case")
+        where = (
+            f"at L={self.timed_length} only (counts decide the shorter lengths; "
+            "time sees what they cannot where the working set is largest)"
+            if self.timed_length
+            else "of every case"
+        )
         self.session.say(f"timing: {rounds} interleaved asv round(s) {where}")
         self.session.run(self.commits, self.timed_bench, rounds=rounds, samples=True)
         tables = self.decide()
@@ -963,7 +1172,9 @@ class _GateRun:
         confirmed = 0
         if undecided:  # cannot tell yet: more samples of every commit, decided on all of them
             self.session.say(f"{undecided} time case(s) undecided: a confirmation round")
-            self.session.run(self.commits, self.timed_bench, rounds=rounds, samples=True, append=True)
+            self.session.run(
+                self.commits, self.timed_bench, rounds=rounds, samples=True, append=True
+            )
             tables = self.decide()
             confirmed = 1
         return {head: self.outcome(head, table, confirmed) for head, table in tables.items()}
@@ -972,21 +1183,44 @@ class _GateRun:
         """Each HEAD's table (:func:`compare`) on every result, sample and probe so far."""
         frame, samples = self.session.load(self.commits)
         log = self.session.work / PROBES
-        probes, shares, corrected = read_probes(log), read_probes(log, "runqueue_share"), read_corrected(log)
-        tables = {head: compare(frame, self.base, head_hash, self.factors.time, self.factors.memory, samples=samples,
-                                probes=probes, metric=self.metric, instructions_factor=self.factors.instructions,
-                                runqueue_shares=shares, corrected=corrected)
-                  for head, head_hash in self.heads.items()}
+        probes, shares, corrected = (
+            read_probes(log),
+            read_probes(log, "runqueue_share"),
+            read_corrected(log),
+        )
+        tables = {
+            head: compare(
+                frame,
+                self.base,
+                head_hash,
+                self.factors.time,
+                self.factors.memory,
+                samples=samples,
+                probes=probes,
+                metric=self.metric,
+                instructions_factor=self.factors.instructions,
+                runqueue_shares=shares,
+                corrected=corrected,
+            )
+            for head, head_hash in self.heads.items()
+        }
         return {head: _not_timed(table, self.timed_length) for head, table in tables.items()}
 
     def outcome(self, head: str, table: pd.DataFrame, confirmed: int) -> Outcome:
         table["confirmation_runs"] = confirmed
-        return Outcome(table=table, regressions=table[table["verdict"].isin([GateVerdict.REGRESSED, GateVerdict.WRONG])],
-                       undecided=table[table["verdict"] == GateVerdict.UNDECIDED], base=self.base,
-                       head=self.heads[head], results_dir=self.session.work / "results")
+        return Outcome(
+            table=table,
+            regressions=table[table["verdict"].isin([GateVerdict.REGRESSED, GateVerdict.WRONG])],
+            undecided=table[table["verdict"] == GateVerdict.UNDECIDED],
+            base=self.base,
+            head=self.heads[head],
+            results_dir=self.session.work / "results",
+        )
 
 
-def _measure_exact(session: AsvSession, commits: list[str], benchmarks: list[str], what: str, parallel: bool) -> None:
+def _measure_exact(
+    session: AsvSession, commits: list[str], benchmarks: list[str], what: str, parallel: bool
+) -> None:
     """The deterministic benchmarks of ``commits``, one asv call per benchmark group.
 
     With ``parallel`` (and more than one commit), the commits are split between ``session`` and its
@@ -1008,8 +1242,11 @@ def _measure_exact(session: AsvSession, commits: list[str], benchmarks: list[str
     say = session.say
     twin = session.twin()
     first, second = commits[0::2], commits[1::2]
-    say(f"{what}: once per commit, two asv processes at once "
-        "(the second in a twin of the environment)")
+    say(
+        f"{what}: once per commit, two asv processes at once "
+        "(the second in a twin of the environment)"
+    )
+
     def label(mine: list[str]) -> str:
         return mine[0][:8] + (f" and {len(mine) - 1} more" if len(mine) > 1 else "")
 
@@ -1026,23 +1263,36 @@ def _not_timed(table: pd.DataFrame, timed_length: int | None) -> pd.DataFrame:
     """Time rows the gate left untimed (not at ``timed_length``) read ``not timed``, not ``n/a``."""
     if timed_length is None:
         return table
-    untimed = (table["metric"] == "time") & (table["seq_len"] != timed_length) & (table["verdict"] == GateVerdict.NOT_APPLICABLE)
+    untimed = (
+        (table["metric"] == "time")
+        & (table["seq_len"] != timed_length)
+        & (table["verdict"] == GateVerdict.NOT_APPLICABLE)
+    )
     table = table.copy()
     table.loc[untimed, "verdict"] = NOT_TIMED
-    table.loc[untimed, "reason"] = f"counts decide this length; time is taken at L={timed_length} only"
+    table.loc[untimed, "reason"] = (
+        f"counts decide this length; time is taken at L={timed_length} only"
+    )
     return table
 
 
-def _load_results(work: Path, machine: str, commits: list[str], log: Path) -> tuple[pd.DataFrame, ...]:
+def _load_results(
+    work: Path, machine: str, commits: list[str], log: Path
+) -> tuple[pd.DataFrame, ...]:
     """``(frame, samples)`` of this gate run, for :func:`compare`; each commit must have some."""
     frame = load_asv(work / "results")
     frame = frame[frame["machine"] == machine]
     missing = [c for c in commits if c not in set(frame["commit"])]
     if missing:
         try:
-            tail = "\n".join(f"  {line}" for line in log.read_text(encoding="utf-8", errors="replace").splitlines()[-25:])
+            tail = "\n".join(
+                f"  {line}"
+                for line in log.read_text(encoding="utf-8", errors="replace").splitlines()[-25:]
+            )
         except OSError:
             tail = "  (log unreadable)"
-        raise RegressError(f"asv produced no results for {', '.join(m[:10] for m in missing)}; "
-                           f"the end of {log}:\n{tail}")
+        raise RegressError(
+            f"asv produced no results for {', '.join(m[:10] for m in missing)}; "
+            f"the end of {log}:\n{tail}"
+        )
     return frame, read_time_samples(work / "results", machine)

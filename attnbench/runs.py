@@ -111,9 +111,19 @@ def grid(
     """
     if workload not in WORKLOADS:
         raise ValueError(f"workload must be one of {WORKLOADS}, got {workload!r}")
-    _refuse_repeats({"variants": variants, "lengths": lengths, "modes": modes, "masks": masks,
-                     "dtypes": dtypes, "devices": devices, "head_dims": head_dims, "batches": batches,
-                     "kv_heads": kv_heads})
+    _refuse_repeats(
+        {
+            "variants": variants,
+            "lengths": lengths,
+            "modes": modes,
+            "masks": masks,
+            "dtypes": dtypes,
+            "devices": devices,
+            "head_dims": head_dims,
+            "batches": batches,
+            "kv_heads": kv_heads,
+        }
+    )
     base = base or AttnSpec()
     devices = devices or [base.device]
     shapes = _shapes(base, head_dims, batches, kv_heads)
@@ -122,28 +132,36 @@ def grid(
         variant = get_variant(name)  # an unknown name raises here, whatever limit_slow says
         lens = default_lengths(variant, lengths) if limit_slow else list(lengths)
         for shape, device, dtype, mode, mask, length in itertools.product(
-                shapes, devices, dtypes or [base.dtype], modes, masks, lens):
+            shapes, devices, dtypes or [base.dtype], modes, masks, lens
+        ):
             lengths_of = _lengths_of(workload, length, q_len)
             spec = shape.replace(**lengths_of, mode=mode, mask=mask, dtype=dtype, device=device)
             cases.append((name, spec))
     return cases
 
 
-
-
 def _refuse_repeats(axes: dict[str, Sequence | None]) -> None:
     """Raise a ValueError naming the first axis of the grid that holds a value twice."""
     for name, values in axes.items():
         if values and (repeated := _repeated(values)):
-            raise ValueError(f"{name}: {repeated} given more than once (each case is measured once)")
+            raise ValueError(
+                f"{name}: {repeated} given more than once (each case is measured once)"
+            )
 
 
-def _shapes(base: AttnSpec, head_dims: Sequence[int] | None, batches: Sequence[int] | None,
-            kv_heads: Sequence[int | None] | None) -> list[AttnSpec]:
+def _shapes(
+    base: AttnSpec,
+    head_dims: Sequence[int] | None,
+    batches: Sequence[int] | None,
+    kv_heads: Sequence[int | None] | None,
+) -> list[AttnSpec]:
     """``base`` at every head dim x batch x kv heads (None: the base spec's own)."""
-    return [base.replace(head_dim=d, batch=b, kv_heads=h)
-            for d in head_dims or [base.head_dim] for b in batches or [base.batch]
-            for h in kv_heads or [base.kv_heads]]
+    return [
+        base.replace(head_dim=d, batch=b, kv_heads=h)
+        for d in head_dims or [base.head_dim]
+        for b in batches or [base.batch]
+        for h in kv_heads or [base.kv_heads]
+    ]
 
 
 def _lengths_of(workload: str, length: int, q_len: int) -> dict[str, int]:
@@ -168,8 +186,9 @@ prediction is cautious (a counted case takes less than predicted), so the counti
 timed sweep, ends about when the sweep does."""
 
 
-def counted_cases(cases: Sequence[tuple[str, AttnSpec]], every: bool = False,
-                  budget_s: float = COUNT_BUDGET_S) -> list[tuple[str, AttnSpec]]:
+def counted_cases(
+    cases: Sequence[tuple[str, AttnSpec]], every: bool = False, budget_s: float = COUNT_BUDGET_S
+) -> list[tuple[str, AttnSpec]]:
     """The CPU cases ``attnbench run`` counts instructions for.
 
     With ``every``, all of them (``--instructions``); by default those of the headline figure's
@@ -199,7 +218,9 @@ def new_run_dir(root: str | Path = "reports/runs") -> Path:
     return Path(root) / f"{stamp}-{socket.gethostname()}"
 
 
-def empty_grid_reason(variants: Sequence[str] | None, lengths: Sequence[int], limit_slow: bool = True) -> str:
+def empty_grid_reason(
+    variants: Sequence[str] | None, lengths: Sequence[int], limit_slow: bool = True
+) -> str:
     """Why :func:`grid` returned no cases (for the error message)."""
     names = list(variants) if variants else default_variants()
     if not names:
@@ -209,8 +230,10 @@ def empty_grid_reason(variants: Sequence[str] | None, lengths: Sequence[int], li
     limited = [n for n in names if limit_slow and not default_lengths(get_variant(n), lengths)]
     if limited:
         verb = "runs" if len(limited) == 1 else "run"
-        return (f"{', '.join(limited)} {verb} only at lengths <= 128 by default and none of "
-                f"{list(lengths)} qualifies (add a length <= 128, or pass --no-limit)")
+        return (
+            f"{', '.join(limited)} {verb} only at lengths <= 128 by default and none of "
+            f"{list(lengths)} qualifies (add a length <= 128, or pass --no-limit)"
+        )
     return "the grid is empty"
 
 
@@ -221,7 +244,11 @@ so a log written before them keeps its case keys (and can be resumed)."""
 
 def case_key(variant: str, spec: AttnSpec) -> str:
     """Stable identity of a case across processes and sessions (sorted JSON of name and spec)."""
-    fields = {k: v for k, v in dataclasses.asdict(spec).items() if k not in _LATER_FIELDS or v != _LATER_FIELDS[k]}
+    fields = {
+        k: v
+        for k, v in dataclasses.asdict(spec).items()
+        if k not in _LATER_FIELDS or v != _LATER_FIELDS[k]
+    }
     return json.dumps([variant, fields], sort_keys=True)
 
 
@@ -242,8 +269,13 @@ def measurement_from_json(data: dict[str, Any]) -> Measurement:
             spec or status the classes reject), with the field named.
     """
     known = {f.name: f.type for f in dataclasses.fields(Measurement)}
-    missing = [f.name for f in dataclasses.fields(Measurement)
-               if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in data]
+    missing = [
+        f.name
+        for f in dataclasses.fields(Measurement)
+        if f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+        and f.name not in data
+    ]
     if missing:
         raise ValueError(f"no {', '.join(repr(m) for m in missing)} field")
     fields = {k: v for k, v in data.items() if k in known}
@@ -262,7 +294,9 @@ def measurement_from_json(data: dict[str, Any]) -> Measurement:
         env_known = {f.name for f in dataclasses.fields(Environment)}
         fields["env"] = Environment(**{k: v for k, v in env.items() if k in env_known})
     samples = data.get("samples", ())
-    if not isinstance(samples, list) or any(isinstance(s, bool) or not isinstance(s, (int, float)) for s in samples):
+    if not isinstance(samples, list) or any(
+        isinstance(s, bool) or not isinstance(s, (int, float)) for s in samples
+    ):
         raise ValueError(f"samples {str(samples)[:60]} is not a list of numbers")
     fields["samples"] = tuple(_float("samples", s) for s in samples)
     if not all(math.isfinite(s) and s >= 0 for s in fields["samples"]):
@@ -276,7 +310,9 @@ def _float(name: str, value: int | float) -> float:
     try:
         return float(value)
     except OverflowError:
-        raise ValueError(f"{name} {str(value)[:20]}... ({len(str(value))} digits) is too large for a float") from None
+        raise ValueError(
+            f"{name} {str(value)[:20]}... ({len(str(value))} digits) is too large for a float"
+        ) from None
 
 
 def config_json(config: MeasureConfig) -> dict[str, Any]:
@@ -326,20 +362,33 @@ def read_log(path: str | Path) -> RunLog:
                 raise ValueError(f"unknown kind {item.get('kind')!r}")
         except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
             if i == last and torn:
-                notes.append(f"{path}: torn last line (the run was killed while writing it), "
-                             f"ignored ({len(raw)} bytes)")
+                notes.append(
+                    f"{path}: torn last line (the run was killed while writing it), "
+                    f"ignored ({len(raw)} bytes)"
+                )
             else:
                 rejected.append(f"{path}: line {i + 1} unreadable ({error_line(exc)}), ignored")
                 notes.append(rejected[-1])
     # a count may be logged before its case
     found = [attach(m, counts.get(case_key(m.variant, m.spec))) for m in found]
-    return RunLog(header=header, measurements=tuple(found), notes=tuple(notes), rejected=tuple(rejected), counts=counts)
+    return RunLog(
+        header=header,
+        measurements=tuple(found),
+        notes=tuple(notes),
+        rejected=tuple(rejected),
+        counts=counts,
+    )
 
 
 def count_to_json(count: Count) -> dict[str, Any]:
     """An instruction count as a log line's ``count`` (its case is named by the line's key)."""
-    return {"status": count.status, "instructions": count.instructions, "calls": count.calls, "reason": count.reason,
-            "valgrind": count.valgrind}
+    return {
+        "status": count.status,
+        "instructions": count.instructions,
+        "calls": count.calls,
+        "reason": count.reason,
+        "valgrind": count.valgrind,
+    }
 
 
 def count_from_json(data: dict[str, Any]) -> Count:
@@ -351,15 +400,23 @@ def count_from_json(data: dict[str, Any]) -> Count:
     if not isinstance(data, dict) or not isinstance(data.get("status"), str):
         raise ValueError(f"count {str(data)[:60]} has no status")
     if data["status"] not in STATUSES:
-        raise ValueError(f"count status must be one of {tuple(map(str, STATUSES))}, "
-                         f"got {data['status']!r}")
+        raise ValueError(
+            f"count status must be one of {tuple(map(str, STATUSES))}, got {data['status']!r}"
+        )
     instructions = data.get("instructions", math.nan)
     if instructions is None:
         instructions = math.nan
     if isinstance(instructions, bool) or not isinstance(instructions, (int, float)):
         raise ValueError(f"count instructions {instructions!r} is not a number")
-    return Count("", AttnSpec(), Status(data["status"]), instructions=_float("instructions", instructions),
-                 calls=int(data.get("calls", 0)), reason=str(data.get("reason", "")), valgrind=str(data.get("valgrind", "")))
+    return Count(
+        "",
+        AttnSpec(),
+        Status(data["status"]),
+        instructions=_float("instructions", instructions),
+        calls=int(data.get("calls", 0)),
+        reason=str(data.get("reason", "")),
+        valgrind=str(data.get("valgrind", "")),
+    )
 
 
 class RunDirError(ValueError):
@@ -406,49 +463,76 @@ def _diff_config(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> 
         a, b = old.get(key), new.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
             out.extend(_diff_config(a, b, f"{prefix}{key}."))
-        elif a != b and not (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)):
+        elif a != b and not (
+            isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)
+        ):
             out.append(f"{prefix}{key}: {a!r} in the log, {b!r} now")
     return out
 
 
 def _case_label(key: str) -> str:
     name, spec = json.loads(key)
-    lens = f"L={spec['seq_len']}" if spec.get("seq_len_k") is None else f"Lq={spec['seq_len']} Lk={spec['seq_len_k']}"
+    lens = (
+        f"L={spec['seq_len']}"
+        if spec.get("seq_len_k") is None
+        else f"Lq={spec['seq_len']} Lk={spec['seq_len_k']}"
+    )
     return f"{name} {lens} {spec['dtype']} {spec['mode']} {spec['mask']} {spec['device']}"
 
 
-def _new_header(conf: dict[str, Any], keys: list[str], command: Sequence[str] | None,
-                peak_gflops: dict[str, float] | None, peak_gbps: dict[str, float] | None) -> dict[str, Any]:
+def _new_header(
+    conf: dict[str, Any],
+    keys: list[str],
+    command: Sequence[str] | None,
+    peak_gflops: dict[str, float] | None,
+    peak_gbps: dict[str, float] | None,
+) -> dict[str, Any]:
     """A log's first line: the configuration, the planned cases' keys and the machine's roofs."""
     return {
-        "kind": "header", "schema": LOG_SCHEMA,
+        "kind": "header",
+        "schema": LOG_SCHEMA,
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "command": list(command if command is not None else sys.argv),
-        "config": conf, "cases": keys, "planned": len(keys), "peak_gflops": peak_gflops,
+        "config": conf,
+        "cases": keys,
+        "planned": len(keys),
+        "peak_gflops": peak_gflops,
         "peak_gbps": peak_gbps,
     }
 
 
-def _check_resumable(old: dict[str, Any], conf: dict[str, Any], keys: list[str], run_dir: Path) -> None:
+def _check_resumable(
+    old: dict[str, Any], conf: dict[str, Any], keys: list[str], run_dir: Path
+) -> None:
     """Raise a RunDirError naming each difference between a logged header and the run asked for."""
     log_path = run_dir / LOG
     if old.get("schema", LOG_SCHEMA) != LOG_SCHEMA:
-        raise RunDirError(f"--resume: {log_path} is in format {old.get('schema')!r}; this attnbench writes "
-                          f"{LOG_SCHEMA!r} and would mix the two (use the attnbench that wrote it, or --force)")
+        raise RunDirError(
+            f"--resume: {log_path} is in format {old.get('schema')!r}; this attnbench writes "
+            f"{LOG_SCHEMA!r} and would mix the two (use the attnbench that wrote it, or --force)"
+        )
     # a setting added since the log was written had its default then (e.g. workload "prefill")
     defaults = config_json(MeasureConfig())
-    old_conf = {**{k: v for k, v in defaults.items() if k not in old.get("config", {})}, **old.get("config", {})}
+    old_conf = {
+        **{k: v for k, v in defaults.items() if k not in old.get("config", {})},
+        **old.get("config", {}),
+    }
     problems = _diff_config(old_conf, conf)
     old_keys = old.get("cases", [])
     if sorted(old_keys) != sorted(keys):
         added = [k for k in keys if k not in set(old_keys)]
         removed = [k for k in old_keys if k not in set(keys)]
-        detail = "; ".join(f"{what} {len(ks)}: {_case_labels(ks)}"
-                           for what, ks in (("not in the log", added), ("only in the log", removed)) if ks)
+        detail = "; ".join(
+            f"{what} {len(ks)}: {_case_labels(ks)}"
+            for what, ks in (("not in the log", added), ("only in the log", removed))
+            if ks
+        )
         problems.insert(0, f"grid: {len(old_keys)} cases in the log, {len(keys)} now ({detail})")
     if problems:
-        raise RunDirError(f"--resume: {run_dir} was measured with a different configuration: "
-                          + "; ".join(problems))
+        raise RunDirError(
+            f"--resume: {run_dir} was measured with a different configuration: "
+            + "; ".join(problems)
+        )
 
 
 def _case_labels(keys: Sequence[str], shown: int = 3) -> str:
@@ -470,13 +554,17 @@ class RunDirectory:
     def __init__(self, path: str | Path, *, resume: bool = False, force: bool = False) -> None:
         self.path = Path(path)
         if resume and force:
-            raise RunDirError("--resume and --force exclude each other (continue the run, or replace it)")
+            raise RunDirError(
+                "--resume and --force exclude each other (continue the run, or replace it)"
+            )
         if self.path.exists() and not self.path.is_dir():
             raise RunDirError(f"--out {self.path} is an existing file, not a directory")
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise RunDirError(f"--out {self.path} cannot be created: {exc.strerror or exc}") from None
+            raise RunDirError(
+                f"--out {self.path} cannot be created: {exc.strerror or exc}"
+            ) from None
         if not os.access(self.path, os.W_OK | os.X_OK):
             raise RunDirError(f"--out {self.path} is not writable")
         try:
@@ -490,7 +578,9 @@ class RunDirectory:
             self._lock.seek(0)
             holder = self._lock.read().strip() or "unknown"
             self._lock.close()
-            raise RunDirError(f"--out {self.path} is in use by another attnbench run (pid {holder})") from None
+            raise RunDirError(
+                f"--out {self.path} is in use by another attnbench run (pid {holder})"
+            ) from None
         self._lock.seek(0)
         self._lock.truncate()
         self._lock.write(f"{os.getpid()}\n")
@@ -499,11 +589,15 @@ class RunDirectory:
             others = sorted(p.name for p in self.path.iterdir() if p.name != LOCK)
             if others and not (resume or force):
                 shown = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")
-                raise RunDirError(f"--out {self.path} is not empty ({shown}); pass --resume to continue that run "
-                                  "or --force to replace it")
+                raise RunDirError(
+                    f"--out {self.path} is not empty ({shown}); pass --resume to continue that run "
+                    "or --force to replace it"
+                )
             if resume and others and not (self.path / LOG).exists():
-                raise RunDirError(f"--out {self.path} has no {LOG} to resume from (written by an older "
-                                  "attnbench, or not a run directory); use --force to replace it")
+                raise RunDirError(
+                    f"--out {self.path} has no {LOG} to resume from (written by an older "
+                    "attnbench, or not a run directory); use --force to replace it"
+                )
             if force:
                 for name in RUN_FILES:
                     (self.path / name).unlink(missing_ok=True)
@@ -551,7 +645,9 @@ class RunDirectory:
             self.header = dict(self.log.header)
         else:
             self.header = _new_header(conf, keys, command, peak_gflops, peak_gbps)
-            self._append_line(self.header, fresh=not log_path.exists() or log_path.stat().st_size == 0)
+            self._append_line(
+                self.header, fresh=not log_path.exists() or log_path.stat().st_size == 0
+            )
         self.header["seconds_before"] = self._seconds_before() if self.log.measurements else 0.0
         done: dict[str, Measurement] = {}
         wanted = set(keys)
@@ -602,7 +698,9 @@ class RunDirectory:
     def add(self, measurement: Measurement, *, seconds: float | None = None) -> None:
         """Append one finished case durably, then refresh the derived files."""
         self._append_line({"kind": "case", "measurement": measurement_to_json(measurement)})
-        self.measurements.append(attach(measurement, self._counts.get(case_key(measurement.variant, measurement.spec))))
+        self.measurements.append(
+            attach(measurement, self._counts.get(case_key(measurement.variant, measurement.spec)))
+        )
         self.write_derived(seconds=seconds)
 
     def add_count(self, count: Count, *, seconds: float | None = None) -> None:
@@ -614,7 +712,9 @@ class RunDirectory:
         key = case_key(count.variant, count.spec)
         self._append_line({"kind": "count", "case": key, "count": count_to_json(count)})
         self._counts[key] = count
-        self.measurements = [attach(m, count) if case_key(m.variant, m.spec) == key else m for m in self.measurements]
+        self.measurements = [
+            attach(m, count) if case_key(m.variant, m.spec) == key else m for m in self.measurements
+        ]
         self.write_derived(seconds=seconds)
 
     @property
@@ -637,8 +737,14 @@ class RunDirectory:
         """
         total = self.header.get("seconds_before", 0.0) + (seconds or 0.0)
         try:
-            _write_derived(self.path, self.measurements, self.header, seconds=total, peak_gflops=self._peak,
-                           peak_gbps=self._peak_gbps)
+            _write_derived(
+                self.path,
+                self.measurements,
+                self.header,
+                seconds=total,
+                peak_gflops=self._peak,
+                peak_gbps=self._peak_gbps,
+            )
         except OSError as exc:
             raise RunWriteError(self.path, exc) from exc
         return self.path
@@ -717,9 +823,13 @@ def write_run(
     run_dir.mkdir(parents=True, exist_ok=True)
     keys = [case_key(m.variant, m.spec) for m in measurements]
     header = _new_header(config_json(config), keys, command, peak_gflops, peak_gbps)
-    lines = [json.dumps(header)] + [json.dumps({"kind": "case", "measurement": measurement_to_json(m)}) for m in measurements]
+    lines = [json.dumps(header)] + [
+        json.dumps({"kind": "case", "measurement": measurement_to_json(m)}) for m in measurements
+    ]
     atomic_write_text(run_dir / LOG, "\n".join(lines) + "\n")
-    _write_derived(run_dir, measurements, header, seconds=seconds, peak_gflops=peak_gflops, peak_gbps=peak_gbps)
+    _write_derived(
+        run_dir, measurements, header, seconds=seconds, peak_gflops=peak_gflops, peak_gbps=peak_gbps
+    )
     return run_dir
 
 
@@ -731,14 +841,32 @@ def summary_table(measurements: Sequence[Measurement]) -> pd.DataFrame:
     rows = []
     for m in measurements:
         cell = f"{m.median * 1e3:.3g}" if m.status == Status.OK else m.status
-        rows.append({"variant": m.variant, "workload": m.workload, "dtype": m.spec.dtype, "pass": m.spec.mode,
-                     "mask": m.spec.mask, "D": m.spec.head_dim, "B": m.spec.batch, "Hkv": m.spec.hkv,
-                     "Lq": m.spec.lq, "L": swept_length(m.spec, m.workload), "cell": cell})
+        rows.append(
+            {
+                "variant": m.variant,
+                "workload": m.workload,
+                "dtype": m.spec.dtype,
+                "pass": m.spec.mode,
+                "mask": m.spec.mask,
+                "D": m.spec.head_dim,
+                "B": m.spec.batch,
+                "Hkv": m.spec.hkv,
+                "Lq": m.spec.lq,
+                "L": swept_length(m.spec, m.workload),
+                "cell": cell,
+            }
+        )
     if not rows:
         return pd.DataFrame()
     frame = pd.DataFrame(rows)
-    split = ("workload", "dtype", "pass", "mask", "D", "B", "Hkv") + (("Lq",) if set(frame["workload"]) == {"decode"} else ())
+    split = ("workload", "dtype", "pass", "mask", "D", "B", "Hkv") + (
+        ("Lq",) if set(frame["workload"]) == {"decode"} else ()
+    )
     index = ["variant"] + [c for c in split if frame[c].nunique() > 1]
     table = frame.pivot_table(index=index, columns="L", values="cell", aggfunc="first", sort=False)
-    table.columns.name = "median ms at L=" if set(frame["workload"]) == {"prefill"} else "median ms at L (decode: Lk)="
+    table.columns.name = (
+        "median ms at L="
+        if set(frame["workload"]) == {"prefill"}
+        else "median ms at L (decode: Lk)="
+    )
     return table.fillna("")

@@ -59,9 +59,11 @@ def suite_benchmarks(benchmark_dir: str | Path) -> list[str]:
     """
     folder = Path(benchmark_dir)
     if not folder.is_dir():
-        raise ShardError(f"--benchmarks {folder} is not a folder of asv benchmark modules "
-                         f"({'missing' if not folder.exists() else 'a file'}; run from the checkout's root, "
-                         "or name the folder asv.conf.json's benchmark_dir names)")
+        raise ShardError(
+            f"--benchmarks {folder} is not a folder of asv benchmark modules "
+            f"({'missing' if not folder.exists() else 'a file'}; run from the checkout's root, "
+            "or name the folder asv.conf.json's benchmark_dir names)"
+        )
     names = []
     for path in sorted(folder.glob("*.py")):
         if path.name.startswith("_"):
@@ -71,13 +73,22 @@ def suite_benchmarks(benchmark_dir: str | Path) -> list[str]:
         spec.loader.exec_module(module)  # type: ignore[union-attr]
         for attr, value in vars(module).items():
             if inspect.isclass(value) and value.__module__ == module.__name__:
-                names += [f"{path.stem}.{attr}.{m}" for m, _ in inspect.getmembers(value, inspect.isfunction)
-                          if m.startswith(BENCHMARK_PREFIXES)]
-            elif inspect.isfunction(value) and attr.startswith(BENCHMARK_PREFIXES) and value.__module__ == module.__name__:
+                names += [
+                    f"{path.stem}.{attr}.{m}"
+                    for m, _ in inspect.getmembers(value, inspect.isfunction)
+                    if m.startswith(BENCHMARK_PREFIXES)
+                ]
+            elif (
+                inspect.isfunction(value)
+                and attr.startswith(BENCHMARK_PREFIXES)
+                and value.__module__ == module.__name__
+            ):
                 names.append(f"{path.stem}.{attr}")
     if not names:
-        raise ShardError(f"--benchmarks {folder} holds no asv benchmark "
-                         "(no module with a time_, peakmem_, track_ ... function or method)")
+        raise ShardError(
+            f"--benchmarks {folder} holds no asv benchmark "
+            "(no module with a time_, peakmem_, track_ ... function or method)"
+        )
     return sorted(names)
 
 
@@ -86,7 +97,7 @@ def shard(names: Sequence[str], index: int, count: int) -> list[str]:
 
     Every ``count``-th of the sorted names, from the ``index``-th.
     """
-    return sorted(names)[index - 1::count]
+    return sorted(names)[index - 1 :: count]
 
 
 def bench_pattern(names: Sequence[str]) -> str:
@@ -96,7 +107,9 @@ def bench_pattern(names: Sequence[str]) -> str:
     return "^(" + "|".join(re.escape(n) for n in names) + ")$"
 
 
-def shard_environment(benchmark_dir: str | Path, index: int, count: int, grid: str | None = None) -> dict[str, str]:
+def shard_environment(
+    benchmark_dir: str | Path, index: int, count: int, grid: str | None = None
+) -> dict[str, str]:
     """The variables a CI job sets: its grid's settings and its shard's ``--bench`` pattern.
 
     The grid's are ``ATTNBENCH_ASV_*`` (``grid`` names one of ``contract.GRIDS``); the ``--bench``
@@ -161,7 +174,10 @@ def merge_results(sources: Sequence[str | Path], out: str | Path) -> Merged:
         rows += len(merged["results"])
         target = out / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        machine = next((p.parent / "machine.json" for p in paths if (p.parent / "machine.json").is_file()), None)
+        machine = next(
+            (p.parent / "machine.json" for p in paths if (p.parent / "machine.json").is_file()),
+            None,
+        )
         if machine is not None and not (target.parent / "machine.json").exists():
             shutil.copy2(machine, target.parent / "machine.json")
         atomic_write_text(target, json.dumps(merged))
@@ -173,10 +189,16 @@ def _check_benchmarks_json(path: Path) -> None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise ShardError(f"{path}: not a readable asv benchmarks.json ({type(exc).__name__}: {str(exc)[:80]})") from None
-    if not isinstance(data, dict) or not any(isinstance(v, dict) and "name" in v for v in data.values()):
-        raise ShardError(f"{path}: not an asv benchmarks.json "
-                         "(expected an object of benchmarks with their names)")
+        raise ShardError(
+            f"{path}: not a readable asv benchmarks.json ({type(exc).__name__}: {str(exc)[:80]})"
+        ) from None
+    if not isinstance(data, dict) or not any(
+        isinstance(v, dict) and "name" in v for v in data.values()
+    ):
+        raise ShardError(
+            f"{path}: not an asv benchmarks.json "
+            "(expected an object of benchmarks with their names)"
+        )
 
 
 def _merge_files(paths: Sequence[Path]) -> dict:
@@ -188,16 +210,24 @@ def _merge_files(paths: Sequence[Path]) -> dict:
         except (OSError, ValueError) as exc:
             raise ShardError(f"{path}: not a readable asv result file ({exc})") from None
         if not isinstance(data, dict) or not isinstance(data.get("results", {}), dict):
-            raise ShardError(f"{path}: not an asv result file (expected an object with its results)")
+            raise ShardError(
+                f"{path}: not an asv result file (expected an object with its results)"
+            )
         if merged is None:
-            merged = {**data, "results": dict(data.get("results", {})), "durations": dict(data.get("durations", {}))}
+            merged = {
+                **data,
+                "results": dict(data.get("results", {})),
+                "durations": dict(data.get("durations", {})),
+            }
             continue
         if data.get("result_columns") != merged.get("result_columns"):
             raise ShardError(f"{path}: written by another asv result format than {paths[0]}")
         for key, row in data.get("results", {}).items():
             if key in merged["results"] and merged["results"][key] != row:
-                raise ShardError(f"{key} was recorded by two shards "
-                                 f"({paths[0].parent.parent} and {path.parent.parent}): shards must not overlap")
+                raise ShardError(
+                    f"{key} was recorded by two shards "
+                    f"({paths[0].parent.parent} and {path.parent.parent}): shards must not overlap"
+                )
             merged["results"][key] = row
         merged["durations"].update(data.get("durations", {}))
         merged["date"] = min(merged.get("date") or sys.maxsize, data.get("date") or sys.maxsize)

@@ -85,7 +85,9 @@ class AttnSpec:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")
         if not _valid_device(self.device):
-            raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N' (N >= 0), got {self.device!r}")
+            raise ValueError(
+                f"device must be 'cpu', 'cuda' or 'cuda:N' (N >= 0), got {self.device!r}"
+            )
         if self.mask not in masks.MASK_KINDS:
             raise ValueError(f"mask must be one of {masks.MASK_KINDS}, got {self.mask!r}")
         if self.mode not in MODES:
@@ -129,7 +131,9 @@ class AttnSpec:
     def input_bytes(self) -> int:
         """Bytes of q, k and v at their shapes (the mask's are :attr:`mask_bytes`)."""
         b = self.batch
-        elems = b * (self.heads * self.lq * self.head_dim + self.hkv * self.lk * (self.head_dim + self.dv))
+        elems = b * (
+            self.heads * self.lq * self.head_dim + self.hkv * self.lk * (self.head_dim + self.dv)
+        )
         return elems * self.elem_bytes
 
     @property
@@ -193,7 +197,12 @@ class AttnSpec:
     def mask_mod(self, device: torch.device | str | None = None) -> mask_mods.MaskMod | None:
         """The spec's mask as a predicate (None for ``"none"``): what every consumer uses."""
         return masks.mod_for_kind(
-            self.mask, self.batch, self.lq, self.lk, window=self.window, prefix=self.prefix_len,
+            self.mask,
+            self.batch,
+            self.lq,
+            self.lk,
+            window=self.window,
+            prefix=self.prefix_len,
             device=self.device if device is None else device,
         )
 
@@ -212,7 +221,11 @@ class AttnSpec:
         """
         check_device_available("device", self.device)
         mod = self.mask_mod()
-        return None if mod is None else mask_mods.dense(mod, self.batch, self.heads, self.lq, self.lk, self.device)
+        return (
+            None
+            if mod is None
+            else mask_mods.dense(mod, self.batch, self.heads, self.lq, self.lk, self.device)
+        )
 
     def make_inputs(
         self, seed: int = 0, requires_grad: bool = False, mask_form: str = MaskForm.DENSE
@@ -240,7 +253,11 @@ class AttnSpec:
         check_device_available("device", self.device)
         gen = torch.Generator(device="cpu").manual_seed(seed)
         b, h, hkv = self.batch, self.heads, self.hkv
-        shapes = ((b, h, self.lq, self.head_dim), (b, hkv, self.lk, self.head_dim), (b, hkv, self.lk, self.dv))
+        shapes = (
+            (b, h, self.lq, self.head_dim),
+            (b, hkv, self.lk, self.head_dim),
+            (b, hkv, self.lk, self.dv),
+        )
         tensors = [
             torch.randn(s, generator=gen, dtype=torch.float32)
             .to(device=self.device, dtype=self.torch_dtype)

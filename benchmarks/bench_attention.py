@@ -27,7 +27,9 @@ class Attention(_MainGrid):
     """Wall time (asv's timer) and process peak RSS per variant x length x device x pass x mask."""
 
     repeat = (3, 10, 4.0)
-    timer = ab.TIMER  # the wall clock, with the run-queue wait beside it (the gate's sign of a neighbour)
+    timer = (
+        ab.TIMER
+    )  # the wall clock, with the run-queue wait beside it (the gate's sign of a neighbour)
 
     def setup(self, verdicts, *p):
         ab.use(verdicts)

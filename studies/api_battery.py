@@ -24,18 +24,28 @@ import torch
 import attnbench
 from attnbench.registry import default_variants
 
-NAMES = re.compile(r"\b(q|k|v|mask|scale|seed|device|dtype|head_dim|key length|batch and heads|rank|cannot run)\b")
+NAMES = re.compile(
+    r"\b(q|k|v|mask|scale|seed|device|dtype|head_dim|key length|batch and heads|rank|cannot run)\b"
+)
 FLOORS = {torch.float64: 1e-10, torch.float32: 2e-6, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 
 
 def classify(variant_name: str, q, k, v, mask=None, scale: object = "default") -> tuple[str, str]:
     """Call a variant on possibly malformed input; return (category, detail)."""
     try:
-        variant = attnbench.get_variant(variant_name) if scale == "default" else attnbench.get_variant(variant_name, scale=scale)
+        variant = (
+            attnbench.get_variant(variant_name)
+            if scale == "default"
+            else attnbench.get_variant(variant_name, scale=scale)
+        )
         out = variant(q, k, v, mask)
     except (ValueError, TypeError) as exc:
         msg = str(exc)
-        return ("clear error", msg) if NAMES.search(msg) else ("obscure error", f"{type(exc).__name__}: {msg}")
+        return (
+            ("clear error", msg)
+            if NAMES.search(msg)
+            else ("obscure error", f"{type(exc).__name__}: {msg}")
+        )
     except Exception as exc:  # noqa: BLE001 - anything else is what this battery hunts for
         return "obscure error", f"{type(exc).__name__}: {str(exc)[:200]}"
     truth = variant.reference(q, k, v, mask)
@@ -49,7 +59,11 @@ def classify(variant_name: str, q, k, v, mask=None, scale: object = "default") -
     err = (got[finite] - truth[finite]).abs().max().item() if finite.any() else 0.0
     plain_err = (plain.double()[finite] - truth[finite]).abs().max().item() if finite.any() else 0.0
     tol = 3 * plain_err + FLOORS.get(q.dtype, 1e-2)
-    return ("correct", f"err {err:.2g}") if err <= tol else ("wrong", f"error {err:.3g} > tolerance {tol:.3g}")
+    return (
+        ("correct", f"err {err:.2g}")
+        if err <= tol
+        else ("wrong", f"error {err:.3g} > tolerance {tol:.3g}")
+    )
 
 
 def _base(dtype=torch.float32, seed: int = 0):
@@ -101,14 +115,29 @@ def cases() -> list[tuple[str, Callable[[], tuple]]]:
         ("mask rank 5", lambda: (q, k, v, torch.ones(1, 1, 1, 5, 6, dtype=torch.bool), "default")),
         ("mask wrong Lq", lambda: (q, k, v, torch.ones(4, 6, dtype=torch.bool), "default")),
         ("mask wrong Lk", lambda: (q, k, v, torch.ones(5, 7, dtype=torch.bool), "default")),
-        ("mask wrong batch", lambda: (q, k, v, torch.ones(3, 1, 1, 6, dtype=torch.bool), "default")),
+        (
+            "mask wrong batch",
+            lambda: (q, k, v, torch.ones(3, 1, 1, 6, dtype=torch.bool), "default"),
+        ),
         ("mask 1-D key padding", lambda: (q, k, v, pad, "default")),
         ("mask 1-D wrong length", lambda: (q, k, v, pad[:4], "default")),
         ("mask 0-D True", lambda: (q, k, v, torch.tensor(True), "default")),
         ("mask all False", lambda: (q, k, v, torch.zeros(2, 1, 1, 6, dtype=torch.bool), "default")),
-        ("mask query-dependent", lambda: (q, k, v, torch.rand(5, 6, generator=torch.Generator().manual_seed(1)) > 0.3, "default")),
+        (
+            "mask query-dependent",
+            lambda: (
+                q,
+                k,
+                v,
+                torch.rand(5, 6, generator=torch.Generator().manual_seed(1)) > 0.3,
+                "default",
+            ),
+        ),
         ("mask non-contiguous", lambda: (q, k, v, torch.ones(6, 5, dtype=torch.bool).T, "default")),
-        ("mask on meta", lambda: (q, k, v, torch.ones(5, 6, dtype=torch.bool, device="meta"), "default")),
+        (
+            "mask on meta",
+            lambda: (q, k, v, torch.ones(5, 6, dtype=torch.bool, device="meta"), "default"),
+        ),
         ("all on meta", lambda: (q.to("meta"), k.to("meta"), v.to("meta"), None, "default")),
         ("NaN in q", lambda: (*_with(3, math.nan, "q"), None, "default")),
         ("NaN in k", lambda: (*_with(5, math.nan, "k"), None, "default")),
@@ -125,11 +154,23 @@ def cases() -> list[tuple[str, Callable[[], tuple]]]:
         ("scale huge", lambda: (q * 100, k * 100, v, None, 1e35)),
         ("scale tiny", lambda: (q, k, v, None, 1e-30)),
         ("scale int 2", lambda: (q, k, v, None, 2)),
-        ("q transposed last dims", lambda: (q.transpose(-1, -2).contiguous().transpose(-1, -2), k, v, None, "default")),
+        (
+            "q transposed last dims",
+            lambda: (q.transpose(-1, -2).contiguous().transpose(-1, -2), k, v, None, "default"),
+        ),
         ("k strided", lambda: (q, torch.randn(2, 2, 6, 8)[..., ::2], v, None, "default")),
         ("v expanded", lambda: (q, k, v[..., :1].expand(2, 2, 6, 3), None, "default")),
-        ("q (B,L,H,D) view", lambda: (q.transpose(1, 2).contiguous().transpose(1, 2), k, v, None, "default")),
-        ("all non-contiguous", lambda: tuple(t.transpose(-1, -2).contiguous().transpose(-1, -2) for t in (q, k, v)) + (None, "default")),
+        (
+            "q (B,L,H,D) view",
+            lambda: (q.transpose(1, 2).contiguous().transpose(1, 2), k, v, None, "default"),
+        ),
+        (
+            "all non-contiguous",
+            lambda: (
+                tuple(t.transpose(-1, -2).contiguous().transpose(-1, -2) for t in (q, k, v))
+                + (None, "default")
+            ),
+        ),
         ("q requires grad", lambda: (q.clone().requires_grad_(), k, v, None, "default")),
     ]
     return out
@@ -154,7 +195,10 @@ def main() -> None:
     for row in rows:
         if row[2] in ("obscure error", "wrong"):
             print(" | ".join(row))
-    print(f"{len(cases())} malformed inputs x variants = {sum(counts.values())} calls: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    print(
+        f"{len(cases())} malformed inputs x variants = {sum(counts.values())} calls: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+    )
 
 
 if __name__ == "__main__":

@@ -80,23 +80,32 @@ def _baseline(path: str) -> tuple[Variant, Variant]:
     return eager, compiled
 
 
-def _gemm_floor(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cq: int, ck: int, exp: bool) -> Callable[[], None]:
+def _gemm_floor(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cq: int, ck: int, exp: bool
+) -> Callable[[], None]:
     """Only chunked's tile matmuls over the unmasked grid (plus one in-place exp2 per tile if ``exp``)."""
     bh, length, d = q.shape
-    scores, acc = q.new_empty(bh, cq, ck), q.new_zeros(bh, cq, v.shape[-1])  # (B*H, Cq, Ck), (B*H, Cq, Dv)
+    scores, acc = (
+        q.new_empty(bh, cq, ck),
+        q.new_zeros(bh, cq, v.shape[-1]),
+    )  # (B*H, Cq, Ck), (B*H, Cq, Dv)
 
     def run() -> None:
         for q0 in range(0, length, cq):
             for k0 in range(0, length, ck):
-                torch.bmm(q[:, q0:q0 + cq], k[:, k0:k0 + ck].transpose(1, 2), out=scores)  # (B*H, Cq, Ck)
+                torch.bmm(
+                    q[:, q0 : q0 + cq], k[:, k0 : k0 + ck].transpose(1, 2), out=scores
+                )  # (B*H, Cq, Ck)
                 if exp:
                     scores.exp2_()
-                torch.baddbmm(acc, scores, v[:, k0:k0 + ck], out=acc)  # (B*H, Cq, Dv)
+                torch.baddbmm(acc, scores, v[:, k0 : k0 + ck], out=acc)  # (B*H, Cq, Dv)
 
     return run
 
 
-def goal_figures(length: int, rounds: int, baseline: str | None = None, section: str = "[1]") -> None:
+def goal_figures(
+    length: int, rounds: int, baseline: str | None = None, section: str = "[1]"
+) -> None:
     """Print the four figures of the speed goal (and the baseline's, if given), interleaved."""
     base = AttnSpec(batch=1, heads=8, seq_len=length, head_dim=64)
     causal = base.replace(mask="causal")
@@ -109,28 +118,47 @@ def goal_figures(length: int, rounds: int, baseline: str | None = None, section:
     }
     if baseline:
         old_eager, old_compiled = _baseline(baseline)
-        contenders.update({"baseline chunked none": (old_eager, base), "baseline chunked causal": (old_eager, causal),
-                           "baseline compiled_chunked none": (old_compiled, base)})
+        contenders.update(
+            {
+                "baseline chunked none": (old_eager, base),
+                "baseline chunked causal": (old_eager, causal),
+                "baseline compiled_chunked none": (old_compiled, base),
+            }
+        )
     calls = {label: _prepared(variant, spec) for label, (variant, spec) in contenders.items()}
     samples = timed_rounds(calls, rounds)
     load = os.getloadavg()
     fl = chunked.flops(causal).executed / chunked.flops(base).executed
-    print(f"{section} CPU L={length} B1 H8 D64 float32 forward, {regime.describe()}; median of {rounds} "
-          f"interleaved rounds; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-    print(f"    chunked tiles {chunked.chunks(base.lq, base.lk, base.dtype)}, "
-          f"compiled_chunked tiles {compiled.base.chunks(base.lq, base.lk, base.dtype)}")
+    print(
+        f"{section} CPU L={length} B1 H8 D64 float32 forward, {regime.describe()}; median of {rounds} "
+        f"interleaved rounds; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    )
+    print(
+        f"    chunked tiles {chunked.chunks(base.lq, base.lk, base.dtype)}, "
+        f"compiled_chunked tiles {compiled.base.chunks(base.lq, base.lk, base.dtype)}"
+    )
     print(f"    chunked causal executed FLOPs / unmasked:  {fl:.4f}")
     for p in [""] + (["baseline "] if baseline else []):
-        print(f"    {p}chunked causal / chunked none time:  x{_pair_ratio(samples, p + 'chunked causal', p + 'chunked none'):.3f}")
-        print(f"    {p}chunked none / sdpa none:             x{_pair_ratio(samples, p + 'chunked none', 'sdpa none'):.3f}")
-        print(f"    {p}compiled_chunked none / sdpa none:    "
-              f"x{_pair_ratio(samples, p + 'compiled_chunked none', 'sdpa none'):.3f}")
+        print(
+            f"    {p}chunked causal / chunked none time:  x{_pair_ratio(samples, p + 'chunked causal', p + 'chunked none'):.3f}"
+        )
+        print(
+            f"    {p}chunked none / sdpa none:             x{_pair_ratio(samples, p + 'chunked none', 'sdpa none'):.3f}"
+        )
+        print(
+            f"    {p}compiled_chunked none / sdpa none:    "
+            f"x{_pair_ratio(samples, p + 'compiled_chunked none', 'sdpa none'):.3f}"
+        )
     if baseline:
         for label in ("chunked none", "chunked causal", "compiled_chunked none"):
-            print(f"    {label}: this / baseline x{_pair_ratio(samples, label, 'baseline ' + label):.3f}")
+            print(
+                f"    {label}: this / baseline x{_pair_ratio(samples, label, 'baseline ' + label):.3f}"
+            )
     for label, (variant, spec) in contenders.items():
         seconds = statistics.median(samples[label])
-        print(f"    {label:32s} {seconds * 1e3:8.1f} ms  {variant.flops(spec).executed / seconds / 1e9:6.1f} GFLOP/s")
+        print(
+            f"    {label:32s} {seconds * 1e3:8.1f} ms  {variant.flops(spec).executed / seconds / 1e9:6.1f} GFLOP/s"
+        )
 
 
 def floor_figures(length: int, rounds: int) -> float:
@@ -142,7 +170,9 @@ def floor_figures(length: int, rounds: int) -> float:
     chunked, compiled = attnbench.get_variant("chunked"), attnbench.get_variant("compiled_chunked")
     q, k, v, _ = base.make_inputs(seed=0)
     q3, k3, v3 = (t.reshape(8, length, 64) for t in (q, k, v))  # (B*H, L, D)
-    floors: dict[str, Callable[[], object]] = {"sdpa": lambda: F.scaled_dot_product_attention(q, k, v)}
+    floors: dict[str, Callable[[], object]] = {
+        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v)
+    }
     for who, variant in (("eager", chunked), ("compiled", compiled.base)):
         cq, ck = variant.chunks(base.lq, base.lk, base.dtype)
         floors[f"{who} {cq}x{ck} matmuls"] = _gemm_floor(q3, k3, v3, cq, ck, exp=False)
@@ -152,11 +182,15 @@ def floor_figures(length: int, rounds: int) -> float:
     samples = timed_rounds(floors, rounds)
     load = os.getloadavg()
     flops = chunked.flops(base).executed
-    print(f"[2] the floor: chunked's tile matmuls alone vs sdpa, same rounds; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print(
+        f"[2] the floor: chunked's tile matmuls alone vs sdpa, same rounds; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    )
     for label in floors:
         seconds = statistics.median(samples[label])
-        print(f"    {label:32s} {seconds * 1e3:8.1f} ms  {flops / seconds / 1e9:6.1f} GFLOP/s  "
-              f"/ sdpa x{_pair_ratio(samples, label, 'sdpa'):.3f}")
+        print(
+            f"    {label:32s} {seconds * 1e3:8.1f} ms  {flops / seconds / 1e9:6.1f} GFLOP/s  "
+            f"/ sdpa x{_pair_ratio(samples, label, 'sdpa'):.3f}"
+        )
     cq, ck = compiled.base.chunks(base.lq, base.lk, base.dtype)
     return _pair_ratio(samples, f"compiled {cq}x{ck} matmuls", "sdpa")
 
@@ -172,7 +206,9 @@ def compiled_floor(length: int, rounds: int, matmul_floor: float) -> None:
     cq, ck = attnbench.get_variant("compiled_chunked").base.chunks(base.lq, base.lk, base.dtype)
     tiles = -(-length // cq) * -(-length // ck)
     gen = torch.Generator().manual_seed(0)
-    scores = torch.randn(8, cq, ck, generator=gen) * 4  # (B*H, Cq, Ck): one tile of log2-scaled scores
+    scores = (
+        torch.randn(8, cq, ck, generator=gen) * 4
+    )  # (B*H, Cq, Ck): one tile of log2-scaled scores
     q, k, v, _ = base.make_inputs(seed=0)
 
     def exp2_sum(s: torch.Tensor) -> torch.Tensor:
@@ -181,27 +217,39 @@ def compiled_floor(length: int, rounds: int, matmul_floor: float) -> None:
     def max_exp2_sum(s: torch.Tensor) -> torch.Tensor:
         return torch.exp2(s - s.amax(dim=-1, keepdim=True)).sum(dim=-1)  # (B*H, Cq)
 
-    kernels = {"exp2 + sum": torch.compile(exp2_sum, dynamic=False),
-               "max + exp2 + sum": torch.compile(max_exp2_sum, dynamic=False)}
-    calls: dict[str, Callable[[], object]] = {"sdpa": lambda: F.scaled_dot_product_attention(q, k, v)}
+    kernels = {
+        "exp2 + sum": torch.compile(exp2_sum, dynamic=False),
+        "max + exp2 + sum": torch.compile(max_exp2_sum, dynamic=False),
+    }
+    calls: dict[str, Callable[[], object]] = {
+        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v)
+    }
     calls.update({label: functools.partial(kernel, scores) for label, kernel in kernels.items()})
     for call in calls.values():
         call()  # compiles
     samples = timed_rounds(calls, rounds)
     sdpa = statistics.median(samples["sdpa"])
-    print(f"[3] the compiled floor: Inductor's kernels on one {cq}x{ck} tile (B*H=8), no stores, x {tiles} tiles, over sdpa")
+    print(
+        f"[3] the compiled floor: Inductor's kernels on one {cq}x{ck} tile (B*H=8), no stores, x {tiles} tiles, over sdpa"
+    )
     for label in kernels:
         seconds = statistics.median(samples[label])
         share = seconds * tiles / sdpa
-        print(f"    {label:18s} {seconds * 1e3:6.2f} ms a tile, {seconds / scores.numel() * 1e9:5.2f} ns a score: "
-              f"x{share:.3f} of sdpa; with the matmul floor x{matmul_floor + share:.3f}")
+        print(
+            f"    {label:18s} {seconds * 1e3:6.2f} ms a tile, {seconds / scores.numel() * 1e9:5.2f} ns a score: "
+            f"x{share:.3f} of sdpa; with the matmul floor x{matmul_floor + share:.3f}"
+        )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=9, help="interleaved rounds (default 9)")
     parser.add_argument("--length", type=int, default=4096, help="sequence length L (default 4096)")
-    parser.add_argument("--baseline", help="a chunked.py of another revision, timed in the same rounds")
+    parser.add_argument(
+        "--baseline", help="a chunked.py of another revision, timed in the same rounds"
+    )
     args = parser.parse_args()
     if args.rounds < 1 or args.length < 1:
         parser.error("--rounds and --length must be positive")

@@ -57,25 +57,54 @@ def _env() -> dict[str, str]:
     from attnbench.measure import regime
 
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    return {**os.environ, "PYTHONPATH": path, "ASV_PYTHONPATH": path, **regime.child_env(regime.Regime(threads=regime.DEFAULT_THREADS))}
+    return {
+        **os.environ,
+        "PYTHONPATH": path,
+        "ASV_PYTHONPATH": path,
+        **regime.child_env(regime.Regime(threads=regime.DEFAULT_THREADS)),
+    }
 
 
 def by_run(work: Path) -> dict[str, float]:
     import pandas as pd
 
     out = work / "run"
-    subprocess.run([sys.executable, "-m", "attnbench.cli", "run", "--variants", ",".join(VARIANTS), "--lengths",
-                    str(LENGTH), "--out", str(out), "--force", "--no-report", "--quiet"],
-                   check=True, stdout=subprocess.DEVNULL, env=_env())
-    rows = pd.read_csv(out / "measurements.csv")  # noisy cases too: their samples are what run measured
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "attnbench.cli",
+            "run",
+            "--variants",
+            ",".join(VARIANTS),
+            "--lengths",
+            str(LENGTH),
+            "--out",
+            str(out),
+            "--force",
+            "--no-report",
+            "--quiet",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        env=_env(),
+    )
+    rows = pd.read_csv(
+        out / "measurements.csv"
+    )  # noisy cases too: their samples are what run measured
     return {r["variant"]: r["median_s"] for r in rows.to_dict("records")}
 
 
 def by_fresh(work: Path) -> dict[str, float]:
     out = {}
     for name in VARIANTS:
-        text = subprocess.run([sys.executable, "-c", FRESH, name, str(LENGTH)], check=True, capture_output=True,
-                              text=True, env=_env()).stdout
+        text = subprocess.run(
+            [sys.executable, "-c", FRESH, name, str(LENGTH)],
+            check=True,
+            capture_output=True,
+            text=True,
+            env=_env(),
+        ).stdout
         out[name] = json.loads(text.strip().splitlines()[-1])["median"]
     return out
 
@@ -86,20 +115,64 @@ def by_asv(work: Path) -> dict[str, float]:
     from attnbench.analysis.frame import load_asv
 
     conf = util.load_json(str(ROOT / "asv.conf.json"), js_comments=True)
-    conf.update(repo=str(ROOT), benchmark_dir=str(ROOT / "benchmarks"), results_dir=str(work / "asv" / "results"),
-                html_dir=str(work / "asv" / "html"), env_dir=str(work / "asv" / "env"))
+    conf.update(
+        repo=str(ROOT),
+        benchmark_dir=str(ROOT / "benchmarks"),
+        results_dir=str(work / "asv" / "results"),
+        html_dir=str(work / "asv" / "html"),
+        env_dir=str(work / "asv" / "env"),
+    )
     (work / "asv").mkdir(parents=True, exist_ok=True)
     (work / "asv" / "asv.conf.json").write_text(json.dumps(conf))
-    env = {**_env(), "ATTNBENCH_ASV_VARIANTS": ",".join(VARIANTS), "ATTNBENCH_ASV_LENGTHS": str(LENGTH),
-           "ATTNBENCH_ASV_MODES": "forward", "ATTNBENCH_ASV_DEVICES": "cpu",
-           "ATTNBENCH_ASV_MASKS": "none"}  # the grid's causal rows would overwrite these (linear_elu: n/a, NaN)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    env = {
+        **_env(),
+        "ATTNBENCH_ASV_VARIANTS": ",".join(VARIANTS),
+        "ATTNBENCH_ASV_LENGTHS": str(LENGTH),
+        "ATTNBENCH_ASV_MODES": "forward",
+        "ATTNBENCH_ASV_DEVICES": "cpu",
+        "ATTNBENCH_ASV_MASKS": "none",
+    }  # the grid's causal rows would overwrite these (linear_elu: n/a, NaN)
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
     conf_path = str(work / "asv" / "asv.conf.json")
-    subprocess.run([sys.executable, "-m", "asv", "machine", "--yes", "--machine", "agree", "--config", conf_path],
-                   cwd=work / "asv", env=env, check=True, capture_output=True)
-    subprocess.run([sys.executable, "-m", "asv", "run", "--python=same", f"--set-commit-hash={commit}", "--machine",
-                    "agree", "--config", conf_path, "--bench", "Attention.time_attention"],
-                   cwd=work / "asv", env=env, check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "asv",
+            "machine",
+            "--yes",
+            "--machine",
+            "agree",
+            "--config",
+            conf_path,
+        ],
+        cwd=work / "asv",
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "asv",
+            "run",
+            "--python=same",
+            f"--set-commit-hash={commit}",
+            "--machine",
+            "agree",
+            "--config",
+            conf_path,
+            "--bench",
+            "Attention.time_attention",
+        ],
+        cwd=work / "asv",
+        env=env,
+        check=True,
+        capture_output=True,
+    )
     frame = load_asv(work / "asv" / "results")
     frame = frame[frame["metric"] == "time"]
     return {r["variant"]: r["value"] for r in frame.to_dict("records")}
@@ -118,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            order = names[r % 3:] + names[:r % 3]
+            order = names[r % 3 :] + names[: r % 3]
             for name in order:
                 work = Path(tmp) / f"{name}{r}"
                 work.mkdir()
@@ -130,11 +203,15 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             row[f"{name} ms"] = 1e3 * statistics.median(g[v] for g in got[name])
         for name in ("run", "asv"):
-            row[f"{name}/fresh"] = statistics.median(a[v] / b[v] for a, b in zip(got[name], got["fresh"], strict=True))
+            row[f"{name}/fresh"] = statistics.median(
+                a[v] / b[v] for a, b in zip(got[name], got["fresh"], strict=True)
+            )
         rows.append(row)
     with pd.option_context("display.width", 200, "display.float_format", "{:.3f}".format):
         print(pd.DataFrame(rows).to_string(index=False))
-    print(f"\n{args.rounds} interleaved rounds; 1-min load average {load_before:.2f} before, {load_after:.2f} after")
+    print(
+        f"\n{args.rounds} interleaved rounds; 1-min load average {load_before:.2f} before, {load_after:.2f} after"
+    )
     return 0
 
 

@@ -18,7 +18,9 @@ from attnbench import AttnSpec
 def counted_flops(variant: attnbench.Variant, spec: AttnSpec, seed: int = 0) -> int:
     """FlopCounterMode's total for one call: forward under no_grad, or forward + autograd.grad."""
     backward = spec.mode == "backward"
-    q, k, v, mask = spec.make_inputs(seed=seed, requires_grad=backward, mask_form=variant.mask_form(spec))
+    q, k, v, mask = spec.make_inputs(
+        seed=seed, requires_grad=backward, mask_form=variant.mask_form(spec)
+    )
     mask4 = variant.validate(q, k, v, mask)
     gen = torch.Generator().manual_seed(seed + 1)
     grad_out = torch.randn(*q.shape[:3], v.shape[-1], generator=gen).to(q.dtype)
@@ -34,11 +36,15 @@ def counted_flops(variant: attnbench.Variant, spec: AttnSpec, seed: int = 0) -> 
 
 def main() -> None:
     torch.set_num_threads(1)
-    print(f"{'variant':18s} {'pass':8s} {'declared':>12s} {'visible':>12s} {'counted':>12s} {'ratio':>6s}")
+    print(
+        f"{'variant':18s} {'pass':8s} {'declared':>12s} {'visible':>12s} {'counted':>12s} {'ratio':>6s}"
+    )
     for name in attnbench.variant_names():
         variant = attnbench.get_variant(name)
         for mode in ("forward", "backward"):
-            spec = AttnSpec(batch=1, heads=2, seq_len=512 if name != "loop" else 16, head_dim=64, mode=mode)
+            spec = AttnSpec(
+                batch=1, heads=2, seq_len=512 if name != "loop" else 16, head_dim=64, mode=mode
+            )
             reasons = variant.not_supported_reasons(spec)
             if reasons:
                 print(f"{name:18s} {mode:8s} skipped: {'; '.join(reasons)}")
@@ -52,7 +58,9 @@ def main() -> None:
                 c = counted_flops(variant, spec)
                 counted, ratio = str(c), (f"{visible / c:.3f}" if c else "opaque")
             note = " (L=16)" if name == "loop" else ""
-            print(f"{name:18s} {mode:8s} {declared:>12d} {visible:>12d} {counted:>12s} {ratio:>6s}{note}")
+            print(
+                f"{name:18s} {mode:8s} {declared:>12d} {visible:>12d} {counted:>12s} {ratio:>6s}{note}"
+            )
 
 
 if __name__ == "__main__":

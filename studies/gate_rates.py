@@ -43,22 +43,70 @@ def record(work: Path) -> tuple[Path, str]:
     from attnbench.regress import CI_SUBSET
 
     conf = util.load_json(str(ROOT / "asv.conf.json"), js_comments=True)
-    conf.update(repo=str(ROOT), benchmark_dir=str(ROOT / "benchmarks"), results_dir=str(work / "results"),
-                html_dir=str(work / "html"), env_dir=str(work / "env"))
+    conf.update(
+        repo=str(ROOT),
+        benchmark_dir=str(ROOT / "benchmarks"),
+        results_dir=str(work / "results"),
+        html_dir=str(work / "html"),
+        env_dir=str(work / "env"),
+    )
     conf_path = work / "asv.conf.json"
     conf_path.write_text(json.dumps(conf))
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "PYTHONPATH": path, "ASV_PYTHONPATH": path, **CI_SUBSET, **regime.child_env(regime.Regime(threads=regime.DEFAULT_THREADS))}
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    subprocess.run([sys.executable, "-m", "asv", "machine", "--yes", "--machine", "rates", "--config", str(conf_path)],
-                   cwd=work, env=env, check=True, capture_output=True)
-    subprocess.run([sys.executable, "-m", "asv", "run", "--python=same", f"--set-commit-hash={commit}", "--machine",
-                    "rates", "--config", str(conf_path), "--bench", "Attention.time_attention", "--record-samples"],
-                   cwd=work, env=env, check=True, capture_output=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": path,
+        "ASV_PYTHONPATH": path,
+        **CI_SUBSET,
+        **regime.child_env(regime.Regime(threads=regime.DEFAULT_THREADS)),
+    }
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "asv",
+            "machine",
+            "--yes",
+            "--machine",
+            "rates",
+            "--config",
+            str(conf_path),
+        ],
+        cwd=work,
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "asv",
+            "run",
+            "--python=same",
+            f"--set-commit-hash={commit}",
+            "--machine",
+            "rates",
+            "--config",
+            str(conf_path),
+            "--bench",
+            "Attention.time_attention",
+            "--record-samples",
+        ],
+        cwd=work,
+        env=env,
+        check=True,
+        capture_output=True,
+    )
     return work / "results", "rates"
 
 
-def simulate(samples: dict, trials: int, slowdown: float, time_factor: float, seed: int = 0) -> Counter:
+def simulate(
+    samples: dict, trials: int, slowdown: float, time_factor: float, seed: int = 0
+) -> Counter:
     from attnbench.analysis.significance import decide
 
     rng = np.random.default_rng(seed)
@@ -79,7 +127,9 @@ def simulate(samples: dict, trials: int, slowdown: float, time_factor: float, se
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results", type=Path, default=None, help="asv results directory with recorded samples")
+    parser.add_argument(
+        "--results", type=Path, default=None, help="asv results directory with recorded samples"
+    )
     parser.add_argument("--machine", default="rates")
     parser.add_argument("--trials", type=int, default=10, help="simulated comparisons per case")
     parser.add_argument("--time-factor", type=float, default=1.2)
@@ -92,13 +142,22 @@ def main(argv: list[str] | None = None) -> int:
         recorded = read_time_samples(results, machine)
     samples = {k[1:]: v for k, v in recorded.items()}
     sizes = sorted(len(v) for v in samples.values())
-    iqr = sorted(float(np.subtract(*np.percentile(v, [75, 25])) / np.median(v)) for v in samples.values())
-    print(f"{len(samples)} time cases, {sizes[0]}-{sizes[-1]} samples each, IQR/median {iqr[0]:.1%}-{iqr[-1]:.1%}")
+    iqr = sorted(
+        float(np.subtract(*np.percentile(v, [75, 25])) / np.median(v)) for v in samples.values()
+    )
+    print(
+        f"{len(samples)} time cases, {sizes[0]}-{sizes[-1]} samples each, IQR/median {iqr[0]:.1%}-{iqr[-1]:.1%}"
+    )
     for label, slowdown in (("unchanged commit", 1.0), (f"planted {1.5}x slowdown", 1.5)):
         counts = simulate(samples, args.trials, slowdown, args.time_factor)
         total = sum(counts.values())
-        print(f"{label}: {total} comparisons: " + ", ".join(f"{v} {counts[v]} ({counts[v] / total:.1%})"
-                                                         for v in ("ok", "regressed", "undecided")))
+        print(
+            f"{label}: {total} comparisons: "
+            + ", ".join(
+                f"{v} {counts[v]} ({counts[v] / total:.1%})"
+                for v in ("ok", "regressed", "undecided")
+            )
+        )
     return 0
 
 

@@ -28,7 +28,10 @@ def _prepared(name: str, spec: AttnSpec):
 def interleaved(contenders: dict[str, tuple[str, AttnSpec]], rounds: int) -> dict[str, float]:
     """Median seconds per contender, timed round-robin."""
     calls = {label: _prepared(name, spec)[1] for label, (name, spec) in contenders.items()}
-    return {label: statistics.median(s) for label, s in chunked_speed.timed_rounds(calls, rounds).items()}
+    return {
+        label: statistics.median(s)
+        for label, s in chunked_speed.timed_rounds(calls, rounds).items()
+    }
 
 
 def peak(name: str, spec: AttnSpec) -> float:
@@ -40,8 +43,10 @@ def peak(name: str, spec: AttnSpec) -> float:
 def correctness(length: int = 300) -> None:
     """Error / tolerance of the gate for document and prefix_lm masks, every variant that declares them."""
     config = runner.MeasureConfig()
-    print(f"[4] document and prefix_lm vs the float64 reference: B2 H2 L{length} D32, document lengths "
-          f"{masks.default_document_lengths(length)}, error / gate tolerance (<= 1 passes)")
+    print(
+        f"[4] document and prefix_lm vs the float64 reference: B2 H2 L{length} D32, document lengths "
+        f"{masks.default_document_lengths(length)}, error / gate tolerance (<= 1 passes)"
+    )
     for kind in ("document", "prefix_lm"):
         spec = AttnSpec(batch=2, heads=2, seq_len=length, head_dim=32, mask=kind)
         cells = []
@@ -52,7 +57,9 @@ def correctness(length: int = 300) -> None:
                 continue
             call, inputs, mask = runner.make_call(variant, spec, seed=0)
             result, _ = variant.warm_up(call)
-            checked = runner.run_gate(variant, spec, result, inputs, mask, runner.check_plan(variant, spec, config), 0)
+            checked = runner.run_gate(
+                variant, spec, result, inputs, mask, runner.check_plan(variant, spec, config), 0
+            )
             cells.append(f"{name}={checked.error_ratio:.3f}" + ("" if checked.passed else " WRONG"))
         print(f"    {kind}: " + ", ".join(cells))
 
@@ -60,29 +67,52 @@ def correctness(length: int = 300) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--only-correctness", action="store_true", help="print [4] only (no timings)")
+    parser.add_argument(
+        "--only-correctness", action="store_true", help="print [4] only (no timings)"
+    )
     args = parser.parse_args()
-    regime.apply(regime.Regime(threads=regime.DEFAULT_THREADS))  # the suite's: 1 thread, malloc pinned
+    regime.apply(
+        regime.Regime(threads=regime.DEFAULT_THREADS)
+    )  # the suite's: 1 thread, malloc pinned
     if args.only_correctness:
         correctness()
         return
 
     base = AttnSpec(batch=1, heads=4, seq_len=2048, head_dim=64)
     causal = base.replace(mask="causal")
-    t = interleaved({"sdpa none": ("sdpa", base), "sdpa causal": ("sdpa", causal),
-                     "sdpa_dense_mask causal": ("sdpa_dense_mask", causal)}, args.rounds)
-    p = {k: peak(n, s) for k, (n, s) in {"sdpa none": ("sdpa", base), "sdpa causal": ("sdpa", causal),
-                                         "sdpa_dense_mask causal": ("sdpa_dense_mask", causal)}.items()}
+    t = interleaved(
+        {
+            "sdpa none": ("sdpa", base),
+            "sdpa causal": ("sdpa", causal),
+            "sdpa_dense_mask causal": ("sdpa_dense_mask", causal),
+        },
+        args.rounds,
+    )
+    p = {
+        k: peak(n, s)
+        for k, (n, s) in {
+            "sdpa none": ("sdpa", base),
+            "sdpa causal": ("sdpa", causal),
+            "sdpa_dense_mask causal": ("sdpa_dense_mask", causal),
+        }.items()
+    }
     print(f"[1] CPU L=2048 B1 H4 D64, 1 thread, median of {args.rounds} interleaved rounds")
     for k in t:
-        print(f"    {k:24s} {t[k] * 1e3:8.1f} ms  x{t[k] / t['sdpa none']:.2f}   peak {p[k] / 2**20:8.1f} MiB"
-              f"  x{p[k] / p['sdpa none']:.2f}")
+        print(
+            f"    {k:24s} {t[k] * 1e3:8.1f} ms  x{t[k] / t['sdpa none']:.2f}   peak {p[k] / 2**20:8.1f} MiB"
+            f"  x{p[k] / p['sdpa none']:.2f}"
+        )
 
     print("[2] peak tensor bytes with a causal mask, B1 H4 D64 (exponent from 4K to 16K)")
     for name in ("local", "block_sparse"):
-        peaks = [peak(name, AttnSpec(batch=1, heads=4, seq_len=n, head_dim=64, mask="causal")) for n in (4096, 16384)]
-        print(f"    {name:14s} {peaks[0] / 2**20:8.1f} -> {peaks[1] / 2**20:8.1f} MiB   exponent "
-              f"{math.log(peaks[1] / peaks[0]) / math.log(4):.3f}")
+        peaks = [
+            peak(name, AttnSpec(batch=1, heads=4, seq_len=n, head_dim=64, mask="causal"))
+            for n in (4096, 16384)
+        ]
+        print(
+            f"    {name:14s} {peaks[0] / 2**20:8.1f} -> {peaks[1] / 2**20:8.1f} MiB   exponent "
+            f"{math.log(peaks[1] / peaks[0]) / math.log(4):.3f}"
+        )
 
     chunked_speed.goal_figures(4096, args.rounds, section="[3]")
     correctness()

@@ -57,8 +57,22 @@ def busy_neighbour(cores: int = 1) -> Iterator[None]:
 def sweep(out: Path, extra: list[str]) -> float:
     """One ``attnbench run`` into ``out``; returns its wall seconds."""
     budget = [] if any(a.startswith("--time-budget") for a in extra) else TIME_BUDGET
-    cmd = [sys.executable, "-m", "attnbench.cli", "run", "--variants", VARIANTS, "--lengths", LENGTHS,
-           "--out", str(out), "--no-report", "--quiet", *budget, *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "attnbench.cli",
+        "run",
+        "--variants",
+        VARIANTS,
+        "--lengths",
+        LENGTHS,
+        "--out",
+        str(out),
+        "--no-report",
+        "--quiet",
+        *budget,
+        *extra,
+    ]
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     return time.perf_counter() - t0
@@ -73,23 +87,48 @@ def verdicts(run_dir: Path):
 
     frame = load_run(run_dir)
     fits = complexity.fit_table(frame, metrics=("time",))
-    noisy = frame[(frame["metric"] == "time") & (frame["status"] == "noisy")].groupby("variant").size()
-    table = fits.set_index("variant")[["exponent", "ci_low", "ci_high", "n", "verdict"]].reindex(VARIANTS.split(","))
+    noisy = (
+        frame[(frame["metric"] == "time") & (frame["status"] == "noisy")].groupby("variant").size()
+    )
+    table = fits.set_index("variant")[["exponent", "ci_low", "ci_high", "n", "verdict"]].reindex(
+        VARIANTS.split(",")
+    )
     table["verdict"] = table["verdict"].fillna("inconclusive (no undisturbed points to fit)")
     table["noisy cases"] = noisy.reindex(table.index).fillna(0).astype(int)
-    raw = pd.read_csv(run_dir / "measurements.csv")  # the probe's figures, straight from the run's table
-    table["skipped"] = raw[raw["status"] == "skipped"].groupby("variant").size().reindex(table.index).fillna(0).astype(int)
+    raw = pd.read_csv(
+        run_dir / "measurements.csv"
+    )  # the probe's figures, straight from the run's table
+    table["skipped"] = (
+        raw[raw["status"] == "skipped"]
+        .groupby("variant")
+        .size()
+        .reindex(table.index)
+        .fillna(0)
+        .astype(int)
+    )
     if "probe_slowdown" in raw:
         grouped = raw.groupby("variant")
         table["max probe slowdown"] = grouped["probe_slowdown"].max().reindex(table.index)
-        table["retried"] = grouped["attempts"].apply(lambda a: int((a > 1).sum())).reindex(table.index)
+        table["retried"] = (
+            grouped["attempts"].apply(lambda a: int((a > 1).sum())).reindex(table.index)
+        )
     return table.astype({"noisy cases": int}) if isinstance(table, pd.DataFrame) else table
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=None, help="keep both run directories here (default: a temporary directory)")
-    parser.add_argument("--neighbours", type=int, default=1, help="spinning processes in the busy run (default 1: one core)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="keep both run directories here (default: a temporary directory)",
+    )
+    parser.add_argument(
+        "--neighbours",
+        type=int,
+        default=1,
+        help="spinning processes in the busy run (default 1: one core)",
+    )
     parser.add_argument("run_args", nargs="*", help="extra arguments for attnbench run (after --)")
     args = parser.parse_args(argv)
 
@@ -109,8 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     side = pd.concat({"quiet": quiet, f"busy ({args.neighbours} spinning)": busy}, axis=1)
     with pd.option_context("display.width", 200, "display.float_format", "{:.2f}".format):
         print(side.to_string())
-    print(f"\nquiet sweep {quiet_s:.0f} s, busy sweep {busy_s:.0f} s; 1-min load average "
-          f"{loads[0]:.2f} before, {loads[1]:.2f} between, {loads[2]:.2f} after (other work on the machine counts too)")
+    print(
+        f"\nquiet sweep {quiet_s:.0f} s, busy sweep {busy_s:.0f} s; 1-min load average "
+        f"{loads[0]:.2f} before, {loads[1]:.2f} between, {loads[2]:.2f} after (other work on the machine counts too)"
+    )
     return 0
 
 

@@ -21,7 +21,9 @@ def errors(length: int, features: int, scale: float) -> tuple[float, float, floa
     q, k, v, _ = AttnSpec(batch=1, heads=8, seq_len=length, head_dim=64).make_inputs(seed=0)
     q, k = q * scale, k * scale
     exact = attnbench.reference_attention(q, k, v)
-    err = (attnbench.get_variant("performer", num_features=features)(q, k, v).double() - exact).abs()
+    err = (
+        attnbench.get_variant("performer", num_features=features)(q, k, v).double() - exact
+    ).abs()
     return err.mean().item(), err.max().item(), exact.abs().mean().item()
 
 

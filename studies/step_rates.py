@@ -54,11 +54,15 @@ def rates(n: int, trials: int, levels, seed: int = 2) -> dict[str, float]:
         ramp = np.exp(rng.normal(0, 0.03, n))
         for i in range(start, start + 5):
             ramp[i:] *= 1.05
-        named["ramp"] += any(c.direction == "regression" and c.first >= start - 1 and c.last <= start + 5
-                             for c in exact_changes(levels(ramp), TIME_FACTOR))
+        named["ramp"] += any(
+            c.direction == "regression" and c.first >= start - 1 and c.last <= start + 5
+            for c in exact_changes(levels(ramp), TIME_FACTOR)
+        )
         step = np.exp(rng.normal(0, 0.05, n))
         step[start:] *= 1.3
-        named["step"] += any(c.kind == "step" and c.first == start for c in exact_changes(levels(step), TIME_FACTOR))
+        named["step"] += any(
+            c.kind == "step" and c.first == start for c in exact_changes(levels(step), TIME_FACTOR)
+        )
     return {k: v / trials for k, v in named.items()}
 
 
@@ -69,9 +73,14 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=200)
     parser.add_argument("--lengths", default="16,50,200", help="commits per simulated history")
     args = parser.parse_args()
-    print(f"{'levels':<22} {'commits':>7} {'noise named':>12} {'ramp named':>11} {'1.3x step named':>16}")
+    print(
+        f"{'levels':<22} {'commits':>7} {'noise named':>12} {'ramp named':>11} {'1.3x step named':>16}"
+    )
     for n in (int(x) for x in args.lengths.split(",")):
-        for name, levels in (("attnbench history", weighted(time_levels)), ("asv detect_steps", weighted(asv_levels))):
+        for name, levels in (
+            ("attnbench history", weighted(time_levels)),
+            ("asv detect_steps", weighted(asv_levels)),
+        ):
             r = rates(n, args.trials, levels)
             print(f"{name:<22} {n:>7} {r['noise']:>12.1%} {r['ramp']:>11.1%} {r['step']:>16.1%}")
 

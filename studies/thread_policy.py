@@ -51,15 +51,19 @@ def _table(pairs: int, lengths: list[int], variants: list[str]) -> list[dict]:
                     samples, _ = time_call(call, "cpu", timer)
                     times[threads].append(statistics.median(samples))
         ratios = [b / a for a, b in zip(times[1], times[2], strict=True)]
-        rows.append({
-            "case": name if call is None else f"{name} L={length}",
-            "1 thread ms": 1e3 * statistics.median(times[1]),
-            "2 threads ms": 1e3 * statistics.median(times[2]),
-            "2/1 (median of pairs)": statistics.median(ratios),
-            "spread 1 (max/min)": max(times[1]) / min(times[1]),
-            "spread 2 (max/min)": max(times[2]) / min(times[2]),
-        })
-        print(rows[-1], file=sys.stderr, flush=True)  # progress: a slow case should not look like a hang
+        rows.append(
+            {
+                "case": name if call is None else f"{name} L={length}",
+                "1 thread ms": 1e3 * statistics.median(times[1]),
+                "2 threads ms": 1e3 * statistics.median(times[2]),
+                "2/1 (median of pairs)": statistics.median(ratios),
+                "spread 1 (max/min)": max(times[1]) / min(times[1]),
+                "spread 2 (max/min)": max(times[2]) / min(times[2]),
+            }
+        )
+        print(
+            rows[-1], file=sys.stderr, flush=True
+        )  # progress: a slow case should not look like a hang
         del call
     torch.set_num_threads(1)
     return rows
@@ -67,10 +71,14 @@ def _table(pairs: int, lengths: list[int], variants: list[str]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=5, help="interleaved 1-vs-2-thread pairs per case")
+    parser.add_argument(
+        "--pairs", type=int, default=5, help="interleaved 1-vs-2-thread pairs per case"
+    )
     parser.add_argument("--lengths", default="1024,4096")
     parser.add_argument("--variants", default="batched,sdpa,chunked")
-    parser.add_argument("--only", choices=["quiet", "busy"], default=None, help="run one of the two conditions")
+    parser.add_argument(
+        "--only", choices=["quiet", "busy"], default=None, help="run one of the two conditions"
+    )
     args = parser.parse_args(argv)
 
     import os

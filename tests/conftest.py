@@ -37,8 +37,18 @@ must never install into it at once: keep a second user of it out of the parallel
 own second process uses a twin of it, ``.asv/test-env-twin``.)"""
 
 
-FIRST = ("test_regress.py", "test_asv.py", "test_report.py", "test_instructions.py", "test_errors.py",
-         "test_golden_report.py", "test_sweep.py", "test_gate.py", "test_regime.py", "test_gqa.py")
+FIRST = (
+    "test_regress.py",
+    "test_asv.py",
+    "test_report.py",
+    "test_instructions.py",
+    "test_errors.py",
+    "test_golden_report.py",
+    "test_sweep.py",
+    "test_gate.py",
+    "test_regime.py",
+    "test_gqa.py",
+)
 """Modules with minutes of work (asv on commits, valgrind, whole sweeps, reports), longest first. The README's test
 command hands out whole modules (``--dist loadscope --no-loadscope-reorder``: a module's fixtures are built once), in
 this order: each of the first four starts at once on a worker of its own, none is left last to a worker alone at the
@@ -50,10 +60,14 @@ started after 410 s, was the last 25 s of the run)."""
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if os.environ.get("PYTEST_XDIST_WORKER"):
         rank = {name: i for i, name in enumerate(FIRST)}
-        items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))  # stable: same order in every worker
+        items.sort(
+            key=lambda item: rank.get(item.path.name, len(FIRST))
+        )  # stable: same order in every worker
 
 
-def once_per_session(factory: pytest.TempPathFactory, name: str, compute: Callable[[], object]) -> object:
+def once_per_session(
+    factory: pytest.TempPathFactory, name: str, compute: Callable[[], object]
+) -> object:
     """``compute()`` once per test session even across parallel workers: the first to ask computes it under a file
     lock and leaves it pickled in the session's shared temporary directory; the others wait and read it."""
     root = factory.getbasetemp()
@@ -84,8 +98,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     the critical chain runs at nearly a core's speed and the others fill in around it."""
     global _first_test
     if item.get_closest_marker("serial") and os.environ.get("PYTEST_XDIST_WORKER"):
-        pytest.fail("a serial test times the machine and cannot run beside parallel workers: "
-                    "run `pytest -n 4 -m 'not serial'` and then `pytest -m serial`", pytrace=False)
+        pytest.fail(
+            "a serial test times the machine and cannot run beside parallel workers: "
+            "run `pytest -n 4 -m 'not serial'` and then `pytest -m serial`",
+            pytrace=False,
+        )
     if _first_test and os.environ.get("PYTEST_XDIST_WORKER"):
         _first_test = False
         if item.path.name != CRITICAL:
@@ -112,7 +129,9 @@ def assert_close_to_reference(variant, q, k, v, mask, factor: float = gate.FACTO
     err = (out.double() - truth).abs().max().item()
     plain_err = (plain.double() - truth).abs().max().item()
     tol = gate.tolerance(plain_err, q.dtype, factor)
-    assert gate.passes(err, tol), f"{variant.name}: max error {err:.3g} > tolerance {tol:.3g} (plain {plain_err:.3g})"
+    assert gate.passes(err, tol), (
+        f"{variant.name}: max error {err:.3g} > tolerance {tol:.3g} (plain {plain_err:.3g})"
+    )
 
 
 def all_variants() -> list[str]:

@@ -88,12 +88,15 @@ WORK_COUNTER = textwrap.dedent(
 
 def work_at(length: int) -> tuple[dict[str, tuple[int, int]], int]:
     """``({cost model call: (Python lines, largest tensor's elements)}, peak RSS bytes)`` at ``length``, in a fresh process."""
-    out = subprocess.run([sys.executable, "-c", WORK_COUNTER, str(length)], capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", WORK_COUNTER, str(length)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     return {k: tuple(v) for k, v in result["work"].items()}, result["maxrss"]
-
-
 
 
 SHORT = 4096

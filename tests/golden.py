@@ -43,7 +43,13 @@ def _num(value: Any) -> Any:
         return bool(value) if value is not None else None
     if isinstance(value, (int, float, np.integer, np.floating)):
         value = float(value)
-        return None if math.isnan(value) else float(f"{value:.9g}") if math.isfinite(value) else str(value)
+        return (
+            None
+            if math.isnan(value)
+            else float(f"{value:.9g}")
+            if math.isfinite(value)
+            else str(value)
+        )
     return value
 
 
@@ -51,17 +57,31 @@ def figure_data(fig: Figure) -> dict[str, Any]:
     """The data a figure shows: per axes its title, labels, lines, scattered points, texts and images."""
     axes = []
     for ax in fig.axes:
-        lines = sorted(json.dumps([[_num(x) for x in line.get_xdata()], [_num(y) for y in line.get_ydata()]])
-                       for line in ax.get_lines())
-        points = sorted(json.dumps([[_num(v) for v in xy] for xy in c.get_offsets().tolist()])
-                        for c in ax.collections if hasattr(c, "get_offsets") and len(c.get_offsets()))
-        images = [json.dumps([[_num(v) for v in row] for row in im.get_array().filled(math.nan).tolist()])
-                  for im in ax.images]
-        axes.append({
-            "title": ax.get_title(), "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(),
-            "xticks": [t.get_text() for t in ax.get_xticklabels()], "lines": lines, "points": points,
-            "texts": sorted(t.get_text() for t in ax.texts), "images": images,
-        })
+        lines = sorted(
+            json.dumps([[_num(x) for x in line.get_xdata()], [_num(y) for y in line.get_ydata()]])
+            for line in ax.get_lines()
+        )
+        points = sorted(
+            json.dumps([[_num(v) for v in xy] for xy in c.get_offsets().tolist()])
+            for c in ax.collections
+            if hasattr(c, "get_offsets") and len(c.get_offsets())
+        )
+        images = [
+            json.dumps([[_num(v) for v in row] for row in im.get_array().filled(math.nan).tolist()])
+            for im in ax.images
+        ]
+        axes.append(
+            {
+                "title": ax.get_title(),
+                "xlabel": ax.get_xlabel(),
+                "ylabel": ax.get_ylabel(),
+                "xticks": [t.get_text() for t in ax.get_xticklabels()],
+                "lines": lines,
+                "points": points,
+                "texts": sorted(t.get_text() for t in ax.texts),
+                "images": images,
+            }
+        )
     suptitle = fig._suptitle.get_text() if fig._suptitle is not None else ""
     return {"suptitle": suptitle, "axes": axes}
 
@@ -70,8 +90,16 @@ def _frame_records(frame, drop: Iterable[str] = ()) -> list[str]:
     frame = frame.drop(columns=[c for c in drop if c in frame.columns])
     rows = []
     for rec in frame.astype(object).to_dict("records"):
-        rows.append(json.dumps({k: _num(v) if not hasattr(v, "isoformat") else v.isoformat() for k, v in rec.items()},
-                               sort_keys=True, default=str))
+        rows.append(
+            json.dumps(
+                {
+                    k: _num(v) if not hasattr(v, "isoformat") else v.isoformat()
+                    for k, v in rec.items()
+                },
+                sort_keys=True,
+                default=str,
+            )
+        )
     return sorted(rows)
 
 
@@ -106,7 +134,10 @@ def digest(sources: Iterable[Path], out_dir: Path) -> dict[str, Any]:
 
 
 def build_all(tmp: Path) -> dict[str, dict[str, Any]]:
-    return {name: digest([RUNS / s for s in runs], tmp / name.replace(" ", "_")) for name, runs in SCENARIOS.items()}
+    return {
+        name: digest([RUNS / s for s in runs], tmp / name.replace(" ", "_"))
+        for name, runs in SCENARIOS.items()
+    }
 
 
 def main() -> None:
@@ -120,8 +151,10 @@ def main() -> None:
     if args.write:
         GOLDEN.write_text(json.dumps(result, indent=0, sort_keys=True) + "\n")
     for name, d in result.items():
-        print(f"{name}: {len(d['tidy'])} tidy rows, {len(d['fits'])} fits, {len(d['findings'])} findings, "
-              f"{len(d['figures'])} figures")
+        print(
+            f"{name}: {len(d['tidy'])} tidy rows, {len(d['fits'])} fits, {len(d['findings'])} findings, "
+            f"{len(d['figures'])} figures"
+        )
 
 
 if __name__ == "__main__":

@@ -19,9 +19,15 @@ def spinning_on_this_core(seconds: float = 60.0) -> Iterator[None]:
     cores = os.sched_getaffinity(0)
     core = min(cores)
     os.sched_setaffinity(0, {core})
-    neighbour = subprocess.Popen([sys.executable, "-c", f"import os, time; os.sched_setaffinity(0, {{{core}}}); "
-                                  f"print(flush=True); end = time.time() + {seconds}\nwhile time.time() < end: pass"],
-                                 stdout=subprocess.PIPE)
+    neighbour = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import os, time; os.sched_setaffinity(0, {{{core}}}); "
+            f"print(flush=True); end = time.time() + {seconds}\nwhile time.time() < end: pass",
+        ],
+        stdout=subprocess.PIPE,
+    )
     try:
         neighbour.stdout.readline()  # it spins from here
         yield

@@ -76,8 +76,16 @@ class Off(_Planted):
         return 1.1 * super().forward(q, k, v, mask)
 
 
-PLANTED = {"planted_twice": Twice, "planted_off": Off, "planted_hang": Hang, "planted_abort": Abort, "planted_segv": Segfault, "planted_oomkill": OomKilled,
-           "planted_hog": Hog, "planted_pid": Pid}
+PLANTED = {
+    "planted_twice": Twice,
+    "planted_off": Off,
+    "planted_hang": Hang,
+    "planted_abort": Abort,
+    "planted_segv": Segfault,
+    "planted_oomkill": OomKilled,
+    "planted_hog": Hog,
+    "planted_pid": Pid,
+}
 for _name, _cls in PLANTED.items():
     if _name not in attnbench.variant_names():
         attnbench.register(_name, _cls)

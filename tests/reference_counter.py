@@ -25,7 +25,10 @@ if not getattr(gate._reference, "counted", False):
         path = os.environ.get(ENV)
         if path and dtype == torch.float64 and not exact_softmax:
             passes = "backward" if grad_out is not None else "forward"
-            append_line(path, f"{os.getpid()} {q.shape[-2]} {passes} {'masked' if mask is not None else 'none'}")
+            append_line(
+                path,
+                f"{os.getpid()} {q.shape[-2]} {passes} {'masked' if mask is not None else 'none'}",
+            )
         return _reference(variant, q, k, v, mask, grad_out, dtype, exact_softmax=exact_softmax)
 
     _counted.counted = True

@@ -76,8 +76,17 @@ def test_malformed_results_file_is_reported_by_name_and_skipped(asv_dir):
 def test_load_run_has_the_same_schema(tmp_path):
     base = AttnSpec(batch=1, heads=2, head_dim=16)
     cases = grid(["batched", "performer", "sdpa_cudnn"], [32, 64], base)
-    config = MeasureConfig(timer=TimerConfig(min_runs=2, min_time=0.01, max_time=0.2), measure_rss=False, probe=False)
-    run = write_run(tmp_path / "run", sweep(cases, config), config, seconds=1.0, command=["x"], peak_gflops={"float32": 100.0})
+    config = MeasureConfig(
+        timer=TimerConfig(min_runs=2, min_time=0.01, max_time=0.2), measure_rss=False, probe=False
+    )
+    run = write_run(
+        tmp_path / "run",
+        sweep(cases, config),
+        config,
+        seconds=1.0,
+        command=["x"],
+        peak_gflops={"float32": 100.0},
+    )
     frame = load_run(run)
     assert list(frame.columns) == COLUMNS
     assert set(frame["status"]) == {"ok", "skipped"}
@@ -120,10 +129,17 @@ def test_the_interval_is_the_same_in_every_call_and_process():
     values = 2e-9 * LENGTHS**2 * np.random.default_rng(3).lognormal(0, 0.1, len(LENGTHS))
     fit = complexity.fit_exponent(LENGTHS, values)
     assert complexity.fit_exponent(LENGTHS, values) == fit
-    code = ("import numpy as np; from attnbench.analysis.complexity import fit_exponent as f; "
-            f"L=np.array({LENGTHS.tolist()}); v=np.array({values.tolist()}); r=f(L, v); print(repr((r['ci_low'], r['ci_high'])))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONHASHSEED": "123"})
+    code = (
+        "import numpy as np; from attnbench.analysis.complexity import fit_exponent as f; "
+        f"L=np.array({LENGTHS.tolist()}); v=np.array({values.tolist()}); r=f(L, v); print(repr((r['ci_low'], r['ci_high'])))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONHASHSEED": "123"},
+    )
     assert out.stdout.strip() == repr((fit["ci_low"], fit["ci_high"]))
 
 
@@ -169,7 +185,10 @@ def test_the_floor_is_twice_the_split_constant_so_noise_at_2x_the_smallest_cuts_
     fit = complexity.fit_exponent(lengths, values)
     assert fit["n"] == 5 and complexity.verdict(fit, 1.0) == "matches"
     smallest = values >= complexity.FLOOR_FACTOR * values.min()
-    assert smallest.sum() == 3 and not complexity.fit_exponent(lengths[smallest], values[smallest])["conclusive"]
+    assert (
+        smallest.sum() == 3
+        and not complexity.fit_exponent(lengths[smallest], values[smallest])["conclusive"]
+    )
     # a series the split does not describe (a step at 1024) falls back to the bound, and says so
     step = values * np.array([1, 1, 3, 3, 3])
     assert complexity.constant_cost(lengths, step) == (step.min(), "at most the smallest value")
@@ -180,7 +199,9 @@ def test_the_floor_is_twice_the_split_constant_so_noise_at_2x_the_smallest_cuts_
 def test_fewer_than_four_points_is_inconclusive():
     lengths = np.array([256.0, 512, 1024, 2048])
     fit = complexity.fit_exponent(lengths, 1e-4 + 1e-9 * lengths**2)
-    assert fit["n"] == 3 and not fit["conclusive"] and fit["note"] == "3 points"  # the shortest is below 2x the constant
+    assert (
+        fit["n"] == 3 and not fit["conclusive"] and fit["note"] == "3 points"
+    )  # the shortest is below 2x the constant
     assert complexity.verdict(fit, 2.0) == "inconclusive"
     two = complexity.fit_exponent(np.array([64.0, 128.0]), np.array([1.0, 4.0]))
     assert complexity.verdict(two, 2.0) == "inconclusive"
@@ -212,24 +233,54 @@ def test_verdicts():
     assert complexity.verdict({"exponent": 0.4, "ci_low": 0.2, "ci_high": 0.6}, 1.0) == "shallower"
     assert complexity.verdict({"exponent": 1.9, "ci_low": 1.7, "ci_high": 2.1}, 2.0) == "matches"
     # An interval wider than 0.5 never "matches" (nor claims anything else)
-    assert complexity.verdict({"exponent": 2.0, "ci_low": -2.23, "ci_high": 7.62}, 2.0) == "inconclusive"
-    assert complexity.verdict({"exponent": 2.0, "ci_low": 1.9, "ci_high": 2.1, "conclusive": False}, 2.0) == "inconclusive"
+    assert (
+        complexity.verdict({"exponent": 2.0, "ci_low": -2.23, "ci_high": 7.62}, 2.0)
+        == "inconclusive"
+    )
+    assert (
+        complexity.verdict(
+            {"exponent": 2.0, "ci_low": 1.9, "ci_high": 2.1, "conclusive": False}, 2.0
+        )
+        == "inconclusive"
+    )
 
 
-def _synthetic(values: dict[str, list[float]], lengths=(256, 512, 1024, 2048), metric="time") -> pd.DataFrame:
+def _synthetic(
+    values: dict[str, list[float]], lengths=(256, 512, 1024, 2048), metric="time"
+) -> pd.DataFrame:
     rows = []
     for variant, vals in values.items():
         for n, v in zip(lengths, vals, strict=True):
-            rows.append({c: "" for c in COLUMNS} | {
-                "source": "run", "variant": variant, "seq_len": n, "seq_len_k": n, "device": "cpu", "mode": "forward",
-                "dtype": "float32", "mask": "none", "metric": metric, "value": v, "status": "ok", "batch": 1, "heads": 8,
-                "head_dim": 64, "date": pd.NaT, "threads": 2, "peak_gflops": 100.0, "spread": math.nan,
-            })
+            rows.append(
+                {c: "" for c in COLUMNS}
+                | {
+                    "source": "run",
+                    "variant": variant,
+                    "seq_len": n,
+                    "seq_len_k": n,
+                    "device": "cpu",
+                    "mode": "forward",
+                    "dtype": "float32",
+                    "mask": "none",
+                    "metric": metric,
+                    "value": v,
+                    "status": "ok",
+                    "batch": 1,
+                    "heads": 8,
+                    "head_dim": 64,
+                    "date": pd.NaT,
+                    "threads": 2,
+                    "peak_gflops": 100.0,
+                    "spread": math.nan,
+                }
+            )
     return pd.DataFrame(rows)
 
 
 def test_crossovers():
-    frame = _synthetic({"batched": [1, 4, 16, 64], "chunked": [2, 5, 12, 40], "linear_elu": [3, 6, 20, 80]})
+    frame = _synthetic(
+        {"batched": [1, 4, 16, 64], "chunked": [2, 5, 12, 40], "linear_elu": [3, 6, 20, 80]}
+    )
     table = complexity.crossovers(frame, baselines=("batched",)).set_index("variant")
     assert table.loc["chunked", "crossover_L"] == "1024"
     assert table.loc["linear_elu", "crossover_L"] == "never"
@@ -238,7 +289,11 @@ def test_crossovers():
 
 def test_fit_table_and_memory_model_from_a_frame():
     lengths = (256, 512, 1024, 2048, 4096)
-    frame = _synthetic({"batched": [2**18 * 4 * 2 * x for x in (1, 4, 16, 64, 256)]}, lengths, metric="peak_tensor_bytes")
+    frame = _synthetic(
+        {"batched": [2**18 * 4 * 2 * x for x in (1, 4, 16, 64, 256)]},
+        lengths,
+        metric="peak_tensor_bytes",
+    )
     fits = complexity.fit_table(frame)
     assert fits.iloc[0]["exponent"] == pytest.approx(2.0) and fits.iloc[0]["verdict"] == "matches"
     model = complexity.memory_model(frame)
@@ -249,34 +304,76 @@ def test_fit_table_and_memory_model_from_a_frame():
 def _run_with(tmp_path: Path, cases: list) -> Path:
     from attnbench.measure.record import Environment, Measurement
 
-    env = Environment(hostname="box", python="3.11", torch="2.x", threads=1, cpu_model="cpu", cpu_count=2, device_name="cpu")
+    env = Environment(
+        hostname="box",
+        python="3.11",
+        torch="2.x",
+        threads=1,
+        cpu_model="cpu",
+        cpu_count=2,
+        device_name="cpu",
+    )
     base = AttnSpec(batch=1, heads=2, head_dim=16)
     rows = []
     for variant, n, status, memory_method in cases:
         t = 1e-6 * n * n / 16
-        rows.append(Measurement(
-            variant=variant, spec=base.replace(seq_len=n), status=status, samples=(t, t, t), runs=3, timing_method="wall",
-            peak_tensor_bytes=float(4 * n * n), memory_method=memory_method, predicted_peak_bytes=float(4 * n * n),
-            max_error=1e-3 if status == "wrong" else 1e-7, tolerance=1e-5, env=env,
-            reason="max error 100x the tolerance" if status == "wrong" else "",
-        ))
-    return write_run(tmp_path / "run", rows, MeasureConfig(), seconds=1.0, command=["t"], peak_gflops={"float32": 10.0})
+        rows.append(
+            Measurement(
+                variant=variant,
+                spec=base.replace(seq_len=n),
+                status=status,
+                samples=(t, t, t),
+                runs=3,
+                timing_method="wall",
+                peak_tensor_bytes=float(4 * n * n),
+                memory_method=memory_method,
+                predicted_peak_bytes=float(4 * n * n),
+                max_error=1e-3 if status == "wrong" else 1e-7,
+                tolerance=1e-5,
+                env=env,
+                reason="max error 100x the tolerance" if status == "wrong" else "",
+            )
+        )
+    return write_run(
+        tmp_path / "run",
+        rows,
+        MeasureConfig(),
+        seconds=1.0,
+        command=["t"],
+        peak_gflops={"float32": 10.0},
+    )
 
 
 def test_method_travels_into_the_frame_and_model_values_are_never_fitted(tmp_path):
     lengths = (16, 32, 64, 128, 256)
-    run = _run_with(tmp_path, [("loop", n, "ok", "model") for n in lengths] + [("batched", n, "ok", "profiler") for n in lengths])
+    run = _run_with(
+        tmp_path,
+        [("loop", n, "ok", "model") for n in lengths]
+        + [("batched", n, "ok", "profiler") for n in lengths],
+    )
     frame = load_run(run)
     methods = frame.groupby(["variant", "metric"])["method"].agg(set).to_dict()
-    assert methods[("loop", "peak_tensor_bytes")] == {"model"} and methods[("batched", "peak_tensor_bytes")] == {"profiler"}
-    assert methods[("loop", "time")] == {"wall"} and methods[("batched", "error_ratio")] == {"reference"}
+    assert methods[("loop", "peak_tensor_bytes")] == {"model"} and methods[
+        ("batched", "peak_tensor_bytes")
+    ] == {"profiler"}
+    assert methods[("loop", "time")] == {"wall"} and methods[("batched", "error_ratio")] == {
+        "reference"
+    }
     fits = complexity.fit_table(frame).set_index(["variant", "metric"])
     loop_mem = fits.loc[("loop", "peak_tensor_bytes")]
-    assert loop_mem["method"] == "model" and math.isnan(loop_mem["exponent"]) and loop_mem["verdict"] == ""
-    assert fits.loc[("batched", "peak_tensor_bytes"), "verdict"] == "matches"  # the measured one is fitted
+    assert (
+        loop_mem["method"] == "model"
+        and math.isnan(loop_mem["exponent"])
+        and loop_mem["verdict"] == ""
+    )
+    assert (
+        fits.loc[("batched", "peak_tensor_bytes"), "verdict"] == "matches"
+    )  # the measured one is fitted
     assert fits.loc[("loop", "time"), "verdict"] == "matches"
     model = complexity.memory_model(frame)
-    assert set(model["variant"]) == {"batched"} and set(model["method"]) == {"profiler"}  # never a model vs itself
+    assert set(model["variant"]) == {"batched"} and set(model["method"]) == {
+        "profiler"
+    }  # never a model vs itself
     assert "loop" not in set(complexity.crossovers(frame, metric="peak_tensor_bytes")["variant"])
 
 
@@ -295,7 +392,10 @@ def test_wrong_cases_keep_their_values_but_leave_fits_crossovers_and_speedups(tm
     cases += [("chunked", n, "wrong" if n == 1024 else "ok", "profiler") for n in lengths]
     frame = load_run(_run_with(tmp_path, cases))
     wrong = frame[frame["status"] == "wrong"]
-    assert set(wrong["seq_len"]) == {1024} and wrong.loc[wrong["metric"] == "time", "value"].notna().all()
+    assert (
+        set(wrong["seq_len"]) == {1024}
+        and wrong.loc[wrong["metric"] == "time", "value"].notna().all()
+    )
     assert wrong.loc[wrong["metric"] == "error_ratio", "value"].iloc[0] == pytest.approx(100)
     fits = complexity.fit_table(frame).set_index(["variant", "metric"])
     assert fits.loc[("chunked", "time"), "L_max"] == 512
@@ -303,7 +403,10 @@ def test_wrong_cases_keep_their_values_but_leave_fits_crossovers_and_speedups(tm
     assert cross.loc["chunked", "longest_L"] == 512
     speed = plots._ok(frame, "time")
     assert not ((speed["variant"] == "chunked") & (speed["seq_len"] == 1024)).any()
-    assert complexity.largest_length(frame).set_index("variant").loc["chunked", "next_status"] == "wrong"
+    assert (
+        complexity.largest_length(frame).set_index("variant").loc["chunked", "next_status"]
+        == "wrong"
+    )
 
 
 def _add_error_ratio(results: Path, ratios: dict[tuple[str, str, str], float]) -> None:
@@ -317,8 +420,10 @@ def _add_error_ratio(results: Path, ratios: dict[tuple[str, str, str], float]) -
     data = json.loads(path.read_text())
     row = list(data["results"]["bench_attention.Attention.time_attention"])
     params = row[1]
-    values = [ratios.get((v.strip("'"), n, m.strip("'")), 0.5) if v != "'sdpa_efficient'" else math.nan
-              for v, n, _, m in itertools.product(*params)]
+    values = [
+        ratios.get((v.strip("'"), n, m.strip("'")), 0.5) if v != "'sdpa_efficient'" else math.nan
+        for v, n, _, m in itertools.product(*params)
+    ]
     data["results"][key] = [values, params, "e" * 64] + row[3:5]
     path.write_text(json.dumps(data))
 
@@ -327,13 +432,21 @@ def test_asv_error_ratio_above_one_makes_the_whole_case_wrong(asv_dir):
     _add_error_ratio(asv_dir, {("chunked", "128", "forward"): 3.1})
     frame = load_asv(asv_dir)
     assert frame.attrs["problems"] == []
-    case = (frame["variant"] == "chunked") & (frame["seq_len"] == 128) & (frame["mode"] == "forward")
+    case = (
+        (frame["variant"] == "chunked") & (frame["seq_len"] == 128) & (frame["mode"] == "forward")
+    )
     assert set(frame.loc[case, "status"]) == {"wrong"}
-    assert set(frame.loc[case & (frame["metric"] == "time"), "reason"]) == {"max error 3.1x the tolerance"}
+    assert set(frame.loc[case & (frame["metric"] == "time"), "reason"]) == {
+        "max error 3.1x the tolerance"
+    }
     assert set(frame.loc[~case & (frame["variant"] != "sdpa_efficient"), "status"]) == {"ok"}
     assert set(frame.loc[frame["metric"] == "error_ratio", "unit"]) == {"x tolerance"}
     methods = frame.groupby("metric")["method"].agg(set).to_dict()
-    assert methods["time"] == {"asv"} and methods["flops"] == {"model"} and methods["peak_tensor_bytes"] == {"profiler"}
+    assert (
+        methods["time"] == {"asv"}
+        and methods["flops"] == {"model"}
+        and methods["peak_tensor_bytes"] == {"profiler"}
+    )
 
 
 def test_loop_is_swept_at_four_lengths_by_default():
@@ -345,12 +458,18 @@ def test_loop_is_swept_at_four_lengths_by_default():
     loop = get_variant("loop")
     assert min(DEFAULT_LENGTHS) == 64
     lengths = default_lengths(loop, DEFAULT_LENGTHS)
-    assert lengths == [8, 16, 32, 64, 128] and len(lengths) - 1 >= complexity.MIN_POINTS  # even if the shortest is the floor
+    assert (
+        lengths == [8, 16, 32, 64, 128] and len(lengths) - 1 >= complexity.MIN_POINTS
+    )  # even if the shortest is the floor
     assert [spec.seq_len for _, spec in grid(["loop"])] == [8, 16, 32, 64, 128]
-    t = 3e-4 + 4e-6 * np.array(lengths, float) ** 2  # interpreter-bound: time ~ pairs, plus a constant above L=8
+    t = (
+        3e-4 + 4e-6 * np.array(lengths, float) ** 2
+    )  # interpreter-bound: time ~ pairs, plus a constant above L=8
     fit = complexity.fit_exponent(np.array(lengths, float), t)
     assert fit["n"] == 4 and fit["L_min"] == 16 and complexity.verdict(fit, 2.0) == "matches"
-    assert default_lengths(loop, [512, 1024]) == []  # nothing that short asked for: nothing invented
+    assert (
+        default_lengths(loop, [512, 1024]) == []
+    )  # nothing that short asked for: nothing invented
     assert default_lengths(get_variant("batched"), DEFAULT_LENGTHS) == list(DEFAULT_LENGTHS)
 
 
@@ -359,14 +478,22 @@ def test_a_deterministic_metric_is_conclusive_at_three_lengths_where_time_is_not
     """Counts at 256..1024 (what a short sweep counts): the sampled rule needs four points, a deterministic one three."""
     lengths = np.array([256, 512, 1024])
     values = 4.85e6 * (lengths / 256) ** 2 * np.array([1.0, 0.985, 0.98])
-    assert not complexity.fit_exponent(lengths, values)["conclusive"]  # the sampled rule: too few points
+    assert not complexity.fit_exponent(lengths, values)[
+        "conclusive"
+    ]  # the sampled rule: too few points
     assert complexity.fit_deterministic(lengths, values)["conclusive"]
-    lengths = np.array([256, 512, 1024, 2048])  # batched's peak bytes, an exact L² (4.85 MB -> 273 MB)
+    lengths = np.array(
+        [256, 512, 1024, 2048]
+    )  # batched's peak bytes, an exact L² (4.85 MB -> 273 MB)
     values = 4.85e6 * (lengths / 256) ** 2 * np.array([1.0, 0.985, 0.98, 0.978])
     fit = complexity.fit_deterministic(lengths, values)
     assert fit["conclusive"] and abs(fit["exponent"] - 2) < 0.05 and fit["max_residual"] < 0.01
-    counts = complexity.fit_deterministic(np.array([256, 512, 1024]), np.array([1.0, 3.93, 3.93 * 3.96]))
-    assert counts["conclusive"] and counts["n"] == 3 and complexity.verdict(counts, 2.0) == "matches"
+    counts = complexity.fit_deterministic(
+        np.array([256, 512, 1024]), np.array([1.0, 3.93, 3.93 * 3.96])
+    )
+    assert (
+        counts["conclusive"] and counts["n"] == 3 and complexity.verdict(counts, 2.0) == "matches"
+    )
 
 
 def test_a_deterministic_fit_drops_the_short_lengths_a_lower_term_bends_and_says_when_nothing_is_left():
@@ -398,9 +525,25 @@ def test_a_shallower_slope_is_explained_by_its_crossover_in_the_findings(tmp_pat
     rows = []
     for n in lengths:
         count = 8.0 * n * e**2 + 4.0 * n**2 * e
-        rows.append(Measurement(variant="torch_mha", spec=AttnSpec(seq_len=n, heads=8, head_dim=64), status="ok",
-                                samples=(count / 1e10,) * 5, runs=5, timing_method="wall", instructions=count))
-    run = write_run(tmp_path / "run", rows, MeasureConfig(), seconds=1.0, command=["t"], peak_gflops={"float32": 10.0})
+        rows.append(
+            Measurement(
+                variant="torch_mha",
+                spec=AttnSpec(seq_len=n, heads=8, head_dim=64),
+                status="ok",
+                samples=(count / 1e10,) * 5,
+                runs=5,
+                timing_method="wall",
+                instructions=count,
+            )
+        )
+    run = write_run(
+        tmp_path / "run",
+        rows,
+        MeasureConfig(),
+        seconds=1.0,
+        command=["t"],
+        peak_gflops={"float32": 10.0},
+    )
     analysis = analyse(load_results([run]))
     fit = analysis.fits.set_index("metric").loc["instructions"]
     assert fit["verdict"] == "shallower" and fit["crossover_L"] == pytest.approx(1024, rel=0.01)

@@ -40,7 +40,10 @@ def test_classifier_catches_planted_faults():
             raise RuntimeError("No available kernel.")
 
     q = torch.randn(1, 1, 3, 4)
-    for name, cls, expected in (("_planted_scaled", Scaled, "wrong"), ("_planted_crash", Crashes, "obscure error")):
+    for name, cls, expected in (
+        ("_planted_scaled", Scaled, "wrong"),
+        ("_planted_crash", Crashes, "obscure error"),
+    ):
         attnbench.register(name, cls)
         try:
             assert classify(name, q, q, q)[0] == expected
@@ -54,6 +57,7 @@ _DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.in
 @st.composite
 def malformed_calls(draw):
     """Random (q, k, v, mask, scale): ranks, shapes, dtypes, masks, non-finite entries, scales, layouts."""
+
     def size(high: int) -> int:  # zero now and then
         return 0 if draw(st.integers(0, 19)) == 0 else draw(st.integers(1, high))
 
@@ -71,12 +75,16 @@ def malformed_calls(draw):
     for s in shapes:
         t = torch.randn(*s, generator=gen, dtype=torch.float64)
         if t.numel() and draw(st.integers(0, 14)) == 0:
-            t.view(-1)[draw(st.integers(0, t.numel() - 1))] = draw(st.sampled_from([math.nan, math.inf, -math.inf]))
+            t.view(-1)[draw(st.integers(0, t.numel() - 1))] = draw(
+                st.sampled_from([math.nan, math.inf, -math.inf])
+            )
         t = t.to(dtype)
         if t.dim() >= 2 and draw(st.booleans()):  # same values, last two axes non-contiguous
             t = t.transpose(-1, -2).contiguous().transpose(-1, -2)
         tensors.append(t)
-    mask_kind = draw(st.sampled_from(["none", "none", "key", "key", "full", "full", "odd", "float", "rank5"]))
+    mask_kind = draw(
+        st.sampled_from(["none", "none", "key", "key", "full", "full", "odd", "float", "rank5"])
+    )
     mask = {
         "none": None,
         "key": torch.rand(max(lk, 1), generator=gen) > 0.3,

@@ -16,7 +16,16 @@ from tests.conftest import cheap_variants
 SCALED = ["batched", "chunked", "sdpa", "sdpa_math", "local", "vectorized", "block_sparse"]
 
 
-@pytest.mark.parametrize("scale,exc", [(math.nan, ValueError), (math.inf, ValueError), (True, TypeError), (0.0, ValueError), ("1", TypeError)])
+@pytest.mark.parametrize(
+    "scale,exc",
+    [
+        (math.nan, ValueError),
+        (math.inf, ValueError),
+        (True, TypeError),
+        (0.0, ValueError),
+        ("1", TypeError),
+    ],
+)
 @pytest.mark.parametrize("name", SCALED)
 def test_bad_scales_are_refused_when_built(name, scale, exc):
     with pytest.raises(exc, match="scale"):
@@ -76,7 +85,9 @@ def test_flash_with_transposed_inputs_is_refused_by_validation_and_spec_rule():
     with pytest.raises(ValueError, match="stride 1 along the head dim"):
         variant(q, q, q)
     out = attnbench.get_variant("sdpa")(q, q, q)  # auto falls back: same result as the reference
-    torch.testing.assert_close(out.double(), attnbench.reference_attention(q, q, q), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        out.double(), attnbench.reference_attention(q, q, q), atol=1e-5, rtol=1e-5
+    )
 
 
 def test_linear_elu_takes_a_1d_key_padding_mask():
@@ -106,7 +117,16 @@ def test_validate_raises_exactly_the_spec_reasons(name):
     for mask in attnbench.masks.MASK_KINDS:
         for dtype in ("float32", "float64"):
             for extra in ({}, {"seq_len_k": 9, "head_dim_v": 3}):
-                spec = attnbench.AttnSpec(batch=2, heads=1, seq_len=6, head_dim=4, mask=mask, dtype=dtype, window=2, **extra)
+                spec = attnbench.AttnSpec(
+                    batch=2,
+                    heads=1,
+                    seq_len=6,
+                    head_dim=4,
+                    mask=mask,
+                    dtype=dtype,
+                    window=2,
+                    **extra,
+                )
                 reasons = variant.not_supported_reasons(spec)
                 if not reasons:
                     continue
@@ -130,7 +150,10 @@ def test_cuda_only_backends_declare_cuda_only():
 def test_compiled_variant_declares_everything_its_base_declares(name):
     compiled = attnbench.get_variant(name)
     for attr in declared_attributes():
-        if attr in ("IN_DEFAULT_SWEEP", "source"):  # by design: not swept by default; names torch.compile
+        if attr in (
+            "IN_DEFAULT_SWEEP",
+            "source",
+        ):  # by design: not swept by default; names torch.compile
             continue
         assert getattr(compiled, attr) == getattr(compiled.base, attr), attr
     assert "PROVENANCE" in declared_attributes() and "SECONDS_PER_PAIR" in declared_attributes()
@@ -149,7 +172,9 @@ def test_listing_and_describing_changes_no_dynamo_setting():
         "    variant_class(n); variant_defaults(n); attnbench.get_variant(n).describe()\n"
         "print(before == (c.recompile_limit, c.fail_on_recompile_limit_hit))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
     assert out.stdout.strip() == "True"
 
 
@@ -159,12 +184,20 @@ def test_registry_imports_no_variant_module_until_asked():
         "print('attnbench.variants.compiled' in sys.modules)\n"
         "print(r.variant_class('compiled_batched').__name__, r.variant_defaults('compiled_batched'))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
     assert out.stdout.split("\n")[:2] == ["False", "CompiledVariant {'base': 'batched'}"]
 
 
-@pytest.mark.parametrize(("axis", "values"), [("lengths", [256, 256]), ("dtypes", ["float32", "float32"]),
-                                              ("variants", ["batched", "sdpa", "batched"])])
+@pytest.mark.parametrize(
+    ("axis", "values"),
+    [
+        ("lengths", [256, 256]),
+        ("dtypes", ["float32", "float32"]),
+        ("variants", ["batched", "sdpa", "batched"]),
+    ],
+)
 def test_a_repeated_grid_entry_is_refused(axis, values):
     """Planted: a repeated length measured the same case twice, and a later --resume found the manifest incomplete."""
     from attnbench.runs import grid

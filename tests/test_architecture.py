@@ -11,17 +11,34 @@ import pytest
 PACKAGE = Path(__file__).parent.parent / "attnbench"
 ROOMS: tuple[tuple[str, ...], ...] = (
     # bottom: depends on nothing of the package
-    ("_checks", "io", "plugins", "mask_mods", "measure.timer", "measure.probe", "measure.schedstat", "measure.regime",
-     "measure.memory", "measure._forkserver",
-     "analysis.text"),
+    (
+        "_checks",
+        "io",
+        "plugins",
+        "mask_mods",
+        "measure.timer",
+        "measure.probe",
+        "measure.schedstat",
+        "measure.regime",
+        "measure.memory",
+        "measure._forkserver",
+        "analysis.text",
+    ),
     ("masks", "spec", "reference"),
     ("capability", "contract"),
     ("variants",),  # every variants.* module
     ("registry",),
     ("environ",),
     ("layer", "demos"),
-    ("measure.record", "measure.gate", "measure.guard", "measure.peak", "measure.env", "measure.provenance",
-     "measure.bandwidth"),
+    (
+        "measure.record",
+        "measure.gate",
+        "measure.guard",
+        "measure.peak",
+        "measure.env",
+        "measure.provenance",
+        "measure.bandwidth",
+    ),
     ("measure.runner",),
     ("measure.worker",),
     ("measure.sweep", "measure.instructions"),
@@ -59,9 +76,19 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(["attnbench", *package[: len(package) - node.level + 1], *([base] if base else [])])
-            targets = [f"{base}.{a.name}" if f"{base}.{a.name}".removeprefix("attnbench.") in modules else base
-                       for a in node.names]
+                base = ".".join(
+                    [
+                        "attnbench",
+                        *package[: len(package) - node.level + 1],
+                        *([base] if base else []),
+                    ]
+                )
+            targets = [
+                f"{base}.{a.name}"
+                if f"{base}.{a.name}".removeprefix("attnbench.") in modules
+                else base
+                for a in node.names
+            ]
         else:
             continue
         for target in targets:
@@ -83,8 +110,13 @@ def graph() -> dict[str, set[str]]:
 
 
 def arrows_up(edges: dict[str, set[str]]) -> list[str]:
-    return sorted(f"{a} -> {b}" for a, targets in edges.items() if a not in FACADES
-                  for b in targets if b not in FACADES and _room(b) > _room(a))
+    return sorted(
+        f"{a} -> {b}"
+        for a, targets in edges.items()
+        if a not in FACADES
+        for b in targets
+        if b not in FACADES and _room(b) > _room(a)
+    )
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -134,10 +166,13 @@ def test_no_arrow_runs_back_up():
     assert arrows_up(graph()) == []
 
 
-@pytest.mark.parametrize(("planted", "expect"), [
-    ({"measure.runner": {"measure.worker"}, "measure.worker": {"measure.runner"}}, "cycle"),
-    ({"variants.compiled": {"registry"}}, "measure.up"),
-])
+@pytest.mark.parametrize(
+    ("planted", "expect"),
+    [
+        ({"measure.runner": {"measure.worker"}, "measure.worker": {"measure.runner"}}, "cycle"),
+        ({"variants.compiled": {"registry"}}, "measure.up"),
+    ],
+)
 def test_the_checks_see_a_planted_cycle_and_a_planted_back_arrow(planted, expect):
     """The two faults the checks exist for, planted into today's graph (as they stood before they were removed)."""
     edges = graph()
@@ -160,9 +195,12 @@ MAX_FUNCTION_LINES = 60
 
 def long_functions(source: str) -> list[str]:
     """The functions of ``source`` longer than :data:`MAX_FUNCTION_LINES`, with their lengths."""
-    return [f"{node.name}: {node.end_lineno - node.lineno + 1} lines" for node in ast.walk(ast.parse(source))
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    return [
+        f"{node.name}: {node.end_lineno - node.lineno + 1} lines"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
 
 
 def compared_words(source: str) -> list[str]:
@@ -175,18 +213,29 @@ def compared_words(source: str) -> list[str]:
         if isinstance(node, ast.Compare):
             for side in (node.left, *node.comparators):
                 items = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
-                found += [f"line {node.lineno}: {item.value!r}" for item in items
-                          if isinstance(item, ast.Constant) and item.value in words]
+                found += [
+                    f"line {node.lineno}: {item.value!r}"
+                    for item in items
+                    if isinstance(item, ast.Constant) and item.value in words
+                ]
     return found
 
 
 def test_no_function_is_longer_than_a_screen():
-    found = {name: long for name, path in _modules().items() if (long := long_functions(path.read_text()))}
+    found = {
+        name: long
+        for name, path in _modules().items()
+        if (long := long_functions(path.read_text()))
+    }
     assert found == {}
 
 
 def test_statuses_and_verdicts_are_compared_as_members_not_words():
-    found = {name: words for name, path in _modules().items() if (words := compared_words(path.read_text()))}
+    found = {
+        name: words
+        for name, path in _modules().items()
+        if (words := compared_words(path.read_text()))
+    }
     assert found == {}
 
 
@@ -195,5 +244,7 @@ def test_the_style_checks_see_a_planted_long_function_and_a_compared_word():
     assert long_functions(f"def f():\n{body}") == [f"f: {MAX_FUNCTION_LINES + 1} lines"]
     assert long_functions(f"def f():\n{body[: body.rindex('    x')]}") == []
     assert compared_words('ok = status == "ok" or verdict in ("regressed", "fine")') == [
-        "line 1: 'ok'", "line 1: 'regressed'"]
+        "line 1: 'ok'",
+        "line 1: 'regressed'",
+    ]
     assert compared_words("ok = status == Status.OK") == []

@@ -22,7 +22,14 @@ SMALL_GRID = {
 
 
 def _asv(args: list[str], env: dict, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "asv", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "asv", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +39,16 @@ def asv_env(tmp_path_factory):
         pytest.skip("not a git checkout: asv needs a commit hash to record results")
     tmp = tmp_path_factory.mktemp("asv")
     conf = {
-        "version": 1, "project": "attnbench", "repo": str(ROOT), "branches": ["main"], "environment_type": "virtualenv",
-        "benchmark_dir": str(ROOT / "benchmarks"), "results_dir": str(tmp / "results"),
-        "html_dir": str(tmp / "html"), "env_dir": str(tmp / "env"), "launch_method": "forkserver",
+        "version": 1,
+        "project": "attnbench",
+        "repo": str(ROOT),
+        "branches": ["main"],
+        "environment_type": "virtualenv",
+        "benchmark_dir": str(ROOT / "benchmarks"),
+        "results_dir": str(tmp / "results"),
+        "html_dir": str(tmp / "html"),
+        "env_dir": str(tmp / "env"),
+        "launch_method": "forkserver",
     }
     (tmp / "asv.conf.json").write_text(json.dumps(conf))
     # asv drops PYTHONPATH in benchmark processes; ASV_PYTHONPATH puts this checkout (not an installed attnbench) first.
@@ -54,7 +68,11 @@ def test_asv_check(asv_env):
 @pytest.mark.slow
 def test_asv_quick_run_has_no_failures(asv_env, tmp_path_factory):
     tmp, env, head = asv_env
-    out = _asv(["run", "--python=same", "--quick", "--set-commit-hash", head, "--machine", "smoke"], env, tmp)
+    out = _asv(
+        ["run", "--python=same", "--quick", "--set-commit-hash", head, "--machine", "smoke"],
+        env,
+        tmp,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     frame = load_asv(tmp / "results")
     assert frame.attrs["problems"] == []
@@ -70,18 +88,32 @@ def test_asv_quick_run_has_no_failures(asv_env, tmp_path_factory):
     assert {"time", "gbps"} <= set(decode["metric"]) and "batched" in set(decode["variant"])
     assert (decode.loc[decode["metric"] == "gbps", "value"] > 0).all()
     gqa = ok[ok["benchmark"].str.contains("GroupedQuery")]
-    assert set(gqa["kv_heads"]) == {2} and set(gqa["heads"]) == {8} and set(gqa["workload"]) == {"prefill"}
+    assert (
+        set(gqa["kv_heads"]) == {2}
+        and set(gqa["heads"]) == {8}
+        and set(gqa["workload"]) == {"prefill"}
+    )
     assert {"time", "peak_tensor_bytes"} <= set(gqa["metric"])
     assert set(ok.loc[~ok["benchmark"].str.contains("GroupedQuery"), "kv_heads"]) == {8}
     from attnbench.measure.instructions import valgrind_version
 
-    if valgrind_version() is not None:  # the Instructions class: every case counted in one valgrind process
-        counted = ok[ok["metric"] == "instructions"].set_index(["variant", "seq_len", "mode", "mask"])["value"]
-        assert {"batched", "chunked"} <= set(counted.index.get_level_values(0)) and (counted > 0).all()
-        from tests.test_instructions import shared_counts  # the same case counted directly (count_instructions)
+    if (
+        valgrind_version() is not None
+    ):  # the Instructions class: every case counted in one valgrind process
+        counted = ok[ok["metric"] == "instructions"].set_index(
+            ["variant", "seq_len", "mode", "mask"]
+        )["value"]
+        assert {"batched", "chunked"} <= set(counted.index.get_level_values(0)) and (
+            counted > 0
+        ).all()
+        from tests.test_instructions import (
+            shared_counts,
+        )  # the same case counted directly (count_instructions)
 
         direct = shared_counts(tmp_path_factory)["asv"]
-        assert counted[("batched", 128, "forward", "none")] == pytest.approx(direct.instructions, rel=1e-3)
+        assert counted[("batched", 128, "forward", "none")] == pytest.approx(
+            direct.instructions, rel=1e-3
+        )
 
 
 def test_benchmark_params_are_generated_from_one_table():
@@ -102,19 +134,28 @@ def test_asv_cases_name_their_workload_and_heads():
     """One rule (contract.asv_case) turns a parameter set into a case, for the suite and for the loader."""
     from attnbench import contract
 
-    spec, workload = contract.asv_case("bench_attention.Decode.time_decode", {"seq_len_k": 4096, "device": "cpu"})
+    spec, workload = contract.asv_case(
+        "bench_attention.Decode.time_decode", {"seq_len_k": 4096, "device": "cpu"}
+    )
     assert (workload, spec.lq, spec.lk, spec.hkv) == ("decode", 1, 4096, 8)
     spec, workload = contract.asv_case("bench_attention.GroupedQuery.time_gqa", {"seq_len": 1024})
     assert (workload, spec.lq, spec.lk, spec.heads, spec.hkv) == ("prefill", 1024, 1024, 8, 2)
-    spec, workload = contract.asv_case("bench_attention.Attention.time_attention", {"seq_len": 64, "mode": "backward"})
+    spec, workload = contract.asv_case(
+        "bench_attention.Attention.time_attention", {"seq_len": 64, "mode": "backward"}
+    )
     assert (workload, spec.lq, spec.hkv, spec.mode) == ("prefill", 64, 8, "backward")
     with pytest.raises((ValueError, TypeError)):
         contract.asv_case("bench_attention.Decode.time_decode", {"seq_len_k": "long"})
 
 
 # ---- measuring each case once: asv's setup_cache carries the gate's verdicts ---------------------------------------
-ONE_CASE = {"ATTNBENCH_ASV_VARIANTS": "batched", "ATTNBENCH_ASV_LENGTHS": "128", "ATTNBENCH_ASV_MODES": "forward",
-            "ATTNBENCH_ASV_MASKS": "none", "ATTNBENCH_ASV_DEVICES": "cpu"}
+ONE_CASE = {
+    "ATTNBENCH_ASV_VARIANTS": "batched",
+    "ATTNBENCH_ASV_LENGTHS": "128",
+    "ATTNBENCH_ASV_MODES": "forward",
+    "ATTNBENCH_ASV_MASKS": "none",
+    "ATTNBENCH_ASV_DEVICES": "cpu",
+}
 CASE = ("batched", 128, "cpu", "forward", "none")
 SLICES = 8  # B1 H8 at L=128: the gate checks every (batch, head) slice
 
@@ -135,8 +176,12 @@ def _main_grid_methods(suite) -> list[tuple[type, str]]:
     from attnbench.shards import BENCHMARK_PREFIXES
 
     classes = [suite.Attention, suite.AttentionMetrics, suite.AttentionAccuracy]
-    return [(cls, name) for cls in classes for name, _ in inspect.getmembers(cls, inspect.isfunction)
-            if name.startswith(BENCHMARK_PREFIXES)]
+    return [
+        (cls, name)
+        for cls in classes
+        for name, _ in inspect.getmembers(cls, inspect.isfunction)
+        if name.startswith(BENCHMARK_PREFIXES)
+    ]
 
 
 def _fresh_process(ab) -> None:
@@ -145,7 +190,9 @@ def _fresh_process(ab) -> None:
     ab._VERDICTS.clear()
 
 
-def test_each_case_is_gated_once_in_setup_cache_and_never_in_a_benchmark_process(monkeypatch, tmp_path):
+def test_each_case_is_gated_once_in_setup_cache_and_never_in_a_benchmark_process(
+    monkeypatch, tmp_path
+):
     """asv's process model, emulated in one interpreter: the shared ``setup_cache`` once, then each benchmark method of
     the main grid in a process of its own (per-process state cleared), handed the pickled cache. The float64 reference
     of the case is evaluated once, in setup_cache; the eight benchmark processes evaluate it zero times. Without a
@@ -160,10 +207,18 @@ def test_each_case_is_gated_once_in_setup_cache_and_never_in_a_benchmark_process
     log = tmp_path / "references.log"
     monkeypatch.setenv(counter.ENV, str(log))
     suite = _suite()
-    table = {"variant": [CASE[0]], "seq_len": [CASE[1]], "device": [CASE[2]], "mode": [CASE[3]], "mask": [CASE[4]]}
+    table = {
+        "variant": [CASE[0]],
+        "seq_len": [CASE[1]],
+        "device": [CASE[2]],
+        "mode": [CASE[3]],
+        "mask": [CASE[4]],
+    }
     monkeypatch.setattr(ab, "PARAMS", table)
     _fresh_process(ab)
-    cache = pickle.loads(pickle.dumps(suite.Attention().setup_cache()))  # what asv hands every process
+    cache = pickle.loads(
+        pickle.dumps(suite.Attention().setup_cache())
+    )  # what asv hands every process
     assert sum(counter.evaluations(log, SLICES).values()) == 1
     methods = _main_grid_methods(suite)
     assert len(methods) == 8, methods
@@ -174,12 +229,24 @@ def test_each_case_is_gated_once_in_setup_cache_and_never_in_a_benchmark_process
         value = getattr(bench, name)(cache, *CASE)
         if hasattr(bench, "teardown"):
             bench.teardown(cache, *CASE)
-        assert value is None or value >= 0, (name, value)  # page faults: 0 in a process with a grown heap
-    assert sum(counter.evaluations(log, SLICES).values()) == 1, "a benchmark process evaluated the reference"
+        assert value is None or value >= 0, (
+            name,
+            value,
+        )  # page faults: 0 in a process with a grown heap
+    assert sum(counter.evaluations(log, SLICES).values()) == 1, (
+        "a benchmark process evaluated the reference"
+    )
 
     log.unlink()
     _fresh_process(ab)  # outside asv: no cache; one process measures every metric of the case
-    for metric in ("peak_tensor_bytes", "flops", "gflops", "page_faults", "error_ratio", "max_error"):
+    for metric in (
+        "peak_tensor_bytes",
+        "flops",
+        "gflops",
+        "page_faults",
+        "error_ratio",
+        "max_error",
+    ):
         owner = "AttentionAccuracy" if "error" in metric else "AttentionMetrics"
         assert ab.track(metric, owner, *CASE) >= 0
     assert counter.evaluations(log, SLICES) == {os.getpid(): 1.0}
@@ -192,8 +259,10 @@ def test_the_main_grid_classes_share_one_setup_cache():
     from asv_runner.benchmarks._base import get_setup_cache_key
 
     suite = _suite()
-    keys = {cls.__name__: get_setup_cache_key(cls.setup_cache)
-            for cls in (suite.Attention, suite.AttentionMetrics, suite.AttentionAccuracy)}
+    keys = {
+        cls.__name__: get_setup_cache_key(cls.setup_cache)
+        for cls in (suite.Attention, suite.AttentionMetrics, suite.AttentionAccuracy)
+    }
     assert len(set(keys.values())) == 1, keys
     assert suite.Attention.params == suite.AttentionMetrics.params == suite.AttentionAccuracy.params
 
@@ -208,17 +277,31 @@ def test_a_verdict_decides_before_anything_is_built(monkeypatch):
     built = []
     monkeypatch.setattr(ab, "_build", lambda *a: built.append(a))
     wrong = GateResult(max_error=1.0, tolerance=0.1)
-    for status, error in (("n/a", NotImplementedError), ("wrong", ab.WrongResult), ("error", RuntimeError)):
+    for status, error in (
+        ("n/a", NotImplementedError),
+        ("wrong", ab.WrongResult),
+        ("error", RuntimeError),
+    ):
         _fresh_process(ab)
-        ab.use({("batched", spec): ab.Verdict(status, f"planted {status}", wrong if status == "wrong" else None)})
+        ab.use(
+            {
+                ("batched", spec): ab.Verdict(
+                    status, f"planted {status}", wrong if status == "wrong" else None
+                )
+            }
+        )
         with pytest.raises(error, match=f"planted {status}"):
             ab.check(*CASE)
         with pytest.raises(error, match=f"planted {status}"):
             ab.timed_case(*CASE)
         if status == "wrong":
-            assert ab.track("error_ratio", "AttentionAccuracy", *CASE) == pytest.approx(10.0)  # how wrong: reported
+            assert ab.track("error_ratio", "AttentionAccuracy", *CASE) == pytest.approx(
+                10.0
+            )  # how wrong: reported
     _fresh_process(ab)
-    ab.use({("batched", spec): ab.Verdict("ok", checked=GateResult(max_error=1e-7, tolerance=1e-6))})
+    ab.use(
+        {("batched", spec): ab.Verdict("ok", checked=GateResult(max_error=1e-7, tolerance=1e-6))}
+    )
     assert ab.track("flops", "AttentionMetrics", *CASE) > 0
     assert ab.track("max_error", "AttentionAccuracy", *CASE) == pytest.approx(1e-7)
     assert built == []
@@ -236,14 +319,34 @@ def test_setup_cache_prints_its_progress_and_keeps_a_failing_case_to_itself(monk
         return real(variant, spec)
 
     monkeypatch.setattr(ab, "judge", judge)
-    verdicts = ab.grid_verdicts({"variant": ["batched", "sdpa_efficient"], "seq_len": [64], "device": ["cpu"],
-                                 "mode": ["forward"], "mask": ["none", "causal"]})
+    verdicts = ab.grid_verdicts(
+        {
+            "variant": ["batched", "sdpa_efficient"],
+            "seq_len": [64],
+            "device": ["cpu"],
+            "mode": ["forward"],
+            "mask": ["none", "causal"],
+        }
+    )
     status = {(v, s.mask): found.status for (v, s), found in verdicts.items()}
-    assert status == {("batched", "none"): "ok", ("batched", "causal"): "error",
-                      ("sdpa_efficient", "none"): "n/a", ("sdpa_efficient", "causal"): "error"}
-    assert dict(verdicts[("batched", ab.spec_for("batched", 64, "cpu", "forward"))].values)["peak_tensor_bytes"] > 0
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("attnbench: case ")]
-    assert [line.split(",")[0] for line in lines] == [f"attnbench: case {i} of 4" for i in range(1, 5)]
+    assert status == {
+        ("batched", "none"): "ok",
+        ("batched", "causal"): "error",
+        ("sdpa_efficient", "none"): "n/a",
+        ("sdpa_efficient", "causal"): "error",
+    }
+    assert (
+        dict(verdicts[("batched", ab.spec_for("batched", 64, "cpu", "forward"))].values)[
+            "peak_tensor_bytes"
+        ]
+        > 0
+    )
+    lines = [
+        line for line in capsys.readouterr().out.splitlines() if line.startswith("attnbench: case ")
+    ]
+    assert [line.split(",")[0] for line in lines] == [
+        f"attnbench: case {i} of 4" for i in range(1, 5)
+    ]
     assert all(line.endswith("s elapsed)") for line in lines), lines
 
 
@@ -257,32 +360,62 @@ def test_instruction_counts_keep_to_the_budget_and_print_progress(monkeypatch, c
 
     def fake_count(cases, config=None, *, progress=None):
         sent.extend(cases)
-        counts = [instructions.Count(n, s, "ok", instructions=1e6, calls=2, valgrind="fake") for n, s in cases]
+        counts = [
+            instructions.Count(n, s, "ok", instructions=1e6, calls=2, valgrind="fake")
+            for n, s in cases
+        ]
         for i, count in enumerate(counts, 1):
             progress(i, len(cases), count)
         return counts
 
     monkeypatch.setattr(instructions, "valgrind_version", lambda: "valgrind-fake")
     monkeypatch.setattr(instructions, "count_instructions", fake_count)
-    monkeypatch.setattr(ab, "INSTRUCTION_PARAMS", {"variant": ["batched", "sdpa_efficient"], "seq_len": [128, 1024],
-                                                   "device": ["cpu"], "mode": ["forward"], "mask": ["none"]})
-    monkeypatch.setattr(ab, "COUNT_BUDGET_S", 10.0)  # L=128 is predicted about 1 s under valgrind, L=1024 about 50 s
+    monkeypatch.setattr(
+        ab,
+        "INSTRUCTION_PARAMS",
+        {
+            "variant": ["batched", "sdpa_efficient"],
+            "seq_len": [128, 1024],
+            "device": ["cpu"],
+            "mode": ["forward"],
+            "mask": ["none"],
+        },
+    )
+    monkeypatch.setattr(
+        ab, "COUNT_BUDGET_S", 10.0
+    )  # L=128 is predicted about 1 s under valgrind, L=1024 about 50 s
     counts = ab.instruction_counts()
     # batched at L=1024 is left out; sdpa_efficient (CUDA only) goes to the counter, which skips it with its reason
-    assert [(n, s.seq_len) for n, s in sent] == [("batched", 128), ("sdpa_efficient", 128), ("sdpa_efficient", 1024)]
+    assert [(n, s.seq_len) for n, s in sent] == [
+        ("batched", 128),
+        ("sdpa_efficient", 128),
+        ("sdpa_efficient", 1024),
+    ]
     assert ab.instruction_case(counts, "batched", 128, "cpu", "forward", "none") == 1e6
     with pytest.raises(NotImplementedError, match="beyond the counting budget of 10 s"):
         ab.instruction_case(counts, "batched", 1024, "cpu", "forward", "none")
     out = capsys.readouterr().out
-    assert "3 of 4 CPU cases go to the counter (1 beyond a budget of 10 s predicted under valgrind)" in out
+    assert (
+        "3 of 4 CPU cases go to the counter (1 beyond a budget of 10 s predicted under valgrind)"
+        in out
+    )
     assert re.search(r"attnbench: case 1 of 3, batched .*: ok \(\d+ s elapsed\)", out), out
 
 
 def test_the_budget_takes_the_cheapest_cases_and_none_takes_all():
     from attnbench import asv_bench as ab
-    from attnbench.measure.instructions import CountConfig, peak_for, predicted_seconds, within_budget
+    from attnbench.measure.instructions import (
+        CountConfig,
+        peak_for,
+        predicted_seconds,
+        within_budget,
+    )
 
-    cases = [(v, ab.spec_for(v, n, "cpu", "forward")) for v in ("batched", "chunked") for n in (128, 256, 512, 1024)]
+    cases = [
+        (v, ab.spec_for(v, n, "cpu", "forward"))
+        for v in ("batched", "chunked")
+        for n in (128, 256, 512, 1024)
+    ]
     config = CountConfig()
     left_out = within_budget(cases, 30.0, config)
     costs = [predicted_seconds(*c, config, peak_for(config)) for c in cases]
@@ -302,22 +435,51 @@ def test_a_quick_asv_run_evaluates_each_case_float64_reference_once(tmp_path):
     if head.returncode != 0:
         pytest.skip("not a git checkout: asv needs a commit hash to record results")
     conf = {
-        "version": 1, "project": "attnbench", "repo": str(ROOT), "branches": ["main"], "environment_type": "virtualenv",
-        "benchmark_dir": str(ROOT / "benchmarks"), "results_dir": str(tmp_path / "results"),
-        "html_dir": str(tmp_path / "html"), "env_dir": str(tmp_path / "env"), "launch_method": "forkserver",
+        "version": 1,
+        "project": "attnbench",
+        "repo": str(ROOT),
+        "branches": ["main"],
+        "environment_type": "virtualenv",
+        "benchmark_dir": str(ROOT / "benchmarks"),
+        "results_dir": str(tmp_path / "results"),
+        "html_dir": str(tmp_path / "html"),
+        "env_dir": str(tmp_path / "env"),
+        "launch_method": "forkserver",
     }
     (tmp_path / "asv.conf.json").write_text(json.dumps(conf))
     log = tmp_path / "references.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ATTNBENCH_")}
-    env.update({"HOME": str(tmp_path), "ASV_PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
-                "ATTNBENCH_PLUGINS": "reference_counter", "ATTNBENCH_TEST_REFERENCE_LOG": str(log), **ONE_CASE})
+    env.update(
+        {
+            "HOME": str(tmp_path),
+            "ASV_PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+            "ATTNBENCH_PLUGINS": "reference_counter",
+            "ATTNBENCH_TEST_REFERENCE_LOG": str(log),
+            **ONE_CASE,
+        }
+    )
     assert _asv(["machine", "--yes", "--machine", "count"], env, tmp_path).returncode == 0
-    out = _asv(["run", "--python=same", "--quick", "--set-commit-hash", head.stdout.strip(), "--machine", "count",
-                "--bench", r"^bench_attention\.Attention"], env, tmp_path)
+    out = _asv(
+        [
+            "run",
+            "--python=same",
+            "--quick",
+            "--set-commit-hash",
+            head.stdout.strip(),
+            "--machine",
+            "count",
+            "--bench",
+            r"^bench_attention\.Attention",
+        ],
+        env,
+        tmp_path,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     frame = load_asv(tmp_path / "results")
     ok = frame[frame["status"] == "ok"]
-    assert len(ok) == 8 and ok["benchmark"].nunique() == 8, frame[["benchmark", "status"]].to_string()
+    assert len(ok) == 8 and ok["benchmark"].nunique() == 8, frame[
+        ["benchmark", "status"]
+    ].to_string()
     from tests.reference_counter import evaluations
 
     per_process = evaluations(log, SLICES)

@@ -16,7 +16,9 @@ from tests.test_loading import measurements
 
 def test_stream_counts_two_words_for_copy_and_three_for_triad(monkeypatch):
     """With every timed block taking 1 ms, copy moves 2 x 4 bytes per element and triad 3 x 4."""
-    monkeypatch.setattr(bw, "time_call", lambda fn, device, config: (fn(), ([1e-3, 1e-3, 2e-3], 3))[1])
+    monkeypatch.setattr(
+        bw, "time_call", lambda fn, device, config: (fn(), ([1e-3, 1e-3, 2e-3], 3))[1]
+    )
     n = 1024
     measured = bw.measure_bandwidth("cpu", nbytes=4 * n)
     assert measured.copy == pytest.approx(2 * 4 * n / 1e-3)
@@ -34,7 +36,9 @@ def test_the_kernels_compute_what_stream_computes(monkeypatch):
     monkeypatch.setattr(bw, "time_call", fake)
     bw.measure_bandwidth("cpu", nbytes=4 * 16)
     assert torch.equal(seen[0], torch.ones(16))  # copy: c = a = 1
-    assert torch.equal(seen[1], torch.full((16,), 2.0 + bw.SCALAR * 1.0))  # triad: a = b + s * c = 2 + 3 x 1
+    assert torch.equal(
+        seen[1], torch.full((16,), 2.0 + bw.SCALAR * 1.0)
+    )  # triad: a = b + s * c = 2 + 3 x 1
 
 
 def test_a_real_measurement_is_positive_and_plausible():
@@ -67,7 +71,11 @@ def test_bad_sizes_are_refused_before_allocating(nbytes):
 def test_cached_per_device_threads_and_torch(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNBENCH_CACHE", str(tmp_path))
     calls = []
-    monkeypatch.setattr(bw, "measure_bandwidth", lambda device="cpu", nbytes=None: calls.append(device) or bw.Bandwidth(1e9, 2e9, 4096))
+    monkeypatch.setattr(
+        bw,
+        "measure_bandwidth",
+        lambda device="cpu", nbytes=None: calls.append(device) or bw.Bandwidth(1e9, 2e9, 4096),
+    )
     assert bw.bandwidth("cpu").triad == 2e9 and bw.bandwidth("cpu").copy == 1e9
     assert len(calls) == 1  # the second call read the cache
     bw.bandwidth("cpu", refresh=True)
@@ -92,10 +100,17 @@ def test_peak_prints_flops_and_both_bandwidths(monkeypatch, capsys, tmp_path):
 
     monkeypatch.setenv("ATTNBENCH_CACHE", str(tmp_path))
     monkeypatch.setattr(peak, "matmul_peak", lambda device, dtype, refresh=False: 5e10)
-    monkeypatch.setattr(bw, "bandwidth", lambda device, refresh=False: bw.Bandwidth(7e9, 9e9, 2**28))
+    monkeypatch.setattr(
+        bw, "bandwidth", lambda device, refresh=False: bw.Bandwidth(7e9, 9e9, 2**28)
+    )
     assert cli.main(["peak"]) == 0
     out = capsys.readouterr().out
-    assert "50.0 GFLOP/s" in out and "copy 7.0 GB/s" in out and "triad 9.0 GB/s" in out and "256 MiB" in out
+    assert (
+        "50.0 GFLOP/s" in out
+        and "copy 7.0 GB/s" in out
+        and "triad 9.0 GB/s" in out
+        and "256 MiB" in out
+    )
     assert cli.main(["peak", "--no-bandwidth"]) == 0
     assert "GB/s" not in capsys.readouterr().out
 
@@ -103,15 +118,27 @@ def test_peak_prints_flops_and_both_bandwidths(monkeypatch, capsys, tmp_path):
 def test_the_run_manifest_carries_the_bandwidth_roof_into_the_frame(tmp_path):
     from attnbench.measure.runner import MeasureConfig
 
-    run = write_run(tmp_path / "run", measurements("box"), MeasureConfig(), seconds=1.0, command=["t"],
-                    peak_gflops={"float32": 10.0}, peak_gbps={"copy": 7.0, "triad": 9.0})
+    run = write_run(
+        tmp_path / "run",
+        measurements("box"),
+        MeasureConfig(),
+        seconds=1.0,
+        command=["t"],
+        peak_gflops={"float32": 10.0},
+        peak_gbps={"copy": 7.0, "triad": 9.0},
+    )
     assert json.loads((run / MANIFEST).read_text())["peak_gbps"] == {"copy": 7.0, "triad": 9.0}
     frame = load_run(run)
     assert (frame["peak_gbps"] == 9.0).all()  # triad: the roofline's roof
-    old = write_run(tmp_path / "old", measurements("box"), MeasureConfig(), seconds=1.0, command=["t"],
-                    peak_gflops={"float32": 10.0})
+    old = write_run(
+        tmp_path / "old",
+        measurements("box"),
+        MeasureConfig(),
+        seconds=1.0,
+        command=["t"],
+        peak_gflops={"float32": 10.0},
+    )
     assert load_run(old)["peak_gbps"].isna().all()  # not recorded: NaN, never a guess
-
 
 
 def test_a_run_whose_bandwidth_cannot_be_measured_still_runs(tmp_path, monkeypatch, capsys):
@@ -125,7 +152,24 @@ def test_a_run_whose_bandwidth_cannot_be_measured_still_runs(tmp_path, monkeypat
         raise MemoryError("planted")
 
     monkeypatch.setattr(bw, "bandwidth", no_memory)
-    code = cli.main(["run", "--variants", "batched", "--lengths", "32", "--no-probe", "--out", str(tmp_path / "run"),
-                     "--no-report", "--quiet", "--min-time", "0.01", "--min-runs", "1", "--no-instructions"])
+    code = cli.main(
+        [
+            "run",
+            "--variants",
+            "batched",
+            "--lengths",
+            "32",
+            "--no-probe",
+            "--out",
+            str(tmp_path / "run"),
+            "--no-report",
+            "--quiet",
+            "--min-time",
+            "0.01",
+            "--min-runs",
+            "1",
+            "--no-instructions",
+        ]
+    )
     assert code == 0 and "memory bandwidth not measured" in capsys.readouterr().err
     assert json.loads((tmp_path / "run" / MANIFEST).read_text())["peak_gbps"] is None

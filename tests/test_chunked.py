@@ -23,7 +23,9 @@ def test_unmasked_rows_are_a_few_wide_tiles_and_causal_rows_skip_the_empty_half(
     causal = mask_mods.causal()
     grid = v._tile_states(causal, 1, 8, 4096, 4096, "float32")
     assert grid[0][2] == [(0, 128, mask_mods.PARTIAL)]
-    for i, (q0, _, row) in enumerate(grid[1:], start=1):  # one merged full run, then the diagonal block
+    for i, (q0, _, row) in enumerate(
+        grid[1:], start=1
+    ):  # one merged full run, then the diagonal block
         assert row == [(0, q0, mask_mods.FULL), (q0, q0 + 128, mask_mods.PARTIAL)], i
     # the eager default: 256 x 2048, full runs merged up to 2048 keys
     assert default_chunks(4096, 4096, "float32") == (256, 2048)
@@ -36,8 +38,12 @@ def test_unmasked_rows_are_a_few_wide_tiles_and_causal_rows_skip_the_empty_half(
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_many_tiles_match_the_reference_in_every_dtype(mask, dtype):
     """Tiles of 16 rows, keys merged up to 48 wide: exp2, the merged runs and the reused buffers."""
-    spec = AttnSpec(batch=2, heads=2, seq_len=100, seq_len_k=130, head_dim=16, mask=mask, dtype=dtype)
-    q, k, v, mod = spec.make_inputs(seed=zlib.crc32(f"chunked-{mask}-{dtype}".encode()), mask_form="mod")
+    spec = AttnSpec(
+        batch=2, heads=2, seq_len=100, seq_len_k=130, head_dim=16, mask=mask, dtype=dtype
+    )
+    q, k, v, mod = spec.make_inputs(
+        seed=zlib.crc32(f"chunked-{mask}-{dtype}".encode()), mask_form="mod"
+    )
     variant = ChunkedAttention(q_chunk=16, k_chunk=48)
     variant.name = "chunked"
     with torch.no_grad():
@@ -90,12 +96,16 @@ def _gemm_scratch(variant, spec) -> int:
     q, k, v, _ = spec.make_inputs(mask_form="mod")
     q, k, v = (t.flatten(0, 1) for t in (q, k, v))  # (B*H, L, D)
     scores, acc = q.new_empty(q.shape[0], cq, ck), q.new_empty(q.shape[0], cq, v.shape[-1])
-    products = (lambda: torch.bmm(q[:, :cq], k[:, :ck].transpose(1, 2), out=scores),
-                lambda: torch.bmm(scores, v[:, :ck], out=acc))
+    products = (
+        lambda: torch.bmm(q[:, :cq], k[:, :ck].transpose(1, 2), out=scores),
+        lambda: torch.bmm(scores, v[:, :ck], out=acc),
+    )
     return sum(cpu_peak_tensor_bytes(product) or 0 for product in products)
 
 
-@pytest.mark.parametrize("case", MEMORY_CASES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+@pytest.mark.parametrize(
+    "case", MEMORY_CASES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items())
+)
 def test_forward_peak_matches_the_memory_model(case):
     """The measured forward peak is the predicted one (1%), plus at most torch's own GEMM scratch on this CPU (none in
     float32); planted: the per-tile functional path exceeds it."""
@@ -106,8 +116,17 @@ def test_forward_peak_matches_the_memory_model(case):
     if peak is None:
         pytest.skip("the profiler's memory timeline is unavailable")
     scratch = _gemm_scratch(variant, spec)
-    tile = math.prod(variant.chunks(spec.lq, spec.lk, spec.dtype)) * 4  # one float32 score tile of one head
-    assert scratch <= 2 * 1.05 * tile * torch.get_num_threads(), (scratch, tile)  # a tile a thread a product at most
-    assert -0.01 * predicted < peak - predicted < scratch + 0.01 * predicted, (peak, scratch, predicted)
+    tile = (
+        math.prod(variant.chunks(spec.lq, spec.lk, spec.dtype)) * 4
+    )  # one float32 score tile of one head
+    assert scratch <= 2 * 1.05 * tile * torch.get_num_threads(), (
+        scratch,
+        tile,
+    )  # a tile a thread a product at most
+    assert -0.01 * predicted < peak - predicted < scratch + 0.01 * predicted, (
+        peak,
+        scratch,
+        predicted,
+    )
     # A score buffer allocated per tile (what the reuse defends against) is visibly more than the model.
     assert _peak(variant, spec, requires_grad=True) > 1.1 * predicted

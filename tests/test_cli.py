@@ -13,7 +13,17 @@ from attnbench.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_CUDA = not torch.cuda.is_available()
-FAST = ["--quiet", "--no-report", "--min-time", "0.01", "--max-time", "0.05", "--min-runs", "2", "--no-instructions"]
+FAST = [
+    "--quiet",
+    "--no-report",
+    "--min-time",
+    "0.01",
+    "--max-time",
+    "0.05",
+    "--min-runs",
+    "2",
+    "--no-instructions",
+]
 
 # (arguments, text the error must contain). "{file}" is an existing regular file, "{root}" this checkout.
 BAD = [
@@ -65,15 +75,36 @@ BAD = [
     (["run", "--resume"], "--resume needs --out"),
     (["run", "--resume", "--force", "--out", "r"], "--resume and --force"),
     (["run", "--variants", "batched", "--lengths", "32", "--out", "{file}"], "existing file"),
-    (["run", "--variants", "batched", "--lengths", "32", "--out", "{file}/sub"], "cannot be created"),
-    (["profile", "batched", "--seq-len", "64", "--out", "{file}"], "--out {file} is an existing file"),
-    (["profile", "batched", "--seq-len", "64", "--out", "{file}/sub"], "--out {file}/sub cannot be created"),
-    (["regress", "HEAD~1", "HEAD", "--repo", "{root}", "--work-dir", "{file}"], "--work-dir {file} is an existing file"),
-    (["regress", "HEAD~1", "HEAD", "--repo", "{root}", "--work-dir", "{file}/sub"], "--work-dir {file}/sub cannot be"),
+    (
+        ["run", "--variants", "batched", "--lengths", "32", "--out", "{file}/sub"],
+        "cannot be created",
+    ),
+    (
+        ["profile", "batched", "--seq-len", "64", "--out", "{file}"],
+        "--out {file} is an existing file",
+    ),
+    (
+        ["profile", "batched", "--seq-len", "64", "--out", "{file}/sub"],
+        "--out {file}/sub cannot be created",
+    ),
+    (
+        ["regress", "HEAD~1", "HEAD", "--repo", "{root}", "--work-dir", "{file}"],
+        "--work-dir {file} is an existing file",
+    ),
+    (
+        ["regress", "HEAD~1", "HEAD", "--repo", "{root}", "--work-dir", "{file}/sub"],
+        "--work-dir {file}/sub cannot be",
+    ),
     (["publish", "--html-dir", "{file}"], "--html-dir {file} is an existing file"),
     (["publish", "--html-dir", "{file}/sub"], "--html-dir {file}/sub cannot be created"),
-    (["run", "--variants", "batched", "--lengths", "256,256"], "--lengths: 256 given more than once"),
-    (["run", "--variants", "batched", "--dtypes", "float32,float32"], "float32 given more than once"),
+    (
+        ["run", "--variants", "batched", "--lengths", "256,256"],
+        "--lengths: 256 given more than once",
+    ),
+    (
+        ["run", "--variants", "batched", "--dtypes", "float32,float32"],
+        "float32 given more than once",
+    ),
     (["run", "--variants", "batched,sdpa,batched"], "--variants: batched given more than once"),
     (["peak", "--device", "tpu"], "--device"),
     (["peak", "--dtype", "float8"], "--dtype"),
@@ -124,8 +155,13 @@ def test_the_battery_is_large_enough():
 
 
 def test_a_usage_error_prints_no_traceback_from_the_console_entry_point(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "attnbench.cli", "run", "--lengths", "-5"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "attnbench.cli", "run", "--lengths", "-5"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2
     assert "argument --lengths" in out.stderr and "Traceback" not in out.stderr
     assert list(tmp_path.iterdir()) == []
@@ -134,8 +170,14 @@ def test_a_usage_error_prints_no_traceback_from_the_console_entry_point(tmp_path
 def test_run_help_shows_defaults(capsys):
     assert main(["run", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
-    for default in ("(default: 10.0)", "(default: ['float32'])", "(default: cpu)", "(default: reports/runs)",
-                    "(default: [64, 128, 256, 512, 1024, 2048, 4096])", "(default: 0.5)"):
+    for default in (
+        "(default: 10.0)",
+        "(default: ['float32'])",
+        "(default: cpu)",
+        "(default: reports/runs)",
+        "(default: [64, 128, 256, 512, 1024, 2048, 4096])",
+        "(default: 0.5)",
+    ):
         assert default in text, default
 
 
@@ -147,12 +189,15 @@ def test_empty_grid_names_the_reason(tmp_path, monkeypatch, capsys):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize(("argv", "flush"), [
-    ([], False),
-    (["--workload", "decode"], True),  # a real decode step reads a cold KV cache
-    (["--workload", "decode", "--no-flush-cache"], False),
-    (["--flush-cache"], True),
-])
+@pytest.mark.parametrize(
+    ("argv", "flush"),
+    [
+        ([], False),
+        (["--workload", "decode"], True),  # a real decode step reads a cold KV cache
+        (["--workload", "decode", "--no-flush-cache"], False),
+        (["--flush-cache"], True),
+    ],
+)
 def test_decode_flushes_caches_by_default(argv, flush):
     from attnbench.cli import _run_config, build_parser
 

@@ -13,7 +13,9 @@ from attnbench.measure.runner import make_call
 from attnbench.measure.timer import TimerConfig
 from attnbench.variants.compiled import _compiler_reasons
 
-pytestmark = pytest.mark.skipif(bool(_compiler_reasons("cpu")), reason="torch.compile on CPU needs a C compiler")
+pytestmark = pytest.mark.skipif(
+    bool(_compiler_reasons("cpu")), reason="torch.compile on CPU needs a C compiler"
+)
 
 
 def _compiles(fn) -> int:
@@ -40,12 +42,24 @@ def test_the_first_timed_call_compiles_nothing(name, mode):
     # Control: the counter does see a compilation, e.g. the same inputs under the other grad mode
     # (what a warm-up outside the closure did before: compile with grad on, time under no_grad).
     with torch.set_grad_enabled(mode == "forward"):
-        assert _compiles(lambda: variant.forward(q.detach().requires_grad_(mode == "forward"), k, v, mask)) > 0
+        assert (
+            _compiles(
+                lambda: variant.forward(q.detach().requires_grad_(mode == "forward"), k, v, mask)
+            )
+            > 0
+        )
 
 
 def test_compile_time_is_recorded_apart_from_the_timing():
-    config = MeasureConfig(timer=TimerConfig(min_runs=2, min_time=0.01, max_time=0.2), measure_rss=False, probe=False)
-    m = measure("compiled_chunked", attnbench.AttnSpec(batch=1, heads=2, seq_len=64, head_dim=16), config, peak_flops=1e10)
+    config = MeasureConfig(
+        timer=TimerConfig(min_runs=2, min_time=0.01, max_time=0.2), measure_rss=False, probe=False
+    )
+    m = measure(
+        "compiled_chunked",
+        attnbench.AttnSpec(batch=1, heads=2, seq_len=64, head_dim=16),
+        config,
+        peak_flops=1e10,
+    )
     assert m.status == "ok", m.reason
     assert m.compile_seconds > 0 and not math.isnan(m.compile_seconds)
     assert m.median < m.compile_seconds  # compiling is not in the samples

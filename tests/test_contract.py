@@ -23,8 +23,12 @@ def _suite_names(source: str) -> set[str]:
     namespace: dict = {"__name__": "suite_under_test"}
     exec(compile(source.replace("if ab.CUDA:", "if True:"), str(SUITE), "exec"), namespace)
     names = {n for n, v in namespace.items() if inspect.isfunction(v) and not n.startswith("_")}
-    for cls in (v for v in namespace.values() if inspect.isclass(v) and v.__module__ == "suite_under_test"):
-        names |= {f"{cls.__name__}.{n}" for n, m in inspect.getmembers(cls) if inspect.isfunction(m)}
+    for cls in (
+        v for v in namespace.values() if inspect.isclass(v) and v.__module__ == "suite_under_test"
+    ):
+        names |= {
+            f"{cls.__name__}.{n}" for n, m in inspect.getmembers(cls) if inspect.isfunction(m)
+        }
     return names
 
 
@@ -32,7 +36,9 @@ def _missing(source: str) -> list[str]:
     names = _suite_names(source)
     wanted = [*contract.GATED_BENCHMARKS, contract.PEAKMEM_BENCHMARK, contract.PEAK_BENCHMARK]
     methods = {n.rsplit(".", 1)[-1] for n in names}
-    return [n for n in wanted if n not in names] + [m for m in contract.ASV_METRICS if m not in methods]
+    return [n for n in wanted if n not in names] + [
+        m for m in contract.ASV_METRICS if m not in methods
+    ]
 
 
 def test_every_benchmark_the_contract_names_exists_in_the_suite():
@@ -56,7 +62,11 @@ def test_asv_regress_and_loader_read_the_contract():
     assert frame.ASV_METRICS is contract.ASV_METRICS and frame.UNITS is contract.UNITS
     assert frame.BASE_SPEC == contract.BASE_SPEC
     base = asv_bench.BASE
-    assert (base.heads, base.head_dim, base.dtype) == (contract.BASE_SPEC.heads, contract.BASE_SPEC.head_dim, contract.BASE_SPEC.dtype)
+    assert (base.heads, base.head_dim, base.dtype) == (
+        contract.BASE_SPEC.heads,
+        contract.BASE_SPEC.head_dim,
+        contract.BASE_SPEC.dtype,
+    )
 
 
 def test_the_grid_follows_its_environment_variables():
@@ -67,7 +77,14 @@ def test_the_grid_follows_its_environment_variables():
 
     env = dict(os.environ, **{contract.ENV_LENGTHS: "64,128", contract.ENV_MODES: "forward"})
     code = "from attnbench import asv_bench as a; print(a.LENGTHS, a.MODES)"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
     assert out.stdout.strip() == "[64, 128] ['forward']"
 
 
@@ -80,14 +97,25 @@ def _suite_grid(env: dict[str, str], expr: str = "a.PARAMS") -> str:
 
     clean = {k: v for k, v in os.environ.items() if not k.startswith("ATTNBENCH_")}
     code = f"from attnbench import asv_bench as a; print({expr})"
-    out = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout.strip()
 
 
 def _params(grid: contract.Grid, variants: list[str] | None = None) -> dict:
-    return {"variant": list(grid.variants) if variants is None else variants, "seq_len": list(grid.lengths),
-            "device": ["cpu"], "mode": list(grid.modes), "mask": list(grid.masks)}
+    return {
+        "variant": list(grid.variants) if variants is None else variants,
+        "seq_len": list(grid.lengths),
+        "device": ["cpu"],
+        "mode": list(grid.modes),
+        "mask": list(grid.masks),
+    }
 
 
 def test_the_default_tier_is_the_asv_grid_and_full_is_the_whole_grid():
@@ -100,15 +128,30 @@ def test_the_default_tier_is_the_asv_grid_and_full_is_the_whole_grid():
     assert set(contract.PROGRESSION) <= set(default.variants)
     assert {contract.family(v) for v in default.variants} == set(contract.FAMILIES) - {"compiled"}
     assert _suite_grid({contract.ENV_DEVICES: "cpu"}) == str(_params(default))
-    assert _suite_grid({contract.ENV_GRID: "default", contract.ENV_DEVICES: "cpu"}) == str(_params(default))
+    assert _suite_grid({contract.ENV_GRID: "default", contract.ENV_DEVICES: "cpu"}) == str(
+        _params(default)
+    )
     full = contract.GRIDS[contract.ASV_TIERS["full"]]
-    on_cpu = [n for n in default_variants() if not get_variant(n).not_supported_reasons(contract.BASE_SPEC)]
-    assert _suite_grid({contract.ENV_GRID: "full", contract.ENV_DEVICES: "cpu"}) == str(_params(full, on_cpu))
-    assert full.lengths == (64, 128, 256, 512, 1024, 2048, 4096, 8192) and full.modes == ("forward", "backward")
+    on_cpu = [
+        n
+        for n in default_variants()
+        if not get_variant(n).not_supported_reasons(contract.BASE_SPEC)
+    ]
+    assert _suite_grid({contract.ENV_GRID: "full", contract.ENV_DEVICES: "cpu"}) == str(
+        _params(full, on_cpu)
+    )
+    assert full.lengths == (64, 128, 256, 512, 1024, 2048, 4096, 8192) and full.modes == (
+        "forward",
+        "backward",
+    )
 
 
 def test_the_variables_narrow_either_tier():
-    narrowed = {contract.ENV_VARIANTS: "batched", contract.ENV_LENGTHS: "64", contract.ENV_DEVICES: "cpu"}
+    narrowed = {
+        contract.ENV_VARIANTS: "batched",
+        contract.ENV_LENGTHS: "64",
+        contract.ENV_DEVICES: "cpu",
+    }
     for tier, grid in contract.ASV_TIERS.items():
         got = _suite_grid({contract.ENV_GRID: tier, **narrowed})
         assert got == str({**_params(contract.GRIDS[grid], ["batched"]), "seq_len": [64]}), tier
@@ -119,21 +162,34 @@ def test_an_unknown_tier_fails_naming_the_variable_and_the_values():
     import subprocess
     import sys
 
-    with pytest.raises(ValueError, match=r"ATTNBENCH_ASV_GRID must be one of default, full \(unset: default\), got 'fast'"):
+    with pytest.raises(
+        ValueError,
+        match=r"ATTNBENCH_ASV_GRID must be one of default, full \(unset: default\), got 'fast'",
+    ):
         contract.asv_tier({contract.ENV_GRID: "fast"})
-    assert contract.asv_tier({contract.ENV_GRID: " Full "}) == ("asv-full", contract.GRIDS["asv-full"])
+    assert contract.asv_tier({contract.ENV_GRID: " Full "}) == (
+        "asv-full",
+        contract.GRIDS["asv-full"],
+    )
     env = {**os.environ, contract.ENV_GRID: "fast"}
-    out = subprocess.run([sys.executable, "-c", "import attnbench.asv_bench"], env=env, capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", "import attnbench.asv_bench"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode != 0 and "ATTNBENCH_ASV_GRID must be one of default, full" in out.stderr
 
 
 def test_the_ci_grid_is_unchanged_and_counted_whole():
     """The regression gate's grid stays what it was, and its Instructions run counts every case of it under either
     tier (the default tier's counting budget would leave L=1024 out): its variables carry ``none``."""
-    assert contract.GRIDS["ci"] == contract.Grid(lengths=(256, 512, 1024),
-                                                 variants=("batched", "chunked", "sdpa", "local", "linear_elu"),
-                                                 devices=("cpu",))
+    assert contract.GRIDS["ci"] == contract.Grid(
+        lengths=(256, 512, 1024),
+        variants=("batched", "chunked", "sdpa", "local", "linear_elu"),
+        devices=("cpu",),
+    )
     ci = contract.grid_environment(contract.GRIDS["ci"])
     assert ci[contract.ENV_COUNT_BUDGET_S] == "none" and contract.ENV_GRID not in ci
     got = _suite_grid(ci, "(a.INSTRUCTION_PARAMS, a.COUNT_BUDGET_S)")
@@ -146,5 +202,9 @@ def test_a_named_grid_travels_as_variables():
         grid = contract.GRIDS[name]
         env = {**contract.grid_environment(grid), contract.ENV_DEVICES: "cpu"}
         assert _suite_grid(env, "(a.PARAMS, a.COUNT_BUDGET_S)") == _suite_grid(
-            {contract.ENV_GRID: "full" if name == "asv-full" else "default", contract.ENV_DEVICES: "cpu"},
-            "(a.PARAMS, a.COUNT_BUDGET_S)"), name
+            {
+                contract.ENV_GRID: "full" if name == "asv-full" else "default",
+                contract.ENV_DEVICES: "cpu",
+            },
+            "(a.PARAMS, a.COUNT_BUDGET_S)",
+        ), name

@@ -33,7 +33,11 @@ def check_bmf(document: object) -> None:
             assert isinstance(metric, dict) and "value" in metric, (benchmark, measure)
             assert set(metric) <= {"value", "lower_value", "upper_value"}, metric
             for key, value in metric.items():
-                assert isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value), (key, value)
+                assert (
+                    isinstance(value, (int, float))
+                    and not isinstance(value, bool)
+                    and math.isfinite(value)
+                ), (key, value)
             if "lower_value" in metric:
                 assert metric["lower_value"] <= metric["value"] <= metric["upper_value"], metric
 
@@ -46,7 +50,13 @@ def check_custom_smaller_is_better(document: object) -> None:
     names = [entry["name"] for entry in document]
     assert len(names) == len(set(names)), "one entry per case and metric"
     for entry in document:
-        assert isinstance(entry, dict) and {"name", "unit", "value"} <= set(entry) <= {"name", "unit", "value", "range", "extra"}
+        assert isinstance(entry, dict) and {"name", "unit", "value"} <= set(entry) <= {
+            "name",
+            "unit",
+            "value",
+            "range",
+            "extra",
+        }
         assert isinstance(entry["name"], str) and entry["name"]
         assert isinstance(entry["unit"], str) and entry["unit"], entry
         assert isinstance(entry["value"], (int, float)) and math.isfinite(entry["value"]), entry
@@ -76,11 +86,23 @@ def test_bmf_has_the_documented_shape_and_one_measure_per_case_and_metric(tmp_pa
     assert sum(len(m) for m in exported.document.values()) == exported.entries
     if source == "synthetic":
         doc = exported.document
-        assert set(doc) == {f"attention/{v}/L={n}" for v in ("batched", "chunked") for n in (256, 512)}
+        assert set(doc) == {
+            f"attention/{v}/L={n}" for v in ("batched", "chunked") for n in (256, 512)
+        }
         batched = doc["attention/batched/L=256"]
-        assert set(batched) == {"latency", "instructions", "peak-tensor-bytes"}  # latency: Bencher's own, in ns
-        assert batched["instructions"] == {"value": 1.3e8} and batched["peak-tensor-bytes"] == {"value": 4.7e6}
-        seconds = frame[(frame["metric"] == "time") & (frame["variant"] == "batched") & (frame["seq_len"] == 256)]["value"].iloc[0]
+        assert set(batched) == {
+            "latency",
+            "instructions",
+            "peak-tensor-bytes",
+        }  # latency: Bencher's own, in ns
+        assert batched["instructions"] == {"value": 1.3e8} and batched["peak-tensor-bytes"] == {
+            "value": 4.7e6
+        }
+        seconds = frame[
+            (frame["metric"] == "time")
+            & (frame["variant"] == "batched")
+            & (frame["seq_len"] == 256)
+        ]["value"].iloc[0]
         assert batched["latency"]["value"] == pytest.approx(seconds * 1e9)
 
 
@@ -93,30 +115,57 @@ def test_github_action_benchmark_has_the_documented_shape_with_units(tmp_path, s
         entries = {e["name"]: e for e in exported.document}
         assert entries["attention/batched/L=256 instructions"]["unit"] == "instructions"
         assert entries["attention/batched/L=256 peak_tensor_bytes"]["unit"] == "bytes"
-        assert entries["attention/chunked/L=512 time"]["unit"] == "ns" and entries["attention/chunked/L=512 time"]["range"].startswith("± ")
+        assert entries["attention/chunked/L=512 time"]["unit"] == "ns" and entries[
+            "attention/chunked/L=512 time"
+        ]["range"].startswith("± ")
 
 
 def test_the_checks_can_fail():
     """The shape checks themselves: a document off the documented shape is refused."""
-    for bad in ({"b": {"latency": {"value": "88"}}}, {"b": {"latency": {"lower_value": 1.0}}},
-                {"b": {"latency": {"value": 1.0, "units": "ns"}}}, {"b": {"x" * 65: {"value": 1.0}}}, []):
+    for bad in (
+        {"b": {"latency": {"value": "88"}}},
+        {"b": {"latency": {"lower_value": 1.0}}},
+        {"b": {"latency": {"value": 1.0, "units": "ns"}}},
+        {"b": {"x" * 65: {"value": 1.0}}},
+        [],
+    ):
         with pytest.raises(AssertionError):
             check_bmf(bad)
-    for bad in ([{"name": "a", "value": 1.0}], [{"name": "a", "unit": "ns", "value": "1"}],
-                [{"name": "a", "unit": "ns", "value": 1.0, "stddev": 2}], {"name": "a"}):
+    for bad in (
+        [{"name": "a", "value": 1.0}],
+        [{"name": "a", "unit": "ns", "value": "1"}],
+        [{"name": "a", "unit": "ns", "value": 1.0, "stddev": 2}],
+        {"name": "a"},
+    ):
         with pytest.raises(AssertionError):
             check_custom_smaller_is_better(bad)
 
 
 def test_cli_writes_one_commit_of_a_history(tmp_path, capsys):
     commits = commit_hashes(3)
-    results = write_history(tmp_path / "h", {("instructions", "batched", 256): [1e8, 1.1e8, 1.2e8]}, commits)
+    results = write_history(
+        tmp_path / "h", {("instructions", "batched", 256): [1e8, 1.1e8, 1.2e8]}, commits
+    )
     out = tmp_path / "bmf.json"
     assert main(["export", "--format", "bmf", str(results), "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     check_bmf(doc)
-    assert doc == {"attention/batched/L=256": {"instructions": {"value": 1.2e8}}}  # the newest commit by default
-    assert main(["export", "--format", "github-action-benchmark", str(results), "--commit", commits[0][:8]]) == 0
+    assert doc == {
+        "attention/batched/L=256": {"instructions": {"value": 1.2e8}}
+    }  # the newest commit by default
+    assert (
+        main(
+            [
+                "export",
+                "--format",
+                "github-action-benchmark",
+                str(results),
+                "--commit",
+                commits[0][:8],
+            ]
+        )
+        == 0
+    )
     printed = json.loads(capsys.readouterr().out)
     check_custom_smaller_is_better(printed)
     assert printed[0]["value"] == 1e8 and commits[0][:10] in printed[0]["extra"]

@@ -25,7 +25,9 @@ COUNTER_CANNOT_RUN = {"flex"}  # FlopCounterMode has no implementation for the C
 SHAPES = {
     "self": dict(batch=2, heads=2, seq_len=40, head_dim=16),
     "cross": dict(batch=1, heads=2, seq_len=24, seq_len_k=56, head_dim=16, head_dim_v=8),
-    "gqa": dict(batch=1, heads=8, kv_heads=2, seq_len=24, head_dim=16),  # 4 query heads per key/value head
+    "gqa": dict(
+        batch=1, heads=8, kv_heads=2, seq_len=24, head_dim=16
+    ),  # 4 query heads per key/value head
 }
 
 
@@ -53,9 +55,13 @@ def test_declared_flops_match_the_counter(name, shape, mask, mode):
     spec = _spec_or_skip(variant, **SHAPES[shape], mask=mask, mode=mode, window=5)
     counted = counted_flops(variant, spec)
     declared = variant.counter_visible_flops(spec)
-    assert _relative_gap(declared, counted) <= 0.05, f"{name} {spec.label}: declared {declared}, counted {counted}"
+    assert _relative_gap(declared, counted) <= 0.05, (
+        f"{name} {spec.label}: declared {declared}, counted {counted}"
+    )
     if not variant.OPAQUE_KERNELS:
-        assert declared == variant.flops(spec).executed, f"{name} declares hidden FLOPs but no opaque kernel"
+        assert declared == variant.flops(spec).executed, (
+            f"{name} declares hidden FLOPs but no opaque kernel"
+        )
 
 
 class _Ops(TorchDispatchMode):
@@ -68,7 +74,11 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-OPAQUE = [n for n in all_variants() if attnbench.get_variant(n).OPAQUE_KERNELS and n not in COUNTER_CANNOT_RUN and n != "loop"]
+OPAQUE = [
+    n
+    for n in all_variants()
+    if attnbench.get_variant(n).OPAQUE_KERNELS and n not in COUNTER_CANNOT_RUN and n != "loop"
+]
 
 
 @pytest.mark.parametrize("mode", ["forward", "backward"])
@@ -92,13 +102,17 @@ def test_opaque_kernels_really_run_and_are_really_unknown_to_the_counter(name, m
 def test_hidden_sdpa_flops_match_the_counters_own_formula(name, mode):
     """The hidden part equals what FlopCounterMode's SDPA formulas give for those shapes (as on CUDA)."""
     variant = attnbench.get_variant(name)
-    spec = _spec_or_skip(variant, batch=2, heads=3, seq_len=48, seq_len_k=80, head_dim=16, mode=mode)
+    spec = _spec_or_skip(
+        variant, batch=2, heads=3, seq_len=48, seq_len_k=80, head_dim=16, mode=mode
+    )
     q_shape = (spec.batch, spec.heads, spec.lq, spec.head_dim)
     k_shape = (spec.batch, spec.heads, spec.lk, spec.head_dim)
     v_shape = (spec.batch, spec.heads, spec.lk, spec.dv)
     expected = flop_counter.sdpa_flop_count(q_shape, k_shape, v_shape)
     if mode == "backward":
-        expected += flop_counter.sdpa_backward_flop_count((*q_shape[:3], spec.dv), q_shape, k_shape, v_shape)
+        expected += flop_counter.sdpa_backward_flop_count(
+            (*q_shape[:3], spec.dv), q_shape, k_shape, v_shape
+        )
     hidden = variant.flops(spec).executed - variant.counter_visible_flops(spec)
     assert hidden == expected
 
@@ -152,14 +166,18 @@ def test_flex_executed_pairs_match_its_block_mask(mask):
         expected = spec.lq * spec.lk
     else:
         m = m.expand(spec.batch, 1, spec.lq, spec.lk)
-        bm = create_block_mask(lambda b, h, qi, ki: m[b, 0, qi, ki], spec.batch, None, spec.lq, spec.lk, device="cpu")
+        bm = create_block_mask(
+            lambda b, h, qi, ki: m[b, 0, qi, ki], spec.batch, None, spec.lq, spec.lk, device="cpu"
+        )
         t = variant.TILE
         expected = 0
         for b in range(spec.batch):
             for r in range(bm.kv_num_blocks.shape[2]):
                 rows = min(t, spec.lq - r * t)
-                cols = [*bm.kv_indices[b, 0, r, : bm.kv_num_blocks[b, 0, r]].tolist(),
-                        *bm.full_kv_indices[b, 0, r, : bm.full_kv_num_blocks[b, 0, r]].tolist()]
+                cols = [
+                    *bm.kv_indices[b, 0, r, : bm.kv_num_blocks[b, 0, r]].tolist(),
+                    *bm.full_kv_indices[b, 0, r, : bm.full_kv_num_blocks[b, 0, r]].tolist(),
+                ]
                 expected += sum(rows * min(t, spec.lk - c * t) for c in cols)
         expected //= spec.batch
     assert variant.executed_pairs(spec) == expected
@@ -185,7 +203,9 @@ def test_planted_phantom_contraction_is_caught():
             return [*super().contractions(spec), Contraction("phantom", extra, extra, 2.0)]
 
     spec = AttnSpec(batch=1, heads=2, seq_len=64, head_dim=64)
-    assert _relative_gap(Phantom().counter_visible_flops(spec), counted_flops(Phantom(), spec)) > 0.05
+    assert (
+        _relative_gap(Phantom().counter_visible_flops(spec), counted_flops(Phantom(), spec)) > 0.05
+    )
 
 
 def test_cost_models_do_no_quadratic_work_at_long_lengths(tmp_path_factory):
@@ -219,4 +239,6 @@ def test_predicted_peak_includes_the_variants_own_weights(name, options, weights
     assert variant.parameter_bytes(spec) >= weights(spec)
     assert variant.predicted_peak_bytes(spec) >= weights(spec)
     if name == "torch_mha":
-        assert variant.predicted_peak_bytes(spec) > 8 * 2**30 * 0.5  # 4 x (16384 x 16384) float32 = 4 GiB
+        assert (
+            variant.predicted_peak_bytes(spec) > 8 * 2**30 * 0.5
+        )  # 4 x (16384 x 16384) float32 = 4 GiB

@@ -21,8 +21,12 @@ from attnbench.measure import MeasureConfig, gate, measure
 from attnbench.measure.timer import TimerConfig
 from attnbench.variants.batched import BatchedAttention
 
-FAST = MeasureConfig(timer=TimerConfig(min_runs=2, min_time=0.01, max_time=0.2), measure_rss=False, measure_memory=False,
-                     probe=False)  # the gate's verdict, not the machine's business (tests/test_noise.py)
+FAST = MeasureConfig(
+    timer=TimerConfig(min_runs=2, min_time=0.01, max_time=0.2),
+    measure_rss=False,
+    measure_memory=False,
+    probe=False,
+)  # the gate's verdict, not the machine's business (tests/test_noise.py)
 SPEC = attnbench.AttnSpec(batch=2, heads=3, seq_len=64, head_dim=16)
 
 PLANTS = '''
@@ -115,15 +119,32 @@ for _name, _cls in (("plant_stateful", Stateful), ("plant_gqa_modulo", GqaModulo
                     ("plant_mutates", Mutates), ("plant_every_second", EverySecond)):
     attnbench.register(_name, _cls)
 '''
-FORWARD_PLANTS = ["plant_scaled", "plant_heads", "plant_batch", "plant_float64", "plant_mutates", "plant_every_second"]
+FORWARD_PLANTS = [
+    "plant_scaled",
+    "plant_heads",
+    "plant_batch",
+    "plant_float64",
+    "plant_mutates",
+    "plant_every_second",
+]
 
 
 @pytest.fixture(scope="module")
 def plants():
     namespace: dict = {}
     exec(compile(PLANTS, "plants", "exec"), namespace)  # noqa: S102 - the test's own source
-    names = ["plant_stateful", "plant_gqa_modulo", "plant_scaled", "plant_heads", "plant_batch", "plant_grad", "plant_correct",
-             "plant_float64", "plant_mutates", "plant_every_second"]
+    names = [
+        "plant_stateful",
+        "plant_gqa_modulo",
+        "plant_scaled",
+        "plant_heads",
+        "plant_batch",
+        "plant_grad",
+        "plant_correct",
+        "plant_float64",
+        "plant_mutates",
+        "plant_every_second",
+    ]
     yield names
     for n in names:
         attnbench.unregister(n)
@@ -148,7 +169,9 @@ CONTRACT_PLANTS = {  # issue 28's blind spots: each was recorded ok
 @pytest.mark.parametrize("mode", ["forward", "backward"])
 @pytest.mark.parametrize("seq_len", [16, 32, 64])
 @pytest.mark.parametrize("name", list(CONTRACT_PLANTS))
-def test_a_wrong_dtype_an_input_written_in_place_and_a_fault_on_every_second_call_are_wrong(plants, name, seq_len, mode):
+def test_a_wrong_dtype_an_input_written_in_place_and_a_fault_on_every_second_call_are_wrong(
+    plants, name, seq_len, mode
+):
     """Each length changes how many calls are timed: the every-second-call fault is caught whatever their parity."""
     m = measure(name, SPEC.replace(seq_len=seq_len, mode=mode), FAST, peak_flops=1e10)
     assert m.status == "wrong" and CONTRACT_PLANTS[name] in m.reason, (m.status, m.reason)
@@ -169,7 +192,10 @@ def test_asv_accuracy_fails_the_contract_plants(plants, name):
 def test_a_variant_wrong_after_its_first_call_is_recorded_wrong(plants):
     """Planted: right on the checked first call, wrong on every later one (recorded ok before the re-check)."""
     m = measure("plant_stateful", SPEC, FAST, peak_flops=1e10)
-    assert m.status == "wrong" and "right on the first call, wrong on call 1 of 2 checked after the timed ones" in m.reason, m.reason
+    assert (
+        m.status == "wrong"
+        and "right on the first call, wrong on call 1 of 2 checked after the timed ones" in m.reason
+    ), m.reason
     assert m.error_ratio > 1 and m.samples == ()
 
 
@@ -185,7 +211,9 @@ def test_planted_wrong_gradient_is_recorded_wrong(plants):
     assert m.status == "wrong", (m.status, m.reason)
     assert m.max_error <= m.tolerance  # the output is right: only the gradient is caught
     assert m.grad_error > m.grad_tolerance and "gradient dq" in m.reason
-    assert measure("plant_grad", SPEC, FAST, peak_flops=1e10).status == "ok"  # forward alone is correct
+    assert (
+        measure("plant_grad", SPEC, FAST, peak_flops=1e10).status == "ok"
+    )  # forward alone is correct
 
 
 @pytest.mark.parametrize("mode", ["forward", "backward"])
@@ -199,8 +227,13 @@ def test_a_sample_always_holds_the_first_and_last_slice(plants):
     """Over the reference budget, a seeded sample of slices is checked: a swap of the last head is caught."""
     spec = SPEC.replace(batch=2, heads=8)
     per_slice = gate.slice_reference_bytes(attnbench.get_variant("batched"), spec)
-    config = MeasureConfig(timer=FAST.timer, measure_rss=False, measure_memory=False, reference_budget_bytes=4 * per_slice,
-                           probe=False)
+    config = MeasureConfig(
+        timer=FAST.timer,
+        measure_rss=False,
+        measure_memory=False,
+        reference_budget_bytes=4 * per_slice,
+        probe=False,
+    )
     m = measure("plant_heads", spec, config, peak_flops=1e10)
     assert m.status == "wrong" and "4/16 (batch, head) slices checked" in m.reason
     ok = measure("plant_correct", spec, config, peak_flops=1e10)
@@ -216,18 +249,31 @@ def test_the_check_has_its_own_time_budget_and_never_costs_a_length(plants):
     last slice: 2/16), and a swap of the last head is still caught. A slice over the check's budget: measured,
     unchecked, saying why."""
     spec = SPEC.replace(batch=2, heads=8)
-    config = MeasureConfig(timer=FAST.timer, measure_rss=False, measure_memory=False, probe=False, time_budget_s=12.0)
+    config = MeasureConfig(
+        timer=FAST.timer, measure_rss=False, measure_memory=False, probe=False, time_budget_s=12.0
+    )
     ok = measure("plant_correct", spec, config, peak_flops=1e6, expected_call_s=1e-3)
     assert ok.status == "ok" and ok.extra["checked_slices"] == "2/16", (ok.status, ok.reason)
     bad = measure("plant_heads", spec, config, peak_flops=1e6, expected_call_s=1e-3)
     assert bad.status == "wrong" and "2/16 (batch, head) slices checked" in bad.reason, bad.reason
-    wider = measure("plant_correct", spec, dataclasses.replace(config, check_budget_s=30.0), peak_flops=1e6,
-                    expected_call_s=1e-3)
-    assert wider.status == "ok" and wider.extra["checked_slices"] == "5/16"  # 30 s hold 5 slices of 5.2 s
+    wider = measure(
+        "plant_correct",
+        spec,
+        dataclasses.replace(config, check_budget_s=30.0),
+        peak_flops=1e6,
+        expected_call_s=1e-3,
+    )
+    assert (
+        wider.status == "ok" and wider.extra["checked_slices"] == "5/16"
+    )  # 30 s hold 5 slices of 5.2 s
     unchecked = measure("plant_heads", spec, config, peak_flops=1e5, expected_call_s=1e-3)
-    assert unchecked.status == "ok" and "checked_slices" not in unchecked.extra and unchecked.samples
-    assert unchecked.reason.startswith("accuracy not checked: one (batch, head) slice of the float64 reference is "
-                                       "predicted to take 52.4 s"), unchecked.reason
+    assert (
+        unchecked.status == "ok" and "checked_slices" not in unchecked.extra and unchecked.samples
+    )
+    assert unchecked.reason.startswith(
+        "accuracy not checked: one (batch, head) slice of the float64 reference is "
+        "predicted to take 52.4 s"
+    ), unchecked.reason
     assert "the check's time budget 12 s" in unchecked.reason
     with pytest.raises(ValueError, match="check_budget_s"):
         MeasureConfig(check_budget_s=0.0)
@@ -235,22 +281,39 @@ def test_the_check_has_its_own_time_budget_and_never_costs_a_length(plants):
 
 def test_the_time_sample_and_the_memory_sample_take_the_smaller():
     spec = attnbench.AttnSpec(batch=2, heads=8)
-    assert gate.checked_slices(spec, 1.0, 100.0, limit=5) == gate.checked_slices(spec, 1.0, 5.0)  # same draw
+    assert gate.checked_slices(spec, 1.0, 100.0, limit=5) == gate.checked_slices(
+        spec, 1.0, 5.0
+    )  # same draw
     assert len(gate.checked_slices(spec, 1.0, 4.0, limit=9)) == 4
-    assert gate.checked_slices(spec, 1.0, 100.0, limit=1) == [(0, 0), (1, 7)]  # the first and the last at least
+    assert gate.checked_slices(spec, 1.0, 100.0, limit=1) == [
+        (0, 0),
+        (1, 7),
+    ]  # the first and the last at least
     assert len(gate.checked_slices(spec, 1.0, 100.0, limit=16)) == 16
 
 
 def test_the_sample_is_the_same_in_every_process():
-    code = ("import attnbench; from attnbench.measure import gate; "
-            "print(gate.checked_slices(attnbench.AttnSpec(batch=4, heads=16), 1.0, 10.0, seed=3))")
-    runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                           env={**os.environ, "PYTHONHASHSEED": str(i)}).stdout for i in (1, 2)}
+    code = (
+        "import attnbench; from attnbench.measure import gate; "
+        "print(gate.checked_slices(attnbench.AttnSpec(batch=4, heads=16), 1.0, 10.0, seed=3))"
+    )
+    runs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONHASHSEED": str(i)},
+        ).stdout
+        for i in (1, 2)
+    }
     assert len(runs) == 1 and "(0, 0)" in runs.pop()
 
 
 def test_non_finite_never_passes():
-    assert not gate.passes(math.nan, 1.0) and not gate.passes(math.inf, 1.0) and gate.passes(0.5, 1.0)
+    assert (
+        not gate.passes(math.nan, 1.0) and not gate.passes(math.inf, 1.0) and gate.passes(0.5, 1.0)
+    )
     q = k = v = torch.randn(1, 1, 8, 4)
     bad = torch.full((1, 1, 8, 4), math.nan)
     result = gate.check(attnbench.get_variant("batched"), q, k, v, None, bad, [(0, 0)])
@@ -259,7 +322,9 @@ def test_non_finite_never_passes():
 
 def test_a_wrongly_shaped_result_fails():
     q = k = v = torch.randn(1, 2, 8, 4)
-    result = gate.check(attnbench.get_variant("batched"), q, k, v, None, torch.zeros(1, 2, 8, 3), [(0, 0)])
+    result = gate.check(
+        attnbench.get_variant("batched"), q, k, v, None, torch.zeros(1, 2, 8, 3), [(0, 0)]
+    )
     assert not result.passed
 
 
@@ -270,7 +335,9 @@ class _Blowup(BatchedAttention):
     APPROX_ERROR_BOUND = 0.1
 
     def forward(self, q, k, v, mask):
-        return v.mean(dim=2, keepdim=True).expand(*q.shape[:3], v.shape[-1]).contiguous()  # uniform attention
+        return (
+            v.mean(dim=2, keepdim=True).expand(*q.shape[:3], v.shape[-1]).contiguous()
+        )  # uniform attention
 
     def reference(self, q, k, v, mask=None, dtype=torch.float64):
         return v.to(dtype).mean(dim=2, keepdim=True).expand(*q.shape[:3], v.shape[-1])
@@ -289,7 +356,9 @@ def test_an_approximate_variant_is_held_to_its_declared_bound():
 def test_performer_passes_its_own_bound():
     m = measure("performer", SPEC, FAST, peak_flops=1e10)
     assert m.status == "ok", m.reason
-    assert 0 < m.extra["softmax_mean_error"] <= attnbench.get_variant("performer").APPROX_ERROR_BOUND
+    assert (
+        0 < m.extra["softmax_mean_error"] <= attnbench.get_variant("performer").APPROX_ERROR_BOUND
+    )
     assert m.softmax_error >= m.extra["softmax_mean_error"]  # the max is recorded too
 
 
@@ -298,11 +367,40 @@ def test_cli_run_records_planted_variants_wrong(tmp_path):
     (tmp_path / "gate_plants.py").write_text(PLANTS)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
     out_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "attnbench.cli", "--plugin", "gate_plants", "run",
-           "--variants", ",".join([*FORWARD_PLANTS, "plant_grad", "plant_correct"]), "--lengths", "32",
-           "--batch", "2", "--heads", "2", "--head-dim", "16", "--modes", "forward,backward", "--out", str(out_dir),
-           "--no-report", "--quiet", "--min-time", "0.01", "--max-time", "0.05", "--min-runs", "2", "--threads", "1",
-           "--no-probe", "--no-instructions"]  # the gate's verdicts; a busy machine would make correct cases "noisy" (tests/test_noise.py)
+    cmd = [
+        sys.executable,
+        "-m",
+        "attnbench.cli",
+        "--plugin",
+        "gate_plants",
+        "run",
+        "--variants",
+        ",".join([*FORWARD_PLANTS, "plant_grad", "plant_correct"]),
+        "--lengths",
+        "32",
+        "--batch",
+        "2",
+        "--heads",
+        "2",
+        "--head-dim",
+        "16",
+        "--modes",
+        "forward,backward",
+        "--out",
+        str(out_dir),
+        "--no-report",
+        "--quiet",
+        "--min-time",
+        "0.01",
+        "--max-time",
+        "0.05",
+        "--min-runs",
+        "2",
+        "--threads",
+        "1",
+        "--no-probe",
+        "--no-instructions",
+    ]  # the gate's verdicts; a busy machine would make correct cases "noisy" (tests/test_noise.py)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     import pandas as pd
@@ -310,8 +408,12 @@ def test_cli_run_records_planted_variants_wrong(tmp_path):
     frame = pd.read_csv(out_dir / "measurements.csv")
     got = {(r.variant, r.spec_mode): r.status for r in frame.itertuples()}
     expected = {(n, m): "wrong" for n in FORWARD_PLANTS for m in ("forward", "backward")}
-    expected |= {("plant_grad", "backward"): "wrong", ("plant_grad", "forward"): "ok",
-                 ("plant_correct", "forward"): "ok", ("plant_correct", "backward"): "ok"}
+    expected |= {
+        ("plant_grad", "backward"): "wrong",
+        ("plant_grad", "forward"): "ok",
+        ("plant_correct", "forward"): "ok",
+        ("plant_correct", "backward"): "ok",
+    }
     assert got == expected, frame[["variant", "spec_mode", "status", "reason"]].to_string()
     wrong = frame[frame["status"] == "wrong"]
     assert (wrong["error_ratio"] > 1).all() and wrong["tolerance"].notna().all()
@@ -320,7 +422,13 @@ def test_cli_run_records_planted_variants_wrong(tmp_path):
 def _frame(rows):
     import pandas as pd
 
-    base = {"device": "cpu", "mode": "forward", "spread": math.nan, "ci_low": math.nan, "ci_high": math.nan}
+    base = {
+        "device": "cpu",
+        "mode": "forward",
+        "spread": math.nan,
+        "ci_low": math.nan,
+        "ci_high": math.nan,
+    }
     return pd.DataFrame([{**base, **r} for r in rows])
 
 
@@ -331,18 +439,38 @@ def test_regress_fails_a_case_that_turns_wrong():
     for commit in ("B", "H"):
         for variant, ratio_head in (("good", 0.2), ("bad", 9.0)):
             ratio = 0.2 if commit == "B" else ratio_head
-            time_status = "ok" if ratio <= 1 else "failed"  # asv's timing setup refuses a wrong result
+            time_status = (
+                "ok" if ratio <= 1 else "failed"
+            )  # asv's timing setup refuses a wrong result
             rows += [
-                {"commit": commit, "benchmark": "AttentionAccuracy.track_error_ratio", "variant": variant, "seq_len": 64,
-                 "metric": "error_ratio", "value": ratio, "status": "ok"},
-                {"commit": commit, "benchmark": "Attention.time_attention", "variant": variant, "seq_len": 64,
-                 "metric": "time", "value": 1e-3 if time_status == "ok" else math.nan, "status": time_status},
+                {
+                    "commit": commit,
+                    "benchmark": "AttentionAccuracy.track_error_ratio",
+                    "variant": variant,
+                    "seq_len": 64,
+                    "metric": "error_ratio",
+                    "value": ratio,
+                    "status": "ok",
+                },
+                {
+                    "commit": commit,
+                    "benchmark": "Attention.time_attention",
+                    "variant": variant,
+                    "seq_len": 64,
+                    "metric": "time",
+                    "value": 1e-3 if time_status == "ok" else math.nan,
+                    "status": time_status,
+                },
             ]
     table = compare(_frame(rows), "B", "H")
     verdicts = {(r.variant, r.metric): r.verdict for r in table.itertuples()}
     # no timing samples in this synthetic frame: the time statistic cannot decide "good" (never a silent pass)
-    assert verdicts == {("bad", "error_ratio"): "wrong", ("bad", "time"): "wrong",
-                        ("good", "error_ratio"): "ok", ("good", "time"): "undecided"}
+    assert verdicts == {
+        ("bad", "error_ratio"): "wrong",
+        ("bad", "time"): "wrong",
+        ("good", "error_ratio"): "ok",
+        ("good", "time"): "undecided",
+    }
     # the loader's own "wrong" status (error_ratio > 1 turned into a status) counts the same
     rows[-2] = {**rows[-2], "status": "wrong", "value": math.nan}
     assert set(compare(_frame(rows), "B", "H").query("variant == 'bad'")["verdict"]) == {"wrong"}
@@ -360,30 +488,65 @@ def test_asv_records_planted_variants_wrong(tmp_path):
         pytest.skip("not a git checkout: asv needs a commit hash to record results")
     (tmp_path / "gate_plants.py").write_text(PLANTS)
     conf = {
-        "version": 1, "project": "attnbench", "repo": str(root), "branches": ["main"], "environment_type": "virtualenv",
-        "benchmark_dir": str(root / "benchmarks"), "results_dir": str(tmp_path / "results"),
-        "html_dir": str(tmp_path / "html"), "env_dir": str(tmp_path / "env"), "launch_method": "forkserver",
+        "version": 1,
+        "project": "attnbench",
+        "repo": str(root),
+        "branches": ["main"],
+        "environment_type": "virtualenv",
+        "benchmark_dir": str(root / "benchmarks"),
+        "results_dir": str(tmp_path / "results"),
+        "html_dir": str(tmp_path / "html"),
+        "env_dir": str(tmp_path / "env"),
+        "launch_method": "forkserver",
     }
     (tmp_path / "asv.conf.json").write_text(json.dumps(conf))
     # asv drops PYTHONPATH from benchmark processes and puts ASV_PYTHONPATH on sys.path instead:
     # this checkout (not an installed attnbench) and the plant module.
-    env = {**os.environ, "HOME": str(tmp_path), "ASV_PYTHONPATH": os.pathsep.join([str(root), str(tmp_path)]),
-           "ATTNBENCH_PLUGINS": "gate_plants", "ATTNBENCH_ASV_LENGTHS": "64", "ATTNBENCH_ASV_BATCH": "2",
-           "ATTNBENCH_ASV_VARIANTS": ",".join([*FORWARD_PLANTS, "plant_grad", "plant_correct"]),
-           "ATTNBENCH_ASV_MODES": "forward,backward", "ATTNBENCH_ASV_DEVICES": "cpu", "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path),
+        "ASV_PYTHONPATH": os.pathsep.join([str(root), str(tmp_path)]),
+        "ATTNBENCH_PLUGINS": "gate_plants",
+        "ATTNBENCH_ASV_LENGTHS": "64",
+        "ATTNBENCH_ASV_BATCH": "2",
+        "ATTNBENCH_ASV_VARIANTS": ",".join([*FORWARD_PLANTS, "plant_grad", "plant_correct"]),
+        "ATTNBENCH_ASV_MODES": "forward,backward",
+        "ATTNBENCH_ASV_DEVICES": "cpu",
+        "OMP_NUM_THREADS": "1",
+    }
 
     def asv(*args):
-        return subprocess.run([sys.executable, "-m", "asv", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+        return subprocess.run(
+            [sys.executable, "-m", "asv", *args],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
 
     assert asv("machine", "--yes", "--machine", "gate").returncode == 0
-    out = asv("run", "--python=same", "--quick", "--set-commit-hash", head.stdout.strip(), "--machine", "gate",
-              "--bench", "Attention.time_attention|AttentionAccuracy.track_error_ratio")
+    out = asv(
+        "run",
+        "--python=same",
+        "--quick",
+        "--set-commit-hash",
+        head.stdout.strip(),
+        "--machine",
+        "gate",
+        "--bench",
+        "Attention.time_attention|AttentionAccuracy.track_error_ratio",
+    )
     from asv import util
     from asv.results import Results
 
-    assert (tmp_path / "results" / "benchmarks.json").exists(), out.stdout[-3000:] + out.stderr[-3000:]
+    assert (tmp_path / "results" / "benchmarks.json").exists(), (
+        out.stdout[-3000:] + out.stderr[-3000:]
+    )
     benchmarks = util.load_json(str(tmp_path / "results" / "benchmarks.json"), api_version=2)
-    (path,) = [p for p in (tmp_path / "results" / "gate").glob("*.json") if p.name != "machine.json"]
+    (path,) = [
+        p for p in (tmp_path / "results" / "gate").glob("*.json") if p.name != "machine.json"
+    ]
     res = Results.load(str(path))
     got = {}
     for key in ("Attention.time_attention", "AttentionAccuracy.track_error_ratio"):
@@ -391,17 +554,30 @@ def test_asv_records_planted_variants_wrong(tmp_path):
         params = res.get_result_params(full)
         import itertools
 
-        for combo, value in zip(itertools.product(*params), res.get_result_value(full, params), strict=True):
+        for combo, value in zip(
+            itertools.product(*params), res.get_result_value(full, params), strict=True
+        ):
             variant, mode = combo[0].strip("'"), combo[3].strip("'")
             got[key.split(".")[1], variant, mode] = value
-    wrong = {(n, m) for n in FORWARD_PLANTS for m in ("forward", "backward")} | {("plant_grad", "backward")}
+    wrong = {(n, m) for n in FORWARD_PLANTS for m in ("forward", "backward")} | {
+        ("plant_grad", "backward")
+    }
     for variant in (*FORWARD_PLANTS, "plant_grad", "plant_correct"):
         for mode in ("forward", "backward"):
-            ratio, time = got["track_error_ratio", variant, mode], got["time_attention", variant, mode]
+            ratio, time = (
+                got["track_error_ratio", variant, mode],
+                got["time_attention", variant, mode],
+            )
             if (variant, mode) in wrong:
                 assert ratio > 1 and time is None, (variant, mode, ratio, time, out.stdout[-3000:])
             else:
-                assert ratio < 1 and time is not None and time > 0, (variant, mode, ratio, time, out.stdout[-3000:])
+                assert ratio < 1 and time is not None and time > 0, (
+                    variant,
+                    mode,
+                    ratio,
+                    time,
+                    out.stdout[-3000:],
+                )
 
 
 GQA_SPEC = attnbench.AttnSpec(batch=2, heads=8, kv_heads=2, seq_len=32, head_dim=16)
@@ -418,7 +594,9 @@ def test_a_wrong_gqa_head_mapping_is_recorded_wrong(plants, mode):
 @pytest.mark.parametrize("kv_heads", [8, 2, 1])
 @pytest.mark.parametrize("mode", ["forward", "backward"])
 def test_a_correct_gqa_variant_stays_ok_with_whole_groups_checked(plants, kv_heads, mode):
-    m = measure("plant_correct", GQA_SPEC.replace(kv_heads=kv_heads, mode=mode), FAST, peak_flops=1e10)
+    m = measure(
+        "plant_correct", GQA_SPEC.replace(kv_heads=kv_heads, mode=mode), FAST, peak_flops=1e10
+    )
     assert m.status == "ok" and m.error_ratio < 1, m.reason
     assert m.extra["checked_slices"] == "16/16"
 
@@ -427,9 +605,17 @@ def test_gqa_backward_checks_whole_groups_of_a_sample(plants):
     """Over the budget, each sampled query head brings its group: dk of a shared head sums over G heads."""
     spec = GQA_SPEC.replace(mode="backward")
     per_slice = gate.slice_reference_bytes(attnbench.get_variant("batched"), spec)
-    assert per_slice == pytest.approx(4 * gate.slice_reference_bytes(attnbench.get_variant("batched"), spec.replace(kv_heads=None)))
-    config = MeasureConfig(timer=FAST.timer, measure_rss=False, measure_memory=False, reference_budget_bytes=3 * per_slice,
-                           probe=False)
+    assert per_slice == pytest.approx(
+        4
+        * gate.slice_reference_bytes(attnbench.get_variant("batched"), spec.replace(kv_heads=None))
+    )
+    config = MeasureConfig(
+        timer=FAST.timer,
+        measure_rss=False,
+        measure_memory=False,
+        reference_budget_bytes=3 * per_slice,
+        probe=False,
+    )
     m = measure("plant_correct", spec, config, peak_flops=1e10)
     assert m.status == "ok", m.reason
     checked, total = map(int, m.extra["checked_slices"].split("/"))

@@ -22,5 +22,7 @@ def test_the_report_of_todays_run_directories_is_unchanged(built, scenario, part
     got = built[scenario][part]
     if isinstance(want, list) and part in ("tidy", "fits", "figures"):
         missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
-        assert not missing and not extra, f"{scenario} {part}: {len(missing)} missing, e.g. {missing[:1]}; {len(extra)} new, e.g. {extra[:1]}"
+        assert not missing and not extra, (
+            f"{scenario} {part}: {len(missing)} missing, e.g. {missing[:1]}; {len(extra)} new, e.g. {extra[:1]}"
+        )
     assert got == want

@@ -38,7 +38,9 @@ def test_kv_heads_shapes_the_inputs_and_the_label():
     assert (q.shape, k.shape, v.shape) == ((2, 8, 3, 4), (2, 2, 5, 4), (2, 2, 5, 6))
     assert (spec.hkv, spec.group) == (2, 4)
     assert "H8 Hkv2" in spec.label
-    assert "Hkv" not in AttnSpec(heads=8, kv_heads=8).label  # Hkv = H: multi-head, labelled as before
+    assert (
+        "Hkv" not in AttnSpec(heads=8, kv_heads=8).label
+    )  # Hkv = H: multi-head, labelled as before
     assert AttnSpec(heads=8, kv_heads=8).hkv == AttnSpec(heads=8).hkv == 8
 
 
@@ -73,12 +75,16 @@ def test_measurement_workload_is_validated_and_carried():
     spec = AttnSpec(heads=8, kv_heads=2, seq_len=1, seq_len_k=1024)
     with pytest.raises(ValueError, match="workload"):
         Measurement(variant="sdpa", spec=spec, status="ok", workload="training")
-    m = Measurement(variant="sdpa", spec=spec, status="ok", samples=(1e-3, 1e-3, 1e-3), workload="decode")
+    m = Measurement(
+        variant="sdpa", spec=spec, status="ok", samples=(1e-3, 1e-3, 1e-3), workload="decode"
+    )
     row = m.to_row()
     assert row["workload"] == "decode" and row["spec_kv_heads"] == 2
     assert row["bytes_moved"] == spec.bytes_moved
     assert math.isclose(row["gbytes_per_s"], spec.bytes_moved / 1e-3 / 1e9)
-    assert Measurement(variant="sdpa", spec=spec, status="skipped").to_row()["gbytes_per_s"] != 0  # NaN, never 0
+    assert (
+        Measurement(variant="sdpa", spec=spec, status="skipped").to_row()["gbytes_per_s"] != 0
+    )  # NaN, never 0
 
 
 def test_swept_length_names_frame_columns():
@@ -89,8 +95,18 @@ def test_swept_length_names_frame_columns():
 # ---- the frame -----------------------------------------------------------------------------------
 def test_a_decode_gqa_run_loads_with_its_columns_and_traffic(tmp_path):
     spec = AttnSpec(heads=8, kv_heads=2, seq_len=1, seq_len_k=2048)
-    ms = [Measurement(variant="sdpa", spec=spec.replace(seq_len_k=n), status="ok", samples=(2e-4,) * 3, runs=3,
-                      timing_method="wall", workload="decode") for n in (1024, 2048)]
+    ms = [
+        Measurement(
+            variant="sdpa",
+            spec=spec.replace(seq_len_k=n),
+            status="ok",
+            samples=(2e-4,) * 3,
+            runs=3,
+            timing_method="wall",
+            workload="decode",
+        )
+        for n in (1024, 2048)
+    ]
     run = write_run(tmp_path / "run", ms, MeasureConfig(), seconds=1.0, command=["test"])
     frame = load_run(run)
     assert frame.attrs["problems"] == []
@@ -106,7 +122,9 @@ def test_a_decode_gqa_run_loads_with_its_columns_and_traffic(tmp_path):
 def test_a_run_older_than_gqa_loads_as_prefill_mha_with_derived_traffic(tmp_path):
     run = write_good_run(tmp_path / "old")
     old = pd.read_csv(run / MEASUREMENTS)
-    old.drop(columns=["workload", "spec_kv_heads", "bytes_moved", "gbytes_per_s"]).to_csv(run / MEASUREMENTS, index=False)
+    old.drop(columns=["workload", "spec_kv_heads", "bytes_moved", "gbytes_per_s"]).to_csv(
+        run / MEASUREMENTS, index=False
+    )
     frame = load_run(run)
     assert frame.attrs["problems"] == []
     assert set(frame["workload"]) == {"prefill"}
@@ -117,8 +135,18 @@ def test_a_run_older_than_gqa_loads_as_prefill_mha_with_derived_traffic(tmp_path
 
 
 # ---- the command line and run directories ----------------------------------------------------------
-FAST = ["--quiet", "--no-report", "--no-probe", "--min-time", "0.01", "--max-time", "0.05", "--min-runs", "2",
-        "--no-instructions"]
+FAST = [
+    "--quiet",
+    "--no-report",
+    "--no-probe",
+    "--min-time",
+    "0.01",
+    "--max-time",
+    "0.05",
+    "--min-runs",
+    "2",
+    "--no-instructions",
+]
 
 
 @pytest.mark.slow
@@ -126,15 +154,41 @@ def test_decode_run_crosses_kv_heads_head_dims_and_batches(tmp_path, capsys):
     from attnbench.cli import main
 
     out = tmp_path / "run"
-    argv = ["run", "--workload", "decode", "--variants", "sdpa", "--lengths", "256", "--q-len", "2",
-            "--kv-heads", "8,2", "--head-dims", "16,32", "--batches", "1,2", "--out", str(out), *FAST]
+    argv = [
+        "run",
+        "--workload",
+        "decode",
+        "--variants",
+        "sdpa",
+        "--lengths",
+        "256",
+        "--q-len",
+        "2",
+        "--kv-heads",
+        "8,2",
+        "--head-dims",
+        "16,32",
+        "--batches",
+        "1,2",
+        "--out",
+        str(out),
+        *FAST,
+    ]
     assert main(argv) == 0, capsys.readouterr().err
     frame = load_run(out)
     assert frame.attrs["problems"] == []
     time = frame[frame.metric == "time"]
     assert len(time) == 8 and set(time.status) == {"ok"}  # 2 x 2 x 2 cases, every one measured
-    assert set(time.workload) == {"decode"} and set(time.seq_len) == {2} and set(time.seq_len_k) == {256}
-    assert set(time.kv_heads) == {8, 2} and set(time.head_dim) == {16, 32} and set(time.batch) == {1, 2}
+    assert (
+        set(time.workload) == {"decode"}
+        and set(time.seq_len) == {2}
+        and set(time.seq_len_k) == {256}
+    )
+    assert (
+        set(time.kv_heads) == {8, 2}
+        and set(time.head_dim) == {16, 32}
+        and set(time.batch) == {1, 2}
+    )
     assert (frame[frame.metric == "gbps"]["value"] > 0).all()
 
 
@@ -175,9 +229,24 @@ def test_fits_stay_per_shape(tmp_path):
         for hkv in (8, 2):
             for n in (256, 512, 1024, 2048, 4096):
                 t = 1e-9 * n * n * d / hkv
-                ms.append(Measurement(variant="batched", spec=AttnSpec(seq_len=n, head_dim=d, kv_heads=hkv), status="ok",
-                                      samples=(t, t, t), runs=3, timing_method="wall"))
-    frame = load_run(write_run(tmp_path / "run", ms, MeasureConfig(), seconds=1.0, command=["test"]))
+                ms.append(
+                    Measurement(
+                        variant="batched",
+                        spec=AttnSpec(seq_len=n, head_dim=d, kv_heads=hkv),
+                        status="ok",
+                        samples=(t, t, t),
+                        runs=3,
+                        timing_method="wall",
+                    )
+                )
+    frame = load_run(
+        write_run(tmp_path / "run", ms, MeasureConfig(), seconds=1.0, command=["test"])
+    )
     fits = complexity.fit_table(frame, metrics=("time",))
-    assert len(fits) == 4 and set(zip(fits.head_dim, fits.kv_heads, strict=True)) == {(16, 8), (16, 2), (32, 8), (32, 2)}
+    assert len(fits) == 4 and set(zip(fits.head_dim, fits.kv_heads, strict=True)) == {
+        (16, 8),
+        (16, 2),
+        (32, 8),
+        (32, 2),
+    }
     assert all(abs(s - 2.0) < 0.05 for s in fits["exponent"])

@@ -20,30 +20,54 @@ from attnbench.variants.base import Variant
 from attnbench.variants.batched import BatchedAttention
 
 BUDGET = 1.5 * 2**30
-SMALL_BUDGET = MeasureConfig(memory_budget_bytes=BUDGET, measure_rss=False, probe=False,
-                             timer=TimerConfig(min_runs=2, min_time=0.01, max_time=0.1))
+SMALL_BUDGET = MeasureConfig(
+    memory_budget_bytes=BUDGET,
+    measure_rss=False,
+    probe=False,
+    timer=TimerConfig(min_runs=2, min_time=0.01, max_time=0.1),
+)
 needs_weight_model = pytest.mark.skipif(
-    not hasattr(Variant, "parameter_bytes"), reason="the variant cost models count weights on the 'flops' branch")
+    not hasattr(Variant, "parameter_bytes"),
+    reason="the variant cost models count weights on the 'flops' branch",
+)
 
 
 def test_mask_bytes_counts_the_dense_mask():
     spec = attnbench.AttnSpec(batch=2, seq_len=300, seq_len_k=200)
-    for kind, expected in (("none", 0), ("causal", 300 * 200), ("sliding_window", 300 * 200), ("valid_lengths", 2 * 200)):
+    for kind, expected in (
+        ("none", 0),
+        ("causal", 300 * 200),
+        ("sliding_window", 300 * 200),
+        ("valid_lengths", 2 * 200),
+    ):
         s = spec.replace(mask=kind)
         mask = s.make_mask()
-        assert s.mask_bytes == expected == (0 if mask is None else mask.numel() * mask.element_size())
+        assert (
+            s.mask_bytes == expected == (0 if mask is None else mask.numel() * mask.element_size())
+        )
 
 
 def test_the_guard_counts_the_mask_and_grad_out():
-    spec = attnbench.AttnSpec(batch=1, heads=1, seq_len=4096, head_dim=8, mask="causal", mode="backward")
+    spec = attnbench.AttnSpec(
+        batch=1, heads=1, seq_len=4096, head_dim=8, mask="causal", mode="backward"
+    )
     v = attnbench.get_variant("batched")  # receives the dense mask
     need = guard.predicted_bytes(v, spec)
-    assert need == spec.input_bytes + spec.mask_bytes + spec.output_bytes + v.predicted_peak_bytes(spec)
-    m = measure("batched", spec, MeasureConfig(memory_budget_bytes=need - 1, check_accuracy=False), peak_flops=1e10)
+    assert need == spec.input_bytes + spec.mask_bytes + spec.output_bytes + v.predicted_peak_bytes(
+        spec
+    )
+    m = measure(
+        "batched",
+        spec,
+        MeasureConfig(memory_budget_bytes=need - 1, check_accuracy=False),
+        peak_flops=1e10,
+    )
     assert m.status == "skipped" and "inputs+mask" in m.reason
     # chunked takes the predicate: no dense mask is built, so none is counted.
     c = attnbench.get_variant("chunked")
-    assert guard.predicted_bytes(c, spec) == spec.input_bytes + spec.output_bytes + c.predicted_peak_bytes(spec)
+    assert guard.predicted_bytes(
+        c, spec
+    ) == spec.input_bytes + spec.output_bytes + c.predicted_peak_bytes(spec)
 
 
 def test_the_guard_counts_the_reference():
@@ -52,8 +76,15 @@ def test_the_guard_counts_the_reference():
     unchecked = guard.predicted_bytes(v, spec)
     m = measure("chunked", spec, MeasureConfig(memory_budget_bytes=unchecked + 1), peak_flops=1e10)
     assert m.status == "skipped" and "reference" in m.reason
-    assert measure("chunked", spec, MeasureConfig(memory_budget_bytes=unchecked + 1, check_accuracy=False, probe=False),
-                   peak_flops=1e10).status == "ok"
+    assert (
+        measure(
+            "chunked",
+            spec,
+            MeasureConfig(memory_budget_bytes=unchecked + 1, check_accuracy=False, probe=False),
+            peak_flops=1e10,
+        ).status
+        == "ok"
+    )
 
 
 class _BrokenModel(BatchedAttention):
@@ -66,8 +97,13 @@ class _BrokenModel(BatchedAttention):
 def test_a_cost_model_exception_is_a_row_not_a_dead_sweep():
     attnbench.register("plant_broken_model", _BrokenModel)
     try:
-        results = sweep([("plant_broken_model", attnbench.AttnSpec(seq_len=64, heads=2)),
-                         ("batched", attnbench.AttnSpec(seq_len=64, heads=2))], SMALL_BUDGET)
+        results = sweep(
+            [
+                ("plant_broken_model", attnbench.AttnSpec(seq_len=64, heads=2)),
+                ("batched", attnbench.AttnSpec(seq_len=64, heads=2)),
+            ],
+            SMALL_BUDGET,
+        )
     finally:
         attnbench.unregister("plant_broken_model")
     assert [m.status for m in results] == ["oom", "ok"]
@@ -92,7 +128,9 @@ def test_block_sparse_at_65536_is_skipped_without_building_a_dense_pattern():
         f"m = measure('block_sparse', attnbench.AttnSpec(seq_len=65536), MeasureConfig(memory_budget_bytes={BUDGET}), peak_flops=1e11)\n"
         "print(m.status, '|', m.reason)\n"
     )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     status, reason = out.stdout.strip().splitlines()[-1].split(" | ", 1)
     assert status == "skipped" and "exceeds the memory budget" in reason, reason
@@ -105,7 +143,9 @@ def test_profile_goes_through_the_guard(tmp_path, capsys):
 
     spec = attnbench.AttnSpec(seq_len=16384)
     with pytest.raises(ValueError, match="refused by the guard.*exceeds the memory budget"):
-        profile_case("batched", spec, tmp_path / "p", config=MeasureConfig(memory_budget_bytes=BUDGET))
+        profile_case(
+            "batched", spec, tmp_path / "p", config=MeasureConfig(memory_budget_bytes=BUDGET)
+        )
     need = guard.predicted_bytes(attnbench.get_variant("batched"), spec)
     if need <= MeasureConfig().memory_budget("cpu"):
         pytest.skip("this machine has the memory for the case: the CLI would profile it")
@@ -117,6 +157,7 @@ def test_profile_goes_through_the_guard(tmp_path, capsys):
 
 # --- the matmul peak cache and the time guard's prediction --------------------------------------------------
 
+
 def _cache(tmp_path, monkeypatch, entry, measured: float | None):
     """A cache holding ``entry`` for this process's key; measuring returns ``measured`` (None: must not measure)."""
     import json
@@ -124,11 +165,15 @@ def _cache(tmp_path, monkeypatch, entry, measured: float | None):
     from attnbench.measure import peak
 
     monkeypatch.setenv("ATTNBENCH_CACHE", str(tmp_path))
-    tmp_path.joinpath(peak.cache_path().name).write_text(json.dumps({peak._key("cpu", "float32"): entry}))
+    tmp_path.joinpath(peak.cache_path().name).write_text(
+        json.dumps({peak._key("cpu", "float32"): entry})
+    )
     calls = []
 
     def fake_measure(device, dtype):
-        assert measured is not None, "the cache had enough fresh measurements: nothing should be measured"
+        assert measured is not None, (
+            "the cache had enough fresh measurements: nothing should be measured"
+        )
         calls.append(device)
         return measured
 
@@ -146,7 +191,9 @@ def test_a_busy_peak_measurement_does_not_poison_the_cache(tmp_path, monkeypatch
     peak, calls = _cache(tmp_path, monkeypatch, [busy], measured=5e10)
     assert peak.matmul_peak("cpu", "float32") == 5e10 and len(calls) == 1
     kept = json.loads(peak.cache_path().read_text())[peak._key("cpu", "float32")]
-    assert [s["flops"] for s in kept] == [1e9, 5e10] and all("load" in s and "at" in s for s in kept)
+    assert [s["flops"] for s in kept] == [1e9, 5e10] and all(
+        "load" in s and "at" in s for s in kept
+    )
 
 
 def test_a_single_cached_number_is_measured_again(tmp_path, monkeypatch):
@@ -165,7 +212,9 @@ def test_stale_measurements_are_dropped(tmp_path, monkeypatch):
     assert peak.matmul_peak("cpu", "float32") == 9e10
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(st.lists(st.floats(min_value=1e8, max_value=1e12), min_size=3, max_size=8))
 def test_enough_fresh_measurements_give_their_best_without_measuring(tmp_path, monkeypatch, flops):
     import time
@@ -175,17 +224,35 @@ def test_enough_fresh_measurements_give_their_best_without_measuring(tmp_path, m
     now = time.time()
     entry = [{"flops": f, "at": now - 10 * i, "load": 1.0} for i, f in enumerate(flops)]
     peak, _ = _cache(tmp_path, monkeypatch, entry, measured=None)
-    assert peak.matmul_peak("cpu", "float32") == max(flops[:peak_module.KEEP])
+    assert peak.matmul_peak("cpu", "float32") == max(flops[: peak_module.KEEP])
 
 
 def test_extrapolation_scales_the_measured_time_by_the_declared_exponent():
     spec = attnbench.AttnSpec(seq_len=4096)
-    assert guard.extrapolated_seconds(attnbench.get_variant("batched"), spec, 2048, 1.5) == pytest.approx(6.0)
-    assert guard.extrapolated_seconds(attnbench.get_variant("linear_elu"), spec, 2048, 0.1) == pytest.approx(0.2)
-    assert guard.extrapolated_seconds(attnbench.get_variant("batched"), spec, 4096, 1.0) is None  # not shorter
-    assert guard.extrapolated_seconds(attnbench.get_variant("batched"), spec.replace(seq_len_k=512), 2048, 1.0) is None
-    reasons = guard.guard_reasons(attnbench.get_variant("batched"), spec, memory_budget=1e12, time_budget=60,
-                                  peak_flops=1e15, calls=10, call_s=7.0)
+    assert guard.extrapolated_seconds(
+        attnbench.get_variant("batched"), spec, 2048, 1.5
+    ) == pytest.approx(6.0)
+    assert guard.extrapolated_seconds(
+        attnbench.get_variant("linear_elu"), spec, 2048, 0.1
+    ) == pytest.approx(0.2)
+    assert (
+        guard.extrapolated_seconds(attnbench.get_variant("batched"), spec, 4096, 1.0) is None
+    )  # not shorter
+    assert (
+        guard.extrapolated_seconds(
+            attnbench.get_variant("batched"), spec.replace(seq_len_k=512), 2048, 1.0
+        )
+        is None
+    )
+    reasons = guard.guard_reasons(
+        attnbench.get_variant("batched"),
+        spec,
+        memory_budget=1e12,
+        time_budget=60,
+        peak_flops=1e15,
+        calls=10,
+        call_s=7.0,
+    )
     assert reasons and "extrapolated" in reasons[0]
 
 
@@ -196,10 +263,18 @@ def test_the_sweep_extrapolates_instead_of_trusting_a_poisoned_peak(monkeypatch)
     from attnbench.measure import runner
 
     monkeypatch.setattr(runner, "matmul_peak", lambda device, dtype: 1e8)
-    config = MeasureConfig(time_budget_s=3.0, probe=False, measure_rss=False, measure_memory=False, check_accuracy=False,
-                           timer=TimerConfig(min_runs=2, min_time=0.01, max_time=0.1))
+    config = MeasureConfig(
+        time_budget_s=3.0,
+        probe=False,
+        measure_rss=False,
+        measure_memory=False,
+        check_accuracy=False,
+        timer=TimerConfig(min_runs=2, min_time=0.01, max_time=0.1),
+    )
     spec = attnbench.AttnSpec(heads=2)
     alone = measure("batched", spec.replace(seq_len=256), config)
     assert alone.status == "skipped" and "cost model" in alone.reason
-    short, long = sweep([("batched", spec.replace(seq_len=32)), ("batched", spec.replace(seq_len=256))], config)
+    short, long = sweep(
+        [("batched", spec.replace(seq_len=32)), ("batched", spec.replace(seq_len=256))], config
+    )
     assert short.status == "ok" and long.status == "ok", long.reason

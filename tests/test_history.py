@@ -33,7 +33,9 @@ def _readme_only(rng: np.random.Generator) -> dict:
         for length in (256, 512):
             scale = (length / 256) ** 2
             series[("instructions", variant, length)] = list(count * scale * _noise(rng, 6e-5))
-            series[("time", variant, length)] = list(seconds * scale * np.exp(rng.normal(0, 0.05, N)))
+            series[("time", variant, length)] = list(
+                seconds * scale * np.exp(rng.normal(0, 0.05, N))
+            )
             series[("peak_tensor_bytes", variant, length)] = [8.4e6 * scale] * N
     return series
 
@@ -42,7 +44,7 @@ def _drifted(rng: np.random.Generator) -> dict:
     series = _readme_only(rng)
     counts = np.array(series[("instructions", "chunked", 256)])
     for k, step in enumerate(DRIFT):
-        counts[5 + k:] *= step  # commit 6 is index 5
+        counts[5 + k :] *= step  # commit 6 is index 5
     series[("instructions", "chunked", 256)] = list(counts)
     return series
 
@@ -60,23 +62,36 @@ def test_a_drift_of_five_small_count_steps_is_named_with_its_range(history_dir):
     within 1.002); the history names one drift from commit 6 to commit 10, x1.0075, and nothing else."""
     series = _drifted(np.random.default_rng(1))
     counts = series[("instructions", "chunked", 256)]
-    assert max(b / a for a, b in zip(counts, counts[1:], strict=False)) < INSTRUCTIONS_FACTOR  # the plant is sub-factor
+    assert (
+        max(b / a for a, b in zip(counts, counts[1:], strict=False)) < INSTRUCTIONS_FACTOR
+    )  # the plant is sub-factor
     history = find_steps(load_asv(history_dir(series)))
     steps = history.steps
     assert len(steps) == 1, table(history).to_string()
     drift = steps.iloc[0]
-    assert (drift["kind"], drift["direction"], drift["metric"], drift["variant"], drift["seq_len"]) == (
-        "drift", "regression", "instructions", "chunked", 256)
+    assert (
+        drift["kind"],
+        drift["direction"],
+        drift["metric"],
+        drift["variant"],
+        drift["seq_len"],
+    ) == ("drift", "regression", "instructions", "chunked", 256)
     assert (drift["first"], drift["last"], drift["commits"]) == (COMMITS[5], COMMITS[9], 5)
-    assert drift["ratio"] == pytest.approx(np.prod(DRIFT), abs=4e-4)  # the A/A spread at both ends of the range
+    assert drift["ratio"] == pytest.approx(
+        np.prod(DRIFT), abs=4e-4
+    )  # the A/A spread at both ends of the range
     printed = table(history).iloc[0]
-    assert printed["commit"] == f"{COMMITS[5][:8]}..{COMMITS[9][:8]} (5 commits)" and printed["ratio"].startswith("x1.007")
+    assert printed["commit"] == f"{COMMITS[5][:8]}..{COMMITS[9][:8]} (5 commits)" and printed[
+        "ratio"
+    ].startswith("x1.007")
 
 
 def test_a_history_of_readme_only_commits_names_nothing(history_dir):
     """Counts that move by the A/A spread, constant bytes, and time medians with 5% noise: no step, no drift."""
     for seed in range(5):
-        history = find_steps(load_asv(history_dir(_readme_only(np.random.default_rng(seed)), f"r{seed}")))
+        history = find_steps(
+            load_asv(history_dir(_readme_only(np.random.default_rng(seed)), f"r{seed}"))
+        )
         assert history.steps.empty, (seed, table(history).to_string())
 
 
@@ -91,23 +106,39 @@ def test_a_doubling_is_a_step_in_counts_and_time(history_dir):
             series[(metric, "batched", length)] = list(values)
     history = find_steps(load_asv(history_dir(series)))
     steps = history.steps
-    assert set(steps["kind"]) == {"step"} and set(steps["first"]) == {COMMITS[10]}, table(history).to_string()
-    assert set(zip(steps["metric"], steps["seq_len"], strict=True)) == {(m, n) for m in ("instructions", "time") for n in (256, 512)}
+    assert set(steps["kind"]) == {"step"} and set(steps["first"]) == {COMMITS[10]}, table(
+        history
+    ).to_string()
+    assert set(zip(steps["metric"], steps["seq_len"], strict=True)) == {
+        (m, n) for m in ("instructions", "time") for n in (256, 512)
+    }
     assert (steps["variant"] == "batched").all()
-    assert steps[steps["metric"] == "instructions"]["ratio"].to_numpy() == pytest.approx([2.0, 2.0], rel=1e-3)
-    assert steps[steps["metric"] == "time"]["ratio"].to_numpy() == pytest.approx([2.0, 2.0], rel=0.1)
+    assert steps[steps["metric"] == "instructions"]["ratio"].to_numpy() == pytest.approx(
+        [2.0, 2.0], rel=1e-3
+    )
+    assert steps[steps["metric"] == "time"]["ratio"].to_numpy() == pytest.approx(
+        [2.0, 2.0], rel=0.1
+    )
 
 
 def test_improvements_and_failures_are_named(history_dir):
     """Planted: chunked's bytes halve at commit 4 (an improvement), batched L=512 is wrong from commit 9."""
     series = _readme_only(np.random.default_rng(3))
     series[("peak_tensor_bytes", "chunked", 256)] = [8.4e6] * 3 + [4.2e6] * 13
-    series[("instructions", "batched", 512)] = series[("instructions", "batched", 512)][:8] + ["wrong"] * 8
+    series[("instructions", "batched", 512)] = (
+        series[("instructions", "batched", 512)][:8] + ["wrong"] * 8
+    )
     history = find_steps(load_asv(history_dir(series)))
     improved = history.improvements
-    assert len(improved) == 1 and improved.iloc[0]["first"] == COMMITS[3] and improved.iloc[0]["ratio"] == pytest.approx(0.5)
+    assert (
+        len(improved) == 1
+        and improved.iloc[0]["first"] == COMMITS[3]
+        and improved.iloc[0]["ratio"] == pytest.approx(0.5)
+    )
     wrong = history.regressions
-    assert set(wrong["kind"]) == {"wrong"} and set(wrong["first"]) == {COMMITS[8]}, table(history).to_string()
+    assert set(wrong["kind"]) == {"wrong"} and set(wrong["first"]) == {COMMITS[8]}, table(
+        history
+    ).to_string()
     assert history.steps.iloc[0]["direction"] == "regression"  # regressions are listed first
 
 
@@ -123,10 +154,16 @@ def test_time_levels_step_over_an_outlier_and_follow_a_ramp():
     ramp = 0.01 * np.exp(rng.normal(0, 0.03, 20))
     for i in range(8, 13):
         ramp[i:] *= 1.05
-    changes = exact_changes(time_levels(ramp), 1.2)  # a drift, or one step inside the ramp: levels are coarse
-    assert len(changes) == 1 and changes[0].direction == "regression" and 8 <= changes[0].first <= 12, changes
+    changes = exact_changes(
+        time_levels(ramp), 1.2
+    )  # a drift, or one step inside the ramp: levels are coarse
+    assert (
+        len(changes) == 1 and changes[0].direction == "regression" and 8 <= changes[0].first <= 12
+    ), changes
     assert changes[0].last <= 13 and changes[0].ratio > 1.2
-    assert len(detect_steps(list(ramp))) == 1  # why the penalty comes from the noise, not detect_steps' criterion
+    assert (
+        len(detect_steps(list(ramp))) == 1
+    )  # why the penalty comes from the noise, not detect_steps' criterion
 
 
 def test_the_cli_prints_the_table_and_writes_the_page_and_summary(history_dir, tmp_path, capsys):
@@ -134,16 +171,36 @@ def test_the_cli_prints_the_table_and_writes_the_page_and_summary(history_dir, t
 
     results = history_dir(_drifted(np.random.default_rng(5)))
     out, summary = tmp_path / "page", tmp_path / "steps.md"
-    assert main(["history", "--from", str(results), "--out", str(out), "--summary", str(summary), "--repo", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "history",
+                "--from",
+                str(results),
+                "--out",
+                str(out),
+                "--summary",
+                str(summary),
+                "--repo",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "16 commits" in printed and "1 regression(s)" in printed, printed
-    assert f"{COMMITS[5][:8]}..{COMMITS[9][:8]} (5 commits)" in printed and "regression (drift)" in printed, printed
+    assert (
+        f"{COMMITS[5][:8]}..{COMMITS[9][:8]} (5 commits)" in printed
+        and "regression (drift)" in printed
+    ), printed
     page = (out / "history.html").read_text()
     assert "Steps in the history" in page and re.search(r"x1\.007\d", page)
     assert len(list((out / "figures").glob("history_*.png"))) == 4  # one per case
     text = summary.read_text()
     assert text.startswith("### attnbench history"), text
-    assert re.search(r"\| chunked L=256 \| instructions \| x1\.007\d \| regression \(drift\) \|", text), text
+    assert re.search(
+        r"\| chunked L=256 \| instructions \| x1\.007\d \| regression \(drift\) \|", text
+    ), text
 
 
 def test_report_from_a_history_shows_the_same_steps(history_dir, tmp_path):
@@ -152,7 +209,10 @@ def test_report_from_a_history_shows_the_same_steps(history_dir, tmp_path):
     results = history_dir(_drifted(np.random.default_rng(5)))
     page = make_report([results], tmp_path / "report").page.read_text()
     section = page.split('<section id="history">', 1)[1]
-    assert "Steps in the history" in section and f"{COMMITS[5][:8]}..{COMMITS[9][:8]} (5 commits)" in section
+    assert (
+        "Steps in the history" in section
+        and f"{COMMITS[5][:8]}..{COMMITS[9][:8]} (5 commits)" in section
+    )
 
 
 def test_commits_of_one_second_are_ordered_by_git_when_a_repository_knows_them(tmp_path):
@@ -161,24 +221,53 @@ def test_commits_of_one_second_are_ordered_by_git_when_a_repository_knows_them(t
     (and says so); with it, git's."""
     repo = tmp_path / "repo"
     repo.mkdir()
-    env = {"GIT_AUTHOR_DATE": "2026-01-01T00:00:00", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00", "HOME": str(tmp_path),
-           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    env = {
+        "GIT_AUTHOR_DATE": "2026-01-01T00:00:00",
+        "GIT_COMMITTER_DATE": "2026-01-01T00:00:00",
+        "HOME": str(tmp_path),
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+    }
     subprocess.run(["git", "init", "-q", str(repo)], check=True, env=env)
     commits = []
     for k in range(4):
-        subprocess.run(["git", "commit", "-q", "--allow-empty", "-m", f"commit {k}"], cwd=repo, check=True, env=env)
-        commits.append(subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
-                                      check=True).stdout.strip())
-    results = write_history(tmp_path / "results", {("instructions", "chunked", 256): [BASE, BASE, 2 * BASE, 2 * BASE]}, commits)
-    for path in (results / "box").glob("*-env.json"):  # one date for all, as asv records a rebase merge
+        subprocess.run(
+            ["git", "commit", "-q", "--allow-empty", "-m", f"commit {k}"],
+            cwd=repo,
+            check=True,
+            env=env,
+        )
+        commits.append(
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True
+            ).stdout.strip()
+        )
+    results = write_history(
+        tmp_path / "results",
+        {("instructions", "chunked", 256): [BASE, BASE, 2 * BASE, 2 * BASE]},
+        commits,
+    )
+    for path in (results / "box").glob(
+        "*-env.json"
+    ):  # one date for all, as asv records a rebase merge
         path.write_text(path.read_text().replace('"date": 17', '"date": 1790000000000, "_": 17'))
     frame = load_asv(results)
     ordered = find_steps(frame, repo=repo)
-    assert ordered.commits["commit"].tolist() == commits and "git topological order" in ordered.order
-    assert ordered.steps["first"].tolist() == [commits[2]] and ordered.steps.iloc[0]["subject"] if "subject" in ordered.steps else True
+    assert (
+        ordered.commits["commit"].tolist() == commits and "git topological order" in ordered.order
+    )
+    assert (
+        ordered.steps["first"].tolist() == [commits[2]] and ordered.steps.iloc[0]["subject"]
+        if "subject" in ordered.steps
+        else True
+    )
     assert table(ordered).iloc[0]["subject"] == "commit 2"
     unordered = find_steps(frame, repo=None)
-    assert unordered.commits["commit"].tolist() == sorted(commits) and "hash order" in unordered.order
+    assert (
+        unordered.commits["commit"].tolist() == sorted(commits) and "hash order" in unordered.order
+    )
 
 
 def test_history_summary_markdown(history_dir):

@@ -11,15 +11,25 @@ import shutil
 
 import pytest
 
-from attnbench.measure.instructions import Count, CountConfig, CountError, count_instructions, valgrind_version
+from attnbench.measure.instructions import (
+    Count,
+    CountConfig,
+    CountError,
+    count_instructions,
+    valgrind_version,
+)
 from attnbench.spec import AttnSpec
 from tests.conftest import once_per_session
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(valgrind_version() is None, reason="valgrind not installed (apt-get install valgrind)"),
+    pytest.mark.skipif(
+        valgrind_version() is None, reason="valgrind not installed (apt-get install valgrind)"
+    ),
 ]
-SMALL = AttnSpec(batch=1, heads=2, seq_len=256, head_dim=64)  # big enough that call overhead is noise
+SMALL = AttnSpec(
+    batch=1, heads=2, seq_len=256, head_dim=64
+)  # big enough that call overhead is noise
 PLUGIN = "tests.planted_variants"
 
 
@@ -33,16 +43,28 @@ def shared_counts(factory: pytest.TempPathFactory) -> dict[str, Count]:
         import tests.planted_variants  # noqa: F401 - registers them here too (names are checked before counting)
 
         with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("ATTNBENCH_PLUGINS", PLUGIN)  # the child loads the planted variants as a plugin
-            found = count_instructions(CASES + [("batched", asv_bench.spec_for("batched", 128, "cpu", "forward"))],
-                                       CountConfig(calls=3, warmup_calls=1))
+            mp.setenv(
+                "ATTNBENCH_PLUGINS", PLUGIN
+            )  # the child loads the planted variants as a plugin
+            found = count_instructions(
+                CASES + [("batched", asv_bench.spec_for("batched", 128, "cpu", "forward"))],
+                CountConfig(calls=3, warmup_calls=1),
+            )
         return dict(zip([*NAMES, "asv"], found, strict=True))
 
     return once_per_session(factory, "instruction-counts", count)
 
 
-CASES = [("batched", SMALL), ("batched", SMALL), ("planted_twice", SMALL), ("planted_off", SMALL),
-         ("sdpa_cudnn", SMALL), ("batched", SMALL.replace(seq_len=512)), ("planted_abort", SMALL), ("sdpa", SMALL)]
+CASES = [
+    ("batched", SMALL),
+    ("batched", SMALL),
+    ("planted_twice", SMALL),
+    ("planted_off", SMALL),
+    ("sdpa_cudnn", SMALL),
+    ("batched", SMALL.replace(seq_len=512)),
+    ("planted_abort", SMALL),
+    ("sdpa", SMALL),
+]
 NAMES = ["first", "again", "twice", "wrong", "unsupported", "longer", "dead", "after"]
 
 
@@ -54,7 +76,10 @@ def counts(tmp_path_factory) -> dict[str, Count]:
 def test_the_same_case_counts_the_same_in_one_process(counts):
     first, again = counts["first"], counts["again"]
     assert first.status == again.status == "ok" and first.valgrind.startswith("valgrind")
-    assert abs(again.instructions / first.instructions - 1) < 1e-3, (first.instructions, again.instructions)
+    assert abs(again.instructions / first.instructions - 1) < 1e-3, (
+        first.instructions,
+        again.instructions,
+    )
 
 
 def test_a_planted_second_forward_counts_twice(counts):
@@ -64,7 +89,9 @@ def test_a_planted_second_forward_counts_twice(counts):
 
 def test_a_wrong_result_gets_no_count(counts):
     wrong = counts["wrong"]
-    assert wrong.status == "wrong" and math.isnan(wrong.instructions) and "tolerance" in wrong.reason
+    assert (
+        wrong.status == "wrong" and math.isnan(wrong.instructions) and "tolerance" in wrong.reason
+    )
 
 
 def test_an_unsupported_case_is_skipped_with_its_reason(counts):
@@ -77,14 +104,18 @@ def test_counts_grow_with_the_work(counts):
 
 
 def test_an_over_budget_case_is_skipped_before_valgrind_starts():
-    (count,) = count_instructions([("batched", AttnSpec(seq_len=16384, heads=8))], CountConfig(budget_s=1.0))
+    (count,) = count_instructions(
+        [("batched", AttnSpec(seq_len=16384, heads=8))], CountConfig(budget_s=1.0)
+    )
     assert count.status == "skipped" and "under valgrind > budget 1 s" in count.reason
 
 
 def test_without_valgrind_the_message_names_the_package(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     assert valgrind_version() is None
-    with pytest.raises(CountError, match=r"install the valgrind package \(apt-get install valgrind\)"):
+    with pytest.raises(
+        CountError, match=r"install the valgrind package \(apt-get install valgrind\)"
+    ):
         count_instructions([("batched", SMALL)])
 
 
@@ -104,7 +135,10 @@ def test_regress_without_valgrind(monkeypatch, capsys):
 
     monkeypatch.setattr(regress, "regress", stub)
     assert main(["regress", "HEAD~1", "HEAD", "--metric", "instructions"]) == 3
-    assert "install the valgrind package (apt-get install valgrind)" in capsys.readouterr().err and asked == []
+    assert (
+        "install the valgrind package (apt-get install valgrind)" in capsys.readouterr().err
+        and asked == []
+    )
     assert main(["regress", "HEAD~1", "HEAD", "--metric", "both"]) == 3
     assert "--metric both falls back to time" in capsys.readouterr().err and asked == ["time"]
     assert main(["regress", "HEAD~1", "HEAD"]) == 3 and asked == ["time", "time"]
@@ -120,8 +154,29 @@ def test_run_records_counts_and_the_report_fits_them(tmp_path):
     from attnbench.cli import main
 
     out = tmp_path / "run"
-    assert main(["run", "--variants", "batched", "--lengths", "64,128,256,512,1024", "--heads", "1", "--instructions",
-                 "--out", str(out), "--quiet", "--no-report", "--min-runs", "2", "--min-time", "0.01"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--variants",
+                "batched",
+                "--lengths",
+                "64,128,256,512,1024",
+                "--heads",
+                "1",
+                "--instructions",
+                "--out",
+                str(out),
+                "--quiet",
+                "--no-report",
+                "--min-runs",
+                "2",
+                "--min-time",
+                "0.01",
+            ]
+        )
+        == 0
+    )
     analysis = analyse(load_results([out]))
     frame = analysis.loaded.frame
     counted = frame[(frame["metric"] == "instructions") & (frame["status"] == "ok")]
@@ -134,7 +189,9 @@ def test_run_records_counts_and_the_report_fits_them(tmp_path):
 def test_a_case_that_kills_the_process_is_its_own_error_and_the_rest_are_counted(counts):
     """Planted: a variant that aborts (SIGABRT): its row says so, and the case after it is counted in a new process."""
     dead, after = counts["dead"], counts["after"]
-    assert dead.status == "error" and "died from SIGABRT during this case" in dead.reason, dead.reason
+    assert dead.status == "error" and "died from SIGABRT during this case" in dead.reason, (
+        dead.reason
+    )
     assert after.status == "ok" and after.instructions > 0
 
 
@@ -151,13 +208,41 @@ def test_run_counts_the_headline_variants_beside_the_sweep_by_default(tmp_path):
     from attnbench.runs import LOG, read_log
 
     out = tmp_path / "run"
-    assert main(["run", "--variants", "batched,local", "--lengths", "64,128,256", "--heads", "1", "--out", str(out),
-                 "--quiet", "--no-report", "--min-runs", "2", "--min-time", "0.01"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--variants",
+                "batched,local",
+                "--lengths",
+                "64,128,256",
+                "--heads",
+                "1",
+                "--out",
+                str(out),
+                "--quiet",
+                "--no-report",
+                "--min-runs",
+                "2",
+                "--min-time",
+                "0.01",
+            ]
+        )
+        == 0
+    )
     log = read_log(out / LOG)
     assert len(log.counts) == 3 and (out / LOG).read_text().count('"kind": "count"') == 3
-    counted = {m.spec.seq_len for m in log.measurements if m.variant == "batched" and m.instructions > 0}
-    assert counted == {64, 128, 256} and all(math.isnan(m.instructions) for m in log.measurements if m.variant == "local")
-    fit = analyse(load_results([out])).fits.set_index(["variant", "metric"]).loc[("batched", "instructions")]
+    counted = {
+        m.spec.seq_len for m in log.measurements if m.variant == "batched" and m.instructions > 0
+    }
+    assert counted == {64, 128, 256} and all(
+        math.isnan(m.instructions) for m in log.measurements if m.variant == "local"
+    )
+    fit = (
+        analyse(load_results([out]))
+        .fits.set_index(["variant", "metric"])
+        .loc[("batched", "instructions")]
+    )
     assert fit["conclusive"] and fit["kind"] == "deterministic", fit.to_dict()
 
 
@@ -167,13 +252,18 @@ def test_counting_beside_a_sweep_stops_when_asked_and_keeps_what_it_counted():
 
     from attnbench.measure.instructions import Beside
 
-    beside = Beside([("batched", SMALL), ("batched", SMALL.replace(seq_len=512)), ("sdpa", SMALL)], CountConfig())
+    beside = Beside(
+        [("batched", SMALL), ("batched", SMALL.replace(seq_len=512)), ("sdpa", SMALL)],
+        CountConfig(),
+    )
     time.sleep(2.0)  # torch is still starting under valgrind
     start = time.monotonic()
     beside.stop()
     assert beside.done and time.monotonic() - start < 20
     counts = beside.take()
-    assert len(counts) == 3 and all(c.status == "error" and c.reason == "not counted: cancelled" for c in counts)
+    assert len(counts) == 3 and all(
+        c.status == "error" and c.reason == "not counted: cancelled" for c in counts
+    )
 
 
 def test_counting_beside_a_sweep_runs_only_on_a_core_nothing_else_wants():
@@ -185,8 +275,13 @@ def test_counting_beside_a_sweep_runs_only_on_a_core_nothing_else_wants():
 
     from attnbench.measure.instructions import Beside, _idle_priority
 
-    policy = subprocess.run([sys.executable, "-c", "import os; print(os.sched_getscheduler(0))"], capture_output=True,
-                            text=True, preexec_fn=_idle_priority, timeout=60).stdout.strip()
+    policy = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.sched_getscheduler(0))"],
+        capture_output=True,
+        text=True,
+        preexec_fn=_idle_priority,
+        timeout=60,
+    ).stdout.strip()
     assert policy == str(os.SCHED_IDLE)
     beside = Beside([], CountConfig())
     beside.stop()

@@ -65,14 +65,18 @@ def test_sequence_first_layout():
     ours = AttentionLayer(16, 2, batch_first=False)
     ours.load_state_dict(ref.state_dict())
     x = torch.randn(5, 3, 16)  # (L, B, E)
-    torch.testing.assert_close(ours(x, x, x), ref(x, x, x, need_weights=False)[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        ours(x, x, x), ref(x, x, x, need_weights=False)[0], rtol=1e-5, atol=1e-5
+    )
 
 
 def test_every_registered_core_runs_in_the_layer():
     x = torch.randn(1, 8, 16)
     for name in cheap_variants():
         variant = attnbench.get_variant(name)
-        if variant.not_supported_reasons(attnbench.AttnSpec(batch=1, heads=2, seq_len=8, head_dim=8)):
+        if variant.not_supported_reasons(
+            attnbench.AttnSpec(batch=1, heads=2, seq_len=8, head_dim=8)
+        ):
             continue
         assert AttentionLayer(16, 2, variant=variant)(x).shape == (1, 8, 16), name
 
@@ -113,7 +117,9 @@ def test_gqa_layer_is_the_mha_layer_with_shared_key_value_projections(core, kv_h
 def test_gqa_layer_state_dict_does_not_load_into_mha():
     gqa = AttentionLayer(16, 4, variant="batched", kv_heads=2)
     with pytest.raises(RuntimeError, match="size mismatch"):
-        nn.MultiheadAttention(16, 4, batch_first=True, kdim=16, vdim=16).load_state_dict(gqa.state_dict(), strict=False)
+        nn.MultiheadAttention(16, 4, batch_first=True, kdim=16, vdim=16).load_state_dict(
+            gqa.state_dict(), strict=False
+        )
 
 
 @pytest.mark.parametrize("kv_heads", [3, 0])

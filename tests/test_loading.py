@@ -30,8 +30,15 @@ BASE = AttnSpec(batch=1, heads=2, head_dim=16)
 
 
 def _env(host: str) -> Environment:
-    return Environment(hostname=host, python="3.11", torch="2.x", threads=1, cpu_model="test cpu", cpu_count=2,
-                       device_name="test cpu")
+    return Environment(
+        hostname=host,
+        python="3.11",
+        torch="2.x",
+        threads=1,
+        cpu_model="test cpu",
+        cpu_count=2,
+        device_name="test cpu",
+    )
 
 
 def measurements(host: str = "bad-box") -> list[Measurement]:
@@ -39,23 +46,51 @@ def measurements(host: str = "bad-box") -> list[Measurement]:
     out = []
     for n in (64, 128, 256, 512):
         t = 1e-6 * n * n / 64
-        out.append(Measurement(
-            variant="batched", spec=BASE.replace(seq_len=n), status="ok", samples=(t, t * 1.01, t * 0.99), runs=3,
-            timing_method="wall", peak_tensor_bytes=float(8 * n * n), memory_method="profiler",
-            predicted_peak_bytes=float(8 * n * n), max_error=1e-7, tolerance=1e-5, env=_env(host),
-        ))
-    out.append(Measurement(variant="sdpa_cudnn", spec=BASE.replace(seq_len=64), status="skipped",
-                           reason="cuda only", env=_env(host)))
+        out.append(
+            Measurement(
+                variant="batched",
+                spec=BASE.replace(seq_len=n),
+                status="ok",
+                samples=(t, t * 1.01, t * 0.99),
+                runs=3,
+                timing_method="wall",
+                peak_tensor_bytes=float(8 * n * n),
+                memory_method="profiler",
+                predicted_peak_bytes=float(8 * n * n),
+                max_error=1e-7,
+                tolerance=1e-5,
+                env=_env(host),
+            )
+        )
+    out.append(
+        Measurement(
+            variant="sdpa_cudnn",
+            spec=BASE.replace(seq_len=64),
+            status="skipped",
+            reason="cuda only",
+            env=_env(host),
+        )
+    )
     return out
 
 
 def write_good_run(path: Path, host: str = "bad-box", **manifest_fields) -> Path:
     """A run of :func:`measurements`; ``planned`` also makes its log's header plan that many cases (as a stopped sweep's)."""
-    run = write_run(path, measurements(host), MeasureConfig(), seconds=1.0, command=["test"], peak_gflops={"float32": 10.0})
+    run = write_run(
+        path,
+        measurements(host),
+        MeasureConfig(),
+        seconds=1.0,
+        command=["test"],
+        peak_gflops={"float32": 10.0},
+    )
     if "planned" in manifest_fields:
         lines = (run / LOG).read_text().splitlines(keepends=True)
         header = json.loads(lines[0])
-        more = [case_key("batched", BASE.replace(seq_len=4096 + i)) for i in range(manifest_fields["planned"] - len(header["cases"]))]
+        more = [
+            case_key("batched", BASE.replace(seq_len=4096 + i))
+            for i in range(manifest_fields["planned"] - len(header["cases"]))
+        ]
         header.update(planned=manifest_fields["planned"], cases=header["cases"] + more)
         (run / LOG).write_text(json.dumps(header) + "\n" + "".join(lines[1:]))
     if manifest_fields:
@@ -200,34 +235,70 @@ RUN_FAULTS: dict[str, tuple[Callable[[Path], object], str]] = {
     "log truncated at a line boundary": (truncated_at_line_boundary, "holds 2 case(s) but"),
     "log a garbled line": (garbled_line, "line 3 unreadable (JSONDecodeError"),
     "log empty": (write(LOG, ""), "holds 0 case(s) but"),
-    "log header only": (lambda run: (run / LOG).write_text(_log_lines(run)[0]), "holds 0 case(s) but"),
+    "log header only": (
+        lambda run: (run / LOG).write_text(_log_lines(run)[0]),
+        "holds 0 case(s) but",
+    ),
     "log a case without variant": (case_edit(lambda m: m.pop("variant")), "no 'variant' field"),
     "log a case without status": (case_edit(lambda m: m.pop("status")), "no 'status' field"),
-    "log non-numeric length": (spec_field("seq_len", "sixty-four"), "seq_len must be an int, got str"),
+    "log non-numeric length": (
+        spec_field("seq_len", "sixty-four"),
+        "seq_len must be an int, got str",
+    ),
     "log fractional length": (spec_field("seq_len", 64.5), "seq_len must be an int, got float"),
     "log non-numeric time": (field("samples", ["fast", 0.1]), "is not a list of numbers"),
     "log ok case without a time": (field("samples", []), "status ok but its time is nan"),
     "log ok case with time 0": (field("samples", [0.0, 0.0, 0.0]), "status ok but its time is 0.0"),
-    "log non-numeric memory": (field("peak_tensor_bytes", "lots"), "peak_tensor_bytes 'lots' is not a number"),
+    "log non-numeric memory": (
+        field("peak_tensor_bytes", "lots"),
+        "peak_tensor_bytes 'lots' is not a number",
+    ),
     "log unknown status": (field("status", "great"), "status must be one of"),
     "log unknown workload": (field("workload", "training"), "workload must be one of"),
     "log kv_heads not dividing heads": (spec_field("kv_heads", 3), "kv_heads must divide heads"),
     "log non-numeric kv_heads": (spec_field("kv_heads", "few"), "kv_heads must be an int, got str"),
     "log empty variant": (field("variant", ""), "variant is empty"),
-    "log a case that is not an object": (lambda run: (run / LOG).write_text(_log_lines(run)[0] + "[1, 2]\n"), "not an object"),
+    "log a case that is not an object": (
+        lambda run: (run / LOG).write_text(_log_lines(run)[0] + "[1, 2]\n"),
+        "not an object",
+    ),
     "log not UTF-8": (write(LOG, b"\xff\xfe\x00garbage\x80\x81\n"), "UnicodeDecodeError"),
     "log missing": (remove(LOG), "cases.jsonl: missing"),
-    "log negative peak bytes": (field("peak_tensor_bytes", -5.0), "peak_tensor_bytes -5.0 is not a finite value >= 0"),
-    "log infinite time": (field("samples", [float("inf")] * 3), "samples hold inf (a time is a finite number of seconds >= 0)"),
-    "log infinite memory": (field("peak_tensor_bytes", float("inf")), "peak_tensor_bytes inf is not a finite value >= 0"),
-    "log ok case far beyond its tolerance": (field("max_error", 2.93), "status ok but its error is 293,000x the tolerance"),
-    "log implausible length": (lambda run: (spec_field("seq_len", 10**18)(run), spec_field("seq_len_k", None)(run)),
-                               "no machine ran it"),
-    "log a case twice": (lambda run: (run / LOG).write_text((run / LOG).read_text() + _log_lines(run)[1]), "the same case as case 1"),
-    "manifest plans fewer cases than the log holds": (manifest_edit(planned=3), "says 3 case(s) were planned, the header"),
+    "log negative peak bytes": (
+        field("peak_tensor_bytes", -5.0),
+        "peak_tensor_bytes -5.0 is not a finite value >= 0",
+    ),
+    "log infinite time": (
+        field("samples", [float("inf")] * 3),
+        "samples hold inf (a time is a finite number of seconds >= 0)",
+    ),
+    "log infinite memory": (
+        field("peak_tensor_bytes", float("inf")),
+        "peak_tensor_bytes inf is not a finite value >= 0",
+    ),
+    "log ok case far beyond its tolerance": (
+        field("max_error", 2.93),
+        "status ok but its error is 293,000x the tolerance",
+    ),
+    "log implausible length": (
+        lambda run: (spec_field("seq_len", 10**18)(run), spec_field("seq_len_k", None)(run)),
+        "no machine ran it",
+    ),
+    "log a case twice": (
+        lambda run: (run / LOG).write_text((run / LOG).read_text() + _log_lines(run)[1]),
+        "the same case as case 1",
+    ),
+    "manifest plans fewer cases than the log holds": (
+        manifest_edit(planned=3),
+        "says 3 case(s) were planned, the header",
+    ),
     "manifest says complete with cases missing": (
-        lambda run: ((run / LOG).write_text("".join(_log_lines(run)[:3])), manifest_edit(cases=2, complete=True)(run)),
-        "says complete, but"),
+        lambda run: (
+            (run / LOG).write_text("".join(_log_lines(run)[:3])),
+            manifest_edit(cases=2, complete=True)(run),
+        ),
+        "says complete, but",
+    ),
     "manifest not JSON": (write(MANIFEST, "{not json"), "not readable JSON"),
     "manifest a list": (write(MANIFEST, "[1, 2, 3]"), "expected a JSON object, got list"),
     "manifest without cases": (manifest_edit(cases=None), "no 'cases' count"),
@@ -236,25 +307,57 @@ RUN_FAULTS: dict[str, tuple[Callable[[Path], object], str]] = {
     "manifest empty": (write(MANIFEST, ""), "not readable JSON"),
 }
 ASV_FAULTS: dict[str, tuple[Callable[[Path], object], str]] = {
-    "asv benchmarks.json missing": (asv_fault(lambda r: (r / "benchmarks.json").unlink()), "has no benchmarks.json"),
-    "asv benchmarks.json garbled": (asv_fault(lambda r: (r / "benchmarks.json").write_text('{"version": 2, ')), "cannot read the benchmark list"),
-    "asv benchmarks.json a list": (asv_fault(lambda r: (r / "benchmarks.json").write_text("[1, 2]")), "cannot read the benchmark list"),
+    "asv benchmarks.json missing": (
+        asv_fault(lambda r: (r / "benchmarks.json").unlink()),
+        "has no benchmarks.json",
+    ),
+    "asv benchmarks.json garbled": (
+        asv_fault(lambda r: (r / "benchmarks.json").write_text('{"version": 2, ')),
+        "cannot read the benchmark list",
+    ),
+    "asv benchmarks.json a list": (
+        asv_fault(lambda r: (r / "benchmarks.json").write_text("[1, 2]")),
+        "cannot read the benchmark list",
+    ),
     "asv result file truncated": (asv_fault(_truncate_result), "not a readable asv result file"),
     "asv garbled params": (asv_fault(asv_edit_result(_garble_params)), "garbled parameter set"),
-    "asv values do not match params": (asv_fault(asv_edit_result(_wrong_count)), "values for 12 parameter sets"),
+    "asv values do not match params": (
+        asv_fault(asv_edit_result(_wrong_count)),
+        "values for 12 parameter sets",
+    ),
     "asv params not a list": (asv_fault(asv_edit_result(_not_a_list)), "garbled result"),
-    "asv negative time": (asv_fault(asv_edit_result(_negative_time)), "time -1.0 is not a time > 0"),
-    "asv infinite bytes": (asv_fault(asv_edit_result(_infinite_bytes)), "is not a finite value >= 0"),
-    "asv stale version": (asv_fault(_stale), "2 result(s) from another version of the suite left out"),
-    "asv machine.json missing": (asv_fault(lambda r: (r / "fixture-box" / "machine.json").unlink()), "machine name taken from the directory"),
+    "asv negative time": (
+        asv_fault(asv_edit_result(_negative_time)),
+        "time -1.0 is not a time > 0",
+    ),
+    "asv infinite bytes": (
+        asv_fault(asv_edit_result(_infinite_bytes)),
+        "is not a finite value >= 0",
+    ),
+    "asv stale version": (
+        asv_fault(_stale),
+        "2 result(s) from another version of the suite left out",
+    ),
+    "asv machine.json missing": (
+        asv_fault(lambda r: (r / "fixture-box" / "machine.json").unlink()),
+        "machine name taken from the directory",
+    ),
     "asv no result files": (asv_fault(_no_results), "no result files"),
 }
 PATH_FAULTS: dict[str, tuple[Callable[[Path], Path], str]] = {
     "source missing": (lambda tmp: tmp / "nowhere", "does not exist"),
-    "source empty directory": (lambda tmp: (tmp / "empty").mkdir() or tmp / "empty", "is an empty directory"),
-    "source is a file": (lambda tmp: (tmp / "file.csv").write_text("a,b\n") and tmp / "file.csv", "is a file"),
-    "source unrelated directory": (lambda tmp: (tmp / "d").mkdir() or (tmp / "d" / "x.txt").write_text("x") and tmp / "d",
-                                   "neither an asv results directory"),
+    "source empty directory": (
+        lambda tmp: (tmp / "empty").mkdir() or tmp / "empty",
+        "is an empty directory",
+    ),
+    "source is a file": (
+        lambda tmp: (tmp / "file.csv").write_text("a,b\n") and tmp / "file.csv",
+        "is a file",
+    ),
+    "source unrelated directory": (
+        lambda tmp: (tmp / "d").mkdir() or (tmp / "d" / "x.txt").write_text("x") and tmp / "d",
+        "neither an asv results directory",
+    ),
 }
 ALL_FAULTS = sorted(RUN_FAULTS) + sorted(ASV_FAULTS) + sorted(PATH_FAULTS)
 
@@ -289,7 +392,9 @@ def test_a_run_killed_before_its_first_manifest_reports_what_its_log_holds(tmp_p
     (run / MEASUREMENTS).unlink()
     (run / LOG).write_text("".join(_log_lines(run)[:2]))
     frame = load([run])
-    assert frame.attrs["problems"] == [] and any("missing (the sweep stopped before writing it)" in n for n in frame.attrs["notes"])
+    assert frame.attrs["problems"] == [] and any(
+        "missing (the sweep stopped before writing it)" in n for n in frame.attrs["notes"]
+    )
     assert any("incomplete (1 of 5 cases)" in n for n in frame.attrs["notes"])
     assert list(frame.loc[frame["metric"] == "time", "seq_len"]) == [64]
     assert main(["report", "--out", str(tmp_path / "out"), "--from", str(run)]) == 0
@@ -301,7 +406,9 @@ def test_the_export_is_not_the_record(tmp_path):
     before = load_run(run)
     (run / MEASUREMENTS).write_text("garbage,\n1,2,3\n")
     after = load_run(run)
-    assert after.attrs["problems"] == [] and after.drop(columns="origin", errors="ignore").equals(before.drop(columns="origin", errors="ignore"))
+    assert after.attrs["problems"] == [] and after.drop(columns="origin", errors="ignore").equals(
+        before.drop(columns="origin", errors="ignore")
+    )
 
 
 def test_the_battery_is_large_enough():
@@ -330,7 +437,11 @@ def test_a_log_cut_mid_value_never_gives_an_ok_zero(tmp_path):
     (run / LOG).write_text("".join(lines[:4]) + lines[4][:cut])
     frame = load_run(run)
     time = frame[frame["metric"] == "time"]
-    assert len(time) == 3 and set(time["seq_len"]) == {64, 128, 256}  # the cut case (L=512) is gone ...
+    assert len(time) == 3 and set(time["seq_len"]) == {
+        64,
+        128,
+        256,
+    }  # the cut case (L=512) is gone ...
     assert (time.loc[time["status"] == "ok", "value"] > 1e-6).all()  # ... never an ok 0
     problems = " | ".join(frame.attrs["problems"])
     assert "torn last line" in " | ".join(frame.attrs["notes"]) and "says 5 case(s)" in problems
@@ -340,12 +451,17 @@ def test_an_interrupted_run_is_incomplete_not_corrupt(tmp_path):
     run = write_good_run(tmp_path / "run", planned=20, complete=False)
     frame = load_run(run)
     assert frame.attrs["problems"] == []
-    assert frame.attrs["notes"] == [f"{run}: incomplete (5 of 20 cases): the sweep was stopped before the end"]
+    assert frame.attrs["notes"] == [
+        f"{run}: incomplete (5 of 20 cases): the sweep was stopped before the end"
+    ]
     done = write_good_run(tmp_path / "done", planned=5, complete=True)
     assert load_run(done).attrs["notes"] == []
 
 
-@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="running as root: chmod 000 does not stop reads")
+@pytest.mark.skipif(
+    hasattr(os, "geteuid") and os.geteuid() == 0,
+    reason="running as root: chmod 000 does not stop reads",
+)
 @pytest.mark.parametrize("target", [LOG, MANIFEST, "."])
 def test_unreadable_files_are_named(tmp_path, good, target):
     run = write_good_run(tmp_path / "locked")
@@ -355,7 +471,9 @@ def test_unreadable_files_are_named(tmp_path, good, target):
         frame = load([run, good[0]])
     finally:
         path.chmod(0o755)
-    assert any(str(run) in p and ("Permission" in p or "permission" in p) for p in frame.attrs["problems"]), frame.attrs["problems"]
+    assert any(
+        str(run) in p and ("Permission" in p or "permission" in p) for p in frame.attrs["problems"]
+    ), frame.attrs["problems"]
     assert (frame["machine"] == "good-box").sum() == good[1]
 
 
@@ -378,7 +496,9 @@ def test_asv_garbled_params_keep_the_rest_of_the_benchmark(tmp_path):
     frame = load_asv(results)
     time = frame[frame["metric"] == "time"]
     assert set(time["seq_len"]) == {128}  # the 'sixty-four' parameter sets are left out, L=128 kept
-    assert (frame["metric"] == "peak_rss").sum() == (load_asv(FIXTURE)["metric"] == "peak_rss").sum()
+    assert (frame["metric"] == "peak_rss").sum() == (
+        load_asv(FIXTURE)["metric"] == "peak_rss"
+    ).sum()
 
 
 # ---- the CLI: exit codes and reasons on the terminal -------------------------------------------
@@ -400,10 +520,29 @@ def test_report_with_nothing_loadable_exits_1_with_reasons_on_stderr(tmp_path, c
     empty.mkdir()
     broken = make_bad("manifest a list", tmp_path / "x")
     (broken / LOG).write_text("")
-    assert main(["report", "--out", str(tmp_path / "out"), "--from", str(tmp_path / "missing"),
-                 "--from", str(empty), "--from", str(broken)]) == 1
+    assert (
+        main(
+            [
+                "report",
+                "--out",
+                str(tmp_path / "out"),
+                "--from",
+                str(tmp_path / "missing"),
+                "--from",
+                str(empty),
+                "--from",
+                str(broken),
+            ]
+        )
+        == 1
+    )
     err = capsys.readouterr().err
-    assert "does not exist" in err and "empty directory" in err and "got list" in err and "nothing could be loaded" in err
+    assert (
+        "does not exist" in err
+        and "empty directory" in err
+        and "got list" in err
+        and "nothing could be loaded" in err
+    )
     page = (tmp_path / "out" / "report.html").read_text()
     assert 'class="good"' not in page and "Nothing could be loaded" in page
 
@@ -440,9 +579,13 @@ def test_unreadable_files_are_named_even_as_root(tmp_path, good, target, monkeyp
 
     monkeypatch.setattr(Path, "read_text", refusing(Path.read_text))
     monkeypatch.setattr(Path, "read_bytes", refusing(Path.read_bytes))
-    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == path.resolve() else real_access(p, mode))
+    monkeypatch.setattr(
+        os, "access", lambda p, mode: False if Path(p) == path.resolve() else real_access(p, mode)
+    )
     frame = load([run, good[0]])
-    assert any(str(run) in p and "ermission denied" in p for p in frame.attrs["problems"]), frame.attrs["problems"]
+    assert any(str(run) in p and "ermission denied" in p for p in frame.attrs["problems"]), (
+        frame.attrs["problems"]
+    )
     assert (frame["machine"] == "good-box").sum() == good[1]
     assert not (frame["machine"] == "bad-box").any() or target != "."
 
@@ -454,7 +597,10 @@ def test_rows_know_their_source_and_when_they_ran(tmp_path):
     frame = load([a, b])
     assert set(frame["origin"]) == {str(a), str(b)}
     dates = frame.groupby("origin")["run_date"].first()
-    assert f"{dates[str(a)]:%Y-%m-%d %H:%M}" == "2026-01-02 03:04" and f"{dates[str(b)]:%Y-%m-%d %H:%M}" == "2026-02-03 04:05"
+    assert (
+        f"{dates[str(a)]:%Y-%m-%d %H:%M}" == "2026-01-02 03:04"
+        and f"{dates[str(b)]:%Y-%m-%d %H:%M}" == "2026-02-03 04:05"
+    )
 
 
 def test_a_noisy_case_keeps_its_value_but_is_not_ok(tmp_path, monkeypatch):
@@ -476,9 +622,13 @@ def test_a_manifest_one_write_behind_the_log_is_a_note_not_corruption(tmp_path):
     cases = json.loads((run / MANIFEST).read_text())["cases"]
     lagging = write_good_run(tmp_path / "lag", cases=cases - 1, complete=False)
     frame = load_run(lagging)
-    assert frame.attrs["problems"] == [] and any("stopped between writing its files" in n for n in frame.attrs["notes"])
+    assert frame.attrs["problems"] == [] and any(
+        "stopped between writing its files" in n for n in frame.attrs["notes"]
+    )
     truncated = write_good_run(tmp_path / "cut")
-    (truncated / LOG).write_text("".join(_log_lines(truncated)[:-1]))  # the log lost a case the manifest counted
+    (truncated / LOG).write_text(
+        "".join(_log_lines(truncated)[:-1])
+    )  # the log lost a case the manifest counted
     assert any("truncated or replaced" in p for p in load_run(truncated).attrs["problems"])
 
 
@@ -489,11 +639,16 @@ def test_a_noisy_case_keeps_its_memory_and_counts_as_facts(tmp_path):
     frame = load_run(run)
     at = frame[frame["seq_len"] == 128].set_index("metric")
     assert at.loc["time", "status"] == "noisy" and at.loc["gflops", "status"] == "noisy"
-    assert at.loc["peak_tensor_bytes", "status"] == "ok" and at.loc["peak_tensor_bytes", "value"] == 8 * 128 * 128
+    assert (
+        at.loc["peak_tensor_bytes", "status"] == "ok"
+        and at.loc["peak_tensor_bytes", "value"] == 8 * 128 * 128
+    )
     from attnbench.analysis import complexity
 
     fits = complexity.fit_table(frame).set_index("metric")
-    assert fits.loc["peak_tensor_bytes", "n"] == 4 and fits.loc["time", "n"] <= 3  # 128 is fitted for memory only
+    assert (
+        fits.loc["peak_tensor_bytes", "n"] == 4 and fits.loc["time", "n"] <= 3
+    )  # 128 is fitted for memory only
 
 
 def test_a_logged_count_of_unknown_status_is_refused():

@@ -16,13 +16,21 @@ def _brute(mod: mm.MaskMod, batch: int, lq: int, lk: int) -> torch.Tensor:
     for b in range(batch):
         for i in range(lq):
             for j in range(lk):
-                out[b, 0, i, j] = bool(mod.fn(torch.tensor(b), torch.tensor(0), torch.tensor(i), torch.tensor(j)))
+                out[b, 0, i, j] = bool(
+                    mod.fn(torch.tensor(b), torch.tensor(0), torch.tensor(i), torch.tensor(j))
+                )
     return out
 
 
 @st.composite
 def mods(draw, lq: int, batch: int, depth: int = 2) -> mm.MaskMod:
-    kind = draw(st.sampled_from(["causal", "sliding", "prefix", "document", "valid", "and", "or"] if depth else ["causal", "sliding", "prefix", "document", "valid"]))
+    kind = draw(
+        st.sampled_from(
+            ["causal", "sliding", "prefix", "document", "valid", "and", "or"]
+            if depth
+            else ["causal", "sliding", "prefix", "document", "valid"]
+        )
+    )
     if kind == "causal":
         return mm.causal()
     if kind == "sliding":
@@ -32,7 +40,9 @@ def mods(draw, lq: int, batch: int, depth: int = 2) -> mm.MaskMod:
     if kind == "document":
         return mm.document(draw(st.lists(st.integers(1, 9), min_size=1, max_size=5)))
     if kind == "valid":
-        return mm.valid_lengths(torch.tensor(draw(st.lists(st.integers(0, 30), min_size=batch, max_size=batch))))
+        return mm.valid_lengths(
+            torch.tensor(draw(st.lists(st.integers(0, 30), min_size=batch, max_size=batch)))
+        )
     a, b = draw(mods(lq, batch, depth - 1)), draw(mods(lq, batch, depth - 1))
     return a & b if kind == "and" else a | b
 
@@ -68,8 +78,18 @@ def test_tile_states_are_sound_and_primitives_exact(data, lq, lk, batch):
 def test_smallest_broadcast_shapes():
     assert mm.dense(mm.causal(), 4, 8, 5, 6).shape == (1, 1, 5, 6)
     assert mm.dense(mm.valid_lengths(torch.tensor([1, 2])), 2, 8, 5, 6).shape == (2, 1, 1, 6)
-    assert mm.dense(mm.valid_lengths(torch.tensor([[1, 2], [3, 4]])), 2, 8, 2, 6).shape == (2, 1, 2, 6)
-    assert mm.dense(mm.causal() & mm.valid_lengths(torch.tensor([1, 2])), 2, 8, 5, 6).shape == (2, 1, 5, 6)
+    assert mm.dense(mm.valid_lengths(torch.tensor([[1, 2], [3, 4]])), 2, 8, 2, 6).shape == (
+        2,
+        1,
+        2,
+        6,
+    )
+    assert mm.dense(mm.causal() & mm.valid_lengths(torch.tensor([1, 2])), 2, 8, 5, 6).shape == (
+        2,
+        1,
+        5,
+        6,
+    )
 
 
 def test_causal_identity_and_names():
@@ -90,9 +110,14 @@ def test_counts_at_long_lengths_do_no_quadratic_work():
 
 @pytest.mark.parametrize(
     "factory,args,exc",
-    [(mm.sliding_window, (-1,), ValueError), (mm.prefix_lm, (1.5,), TypeError), (mm.document, ([],), ValueError),
-     (mm.document, ([3, 0],), ValueError), (mm.valid_lengths, ([1, 2],), TypeError),
-     (mm.valid_lengths, (torch.tensor([1.0]),), TypeError)],
+    [
+        (mm.sliding_window, (-1,), ValueError),
+        (mm.prefix_lm, (1.5,), TypeError),
+        (mm.document, ([],), ValueError),
+        (mm.document, ([3, 0],), ValueError),
+        (mm.valid_lengths, ([1, 2],), TypeError),
+        (mm.valid_lengths, (torch.tensor([1.0]),), TypeError),
+    ],
 )
 def test_bad_arguments_are_named(factory, args, exc):
     with pytest.raises(exc):
@@ -103,7 +128,7 @@ def test_flex_attention_takes_the_predicate_as_its_mask_mod():
     flex = pytest.importorskip("torch.nn.attention.flex_attention")
     mod = mm.causal() & mm.document([5, 9, 2])
     block = flex.create_block_mask(mod.fn, None, None, 16, 16, device="cpu", BLOCK_SIZE=4)
-    assert torch.equal(block.to_dense().bool().any() , torch.tensor(True))
+    assert torch.equal(block.to_dense().bool().any(), torch.tensor(True))
     dense_blocks = block.to_dense()[0, 0].bool()  # (Lq/4, Lk/4) tiles flex will visit
     for i in range(4):
         for j in range(4):
@@ -116,7 +141,8 @@ def _tile_walk(mod: mm.MaskMod, batch: int, lq: int, lk: int, tq: int, tk: int) 
     """Pairs in the tiles that block_state does not call empty, one tile at a time."""
     return sum(
         (min(q0 + tq, lq) - q0) * (min(k0 + tk, lk) - k0)
-        for q0 in range(0, lq, tq) for k0 in range(0, lk, tk)
+        for q0 in range(0, lq, tq)
+        for k0 in range(0, lk, tk)
         if mm.block_state(mod, batch, 1, q0, min(q0 + tq, lq), k0, min(k0 + tk, lk)) != mm.EMPTY
     )
 
@@ -135,8 +161,16 @@ def builtins(draw, lq: int, lk: int, batch: int) -> mm.MaskMod:
     if kind == "document":  # documents may end before, at or after the longer length
         return mm.document(draw(st.lists(st.integers(1, max(1, top // 2)), min_size=1, max_size=6)))
     if kind == "valid":
-        return mm.valid_lengths(torch.tensor(draw(st.lists(st.integers(-2, lk + 2), min_size=batch, max_size=batch))))
-    rows = draw(st.lists(st.lists(st.integers(-1, lk + 2), min_size=lq, max_size=lq), min_size=batch, max_size=batch))
+        return mm.valid_lengths(
+            torch.tensor(draw(st.lists(st.integers(-2, lk + 2), min_size=batch, max_size=batch)))
+        )
+    rows = draw(
+        st.lists(
+            st.lists(st.integers(-1, lk + 2), min_size=lq, max_size=lq),
+            min_size=batch,
+            max_size=batch,
+        )
+    )
     return mm.valid_lengths(torch.tensor(rows))
 
 
@@ -151,40 +185,73 @@ def compositions(draw, lq: int, lk: int, batch: int, depth: int) -> mm.MaskMod:
 
 
 @settings(max_examples=400, deadline=None)
-@given(data=st.data(), lq=st.integers(1, 24), lk=st.integers(1, 24), batch=st.integers(1, 3),
-       tq=st.integers(1, 9), tk=st.integers(1, 9), depth=st.integers(1, 3))
-def test_composed_counts_equal_the_dense_count_and_the_tile_walk(data, lq, lk, batch, tq, tk, depth):
+@given(
+    data=st.data(),
+    lq=st.integers(1, 24),
+    lk=st.integers(1, 24),
+    batch=st.integers(1, 3),
+    tq=st.integers(1, 9),
+    tk=st.integers(1, 9),
+    depth=st.integers(1, 3),
+)
+def test_composed_counts_equal_the_dense_count_and_the_tile_walk(
+    data, lq, lk, batch, tq, tk, depth
+):
     """allowed_pairs and nonempty_tile_pairs of & / | trees are closed forms, exact against brute force."""
     mod = data.draw(compositions(lq, lk, batch, depth))
-    assume(mod.form is not None)  # beyond the term limit the walk counts (checked by the walk itself)
+    assume(
+        mod.form is not None
+    )  # beyond the term limit the walk counts (checked by the walk itself)
     assert mod.pairs is not None and mod.tile_pairs is not None
     truth = mm.dense(mod, batch, 1, lq, lk).expand(batch, 1, lq, lk)
     assert mm.allowed_pairs(mod, batch, lq, lk) == int(truth.sum()) // batch, mod.name
-    assert mm.nonempty_tile_pairs(mod, batch, 1, lq, lk, tq, tk) == _tile_walk(mod, batch, lq, lk, tq, tk), mod.name
+    assert mm.nonempty_tile_pairs(mod, batch, 1, lq, lk, tq, tk) == _tile_walk(
+        mod, batch, lq, lk, tq, tk
+    ), mod.name
 
 
 @settings(max_examples=200, deadline=None)
-@given(data=st.data(), lq=st.integers(1, 300), lk=st.integers(1, 300), batch=st.integers(1, 2),
-       tq=st.integers(1, 64), tk=st.integers(1, 64))
-def test_one_predicate_through_the_composition_counter_equals_its_own_closed_form(data, lq, lk, batch, tq, tk):
+@given(
+    data=st.data(),
+    lq=st.integers(1, 300),
+    lk=st.integers(1, 300),
+    batch=st.integers(1, 2),
+    tq=st.integers(1, 64),
+    tk=st.integers(1, 64),
+)
+def test_one_predicate_through_the_composition_counter_equals_its_own_closed_form(
+    data, lq, lk, batch, tq, tk
+):
     """``m & m`` is ``m`` (absorbed) counted by the composition code: it agrees with m's own formulas."""
     mod = data.draw(builtins(lq, lk, batch))
     same = mod & mod
     assert len(same.form) == 1 and len(same.form[0]) == 1
     assert mm.allowed_pairs(same, batch, lq, lk) == mm.allowed_pairs(mod, batch, lq, lk), mod.name
-    assert mm.nonempty_tile_pairs(same, batch, 1, lq, lk, tq, tk) == mm.nonempty_tile_pairs(mod, batch, 1, lq, lk, tq, tk)
+    assert mm.nonempty_tile_pairs(same, batch, 1, lq, lk, tq, tk) == mm.nonempty_tile_pairs(
+        mod, batch, 1, lq, lk, tq, tk
+    )
 
 
 @settings(max_examples=60, deadline=None)
-@given(data=st.data(), lq=st.integers(1, 400), lk=st.integers(1, 400), tq=st.integers(2, 64), tk=st.integers(2, 64))
+@given(
+    data=st.data(),
+    lq=st.integers(1, 400),
+    lk=st.integers(1, 400),
+    tq=st.integers(2, 64),
+    tk=st.integers(2, 64),
+)
 def test_composed_tile_counts_at_longer_lengths(data, lq, lk, tq, tk):
     """Longer lengths, wider tiles and windows: many tiles per document and per piece."""
     a = data.draw(compositions(lq, lk, 1, 1))
     b = data.draw(compositions(lq, lk, 1, 1))
     for mod in (a & b, a | b):
         assume(mod.form is not None)
-        assert mm.nonempty_tile_pairs(mod, 1, 1, lq, lk, tq, tk) == _tile_walk(mod, 1, lq, lk, tq, tk), mod.name
-        assert mm.allowed_pairs(mod, 1, lq, lk) == int(mm.dense(mod, 1, 1, lq, lk).expand(1, 1, lq, lk).sum()), mod.name
+        assert mm.nonempty_tile_pairs(mod, 1, 1, lq, lk, tq, tk) == _tile_walk(
+            mod, 1, lq, lk, tq, tk
+        ), mod.name
+        assert mm.allowed_pairs(mod, 1, lq, lk) == int(
+            mm.dense(mod, 1, 1, lq, lk).expand(1, 1, lq, lk).sum()
+        ), mod.name
 
 
 LONG = 10**9
@@ -213,14 +280,25 @@ def test_composed_counts_answer_at_a_billion_in_well_under_a_second(make):
 
 def test_composed_counts_at_a_billion_match_hand_sums():
     n = LONG
-    assert mm.allowed_pairs(mm.causal() & mm.sliding_window(8), 1, n, n) == 9 * n - 36  # rows i see min(i, 8) + 1
+    assert (
+        mm.allowed_pairs(mm.causal() & mm.sliding_window(8), 1, n, n) == 9 * n - 36
+    )  # rows i see min(i, 8) + 1
     docs = [3 * 10**8, 10**8, 6 * 10**8]
-    assert mm.allowed_pairs(mm.causal() & mm.document(docs), 1, n, n) == sum(d * (d + 1) // 2 for d in docs)
+    assert mm.allowed_pairs(mm.causal() & mm.document(docs), 1, n, n) == sum(
+        d * (d + 1) // 2 for d in docs
+    )
     # prefix_lm(p) | causal is prefix_lm(p); causal | sliding_window(w) adds w keys ahead of each row but the last w
-    assert mm.allowed_pairs(mm.prefix_lm(10**4) | mm.causal(), 1, n, n) == mm.allowed_pairs(mm.prefix_lm(10**4), 1, n, n)
-    assert mm.allowed_pairs(mm.causal() | mm.sliding_window(5), 1, n, n) == n * (n + 1) // 2 + 5 * n - 15
+    assert mm.allowed_pairs(mm.prefix_lm(10**4) | mm.causal(), 1, n, n) == mm.allowed_pairs(
+        mm.prefix_lm(10**4), 1, n, n
+    )
+    assert (
+        mm.allowed_pairs(mm.causal() | mm.sliding_window(5), 1, n, n)
+        == n * (n + 1) // 2 + 5 * n - 15
+    )
     # Tiles of 64: causal & sliding_window(8) meets the diagonal tile and, past the first row of tiles, the one before it
-    assert mm.nonempty_tile_pairs(mm.causal() & mm.sliding_window(8), 1, 1, 64 * n, 64 * n, 64, 64) == 64 * 64 * (2 * n - 1)
+    assert mm.nonempty_tile_pairs(
+        mm.causal() & mm.sliding_window(8), 1, 1, 64 * n, 64 * n, 64, 64
+    ) == 64 * 64 * (2 * n - 1)
 
 
 def test_counts_without_a_closed_form_refuse_instead_of_hanging():
@@ -234,7 +312,9 @@ def test_counts_without_a_closed_form_refuse_instead_of_hanging():
     with pytest.raises(ValueError, match="would walk"):
         mm.nonempty_tile_pairs(walked, 1, 1, LONG, LONG, 64, 64)
     assert time.perf_counter() - t0 < 0.5
-    assert mm.allowed_pairs(walked, 1, 100, 90, block=8) == mm.allowed_pairs(mm.causal() & mm.sliding_window(8), 1, 100, 90)
+    assert mm.allowed_pairs(walked, 1, 100, 90, block=8) == mm.allowed_pairs(
+        mm.causal() & mm.sliding_window(8), 1, 100, 90
+    )
 
 
 def test_absorbed_and_repeated_terms():
@@ -246,15 +326,19 @@ def test_absorbed_and_repeated_terms():
 
 @pytest.mark.parametrize(
     "call,exc,match",
-    [(lambda: mm.and_(), TypeError, "at least one MaskMod"), (lambda: mm.or_(), TypeError, "at least one MaskMod"),
-     (lambda: mm.and_(mm.causal(), 5), TypeError, "MaskMod"), (lambda: mm.document(5), TypeError, "sequence of ints"),
-     (lambda: mm.allowed_pairs(mm.causal(), 1, -1, 4), ValueError, "lq"),
-     (lambda: mm.allowed_pairs(None, 1, 4, 0), ValueError, "lk"),
-     (lambda: mm.allowed_pairs(mm.causal(), True, 4, 4), TypeError, "batch"),
-     (lambda: mm.allowed_pairs(mm.causal(), 1, 4, 4, block=0), ValueError, "block"),
-     (lambda: mm.nonempty_tile_pairs(mm.causal(), 1, 1, 4, 4, 0, 4), ValueError, "tq"),
-     (lambda: mm.nonempty_tile_pairs(mm.causal(), 1, 1, 4, 4, 4, 2.0), TypeError, "tk"),
-     (lambda: mm.nonempty_tile_pairs(mm.causal(), 1, False, 4, 4, 4, 4), TypeError, "heads")],
+    [
+        (lambda: mm.and_(), TypeError, "at least one MaskMod"),
+        (lambda: mm.or_(), TypeError, "at least one MaskMod"),
+        (lambda: mm.and_(mm.causal(), 5), TypeError, "MaskMod"),
+        (lambda: mm.document(5), TypeError, "sequence of ints"),
+        (lambda: mm.allowed_pairs(mm.causal(), 1, -1, 4), ValueError, "lq"),
+        (lambda: mm.allowed_pairs(None, 1, 4, 0), ValueError, "lk"),
+        (lambda: mm.allowed_pairs(mm.causal(), True, 4, 4), TypeError, "batch"),
+        (lambda: mm.allowed_pairs(mm.causal(), 1, 4, 4, block=0), ValueError, "block"),
+        (lambda: mm.nonempty_tile_pairs(mm.causal(), 1, 1, 4, 4, 0, 4), ValueError, "tq"),
+        (lambda: mm.nonempty_tile_pairs(mm.causal(), 1, 1, 4, 4, 4, 2.0), TypeError, "tk"),
+        (lambda: mm.nonempty_tile_pairs(mm.causal(), 1, False, 4, 4, 4, 4), TypeError, "heads"),
+    ],
 )
 def test_bad_calls_are_named(call, exc, match):
     with pytest.raises(exc, match=match):

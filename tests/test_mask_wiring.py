@@ -28,11 +28,25 @@ def _dense_count(spec: AttnSpec) -> int:
 
 @given(
     kind=st.sampled_from(masks.MASK_KINDS),
-    lq=st.integers(1, 70), lk=st.integers(1, 70), batch=st.integers(1, 3),
-    window=st.integers(1, 9), prefix=st.one_of(st.none(), st.integers(0, 80)),
+    lq=st.integers(1, 70),
+    lk=st.integers(1, 70),
+    batch=st.integers(1, 3),
+    window=st.integers(1, 9),
+    prefix=st.one_of(st.none(), st.integers(0, 80)),
 )
-def test_allowed_pairs_come_from_the_predicate_and_match_the_dense_count(kind, lq, lk, batch, window, prefix):
-    spec = AttnSpec(batch=batch, heads=1, seq_len=lq, seq_len_k=lk, head_dim=4, mask=kind, window=window, prefix=prefix)
+def test_allowed_pairs_come_from_the_predicate_and_match_the_dense_count(
+    kind, lq, lk, batch, window, prefix
+):
+    spec = AttnSpec(
+        batch=batch,
+        heads=1,
+        seq_len=lq,
+        seq_len_k=lk,
+        head_dim=4,
+        mask=kind,
+        window=window,
+        prefix=prefix,
+    )
     assert spec.allowed_pairs() == _dense_count(spec)
 
 
@@ -71,30 +85,49 @@ def test_mask_bytes_are_the_dense_tensor_and_only_for_variants_that_receive_it()
         assert s.mask_bytes == (0 if m is None else m.numel() * m.element_size()), kind
         batched, chunked = attnbench.get_variant("batched"), attnbench.get_variant("chunked")
         assert guard.case_bytes(s, batched) == s.input_bytes + s.mask_bytes
-        assert guard.case_bytes(s, chunked) == s.input_bytes  # chunked takes the predicate: no dense mask
+        assert (
+            guard.case_bytes(s, chunked) == s.input_bytes
+        )  # chunked takes the predicate: no dense mask
 
 
 def test_guard_skips_a_case_whose_dense_mask_alone_exceeds_the_budget():
     """Planted: a budget that holds q, k, v and the variant's peak but not the L^2 causal mask."""
     spec = AttnSpec(batch=1, heads=1, seq_len=4096, head_dim=8, mask="causal")
     variant = attnbench.get_variant("sdpa_dense_mask")
-    without_mask = guard.case_bytes(spec.replace(mask="none"), variant) + variant.predicted_peak_bytes(spec)
+    without_mask = guard.case_bytes(
+        spec.replace(mask="none"), variant
+    ) + variant.predicted_peak_bytes(spec)
     budget = without_mask + spec.mask_bytes // 2
-    reasons = guard.guard_reasons(variant, spec, memory_budget=budget, time_budget=1e9, peak_flops=1e12, calls=1)
+    reasons = guard.guard_reasons(
+        variant, spec, memory_budget=budget, time_budget=1e9, peak_flops=1e12, calls=1
+    )
     assert reasons and "inputs+mask" in reasons[0]
     # The same budget runs the predicate-taking sdpa (is_causal: nothing L^2 is built).
-    assert not guard.guard_reasons(attnbench.get_variant("sdpa"), spec, memory_budget=budget, time_budget=1e9,
-                                   peak_flops=1e12, calls=1)
+    assert not guard.guard_reasons(
+        attnbench.get_variant("sdpa"),
+        spec,
+        memory_budget=budget,
+        time_budget=1e9,
+        peak_flops=1e12,
+        calls=1,
+    )
 
 
 def test_runner_hands_predicates_to_variants_that_declare_them():
     spec = AttnSpec(batch=1, heads=2, seq_len=40, head_dim=8, mask="causal")
-    for name, form in (("chunked", mask_mods.MaskMod), ("sdpa", mask_mods.MaskMod), ("local", mask_mods.MaskMod),
-                       ("sdpa_dense_mask", torch.Tensor), ("batched", torch.Tensor)):
+    for name, form in (
+        ("chunked", mask_mods.MaskMod),
+        ("sdpa", mask_mods.MaskMod),
+        ("local", mask_mods.MaskMod),
+        ("sdpa_dense_mask", torch.Tensor),
+        ("batched", torch.Tensor),
+    ):
         _, _, mask = runner.make_call(attnbench.get_variant(name), spec, seed=0)
         assert isinstance(mask, form), name
     # sdpa takes only the exactly causal predicate; anything else becomes the dense tensor.
-    _, _, mask = runner.make_call(attnbench.get_variant("sdpa"), spec.replace(mask="prefix_lm"), seed=0)
+    _, _, mask = runner.make_call(
+        attnbench.get_variant("sdpa"), spec.replace(mask="prefix_lm"), seed=0
+    )
     assert isinstance(mask, torch.Tensor)
 
 
@@ -175,18 +208,28 @@ def test_sdpa_calls_is_causal_and_sdpa_dense_mask_passes_the_tensor(monkeypatch)
         call()
     (causal_flag, causal_mask), (dense_flag, dense_mask) = calls
     assert causal_flag is True and causal_mask is None
-    assert dense_flag is False and isinstance(dense_mask, torch.Tensor) and dense_mask.shape[-2:] == (24, 40)
+    assert (
+        dense_flag is False
+        and isinstance(dense_mask, torch.Tensor)
+        and dense_mask.shape[-2:] == (24, 40)
+    )
 
 
 def test_cuda_flash_declares_causal_as_pytorch_does():
     flash, cudnn = attnbench.get_variant("sdpa_flash"), attnbench.get_variant("sdpa_cudnn")
-    square = AttnSpec(batch=1, heads=2, seq_len=64, head_dim=16, dtype="float16", device="cuda", mask="causal")
+    square = AttnSpec(
+        batch=1, heads=2, seq_len=64, head_dim=16, dtype="float16", device="cuda", mask="causal"
+    )
+
     def own(v, s):  # the variant's own rule, without "CUDA is not available on this machine"
         return [r for r in v.not_supported_reasons(s) if "not available" not in r]
+
     assert own(flash, square) == [] and own(cudnn, square) == []
     assert any("Lq=64 != Lk=96" in r for r in own(flash, square.replace(seq_len_k=96)))
     assert any("no explicit boolean mask" in r for r in own(flash, square.replace(mask="document")))
-    assert any("no explicit boolean mask" in r for r in own(flash, square.replace(mask="sliding_window")))
+    assert any(
+        "no explicit boolean mask" in r for r in own(flash, square.replace(mask="sliding_window"))
+    )
 
 
 def test_chunked_causal_executes_about_half_the_pairs():
@@ -194,7 +237,9 @@ def test_chunked_causal_executes_about_half_the_pairs():
     spec = AttnSpec(seq_len=4096, mask="causal")
     ratio = variant.executed_pairs(spec) / (spec.lq * spec.lk)
     cq, ck = variant.chunks(4096, 4096, "float32")
-    assert ratio == pytest.approx(0.5 + 0.5 * min(cq, ck) / 4096, abs=0.01)  # key blocks classified min(Cq, Ck) wide
+    assert ratio == pytest.approx(
+        0.5 + 0.5 * min(cq, ck) / 4096, abs=0.01
+    )  # key blocks classified min(Cq, Ck) wide
     assert variant.flops(spec).executed < 0.6 * variant.flops(spec.replace(mask="none")).executed
 
 
@@ -210,24 +255,35 @@ def test_blockwise_peak_stays_linear_with_a_causal_predicate(name):
     """Peak tensor bytes grow ~L with the causal predicate; planted: the dense-row path grows faster."""
     variant = attnbench.get_variant(name)
     base = AttnSpec(batch=1, heads=1, seq_len=4096, head_dim=16, mask="causal")
-    peaks = {form: [_peak(variant, base.replace(seq_len=n), form) for n in (4096, 16384)] for form in ("mod", "dense")}
+    peaks = {
+        form: [_peak(variant, base.replace(seq_len=n), form) for n in (4096, 16384)]
+        for form in ("mod", "dense")
+    }
     if None in peaks["mod"] + peaks["dense"]:
         pytest.skip("the profiler's memory timeline is unavailable")
     exponent = {f: math.log(p[1] / p[0]) / math.log(4) for f, p in peaks.items()}
     assert exponent["mod"] <= 1.1, exponent
-    assert exponent["dense"] > exponent["mod"] + 0.25, exponent  # the planted dense-row gather is visibly worse
+    assert exponent["dense"] > exponent["mod"] + 0.25, (
+        exponent
+    )  # the planted dense-row gather is visibly worse
 
 
 def test_asv_grid_has_the_mask_parameter_and_cases_use_it():
     """The asv table gains ``mask`` (none, causal); a parameter set's case really carries its mask."""
     from attnbench import asv_bench
 
-    assert asv_bench.PARAMS["mask"] == ["none", "causal"] or "ATTNBENCH_ASV_MASKS" in __import__("os").environ
+    assert (
+        asv_bench.PARAMS["mask"] == ["none", "causal"]
+        or "ATTNBENCH_ASV_MASKS" in __import__("os").environ
+    )
     assert asv_bench.params()[1][-1] == "mask"
     call, spec = asv_bench.case("chunked", 256, "cpu", "forward", "causal")
     assert spec.mask == "causal"
     # FLOPs of the spec a parameter set names (asv_bench.flops would also run the speed guard, which
     # depends on how fast this machine is; the cost model does not)
     chunked = attnbench.get_variant("chunked")
-    flops = {m: chunked.flops(asv_bench.spec_for("chunked", 2048, "cpu", "forward", m)).executed for m in ("none", "causal")}
+    flops = {
+        m: chunked.flops(asv_bench.spec_for("chunked", 2048, "cpu", "forward", m)).executed
+        for m in ("none", "causal")
+    }
     assert flops["causal"] < 0.7 * flops["none"]  # the causal case is really causal (tiles skipped)

@@ -23,7 +23,9 @@ from attnbench.measure.timer import TimerConfig, time_call
 from attnbench.runs import MANIFEST, MEASUREMENTS, write_run
 from attnbench.variants.batched import BatchedAttention
 
-FAST = MeasureConfig(timer=TimerConfig(min_runs=2, min_time=0.01, max_time=0.5), measure_rss=False, probe=False)
+FAST = MeasureConfig(
+    timer=TimerConfig(min_runs=2, min_time=0.01, max_time=0.5), measure_rss=False, probe=False
+)
 SMALL = attnbench.AttnSpec(batch=1, heads=2, seq_len=64, head_dim=16)
 
 
@@ -37,7 +39,9 @@ class _Failing(BatchedAttention):
 
 
 class _Oom(_Failing):
-    exc = RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1000000000000 bytes.")
+    exc = RuntimeError(
+        "DefaultCPUAllocator: can't allocate memory: you tried to allocate 1000000000000 bytes."
+    )
 
 
 class _Sleepy(BatchedAttention):
@@ -89,13 +93,17 @@ def test_memory_guard_skips_before_running():
 
 
 def test_time_guard_skips_the_loop_at_long_lengths():
-    m = measure("loop", SMALL.replace(seq_len=4096), MeasureConfig(time_budget_s=30), peak_flops=1e10)
+    m = measure(
+        "loop", SMALL.replace(seq_len=4096), MeasureConfig(time_budget_s=30), peak_flops=1e10
+    )
     assert m.status == "skipped" and "exceeds the time budget" in m.reason
 
 
 def test_measured_timeout(registered):
     name = registered("sleepy", _Sleepy)
-    m = measure(name, SMALL, MeasureConfig(time_budget_s=1.0, check_accuracy=False), peak_flops=1e12)
+    m = measure(
+        name, SMALL, MeasureConfig(time_budget_s=1.0, check_accuracy=False), peak_flops=1e12
+    )
     assert m.status == "timeout" and "exceed the time budget" in m.reason and m.runs == 1
 
 
@@ -139,7 +147,9 @@ config = MeasureConfig(memory_budget_bytes=1e15, check_accuracy=False, measure_r
 m = measure("batched", spec, config, peak_flops=1e12)
 print(m.status, "|", m.reason)
 """
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     status, reason = out.stdout.strip().splitlines()[-1].split(" | ", 1)
     assert status == "oom", reason
@@ -174,13 +184,21 @@ def test_peak_from_timeline_ignores_preexisting():
         def __init__(self, name):
             self.name = name
 
-    timeline = [(0, A("PREEXISTING"), None, 100), (1, A("CREATE"), None, 10), (2, A("CREATE"), None, 5), (3, A("DESTROY"), None, 10), (4, A("CREATE"), None, 7)]
+    timeline = [
+        (0, A("PREEXISTING"), None, 100),
+        (1, A("CREATE"), None, 10),
+        (2, A("CREATE"), None, 5),
+        (3, A("DESTROY"), None, 10),
+        (4, A("CREATE"), None, 7),
+    ]
     assert peak_from_timeline(timeline) == 15
 
 
 def test_profiler_noise_never_reaches_stderr():
     script = "import torch\nfrom attnbench.measure.memory import cpu_peak_tensor_bytes\nprint(cpu_peak_tensor_bytes(lambda: torch.ones(1000) * 2))"
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0 and int(out.stdout.strip()) >= 4000
     assert out.stderr.strip() == "", out.stderr
 
@@ -213,16 +231,24 @@ def test_cache_flushes_are_inside_max_time_and_reuse_one_buffer(monkeypatch):
 
         def flush():
             now[0] += 0.05
+
         return flush
 
     def call():
         now[0] += 1e-6
 
     monkeypatch.setattr(timer, "cache_flusher", flusher)
-    samples, calls = time_call(call, "cpu", TimerConfig(warmup=1, warmup_time=0.0, min_runs=2, min_time=0.25,
-                                                        max_time=0.3, flush_cache=True))
+    samples, calls = time_call(
+        call,
+        "cpu",
+        TimerConfig(
+            warmup=1, warmup_time=0.0, min_runs=2, min_time=0.25, max_time=0.3, flush_cache=True
+        ),
+    )
     assert len(made) == 1
-    assert 2 <= len(samples) == calls <= 7  # 0.3 s of 50 ms flushes: six or seven samples, never 250,000
+    assert (
+        2 <= len(samples) == calls <= 7
+    )  # 0.3 s of 50 ms flushes: six or seven samples, never 250,000
     assert all(s == pytest.approx(1e-6) for s in samples)
 
 
@@ -236,7 +262,9 @@ def test_measurement_statistics_are_derived():
 def test_backward_flops_are_3x_forward_for_eager_autograd():
     v = attnbench.get_variant("batched")
     fwd, bwd = v.flops(SMALL), v.flops(SMALL.replace(mode="backward"))
-    assert bwd.executed == 3 * fwd.executed  # forward + backward at 2x (two matmuls per forward matmul)
+    assert (
+        bwd.executed == 3 * fwd.executed
+    )  # forward + backward at 2x (two matmuls per forward matmul)
     assert measure("chunked", SMALL.replace(mode="backward"), FAST, peak_flops=1e10).status == "ok"
 
 
@@ -269,20 +297,56 @@ def test_run_directory_schema(tmp_path):
     run = write_run(tmp_path / "run", results, FAST, seconds=1.0, command=["attnbench", "run"])
     frame = pd.read_csv(run / MEASUREMENTS)
     manifest = json.loads((run / MANIFEST).read_text())
-    required = {"variant", "spec_seq_len", "spec_device", "spec_mode", "status", "reason", "median_s", "iqr_s",
-                "runs", "peak_tensor_bytes", "peak_rss_bytes", "flops_executed", "gflops_per_s", "max_error",
-                "env_torch", "env_threads", "env_cpu_model"}
+    required = {
+        "variant",
+        "spec_seq_len",
+        "spec_device",
+        "spec_mode",
+        "status",
+        "reason",
+        "median_s",
+        "iqr_s",
+        "runs",
+        "peak_tensor_bytes",
+        "peak_rss_bytes",
+        "flops_executed",
+        "gflops_per_s",
+        "max_error",
+        "env_torch",
+        "env_threads",
+        "env_cpu_model",
+    }
     assert required <= set(frame.columns)
     assert frame["status"].tolist() == ["ok", "skipped"]
-    assert manifest["statuses"] == {"ok": 1, "skipped": 1} and manifest["environment"]["torch"] == torch.__version__
+    assert (
+        manifest["statuses"] == {"ok": 1, "skipped": 1}
+        and manifest["environment"]["torch"] == torch.__version__
+    )
 
 
 def test_cli_run_smoke(tmp_path, capsys):
     from attnbench.cli import main
 
-    code = main(["run", "--variants", "batched,sdpa_efficient", "--lengths", "32,64", "--out", str(tmp_path / "r"),
-                 "--no-report", "--quiet", "--min-time", "0.01", "--max-time", "0.1", "--min-runs", "2",
-                 "--no-instructions"])
+    code = main(
+        [
+            "run",
+            "--variants",
+            "batched,sdpa_efficient",
+            "--lengths",
+            "32,64",
+            "--out",
+            str(tmp_path / "r"),
+            "--no-report",
+            "--quiet",
+            "--min-time",
+            "0.01",
+            "--max-time",
+            "0.1",
+            "--min-runs",
+            "2",
+            "--no-instructions",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0 and "batched" in out and "skipped" in out
     assert (tmp_path / "r" / MEASUREMENTS).exists()

@@ -15,8 +15,14 @@ from attnbench.runs import MEASUREMENTS, write_run
 from attnbench.spec import AttnSpec
 
 THROWAWAY = contract.Metric(
-    "scratch_pages", "pages", "4 KiB pages of scratch per call", field="extra.scratch_pages", method="counted",
-    asv=("AttentionMetrics.track_scratch_pages",), fitted=True)
+    "scratch_pages",
+    "pages",
+    "4 KiB pages of scratch per call",
+    field="extra.scratch_pages",
+    method="counted",
+    asv=("AttentionMetrics.track_scratch_pages",),
+    fitted=True,
+)
 """A metric no code knows: its value is a key of ``extra``, as a plugin's measurement would record it."""
 DERIVED = ("METRICS", "UNITS", "LABELS", "FITTED", "DECLARED", "ASV_METRICS")
 
@@ -28,29 +34,54 @@ def with_throwaway():
     yield THROWAWAY
     for name, value in saved.items():  # the same objects every module holds: restored in place
         getattr(contract, name).clear()
-        getattr(contract, name).__iadd__(value) if isinstance(value, list) else getattr(contract, name).update(value)
+        getattr(contract, name).__iadd__(value) if isinstance(value, list) else getattr(
+            contract, name
+        ).update(value)
 
 
 def _run(tmp_path):
-    env = Environment(hostname="box", python="3.11", torch="2.x", threads=1, cpu_model="cpu", cpu_count=2, device_name="cpu")
+    env = Environment(
+        hostname="box",
+        python="3.11",
+        torch="2.x",
+        threads=1,
+        cpu_model="cpu",
+        cpu_count=2,
+        device_name="cpu",
+    )
     cases = []
     for n in (64, 128, 256, 512, 1024):
         t = 1e-7 * n * n
-        cases.append(Measurement(variant="batched", spec=AttnSpec(heads=2, head_dim=16, seq_len=n), status="ok",
-                                 samples=(t, t, t), runs=3, timing_method="wall", env=env,
-                                 extra={"scratch_pages": 2 * n * n * 4 / 4096}))
+        cases.append(
+            Measurement(
+                variant="batched",
+                spec=AttnSpec(heads=2, head_dim=16, seq_len=n),
+                status="ok",
+                samples=(t, t, t),
+                runs=3,
+                timing_method="wall",
+                env=env,
+                extra={"scratch_pages": 2 * n * n * 4 / 4096},
+            )
+        )
     return write_run(tmp_path / "run", cases, MeasureConfig(), seconds=1.0, command=["t"])
 
 
-def test_a_metric_added_to_the_table_alone_reaches_the_export_the_frame_the_fits_a_figure_and_asv(with_throwaway, tmp_path):
+def test_a_metric_added_to_the_table_alone_reaches_the_export_the_frame_the_fits_a_figure_and_asv(
+    with_throwaway, tmp_path
+):
     run = _run(tmp_path)
-    assert "scratch_pages" in (run / MEASUREMENTS).read_text().splitlines()[0].split(",")  # the CSV export's column
+    assert "scratch_pages" in (run / MEASUREMENTS).read_text().splitlines()[0].split(
+        ","
+    )  # the CSV export's column
     frame = load_run(run)
     rows = frame[frame["metric"] == "scratch_pages"]
     assert len(rows) == 5 and set(rows["unit"]) == {"pages"} and set(rows["method"]) == {"counted"}
     assert rows.sort_values("seq_len")["value"].iloc[0] == pytest.approx(2 * 64 * 64 * 4 / 4096)
     fits = complexity.fit_table(frame).set_index("metric")
-    assert fits.loc["scratch_pages", "exponent"] == pytest.approx(2.0)  # fitted because the row says so
+    assert fits.loc["scratch_pages", "exponent"] == pytest.approx(
+        2.0
+    )  # fitted because the row says so
 
     from attnbench.report import plots
 
@@ -78,10 +109,20 @@ def test_the_table_refuses_a_second_row_of_a_name_or_an_asv_benchmark():
 def test_page_faults_is_a_row_like_the_others():
     """The metric added through the table: read from extra, fitted, tracked by asv, labelled."""
     row = contract.METRICS["page_faults"]
-    assert row.field == "extra.page_faults" and row.fitted and row.tracked == ("AttentionMetrics.track_page_faults",)
-    m = Measurement(variant="batched", spec=AttnSpec(), status="ok", samples=(1.0,), extra={"page_faults": 7})
+    assert (
+        row.field == "extra.page_faults"
+        and row.fitted
+        and row.tracked == ("AttentionMetrics.track_page_faults",)
+    )
+    m = Measurement(
+        variant="batched", spec=AttnSpec(), status="ok", samples=(1.0,), extra={"page_faults": 7}
+    )
     assert m.to_row()["page_faults"] == 7 and "extra_page_faults" not in m.to_row()
-    assert math.isnan(contract.metric_value(Measurement(variant="b", spec=AttnSpec(), status="skipped"), row.field))
+    assert math.isnan(
+        contract.metric_value(
+            Measurement(variant="b", spec=AttnSpec(), status="skipped"), row.field
+        )
+    )
 
 
 def test_the_run_queue_rows_are_facts_about_the_machine(tmp_path):
@@ -92,24 +133,67 @@ def test_the_run_queue_rows_are_facts_about_the_machine(tmp_path):
 
     for name in ("waited_blocks", "runqueue_share"):
         row = contract.METRICS[name]
-        assert row.field == f"extra.{name}" and not row.fitted and not row.timed and row.unit == "share"
-    env = Environment(hostname="box", python="3.11", torch="2.x", threads=1, cpu_model="cpu", cpu_count=2, device_name="cpu")
+        assert (
+            row.field == f"extra.{name}"
+            and not row.fitted
+            and not row.timed
+            and row.unit == "share"
+        )
+    env = Environment(
+        hostname="box",
+        python="3.11",
+        torch="2.x",
+        threads=1,
+        cpu_model="cpu",
+        cpu_count=2,
+        device_name="cpu",
+    )
     spec = AttnSpec(heads=2, head_dim=16)
-    cases = [Measurement(variant="batched", spec=spec.replace(seq_len=n), status="ok", samples=(1e-7 * n * n,) * 3,
-                         runs=3, timing_method="wall", env=env,
-                         extra={"waited_blocks": 0.25, "runqueue_share": 0.02, "runqueue_max": 0.6})
-             for n in (64, 128)]
-    cases.append(Measurement(variant="batched", spec=spec.replace(seq_len=256), status="noisy", samples=(1e-2,) * 3,
-                             runs=3, timing_method="wall", env=env, reason="run-queue wait: a neighbour took the core",
-                             extra={"waited_blocks": 1.0, "runqueue_share": 0.5, "runqueue_max": 0.7}))
-    cases.append(Measurement(variant="batched", spec=spec.replace(seq_len=512), status="ok", samples=(1e-2,) * 3,
-                             runs=3, timing_method="wall", env=env))
+    cases = [
+        Measurement(
+            variant="batched",
+            spec=spec.replace(seq_len=n),
+            status="ok",
+            samples=(1e-7 * n * n,) * 3,
+            runs=3,
+            timing_method="wall",
+            env=env,
+            extra={"waited_blocks": 0.25, "runqueue_share": 0.02, "runqueue_max": 0.6},
+        )
+        for n in (64, 128)
+    ]
+    cases.append(
+        Measurement(
+            variant="batched",
+            spec=spec.replace(seq_len=256),
+            status="noisy",
+            samples=(1e-2,) * 3,
+            runs=3,
+            timing_method="wall",
+            env=env,
+            reason="run-queue wait: a neighbour took the core",
+            extra={"waited_blocks": 1.0, "runqueue_share": 0.5, "runqueue_max": 0.7},
+        )
+    )
+    cases.append(
+        Measurement(
+            variant="batched",
+            spec=spec.replace(seq_len=512),
+            status="ok",
+            samples=(1e-2,) * 3,
+            runs=3,
+            timing_method="wall",
+            env=env,
+        )
+    )
     run = write_run(tmp_path / "run", cases, MeasureConfig(), seconds=1.0, command=["t"])
     header = (run / MEASUREMENTS).read_text().splitlines()[0].split(",")
     assert {"waited_blocks", "runqueue_share", "extra_runqueue_max"} <= set(header)
     frame = load_run(run)
     waited = frame[frame["metric"] == "waited_blocks"].set_index("seq_len")
-    assert list(waited.index) == [64, 128, 256] and set(waited["status"]) == {"ok"}  # the noisy case's wait is a fact
+    assert list(waited.index) == [64, 128, 256] and set(waited["status"]) == {
+        "ok"
+    }  # the noisy case's wait is a fact
     assert waited.loc[256, "value"] == 1.0 and set(waited["method"]) == {"schedstat"}
     assert "waited_blocks" not in set(complexity.fit_table(frame)["metric"])
     page = build_report([run], tmp_path / "out").read_text()

@@ -82,7 +82,11 @@ def test_a_case_disturbed_on_every_attempt_is_noisy_with_its_slowdown(monkeypatc
     assert "3.00x slower" in m.reason and "3 attempts" in m.reason
     assert m.samples and m.median > 0  # kept for inspection, never fitted (status is not ok)
     row = m.to_row()
-    assert row["probe_slowdown"] == pytest.approx(3.0) and row["attempts"] == 3 and row["status"] == "noisy"
+    assert (
+        row["probe_slowdown"] == pytest.approx(3.0)
+        and row["attempts"] == 3
+        and row["status"] == "noisy"
+    )
 
 
 def test_a_passing_disturbance_is_retried_and_the_quiet_attempt_kept(monkeypatch):
@@ -120,7 +124,9 @@ def test_probe_off_means_no_status_change_and_nan_slowdown(monkeypatch):
 
 def test_config_rejects_bad_retry_and_baseline_values():
     for bad in (-1, 1.5, True):
-        with pytest.raises((TypeError, ValueError), match="retries"):  # a float or a bool is the wrong type
+        with pytest.raises(
+            (TypeError, ValueError), match="retries"
+        ):  # a float or a bool is the wrong type
             MeasureConfig(retries=bad)
     for bad in (0.0, -1.0, math.nan, math.inf):
         with pytest.raises(ValueError, match="probe_baseline_s"):
@@ -144,8 +150,13 @@ def test_timer_probes_between_blocks_of_a_long_case(monkeypatch):
         calls.append(now[0])
         now[0] += 0.1
 
-    samples, _ = time_call(slow, "cpu", TimerConfig(min_runs=1, min_time=0.2, max_time=10.0, block_time=0.02),
-                           between=hook, between_every_s=0.05)
+    samples, _ = time_call(
+        slow,
+        "cpu",
+        TimerConfig(min_runs=1, min_time=0.2, max_time=10.0, block_time=0.02),
+        between=hook,
+        between_every_s=0.05,
+    )
     assert len(calls) >= 2
     assert len(samples) > len(calls)  # at most one hook per gap between blocks
     assert all(s == pytest.approx(0.02) for s in samples)  # the hook's time is not inside any block
@@ -157,14 +168,22 @@ class _CapturingPool:
 
     def run(self, job, timeout):
         self.jobs.append(job)
-        return Measurement(variant=job.variant, spec=job.spec, status="ok", samples=(1e-3,), runs=1,
-                           extra={"probe_median_s": self.medians.pop(0)})
+        return Measurement(
+            variant=job.variant,
+            spec=job.spec,
+            status="ok",
+            samples=(1e-3,),
+            runs=1,
+            extra={"probe_median_s": self.medians.pop(0)},
+        )
 
 
 def test_sweep_passes_the_typical_probe_speed_into_every_worker(monkeypatch):
     """The baseline is measured in the sweep and sent with every job. It is the median of one figure for
     the start and each case's median probe: a start in an unusual moment is outvoted after two cases."""
-    monkeypatch.setattr(probe, "probe_seconds", ScriptedProbe(quiet=0.64e-3))  # the sweep starts in a fast moment
+    monkeypatch.setattr(
+        probe, "probe_seconds", ScriptedProbe(quiet=0.64e-3)
+    )  # the sweep starts in a fast moment
     pool = _CapturingPool([1e-3] * 6)  # every case then sees the machine's usual speed
     cases = [("batched", SPEC.replace(seq_len=n)) for n in (16, 32, 48, 64, 80, 96)]
     sweep(cases, MeasureConfig(timer=FAST, threads=1), isolate=True, workers=pool)
@@ -195,7 +214,11 @@ def test_a_sweep_that_starts_in_a_fast_moment_flags_at_most_its_first_case(monke
     (seen here: 0.64 vs 1.03 ms). Against the fastest (or a low percentile) every case was 'noisy';
     against the typical speed the start is outvoted after the first case."""
     # The start probes at 0.64 ms, every later one at 1.03 ms (NeighbourArrives, below, with those speeds).
-    monkeypatch.setattr(probe, "probe_seconds", NeighbourArrives(runner.BASELINE_PROBES, quiet=0.64e-3, slow=1.03e-3))
+    monkeypatch.setattr(
+        probe,
+        "probe_seconds",
+        NeighbourArrives(runner.BASELINE_PROBES, quiet=0.64e-3, slow=1.03e-3),
+    )
     cases = [("batched", SPEC.replace(seq_len=n)) for n in (16, 32, 48, 64, 80)]
     results = sweep(cases, MeasureConfig(timer=FAST, threads=1, retries=1))
     statuses = [m.status for m in results]
@@ -209,7 +232,9 @@ def test_isolated_workers_measure_in_the_regime_and_record_it(monkeypatch):
 
     target = regime.Regime(threads=1)
     pool = WorkerPool(env=regime.child_env(target))
-    (m,) = sweep([("batched", SPEC)], MeasureConfig(timer=FAST, threads=1), isolate=True, workers=pool)
+    (m,) = sweep(
+        [("batched", SPEC)], MeasureConfig(timer=FAST, threads=1), isolate=True, workers=pool
+    )
     assert m.status in ("ok", "noisy"), m.reason
     assert m.env.regime.startswith("threads=1 malloc=mmap:131072,trim:131072"), m.env.regime
     assert m.env.threads == 1
@@ -225,7 +250,11 @@ def test_in_process_measure_records_the_regime_in_force():
 def test_retries_stop_at_the_retry_budget(monkeypatch):
     """Planted: a machine busy for the whole sweep. A zero retry budget keeps it to one attempt per case."""
     monkeypatch.setattr(probe, "probe_seconds", ScriptedProbe(slow_calls=10**6))
-    m = measure("batched", SPEC, MeasureConfig(timer=FAST, retries=2, retry_budget_s=0.0, probe_baseline_s=1e-3))
+    m = measure(
+        "batched",
+        SPEC,
+        MeasureConfig(timer=FAST, retries=2, retry_budget_s=0.0, probe_baseline_s=1e-3),
+    )
     assert m.status == "noisy" and m.attempts == 1
 
 
@@ -259,26 +288,51 @@ def test_a_descheduled_block_is_dropped_and_timed_again(monkeypatch):
     not. They are dropped and re-timed, the case stays ok on undisturbed blocks, and the row says two blocks waited.
     Without the dropping, the waited blocks are in the samples and nothing is recorded."""
     monkeypatch.setattr(probe, "probe_seconds", ScriptedProbe())
-    monkeypatch.setattr(probe, "is_bimodal", lambda samples: False)  # real blocks on a busy machine can cluster
+    monkeypatch.setattr(
+        probe, "is_bimodal", lambda samples: False
+    )  # real blocks on a busy machine can cluster
     scheduler = ScriptedScheduler(busy=3, share=0.5)
     monkeypatch.setattr(schedstat, "runqueue_seconds", scheduler)
     m = measure("batched", SPEC, MeasureConfig(timer=FAST, retries=0, probe_baseline_s=1e-3))
     assert m.status == "ok" and m.reason == "", m.reason
-    timed = round(2 / m.extra["waited_blocks"])  # every block timed: the samples kept and the two dropped
+    timed = round(
+        2 / m.extra["waited_blocks"]
+    )  # every block timed: the samples kept and the two dropped
     assert timed == len(m.samples) + 2 and m.attempts == 1
-    assert m.extra["runqueue_max"] >= 0.5 and 0 <= m.extra["runqueue_share"] <= m.extra["runqueue_max"]
+    assert (
+        m.extra["runqueue_max"] >= 0.5 and 0 <= m.extra["runqueue_share"] <= m.extra["runqueue_max"]
+    )
     row = m.to_row()
-    assert row["waited_blocks"] == pytest.approx(2 / timed) and row["runqueue_share"] == m.extra["runqueue_share"]
+    assert (
+        row["waited_blocks"] == pytest.approx(2 / timed)
+        and row["runqueue_share"] == m.extra["runqueue_share"]
+    )
 
 
 def test_blocks_report_every_wait_and_keep_the_undisturbed_ones(monkeypatch):
     """The timer alone: the dropped blocks are listed apart, every block's share is returned in order, and without a
     limit (asv's metric timings, the bandwidth roof) every block is kept."""
     monkeypatch.setattr(schedstat, "runqueue_seconds", ScriptedScheduler(busy=3, share=0.5))
-    config = TimerConfig(warmup=0, warmup_time=0.0, min_runs=4, min_time=1e-9, max_time=1.0, block_time=1e-9)
-    blocks = time_blocks(lambda: sum(range(200)), "cpu", config, wait_limit=schedstat.WAIT_LIMIT, redo_s=1.0)
-    assert len(blocks.dropped) == 2 and len(blocks.samples) == 4 and blocks.runs == 4 and not blocks.short
-    assert [s > schedstat.WAIT_LIMIT for s in blocks.shares] == [True, True, False, False, False, False]
+    config = TimerConfig(
+        warmup=0, warmup_time=0.0, min_runs=4, min_time=1e-9, max_time=1.0, block_time=1e-9
+    )
+    blocks = time_blocks(
+        lambda: sum(range(200)), "cpu", config, wait_limit=schedstat.WAIT_LIMIT, redo_s=1.0
+    )
+    assert (
+        len(blocks.dropped) == 2
+        and len(blocks.samples) == 4
+        and blocks.runs == 4
+        and not blocks.short
+    )
+    assert [s > schedstat.WAIT_LIMIT for s in blocks.shares] == [
+        True,
+        True,
+        False,
+        False,
+        False,
+        False,
+    ]
     assert blocks.waited() == 2
     monkeypatch.setattr(schedstat, "runqueue_seconds", ScriptedScheduler(busy=3, share=0.5))
     kept = time_blocks(lambda: sum(range(200)), "cpu", config)
@@ -293,10 +347,17 @@ def test_a_case_whose_blocks_always_wait_is_noisy_naming_the_wait(monkeypatch):
     monkeypatch.setattr(probe, "is_bimodal", lambda samples: False)  # the wait alone is judged here
     monkeypatch.setattr(schedstat, "runqueue_seconds", ScriptedScheduler(busy=10**9, share=0.5))
     start = time.perf_counter()
-    m = measure("batched", SPEC, MeasureConfig(timer=FAST, retries=2, retry_budget_s=0.3, probe_baseline_s=1e-3))
+    m = measure(
+        "batched",
+        SPEC,
+        MeasureConfig(timer=FAST, retries=2, retry_budget_s=0.3, probe_baseline_s=1e-3),
+    )
     assert time.perf_counter() - start < 10
     assert m.status == "noisy", m.reason
-    assert m.reason.startswith("run-queue wait: a neighbour took the core") and "calibration probe" not in m.reason
+    assert (
+        m.reason.startswith("run-queue wait: a neighbour took the core")
+        and "calibration probe" not in m.reason
+    )
     assert m.extra["waited_blocks"] == 1.0 and m.extra["runqueue_share"] >= 0.5
     assert m.samples and m.attempts == 1  # the budget went on re-timing: no second attempt
     assert m.probe_slowdown == pytest.approx(1.0)
@@ -307,14 +368,18 @@ def test_without_the_wait_the_probe_rule_stands_alone(monkeypatch):
     the probe still decides, as before there was a wait to read."""
     monkeypatch.setattr(schedstat, "runqueue_seconds", ScriptedScheduler(share=None))
     monkeypatch.setattr(probe, "probe_seconds", ScriptedProbe())
-    monkeypatch.setattr(probe, "is_bimodal", lambda samples: False)  # real blocks on a busy machine can cluster
+    monkeypatch.setattr(
+        probe, "is_bimodal", lambda samples: False
+    )  # real blocks on a busy machine can cluster
     quiet = measure("batched", SPEC, MeasureConfig(timer=FAST, retries=0, probe_baseline_s=1e-3))
     assert quiet.status == "ok" and quiet.reason == "", quiet.reason
     assert not {"waited_blocks", "runqueue_share", "runqueue_max"} & set(quiet.extra)
     assert math.isnan(quiet.to_row()["waited_blocks"])
     monkeypatch.setattr(probe, "probe_seconds", ScriptedProbe(slow_calls=10**6))
     slow = measure("batched", SPEC, MeasureConfig(timer=FAST, retries=0, probe_baseline_s=1e-3))
-    assert slow.status == "noisy" and slow.reason.startswith("calibration probe 3.00x slower"), slow.reason
+    assert slow.status == "noisy" and slow.reason.startswith("calibration probe 3.00x slower"), (
+        slow.reason
+    )
 
 
 def test_a_run_without_the_wait_says_so_once(monkeypatch, tmp_path, capsys):
@@ -323,8 +388,25 @@ def test_a_run_without_the_wait_says_so_once(monkeypatch, tmp_path, capsys):
     from attnbench import cli
 
     monkeypatch.setattr(schedstat, "runqueue_seconds", ScriptedScheduler(share=None))
-    argv = ["run", "--variants", "batched", "--lengths", "16,32", "--quiet", "--no-report", "--threads", "1",
-            "--min-time", "0.01", "--max-time", "0.05", "--min-runs", "2", "--out", str(tmp_path / "run")]
+    argv = [
+        "run",
+        "--variants",
+        "batched",
+        "--lengths",
+        "16,32",
+        "--quiet",
+        "--no-report",
+        "--threads",
+        "1",
+        "--min-time",
+        "0.01",
+        "--max-time",
+        "0.05",
+        "--min-runs",
+        "2",
+        "--out",
+        str(tmp_path / "run"),
+    ]
     assert cli.main(argv) == 0
     err = capsys.readouterr().err
     assert err.count("does not report the run-queue wait") == 1, err
@@ -335,16 +417,26 @@ def test_the_timer_sees_a_real_neighbour_on_its_core(monkeypatch):
     of every block's wall time as run-queue wait (the scheduler shares the core), and the runner must drop those
     blocks and call the case noisy, naming the wait. A timer that ignores the wait (reads it as 0) fails here: seen,
     with ``runqueue_seconds`` planted to return 0.0, as ``waited_blocks`` 0.0 and the case ok or noisy by the probe."""
-    monkeypatch.setattr(schedstat, "runqueue_seconds", READER)  # the real reader: no scripted scheduler here
+    monkeypatch.setattr(
+        schedstat, "runqueue_seconds", READER
+    )  # the real reader: no scripted scheduler here
     if not schedstat.available():
         pytest.skip(f"needs Linux's per-thread scheduler figures ({schedstat.SCHEDSTAT})")
     with spinning_on_this_core():
-        blocks = time_blocks(lambda: sum(range(20_000)), "cpu", TimerConfig(min_runs=1, min_time=0.3, max_time=1.0))
-        m = measure("batched", SPEC, MeasureConfig(timer=FAST, retries=0, retry_budget_s=0.3, threads=1))
+        blocks = time_blocks(
+            lambda: sum(range(20_000)), "cpu", TimerConfig(min_runs=1, min_time=0.3, max_time=1.0)
+        )
+        m = measure(
+            "batched", SPEC, MeasureConfig(timer=FAST, retries=0, retry_budget_s=0.3, threads=1)
+        )
     assert blocks.shares and blocks.waited() >= len(blocks.shares) // 2, blocks.shares
-    assert sorted(blocks.shares)[len(blocks.shares) // 2] > 0.25, blocks.shares  # about half: two on one core
+    assert sorted(blocks.shares)[len(blocks.shares) // 2] > 0.25, (
+        blocks.shares
+    )  # about half: two on one core
     assert m.extra["waited_blocks"] > 0.5, (m.status, m.reason, m.extra)
-    assert m.status == "noisy" and m.reason.startswith("run-queue wait: a neighbour took the core"), m.reason
+    assert m.status == "noisy" and m.reason.startswith(
+        "run-queue wait: a neighbour took the core"
+    ), m.reason
 
 
 def test_a_long_call_just_made_needs_no_warm_up_or_sizing_call():
@@ -363,8 +455,13 @@ def test_a_long_call_just_made_needs_no_warm_up_or_sizing_call():
     time_blocks(fn, "cpu", config)  # cold: a warm-up and a sizing call first
     assert len(calls) == 5
     calls.clear()
-    time_blocks(lambda: calls.append(1), "cpu", config, warm_s=1e-4)  # a short call still warms up (cheap, and needed)
+    time_blocks(
+        lambda: calls.append(1), "cpu", config, warm_s=1e-4
+    )  # a short call still warms up (cheap, and needed)
     assert len(calls) > 3
     from attnbench.measure.timer import measured_calls
 
-    assert measured_calls(config, 1.1) == 3 and measured_calls(config, 1e-4) == measured_calls(config, None) == 5
+    assert (
+        measured_calls(config, 1.1) == 3
+        and measured_calls(config, 1e-4) == measured_calls(config, None) == 5
+    )

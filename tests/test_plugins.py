@@ -31,10 +31,17 @@ def test_cli_plugin_registers_a_variant(tmp_path):
     )
     out = subprocess.run(
         [sys.executable, "-m", "attnbench.cli", "--plugin", "my_variants", "list"],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])},
     )
     assert out.returncode == 0, out.stderr
     assert "my_batched" in out.stdout
-    bad = subprocess.run([sys.executable, "-m", "attnbench.cli", "--plugin", "nope_nope", "list"],
-                         capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "attnbench.cli", "--plugin", "nope_nope", "list"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "nope_nope" in bad.stderr

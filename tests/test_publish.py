@@ -46,14 +46,26 @@ def _site_config(tmp: Path) -> Path:
     from asv import util
 
     results = _multi_commit_multi_machine(tmp)
-    first = json.loads(next((FIXTURE / "fixture-box").glob("01792c89-*.json")).read_text())["commit_hash"]
-    parent = subprocess.run(["git", "rev-parse", f"{first}~1"], cwd=REPO, capture_output=True, text=True)
+    first = json.loads(next((FIXTURE / "fixture-box").glob("01792c89-*.json")).read_text())[
+        "commit_hash"
+    ]
+    parent = subprocess.run(
+        ["git", "rev-parse", f"{first}~1"], cwd=REPO, capture_output=True, text=True
+    )
     if parent.returncode != 0:
-        pytest.skip(f"this checkout lacks the fixture's commit history (shallow clone?): {parent.stderr.strip()}")
+        pytest.skip(
+            f"this checkout lacks the fixture's commit history (shallow clone?): {parent.stderr.strip()}"
+        )
     for path in results.glob("*/01234567-*.json"):
-        path.write_text(path.read_text().replace("0123456789abcdef0123456789abcdef01234567", parent.stdout.strip()))
+        path.write_text(
+            path.read_text().replace(
+                "0123456789abcdef0123456789abcdef01234567", parent.stdout.strip()
+            )
+        )
     conf = util.load_json(str(REPO / "asv.conf.json"), js_comments=True)
-    conf.update(repo=str(REPO), results_dir=results.name, html_dir="html")  # relative: to the config's folder
+    conf.update(
+        repo=str(REPO), results_dir=results.name, html_dir="html"
+    )  # relative: to the config's folder
     path = tmp / "asv.conf.json"
     path.write_text(json.dumps(conf, indent=1))
     return path
@@ -66,9 +78,18 @@ def sites(tmp_path_factory) -> dict[str, Path]:
     config = _site_config(tmp)
     outcome = pub.publish(config)
     raw = tmp / "raw"
-    subprocess.run([sys.executable, "-m", "asv", "publish", "--config", str(config), "--html-dir", str(raw)],
-                   cwd=tmp, check=True, capture_output=True)
-    return {"published": outcome.html_dir, "raw": raw, "config": config, "rewritten": outcome.rewritten}
+    subprocess.run(
+        [sys.executable, "-m", "asv", "publish", "--config", str(config), "--html-dir", str(raw)],
+        cwd=tmp,
+        check=True,
+        capture_output=True,
+    )
+    return {
+        "published": outcome.html_dir,
+        "raw": raw,
+        "config": config,
+        "rewritten": outcome.rewritten,
+    }
 
 
 def test_vendored_files_match_their_manifest(tmp_path):
@@ -100,11 +121,17 @@ def test_vendored_files_are_the_bytes_asv_asks_for_where_npm_has_them():
     manifest = json.loads((pub.ASSETS / "manifest.json").read_text())
     files = [f for p in manifest["packages"] for f in p["files"] if f.get("replaces")]
     for f in files:
-        assert f'"{f["replaces"]}"' in template and f'integrity="{f["cdn_integrity"]}"' in template, f["replaces"]
+        assert (
+            f'"{f["replaces"]}"' in template and f'integrity="{f["cdn_integrity"]}"' in template
+        ), f["replaces"]
         alg = f["cdn_integrity"].split("-")[0]
-        digest = base64.b64encode(hashlib.new(alg, (pub.ASSETS / f["path"]).read_bytes()).digest()).decode()
+        digest = base64.b64encode(
+            hashlib.new(alg, (pub.ASSETS / f["path"]).read_bytes()).digest()
+        ).decode()
         assert (f"{alg}-{digest}" == f["cdn_integrity"]) == f["identical_to_cdn"], f["path"]
-    assert sum(f["identical_to_cdn"] for f in files) >= 5  # jquery, orderBars, md5, bootstrap js + css
+    assert (
+        sum(f["identical_to_cdn"] for f in files) >= 5
+    )  # jquery, orderBars, md5, bootstrap js + css
 
 
 def test_every_external_file_asv_loads_has_an_offline_copy():
@@ -129,7 +156,9 @@ def test_published_site_references_nothing_external(sites):
     assert len(jsons) > 10 and all(p.with_name(p.name + ".js").is_file() for p in jsons)
     graph = next(p for p in jsons if p.name == f"{GRAPH}.json")
     twin = graph.with_name(graph.name + ".js").read_text()
-    assert json.loads(twin[len("attnbenchOffline("):-len(");\n")]) == json.loads(graph.read_text())
+    assert json.loads(twin[len("attnbenchOffline(") : -len(");\n")]) == json.loads(
+        graph.read_text()
+    )
 
 
 def test_a_new_cdn_file_fails_the_publish_and_keeps_the_old_site(sites, tmp_path, monkeypatch):
@@ -139,7 +168,9 @@ def test_a_new_cdn_file_fails_the_publish_and_keeps_the_old_site(sites, tmp_path
     out.mkdir()
     (out / "old.txt").write_text("previous site")
     jquery = next(a for a in pub.load_assets() if a.replaces and "jquery-" in a.replaces)
-    monkeypatch.setattr(pub, "verify_assets", lambda: tuple(a for a in pub.load_assets() if a != jquery))
+    monkeypatch.setattr(
+        pub, "verify_assets", lambda: tuple(a for a in pub.load_assets() if a != jquery)
+    )
     with pytest.raises(pub.PublishError, match=jquery.replaces.replace(".", r"\.")):
         pub.publish(config, out)
     assert [p.name for p in out.iterdir()] == ["old.txt"]
@@ -151,7 +182,11 @@ def test_localize_names_an_unknown_external_script(sites, tmp_path):
     site = tmp_path / "site"
     shutil.copytree(sites["raw"], site)
     index = site / "index.html"
-    index.write_text(index.read_text().replace("</head>", '<script src="https://cdn.example.org/x.js"></script></head>'))
+    index.write_text(
+        index.read_text().replace(
+            "</head>", '<script src="https://cdn.example.org/x.js"></script></head>'
+        )
+    )
     (site / "extra.css").write_text("@import 'https://fonts.example.org/f.css'; a { color: red }")
     with pytest.raises(pub.PublishError) as err:
         pub.localize(site, pub.load_assets())
@@ -195,7 +230,9 @@ def serve():
     servers = []
 
     def start(folder: Path) -> str:
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(folder)))
+        server = http.server.ThreadingHTTPServer(
+            ("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(folder))
+        )
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
         return f"http://127.0.0.1:{server.server_address[1]}/"
@@ -214,8 +251,12 @@ def _tour(shots: Path):
 
     def act(page) -> dict:
         def settle(condition: str, arg: str) -> None:
-            with contextlib.suppress(Exception):  # a page that never draws (or leaves for error.html) is asserted on below
-                page.wait_for_function(f"where => !window.jQuery || ({condition})", arg=arg, timeout=15_000)
+            with contextlib.suppress(
+                Exception
+            ):  # a page that never draws (or leaves for error.html) is asserted on below
+                page.wait_for_function(
+                    f"where => !window.jQuery || ({condition})", arg=arg, timeout=15_000
+                )
 
         seen = {}
         settle(f"({PLOTTED_JS})(where)[1] > 0", "#graph-display")
@@ -223,7 +264,10 @@ def _tour(shots: Path):
         seen["graph_text"] = page.inner_text("body")
         page.screenshot(path=str(shots / "graph.png"))
         rows = {}
-        for view, selector in (("summarylist", "#summarylist-body table tbody tr"), ("regressions", "#regressions-body")):
+        for view, selector in (
+            ("summarylist", "#summarylist-body table tbody tr"),
+            ("regressions", "#regressions-body"),
+        ):
             page.evaluate(f"window.location.hash = '#{view}'")
             settle("document.querySelectorAll(where).length > 0", selector)
             rows[view] = page.eval_on_selector_all(selector, "els => els.length")
@@ -250,7 +294,9 @@ def _assert_drawn(seen: dict, base: str) -> None:
     series, points = seen["plotted"]
     assert series >= 2 and points >= 2, seen["plotted"]
     assert seen["rows"]["summarylist"] >= 5, seen["rows"]
-    assert seen["grid_plots"][0] >= 7 and seen["grid_plots"][1] >= 14, seen["grid_plots"]  # 7 benchmarks x 2 commits
+    assert seen["grid_plots"][0] >= 7 and seen["grid_plots"][1] >= 14, seen[
+        "grid_plots"
+    ]  # 7 benchmarks x 2 commits
 
 
 def test_published_site_draws_its_graphs_from_a_file_with_no_network(sites, tmp_path):
@@ -260,7 +306,9 @@ def test_published_site_draws_its_graphs_from_a_file_with_no_network(sites, tmp_
     assert (tmp_path / "graph.png").stat().st_size > 20_000
 
 
-def test_published_site_draws_its_graphs_from_a_local_server_with_no_network(sites, tmp_path, serve):
+def test_published_site_draws_its_graphs_from_a_local_server_with_no_network(
+    sites, tmp_path, serve
+):
     base = serve(sites["published"])
     seen = _check_offline(f"{base}index.html#{GRAPH}", tmp_path)
     _assert_drawn(seen, base)

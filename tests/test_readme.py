@@ -37,15 +37,25 @@ def test_ci_fails_when_any_part_of_the_test_command_fails(tmp_path):
     assert command in script
     for failing in range(command.count("&&") + 1):
         parts = ["false" if i == failing else "true" for i in range(command.count("&&") + 1)]
-        plant = script.replace(command, " && ".join(parts)).replace(".venv/bin/ruff check .", "true")
-        plant = plant.replace('cd "$(dirname "$0")/.."', "command() { return 1; }  # nothing to install")
+        plant = script.replace(command, " && ".join(parts)).replace(
+            ".venv/bin/ruff check .", "true"
+        )
+        plant = plant.replace(
+            'cd "$(dirname "$0")/.."', "command() { return 1; }  # nothing to install"
+        )
         (tmp_path / "run").write_text(plant)
-        assert subprocess.run(["bash", str(tmp_path / "run")], cwd=tmp_path).returncode != 0, failing
+        assert subprocess.run(["bash", str(tmp_path / "run")], cwd=tmp_path).returncode != 0, (
+            failing
+        )
 
 
 def test_asv_config_pins_torch_like_the_constraints():
     conf = (ROOT / "asv.conf.json").read_text()
-    pins = dict(line.split("==") for line in (ROOT / "constraints.txt").read_text().splitlines() if "==" in line)
+    pins = dict(
+        line.split("==")
+        for line in (ROOT / "constraints.txt").read_text().splitlines()
+        if "==" in line
+    )
     assert f'"torch": "{pins["torch"]}"' in conf
     assert "--no-deps" in conf
 
@@ -88,7 +98,9 @@ def test_every_attnbench_command_in_the_readme_parses():
         except SystemExit as exc:  # argparse's usage error (exit 2); --help exits 0
             if exc.code == 0:
                 continue
-            raise AssertionError(f"README command does not parse: attnbench {' '.join(argv)}") from exc
+            raise AssertionError(
+                f"README command does not parse: attnbench {' '.join(argv)}"
+            ) from exc
 
 
 def test_readme_python_example_runs():
@@ -105,19 +117,27 @@ def test_readme_profile_command_runs(tmp_path):
     import sys
 
     (argv,) = [a for a in _attnbench_argvs() if a[:2] == ["profile", "batched"]]
-    out = subprocess.run([sys.executable, "-m", "attnbench.cli", *argv, "--out", str(tmp_path / "p")],
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-m", "attnbench.cli", *argv, "--out", str(tmp_path / "p")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "GFLOP/s" in out.stdout and (tmp_path / "p" / "trace.json.gz").exists()
     steps = [line for line in out.stderr.splitlines() if line.startswith("profile: ")]
-    assert len(steps) == 3 and "torch.profiler" in steps[1], out.stderr  # long work says what it is doing
+    assert len(steps) == 3 and "torch.profiler" in steps[1], (
+        out.stderr
+    )  # long work says what it is doing
     assert "memory timeline of its" in steps[2] and "operator calls" in steps[2]
 
 
 def test_reports_readme_names_only_folders_that_a_command_makes():
     """Planted before: it described a committed ``gallery/`` that does not exist."""
     text = (ROOT / "reports" / "README.md").read_text()
-    for folder in re.findall(r"^- `([a-z_-]+)/", text, flags=re.M):  # the top-level folders it lists
+    for folder in re.findall(
+        r"^- `([a-z_-]+)/", text, flags=re.M
+    ):  # the top-level folders it lists
         made = folder in ("runs", "profiles") or (ROOT / "reports" / folder).is_dir()
         assert made, f"reports/README.md names reports/{folder}/, which nothing makes"
 
@@ -145,11 +165,19 @@ def test_the_variants_table_agrees_with_the_registry():
                 time_, memory_ = _complexity_of(base)
             else:
                 time_ = _complexity(time)
-                memory_ = _complexity(next((m for k, m in exceptions.items() if name.endswith(k)), memory))
-            assert (row["exact"], row["time"], row["memory"]) == (exact != "**approximate**", time_, memory_), name
+                memory_ = _complexity(
+                    next((m for k, m in exceptions.items() if name.endswith(k)), memory)
+                )
+            assert (row["exact"], row["time"], row["memory"]) == (
+                exact != "**approximate**",
+                time_,
+                memory_,
+            ), name
             assert row["devices"] == ",".join(d.split(" ")[0] for d in devices.split(", ")), name
             seen.add(name)
-    builtin = {n for n in variant_names() if type(get_variant(n)).__module__.startswith("attnbench.")}  # not plugins
+    builtin = {
+        n for n in variant_names() if type(get_variant(n)).__module__.startswith("attnbench.")
+    }  # not plugins
     assert seen == builtin, builtin ^ seen
 
 
@@ -172,7 +200,9 @@ def test_the_asv_tiers_the_readme_states_are_the_contracts():
 
     from attnbench import contract
 
-    rows = [line for line in _asv_section().splitlines() if line.startswith("| ") and "---" not in line]
+    rows = [
+        line for line in _asv_section().splitlines() if line.startswith("| ") and "---" not in line
+    ]
     header, *rows = [[c.strip() for c in line.strip("|").split("|")] for line in rows]
     assert header[:3] == ["tier", "`ATTNBENCH_ASV_GRID`", "grid"], header
     assert {row[0] for row in rows} == set(contract.ASV_TIERS)
@@ -188,8 +218,12 @@ def test_the_asv_tiers_the_readme_states_are_the_contracts():
         assert re.findall(r"`(\w+)`", masks) == list(grid.masks), tier
         budget = re.search(r"within ([\d,]+) s predicted", counts)
         assert (budget is None) == (grid.count_budget_s is None), tier
-        assert budget is None or float(budget.group(1).replace(",", "")) == grid.count_budget_s, tier
+        assert budget is None or float(budget.group(1).replace(",", "")) == grid.count_budget_s, (
+            tier
+        )
     default = contract.GRIDS[contract.ASV_TIERS["default"]]
-    size = len(list(itertools.product(default.variants, default.lengths, default.modes, default.masks)))
+    size = len(
+        list(itertools.product(default.variants, default.lengths, default.modes, default.masks))
+    )
     assert f"{size} cases" in _asv_section()
     assert "64 to 8192" not in _asv_section()  # the suite's grid before the tiers

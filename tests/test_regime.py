@@ -28,7 +28,9 @@ print(json.dumps(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before))
 
 
 def _faults(mode: str) -> int:
-    out = subprocess.run([sys.executable, "-c", FAULTS, mode], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", FAULTS, mode], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -53,7 +55,10 @@ def test_regime_is_applied_and_described():
         text = regime.describe()
         assert text.startswith("threads=1 ") and "thp=kernel=" in text
         env = regime.child_env(regime.Regime(threads=1))
-        assert env["MALLOC_MMAP_THRESHOLD_"] == str(regime.PINNED_BYTES) and env["OMP_NUM_THREADS"] == "1"
+        assert (
+            env["MALLOC_MMAP_THRESHOLD_"] == str(regime.PINNED_BYTES)
+            and env["OMP_NUM_THREADS"] == "1"
+        )
     finally:
         torch.set_num_threads(saved)
 
@@ -75,7 +80,9 @@ def test_disturbance_verdicts():
     quiet = probe.Disturbance(baseline_s=1e-3, probes_s=(1.05e-3, 1.1e-3), bimodal=False)
     assert not quiet.disturbed and quiet.describe() == "undisturbed"
     busy = probe.Disturbance(baseline_s=1e-3, probes_s=(1.0e-3, 3.0e-3), bimodal=False)
-    assert busy.disturbed and busy.slowdown == pytest.approx(3.0) and "3.00x slower" in busy.describe()
+    assert (
+        busy.disturbed and busy.slowdown == pytest.approx(3.0) and "3.00x slower" in busy.describe()
+    )
     split = probe.Disturbance(baseline_s=1e-3, probes_s=(1e-3,), bimodal=True)
     assert split.disturbed and "bimodal" in split.describe()
 
@@ -93,12 +100,20 @@ from attnbench.spec import AttnSpec
 m = measure("batched", AttnSpec(seq_len=64, heads=2), MeasureConfig(probe=False, timer=TimerConfig(min_runs=2, min_time=0.01)))
 print(m.env.regime)
 """
-ASV_LINE = "import attnbench.asv_bench\nfrom attnbench.measure import regime\nprint(regime.describe())"
-PLAIN_ENV = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "OMP_", "MKL_", "ATTNBENCH_"))}
+ASV_LINE = (
+    "import attnbench.asv_bench\nfrom attnbench.measure import regime\nprint(regime.describe())"
+)
+PLAIN_ENV = {
+    k: v
+    for k, v in os.environ.items()
+    if not k.startswith(("MALLOC_", "OMP_", "MKL_", "ATTNBENCH_"))
+}
 
 
 def _line(code: str) -> str:
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=PLAIN_ENV)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=PLAIN_ENV
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout.strip().splitlines()[-1]
 
@@ -125,7 +140,14 @@ def test_worker_fresh_process_and_asv_measure_in_the_same_state():
     assert m.env.regime == fresh == _line(ASV_LINE), (m.env.regime, fresh)
     assert _line(FRESH_LINE.format(plant="import torch; torch.set_flush_denormal(True)")) == fresh
     if len(os.sched_getaffinity(0)) > 1:
-        assert _line(FRESH_LINE.format(plant="import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})")) != fresh
+        assert (
+            _line(
+                FRESH_LINE.format(
+                    plant="import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})"
+                )
+            )
+            != fresh
+        )
 
 
 GATE_FAULTS = """
@@ -145,8 +167,13 @@ print(json.dumps(m.extra["page_faults"]))
 
 
 def _gate_faults(gate: str, pin: str) -> int:
-    out = subprocess.run([sys.executable, "-c", GATE_FAULTS, gate, pin], capture_output=True, text=True,
-                         timeout=300, env=PLAIN_ENV)
+    out = subprocess.run(
+        [sys.executable, "-c", GATE_FAULTS, gate, pin],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=PLAIN_ENV,
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -22,9 +22,15 @@ def _multi_commit_multi_machine(tmp_path: Path) -> Path:
     machine_dir = next(p for p in out.iterdir() if p.is_dir())
     src = next(p for p in machine_dir.glob("*.json") if p.name != "machine.json")
     data = json.loads(src.read_text())
-    older = dict(data, commit_hash="0123456789abcdef0123456789abcdef01234567", date=data["date"] - 86_400_000)
+    older = dict(
+        data, commit_hash="0123456789abcdef0123456789abcdef01234567", date=data["date"] - 86_400_000
+    )
     for row in older["results"].values():
-        row[0] = [v * 1.5 if isinstance(v, float) else v for v in row[0]] if isinstance(row[0], list) else row[0]
+        row[0] = (
+            [v * 1.5 if isinstance(v, float) else v for v in row[0]]
+            if isinstance(row[0], list)
+            else row[0]
+        )
     (machine_dir / f"01234567-{src.name.split('-', 1)[1]}").write_text(json.dumps(older))
     other = out / "gpu-box"
     shutil.copytree(machine_dir, other)
@@ -48,19 +54,39 @@ def test_report_files(report):
     out = report.parent
     assert report.name == "report.html"
     assert (out / "tidy.csv").stat().st_size > 0 and (out / "fits.csv").exists()
-    for name in ("progression", "time", "memory", "gflops", "crossovers", "comparison_1", "machines"):
+    for name in (
+        "progression",
+        "time",
+        "memory",
+        "gflops",
+        "crossovers",
+        "comparison_1",
+        "machines",
+    ):
         assert (out / "figures" / f"{name}.png").stat().st_size > 1000, name
         assert (out / "figures" / f"{name}.svg").exists(), name
 
 
 def test_report_is_self_contained_and_complete(report):
     page = report.read_text()
-    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page), "external reference in the report"
-    for heading in ("Findings", "Fitted exponents", "Crossovers", "Memory model", "Skipped and failed", "Commits",
-                    "matmul peak", "Comparison"):
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page), (
+        "external reference in the report"
+    )
+    for heading in (
+        "Findings",
+        "Fitted exponents",
+        "Crossovers",
+        "Memory model",
+        "Skipped and failed",
+        "Commits",
+        "matmul peak",
+        "Comparison",
+    ):
         assert heading in page, heading
     assert page.count("data:image/png;base64,") >= 7
-    assert "01234567" in page and "0123456789abcdef0123456789abcdef01234567" not in page  # short hashes only
+    assert (
+        "01234567" in page and "0123456789abcdef0123456789abcdef01234567" not in page
+    )  # short hashes only
     assert "01792c89cdb4659fc9be099ba8cb348011d51657" not in page
     assert "gpu-box" in page
 
@@ -74,11 +100,33 @@ def test_report_from_a_run_directory(tmp_path):
     from attnbench.spec import AttnSpec
 
     # No probe: a case measured beside the parallel tests is noisy, and a noisy performer draws no accuracy figure.
-    config = MeasureConfig(timer=TimerConfig(min_runs=2, min_time=0.01, max_time=0.1), measure_rss=False, probe=False)
-    cases = grid(["loop", "batched", "sdpa", "chunked", "performer"], [16, 32, 64], AttnSpec(batch=1, heads=1, head_dim=8))
-    run = write_run(tmp_path / "run", sweep(cases, config), config, seconds=1.0, command=["t"], peak_gflops={"float32": 50.0})
+    config = MeasureConfig(
+        timer=TimerConfig(min_runs=2, min_time=0.01, max_time=0.1), measure_rss=False, probe=False
+    )
+    cases = grid(
+        ["loop", "batched", "sdpa", "chunked", "performer"],
+        [16, 32, 64],
+        AttnSpec(batch=1, heads=1, head_dim=8),
+    )
+    run = write_run(
+        tmp_path / "run",
+        sweep(cases, config),
+        config,
+        seconds=1.0,
+        command=["t"],
+        peak_gflops={"float32": 50.0},
+    )
     page = build_report([run], tmp_path / "out", demos=True).read_text()
-    for name in ("progression", "time", "memory", "gflops", "speedup_loop", "speedup_batched", "accuracy", "nadaraya_watson"):
+    for name in (
+        "progression",
+        "time",
+        "memory",
+        "gflops",
+        "speedup_loop",
+        "speedup_batched",
+        "accuracy",
+        "nadaraya_watson",
+    ):
         assert (tmp_path / "out" / "figures" / f"{name}.png").stat().st_size > 1000, name
     assert "SDPA kernel provenance" in page and "flash" in page
 
@@ -98,21 +146,34 @@ def _browse(page_path: Path | str, shot: Path, actions=None) -> dict:
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(
             executable_path=chromium,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                  "--disable-sync", "--no-first-run", "--disable-quic",
-                  "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1"],
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+                "--disable-quic",
+                "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1",
+            ],
         )
         page = browser.new_page(viewport={"width": 1400, "height": 900})
         page.on("requestfailed", lambda r: out["failed"].append(r.url))
         page.on("request", lambda r: out["requests"].append(r.url))
         page.on("console", lambda m: out["console"].append(m.text) if m.type == "error" else None)
         page.on("pageerror", lambda e: out["console"].append(str(e)))
-        page.goto(page_path if isinstance(page_path, str) else page_path.as_uri(), wait_until="load")
+        page.goto(
+            page_path if isinstance(page_path, str) else page_path.as_uri(), wait_until="load"
+        )
         out["height"] = page.evaluate("document.documentElement.scrollHeight")
         out["width"] = page.evaluate("document.documentElement.scrollWidth")
         out["sizes"] = page.eval_on_selector_all(
-            "img", "els => els.map(e => [e.alt, e.naturalWidth, e.getBoundingClientRect().height, e.getBoundingClientRect().top])")
-        out["findings"] = page.eval_on_selector_all("#findings li", "els => els.map(e => e.getBoundingClientRect().bottom)")
+            "img",
+            "els => els.map(e => [e.alt, e.naturalWidth, e.getBoundingClientRect().height, e.getBoundingClientRect().top])",
+        )
+        out["findings"] = page.eval_on_selector_all(
+            "#findings li", "els => els.map(e => e.getBoundingClientRect().bottom)"
+        )
         out["open_details"] = page.eval_on_selector_all("details[open]", "els => els.length")
         if actions:
             out.update(actions(page))
@@ -148,9 +209,27 @@ CONSTANT_COLUMNS_JS = """() => { const out = [];
 def default_like_run(tmp_path_factory) -> Path:
     """A run shaped like the default sweep (many variants, 6 lengths), synthetic: no timing needed."""
     tmp = tmp_path_factory.mktemp("default")
-    variants = ["loop", "vectorized", "batched", "multihead", "torch_mha", "sdpa", "sdpa_math", "chunked", "local",
-                "block_sparse", "linear_elu", "performer", "dot", "scaled_dot", "bilinear", "additive"]
-    return _scaled_run(tmp / "run", variants, (64, 128, 256, 512, 1024, 2048), factor=1.0, counted=True)
+    variants = [
+        "loop",
+        "vectorized",
+        "batched",
+        "multihead",
+        "torch_mha",
+        "sdpa",
+        "sdpa_math",
+        "chunked",
+        "local",
+        "block_sparse",
+        "linear_elu",
+        "performer",
+        "dot",
+        "scaled_dot",
+        "bilinear",
+        "additive",
+    ]
+    return _scaled_run(
+        tmp / "run", variants, (64, 128, 256, 512, 1024, 2048), factor=1.0, counted=True
+    )
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +239,9 @@ def default_like_report(default_like_run, tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
-def test_first_screen_holds_findings_and_the_headline_figure_and_the_page_is_short(default_like_report, tmp_path):
+def test_first_screen_holds_findings_and_the_headline_figure_and_the_page_is_short(
+    default_like_report, tmp_path
+):
     """At 1400x900: the findings and a whole figure on the first screen, at most 10 screens, details
     collapsed, no horizontal scrolling, not even inside a table's box (the exponents table with time, memory and
     counts was cut off at 1400 px), and the inline sort works (click a header, the order flips)."""
@@ -171,9 +252,16 @@ def test_first_screen_holds_findings_and_the_headline_figure_and_the_page_is_sho
         before = first()
         page.click("#exponents th:first-child")
         page.click("#exponents th:first-child")  # asc, then desc
-        cut = page.eval_on_selector_all(".tw", "els => els.filter(e => !e.closest('details:not([open])') && "
-                                                "e.scrollWidth > e.clientWidth).map(e => (e.closest('section') || {}).id || 'page')")
-        return {"sorted": (before, first()), "constant_columns": page.evaluate(CONSTANT_COLUMNS_JS), "cut": cut}
+        cut = page.eval_on_selector_all(
+            ".tw",
+            "els => els.filter(e => !e.closest('details:not([open])') && "
+            "e.scrollWidth > e.clientWidth).map(e => (e.closest('section') || {}).id || 'page')",
+        )
+        return {
+            "sorted": (before, first()),
+            "constant_columns": page.evaluate(CONSTANT_COLUMNS_JS),
+            "cut": cut,
+        }
 
     seen = _browse(page_path, tmp_path / "first.png", sort)
     assert seen["cut"] == [], "a table scrolls sideways inside its box"
@@ -182,15 +270,25 @@ def test_first_screen_holds_findings_and_the_headline_figure_and_the_page_is_sho
     assert seen["width"] <= 1400, "the page scrolls sideways"
     assert seen["findings"] and max(seen["findings"]) < 900, seen["findings"]
     head = {alt: (h, top) for alt, _, h, top in seen["sizes"]}
-    assert "progression" in head and head["progression"][1] + head["progression"][0] <= 900, head.get("progression")
+    assert "progression" in head and head["progression"][1] + head["progression"][0] <= 900, (
+        head.get("progression")
+    )
     assert seen["open_details"] == 0
     assert seen["constant_columns"] == [], "a visible table column holds one repeated value"
     before, after = seen["sorted"]
     assert before == "additive" and after == "vectorized", seen["sorted"]
 
 
-def _scaled_run(path: Path, variants, lengths, factor: float = 1.0, wrong: dict | None = None,
-                memory_factor: float = 1.0, skipped: tuple[str, ...] = (), counted: bool = False) -> Path:
+def _scaled_run(
+    path: Path,
+    variants,
+    lengths,
+    factor: float = 1.0,
+    wrong: dict | None = None,
+    memory_factor: float = 1.0,
+    skipped: tuple[str, ...] = (),
+    counted: bool = False,
+) -> Path:
     """A run of ``variants`` at ``lengths`` with time ~ factor * L^2 (L^1 for linear ones), memory ~
     memory_factor * L^p as declared; ``wrong`` maps (variant, L) to a planted time for a case that failed the gate;
     ``skipped`` variants are skipped at every length; ``counted`` gives every case an instruction count."""
@@ -200,7 +298,15 @@ def _scaled_run(path: Path, variants, lengths, factor: float = 1.0, wrong: dict 
     from attnbench.runs import write_run
     from attnbench.spec import AttnSpec
 
-    env = Environment(hostname="box", python="3.11", torch="2.x", threads=1, cpu_model="cpu", cpu_count=2, device_name="cpu")
+    env = Environment(
+        hostname="box",
+        python="3.11",
+        torch="2.x",
+        threads=1,
+        cpu_model="cpu",
+        cpu_count=2,
+        device_name="cpu",
+    )
     base = AttnSpec(batch=1, heads=8, head_dim=64)
     rows = []
     for k, variant in enumerate(variants):
@@ -210,15 +316,33 @@ def _scaled_run(path: Path, variants, lengths, factor: float = 1.0, wrong: dict 
             status = "ok"
             if wrong and (variant, n) in wrong:
                 t, status = wrong[(variant, n)], "wrong"
-            rows.append(Measurement(
-                variant=variant, spec=base.replace(seq_len=n), status=status, samples=(t, t, t), runs=3, timing_method="wall",
-                peak_tensor_bytes=float(memory_factor * (1 + k) * 64 * n ** impl.memory_exponent), memory_method="profiler",
-                predicted_peak_bytes=float(4 * n * n), max_error=1e-3 if status == "wrong" else 1e-7, tolerance=1e-5, env=env,
-                instructions=t * 3e9 if counted else math.nan,
-            ))
-    rows += [Measurement(variant=v, spec=base.replace(seq_len=n), status="skipped", reason="planted", env=env)
-             for v in skipped for n in lengths]
-    return write_run(path, rows, MeasureConfig(), seconds=1.0, command=["t"], peak_gflops={"float32": 10.0})
+            rows.append(
+                Measurement(
+                    variant=variant,
+                    spec=base.replace(seq_len=n),
+                    status=status,
+                    samples=(t, t, t),
+                    runs=3,
+                    timing_method="wall",
+                    peak_tensor_bytes=float(memory_factor * (1 + k) * 64 * n**impl.memory_exponent),
+                    memory_method="profiler",
+                    predicted_peak_bytes=float(4 * n * n),
+                    max_error=1e-3 if status == "wrong" else 1e-7,
+                    tolerance=1e-5,
+                    env=env,
+                    instructions=t * 3e9 if counted else math.nan,
+                )
+            )
+    rows += [
+        Measurement(
+            variant=v, spec=base.replace(seq_len=n), status="skipped", reason="planted", env=env
+        )
+        for v in skipped
+        for n in lengths
+    ]
+    return write_run(
+        path, rows, MeasureConfig(), seconds=1.0, command=["t"], peak_gflops={"float32": 10.0}
+    )
 
 
 def _synthetic_run(tmp_path: Path) -> Path:
@@ -229,17 +353,36 @@ def _synthetic_run(tmp_path: Path) -> Path:
     from attnbench.runs import write_run
     from attnbench.spec import AttnSpec
 
-    env = Environment(hostname="box", python="3.11", torch="2.x", threads=1, cpu_model="cpu", cpu_count=2, device_name="cpu")
+    env = Environment(
+        hostname="box",
+        python="3.11",
+        torch="2.x",
+        threads=1,
+        cpu_model="cpu",
+        cpu_count=2,
+        device_name="cpu",
+    )
     base = AttnSpec(batch=1, heads=2, head_dim=16)
     rows = []
 
     def add(variant, n, status="ok", memory_method="profiler", memory_power=2):
         t = 1e-6 * (n / 16) ** 2
-        rows.append(Measurement(
-            variant=variant, spec=base.replace(seq_len=n), status=status, samples=(t, t, t), runs=3, timing_method="wall",
-            peak_tensor_bytes=float(n**memory_power), memory_method=memory_method, predicted_peak_bytes=float(4 * n * n),
-            max_error=1e-3 if status == "wrong" else 1e-7, tolerance=1e-5, env=env,
-        ))
+        rows.append(
+            Measurement(
+                variant=variant,
+                spec=base.replace(seq_len=n),
+                status=status,
+                samples=(t, t, t),
+                runs=3,
+                timing_method="wall",
+                peak_tensor_bytes=float(n**memory_power),
+                memory_method=memory_method,
+                predicted_peak_bytes=float(4 * n * n),
+                max_error=1e-3 if status == "wrong" else 1e-7,
+                tolerance=1e-5,
+                env=env,
+            )
+        )
 
     for n in (64, 128, 256, 512, 1024):
         add("batched", n)
@@ -247,7 +390,14 @@ def _synthetic_run(tmp_path: Path) -> Path:
         add("chunked", n, status="wrong" if n == 512 else "ok", memory_power=1)
     for n in (32, 64, 128):
         add("loop", n, memory_method="model")
-    return write_run(tmp_path / "run", rows, MeasureConfig(), seconds=1.0, command=["t"], peak_gflops={"float32": 10.0})
+    return write_run(
+        tmp_path / "run",
+        rows,
+        MeasureConfig(),
+        seconds=1.0,
+        command=["t"],
+        peak_gflops={"float32": 10.0},
+    )
 
 
 def test_headline_counts_conclusive_fits_names_inconclusive_and_steeper(tmp_path):
@@ -264,18 +414,29 @@ def test_headline_counts_conclusive_fits_names_inconclusive_and_steeper(tmp_path
     count = re.search(r"; (\d+) inconclusive\.$", text)
     assert count, text
     inconclusive = page.split(f"Inconclusive fits ({count.group(1)}) and why")[1][:800]
-    assert "loop time (2 points)" in inconclusive  # too few lengths to split: 32 is the floor; 64 and 128 are fitted
+    assert (
+        "loop time (2 points)" in inconclusive
+    )  # too few lengths to split: 32 is the floor; 64 and 128 are fitted
     assert "chunked time" not in inconclusive
     assert "No variant grows faster" not in page
     # wrong: its own red section, and out of the fits
-    assert '<h2 class="bad">Wrong results' in page and "chunked" in page.split('<h2 class="bad">Wrong results')[1][:3000]
+    assert (
+        '<h2 class="bad">Wrong results' in page
+        and "chunked" in page.split('<h2 class="bad">Wrong results')[1][:3000]
+    )
     fits = pd.read_csv(out / "fits.csv")
     chunked_time = fits[(fits["variant"] == "chunked") & (fits["metric"] == "time")].iloc[0]
     assert chunked_time["n"] == 4  # 512 was wrong: 64, 128, 256, 1024
     loop_mem = fits[(fits["variant"] == "loop") & (fits["metric"] == "peak_tensor_bytes")].iloc[0]
-    assert loop_mem["method"] == "model" and pd.isna(loop_mem["exponent"]) and "not fitted" in loop_mem["range"]
+    assert (
+        loop_mem["method"] == "model"
+        and pd.isna(loop_mem["exponent"])
+        and "not fitted" in loop_mem["range"]
+    )
     tidy = pd.read_csv(out / "tidy.csv")
-    assert set(tidy.loc[(tidy["variant"] == "loop") & (tidy["metric"] == "peak_tensor_bytes"), "method"]) == {"model"}
+    assert set(
+        tidy.loc[(tidy["variant"] == "loop") & (tidy["metric"] == "peak_tensor_bytes"), "method"]
+    ) == {"model"}
     assert "model (predicted, not fitted)" in page
 
 
@@ -290,8 +451,12 @@ def test_findings_rank_only_correct_cases_and_quote_only_conclusive_fits(tmp_pat
     measured at two lengths (an inconclusive fit). Neither may appear as a fact."""
     from attnbench.analysis.summary import analyse, load_results
 
-    run = _scaled_run(tmp_path / "run", ["loop", "batched", "sdpa", "chunked"], (64, 128, 256, 512, 1024),
-                      wrong={("batched", 1024): 1e-9})
+    run = _scaled_run(
+        tmp_path / "run",
+        ["loop", "batched", "sdpa", "chunked"],
+        (64, 128, 256, 512, 1024),
+        wrong={("batched", 1024): 1e-9},
+    )
     analysis = analyse(load_results([run]))
     text = " ".join(f.text for f in analysis.findings)
     assert 3 <= len(analysis.findings) <= 6
@@ -302,7 +467,9 @@ def test_findings_rank_only_correct_cases_and_quote_only_conclusive_fits(tmp_pat
     assert "L^" in text  # conclusive fits are quoted ...
     short = _scaled_run(tmp_path / "short", ["batched", "sdpa"], (64, 128))
     quiet = analyse(load_results([short]))
-    assert not any("L^" in f.text for f in quiet.findings), quiet.findings  # ... inconclusive ones never
+    assert not any("L^" in f.text for f in quiet.findings), (
+        quiet.findings
+    )  # ... inconclusive ones never
     assert all(f.target for f in analysis.findings)
 
 
@@ -318,7 +485,7 @@ def test_two_runs_side_by_side(tmp_path):
     page = (tmp_path / "out" / "report.html").read_text()
     section = page.split('<section id="comparison">')[1].split("</section>")[0]
     assert "runB against runA: median time ratio 2x over 12 cases" in page
-    assert section.count("<td data-v=\"2.0\">2x</td>") == 12  # every cell of the ratio table
+    assert section.count('<td data-v="2.0">2x</td>') == 12  # every cell of the ratio table
     assert (tmp_path / "out" / "figures" / "comparison_1.png").stat().st_size > 1000
     assert "run date" in section
 
@@ -342,10 +509,16 @@ def test_two_runs_compare_peak_tensor_memory_too(tmp_path):
 
     frame = load([a, b])
     memory = frame["metric"] == "peak_tensor_bytes"
-    frame.loc[memory & (frame["origin"].astype(str) == str(b)) & (frame["variant"] == "chunked"), "method"] = "model"
-    frame.loc[memory & (frame["origin"].astype(str) == str(a)) & (frame["seq_len"] == 64), "value"] = 0.0
+    frame.loc[
+        memory & (frame["origin"].astype(str) == str(b)) & (frame["variant"] == "chunked"), "method"
+    ] = "model"
+    frame.loc[
+        memory & (frame["origin"].astype(str) == str(a)) & (frame["seq_len"] == 64), "value"
+    ] = 0.0
     (comp,) = _compare(frame, _sides(frame))
-    assert set(comp.memory["variant"]) == {"batched", "sdpa"} and 64 not in set(comp.memory["seq_len"])
+    assert set(comp.memory["variant"]) == {"batched", "sdpa"} and 64 not in set(
+        comp.memory["seq_len"]
+    )
     assert (comp.memory["ratio"] == 4.0).all() and len(comp.memory) == 6
     assert len(comp.ratios) == 12
 
@@ -376,19 +549,35 @@ def test_constant_columns_are_lifted_into_the_caption():
 
     from attnbench.report.html import _table, lift_constants
 
-    df = pd.DataFrame({"variant": ["a", "b"], "device": ["cpu", "cpu"], "time": [1.0, 2.0], "empty": ["", ""]})
+    df = pd.DataFrame(
+        {"variant": ["a", "b"], "device": ["cpu", "cpu"], "time": [1.0, 2.0], "empty": ["", ""]}
+    )
     shown, constants = lift_constants(df, keep=("variant",))
     assert list(shown.columns) == ["variant", "time"] and constants == {"device": "cpu"}
     out = _table(df, keep=("variant",))
-    assert "<th>device</th>" not in out and "Same on every row: device: cpu" in out and "<th>empty</th>" not in out
+    assert (
+        "<th>device</th>" not in out
+        and "Same on every row: device: cpu" in out
+        and "<th>empty</th>" not in out
+    )
     assert "<th>device</th>" in _table(df, lift=False)
 
 
-@pytest.mark.parametrize(("value", "unit", "text"), [
-    (1.08e9, "bytes", "1.08 GB"), (273_000_000.0, "bytes", "273 MB"), (512.0, "bytes", "512 B"), (112.34, "x", "112x"),
-    (5123.0, "x", "5,120x"), (0.000322, "x", "0.000322x"), (3.1e-3, "s", "3.1 ms"), (2.5, "s", "2.5 s"), (4.2e-7, "s", "420 ns"),
-    (float("nan"), "s", "n/a"),
-])
+@pytest.mark.parametrize(
+    ("value", "unit", "text"),
+    [
+        (1.08e9, "bytes", "1.08 GB"),
+        (273_000_000.0, "bytes", "273 MB"),
+        (512.0, "bytes", "512 B"),
+        (112.34, "x", "112x"),
+        (5123.0, "x", "5,120x"),
+        (0.000322, "x", "0.000322x"),
+        (3.1e-3, "s", "3.1 ms"),
+        (2.5, "s", "2.5 s"),
+        (4.2e-7, "s", "420 ns"),
+        (float("nan"), "s", "n/a"),
+    ],
+)
 def test_numbers_have_units_and_three_significant_figures(value, unit, text):
     from attnbench.report.plots import fmt
 
@@ -401,16 +590,40 @@ def test_crossover_colours_are_centred_at_1x_and_clipped():
 
     from attnbench.report import plots
 
-    cross = pd.DataFrame([
-        {"variant": "loop", "baseline": "batched", "metric": "time", "crossover_L": "never", "ratio_at_longest": 1e-5},
-        {"variant": "sdpa", "baseline": "batched", "metric": "time", "crossover_L": "128", "ratio_at_longest": 2.0},
-        {"variant": "chunked", "baseline": "batched", "metric": "time", "crossover_L": "never", "ratio_at_longest": 0.5},
-    ])
+    cross = pd.DataFrame(
+        [
+            {
+                "variant": "loop",
+                "baseline": "batched",
+                "metric": "time",
+                "crossover_L": "never",
+                "ratio_at_longest": 1e-5,
+            },
+            {
+                "variant": "sdpa",
+                "baseline": "batched",
+                "metric": "time",
+                "crossover_L": "128",
+                "ratio_at_longest": 2.0,
+            },
+            {
+                "variant": "chunked",
+                "baseline": "batched",
+                "metric": "time",
+                "crossover_L": "never",
+                "ratio_at_longest": 0.5,
+            },
+        ]
+    )
     fig = plots.crossover_matrix({"time": cross})
     norm = fig.axes[0].images[0].norm
     assert norm.vmin == -norm.vmax and norm.vmax == 3.0  # centred at 1x, at most 1000x either way
     texts = {t.get_text() for t in fig.axes[0].texts}
-    assert {"never  1e-05x".replace("1e-05x", plots.fmt(1e-5, "x")), "L≥128  2x", "never  0.5x"} <= texts
+    assert {
+        "never  1e-05x".replace("1e-05x", plots.fmt(1e-5, "x")),
+        "L≥128  2x",
+        "never  0.5x",
+    } <= texts
 
 
 def test_demos_are_opt_in(tmp_path, monkeypatch):
@@ -444,14 +657,21 @@ def test_report_steps_are_separate_functions(tmp_path):
 def test_tiny_runs_still_make_a_page(tmp_path, shape):
     """One family, one panel, one length: every figure copes (a single facet has no facet grid)."""
     variants, lengths = shape
-    page = build_report([_scaled_run(tmp_path / "run", variants, lengths)], tmp_path / "out").read_text()
+    page = build_report(
+        [_scaled_run(tmp_path / "run", variants, lengths)], tmp_path / "out"
+    ).read_text()
     assert "Findings" in page or "Fitted exponents" in page
     assert (tmp_path / "out" / "figures" / "time.png").exists()
 
 
 # ---- prefill vs decode, and the roofline ---------------------------------------------------------
-def _decode_run(path: Path, decode_lengths=(1024, 2048, 4096, 8192, 16384, 32768, 65536),
-                prefill_lengths=(256, 512, 1024, 2048, 4096), peak_gbps: dict | None = None, commit: str = "") -> Path:
+def _decode_run(
+    path: Path,
+    decode_lengths=(1024, 2048, 4096, 8192, 16384, 32768, 65536),
+    prefill_lengths=(256, 512, 1024, 2048, 4096),
+    peak_gbps: dict | None = None,
+    commit: str = "",
+) -> Path:
     """batched and sdpa: prefill time ~ L^2, decode time ~ bytes moved (so ~ Lk), with both roofs recorded."""
     from attnbench.measure import MeasureConfig
     from attnbench.measure.record import Environment, Measurement
@@ -459,8 +679,16 @@ def _decode_run(path: Path, decode_lengths=(1024, 2048, 4096, 8192, 16384, 32768
     from attnbench.runs import write_run
     from attnbench.spec import AttnSpec
 
-    env = Environment(hostname="box", python="3.11", torch="2.x", threads=1, cpu_model="cpu", cpu_count=2, device_name="cpu",
-                      commit=commit)
+    env = Environment(
+        hostname="box",
+        python="3.11",
+        torch="2.x",
+        threads=1,
+        cpu_model="cpu",
+        cpu_count=2,
+        device_name="cpu",
+        commit=commit,
+    )
     base = AttnSpec(batch=1, heads=8, head_dim=64)
     wobble = (1.0, 1.03, 0.98, 1.01, 0.99, 1.02, 1.0)
     rows = []
@@ -468,15 +696,42 @@ def _decode_run(path: Path, decode_lengths=(1024, 2048, 4096, 8192, 16384, 32768
         impl = get_variant(variant)
         for workload, lengths in (("prefill", prefill_lengths), ("decode", decode_lengths)):
             for n, w in zip(lengths, wobble, strict=False):
-                spec = base.replace(seq_len=n) if workload == "prefill" else base.replace(seq_len=1, seq_len_k=n)
-                t = (2e-10 * (1 + k) * n * n if workload == "prefill" else spec.bytes_moved / (4e9 * (1 + k))) * w
-                rows.append(Measurement(
-                    variant=variant, spec=spec, status="ok", samples=(t, t, t), runs=3, timing_method="wall", workload=workload,
-                    peak_tensor_bytes=float(64 * n), memory_method="profiler", flops_executed=impl.flops(spec).executed,
-                    max_error=1e-7, tolerance=1e-5, env=env,
-                ))
-    return write_run(path, rows, MeasureConfig(), seconds=1.0, command=["t"], peak_gflops={"float32": 60.0},
-                     peak_gbps={"copy": 8.0, "triad": 10.0} if peak_gbps is None else peak_gbps)
+                spec = (
+                    base.replace(seq_len=n)
+                    if workload == "prefill"
+                    else base.replace(seq_len=1, seq_len_k=n)
+                )
+                t = (
+                    2e-10 * (1 + k) * n * n
+                    if workload == "prefill"
+                    else spec.bytes_moved / (4e9 * (1 + k))
+                ) * w
+                rows.append(
+                    Measurement(
+                        variant=variant,
+                        spec=spec,
+                        status="ok",
+                        samples=(t, t, t),
+                        runs=3,
+                        timing_method="wall",
+                        workload=workload,
+                        peak_tensor_bytes=float(64 * n),
+                        memory_method="profiler",
+                        flops_executed=impl.flops(spec).executed,
+                        max_error=1e-7,
+                        tolerance=1e-5,
+                        env=env,
+                    )
+                )
+    return write_run(
+        path,
+        rows,
+        MeasureConfig(),
+        seconds=1.0,
+        command=["t"],
+        peak_gflops={"float32": 60.0},
+        peak_gbps={"copy": 8.0, "triad": 10.0} if peak_gbps is None else peak_gbps,
+    )
 
 
 def test_prefill_vs_decode_and_the_roofline(tmp_path):
@@ -495,7 +750,11 @@ def test_prefill_vs_decode_and_the_roofline(tmp_path):
     assert len(decode) == 1 and re.search(r"Lk\^1\.0\d \[0\.9\d, 1\.0\d\]", decode[0]), decode
     # sdpa's decode moves 2 x 4 GB/s in the synthetic run (wobble 1.0 at Lk=65536): 80% of the 10 GB/s triad roof
     assert "at Lk=65536 it moves 8 GB/s, 80% of the measured bandwidth" in decode[0], decode[0]
-    seen = _browse(page_path, tmp_path / "decode.png", lambda page: {"constant_columns": page.evaluate(CONSTANT_COLUMNS_JS)})
+    seen = _browse(
+        page_path,
+        tmp_path / "decode.png",
+        lambda page: {"constant_columns": page.evaluate(CONSTANT_COLUMNS_JS)},
+    )
     assert seen["console"] == [] and seen["failed"] == [] and seen["open_details"] == 0
     assert seen["height"] <= 10 * 900, seen["height"]
     assert seen["constant_columns"] == [], seen["constant_columns"]
@@ -509,7 +768,9 @@ def test_an_inconclusive_decode_fit_is_shown_but_never_a_finding(tmp_path):
     page = build_report([run], tmp_path / "out").read_text()
     assert "Prefill vs decode" in page
     analysis = analyse(load_results([run]))
-    decode = analysis.fits[(analysis.fits["workload"] == "decode") & (analysis.fits["metric"] == "time")]
+    decode = analysis.fits[
+        (analysis.fits["workload"] == "decode") & (analysis.fits["metric"] == "time")
+    ]
     assert set(decode["verdict"]) == {"inconclusive"}  # bytes have no noise: three lengths fit them
     assert not [f for f in analysis.findings if f.text.startswith("Decode")]
 
@@ -517,34 +778,51 @@ def test_an_inconclusive_decode_fit_is_shown_but_never_a_finding(tmp_path):
 @pytest.mark.slow
 def test_no_decode_section_without_decode_cases(default_like_report):
     page = default_like_report.read_text()
-    assert "Prefill vs decode" not in page and not (default_like_report.parent / "figures" / "prefill_decode.png").exists()
+    assert (
+        "Prefill vs decode" not in page
+        and not (default_like_report.parent / "figures" / "prefill_decode.png").exists()
+    )
 
 
 def test_the_roofline_without_a_recorded_bandwidth_draws_the_compute_roof_only(tmp_path):
     run = _decode_run(tmp_path / "run", peak_gbps={})
     page = build_report([run], tmp_path / "out").read_text()
-    assert (tmp_path / "out" / "figures" / "roofline.png").exists() and "bandwidth not recorded" in page
+    assert (
+        tmp_path / "out" / "figures" / "roofline.png"
+    ).exists() and "bandwidth not recorded" in page
 
 
 def test_prefill_and_decode_from_two_runs_of_one_machine(tmp_path):
     """A prefill sweep and a decode sweep are two run directories, made at two commits: the section and the finding read both."""
     from attnbench.analysis.summary import analyse, load_results
 
-    runs = [_decode_run(tmp_path / "prefill", decode_lengths=(), commit="a" * 40),
-            _decode_run(tmp_path / "decode", prefill_lengths=(), commit="b" * 40)]
+    runs = [
+        _decode_run(tmp_path / "prefill", decode_lengths=(), commit="a" * 40),
+        _decode_run(tmp_path / "decode", prefill_lengths=(), commit="b" * 40),
+    ]
     page = build_report(runs, tmp_path / "out").read_text()
     assert "Prefill vs decode" in page and (tmp_path / "out" / "figures" / "roofline.png").exists()
     decode = [f.text for f in analyse(load_results(runs)).findings if f.text.startswith("Decode")]
-    assert decode and "against prefill's L^" in decode[0] and "% of the measured bandwidth" in decode[0], decode
+    assert (
+        decode
+        and "against prefill's L^" in decode[0]
+        and "% of the measured bandwidth" in decode[0]
+    ), decode
 
 
 def test_the_fastest_is_ranked_among_exact_softmax_attention_only(tmp_path):
     """Planted: linear_elu and local, O(L) and the fastest by far, compute something else: they are named, not ranked."""
     from attnbench.analysis.summary import analyse, load_results
 
-    run = _scaled_run(tmp_path / "run", ["batched", "sdpa", "chunked", "linear_elu", "local"], (64, 128, 256, 512, 1024))
+    run = _scaled_run(
+        tmp_path / "run",
+        ["batched", "sdpa", "chunked", "linear_elu", "local"],
+        (64, 128, 256, 512, 1024),
+    )
     fastest = next(f.text for f in analyse(load_results([run])).findings if "fastest" in f.text)
-    assert "fastest of 3 exact softmax attention variants" in fastest and "is `batched`" in fastest, fastest
+    assert (
+        "fastest of 3 exact softmax attention variants" in fastest and "is `batched`" in fastest
+    ), fastest
     assert "(`linear_elu`, `local` compute something else and are not ranked)" in fastest, fastest
 
 
@@ -553,8 +831,13 @@ def test_lengths_and_counts_are_printed_exactly_in_every_table(tmp_path):
     import html as html_lib
     from html.parser import HTMLParser
 
-    run = _scaled_run(tmp_path / "run", ["batched", "sdpa", "chunked"], (256, 512, 1024, 2048), wrong={("batched", 2048): 1.0},
-                      skipped=("local",))  # a variant that never ran makes the largest-length column a float one
+    run = _scaled_run(
+        tmp_path / "run",
+        ["batched", "sdpa", "chunked"],
+        (256, 512, 1024, 2048),
+        wrong={("batched", 2048): 1.0},
+        skipped=("local",),
+    )  # a variant that never ran makes the largest-length column a float one
     page = build_report([run], tmp_path / "out").read_text()
 
     class Tables(HTMLParser):
@@ -582,14 +865,20 @@ def test_lengths_and_counts_are_printed_exactly_in_every_table(tmp_path):
 
     parser = Tables()
     parser.feed(page)
-    counts = re.compile(r"(^|[_ ])(L|Lq|Lk|seq_len|seq_len_k|batch|heads|head_dim|kv_heads|n|cases)$|(^|_)L(_|$)|^cases")
+    counts = re.compile(
+        r"(^|[_ ])(L|Lq|Lk|seq_len|seq_len_k|batch|heads|head_dim|kv_heads|n|cases)$|(^|_)L(_|$)|^cases"
+    )
     checked = 0
     for table in parser.tables:
         if len(table) < 2:
             continue
         for i, head in enumerate(table[0]):
             if counts.search(head):
-                cells = [row[i] for row in table[1:] if i < len(row) and row[i] not in ("", "always", "never")]
+                cells = [
+                    row[i]
+                    for row in table[1:]
+                    if i < len(row) and row[i] not in ("", "always", "never")
+                ]
                 assert all(c.isdigit() for c in cells), (head, cells)
                 checked += len(cells)
     assert checked > 20 and "2048" in page and "2,050" not in page and "1,020" not in page
@@ -607,10 +896,31 @@ def test_a_figureless_section_has_no_heading(tmp_path):
     from attnbench.runs import write_run
     from attnbench.spec import AttnSpec
 
-    env = Environment(hostname="box", python="3.11", torch="2.x", threads=1, cpu_model="cpu", cpu_count=2, device_name="cpu")
-    rows = [Measurement(variant="sdpa", spec=AttnSpec(seq_len=1, seq_len_k=n), status="ok", samples=(1e-6 * n,) * 3,
-                        runs=3, timing_method="wall", env=env, workload="decode") for n in (1024, 2048, 4096, 8192)]
-    run = write_run(tmp_path / "run", rows, MeasureConfig(workload="decode"), seconds=1.0, command=["t"])
+    env = Environment(
+        hostname="box",
+        python="3.11",
+        torch="2.x",
+        threads=1,
+        cpu_model="cpu",
+        cpu_count=2,
+        device_name="cpu",
+    )
+    rows = [
+        Measurement(
+            variant="sdpa",
+            spec=AttnSpec(seq_len=1, seq_len_k=n),
+            status="ok",
+            samples=(1e-6 * n,) * 3,
+            runs=3,
+            timing_method="wall",
+            env=env,
+            workload="decode",
+        )
+        for n in (1024, 2048, 4096, 8192)
+    ]
+    run = write_run(
+        tmp_path / "run", rows, MeasureConfig(workload="decode"), seconds=1.0, command=["t"]
+    )
     page = build_report([run], tmp_path / "out").read_text()
     assert "Prefill vs decode" in page and "The families" not in page
 
@@ -622,14 +932,32 @@ def _gqa_run(path: Path) -> Path:
     from attnbench.runs import write_run
     from attnbench.spec import AttnSpec
 
-    env = Environment(hostname="box", python="3.11", torch="2.x", threads=1, cpu_model="cpu", cpu_count=2, device_name="cpu")
+    env = Environment(
+        hostname="box",
+        python="3.11",
+        torch="2.x",
+        threads=1,
+        cpu_model="cpu",
+        cpu_count=2,
+        device_name="cpu",
+    )
     rows = []
     for hkv in (8, 2):
         for n in (128, 256, 512, 1024, 2048):
             t = 1e-9 * n * n * (1 if hkv == 8 else 0.5)
-            rows.append(Measurement(variant="sdpa", spec=AttnSpec(seq_len=n, kv_heads=hkv), status="ok",
-                                    samples=(0.95 * t, t, 1.05 * t), runs=3, timing_method="wall", env=env,
-                                    peak_tensor_bytes=float(n * 1000 * hkv), memory_method="profiler"))
+            rows.append(
+                Measurement(
+                    variant="sdpa",
+                    spec=AttnSpec(seq_len=n, kv_heads=hkv),
+                    status="ok",
+                    samples=(0.95 * t, t, 1.05 * t),
+                    runs=3,
+                    timing_method="wall",
+                    env=env,
+                    peak_tensor_bytes=float(n * 1000 * hkv),
+                    memory_method="profiler",
+                )
+            )
     return write_run(path, rows, MeasureConfig(), seconds=1.0, command=["t"])
 
 
@@ -650,9 +978,19 @@ def test_points_show_their_spread(tmp_path):
     from attnbench.report import plots
 
     analysis = analyse(load_results([_gqa_run(tmp_path / "run")]))
-    for fig in (plots.scaling(analysis.main, "time"), plots.progression(analysis.main, analysis.main_fits)):
-        bars = [c for ax in fig.axes for c in ax.collections if type(c).__name__ == "LineCollection" and len(c.get_segments())]
-        assert bars and any(len(c.get_segments()) == 5 for c in bars)  # one bar per length of a series
+    for fig in (
+        plots.scaling(analysis.main, "time"),
+        plots.progression(analysis.main, analysis.main_fits),
+    ):
+        bars = [
+            c
+            for ax in fig.axes
+            for c in ax.collections
+            if type(c).__name__ == "LineCollection" and len(c.get_segments())
+        ]
+        assert bars and any(
+            len(c.get_segments()) == 5 for c in bars
+        )  # one bar per length of a series
 
 
 def _overlapping_texts(fig) -> list[tuple[str, str, str]]:
@@ -662,13 +1000,26 @@ def _overlapping_texts(fig) -> list[tuple[str, str, str]]:
     renderer = fig.canvas.get_renderer()
     found = []
     for ax in fig.axes:
-        boxes = [(t.get_text(), Text.get_window_extent(t, renderer)) for t in ax.texts]  # the text, not its leader line
-        found += [(ax.get_title(), a, b) for i, (a, box) in enumerate(boxes) for b, other in boxes[i + 1:] if box.overlaps(other)]
+        boxes = [
+            (t.get_text(), Text.get_window_extent(t, renderer)) for t in ax.texts
+        ]  # the text, not its leader line
+        found += [
+            (ax.get_title(), a, b)
+            for i, (a, box) in enumerate(boxes)
+            for b, other in boxes[i + 1 :]
+            if box.overlaps(other)
+        ]
     return found
 
 
-@pytest.mark.parametrize("variants", [["sdpa", "sdpa_flash"], ["sdpa", "sdpa_flash", "chunked", "local", "linear_elu", "performer", "batched"],
-                                      ["loop", "vectorized", "batched", "multihead", "torch_mha"]])
+@pytest.mark.parametrize(
+    "variants",
+    [
+        ["sdpa", "sdpa_flash"],
+        ["sdpa", "sdpa_flash", "chunked", "local", "linear_elu", "performer", "batched"],
+        ["loop", "vectorized", "batched", "multihead", "torch_mha"],
+    ],
+)
 def test_line_end_labels_never_overlap(tmp_path, variants):
     """Planted: lines that end at (nearly) the same point, as sdpa and sdpa_flash do on a CPU, beside the O(n) and
     O(n²) guides; and the fixture's real run, whose dense panel spans two short lengths (the guides' names met)."""
@@ -678,8 +1029,11 @@ def test_line_end_labels_never_overlap(tmp_path, variants):
     run = _scaled_run(tmp_path / "run", variants, (64, 128, 256, 512), factor=0.01)
     for source in (run, Path(__file__).parent / "fixtures" / "runs" / "prefill"):
         analysis = analyse(load_results([source]))
-        for fig in (plots.scaling(analysis.main, "time"), plots.scaling(analysis.main, "peak_tensor_bytes"),
-                    plots.progression(analysis.main, analysis.main_fits)):
+        for fig in (
+            plots.scaling(analysis.main, "time"),
+            plots.scaling(analysis.main, "peak_tensor_bytes"),
+            plots.progression(analysis.main, analysis.main_fits),
+        ):
             assert fig is None or _overlapping_texts(fig) == []
 
 
@@ -697,8 +1051,16 @@ def test_rows_of_another_shape_are_never_pooled_into_a_finding(tmp_path):
         for hkv in (8, 2):
             for n in (128, 256, 512, 1024):
                 t = base * n * n * (1 if hkv == 8 else 0.1)
-                rows.append(Measurement(variant=variant, spec=AttnSpec(seq_len=n, kv_heads=hkv), status="ok",
-                                        samples=(t, t, t), runs=3, timing_method="wall"))
+                rows.append(
+                    Measurement(
+                        variant=variant,
+                        spec=AttnSpec(seq_len=n, kv_heads=hkv),
+                        status="ok",
+                        samples=(t, t, t),
+                        runs=3,
+                        timing_method="wall",
+                    )
+                )
     run = write_run(tmp_path / "run", rows, MeasureConfig(), seconds=1.0, command=["t"])
     analysis = analyse(load_results([run]))
     assert analysis.primary["kv_heads"] == "8"
@@ -716,10 +1078,15 @@ def test_every_count_of_fits_on_a_page_comes_from_one_tally(tmp_path, runs):
 
     fixtures = Path(__file__).parent / "fixtures" / "runs"
     page = build_report([fixtures / r for r in runs], tmp_path / "out").read_text()
-    section = re.search(r'<h2>Fitted exponents[^<]*</h2><p class="\w+">(\d+) of (\d+) conclusive fits match[^<]*?'
-                        r'(?:; (\d+) inconclusive\.|none inconclusive\.)', page)
-    finding = re.search(r"(\d+) of (\d+) conclusive complexity fits match the declared big-O[^;]*; (\d+) are inconclusive",
-                        html_lib.unescape(page))
+    section = re.search(
+        r'<h2>Fitted exponents[^<]*</h2><p class="\w+">(\d+) of (\d+) conclusive fits match[^<]*?'
+        r"(?:; (\d+) inconclusive\.|none inconclusive\.)",
+        page,
+    )
+    finding = re.search(
+        r"(\d+) of (\d+) conclusive complexity fits match the declared big-O[^;]*; (\d+) are inconclusive",
+        html_lib.unescape(page),
+    )
     assert section and finding, "the tally is missing from the section or the findings"
     assert finding.groups() == (section.group(1), section.group(2), section.group(3) or "0")
     assert "No complexity fit is conclusive" not in page
@@ -732,16 +1099,41 @@ def test_a_match_whose_interval_excludes_the_declared_exponent_says_so():
     from attnbench.analysis import complexity
     from attnbench.analysis.summary import exponent_summary
 
-    fit = {"source": "run", "machine": "m", "commit": "", "device": "cpu", "mode": "forward", "dtype": "float32",
-           "mask": "none", "workload": "prefill", "batch": 1, "heads": 8, "kv_heads": 8, "head_dim": 64,
-           "variant": "block_sparse", "metric": "time", "method": "wall", "exponent": 1.24, "ci_low": 1.05,
-           "ci_high": 1.43, "conclusive": True, "note": "", "declared": 1.0}
+    fit = {
+        "source": "run",
+        "machine": "m",
+        "commit": "",
+        "device": "cpu",
+        "mode": "forward",
+        "dtype": "float32",
+        "mask": "none",
+        "workload": "prefill",
+        "batch": 1,
+        "heads": 8,
+        "kv_heads": 8,
+        "head_dim": 64,
+        "variant": "block_sparse",
+        "metric": "time",
+        "method": "wall",
+        "exponent": 1.24,
+        "ci_low": 1.05,
+        "ci_high": 1.43,
+        "conclusive": True,
+        "note": "",
+        "declared": 1.0,
+    }
     fits = pd.DataFrame([{**fit, "verdict": complexity.verdict(fit, 1.0)}])
     assert fits["verdict"].iloc[0] == "matches"
     tone, text = complexity.headline(fits)
-    assert "within the 0.25 tolerance only (the interval excludes the declared exponent): block_sparse time" in text
+    assert (
+        "within the 0.25 tolerance only (the interval excludes the declared exponent): block_sparse time"
+        in text
+    )
     row = exponent_summary(fits).iloc[0]
-    assert "time steeper than declared by less than 0.25 (matches; its interval excludes 1)" in row["verdict vs declared"]
+    assert (
+        "time steeper than declared by less than 0.25 (matches; its interval excludes 1)"
+        in row["verdict vs declared"]
+    )
 
 
 def _gate_results(tmp_path: Path, head_factor: float) -> tuple[Path, str, str]:
@@ -757,7 +1149,9 @@ def _gate_results(tmp_path: Path, head_factor: float) -> tuple[Path, str, str]:
     time_key = "bench_attention.Attention.time_attention"
     data["results"][time_key][0] = [v * head_factor for v in data["results"][time_key][0]]
     data["commit_hash"] = head
-    (results / "fixture-box" / base_file.name.replace("01792c89", "ffffffff")).write_text(json.dumps(data))
+    (results / "fixture-box" / base_file.name.replace("01792c89", "ffffffff")).write_text(
+        json.dumps(data)
+    )
     return results, base, head
 
 
@@ -771,20 +1165,53 @@ def test_the_ci_report_shows_no_time_ratio_the_gate_did_not_decide(tmp_path):
 
     results, base, head = _gate_results(tmp_path, 0.767)
     before = analyse(load_results([results]))
-    assert any("median time ratio 0.767x" in f.text for f in before.findings)  # what the page said without the gate
+    assert any(
+        "median time ratio 0.767x" in f.text for f in before.findings
+    )  # what the page said without the gate
     time_rows = before.loaded.frame.query("metric == 'time' and status == 'ok'")
-    table = pd.DataFrame([{"metric": "time", "variant": r.variant, "seq_len": r.seq_len, "mode": r.mode, "mask": r.mask,
-                           "verdict": "shown", "reason": "noisy: 14 of 20 samples waited for a core", "base": base,
-                           "head": head} for r in time_rows.drop_duplicates(["variant", "seq_len", "mode"]).itertuples()]
-                         + [{"metric": "instructions", "variant": "batched", "seq_len": 64, "mode": "forward",
-                             "mask": "none", "verdict": "ok", "reason": "", "base": base, "head": head}])
+    table = pd.DataFrame(
+        [
+            {
+                "metric": "time",
+                "variant": r.variant,
+                "seq_len": r.seq_len,
+                "mode": r.mode,
+                "mask": r.mask,
+                "verdict": "shown",
+                "reason": "noisy: 14 of 20 samples waited for a core",
+                "base": base,
+                "head": head,
+            }
+            for r in time_rows.drop_duplicates(["variant", "seq_len", "mode"]).itertuples()
+        ]
+        + [
+            {
+                "metric": "instructions",
+                "variant": "batched",
+                "seq_len": 64,
+                "mode": "forward",
+                "mask": "none",
+                "verdict": "ok",
+                "reason": "",
+                "base": base,
+                "head": head,
+            }
+        ]
+    )
     table.to_csv(results / GATE_VERDICTS, index=False)
     after = analyse(load_results([results]))
-    assert not any("median time ratio" in f.text for f in after.findings), [f.text for f in after.findings]
+    assert not any("median time ratio" in f.text for f in after.findings), [
+        f.text for f in after.findings
+    ]
     assert after.comparisons[0].ratios.empty
-    assert any("which decided on instructions" in n and "marked noisy here" in n for n in after.loaded.notes)
+    assert any(
+        "which decided on instructions" in n and "marked noisy here" in n
+        for n in after.loaded.notes
+    )
     marked = after.loaded.frame.query("metric == 'time' and status == 'noisy'")
-    assert len(marked) == len(time_rows) and marked["reason"].str.contains("waited for a core").all()
+    assert (
+        len(marked) == len(time_rows) and marked["reason"].str.contains("waited for a core").all()
+    )
 
 
 def test_a_point_above_its_neighbours_line_is_flagged_before_a_crossover_rests_on_it(tmp_path):
@@ -800,14 +1227,28 @@ def test_a_point_above_its_neighbours_line_is_flagged_before_a_crossover_rests_o
     for variant, base in (("batched", 1.0e-7), ("dot", 1.1e-7)):
         for n in (128, 256, 512, 1024, 2048):
             t = base * n * n * (2.6 if (variant, n) == ("dot", 512) else 1.0)
-            rows.append(Measurement(variant=variant, spec=AttnSpec(seq_len=n), status="ok", samples=(t, t, t), runs=3,
-                                    timing_method="wall"))
+            rows.append(
+                Measurement(
+                    variant=variant,
+                    spec=AttnSpec(seq_len=n),
+                    status="ok",
+                    samples=(t, t, t),
+                    runs=3,
+                    timing_method="wall",
+                )
+            )
     run = write_run(tmp_path / "run", rows, MeasureConfig(), seconds=1.0, command=["t"])
     analysis = analyse(load_results([run]))
     frame = analysis.loaded.frame
-    spike = frame[(frame["variant"] == "dot") & (frame["seq_len"] == 512) & (frame["metric"] == "time")]
-    assert list(spike["status"]) == ["noisy"] and "breaks its series' trend" in spike["reason"].iloc[0]
-    assert (frame.loc[frame["status"] == "noisy", "seq_len"] == 512).all()  # nothing else: convex series stay ok
+    spike = frame[
+        (frame["variant"] == "dot") & (frame["seq_len"] == 512) & (frame["metric"] == "time")
+    ]
+    assert (
+        list(spike["status"]) == ["noisy"] and "breaks its series' trend" in spike["reason"].iloc[0]
+    )
+    assert (
+        frame.loc[frame["status"] == "noisy", "seq_len"] == 512
+    ).all()  # nothing else: convex series stay ok
     fit = analysis.fits.set_index(["variant", "metric"]).loc[("dot", "time")]
     assert fit["n"] == 4 and fit["L_min"] == 128  # fitted, ranked and crossed over without 512
 
@@ -826,7 +1267,11 @@ def _report_overlaps(sources: list[Path], out: Path) -> dict[str, list]:
     savefig = Figure.savefig
 
     def record(fig, *args, **kwargs):
-        name = fig._suptitle.get_text() if fig._suptitle else (fig.axes[0].get_title() if fig.axes else "?")
+        name = (
+            fig._suptitle.get_text()
+            if fig._suptitle
+            else (fig.axes[0].get_title() if fig.axes else "?")
+        )
         found.setdefault(name[:60], overlapping(fig))
         return savefig(fig, *args, **kwargs)
 
@@ -841,9 +1286,13 @@ def test_no_figure_of_any_report_kind_prints_text_over_text(tmp_path):
     the accuracy axis crowded its minor labels: every figure of a run, two runs, a roofline, an asv and a CI report."""
     fixtures = Path(__file__).parent / "fixtures"
     gate, _, _ = _gate_results(tmp_path / "gate", 0.767)
-    kinds = {"run": [fixtures / "runs" / "prefill"], "two runs": [fixtures / "runs" / "prefill", fixtures / "runs" / "prefill_b"],
-             "roofline": [fixtures / "runs" / "prefill", fixtures / "runs" / "decode"], "asv": [fixtures / "asv_results"],
-             "CI": [gate]}
+    kinds = {
+        "run": [fixtures / "runs" / "prefill"],
+        "two runs": [fixtures / "runs" / "prefill", fixtures / "runs" / "prefill_b"],
+        "roofline": [fixtures / "runs" / "prefill", fixtures / "runs" / "decode"],
+        "asv": [fixtures / "asv_results"],
+        "CI": [gate],
+    }
     figures = 0
     for kind, sources in kinds.items():
         found = _report_overlaps(sources, tmp_path / kind.replace(" ", "_"))
@@ -865,10 +1314,19 @@ def test_a_log_axis_within_one_decade_still_has_labelled_ticks():
         _unit_axis(ax, "y", "s")
         fig.canvas.draw()
         lo, hi = ax.get_ylim()
-        shown = [t.get_text() for t in ax.yaxis.get_majorticklabels() + ax.yaxis.get_minorticklabels()
-                 if t.get_text() and lo <= t.get_position()[1] <= hi]
+        shown = [
+            t.get_text()
+            for t in ax.yaxis.get_majorticklabels() + ax.yaxis.get_minorticklabels()
+            if t.get_text() and lo <= t.get_position()[1] <= hi
+        ]
         plt.close(fig)
         return shown
 
     assert labels(0.024, 0.060) == ["30 ms", "50 ms"]
-    assert labels(1e-4, 1.0) == ["100 µs", "1 ms", "10 ms", "100 ms", "1 s"]  # decades only where there are any
+    assert labels(1e-4, 1.0) == [
+        "100 µs",
+        "1 ms",
+        "10 ms",
+        "100 ms",
+        "1 s",
+    ]  # decades only where there are any

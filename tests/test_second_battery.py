@@ -36,8 +36,17 @@ from attnbench.runs import (
 from attnbench.variants.batched import BatchedAttention
 
 ROOT = Path(__file__).resolve().parents[1]
-MEASURED = [Measurement(variant="batched", spec=attnbench.AttnSpec(batch=1, heads=2, head_dim=16, seq_len=n), status="ok",
-                        samples=(1e-3, 1.1e-3, 0.9e-3), runs=3, timing_method="wall") for n in (16, 32, 64)]
+MEASURED = [
+    Measurement(
+        variant="batched",
+        spec=attnbench.AttnSpec(batch=1, heads=2, head_dim=16, seq_len=n),
+        status="ok",
+        samples=(1e-3, 1.1e-3, 0.9e-3),
+        runs=3,
+        timing_method="wall",
+    )
+    for n in (16, 32, 64)
+]
 
 
 # ---- 4: a predicate is known by identity, not by its name ------------------------------------
@@ -57,18 +66,38 @@ def test_sdpa_runs_a_custom_predicate_named_causal_as_what_it_computes(name):
 
 
 # ---- 6, 8, 9: a full disk, a torn log resumed, a log of another format -------------------------
-CLI_FAST = ["--quiet", "--threads", "1", "--min-time", "0.01", "--max-time", "0.05", "--min-runs", "2", "--no-probe",
-            "--no-report", "--no-instructions"]
+CLI_FAST = [
+    "--quiet",
+    "--threads",
+    "1",
+    "--min-time",
+    "0.01",
+    "--max-time",
+    "0.05",
+    "--min-runs",
+    "2",
+    "--no-probe",
+    "--no-report",
+    "--no-instructions",
+]
 GRID = ["--variants", "batched,sdpa", "--lengths", "16,32,48,64"]
 
 
 def _cli(*args: str, file_limit: int | None = None) -> subprocess.CompletedProcess:
-    def limit() -> None:  # as a full disk does: writes beyond this size fail (EFBIG; Python ignores SIGXFSZ)
+    def limit() -> (
+        None
+    ):  # as a full disk does: writes beyond this size fail (EFBIG; Python ignores SIGXFSZ)
         resource.setrlimit(resource.RLIMIT_FSIZE, (file_limit, resource.RLIM_INFINITY))
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
-    return subprocess.run([sys.executable, "-m", "attnbench.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=300, preexec_fn=limit if file_limit else None)
+    return subprocess.run(
+        [sys.executable, "-m", "attnbench.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=limit if file_limit else None,
+    )
 
 
 @pytest.mark.slow
@@ -78,9 +107,15 @@ def test_a_full_disk_stops_the_sweep_with_the_directory_named_and_resume_loses_n
     run = tmp_path / "run"
     full = _cli("run", *GRID, "--out", str(run), *CLI_FAST, file_limit=8000)
     assert full.returncode == 1, full.stderr
-    assert "Traceback" not in full.stderr and f"cannot write {run}" in full.stderr and "--resume" in full.stderr
+    assert (
+        "Traceback" not in full.stderr
+        and f"cannot write {run}" in full.stderr
+        and "--resume" in full.stderr
+    )
     kept = read_log(run / LOG)
-    assert 0 < len(kept.measurements) < 8 and kept.notes == ()  # whole lines only: the partial one was cut
+    assert (
+        0 < len(kept.measurements) < 8 and kept.notes == ()
+    )  # whole lines only: the partial one was cut
     resumed = _cli("run", *GRID, "--out", str(run), "--resume", *CLI_FAST)
     assert resumed.returncode == 0, resumed.stderr
     log = read_log(run / LOG)
@@ -91,7 +126,9 @@ def test_a_full_disk_stops_the_sweep_with_the_directory_named_and_resume_loses_n
 def test_resume_cuts_a_torn_last_line_instead_of_keeping_it_inside_the_log(tmp_path):
     run = write_run(tmp_path / "run", MEASURED, MeasureConfig(), seconds=1.0, command=["test"])
     lines = (run / LOG).read_bytes().splitlines(keepends=True)
-    (run / LOG).write_bytes(b"".join(lines[:-1]) + lines[-1][:40])  # a power cut while the last case was written
+    (run / LOG).write_bytes(
+        b"".join(lines[:-1]) + lines[-1][:40]
+    )  # a power cut while the last case was written
     with RunDirectory(run, resume=True) as directory:
         todo = directory.start(MeasureConfig(), [(m.variant, m.spec) for m in MEASURED])
         assert len(todo) == 1
@@ -105,11 +142,16 @@ def test_resume_cuts_a_torn_last_line_instead_of_keeping_it_inside_the_log(tmp_p
 def test_a_run_written_in_another_format_is_refused_not_mixed(tmp_path, file):
     run = write_run(tmp_path / "run", MEASURED[:2], MeasureConfig(), seconds=1.0, command=["test"])
     text = (run / file).read_text()
-    (run / file).write_text(text.replace(LOG_SCHEMA, "attnbench.log/2").replace(MANIFEST_SCHEMA, "attnbench.run/2"))
+    (run / file).write_text(
+        text.replace(LOG_SCHEMA, "attnbench.log/2").replace(MANIFEST_SCHEMA, "attnbench.run/2")
+    )
     problems = load_run(run).attrs["problems"]
     assert any("format 'attnbench." in p and "/2'" in p for p in problems), problems
     if file == LOG:
-        with pytest.raises(RunDirError, match="format 'attnbench.log/2'"), RunDirectory(run, resume=True) as directory:
+        with (
+            pytest.raises(RunDirError, match="format 'attnbench.log/2'"),
+            RunDirectory(run, resume=True) as directory,
+        ):
             directory.start(MeasureConfig(), [(m.variant, m.spec) for m in MEASURED])
         assert len(load_run(run)) == 0
 
@@ -124,8 +166,10 @@ def test_the_same_run_given_twice_is_read_once(tmp_path):
     assert sum("given twice: read once" in n for n in frame.attrs["notes"]) == 3
 
 
-@pytest.mark.parametrize(("sample", "why"), [("1" + "0" * 400, "too large for a float"), ("1e999", "inf"),
-                                             ("-1e-3", "-0.001")])
+@pytest.mark.parametrize(
+    ("sample", "why"),
+    [("1" + "0" * 400, "too large for a float"), ("1e999", "inf"), ("-1e-3", "-0.001")],
+)
 def test_a_sample_no_float_holds_rejects_its_case_by_name(tmp_path, sample, why):
     run = write_run(tmp_path / "run", MEASURED, MeasureConfig(), seconds=1.0, command=["test"])
     lines = (run / LOG).read_text().splitlines()
@@ -144,33 +188,52 @@ def test_a_home_that_is_a_file_costs_the_cache_not_the_run(tmp_path):
     home.write_text("not a directory")
     env = {k: v for k, v in os.environ.items() if k not in ("ATTNBENCH_CACHE", "XDG_CACHE_HOME")}
     env.update(HOME=str(home), PYTHONPATH=os.pathsep.join([str(ROOT), *sys.path]))
-    proc = subprocess.run([sys.executable, "-m", "attnbench.cli", "peak", "--no-bandwidth"], env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "attnbench.cli", "peak", "--no-bandwidth"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.count("note: cannot write the cache in") == 1 and "GFLOP/s" in proc.stdout
     env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")  # honoured when set
-    proc = subprocess.run([sys.executable, "-m", "attnbench.cli", "peak", "--no-bandwidth"], env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "attnbench.cli", "peak", "--no-bandwidth"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0 and "note:" not in proc.stderr
     assert (tmp_path / "xdg" / "attnbench" / "matmul_peaks.json").exists()
 
 
 # ---- 12, 13: variables and folders named, results validated ------------------------------------
-@pytest.mark.parametrize(("variable", "value", "said"), [
-    ("ATTNBENCH_ASV_LENGTHS", "abc", "integers >= 1"),
-    ("ATTNBENCH_ASV_VARIANTS", "bogus", "registered variant names (valid: loop,"),
-    ("ATTNBENCH_ASV_MODES", "sideways", "passes: forward, backward"),
-    ("ATTNBENCH_ASV_MASKS", "none,diagonal", "mask kinds"),
-    ("ATTNBENCH_ASV_MAX_CALL_S", "nan", "a number of seconds > 0"),
-    ("ATTNBENCH_THREADS", "0", "an integer >= 1"),
-    ("ATTNBENCH_ASV_GRID", "fast", "must be one of default, full"),
-    ("ATTNBENCH_ASV_COUNT_BUDGET_S", "-5", "a number of seconds > 0, or none"),
-])
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [
+        ("ATTNBENCH_ASV_LENGTHS", "abc", "integers >= 1"),
+        ("ATTNBENCH_ASV_VARIANTS", "bogus", "registered variant names (valid: loop,"),
+        ("ATTNBENCH_ASV_MODES", "sideways", "passes: forward, backward"),
+        ("ATTNBENCH_ASV_MASKS", "none,diagonal", "mask kinds"),
+        ("ATTNBENCH_ASV_MAX_CALL_S", "nan", "a number of seconds > 0"),
+        ("ATTNBENCH_THREADS", "0", "an integer >= 1"),
+        ("ATTNBENCH_ASV_GRID", "fast", "must be one of default, full"),
+        ("ATTNBENCH_ASV_COUNT_BUDGET_S", "-5", "a number of seconds > 0, or none"),
+    ],
+)
 @pytest.mark.parametrize("command", [["shard", "1/2", "--grid", "ci"], ["regress", "HEAD", "HEAD"]])
 def test_every_grid_variable_is_checked_before_any_work(variable, value, said, command):
     env = {**os.environ, variable: value, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
-    proc = subprocess.run([sys.executable, "-m", "attnbench.cli", *command], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "attnbench.cli", *command],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert variable in proc.stderr and repr(value) in proc.stderr and said in proc.stderr
 
@@ -198,22 +261,52 @@ def test_merge_results_refuses_a_benchmarks_json_asv_cannot_read(tmp_path):
 
 
 # ---- 14, 16: options that contradict, and messages that name what was wrong ---------------------
-@pytest.mark.parametrize(("fields", "error", "said"), [
-    (dict(time_budget_s=float("nan")), ValueError, "time_budget_s must be a finite number > 0, got nan"),
-    (dict(memory_budget_bytes=-1), ValueError, "memory_budget_bytes must be a finite number > 0, got -1"),
-    (dict(time_budget_s="10"), TypeError, "time_budget_s must be a number, got str '10'"),
-    (dict(check_accuracy="no"), TypeError, "check_accuracy must be a bool"),
-    (dict(seed=2**64), ValueError, "seed must be >= 0 and < 2**64"),
-])
+@pytest.mark.parametrize(
+    ("fields", "error", "said"),
+    [
+        (
+            dict(time_budget_s=float("nan")),
+            ValueError,
+            "time_budget_s must be a finite number > 0, got nan",
+        ),
+        (
+            dict(memory_budget_bytes=-1),
+            ValueError,
+            "memory_budget_bytes must be a finite number > 0, got -1",
+        ),
+        (dict(time_budget_s="10"), TypeError, "time_budget_s must be a number, got str '10'"),
+        (dict(check_accuracy="no"), TypeError, "check_accuracy must be a bool"),
+        (dict(seed=2**64), ValueError, "seed must be >= 0 and < 2**64"),
+    ],
+)
 def test_measure_config_names_the_field_it_refuses(fields, error, said):
     with pytest.raises(error, match=re.escape(said)):
         MeasureConfig(**fields)
 
 
 def test_run_refuses_a_max_time_shorter_than_min_time():
-    proc = subprocess.run([sys.executable, "-m", "attnbench.cli", "run", "--variants", "batched", "--lengths", "16",
-                           "--min-time", "0.2", "--max-time", "0.01", "--no-report"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "attnbench.cli",
+            "run",
+            "--variants",
+            "batched",
+            "--lengths",
+            "16",
+            "--min-time",
+            "0.2",
+            "--max-time",
+            "0.01",
+            "--no-report",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode == 2 and "--max-time 0.01 is shorter than --min-time 0.2" in proc.stderr
 
 
@@ -227,25 +320,57 @@ class _NanModel(BatchedAttention):
         return math.nan
 
 
-@pytest.mark.parametrize(("cls", "said"), [(_Exits, "SystemExit: 3"),
-                                           (_NanModel, "gave predicted_peak_bytes = nan (expected a finite number >= 0)")])
+@pytest.mark.parametrize(
+    ("cls", "said"),
+    [
+        (_Exits, "SystemExit: 3"),
+        (_NanModel, "gave predicted_peak_bytes = nan (expected a finite number >= 0)"),
+    ],
+)
 def test_a_variant_that_exits_or_a_cost_model_that_says_nan_is_a_row(cls, said):
     attnbench.register("plant_battery", cls)
     try:
-        m = measure("plant_battery", attnbench.AttnSpec(batch=1, heads=2, seq_len=16, head_dim=8),
-                    MeasureConfig(probe=False, measure_rss=False), peak_flops=1e10)
+        m = measure(
+            "plant_battery",
+            attnbench.AttnSpec(batch=1, heads=2, seq_len=16, head_dim=8),
+            MeasureConfig(probe=False, measure_rss=False),
+            peak_flops=1e10,
+        )
     finally:
         attnbench.unregister("plant_battery")
     assert m.status == "error" and said in m.reason, m.reason
 
 
-@pytest.mark.parametrize(("call", "error", "said"), [
-    (lambda: attnbench.AttnSpec().make_inputs(seed=2**64), ValueError, "seed must be >= 0 and < 2**64"),
-    (lambda: attnbench.AttentionLayer(8, 2, device="mps"), ValueError, "device='mps': attnbench runs on 'cpu' and 'cuda'"),
-    (lambda: attnbench.get_variant("batched").not_supported_reasons("x"), TypeError, "spec must be an AttnSpec"),
-    (lambda: attnbench.register(" batched", BatchedAttention), ValueError, "so that --variants can select it"),
-    (lambda: attnbench.register("a,b", BatchedAttention), ValueError, "so that --variants can select it"),
-])
+@pytest.mark.parametrize(
+    ("call", "error", "said"),
+    [
+        (
+            lambda: attnbench.AttnSpec().make_inputs(seed=2**64),
+            ValueError,
+            "seed must be >= 0 and < 2**64",
+        ),
+        (
+            lambda: attnbench.AttentionLayer(8, 2, device="mps"),
+            ValueError,
+            "device='mps': attnbench runs on 'cpu' and 'cuda'",
+        ),
+        (
+            lambda: attnbench.get_variant("batched").not_supported_reasons("x"),
+            TypeError,
+            "spec must be an AttnSpec",
+        ),
+        (
+            lambda: attnbench.register(" batched", BatchedAttention),
+            ValueError,
+            "so that --variants can select it",
+        ),
+        (
+            lambda: attnbench.register("a,b", BatchedAttention),
+            ValueError,
+            "so that --variants can select it",
+        ),
+    ],
+)
 def test_obscure_errors_now_name_the_argument(call, error, said):
     with pytest.raises(error, match=re.escape(said)):
         call()

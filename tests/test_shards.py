@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from attnbench.cli import main
-from attnbench.shards import ShardError, bench_pattern, merge_results, parse_shard, shard, suite_benchmarks
+from attnbench.shards import (
+    ShardError,
+    bench_pattern,
+    merge_results,
+    parse_shard,
+    shard,
+    suite_benchmarks,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = Path(__file__).parent / "fixtures" / "asv_results"
@@ -27,12 +34,19 @@ def test_shards_cover_the_suite_once(count):
     import re
 
     names = suite_benchmarks(ROOT / "benchmarks")
-    assert "bench_attention.Attention.time_attention" in names and "bench_attention.AttentionMetrics.track_page_faults" in names
+    assert (
+        "bench_attention.Attention.time_attention" in names
+        and "bench_attention.AttentionMetrics.track_page_faults" in names
+    )
     parts = [shard(names, i, count) for i in range(1, count + 1)]
-    assert sorted(n for part in parts for n in part) == sorted(names)  # every benchmark in exactly one shard
+    assert sorted(n for part in parts for n in part) == sorted(
+        names
+    )  # every benchmark in exactly one shard
     for part in parts:
         pattern = re.compile(bench_pattern(part))
-        assert {n for n in names if pattern.search(n)} == set(part)  # asv's --bench matches exactly the shard
+        assert {n for n in names if pattern.search(n)} == set(
+            part
+        )  # asv's --bench matches exactly the shard
 
 
 def _split(tmp_path: Path) -> tuple[Path, Path, Path]:
@@ -43,7 +57,9 @@ def _split(tmp_path: Path) -> tuple[Path, Path, Path]:
         shutil.copytree(FIXTURE, out)
         path = next(p for p in (out / "fixture-box").glob("*.json") if p.name != "machine.json")
         data = json.loads(path.read_text())
-        data["results"] = {k: v for j, (k, v) in enumerate(sorted(data["results"].items())) if j % 2 == i}
+        data["results"] = {
+            k: v for j, (k, v) in enumerate(sorted(data["results"].items())) if j % 2 == i
+        }
         path.write_text(json.dumps(data))
         shards.append(out)
     return shards[0], shards[1], path.relative_to(shards[1])
@@ -59,7 +75,12 @@ def test_merged_shards_load_as_the_unsharded_run(tmp_path):
     assert merged.attrs["problems"] == []
     cols = [c for c in whole.columns if c != "origin"]
     key = ["benchmark", "variant", "seq_len", "mode", "metric"]
-    assert merged[cols].sort_values(key).reset_index(drop=True).equals(whole[cols].sort_values(key).reset_index(drop=True))
+    assert (
+        merged[cols]
+        .sort_values(key)
+        .reset_index(drop=True)
+        .equals(whole[cols].sort_values(key).reset_index(drop=True))
+    )
 
 
 def test_overlapping_shards_are_refused(tmp_path):

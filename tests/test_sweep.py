@@ -19,14 +19,37 @@ from attnbench import plugins
 from attnbench.analysis.frame import load_run
 from attnbench.measure import MeasureConfig, sweep
 from attnbench.measure.timer import TimerConfig
-from attnbench.runs import LOG, MANIFEST, MEASUREMENTS, RunDirectory, RunDirError, read_log, write_run
+from attnbench.runs import (
+    LOG,
+    MANIFEST,
+    MEASUREMENTS,
+    RunDirectory,
+    RunDirError,
+    read_log,
+    write_run,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
-FAST = MeasureConfig(timer=TimerConfig(min_runs=2, min_time=0.01, max_time=0.1), measure_rss=False, threads=1,
-                     probe=False)  # these tests are about processes, not about a busy machine (tests/test_noise.py)
+FAST = MeasureConfig(
+    timer=TimerConfig(min_runs=2, min_time=0.01, max_time=0.1),
+    measure_rss=False,
+    threads=1,
+    probe=False,
+)  # these tests are about processes, not about a busy machine (tests/test_noise.py)
 SMALL = attnbench.AttnSpec(batch=1, heads=2, seq_len=64, head_dim=16)
-CLI_FAST = ["--quiet", "--threads", "1", "--min-time", "0.01", "--max-time", "0.05", "--min-runs", "2", "--no-probe",
-            "--no-instructions"]  # about processes, not counts (tests/test_instructions.py)
+CLI_FAST = [
+    "--quiet",
+    "--threads",
+    "1",
+    "--min-time",
+    "0.01",
+    "--max-time",
+    "0.05",
+    "--min-runs",
+    "2",
+    "--no-probe",
+    "--no-instructions",
+]  # about processes, not counts (tests/test_instructions.py)
 
 
 @pytest.fixture
@@ -43,19 +66,37 @@ def planted(monkeypatch):
 
 
 def test_faults_end_only_their_own_case(planted):
-    config = MeasureConfig(timer=FAST.timer, measure_rss=False, threads=1, memory_budget_bytes=64 * 2**20)
-    names = ["planted_hang", "planted_abort", "planted_segv", "planted_oomkill", "planted_hog", "batched"]
+    config = MeasureConfig(
+        timer=FAST.timer, measure_rss=False, threads=1, memory_budget_bytes=64 * 2**20
+    )
+    names = [
+        "planted_hang",
+        "planted_abort",
+        "planted_segv",
+        "planted_oomkill",
+        "planted_hog",
+        "batched",
+    ]
     results = sweep([(n, SMALL) for n in names], config, isolate=True, case_timeout_s=4)
     got = {m.variant: m for m in results}
     assert [m.variant for m in results] == names
-    assert got["planted_hang"].status == "timeout" and "killed after 4 s" in got["planted_hang"].reason
+    assert (
+        got["planted_hang"].status == "timeout" and "killed after 4 s" in got["planted_hang"].reason
+    )
     assert got["planted_abort"].status == "crashed" and "SIGABRT" in got["planted_abort"].reason
     assert got["planted_segv"].status == "crashed" and "SIGSEGV" in got["planted_segv"].reason
     # planted: a SIGKILL nobody can attribute is what it is, not a guess at the OOM killer
-    assert got["planted_oomkill"].status == "crashed" and "signal 9 (SIGKILL)" in got["planted_oomkill"].reason
+    assert (
+        got["planted_oomkill"].status == "crashed"
+        and "signal 9 (SIGKILL)" in got["planted_oomkill"].reason
+    )
     # 8 GiB of untouched address space succeeds without a cap (overcommit); the cap refuses it.
-    assert got["planted_hog"].status == "oom" and "allocate" in got["planted_hog"].reason, got["planted_hog"].reason
-    assert got["batched"].status in ("ok", "noisy"), got["batched"].reason  # noisy: the machine was busy (probe)
+    assert got["planted_hog"].status == "oom" and "allocate" in got["planted_hog"].reason, got[
+        "planted_hog"
+    ].reason
+    assert got["batched"].status in ("ok", "noisy"), got[
+        "batched"
+    ].reason  # noisy: the machine was busy (probe)
 
 
 def test_a_sigkill_is_oom_only_when_the_cgroup_counted_an_oom_kill(planted, monkeypatch):
@@ -72,14 +113,20 @@ def test_a_sigkill_is_oom_only_when_the_cgroup_counted_an_oom_kill(planted, monk
 def test_every_case_runs_in_a_fresh_process(planted, tmp_path, monkeypatch):
     pids = tmp_path / "pids"
     monkeypatch.setenv("PLANTED_PID_FILE", str(pids))
-    results = sweep([("planted_pid", SMALL.replace(seq_len=n)) for n in (16, 32, 48)], FAST, isolate=True)
+    results = sweep(
+        [("planted_pid", SMALL.replace(seq_len=n)) for n in (16, 32, 48)], FAST, isolate=True
+    )
     assert [m.status for m in results] == ["ok"] * 3
     seen = pids.read_text().split()
-    assert len(set(seen)) == 3 and str(os.getpid()) not in seen  # several calls per case, one process per case
+    assert (
+        len(set(seen)) == 3 and str(os.getpid()) not in seen
+    )  # several calls per case, one process per case
 
 
 def test_a_worker_without_the_plugin_records_an_error_row(planted, monkeypatch):
-    monkeypatch.setenv(plugins.PLUGINS_ENV, "")  # the parent knows the variant, the worker cannot import it
+    monkeypatch.setenv(
+        plugins.PLUGINS_ENV, ""
+    )  # the parent knows the variant, the worker cannot import it
     (m,) = sweep([("planted_pid", SMALL)], FAST, isolate=True)
     assert m.status == "error" and "planted_pid" in m.reason
 
@@ -94,7 +141,9 @@ def test_torn_last_line_is_ignored_with_a_note(tmp_path):
     assert len(log.notes) == 1 and "torn last line" in log.notes[0]
     with RunDirectory(run, resume=True) as rd:
         assert rd.start(FAST, [("batched", SMALL), ("sdpa", SMALL)]) == []  # both survived
-        rd.add(results[1])  # appended where the torn line began: the fragment is cut, never kept inside
+        rd.add(
+            results[1]
+        )  # appended where the torn line began: the fragment is cut, never kept inside
     log = read_log(run / LOG)
     assert len(log.measurements) == 3 and log.notes == ()
 
@@ -102,10 +151,18 @@ def test_torn_last_line_is_ignored_with_a_note(tmp_path):
 def test_resume_refuses_another_configuration(tmp_path):
     results = sweep([("batched", SMALL)], FAST)
     run = write_run(tmp_path / "run", results, FAST, seconds=1.0, command=["t"])
-    other = MeasureConfig(timer=TimerConfig(min_runs=3, min_time=0.01, max_time=0.1), measure_rss=False, threads=1)
-    with RunDirectory(run, resume=True) as rd, pytest.raises(RunDirError, match=r"timer.min_runs: 2 in the log, 3 now"):
+    other = MeasureConfig(
+        timer=TimerConfig(min_runs=3, min_time=0.01, max_time=0.1), measure_rss=False, threads=1
+    )
+    with (
+        RunDirectory(run, resume=True) as rd,
+        pytest.raises(RunDirError, match=r"timer.min_runs: 2 in the log, 3 now"),
+    ):
         rd.start(other, [("batched", SMALL)])
-    with RunDirectory(run, resume=True) as rd, pytest.raises(RunDirError, match=r"grid: 1 cases in the log, 2 now"):
+    with (
+        RunDirectory(run, resume=True) as rd,
+        pytest.raises(RunDirError, match=r"grid: 1 cases in the log, 2 now"),
+    ):
         rd.start(FAST, [("batched", SMALL), ("sdpa", SMALL)])
 
 
@@ -130,8 +187,15 @@ def test_out_is_checked_before_measuring(tmp_path):
 
 def _cli(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
     env = env or {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
-    return subprocess.Popen([sys.executable, "-m", "attnbench.cli", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "attnbench.cli", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        **kw,
+    )
 
 
 def _cases_logged(run: Path) -> int:
@@ -199,8 +263,18 @@ def test_ctrl_c_finishes_the_case_in_hand_writes_and_exits_130(tmp_path):
 def test_second_ctrl_c_abandons_a_hung_case_at_once(tmp_path):
     run = tmp_path / "run"
     env = {"ATTNBENCH_PLUGINS": "tests.planted_variants"}
-    proc = _cli("run", "--variants", "batched,planted_hang", "--lengths", "16", "--out", str(run), *CLI_FAST,
-                cwd=ROOT, env={**os.environ, **env, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])})
+    proc = _cli(
+        "run",
+        "--variants",
+        "batched,planted_hang",
+        "--lengths",
+        "16",
+        "--out",
+        str(run),
+        *CLI_FAST,
+        cwd=ROOT,
+        env={**os.environ, **env, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])},
+    )
     _wait_for_cases(run, 1, proc)
     time.sleep(1.0)  # the hang is in hand
     os.killpg(proc.pid, signal.SIGINT)
@@ -215,15 +289,35 @@ def test_second_ctrl_c_abandons_a_hung_case_at_once(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("sig", "to_group"), [(signal.SIGTERM, False), (signal.SIGHUP, True)],
-                         ids=["SIGTERM-to-the-parent", "SIGHUP-to-the-group"])
-def test_sigterm_abandons_the_case_in_hand_writes_what_is_done_and_resume_completes(tmp_path, sig, to_group):
+@pytest.mark.parametrize(
+    ("sig", "to_group"),
+    [(signal.SIGTERM, False), (signal.SIGHUP, True)],
+    ids=["SIGTERM-to-the-parent", "SIGHUP-to-the-group"],
+)
+def test_sigterm_abandons_the_case_in_hand_writes_what_is_done_and_resume_completes(
+    tmp_path, sig, to_group
+):
     """``kill -TERM`` (a CI runner, ``timeout``, systemd) ended the run at once (exit 143): no resume line, the
     case in hand lost, an orphaned worker's BrokenPipeError traceback. Sent to the parent alone or to the group."""
     run = tmp_path / "run"
-    env = {**os.environ, "ATTNBENCH_PLUGINS": "tests.planted_variants", "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
+    env = {
+        **os.environ,
+        "ATTNBENCH_PLUGINS": "tests.planted_variants",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path]),
+    }
     variants = "batched,planted_hang,sdpa"  # the hang is in hand when the signal comes
-    proc = _cli("run", "--variants", variants, "--lengths", "16", "--out", str(run), *CLI_FAST, cwd=ROOT, env=env)
+    proc = _cli(
+        "run",
+        "--variants",
+        variants,
+        "--lengths",
+        "16",
+        "--out",
+        str(run),
+        *CLI_FAST,
+        cwd=ROOT,
+        env=env,
+    )
     _wait_for_cases(run, 1, proc)
     time.sleep(1.0)
     start = time.monotonic()
@@ -233,17 +327,50 @@ def test_sigterm_abandons_the_case_in_hand_writes_what_is_done_and_resume_comple
     assert proc.returncode == 128 + sig, err
     assert "Traceback" not in err and "BrokenPipe" not in err
     assert f"rerun with --resume --out {run}" in err
-    assert [m.variant for m in read_log(run / LOG).measurements] == ["batched"]  # the abandoned case is not logged
-    assert json.loads((run / MANIFEST).read_text())["cases"] == 1 and (run / "report" / "report.html").exists()
-    resumed = _cli("run", "--variants", "batched,sdpa", "--lengths", "16", "--out", str(run), "--resume", *CLI_FAST,
-                   cwd=ROOT, env=env)
+    assert [m.variant for m in read_log(run / LOG).measurements] == [
+        "batched"
+    ]  # the abandoned case is not logged
+    assert (
+        json.loads((run / MANIFEST).read_text())["cases"] == 1
+        and (run / "report" / "report.html").exists()
+    )
+    resumed = _cli(
+        "run",
+        "--variants",
+        "batched,sdpa",
+        "--lengths",
+        "16",
+        "--out",
+        str(run),
+        "--resume",
+        *CLI_FAST,
+        cwd=ROOT,
+        env=env,
+    )
     assert resumed.wait(300) == 2  # a different grid is refused, never mixed in
-    resumed = _cli("run", "--variants", variants, "--lengths", "16", "--out", str(run), "--resume", *CLI_FAST,
-                   "--case-timeout", "3", cwd=ROOT, env=env)
+    resumed = _cli(
+        "run",
+        "--variants",
+        variants,
+        "--lengths",
+        "16",
+        "--out",
+        str(run),
+        "--resume",
+        *CLI_FAST,
+        "--case-timeout",
+        "3",
+        cwd=ROOT,
+        env=env,
+    )
     out, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err
     keys = [(m.variant, m.spec.seq_len) for m in read_log(run / LOG).measurements]
-    assert sorted(keys) == sorted(set(keys)) and {k[0] for k in keys} == {"batched", "planted_hang", "sdpa"}
+    assert sorted(keys) == sorted(set(keys)) and {k[0] for k in keys} == {
+        "batched",
+        "planted_hang",
+        "sdpa",
+    }
 
 
 @pytest.mark.slow
@@ -252,11 +379,26 @@ def test_force_replaces_and_no_report_leaves_no_stale_report(tmp_path):
     first = _cli("run", "--variants", "batched", "--lengths", "16", "--out", str(run), *CLI_FAST)
     assert first.wait(300) == 0, first.communicate()
     assert (run / "report" / "report.html").exists()
-    again = _cli("run", "--variants", "sdpa", "--lengths", "16", "--out", str(run), "--no-report", *CLI_FAST)
+    again = _cli(
+        "run", "--variants", "sdpa", "--lengths", "16", "--out", str(run), "--no-report", *CLI_FAST
+    )
     assert again.wait(300) == 2 and "--force" in again.communicate()[1]
-    forced = _cli("run", "--variants", "sdpa", "--lengths", "16", "--out", str(run), "--no-report", "--force", *CLI_FAST)
+    forced = _cli(
+        "run",
+        "--variants",
+        "sdpa",
+        "--lengths",
+        "16",
+        "--out",
+        str(run),
+        "--no-report",
+        "--force",
+        *CLI_FAST,
+    )
     assert forced.wait(300) == 0
-    assert "planned this session" in (out := forced.communicate()[0]) and "): {'ok': 1}" in out, out  # plain words
+    assert "planned this session" in (out := forced.communicate()[0]) and "): {'ok': 1}" in out, (
+        out
+    )  # plain words
     assert not (run / "report").exists()
     assert [m.variant for m in read_log(run / LOG).measurements] == ["sdpa"]
 
@@ -303,10 +445,14 @@ def test_counts_logged_beside_the_sweep_attach_to_their_cases_in_any_order(tmp_p
     results = sweep(cases, FAST)
     with RunDirectory(tmp_path / "run") as rd:
         rd.start(FAST, cases)
-        rd.add_count(Count("sdpa", SMALL, "ok", instructions=123.0, calls=2, valgrind="v"))  # before its case
+        rd.add_count(
+            Count("sdpa", SMALL, "ok", instructions=123.0, calls=2, valgrind="v")
+        )  # before its case
         rd.add(results[0])
         rd.add(results[1])
-        rd.add_count(Count("batched", SMALL, "ok", instructions=456.0, calls=2, valgrind="v"))  # after it
+        rd.add_count(
+            Count("batched", SMALL, "ok", instructions=456.0, calls=2, valgrind="v")
+        )  # after it
         assert [m.instructions for m in rd.measurements] == [456.0, 123.0]
     log = read_log(tmp_path / "run" / LOG)
     assert [m.instructions for m in log.measurements] == [456.0, 123.0] and log.notes == ()

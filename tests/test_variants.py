@@ -31,7 +31,14 @@ def _cases():
             for mask in ("none", "causal") if expensive else MASK_KINDS:
                 for dtype in ["float32"] if expensive else DTYPES:
                     for device in DEVICES:
-                        yield pytest.param(name, shape, mask, dtype, device, id=f"{name}-{shape}-{mask}-{dtype}-{device}")
+                        yield pytest.param(
+                            name,
+                            shape,
+                            mask,
+                            dtype,
+                            device,
+                            id=f"{name}-{shape}-{mask}-{dtype}-{device}",
+                        )
 
 
 @pytest.mark.parametrize("name,shape,mask,dtype,device", list(_cases()))
@@ -70,7 +77,9 @@ def test_rows_without_keys_are_zero(name):
         mask[1, :, 4] = False  # batch 1, query 4 sees nothing
         rows = (1, slice(None), 4)
     else:
-        mask = attnbench.masks.valid_lengths(torch.tensor([12, 0, 5]), 12, 12)  # batch 1 sees nothing
+        mask = attnbench.masks.valid_lengths(
+            torch.tensor([12, 0, 5]), 12, 12
+        )  # batch 1 sees nothing
         rows = (1,)
     if variant.not_supported_reasons(spec):
         pytest.skip("; ".join(variant.not_supported_reasons(spec)))
@@ -82,7 +91,9 @@ def test_rows_without_keys_are_zero(name):
 @pytest.mark.parametrize("name", all_variants())
 def test_backward_matches_reference_gradients(name):
     variant = attnbench.get_variant(name)
-    spec = attnbench.AttnSpec(batch=1, heads=2, seq_len=20, head_dim=8, dtype="float64", mode="backward", mask="none")
+    spec = attnbench.AttnSpec(
+        batch=1, heads=2, seq_len=20, head_dim=8, dtype="float64", mode="backward", mask="none"
+    )
     reasons = variant.not_supported_reasons(spec)
     if reasons:
         pytest.skip("; ".join(reasons))
@@ -95,7 +106,9 @@ def _assert_gradients_match_reference(variant, spec) -> None:
     grads = torch.autograd.grad(variant(q, k, v).square().sum(), (q, k, v))
     ref = torch.autograd.grad(variant.reference(q, k, v).square().sum(), (q, k, v))
     for g, r, t, n in zip(grads, ref, (q, k, v), "qkv", strict=True):
-        assert g.shape == t.shape and torch.allclose(g, r, atol=1e-8, rtol=1e-6), f"{variant.name}: d/d{n} differs"
+        assert g.shape == t.shape and torch.allclose(g, r, atol=1e-8, rtol=1e-6), (
+            f"{variant.name}: d/d{n} differs"
+        )
 
 
 def test_declarations_are_complete():
@@ -109,7 +122,14 @@ def test_declarations_are_complete():
 
 
 def test_declared_complexities_match_the_issue():
-    expect = {"batched": (2, 2), "chunked": (2, 1), "linear_elu": (1, 1), "performer": (1, 1), "local": (1, 1), "sdpa_math": (2, 2)}
+    expect = {
+        "batched": (2, 2),
+        "chunked": (2, 1),
+        "linear_elu": (1, 1),
+        "performer": (1, 1),
+        "local": (1, 1),
+        "sdpa_math": (2, 2),
+    }
     for name, (t, m) in expect.items():
         v = attnbench.get_variant(name)
         assert (v.time_exponent, v.memory_exponent) == (t, m), name
@@ -129,7 +149,10 @@ def test_performer_error_shrinks_with_features():
 
     def mean_error(features: int) -> float:
         errs = [
-            (attnbench.get_variant("performer", num_features=features, seed=s)(q, k, v) - exact).abs().mean().item()
+            (attnbench.get_variant("performer", num_features=features, seed=s)(q, k, v) - exact)
+            .abs()
+            .mean()
+            .item()
             for s in range(4)
         ]
         return sum(errs) / len(errs)
@@ -158,13 +181,17 @@ GQA_KV_HEADS = (8, 2, 1)  # H = 8: multi-head, 4 query heads per key/value head,
 
 
 def _gqa_spec(kv_heads: int, mask: str = "none", **changes) -> attnbench.AttnSpec:
-    return attnbench.AttnSpec(batch=2, heads=8, kv_heads=kv_heads, seq_len=33, head_dim=16, mask=mask, window=6, **changes)
+    return attnbench.AttnSpec(
+        batch=2, heads=8, kv_heads=kv_heads, seq_len=33, head_dim=16, mask=mask, window=6, **changes
+    )
 
 
 def _gqa_cases():
     for name in all_variants():
         for kv_heads in GQA_KV_HEADS:
-            for mask in ("none", "causal") if is_expensive(name) else ("none", "causal", "valid_lengths"):
+            for mask in (
+                ("none", "causal") if is_expensive(name) else ("none", "causal", "valid_lengths")
+            ):
                 yield pytest.param(name, kv_heads, mask, id=f"{name}-Hkv{kv_heads}-{mask}")
 
 
@@ -176,7 +203,9 @@ def test_gqa_matches_reference(name, kv_heads, mask):
     reasons = variant.not_supported_reasons(spec)
     if reasons:
         if kv_heads < 8 and not variant.not_supported_reasons(spec.replace(kv_heads=None)):
-            assert any("grouped-query" in r for r in reasons), f"{name}: {reasons}"  # GQA is the only reason
+            assert any("grouped-query" in r for r in reasons), (
+                f"{name}: {reasons}"
+            )  # GQA is the only reason
         pytest.skip("; ".join(reasons))
     q, k, v, m = spec.make_inputs(seed=zlib.crc32(f"gqa-{name}-{kv_heads}-{mask}".encode()))
     assert k.shape[1] == kv_heads
@@ -220,11 +249,22 @@ def test_reference_gqa_is_sdpa_enable_gqa_and_an_explicit_repeat():
     q, k, v, _ = spec.make_inputs(seed=11)
     ref = reference_attention(q, k, v)
     sdpa = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-    by_hand = torch.stack([reference_attention(q[:, h : h + 1], k[:, h // 4 : h // 4 + 1], v[:, h // 4 : h // 4 + 1])[:, 0]
-                           for h in range(8)], dim=1)  # (B, H, Lq, Dv), one query head at a time
+    by_hand = torch.stack(
+        [
+            reference_attention(
+                q[:, h : h + 1], k[:, h // 4 : h // 4 + 1], v[:, h // 4 : h // 4 + 1]
+            )[:, 0]
+            for h in range(8)
+        ],
+        dim=1,
+    )  # (B, H, Lq, Dv), one query head at a time
     assert torch.allclose(ref, sdpa, atol=1e-12) and torch.allclose(ref, by_hand, atol=1e-12)
-    modulo = reference_attention(q, k[:, [h % 2 for h in range(8)]], v[:, [h % 2 for h in range(8)]])
-    assert not torch.allclose(ref, modulo, atol=1e-3)  # the other plausible mapping differs: the test can fail
+    modulo = reference_attention(
+        q, k[:, [h % 2 for h in range(8)]], v[:, [h % 2 for h in range(8)]]
+    )
+    assert not torch.allclose(
+        ref, modulo, atol=1e-3
+    )  # the other plausible mapping differs: the test can fail
 
 
 @pytest.mark.parametrize("kv_heads", [3, 16])

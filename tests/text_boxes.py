@@ -19,7 +19,9 @@ def drawn_texts(fig: Figure) -> list[tuple[str, object]]:
     def add(text: Text | None, where: str) -> None:
         if text is None or not text.get_visible() or not text.get_text().strip():
             return
-        box = Text.get_window_extent(text, renderer)  # the text alone, not an annotation's leader line
+        box = Text.get_window_extent(
+            text, renderer
+        )  # the text alone, not an annotation's leader line
         if box.width > 0 and box.height > 0:
             found.append((f"{text.get_text()[:50]} [{where}]", box))
 
@@ -29,7 +31,14 @@ def drawn_texts(fig: Figure) -> list[tuple[str, object]]:
             add(text, "figure")
     for i, ax in enumerate(fig.axes):
         where = f"axes {i}: {ax.get_title()[:20]}"
-        for text in (ax.title, ax._left_title, ax._right_title, ax.xaxis.label, ax.yaxis.label, *ax.texts):
+        for text in (
+            ax.title,
+            ax._left_title,
+            ax._right_title,
+            ax.xaxis.label,
+            ax.yaxis.label,
+            *ax.texts,
+        ):
             add(text, where)
         for axis in (ax.xaxis, ax.yaxis):
             for tick in axis._update_ticks():  # the ticks inside the view: the ones drawn
@@ -46,8 +55,10 @@ def overlapping(fig: Figure, slack_px: float = 1.0) -> list[tuple[str, str]]:
     texts = drawn_texts(fig)
     out = []
     for i, (a, box_a) in enumerate(texts):
-        for b, box_b in texts[i + 1:]:
-            if min(box_a.x1, box_b.x1) - max(box_a.x0, box_b.x0) > slack_px and \
-                    min(box_a.y1, box_b.y1) - max(box_a.y0, box_b.y0) > slack_px:
+        for b, box_b in texts[i + 1 :]:
+            if (
+                min(box_a.x1, box_b.x1) - max(box_a.x0, box_b.x0) > slack_px
+                and min(box_a.y1, box_b.y1) - max(box_a.y0, box_b.y0) > slack_px
+            ):
                 out.append((a, b))
     return out

@@ -42,8 +42,23 @@ BOOTSTRAP = 2000
 SEED = 20240601  # fixed: the bootstrap interval must not change between processes
 TOLERANCE = 0.25
 MODEL = Method.MODEL  # the method of predicted (not measured) values
-GROUP = ["source", "machine", "commit", "device", "mode", "dtype", "mask", "batch", "heads", "kv_heads", "head_dim",
-         "workload", "variant", "metric", "method"]
+GROUP = [
+    "source",
+    "machine",
+    "commit",
+    "device",
+    "mode",
+    "dtype",
+    "mask",
+    "batch",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "workload",
+    "variant",
+    "metric",
+    "method",
+]
 """One fit per group: every shape setting but the swept length is held fixed (a sweep over head
 dims, batches or key/value heads gives one fit per value, never one line through several shapes)."""
 
@@ -107,7 +122,9 @@ def _robust_scale(resid: np.ndarray) -> float:
     return float(1.4826 * np.median(np.abs(resid)))
 
 
-def _theil_sen_bootstrap(x: np.ndarray, y: np.ndarray, slope: float, intercept: float, n_boot: int, seed: int) -> np.ndarray:
+def _theil_sen_bootstrap(
+    x: np.ndarray, y: np.ndarray, slope: float, intercept: float, n_boot: int, seed: int
+) -> np.ndarray:
     """Theil-Sen slopes of ``n_boot`` residual-bootstrap replicates around the robust line.
 
     The residuals resampled are the leave-one-out ones (see :func:`_loo_residuals`), clipped at
@@ -150,7 +167,9 @@ def _sorted_series(lengths: np.ndarray, values: np.ndarray) -> tuple[np.ndarray,
     """``lengths`` and ``values`` as floats in length order (ValueError: shapes differ)."""
     lengths, values = np.asarray(lengths, float), np.asarray(values, float)
     if lengths.shape != values.shape:
-        raise ValueError(f"lengths and values must have the same shape, got {lengths.shape} and {values.shape}")
+        raise ValueError(
+            f"lengths and values must have the same shape, got {lengths.shape} and {values.shape}"
+        )
     order = np.argsort(lengths)
     return lengths[order], values[order]
 
@@ -158,9 +177,18 @@ def _sorted_series(lengths: np.ndarray, values: np.ndarray) -> tuple[np.ndarray,
 def _no_fit(**fields: float | int | str) -> dict[str, float | int | str]:
     """A fit without a slope: every key of :func:`fit_exponent`, in its order, ``fields`` set."""
     return {
-        "exponent": math.nan, "ci_low": math.nan, "ci_high": math.nan, "r2": math.nan, "n": 0,
-        "L_min": math.nan, "L_max": math.nan, "range": "no positive values", "conclusive": False, "note": "no points",
-        "outliers": "", **fields,
+        "exponent": math.nan,
+        "ci_low": math.nan,
+        "ci_high": math.nan,
+        "r2": math.nan,
+        "n": 0,
+        "L_min": math.nan,
+        "L_max": math.nan,
+        "range": "no positive values",
+        "conclusive": False,
+        "note": "no points",
+        "outliers": "",
+        **fields,
     }
 
 
@@ -172,8 +200,11 @@ def _points(n: int) -> str:
 def _line_fit(x: np.ndarray, y: np.ndarray, resid: np.ndarray) -> dict[str, float | int]:
     """The ``r2`` of a log-log line leaving ``resid``, and the lengths ``x`` spans."""
     total = float(((y - y.mean()) ** 2).sum())
-    return {"r2": float(1 - (resid**2).sum() / total) if total > 0 else math.nan,
-            "L_min": int(round(math.exp(x[0]))), "L_max": int(round(math.exp(x[-1])))}
+    return {
+        "r2": float(1 - (resid**2).sum() / total) if total > 0 else math.nan,
+        "L_min": int(round(math.exp(x[0]))),
+        "L_max": int(round(math.exp(x[-1]))),
+    }
 
 
 def _above_floor(lengths: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, str]:
@@ -183,8 +214,10 @@ def _above_floor(lengths: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, s
     if above.sum() < 2 <= len(lengths):
         # a flat series: fit what rises above the minimum, if anything
         above = values > values.min()
-    rule = (f"value >= {FLOOR_FACTOR:g}x the constant ({constant:.3g}, {source}): "
-            f"{int(above.sum())} of {len(lengths)} points")
+    rule = (
+        f"value >= {FLOOR_FACTOR:g}x the constant ({constant:.3g}, {source}): "
+        f"{int(above.sum())} of {len(lengths)} points"
+    )
     return above, rule
 
 
@@ -195,14 +228,25 @@ def _theil_sen_fit(x: np.ndarray, y: np.ndarray) -> dict[str, float | int | str]
     lo, hi = np.percentile(boot, [2.5, 97.5])
     resid = y - (intercept + slope * x)
     scale = _robust_scale(_loo_residuals(x, y)) if len(x) > 2 else 0.0
-    wild = [int(round(math.exp(v))) for v, r in zip(x, resid, strict=True) if abs(r) > OUTLIER * max(scale, 1e-3)]
+    wild = [
+        int(round(math.exp(v)))
+        for v, r in zip(x, resid, strict=True)
+        if abs(r) > OUTLIER * max(scale, 1e-3)
+    ]
     notes = []
     if len(x) < MIN_POINTS:
         notes.append(f"{len(x)} points")
     if not hi - lo <= MAX_CI_WIDTH:
         notes.append(f"95% interval {hi - lo:.2f} wide")
-    return {"exponent": float(slope), "ci_low": float(lo), "ci_high": float(hi), **_line_fit(x, y, resid),
-            "conclusive": not notes, "note": ", ".join(notes), "outliers": " ".join(f"L={n}" for n in wild)}
+    return {
+        "exponent": float(slope),
+        "ci_low": float(lo),
+        "ci_high": float(hi),
+        **_line_fit(x, y, resid),
+        "conclusive": not notes,
+        "note": ", ".join(notes),
+        "outliers": " ".join(f"L={n}" for n in wild),
+    }
 
 
 def fit_exponent(lengths: np.ndarray, values: np.ndarray) -> dict[str, float | int | str]:
@@ -230,7 +274,9 @@ def fit_exponent(lengths: np.ndarray, values: np.ndarray) -> dict[str, float | i
     return {**out, **_theil_sen_fit(x, y)}
 
 
-def _local_slopes_fit(x: np.ndarray, y: np.ndarray, local: np.ndarray, dropped: int) -> dict[str, float | int | str]:
+def _local_slopes_fit(
+    x: np.ndarray, y: np.ndarray, local: np.ndarray, dropped: int
+) -> dict[str, float | int | str]:
     """The least-squares slope of ``y`` on ``x`` and the range of its ``local`` slopes.
 
     ``dropped``: how many of the shortest points were left out."""
@@ -243,11 +289,16 @@ def _local_slopes_fit(x: np.ndarray, y: np.ndarray, local: np.ndarray, dropped: 
     if np.ptp(local) > MAX_CI_WIDTH:
         notes.append(f"local slopes {low:.2f} to {high:.2f}: no single power of L")
     return {
-        "exponent": float(slope), "ci_low": float(low), "ci_high": float(high), "n": int(len(x)),
+        "exponent": float(slope),
+        "ci_low": float(low),
+        "ci_high": float(high),
+        "n": int(len(x)),
         **_line_fit(x, y, resid),
         "range": f"deterministic: {len(x)} of {len(x) + dropped} points, local slopes {low:.2f} to "
-                 f"{high:.2f}",
-        "conclusive": not notes, "note": ", ".join(notes), "max_residual": float(np.abs(np.expm1(resid)).max()),
+        f"{high:.2f}",
+        "conclusive": not notes,
+        "note": ", ".join(notes),
+        "max_residual": float(np.abs(np.expm1(resid)).max()),
     }
 
 
@@ -275,7 +326,12 @@ def fit_deterministic(lengths: np.ndarray, values: np.ndarray) -> dict[str, floa
     lengths, values = _sorted_series(lengths, values)
     keep = (values > 0) & np.isfinite(values) & (lengths > 0)
     x, y = np.log(lengths[keep]), np.log(values[keep])
-    out = _no_fit(n=int(len(x)), range="deterministic: no positive values", max_residual=math.nan, kind="deterministic")
+    out = _no_fit(
+        n=int(len(x)),
+        range="deterministic: no positive values",
+        max_residual=math.nan,
+        kind="deterministic",
+    )
     if len(np.unique(x)) < 2:
         return {**out, "note": _points(len(x))}
     local = np.diff(y) / np.diff(x)  # slope between neighbouring lengths, shortest first
@@ -342,9 +398,14 @@ def cost_split(lengths: np.ndarray, values: np.ndarray) -> CostSplit | None:
     fitted = c0 + c1 * lengths + c2 * lengths**2
     share = c2 * lengths**2 / np.where(fitted > 0, fitted, np.nan)
     order = np.argsort(lengths)
-    return CostSplit(c0=float(c0), c1=float(c1), c2=float(c2), lengths=tuple(int(n) for n in lengths[order]),
-                     share=tuple(float(v) for v in share[order]),
-                     max_residual=float(np.abs(values / fitted - 1).max()) if (fitted > 0).all() else math.inf)
+    return CostSplit(
+        c0=float(c0),
+        c1=float(c1),
+        c2=float(c2),
+        lengths=tuple(int(n) for n in lengths[order]),
+        share=tuple(float(v) for v in share[order]),
+        max_residual=float(np.abs(values / fitted - 1).max()) if (fitted > 0).all() else math.inf,
+    )
 
 
 def verdict(fit: dict, declared: float) -> FitVerdict | str:
@@ -372,7 +433,11 @@ def verdict(fit: dict, declared: float) -> FitVerdict | str:
 def excludes_declared(fit: dict) -> bool:
     """Whether a conclusive fit's interval leaves out its declared exponent (a near "matches")."""
     declared = fit.get("declared", math.nan)
-    return bool(fit.get("conclusive")) and not math.isnan(declared) and not fit["ci_low"] <= declared <= fit["ci_high"]
+    return (
+        bool(fit.get("conclusive"))
+        and not math.isnan(declared)
+        and not fit["ci_low"] <= declared <= fit["ci_high"]
+    )
 
 
 def declared_exponent(variant: str, metric: str, workload: str = "prefill") -> float:
@@ -430,21 +495,44 @@ def fit_table(frame: pd.DataFrame, metrics: Sequence[str] = FITTED) -> pd.DataFr
     proves nothing.
     """
     sel = swept(frame[(frame["status"] == Status.OK) & frame["metric"].isin(metrics)])
-    sel = sel.assign(method=sel.get("method", ""), fixed=sel["seq_len"].where(sel["workload"] != "prefill", 0).astype("int64"))
+    sel = sel.assign(
+        method=sel.get("method", ""),
+        fixed=sel["seq_len"].where(sel["workload"] != "prefill", 0).astype("int64"),
+    )
     rows = []
     for key, group in sel.groupby([*GROUP, "fixed"], dropna=False, sort=True):
         info = dict(zip(GROUP, key[:-1], strict=True))
         declared = declared_exponent(info["variant"], info["metric"], info["workload"])
         if info["method"] == MODEL:
-            rows.append({**info, **fit_exponent(np.array([]), np.array([])), "n": int(group["length"].nunique()),
-                         "range": "model values: not fitted", "note": "model", "declared": declared, "verdict": ""})
+            rows.append(
+                {
+                    **info,
+                    **fit_exponent(np.array([]), np.array([])),
+                    "n": int(group["length"].nunique()),
+                    "range": "model values: not fitted",
+                    "note": "model",
+                    "declared": declared,
+                    "verdict": "",
+                }
+            )
             continue
         by_len = group.groupby("length")["value"].median()
         lengths, values = by_len.index.to_numpy(float), by_len.to_numpy(float)
         deterministic = info["metric"] in METRICS and not METRICS[info["metric"]].timed
-        fit = fit_deterministic(lengths, values) if deterministic else {**fit_exponent(lengths, values), "kind": "sampled"}
-        rows.append({**info, **fit, **_split_columns(cost_split(lengths, values)), "declared": declared,
-                     "verdict": verdict(fit, declared)})
+        fit = (
+            fit_deterministic(lengths, values)
+            if deterministic
+            else {**fit_exponent(lengths, values), "kind": "sampled"}
+        )
+        rows.append(
+            {
+                **info,
+                **fit,
+                **_split_columns(cost_split(lengths, values)),
+                "declared": declared,
+                "verdict": verdict(fit, declared),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -452,7 +540,11 @@ def _split_columns(split: CostSplit | None) -> dict[str, float]:
     """The fit table's columns of a :class:`CostSplit`: L* and the L² share at the longest L."""
     if split is None:
         return {"crossover_L": math.nan, "l2_share": math.nan, "split_residual": math.nan}
-    return {"crossover_L": split.crossover, "l2_share": split.share[-1], "split_residual": split.max_residual}
+    return {
+        "crossover_L": split.crossover,
+        "l2_share": split.share[-1],
+        "split_residual": split.max_residual,
+    }
 
 
 @dataclass(frozen=True)
@@ -472,14 +564,21 @@ class Tally:
     def tone(self) -> str:
         if self.steeper:
             return "bad"
-        return "good" if self.conclusive and self.matches + len(self.shallower) == self.conclusive else "neutral"
+        return (
+            "good"
+            if self.conclusive and self.matches + len(self.shallower) == self.conclusive
+            else "neutral"
+        )
 
 
 def tally(fits: pd.DataFrame) -> Tally:
     """Count and name the verdicts of ``fits`` (rows without a declared exponent are not judged)."""
     judged = fits[fits["verdict"].isin(VERDICTS)] if len(fits) else fits
-    several = {c: judged[c].nunique() > 1 for c in ("source", "machine", "device", "mode", "dtype", "mask", "workload")
-               if c in judged}
+    several = {
+        c: judged[c].nunique() > 1
+        for c in ("source", "machine", "device", "mode", "dtype", "mask", "workload")
+        if c in judged
+    }
 
     def name(rec: dict) -> str:
         where = [str(rec[c]) for c, many in several.items() if many]
@@ -489,11 +588,17 @@ def tally(fits: pd.DataFrame) -> Tally:
     records = judged.to_dict("records")
     named = {v: tuple(name(r) for r in records if r["verdict"] == v) for v in FitVerdict}
     return Tally(
-        judged=len(records), conclusive=len(records) - len(named[FitVerdict.INCONCLUSIVE]),
+        judged=len(records),
+        conclusive=len(records) - len(named[FitVerdict.INCONCLUSIVE]),
         matches=len(named[FitVerdict.MATCHES]),
-        near=tuple(name(r) for r in records if r["verdict"] == FitVerdict.MATCHES and excludes_declared(r)),
-        steeper=named[FitVerdict.STEEPER], shallower=named[FitVerdict.SHALLOWER],
-        inconclusive=tuple(f"{name(r)} ({r['note']})" for r in records if r["verdict"] == FitVerdict.INCONCLUSIVE),
+        near=tuple(
+            name(r) for r in records if r["verdict"] == FitVerdict.MATCHES and excludes_declared(r)
+        ),
+        steeper=named[FitVerdict.STEEPER],
+        shallower=named[FitVerdict.SHALLOWER],
+        inconclusive=tuple(
+            f"{name(r)} ({r['note']})" for r in records if r["verdict"] == FitVerdict.INCONCLUSIVE
+        ),
     )
 
 
@@ -505,17 +610,23 @@ def headline(fits: pd.DataFrame) -> tuple[str, str]:
     """
     t = tally(fits)
     if not t.judged:
-        return "neutral", ("No fitted exponents: nothing measured at enough lengths to compare with a declared "
-                           "complexity.")
+        return "neutral", (
+            "No fitted exponents: nothing measured at enough lengths to compare with a declared "
+            "complexity."
+        )
     parts = [f"{t.matches} of {t.conclusive} conclusive fits match their declared complexity"]
     if t.near:
-        parts.append(f"within the {TOLERANCE:g} tolerance only (the interval excludes the declared "
-                     f"exponent): {', '.join(t.near)}")
+        parts.append(
+            f"within the {TOLERANCE:g} tolerance only (the interval excludes the declared "
+            f"exponent): {', '.join(t.near)}"
+        )
     if t.steeper:
         parts.append(f"steeper than declared: {', '.join(t.steeper)}")
     if t.shallower:
         parts.append(f"shallower: {', '.join(t.shallower)}")
-    parts.append(f"inconclusive: {', '.join(t.inconclusive)}" if t.inconclusive else "none inconclusive")
+    parts.append(
+        f"inconclusive: {', '.join(t.inconclusive)}" if t.inconclusive else "none inconclusive"
+    )
     return t.tone, "; ".join(parts) + "."
 
 
@@ -531,7 +642,9 @@ def _first_win(wins: np.ndarray, lengths: pd.Index) -> str:
     return "never"
 
 
-def _crossover_rows(table: pd.DataFrame, baselines: tuple[str, ...], setting: dict, metric: str) -> list[dict]:
+def _crossover_rows(
+    table: pd.DataFrame, baselines: tuple[str, ...], setting: dict, metric: str
+) -> list[dict]:
     """A row per (variant, baseline) of a variant x L ``table`` of medians: where it crosses."""
     rows = []
     for base in baselines:
@@ -544,13 +657,23 @@ def _crossover_rows(table: pd.DataFrame, baselines: tuple[str, ...], setting: di
             if both.empty:
                 continue
             wins = (both[variant] < both[base]).to_numpy()
-            rows.append({**setting, "variant": variant, "baseline": base, "metric": metric,
-                         "crossover_L": _first_win(wins, both.index), "longest_L": int(both.index[-1]),
-                         "ratio_at_longest": both[base].iloc[-1] / both[variant].iloc[-1]})
+            rows.append(
+                {
+                    **setting,
+                    "variant": variant,
+                    "baseline": base,
+                    "metric": metric,
+                    "crossover_L": _first_win(wins, both.index),
+                    "longest_L": int(both.index[-1]),
+                    "ratio_at_longest": both[base].iloc[-1] / both[variant].iloc[-1],
+                }
+            )
     return rows
 
 
-def crossovers(frame: pd.DataFrame, baselines: tuple[str, ...] = ("batched", "sdpa"), metric: str = "time") -> pd.DataFrame:
+def crossovers(
+    frame: pd.DataFrame, baselines: tuple[str, ...] = ("batched", "sdpa"), metric: str = "time"
+) -> pd.DataFrame:
     """Length from which each variant stays below each baseline (faster, or smaller for memory).
 
     ``crossover`` is the smallest measured L such that the variant beats the baseline at L and at
@@ -565,9 +688,21 @@ def crossovers(frame: pd.DataFrame, baselines: tuple[str, ...] = ("batched", "sd
         ok = ok[ok["method"] != MODEL]  # measurements against measurements only
     rows = []
     for key, group in ok.groupby(_CROSSOVER_SETTING, dropna=False):
-        table = group.pivot_table(index="seq_len", columns="variant", values="value", aggfunc="median").sort_index()
-        rows += _crossover_rows(table, baselines, dict(zip(_CROSSOVER_SETTING, key, strict=True)), metric)
-    columns = [*_CROSSOVER_SETTING, "variant", "baseline", "metric", "crossover_L", "longest_L", "ratio_at_longest"]
+        table = group.pivot_table(
+            index="seq_len", columns="variant", values="value", aggfunc="median"
+        ).sort_index()
+        rows += _crossover_rows(
+            table, baselines, dict(zip(_CROSSOVER_SETTING, key, strict=True)), metric
+        )
+    columns = [
+        *_CROSSOVER_SETTING,
+        "variant",
+        "baseline",
+        "metric",
+        "crossover_L",
+        "longest_L",
+        "ratio_at_longest",
+    ]
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -580,16 +715,26 @@ def largest_length(frame: pd.DataFrame) -> pd.DataFrame:
     time_rows = swept(frame[frame["metric"] == "time"])
     rows = []
     reached = (Status.OK, Status.NOISY)
-    for (device, mode, workload, variant), group in time_rows.groupby(["device", "mode", "workload", "variant"], sort=False):
+    for (device, mode, workload, variant), group in time_rows.groupby(
+        ["device", "mode", "workload", "variant"], sort=False
+    ):
         ok = group[group["status"].isin(reached)]
         longest = int(ok["length"].max()) if len(ok) else None
-        beyond = group[~group["status"].isin(reached) & (group["length"] > (longest or 0))].sort_values("length")
+        beyond = group[
+            ~group["status"].isin(reached) & (group["length"] > (longest or 0))
+        ].sort_values("length")
         first = beyond.iloc[0] if len(beyond) else None
-        rows.append({
-            "device": device, "mode": mode, "workload": workload, "variant": variant, "largest_ok_L": longest,
-            "next_status": "" if first is None else first["status"],
-            "next_reason": "" if first is None else (first["reason"] or first["status"]),
-        })
+        rows.append(
+            {
+                "device": device,
+                "mode": mode,
+                "workload": workload,
+                "variant": variant,
+                "largest_ok_L": longest,
+                "next_status": "" if first is None else first["status"],
+                "next_reason": "" if first is None else (first["reason"] or first["status"]),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -607,14 +752,28 @@ def memory_model(frame: pd.DataFrame) -> pd.DataFrame:
         if rec["variant"] not in variant_names():
             continue
         spec = AttnSpec(
-            batch=int(rec["batch"]), heads=int(rec["heads"]), seq_len=int(rec["seq_len"]), seq_len_k=int(rec["seq_len_k"]),
-            head_dim=int(rec["head_dim"]), dtype=rec["dtype"], device=rec["device"], mode=rec["mode"], mask=rec["mask"],
+            batch=int(rec["batch"]),
+            heads=int(rec["heads"]),
+            seq_len=int(rec["seq_len"]),
+            seq_len_k=int(rec["seq_len_k"]),
+            head_dim=int(rec["head_dim"]),
+            dtype=rec["dtype"],
+            device=rec["device"],
+            mode=rec["mode"],
+            mask=rec["mask"],
         )
         predicted = get_variant(rec["variant"]).predicted_peak_bytes(spec)
-        rows.append({
-            "machine": rec["machine"], "device": rec["device"], "mode": rec["mode"], "variant": rec["variant"],
-            "seq_len": int(rec["seq_len"]), "method": rec.get("method", ""), "predicted_MiB": predicted / 2**20, "measured_MiB": rec["value"] / 2**20,
-            "measured/predicted": rec["value"] / predicted if predicted else math.nan,
-        })
+        rows.append(
+            {
+                "machine": rec["machine"],
+                "device": rec["device"],
+                "mode": rec["mode"],
+                "variant": rec["variant"],
+                "seq_len": int(rec["seq_len"]),
+                "method": rec.get("method", ""),
+                "predicted_MiB": predicted / 2**20,
+                "measured_MiB": rec["value"] / 2**20,
+                "measured/predicted": rec["value"] / predicted if predicted else math.nan,
+            }
+        )
     return pd.DataFrame(rows)
-

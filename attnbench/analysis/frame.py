@@ -35,9 +35,41 @@ from attnbench.measure.record import Measurement
 from attnbench.spec import AttnSpec
 
 COLUMNS = [
-    "source", "benchmark", "variant", "seq_len", "seq_len_k", "device", "mode", "dtype", "batch", "heads",
-    "head_dim", "mask", "kv_heads", "workload", "metric", "unit", "method", "value", "spread", "ci_low", "ci_high", "status", "reason", "machine",
-    "cpu", "gpu", "commit", "date", "torch", "threads", "peak_gflops", "peak_gbps", "kernel", "run_date", "origin",
+    "source",
+    "benchmark",
+    "variant",
+    "seq_len",
+    "seq_len_k",
+    "device",
+    "mode",
+    "dtype",
+    "batch",
+    "heads",
+    "head_dim",
+    "mask",
+    "kv_heads",
+    "workload",
+    "metric",
+    "unit",
+    "method",
+    "value",
+    "spread",
+    "ci_low",
+    "ci_high",
+    "status",
+    "reason",
+    "machine",
+    "cpu",
+    "gpu",
+    "commit",
+    "date",
+    "torch",
+    "threads",
+    "peak_gflops",
+    "peak_gbps",
+    "kernel",
+    "run_date",
+    "origin",
 ]
 UNITS = contract.UNITS
 MEMORY_METHODS = {"analytic": Method.MODEL}  # older files called the prediction "analytic"
@@ -77,9 +109,11 @@ def decode_param(value: object) -> object:
         return value
 
 
-ASV_UNCHECKED = ("asv results carry no disturbance check (no calibration probe around asv's rounds), so none "
-                 "of their times is marked noisy: a busy machine's timings read as ok here; compare them from "
-                 "quiet machines only")
+ASV_UNCHECKED = (
+    "asv results carry no disturbance check (no calibration probe around asv's rounds), so none "
+    "of their times is marked noisy: a busy machine's timings read as ok here; compare them from "
+    "quiet machines only"
+)
 TIMED = {m.name for m in contract.METRICS.values() if m.timed}
 
 
@@ -116,8 +150,13 @@ def load_asv(results_dir: str | Path) -> pd.DataFrame:
         if not isinstance(benchmarks, dict):
             raise ValueError(f"expected a JSON object, got {type(benchmarks).__name__}")
     except (OSError, util.UserError, ValueError, TypeError) as exc:
-        return _finish([], [f"{bench_path}: cannot read the benchmark list ({error_line(exc)}); "
-                            f"no result under {results_dir} can be interpreted without it"])
+        return _finish(
+            [],
+            [
+                f"{bench_path}: cannot read the benchmark list ({error_line(exc)}); "
+                f"no result under {results_dir} can be interpreted without it"
+            ],
+        )
     problems: list[str] = []
     rows: list[dict] = []
     try:
@@ -132,8 +171,10 @@ def load_asv(results_dir: str | Path) -> pd.DataFrame:
             if not isinstance(machine, dict):
                 raise ValueError(f"expected a JSON object, got {type(machine).__name__}")
         except (OSError, ValueError) as exc:
-            problems.append(f"{machine_path}: {error_line(exc)}; machine name taken from the directory, CPU "
-                            "unknown")
+            problems.append(
+                f"{machine_path}: {error_line(exc)}; machine name taken from the directory, CPU "
+                "unknown"
+            )
             machine = {"machine": machine_dir.name}
         try:
             paths = sorted(p for p in machine_dir.glob("*.json") if p.name != "machine.json")
@@ -144,15 +185,15 @@ def load_asv(results_dir: str | Path) -> pd.DataFrame:
             files += 1
             rows.extend(_asv_file(path, benchmarks, machine, problems))
     if files == 0:
-        problems.append(f"{results_dir}: no result files (asv saves none without --set-commit-hash when run "
-                        "with --python=same)")
+        problems.append(
+            f"{results_dir}: no result files (asv saves none without --set-commit-hash when run "
+            "with --python=same)"
+        )
     notes = [f"{results_dir}: {ASV_UNCHECKED}"] if any(r["metric"] in TIMED for r in rows) else []
     gate = results_dir / contract.GATE_VERDICTS
     if gate.exists():
         notes += _apply_gate(rows, gate, problems)
     return _finish(rows, problems, notes)
-
-
 
 
 def _apply_gate(rows: list[dict], path: Path, problems: list[str]) -> list[str]:
@@ -167,23 +208,38 @@ def _apply_gate(rows: list[dict], path: Path, problems: list[str]) -> list[str]:
         if missing := needed - set(table.columns):
             raise ValueError(f"no {', '.join(sorted(missing))} column")
     except (OSError, ValueError) as exc:
-        problems.append(f"{path}: the regression gate's verdicts cannot be read ({error_line(exc)}); its "
-                        "time rows are read as asv recorded them")
+        problems.append(
+            f"{path}: the regression gate's verdicts cannot be read ({error_line(exc)}); its "
+            "time rows are read as asv recorded them"
+        )
         return []
     table = table.fillna({"reason": "", "mask": "none", "mode": "forward"})
     commits = set(table["base"]) | set(table["head"])
-    undecided = {(r.variant, int(r.seq_len), r.mode, r.mask): r.reason or r.verdict
-                 for r in table.itertuples() if r.metric == "time" and r.verdict not in contract.GATE_DECIDED}
+    undecided = {
+        (r.variant, int(r.seq_len), r.mode, r.mask): r.reason or r.verdict
+        for r in table.itertuples()
+        if r.metric == "time" and r.verdict not in contract.GATE_DECIDED
+    }
     marked = 0
     for row in rows:
         key = (row["variant"], row["seq_len"], row["mode"], row["mask"])
-        if row["metric"] in TIMED and row["commit"] in commits and key in undecided and row["status"] == Status.OK:
-            row.update(status=Status.NOISY, reason=f"the regression gate did not decide it: {undecided[key]}")
+        if (
+            row["metric"] in TIMED
+            and row["commit"] in commits
+            and key in undecided
+            and row["status"] == Status.OK
+        ):
+            row.update(
+                status=Status.NOISY,
+                reason=f"the regression gate did not decide it: {undecided[key]}",
+            )
             marked += 1
     decided = sorted({r.metric for r in table.itertuples() if r.verdict in contract.GATE_DECIDED})
-    return [f"{path.parent}: results of the regression gate, which decided on "
-            f"{', '.join(decided) or 'nothing'}; {marked} time row(s) it could not decide are marked "
-            "noisy here (drawn hollow, never compared)"]
+    return [
+        f"{path.parent}: results of the regression gate, which decided on "
+        f"{', '.join(decided) or 'nothing'}; {marked} time row(s) it could not decide are marked "
+        "noisy here (drawn hollow, never compared)"
+    ]
 
 
 def _asv_file(path: Path, benchmarks: dict, machine: dict, problems: list[str]) -> list[dict]:
@@ -193,7 +249,9 @@ def _asv_file(path: Path, benchmarks: dict, machine: dict, problems: list[str]) 
     try:
         res = Results.load(str(path))
         date = dt.datetime.fromtimestamp(res.date / 1e3, tz=dt.UTC) if res.date else None
-        starts = [v for v in (res.started_at or {}).values() if isinstance(v, (int, float)) and v > 0]
+        starts = [
+            v for v in (res.started_at or {}).values() if isinstance(v, (int, float)) and v > 0
+        ]
         run_date = dt.datetime.fromtimestamp(min(starts) / 1e3, tz=dt.UTC) if starts else None
         params = res.params if isinstance(res.params, dict) else {}
         all_keys = list(res.get_all_result_keys())
@@ -205,13 +263,22 @@ def _asv_file(path: Path, benchmarks: dict, machine: dict, problems: list[str]) 
     stale = sorted(k for k in all_keys if k not in keys)
     if stale:
         names = ", ".join(k.rsplit(".", 1)[-1] for k in stale)
-        problems.append(f"{path}: {len(stale)} result(s) from another version of the suite left out "
-                        f"(benchmark version differs from benchmarks.json, or no longer there): {names}")
+        problems.append(
+            f"{path}: {len(stale)} result(s) from another version of the suite left out "
+            f"(benchmark version differs from benchmarks.json, or no longer there): {names}"
+        )
     common = {
-        "source": Source.ASV, "machine": str(params.get("machine", machine.get("machine", ""))),
-        "cpu": str(machine.get("cpu", "")), "gpu": "", "commit": res.commit_hash or "", "date": date, "run_date": run_date,
-        "torch": params.get("torch", "") or params.get("req-torch", ""), "threads": math.nan,
-        "reason": "", "kernel": "",
+        "source": Source.ASV,
+        "machine": str(params.get("machine", machine.get("machine", ""))),
+        "cpu": str(machine.get("cpu", "")),
+        "gpu": "",
+        "commit": res.commit_hash or "",
+        "date": date,
+        "run_date": run_date,
+        "torch": params.get("torch", "") or params.get("req-torch", ""),
+        "threads": math.nan,
+        "reason": "",
+        "kernel": "",
     }
     peak = math.nan
     peak_key = next((k for k in keys if k.endswith(PEAK_BENCHMARK)), None)
@@ -239,7 +306,11 @@ def _asv_combos(res, key: str, bench: dict) -> tuple[list, list[str], list[tuple
     """A benchmark's parameter lists, their names and their combinations (ValueError: garbled)."""
     params = res.get_result_params(key)
     names = bench.get("param_names", []) if isinstance(bench, dict) else []
-    if not isinstance(params, list) or not all(isinstance(p, list) for p in params) or len(params) != len(names):
+    if (
+        not isinstance(params, list)
+        or not all(isinstance(p, list) for p in params)
+        or len(params) != len(names)
+    ):
         raise ValueError(f"params {str(params)[:80]} do not match param_names {names}")
     combos = list(itertools.product(*params))
     # asv pads a short list with None ("failed"): check the stored one
@@ -254,7 +325,12 @@ def _asv_case(key: str, case: dict, metric: str, value: object) -> tuple[str, At
     """The variant, shape and workload of one asv parameter set (ValueError, TypeError: garbled)."""
     variant = case.get("variant", "")
     length = case.get("seq_len_k", case.get("seq_len", 0))
-    if not isinstance(variant, str) or not variant or isinstance(length, bool) or not isinstance(length, int):
+    if (
+        not isinstance(variant, str)
+        or not variant
+        or isinstance(length, bool)
+        or not isinstance(length, int)
+    ):
         raise ValueError(f"variant {variant!r} / length {length!r}")
     if value is not None and not isinstance(value, (int, float)):
         raise ValueError(f"value {value!r} is not a number")
@@ -274,13 +350,20 @@ def _asv_measured(key: str, value: object, stat: object, variant: str, spec: Att
         return float(v) * factor if isinstance(v, (int, float)) else math.nan
 
     return {
-        "metric": metric, "unit": UNITS[metric], "method": label or _asv_memory_method(variant, spec.device_type),
-        "value": float(value) * factor if status == Status.OK else math.nan, "spread": num("q_75") - num("q_25"),
-        "ci_low": num("ci_99_a"), "ci_high": num("ci_99_b"), "status": status,
+        "metric": metric,
+        "unit": UNITS[metric],
+        "method": label or _asv_memory_method(variant, spec.device_type),
+        "value": float(value) * factor if status == Status.OK else math.nan,
+        "spread": num("q_75") - num("q_25"),
+        "ci_low": num("ci_99_a"),
+        "ci_high": num("ci_99_b"),
+        "status": status,
     }
 
 
-def _asv_key_rows(res, key: str, bench: dict, common: dict, peak: float, path: Path, problems: list[str]) -> list[dict]:
+def _asv_key_rows(
+    res, key: str, bench: dict, common: dict, peak: float, path: Path, problems: list[str]
+) -> list[dict]:
     """The rows of one benchmark of an asv result file (garbled parameter sets: in ``problems``)."""
     metric = ASV_METRICS[key.rsplit(".", 1)[-1]][0]
     params, names, combos = _asv_combos(res, key, bench)
@@ -295,13 +378,23 @@ def _asv_key_rows(res, key: str, bench: dict, common: dict, peak: float, path: P
         except (ValueError, TypeError) as exc:
             bad.append(f"{combo}: {error_line(exc)}")
             continue
-        rows.append({
-            **common, "benchmark": key, "variant": variant, **_spec_columns(spec), "workload": workload,
-            **_asv_measured(key, value, stat, variant, spec), "peak_gflops": peak, "peak_gbps": math.nan,
-            "_mode_given": "mode" in case,
-        })
+        rows.append(
+            {
+                **common,
+                "benchmark": key,
+                "variant": variant,
+                **_spec_columns(spec),
+                "workload": workload,
+                **_asv_measured(key, value, stat, variant, spec),
+                "peak_gflops": peak,
+                "peak_gbps": math.nan,
+                "_mode_given": "mode" in case,
+            }
+        )
     if bad:
-        problems.append(f"{path}: {key}: {len(bad)} garbled parameter set(s) left out, e.g. {bad[0]}")
+        problems.append(
+            f"{path}: {key}: {len(bad)} garbled parameter set(s) left out, e.g. {bad[0]}"
+        )
     return rows
 
 
@@ -310,7 +403,9 @@ def _check_value(metric: str, value: object) -> None:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return
     if not math.isfinite(value) or value < 0 or (metric == "time" and value == 0):
-        raise ValueError(f"{metric} {value!r} is not a {'time > 0' if metric == 'time' else 'finite value >= 0'}")
+        raise ValueError(
+            f"{metric} {value!r} is not a {'time > 0' if metric == 'time' else 'finite value >= 0'}"
+        )
 
 
 def _mark_wrong(rows: list[dict]) -> None:
@@ -332,8 +427,15 @@ def _mark_wrong(rows: list[dict]) -> None:
 
 def _spec_columns(spec: AttnSpec) -> dict:
     return {
-        "seq_len": spec.lq, "seq_len_k": spec.lk, "device": spec.device_type, "mode": spec.mode,
-        "dtype": spec.dtype, "batch": spec.batch, "heads": spec.heads, "head_dim": spec.head_dim, "mask": spec.mask,
+        "seq_len": spec.lq,
+        "seq_len_k": spec.lk,
+        "device": spec.device_type,
+        "mode": spec.mode,
+        "dtype": spec.dtype,
+        "batch": spec.batch,
+        "heads": spec.heads,
+        "head_dim": spec.head_dim,
+        "mask": spec.mask,
         "kv_heads": spec.hkv,
     }
 
@@ -348,30 +450,42 @@ def _read_manifest(path: Path, problems: list[str], notes: list[str]) -> dict:
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        notes.append(f"{path}: missing (the sweep stopped before writing it); the case log is read "
-                     "without it")
+        notes.append(
+            f"{path}: missing (the sweep stopped before writing it); the case log is read "
+            "without it"
+        )
         return {}
     except OSError as exc:
         problems.append(f"{path}: cannot read ({error_line(exc)}); the case log is read without it")
         return {}
     except ValueError as exc:
-        problems.append(f"{path}: not readable JSON ({error_line(exc)}); the case log is read without it")
+        problems.append(
+            f"{path}: not readable JSON ({error_line(exc)}); the case log is read without it"
+        )
         return {}
     if not isinstance(manifest, dict):
-        problems.append(f"{path}: expected a JSON object, got {type(manifest).__name__}; the case log is "
-                        "read without it")
+        problems.append(
+            f"{path}: expected a JSON object, got {type(manifest).__name__}; the case log is "
+            "read without it"
+        )
         return {}
     from attnbench.runs import MANIFEST_SCHEMA
 
     if manifest.get("schema", MANIFEST_SCHEMA) != MANIFEST_SCHEMA:
-        problems.append(f"{path}: format {manifest.get('schema')!r}, and this attnbench reads "
-                        f"{MANIFEST_SCHEMA!r}; the case log is read without it")
+        problems.append(
+            f"{path}: format {manifest.get('schema')!r}, and this attnbench reads "
+            f"{MANIFEST_SCHEMA!r}; the case log is read without it"
+        )
         return {}
     for name, kind in (("cases", int), ("planned", int), ("complete", bool)):
         value = manifest.get(name)
-        if value is not None and (not isinstance(value, kind) or (kind is int and (isinstance(value, bool) or value < 0))):
-            problems.append(f"{path}: field {name!r} should be {'a count' if kind is int else 'true/false'}, "
-                            f"got {value!r}; ignored")
+        if value is not None and (
+            not isinstance(value, kind) or (kind is int and (isinstance(value, bool) or value < 0))
+        ):
+            problems.append(
+                f"{path}: field {name!r} should be {'a count' if kind is int else 'true/false'}, "
+                f"got {value!r}; ignored"
+            )
             manifest.pop(name)
     if "cases" not in manifest:
         problems.append(f"{path}: no 'cases' count; the case log cannot be cross-checked")
@@ -401,11 +515,15 @@ def _check_case(m: Measurement) -> None:
         if metric.field is not None:
             _check_value(metric.name, _lenient(contract.metric_value(m, metric.field)))
     if m.status == Status.OK and m.checked_error_ratio > 1:
-        raise ValueError(f"status ok but its error is {sig(m.checked_error_ratio)}x the tolerance (the gate's "
-                         "limit is 1x)")
+        raise ValueError(
+            f"status ok but its error is {sig(m.checked_error_ratio)}x the tolerance (the gate's "
+            "limit is 1x)"
+        )
     if m.spec.input_bytes > MAX_INPUT_BYTES:
-        raise ValueError(f"status {m.status} but its inputs would take {m.spec.input_bytes:.3g} bytes (length "
-                         f"{m.spec.lk}): no machine ran it")
+        raise ValueError(
+            f"status {m.status} but its inputs would take {m.spec.input_bytes:.3g} bytes (length "
+            f"{m.spec.lk}): no machine ran it"
+        )
 
 
 def _case_rows(m: Measurement, common: dict) -> list[dict]:
@@ -419,12 +537,22 @@ def _case_rows(m: Measurement, common: dict) -> list[dict]:
     """
     spec = m.spec
     base = {
-        **common, "variant": m.variant, **_spec_columns(spec), "workload": m.workload, "status": m.status,
-        "reason": m.reason, "machine": m.env.hostname if m.env else "", "cpu": m.env.cpu_model if m.env else "",
-        "gpu": m.env.gpu_name if m.env else "", "commit": m.env.commit if m.env else "",
-        "torch": m.env.torch if m.env else "", "threads": float(m.env.threads) if m.env else math.nan,
-        "peak_gflops": _lenient(common["peak_gflops"].get(spec.dtype)), "kernel": str(m.extra.get("kernel", "")),
-        "ci_low": math.nan, "ci_high": math.nan,
+        **common,
+        "variant": m.variant,
+        **_spec_columns(spec),
+        "workload": m.workload,
+        "status": m.status,
+        "reason": m.reason,
+        "machine": m.env.hostname if m.env else "",
+        "cpu": m.env.cpu_model if m.env else "",
+        "gpu": m.env.gpu_name if m.env else "",
+        "commit": m.env.commit if m.env else "",
+        "torch": m.env.torch if m.env else "",
+        "threads": float(m.env.threads) if m.env else math.nan,
+        "peak_gflops": _lenient(common["peak_gflops"].get(spec.dtype)),
+        "kernel": str(m.extra.get("kernel", "")),
+        "ci_low": math.nan,
+        "ci_high": math.nan,
     }
     kept = m.status in KEEPS_VALUES
     out = []
@@ -441,8 +569,17 @@ def _case_rows(m: Measurement, common: dict) -> list[dict]:
         spread = _lenient(getattr(m, metric.spread)) if metric.spread and kept else math.nan
         # A neighbour disturbs time, never bytes or counts: a noisy case's untimed values are facts.
         status = Status.OK if m.status == Status.NOISY and not metric.timed else m.status
-        out.append({**base, "metric": metric.name, "unit": metric.unit, "method": method, "value": value, "spread": spread,
-                    "status": status})
+        out.append(
+            {
+                **base,
+                "metric": metric.name,
+                "unit": metric.unit,
+                "method": method,
+                "value": value,
+                "spread": spread,
+                "status": status,
+            }
+        )
     return out
 
 
@@ -453,16 +590,20 @@ def _read_run_log(run_dir: Path, problems: list[str]):
     try:
         log = read_log(run_dir / LOG)
     except FileNotFoundError:
-        problems.append(f"{run_dir / LOG}: missing; nothing of this run can be read (measurements.csv is an "
-                        "export, not the record)")
+        problems.append(
+            f"{run_dir / LOG}: missing; nothing of this run can be read (measurements.csv is an "
+            "export, not the record)"
+        )
         return None
     except OSError as exc:
         problems.append(f"{run_dir / LOG}: cannot read ({error_line(exc)})")
         return None
     header = log.header or {}
     if header.get("schema", LOG_SCHEMA) != LOG_SCHEMA:
-        problems.append(f"{run_dir / LOG}: format {header.get('schema')!r}, and this attnbench reads "
-                        f"{LOG_SCHEMA!r}: not read (use the attnbench that wrote it)")
+        problems.append(
+            f"{run_dir / LOG}: format {header.get('schema')!r}, and this attnbench reads "
+            f"{LOG_SCHEMA!r}: not read (use the attnbench that wrote it)"
+        )
         return None
     return log
 
@@ -476,8 +617,14 @@ def _run_common(header: dict, manifest: dict) -> dict:
     # triad: the roofline's bandwidth roof
     gbps = _lenient(gbps.get("triad") if isinstance(gbps, dict) else gbps)
     created = manifest.get("created") or header.get("created")
-    return {"source": Source.RUN, "benchmark": "attnbench.run", "date": created, "run_date": created,
-            "peak_gflops": peaks, "peak_gbps": gbps if gbps > 0 else math.nan}
+    return {
+        "source": Source.RUN,
+        "benchmark": "attnbench.run",
+        "date": created,
+        "run_date": created,
+        "peak_gflops": peaks,
+        "peak_gbps": gbps if gbps > 0 else math.nan,
+    }
 
 
 def load_run(run_dir: str | Path) -> pd.DataFrame:
@@ -510,11 +657,15 @@ def load_run(run_dir: str | Path) -> pd.DataFrame:
             rows.extend(_case_rows(m, common))
         except ValueError as exc:
             problems.append(f"{run_dir / LOG} case {number} ({m.variant or '?'}): {exc}; rejected")
-    _cross_check(run_dir, [m for _, m in cases], len(log.measurements), header, manifest, problems, notes)
+    _cross_check(
+        run_dir, [m for _, m in cases], len(log.measurements), header, manifest, problems, notes
+    )
     return _finish(rows, problems, notes)
 
 
-def _distinct_cases(log_path: Path, measurements: Sequence[Measurement], problems: list[str]) -> list[tuple[int, Measurement]]:
+def _distinct_cases(
+    log_path: Path, measurements: Sequence[Measurement], problems: list[str]
+) -> list[tuple[int, Measurement]]:
     """``(number in the log, case)`` once per case: a case logged twice keeps its last."""
     from attnbench.runs import case_key
 
@@ -522,15 +673,24 @@ def _distinct_cases(log_path: Path, measurements: Sequence[Measurement], problem
     for number, m in enumerate(measurements, start=1):
         key = case_key(m.variant, m.spec)
         if key in last:
-            problems.append(f"{log_path} case {number} ({m.variant} {m.spec.label}): the same case as case "
-                            f"{last[key][0]}; the last one is kept")
+            problems.append(
+                f"{log_path} case {number} ({m.variant} {m.spec.label}): the same case as case "
+                f"{last[key][0]}; the last one is kept"
+            )
             del last[key]
         last[key] = (number, m)
     return sorted(last.values(), key=lambda item: item[0])
 
 
-def _cross_check(run_dir: Path, cases: Sequence[Measurement], logged: int, header: dict, manifest: dict,
-                 problems: list[str], notes: list[str]) -> None:
+def _cross_check(
+    run_dir: Path,
+    cases: Sequence[Measurement],
+    logged: int,
+    header: dict,
+    manifest: dict,
+    problems: list[str],
+    notes: list[str],
+) -> None:
     """The manifest's claims and the header's plan against the cases the log holds (the truth).
 
     ``logged``: lines of cases in the log; ``cases``: the distinct ones.
@@ -540,29 +700,45 @@ def _cross_check(run_dir: Path, cases: Sequence[Measurement], logged: int, heade
     claimed, complete = manifest.get("cases"), manifest.get("complete")
     keys = header.get("cases") if isinstance(header.get("cases"), list) else None
     planned = len(keys) if keys is not None else header.get("planned", manifest.get("planned"))
-    if manifest.get("planned") is not None and planned is not None and manifest["planned"] != planned:
-        problems.append(f"{run_dir / MANIFEST} says {manifest['planned']} case(s) were planned, the header of "
-                        f"{run_dir / LOG} {planned}")
+    if (
+        manifest.get("planned") is not None
+        and planned is not None
+        and manifest["planned"] != planned
+    ):
+        problems.append(
+            f"{run_dir / MANIFEST} says {manifest['planned']} case(s) were planned, the header of "
+            f"{run_dir / LOG} {planned}"
+        )
     # one write behind the log: killed between logging a case and rewriting the manifest
     if claimed == logged - 1:
-        notes.append(f"{run_dir / MANIFEST} says {claimed} case(s) but {run_dir / LOG} holds {logged}: "
-                     "the sweep stopped between writing its files (--resume rewrites the manifest)")
+        notes.append(
+            f"{run_dir / MANIFEST} says {claimed} case(s) but {run_dir / LOG} holds {logged}: "
+            "the sweep stopped between writing its files (--resume rewrites the manifest)"
+        )
     elif claimed is not None and claimed != logged:
-        problems.append(f"{run_dir / LOG}: holds {logged} case(s) but {run_dir / MANIFEST} says {claimed} "
-                        "case(s) were written (truncated or replaced)")
+        problems.append(
+            f"{run_dir / LOG}: holds {logged} case(s) but {run_dir / MANIFEST} says {claimed} "
+            "case(s) were written (truncated or replaced)"
+        )
     done = _planned_done(run_dir / LOG, cases, keys, problems)
     if complete is True and planned is not None and done < planned:
-        problems.append(f"{run_dir / MANIFEST} says complete, but {run_dir / LOG} holds {done} of the "
-                        f"{planned} planned cases")
+        problems.append(
+            f"{run_dir / MANIFEST} says complete, but {run_dir / LOG} holds {done} of the "
+            f"{planned} planned cases"
+        )
     if complete is False:
-        notes.append(f"{run_dir}: incomplete ({claimed if claimed is not None else done} of "
-                     f"{planned if planned is not None else '?'} cases): the sweep was stopped before the "
-                     "end")
+        notes.append(
+            f"{run_dir}: incomplete ({claimed if claimed is not None else done} of "
+            f"{planned if planned is not None else '?'} cases): the sweep was stopped before the "
+            "end"
+        )
     elif planned is not None and done < planned:
         notes.append(f"{run_dir}: incomplete ({done} of {planned} cases)")
 
 
-def _planned_done(log_path: Path, cases: Sequence[Measurement], keys: list | None, problems: list[str]) -> int:
+def _planned_done(
+    log_path: Path, cases: Sequence[Measurement], keys: list | None, problems: list[str]
+) -> int:
     """How many planned cases the log holds; cases it did not plan are named in ``problems``.
 
     ``keys``: the header's plan; None: no list, every case counts.
@@ -574,8 +750,10 @@ def _planned_done(log_path: Path, cases: Sequence[Measurement], keys: list | Non
     logged_keys = {case_key(m.variant, m.spec) for m in cases}
     unplanned = logged_keys - set(keys)
     if unplanned:
-        problems.append(f"{log_path}: {len(unplanned)} case(s) the header did not plan ({len(keys)} "
-                        "planned): another sweep's cases, or a garbled header")
+        problems.append(
+            f"{log_path}: {len(unplanned)} case(s) the header did not plan ({len(keys)} "
+            "planned): another sweep's cases, or a garbled header"
+        )
     return len(logged_keys & set(keys))
 
 
@@ -595,15 +773,21 @@ def _kind(path: Path) -> str:
     if not children:
         return "is an empty directory"
     if any((c / "machine.json").exists() for c in children if c.is_dir()):
-        return (f"looks like asv results but has no benchmarks.json ({path / 'benchmarks.json'} "
-                "missing)")
+        return (
+            f"looks like asv results but has no benchmarks.json ({path / 'benchmarks.json'} "
+            "missing)"
+        )
     return "neither an asv results directory (benchmarks.json) nor a run (cases.jsonl)"
 
 
 def _source_dir(src: str | Path) -> Path:
     """The directory to read for ``src``: ``src/results`` where ``src`` is an asv project."""
     path = Path(src)
-    if path.is_dir() and not (path / "benchmarks.json").exists() and (path / "results" / "benchmarks.json").exists():
+    if (
+        path.is_dir()
+        and not (path / "benchmarks.json").exists()
+        and (path / "results" / "benchmarks.json").exists()
+    ):
         return path / "results"
     return path
 
@@ -612,7 +796,9 @@ def _load_one(path: Path) -> tuple[str, pd.DataFrame | None]:
     """What ``path`` is (:func:`_kind`) and its frame (None: neither kind, or unreadable)."""
     try:
         kind = _kind(path)
-        return kind, load_asv(path) if kind == Source.ASV else load_run(path) if kind == Source.RUN else None
+        return kind, load_asv(path) if kind == Source.ASV else load_run(
+            path
+        ) if kind == Source.RUN else None
     except OSError as exc:
         return f"cannot be read ({error_line(exc)})", None
 
@@ -650,9 +836,15 @@ def load(sources: Iterable[str | Path]) -> pd.DataFrame:
     frames = [f for f in frames if len(f)]
     out = pd.concat(frames, ignore_index=True) if frames else _finish([], [])
     spikes = flag_spikes(out)
-    notes += [f"{spikes} time point(s) above the line through their neighbours by more than "
-              f"{SPIKE_FACTOR:g}x are marked noisy (a cost in L is convex on log-log axes: such a "
-              "point was disturbed)"] if spikes else []
+    notes += (
+        [
+            f"{spikes} time point(s) above the line through their neighbours by more than "
+            f"{SPIKE_FACTOR:g}x are marked noisy (a cost in L is convex on log-log axes: such a "
+            "point was disturbed)"
+        ]
+        if spikes
+        else []
+    )
     out.attrs["problems"] = problems
     out.attrs["notes"] = notes
     out.attrs["sources"] = summary
@@ -691,7 +883,9 @@ def flag_spikes(frame: pd.DataFrame) -> int:
         chord = y[:-2] + (y[2:] - y[:-2]) * (x[1:-1] - x[:-2]) / (x[2:] - x[:-2])
         for length, factor in zip(by_len.index[1:-1], np.exp(y[1:-1] - chord), strict=True):
             if factor > SPIKE_FACTOR:
-                for key in series.loc[series["length"] == length, case].itertuples(index=False, name=None):
+                for key in series.loc[series["length"] == length, case].itertuples(
+                    index=False, name=None
+                ):
                     spiked[key] = factor
     if not spiked:
         return 0
@@ -700,6 +894,9 @@ def flag_spikes(frame: pd.DataFrame) -> int:
     rows = ok.index[keys.isin(list(spiked)) & ok["metric"].isin(TIMED)]
     factors = keys.loc[rows].map(spiked)
     frame.loc[rows, "status"] = Status.NOISY
-    frame.loc[rows, "reason"] = [f"{f:.1f}x above the line through its neighbours' lengths: it breaks its series' "
-                                 "trend (disturbed)" for f in factors]
+    frame.loc[rows, "reason"] = [
+        f"{f:.1f}x above the line through its neighbours' lengths: it breaks its series' "
+        "trend (disturbed)"
+        for f in factors
+    ]
     return int((frame.loc[rows, "metric"] == "time").sum())

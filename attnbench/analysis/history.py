@@ -44,18 +44,48 @@ EXACT = ("instructions", "peak_tensor_bytes", "flops")
 TIMED = ("time",)
 """Noisy metrics: levels from asv's step detection first."""
 METRICS = (*EXACT, *TIMED)
-MAIN_GRID_CLASSES = ("Attention", "AttentionMetrics", "AttentionAccuracy", "AttentionCuda", "Instructions")
+MAIN_GRID_CLASSES = (
+    "Attention",
+    "AttentionMetrics",
+    "AttentionAccuracy",
+    "AttentionCuda",
+    "Instructions",
+)
 """The asv classes of the main grid's shape; a case label names the class of any other."""
 CASE = ("machine", "benchmark", "variant", "seq_len", "seq_len_k", "device", "mode", "mask")
 """What makes one series (with ``metric``): a machine's benchmark at one parameter set."""
-STEP_COLUMNS = ["machine", "benchmark", "variant", "seq_len", "seq_len_k", "device", "mode", "mask", "metric", "kind",
-                "direction", "first", "last", "first_pos", "last_pos", "commits", "before", "after", "ratio", "factor"]
+STEP_COLUMNS = [
+    "machine",
+    "benchmark",
+    "variant",
+    "seq_len",
+    "seq_len_k",
+    "device",
+    "mode",
+    "mask",
+    "metric",
+    "kind",
+    "direction",
+    "first",
+    "last",
+    "first_pos",
+    "last_pos",
+    "commits",
+    "before",
+    "after",
+    "ratio",
+    "factor",
+]
 
 
 def default_factors() -> dict[str, float]:
     """The factor each metric's value must move by (the gate's defaults)."""
-    return {"instructions": contract.INSTRUCTIONS_FACTOR, "peak_tensor_bytes": MEMORY_FACTOR, "flops": contract.FLOPS_FACTOR,
-            "time": TIME_FACTOR}
+    return {
+        "instructions": contract.INSTRUCTIONS_FACTOR,
+        "peak_tensor_bytes": MEMORY_FACTOR,
+        "flops": contract.FLOPS_FACTOR,
+        "time": TIME_FACTOR,
+    }
 
 
 class ChangeKind(enum.StrEnum):
@@ -91,7 +121,9 @@ class Change:
         return self.after / self.before if self.before else math.nan
 
 
-def exact_changes(values: Sequence[float], factor: float, window: int = DEFAULT_WINDOW) -> list[Change]:
+def exact_changes(
+    values: Sequence[float], factor: float, window: int = DEFAULT_WINDOW
+) -> list[Change]:
     """Steps and drifts of one deterministic series (NaN: not measured at that commit), in order.
 
     A step: ``values[i] / values[previous measured]`` beyond ``factor`` (or below ``1 / factor``). A
@@ -136,11 +168,16 @@ def _drifts(y: np.ndarray, points: list[int], factor: float, window: int) -> lis
         tolerance = (factor - 1) / 4
         for a, b in spans:
             inside = [p for p in points if a <= p <= b]
-            low, high = max(((p, q) for p in inside for q in inside if p < q), key=lambda pq: (y[pq[1]] / y[pq[0]]) ** sign)
+            low, high = max(
+                ((p, q) for p in inside for q in inside if p < q),
+                key=lambda pq: (y[pq[1]] / y[pq[0]]) ** sign,
+            )
             start = max(p for p in inside if p < high and _near(y[p], y[low], tolerance))
             end = min(p for p in inside if p > start and _near(y[p], y[high], tolerance))
             first = next(p for p in inside if p > start)
-            found.append(Change(ChangeKind.DRIFT, direction, first, end, y[start], y[end], start=start))
+            found.append(
+                Change(ChangeKind.DRIFT, direction, first, end, y[start], y[end], start=start)
+            )
     return found
 
 
@@ -166,7 +203,9 @@ def noise(values: Sequence[float]) -> float:
     return float(1.4826 * np.median(np.abs(d - np.median(d))) / math.sqrt(2))
 
 
-def time_levels(values: Sequence[float], weights: Sequence[float] | None = None, penalty: float = PENALTY) -> np.ndarray:
+def time_levels(
+    values: Sequence[float], weights: Sequence[float] | None = None, penalty: float = PENALTY
+) -> np.ndarray:
     """The piecewise-constant levels asv's Potts solver fits to a series (NaN: not measured).
 
     :func:`asv.step_detect.solve_potts_approx` (asv 0.6.6: the fit ``asv publish`` runs for its
@@ -183,7 +222,9 @@ def time_levels(values: Sequence[float], weights: Sequence[float] | None = None,
     """
     from asv.step_detect import solve_potts_approx
 
-    y = np.asarray([float(v) if v is not None and math.isfinite(v) and v > 0 else np.nan for v in values])
+    y = np.asarray(
+        [float(v) if v is not None and math.isfinite(v) and v > 0 else np.nan for v in values]
+    )
     levels = np.full(len(y), np.nan)
     index = np.flatnonzero(np.isfinite(y))
     if not len(index):
@@ -192,7 +233,9 @@ def time_levels(values: Sequence[float], weights: Sequence[float] | None = None,
     if weights is None:
         w = np.ones(len(points))
     else:
-        raw = np.asarray([float(v) if v is not None and math.isfinite(v) and v > 0 else np.nan for v in weights])[index]
+        raw = np.asarray(
+            [float(v) if v is not None and math.isfinite(v) and v > 0 else np.nan for v in weights]
+        )[index]
         typical = np.nanmedian(raw) if np.isfinite(raw).any() else 1.0
         w = np.where(np.isfinite(raw), raw / typical, 1.0)
     scale = max(noise(points), 1e-9 * float(np.median(points)))
@@ -211,7 +254,9 @@ def status_changes(statuses: Sequence[str]) -> list[Change]:
     """A case that ran (``ok``) at one commit and ``wrong`` or failed at the next measured one."""
     out, previous = [], None
     for i, status in enumerate(statuses):
-        if status in ("", Status.SKIPPED, None) or (isinstance(status, float) and math.isnan(status)):
+        if status in ("", Status.SKIPPED, None) or (
+            isinstance(status, float) and math.isnan(status)
+        ):
             continue
         if previous == Status.OK and status in (Status.WRONG, Status.FAILED):
             out.append(Change(ChangeKind(status), Direction.REGRESSION, i, i, math.nan, math.nan))
@@ -273,8 +318,12 @@ def commit_order(commits: pd.DataFrame, repo: str | Path | None = None) -> tuple
             if all(c in rank for c in commits["commit"]):
                 ranked = commits["commit"].map(rank)
                 order = f"git topological order of {Path(repo).resolve()}"
-                log = _git_lines(Path(repo), "log", "--no-walk=unsorted", "--format=%H %s", *commits["commit"])
-                subjects = dict(line.split(" ", 1) if " " in line else (line, "") for line in log or [])
+                log = _git_lines(
+                    Path(repo), "log", "--no-walk=unsorted", "--format=%H %s", *commits["commit"]
+                )
+                subjects = dict(
+                    line.split(" ", 1) if " " in line else (line, "") for line in log or []
+                )
     if ranked is None:
         commits = commits.sort_values(["date", "commit"], kind="stable")
         if commits["date"].duplicated().any():
@@ -287,8 +336,14 @@ def commit_order(commits: pd.DataFrame, repo: str | Path | None = None) -> tuple
     return commits, order
 
 
-def find_steps(frame: pd.DataFrame, *, factors: dict[str, float] | None = None, window: int = DEFAULT_WINDOW,
-               repo: str | Path | None = None, metrics: Sequence[str] = METRICS) -> History:
+def find_steps(
+    frame: pd.DataFrame,
+    *,
+    factors: dict[str, float] | None = None,
+    window: int = DEFAULT_WINDOW,
+    repo: str | Path | None = None,
+    metrics: Sequence[str] = METRICS,
+) -> History:
     """Every step, drift and failure of ``frame``, a tidy frame of asv results.
 
     The frame is one :func:`attnbench.analysis.frame.load` returns.
@@ -324,28 +379,40 @@ def find_steps(frame: pd.DataFrame, *, factors: dict[str, float] | None = None, 
         found += [_step_row(case, metric, change, commits, factors[metric]) for change in changes]
     steps = pd.DataFrame(found, columns=STEP_COLUMNS)
     if len(steps):  # regressions first, then by where they happened
-        steps = steps.sort_values(["direction", "first_pos", "variant", "seq_len", "metric"],
-                                  ascending=[False, True, True, True, True], kind="stable").reset_index(drop=True)
+        steps = steps.sort_values(
+            ["direction", "first_pos", "variant", "seq_len", "metric"],
+            ascending=[False, True, True, True, True],
+            kind="stable",
+        ).reset_index(drop=True)
     series = pd.concat(levels, ignore_index=True) if levels else rows.assign(level=np.nan)
     series["grid"] = series["benchmark"].map(grid_of)
     if len(steps):
         steps.insert(1, "grid", steps["benchmark"].map(grid_of))
-    return History(commits=commits, series=series, steps=steps, factors=factors, window=window, order=order)
+    return History(
+        commits=commits, series=series, steps=steps, factors=factors, window=window, order=order
+    )
 
 
-def _rows_by_commit(frame: pd.DataFrame, metrics: Sequence[str], repo: str | Path | None
-                ) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+def _rows_by_commit(
+    frame: pd.DataFrame, metrics: Sequence[str], repo: str | Path | None
+) -> tuple[pd.DataFrame, pd.DataFrame, str]:
     """The rows of ``metrics`` that name a commit, with its ``position``, and the commit order.
 
     One row per case, metric and commit (the last loaded); the commits and how they were ordered
     come from :func:`commit_order`."""
-    rows = frame[frame["metric"].isin(list(metrics)) & frame["commit"].fillna("").astype(str).ne("")].copy()
-    commits, order = commit_order(rows.groupby("commit", as_index=False).agg(date=("date", "min")), repo)
+    rows = frame[
+        frame["metric"].isin(list(metrics)) & frame["commit"].fillna("").astype(str).ne("")
+    ].copy()
+    commits, order = commit_order(
+        rows.groupby("commit", as_index=False).agg(date=("date", "min")), repo
+    )
     position = dict(zip(commits["commit"], commits["position"], strict=True))
     rows["position"] = rows["commit"].map(position)
     for col in CASE:
         rows[col] = rows[col].astype(object).where(rows[col].notna(), "")
-    rows = rows.sort_values("position", kind="stable").drop_duplicates([*CASE, "metric", "position"], keep="last")
+    rows = rows.sort_values("position", kind="stable").drop_duplicates(
+        [*CASE, "metric", "position"], keep="last"
+    )
     return rows, commits, order
 
 
@@ -364,12 +431,25 @@ def _series(group: pd.DataFrame, n: int) -> tuple[np.ndarray, list[str], np.ndar
     return values, statuses, weights
 
 
-def _step_row(case: dict, metric: str, change: Change, commits: pd.DataFrame, factor: float) -> dict:
+def _step_row(
+    case: dict, metric: str, change: Change, commits: pd.DataFrame, factor: float
+) -> dict:
     """One change of one case's metric as a row of :attr:`History.steps` (but its ``grid``)."""
-    return {**case, "metric": metric, "kind": change.kind, "direction": change.direction,
-            "first": commits["commit"].iloc[change.first], "last": commits["commit"].iloc[change.last],
-            "first_pos": change.first, "last_pos": change.last, "commits": change.last - change.first + 1,
-            "before": change.before, "after": change.after, "ratio": change.ratio, "factor": factor}
+    return {
+        **case,
+        "metric": metric,
+        "kind": change.kind,
+        "direction": change.direction,
+        "first": commits["commit"].iloc[change.first],
+        "last": commits["commit"].iloc[change.last],
+        "first_pos": change.first,
+        "last_pos": change.last,
+        "commits": change.last - change.first + 1,
+        "before": change.before,
+        "after": change.after,
+        "ratio": change.ratio,
+        "factor": factor,
+    }
 
 
 FIGURE_CASE = ("machine", "grid", "variant", "seq_len", "seq_len_k", "device", "mode", "mask")
@@ -394,8 +474,11 @@ def case_label(rec: dict | pd.Series) -> str:
         parts.append(f"Lk={length_k}")
     elif known[0]:
         parts.append(f"L={length}")
-    parts += [str(rec[c]) for c, usual in (("device", "cpu"), ("mode", "forward"), ("mask", "none"))
-              if rec.get(c) not in ("", None, usual)]
+    parts += [
+        str(rec[c])
+        for c, usual in (("device", "cpu"), ("mode", "forward"), ("mask", "none"))
+        if rec.get(c) not in ("", None, usual)
+    ]
     grid = rec.get("grid") if "grid" in rec else grid_of(rec.get("benchmark", ""))
     if grid:  # Decode, GroupedQuery: another shape than the main grid's
         parts.append(f"({grid})")
@@ -421,11 +504,13 @@ def table(history: History) -> pd.DataFrame:
     steps = history.steps
     if not len(steps):
         return pd.DataFrame(columns=["commit", "case", "metric", "ratio", "change", "subject"])
-    return pd.DataFrame({
-        "commit": [commits_text(r) for r in steps.to_dict("records")],
-        "case": [case_label(r) for r in steps.to_dict("records")],
-        "metric": steps["metric"].to_numpy(),
-        "ratio": [ratio_text(r) for r in steps.to_dict("records")],
-        "change": (steps["direction"] + " (" + steps["kind"] + ")").to_numpy(),
-        "subject": [history.subject(c) for c in steps["first"]],
-    })
+    return pd.DataFrame(
+        {
+            "commit": [commits_text(r) for r in steps.to_dict("records")],
+            "case": [case_label(r) for r in steps.to_dict("records")],
+            "metric": steps["metric"].to_numpy(),
+            "ratio": [ratio_text(r) for r in steps.to_dict("records")],
+            "change": (steps["direction"] + " (" + steps["kind"] + ")").to_numpy(),
+            "subject": [history.subject(c) for c in steps["first"]],
+        }
+    )

@@ -22,17 +22,49 @@ import pandas as pd
 from attnbench.analysis.complexity import MODEL
 from attnbench.contract import Status
 
-CASE = ["source", "origin", "machine", "commit", "device", "mode", "dtype", "batch", "heads", "kv_heads", "head_dim",
-        "mask", "workload", "variant", "seq_len", "seq_len_k"]
+CASE = [
+    "source",
+    "origin",
+    "machine",
+    "commit",
+    "device",
+    "mode",
+    "dtype",
+    "batch",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "mask",
+    "workload",
+    "variant",
+    "seq_len",
+    "seq_len_k",
+]
 """The columns that name one case (``kv_heads`` and ``workload`` only when the frame has them)."""
-COLUMNS = [*CASE, "flops", "bytes", "ai", "gflops", "gbps", "peak_gflops", "peak_gbps", "ridge_ai", "roof_gflops",
-           "bound", "pct_of_roof", "pct_of_compute", "pct_of_bandwidth"]
+COLUMNS = [
+    *CASE,
+    "flops",
+    "bytes",
+    "ai",
+    "gflops",
+    "gbps",
+    "peak_gflops",
+    "peak_gbps",
+    "ridge_ai",
+    "roof_gflops",
+    "bound",
+    "pct_of_roof",
+    "pct_of_compute",
+    "pct_of_bandwidth",
+]
 COMPUTE, BANDWIDTH = "compute", "bandwidth"
 
 
 def _metric(frame: pd.DataFrame, metric: str, keys: list[str], measured: bool) -> pd.Series:
     """Median value of ``metric`` per case among ``ok`` rows (measured: method is not "model")."""
-    rows = frame[(frame["metric"] == metric) & (frame["status"] == Status.OK) & frame["value"].notna()]
+    rows = frame[
+        (frame["metric"] == metric) & (frame["status"] == Status.OK) & frame["value"].notna()
+    ]
     if measured and "method" in rows:
         rows = rows[rows["method"] != MODEL]
     return rows.groupby(keys, dropna=False)["value"].median()
@@ -55,7 +87,9 @@ def roofline(frame: pd.DataFrame) -> pd.DataFrame:
     """
     if frame.empty:
         return pd.DataFrame(columns=COLUMNS)
-    frame = frame.assign(workload=frame.get("workload", pd.Series("prefill", index=frame.index)).fillna("prefill"))
+    frame = frame.assign(
+        workload=frame.get("workload", pd.Series("prefill", index=frame.index)).fillna("prefill")
+    )
     keys = [c for c in CASE if c in frame]
     # NaN keys group too
     frame = frame.assign(**{c: frame[c].astype(object).where(frame[c].notna(), "") for c in keys})
@@ -66,7 +100,11 @@ def roofline(frame: pd.DataFrame) -> pd.DataFrame:
     for col in CASE:
         if col not in table:
             table[col] = math.nan
-    return table[COLUMNS].sort_values(["workload", "variant", "seq_len_k", "seq_len"], kind="stable").reset_index(drop=True)
+    return (
+        table[COLUMNS]
+        .sort_values(["workload", "variant", "seq_len_k", "seq_len"], kind="stable")
+        .reset_index(drop=True)
+    )
 
 
 def _measured(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
@@ -87,7 +125,9 @@ def _measured(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 def _roofs(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """Per case: the machine's recorded ``peak_gflops`` and ``peak_gbps`` (NaN: not recorded)."""
     if "peak_gbps" not in frame:
-        return frame.groupby(keys, dropna=False)[["peak_gflops"]].median().assign(peak_gbps=math.nan)
+        return (
+            frame.groupby(keys, dropna=False)[["peak_gflops"]].median().assign(peak_gbps=math.nan)
+        )
     timed = frame[frame["metric"].isin(("time", "gflops"))]
     return timed.groupby(keys, dropna=False)[["peak_gflops", "peak_gbps"]].median()
 
@@ -100,7 +140,9 @@ def _against_roofs(table: pd.DataFrame) -> pd.DataFrame:
     by_bandwidth = table["ai"] * table["peak_gbps"]  # GFLOP/s the bandwidth allows at this AI
     table["roof_gflops"] = np.fmin(table["peak_gflops"], by_bandwidth)
     known = by_bandwidth.notna() & table["peak_gflops"].notna()
-    table["bound"] = np.where(~known, "", np.where(table["peak_gflops"] <= by_bandwidth, COMPUTE, BANDWIDTH))
+    table["bound"] = np.where(
+        ~known, "", np.where(table["peak_gflops"] <= by_bandwidth, COMPUTE, BANDWIDTH)
+    )
     table["pct_of_roof"] = np.where(known, 100.0 * table["gflops"] / table["roof_gflops"], math.nan)
     table["pct_of_compute"] = 100.0 * table["gflops"] / table["peak_gflops"]
     table["pct_of_bandwidth"] = 100.0 * table["gbps"] / table["peak_gbps"]

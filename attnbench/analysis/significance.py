@@ -47,7 +47,12 @@ class TimeDecision:
 
 def check_factor(name: str, value: float) -> float:
     """A usable factor: a finite number > 1 (nan, inf and <= 1 are usage errors)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 1:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 1
+    ):
         raise ValueError(f"{name} must be a finite number > 1, got {value!r}")
     return float(value)
 
@@ -55,7 +60,9 @@ def check_factor(name: str, value: float) -> float:
 def _clean(name: str, samples: Sequence[float]) -> np.ndarray:
     values = np.asarray([s for s in samples if s is not None], dtype=float)
     if values.size and not (np.isfinite(values).all() and (values > 0).all()):
-        raise ValueError(f"{name} samples must be finite positive seconds, got {values.tolist()[:5]}...")
+        raise ValueError(
+            f"{name} samples must be finite positive seconds, got {values.tolist()[:5]}..."
+        )
     return values
 
 
@@ -91,12 +98,16 @@ def _refusal(m: int, n: int) -> str:
         return f"too few samples to decide (BASE {m}, HEAD {n}; need {MIN_SAMPLES} each)"
     floor = smallest_p(m, n)
     if floor >= ALPHA:
-        return (f"too few samples to decide (BASE {m}, HEAD {n}): the one-sided test's smallest "
-                f"p-value is {floor:.2g}, never below {ALPHA:g}")
+        return (
+            f"too few samples to decide (BASE {m}, HEAD {n}): the one-sided test's smallest "
+            f"p-value is {floor:.2g}, never below {ALPHA:g}"
+        )
     return ""
 
 
-def decide(base: Sequence[float], head: Sequence[float], time_factor: float = 1.2, seed: int = 0) -> TimeDecision:
+def decide(
+    base: Sequence[float], head: Sequence[float], time_factor: float = 1.2, seed: int = 0
+) -> TimeDecision:
     """Decide whether HEAD's timing samples regressed from BASE's (see the module docstring).
 
     Example:
@@ -108,17 +119,25 @@ def decide(base: Sequence[float], head: Sequence[float], time_factor: float = 1.
     time_factor = check_factor("time_factor", time_factor)
     b, h = _clean("BASE", base), _clean("HEAD", head)
     if refused := _refusal(b.size, h.size):
-        return TimeDecision(GateVerdict.UNDECIDED, math.nan, math.nan, math.nan, math.nan, math.nan, refused)
+        return TimeDecision(
+            GateVerdict.UNDECIDED, math.nan, math.nan, math.nan, math.nan, math.nan, refused
+        )
     ratio = float(np.median(h) / np.median(b))
     allowed = allowance(time_factor, b)
     low, high = ratio_interval(b, h, seed)
     p = float(stats.mannwhitneyu(h, b, alternative="greater").pvalue)
     interval = f"[{low:.2f}, {high:.2f}]"
     if ratio > allowed and p < ALPHA and low > 1.0:
-        verdict, reason = GateVerdict.REGRESSED, f"x{ratio:.2f} {interval} beyond x{allowed:.2f}, p={p:.2g}"
+        verdict, reason = (
+            GateVerdict.REGRESSED,
+            f"x{ratio:.2f} {interval} beyond x{allowed:.2f}, p={p:.2g}",
+        )
     elif ratio <= allowed and high <= DETECT:
         verdict, reason = GateVerdict.OK, f"x{ratio:.2f} {interval} within x{allowed:.2f}"
     else:
         why = "not significant" if ratio > allowed else f"interval reaches x{DETECT:g}"
-        verdict, reason = GateVerdict.UNDECIDED, f"x{ratio:.2f} {interval}, allowance x{allowed:.2f}: {why} (p={p:.2g})"
+        verdict, reason = (
+            GateVerdict.UNDECIDED,
+            f"x{ratio:.2f} {interval}, allowance x{allowed:.2f}: {why} (p={p:.2g})",
+        )
     return TimeDecision(verdict, ratio, low, high, p, allowed, reason)

@@ -53,8 +53,12 @@ def load_results(sources: Iterable[str | Path]) -> Loaded:
     """asv results and run directories as one tidy frame (never raises on bad input)."""
     sources = tuple(str(s) for s in sources)
     frame = load(sources)
-    return Loaded(frame=frame, sources=sources, problems=tuple(frame.attrs.get("problems", [])),
-                  notes=tuple(frame.attrs.get("notes", [])))
+    return Loaded(
+        frame=frame,
+        sources=sources,
+        problems=tuple(frame.attrs.get("problems", [])),
+        notes=tuple(frame.attrs.get("notes", [])),
+    )
 
 
 # ---- step 2: analyse -------------------------------------------------------------------------
@@ -103,7 +107,11 @@ class Analysis:
     @property
     def primary_crossovers(self) -> dict[str, pd.DataFrame]:
         """The primary slice's crossover tables (a matrix shows one machine, commit and setting)."""
-        return {m: restrict(t, self.primary) for m, t in self.crossovers.items()} if self.primary else {}
+        return (
+            {m: restrict(t, self.primary) for m, t in self.crossovers.items()}
+            if self.primary
+            else {}
+        )
 
 
 def _short_fit(row: pd.Series) -> str:
@@ -119,7 +127,9 @@ def _short_fit(row: pd.Series) -> str:
     return f"{row['exponent']:.2f} [{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
 
 
-def _exponent_columns(group: pd.DataFrame, metric: str, label: str, row: dict, flags: list[str]) -> None:
+def _exponent_columns(
+    group: pd.DataFrame, metric: str, label: str, row: dict, flags: list[str]
+) -> None:
     """Fill ``row``'s "fitted / declared" cell of one metric's fit; its verdict goes to ``flags``.
 
     One cell a metric keeps the table within a 1400 px page; how each fit was obtained is in
@@ -134,13 +144,19 @@ def _exponent_columns(group: pd.DataFrame, metric: str, label: str, row: dict, f
     row[column] = _short_fit(r) + ("" if math.isnan(r["declared"]) else f" / {r['declared']:g}")
     if r["verdict"] == FitVerdict.MATCHES and complexity.excludes_declared(r.to_dict()):
         side = FitVerdict.STEEPER if r["exponent"] > r["declared"] else FitVerdict.SHALLOWER
-        flags.append(f"{label} {side} than declared by less than {complexity.TOLERANCE:g} (matches; its "
-                     f"interval excludes {r['declared']:g})")
+        flags.append(
+            f"{label} {side} than declared by less than {complexity.TOLERANCE:g} (matches; its "
+            f"interval excludes {r['declared']:g})"
+        )
     elif r["verdict"] in complexity.VERDICTS:
         flags.append(f"{label} {r['verdict']}")
 
 
-SUMMARY_METRICS = (("time", "time"), ("peak_tensor_bytes", "memory"), ("instructions", "instructions"))
+SUMMARY_METRICS = (
+    ("time", "time"),
+    ("peak_tensor_bytes", "memory"),
+    ("instructions", "instructions"),
+)
 """The fitted metrics the exponent table shows, and their column headings.
 
 A metric nothing measured lifts away."""
@@ -154,7 +170,20 @@ def exponent_summary(fits: pd.DataFrame) -> pd.DataFrame:
     shown = [(m, label) for m, label in SUMMARY_METRICS if (fits["metric"] == m).any()]
     # one row per commit in a history, and per shape when a sweep crosses shapes (GQA's Hkv, head
     # dims, batches)
-    keys = ["machine", "commit", "device", "mode", "dtype", "mask", "workload", "batch", "heads", "kv_heads", "head_dim", "variant"]
+    keys = [
+        "machine",
+        "commit",
+        "device",
+        "mode",
+        "dtype",
+        "mask",
+        "workload",
+        "batch",
+        "heads",
+        "kv_heads",
+        "head_dim",
+        "variant",
+    ]
     keys = [k for k in keys if k in fits]
     for key, group in fits.groupby(keys, sort=False, dropna=False):
         row = dict(zip(keys, key, strict=True))
@@ -173,8 +202,16 @@ def provenance(frame: pd.DataFrame) -> pd.DataFrame:
     rows = frame[(frame["kernel"] != "") & (frame["metric"] == "time")]
     if rows.empty:
         return pd.DataFrame()
-    table = rows[["machine", "device", "variant", "seq_len", "dtype", "mode", "mask", "kernel"]].drop_duplicates().copy()
-    requested = {v: getattr(get_variant(v), "backend", "auto") for v in table["variant"].unique() if v in variant_names()}
+    table = (
+        rows[["machine", "device", "variant", "seq_len", "dtype", "mode", "mask", "kernel"]]
+        .drop_duplicates()
+        .copy()
+    )
+    requested = {
+        v: getattr(get_variant(v), "backend", "auto")
+        for v in table["variant"].unique()
+        if v in variant_names()
+    }
     table.insert(3, "requested", table["variant"].map(requested).fillna("?"))
     fallback = table["kernel"].str.contains("math") & (table["requested"] != "math")
     table["note"] = fallback.map({True: "fell back to math (O(n²) memory)", False: ""})
@@ -184,7 +221,11 @@ def provenance(frame: pd.DataFrame) -> pd.DataFrame:
 # ---- sides: the runs, commits or machines compared ----------------------------------------------
 def side_key(frame: pd.DataFrame) -> pd.Series:
     """One label per run / commit / machine, naming only what differs between them."""
-    origin = frame["origin"].fillna("").astype(str) if "origin" in frame else pd.Series("", index=frame.index)
+    origin = (
+        frame["origin"].fillna("").astype(str)
+        if "origin" in frame
+        else pd.Series("", index=frame.index)
+    )
     parts = {
         "origin": origin.map(lambda p: Path(p).name or p),
         "machine": frame["machine"].astype(str),
@@ -193,10 +234,16 @@ def side_key(frame: pd.DataFrame) -> pd.Series:
     varying = [k for k in ("origin", "machine", "commit") if parts[k].nunique() > 1]
     if not varying:
         return pd.Series("this run", index=frame.index)
-    if "origin" in varying and len(varying) > 1 and origin.nunique() == frame.groupby(["machine", "commit"]).ngroups:
+    if (
+        "origin" in varying
+        and len(varying) > 1
+        and origin.nunique() == frame.groupby(["machine", "commit"]).ngroups
+    ):
         # each source is one machine/commit: name those instead of the path
         varying.remove("origin")
-    return pd.Series([" / ".join(p) for p in zip(*(parts[k] for k in varying), strict=True)], index=frame.index)
+    return pd.Series(
+        [" / ".join(p) for p in zip(*(parts[k] for k in varying), strict=True)], index=frame.index
+    )
 
 
 def sides(frame: pd.DataFrame) -> pd.DataFrame:
@@ -208,14 +255,24 @@ def sides(frame: pd.DataFrame) -> pd.DataFrame:
     for label, group in frame.groupby("side", sort=False):
         time_rows = group[group["metric"] == "time"]
         run_date = group["run_date"].min() if "run_date" in group else pd.NaT
-        rows.append({
-            "side": label, "source": ", ".join(sorted(set(group["source"]))), "machine": ", ".join(sorted(set(group["machine"]))),
-            "commit": ", ".join(sorted({short_hash(c) for c in group["commit"] if c})), "run date": run_date,
-            "commit date": group["date"].min() if (group["source"] == Source.ASV).any() else pd.NaT,
-            "cases ok": int((time_rows["status"] == Status.OK).sum()), "cases": len(time_rows),
-        })
+        rows.append(
+            {
+                "side": label,
+                "source": ", ".join(sorted(set(group["source"]))),
+                "machine": ", ".join(sorted(set(group["machine"]))),
+                "commit": ", ".join(sorted({short_hash(c) for c in group["commit"] if c})),
+                "run date": run_date,
+                "commit date": group["date"].min()
+                if (group["source"] == Source.ASV).any()
+                else pd.NaT,
+                "cases ok": int((time_rows["status"] == Status.OK).sum()),
+                "cases": len(time_rows),
+            }
+        )
     out = pd.DataFrame(rows)
-    return out.sort_values(["commit date", "run date"], na_position="first", kind="stable").reset_index(drop=True)
+    return out.sort_values(
+        ["commit date", "run date"], na_position="first", kind="stable"
+    ).reset_index(drop=True)
 
 
 # metric -> column prefix of A's and B's values
@@ -241,15 +298,30 @@ def compare(frame: pd.DataFrame, sides: pd.DataFrame) -> tuple[Comparison, ...]:
     if len(sides) < 2:
         return ()
     frame = frame.assign(side=side_key(frame))
-    ok = frame[(frame["status"] == Status.OK) & (frame["seq_len"] == frame["seq_len_k"])
-               & (frame["method"] != complexity.MODEL)]
-    med = {metric: ok[ok["metric"] == metric].groupby(["side", *_CASE], dropna=False)["value"].median().reset_index()
-           for metric in _COMPARED}
+    ok = frame[
+        (frame["status"] == Status.OK)
+        & (frame["seq_len"] == frame["seq_len_k"])
+        & (frame["method"] != complexity.MODEL)
+    ]
+    med = {
+        metric: ok[ok["metric"] == metric]
+        .groupby(["side", *_CASE], dropna=False)["value"]
+        .median()
+        .reset_index()
+        for metric in _COMPARED
+    }
     label_a = str(sides["side"].iloc[0])
-    return tuple(Comparison(label_a=label_a, label_b=str(label_b),
-                            ratios=_ratios(med["time"], _COMPARED["time"], label_a, label_b),
-                            memory=_ratios(med["peak_tensor_bytes"], _COMPARED["peak_tensor_bytes"], label_a, label_b))
-                 for label_b in sides["side"].iloc[1:4])
+    return tuple(
+        Comparison(
+            label_a=label_a,
+            label_b=str(label_b),
+            ratios=_ratios(med["time"], _COMPARED["time"], label_a, label_b),
+            memory=_ratios(
+                med["peak_tensor_bytes"], _COMPARED["peak_tensor_bytes"], label_a, label_b
+            ),
+        )
+        for label_b in sides["side"].iloc[1:4]
+    )
 
 
 # ---- the primary slice: the side, machine and setting the story is told from --------------------
@@ -282,7 +354,9 @@ def as_text(values: pd.Series) -> pd.Series:
     return values.astype(str).where(~whole, numbers.round().astype("Int64").astype(str))
 
 
-def restrict(table: pd.DataFrame, primary: dict[str, str], columns: Sequence[str] = SLICE) -> pd.DataFrame:
+def restrict(
+    table: pd.DataFrame, primary: dict[str, str], columns: Sequence[str] = SLICE
+) -> pd.DataFrame:
     """The rows of ``table`` (frame rows, fits, crossovers) whose ``columns`` match ``primary``."""
     keep = pd.Series(True, index=table.index)
     for col in columns:
@@ -306,7 +380,9 @@ def decode_commit(frame: pd.DataFrame, primary: dict[str, str]) -> str:
     run (a decode sweep is often a later run)."""
     if "workload" not in frame or not primary:
         return primary.get("commit", "") if primary else ""
-    rows = frame[(frame["workload"] == "decode") & (frame["machine"].astype(str) == primary["machine"])]
+    rows = frame[
+        (frame["workload"] == "decode") & (frame["machine"].astype(str) == primary["machine"])
+    ]
     if rows.empty or (rows["commit"].astype(str) == primary["commit"]).any():
         return primary["commit"]
     return str(rows.sort_values("run_date", na_position="first")["commit"].iloc[-1])
@@ -316,10 +392,16 @@ def pair_decode(table: pd.DataFrame, primary: dict[str, str], commit: str) -> pd
     """The primary machine's rows or fits: prefill of the primary commit, decode of ``commit``."""
     if not primary or table.empty:
         return table
-    decode = table["workload"] == "decode" if "workload" in table else pd.Series(False, index=table.index)
+    decode = (
+        table["workload"] == "decode"
+        if "workload" in table
+        else pd.Series(False, index=table.index)
+    )
     commits = table["commit"].astype(str)
-    return table[(table["machine"].astype(str) == primary["machine"])
-                 & ((~decode & (commits == primary["commit"])) | (decode & (commits == commit)))]
+    return table[
+        (table["machine"].astype(str) == primary["machine"])
+        & ((~decode & (commits == primary["commit"])) | (decode & (commits == commit)))
+    ]
 
 
 # ---- findings ----------------------------------------------------------------------------------
@@ -327,7 +409,11 @@ def _fit(fits: pd.DataFrame, variant: str, metric: str, workload: str = "prefill
     """A conclusive, measured fit of ``variant``'s ``metric`` on ``workload``, or None."""
     if fits.empty:
         return None
-    sub = fits[(fits["variant"] == variant) & (fits["metric"] == metric) & (fits["method"] != complexity.MODEL)]
+    sub = fits[
+        (fits["variant"] == variant)
+        & (fits["metric"] == metric)
+        & (fits["method"] != complexity.MODEL)
+    ]
     if "workload" in sub:
         sub = sub[sub["workload"] == workload]
     judged = (FitVerdict.MATCHES, FitVerdict.STEEPER, FitVerdict.SHALLOWER)
@@ -337,7 +423,9 @@ def _fit(fits: pd.DataFrame, variant: str, metric: str, workload: str = "prefill
 
 def _at_common_longest(ok: pd.DataFrame, a: str, b: str) -> tuple[int, float, float] | None:
     """(L, a's value, b's value) at the longest L where both ran ok, or None."""
-    table = ok[ok["variant"].isin((a, b))].pivot_table(index="seq_len", columns="variant", values="value", aggfunc="median")
+    table = ok[ok["variant"].isin((a, b))].pivot_table(
+        index="seq_len", columns="variant", values="value", aggfunc="median"
+    )
     if a not in table or b not in table:
         return None
     both = table[[a, b]].dropna()
@@ -361,18 +449,39 @@ class _Evidence:
     fits: pd.DataFrame  # every fit on the page (the tally the exponents section shows)
 
 
-def _evidence(frame: pd.DataFrame, fits: pd.DataFrame, primary: dict[str, str], comparisons: Sequence[Comparison]) -> _Evidence:
+def _evidence(
+    frame: pd.DataFrame,
+    fits: pd.DataFrame,
+    primary: dict[str, str],
+    comparisons: Sequence[Comparison],
+) -> _Evidence:
     rows = _slice(frame, primary)
-    ok = rows[(rows["status"] == Status.OK) & (rows["seq_len"] == rows["seq_len_k"]) & (rows["method"] != complexity.MODEL)]
+    ok = rows[
+        (rows["status"] == Status.OK)
+        & (rows["seq_len"] == rows["seq_len_k"])
+        & (rows["method"] != complexity.MODEL)
+    ]
     commit = decode_commit(frame, primary)
     pfits = fits
     if len(fits):
-        pfits = restrict(pair_decode(fits, primary, commit), primary, ("device", "mode", "dtype", "mask", *SHAPE))
-    decode = pfits["workload"] == "decode" if "workload" in pfits else pd.Series(False, index=pfits.index)
-    return _Evidence(frame=frame, machine=pair_decode(frame, primary, commit), ok_time=ok[ok["metric"] == "time"],
-                     ok_mem=ok[ok["metric"] == "peak_tensor_bytes"], prefill_fits=pfits[~decode],
-                     decode_fits=pfits[decode] if "workload" in pfits else pfits.iloc[0:0], comparisons=comparisons,
-                     fits=fits)
+        pfits = restrict(
+            pair_decode(fits, primary, commit), primary, ("device", "mode", "dtype", "mask", *SHAPE)
+        )
+    decode = (
+        pfits["workload"] == "decode"
+        if "workload" in pfits
+        else pd.Series(False, index=pfits.index)
+    )
+    return _Evidence(
+        frame=frame,
+        machine=pair_decode(frame, primary, commit),
+        ok_time=ok[ok["metric"] == "time"],
+        ok_mem=ok[ok["metric"] == "peak_tensor_bytes"],
+        prefill_fits=pfits[~decode],
+        decode_fits=pfits[decode] if "workload" in pfits else pfits.iloc[0:0],
+        comparisons=comparisons,
+        fits=fits,
+    )
 
 
 def _time_growth(e: _Evidence) -> Finding | None:
@@ -383,7 +492,10 @@ def _time_growth(e: _Evidence) -> Finding | None:
     """
     parts, counted = [], False
     for variant, what in (("batched", "dense"), ("sdpa", "fused SDPA")):
-        time, count = _fit(e.prefill_fits, variant, "time"), _fit(e.prefill_fits, variant, "instructions")
+        time, count = (
+            _fit(e.prefill_fits, variant, "time"),
+            _fit(e.prefill_fits, variant, "instructions"),
+        )
         if not (time or count):
             continue
         text = f"{what} attention (`{variant}`)"
@@ -398,8 +510,10 @@ def _time_growth(e: _Evidence) -> Finding | None:
         return None
     text = "Time per call grows for " + " and for ".join(parts) + " (95% intervals)."
     if counted:
-        text += (" Counts do not move with the machine; they cannot see cache misses, page faults, "
-                 "memory bandwidth or waiting.")
+        text += (
+            " Counts do not move with the machine; they cannot see cache misses, page faults, "
+            "memory bandwidth or waiting."
+        )
     return Finding(text, "fig-progression")
 
 
@@ -408,9 +522,16 @@ def analytic_crossover(fit: dict) -> float:
     if fit.get("variant") not in variant_names() or fit.get("workload", "prefill") != "prefill":
         return math.nan
     try:
-        spec = AttnSpec(batch=int(fit["batch"]), heads=int(fit["heads"]), head_dim=int(fit["head_dim"]),
-                        kv_heads=None if pd.isna(fit.get("kv_heads")) else int(fit["kv_heads"]), dtype=str(fit["dtype"]),
-                        device=str(fit["device"]), mode=str(fit["mode"]), mask=str(fit["mask"]))
+        spec = AttnSpec(
+            batch=int(fit["batch"]),
+            heads=int(fit["heads"]),
+            head_dim=int(fit["head_dim"]),
+            kv_heads=None if pd.isna(fit.get("kv_heads")) else int(fit["kv_heads"]),
+            dtype=str(fit["dtype"]),
+            device=str(fit["device"]),
+            mode=str(fit["mode"]),
+            mask=str(fit["mask"]),
+        )
         impl = get_variant(str(fit["variant"]))
         lengths = [int(fit["L_min"]) * 2**i for i in range(5)]
         flops = [impl.flops(spec.replace(seq_len=n)).executed for n in lengths]
@@ -431,21 +552,41 @@ def _shallower_explained(e: _Evidence) -> Finding | None:
     parts = []
     for variant in dict.fromkeys(fits["variant"]):
         fit = _fit(fits, variant, "instructions") or _fit(fits, variant, "time")
-        if not fit or fit["verdict"] != FitVerdict.SHALLOWER or not math.isfinite(fit.get("crossover_L", math.nan)):
+        if (
+            not fit
+            or fit["verdict"] != FitVerdict.SHALLOWER
+            or not math.isfinite(fit.get("crossover_L", math.nan))
+        ):
             continue
-        star, share, what = fit["crossover_L"], fit["l2_share"], "count" if fit["metric"] == "instructions" else "time"
+        star, share, what = (
+            fit["crossover_L"],
+            fit["l2_share"],
+            "count" if fit["metric"] == "instructions" else "time",
+        )
         model = analytic_crossover(fit)
-        model_text = f"; its FLOP model puts L* at {model:,.0f}" if math.isfinite(model) and model > 0 else ""
-        where = (f"its O(L) terms outweigh the O(L²) ones below L* ≈ {star:,.0f}{model_text}" if star > 0
-                 else "it has no O(L) term")
-        parts.append(f"`{variant}` {'instructions' if what == 'count' else 'time'} grow as "
-                     f"L^{fit['exponent']:.2f}, shallower than its declared O(L^{fit['declared']:g}): "
-                     f"{where}, and at L={int(fit['L_max'])} the L² term is {share:.0%} of the {what}")
+        model_text = (
+            f"; its FLOP model puts L* at {model:,.0f}"
+            if math.isfinite(model) and model > 0
+            else ""
+        )
+        where = (
+            f"its O(L) terms outweigh the O(L²) ones below L* ≈ {star:,.0f}{model_text}"
+            if star > 0
+            else "it has no O(L) term"
+        )
+        parts.append(
+            f"`{variant}` {'instructions' if what == 'count' else 'time'} grow as "
+            f"L^{fit['exponent']:.2f}, shallower than its declared O(L^{fit['declared']:g}): "
+            f"{where}, and at L={int(fit['L_max'])} the L² term is {share:.0%} of the {what}"
+        )
         if len(parts) == 3:
             break
     if not parts:
         return None
-    return Finding("Fitting c0 + c1·L + c2·L² explains the shallower slopes: " + "; ".join(parts) + ".", "fig-progression")
+    return Finding(
+        "Fitting c0 + c1·L + c2·L² explains the shallower slopes: " + "; ".join(parts) + ".",
+        "fig-progression",
+    )
 
 
 def _decode(e: _Evidence) -> Finding | None:
@@ -457,16 +598,24 @@ def _decode(e: _Evidence) -> Finding | None:
             break
     else:
         return None
-    text = ("Decode (one query over a KV cache) takes time per generated token growing as "
-            f"Lk^{fit['exponent']:.2f} [{fit['ci_low']:.2f}, {fit['ci_high']:.2f}] for `{variant}`")
+    text = (
+        "Decode (one query over a KV cache) takes time per generated token growing as "
+        f"Lk^{fit['exponent']:.2f} [{fit['ci_low']:.2f}, {fit['ci_high']:.2f}] for `{variant}`"
+    )
     pre = _fit(e.prefill_fits, variant, "time", "prefill")
     text += f", against prefill's L^{pre['exponent']:.2f}" if pre else ""
     roof = roofline.roofline(e.machine)
-    dec = roof[(roof["workload"] == "decode") & (roof["variant"] == variant) & roof["pct_of_bandwidth"].notna()]
+    dec = roof[
+        (roof["workload"] == "decode")
+        & (roof["variant"] == variant)
+        & roof["pct_of_bandwidth"].notna()
+    ]
     if len(dec):
         last = dec.sort_values("seq_len_k").iloc[-1]
-        text += (f"; at Lk={int(last['seq_len_k'])} it moves {fmt(float(last['gbps']), 'GB/s')}, "
-                 f"{sig(float(last['pct_of_bandwidth']))}% of the measured bandwidth")
+        text += (
+            f"; at Lk={int(last['seq_len_k'])} it moves {fmt(float(last['gbps']), 'GB/s')}, "
+            f"{sig(float(last['pct_of_bandwidth']))}% of the measured bandwidth"
+        )
     return Finding(text + ".", "fig-prefill_decode")
 
 
@@ -478,8 +627,11 @@ def _scratch_memory(e: _Evidence) -> Finding | None:
     n, dense, fused = both
     fit = _fit(e.prefill_fits, "batched", "peak_tensor_bytes")
     grows = f" (growing as L^{fit['exponent']:.2f})" if fit else ""
-    return Finding(f"At L={n}, `batched` needs {fmt(dense, 'bytes')} of scratch memory{grows}, "
-                   f"{fmt(dense / fused, 'x')} `sdpa` ({fmt(fused, 'bytes')}).", "fig-progression")
+    return Finding(
+        f"At L={n}, `batched` needs {fmt(dense, 'bytes')} of scratch memory{grows}, "
+        f"{fmt(dense / fused, 'x')} `sdpa` ({fmt(fused, 'bytes')}).",
+        "fig-progression",
+    )
 
 
 def _loop_baseline(e: _Evidence) -> Finding | None:
@@ -488,8 +640,11 @@ def _loop_baseline(e: _Evidence) -> Finding | None:
     if not both:
         return None
     n, loop, batched = both
-    return Finding(f"The teaching baseline, a Python loop, is {fmt(loop / batched, 'x')} slower than "
-                   f"`batched` at L={n} ({fmt(loop, 's')} vs {fmt(batched, 's')} per call).", "fig-progression")
+    return Finding(
+        f"The teaching baseline, a Python loop, is {fmt(loop / batched, 'x')} slower than "
+        f"`batched` at L={n} ({fmt(loop, 's')} vs {fmt(batched, 's')} per call).",
+        "fig-progression",
+    )
 
 
 def computes_softmax_attention(variant: str) -> bool:
@@ -514,11 +669,20 @@ def _fastest(e: _Evidence) -> Finding | None:
     at = exact[exact["seq_len"] == n].groupby("variant")["value"].median().sort_values()
     fastest, slowest = at.index[0], at.index[-1]
     others = sorted(set(e.ok_time.loc[e.ok_time["seq_len"] == n, "variant"]) - set(at.index))
-    aside = (f" ({', '.join(f'`{v}`' for v in others)} compute{'s' if len(others) == 1 else ''} "
-             f"something else and {'is' if len(others) == 1 else 'are'} not ranked)") if others else ""
-    return Finding(f"At L={n}, the fastest of {len(at)} exact softmax attention variants that ran correctly "
-                   f"is `{fastest}` ({fmt(at.iloc[0], 's')}); the slowest, `{slowest}`, takes "
-                   f"{fmt(at.iloc[-1] / at.iloc[0], 'x')} as long{aside}.", "fig-time")
+    aside = (
+        (
+            f" ({', '.join(f'`{v}`' for v in others)} compute{'s' if len(others) == 1 else ''} "
+            f"something else and {'is' if len(others) == 1 else 'are'} not ranked)"
+        )
+        if others
+        else ""
+    )
+    return Finding(
+        f"At L={n}, the fastest of {len(at)} exact softmax attention variants that ran correctly "
+        f"is `{fastest}` ({fmt(at.iloc[0], 's')}); the slowest, `{slowest}`, takes "
+        f"{fmt(at.iloc[-1] / at.iloc[0], 'x')} as long{aside}.",
+        "fig-time",
+    )
 
 
 def _fit_verdicts(e: _Evidence) -> Finding | None:
@@ -531,14 +695,29 @@ def _fit_verdicts(e: _Evidence) -> Finding | None:
     if not t.judged:
         return None
     if not t.conclusive:
-        return Finding(f"No complexity fit is conclusive ({t.judged} inconclusive): too few lengths or too "
-                       "much scatter to compare with the declared big-O.", "exponents")
-    near = (f" ({len(t.near)} only within the {complexity.TOLERANCE:g} tolerance, their "
-            "intervals excluding the declared exponent: named in the exponents section)") if t.near else ""
-    text = (f"{t.matches} of {t.conclusive} conclusive complexity fits match the declared big-O{near}; "
-            f"{len(t.inconclusive)} are inconclusive")
+        return Finding(
+            f"No complexity fit is conclusive ({t.judged} inconclusive): too few lengths or too "
+            "much scatter to compare with the declared big-O.",
+            "exponents",
+        )
+    near = (
+        (
+            f" ({len(t.near)} only within the {complexity.TOLERANCE:g} tolerance, their "
+            "intervals excluding the declared exponent: named in the exponents section)"
+        )
+        if t.near
+        else ""
+    )
+    text = (
+        f"{t.matches} of {t.conclusive} conclusive complexity fits match the declared big-O{near}; "
+        f"{len(t.inconclusive)} are inconclusive"
+    )
     steeper = sorted({s.split(" ")[0] for s in t.steeper})
-    text += f"; steeper than declared: {', '.join(f'`{v}`' for v in steeper)}." if steeper else "; none is steeper than declared."
+    text += (
+        f"; steeper than declared: {', '.join(f'`{v}`' for v in steeper)}."
+        if steeper
+        else "; none is steeper than declared."
+    )
     return Finding(text, "exponents")
 
 
@@ -549,9 +728,12 @@ def _comparison(e: _Evidence) -> Finding | None:
         return None
     geo = math.exp(float(pd.Series(comp.ratios["ratio"]).apply(math.log).median()))
     worst = comp.ratios.sort_values("ratio").iloc[-1]
-    return Finding(f"{comp.label_b} against {comp.label_a}: median time ratio {fmt(geo, 'x')} over "
-                   f"{len(comp.ratios)} cases both ran correctly; largest {fmt(worst['ratio'], 'x')} "
-                   f"(`{worst['variant']}`, L={int(worst['seq_len'])}).", "comparison")
+    return Finding(
+        f"{comp.label_b} against {comp.label_a}: median time ratio {fmt(geo, 'x')} over "
+        f"{len(comp.ratios)} cases both ran correctly; largest {fmt(worst['ratio'], 'x')} "
+        f"(`{worst['variant']}`, L={int(worst['seq_len'])}).",
+        "comparison",
+    )
 
 
 def _not_facts(e: _Evidence) -> Finding | None:
@@ -561,18 +743,33 @@ def _not_facts(e: _Evidence) -> Finding | None:
     if not len(bad):
         return None
     counts = ", ".join(f"{v} {k}" for k, v in bad["status"].value_counts().items())
-    return Finding(f"{len(bad)} of {len(time_rows)} cases are not measurements to rely on ({counts}): "
-                   "they are never fitted or ranked.", "problems")
+    return Finding(
+        f"{len(bad)} of {len(time_rows)} cases are not measurements to rely on ({counts}): "
+        "they are never fitted or ranked.",
+        "problems",
+    )
 
 
 RULES: tuple[Callable[[_Evidence], Finding | None], ...] = (
-    _time_growth, _shallower_explained, _decode, _scratch_memory, _loop_baseline, _fastest, _fit_verdicts, _comparison)
+    _time_growth,
+    _shallower_explained,
+    _decode,
+    _scratch_memory,
+    _loop_baseline,
+    _fastest,
+    _fit_verdicts,
+    _comparison,
+)
 """The finding rules, in the order their sentences appear (None: the data does not support it)."""
 MAX_FINDINGS = 8
 
 
-def findings(frame: pd.DataFrame, fits: pd.DataFrame, primary: dict[str, str],
-             comparisons: Sequence[Comparison] = ()) -> tuple[Finding, ...]:
+def findings(
+    frame: pd.DataFrame,
+    fits: pd.DataFrame,
+    primary: dict[str, str],
+    comparisons: Sequence[Comparison] = (),
+) -> tuple[Finding, ...]:
     """Up to MAX_FINDINGS sentences the data supports, each with the id of its figure.
 
     Only ``ok`` rows and measured values (not method "model") are compared or ranked, and only
@@ -590,8 +787,20 @@ def findings(frame: pd.DataFrame, fits: pd.DataFrame, primary: dict[str, str],
 def _constants(frame: pd.DataFrame) -> dict[str, str]:
     """Values shared by every case (lifted into the page's subtitle)."""
     constants = {}
-    for col in ("device", "mode", "dtype", "batch", "heads", "kv_heads", "head_dim", "mask", "workload", "machine", "torch",
-                "threads"):
+    for col in (
+        "device",
+        "mode",
+        "dtype",
+        "batch",
+        "heads",
+        "kv_heads",
+        "head_dim",
+        "mask",
+        "workload",
+        "machine",
+        "torch",
+        "threads",
+    ):
         values = {str(v) for v in frame[col].dropna().unique() if str(v) not in ("", "nan")}
         if len(values) == 1:
             constants[col] = values.pop()
@@ -602,11 +811,25 @@ def analyse(loaded: Loaded) -> Analysis:
     """Fits, crossovers, comparisons, primary slice and findings of ``loaded`` (nothing drawn)."""
     frame = loaded.frame
     if not len(frame):
-        return Analysis(loaded=loaded, fits=pd.DataFrame(), summary=pd.DataFrame(), crossovers={}, primary={},
-                        constants={}, sides=sides(frame), comparisons=(), main=frame, main_fits=pd.DataFrame(),
-                        machine=frame, machine_fits=pd.DataFrame())
+        return Analysis(
+            loaded=loaded,
+            fits=pd.DataFrame(),
+            summary=pd.DataFrame(),
+            crossovers={},
+            primary={},
+            constants={},
+            sides=sides(frame),
+            comparisons=(),
+            main=frame,
+            main_fits=pd.DataFrame(),
+            machine=frame,
+            machine_fits=pd.DataFrame(),
+        )
     fits = complexity.fit_table(frame)
-    cross = {m: complexity.crossovers(frame, baselines=("loop", "batched", "sdpa"), metric=m) for m in ("time", "peak_tensor_bytes")}
+    cross = {
+        m: complexity.crossovers(frame, baselines=("loop", "batched", "sdpa"), metric=m)
+        for m in ("time", "peak_tensor_bytes")
+    }
     compared = sides(frame)
     comparisons = compare(frame, compared)
     primary = primary_slice(frame)
@@ -617,9 +840,17 @@ def analyse(loaded: Loaded) -> Analysis:
             main_fits = restrict(fits, primary, ("machine", "commit"))
     commit = decode_commit(frame, primary)
     return Analysis(
-        loaded=loaded, fits=fits, summary=exponent_summary(fits), crossovers=cross, primary=primary,
-        constants=_constants(frame), sides=compared, comparisons=comparisons,
-        findings=findings(frame, fits, primary, comparisons), main=main, main_fits=main_fits,
+        loaded=loaded,
+        fits=fits,
+        summary=exponent_summary(fits),
+        crossovers=cross,
+        primary=primary,
+        constants=_constants(frame),
+        sides=compared,
+        comparisons=comparisons,
+        findings=findings(frame, fits, primary, comparisons),
+        main=main,
+        main_fits=main_fits,
         machine=pair_decode(frame, primary, commit) if primary else frame,
         machine_fits=pair_decode(fits, primary, commit) if primary else fits,
     )

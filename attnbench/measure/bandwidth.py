@@ -91,10 +91,14 @@ def measure_bandwidth(device: str = "cpu", nbytes: int | None = None) -> Bandwid
     """
     nbytes = array_bytes(device) if nbytes is None else nbytes
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0 or nbytes % WORD:
-        raise ValueError(f"nbytes must be a positive multiple of {WORD} (float32 words), got {nbytes!r}")
+        raise ValueError(
+            f"nbytes must be a positive multiple of {WORD} (float32 words), got {nbytes!r}"
+        )
     n = nbytes // WORD
     # (n,) each
-    a, b, c = (torch.full((n,), value, dtype=torch.float32, device=device) for value in (1.0, 2.0, 0.0))
+    a, b, c = (
+        torch.full((n,), value, dtype=torch.float32, device=device) for value in (1.0, 2.0, 0.0)
+    )
     kernels = {
         "copy": lambda: c.copy_(a),
         "triad": lambda: torch.add(b, c, alpha=SCALAR, out=a),
@@ -127,10 +131,18 @@ def bandwidth(device: str = "cpu", refresh: bool = False) -> Bandwidth:
     entry = cache.get(key)
     if not refresh and isinstance(entry, dict):
         try:
-            return Bandwidth(copy=float(entry["copy"]), triad=float(entry["triad"]), array_bytes=int(entry["array_bytes"]))
+            return Bandwidth(
+                copy=float(entry["copy"]),
+                triad=float(entry["triad"]),
+                array_bytes=int(entry["array_bytes"]),
+            )
         except (TypeError, KeyError, ValueError):
             pass  # garbled: measure again
     measured = measure_bandwidth(device)
-    cache[key] = {"copy": measured.copy, "triad": measured.triad, "array_bytes": measured.array_bytes}
+    cache[key] = {
+        "copy": measured.copy,
+        "triad": measured.triad,
+        "array_bytes": measured.array_bytes,
+    }
     write_json_cache(path, cache)
     return measured

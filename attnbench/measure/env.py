@@ -31,7 +31,12 @@ def git_commit(path: str | None = None) -> str:
     """Short hash of the checkout's HEAD, or "" outside a git repository."""
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"], cwd=path, capture_output=True, text=True, timeout=5, check=False
+            ["git", "rev-parse", "--short=12", "HEAD"],
+            cwd=path,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
         )
     except (OSError, subprocess.SubprocessError):
         return ""
@@ -53,8 +58,16 @@ def gpu_info(device: str) -> dict[str, str]:
     }
     try:
         out = subprocess.run(
-            ["nvidia-smi", f"--id={idx}", "--query-gpu=driver_version,clocks.sm,clocks.mem", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=10, check=False,
+            [
+                "nvidia-smi",
+                f"--id={idx}",
+                "--query-gpu=driver_version,clocks.sm,clocks.mem",
+                "--format=csv,noheader",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
         ).stdout.strip()
         if out:
             driver, sm, mem = (s.strip() for s in out.split(",")[:3])

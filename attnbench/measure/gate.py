@@ -29,7 +29,12 @@ from attnbench.variants.base import Variant
 
 FACTOR = 3.0
 """Allowed multiple of the plain same-precision implementation's error."""
-FLOORS: dict[torch.dtype, float] = {torch.float64: 1e-10, torch.float32: 2e-6, torch.bfloat16: 2e-2, torch.float16: 2e-3}
+FLOORS: dict[torch.dtype, float] = {
+    torch.float64: 1e-10,
+    torch.float32: 2e-6,
+    torch.bfloat16: 2e-2,
+    torch.float16: 2e-3,
+}
 """Absolute floor added to the scaled plain-implementation error, per dtype."""
 REFERENCE_BUFFERS = 3.0
 """Live float64 (Lq, Lk) buffers of one slice's forward reference: scores, probabilities, a copy."""
@@ -82,11 +87,19 @@ class GateResult:
     contract: str = ""
 
     @classmethod
-    def breach(cls, contract: str, dtype: torch.dtype, total_slices: int, backward: bool) -> GateResult:
+    def breach(
+        cls, contract: str, dtype: torch.dtype, total_slices: int, backward: bool
+    ) -> GateResult:
         """A failed result that could not be compared: it broke the call ``contract`` (why)."""
         floor = FLOORS[dtype]
-        return cls(max_error=math.nan, tolerance=floor, grad_error=math.nan, grad_tolerance=floor if backward else math.nan,
-                   total_slices=total_slices, contract=contract)
+        return cls(
+            max_error=math.nan,
+            tolerance=floor,
+            grad_error=math.nan,
+            grad_tolerance=floor if backward else math.nan,
+            total_slices=total_slices,
+            contract=contract,
+        )
 
     @property
     def error_ratio(self) -> float:
@@ -109,11 +122,17 @@ class GateResult:
         if not self.contract and not passes(self.max_error, self.tolerance):
             parts.append(f"output max error {self.max_error:.3g} > tolerance {self.tolerance:.3g}")
         if not math.isnan(self.grad_tolerance) and not passes(self.grad_error, self.grad_tolerance):
-            parts.append(f"gradient {self.grad_name} max error {self.grad_error:.3g} "
-                         f"> tolerance {self.grad_tolerance:.3g}")
-        if not math.isnan(self.softmax_bound) and not passes(self.softmax_mean_error, self.softmax_bound):
-            parts.append(f"mean softmax error {self.softmax_mean_error:.3g} "
-                         f"> declared bound {self.softmax_bound:.3g}")
+            parts.append(
+                f"gradient {self.grad_name} max error {self.grad_error:.3g} "
+                f"> tolerance {self.grad_tolerance:.3g}"
+            )
+        if not math.isnan(self.softmax_bound) and not passes(
+            self.softmax_mean_error, self.softmax_bound
+        ):
+            parts.append(
+                f"mean softmax error {self.softmax_mean_error:.3g} "
+                f"> declared bound {self.softmax_bound:.3g}"
+            )
         return "" if not parts else "correctness gate failed: " + "; ".join(parts) + f" ({where})"
 
 
@@ -128,7 +147,9 @@ def slice_reference_bytes(variant: Variant, spec: AttnSpec) -> float:
     module docstring), so its slice is G heads' worth.
     """
     one = spec.replace(batch=1, heads=1, kv_heads=None, dtype="float64", mode="forward")
-    fwd = (REFERENCE_BUFFERS * spec.lq * spec.lk + variant.scratch_elements(one)) * 8 + 2 * one.input_bytes
+    fwd = (
+        REFERENCE_BUFFERS * spec.lq * spec.lk + variant.scratch_elements(one)
+    ) * 8 + 2 * one.input_bytes
     return fwd * (BACKWARD_REFERENCE_FACTOR * spec.group if spec.mode == "backward" else 1.0)
 
 
@@ -139,12 +160,21 @@ def slice_truth_bytes(variant: Variant, spec: AttnSpec) -> float:
     also dq and part of dk, dv.
     """
     out = spec.lq * spec.dv * (1 if variant.exact else 2)
-    grads = spec.lq * spec.head_dim + spec.lk * (spec.head_dim + spec.dv) if spec.mode == "backward" else 0
+    grads = (
+        spec.lq * spec.head_dim + spec.lk * (spec.head_dim + spec.dv)
+        if spec.mode == "backward"
+        else 0
+    )
     return 8.0 * (out + grads)
 
 
-def checked_slices(spec: AttnSpec, per_slice_bytes: float, budget_bytes: float, seed: int = 0,
-                   limit: int | None = None) -> list[tuple[int, int]]:
+def checked_slices(
+    spec: AttnSpec,
+    per_slice_bytes: float,
+    budget_bytes: float,
+    seed: int = 0,
+    limit: int | None = None,
+) -> list[tuple[int, int]]:
     """The (batch, head) slices to check: all when affordable, else a seeded sample with both ends.
 
     Affordable means the float64 reference of every slice together fits ``budget_bytes`` and, with
@@ -181,7 +211,9 @@ def _mask_slice(mask: torch.Tensor | None, b: int, h0: int, h1: int) -> torch.Te
     return mask[bi : bi + 1, h0:h1] if mask.shape[1] > 1 else mask[bi : bi + 1]
 
 
-def _units(slices: Sequence[tuple[int, int]], heads: int, kv_heads: int, backward: bool) -> list[tuple[int, int, int, int]]:
+def _units(
+    slices: Sequence[tuple[int, int]], heads: int, kv_heads: int, backward: bool
+) -> list[tuple[int, int, int, int]]:
     """``(b, first query head, last + 1, key/value head)`` per checked unit.
 
     A unit is one query head, or (backward with G > 1) a whole group, whose shared head's
@@ -189,7 +221,10 @@ def _units(slices: Sequence[tuple[int, int]], heads: int, kv_heads: int, backwar
     """
     group = heads // kv_heads
     if backward and group > 1:
-        return [(b, j * group, (j + 1) * group, j) for b, j in sorted({(b, h // group) for b, h in slices})]
+        return [
+            (b, j * group, (j + 1) * group, j)
+            for b, j in sorted({(b, h // group) for b, h in slices})
+        ]
     return [(b, h, h + 1, h // group) for b, h in slices]
 
 
@@ -205,14 +240,18 @@ def _reference(
     qs, ks, vs = (x.detach().to(dtype).requires_grad_(grad) for x in (q, k, v))
     with torch.set_grad_enabled(grad):
         if exact_softmax:
-            out = reference_attention(qs, ks, vs, mask, scale=variant.scale_for(q.shape[-1]), dtype=dtype)
+            out = reference_attention(
+                qs, ks, vs, mask, scale=variant.scale_for(q.shape[-1]), dtype=dtype
+            )
         else:
             out = variant.reference(qs, ks, vs, mask, dtype=dtype)
         grads = torch.autograd.grad(out, (qs, ks, vs), grad_out.to(dtype)) if grad else ()
     return out.detach(), tuple(grads)
 
 
-def contract_breach(result: object, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backward: bool) -> str:
+def contract_breach(
+    result: object, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backward: bool
+) -> str:
     """What the result breaks of the call contract ("" when nothing): form, shape, dtype, device.
 
     A forward result is one strided tensor ``(B, H, Lq, Dv)`` of the inputs' dtype on their device;
@@ -228,12 +267,21 @@ def contract_breach(result: object, q: torch.Tensor, k: torch.Tensor, v: torch.T
         if not isinstance(result, torch.Tensor):
             return f"a forward result must be a tensor, got {type(result).__name__}"
         named = [("output", result)]
-    expected = {"output": (*q.shape[:3], v.shape[-1]), "dq": tuple(q.shape), "dk": tuple(k.shape), "dv": tuple(v.shape)}
+    expected = {
+        "output": (*q.shape[:3], v.shape[-1]),
+        "dq": tuple(q.shape),
+        "dk": tuple(k.shape),
+        "dv": tuple(v.shape),
+    }
     for name, x in named:
         if not isinstance(x, torch.Tensor):
             return f"{name} must be a tensor, got {type(x).__name__}"
-        for what, got, want in (("shape", tuple(x.shape), expected[name]), ("dtype", x.dtype, q.dtype),
-                                ("device", x.device, q.device), ("layout", x.layout, torch.strided)):
+        for what, got, want in (
+            ("shape", tuple(x.shape), expected[name]),
+            ("dtype", x.dtype, q.dtype),
+            ("device", x.device, q.device),
+            ("layout", x.layout, torch.strided),
+        ):
             if got != want:
                 return f"{name} {what} {got} != {want} (the inputs')"
     return ""
@@ -298,11 +346,15 @@ class Reference:
                 g_plain[i] = _worst(g_plain[i], max_abs_diff(p_grads[i], t_grads[i]))
             exact = None
             if not variant.exact:
-                exact, _ = _reference(variant, qs, ks, vs, ms, None, torch.float64, exact_softmax=True)
+                exact, _ = _reference(
+                    variant, qs, ks, vs, ms, None, torch.float64, exact_softmax=True
+                )
             self.truths.append(_Truth(b, h0, h1, j, truth, t_grads, exact))
         floor = FLOORS[q.dtype]
         self.tolerance = tolerance(plain_err, q.dtype) if math.isfinite(plain_err) else floor
-        self.grad_tolerances = [tolerance(p, q.dtype) if math.isfinite(p) else floor for p in g_plain]
+        self.grad_tolerances = [
+            tolerance(p, q.dtype) if math.isfinite(p) else floor for p in g_plain
+        ]
 
     @property
     def slices(self) -> int:
@@ -335,7 +387,11 @@ class Reference:
         if self.backward:
             tols = self.grad_tolerances
             worst = max(range(3), key=lambda i: _ratio(g_err[i], tols[i]))
-            fields = dict(grad_error=g_err[worst], grad_tolerance=tols[worst], grad_name=("dq", "dk", "dv")[worst])
+            fields = dict(
+                grad_error=g_err[worst],
+                grad_tolerance=tols[worst],
+                grad_name=("dq", "dk", "dv")[worst],
+            )
         approx = not self.variant.exact
         bound = getattr(self.variant, "APPROX_ERROR_BOUND", None)
         return GateResult(
@@ -390,10 +446,17 @@ def _digest(x: torch.Tensor) -> bytes:
     return hashlib.blake2b(memoryview(flat.numpy()), digest_size=16).digest()
 
 
-def changed_inputs(before: tuple[bytes, ...], tensors: Sequence[torch.Tensor | None],
-                   names: Sequence[str] = ("q", "k", "v", "mask")) -> list[str]:
+def changed_inputs(
+    before: tuple[bytes, ...],
+    tensors: Sequence[torch.Tensor | None],
+    names: Sequence[str] = ("q", "k", "v", "mask"),
+) -> list[str]:
     """The names of the tensors whose bytes differ from ``before`` (:func:`fingerprint`)."""
-    return [name for name, old, new in zip(names, before, fingerprint(tensors), strict=False) if old != new]
+    return [
+        name
+        for name, old, new in zip(names, before, fingerprint(tensors), strict=False)
+        if old != new
+    ]
 
 
 def _worst(a: float, b: float) -> float:

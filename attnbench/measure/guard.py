@@ -56,8 +56,15 @@ def predicted_bytes(variant: Variant, spec: AttnSpec, reference_bytes: float = 0
 
     When the gate checks a variant that took the predicate, the reference's dense mask counts too.
     """
-    reference_mask = reference_mask_bytes(spec, reference_bytes) if variant.mask_bytes(spec) == 0 else 0
-    return int(case_bytes(spec, variant) + variant.predicted_peak_bytes(spec) + reference_bytes + reference_mask)
+    reference_mask = (
+        reference_mask_bytes(spec, reference_bytes) if variant.mask_bytes(spec) == 0 else 0
+    )
+    return int(
+        case_bytes(spec, variant)
+        + variant.predicted_peak_bytes(spec)
+        + reference_bytes
+        + reference_mask
+    )
 
 
 def predicted_seconds(variant: Variant, spec: AttnSpec, peak_flops: float) -> float:
@@ -69,7 +76,9 @@ def predicted_seconds(variant: Variant, spec: AttnSpec, peak_flops: float) -> fl
     return compute + overhead
 
 
-def extrapolated_seconds(variant: Variant, spec: AttnSpec, measured_len: int, measured_s: float) -> float | None:
+def extrapolated_seconds(
+    variant: Variant, spec: AttnSpec, measured_len: int, measured_s: float
+) -> float | None:
     """One call's seconds at ``spec``, from the same case measured here at a shorter length.
 
     ``measured_s * (L / measured_len) ** variant.time_exponent``: the variant's declared scaling
@@ -145,6 +154,8 @@ def guard_reasons(
     seconds = per_call * calls
     if seconds > time_budget:
         source = "cost model" if call_s is None else "extrapolated from the shorter length"
-        reasons.append(f"predicted {seconds:,.1f} s ({source}) for {calls} calls "
-                       f"exceeds the time budget {time_budget:g} s")
+        reasons.append(
+            f"predicted {seconds:,.1f} s ({source}) for {calls} calls "
+            f"exceeds the time budget {time_budget:g} s"
+        )
     return reasons

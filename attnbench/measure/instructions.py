@@ -45,8 +45,14 @@ SLOWDOWN = 80.0
 """Seconds under callgrind per native second of a counted call, portable kernels, one thread: about
 60 measured at L=512 on 2026-11-24 (valgrind 3.19, torch 2.13 CPU; a case's ``seconds`` in the
 counting process's results against its native time), rounded up so that predictions err long."""
-COUNT_ENV = {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41",
-             "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+COUNT_ENV = {
+    "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
+    "ATEN_CPU_CAPABILITY": "default",
+    "ONEDNN_MAX_CPU_ISA": "SSE41",
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
 """The counting process's kernels: one portable instruction set (MKL's SSE4.2 code, ATen's default
 kernels), and no helper threads (counts are summed over threads). valgrind runs FMA instructions
 through slow helpers: a batched call at B1 H8 L512 took 15.9 s under callgrind with the host's
@@ -82,8 +88,10 @@ def valgrind_version() -> str | None:
 
 def missing_message() -> str:
     """What to tell a user without valgrind."""
-    return (f"instruction counts need valgrind on PATH: install the {PACKAGE} package "
-            f"(apt-get install {PACKAGE})")
+    return (
+        f"instruction counts need valgrind on PATH: install the {PACKAGE} package "
+        f"(apt-get install {PACKAGE})"
+    )
 
 
 @dataclass(frozen=True)
@@ -108,12 +116,22 @@ class CountConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if isinstance(self.warmup_calls, bool) or not isinstance(self.warmup_calls, int) or self.warmup_calls < 0:
+        if (
+            isinstance(self.warmup_calls, bool)
+            or not isinstance(self.warmup_calls, int)
+            or self.warmup_calls < 0
+        ):
             raise ValueError(f"warmup_calls must be an int >= 0, got {self.warmup_calls!r}")
         if not (self.budget_s > 0 and math.isfinite(self.budget_s)):
-            raise ValueError(f"budget_s must be a finite number of seconds > 0, got {self.budget_s!r}")
-        if self.timeout_s is not None and not (self.timeout_s > 0 and math.isfinite(self.timeout_s)):
-            raise ValueError(f"timeout_s must be a finite number of seconds > 0 or None, got {self.timeout_s!r}")
+            raise ValueError(
+                f"budget_s must be a finite number of seconds > 0, got {self.budget_s!r}"
+            )
+        if self.timeout_s is not None and not (
+            self.timeout_s > 0 and math.isfinite(self.timeout_s)
+        ):
+            raise ValueError(
+                f"timeout_s must be a finite number of seconds > 0 or None, got {self.timeout_s!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -139,16 +157,24 @@ def attach(measurement: Measurement, count: Count | None) -> Measurement:
     if count is None:
         return measurement
     if count.status == Status.OK:
-        return dataclasses.replace(measurement, instructions=count.instructions,
-                                   extra={**measurement.extra, "valgrind": count.valgrind})
-    return dataclasses.replace(measurement, extra={**measurement.extra, "instructions_note": f"{count.status}: {count.reason}"})
+        return dataclasses.replace(
+            measurement,
+            instructions=count.instructions,
+            extra={**measurement.extra, "valgrind": count.valgrind},
+        )
+    return dataclasses.replace(
+        measurement,
+        extra={**measurement.extra, "instructions_note": f"{count.status}: {count.reason}"},
+    )
 
 
 class CountError(RuntimeError):
     """The valgrind process could not start or gave nothing (the message ends with its output)."""
 
 
-def predicted_seconds(variant: str, spec: AttnSpec, config: CountConfig, peak_flops: float) -> float:
+def predicted_seconds(
+    variant: str, spec: AttnSpec, config: CountConfig, peak_flops: float
+) -> float:
     """Seconds a case is predicted to take under valgrind: its calls and gate, x :data:`SLOWDOWN`.
 
     The calls are the warm-up and the counted ones; the correctness gate runs on :data:`GATE_SLICES`
@@ -159,11 +185,17 @@ def predicted_seconds(variant: str, spec: AttnSpec, config: CountConfig, peak_fl
 
     impl = get_variant(variant)
     per_call = guard.predicted_seconds(impl, spec, peak_flops)
-    gate = guard.reference_seconds(impl, spec, min(GATE_SLICES, spec.batch * spec.heads), peak_flops) if config.check_accuracy else 0.0
+    gate = (
+        guard.reference_seconds(impl, spec, min(GATE_SLICES, spec.batch * spec.heads), peak_flops)
+        if config.check_accuracy
+        else 0.0
+    )
     return (per_call * (1 + config.warmup_calls + config.calls) + gate) * SLOWDOWN
 
 
-def _plan(cases: Sequence[tuple[str, AttnSpec]], config: CountConfig, version: str) -> tuple[list[int], list[Count | None]]:
+def _plan(
+    cases: Sequence[tuple[str, AttnSpec]], config: CountConfig, version: str
+) -> tuple[list[int], list[Count | None]]:
     """Which cases go to valgrind (their indices), and the others' counts (skipped, with why)."""
     from attnbench.registry import get_variant
     from attnbench.variants.base import Variant
@@ -173,31 +205,45 @@ def _plan(cases: Sequence[tuple[str, AttnSpec]], config: CountConfig, version: s
     for i, (name, spec) in enumerate(cases):
         reasons = []
         if spec.device_type != "cpu":
-            reasons.append(f"instruction counts are taken on the CPU only (this case is on {spec.device})")
+            reasons.append(
+                f"instruction counts are taken on the CPU only (this case is on {spec.device})"
+            )
         elif type(get_variant(name)).warm_up is not Variant.warm_up:
             # compiled variants: torch.compile on first use
-            reasons.append(f"{name} compiles per shape on its first call: too slow to count under valgrind")
+            reasons.append(
+                f"{name} compiles per shape on its first call: too slow to count under valgrind"
+            )
         else:
             reasons += get_variant(name).not_supported_reasons(spec)
             if not reasons:
                 seconds = predicted_seconds(name, spec, config, peak)
                 if seconds > config.budget_s:
-                    reasons.append(f"predicted {seconds:,.0f} s under valgrind > budget {config.budget_s:g} s")
+                    reasons.append(
+                        f"predicted {seconds:,.0f} s under valgrind > budget {config.budget_s:g} s"
+                    )
         if reasons:
-            decided.append(Count(name, spec, Status.SKIPPED, reason="; ".join(reasons), valgrind=version))
+            decided.append(
+                Count(name, spec, Status.SKIPPED, reason="; ".join(reasons), valgrind=version)
+            )
         else:
             decided.append(None)
             todo.append(i)
     return todo, decided
 
 
-def countable(cases: Sequence[tuple[str, AttnSpec]], config: CountConfig | None = None) -> list[int]:
+def countable(
+    cases: Sequence[tuple[str, AttnSpec]], config: CountConfig | None = None
+) -> list[int]:
     """The indices of the cases valgrind would run: CPU, supported, not compiled, within budget."""
     return _plan(cases, config or CountConfig(), "")[0]
 
 
-def within_budget(cases: Sequence[tuple[str, AttnSpec]], budget_s: float | None,
-                  config: CountConfig | None = None, first_per_variant: int = 0) -> dict[int, str]:
+def within_budget(
+    cases: Sequence[tuple[str, AttnSpec]],
+    budget_s: float | None,
+    config: CountConfig | None = None,
+    first_per_variant: int = 0,
+) -> dict[int, str]:
     """The cases a total budget leaves out: index -> the reason.
 
     The cases valgrind would run (on the CPU, supported, within the per-case ``config.budget_s``)
@@ -223,9 +269,14 @@ def within_budget(cases: Sequence[tuple[str, AttnSpec]], budget_s: float | None,
         if i not in chosen and spent + cost[i] <= budget_s:
             chosen.add(i)
             spent += cost[i]
-    return {i: (f"predicted {cost[i]:,.0f} s under valgrind: "
-                f"beyond the counting budget of {budget_s:g} s (cases are counted cheapest first)")
-            for i in order if i not in chosen}
+    return {
+        i: (
+            f"predicted {cost[i]:,.0f} s under valgrind: "
+            f"beyond the counting budget of {budget_s:g} s (cases are counted cheapest first)"
+        )
+        for i in order
+        if i not in chosen
+    }
 
 
 def count_instructions(
@@ -265,15 +316,34 @@ def count_instructions(
         raise CountError(missing_message())
     version = f"{version} ({KERNELS})"
     todo, counts = _plan(cases, config, version)
-    reporter = None if progress is None else (lambda count: progress(sum(c is not None for c in counts), len(cases), count))
+    reporter = (
+        None
+        if progress is None
+        else (lambda count: progress(sum(c is not None for c in counts), len(cases), count))
+    )
     _count_todo(cases, todo, counts, config, version, reporter, cancel)
-    why = "cancelled" if cancel is not None and cancel.is_set() else "the valgrind process timed out before this case"
-    return [c if c is not None else Count(*cases[i], Status.ERROR, valgrind=version, reason=f"not counted: {why}")
-            for i, c in enumerate(counts)]
+    why = (
+        "cancelled"
+        if cancel is not None and cancel.is_set()
+        else "the valgrind process timed out before this case"
+    )
+    return [
+        c
+        if c is not None
+        else Count(*cases[i], Status.ERROR, valgrind=version, reason=f"not counted: {why}")
+        for i, c in enumerate(counts)
+    ]
 
 
-def _count_todo(cases: list[tuple[str, AttnSpec]], todo: list[int], counts: list[Count | None], config: CountConfig,
-                version: str, reporter: Callable[[Count], None] | None, cancel: threading.Event | None) -> None:
+def _count_todo(
+    cases: list[tuple[str, AttnSpec]],
+    todo: list[int],
+    counts: list[Count | None],
+    config: CountConfig,
+    version: str,
+    reporter: Callable[[Count], None] | None,
+    cancel: threading.Event | None,
+) -> None:
     """Fill ``counts`` at the indices ``todo`` names, in as few valgrind processes as it takes.
 
     One process counts them, and a new one counts the rest each time a case kills it (that case is
@@ -294,10 +364,17 @@ def _count_todo(cases: list[tuple[str, AttnSpec]], todo: list[int], counts: list
         if ran.cancelled:
             break
         if ran.dead is None and not ran.counts and ran.failed:
-            raise CountError(f"the valgrind process {ran.ended} before counting anything:\n  " + "\n  ".join(ran.tail))
+            raise CountError(
+                f"the valgrind process {ran.ended} before counting anything:\n  "
+                + "\n  ".join(ran.tail)
+            )
         if ran.dead is not None:
-            counts[todo[ran.dead]] = Count(*batch[ran.dead], Status.ERROR, valgrind=version,
-                                           reason=f"the valgrind process {ran.ended} during this case")
+            counts[todo[ran.dead]] = Count(
+                *batch[ran.dead],
+                Status.ERROR,
+                valgrind=version,
+                reason=f"the valgrind process {ran.ended} during this case",
+            )
         if ran.timed_out or ran.dead is None:
             break
         todo = [i for k, i in enumerate(todo) if k not in ran.counts and k != ran.dead]
@@ -329,8 +406,12 @@ class Beside:
         self._done = threading.Event()
         self._start = time.perf_counter()
         self.config = dataclasses.replace(config, idle=True)  # the timed sweep's workers come first
-        self._thread = threading.Thread(target=self._count, args=(list(cases), self.config), name="attnbench-valgrind",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._count,
+            args=(list(cases), self.config),
+            name="attnbench-valgrind",
+            daemon=True,
+        )
         self._thread.start()
 
     def _count(self, cases: list[tuple[str, AttnSpec]], config: CountConfig) -> None:
@@ -342,7 +423,9 @@ class Beside:
                 self._arrived.append(count)
 
         try:
-            counts = count_instructions(cases, config, progress=lambda done, total, count: keep(count), cancel=self.cancel)
+            counts = count_instructions(
+                cases, config, progress=lambda done, total, count: keep(count), cancel=self.cancel
+            )
             # the cases decided without valgrind (skipped), and those it never reached
             for count in counts:
                 if id(count) not in seen:
@@ -381,7 +464,11 @@ def _timeout(cases: Sequence[tuple[str, AttnSpec]], config: CountConfig) -> floa
     if config.timeout_s is not None:
         return config.timeout_s
     peak = peak_for(config)
-    return STARTUP_S + 10 * sum(predicted_seconds(n, s, config, peak) for n, s in cases) + 120 * len(cases)
+    return (
+        STARTUP_S
+        + 10 * sum(predicted_seconds(n, s, config, peak) for n, s in cases)
+        + 120 * len(cases)
+    )
 
 
 def peak_for(config: CountConfig) -> float:
@@ -411,8 +498,13 @@ class _Ran:
     cancelled: bool = False  # killed on request
 
 
-def _one_process(cases, config: CountConfig, version: str, arrived: Callable[[int, Count], None],
-                 cancel: threading.Event | None = None) -> _Ran:
+def _one_process(
+    cases,
+    config: CountConfig,
+    version: str,
+    arrived: Callable[[int, Count], None],
+    cancel: threading.Event | None = None,
+) -> _Ran:
     """Run one valgrind process over ``cases``: what it reported, and where it died if it did.
 
     ``arrived(index, count)`` is called as each case finishes.
@@ -420,14 +512,30 @@ def _one_process(cases, config: CountConfig, version: str, arrived: Callable[[in
     with tempfile.TemporaryDirectory(prefix="attnbench-callgrind-") as tmp:
         tmp = Path(tmp)
         jobs, results, out = tmp / "jobs.json", tmp / "results.jsonl", tmp / "callgrind.out"
-        jobs.write_text(json.dumps({"config": dataclasses.asdict(config), "sys_path": sys.path,
-                                    "cases": [[n, dataclasses.asdict(s)] for n, s in cases]}))
+        jobs.write_text(
+            json.dumps(
+                {
+                    "config": dataclasses.asdict(config),
+                    "sys_path": sys.path,
+                    "cases": [[n, dataclasses.asdict(s)] for n, s in cases],
+                }
+            )
+        )
         # with it, torch is imported uninstrumented (see _child); without, everything runs
         # instrumented (the same counts)
         control = shutil.which("callgrind_control")
-        command = [shutil.which("valgrind") or PACKAGE, "--tool=callgrind", "--collect-atstart=no",
-                   *(["--instr-atstart=no"] if control else []), f"--callgrind-out-file={out}",
-                   sys.executable, "-m", "attnbench.measure.instructions", str(jobs), str(results)]
+        command = [
+            shutil.which("valgrind") or PACKAGE,
+            "--tool=callgrind",
+            "--collect-atstart=no",
+            *(["--instr-atstart=no"] if control else []),
+            f"--callgrind-out-file={out}",
+            sys.executable,
+            "-m",
+            "attnbench.measure.instructions",
+            str(jobs),
+            str(results),
+        ]
         counts: dict[int, Count] = {}
 
         def collect() -> None:
@@ -437,15 +545,23 @@ def _one_process(cases, config: CountConfig, version: str, arrived: Callable[[in
                     arrived(r["index"], counts[r["index"]])
 
         with open(tmp / "valgrind.log", "wb") as log:
-            proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                    env={**os.environ, "PYTHONHASHSEED": "0", **COUNT_ENV, ENV_CONTROL: control or ""},
-                                    preexec_fn=_idle_priority if config.idle else None)
+            proc = subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONHASHSEED": "0", **COUNT_ENV, ENV_CONTROL: control or ""},
+                preexec_fn=_idle_priority if config.idle else None,
+            )
             timed_out = _watch(proc, collect, time.monotonic() + _timeout(cases, config), cancel)
         return _outcome(proc.returncode, counts, results, tmp / "valgrind.log", timed_out, cancel)
 
 
-def _watch(proc: subprocess.Popen, collect: Callable[[], None], deadline: float,
-           cancel: threading.Event | None) -> bool:
+def _watch(
+    proc: subprocess.Popen,
+    collect: Callable[[], None],
+    deadline: float,
+    cancel: threading.Event | None,
+) -> bool:
     """``collect`` the process's results every half second until it ends; True if it timed out.
 
     The process is killed past ``deadline`` (then True) or once ``cancel`` is set; it has ended on
@@ -474,19 +590,38 @@ def _watch(proc: subprocess.Popen, collect: Callable[[], None], deadline: float,
     return timed_out
 
 
-def _outcome(code: int, counts: dict[int, Count], results: Path, log: Path, timed_out: bool,
-             cancel: threading.Event | None) -> _Ran:
+def _outcome(
+    code: int,
+    counts: dict[int, Count],
+    results: Path,
+    log: Path,
+    timed_out: bool,
+    cancel: threading.Event | None,
+) -> _Ran:
     """What an ended valgrind process did: its counts, where it died, how it ended, its output.
 
     Where it died is the case it started but never reported; the output is the end of its log.
     """
     started = [r["index"] for r in _read_results(results) if r.get("started")]
     dead = next((i for i in started if i not in counts), None)
-    ended = ("timed out" if timed_out else f"died from {_signal_name(-code)}" if code < 0 else f"exited {code}")
+    ended = (
+        "timed out"
+        if timed_out
+        else f"died from {_signal_name(-code)}"
+        if code < 0
+        else f"exited {code}"
+    )
     tail = log.read_bytes().decode("utf-8", "replace").strip().splitlines()[-15:]
     cancelled = cancel is not None and cancel.is_set()
-    return _Ran(counts, None if cancelled else dead, "cancelled" if cancelled else ended, code != 0, timed_out,
-                tail, cancelled=cancelled)
+    return _Ran(
+        counts,
+        None if cancelled else dead,
+        "cancelled" if cancelled else ended,
+        code != 0,
+        timed_out,
+        tail,
+        cancelled=cancelled,
+    )
 
 
 def _idle_priority() -> None:
@@ -520,15 +655,36 @@ def _read_results(path: Path) -> list[dict]:
 def _count_of(rec: dict, cases, out: Path, version: str, config: CountConfig) -> Count:
     name, spec = cases[rec["index"]]
     if rec["status"] != Status.OK:
-        return Count(name, spec, Status(rec["status"]), reason=rec.get("reason", ""), valgrind=version)
+        return Count(
+            name, spec, Status(rec["status"]), reason=rec.get("reason", ""), valgrind=version
+        )
     dump = Path(f"{out}.{rec['dump']}")
     try:
         match = _SUMMARY.search(dump.read_bytes())
     except OSError as exc:
-        return Count(name, spec, Status.ERROR, reason=f"callgrind dump {dump.name} unreadable ({exc})", valgrind=version)
+        return Count(
+            name,
+            spec,
+            Status.ERROR,
+            reason=f"callgrind dump {dump.name} unreadable ({exc})",
+            valgrind=version,
+        )
     if match is None:
-        return Count(name, spec, Status.ERROR, reason=f"callgrind dump {dump.name} has no summary line", valgrind=version)
-    return Count(name, spec, Status.OK, instructions=int(match[1]) / config.calls, calls=config.calls, valgrind=version)
+        return Count(
+            name,
+            spec,
+            Status.ERROR,
+            reason=f"callgrind dump {dump.name} has no summary line",
+            valgrind=version,
+        )
+    return Count(
+        name,
+        spec,
+        Status.OK,
+        instructions=int(match[1]) / config.calls,
+        calls=config.calls,
+        valgrind=version,
+    )
 
 
 # ---- the child: runs under valgrind --------------------------------------------------------------
@@ -547,8 +703,12 @@ def _child(jobs_path: str, results_path: str) -> None:
     regime.apply(regime.Regime(threads=config.threads))
     # started with --instr-atstart=no: instrument from here on (it answers when done)
     if os.environ.get(ENV_CONTROL):
-        subprocess.run([os.environ[ENV_CONTROL], "--instr=on", str(os.getpid())], check=True, capture_output=True,
-                       timeout=STARTUP_S)
+        subprocess.run(
+            [os.environ[ENV_CONTROL], "--instr=on", str(os.getpid())],
+            check=True,
+            capture_output=True,
+            timeout=STARTUP_S,
+        )
     dumps = 0
     for index, (name, spec_fields) in enumerate(jobs["cases"]):
         # a case that kills us is named
@@ -602,7 +762,9 @@ def _count_case(name: str, spec_fields: dict, config: CountConfig, dumps: int) -
         return record, dumps
 
 
-def _checked_call(name: str, spec: AttnSpec, config: CountConfig) -> tuple[Callable[[], object], GateResult | None]:
+def _checked_call(
+    name: str, spec: AttnSpec, config: CountConfig
+) -> tuple[Callable[[], object], GateResult | None]:
     """The runner's timed closure of a case after its warm-up call, and the gate's result on it.
 
     The gate checks that call on :data:`GATE_SLICES` slices; its result is None when not checked.
@@ -613,12 +775,22 @@ def _checked_call(name: str, spec: AttnSpec, config: CountConfig) -> tuple[Calla
     variant = get_variant(name)
     # the gate on GATE_SLICES slices: a reference budget of that many slices (checked_slices samples
     # them)
-    measure_config = runner.MeasureConfig(seed=config.seed, check_accuracy=config.check_accuracy,
-                                          reference_budget_bytes=GATE_SLICES * gate.slice_reference_bytes(variant, spec))
+    measure_config = runner.MeasureConfig(
+        seed=config.seed,
+        check_accuracy=config.check_accuracy,
+        reference_budget_bytes=GATE_SLICES * gate.slice_reference_bytes(variant, spec),
+    )
     call, inputs, mask = runner.make_call(variant, spec, config.seed)
     result, _ = variant.warm_up(call)
-    checked = runner.run_gate(variant, spec, result, inputs, mask, runner.check_plan(variant, spec, measure_config),
-                              config.seed)
+    checked = runner.run_gate(
+        variant,
+        spec,
+        result,
+        inputs,
+        mask,
+        runner.check_plan(variant, spec, measure_config),
+        config.seed,
+    )
     return call, checked
 
 

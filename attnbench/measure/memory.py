@@ -69,7 +69,9 @@ def cpu_peak_tensor_bytes(fn: Callable[[], object]) -> int | None:
         return None
     try:
         with quiet_stderr():
-            with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True) as prof:
+            with profile(
+                activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True
+            ) as prof:
                 fn()
             timeline = MemoryProfile(prof.profiler.kineto_results).timeline
     except (AttributeError, RuntimeError, TypeError, ValueError):

@@ -50,7 +50,10 @@ def measure_matmul_peak(device: str = "cpu", dtype: str = "float32", n: int | No
     gen = torch.Generator().manual_seed(0)
 
     def matmul(side: int) -> Callable[[], torch.Tensor]:
-        a, b = (torch.randn(side, side, generator=gen).to(device=device, dtype=DTYPES[dtype]) for _ in range(2))
+        a, b = (
+            torch.randn(side, side, generator=gen).to(device=device, dtype=DTYPES[dtype])
+            for _ in range(2)
+        )
         return lambda: a @ b
 
     if n is None:
@@ -61,7 +64,9 @@ def measure_matmul_peak(device: str = "cpu", dtype: str = "float32", n: int | No
             if 8 * time_once(call, device) > CALL_TARGET_S:  # twice the side: 8x the work
                 break
             n *= 2
-    samples, _ = time_call(matmul(n), device, TimerConfig(warmup=2, min_runs=5, min_time=0.5, max_time=5.0))
+    samples, _ = time_call(
+        matmul(n), device, TimerConfig(warmup=2, min_runs=5, min_time=0.5, max_time=5.0)
+    )
     return 2 * n**3 / statistics.median(samples)
 
 
@@ -80,8 +85,14 @@ def _samples(raw: object) -> list[dict[str, float]]:
     if isinstance(raw, (int, float)):
         return [{"flops": float(raw), "at": 0.0, "load": math.nan}]
     if isinstance(raw, list):
-        return [s for s in raw if isinstance(s, dict) and isinstance(s.get("flops"), (int, float))
-                and isinstance(s.get("at"), (int, float)) and s["flops"] > 0]
+        return [
+            s
+            for s in raw
+            if isinstance(s, dict)
+            and isinstance(s.get("flops"), (int, float))
+            and isinstance(s.get("at"), (int, float))
+            and s["flops"] > 0
+        ]
     return []
 
 
@@ -102,7 +113,9 @@ def matmul_peak(device: str = "cpu", dtype: str = "float32", refresh: bool = Fal
     fresh = [s for s in _samples(cache.get(key)) if now - s["at"] < STALE_S]
     newest = max((s["at"] for s in fresh), default=-math.inf)
     if refresh or not fresh or (len(fresh) < MIN_SAMPLES and now - newest >= SPACING_S):
-        fresh.append({"flops": measure_matmul_peak(device, dtype), "at": now, "load": os.getloadavg()[0]})
+        fresh.append(
+            {"flops": measure_matmul_peak(device, dtype), "at": now, "load": os.getloadavg()[0]}
+        )
         fresh = sorted(fresh, key=lambda s: s["at"])[-KEEP:]
         cache[key] = fresh
         write_json_cache(path, cache)

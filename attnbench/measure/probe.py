@@ -131,9 +131,11 @@ class Disturbance:
         """
         parts = []
         if self.short:
-            parts.append(f"run-queue wait: a neighbour took the core, {self.waited} of {self.blocks} "
-                         f"blocks waited > {schedstat.WAIT_LIMIT:.0%} of their time "
-                         "(too few undisturbed blocks within the retry budget)")
+            parts.append(
+                f"run-queue wait: a neighbour took the core, {self.waited} of {self.blocks} "
+                f"blocks waited > {schedstat.WAIT_LIMIT:.0%} of their time "
+                "(too few undisturbed blocks within the retry budget)"
+            )
         if self.deviation > SLOWDOWN_LIMIT:
             ratio = self.slowdown
             way = f"{ratio:.2f}x slower" if ratio > 1 else f"{1 / ratio:.2f}x faster"

@@ -42,7 +42,9 @@ def backends_in(names: list[str]) -> list[str]:
 
 def sdpa_backends(fn: Callable[[], object], device: str) -> list[str]:
     """Profile one call of ``fn`` and return the SDPA backends that executed (may be empty)."""
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    activities = [ProfilerActivity.CPU] + (
+        [ProfilerActivity.CUDA] if device.startswith("cuda") else []
+    )
     with quiet_stderr(), profile(activities=activities) as prof:
         fn()
         if device.startswith("cuda"):

@@ -86,7 +86,9 @@ class Measurement:
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
-            raise ValueError(f"status must be one of {tuple(map(str, STATUSES))}, got {self.status!r}")
+            raise ValueError(
+                f"status must be one of {tuple(map(str, STATUSES))}, got {self.status!r}"
+            )
         object.__setattr__(self, "status", Status(self.status))
         if self.workload not in WORKLOADS:
             raise ValueError(f"workload must be one of {WORKLOADS}, got {self.workload!r}")
@@ -143,7 +145,11 @@ class Measurement:
                 metrics[metric.csv_column] = metric_value(self, metric.field)
                 if metric.spread:
                     metrics[metric.spread_column] = getattr(self, metric.spread)
-        exported = {m.field.removeprefix("extra.") for m in METRICS.values() if m.field and m.field.startswith("extra.")}
+        exported = {
+            m.field.removeprefix("extra.")
+            for m in METRICS.values()
+            if m.field and m.field.startswith("extra.")
+        }
         return {
             "variant": self.variant,
             "workload": self.workload,

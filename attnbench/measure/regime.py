@@ -91,7 +91,9 @@ def apply(regime: Regime) -> None:
     # IEEE denormals, as a fresh process has them (a caller may have flushed)
     torch.set_flush_denormal(False)
     pinned = allocator_pinned(regime)
-    _applied = regime if pinned else Regime(threads=regime.threads, mmap_threshold=0, trim_threshold=0)
+    _applied = (
+        regime if pinned else Regime(threads=regime.threads, mmap_threshold=0, trim_threshold=0)
+    )
 
 
 def current() -> Regime | None:
@@ -164,5 +166,7 @@ def describe() -> str:
     else:
         allocator = f"malloc=mmap:{regime.mmap_threshold},trim:{regime.trim_threshold}"
     denormals = "flushed" if denormals_flushed() else "kept"
-    return (f"threads={threads} {allocator} thp={thp_setting()} "
-            f"interop={torch.get_num_interop_threads()} denormals={denormals} cpus={_cpus()}")
+    return (
+        f"threads={threads} {allocator} thp={thp_setting()} "
+        f"interop={torch.get_num_interop_threads()} denormals={denormals} cpus={_cpus()}"
+    )

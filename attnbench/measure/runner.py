@@ -38,7 +38,14 @@ from attnbench.measure.env import environment
 from attnbench.measure.peak import matmul_peak
 from attnbench.measure.provenance import sdpa_backends
 from attnbench.measure.record import Environment, Measurement
-from attnbench.measure.timer import Blocks, TimerConfig, cuda_graph_seconds, measured_calls, time_blocks, time_once
+from attnbench.measure.timer import (
+    Blocks,
+    TimerConfig,
+    cuda_graph_seconds,
+    measured_calls,
+    time_blocks,
+    time_once,
+)
 from attnbench.registry import get_variant
 from attnbench.spec import AttnSpec
 from attnbench.variants.base import Variant, dense_mask
@@ -100,7 +107,9 @@ class MeasureConfig:
         if self.workload not in WORKLOADS:
             raise ValueError(f"workload must be one of {WORKLOADS}, got {self.workload!r}")
         if self.instructions not in INSTRUCTION_MODES:
-            raise ValueError(f"instructions must be one of {INSTRUCTION_MODES}, got {self.instructions!r}")
+            raise ValueError(
+                f"instructions must be one of {INSTRUCTION_MODES}, got {self.instructions!r}"
+            )
 
     @property
     def check_seconds(self) -> float:
@@ -117,7 +126,9 @@ def _is_oom(exc: BaseException) -> bool:
     if isinstance(exc, (MemoryError, torch.cuda.OutOfMemoryError)):
         return True
     text = str(exc).lower()
-    return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+    return isinstance(exc, RuntimeError) and (
+        "out of memory" in text or "can't allocate memory" in text
+    )
 
 
 def _free(device: str) -> None:
@@ -146,7 +157,9 @@ def make_call(
         or None).
     """
     backward = spec.mode == "backward"
-    q, k, v, mask = spec.make_inputs(seed=seed, requires_grad=backward, mask_form=variant.mask_form(spec))
+    q, k, v, mask = spec.make_inputs(
+        seed=seed, requires_grad=backward, mask_form=variant.mask_form(spec)
+    )
     mask4 = variant.validate(q, k, v, mask)
     if not backward:
 
@@ -181,7 +194,11 @@ class CheckPlan:
 
 
 def check_plan(
-    variant: Variant, spec: AttnSpec, config: MeasureConfig, *, peak_flops: float | None = None,
+    variant: Variant,
+    spec: AttnSpec,
+    config: MeasureConfig,
+    *,
+    peak_flops: float | None = None,
     call_s: float | None = None,
 ) -> CheckPlan:
     """Which slices the gate checks: all when affordable, else a seeded sample (see :mod:`.gate`).
@@ -202,28 +219,49 @@ def check_plan(
         return CheckPlan((), 0.0, "")
     per_slice = gate.slice_reference_bytes(variant, spec)
     if per_slice > config.reference_budget_bytes:
-        return CheckPlan((), 0.0, (
-            f"accuracy not checked: one (batch, head) slice of the float64 reference needs "
-            f"{per_slice / 2**20:,.0f} MiB "
-            f"> reference budget {config.reference_budget_bytes / 2**20:,.0f} MiB"))
+        return CheckPlan(
+            (),
+            0.0,
+            (
+                f"accuracy not checked: one (batch, head) slice of the float64 reference needs "
+                f"{per_slice / 2**20:,.0f} MiB "
+                f"> reference budget {config.reference_budget_bytes / 2**20:,.0f} MiB"
+            ),
+        )
     limit = None
     if peak_flops is not None:
-        calls_s = LATER_CHECKS * (guard.predicted_seconds(variant, spec, peak_flops) if call_s is None else call_s)
+        calls_s = LATER_CHECKS * (
+            guard.predicted_seconds(variant, spec, peak_flops) if call_s is None else call_s
+        )
         slice_s = guard.reference_seconds(variant, spec, 1, peak_flops)
         limit = math.floor((config.check_seconds - calls_s) / slice_s) if slice_s > 0 else None
         if limit is not None and limit < 1:
-            return CheckPlan((), 0.0, (
-                f"accuracy not checked: one (batch, head) slice of the float64 reference "
-                f"is predicted to take {slice_s:,.1f} s "
-                f"(and {LATER_CHECKS} checked calls {calls_s:,.1f} s) "
-                f"> the check's time budget {config.check_seconds:g} s"))
-    slices = gate.checked_slices(spec, per_slice, config.reference_budget_bytes, config.seed, limit=limit)
-    return CheckPlan(tuple(slices), 2 * per_slice + len(slices) * gate.slice_truth_bytes(variant, spec), "")
+            return CheckPlan(
+                (),
+                0.0,
+                (
+                    f"accuracy not checked: one (batch, head) slice of the float64 reference "
+                    f"is predicted to take {slice_s:,.1f} s "
+                    f"(and {LATER_CHECKS} checked calls {calls_s:,.1f} s) "
+                    f"> the check's time budget {config.check_seconds:g} s"
+                ),
+            )
+    slices = gate.checked_slices(
+        spec, per_slice, config.reference_budget_bytes, config.seed, limit=limit
+    )
+    return CheckPlan(
+        tuple(slices), 2 * per_slice + len(slices) * gate.slice_truth_bytes(variant, spec), ""
+    )
 
 
 def run_gate(
-    variant: Variant, spec: AttnSpec, result: object, inputs: tuple[torch.Tensor, ...], mask: torch.Tensor | None,
-    plan: CheckPlan, seed: int,
+    variant: Variant,
+    spec: AttnSpec,
+    result: object,
+    inputs: tuple[torch.Tensor, ...],
+    mask: torch.Tensor | None,
+    plan: CheckPlan,
+    seed: int,
 ) -> gate.GateResult | None:
     """Check one ``result`` of the closure on the planned slices; None when not checked."""
     reference = gate_reference(variant, spec, inputs, mask, plan, seed)
@@ -231,8 +269,12 @@ def run_gate(
 
 
 def gate_reference(
-    variant: Variant, spec: AttnSpec, inputs: tuple[torch.Tensor, ...], mask: torch.Tensor | None,
-    plan: CheckPlan, seed: int,
+    variant: Variant,
+    spec: AttnSpec,
+    inputs: tuple[torch.Tensor, ...],
+    mask: torch.Tensor | None,
+    plan: CheckPlan,
+    seed: int,
 ) -> gate.Reference | None:
     """The gate's float64 reference of the planned slices (None when the plan checks nothing)."""
     if not plan.slices:
@@ -280,10 +322,16 @@ class GatedCall:
         changed = gate.changed_inputs(self._before, self._watched)
         if changed:
             q = self.inputs[0]
-            return gate.GateResult.breach(f"the variant changed its inputs in place ({', '.join(changed)})", q.dtype,
-                                          self.spec.batch * self.spec.heads, self.spec.mode == "backward")
+            return gate.GateResult.breach(
+                f"the variant changed its inputs in place ({', '.join(changed)})",
+                q.dtype,
+                self.spec.batch * self.spec.heads,
+                self.spec.mode == "backward",
+            )
         if self._reference is None:
-            self._reference = gate_reference(self.variant, self.spec, self.inputs, self.mask, self.plan, self.seed)
+            self._reference = gate_reference(
+                self.variant, self.spec, self.inputs, self.mask, self.plan, self.seed
+            )
         return self._reference.check(result)
 
     def check_later(self, calls: int = LATER_CHECKS) -> tuple[gate.GateResult | None, int]:
@@ -296,7 +344,9 @@ class GatedCall:
         return checked, calls
 
 
-def peak_tensor_bytes(variant: Variant, spec: AttnSpec, call: Callable[[], object]) -> tuple[float, Method]:
+def peak_tensor_bytes(
+    variant: Variant, spec: AttnSpec, call: Callable[[], object]
+) -> tuple[float, Method]:
     """Peak tensor bytes above the inputs during one ``call``, and how they were obtained.
 
     CUDA: allocator statistics. CPU: the profiler's memory timeline, except for interpreter-bound
@@ -343,7 +393,9 @@ def measure(
         TypeError, ValueError: before anything is measured, for an unknown variant, a spec or config
             of the wrong type, or a ``peak_flops`` or ``expected_call_s`` not a finite number > 0.
     """
-    _check_measure_args(variant_name, spec, config, env, peak_flops=peak_flops, expected_call_s=expected_call_s)
+    _check_measure_args(
+        variant_name, spec, config, env, peak_flops=peak_flops, expected_call_s=expected_call_s
+    )
     config = config or MeasureConfig()
     variant = get_variant(variant_name)
     saved_threads = torch.get_num_threads()
@@ -355,7 +407,9 @@ def measure(
     # Recorded from this process (a worker applies the regime itself): what was in force, not what
     # was asked.
     env = dataclasses.replace(env, threads=torch.get_num_threads(), regime=regime.describe())
-    base: dict[str, object] = dict(variant=variant_name, spec=spec, env=env, workload=config.workload)
+    base: dict[str, object] = dict(
+        variant=variant_name, spec=spec, env=env, workload=config.workload
+    )
     try:  # the cost model runs in here too: a variant whose model raises is a row, not a dead sweep
         base.update(_cost_model(variant, spec))
         return _guard_and_run(variant, spec, config, base, peak_flops, expected_call_s)
@@ -368,36 +422,56 @@ def measure(
         torch.set_num_threads(saved_threads)
 
 
-def _check_measure_args(variant_name: object, spec: object, config: object, env: object, **positive: object) -> None:
+def _check_measure_args(
+    variant_name: object, spec: object, config: object, env: object, **positive: object
+) -> None:
     """Raise TypeError or ValueError for arguments :func:`measure` refuses (see its docstring)."""
     if not isinstance(variant_name, str):
-        raise TypeError(f"variant_name must be a registered variant's name (a str), "
-                        f"got {type(variant_name).__name__}")
+        raise TypeError(
+            f"variant_name must be a registered variant's name (a str), "
+            f"got {type(variant_name).__name__}"
+        )
     if not isinstance(spec, AttnSpec):
         raise TypeError(f"spec must be an AttnSpec, got {type(spec).__name__} {spec!r:.80}")
     if config is not None and not isinstance(config, MeasureConfig):
-        raise TypeError(f"config must be a MeasureConfig or None, got {type(config).__name__} {config!r:.80}")
+        raise TypeError(
+            f"config must be a MeasureConfig or None, got {type(config).__name__} {config!r:.80}"
+        )
     for name, value in positive.items():
-        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)
-                                  or not (math.isfinite(value) and value > 0)):
+        if value is not None and (
+            isinstance(value, bool)
+            or not isinstance(value, numbers.Real)
+            or not (math.isfinite(value) and value > 0)
+        ):
             raise ValueError(f"{name} must be a finite number > 0 or None, got {value!r}")
     if env is not None and not isinstance(env, Environment):
         raise TypeError(f"env must be an Environment or None, got {type(env).__name__}")
 
 
-def _guard_and_run(variant: Variant, spec: AttnSpec, config: MeasureConfig, base: dict, peak_flops: float | None,
-             expected_call_s: float | None) -> Measurement:
+def _guard_and_run(
+    variant: Variant,
+    spec: AttnSpec,
+    config: MeasureConfig,
+    base: dict,
+    peak_flops: float | None,
+    expected_call_s: float | None,
+) -> Measurement:
     """Declared support and the budget guard, then the case (raises; :func:`measure` records)."""
     reasons = variant.not_supported_reasons(spec)
     if reasons:
         return Measurement(status=Status.SKIPPED, reason="; ".join(reasons), **base)
     if peak_flops is None:
         peak_flops = matmul_peak(spec.device, "float32")
-    predicted_s = expected_call_s if expected_call_s is not None else guard.predicted_seconds(variant, spec, peak_flops)
+    predicted_s = (
+        expected_call_s
+        if expected_call_s is not None
+        else guard.predicted_seconds(variant, spec, peak_flops)
+    )
     calls = _calls(config, predicted_s)
     plan = check_plan(variant, spec, config, peak_flops=peak_flops, call_s=predicted_s)
     reasons = guard.guard_reasons(
-        variant, spec,
+        variant,
+        spec,
         memory_budget=config.memory_budget(spec.device),
         time_budget=config.time_budget_s,
         peak_flops=peak_flops,
@@ -411,7 +485,9 @@ def _guard_and_run(variant: Variant, spec: AttnSpec, config: MeasureConfig, base
         # A direct call (a fresh process, profile) judges disturbance by the rule sweep uses, not by
         # the case's own probes: those, taken beside a neighbour, would set a slow baseline and hide
         # it.
-        config = dataclasses.replace(config, probe_baseline_s=typical_speed(baseline_probes(spec.device)))
+        config = dataclasses.replace(
+            config, probe_baseline_s=typical_speed(baseline_probes(spec.device))
+        )
     return _run(variant, spec, config, plan, calls, base)
 
 
@@ -423,22 +499,39 @@ def _cost_model(variant: Variant, spec: AttnSpec) -> dict[str, float]:
             int conversion).
     """
     flops = variant.flops(spec)
-    figures = dict(flops_useful=flops.useful, flops_executed=flops.executed,
-                   predicted_peak_bytes=variant.predicted_peak_bytes(spec))
+    figures = dict(
+        flops_useful=flops.useful,
+        flops_executed=flops.executed,
+        predicted_peak_bytes=variant.predicted_peak_bytes(spec),
+    )
     for name, value in figures.items():
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (math.isfinite(value) and value >= 0):
-            raise ValueError(f"the cost model of {variant.name} gave {name} = {value!r} "
-                             "(expected a finite number >= 0)")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, numbers.Real)
+            or not (math.isfinite(value) and value >= 0)
+        ):
+            raise ValueError(
+                f"the cost model of {variant.name} gave {name} = {value!r} "
+                "(expected a finite number >= 0)"
+            )
     return {**figures, "predicted_peak_bytes": float(figures["predicted_peak_bytes"])}
 
 
 def _gate_fields(checked: gate.GateResult) -> dict[str, float]:
     """The Measurement fields of a gate's result."""
-    return dict(max_error=checked.max_error, tolerance=checked.tolerance, grad_error=checked.grad_error,
-                grad_tolerance=checked.grad_tolerance, softmax_error=checked.softmax_error, error_ratio=checked.error_ratio)
+    return dict(
+        max_error=checked.max_error,
+        tolerance=checked.tolerance,
+        grad_error=checked.grad_error,
+        grad_tolerance=checked.grad_tolerance,
+        softmax_error=checked.softmax_error,
+        error_ratio=checked.error_ratio,
+    )
 
 
-def _run(variant: Variant, spec: AttnSpec, config: MeasureConfig, plan: CheckPlan, calls: int, base: dict) -> Measurement:
+def _run(
+    variant: Variant, spec: AttnSpec, config: MeasureConfig, plan: CheckPlan, calls: int, base: dict
+) -> Measurement:
     """Inputs, the checked warm-up call, timing and memory, then later calls checked again.
 
     Failures raise; :func:`measure` records them. The later checks hold no result during timing:
@@ -458,48 +551,73 @@ def _run(variant: Variant, spec: AttnSpec, config: MeasureConfig, plan: CheckPla
     calls = _calls(config, first)
     if first * calls > config.time_budget_s:
         return Measurement(
-            status=Status.TIMEOUT, samples=(first,), runs=1,
-            reason=(f"one call took {first:.2f} s; "
-                    f"{calls} calls exceed the time budget {config.time_budget_s:g} s"),
-            **fields, **base,
+            status=Status.TIMEOUT,
+            samples=(first,),
+            runs=1,
+            reason=(
+                f"one call took {first:.2f} s; "
+                f"{calls} calls exceed the time budget {config.time_budget_s:g} s"
+            ),
+            **fields,
+            **base,
         )
     return _time_case(gated, config, first, fields, base)
 
 
-def _time_case(gated: GatedCall, config: MeasureConfig, first: float, fields: dict[str, object],
-               base: dict) -> Measurement:
+def _time_case(
+    gated: GatedCall, config: MeasureConfig, first: float, fields: dict[str, object], base: dict
+) -> Measurement:
     """Timing, peak tensor bytes and RSS of a case whose first call passed, then later checks."""
     variant, spec, call = gated.variant, gated.spec, gated.call
     timed = timed_attempts(call, spec.device, config, first)
-    fields.update(probe_slowdown=timed.disturbance.slowdown if config.probe else math.nan, attempts=timed.attempts)
+    fields.update(
+        probe_slowdown=timed.disturbance.slowdown if config.probe else math.nan,
+        attempts=timed.attempts,
+    )
     # the sweep's typical speed takes it in
     extra_probe = {"probe_median_s": timed.probe_median_s} if config.probe else {}
     extra_probe.update(runqueue_extra(timed.shares))
-    peak, method = peak_tensor_bytes(variant, spec, call) if config.measure_memory else (math.nan, "")
+    peak, method = (
+        peak_tensor_bytes(variant, spec, call) if config.measure_memory else (math.nan, "")
+    )
     rss = float(memory.peak_rss_bytes(call)) if config.measure_rss else math.nan
     # state kept between calls, or a fault on every other call, shows after the first call
     if gated.first is not None:
         later, number = gated.check_later()
         if not later.passed:
-            return Measurement(status=Status.WRONG, reason=f"right on the first call, wrong on call {number} of "
-                               f"{LATER_CHECKS} checked after the timed ones: {later.reason()}",
-                               **{**fields, **_gate_fields(later)}, **base)
+            return Measurement(
+                status=Status.WRONG,
+                reason=f"right on the first call, wrong on call {number} of "
+                f"{LATER_CHECKS} checked after the timed ones: {later.reason()}",
+                **{**fields, **_gate_fields(later)},
+                **base,
+            )
     call_extra, call_notes = _call_extra(variant, spec, call, config)
     extra = {**fields.pop("extra"), **extra_probe, **call_extra}
     status, disturbed = _disturbance_status(timed, config)
     reason = "; ".join(filter(None, (disturbed, gated.plan.note, *call_notes)))
     return Measurement(
-        status=status, reason=reason, samples=tuple(timed.samples), runs=timed.runs,
-        timing_method=Method.CUDA_EVENTS if spec.device_type == "cuda" else Method.WALL, peak_tensor_bytes=peak,
-        memory_method=method, peak_rss_bytes=rss, extra=extra, **fields, **base,
+        status=status,
+        reason=reason,
+        samples=tuple(timed.samples),
+        runs=timed.runs,
+        timing_method=Method.CUDA_EVENTS if spec.device_type == "cuda" else Method.WALL,
+        peak_tensor_bytes=peak,
+        memory_method=method,
+        peak_rss_bytes=rss,
+        extra=extra,
+        **fields,
+        **base,
     )
 
 
 def _disturbance_status(timed: Timed, config: MeasureConfig) -> tuple[Status, str]:
     """ok, or noisy when even the kept attempt was disturbed, and what disturbed it ("" if ok)."""
     if config.probe and timed.disturbance.disturbed:
-        return Status.NOISY, (f"{timed.disturbance.describe()} "
-                              f"(kept the least disturbed of {timed.attempts} attempts)")
+        return Status.NOISY, (
+            f"{timed.disturbance.describe()} "
+            f"(kept the least disturbed of {timed.attempts} attempts)"
+        )
     return Status.OK, ""
 
 
@@ -519,8 +637,9 @@ def _first_call_fields(gated: GatedCall) -> dict[str, object]:
     return fields
 
 
-def _call_extra(variant: Variant, spec: AttnSpec, call: Callable[[], object],
-                config: MeasureConfig) -> tuple[dict[str, object], list[str]]:
+def _call_extra(
+    variant: Variant, spec: AttnSpec, call: Callable[[], object], config: MeasureConfig
+) -> tuple[dict[str, object], list[str]]:
     """The ``extra`` keys about the call itself, and notes on them.
 
     The keys: the SDPA kernel that ran and, on CUDA with ``config.cuda_graphs``, the graph replay's
@@ -593,8 +712,11 @@ def runqueue_extra(shares: Sequence[float]) -> dict[str, float]:
     if not shares:
         return {}
     waited = sum(share > schedstat.WAIT_LIMIT for share in shares)
-    return {"waited_blocks": waited / len(shares), "runqueue_share": float(statistics.median(shares)),
-            "runqueue_max": float(max(shares))}
+    return {
+        "waited_blocks": waited / len(shares),
+        "runqueue_share": float(statistics.median(shares)),
+        "runqueue_max": float(max(shares)),
+    }
 
 
 def _probe_into(probes: list[float], device: str) -> None:
@@ -602,8 +724,14 @@ def _probe_into(probes: list[float], device: str) -> None:
 
 
 def _seen(typical: float, probes: Sequence[float], blocks: Blocks) -> probe.Disturbance:
-    return probe.Disturbance(typical, tuple(probes), probe.is_bimodal(blocks.samples), waited=blocks.waited(),
-                             blocks=len(blocks.shares), short=blocks.short)
+    return probe.Disturbance(
+        typical,
+        tuple(probes),
+        probe.is_bimodal(blocks.samples),
+        waited=blocks.waited(),
+        blocks=len(blocks.shares),
+        short=blocks.short,
+    )
 
 
 def _calls(config: MeasureConfig, call_s: float | None) -> int:
@@ -612,10 +740,17 @@ def _calls(config: MeasureConfig, call_s: float | None) -> int:
     The timer's are :func:`.timer.measured_calls`. The check's own calls and its reference are
     budgeted apart (:func:`check_plan`): never a user's length.
     """
-    return 1 + measured_calls(config.timer, call_s) + int(config.measure_memory) + int(config.measure_rss)
+    return (
+        1
+        + measured_calls(config.timer, call_s)
+        + int(config.measure_memory)
+        + int(config.measure_rss)
+    )
 
 
-def timed_attempts(call: Callable[[], object], device: str, config: MeasureConfig, first_s: float = 0.0) -> Timed:
+def timed_attempts(
+    call: Callable[[], object], device: str, config: MeasureConfig, first_s: float = 0.0
+) -> Timed:
     """Time ``call`` in probed blocks, re-timing descheduled ones; retry disturbed attempts.
 
     Probes run around the blocks and, for long attempts, between them.
@@ -640,8 +775,14 @@ def timed_attempts(call: Callable[[], object], device: str, config: MeasureConfi
         blocks, probes, seconds = _attempt(call, device, config, first_s, spent)
         spent += seconds
         if not config.probe:
-            return Timed(blocks.samples, blocks.runs, probe.Disturbance(math.nan, (), False), attempts, math.nan,
-                         tuple(blocks.shares))
+            return Timed(
+                blocks.samples,
+                blocks.runs,
+                probe.Disturbance(math.nan, (), False),
+                attempts,
+                math.nan,
+                tuple(blocks.shares),
+            )
         seen = _seen(typical, probes, blocks)
         score = seen.deviation
         if seen.bimodal or seen.short:
@@ -652,10 +793,15 @@ def timed_attempts(call: Callable[[], object], device: str, config: MeasureConfi
             break
         # Another attempt must fit the budget next to what this case already spent (warm-up, gate,
         # first call).
-        if spent >= config.retry_budget_s or first_s * 4 + spent * (attempts + 1) / attempts > config.time_budget_s:
+        if (
+            spent >= config.retry_budget_s
+            or first_s * 4 + spent * (attempts + 1) / attempts > config.time_budget_s
+        ):
             break
     blocks, probes, seen = kept
-    return Timed(blocks.samples, blocks.runs, seen, attempts, statistics.median(probes), tuple(blocks.shares))
+    return Timed(
+        blocks.samples, blocks.runs, seen, attempts, statistics.median(probes), tuple(blocks.shares)
+    )
 
 
 class _Attempt(NamedTuple):
@@ -667,7 +813,9 @@ class _Attempt(NamedTuple):
     seconds: float  # what its blocks took, the probes before and after not included
 
 
-def _attempt(call: Callable[[], object], device: str, config: MeasureConfig, first_s: float, spent: float) -> _Attempt:
+def _attempt(
+    call: Callable[[], object], device: str, config: MeasureConfig, first_s: float, spent: float
+) -> _Attempt:
     """Time ``call`` once in blocks.
 
     With ``config.probe``: probed before, between (long attempts) and after, descheduled blocks
@@ -680,9 +828,15 @@ def _attempt(call: Callable[[], object], device: str, config: MeasureConfig, fir
         # this attempt's probes, between blocks
         between = functools.partial(_probe_into, probes, device)
     t0 = time.perf_counter()
-    blocks = time_blocks(call, device, config.timer, between=between,
-                         wait_limit=schedstat.WAIT_LIMIT if config.probe else None,
-                         redo_s=max(0.0, config.retry_budget_s - spent), warm_s=first_s or None)
+    blocks = time_blocks(
+        call,
+        device,
+        config.timer,
+        between=between,
+        wait_limit=schedstat.WAIT_LIMIT if config.probe else None,
+        redo_s=max(0.0, config.retry_budget_s - spent),
+        warm_s=first_s or None,
+    )
     seconds = time.perf_counter() - t0
     if config.probe:
         probes.append(probe.probe_seconds(device))

@@ -82,7 +82,9 @@ def sweep(
                 break
             if progress is not None:
                 progress(i, len(cases), name, spec)
-            result = state.measure(name, spec, config, workers if isolate else None, timeout, memory_cap)
+            result = state.measure(
+                name, spec, config, workers if isolate else None, timeout, memory_cap
+            )
             results.append(result)
             if on_result is not None:
                 on_result(i, result)
@@ -112,7 +114,10 @@ def _case_timeout(config: MeasureConfig, case_timeout_s: float | None) -> float:
     """
     if case_timeout_s is not None and not (case_timeout_s > 0 and math.isfinite(case_timeout_s)):
         raise ValueError(f"case_timeout_s must be a finite number > 0, got {case_timeout_s}")
-    return case_timeout_s or config.time_budget_s + max(config.time_budget_s, config.check_seconds) + 60
+    return (
+        case_timeout_s
+        or config.time_budget_s + max(config.time_budget_s, config.check_seconds) + 60
+    )
 
 
 def _shape(name: str, spec: AttnSpec) -> tuple:
@@ -141,7 +146,11 @@ class _SweepState:
     def start(cls, devices: list[str], probe: bool) -> _SweepState:
         """Environments and matmul peaks of ``devices``; with ``probe``, each one's baseline."""
         envs = {d: environment(d) for d in devices}
-        peaks = {d: matmul_peak(d, "float32") for d in devices if not d.startswith("cuda") or torch.cuda.is_available()}
+        peaks = {
+            d: matmul_peak(d, "float32")
+            for d in devices
+            if not d.startswith("cuda") or torch.cuda.is_available()
+        }
         state = cls(envs, peaks)
         if probe:
             for d in peaks:
@@ -161,7 +170,11 @@ class _SweepState:
     def expected_call_s(self, name: str, spec: AttnSpec) -> float | None:
         """One call's seconds extrapolated from the case's last measured length (None: none yet)."""
         measured = self.measured.get(_shape(name, spec))
-        return None if measured is None else guard.extrapolated_seconds(get_variant(name), spec, *measured)
+        return (
+            None
+            if measured is None
+            else guard.extrapolated_seconds(get_variant(name), spec, *measured)
+        )
 
     def job(self, name: str, spec: AttnSpec, config: MeasureConfig, memory_cap: bool) -> CaseJob:
         """The worker's job for one case.
@@ -171,18 +184,39 @@ class _SweepState:
         cap = None
         if memory_cap and spec.device_type == "cpu":
             cap = int(config.memory_budget(spec.device)) + CAP_ALLOWANCE_BYTES
-        return CaseJob(name, spec, self.case_config(config, spec), self.peak(spec), self.envs[spec.device],
-                       sys_path=list(sys.path), memory_cap_bytes=cap, environ=dict(os.environ),
-                       expected_call_s=self.expected_call_s(name, spec))
+        return CaseJob(
+            name,
+            spec,
+            self.case_config(config, spec),
+            self.peak(spec),
+            self.envs[spec.device],
+            sys_path=list(sys.path),
+            memory_cap_bytes=cap,
+            environ=dict(os.environ),
+            expected_call_s=self.expected_call_s(name, spec),
+        )
 
-    def measure(self, name: str, spec: AttnSpec, config: MeasureConfig, workers: WorkerPool | None, timeout: float,
-                memory_cap: bool) -> Measurement:
+    def measure(
+        self,
+        name: str,
+        spec: AttnSpec,
+        config: MeasureConfig,
+        workers: WorkerPool | None,
+        timeout: float,
+        memory_cap: bool,
+    ) -> Measurement:
         """Measure one case (in a worker of ``workers``, else in this process) and learn from it."""
         if workers is not None:
             result = workers.run(self.job(name, spec, config, memory_cap), timeout)
         else:
-            result = measure(name, spec, self.case_config(config, spec), peak_flops=self.peak(spec),
-                             env=self.envs[spec.device], expected_call_s=self.expected_call_s(name, spec))
+            result = measure(
+                name,
+                spec,
+                self.case_config(config, spec),
+                peak_flops=self.peak(spec),
+                env=self.envs[spec.device],
+                expected_call_s=self.expected_call_s(name, spec),
+            )
         self.learn(name, spec, result)
         return result
 

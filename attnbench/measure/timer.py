@@ -96,7 +96,9 @@ def cache_flusher(device: torch.device) -> Callable[[], None]:
     return flush
 
 
-def _block(fn: Callable[[], object], number: int, device: torch.device) -> tuple[float, float | None]:
+def _block(
+    fn: Callable[[], object], number: int, device: torch.device
+) -> tuple[float, float | None]:
     """``(seconds, run-queue share)`` of ``number`` back-to-back calls.
 
     The share is that of the block's wall time the thread waited for a core (None: the kernel does
@@ -231,7 +233,9 @@ class _Tally:
             return True
         return False
 
-    def add(self, seconds: float, number: int, share: float | None, wait_limit: float | None) -> None:
+    def add(
+        self, seconds: float, number: int, share: float | None, wait_limit: float | None
+    ) -> None:
         """Count a block of ``number`` calls: dropped when its wait share is over ``wait_limit``."""
         if share is None:
             self.known = False
@@ -253,7 +257,9 @@ class _Tally:
         # a neighbour left no block alone: the dropped ones, for inspection (never an undisturbed
         # time)
         if self.dropped:
-            return Blocks(list(self.dropped), len(self.dropped) * number, self.dropped, shares, True)
+            return Blocks(
+                list(self.dropped), len(self.dropped) * number, self.dropped, shares, True
+            )
         return Blocks([first], 1, [], shares, self.short)
 
 
@@ -283,7 +289,9 @@ def time_call(
     return blocks.samples, blocks.runs
 
 
-def cuda_graph_seconds(fn: Callable[[], object], device: torch.device | str, replays: int = 20) -> float:
+def cuda_graph_seconds(
+    fn: Callable[[], object], device: torch.device | str, replays: int = 20
+) -> float:
     """Median seconds per call when ``fn`` is captured once in a CUDA graph and replayed.
 
     Replaying removes the host-side launch overhead, so comparing this with the eager time shows

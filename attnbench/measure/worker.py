@@ -42,8 +42,15 @@ from attnbench.measure.runner import MeasureConfig, measure
 from attnbench.plugins import load_plugins
 from attnbench.spec import AttnSpec
 
-PRELOAD = ["torch", "torch.profiler", "torch._inductor", "attnbench", "attnbench.measure.worker", "attnbench.measure.runner",
-           "attnbench.measure._forkserver"]
+PRELOAD = [
+    "torch",
+    "torch.profiler",
+    "torch._inductor",
+    "attnbench",
+    "attnbench.measure.worker",
+    "attnbench.measure.runner",
+    "attnbench.measure._forkserver",
+]
 """Modules the fork server imports once. ``torch._inductor`` because the profiler (peak tensor
 memory) imports it lazily: seconds in every fresh worker otherwise; ``_forkserver`` so that workers
 start with Ctrl-C ignored."""
@@ -123,12 +130,24 @@ def _child(conn, job: CaseJob) -> None:
         regime.apply(regime.Regime(threads=job.config.threads or torch.get_num_threads()))
         if job.memory_cap_bytes is not None:
             apply_memory_cap(job.memory_cap_bytes)
-        result = measure(job.variant, job.spec, job.config, peak_flops=job.peak_flops, env=job.env,
-                         expected_call_s=job.expected_call_s)
+        result = measure(
+            job.variant,
+            job.spec,
+            job.config,
+            peak_flops=job.peak_flops,
+            env=job.env,
+            expected_call_s=job.expected_call_s,
+        )
     except BaseException as exc:  # noqa: BLE001
         # e.g. a plugin that fails to import: a row, not a lost case
-        result = Measurement(variant=job.variant, spec=job.spec, status=Status.ERROR, env=job.env, workload=job.config.workload,
-                             reason=f"worker: {error_line(exc)}")
+        result = Measurement(
+            variant=job.variant,
+            spec=job.spec,
+            status=Status.ERROR,
+            env=job.env,
+            workload=job.config.workload,
+            reason=f"worker: {error_line(exc)}",
+        )
     # the parent is gone: nobody to tell
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
         conn.send(result)
@@ -162,7 +181,11 @@ def cgroup_oom_kills() -> int | None:
                 paths += [f"/sys/fs/cgroup{path}/memory.events"]
             elif "memory" in controllers.split(","):
                 paths += [f"/sys/fs/cgroup/memory{path}/memory.oom_control"]
-    for path in [*paths, "/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"]:
+    for path in [
+        *paths,
+        "/sys/fs/cgroup/memory.events",
+        "/sys/fs/cgroup/memory/memory.oom_control",
+    ]:
         with contextlib.suppress(OSError, ValueError):
             for line in Path(path).read_text(encoding="utf-8").splitlines():
                 key, _, value = line.partition(" ")
@@ -197,7 +220,10 @@ class WorkerPool:
         global _server_env
         server = multiprocessing.forkserver._forkserver
         with _server_lock:
-            running = server._forkserver_pid is not None and os.waitpid(server._forkserver_pid, os.WNOHANG)[0] == 0
+            running = (
+                server._forkserver_pid is not None
+                and os.waitpid(server._forkserver_pid, os.WNOHANG)[0] == 0
+            )
             if running and _server_env == self.env:
                 return
             if running:
@@ -226,8 +252,12 @@ class WorkerPool:
         if job.environ:
             job = dataclasses.replace(job, environ={**job.environ, **self.env})
         parent_conn, child_conn = self.ctx.Pipe(duplex=False)
-        proc = self.ctx.Process(target=_child, args=(child_conn, job), daemon=True,
-                                name=f"attnbench-{job.variant}-L{job.spec.lq}")
+        proc = self.ctx.Process(
+            target=_child,
+            args=(child_conn, job),
+            daemon=True,
+            name=f"attnbench-{job.variant}-L{job.spec.lq}",
+        )
         self._killed_by_us = False
         oom_kills_before = cgroup_oom_kills()
         start = time.perf_counter()
@@ -243,11 +273,16 @@ class WorkerPool:
             return result
         base = dict(variant=job.variant, spec=job.spec, env=job.env, workload=job.config.workload)
         if timed_out:
-            return Measurement(status=Status.TIMEOUT, reason=f"killed after {timeout_s:g} s (hard timeout for one case)",
-                               **base)
+            return Measurement(
+                status=Status.TIMEOUT,
+                reason=f"killed after {timeout_s:g} s (hard timeout for one case)",
+                **base,
+            )
         return self._unanswered(proc.exitcode, time.perf_counter() - start, oom_kills_before, base)
 
-    def _answer(self, proc: multiprocessing.process.BaseProcess, conn, timeout_s: float) -> tuple[Measurement | None, bool]:
+    def _answer(
+        self, proc: multiprocessing.process.BaseProcess, conn, timeout_s: float
+    ) -> tuple[Measurement | None, bool]:
         """The worker's Measurement (None: it died before sending one), and whether it timed out.
 
         It timed out when it ran past ``timeout_s`` (then it was killed). The worker is gone on
@@ -269,28 +304,51 @@ class WorkerPool:
             proc.join()
         return result, timed_out
 
-    def _unanswered(self, code: int | None, elapsed: float, oom_kills_before: int | None, base: dict) -> Measurement:
+    def _unanswered(
+        self, code: int | None, elapsed: float, oom_kills_before: int | None, base: dict
+    ) -> Measurement:
         """The record of a worker that ended without a result: crashed, or oom.
 
         The worker ended (exit ``code``) after ``elapsed`` s; it is oom when the cgroup counted an
         OOM kill (see the module docstring).
         """
         if code is None or code >= 0:
-            return Measurement(status=Status.CRASHED,
-                               reason=f"worker exited with code {code} without a result after {elapsed:.1f} s", **base)
+            return Measurement(
+                status=Status.CRASHED,
+                reason=f"worker exited with code {code} without a result after {elapsed:.1f} s",
+                **base,
+            )
         sig = -code
         if sig != signal.SIGKILL:
-            return Measurement(status=Status.CRASHED, reason=f"worker died from {_signal_name(sig)} after {elapsed:.1f} s",
-                               **base)
+            return Measurement(
+                status=Status.CRASHED,
+                reason=f"worker died from {_signal_name(sig)} after {elapsed:.1f} s",
+                **base,
+            )
         if self._killed_by_us:
-            return Measurement(status=Status.CRASHED, reason="worker killed on request (interrupted)", **base)
+            return Measurement(
+                status=Status.CRASHED, reason="worker killed on request (interrupted)", **base
+            )
         after = cgroup_oom_kills()
         if after is not None and oom_kills_before is not None and after > oom_kills_before:
-            return Measurement(status=Status.OOM, reason=(
-                f"worker killed by SIGKILL after {elapsed:.1f} s by the kernel's OOM killer "
-                f"(this cgroup's oom_kill count went from {oom_kills_before} to {after})"), **base)
-        known = ("no OOM kill recorded in this cgroup" if after is not None
-                 else "the cgroup's OOM count is unreadable here")
-        return Measurement(status=Status.CRASHED, reason=(
-            f"worker killed by signal 9 (SIGKILL) after {elapsed:.1f} s, not by attnbench "
-            f"({known}: another process, or an OOM killer outside this cgroup)"), **base)
+            return Measurement(
+                status=Status.OOM,
+                reason=(
+                    f"worker killed by SIGKILL after {elapsed:.1f} s by the kernel's OOM killer "
+                    f"(this cgroup's oom_kill count went from {oom_kills_before} to {after})"
+                ),
+                **base,
+            )
+        known = (
+            "no OOM kill recorded in this cgroup"
+            if after is not None
+            else "the cgroup's OOM count is unreadable here"
+        )
+        return Measurement(
+            status=Status.CRASHED,
+            reason=(
+                f"worker killed by signal 9 (SIGKILL) after {elapsed:.1f} s, not by attnbench "
+                f"({known}: another process, or an OOM killer outside this cgroup)"
+            ),
+            **base,
+        )

@@ -43,12 +43,26 @@ if TYPE_CHECKING:
 sns.set_theme(style="whitegrid", context="notebook")
 WRONG_COLOUR = "#b00020"
 
-FAMILY_COLOURS: dict[str, str] = {"dense": "Blues", "fused": "Oranges", "blockwise": "Greens", "linear": "Purples",
-                                  "scoring": "Greys", "compiled": "RdPu", OTHER_FAMILY: "YlOrBr"}
+FAMILY_COLOURS: dict[str, str] = {
+    "dense": "Blues",
+    "fused": "Oranges",
+    "blockwise": "Greens",
+    "linear": "Purples",
+    "scoring": "Greys",
+    "compiled": "RdPu",
+    OTHER_FAMILY: "YlOrBr",
+}
 """The colormap each family's shades come from (``contract.FAMILIES``; plugin variants: YlOrBr)."""
 
 
-SHAPE_TAGS = (("kv_heads", "Hkv"), ("head_dim", "D"), ("batch", "B"), ("heads", "H"), ("dtype", ""), ("mask", "mask "))
+SHAPE_TAGS = (
+    ("kv_heads", "Hkv"),
+    ("head_dim", "D"),
+    ("batch", "B"),
+    ("heads", "H"),
+    ("dtype", ""),
+    ("mask", "mask "),
+)
 """Shape columns that name a series where a figure's rows vary in them (``sdpa Hkv=2``).
 
 Never a median across shapes."""
@@ -63,7 +77,16 @@ def series(df: pd.DataFrame, model: bool = True) -> pd.Series:
     label = df["variant"].astype(str)
     for col, tag in SHAPE_TAGS:
         if col in df and df[col].nunique() > 1:
-            label = label + " " + tag + (df[col].astype(str) if tag.endswith(" ") or not tag else "=" + df[col].astype(str))
+            label = (
+                label
+                + " "
+                + tag
+                + (
+                    df[col].astype(str)
+                    if tag.endswith(" ") or not tag
+                    else "=" + df[col].astype(str)
+                )
+            )
     if model and "method" in df:
         label = label.where(df["method"] != Method.MODEL, label + " (model)")
     return label
@@ -91,7 +114,9 @@ def _ok(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
 
     seaborn's legends cannot handle pandas' nullable Int64.
     """
-    df = frame[(frame["metric"] == metric) & (frame["status"] == Status.OK) & frame["value"].notna()].copy()
+    df = frame[
+        (frame["metric"] == metric) & (frame["status"] == Status.OK) & frame["value"].notna()
+    ].copy()
     for col in ("seq_len", "seq_len_k"):
         df[col] = df[col].astype("int64")
     return df
@@ -115,7 +140,9 @@ def _unit_axis(ax, axis: str, unit: str) -> None:
         lo, hi = sorted(scale.get_view_interval())
         return fmt(v, unit) if lo > 0 and hi < 10 * lo and f"{v:.0e}"[0] in "235" else ""
 
-    scale.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: fmt(v, unit) if v > 0 else ""))
+    scale.set_major_formatter(
+        matplotlib.ticker.FuncFormatter(lambda v, _: fmt(v, unit) if v > 0 else "")
+    )
     scale.set_minor_formatter(matplotlib.ticker.FuncFormatter(minor))
 
 
@@ -134,8 +161,12 @@ LABEL_POINTS = 7.5  # font size of line-end labels
 GUIDE_COLOUR = "0.45"
 
 
-def _end_labels(ax, ends: dict[str, tuple[float, float]], text: dict[str, str] | None = None,
-                colours: dict[str, tuple] | None = None) -> None:
+def _end_labels(
+    ax,
+    ends: dict[str, tuple[float, float]],
+    text: dict[str, str] | None = None,
+    colours: dict[str, tuple] | None = None,
+) -> None:
     """Label each line at its right end, spread apart vertically inside the axes, never overlapping.
 
     Names of the O(n) guides (``"O(n..."``) are drawn grey."""
@@ -156,10 +187,22 @@ def _end_labels(ax, ends: dict[str, tuple[float, float]], text: dict[str, str] |
         for i in range(len(pos) - 2, -1, -1):
             pos[i] = min(pos[i], pos[i + 1] - gap)
     for (name, (x, y)), ly in zip(items, pos, strict=True):
-        shade = GUIDE_COLOUR if name.startswith("O(n") else (colours or {}).get(name) or colour(name)
-        ax.annotate((text or {}).get(name, name), xy=(x, y), xytext=(x * 1.08, 10**ly), fontsize=LABEL_POINTS, color=shade,
-                    va="center", ha="left", annotation_clip=False,
-                    arrowprops={"arrowstyle": "-", "color": "0.75", "lw": 0.5} if y > 0 and abs(ly - math.log10(y)) > 0.02 else None)
+        shade = (
+            GUIDE_COLOUR if name.startswith("O(n") else (colours or {}).get(name) or colour(name)
+        )
+        ax.annotate(
+            (text or {}).get(name, name),
+            xy=(x, y),
+            xytext=(x * 1.08, 10**ly),
+            fontsize=LABEL_POINTS,
+            color=shade,
+            va="center",
+            ha="left",
+            annotation_clip=False,
+            arrowprops={"arrowstyle": "-", "color": "0.75", "lw": 0.5}
+            if y > 0 and abs(ly - math.log10(y)) > 0.02
+            else None,
+        )
 
 
 def _spread_bars(ax, x: pd.Series, y: pd.Series, spread: pd.Series, colour: tuple) -> None:
@@ -169,11 +212,22 @@ def _spread_bars(ax, x: pd.Series, y: pd.Series, spread: pd.Series, colour: tupl
         half = spread[known].to_numpy(float) / 2
         # log axes: the bar stays above zero
         low = np.minimum(half, y[known].to_numpy(float) * 0.999)
-        ax.errorbar(x[known].to_numpy(float), y[known].to_numpy(float), yerr=[low, half], fmt="none", ecolor=colour,
-                    elinewidth=0.9, capsize=2, alpha=0.8, zorder=4)
+        ax.errorbar(
+            x[known].to_numpy(float),
+            y[known].to_numpy(float),
+            yerr=[low, half],
+            fmt="none",
+            ecolor=colour,
+            elinewidth=0.9,
+            capsize=2,
+            alpha=0.8,
+            zorder=4,
+        )
 
 
-def _guides(ax, lengths: np.ndarray, anchor: float, exponents: tuple[float, ...] = (1.0, 2.0)) -> dict[str, tuple[float, float]]:
+def _guides(
+    ax, lengths: np.ndarray, anchor: float, exponents: tuple[float, ...] = (1.0, 2.0)
+) -> dict[str, tuple[float, float]]:
     """Dashed O(n^p) lines through ``anchor`` at the shortest length; returns their names' places.
 
     The places, of the ones that end inside the axes, are for :func:`_end_labels`: the guides'
@@ -213,12 +267,16 @@ def _scaling_rows(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
     if df.empty:
         return df
     df = df.assign(family=[family(v) for v in df["variant"]], variant=series(df))
-    df = df.groupby(["device", "mode", "family", "variant", "seq_len"], as_index=False)[["value", "spread"]].median()
+    df = df.groupby(["device", "mode", "family", "variant", "seq_len"], as_index=False)[
+        ["value", "spread"]
+    ].median()
     df["where"] = df["device"] + " " + df["mode"]
     return df
 
 
-def _scaling_panel(ax, df: pd.DataFrame, sub: pd.DataFrame, unit: str, guides: bool, title: str) -> None:
+def _scaling_panel(
+    ax, df: pd.DataFrame, sub: pd.DataFrame, unit: str, guides: bool, title: str
+) -> None:
     """One panel of :func:`scaling` (``df``: every panel's rows, for the shared axes)."""
     positive = df["value"][df["value"] > 0]
     if len(positive):  # the data set the range; guides beyond it are clipped
@@ -245,32 +303,55 @@ def _scaling_panel(ax, df: pd.DataFrame, sub: pd.DataFrame, unit: str, guides: b
     ax.set_title(title, fontsize=10)
 
 
-_ODD_MARKERS = ((Status.WRONG, {"marker": "x", "s": 60, "color": WRONG_COLOUR}),
-               (Status.NOISY, {"marker": "o", "s": 40, "facecolors": "none", "linewidths": 1.2}))
+_ODD_MARKERS = (
+    (Status.WRONG, {"marker": "x", "s": 60, "color": WRONG_COLOUR}),
+    (Status.NOISY, {"marker": "o", "s": 40, "facecolors": "none", "linewidths": 1.2}),
+)
 """How :func:`scaling` marks no-fact points: wrong ones red crosses, noisy ones hollow circles."""
 
 
-def _mark_odd(frame: pd.DataFrame, metric: str, axes: dict, row: str | None, col: str | None) -> None:
+def _mark_odd(
+    frame: pd.DataFrame, metric: str, axes: dict, row: str | None, col: str | None
+) -> None:
     """Mark ``metric``'s wrong and noisy points on their panels of ``axes``, never in a line."""
     for status, style in _ODD_MARKERS:
-        odd = frame[(frame["metric"] == metric) & (frame["status"] == status) & (frame["value"] > 0)]
+        odd = frame[
+            (frame["metric"] == metric) & (frame["status"] == status) & (frame["value"] > 0)
+        ]
         if not len(odd):
             continue
-        odd = odd.assign(family=[family(v) for v in odd["variant"]], where=odd["device"] + " " + odd["mode"])
+        odd = odd.assign(
+            family=[family(v) for v in odd["variant"]], where=odd["device"] + " " + odd["mode"]
+        )
         for rec in odd.to_dict("records"):
             ax = axes.get((rec["where"] if row else None, rec["family"] if col else None))
             if ax is None:
                 continue
             # hollow, in its variant's colour: many in a crowded panel, so no text
             if status == Status.NOISY:
-                ax.scatter([int(rec["seq_len"])], [rec["value"]], zorder=5, label=status, edgecolors=[colour(rec["variant"])], **style)
+                ax.scatter(
+                    [int(rec["seq_len"])],
+                    [rec["value"]],
+                    zorder=5,
+                    label=status,
+                    edgecolors=[colour(rec["variant"])],
+                    **style,
+                )
             else:
                 ax.scatter([int(rec["seq_len"])], [rec["value"]], zorder=5, label=status, **style)
-                ax.annotate(f"{rec['variant']} {status}", (int(rec["seq_len"]), rec["value"]), fontsize=7,
-                            color=WRONG_COLOUR, xytext=(4, -8), textcoords="offset points")
+                ax.annotate(
+                    f"{rec['variant']} {status}",
+                    (int(rec["seq_len"]), rec["value"]),
+                    fontsize=7,
+                    color=WRONG_COLOUR,
+                    xytext=(4, -8),
+                    textcoords="offset points",
+                )
 
 
-def scaling(frame: pd.DataFrame, metric: str, guides: bool = True, title: str | None = None) -> plt.Figure | None:
+def scaling(
+    frame: pd.DataFrame, metric: str, guides: bool = True, title: str | None = None
+) -> plt.Figure | None:
     """Metric vs sequence length on log-log axes: one panel per family, one line per variant.
 
     Lines are labelled at their right end. Predicted values (method "model") are their own dashed
@@ -287,10 +368,24 @@ def scaling(frame: pd.DataFrame, metric: str, guides: bool = True, title: str | 
     col = "family" if len(families) > 1 else None
     palette = _palette(df["variant"].unique().tolist())
     grid = sns.relplot(
-        data=df, x="seq_len", y="value", hue="variant", style="variant", kind="line", markers=True,
-        dashes={v: (1, 2) if v.endswith(" (model)") else "" for v in palette}, style_order=list(palette),
-        col=col, row=row, height=3.3, aspect=1.25, palette=palette, hue_order=list(palette), legend=False,
-        col_order=families if col else None, col_wrap=3 if col and not row else None,
+        data=df,
+        x="seq_len",
+        y="value",
+        hue="variant",
+        style="variant",
+        kind="line",
+        markers=True,
+        dashes={v: (1, 2) if v.endswith(" (model)") else "" for v in palette},
+        style_order=list(palette),
+        col=col,
+        row=row,
+        height=3.3,
+        aspect=1.25,
+        palette=palette,
+        hue_order=list(palette),
+        legend=False,
+        col_order=families if col else None,
+        col_wrap=3 if col and not row else None,
         facet_kws={"sharey": True, "sharex": True},
     )
     grid.set(yscale="log")
@@ -305,11 +400,15 @@ def scaling(frame: pd.DataFrame, metric: str, guides: bool = True, title: str | 
     _mark_odd(frame, metric, axes, row, col)
     # every panel has its tick labels: rows are spaced so titles never sit on them
     grid.tight_layout()
-    grid.figure.suptitle(title or f"{LABELS.get(metric, metric)} vs sequence length, by family", y=1.02)
+    grid.figure.suptitle(
+        title or f"{LABELS.get(metric, metric)} vs sequence length, by family", y=1.02
+    )
     return grid.figure
 
 
-def _fit_record(fits: pd.DataFrame | None, variant: str, metric: str, workload: str = "prefill") -> dict | None:
+def _fit_record(
+    fits: pd.DataFrame | None, variant: str, metric: str, workload: str = "prefill"
+) -> dict | None:
     """The fit of ``variant``'s ``metric`` on ``workload`` (None: nothing fitted)."""
     if fits is None or fits.empty:
         return None
@@ -319,7 +418,9 @@ def _fit_record(fits: pd.DataFrame | None, variant: str, metric: str, workload: 
     return None if sub.empty else sub.iloc[0].to_dict()
 
 
-def _fit_label(fits: pd.DataFrame | None, variant: str, metric: str, workload: str = "prefill") -> str:
+def _fit_label(
+    fits: pd.DataFrame | None, variant: str, metric: str, workload: str = "prefill"
+) -> str:
     """A fit's label for ``workload``: "L^2.01", "slope inconclusive", "model" or ""."""
     rec = _fit_record(fits, variant, metric, workload)
     if rec is None:
@@ -341,7 +442,9 @@ def _time_label(fits: pd.DataFrame | None, variant: str) -> str:
     return ", ".join(parts)
 
 
-def _mark_crossover(ax, fits: pd.DataFrame | None, variant: str, s: pd.Series, shade: tuple) -> None:
+def _mark_crossover(
+    ax, fits: pd.DataFrame | None, variant: str, s: pd.Series, shade: tuple
+) -> None:
     """Mark L*, where the L² term overtakes the L term, on the variant's line when it falls inside.
 
     Read from the instruction counts' cost split when counted (they do not move with the machine),
@@ -350,21 +453,44 @@ def _mark_crossover(ax, fits: pd.DataFrame | None, variant: str, s: pd.Series, s
     """
     for metric in ("instructions", "time"):
         rec = _fit_record(fits, variant, metric)
-        if rec is not None and rec.get("verdict") == FitVerdict.SHALLOWER and math.isfinite(rec.get("crossover_L", math.nan)):
+        if (
+            rec is not None
+            and rec.get("verdict") == FitVerdict.SHALLOWER
+            and math.isfinite(rec.get("crossover_L", math.nan))
+        ):
             break
     else:
         return
     star = float(rec["crossover_L"])
     if not s.index.min() <= star <= s.index.max():
         return
-    y = float(np.exp(np.interp(np.log(star), np.log(s.index.to_numpy(float)), np.log(s["value"].to_numpy(float)))))
+    y = float(
+        np.exp(
+            np.interp(
+                np.log(star), np.log(s.index.to_numpy(float)), np.log(s["value"].to_numpy(float))
+            )
+        )
+    )
     ax.plot([star], [y], marker="v", ms=7, color=shade, mec="black", mew=0.6, zorder=5)
-    ax.annotate(f"L*≈{star:,.0f}", xy=(star, y), xytext=(0, 9), textcoords="offset points", ha="center",
-                fontsize=LABEL_POINTS, color=shade)
+    ax.annotate(
+        f"L*≈{star:,.0f}",
+        xy=(star, y),
+        xytext=(0, 9),
+        textcoords="offset points",
+        ha="center",
+        fontsize=LABEL_POINTS,
+        color=shade,
+    )
 
 
-def _progression_panel(ax, metric: str, df: pd.DataFrame, fits: pd.DataFrame | None, shades: dict[str, tuple],
-                       lengths: list[int]) -> None:
+def _progression_panel(
+    ax,
+    metric: str,
+    df: pd.DataFrame,
+    fits: pd.DataFrame | None,
+    shades: dict[str, tuple],
+    lengths: list[int],
+) -> None:
     """One panel of :func:`progression`: a line per series of ``df``, labelled with its slope.
 
     The lines follow the order of ``shades`` (variant -> its colour); each is labelled at its end
@@ -384,7 +510,11 @@ def _progression_panel(ax, metric: str, df: pd.DataFrame, fits: pd.DataFrame | N
         ends[name] = (float(s.index[-1]), float(s["value"].iloc[-1]))
         label = ""
         if name == variant:  # fits are per variant of one shape
-            label = _time_label(fits, variant) if metric == "time" else _fit_label(fits, variant, metric)
+            label = (
+                _time_label(fits, variant)
+                if metric == "time"
+                else _fit_label(fits, variant, metric)
+            )
             if metric == "time":
                 _mark_crossover(ax, fits, variant, s, shade)
         text[name] = f"{name}  {label}" if label else name
@@ -394,10 +524,15 @@ def _progression_panel(ax, metric: str, df: pd.DataFrame, fits: pd.DataFrame | N
     _end_labels(ax, ends, text, colours)
     ax.set_xlim(right=max(lengths) * 2.6 if lengths else None)
     ax.set(xlabel="sequence length L", ylabel=LABELS[metric])
-    ax.set_title("time per call" if metric == "time" else "peak tensor memory (dotted: model, not measured)", fontsize=11)
+    ax.set_title(
+        "time per call" if metric == "time" else "peak tensor memory (dotted: model, not measured)",
+        fontsize=11,
+    )
 
 
-def progression(frame: pd.DataFrame, fits: pd.DataFrame | None = None, variants: tuple[str, ...] = PROGRESSION) -> plt.Figure | None:
+def progression(
+    frame: pd.DataFrame, fits: pd.DataFrame | None = None, variants: tuple[str, ...] = PROGRESSION
+) -> plt.Figure | None:
     """The teaching progression, loop -> vectorized -> batched -> torch_mha -> sdpa, vs L.
 
     Two log-log panels; each line is labelled at its end with its fitted slope ("L^2.01") when the
@@ -420,15 +555,23 @@ def progression(frame: pd.DataFrame, fits: pd.DataFrame | None = None, variants:
     distinct = {v: plt.get_cmap("tab10")(i) for i, v in enumerate(variants)}
     for ax, (metric, df) in zip(axes, panels, strict=True):
         _progression_panel(ax, metric, df, fits, distinct, lengths)
-    fig.suptitle("From the Python loop to fused SDPA: time and memory vs L (log-log, fitted slopes at "
-                 "line ends; ▼ L*: the L² term overtakes the L term)", fontsize=12)
+    fig.suptitle(
+        "From the Python loop to fused SDPA: time and memory vs L (log-log, fitted slopes at "
+        "line ends; ▼ L*: the L² term overtakes the L term)",
+        fontsize=12,
+    )
     fig.tight_layout()
     return fig
 
 
 def gflops(frame: pd.DataFrame) -> plt.Figure | None:
     """Achieved GFLOP/s vs L, with the machine's matmul peak as a horizontal line."""
-    fig = scaling(frame, "gflops", guides=False, title="achieved GFLOP/s vs sequence length (dotted: matmul peak)")
+    fig = scaling(
+        frame,
+        "gflops",
+        guides=False,
+        title="achieved GFLOP/s vs sequence length (dotted: matmul peak)",
+    )
     if fig is None:
         return None
     peak = frame["peak_gflops"].dropna()
@@ -453,27 +596,57 @@ def _roofs(ax, peak: float, bw: float, lo: float, hi: float, dtype: str) -> None
     if bw > 0:
         ridge = peak / bw
         ax.plot(x, np.minimum(peak, x * bw), color="black", lw=1.6, zorder=1)
-        ax.annotate(f"bandwidth roof (slanted): triad {fmt(bw, 'GB/s')}", (lo * 1.15, peak * 1.25), fontsize=8,
-                    va="bottom")  # above the roofs' height, where nothing is drawn
+        ax.annotate(
+            f"bandwidth roof (slanted): triad {fmt(bw, 'GB/s')}",
+            (lo * 1.15, peak * 1.25),
+            fontsize=8,
+            va="bottom",
+        )  # above the roofs' height, where nothing is drawn
         ax.axvline(ridge, color="0.7", ls=":", lw=0.8, zorder=0)
-        ax.annotate(f"ridge {sig(ridge)} FLOP/byte", (ridge, peak), fontsize=7.5, color="0.4", xytext=(3, -12),
-                    textcoords="offset points")
+        ax.annotate(
+            f"ridge {sig(ridge)} FLOP/byte",
+            (ridge, peak),
+            fontsize=7.5,
+            color="0.4",
+            xytext=(3, -12),
+            textcoords="offset points",
+        )
     else:
         ax.axhline(peak, color="black", lw=1.6, zorder=1)
-    ax.annotate(f"compute roof: {dtype} matmul {fmt(peak, 'GFLOP/s')}", (hi / 1.2, peak), fontsize=8,
-                ha="right", xytext=(0, 4), textcoords="offset points")
+    ax.annotate(
+        f"compute roof: {dtype} matmul {fmt(peak, 'GFLOP/s')}",
+        (hi / 1.2, peak),
+        fontsize=8,
+        ha="right",
+        xytext=(0, 4),
+        textcoords="offset points",
+    )
 
 
 def _roofline_points(ax, sub: pd.DataFrame) -> None:
     """A point per case (family colour, workload shape), a label per workload with its lengths."""
     for (variant, workload), pts in sub.groupby(["variant", "workload"], sort=True):
-        ax.scatter(pts["ai"], pts["gflops"], color=colour(variant), marker=WORKLOAD_MARKERS.get(workload, "s"),
-                   s=34, edgecolors="0.2", linewidths=0.4, zorder=3)
+        ax.scatter(
+            pts["ai"],
+            pts["gflops"],
+            color=colour(variant),
+            marker=WORKLOAD_MARKERS.get(workload, "s"),
+            s=34,
+            edgecolors="0.2",
+            linewidths=0.4,
+            zorder=3,
+        )
     for workload, pts in sub.groupby("workload"):  # name each cluster with the lengths it spans
         length = pts["seq_len"] if workload == "prefill" else pts["seq_len_k"]
         what = "L" if workload == "prefill" else "Lk"
-        ax.annotate(f"{workload}, {what} {int(length.min())}-{int(length.max())}", (float(pts["ai"].min()), float(pts["gflops"].min())),
-                    fontsize=7.5, color="0.3", xytext=(0, -14), textcoords="offset points")
+        ax.annotate(
+            f"{workload}, {what} {int(length.min())}-{int(length.max())}",
+            (float(pts["ai"].min()), float(pts["gflops"].min())),
+            fontsize=7.5,
+            color="0.3",
+            xytext=(0, -14),
+            textcoords="offset points",
+        )
 
 
 def _roofline_panel(ax, machine: str, device: str, dtype: str, sub: pd.DataFrame) -> None:
@@ -483,22 +656,40 @@ def _roofline_panel(ax, machine: str, device: str, dtype: str, sub: pd.DataFrame
     hi = max(float(sub["ai"].max()), peak / bw if bw > 0 else 0) * 3
     _roofs(ax, peak, bw, lo, hi, dtype)
     _roofline_points(ax, sub)
-    ax.set(xscale="log", yscale="log", xlim=(lo, hi), xlabel="arithmetic intensity (FLOP per byte moved by an ideal kernel)",
-           ylabel="achieved GFLOP/s")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlim=(lo, hi),
+        xlabel="arithmetic intensity (FLOP per byte moved by an ideal kernel)",
+        ylabel="achieved GFLOP/s",
+    )
     top = max(peak, float(sub["gflops"].max()))
     ax.set_ylim(float(sub["gflops"].min()) / 3, top * 2.5)
-    ax.set_title(f"{machine} / {device}" + ("" if bw > 0 else " (bandwidth not recorded)"), fontsize=10)
+    ax.set_title(
+        f"{machine} / {device}" + ("" if bw > 0 else " (bandwidth not recorded)"), fontsize=10
+    )
 
 
 def _roofline_legend(ax, df: pd.DataFrame) -> None:
     """The legend of :func:`roofline`: the workloads' shapes and the families' colours drawn."""
-    handles = [plt.Line2D([], [], ls="", marker=m, color="0.35", label=w) for w, m in WORKLOAD_MARKERS.items()
-               if w in set(df["workload"])]
+    handles = [
+        plt.Line2D([], [], ls="", marker=m, color="0.35", label=w)
+        for w, m in WORKLOAD_MARKERS.items()
+        if w in set(df["workload"])
+    ]
     fams = [f for f in [*FAMILIES, OTHER_FAMILY] if f in {family(v) for v in df["variant"]}]
-    handles += [plt.Line2D([], [], ls="", marker="s", color=plt.get_cmap(FAMILY_COLOURS[f])(0.7),
-                           label=f) for f in fams]
-    ax.legend(handles=handles, fontsize=8, loc="lower right", ncol=2, title="shape: workload; colour: family",
-              title_fontsize=7.5)
+    handles += [
+        plt.Line2D([], [], ls="", marker="s", color=plt.get_cmap(FAMILY_COLOURS[f])(0.7), label=f)
+        for f in fams
+    ]
+    ax.legend(
+        handles=handles,
+        fontsize=8,
+        loc="lower right",
+        ncol=2,
+        title="shape: workload; colour: family",
+        title_fontsize=7.5,
+    )
 
 
 def roofline(table: pd.DataFrame) -> plt.Figure | None:
@@ -515,15 +706,25 @@ def roofline(table: pd.DataFrame) -> plt.Figure | None:
     """
     if table is None or table.empty:
         return None
-    df = table[table["ai"].notna() & (table["ai"] > 0) & (table["gflops"] > 0) & table["peak_gflops"].notna()]
+    df = table[
+        table["ai"].notna()
+        & (table["ai"] > 0)
+        & (table["gflops"] > 0)
+        & table["peak_gflops"].notna()
+    ]
     if df.empty:
         return None
     groups = list(df.groupby(["machine", "device", "dtype"], sort=True))[:3]
-    fig, axes = plt.subplots(1, len(groups), figsize=(7.2 * len(groups) if len(groups) > 1 else 10, 4.6), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(groups), figsize=(7.2 * len(groups) if len(groups) > 1 else 10, 4.6), squeeze=False
+    )
     for ax, ((machine, device, dtype), sub) in zip(axes[0], groups, strict=True):
         _roofline_panel(ax, machine, device, dtype, sub)
     _roofline_legend(axes[0][-1], df)
-    fig.suptitle("Roofline: every case under the measured compute and bandwidth roofs of its machine", fontsize=11)
+    fig.suptitle(
+        "Roofline: every case under the measured compute and bandwidth roofs of its machine",
+        fontsize=11,
+    )
     fig.tight_layout()
     return fig
 
@@ -544,16 +745,27 @@ def prefill_vs_decode(frame: pd.DataFrame, fits: pd.DataFrame | None = None) -> 
     df = df[(df["workload"] == "prefill") | (df["seq_len"] == 1)]
     if (df["mode"] == "forward").any():
         df = df[df["mode"] == "forward"]
-    both = set(df.loc[df["workload"] == "decode", "variant"]) & set(df.loc[df["workload"] == "prefill", "variant"])
+    both = set(df.loc[df["workload"] == "decode", "variant"]) & set(
+        df.loc[df["workload"] == "prefill", "variant"]
+    )
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.3))
     for ax, workload in zip(axes, ("decode", "prefill"), strict=True):
         sub = df[df["workload"] == workload]
         if both:
             sub = sub[sub["variant"].isin(both)]
         ends, text = {}, {}
-        for variant in [v for v in variant_names() if v in set(sub["variant"])] + sorted(set(sub["variant"]) - set(variant_names())):
+        for variant in [v for v in variant_names() if v in set(sub["variant"])] + sorted(
+            set(sub["variant"]) - set(variant_names())
+        ):
             s = sub[sub["variant"] == variant].groupby("length")["value"].median()
-            ax.plot(s.index, s.values, marker="^" if workload == "decode" else "o", ms=4, lw=2, color=colour(variant))
+            ax.plot(
+                s.index,
+                s.values,
+                marker="^" if workload == "decode" else "o",
+                ms=4,
+                lw=2,
+                color=colour(variant),
+            )
             ends[variant] = (float(s.index[-1]), float(s.values[-1]))
             label = _fit_label(fits, variant, "time", workload)
             text[variant] = f"{variant}  {label}" if label else variant
@@ -564,7 +776,9 @@ def prefill_vs_decode(frame: pd.DataFrame, fits: pd.DataFrame | None = None) -> 
         _unit_axis(ax, "y", "s")
         _end_labels(ax, ends, text)
         if workload == "decode":
-            ax.set(xlabel="context length Lk (KV cache), one query", ylabel="time per generated token")
+            ax.set(
+                xlabel="context length Lk (KV cache), one query", ylabel="time per generated token"
+            )
             ax.set_title("decode: one token over a KV cache of Lk (declared O(L))", fontsize=11)
         else:
             ax.set(xlabel="sequence length L = Lq = Lk", ylabel="time per call")
@@ -574,20 +788,25 @@ def prefill_vs_decode(frame: pd.DataFrame, fits: pd.DataFrame | None = None) -> 
     return fig
 
 
-def _crossover_cells(cross: pd.DataFrame, rows: list[str], cols: list[str]) -> tuple[np.ndarray, list[list[str]]]:
+def _crossover_cells(
+    cross: pd.DataFrame, rows: list[str], cols: list[str]
+) -> tuple[np.ndarray, list[list[str]]]:
     """Each (variant, baseline) cell's ratio at the longest common L (NaN: none) and its text."""
     ratio = np.full((len(rows), len(cols)), np.nan)
     text = [["" for _ in cols] for _ in rows]
     for rec in cross.to_dict("records"):
         i, j = rows.index(rec["variant"]), cols.index(rec["baseline"])
         ratio[i, j] = rec["ratio_at_longest"]
-        where = {"always": "always", "never": "never"}.get(rec["crossover_L"], f"L≥{rec['crossover_L']}")
+        where = {"always": "always", "never": "never"}.get(
+            rec["crossover_L"], f"L≥{rec['crossover_L']}"
+        )
         text[i][j] = f"{where}  {fmt(rec['ratio_at_longest'], 'x')}"
     return ratio, text
 
 
-def _crossover_panel(ax, metric: str, cross: pd.DataFrame, rows: list[str], cols: list[str], half: float,
-                     first: bool):
+def _crossover_panel(
+    ax, metric: str, cross: pd.DataFrame, rows: list[str], cols: list[str], half: float, first: bool
+):
     """One metric's variant x baseline matrix of :func:`crossover_matrix`; returns its image.
 
     Variant names go on the ``first`` panel only; the image is returned for the colour bar.
@@ -599,17 +818,31 @@ def _crossover_panel(ax, metric: str, cross: pd.DataFrame, rows: list[str], cols
         for j in range(len(cols)):
             if text[i][j]:
                 dark = abs(logr[i, j]) > 0.55 * half
-                ax.text(j, i, text[i][j], ha="center", va="center", fontsize=7.5, color="white" if dark else "black")
+                ax.text(
+                    j,
+                    i,
+                    text[i][j],
+                    ha="center",
+                    va="center",
+                    fontsize=7.5,
+                    color="white" if dark else "black",
+                )
     ax.set_xticks(range(len(cols)), [f"vs {c}" for c in cols], fontsize=9)
     ax.set_yticks(range(len(rows)), rows if first else [""] * len(rows), fontsize=9)
     ax.xaxis.tick_top()
     ax.grid(False)
     what = "faster" if metric == "time" else "smaller"
-    ax.set_title(f"{'time' if metric == 'time' else 'peak tensor memory'}: first L where {what}", fontsize=10, pad=20)
+    ax.set_title(
+        f"{'time' if metric == 'time' else 'peak tensor memory'}: first L where {what}",
+        fontsize=10,
+        pad=20,
+    )
     return image
 
 
-def crossover_matrix(crosses: dict[str, pd.DataFrame] | pd.DataFrame, metric: str = "time") -> plt.Figure | None:
+def crossover_matrix(
+    crosses: dict[str, pd.DataFrame] | pd.DataFrame, metric: str = "time"
+) -> plt.Figure | None:
     """Variant x baseline matrices, one panel per metric: from which L each variant wins.
 
     The cell says from which L the variant is faster (time) or smaller (memory) than the baseline
@@ -622,19 +855,30 @@ def crossover_matrix(crosses: dict[str, pd.DataFrame] | pd.DataFrame, metric: st
     """
     if isinstance(crosses, pd.DataFrame) or crosses is None:
         crosses = {metric: crosses}
-    crosses = {m: t[t["metric"] == m] for m, t in crosses.items() if t is not None and len(t) and (t["metric"] == m).any()}
+    crosses = {
+        m: t[t["metric"] == m]
+        for m, t in crosses.items()
+        if t is not None and len(t) and (t["metric"] == m).any()
+    }
     if not crosses:
         return None
     names = set().union(*(set(t["variant"]) | set(t["baseline"]) for t in crosses.values()))
     order = [v for v in variant_names() if v in names] + sorted(names - set(variant_names()))
     rows = [v for v in order if any(v in set(t["variant"]) for t in crosses.values())]
-    logs = np.concatenate([np.log10(t["ratio_at_longest"].to_numpy(float)) for t in crosses.values()])
+    logs = np.concatenate(
+        [np.log10(t["ratio_at_longest"].to_numpy(float)) for t in crosses.values()]
+    )
     logs = logs[np.isfinite(logs)]
     # a 10^4 outlier must not wash out 2x
     half = min(max(float(np.abs(logs).max()) if len(logs) else 1.0, 0.5), 3.0)
     widths = [len(set(t["baseline"])) for t in crosses.values()]
-    fig, axes = plt.subplots(1, len(crosses), figsize=(1.55 * sum(widths) + 2.2 * len(crosses) + 1.2, 0.34 * len(rows) + 1.3),
-                             gridspec_kw={"width_ratios": widths}, squeeze=False)
+    fig, axes = plt.subplots(
+        1,
+        len(crosses),
+        figsize=(1.55 * sum(widths) + 2.2 * len(crosses) + 1.2, 0.34 * len(rows) + 1.3),
+        gridspec_kw={"width_ratios": widths},
+        squeeze=False,
+    )
     image = None
     for k, (ax, (m, cross)) in enumerate(zip(axes[0], crosses.items(), strict=True)):
         cols = [b for b in order if b in set(cross["baseline"])]
@@ -667,18 +911,33 @@ def speedup_heatmap(frame: pd.DataFrame, baseline: str) -> plt.Figure | None:
     # a short colour bar holds three labels
     ticks = [-3, -2, -1, 0, 1, 2, 3] if height >= 3.5 else [-3, 0, 3]
     fig, ax = plt.subplots(figsize=(1.0 * ratio.shape[1] + 3.5, height))
-    sns.heatmap(np.log10(ratio), annot=ratio.map(lambda v: "" if pd.isna(v) else fmt(v, "x")), fmt="", cmap="RdBu",
-                center=0, vmin=-3, vmax=3, ax=ax, annot_kws={"fontsize": 7},
-                cbar_kws={"label": f"{baseline} time / time", "ticks": ticks})
+    sns.heatmap(
+        np.log10(ratio),
+        annot=ratio.map(lambda v: "" if pd.isna(v) else fmt(v, "x")),
+        fmt="",
+        cmap="RdBu",
+        center=0,
+        vmin=-3,
+        vmax=3,
+        ax=ax,
+        annot_kws={"fontsize": 7},
+        cbar_kws={"label": f"{baseline} time / time", "ticks": ticks},
+    )
     ax.collections[0].colorbar.set_ticklabels([fmt(10.0**t, "x") for t in ticks])
     ax.set(xlabel="sequence length L", ylabel="")
     ax.tick_params(axis="y", rotation=0)
     ax.grid(False)
     ax.set_title(f"speedup over {baseline} (forward)", fontsize=10)
-    notes = ["blank: no correct, undisturbed time (noisy, wrong or not run)"] if ratio.isna().to_numpy().any() else []
+    notes = (
+        ["blank: no correct, undisturbed time (noisy, wrong or not run)"]
+        if ratio.isna().to_numpy().any()
+        else []
+    )
     if missing:
-        notes.append(f"no column at L={', '.join(map(str, missing))}: {baseline} has no correct, "
-                     "undisturbed time there")
+        notes.append(
+            f"no column at L={', '.join(map(str, missing))}: {baseline} has no correct, "
+            "undisturbed time there"
+        )
     if notes:
         fig.text(0.01, 0.01, "; ".join(notes), fontsize=7, color="0.35")
     fig.tight_layout(rect=(0, 0.06 if notes else 0, 1, 1))
@@ -700,8 +959,19 @@ def error_vs_time(frame: pd.DataFrame) -> plt.Figure | None:
         s = s.sort_values("seq_len")
         ax.plot(s["time"], s["value"], marker="o", color=colour(variant), label=variant)
         for rec in s.to_dict("records"):
-            ax.annotate(f"L={rec['seq_len']}", (rec["time"], rec["value"]), fontsize=7, xytext=(4, 2), textcoords="offset points")
-    ax.set(xscale="log", yscale="log", xlabel="median time per call", ylabel="max |out - exact softmax attention|")
+            ax.annotate(
+                f"L={rec['seq_len']}",
+                (rec["time"], rec["value"]),
+                fontsize=7,
+                xytext=(4, 2),
+                textcoords="offset points",
+            )
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="median time per call",
+        ylabel="max |out - exact softmax attention|",
+    )
     _unit_axis(ax, "x", "s")
     # labels in a narrow decade
     ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
@@ -727,8 +997,18 @@ def history(frame: pd.DataFrame, metric: str = "time") -> plt.Figure | None:
     df = df[df["seq_len"].isin(pick)]
     palette = _palette(df["variant"].unique().tolist())
     grid = sns.relplot(
-        data=df, x="commit_short", y="value", hue="variant", col="seq_len", kind="line", marker="o", palette=palette,
-        col_wrap=min(3, len(pick)), height=3.4, aspect=1.3, facet_kws={"sharey": False},
+        data=df,
+        x="commit_short",
+        y="value",
+        hue="variant",
+        col="seq_len",
+        kind="line",
+        marker="o",
+        palette=palette,
+        col_wrap=min(3, len(pick)),
+        height=3.4,
+        aspect=1.3,
+        facet_kws={"sharey": False},
     )
     short = [c[:8] for c in order]
     for ax in grid.axes.flat:
@@ -748,8 +1028,18 @@ def machines(frame: pd.DataFrame, metric: str = "time") -> plt.Figure | None:
         return None
     df = df[df["seq_len"] == df["seq_len_k"]]
     df = df.assign(where=df["machine"] + " / " + df["device"])
-    grid = sns.relplot(data=df, x="seq_len", y="value", hue="variant", col="where", kind="line", marker="o", height=3.6,
-                       aspect=1.2, palette=_palette(df["variant"].unique().tolist()))
+    grid = sns.relplot(
+        data=df,
+        x="seq_len",
+        y="value",
+        hue="variant",
+        col="where",
+        kind="line",
+        marker="o",
+        height=3.6,
+        aspect=1.2,
+        palette=_palette(df["variant"].unique().tolist()),
+    )
     grid.set(yscale="log", xlabel="sequence length L", ylabel=LABELS.get(metric, metric))
     for ax in grid.axes.flat:
         _length_axis(ax, df["seq_len"].unique())
@@ -779,23 +1069,35 @@ def comparison(ratios: pd.DataFrame, label_a: str, label_b: str) -> plt.Figure |
     lo, hi = ratios["ratio"].min(), ratios["ratio"].max()
     half = max(abs(math.log10(lo)), abs(math.log10(hi)), math.log10(1.5)) * 1.15
     ax.set_ylim(10**-half, 10**half)
-    ticks = [t * 10.0**e for e in range(-3, 4) for t in (1, 2, 5) if 10**-half <= t * 10.0**e <= 10**half]
+    ticks = [
+        t * 10.0**e for e in range(-3, 4) for t in (1, 2, 5) if 10**-half <= t * 10.0**e <= 10**half
+    ]
     ax.set_yticks(ticks, [fmt(t, "x") for t in ticks])
     ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     _length_axis(ax, ratios["seq_len"].unique())
     _end_labels(ax, ends)
     ax.set_xlim(right=ratios["seq_len"].max() * 2.2)
     ax.set(xlabel="sequence length L", ylabel="time ratio B / A")
-    ax.set_title(f"B = {label_b} vs A = {label_a}: time ratio per case (below 1x: B is faster)", fontsize=10)
+    ax.set_title(
+        f"B = {label_b} vs A = {label_a}: time ratio per case (below 1x: B is faster)", fontsize=10
+    )
     fig.tight_layout()
     return fig
 
 
 # ---- attention weights, in the spirit of d2l's show_heatmaps ------------------------------
-def show_heatmaps(matrices: list[list[np.ndarray]], xlabel: str, ylabel: str, titles: list[str] | None = None, cmap: str = "Reds") -> plt.Figure:
+def show_heatmaps(
+    matrices: list[list[np.ndarray]],
+    xlabel: str,
+    ylabel: str,
+    titles: list[str] | None = None,
+    cmap: str = "Reds",
+) -> plt.Figure:
     """Grid of matrix heatmaps sharing axes and one colour bar (d2l's ``show_heatmaps``)."""
     rows, cols = len(matrices), len(matrices[0])
-    fig, axes = plt.subplots(rows, cols, figsize=(3.0 * cols + 1, 3.0 * rows), sharex=True, sharey=True, squeeze=False)
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(3.0 * cols + 1, 3.0 * rows), sharex=True, sharey=True, squeeze=False
+    )
     image = None
     for i, (row_axes, row_mats) in enumerate(zip(axes, matrices, strict=True)):
         for j, (ax, mat) in enumerate(zip(row_axes, row_mats, strict=True)):
@@ -813,7 +1115,13 @@ def show_heatmaps(matrices: list[list[np.ndarray]], xlabel: str, ylabel: str, ti
 
 def heatmaps(panels: Heatmaps) -> plt.Figure:
     """A teaching demo's weight matrices (:mod:`attnbench.demos`) side by side, under its title."""
-    fig = show_heatmaps([list(panels.matrices)], panels.xlabel, panels.ylabel, titles=list(panels.titles), cmap=panels.cmap)
+    fig = show_heatmaps(
+        [list(panels.matrices)],
+        panels.xlabel,
+        panels.ylabel,
+        titles=list(panels.titles),
+        cmap=panels.cmap,
+    )
     fig.suptitle(panels.title)
     return fig
 
@@ -831,7 +1139,15 @@ def _history_values(ax, metric: str, rows: pd.DataFrame) -> None:
         ax.plot(ok["position"], ok["value"], "-", color="#90a4ae", lw=1, zorder=2)
     bad = rows[rows["status"].isin([Status.WRONG, Status.FAILED])]
     if len(bad) and len(ok):
-        ax.plot(bad["position"], [ok["value"].median()] * len(bad), "x", color=WRONG_COLOUR, ms=7, mew=2, zorder=4)
+        ax.plot(
+            bad["position"],
+            [ok["value"].median()] * len(bad),
+            "x",
+            color=WRONG_COLOUR,
+            ms=7,
+            mew=2,
+            zorder=4,
+        )
 
 
 def _mark_changes(ax, metric: str, steps: pd.DataFrame) -> None:
@@ -844,9 +1160,25 @@ def _mark_changes(ax, metric: str, steps: pd.DataFrame) -> None:
             ax.axvspan(rec["first_pos"] - 0.5, rec["last_pos"] + 0.5, color=tone, alpha=0.15, lw=0)
         else:
             ax.axvline(rec["first_pos"] - 0.5, color=tone, lw=1.5, ls="--")
-        label = rec["kind"] if rec["kind"] in (ChangeKind.FAILED, ChangeKind.WRONG) else ratio(rec["ratio"], metric)
-        ax.annotate(label, (rec["last_pos"] + 0.5 if rec["kind"] == ChangeKind.DRIFT else rec["first_pos"] - 0.5, 1.0),
-                    xycoords=("data", "axes fraction"), ha="left", va="top", fontsize=8, color=tone)
+        label = (
+            rec["kind"]
+            if rec["kind"] in (ChangeKind.FAILED, ChangeKind.WRONG)
+            else ratio(rec["ratio"], metric)
+        )
+        ax.annotate(
+            label,
+            (
+                rec["last_pos"] + 0.5
+                if rec["kind"] == ChangeKind.DRIFT
+                else rec["first_pos"] - 0.5,
+                1.0,
+            ),
+            xycoords=("data", "axes fraction"),
+            ha="left",
+            va="top",
+            fontsize=8,
+            color=tone,
+        )
 
 
 def _commit_axis(ax, commits: pd.DataFrame) -> None:
@@ -854,12 +1186,19 @@ def _commit_axis(ax, commits: pd.DataFrame) -> None:
     every = max(1, math.ceil(len(commits) / 30))
     ticks = commits["position"].tolist()[::every]
     ax.set_xticks(ticks)
-    ax.set_xticklabels([str(c)[:8] for c in commits["commit"].tolist()[::every]], rotation=60, ha="right", fontsize=7)
+    ax.set_xticklabels(
+        [str(c)[:8] for c in commits["commit"].tolist()[::every]],
+        rotation=60,
+        ha="right",
+        fontsize=7,
+    )
     ax.set_xlim(-0.7, len(commits) - 0.3)
     ax.set_xlabel("commit (oldest to newest)")
 
 
-def case_history(series: pd.DataFrame, steps: pd.DataFrame, commits: pd.DataFrame, title: str) -> plt.Figure | None:
+def case_history(
+    series: pd.DataFrame, steps: pd.DataFrame, commits: pd.DataFrame, title: str
+) -> plt.Figure | None:
     """One case's metrics over a history's commits (a panel per metric), steps and drifts marked.
 
     Args:
@@ -872,10 +1211,16 @@ def case_history(series: pd.DataFrame, steps: pd.DataFrame, commits: pd.DataFram
     A step is a vertical line just before its commit, a drift a band over its commits: red for a
     regression, green for an improvement; a failure or a wrong result a red cross.
     """
-    metrics = [m for m in ("time", "instructions", "peak_tensor_bytes", "flops") if m in set(series["metric"])]
+    metrics = [
+        m
+        for m in ("time", "instructions", "peak_tensor_bytes", "flops")
+        if m in set(series["metric"])
+    ]
     if not metrics or len(commits) < 2:
         return None
-    fig, axes = plt.subplots(len(metrics), 1, figsize=(8, 1.7 * len(metrics) + 0.6), sharex=True, squeeze=False)
+    fig, axes = plt.subplots(
+        len(metrics), 1, figsize=(8, 1.7 * len(metrics) + 0.6), sharex=True, squeeze=False
+    )
     for ax, metric in zip(axes[:, 0], metrics, strict=True):
         _history_values(ax, metric, series[series["metric"] == metric].sort_values("position"))
         _mark_changes(ax, metric, steps[steps["metric"] == metric])

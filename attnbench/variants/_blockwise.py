@@ -43,7 +43,9 @@ def gather_mask(mask: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) ->
     return rows.gather(-1, index)
 
 
-def mod_at(mod: MaskMod, batch: int, heads: int, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+def mod_at(
+    mod: MaskMod, batch: int, heads: int, q_pos: torch.Tensor, k_pos: torch.Tensor
+) -> torch.Tensor:
     """Evaluate a predicate at gathered positions only (no dense mask row is ever built).
 
     Args:

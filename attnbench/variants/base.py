@@ -53,9 +53,9 @@ class GqaMode(enum.StrEnum):
 GQA_MODES: dict[str, str] = {
     GqaMode.NATIVE: "the kernel reads each key/value head for its G query heads (no copy)",
     GqaMode.GROUPED: "grouped matmul: q viewed as (B, Hkv, G*Lq, D) against k (B, Hkv, Lk, D) "
-                     "(no copy)",
+    "(no copy)",
     GqaMode.REPEAT: "k and v repeated to H heads first (copies of B*H*Lk*(D+Dv) elements, "
-                    "counted in the peak)",
+    "counted in the peak)",
 }
 """What each :class:`GqaMode` does."""
 RECOMPUTE_BACKWARD = 3.0
@@ -165,7 +165,10 @@ class Variant(ABC):
         return self.forward(q, k, v, self.validate(q, k, v, mask))
 
     def validate(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
         mask: torch.Tensor | mask_mods.MaskMod | None = None,
     ) -> torch.Tensor | mask_mods.MaskMod | None:
         """Check the inputs against the contract and this variant's declared support.
@@ -233,7 +236,11 @@ class Variant(ABC):
 
     @abstractmethod
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | mask_mods.MaskMod | None
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | mask_mods.MaskMod | None,
     ) -> torch.Tensor:
         """Attention on inputs :meth:`validate` passed (mask None, rank 4 or a predicate)."""
 
@@ -271,10 +278,14 @@ class Variant(ABC):
             if len(self.SUPPORTED_DEVICES) == 1 and "cuda" in self.SUPPORTED_DEVICES:
                 reasons.append(f"{self.name} needs CUDA (this case is on {call.device})")
             else:
-                reasons.append(f"device {call.device!r} not supported "
-                               f"(supports {sorted(self.SUPPORTED_DEVICES)})")
+                reasons.append(
+                    f"device {call.device!r} not supported "
+                    f"(supports {sorted(self.SUPPORTED_DEVICES)})"
+                )
         if call.dtype not in self.SUPPORTED_DTYPES:
-            reasons.append(f"dtype {call.dtype} not supported (supports {sorted(self.SUPPORTED_DTYPES)})")
+            reasons.append(
+                f"dtype {call.dtype} not supported (supports {sorted(self.SUPPORTED_DTYPES)})"
+            )
         if not call.mask_kinds <= self.SUPPORTED_MASKS:
             reasons.append(
                 f"mask {'/'.join(sorted(call.mask_kinds))} not supported "
@@ -285,8 +296,10 @@ class Variant(ABC):
         if call.backward and not self.SUPPORTS_BACKWARD:
             reasons.append("backward pass not supported")
         if call.hkv != call.heads and not self.gqa_mode(call):
-            reasons.append(f"grouped-query attention (Hkv={call.hkv} key/value heads for H={call.heads}) "
-                           "not supported")
+            reasons.append(
+                f"grouped-query attention (Hkv={call.hkv} key/value heads for H={call.heads}) "
+                "not supported"
+            )
         if call.device == "cuda" and not torch.cuda.is_available():
             reasons.append("CUDA is not available on this machine")
         return reasons + self.extra_reasons(call)
@@ -339,8 +352,20 @@ class Variant(ABC):
         visible = self.scores_visible(spec)
         scores_backward = RECOMPUTE_BACKWARD if self.RECOMPUTES_SCORES else EAGER_BACKWARD
         return [
-            Contraction("Q K^T", 2 * bh * spec.head_dim * executed, 2 * bh * spec.head_dim * useful, scores_backward, visible),
-            Contraction("P V", 2 * bh * spec.dv * executed, 2 * bh * spec.dv * useful, EAGER_BACKWARD, visible),
+            Contraction(
+                "Q K^T",
+                2 * bh * spec.head_dim * executed,
+                2 * bh * spec.head_dim * useful,
+                scores_backward,
+                visible,
+            ),
+            Contraction(
+                "P V",
+                2 * bh * spec.dv * executed,
+                2 * bh * spec.dv * useful,
+                EAGER_BACKWARD,
+                visible,
+            ),
         ]
 
     def flops(self, spec: AttnSpec) -> Flops:
@@ -386,7 +411,9 @@ class Variant(ABC):
         gradients) plus the inputs; the variant's own parameters (:meth:`parameter_bytes`) are added
         once. O(1) work.
         """
-        fwd = (self.scratch_elements(spec) + self.kv_copy_elements(spec)) * spec.elem_bytes + spec.output_bytes
+        fwd = (
+            self.scratch_elements(spec) + self.kv_copy_elements(spec)
+        ) * spec.elem_bytes + spec.output_bytes
         if spec.mode == "backward":
             fwd = 3 * fwd + spec.input_bytes
         return int(fwd + self.parameter_bytes(spec))

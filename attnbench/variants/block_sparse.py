@@ -34,7 +34,9 @@ block of 64)."""
 
 
 @functools.lru_cache(maxsize=64)
-def block_pattern(num_blocks: int, global_blocks: int, window_blocks: int, random_blocks: int, seed: int) -> torch.Tensor:
+def block_pattern(
+    num_blocks: int, global_blocks: int, window_blocks: int, random_blocks: int, seed: int
+) -> torch.Tensor:
     """``(Nb, Nb)`` bool block-level pattern (see the module docstring)."""
     r = torch.arange(num_blocks)[:, None]
     c = torch.arange(num_blocks)[None, :]
@@ -71,14 +73,28 @@ class BlockSparseAttention(Variant):
     ) -> None:
         super().__init__(scale)
         self.block = check_positive_int("block", block)
-        for name, value in (("global_blocks", global_blocks), ("window_blocks", window_blocks), ("random_blocks", random_blocks)):
+        for name, value in (
+            ("global_blocks", global_blocks),
+            ("window_blocks", window_blocks),
+            ("random_blocks", random_blocks),
+        ):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-        self.global_blocks, self.window_blocks, self.random_blocks = global_blocks, window_blocks, random_blocks
+        self.global_blocks, self.window_blocks, self.random_blocks = (
+            global_blocks,
+            window_blocks,
+            random_blocks,
+        )
         self.seed = check_seed(seed)
 
     def blocks(self, length: int) -> torch.Tensor:
-        return block_pattern(-(-length // self.block), self.global_blocks, self.window_blocks, self.random_blocks, self.seed)
+        return block_pattern(
+            -(-length // self.block),
+            self.global_blocks,
+            self.window_blocks,
+            self.random_blocks,
+            self.seed,
+        )
 
     def pattern(self, lq: int, lk: int, device: torch.device | str = "cpu") -> torch.Tensor:
         """The dense boolean pattern this variant computes exactly, ``(1, 1, L, L)``."""
@@ -107,9 +123,11 @@ class BlockSparseAttention(Variant):
     def extra_reasons(self, call):
         nb = -(-call.lq // self.block)
         if nb > MAX_PATTERN_BLOCKS:
-            return [f"L={call.lq} is {nb} blocks of {self.block}: block_sparse draws an (Nb x Nb) "
-                    f"block pattern, at most {MAX_PATTERN_BLOCKS} blocks "
-                    f"(L <= {MAX_PATTERN_BLOCKS * self.block})"]
+            return [
+                f"L={call.lq} is {nb} blocks of {self.block}: block_sparse draws an (Nb x Nb) "
+                f"block pattern, at most {MAX_PATTERN_BLOCKS} blocks "
+                f"(L <= {MAX_PATTERN_BLOCKS * self.block})"
+            ]
         return []
 
     # The cost model counts the pattern without drawing it (O(1) in the length). A non-global row
@@ -156,7 +174,9 @@ class BlockSparseAttention(Variant):
         """
         nb = -(-spec.lq // self.block)
         g = min(self.global_blocks, nb)
-        width = max((self._row_blocks(nb, r) for piece in self._row_pieces(nb) for r in piece), default=0)
+        width = max(
+            (self._row_blocks(nb, r) for piece in self._row_pieces(nb) for r in piece), default=0
+        )
         return min(g * self.block, spec.lq), nb - g, width
 
     def executed_pairs(self, spec):
@@ -208,7 +228,14 @@ class BlockSparseAttention(Variant):
         if n_global < length:
             key_index, key_valid = self._key_table(length, q.device)
             out[:, :, n_global:] = gathered_block_attention(
-                q[:, :, n_global:], k, v, mask,
-                block=self.block, key_index=key_index, key_valid=key_valid, scale=scale, q_offset=n_global,
+                q[:, :, n_global:],
+                k,
+                v,
+                mask,
+                block=self.block,
+                key_index=key_index,
+                key_valid=key_valid,
+                scale=scale,
+                q_offset=n_global,
             )
         return out

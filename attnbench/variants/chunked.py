@@ -83,13 +83,17 @@ def _attend_row(q_blk, k, v, row, allowed, b: int, h: int, scratch: _Scratch | N
         partial = state == mask_mods.PARTIAL
         if partial:
             scores4 = scores.view(b, h, cq, k1 - k0)  # (B, H, Cq, Ck)
-            scores4 = (scores4.masked_fill_ if reuse else scores4.masked_fill)(~allowed(k0, k1), float("-inf"))
+            scores4 = (scores4.masked_fill_ if reuse else scores4.masked_fill)(
+                ~allowed(k0, k1), float("-inf")
+            )
             scores = scores4.view(bh, cq, k1 - k0)  # (B*H, Cq, Ck)
         run = _fold_tile(run, scores, v[:, k0:k1], partial, scratch)
     return run
 
 
-def _fold_tile(run: _Running | None, scores, v_blk, partial: bool, scratch: _Scratch | None) -> _Running:
+def _fold_tile(
+    run: _Running | None, scores, v_blk, partial: bool, scratch: _Scratch | None
+) -> _Running:
     """``run`` rescaled to the new row maxima plus a tile's ``scores`` (B*H, Cq, Ck) and values."""
     reuse = scratch is not None
     tile_max = scores.amax(dim=-1, keepdim=True)  # (B*H, Cq, 1)
@@ -100,7 +104,9 @@ def _fold_tile(run: _Running | None, scores, v_blk, partial: bool, scratch: _Scr
     probs = scores.sub_(shift).exp2_() if reuse else torch.exp2(scores - shift)
     block_sum = probs.sum(dim=-1, keepdim=True)  # (B*H, Cq, 1)
     if run is None:
-        acc_out = None if scratch is None else _buffer(scratch.acc, *scores.shape[:2], v_blk.shape[-1])
+        acc_out = (
+            None if scratch is None else _buffer(scratch.acc, *scores.shape[:2], v_blk.shape[-1])
+        )
         # the accumulator starts as probs @ v_blk, (B*H, Cq, Dv)
         return _Running(new_max, block_sum, torch.bmm(probs, v_blk, out=acc_out))
     rescale = torch.exp2(run.run_max - shift)  # (B*H, Cq, 1); 0 where run_max is -inf
@@ -149,7 +155,9 @@ class ChunkedAttention(Variant):
     MASK_MODS = True
     SUPPORTS_GQA = GqaMode.REPEAT  # k and v repeated to H heads at entry (counted in the peak)
 
-    def __init__(self, q_chunk: int | None = None, k_chunk: int | None = None, scale: float | None = None) -> None:
+    def __init__(
+        self, q_chunk: int | None = None, k_chunk: int | None = None, scale: float | None = None
+    ) -> None:
         super().__init__(scale)
         self.q_chunk = None if q_chunk is None else check_positive_int("q_chunk", q_chunk)
         self.k_chunk = None if k_chunk is None else check_positive_int("k_chunk", k_chunk)
@@ -159,7 +167,9 @@ class ChunkedAttention(Variant):
         cq, ck = default_chunks(lq, lk, dtype, self.q_chunk)
         return cq, min(self.k_chunk or ck, lk)
 
-    def _tile_states(self, mod: mask_mods.MaskMod | None, batch: int, heads: int, lq: int, lk: int, dtype: str):
+    def _tile_states(
+        self, mod: mask_mods.MaskMod | None, batch: int, heads: int, lq: int, lk: int, dtype: str
+    ):
         """``[(q0, q1, [(k0, k1, state), ...]), ...]`` over the tile grid; empty tiles left out.
 
         Key blocks are classified ``min(q_chunk, k_chunk)`` wide (fine enough that causal skips
@@ -175,10 +185,20 @@ class ChunkedAttention(Variant):
             row = []
             for k0 in range(0, lk, grain):
                 k1 = min(k0 + grain, lk)
-                state = mask_mods.FULL if mod is None else mask_mods.block_state(mod, batch, heads, q0, q1, k0, k1)
+                state = (
+                    mask_mods.FULL
+                    if mod is None
+                    else mask_mods.block_state(mod, batch, heads, q0, q1, k0, k1)
+                )
                 if state == mask_mods.EMPTY:
                     continue
-                if state == mask_mods.FULL and row and row[-1][2] == state and row[-1][1] == k0 and k1 - row[-1][0] <= ck:
+                if (
+                    state == mask_mods.FULL
+                    and row
+                    and row[-1][2] == state
+                    and row[-1][1] == k0
+                    and k1 - row[-1][0] <= ck
+                ):
                     row[-1] = (row[-1][0], k1, state)  # widen the previous full tile
                 else:
                     row.append((k0, k1, state))
@@ -196,7 +216,8 @@ class ChunkedAttention(Variant):
             return spec.lq * spec.lk
         cq, ck = self.chunks(spec.lq, spec.lk, spec.dtype)
         return mask_mods.nonempty_tile_pairs(
-            spec.mask_mod(device="cpu"), spec.batch, spec.heads, spec.lq, spec.lk, cq, min(cq, ck))
+            spec.mask_mod(device="cpu"), spec.batch, spec.heads, spec.lq, spec.lk, cq, min(cq, ck)
+        )
 
     def scratch_elements(self, spec):
         """No-autograd forward buffers per (B, H): scaled ``q``, a score tile, the accumulator.
@@ -210,7 +231,12 @@ class ChunkedAttention(Variant):
         per_head = spec.lq * spec.head_dim + cq * ck + cq * (spec.dv + 6)
         mask_tile = 0.0
         if spec.mask != "none":  # one partial tile: classified min(Cq, Ck) wide for a predicate
-            mask_tile = 2 * cq * (min(cq, ck) if self.mask_form(spec) == MaskForm.MOD else ck) / spec.elem_bytes
+            mask_tile = (
+                2
+                * cq
+                * (min(cq, ck) if self.mask_form(spec) == MaskForm.MOD else ck)
+                / spec.elem_bytes
+            )
         return spec.batch * spec.heads * per_head + mask_tile
 
     def _forward_grid(self, mask, b: int, h: int, lq: int, lk: int, dtype: str):
@@ -218,8 +244,10 @@ class ChunkedAttention(Variant):
         if not isinstance(mask, torch.Tensor):
             return self._tile_states(mask, b, h, lq, lk, dtype)
         # no skipping without reading the whole mask
-        return [(q0, q1, [(k0, k1, mask_mods.PARTIAL) for k0, k1, _ in row])
-                for q0, q1, row in self._tile_states(None, b, h, lq, lk, dtype)]
+        return [
+            (q0, q1, [(k0, k1, mask_mods.PARTIAL) for k0, k1, _ in row])
+            for q0, q1, row in self._tile_states(None, b, h, lq, lk, dtype)
+        ]
 
     def forward(self, q, k, v, mask):
         b, h, lq, d = q.shape
@@ -231,7 +259,9 @@ class ChunkedAttention(Variant):
         # in place: no per-tile allocation (under the measurement regime each would map and fault in
         # fresh pages). Autograd needs the originals, and torch.compile plans its own buffers:
         # functional form.
-        differentiating = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        differentiating = torch.is_grad_enabled() and (
+            q.requires_grad or k.requires_grad or v.requires_grad
+        )
         reuse = not (differentiating or torch.compiler.is_compiling())
         bh = b * h
         # Scores in base 2: exp(x) == exp2(x * log2(e)), and exp2 is the cheaper kernel; log2(e)
@@ -259,4 +289,3 @@ class ChunkedAttention(Variant):
         if not reuse:
             out = torch.cat(blocks, dim=1)  # (B*H, Lq, Dv)
         return out.view(b, h, lq, dv)  # (B, H, Lq, Dv)
-

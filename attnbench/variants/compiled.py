@@ -72,7 +72,9 @@ class CompiledVariant(Variant):
 
     VARIANT_OPTIONS = {"base": BASE_OPTIONS}
 
-    def __init__(self, base: Variant, mode: str | None = None, dynamic: bool | None = False) -> None:
+    def __init__(
+        self, base: Variant, mode: str | None = None, dynamic: bool | None = False
+    ) -> None:
         """Wrap ``base`` in ``torch.compile(mode=mode, dynamic=dynamic)`` (compiles nothing yet).
 
         Raises:
@@ -83,14 +85,18 @@ class CompiledVariant(Variant):
         """
         super().__init__(None)
         if not isinstance(base, Variant):
-            raise TypeError(f"base must be a Variant (or, through get_variant, a registered name), got {base!r}")
+            raise TypeError(
+                f"base must be a Variant (or, through get_variant, a registered name), got {base!r}"
+            )
         if mode is not None:
             if not isinstance(mode, str):
                 raise TypeError(f"mode must be a str or None, got {type(mode).__name__} {mode!r}")
             from torch._inductor import list_mode_options
 
             if mode not in list_mode_options():
-                raise ValueError(f"mode must be None or one of {sorted(list_mode_options())}, got {mode!r}")
+                raise ValueError(
+                    f"mode must be None or one of {sorted(list_mode_options())}, got {mode!r}"
+                )
         if dynamic is not None:
             check_bool("dynamic", dynamic)
         self.base = base
@@ -156,7 +162,9 @@ class CompiledVariant(Variant):
 
     def forward(self, q, k, v, mask):
         if self._compiled is None:
-            self._compiled = torch.compile(self.base.forward, mode=self._mode, dynamic=self._dynamic)
+            self._compiled = torch.compile(
+                self.base.forward, mode=self._mode, dynamic=self._dynamic
+            )
         return self._compiled(q, k, v, mask)
 
 
@@ -191,10 +199,12 @@ def flex_cpu_kernel_fault(head_dim: int, lk: int, masked: bool) -> str:
     one_tile = not masked or lk <= FlexAttention.TILE
     if head_dim % lanes or head_dim >= 24 or not tail or tail % lanes or not one_tile:
         return ""
-    return ("compiled CPU FlexAttention computes this shape wrong (torch's score micro-kernel "
-            f"writes past its buffer when head_dim D={head_dim} < 24 is a multiple of {lanes} and "
-            f"its one key tile of Lk={lk} keys ends in {tail} = Lk % 16 columns); "
-            "eager FlexAttention (compiled=False) is right")
+    return (
+        "compiled CPU FlexAttention computes this shape wrong (torch's score micro-kernel "
+        f"writes past its buffer when head_dim D={head_dim} < 24 is a multiple of {lanes} and "
+        f"its one key tile of Lk={lk} keys ends in {tail} = Lk % 16 columns); "
+        "eager FlexAttention (compiled=False) is right"
+    )
 
 
 @functools.lru_cache(maxsize=2)
@@ -267,14 +277,21 @@ class FlexAttention(Variant):
         if spec.mask == "none":
             return lq * lk
         if spec.mask == "valid_lengths":  # one block mask per batch element: average their tiles
-            per_batch = [lq * max(0, min(lk, -(-n // t) * t)) for n in masks.default_valid_lens(spec.batch, lk)]
+            per_batch = [
+                lq * max(0, min(lk, -(-n // t) * t))
+                for n in masks.default_valid_lens(spec.batch, lk)
+            ]
             return sum(per_batch) // spec.batch
-        return mask_mods.nonempty_tile_pairs(spec.mask_mod(device="cpu"), spec.batch, spec.heads, lq, lk, t, t)
+        return mask_mods.nonempty_tile_pairs(
+            spec.mask_mod(device="cpu"), spec.batch, spec.heads, lq, lk, t, t
+        )
 
     def scratch_elements(self, spec):  # noqa: D102 - a (block x Lk) tile row and the log-sum-exp
         return spec.batch * spec.heads * (min(128, spec.lq) * spec.lk / 8 + spec.lq)
 
-    def block_mask(self, mask, b: int, h: int, lq: int, lk: int, device: torch.device | str = "cpu"):
+    def block_mask(
+        self, mask, b: int, h: int, lq: int, lk: int, device: torch.device | str = "cpu"
+    ):
         """The cached FlexAttention BlockMask of a predicate or rank-4 bool mask (None: none)."""
         if mask is None:
             return None
@@ -286,19 +303,35 @@ class FlexAttention(Variant):
             # the cache holds the predicate, so its id stays unique
             key = (id(mask), b, h, lq, lk, str(device))
             if key not in self._block_masks:
-                self._block_masks = {key: (mask, create_block_mask(
-                    mask.fn, b if mask.uses_batch else None, h if mask.uses_head else None, lq, lk, device=device))}
+                self._block_masks = {
+                    key: (
+                        mask,
+                        create_block_mask(
+                            mask.fn,
+                            b if mask.uses_batch else None,
+                            h if mask.uses_head else None,
+                            lq,
+                            lk,
+                            device=device,
+                        ),
+                    )
+                }
             return self._block_masks[key][1]
         key = (mask.data_ptr(), tuple(mask.shape), mask._version, b, h, lq, lk)
         if key not in self._block_masks:
-
             sb, sh, sq = (mask.shape[i] > 1 for i in range(3))
 
             def mask_mod(bi, hi, qi, ki):
                 return mask[bi if sb else 0, hi if sh else 0, qi if sq else 0, ki]
 
-            self._block_masks = {key: (mask, create_block_mask(
-                mask_mod, b if sb else None, h if sh else None, lq, lk, device=mask.device))}
+            self._block_masks = {
+                key: (
+                    mask,
+                    create_block_mask(
+                        mask_mod, b if sb else None, h if sh else None, lq, lk, device=mask.device
+                    ),
+                )
+            }
         return self._block_masks[key][1]
 
     def warm_up(self, call):
@@ -307,4 +340,6 @@ class FlexAttention(Variant):
 
     def forward(self, q, k, v, mask):
         block_mask = self.block_mask(mask, q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.device)
-        return _flex(self.compiled)(q, k, v, block_mask=block_mask, scale=self.scale, enable_gqa=k.shape[1] != q.shape[1])
+        return _flex(self.compiled)(
+            q, k, v, block_mask=block_mask, scale=self.scale, enable_gqa=k.shape[1] != q.shape[1]
+        )

@@ -83,7 +83,10 @@ class KernelAttention(Variant):
             ("phi(Q) k_sum", 2 * bh * lq * f),
             ("phi(Q) KV", 2 * bh * lq * f * dv),
         ]
-        return [*self.feature_contractions(spec), *(Contraction(n, x, x, EAGER_BACKWARD) for n, x in parts)]
+        return [
+            *self.feature_contractions(spec),
+            *(Contraction(n, x, x, EAGER_BACKWARD) for n, x in parts),
+        ]
 
     # live (L, F) buffers per side at the peak (feature-map temporaries)
     FEATURE_BUFFERS: float = 2.0
@@ -101,7 +104,7 @@ class KernelAttention(Variant):
             k_feat = k_feat * mask[..., 0, :, None]  # zero the features of masked keys
         kv = k_feat.transpose(-2, -1) @ v  # (B, H, F, Dv)
         k_sum = k_feat.sum(dim=-2)  # (B, H, F)
-        norm = (q_feat @ k_sum.unsqueeze(-1))  # (B, H, Lq, 1)
+        norm = q_feat @ k_sum.unsqueeze(-1)  # (B, H, Lq, 1)
         out = q_feat @ kv  # (B, H, Lq, Dv)
         return torch.where(norm > 0, out / torch.where(norm > 0, norm, 1.0), 0.0)
 
@@ -160,7 +163,11 @@ class Performer(KernelAttention):
         # float64 master and draws, then the cast copy
         projection = 8 * (2 * f * d + d * d) + f * d * item
         features = self.FEATURE_BUFFERS * b * h * (lq + k.shape[2]) * f * item
-        free = torch.cuda.mem_get_info(q.device)[0] if q.device.type == "cuda" else psutil.virtual_memory().available
+        free = (
+            torch.cuda.mem_get_info(q.device)[0]
+            if q.device.type == "cuda"
+            else psutil.virtual_memory().available
+        )
         if projection + features > free:
             raise ValueError(
                 f"num_features={f} needs about {(projection + features) / 2**30:,.1f} GiB "
@@ -179,7 +186,9 @@ class Performer(KernelAttention):
                 ortho, _ = torch.linalg.qr(gaussian)  # (D, D) orthonormal columns
                 blocks.append(ortho.T)
             w = torch.cat(blocks)[: self.n_features]  # (F, D)
-            norms = torch.randn(self.n_features, head_dim, generator=gen, dtype=torch.float64).norm(dim=1)
+            norms = torch.randn(self.n_features, head_dim, generator=gen, dtype=torch.float64).norm(
+                dim=1
+            )
             self._projections[key] = (w * norms[:, None]).to(device=device, dtype=dtype)
         return self._projections[key]
 

@@ -71,7 +71,13 @@ class LocalAttention(Variant):
         key_index = starts + torch.arange(blk + 2 * w, device=q.device)[None, :]  # (Nb, Nk)
         key_valid = (key_index >= 0) & (key_index < k.shape[2])
         return gathered_block_attention(
-            q, k, v, mask,
-            block=blk, key_index=key_index, key_valid=key_valid, scale=self.scale_for(q.shape[-1]),
+            q,
+            k,
+            v,
+            mask,
+            block=blk,
+            key_index=key_index,
+            key_valid=key_valid,
+            scale=self.scale_for(q.shape[-1]),
             predicate=lambda qp, kp: (qp - kp).abs() <= w,
         )

@@ -38,7 +38,9 @@ class MultiheadAttentionCore(Variant):
 
     def scratch_elements(self, spec):  # noqa: D102 - scores + probs + head-folded copies
         b, h = spec.batch, spec.heads
-        copies = b * (h * spec.lq * (spec.head_dim + spec.dv) + spec.hkv * spec.lk * (spec.head_dim + spec.dv))
+        copies = b * (
+            h * spec.lq * (spec.head_dim + spec.dv) + spec.hkv * spec.lk * (spec.head_dim + spec.dv)
+        )
         return self.SCORE_BUFFERS * b * h * spec.lq * spec.lk + copies
 
     def forward(self, q, k, v, mask):

@@ -23,7 +23,14 @@ import torch
 from attnbench._checks import check_positive_int, check_seed
 from attnbench.reference import attend, repeat_kv
 from attnbench.variants._ops import masked_softmax_, zero_empty_rows
-from attnbench.variants.base import CONSTANT_OPERAND_BACKWARD, EAGER_BACKWARD, Contraction, GqaMode, Variant, dense_mask
+from attnbench.variants.base import (
+    CONSTANT_OPERAND_BACKWARD,
+    EAGER_BACKWARD,
+    Contraction,
+    GqaMode,
+    Variant,
+    dense_mask,
+)
 
 SCORES = ("dot", "scaled_dot", "bilinear", "additive")
 
@@ -33,10 +40,14 @@ class ScoringAttention(Variant):
 
     SUPPORTS_GQA = GqaMode.REPEAT  # k and v repeated to H heads at entry (counted in the peak)
 
-    source = ("Luong et al. 2015; Vaswani et al. 2017; Bahdanau et al. 2015 "
-              "(AdditiveAttention, DotProductAttention)")
+    source = (
+        "Luong et al. 2015; Vaswani et al. 2017; Bahdanau et al. 2015 "
+        "(AdditiveAttention, DotProductAttention)"
+    )
 
-    def __init__(self, score: str = "scaled_dot", hidden: int = 32, q_chunk: int = 64, seed: int = 0) -> None:
+    def __init__(
+        self, score: str = "scaled_dot", hidden: int = 32, q_chunk: int = 64, seed: int = 0
+    ) -> None:
         super().__init__(None)
         if score not in SCORES:
             raise ValueError(f"score must be one of {SCORES}, got {score!r}")
@@ -51,13 +62,18 @@ class ScoringAttention(Variant):
     def _same_qk_dim(self) -> bool:
         return self.score != "additive"
 
-    def params(self, dq: int, dk: int, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
+    def params(
+        self, dq: int, dk: int, dtype: torch.dtype, device: torch.device
+    ) -> dict[str, torch.Tensor]:
         """Seeded parameters for query dim ``dq`` and key dim ``dk`` (float64 master copy, cast)."""
         key = (dq, dk, dtype, device)
         if key not in self._params:
             gen = torch.Generator().manual_seed(self.seed)
             if self.score == "bilinear":
-                master = {"W": torch.randn(dq, dk, generator=gen, dtype=torch.float64) / math.sqrt(dq * dk)}
+                master = {
+                    "W": torch.randn(dq, dk, generator=gen, dtype=torch.float64)
+                    / math.sqrt(dq * dk)
+                }
             elif self.score == "additive":
                 h = self.hidden
                 master = {
@@ -121,26 +137,37 @@ class ScoringAttention(Variant):
         bh, lq, lk, d, dv = spec.batch * spec.heads, spec.lq, spec.lk, spec.head_dim, spec.dv
         if self.score == "bilinear":
             qw = 2 * bh * lq * d * d
-            return [*super().contractions(spec), Contraction("q W", qw, qw, CONSTANT_OPERAND_BACKWARD)]
+            return [
+                *super().contractions(spec),
+                Contraction("q W", qw, qw, CONSTANT_OPERAND_BACKWARD),
+            ]
         h, pairs = self.hidden, lq * lk
         useful = min(self.useful_pairs(spec), pairs)
         proj = 2 * bh * (lq + lk) * h * d
         return [
             Contraction("q W_q^T, k W_k^T", proj, proj, CONSTANT_OPERAND_BACKWARD),
-            Contraction("tanh(.) w_v", 2 * bh * pairs * h, 2 * bh * useful * h, CONSTANT_OPERAND_BACKWARD),
+            Contraction(
+                "tanh(.) w_v", 2 * bh * pairs * h, 2 * bh * useful * h, CONSTANT_OPERAND_BACKWARD
+            ),
             Contraction("P V", 2 * bh * pairs * dv, 2 * bh * useful * dv, EAGER_BACKWARD),
         ]
 
     def parameter_bytes(self, spec):
         """The cast weights plus their float64 masters (bilinear D x D; additive 2 h x D + h)."""
         d = spec.head_dim
-        elems = {"bilinear": d * d, "additive": 2 * self.hidden * d + self.hidden}.get(self.score, 0)
+        elems = {"bilinear": d * d, "additive": 2 * self.hidden * d + self.hidden}.get(
+            self.score, 0
+        )
         return elems * (spec.elem_bytes + 8)
 
     def scratch_elements(self, spec):  # noqa: D102
         base = super().scratch_elements(spec)
         if self.score == "additive":
-            base += spec.batch * spec.heads * (2 * min(self.q_chunk, spec.lq) * spec.lk * self.hidden + spec.lq * spec.lk)
+            base += (
+                spec.batch
+                * spec.heads
+                * (2 * min(self.q_chunk, spec.lq) * spec.lk * self.hidden + spec.lq * spec.lk)
+            )
         return base
 
     def forward(self, q, k, v, mask):

@@ -34,10 +34,12 @@ _CUDA_ONLY = frozenset({"efficient", "cudnn"})
 _HALF = frozenset({"float16", "bfloat16"})
 
 
-_CPU_FLASH_OPS = frozenset({
-    "aten._scaled_dot_product_flash_attention_for_cpu",
-    "aten._scaled_dot_product_flash_attention_for_cpu_backward",
-})
+_CPU_FLASH_OPS = frozenset(
+    {
+        "aten._scaled_dot_product_flash_attention_for_cpu",
+        "aten._scaled_dot_product_flash_attention_for_cpu_backward",
+    }
+)
 
 
 class _AsMath:
@@ -64,7 +66,9 @@ class SDPA(Variant):
     source = "torch.nn.functional.scaled_dot_product_attention; Dao et al. 2022 (FlashAttention)"
     PROVENANCE = True
 
-    def __init__(self, backend: str = "auto", dense_mask: bool = False, scale: float | None = None) -> None:
+    def __init__(
+        self, backend: str = "auto", dense_mask: bool = False, scale: float | None = None
+    ) -> None:
         super().__init__(scale)
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {tuple(BACKENDS)}, got {backend!r}")
@@ -86,7 +90,9 @@ class SDPA(Variant):
 
     def _runs_math(self, spec) -> bool:
         """On CPU, ``auto`` falls back to math when Dv != D (the CPU flash kernel needs Dv == D)."""
-        return self.backend == "math" or (self.backend == "auto" and spec.device_type == "cpu" and spec.dv != spec.head_dim)
+        return self.backend == "math" or (
+            self.backend == "auto" and spec.device_type == "cpu" and spec.dv != spec.head_dim
+        )
 
     def scores_visible(self, spec):
         return self._runs_math(spec) or spec.device_type != "cpu"
@@ -108,7 +114,9 @@ class SDPA(Variant):
         """
         if self.backend in ("efficient", "cudnn"):
             return ""
-        if self.backend == "math" or (self.backend == "auto" and (call.device == "cuda" or call.dv != call.d)):
+        if self.backend == "math" or (
+            self.backend == "auto" and (call.device == "cuda" or call.dv != call.d)
+        ):
             # the math composite (or a possible fallback to it) repeats k and v
             return GqaMode.REPEAT
         return GqaMode.NATIVE
@@ -123,8 +131,12 @@ class SDPA(Variant):
         reasons = []
         if call.device == "cuda" and self.backend in ("flash", "cudnn"):
             if call.dtype not in _HALF:
-                reasons.append(f"SDPA backend {self.backend} on CUDA needs float16/bfloat16, got {call.dtype}")
-            if not call.mask_kinds <= {"none", "causal"} or (self.dense_mask and call.mask_kinds != {"none"}):
+                reasons.append(
+                    f"SDPA backend {self.backend} on CUDA needs float16/bfloat16, got {call.dtype}"
+                )
+            if not call.mask_kinds <= {"none", "causal"} or (
+                self.dense_mask and call.mask_kinds != {"none"}
+            ):
                 reasons.append(
                     f"SDPA backend {self.backend} on CUDA takes no explicit boolean mask "
                     "(causal only, as is_causal)"
@@ -137,7 +149,9 @@ class SDPA(Variant):
         if self.backend == "flash" and call.dv != call.d:
             reasons.append(f"SDPA flash needs Dv == D (D={call.d}, Dv={call.dv})")
         if self.backend in ("flash", "efficient", "cudnn") and not call.last_dim_contiguous:
-            reasons.append(f"SDPA backend {self.backend} needs q, k, v with stride 1 along the head dim")
+            reasons.append(
+                f"SDPA backend {self.backend} needs q, k, v with stride 1 along the head dim"
+            )
         return reasons
 
     def forward(self, q, k, v, mask):
@@ -147,6 +161,10 @@ class SDPA(Variant):
         gqa = k.shape[1] != q.shape[1]
         with ctx:
             if isinstance(mask, MaskMod):  # exactly causal (takes_mask_mod): the production call
-                return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=gqa)
+                return F.scaled_dot_product_attention(
+                    q, k, v, is_causal=True, scale=self.scale, enable_gqa=gqa
+                )
             # SDPA already returns zeros for rows with no allowed key (checked by the tests).
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=gqa)
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=gqa
+            )

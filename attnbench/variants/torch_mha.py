@@ -35,8 +35,10 @@ class TorchMHA(Variant):
 
     def extra_reasons(self, call):
         if call.dv != call.d:
-            return ["nn.MultiheadAttention needs Dv == D for identity projections "
-                    f"(D={call.d}, Dv={call.dv})"]
+            return [
+                "nn.MultiheadAttention needs Dv == D for identity projections "
+                f"(D={call.d}, Dv={call.dv})"
+            ]
         return []
 
     def scores_visible(self, spec):
@@ -49,7 +51,10 @@ class TorchMHA(Variant):
         """
         e = spec.heads * spec.head_dim
         proj = 2 * spec.batch * e * e * (2 * spec.lq + 2 * spec.lk)
-        return [*super().contractions(spec), Contraction("projections", proj, proj, CONSTANT_OPERAND_BACKWARD)]
+        return [
+            *super().contractions(spec),
+            Contraction("projections", proj, proj, CONSTANT_OPERAND_BACKWARD),
+        ]
 
     def parameter_bytes(self, spec):
         """``in_proj_weight (3E, E)`` and ``out_proj.weight (E, E)``, E = H*D."""
@@ -59,11 +64,15 @@ class TorchMHA(Variant):
     def scratch_elements(self, spec):  # noqa: D102 - projected copies of q, k, v (fused core)
         return spec.batch * spec.heads * (2 * spec.lq * spec.head_dim + 2 * spec.lk * spec.head_dim)
 
-    def module(self, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> nn.MultiheadAttention:
+    def module(
+        self, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
+    ) -> nn.MultiheadAttention:
         key = (heads, head_dim, dtype, device)
         if key not in self._modules:
             e = heads * head_dim
-            mha = nn.MultiheadAttention(e, heads, bias=False, batch_first=True, device=device, dtype=dtype)
+            mha = nn.MultiheadAttention(
+                e, heads, bias=False, batch_first=True, device=device, dtype=dtype
+            )
             with torch.no_grad():  # identity in place: no transient E x E copies
                 for block in (*mha.in_proj_weight.chunk(3), mha.out_proj.weight):  # 4 x (E, E)
                     nn.init.eye_(block)
@@ -83,8 +92,12 @@ class TorchMHA(Variant):
             else:
                 attn_mask = (~mask).expand(b, h, lq, k.shape[2]).reshape(b * h, lq, k.shape[2])
         out, _ = mha(
-            merge_heads(q), merge_heads(k), merge_heads(v),
-            key_padding_mask=key_padding, attn_mask=attn_mask, need_weights=False,
+            merge_heads(q),
+            merge_heads(k),
+            merge_heads(v),
+            key_padding_mask=key_padding,
+            attn_mask=attn_mask,
+            need_weights=False,
         )  # (B, Lq, H*D)
         # nn.MultiheadAttention returns NaN for rows with no allowed key; the contract says zeros.
         return zero_empty_rows(split_heads(out, h), mask)  # (B, H, Lq, D)

@@ -31,7 +31,11 @@ class VectorizedAttention(Variant):
             for h in range(h_sz):
                 qt, kt, vt = q[b, h].T, k[b, h // g].T, v[b, h // g].T  # (D, Lq), (D, Lk), (Dv, Lk)
                 scores = (kt.T @ qt).mul_(scale).T  # (Lq, Lk), computed as (Lk, Lq)
-                m = None if mask is None else mask[min(b, mask.shape[0] - 1), min(h, mask.shape[1] - 1)]
+                m = (
+                    None
+                    if mask is None
+                    else mask[min(b, mask.shape[0] - 1), min(h, mask.shape[1] - 1)]
+                )
                 probs = masked_softmax_(scores, m)  # (Lq, Lk)
                 out[b, h] = (vt @ probs.T).T  # (Dv, Lq) -> (Lq, Dv)
         return zero_empty_rows(out, mask)
