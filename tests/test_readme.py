@@ -35,18 +35,19 @@ def test_ci_fails_when_any_part_of_the_test_command_fails(tmp_path):
     script = (ROOT / ".ci" / "run").read_text()
     command = _commands()[1]
     assert command in script
-    for failing in range(command.count("&&") + 1):
-        parts = ["false" if i == failing else "true" for i in range(command.count("&&") + 1)]
-        plant = script.replace(command, " && ".join(parts)).replace(
-            ".venv/bin/ruff check .", "true"
-        )
+    parts_count = command.count("&&") + 1
+    for failing in [None, *range(parts_count)]:  # None: every part passes, and so does the script
+        parts = ["false" if i == failing else "true" for i in range(parts_count)]
+        plant = script.replace(command, " && ".join(parts))
+        for check in (".venv/bin/ruff check .", ".venv/bin/ruff format --check ."):
+            assert check in plant
+            plant = plant.replace(check, "true")
         plant = plant.replace(
             'cd "$(dirname "$0")/.."', "command() { return 1; }  # nothing to install"
         )
         (tmp_path / "run").write_text(plant)
-        assert subprocess.run(["bash", str(tmp_path / "run")], cwd=tmp_path).returncode != 0, (
-            failing
-        )
+        code = subprocess.run(["bash", str(tmp_path / "run")], cwd=tmp_path).returncode
+        assert (code == 0) == (failing is None), failing
 
 
 def test_asv_config_pins_torch_like_the_constraints():
