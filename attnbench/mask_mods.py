@@ -37,9 +37,6 @@ class TileState(enum.StrEnum):
     PARTIAL = "partial"  # some pairs allowed: the predicate is evaluated on the tile
 
 
-EMPTY, FULL, PARTIAL = TileState.EMPTY, TileState.FULL, TileState.PARTIAL
-
-
 Predicate = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """``fn(b, h, q_idx, kv_idx) -> bool`` on broadcastable int64 indices (a FlexAttention mask_mod)."""
 Bounds = Callable[[int, int, int, int], TileState | None]
@@ -100,7 +97,7 @@ class MaskMod:
 
 
 def _state(full: bool, empty: bool) -> TileState:
-    return FULL if full else EMPTY if empty else PARTIAL
+    return TileState.FULL if full else TileState.EMPTY if empty else TileState.PARTIAL
 
 
 # ---- closed-form counting ---------------------------------------------------------------------
@@ -422,7 +419,8 @@ def nonempty_tile_pairs(
         (min(q0 + tq, lq) - q0) * (min(k0 + tk, lk) - k0)
         for q0 in range(0, lq, tq)
         for k0 in range(0, lk, tk)
-        if block_state(mod, batch, heads, q0, min(q0 + tq, lq), k0, min(k0 + tk, lk)) != EMPTY
+        if block_state(mod, batch, heads, q0, min(q0 + tq, lq), k0, min(k0 + tk, lk))
+        != TileState.EMPTY
     )
 
 
@@ -566,7 +564,7 @@ def _document_bounds(starts: list[int], q0: int, q1: int, k0: int, k1: int) -> T
     total = starts[-1]
     qb, kb = min(q1, total), min(k1, total)  # positions past the packed end see nothing
     if q0 >= qb or k0 >= kb:
-        return EMPTY
+        return TileState.EMPTY
     lo_q, hi_q = _document_of(starts, q0), _document_of(starts, qb - 1)
     lo_k, hi_k = _document_of(starts, k0), _document_of(starts, kb - 1)
     full = q1 <= total and k1 <= total and lo_q == hi_q == lo_k == hi_k
@@ -742,8 +740,14 @@ def _combine(a: MaskMod, b: MaskMod, op: str) -> MaskMod:
         def bounds(q0, q1, k0, k1):
             sa, sb = a.bounds(q0, q1, k0, k1), b.bounds(q0, q1, k0, k1)
             if both:
-                return _state(full=sa == FULL and sb == FULL, empty=EMPTY in (sa, sb))
-            return _state(full=FULL in (sa, sb), empty=sa == EMPTY and sb == EMPTY)
+                return _state(
+                    full=sa == TileState.FULL and sb == TileState.FULL,
+                    empty=TileState.EMPTY in (sa, sb),
+                )
+            return _state(
+                full=TileState.FULL in (sa, sb),
+                empty=sa == TileState.EMPTY and sb == TileState.EMPTY,
+            )
 
     def fits(batch, lq):
         a.check_fits(batch, lq)
@@ -881,9 +885,9 @@ def allowed_pairs(mod: MaskMod | None, batch: int, lq: int, lk: int, block: int 
         for k0 in range(0, lk, block):
             k1 = min(k0 + block, lk)
             state = block_state(mod, batch, 1, q0, q1, k0, k1)
-            if state == FULL:
+            if state == TileState.FULL:
                 total += (q1 - q0) * (k1 - k0) * batch
-            elif state == PARTIAL:
+            elif state == TileState.PARTIAL:
                 values = tile(mod, batch, 1, q0, q1, k0, k1)  # (B?, 1, Cq?, Ck)
                 total += (
                     int(values.sum()) * (batch // values.shape[0]) * ((q1 - q0) // values.shape[2])

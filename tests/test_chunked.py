@@ -19,14 +19,17 @@ def test_unmasked_rows_are_a_few_wide_tiles_and_causal_rows_skip_the_empty_half(
     v = ChunkedAttention(q_chunk=128)
     assert v.chunks(4096, 4096, "float32") == (128, 4096)  # 2 MiB of float32 keys per (B, H) tile
     for _, _, row in v._tile_states(None, 1, 8, 4096, 4096, "float32"):
-        assert row == [(0, 4096, mask_mods.FULL)]
+        assert row == [(0, 4096, mask_mods.TileState.FULL)]
     causal = mask_mods.causal()
     grid = v._tile_states(causal, 1, 8, 4096, 4096, "float32")
-    assert grid[0][2] == [(0, 128, mask_mods.PARTIAL)]
+    assert grid[0][2] == [(0, 128, mask_mods.TileState.PARTIAL)]
     for i, (q0, _, row) in enumerate(
         grid[1:], start=1
     ):  # one merged full run, then the diagonal block
-        assert row == [(0, q0, mask_mods.FULL), (q0, q0 + 128, mask_mods.PARTIAL)], i
+        assert row == [
+            (0, q0, mask_mods.TileState.FULL),
+            (q0, q0 + 128, mask_mods.TileState.PARTIAL),
+        ], i
     # the eager default: 256 x 2048, full runs merged up to 2048 keys
     assert default_chunks(4096, 4096, "float32") == (256, 2048)
     assert default_chunks(4096, 8192, "bfloat16") == (256, 4096)

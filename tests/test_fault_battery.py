@@ -337,7 +337,7 @@ def _walk(mod, batch, lq, lk, tq, tk) -> int:
         for q0 in range(0, lq, tq)
         for k0 in range(0, lk, tk)
         if mask_mods.block_state(mod, batch, 1, q0, min(q0 + tq, lq), k0, min(k0 + tk, lk))
-        != mask_mods.EMPTY
+        != mask_mods.TileState.EMPTY
     )
 
 

@@ -67,9 +67,9 @@ def test_tile_states_are_sound_and_primitives_exact(data, lq, lk, batch):
     values = truth[:, :, q0:q1, k0:k1]
     assert torch.equal(mm.tile(mod, batch, 1, q0, q1, k0, k1).expand_as(values), values)
     state = mm.block_state(mod, batch, 1, q0, q1, k0, k1)
-    if state == mm.FULL:
+    if state == mm.TileState.FULL:
         assert values.all(), mod.name
-    elif state == mm.EMPTY:
+    elif state == mm.TileState.EMPTY:
         assert not values.any(), mod.name
     elif " & " not in mod.name and " | " not in mod.name:  # a primitive's closed form is exact
         assert values.any() and not values.all(), (mod.name, q0, q1, k0, k1)
@@ -133,7 +133,7 @@ def test_flex_attention_takes_the_predicate_as_its_mask_mod():
     for i in range(4):
         for j in range(4):
             state = mm.block_state(mod, 1, 1, 4 * i, 4 * i + 4, 4 * j, 4 * j + 4)
-            assert bool(dense_blocks[i, j]) == (state != mm.EMPTY), (i, j, state)
+            assert bool(dense_blocks[i, j]) == (state != mm.TileState.EMPTY), (i, j, state)
 
 
 # ---- compositions: closed-form counts against brute force -------------------------------------
@@ -143,7 +143,8 @@ def _tile_walk(mod: mm.MaskMod, batch: int, lq: int, lk: int, tq: int, tk: int) 
         (min(q0 + tq, lq) - q0) * (min(k0 + tk, lk) - k0)
         for q0 in range(0, lq, tq)
         for k0 in range(0, lk, tk)
-        if mm.block_state(mod, batch, 1, q0, min(q0 + tq, lq), k0, min(k0 + tk, lk)) != mm.EMPTY
+        if mm.block_state(mod, batch, 1, q0, min(q0 + tq, lq), k0, min(k0 + tk, lk))
+        != mm.TileState.EMPTY
     )
 
 

@@ -162,7 +162,10 @@ class _SkipsPartialTiles(ChunkedAttention):
 
     def _tile_states(self, mod, batch, heads, lq, lk, dtype):
         grid = super()._tile_states(mod, batch, heads, lq, lk, dtype)
-        return [(q0, q1, [t for t in row if t[2] != mask_mods.PARTIAL]) for q0, q1, row in grid]
+        return [
+            (q0, q1, [t for t in row if t[2] != mask_mods.TileState.PARTIAL])
+            for q0, q1, row in grid
+        ]
 
 
 @pytest.mark.parametrize("kind", ["causal", "document", "prefix_lm"])

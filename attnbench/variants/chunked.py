@@ -80,7 +80,7 @@ def _attend_row(q_blk, k, v, row, allowed, b: int, h: int, scratch: _Scratch | N
     for k0, k1, state in row:
         out = None if scratch is None else _buffer(scratch.scores, bh, cq, k1 - k0)
         scores = torch.bmm(q_blk, k[:, k0:k1].transpose(1, 2), out=out)  # (B*H, Cq, Ck)
-        partial = state == mask_mods.PARTIAL
+        partial = state == mask_mods.TileState.PARTIAL
         if partial:
             scores4 = scores.view(b, h, cq, k1 - k0)  # (B, H, Cq, Ck)
             scores4 = (scores4.masked_fill_ if reuse else scores4.masked_fill)(
@@ -186,14 +186,14 @@ class ChunkedAttention(Variant):
             for k0 in range(0, lk, grain):
                 k1 = min(k0 + grain, lk)
                 state = (
-                    mask_mods.FULL
+                    mask_mods.TileState.FULL
                     if mod is None
                     else mask_mods.block_state(mod, batch, heads, q0, q1, k0, k1)
                 )
-                if state == mask_mods.EMPTY:
+                if state == mask_mods.TileState.EMPTY:
                     continue
                 if (
-                    state == mask_mods.FULL
+                    state == mask_mods.TileState.FULL
                     and row
                     and row[-1][2] == state
                     and row[-1][1] == k0
@@ -245,7 +245,7 @@ class ChunkedAttention(Variant):
             return self._tile_states(mask, b, h, lq, lk, dtype)
         # no skipping without reading the whole mask
         return [
-            (q0, q1, [(k0, k1, mask_mods.PARTIAL) for k0, k1, _ in row])
+            (q0, q1, [(k0, k1, mask_mods.TileState.PARTIAL) for k0, k1, _ in row])
             for q0, q1, row in self._tile_states(None, b, h, lq, lk, dtype)
         ]
 
