@@ -27,21 +27,25 @@ READER = schedstat.runqueue_seconds
 
 
 class ScriptedScheduler:
-    """schedstat.runqueue_seconds stand-in: the thread waits ``share`` of the wall time of the first ``busy`` timed
-    intervals (the timer reads it in pairs, before and after every block, the block-sizing one first), then never.
-    ``None`` for ``share`` is a kernel that does not report the wait."""
+    """schedstat.runqueue_seconds stand-in: the thread waits ``sizing`` of the wall time of the block-sizing call, then
+    ``share`` of that of the first ``busy`` timed blocks, then never (the timer reads it in pairs, before and after
+    each). ``None`` for ``share`` is a kernel that does not report the wait."""
 
-    def __init__(self, busy: int = 0, share: float | None = 0.5) -> None:
-        self.busy, self.share, self.reads, self.waited, self.opened = busy, share, 0, 0.0, 0.0
+    def __init__(self, busy: int = 0, share: float | None = 0.5, sizing: float = 0.0) -> None:
+        self.busy, self.share, self.sizing = busy, share, sizing
+        self.reads, self.waited, self.opened = 0, 0.0, 0.0
 
     def __call__(self) -> float | None:
         if self.share is None:
             return None
         now = time.perf_counter()
         self.reads += 1
+        interval = self.reads // 2  # 1: the sizing call, then the blocks
         if self.reads % 2:  # an interval opens
             self.opened = now
-        elif self.reads // 2 <= self.busy:  # it closes, in one of the busy intervals
+        elif interval == 1:
+            self.waited += self.sizing * (now - self.opened)
+        elif interval <= self.busy + 1:  # it closes, in one of the busy blocks
             self.waited += self.share * (now - self.opened)
         return self.waited
 
@@ -219,6 +223,9 @@ def test_a_sweep_that_starts_in_a_fast_moment_flags_at_most_its_first_case(monke
         "probe_seconds",
         NeighbourArrives(runner.BASELINE_PROBES, quiet=0.64e-3, slow=1.03e-3),
     )
+    # the probe alone is judged: real blocks timed beside parallel tests can split into two
+    # clusters (seen in CI: two cases noisy as "samples bimodal")
+    monkeypatch.setattr(probe, "is_bimodal", lambda samples: False)
     cases = [("batched", SPEC.replace(seq_len=n)) for n in (16, 32, 48, 64, 80)]
     results = sweep(cases, MeasureConfig(timer=FAST, threads=1, retries=1))
     statuses = [m.status for m in results]
@@ -291,7 +298,7 @@ def test_a_descheduled_block_is_dropped_and_timed_again(monkeypatch):
     monkeypatch.setattr(
         probe, "is_bimodal", lambda samples: False
     )  # real blocks on a busy machine can cluster
-    scheduler = ScriptedScheduler(busy=3, share=0.5)
+    scheduler = ScriptedScheduler(busy=2, share=0.5)
     monkeypatch.setattr(schedstat, "runqueue_seconds", scheduler)
     m = measure("batched", SPEC, MeasureConfig(timer=FAST, retries=0, probe_baseline_s=1e-3))
     assert m.status == "ok" and m.reason == "", m.reason
@@ -309,10 +316,33 @@ def test_a_descheduled_block_is_dropped_and_timed_again(monkeypatch):
     )
 
 
+def test_a_sizing_call_that_waited_for_the_core_is_made_again(monkeypatch):
+    """Planted: the block-sizing call sits out a neighbour's slice (5 ms for a 1 ms call, 80% of it waiting). Blocks
+    sized by it held two calls where ten fit; on a real shared core such blocks, shorter than a slice, caught the
+    neighbour in one block of ten (seen: 37 of 348 waited) and the case passed for quiet. A fake clock."""
+    from attnbench.measure import timer
+
+    now = [0.0]
+    monkeypatch.setattr(timer.time, "perf_counter", lambda: now[0])
+    calls: list[int] = []
+
+    def call() -> None:
+        calls.append(1)
+        now[0] += 0.005 if len(calls) == 1 else 0.001
+
+    monkeypatch.setattr(schedstat, "runqueue_seconds", ScriptedScheduler(sizing=0.8))
+    config = TimerConfig(
+        warmup=0, warmup_time=0.0, min_runs=20, min_time=1e-9, max_time=1.0, block_time=0.01
+    )
+    blocks = time_blocks(call, "cpu", config)
+    assert blocks.runs // len(blocks.samples) >= 9, (blocks.runs, blocks.samples)
+    assert blocks.samples == pytest.approx([0.001] * len(blocks.samples))
+
+
 def test_blocks_report_every_wait_and_keep_the_undisturbed_ones(monkeypatch):
     """The timer alone: the dropped blocks are listed apart, every block's share is returned in order, and without a
     limit (asv's metric timings, the bandwidth roof) every block is kept."""
-    monkeypatch.setattr(schedstat, "runqueue_seconds", ScriptedScheduler(busy=3, share=0.5))
+    monkeypatch.setattr(schedstat, "runqueue_seconds", ScriptedScheduler(busy=2, share=0.5))
     config = TimerConfig(
         warmup=0, warmup_time=0.0, min_runs=4, min_time=1e-9, max_time=1.0, block_time=1e-9
     )
@@ -334,7 +364,7 @@ def test_blocks_report_every_wait_and_keep_the_undisturbed_ones(monkeypatch):
         False,
     ]
     assert blocks.waited() == 2
-    monkeypatch.setattr(schedstat, "runqueue_seconds", ScriptedScheduler(busy=3, share=0.5))
+    monkeypatch.setattr(schedstat, "runqueue_seconds", ScriptedScheduler(busy=2, share=0.5))
     kept = time_blocks(lambda: sum(range(200)), "cpu", config)
     assert kept.dropped == [] and len(kept.samples) == 4 and kept.waited() == 2
 
@@ -422,6 +452,10 @@ def test_the_timer_sees_a_real_neighbour_on_its_core(monkeypatch):
     )  # the real reader: no scripted scheduler here
     if not schedstat.available():
         pytest.skip(f"needs Linux's per-thread scheduler figures ({schedstat.SCHEDSTAT})")
+    # the wait alone is judged: a probe on a core shared with more than the neighbour can be slow
+    # too (seen beside two more busy processes: the reason named the probe, not the wait)
+    monkeypatch.setattr(probe, "probe_seconds", ScriptedProbe())
+    monkeypatch.setattr(probe, "is_bimodal", lambda samples: False)
     with spinning_on_this_core():
         blocks = time_blocks(
             lambda: sum(range(20_000)), "cpu", TimerConfig(min_runs=1, min_time=0.3, max_time=1.0)

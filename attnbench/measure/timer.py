@@ -175,7 +175,7 @@ def time_blocks(
     # max_time bounds the wall time from here, flushes and probes included
     began = time.perf_counter()
     # sizes the blocks; kept only if nothing else fits
-    first = warm_s if warm else _block(fn, 1, device)[0]
+    first = warm_s if warm else _sizing_call(fn, device, config.block_time)
     number = 1 if flush else max(1, math.floor(config.block_time / max(first, 1e-9)))
     tally = _Tally()
     since_hook = 0.0  # seconds of blocks since ``between`` was last called
@@ -189,6 +189,23 @@ def time_blocks(
         since_hook += seconds
         tally.add(seconds, number, share, wait_limit)
     return tally.blocks(first, number)
+
+
+def _sizing_call(fn: Callable[[], object], device: torch.device, block_time: float) -> float:
+    """Seconds of one call of ``fn``, made again while it waited for a core and that is cheap.
+
+    The blocks are sized by it. A 0.2 ms call that sat out a neighbour's 4 ms slice sized its
+    blocks 20x too short; blocks shorter than a slice then caught the neighbour in one block of ten
+    instead of in every block, and a case sharing its core passed for quiet. A call that waited over
+    ``schedstat.WAIT_LIMIT`` of its time is made again while the calls so far cost less than one
+    block (a longer call makes blocks of one call anyway).
+    """
+    seconds, share = _block(fn, 1, device)
+    spent = seconds
+    while share is not None and share > schedstat.WAIT_LIMIT and spent < block_time:
+        seconds, share = _block(fn, 1, device)
+        spent += seconds
+    return seconds
 
 
 def _warm_up(fn: Callable[[], object], device: torch.device, config: TimerConfig) -> None:
