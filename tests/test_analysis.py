@@ -22,6 +22,7 @@ from attnbench.measure import MeasureConfig, sweep
 from attnbench.measure.timer import TimerConfig
 from attnbench.runs import grid, write_run
 from attnbench.spec import AttnSpec
+from tests.box import BOX
 
 FIXTURE = Path(__file__).parent / "fixtures" / "asv_results"
 
@@ -302,17 +303,9 @@ def test_fit_table_and_memory_model_from_a_frame():
 
 # ---- provenance: how every value was obtained, and what is left out ---------------------------
 def _run_with(tmp_path: Path, cases: list) -> Path:
-    from attnbench.measure.record import Environment, Measurement
+    from attnbench.measure.record import Measurement
 
-    env = Environment(
-        hostname="box",
-        python="3.11",
-        torch="2.x",
-        threads=1,
-        cpu_model="cpu",
-        cpu_count=2,
-        device_name="cpu",
-    )
+    env = BOX
     base = AttnSpec(batch=1, heads=2, head_dim=16)
     rows = []
     for variant, n, status, memory_method in cases:

@@ -9,10 +9,11 @@ import pytest
 from attnbench import contract
 from attnbench.analysis import complexity
 from attnbench.analysis.frame import load_run
-from attnbench.measure.record import Environment, Measurement
+from attnbench.measure.record import Measurement
 from attnbench.measure.runner import MeasureConfig
 from attnbench.runs import MEASUREMENTS, write_run
 from attnbench.spec import AttnSpec
+from tests.box import BOX
 
 THROWAWAY = contract.Metric(
     "scratch_pages",
@@ -40,15 +41,7 @@ def with_throwaway():
 
 
 def _run(tmp_path):
-    env = Environment(
-        hostname="box",
-        python="3.11",
-        torch="2.x",
-        threads=1,
-        cpu_model="cpu",
-        cpu_count=2,
-        device_name="cpu",
-    )
+    env = BOX
     cases = []
     for n in (64, 128, 256, 512, 1024):
         t = 1e-7 * n * n
@@ -139,15 +132,7 @@ def test_the_run_queue_rows_are_facts_about_the_machine(tmp_path):
             and not row.timed
             and row.unit == "share"
         )
-    env = Environment(
-        hostname="box",
-        python="3.11",
-        torch="2.x",
-        threads=1,
-        cpu_model="cpu",
-        cpu_count=2,
-        device_name="cpu",
-    )
+    env = BOX
     spec = AttnSpec(heads=2, head_dim=16)
     cases = [
         Measurement(

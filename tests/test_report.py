@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from attnbench.report.html import build_report
+from tests.box import BOX
 
 FIXTURE = Path(__file__).parent / "fixtures" / "asv_results"
 
@@ -293,20 +295,12 @@ def _scaled_run(
     memory_factor * L^p as declared; ``wrong`` maps (variant, L) to a planted time for a case that failed the gate;
     ``skipped`` variants are skipped at every length; ``counted`` gives every case an instruction count."""
     from attnbench.measure import MeasureConfig
-    from attnbench.measure.record import Environment, Measurement
+    from attnbench.measure.record import Measurement
     from attnbench.registry import get_variant
     from attnbench.runs import write_run
     from attnbench.spec import AttnSpec
 
-    env = Environment(
-        hostname="box",
-        python="3.11",
-        torch="2.x",
-        threads=1,
-        cpu_model="cpu",
-        cpu_count=2,
-        device_name="cpu",
-    )
+    env = BOX
     base = AttnSpec(batch=1, heads=8, head_dim=64)
     rows = []
     for k, variant in enumerate(variants):
@@ -349,19 +343,11 @@ def _synthetic_run(tmp_path: Path) -> Path:
     """batched ~L^2 at 5 lengths, linear_elu ~L^2 (declared O(n): steeper), loop at 3 lengths with
     model memory, and one chunked case that failed the correctness gate."""
     from attnbench.measure import MeasureConfig
-    from attnbench.measure.record import Environment, Measurement
+    from attnbench.measure.record import Measurement
     from attnbench.runs import write_run
     from attnbench.spec import AttnSpec
 
-    env = Environment(
-        hostname="box",
-        python="3.11",
-        torch="2.x",
-        threads=1,
-        cpu_model="cpu",
-        cpu_count=2,
-        device_name="cpu",
-    )
+    env = BOX
     base = AttnSpec(batch=1, heads=2, head_dim=16)
     rows = []
 
@@ -674,21 +660,12 @@ def _decode_run(
 ) -> Path:
     """batched and sdpa: prefill time ~ L^2, decode time ~ bytes moved (so ~ Lk), with both roofs recorded."""
     from attnbench.measure import MeasureConfig
-    from attnbench.measure.record import Environment, Measurement
+    from attnbench.measure.record import Measurement
     from attnbench.registry import get_variant
     from attnbench.runs import write_run
     from attnbench.spec import AttnSpec
 
-    env = Environment(
-        hostname="box",
-        python="3.11",
-        torch="2.x",
-        threads=1,
-        cpu_model="cpu",
-        cpu_count=2,
-        device_name="cpu",
-        commit=commit,
-    )
+    env = dataclasses.replace(BOX, commit=commit)
     base = AttnSpec(batch=1, heads=8, head_dim=64)
     wobble = (1.0, 1.03, 0.98, 1.01, 0.99, 1.02, 1.0)
     rows = []
@@ -892,19 +869,11 @@ def test_an_asv_report_says_its_times_carry_no_disturbance_check(tmp_path):
 def test_a_figureless_section_has_no_heading(tmp_path):
     """Planted: decode cases only (no prefill shape to draw in the families): no empty 'The families' heading."""
     from attnbench.measure import MeasureConfig
-    from attnbench.measure.record import Environment, Measurement
+    from attnbench.measure.record import Measurement
     from attnbench.runs import write_run
     from attnbench.spec import AttnSpec
 
-    env = Environment(
-        hostname="box",
-        python="3.11",
-        torch="2.x",
-        threads=1,
-        cpu_model="cpu",
-        cpu_count=2,
-        device_name="cpu",
-    )
+    env = BOX
     rows = [
         Measurement(
             variant="sdpa",
@@ -928,19 +897,11 @@ def test_a_figureless_section_has_no_heading(tmp_path):
 def _gqa_run(path: Path) -> Path:
     """sdpa at Hkv = 8 and 2 (H = 8), time ~ L^2 with a 10% spread between blocks."""
     from attnbench.measure import MeasureConfig
-    from attnbench.measure.record import Environment, Measurement
+    from attnbench.measure.record import Measurement
     from attnbench.runs import write_run
     from attnbench.spec import AttnSpec
 
-    env = Environment(
-        hostname="box",
-        python="3.11",
-        torch="2.x",
-        threads=1,
-        cpu_model="cpu",
-        cpu_count=2,
-        device_name="cpu",
-    )
+    env = BOX
     rows = []
     for hkv in (8, 2):
         for n in (128, 256, 512, 1024, 2048):
