@@ -7,6 +7,12 @@ render path must not change a number, a label or a sentence. A deliberate change
 regenerates the file, in the commit that makes the change, with::
 
     .venv/bin/python -m tests.golden --write
+
+Numbers are stored whole and compared with a tolerance that fits each quantity (``mismatches``):
+text, statuses, counts and lengths exactly; values derived from measurements to ``REL_TOL``; and
+near-zero values (a least-squares residual, a coefficient that cancels) to ``SCALE_TOL`` of the
+largest magnitude among their peers. The last bits of a fit depend on the CPU's BLAS and
+reductions and on the numpy, scipy and torch versions, not on what the report says.
 """
 
 from __future__ import annotations
@@ -36,39 +42,66 @@ SCENARIOS: dict[str, tuple[str, ...]] = {
 VOLATILE_COLUMNS = ("origin",)
 """Tidy columns that name where the fixture was copied to, not what it holds."""
 
+REL_TOL = 1e-6
+"""Values derived from measurements (medians, rates, exponents, figure coordinates) agree to this share of their
+size. One ulp of a sample moves a fitted exponent by about 1e-15; an exponent moved by 0.1% is 1e-3."""
+SCALE_TOL = 1e-9
+"""A value near zero agrees to this share of the largest magnitude among its peers (its column across the rows,
+or the other numbers of its array): residuals of an exact fit and coefficients that cancel carry the rounding of
+the machine's arithmetic at the scale of the quantities they were computed from, not at their own."""
+EXACT_FIELDS = frozenset(
+    {
+        "batch", "heads", "kv_heads", "head_dim", "seq_len", "seq_len_k", "threads", "n", "L_min",
+        "L_max", "runs", "attempts",
+    }
+)  # fmt: skip
+"""Counts and lengths: compared exactly (a row measured at another length is another row)."""
+SORT_DIGITS = 4
+"""Significant digits of the numbers in the key that orders rows and figure parts (stable under last-bit drift)."""
+
 
 def _num(value: Any) -> Any:
-    """Numbers rounded to 9 significant figures (text written by two code paths may differ in the last bit)."""
+    """A JSON-able number: NaN as None, infinities as strings, numpy scalars as Python ones."""
     if isinstance(value, (bool, np.bool_)) or value is None:
         return bool(value) if value is not None else None
-    if isinstance(value, (int, float, np.integer, np.floating)):
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
         value = float(value)
-        return (
-            None
-            if math.isnan(value)
-            else float(f"{value:.9g}")
-            if math.isfinite(value)
-            else str(value)
-        )
+        return None if math.isnan(value) else value if math.isfinite(value) else str(value)
     return value
+
+
+def _sort_key(item: Any) -> str:
+    """A key that orders rows, lines and figures the same way on every machine: numbers at ``SORT_DIGITS``."""
+
+    def coarse(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: coarse(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [coarse(x) for x in v]
+        return f"{v:.{SORT_DIGITS}g}" if isinstance(v, float) else v
+
+    return json.dumps(coarse(item), sort_keys=True, default=str)
+
+
+def _xy(values: Iterable[Any]) -> list[Any]:
+    """A figure's coordinates as floats (an axis of integer lengths draws the same as one of floats)."""
+    return [_num(float(v)) if _is_number(v) or isinstance(v, np.number) else _num(v) for v in values]
 
 
 def figure_data(fig: Figure) -> dict[str, Any]:
     """The data a figure shows: per axes its title, labels, lines, scattered points, texts and images."""
     axes = []
     for ax in fig.axes:
-        lines = sorted(
-            json.dumps([[_num(x) for x in line.get_xdata()], [_num(y) for y in line.get_ydata()]])
-            for line in ax.get_lines()
-        )
-        points = sorted(
-            json.dumps([[_num(v) for v in xy] for xy in c.get_offsets().tolist()])
+        lines = [[_xy(line.get_xdata()), _xy(line.get_ydata())] for line in ax.get_lines()]
+        points = [
+            [_xy(xy) for xy in c.get_offsets().tolist()]
             for c in ax.collections
             if hasattr(c, "get_offsets") and len(c.get_offsets())
-        )
+        ]
         images = [
-            json.dumps([[_num(v) for v in row] for row in im.get_array().filled(math.nan).tolist()])
-            for im in ax.images
+            [_xy(row) for row in im.get_array().filled(math.nan).tolist()] for im in ax.images
         ]
         axes.append(
             {
@@ -76,8 +109,8 @@ def figure_data(fig: Figure) -> dict[str, Any]:
                 "xlabel": ax.get_xlabel(),
                 "ylabel": ax.get_ylabel(),
                 "xticks": [t.get_text() for t in ax.get_xticklabels()],
-                "lines": lines,
-                "points": points,
+                "lines": sorted(lines, key=_sort_key),
+                "points": sorted(points, key=_sort_key),
                 "texts": sorted(t.get_text() for t in ax.texts),
                 "images": images,
             }
@@ -86,21 +119,15 @@ def figure_data(fig: Figure) -> dict[str, Any]:
     return {"suptitle": suptitle, "axes": axes}
 
 
-def _frame_records(frame, drop: Iterable[str] = ()) -> list[str]:
+def _frame_records(frame, drop: Iterable[str] = ()) -> list[dict[str, Any]]:
     frame = frame.drop(columns=[c for c in drop if c in frame.columns])
-    rows = []
-    for rec in frame.astype(object).to_dict("records"):
-        rows.append(
-            json.dumps(
-                {
-                    k: _num(v) if not hasattr(v, "isoformat") else v.isoformat()
-                    for k, v in rec.items()
-                },
-                sort_keys=True,
-                default=str,
-            )
-        )
-    return sorted(rows)
+    rows = [
+        {k: v.isoformat() if hasattr(v, "isoformat") else _num(v) for k, v in rec.items()}
+        for rec in frame.astype(object).to_dict("records")
+    ]
+    # Values that are neither numbers nor text (a tuple, a Path) as the text they print.
+    rows = json.loads(json.dumps(rows, default=str))
+    return sorted(rows, key=_sort_key)
 
 
 def digest(sources: Iterable[Path], out_dir: Path) -> dict[str, Any]:
@@ -110,34 +137,137 @@ def digest(sources: Iterable[Path], out_dir: Path) -> dict[str, Any]:
     from attnbench.analysis import summary
     from attnbench.report import html
 
-    figures: list[str] = []
+    figures: list[dict[str, Any]] = []
     seen: set[int] = set()
     savefig = Figure.savefig
 
     def record(fig: Figure, *args: Any, **kwargs: Any) -> Any:
         if id(fig) not in seen:  # each figure is saved as PNG and as SVG: record it once
             seen.add(id(fig))
-            figures.append(json.dumps(figure_data(fig), sort_keys=True))
+            figures.append(figure_data(fig))
         return savefig(fig, *args, **kwargs)
 
+    sources = list(sources)
     with mock.patch.object(Figure, "savefig", record):
         analysis = summary.analyse(summary.load_results([str(s) for s in sources]))
         html.render(analysis, out_dir)
+    roots = sorted({str(Path(s).parent) for s in sources}, key=len, reverse=True)
+
+    def anonymous(text: str) -> str:
+        for root in roots:  # the fixtures may be read from a copy (the perturbed ones are)
+            text = text.replace(root, "RUNS")
+        return text
+
     return {
         "tidy": _frame_records(analysis.loaded.frame, VOLATILE_COLUMNS),
         "fits": _frame_records(analysis.fits),
         "findings": [[f.text, f.target] for f in analysis.findings],
-        "problems": sorted(p.replace(str(RUNS), "RUNS") for p in analysis.loaded.problems),
-        "notes": sorted(n.replace(str(RUNS), "RUNS") for n in analysis.loaded.notes),
-        "figures": sorted(figures),
+        "problems": sorted(anonymous(p) for p in analysis.loaded.problems),
+        "notes": sorted(anonymous(n) for n in analysis.loaded.notes),
+        "figures": sorted(figures, key=_sort_key),
     }
 
 
-def build_all(tmp: Path) -> dict[str, dict[str, Any]]:
+def build_all(tmp: Path, runs: Path = RUNS) -> dict[str, dict[str, Any]]:
+    """The digest of every scenario, from the run directories under ``runs``."""
     return {
-        name: digest([RUNS / s for s in runs], tmp / name.replace(" ", "_"))
-        for name, runs in SCENARIOS.items()
+        name: digest([runs / s for s in sources], tmp / name.replace(" ", "_"))
+        for name, sources in SCENARIOS.items()
     }
+
+
+def _close(want: float, got: float, scale: float) -> bool:
+    return abs(want - got) <= max(REL_TOL * max(abs(want), abs(got)), SCALE_TOL * scale)
+
+
+def _magnitude(values: Iterable[Any]) -> float:
+    """The largest finite magnitude among ``values`` (0 when none is a number)."""
+    numbers = [abs(v) for v in values if isinstance(v, float) and math.isfinite(v)]
+    return max(numbers, default=0.0)
+
+
+def mismatches(want: Any, got: Any, where: str = "") -> list[str]:
+    """Where ``got`` says something else than ``want``, each place with both values (empty: they agree)."""
+    return _compare(want, got, where)
+
+
+def _compare(
+    want: Any, got: Any, where: str, *, field: str = "", scale: float = 0.0, columns=None
+) -> list[str]:
+    """``mismatches`` at one place: ``field`` names a record's column, ``scale`` the peers' magnitude.
+
+    A list of records (dicts) scales each column by its largest value across the records; a list of
+    numbers scales them by its largest.
+    """
+    if isinstance(want, dict) and isinstance(got, dict):
+        if want.keys() != got.keys():
+            return [f"{where}: keys {sorted(want.keys() ^ got.keys())} in one only"]
+        columns = columns or {}
+        return [
+            m
+            for k in want
+            for m in _compare(want[k], got[k], f"{where}.{k}", field=k, scale=columns.get(k, 0.0))
+        ]
+    if isinstance(want, list) and isinstance(got, list):
+        if len(want) != len(got):
+            return [f"{where}: {len(want)} items wanted, {len(got)} got"]
+        pairs = list(zip(want, got, strict=True))
+        if want and all(isinstance(w, dict) for w in want):
+            names = {k for w in want for k in w}
+            cols = {
+                k: _magnitude(r.get(k) for r in [*want, *got] if isinstance(r, dict)) for k in names
+            }
+            return [
+                m
+                for i, (w, g) in enumerate(pairs)
+                for m in _compare(w, g, f"{where}[{i}]", columns=cols)
+            ]
+        inner = max(scale, _magnitude([*want, *got]))
+        return [
+            m
+            for i, (w, g) in enumerate(pairs)
+            for m in _compare(w, g, f"{where}[{i}]", field=field, scale=inner)
+        ]
+    if _is_number(want) and _is_number(got):
+        exact = field in EXACT_FIELDS or (isinstance(want, int) and isinstance(got, int))
+        agree = want == got if exact else _close(float(want), float(got), scale)
+        return [] if agree else [f"{where}: {want!r} wanted, {got!r} got"]
+    if want == got and type(want) is type(got):
+        return []
+    return [f"{where}: {want!r} wanted, {got!r} got"]
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def perturb(value: Any) -> Any:
+    """``value`` with every non-integral float moved by one ulp (``numpy.nextafter``) toward +inf."""
+    if isinstance(value, dict):
+        return {k: perturb(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [perturb(v) for v in value]
+    if isinstance(value, float) and math.isfinite(value) and not value.is_integer():
+        return float(np.nextafter(value, math.inf))
+    return value
+
+
+def perturbed_runs(dest: Path) -> Path:
+    """A copy of the fixture runs under ``dest`` whose measured floats (samples, errors, probe times) are
+    one ulp off: what another CPU's arithmetic or another library version could have written."""
+    import shutil
+
+    shutil.copytree(RUNS, dest)
+    for log in dest.glob("*/cases.jsonl"):
+        lines = log.read_text().splitlines()
+        out = [
+            json.dumps(perturb(json.loads(line)))
+            if json.loads(line).get("kind") == "case"
+            else line
+            for line in lines
+        ]
+        log.write_text("\n".join(out) + "\n")
+    return dest
 
 
 def main() -> None:
