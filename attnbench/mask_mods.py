@@ -20,7 +20,7 @@ import enum
 import weakref
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from itertools import combinations, pairwise
 
@@ -834,6 +834,27 @@ def tile(
     b, h, q, kv = _indices(mod, batch, heads, q0, q1, k0, k1, device)
     out = mod.fn(b, h, q, kv)
     return out.expand(b.shape[0], h.shape[1], q.shape[2], kv.shape[3])
+
+
+def shifted(mod: MaskMod, batch: int, head: int) -> MaskMod:
+    """``mod`` seen from batch entry ``batch`` and head ``head`` on: index (b, h) reads theirs.
+
+    A slice ``[batch:, head:]`` of the inputs (the correctness gate checks one (batch, head) slice
+    at a time) keeps its own rows of a per-sequence or per-head predicate. Closed-form counts are
+    dropped (they describe the whole batch); tile states do not depend on b or h, so they stay.
+    """
+    if not (mod.uses_batch and batch) and not (mod.uses_head and head):
+        return mod
+    fn = mod.fn
+    return replace(
+        mod,
+        name=f"{mod.name} from b={batch}, h={head}",
+        fn=lambda b, h, q, kv: fn(b + batch, h + head, q, kv),
+        pairs=None,
+        tile_pairs=None,
+        fits=None,
+        form=None,
+    )
 
 
 def dense(

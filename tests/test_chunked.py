@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import math
 import zlib
+from unittest import mock
 
+import numpy as np
 import pytest
 import torch
 
 import attnbench
 from attnbench import AttnSpec, mask_mods
+from attnbench.analysis.complexity import fit_deterministic
 from attnbench.measure.memory import cpu_peak_tensor_bytes
 from attnbench.variants.chunked import ChunkedAttention, default_chunks
 from tests.conftest import assert_close_to_reference
@@ -79,13 +82,11 @@ MEMORY_CASES = [
 ]
 
 
-def _peak(variant, spec, requires_grad=False):
+def _peak(variant, spec, functional=False):
     q, k, v, mod = spec.make_inputs(mask_form="mod")
     mask4 = variant.validate(q, k, v, mod)
-    if requires_grad:  # autograd keeps every tile's intermediates: the functional path
-        q, k, v = (t.requires_grad_(True) for t in (q, k, v))
-        return cpu_peak_tensor_bytes(lambda: variant.forward(q, k, v, mask4))
-    with torch.no_grad():
+    with torch.no_grad(), mock.patch.object(torch.compiler, "is_compiling", lambda: functional):
+        # functional: the path torch.compile traces, a fresh score tile per tile
         return cpu_peak_tensor_bytes(lambda: variant.forward(q, k, v, mask4))
 
 
@@ -132,4 +133,66 @@ def test_forward_peak_matches_the_memory_model(case):
         predicted,
     )
     # A score buffer allocated per tile (what the reuse defends against) is visibly more than the model.
-    assert _peak(variant, spec, requires_grad=True) > 1.1 * predicted
+    assert _peak(variant, spec, functional=True) > 1.1 * predicted
+
+
+# ---- the recomputing backward (FlashAttention-2's scheme): exact gradients in O(L) memory ------
+GRAD_MASKS = ["none", "causal", "valid_lengths", "sliding_window", "document", "prefix_lm"]
+
+
+@pytest.mark.parametrize("mask", GRAD_MASKS)
+def test_backward_passes_float64_gradcheck_on_every_mask_kind(mask):
+    """Odd shapes (Lq != Lk, GQA, Dv != D) and tiles that do not divide them; every mask chunked takes."""
+    spec = AttnSpec(
+        batch=2, heads=2, kv_heads=1, seq_len=7, seq_len_k=9, head_dim=3, head_dim_v=2,
+        mask=mask, window=4, dtype="float64",
+    )  # fmt: skip
+    if ChunkedAttention().not_supported_reasons(spec):
+        pytest.skip("; ".join(ChunkedAttention().not_supported_reasons(spec)))
+    q, k, v, mod = spec.make_inputs(seed=zlib.crc32(f"gradcheck-{mask}".encode()), mask_form="mod")
+    variant = ChunkedAttention(q_chunk=3, k_chunk=4)
+    mask4 = variant.validate(q, k, v, mod)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    assert torch.autograd.gradcheck(lambda *x: variant.forward(*x, mask4), leaves)
+
+
+@pytest.mark.parametrize("mask", ["none", "causal", "valid_lengths"])
+def test_float32_gradients_match_the_batched_variants_autograd(mask):
+    spec = AttnSpec(batch=1, heads=4, kv_heads=2, seq_len=160, head_dim=16, mask=mask)
+    q, k, v, mod = spec.make_inputs(seed=zlib.crc32(f"vs-batched-{mask}".encode()), mask_form="mod")
+    grad = torch.randn(1, 4, 160, 16, generator=torch.Generator().manual_seed(3))
+    grads = []
+    for variant in (ChunkedAttention(q_chunk=32, k_chunk=48), attnbench.get_variant("batched")):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        out = variant(*leaves, mod)
+        grads.append(torch.autograd.grad(out, leaves, grad))
+    for ours, theirs in zip(*grads, strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
+
+
+def _backward_peak(variant, spec):
+    q, k, v, mod = spec.make_inputs(requires_grad=True, mask_form="mod")
+    mask4 = variant.validate(q, k, v, mod)
+    grad = torch.ones(*q.shape[:3], v.shape[-1])
+
+    def step():
+        return torch.autograd.grad(variant.forward(q, k, v, mask4), (q, k, v), grad)
+
+    return cpu_peak_tensor_bytes(step)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mask", ["none", "causal"])
+def test_backward_peak_memory_grows_linearly(mask):
+    """Forward + backward peak bytes at four lengths fit L^1.1 or less (autograd through the tiles,
+    the code before the recomputing backward: L^1.9)."""
+    variant = ChunkedAttention(q_chunk=64, k_chunk=64)
+    lengths = [128, 256, 512, 1024]
+    peaks = [
+        _backward_peak(variant, AttnSpec(batch=1, heads=2, seq_len=n, head_dim=16, mask=mask))
+        for n in lengths
+    ]
+    if None in peaks:
+        pytest.skip("the profiler's memory timeline is unavailable")
+    fit = fit_deterministic(np.array(lengths), np.array(peaks, dtype=float))
+    assert fit["exponent"] <= 1.1, (fit["exponent"], peaks)

@@ -12,6 +12,7 @@ import math
 import os
 import subprocess
 import sys
+from unittest import mock
 
 import pytest
 import torch
@@ -620,3 +621,40 @@ def test_gqa_backward_checks_whole_groups_of_a_sample(plants):
     assert m.status == "ok", m.reason
     checked, total = map(int, m.extra["checked_slices"].split("/"))
     assert total == 16 and checked % 4 == 0 and 4 <= checked < 16
+
+
+def test_a_case_whose_dense_reference_exceeds_the_budget_is_checked_blockwise(plants):
+    """Planted: a reference budget below one slice's dense float64 reference (3 score matrices). The
+    dense reference left such a case unchecked; the blockwise one (tiles made tiny here) checks it
+    and still catches a swapped head."""
+    from attnbench import reference
+
+    spec = SPEC.replace(seq_len=64)
+    dense_scores = gate.REFERENCE_BUFFERS * 64 * 64 * 8
+    config = dataclasses.replace(FAST, reference_budget_bytes=dense_scores)
+    tiles = dict(Q_TILE=8, TILE_ELEMENTS=8 * 16)
+    with mock.patch.multiple(reference, **tiles), mock.patch.object(gate, "TILE_ELEMENTS", 8 * 16):
+        ok = measure("plant_correct", spec, config, peak_flops=1e10)
+        bad = measure("plant_heads", spec, config, peak_flops=1e10)
+    assert ok.status == "ok" and "checked_slices" in ok.extra, (ok.status, ok.reason)
+    assert bad.status == "wrong" and "slices checked" in bad.reason, bad.reason
+
+
+def test_at_gpu_lengths_one_slice_fits_the_default_budget_and_tiny_sizes_show_their_unit():
+    """Forward at L=65536 and backward at L=16384 (1,560-10,000 MiB a slice dense from L=4096-8192
+    up on the recorded H100 run) fit 512 MiB blockwise (what is left is O(L): the float64 copies of
+    the inputs and, backward, their gradients); planted: a 1 KiB budget, whose message once read
+    'needs 0 MiB > reference budget 0 MiB'."""
+    from attnbench.measure.runner import check_plan
+
+    chunked = attnbench.get_variant("chunked")
+    for mode, length in (("forward", 65536), ("backward", 16384)):
+        spec = attnbench.AttnSpec(batch=1, heads=4, seq_len=length, head_dim=64, mode=mode)
+        assert gate.slice_reference_bytes(chunked, spec) < 512 * 2**20, mode
+        plan = check_plan(chunked, spec, MeasureConfig())
+        assert plan.note == "" and len(plan.slices) >= 2, plan.note
+    tiny = check_plan(
+        chunked, SPEC.replace(seq_len=8), MeasureConfig(reference_budget_bytes=1024.0)
+    )
+    assert not tiny.slices and "> reference budget 1 KiB" in tiny.note, tiny.note
+    assert "0 MiB" not in tiny.note, tiny.note

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from attnbench.reference import reference_attention
+from attnbench import mask_mods
+from attnbench.reference import TILE_ELEMENTS, blockwise_reference_attention
 from attnbench.spec import AttnSpec
 from attnbench.variants.base import Variant
 
@@ -141,15 +142,23 @@ def _ratio(error: float, tol: float) -> float:
 
 
 def slice_reference_bytes(variant: Variant, spec: AttnSpec) -> float:
-    """Float64 bytes one (batch, head) slice's reference needs (its own scratch model at float64).
+    """Float64 bytes one (batch, head) slice's reference needs.
 
+    A blockwise reference (:meth:`~attnbench.variants.base.Variant.reference_is_blockwise`) holds
+    :data:`REFERENCE_BUFFERS` + 1 tiles of at most
+    :data:`~attnbench.reference.TILE_ELEMENTS` pairs (a backward query block spans all Lk keys)
+    and its output; a dense one, :data:`REFERENCE_BUFFERS` ``(Lq, Lk)`` matrices and the
+    variant's own scratch model at float64. Both hold float64 and plain copies of the inputs.
     Backward with grouped-query attention checks a whole group of G query heads at once (see the
     module docstring), so its slice is G heads' worth.
     """
     one = spec.replace(batch=1, heads=1, kv_heads=None, dtype="float64", mode="forward")
-    fwd = (
-        REFERENCE_BUFFERS * spec.lq * spec.lk + variant.scratch_elements(one)
-    ) * 8 + 2 * one.input_bytes
+    if variant.reference_is_blockwise():
+        tile = min(spec.lq * spec.lk, max(TILE_ELEMENTS, spec.lk))
+        work = (REFERENCE_BUFFERS + 1) * tile + 2 * spec.lq * spec.dv
+    else:
+        work = REFERENCE_BUFFERS * spec.lq * spec.lk + variant.scratch_elements(one)
+    fwd = work * 8 + 2 * one.input_bytes
     return fwd * (BACKWARD_REFERENCE_FACTOR * spec.group if spec.mode == "backward" else 1.0)
 
 
@@ -203,10 +212,18 @@ def checked_slices(
     return [(i // spec.heads, i % spec.heads) for i in flat]
 
 
-def _mask_slice(mask: torch.Tensor | None, b: int, h0: int, h1: int) -> torch.Tensor | None:
-    """``(1, h1 - h0 | 1, Lq|1, Lk)`` slice of a rank-4 broadcastable mask (heads h0..h1-1)."""
+def _mask_slice(
+    mask: torch.Tensor | mask_mods.MaskMod | None, b: int, h0: int, h1: int
+) -> torch.Tensor | mask_mods.MaskMod | None:
+    """``(1, h1 - h0 | 1, Lq|1, Lk)`` slice of a rank-4 broadcastable mask (heads h0..h1-1).
+
+    A predicate is shifted instead (:func:`~attnbench.mask_mods.shifted`): evaluated per tile by
+    the blockwise reference, it never exists as a dense tensor.
+    """
     if mask is None:
         return None
+    if isinstance(mask, mask_mods.MaskMod):
+        return mask_mods.shifted(mask, b, h0)
     bi = b if mask.shape[0] > 1 else 0
     return mask[bi : bi + 1, h0:h1] if mask.shape[1] > 1 else mask[bi : bi + 1]
 
@@ -240,7 +257,7 @@ def _reference(
     qs, ks, vs = (x.detach().to(dtype).requires_grad_(grad) for x in (q, k, v))
     with torch.set_grad_enabled(grad):
         if exact_softmax:
-            out = reference_attention(
+            out = blockwise_reference_attention(
                 qs, ks, vs, mask, scale=variant.scale_for(q.shape[-1]), dtype=dtype
             )
         else:
@@ -313,7 +330,7 @@ class Reference:
     Args:
         variant: the variant whose results are checked.
         q, k, v: the inputs the closure is called with, ``(B, H, L, D)``.
-        mask: rank-4 bool mask (or None), as the closure receives it.
+        mask: rank-4 bool mask, a predicate (for a variant whose reference is blockwise) or None.
         slices: (batch, head) pairs to check (see :func:`checked_slices`).
         grad_out: backward: the upstream gradient the closure uses, ``(B, H, Lq, Dv)``.
     """
@@ -324,7 +341,7 @@ class Reference:
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        mask: torch.Tensor | None,
+        mask: torch.Tensor | mask_mods.MaskMod | None,
         slices: Sequence[tuple[int, int]],
         grad_out: torch.Tensor | None = None,
     ) -> None:

@@ -28,7 +28,7 @@ import torch
 from attnbench import mask_mods, masks
 from attnbench._checks import as_4d_mask, check_finite, check_qkv, check_scale, check_score_range
 from attnbench.capability import CallInfo
-from attnbench.reference import reference_attention
+from attnbench.reference import blockwise_reference_attention
 from attnbench.spec import DTYPES, AttnSpec, MaskForm
 
 ALL_DTYPES = frozenset(DTYPES)
@@ -258,10 +258,21 @@ class Variant(ABC):
         """Ground truth (float64 by default) for exactly what this variant claims to compute.
 
         With ``dtype`` set to the inputs' dtype it is the plain implementation at the same
-        precision, whose error scales the test tolerance. A predicate is evaluated densely.
+        precision, whose error scales the test tolerance. Computed blockwise
+        (:func:`~attnbench.reference.blockwise_reference_attention`: O(L * tile) memory, a
+        predicate evaluated per tile), so the gate can check any length the machine can time.
         """
-        mask = dense_mask(mask, q, k)
-        return reference_attention(q, k, v, mask, scale=self.scale_for(q.shape[-1]), dtype=dtype)
+        return blockwise_reference_attention(
+            q, k, v, mask, scale=self.scale_for(q.shape[-1]), dtype=dtype
+        )
+
+    def reference_is_blockwise(self) -> bool:
+        """Whether :meth:`reference` runs in O(L * tile) memory (the default one); else dense.
+
+        The gate sizes a slice's reference by this
+        (:func:`attnbench.measure.gate.slice_reference_bytes`).
+        """
+        return type(self).reference is Variant.reference
 
     # ---- declared support ----------------------------------------------------------------
     def _same_qk_dim(self) -> bool:

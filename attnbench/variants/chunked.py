@@ -154,6 +154,8 @@ class ChunkedAttention(Variant):
     # evaluates the predicate per tile: skips empty tiles, no mask work on full ones
     MASK_MODS = True
     SUPPORTS_GQA = GqaMode.REPEAT  # k and v repeated to H heads at entry (counted in the peak)
+    # backward recomputes each tile (Q K^T once more): FlashAttention-2's 2.5x, not eager 2.0
+    RECOMPUTES_SCORES = True
 
     def __init__(
         self, q_chunk: int | None = None, k_chunk: int | None = None, scale: float | None = None
@@ -252,40 +254,160 @@ class ChunkedAttention(Variant):
     def forward(self, q, k, v, mask):
         b, h, lq, d = q.shape
         k, v = repeat_kv(k, v, h)  # (B, H, Lk, D), (B, H, Lk, Dv)
-        lk, dv = k.shape[2], v.shape[-1]
+        lk = k.shape[2]
         dtype = str(q.dtype).removeprefix("torch.")
-        grid = self._forward_grid(mask, b, h, lq, lk, dtype)
-        # Without autograd, every tile reuses one score buffer and one accumulator and updates them
-        # in place: no per-tile allocation (under the measurement regime each would map and fault in
-        # fresh pages). Autograd needs the originals, and torch.compile plans its own buffers:
-        # functional form.
+        plan = _Plan(
+            self._forward_grid(mask, b, h, lq, lk, dtype),
+            mask,
+            b,
+            h,
+            self.chunks(lq, lk, dtype),
+            self.scale_for(d) * _LOG2_E,
+        )
         differentiating = torch.is_grad_enabled() and (
             q.requires_grad or k.requires_grad or v.requires_grad
         )
-        reuse = not (differentiating or torch.compiler.is_compiling())
+        if differentiating:
+            # O(L) training: the backward recomputes each tile from q, k, v, the output and the
+            # row logsumexp instead of autograd keeping every tile's probabilities (O(L^2)).
+            return _RecomputingAttention.apply(q, k, v, plan)
+        # Without autograd, every tile reuses one score buffer and one accumulator and updates them
+        # in place: no per-tile allocation (under the measurement regime each would map and fault in
+        # fresh pages). torch.compile plans its own buffers: functional form.
+        out, _ = _stream(q, k, v, plan, reuse=not torch.compiler.is_compiling())
+        return out
+
+
+class _Plan(NamedTuple):
+    """What one call of the tile loop needs beyond q, k, v (the same for forward and backward)."""
+
+    grid: list  # ChunkedAttention._tile_states' [(q0, q1, [(k0, k1, state), ...]), ...]
+    mask: object  # a MaskMod, a rank-4 bool tensor or None
+    b: int  # batch B
+    h: int  # heads H
+    chunks: tuple[int, int]  # (q_chunk, k_chunk)
+    scale2: float  # the score scale times log2(e): scores in base 2
+
+
+def _stream(q, k, v, plan: _Plan, reuse: bool, want_lse: bool = False):
+    """The online-softmax forward over ``plan``'s tiles: ``(out (B, H, Lq, Dv), lse or None)``.
+
+    ``lse`` (with ``want_lse``) is the base-2 row logsumexp ``(B*H, Lq, 1)`` of the scaled scores,
+    ``+inf`` on rows with no allowed key (so the backward's ``exp2(s - lse)`` is 0 there).
+
+    Args:
+        q: ``(B, H, Lq, D)``; k: ``(B, H, Lk, D)``; v: ``(B, H, Lk, Dv)`` (k and v repeated to H).
+        reuse: update one score buffer and one accumulator in place (no autograd through this).
+    """
+    b, h, lq, d = q.shape
+    lk, dv = k.shape[2], v.shape[-1]
+    bh = b * h
+    # Scores in base 2: exp(x) == exp2(x * log2(e)), and exp2 is the cheaper kernel; log2(e)
+    # rides on the scale.
+    q = (q * plan.scale2).reshape(bh, lq, d)  # (B*H, Lq, D), scaled once
+    k, v = k.reshape(bh, lk, d), v.reshape(bh, lk, dv)  # (B*H, Lk, D), (B*H, Lk, Dv)
+    # the output (B*H, Lq, Dv), written in place per query block
+    out = torch.zeros(bh, lq, dv, dtype=q.dtype, device=q.device) if reuse else None
+    lse = torch.full((bh, lq, 1), math.inf, dtype=q.dtype, device=q.device) if want_lse else None
+    blocks = []  # functional form: each query block's output, concatenated once at the end
+    cq, ck = plan.chunks
+    scratch = _Scratch(q.new_empty(bh * cq * ck), q.new_empty(bh * cq * dv)) if reuse else None
+    for q0, q1, row in plan.grid:
+        if not row:  # every key masked for this block: output rows stay zero
+            if not reuse:
+                blocks.append(q.new_zeros(bh, q1 - q0, dv))
+            continue
+        allowed = _tile_mask(plan.mask, b, h, q0, q1, q.device)
+        run = _attend_row(q[:, q0:q1], k, v, row, allowed, b, h, scratch)
+        # Rows with no allowed key have run_sum == 0 and acc == 0: the output row is zero.
+        seen = run.run_sum > 0  # (B*H, Cq, 1)
+        denom = torch.where(seen, run.run_sum, 1.0)  # (B*H, Cq, 1)
+        if lse is not None:
+            lse[:, q0:q1] = torch.where(seen, run.run_max + torch.log2(denom), math.inf)
+        if reuse:
+            torch.div(run.acc, denom, out=out[:, q0:q1])
+        else:
+            blocks.append(run.acc / denom)
+    if not reuse:
+        out = torch.cat(blocks, dim=1)  # (B*H, Lq, Dv)
+    return out.view(b, h, lq, dv), lse  # (B, H, Lq, Dv)
+
+
+class _RecomputingAttention(torch.autograd.Function):
+    """Chunked attention whose backward recomputes each tile (FlashAttention-2's scheme).
+
+    Saved for the backward: q, k, v, the output and the base-2 row logsumexp, O(L) in all. The
+    backward walks the forward's tile grid (the same skipped tiles) and per tile recomputes the
+    scores ``S``, the probabilities ``P = exp2(S - lse)``, then ``dV += P^T dO``,
+    ``dP = dO V^T``, ``dS = P * (dP - rowsum(dO * O))``, ``dQ += dS K``, ``dK += dS^T Q``: five
+    matmuls per tile against the forward's two (:data:`~attnbench.variants.base.RECOMPUTE_BACKWARD`
+    on ``Q K^T``, eager 2.0 on ``P V``).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, plan: _Plan):
+        out, lse = _stream(q, k, v, plan, reuse=True, want_lse=True)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.plan = plan
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        plan: _Plan = ctx.plan
+        b, h, lq, d = q.shape
+        lk, dv = k.shape[2], v.shape[-1]
         bh = b * h
-        # Scores in base 2: exp(x) == exp2(x * log2(e)), and exp2 is the cheaper kernel; log2(e)
-        # rides on the scale.
-        q = (q * (self.scale_for(d) * _LOG2_E)).reshape(bh, lq, d)  # (B*H, Lq, D), scaled once
-        k, v = k.reshape(bh, lk, d), v.reshape(bh, lk, dv)  # (B*H, Lk, D), (B*H, Lk, Dv)
-        # the output (B*H, Lq, Dv), written in place per query block
-        out = torch.zeros(bh, lq, dv, dtype=q.dtype, device=q.device) if reuse else None
-        blocks = []  # functional form: each query block's output, concatenated once at the end
-        cq, ck = self.chunks(lq, lk, dtype)
-        scratch = _Scratch(q.new_empty(bh * cq * ck), q.new_empty(bh * cq * dv)) if reuse else None
-        for q0, q1, row in grid:
-            if not row:  # every key masked for this block: output rows stay zero
-                if not reuse:
-                    blocks.append(q.new_zeros(bh, q1 - q0, dv))
-                continue
-            allowed = _tile_mask(mask, b, h, q0, q1, q.device)
-            run = _attend_row(q[:, q0:q1], k, v, row, allowed, b, h, scratch)
-            # Rows with no allowed key have run_sum == 0 and acc == 0: the output row is zero.
-            denom = torch.where(run.run_sum > 0, run.run_sum, 1.0)  # (B*H, Cq, 1)
-            if reuse:
-                torch.div(run.acc, denom, out=out[:, q0:q1])
-            else:
-                blocks.append(run.acc / denom)
-        if not reuse:
-            out = torch.cat(blocks, dim=1)  # (B*H, Lq, Dv)
-        return out.view(b, h, lq, dv)  # (B, H, Lq, Dv)
+        qs = (q * plan.scale2).reshape(bh, lq, d)  # (B*H, Lq, D), base-2 scaled as in forward
+        kf, vf = k.reshape(bh, lk, d), v.reshape(bh, lk, dv)  # (B*H, Lk, D), (B*H, Lk, Dv)
+        g = grad_out.reshape(bh, lq, dv)  # (B*H, Lq, Dv)
+        # delta = rowsum(dO * O), (B*H, Lq, 1): the softmax Jacobian's correction term
+        delta = (g * out.reshape(bh, lq, dv)).sum(dim=-1, keepdim=True)
+        dq = torch.zeros_like(qs)  # (B*H, Lq, D), in base-2-scaled units until the end
+        dk, dvv = torch.zeros_like(kf), torch.zeros_like(vf)  # (B*H, Lk, D), (B*H, Lk, Dv)
+        for q0, q1, row in plan.grid:
+            allowed = _tile_mask(plan.mask, b, h, q0, q1, q.device)
+            rows = _Rows(qs[:, q0:q1], g[:, q0:q1], lse[:, q0:q1], delta[:, q0:q1], dq[:, q0:q1])
+            for k0, k1, state in row:
+                _backward_tile(rows, kf, vf, dk, dvv, (k0, k1, state), allowed, b, h)
+        # S = scale * q k^T: dq = scale * dS k; dk = scale * dS^T q = dS^T qs / log2(e)
+        scale = plan.scale2 / _LOG2_E
+        return (
+            dq.mul_(scale).view(b, h, lq, d),
+            dk.mul_(1.0 / _LOG2_E).view(b, h, lk, d),
+            dvv.view(b, h, lk, dv),
+            None,
+        )
+
+
+class _Rows(NamedTuple):
+    """One query block's slices for the backward (views into the whole-length tensors)."""
+
+    qs: torch.Tensor  # (B*H, Cq, D) base-2 scaled queries
+    g: torch.Tensor  # (B*H, Cq, Dv) upstream gradient dO
+    lse: torch.Tensor  # (B*H, Cq, 1) base-2 row logsumexp (+inf: no allowed key)
+    delta: torch.Tensor  # (B*H, Cq, 1) rowsum(dO * O)
+    dq: torch.Tensor  # (B*H, Cq, D) the block's dq accumulator (a view: updated in place)
+
+
+def _backward_tile(rows: _Rows, k, v, dk, dv, tile, allowed, b: int, h: int) -> None:
+    """Add one recomputed tile's share to ``rows.dq``, ``dk`` and ``dv`` (in place).
+
+    Args:
+        k: ``(B*H, Lk, D)``; v: ``(B*H, Lk, Dv)``; dk, dv: their accumulators, same shapes.
+        tile: ``(k0, k1, state)``; allowed: :func:`_tile_mask`'s for the block.
+    """
+    k0, k1, state = tile
+    cq = rows.qs.shape[1]
+    kb, vb = k[:, k0:k1], v[:, k0:k1]  # (B*H, Ck, D), (B*H, Ck, Dv)
+    scores = torch.bmm(rows.qs, kb.transpose(1, 2))  # (B*H, Cq, Ck), base 2
+    if state == mask_mods.TileState.PARTIAL:
+        scores4 = scores.view(b, h, cq, k1 - k0)  # (B, H, Cq, Ck)
+        scores4.masked_fill_(~allowed(k0, k1), float("-inf"))
+    probs = scores.sub_(rows.lse).exp2_()  # (B*H, Cq, Ck): softmax probabilities P
+    # In-place baddbmm_ would save a (Ck, Dv) temporary, but FlopCounterMode does not see it.
+    dv[:, k0:k1] += torch.bmm(probs.transpose(1, 2), rows.g)  # dV += P^T dO, (B*H, Ck, Dv)
+    dp = torch.bmm(rows.g, vb.transpose(1, 2))  # dP = dO V^T, (B*H, Cq, Ck)
+    ds = probs.mul_(dp.sub_(rows.delta))  # dS = P * (dP - delta), (B*H, Cq, Ck)
+    rows.dq.add_(torch.bmm(ds, kb))  # dQ += dS K, (B*H, Cq, D)
+    dk[:, k0:k1] += torch.bmm(ds.transpose(1, 2), rows.qs)  # dK += dS^T Q, (B*H, Ck, D)

@@ -123,6 +123,9 @@ class CompiledVariant(Variant):
     def reference(self, q, k, v, mask=None, dtype=torch.float64):
         return self.base.reference(q, k, v, mask, dtype)
 
+    def reference_is_blockwise(self):
+        return self.base.reference_is_blockwise()
+
     def contractions(self, spec):
         return self.base.contractions(spec)
 
