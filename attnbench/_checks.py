@@ -217,6 +217,21 @@ def check_float_dtype(name: str, dtype: object) -> torch.dtype:
     return dtype
 
 
+def cuda_present() -> bool:
+    """Whether this machine has a CUDA device, asked without initialising CUDA in this process.
+
+    ``torch.cuda.is_available()`` asks the CUDA runtime (``cudaGetDeviceCount``), which registers
+    torch's fork handler: every process forked afterwards fails its first CUDA call with "Cannot
+    re-initialize CUDA in forked subprocess". asv's forkserver imports the suite once and forks each
+    benchmark process from it, so nothing that runs at import may ask that way.
+    ``torch.cuda.device_count()`` asks NVML first and touches the runtime only where NVML cannot
+    answer. Once CUDA is initialised here, torch's own answer is taken.
+    """
+    if torch.cuda.is_initialized():
+        return torch.cuda.is_available()
+    return torch.cuda.device_count() > 0
+
+
 def check_device_available(name: str, device: torch.device | str) -> None:
     """Raise ``ValueError`` naming ``name`` if ``device`` is CUDA and this machine has none.
 
@@ -228,7 +243,7 @@ def check_device_available(name: str, device: torch.device | str) -> None:
         raise ValueError(
             f"{name}={str(device)!r}: attnbench runs on 'cpu' and 'cuda' devices, not {kind!r}"
         )
-    if kind == "cuda" and not torch.cuda.is_available():
+    if kind == "cuda" and not cuda_present():
         raise ValueError(
             f"{name}={str(device)!r} needs CUDA, which is not available on this machine; use 'cpu'"
         )

@@ -30,9 +30,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import torch
-
 from attnbench import contract, environ
+from attnbench._checks import cuda_present
 from attnbench.io import append_line
 from attnbench.measure import gate, guard, memory, probe, regime, runner, schedstat
 from attnbench.measure.peak import matmul_peak, measure_matmul_peak
@@ -48,7 +47,10 @@ REGIME = regime.Regime(threads=int(environ.read_number(environ.THREADS, regime.D
 regime.apply(REGIME)
 
 
-CUDA = torch.cuda.is_available()
+CUDA = cuda_present()
+"""A CUDA device is present, asked without initialising CUDA: asv's forkserver imports this module
+once and forks every benchmark process from it, and a process forked after ``is_available()``
+cannot use CUDA (:func:`attnbench._checks.cuda_present`)."""
 BASE = contract.BASE_SPEC.replace(batch=int(environ.read_number(contract.ENV_BATCH, 1)))
 """The suite's fixed shape. ``ATTNBENCH_ASV_BATCH`` exists for tests of the gate (a batch-swapping
 fault is the identity at B=1); results taken with it are not labelled with it, so leave it unset
