@@ -39,6 +39,7 @@ from attnbench.measure.timer import TimerConfig, time_call
 from attnbench.plugins import load_plugins
 from attnbench.registry import BUILTINS, default_variants, get_variant
 from attnbench.spec import AttnSpec
+from attnbench.variants.sdpa import hand_table_only
 
 # variants registered by modules named in ATTNBENCH_PLUGINS join the grid (and may be named below)
 load_plugins()
@@ -75,11 +76,14 @@ def _tier_variants(grid: contract.Grid) -> list[str]:
     backends drop out on CPU boxes; compiled variants, which recompile for every parameter set, are
     opt-in by name).
     """
-    runs = [
-        n
-        for n in default_variants()
-        if any(not get_variant(n).not_supported_reasons(BASE.replace(device=d)) for d in DEVICES)
-    ]
+    with hand_table_only():  # asking torch would initialise CUDA in asv's forkserver
+        runs = [
+            n
+            for n in default_variants()
+            if any(
+                not get_variant(n).not_supported_reasons(BASE.replace(device=d)) for d in DEVICES
+            )
+        ]
     if grid.variants is None:
         return runs
     builtin = {name for name, _, _ in BUILTINS}

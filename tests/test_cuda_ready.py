@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
+
+import pytest
+import torch
+
+import attnbench
+from attnbench.capability import CallInfo
+from attnbench.contract import Status
+from attnbench.masks import MASK_KINDS
+from attnbench.measure import MeasureConfig, measure
+from attnbench.measure.timer import TimerConfig
+from attnbench.spec import AttnSpec
+from attnbench.variants import base, sdpa
 
 ROOT = Path(__file__).parent.parent
 
@@ -63,3 +78,157 @@ def test_asv_parent_process_never_initialises_cuda(tmp_path):
     # the suite did see the (stand-in) card: its CUDA grid and CUDA-only class are there
     assert "cuda" in found["devices"]
     assert any(n.startswith("bench_attention.AttentionCuda.") for n in found["names"])
+
+
+# ---- capabilities from torch itself (torch.backends.cuda.can_use_*_attention) ---------------------
+FAST = MeasureConfig(
+    timer=TimerConfig(min_runs=2, min_time=0.01, max_time=0.5), measure_rss=False, probe=False
+)
+CUDA_CASE = AttnSpec(batch=1, heads=2, seq_len=64, head_dim=16, dtype="bfloat16", device="cuda")
+REFUSAL = "Flash attention does not support this call on this card (planted)"
+
+
+class _Params:
+    """Stands in for ``torch.backends.cuda.SDPAParams`` (its arguments kept for the test to read)."""
+
+    def __init__(self, *args: object) -> None:
+        self.args = args
+
+
+@pytest.fixture
+def torch_asked(monkeypatch):
+    """CUDA as torch would answer: present, and each ``can_use_*`` recorded and answered.
+
+    The answers come from ``answers`` (backend function name -> bool); a refusal warns, as torch's
+    ``debug=True`` does.
+    """
+    asked: list[tuple[str, tuple, bool]] = []
+    answers: dict[str, bool] = {}
+
+    def fake(name: str):
+        def can_use(params, debug=False):
+            asked.append((name, params.args, debug))
+            if not answers.get(name, True):
+                warnings.warn(REFUSAL, UserWarning, stacklevel=2)
+                return False
+            return True
+
+        return can_use
+
+    for name in sdpa._CAN_USE.values():
+        monkeypatch.setattr(torch.backends.cuda, name, fake(name), raising=False)
+    monkeypatch.setattr(sdpa, "cuda_present", lambda: True)
+    monkeypatch.setattr(
+        sdpa, "_sdpa_params", lambda call, causal, masked: _Params(call, causal, masked)
+    )
+    sdpa._asked.cache_clear()
+    yield asked, answers
+    sdpa._asked.cache_clear()
+
+
+def _own(variant, spec) -> list[str]:
+    """The variant's reasons, without the base rule that this CPU box has no CUDA."""
+    return [r for r in variant.not_supported_reasons(spec) if "CUDA is not available" not in r]
+
+
+@pytest.mark.parametrize("name", ["sdpa_flash", "sdpa_efficient", "sdpa_cudnn"])
+def test_a_backend_torch_refuses_is_skipped_with_torchs_reason(torch_asked, name):
+    asked, answers = torch_asked
+    variant = attnbench.get_variant(name)
+    function = sdpa._CAN_USE[variant.backend]
+    answers[function] = False
+    reasons = _own(variant, CUDA_CASE)
+    assert len(reasons) == 1 and REFUSAL in reasons[0], reasons
+    assert [(f, debug) for f, _, debug in asked] == [(function, True)]
+    # the row a sweep records: skipped, with torch's words (nothing was built on this CPU box)
+    row = measure(name, CUDA_CASE, FAST, peak_flops=1e10)
+    assert row.status == Status.SKIPPED and REFUSAL in row.reason
+
+
+def test_what_torch_accepts_runs_though_the_hand_table_refuses_it(torch_asked):
+    """cuDNN with a document mask: the table (torch 2.4) refuses any mask, torch is asked instead."""
+    asked, _ = torch_asked
+    cudnn = attnbench.get_variant("sdpa_cudnn")
+    spec = CUDA_CASE.replace(mask="document")
+    with sdpa.hand_table_only():
+        assert _own(cudnn, spec), "the table should refuse: the planted disagreement is gone"
+    assert asked == []  # the table alone never asks torch
+    assert _own(cudnn, spec) == []
+    (call, causal, masked) = asked[0][1]
+    assert (causal, masked) == (False, True) and call.lq == call.lk == 64
+
+
+def test_causal_goes_to_torch_as_is_causal_and_the_answer_is_asked_once(torch_asked):
+    asked, _ = torch_asked
+    flash = attnbench.get_variant("sdpa_flash")
+    spec = CUDA_CASE.replace(mask="causal")
+    assert _own(flash, spec) == _own(flash, spec) == []
+    assert len(asked) == 1 and asked[0][1][1:] == (True, False)
+
+
+def test_without_can_use_functions_the_hand_table_answers(torch_asked, monkeypatch):
+    asked, _ = torch_asked
+    for name in sdpa._CAN_USE.values():
+        monkeypatch.delattr(torch.backends.cuda, name)
+    flash = attnbench.get_variant("sdpa_flash")
+    assert any(
+        "needs float16/bfloat16" in r for r in _own(flash, CUDA_CASE.replace(dtype="float32"))
+    )
+    assert asked == []
+
+
+class _SixArguments:
+    """``SDPAParams`` before ``enable_gqa`` (torch < 2.5): six arguments, a seventh is refused."""
+
+    def __init__(self, q, k, v, mask, dropout, is_causal) -> None:
+        self.args = (q, k, v, mask, dropout, is_causal)
+
+
+@pytest.mark.parametrize("params", [_Params, _SixArguments])
+def test_sdpa_params_are_built_for_either_constructor(monkeypatch, params):
+    monkeypatch.setattr(torch.backends.cuda, "SDPAParams", params)
+    call = CallInfo.from_spec(CUDA_CASE.replace(seq_len_k=40, head_dim_v=8, mode="backward"))
+    built = sdpa._sdpa_params(call, False, True, device="cpu")
+    q, k, v, mask = built.args[:4]
+    assert (q.shape, k.shape, v.shape) == ((1, 2, 64, 16), (1, 2, 40, 16), (1, 2, 40, 8))
+    assert q.dtype == mask.dtype == torch.bfloat16 and mask.shape == (1, 1, 64, 40)
+    assert q.requires_grad and built.args[4:6] == (0.0, False)
+
+
+# ---- the CUDA tests build what the variant declares it takes -------------------------------------
+def test_reference_tests_hand_each_variant_the_mask_form_it_declares(monkeypatch):
+    """Every case ``test_matches_reference`` runs on CUDA passes the variant's own validation.
+
+    On the H100 run, ``sdpa_flash`` and ``sdpa_cudnn`` with a causal mask were declared able to
+    run (causal as ``is_causal``) and then handed the dense mask, which they refuse: a test
+    mismatch. Checked here on the CPU twins of the CUDA inputs, by the hand table (torch cannot
+    say without a card).
+    """
+    from tests.test_variants import DTYPES, SHAPES, case_inputs
+
+    monkeypatch.setattr(base, "cuda_present", lambda: True)
+    refused = []
+    with sdpa.hand_table_only():
+        for name in attnbench.variant_names():
+            variant = attnbench.get_variant(name)
+            for shape, mask, dtype in itertools.product(SHAPES, MASK_KINDS, DTYPES):
+                spec = AttnSpec(**SHAPES[shape], mask=mask, dtype=dtype, device="cuda", window=6)
+                if variant.not_supported_reasons(spec):
+                    continue
+                q, k, v, m = case_inputs(variant, spec.replace(device="cpu"), seed=0)
+                call = dataclasses.replace(CallInfo.from_tensors(q, k, v, m), device="cuda")
+                if variant.reasons_for(call):
+                    refused.append(f"{name}-{shape}-{mask}-{dtype}: {variant.reasons_for(call)}")
+    assert refused == []
+
+
+def test_compiled_flex_on_cuda_declares_the_head_dims_inductor_lowers():
+    """Inductor's FlexAttention template refuses D or Dv under 16 on CUDA ("NYI: embedding dimension
+    ... must be at least 16"): the cross cases of the H100 run (Dv = 12) failed inside it."""
+    flex = attnbench.get_variant("flex")
+    spec = AttnSpec(batch=1, heads=2, seq_len=32, head_dim=16, device="cuda")
+    own = [r for r in flex.not_supported_reasons(spec) if "not available" not in r]
+    assert own == []
+    assert any("at least 16" in r for r in flex.not_supported_reasons(spec.replace(head_dim_v=12)))
+    assert any("at least 16" in r for r in flex.not_supported_reasons(spec.replace(head_dim=8)))
+
