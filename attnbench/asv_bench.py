@@ -41,6 +41,12 @@ from attnbench.registry import BUILTINS, default_variants, get_variant
 from attnbench.spec import AttnSpec
 from attnbench.variants.sdpa import hand_table_only
 
+if "asv_runner" in sys.modules:
+    # asv's forkserver imports this suite, then forks every benchmark process: a process forked
+    # after torch.cuda.is_available() asked the CUDA runtime cannot use CUDA. With this set, torch
+    # asks NVML instead, so a plugin (or anything else imported here) that asks leaves the forks
+    # able to use the card; the suite itself asks through cuda_present().
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 # variants registered by modules named in ATTNBENCH_PLUGINS join the grid (and may be named below)
 load_plugins()
 REGIME = regime.Regime(threads=int(environ.read_number(environ.THREADS, regime.DEFAULT_THREADS)))

@@ -63,9 +63,14 @@ def test_asv_parent_process_never_initialises_cuda(tmp_path):
 
     On the H100 run of 2026-11-27, 104 of 128 parameter sets of every CUDA benchmark failed with
     "Cannot re-initialize CUDA in forked subprocess": ``torch.cuda.is_available()`` at import.
+    A plugin module that asks the same at import must not undo that either.
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("ATTNBENCH_")}
-    env["PYTHONPATH"] = str(ROOT)
+    env.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)
+    # a plugin that asks torch at import, as user code will
+    (tmp_path / "asks_cuda.py").write_text("import torch\n\nHAS_CUDA = torch.cuda.is_available()\n")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(tmp_path)])
+    env["ATTNBENCH_PLUGINS"] = "asks_cuda"
     done = subprocess.run(
         [sys.executable, "-c", _PARENT, str(ROOT / "benchmarks")],
         capture_output=True,
