@@ -366,8 +366,11 @@ def grid_verdicts(
                 f"setting {variant} {spec.label} up failed: {type(exc).__name__}: {exc}",
             )
         verdicts[(variant, spec)] = found
+        # why a case is n/a (torch's own words where it refused), wrong or failed: asv records an
+        # n/a without its reason, so this log line is where the reason is kept
+        why = f" ({found.reason})" if found.reason else ""
         print(
-            f"attnbench: case {i} of {len(combos)}, {variant} {spec.label}: {found.status} "
+            f"attnbench: case {i} of {len(combos)}, {variant} {spec.label}: {found.status}{why} "
             f"({time.perf_counter() - start:.0f} s elapsed)",
             flush=True,
         )

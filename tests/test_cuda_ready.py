@@ -152,6 +152,20 @@ def test_a_backend_torch_refuses_is_skipped_with_torchs_reason(torch_asked, name
     assert row.status == Status.SKIPPED and REFUSAL in row.reason
 
 
+def test_asv_setup_cache_says_torchs_reason_for_a_case_it_refuses(torch_asked, capsys):
+    from attnbench import asv_bench
+
+    _, answers = torch_asked
+    answers["can_use_efficient_attention"] = False
+    table = {"variant": ["sdpa_efficient"], "seq_len": [64], "device": ["cuda"]}
+    table |= {"mode": ["forward"], "mask": ["none"]}
+    verdicts = asv_bench.grid_verdicts(table)
+    (found,) = verdicts.values()
+    assert found.status == asv_bench.VerdictStatus.NOT_APPLICABLE and REFUSAL in found.reason
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("attnbench: case")]
+    assert REFUSAL in line and line.endswith("s elapsed)")
+
+
 def test_what_torch_accepts_runs_though_the_hand_table_refuses_it(torch_asked):
     """cuDNN with a document mask: the table (torch 2.4) refuses any mask, torch is asked instead."""
     asked, _ = torch_asked
