@@ -125,13 +125,27 @@ def check_scale(scale: object) -> float | None:
     return value
 
 
+def stream_capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph: no value may be read on the host then.
+
+    Reading a value (``bool``, ``float``, ``.item()``) synchronises, which a capturing stream
+    refuses ("operation not permitted when stream is capturing") and which invalidates the
+    capture. Capture requires CUDA initialised, so the question never initialises it.
+    """
+    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
+
+
 def check_finite(**tensors: torch.Tensor) -> None:
     """Raise ``ValueError`` naming the first tensor that holds a NaN or an infinity.
 
     The variants' rule for non-finite inputs: they are rejected here, in validation (outside any
     timed region), so no variant ever has to decide what NaN in a masked-out key means; the
-    float64 reference, which accepts them, propagates NaN from unmasked positions only.
+    float64 reference, which accepts them, propagates NaN from unmasked positions only. Skipped
+    while a CUDA graph is captured (:func:`stream_capturing`): the warm-up calls that capture
+    requires checked these same tensors.
     """
+    if stream_capturing():
+        return
     for name, t in tensors.items():
         if not bool(torch.isfinite(t).all()):
             bad = int((~torch.isfinite(t)).sum())
@@ -153,6 +167,8 @@ def check_score_range(q: torch.Tensor, k: torch.Tensor, scale: float) -> None:
     scores finite but made the scaled queries inf), so the bound is the largest of those, times
     log2(e).
     """
+    if stream_capturing():  # checked in the warm-up calls before capture (see check_finite)
+        return
     limit = torch.finfo(q.dtype).max
     q_max, k_max = float(q.detach().abs().amax()), float(k.detach().abs().amax())
     bound = scale * LOG2_E * max(q.shape[-1] * q_max * k_max, q_max, k_max)
@@ -217,6 +233,21 @@ def check_float_dtype(name: str, dtype: object) -> torch.dtype:
     return dtype
 
 
+def cuda_present() -> bool:
+    """Whether this machine has a CUDA device, asked without initialising CUDA in this process.
+
+    ``torch.cuda.is_available()`` asks the CUDA runtime (``cudaGetDeviceCount``), which registers
+    torch's fork handler: every process forked afterwards fails its first CUDA call with "Cannot
+    re-initialize CUDA in forked subprocess". asv's forkserver imports the suite once and forks each
+    benchmark process from it, so nothing that runs at import may ask that way.
+    ``torch.cuda.device_count()`` asks NVML first and touches the runtime only where NVML cannot
+    answer. Once CUDA is initialised here, torch's own answer is taken.
+    """
+    if torch.cuda.is_initialized():
+        return torch.cuda.is_available()
+    return torch.cuda.device_count() > 0
+
+
 def check_device_available(name: str, device: torch.device | str) -> None:
     """Raise ``ValueError`` naming ``name`` if ``device`` is CUDA and this machine has none.
 
@@ -228,7 +259,7 @@ def check_device_available(name: str, device: torch.device | str) -> None:
         raise ValueError(
             f"{name}={str(device)!r}: attnbench runs on 'cpu' and 'cuda' devices, not {kind!r}"
         )
-    if kind == "cuda" and not torch.cuda.is_available():
+    if kind == "cuda" and not cuda_present():
         raise ValueError(
             f"{name}={str(device)!r} needs CUDA, which is not available on this machine; use 'cpu'"
         )

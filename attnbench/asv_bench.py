@@ -30,9 +30,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import torch
-
 from attnbench import contract, environ
+from attnbench._checks import cuda_present
 from attnbench.io import append_line
 from attnbench.measure import gate, guard, memory, probe, regime, runner, schedstat
 from attnbench.measure.peak import matmul_peak, measure_matmul_peak
@@ -40,7 +39,14 @@ from attnbench.measure.timer import TimerConfig, time_call
 from attnbench.plugins import load_plugins
 from attnbench.registry import BUILTINS, default_variants, get_variant
 from attnbench.spec import AttnSpec
+from attnbench.variants.sdpa import hand_table_only
 
+if "asv_runner" in sys.modules:
+    # asv's forkserver imports this suite, then forks every benchmark process: a process forked
+    # after torch.cuda.is_available() asked the CUDA runtime cannot use CUDA. With this set, torch
+    # asks NVML instead, so a plugin (or anything else imported here) that asks leaves the forks
+    # able to use the card; the suite itself asks through cuda_present().
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 # variants registered by modules named in ATTNBENCH_PLUGINS join the grid (and may be named below)
 load_plugins()
 REGIME = regime.Regime(threads=int(environ.read_number(environ.THREADS, regime.DEFAULT_THREADS)))
@@ -48,7 +54,10 @@ REGIME = regime.Regime(threads=int(environ.read_number(environ.THREADS, regime.D
 regime.apply(REGIME)
 
 
-CUDA = torch.cuda.is_available()
+CUDA = cuda_present()
+"""A CUDA device is present, asked without initialising CUDA: asv's forkserver imports this module
+once and forks every benchmark process from it, and a process forked after ``is_available()``
+cannot use CUDA (:func:`attnbench._checks.cuda_present`)."""
 BASE = contract.BASE_SPEC.replace(batch=int(environ.read_number(contract.ENV_BATCH, 1)))
 """The suite's fixed shape. ``ATTNBENCH_ASV_BATCH`` exists for tests of the gate (a batch-swapping
 fault is the identity at B=1); results taken with it are not labelled with it, so leave it unset
@@ -73,11 +82,14 @@ def _tier_variants(grid: contract.Grid) -> list[str]:
     backends drop out on CPU boxes; compiled variants, which recompile for every parameter set, are
     opt-in by name).
     """
-    runs = [
-        n
-        for n in default_variants()
-        if any(not get_variant(n).not_supported_reasons(BASE.replace(device=d)) for d in DEVICES)
-    ]
+    with hand_table_only():  # asking torch would initialise CUDA in asv's forkserver
+        runs = [
+            n
+            for n in default_variants()
+            if any(
+                not get_variant(n).not_supported_reasons(BASE.replace(device=d)) for d in DEVICES
+            )
+        ]
     if grid.variants is None:
         return runs
     builtin = {name for name, _, _ in BUILTINS}
@@ -354,8 +366,11 @@ def grid_verdicts(
                 f"setting {variant} {spec.label} up failed: {type(exc).__name__}: {exc}",
             )
         verdicts[(variant, spec)] = found
+        # why a case is n/a (torch's own words where it refused), wrong or failed: asv records an
+        # n/a without its reason, so this log line is where the reason is kept
+        why = f" ({found.reason})" if found.reason else ""
         print(
-            f"attnbench: case {i} of {len(combos)}, {variant} {spec.label}: {found.status} "
+            f"attnbench: case {i} of {len(combos)}, {variant} {spec.label}: {found.status}{why} "
             f"({time.perf_counter() - start:.0f} s elapsed)",
             flush=True,
         )

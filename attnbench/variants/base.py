@@ -26,7 +26,14 @@ from typing import Any, ClassVar, TypeVar
 import torch
 
 from attnbench import mask_mods, masks
-from attnbench._checks import as_4d_mask, check_finite, check_qkv, check_scale, check_score_range
+from attnbench._checks import (
+    as_4d_mask,
+    check_finite,
+    check_qkv,
+    check_scale,
+    check_score_range,
+    cuda_present,
+)
 from attnbench.capability import CallInfo
 from attnbench.reference import blockwise_reference_attention
 from attnbench.spec import DTYPES, AttnSpec, MaskForm
@@ -311,7 +318,7 @@ class Variant(ABC):
                 f"grouped-query attention (Hkv={call.hkv} key/value heads for H={call.heads}) "
                 "not supported"
             )
-        if call.device == "cuda" and not torch.cuda.is_available():
+        if call.device == "cuda" and not cuda_present():
             reasons.append("CUDA is not available on this machine")
         return reasons + self.extra_reasons(call)
 

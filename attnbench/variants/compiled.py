@@ -55,6 +55,10 @@ def _first_call(call):
     return result, time.perf_counter() - start
 
 
+FLEX_CUDA_MIN_DIM = 16
+"""Smallest D and Dv inductor's FlexAttention template lowers on CUDA (``tl.dot`` needs 16)."""
+
+
 def _compiler_reasons(device: str) -> list[str]:
     if device == "cpu" and not (shutil.which("gcc") or shutil.which("cc") or shutil.which("clang")):
         return ["torch.compile on CPU needs a C/C++ compiler (gcc), none found"]
@@ -257,6 +261,12 @@ class FlexAttention(Variant):
         reasons = _compiler_reasons(call.device) if self.compiled else []
         if call.backward and call.device == "cpu":
             reasons.append("FlexAttention has no backward pass on CPU")
+        if self.compiled and call.device == "cuda" and min(call.d, call.dv) < FLEX_CUDA_MIN_DIM:
+            # inductor's Triton template: "NYI: embedding dimension ... must be at least 16"
+            reasons.append(
+                f"compiled FlexAttention on CUDA needs head dims of at least {FLEX_CUDA_MIN_DIM} "
+                f"(D={call.d}, Dv={call.dv})"
+            )
         if self.compiled and call.device == "cpu":
             fault = flex_cpu_kernel_fault(call.d, call.lk, masked=call.mask_kinds != {"none"})
             reasons += [fault] if fault else []

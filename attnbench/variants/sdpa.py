@@ -16,10 +16,16 @@ takes which masks and grouped heads: :meth:`SDPA.extra_reasons` and :meth:`SDPA.
 from __future__ import annotations
 
 import contextlib
+import functools
+import warnings
+from collections.abc import Iterator
 
+import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from attnbench._checks import cuda_present
+from attnbench.capability import CallInfo
 from attnbench.mask_mods import MaskMod
 from attnbench.variants.base import GqaMode, Variant
 
@@ -32,6 +38,95 @@ BACKENDS: dict[str, SDPBackend | None] = {
 }
 _CUDA_ONLY = frozenset({"efficient", "cudnn"})
 _HALF = frozenset({"float16", "bfloat16"})
+
+
+_CAN_USE: dict[str, str] = {
+    "flash": "can_use_flash_attention",
+    "efficient": "can_use_efficient_attention",
+    "cudnn": "can_use_cudnn_attention",
+}
+"""Backend -> the ``torch.backends.cuda`` function that says whether it can run a call (and, with
+``debug=True``, warns why not): the very checks SDPA's dispatcher runs before "No available
+kernel"."""
+_ASK_TORCH = [True]
+
+
+@contextlib.contextmanager
+def hand_table_only() -> Iterator[None]:
+    """Answer CUDA capability questions from the hand table alone while inside.
+
+    Asking torch builds CUDA tensors, which initialises CUDA: a process that must never do that
+    (asv's forkserver, which forks every benchmark process) asks inside this context.
+    """
+    before = _ASK_TORCH[0]
+    _ASK_TORCH[0] = False
+    try:
+        yield
+    finally:
+        _ASK_TORCH[0] = before
+
+
+def torch_reasons(backend: str, call: CallInfo, is_causal: bool, masked: bool) -> list[str] | None:
+    """Why torch says ``backend`` cannot run ``call`` ([] when it can); None where it cannot say.
+
+    Torch can say on CUDA, where ``torch.backends.cuda.can_use_*_attention`` exists for the
+    backend, outside :func:`hand_table_only`. The reason is torch's own warning text
+    (``debug=True``), so a skipped row says what this torch release refuses, not what an older
+    one did.
+
+    Args:
+        backend: ``"flash"``, ``"efficient"`` or ``"cudnn"``.
+        call: the call, as :class:`~attnbench.capability.CallInfo` describes it.
+        is_causal: passed as ``is_causal=True`` (no mask tensor).
+        masked: a dense mask is passed (converted to the query's dtype, as SDPA does).
+    """
+    name = _CAN_USE.get(backend)
+    if (
+        name is None
+        or call.device != "cuda"
+        or not _ASK_TORCH[0]
+        or getattr(torch.backends.cuda, name, None) is None
+        or not cuda_present()
+    ):
+        return None
+    return _asked(backend, call, is_causal, masked)
+
+
+@functools.lru_cache(maxsize=256)
+def _asked(backend: str, call: CallInfo, is_causal: bool, masked: bool) -> list[str] | None:
+    """torch's answer for one call, asked once per process (it allocates the call's inputs)."""
+    can_use = getattr(torch.backends.cuda, _CAN_USE[backend])
+    try:
+        params = _sdpa_params(call, is_causal, masked)
+    except (RuntimeError, TypeError):  # out of memory, or a constructor this code does not know
+        return None
+    with warnings.catch_warnings(record=True) as caught, sdpa_kernel(BACKENDS[backend]):
+        warnings.simplefilter("always")
+        runs = bool(can_use(params, debug=True))
+    if runs:
+        return []
+    said = "; ".join(dict.fromkeys(str(w.message).strip() for w in caught)) or "no reason given"
+    return [f"SDPA backend {backend}: torch {torch.__version__} cannot run this call: {said}"]
+
+
+def _sdpa_params(call: CallInfo, is_causal: bool, masked: bool, device: str = "cuda") -> object:
+    """``torch.backends.cuda.SDPAParams`` for ``call``: empty CUDA tensors of its shapes and dtype.
+
+    SDPA converts a boolean mask to an additive one of the query's dtype before its dispatcher
+    checks the backends, so the mask here is that. The constructor took six arguments before
+    ``enable_gqa`` joined it (torch 2.5); both forms are tried.
+    """
+    kw = {"dtype": getattr(torch, call.dtype), "device": device}
+    grad = call.backward
+    q = torch.empty(call.batch, call.heads, call.lq, call.d, **kw, requires_grad=grad)
+    k = torch.empty(call.batch, call.hkv, call.lk, call.d, **kw, requires_grad=grad)
+    v = torch.empty(call.batch, call.hkv, call.lk, call.dv, **kw, requires_grad=grad)
+    mask = torch.zeros(1, 1, call.lq, call.lk, **kw) if masked else None
+    params = torch.backends.cuda.SDPAParams
+    try:
+        return params(q, k, v, mask, 0.0, is_causal, call.hkv != call.heads)
+    except TypeError:
+        return params(q, k, v, mask, 0.0, is_causal)
 
 
 _CPU_FLASH_OPS = frozenset(
@@ -122,7 +217,30 @@ class SDPA(Variant):
         return GqaMode.NATIVE
 
     def extra_reasons(self, call):
-        """The backend's own limits; on CUDA, PyTorch's ``sdp_utils`` rules.
+        """The backend's own limits: torch's answer on CUDA where it gives one, else the table.
+
+        On CUDA, ``flash``, ``efficient`` and ``cudnn`` ask torch (:func:`torch_reasons`): each
+        release moves their limits. Where torch cannot say (CPU, an older torch, no CUDA here) the
+        hand table (:meth:`table_reasons`) answers.
+        """
+        causal = call.mask_kinds == {"causal"} and not self.dense_mask
+        asked = None
+        if self.backend in _CAN_USE:
+            asked = torch_reasons(
+                self.backend,
+                call,
+                is_causal=causal,
+                masked=bool(call.mask_kinds - {"none"}) and not causal,
+            )
+        reasons = self.table_reasons(call) if asked is None else list(asked)
+        if self.backend in _CAN_USE and not call.last_dim_contiguous:
+            reasons.append(
+                f"SDPA backend {self.backend} needs q, k, v with stride 1 along the head dim"
+            )
+        return reasons
+
+    def table_reasons(self, call: CallInfo) -> list[str]:
+        """The hand-declared limits (PyTorch's ``sdp_utils`` rules as of torch 2.4): the fallback.
 
         FlashAttention and cuDNN take no ``attn_mask`` but do take ``is_causal``; FlashAttention-2
         refuses ``is_causal`` when ``Lq != Lk`` (its causal mask is bottom-right aligned, so PyTorch
@@ -148,10 +266,6 @@ class SDPA(Variant):
                 )
         if self.backend == "flash" and call.dv != call.d:
             reasons.append(f"SDPA flash needs Dv == D (D={call.d}, Dv={call.dv})")
-        if self.backend in ("flash", "efficient", "cudnn") and not call.last_dim_contiguous:
-            reasons.append(
-                f"SDPA backend {self.backend} needs q, k, v with stride 1 along the head dim"
-            )
         return reasons
 
     def forward(self, q, k, v, mask):
