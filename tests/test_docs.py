@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from attnbench.contract import Status
 from tests.docs_examples import ROOT, SHELL, Block, blocks, command_lines, pages
 
 ALL = blocks()
@@ -94,6 +96,30 @@ def test_shell_example_runs(block: Block, tmp_path):
                 timeout=300,
             )
             assert out.returncode == 0, f"{block.id}: {part.strip()}\n{out.stderr[-3000:]}"
+            _assert_every_case_measured(argv, tmp_path, block)
+
+
+def _assert_every_case_measured(argv: list[str], cwd: Path, block: Block) -> None:
+    """A sweep exits 0 even when every case is skipped (a sweep never dies on a case): a documented
+    ``attnbench run`` must measure every case it shows. Planted (seen failing): ``--masks causal``
+    added to the README's plugin sweep, whose variant supports no mask."""
+    if "run" not in argv:
+        return
+    if "--out" in argv:
+        log = cwd / argv[len(argv) - argv[::-1].index("--out")] / "cases.jsonl"
+    else:  # the default, reports/runs/<time>-<host>/: the newest
+        log = max((cwd / "reports" / "runs").glob("*/cases.jsonl"), key=lambda p: p.stat().st_mtime)
+    cases = [json.loads(line) for line in log.read_text().splitlines()]
+    statuses = {
+        f"{c['measurement']['variant']} L={c['measurement']['spec']['seq_len']}": c["measurement"][
+            "status"
+        ]
+        for c in cases
+        if c.get("kind") == "case"
+    }
+    assert statuses, f"{block.id}: no case was measured"
+    measured = {Status.OK, Status.NOISY}
+    assert all(s in measured for s in statuses.values()), f"{block.id}: {statuses}"
 
 
 def _slug(title: str) -> str:

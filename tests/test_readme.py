@@ -71,7 +71,7 @@ def _attnbench_argvs() -> list[list[str]]:
 
 def test_every_attnbench_command_in_the_readme_and_docs_parses(monkeypatch):
     """A documented command with a removed or misspelt option would fail for every reader: argparse decides.
-    Planted (seen failing): ``--time-budget`` renamed ``--time-limit`` in docs/measurement.md. A ``--plugin`` the
+    Planted (seen failing): ``--kv-heads`` renamed ``--kv-head-count`` in docs/workloads.md's block. A ``--plugin`` the
     pages name is one of docs/examples/, imported first as the CLI would, its variants unregistered after."""
     import importlib
     import sys
@@ -100,6 +100,47 @@ def test_every_attnbench_command_in_the_readme_and_docs_parses(monkeypatch):
     finally:
         for name in set(variant_names()) - before:
             unregister(name)
+
+
+FOREIGN_OPTIONS = {
+    "--attribute",  # asv run
+    "--bench",  # asv run
+    "--launch-method",  # asv run
+    "--python",  # asv run
+    "--quick",  # asv run
+    "--set-commit-hash",  # asv run
+    "--no-deps",  # pip install (asv.conf.json's install command)
+    "--check",  # ruff format
+    "--tool",  # valgrind
+}
+"""Options of other tools that the pages name in running text."""
+
+
+def test_every_option_named_in_running_text_exists():
+    """Prose names options too (`--time-budget 60` runs them): each ``--option`` in an inline code span of README.md
+    or docs/ is one of the attnbench parser's (any subcommand) or a named other tool's. Planted (seen failing):
+    ``--time-budget`` renamed ``--time-limit`` in docs/measurement.md's prose."""
+    from attnbench.cli import build_parser
+    from tests.docs_examples import pages
+
+    known = set(FOREIGN_OPTIONS)
+    parsers = [build_parser()]
+    while parsers:
+        parser = parsers.pop()
+        for action in parser._actions:
+            known.update(action.option_strings)
+            if isinstance(getattr(action, "choices", None), dict):
+                parsers.extend(action.choices.values())
+    stale = []
+    for page in pages():
+        text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)  # prose only
+        for span in re.findall(r"`([^`\n]+)`", text):
+            stale += [
+                f"{page.relative_to(ROOT)}: {option} in `{span}`"
+                for option in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", span)
+                if option not in known
+            ]
+    assert not stale, stale
 
 
 def test_readme_profile_command_runs(tmp_path):
