@@ -215,3 +215,13 @@ def test_every_page_is_markdown_the_site_builds():
     """No page of docs/ is left out of the build (Sphinx warns about one outside every toctree)."""
     docs = [p for p in pages() if p.name != "README.md"]
     assert len(docs) >= 14, docs
+
+
+def test_readme_workflow_and_this_test_build_the_docs_alike():
+    """One documented command builds the site: the README shows it, the workflow's docs job runs it,
+    and :func:`build_docs` runs its arguments (only `-q` and the output folder differ)."""
+    (block,) = [b for b in ALL if b.path.name == "README.md" and "sphinx-build" in b.code]
+    (command,) = command_lines(block.code)
+    workflow = (ROOT / ".github" / "workflows" / "benchmarks.yml").read_text()
+    assert f"run: {command}\n" in workflow
+    assert command.endswith("-b html docs docs/_build/html") and "-W --keep-going" in command
