@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -225,3 +226,43 @@ def test_readme_workflow_and_this_test_build_the_docs_alike():
     workflow = (ROOT / ".github" / "workflows" / "benchmarks.yml").read_text()
     assert f"run: {command}\n" in workflow
     assert command.endswith("-b html docs docs/_build/html") and "-W --keep-going" in command
+
+
+def test_site_reads_offline_in_chromium_at_1400_px(site: Path, tmp_path):
+    """Every page from file:// in headless Chromium at 1400x900, with no network: nothing requested
+    beyond the site, no script error, no page wider than the window, no code block or generated table
+    wider than its box, and the headline figure on the first screen of the front page. Planted (seen
+    failing): the code blocks' ``white-space: pre-wrap`` removed from docs/_static/attnbench.css."""
+    playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("Chromium is not installed (Debian package 'chromium'; .ci/run installs it)")
+    html = sorted(p for p in site.rglob("*.html") if "_static" not in p.parts)
+    seen: dict[str, object] = {"requests": [], "errors": []}
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=chromium,
+            args=["--no-sandbox", "--disable-gpu", "--host-resolver-rules=MAP * ~NOTFOUND"],
+        )
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.on("request", lambda r: seen["requests"].append(r.url))
+        page.on("pageerror", lambda e: seen["errors"].append(str(e)))
+        for path in html:
+            page.goto(path.as_uri(), wait_until="load")
+            name = str(path.relative_to(site))
+            assert page.evaluate("document.documentElement.scrollWidth") <= 1400, name
+            wide = page.eval_on_selector_all(
+                "article pre, article table.attnbench-generated",
+                "els => els.filter(e => e.scrollWidth > e.clientWidth + 1).length",
+            )
+            assert wide == 0, f"{name}: {wide} code block(s) or table(s) wider than their box"
+            if name == "index.html":
+                (bottom,) = page.eval_on_selector_all(
+                    "article img", "els => els.map(e => e.getBoundingClientRect().bottom)"
+                )
+                assert 0 < bottom <= 900, bottom
+                page.screenshot(path=str(tmp_path / "index.png"))
+        browser.close()
+    assert [u for u in seen["requests"] if not u.startswith(("file:", "data:"))] == []
+    assert seen["errors"] == []
+    assert len(html) >= 18, html

@@ -39,7 +39,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> nodes.table:
     body = nodes.tbody()
     body += [nodes.row("", *(_cell(str(c)) for c in row)) for row in rows]
     group += [head, body]
-    result = nodes.table(classes=["attnbench-generated"])
+    result = nodes.table(classes=["attnbench-generated", "colwidths-auto"])
     result += group
     return result
 
