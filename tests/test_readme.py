@@ -15,6 +15,18 @@ def _commands() -> list[str]:
     return re.findall(r"```bash\n(.+?)\n```", section, flags=re.S)
 
 
+def test_readme_is_one_screen_of_commands_with_the_figure():
+    """At most 200 lines (the rest lives in docs/), opening with the headline figure, a committed PNG under 300 KB.
+    Planted (seen failing): the README of commit 0f7feb7, 923 lines and no figure."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 200, len(text.splitlines())
+    figures = re.findall(r"!\[[^\]]+\]\(([^)]+\.png)\)", text)
+    assert figures and figures[0] == "docs/_static/headline.png", figures
+    png = ROOT / figures[0]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size < 300_000
+    assert text.index(figures[0]) < text.index("## "), "the figure comes before the first section"
+
+
 def test_readme_has_exactly_two_setup_commands():
     commands = _commands()
     assert len(commands) == 2
