@@ -1,4 +1,5 @@
-"""The README is what users run: its two set-up commands, and every other command in it parses and the cheap ones run."""
+"""The README and the docs are what users run: the README's two set-up commands are CI's, every ``attnbench`` command in
+README.md and docs/ parses, and the tables the pages state by hand are the code's (tests/test_docs.py runs the examples)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,18 @@ def _commands() -> list[str]:
     text = (ROOT / "README.md").read_text()
     section = text.split("## The two commands", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"```bash\n(.+?)\n```", section, flags=re.S)
+
+
+def test_readme_is_one_screen_of_commands_with_the_figure():
+    """At most 200 lines (the rest lives in docs/), opening with the headline figure, a committed PNG under 300 KB.
+    Planted (seen failing): the README of commit 0f7feb7, 923 lines and no figure."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 200, len(text.splitlines())
+    figures = re.findall(r"!\[[^\]]+\]\(([^)]+\.png)\)", text)
+    assert figures and figures[0] == "docs/_static/headline.png", figures
+    png = ROOT / figures[0]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size < 300_000
+    assert text.index(figures[0]) < text.index("## "), "the figure comes before the first section"
 
 
 def test_readme_has_exactly_two_setup_commands():
@@ -61,59 +74,89 @@ def test_asv_config_pins_torch_like_the_constraints():
     assert "--no-deps" in conf
 
 
-def _shell_lines() -> list[str]:
-    """Every command line of every ``bash`` block in the README (continuations joined)."""
-    text = (ROOT / "README.md").read_text()
-    lines = []
-    for block in re.findall(r"```bash\n(.+?)\n```", text, flags=re.S):
-        for line in block.replace("\\\n", " ").splitlines():
-            line = line.split("  #", 1)[0].strip()
-            if line:
-                lines.append(line)
-    return lines
-
-
 def _attnbench_argvs() -> list[list[str]]:
-    """The arguments of every ``attnbench`` invocation the README shows."""
-    import shlex
+    """The arguments of every ``attnbench`` invocation README.md and docs/ show (run or not)."""
+    from tests.docs_examples import SHELL, attnbench_argvs, blocks
 
-    argvs = []
-    for line in _shell_lines():
-        for part in line.split("&&"):
-            words = shlex.split(part.strip())
-            if words and words[0].endswith("bin/attnbench"):
-                argvs.append(words[1:])
-    return argvs
+    return [argv for b in blocks() if b.language in SHELL for argv in attnbench_argvs(b)]
 
 
-def test_every_attnbench_command_in_the_readme_parses():
-    """A README command with a removed or misspelt option would fail for every reader: argparse decides."""
+def test_every_attnbench_command_in_the_readme_and_docs_parses(monkeypatch):
+    """A documented command with a removed or misspelt option would fail for every reader: argparse decides.
+    Planted (seen failing): ``--kv-heads`` renamed ``--kv-head-count`` in docs/workloads.md's block. A ``--plugin`` the
+    pages name is one of docs/examples/, imported first as the CLI would, its variants unregistered after."""
+    import importlib
+    import sys
+
     from attnbench.cli import build_parser
+    from attnbench.registry import unregister, variant_names
 
     argvs = _attnbench_argvs()
-    assert len(argvs) >= 8, argvs
-    parser = build_parser()
-    for argv in argvs:
-        try:
-            parser.parse_args(argv)
-        except SystemExit as exc:  # argparse's usage error (exit 2); --help exits 0
-            if exc.code == 0:
-                continue
-            raise AssertionError(
-                f"README command does not parse: attnbench {' '.join(argv)}"
-            ) from exc
+    assert len(argvs) >= 25, argvs
+    monkeypatch.syspath_prepend(str(ROOT / "docs" / "examples"))
+    before = set(variant_names())
+    try:
+        for module in {a[a.index("--plugin") + 1] for a in argvs if "--plugin" in a}:
+            sys.modules.pop(module, None)
+            importlib.import_module(module)
+        parser = build_parser()
+        for argv in argvs:
+            try:
+                parser.parse_args(argv)
+            except SystemExit as exc:  # argparse's usage error (exit 2); --help exits 0
+                if exc.code == 0:
+                    continue
+                raise AssertionError(
+                    f"documented command does not parse: attnbench {' '.join(argv)}"
+                ) from exc
+    finally:
+        for name in set(variant_names()) - before:
+            unregister(name)
 
 
-def test_readme_python_example_runs():
-    text = (ROOT / "README.md").read_text()
-    (block,) = re.findall(r"```python\n(.+?)\n```", text, flags=re.S)
-    scope: dict = {}
-    exec(compile(block, "README.md", "exec"), scope)  # noqa: S102 - the README's own example
-    assert scope["out"].shape == (1, 8, 512, 64) and float(scope["err"]) < 1e-4
+FOREIGN_OPTIONS = {
+    "--attribute",  # asv run
+    "--bench",  # asv run
+    "--launch-method",  # asv run
+    "--python",  # asv run
+    "--quick",  # asv run
+    "--set-commit-hash",  # asv run
+    "--no-deps",  # pip install (asv.conf.json's install command)
+    "--check",  # ruff format
+    "--tool",  # valgrind
+}
+"""Options of other tools that the pages name in running text."""
+
+
+def test_every_option_named_in_running_text_exists():
+    """Prose names options too (`--time-budget 60` runs them): each ``--option`` in an inline code span of README.md
+    or docs/ is one of the attnbench parser's (any subcommand) or a named other tool's. Planted (seen failing):
+    ``--time-budget`` renamed ``--time-limit`` in docs/measurement.md's prose."""
+    from attnbench.cli import build_parser
+    from tests.docs_examples import pages
+
+    known = set(FOREIGN_OPTIONS)
+    parsers = [build_parser()]
+    while parsers:
+        parser = parsers.pop()
+        for action in parser._actions:
+            known.update(action.option_strings)
+            if isinstance(getattr(action, "choices", None), dict):
+                parsers.extend(action.choices.values())
+    stale = []
+    for page in pages():
+        text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)  # prose only
+        for span in re.findall(r"`([^`\n]+)`", text):
+            stale += [
+                f"{page.relative_to(ROOT)}: {option} in `{span}`"
+                for option in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", span)
+                if option not in known
+            ]
+    assert not stale, stale
 
 
 def test_readme_profile_command_runs(tmp_path):
-    """The cheap profiling command, exactly as the README shows it (output redirected)."""
+    """The cheap profiling command, exactly as docs/profiling.md shows it (output redirected)."""
     import subprocess
     import sys
 
@@ -143,58 +186,33 @@ def test_reports_readme_names_only_folders_that_a_command_makes():
         assert made, f"reports/README.md names reports/{folder}/, which nothing makes"
 
 
-def _complexity(cell: str) -> str:
-    """The first ``O(...)`` of a README cell in the registry's spelling: ``O(L²)`` -> ``O(L^2)``, ``O(L·w)`` -> ``O(L^1)``."""
-    inner = re.search(r"O\(([^)]*)\)", cell).group(1).replace("²", "^2").replace("·w", "")
-    return f"O({inner if '^' in inner else inner + '^1'})"
-
-
-def test_the_variants_table_agrees_with_the_registry():
-    """Each README row's exactness, time, memory and devices are what ``attnbench list --wide`` prints."""
+def test_the_variant_families_name_every_builtin_variant_once():
+    """docs/variants.md generates its table from the registry, and describes each family by hand below it: every
+    built-in variant must be in exactly one family line. Planted (seen failing): a registered variant left out."""
     from attnbench.registry import get_variant, variant_names
 
-    section = (ROOT / "README.md").read_text().split("## The variants", 1)[1]
-    rows = re.search(r"^(\|.*\n)+", section, flags=re.M).group(0).splitlines()[2:]
-    seen = set()
-    for line in rows:
-        names, exact, time, memory, devices, _ = (c.strip() for c in line.strip("|").split("|"))
-        exceptions = dict(re.findall(r"\((\w+): (O\([^)]*\))\)", memory))  # "(math: O(L²))"
-        for name in re.findall(r"`(\w+)`", names):
-            row = get_variant(name).describe()
-            base = name.removeprefix("compiled_")
-            if time == "as their base":
-                time_, memory_ = _complexity_of(base)
-            else:
-                time_ = _complexity(time)
-                memory_ = _complexity(
-                    next((m for k, m in exceptions.items() if name.endswith(k)), memory)
-                )
-            assert (row["exact"], row["time"], row["memory"]) == (
-                exact != "**approximate**",
-                time_,
-                memory_,
-            ), name
-            assert row["devices"] == ",".join(d.split(" ")[0] for d in devices.split(", ")), name
-            seen.add(name)
-    builtin = {
+    text = (ROOT / "docs" / "variants.md").read_text()
+    section = text.split("What each family is:", 1)[1].split("\n\n", 2)[1]
+    named = [
+        n for line in section.splitlines() for n in re.findall(r"`(\w+)`", line.split(": ", 1)[0])
+    ]
+    builtin = sorted(
         n for n in variant_names() if type(get_variant(n)).__module__.startswith("attnbench.")
-    }  # not plugins
-    assert seen == builtin, builtin ^ seen
-
-
-def _complexity_of(name: str) -> tuple[str, str]:
-    from attnbench.registry import get_variant
-
-    row = get_variant(name).describe()
-    return row["time"], row["memory"]
+    )  # not plugins
+    assert sorted(named) == builtin, set(named) ^ set(builtin)
 
 
 def _asv_section() -> str:
-    return (ROOT / "README.md").read_text().split("## airspeed velocity", 1)[1].split("\n## ", 1)[0]
+    return (
+        (ROOT / "docs" / "asv.md")
+        .read_text()
+        .split("# airspeed velocity", 1)[1]
+        .split("\n## ", 1)[0]
+    )
 
 
 def test_the_asv_tiers_the_readme_states_are_the_contracts():
-    """The README's table of asv tiers is ``contract.GRIDS``, tier by tier (variants, lengths, passes, masks, counting
+    """docs/asv.md's table of asv tiers is ``contract.GRIDS``, tier by tier (variants, lengths, passes, masks, counting
     budget), and names every tier ``ATTNBENCH_ASV_GRID`` accepts. Planted: the default tier's lengths changed in the
     contract and not in the README (and the README still stating L = 64 to 8192 for the suite) both fail here."""
     import itertools
