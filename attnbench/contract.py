@@ -40,6 +40,8 @@ class Status(enum.StrEnum):
     ERROR = "error"
     CRASHED = "crashed"  # the process measuring the case died
     FAILED = "failed"  # asv rows only: no value recorded (the benchmark raised, or setup refused)
+    # loaded rate rows only: above the roof its run measured (an accounting error, never a fact)
+    ABOVE_ROOF = "above_roof"
 
 
 class GateVerdict(enum.StrEnum):

@@ -642,13 +642,18 @@ def _call_extra(
 ) -> tuple[dict[str, object], list[str]]:
     """The ``extra`` keys about the call itself, and notes on them.
 
-    The keys: the SDPA kernel that ran and, on CUDA with ``config.cuda_graphs``, the graph replay's
-    time (a failed capture leaves a note).
+    The keys: the SDPA kernel that ran, why the executed FLOPs are unknown (``flops_unknown``, also
+    a note) and, on CUDA with ``config.cuda_graphs``, the graph replay's time (a failed capture
+    leaves a note).
     """
     extra: dict[str, object] = {}
     notes: list[str] = []
     if variant.PROVENANCE:
         extra["kernel"] = "+".join(sdpa_backends(call, spec.device)) or "unknown"
+    unknown = variant.executed_flops_unknown(spec)
+    if unknown:  # the rate on an upper bound of the FLOPs is not a fact: not reported
+        extra["flops_unknown"] = unknown
+        notes.append(unknown)
     if config.cuda_graphs and spec.device_type == "cuda":
         try:
             extra["graph_replay_s"] = cuda_graph_seconds(call, spec.device)
