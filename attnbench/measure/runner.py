@@ -577,6 +577,10 @@ def _time_case(
     # the sweep's typical speed takes it in
     extra_probe = {"probe_median_s": timed.probe_median_s} if config.probe else {}
     extra_probe.update(runqueue_extra(timed.shares))
+    if config.probe and timed.disturbance.gpu:  # the GPU evidence the disturbance rule read
+        extra_probe.update(
+            event_spread=timed.disturbance.spread, gpu_neighbours=len(timed.disturbance.neighbours)
+        )
     peak, method = (
         peak_tensor_bytes(variant, spec, call) if config.measure_memory else (math.nan, "")
     )
@@ -728,7 +732,11 @@ def _probe_into(probes: list[float], device: str) -> None:
     probes.append(probe.probe_seconds(device))
 
 
-def _seen(typical: float, probes: Sequence[float], blocks: Blocks) -> probe.Disturbance:
+def _seen(
+    typical: float, probes: Sequence[float], blocks: Blocks, device: str = "cpu"
+) -> probe.Disturbance:
+    """What disturbed an attempt; on CUDA also the event samples' spread and the processes there."""
+    gpu = str(device).startswith("cuda")
     return probe.Disturbance(
         typical,
         tuple(probes),
@@ -736,7 +744,23 @@ def _seen(typical: float, probes: Sequence[float], blocks: Blocks) -> probe.Dist
         waited=blocks.waited(),
         blocks=len(blocks.shares),
         short=blocks.short,
+        gpu=gpu,
+        spread=_relative_iqr(blocks.samples) if gpu else math.nan,
+        neighbours=(probe.gpu_neighbours(device) or ()) if gpu else (),
     )
+
+
+def _relative_iqr(samples: Sequence[float]) -> float:
+    """IQR / median of ``samples`` (NaN for fewer than 4 or a zero median).
+
+    Example:
+        >>> _relative_iqr([1.0, 1.0, 2.0, 2.0])
+        1.0
+    """
+    if len(samples) < 4:
+        return math.nan
+    q1, median, q3 = statistics.quantiles(samples, n=4, method="inclusive")
+    return (q3 - q1) / median if median > 0 else math.nan
 
 
 def _calls(config: MeasureConfig, call_s: float | None) -> int:
@@ -788,9 +812,9 @@ def timed_attempts(
                 math.nan,
                 tuple(blocks.shares),
             )
-        seen = _seen(typical, probes, blocks)
+        seen = _seen(typical, probes, blocks, device)
         score = seen.deviation
-        if seen.bimodal or seen.short:
+        if seen.disturbed:  # a signal other than the probe ranks the attempt as disturbed too
             score = max(score, probe.SLOWDOWN_LIMIT * 1.01)
         if kept is None or score < kept_deviation:
             kept, kept_deviation = (blocks, probes, seen), score
