@@ -401,8 +401,8 @@ def _inputs_notes(analysis: Analysis) -> str:
             else ""
         )
         top.append(
-            '<div class="note bad"><strong>Problems with the inputs (what they name is left out '
-            f"of the figures, fits and tables):</strong><ul>{items}{more}</ul></div>"
+            '<div class="note bad"><strong>Inputs that could not be read or used (left out of '
+            f"the figures, fits and tables):</strong><ul>{items}{more}</ul></div>"
         )
     if notes:
         items = "".join(f"<li>{html.escape(n)}</li>" for n in notes)
