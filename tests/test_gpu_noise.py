@@ -84,10 +84,10 @@ def test_the_probe_on_cuda_is_the_gpus(monkeypatch):
 @pytest.mark.parametrize(
     "listing, expected",
     [
-        (f"GPU:0\nprocess {os.getpid():>10d} uses 500.000 MB GPU memory", ()),
+        ("GPU:0\nprocess {me:>10d} uses 500.000 MB GPU memory", ()),
         (
-            f"GPU:0\nprocess       4242 uses 9000.000 MB GPU memory\n"
-            f"process {os.getpid():>10d} uses 500.000 MB GPU memory",
+            "GPU:0\nprocess       4242 uses 9000.000 MB GPU memory\n"
+            "process {me:>10d} uses 500.000 MB GPU memory",
             (4242,),
         ),
         ("GPU:0\nno processes are running", ()),
@@ -96,5 +96,6 @@ def test_the_probe_on_cuda_is_the_gpus(monkeypatch):
 )
 def test_gpu_neighbours_reads_the_listed_processes_but_this_one(monkeypatch, listing, expected):
     monkeypatch.setattr(probe, "_nvml_pids", lambda index: None)
-    monkeypatch.setattr(torch.cuda, "list_gpu_processes", lambda device=None: listing)
+    text = listing.format(me=os.getpid())  # this process: never its own neighbour
+    monkeypatch.setattr(torch.cuda, "list_gpu_processes", lambda device=None: text)
     assert probe.gpu_neighbours("cuda:0") == expected
