@@ -331,6 +331,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_cases(args: argparse.Namespace) -> list[tuple[str, AttnSpec]]:
     """The grid ``run`` measures; a ValueError for arguments that contradict each other."""
+    from attnbench.contract import CUDA_RUN_LENGTHS
     from attnbench.runs import DECODE_LENGTHS, grid
 
     bad_kv = [h for h in args.kv_heads or [] if args.heads % h]
@@ -343,6 +344,8 @@ def _run_cases(args: argparse.Namespace) -> list[tuple[str, AttnSpec]]:
         raise ValueError("--q-len is the decode workload's query count: add --workload decode")
     if args.workload == "decode" and isinstance(args.lengths, _DefaultList):
         args.lengths = list(DECODE_LENGTHS)
+    elif str(args.device).startswith("cuda") and isinstance(args.lengths, _DefaultList):
+        args.lengths = list(CUDA_RUN_LENGTHS)  # up to 64K: where the L² term dominates
     base = AttnSpec(heads=args.heads, device=args.device)
     return grid(
         args.variants,
@@ -1141,6 +1144,7 @@ def _add_run_parser(sub) -> None:
 
 def _add_grid_options(p: argparse.ArgumentParser) -> None:
     """``run``'s variants, workload, lengths, device, dtypes, passes and masks."""
+    from attnbench.contract import CUDA_RUN_LENGTHS
     from attnbench.runs import DECODE_LENGTHS, DEFAULT_LENGTHS
 
     p.add_argument(
@@ -1161,7 +1165,8 @@ def _add_grid_options(p: argparse.ArgumentParser) -> None:
         type=_list(_length, "length (an integer >= 1)"),
         default=_DefaultList(DEFAULT_LENGTHS),
         help="comma-separated lengths: L for prefill, the cache length Lk for decode "
-        f"(decode's default: {DECODE_LENGTHS[0]} .. {DECODE_LENGTHS[-1]}, powers of 2)",
+        f"(decode's default: {DECODE_LENGTHS[0]} .. {DECODE_LENGTHS[-1]}, powers of 2; on CUDA, "
+        f"prefill's: {CUDA_RUN_LENGTHS[0]} .. {CUDA_RUN_LENGTHS[-1]})",
     )
     p.add_argument(
         "--q-len",

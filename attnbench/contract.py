@@ -40,6 +40,8 @@ class Status(enum.StrEnum):
     ERROR = "error"
     CRASHED = "crashed"  # the process measuring the case died
     FAILED = "failed"  # asv rows only: no value recorded (the benchmark raised, or setup refused)
+    # loaded rate rows only: above the roof its run measured (an accounting error, never a fact)
+    ABOVE_ROOF = "above_roof"
 
 
 class GateVerdict(enum.StrEnum):
@@ -396,6 +398,9 @@ minute to three minutes)."""
 GRIDS: dict[str, Grid] = {
     "run": Grid(lengths=(64, 128, 256, 512, 1024, 2048, 4096)),
     "run-decode": Grid(lengths=tuple(2**p for p in range(10, 18)), workload="decode"),
+    # on CUDA, calls below L=4096 are launch-bound (an H100: sdpa 23-26 us at L=1024-2048): the
+    # lengths reach L=65536, where the L² term dominates (the guard skips what does not fit)
+    "run-cuda": Grid(lengths=tuple(2**p for p in range(10, 17)), devices=("cuda",)),
     "asv": Grid(
         lengths=(128, 256, 512, 1024),
         variants=(
@@ -447,6 +452,8 @@ RUN_LENGTHS: dict[str, tuple[int, ...]] = {
     "decode": GRIDS["run-decode"].lengths,
 }
 """``attnbench run``'s default lengths per workload."""
+CUDA_RUN_LENGTHS: tuple[int, ...] = GRIDS["run-cuda"].lengths
+"""``attnbench run --device cuda``'s default prefill lengths: 1K .. 64K."""
 BASE_SPEC = AttnSpec(batch=1, heads=8, head_dim=64, dtype="float32")
 """The asv suite's fixed shape (B, H, D, dtype); the grid varies variant, L, device and mode."""
 ASV_DECODE_Q_LEN = 1

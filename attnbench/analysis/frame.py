@@ -614,6 +614,11 @@ def _run_common(header: dict, manifest: dict) -> dict:
     if not isinstance(peaks, dict):  # a single number: the float32 roof
         peaks = {"float32": peaks}
     gbps = header.get("peak_gbps", manifest.get("peak_gbps"))
+    # the highest bandwidth the run measured: no rate may exceed it
+    roof_gbps = max(
+        (_lenient(v) for v in (gbps.values() if isinstance(gbps, dict) else [gbps])),
+        default=math.nan,
+    )
     # triad: the roofline's bandwidth roof
     gbps = _lenient(gbps.get("triad") if isinstance(gbps, dict) else gbps)
     created = manifest.get("created") or header.get("created")
@@ -624,7 +629,45 @@ def _run_common(header: dict, manifest: dict) -> dict:
         "run_date": created,
         "peak_gflops": peaks,
         "peak_gbps": gbps if gbps > 0 else math.nan,
+        "roof_gbps": roof_gbps if roof_gbps > 0 else math.nan,
     }
+
+
+ROOF_RATES = {"gflops": ("matmul", "GFLOP/s"), "gbps": ("bandwidth", "GB/s")}
+"""The rates a run's measured roofs bound: metric -> (which roof, unit)."""
+
+
+def flag_above_roof(rows: list[dict], common: dict, where: str) -> list[str]:
+    """Mark every rate above its run's measured roof ``above_roof``; one problem line for each.
+
+    A rate above the roof the same machine measured (GFLOP/s over its matmul peak at the case's
+    dtype, GB/s over the highest bandwidth it measured) is an accounting error: the FLOPs or bytes
+    it divides overstate what the kernel did (a kernel skipping masked tiles charged for the full
+    square). It is never shown as a measurement; its time stays a fact.
+    """
+    out = []
+    for row in rows:
+        if row["metric"] not in ROOF_RATES or row["status"] not in KEEPS_VALUES:
+            continue
+        roof = (
+            _lenient(common["peak_gflops"].get(row["dtype"]))
+            if row["metric"] == "gflops"
+            else common["roof_gbps"]
+        )
+        if not (roof > 0 and row["value"] > roof):
+            continue
+        what, unit = ROOF_RATES[row["metric"]]
+        reason = (
+            f"accounting error: {sig(row['value'])} {unit} is above the {what} roof "
+            f"{sig(roof)} {unit} measured in the same run (the executed FLOPs or bytes overstate "
+            "what the kernel did)"
+        )
+        row.update(status=Status.ABOVE_ROOF, reason=reason)
+        out.append(
+            f"{where}: {row['variant']} {row['mode']} mask={row['mask']} L={row['seq_len']} "
+            f"{row['dtype']}: {reason}; not shown as a measurement"
+        )
+    return out
 
 
 def load_run(run_dir: str | Path) -> pd.DataFrame:
@@ -657,6 +700,7 @@ def load_run(run_dir: str | Path) -> pd.DataFrame:
             rows.extend(_case_rows(m, common))
         except ValueError as exc:
             problems.append(f"{run_dir / LOG} case {number} ({m.variant or '?'}): {exc}; rejected")
+    problems.extend(flag_above_roof(rows, common, str(run_dir / LOG)))
     _cross_check(
         run_dir, [m for _, m in cases], len(log.measurements), header, manifest, problems, notes
     )

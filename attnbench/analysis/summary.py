@@ -750,7 +750,29 @@ def _not_facts(e: _Evidence) -> Finding | None:
     )
 
 
+def _above_roof(e: _Evidence) -> Finding | None:
+    """Rates above their run's measured roof: accounting errors, named, never quoted as facts."""
+    bad = e.frame[e.frame["status"] == Status.ABOVE_ROOF]
+    if not len(bad):
+        return None
+    bad = bad.sort_values("value", ascending=False)
+    named = "; ".join(
+        f"`{r['variant']}` {r['mode']} {r['mask']} L={int(r['seq_len'])} "
+        f"{fmt(float(r['value']), str(r['unit']))}"
+        for _, r in bad.head(3).iterrows()
+    )
+    more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+    return Finding(
+        f"{len(bad)} rate(s) are above the roof their own run measured, so they are accounting "
+        f"errors, not measurements ({named}{more}): the executed FLOPs or bytes they divide "
+        "overstate the work (a fused kernel skipping masked tiles charged for the full square). "
+        "They are left out of every figure and table of rates.",
+        "problems",
+    )
+
+
 RULES: tuple[Callable[[_Evidence], Finding | None], ...] = (
+    _above_roof,
     _time_growth,
     _shallower_explained,
     _decode,

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import functools
 import math
+import os
+import re
 import statistics
 import time
 from collections.abc import Sequence
@@ -31,6 +33,9 @@ PROBE_CALLS = 4  # matmuls per probe sample (about 1 ms on one core)
 PROBE_SAMPLES = 5  # samples per probe; their median is the probe's time
 SLOWDOWN_LIMIT = 1.25
 """A probe this much slower (or faster) than the sweep's typical one marks the case disturbed."""
+CUDA_SPREAD_LIMIT = 1.0
+"""CUDA cases: event samples whose IQR exceeds this share of their median are disturbed. An idle
+H100 (2026-11-27, 137 cases) spread up to 0.58 on launch-bound cases, none bimodal."""
 GAP_LIMIT = 1.3
 """Block samples whose sorted values jump by this factor between two sizeable clusters: bimodal."""
 
@@ -44,18 +49,107 @@ def _operands(device: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def probe_seconds(device: str = "cpu") -> float:
-    """Median seconds of one probe sample (``PROBE_CALLS`` fixed matmuls) on ``device``."""
-    a, b = _operands(device)
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    """Median seconds of one probe sample on ``device``: the GPU's own probe on CUDA.
+
+    On CPU, ``PROBE_CALLS`` fixed matmuls timed by the wall clock (:func:`cpu_probe_seconds`). On
+    CUDA, a CPU-paced probe measures the host, not the card (on an idle H100 it marked 25 of 137
+    cases noisy), so CUDA cases get :func:`gpu_probe_seconds`: GPU time from CUDA events.
+    """
+    if str(device).startswith("cuda"):
+        return gpu_probe_seconds(device)
+    return cpu_probe_seconds()
+
+
+def cpu_probe_seconds() -> float:
+    """Median wall seconds of ``PROBE_CALLS`` fixed (N, N) float32 matmuls on the CPU."""
+    a, b = _operands("cpu")
     samples = []
     for _ in range(PROBE_SAMPLES + 1):  # the first sample warms caches and the thread pool
-        sync()
         t0 = time.perf_counter()
         for _ in range(PROBE_CALLS):
             torch.mm(a, b)
-        sync()
         samples.append(time.perf_counter() - t0)
     return statistics.median(samples[1:])
+
+
+GPU_PROBE_SIZE = 2048
+"""The GPU probe multiplies two (N, N) float32 matrices: 17 GFLOP, long enough that the card's work,
+not the launch, sets its time."""
+GPU_PROBE_SPIN_CYCLES = 2_000_000
+"""GPU clock cycles a spin kernel holds the stream before each probe sample (about 1 ms), so every
+matmul of the sample is queued before the first starts: the host's pace cannot enter its time."""
+
+
+@functools.lru_cache(maxsize=4)
+def _gpu_operands(device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1234)
+    a = torch.randn(GPU_PROBE_SIZE, GPU_PROBE_SIZE, generator=gen).to(device)
+    b = torch.randn(GPU_PROBE_SIZE, GPU_PROBE_SIZE, generator=gen).to(device)
+    return a, b
+
+
+def gpu_probe_seconds(device: str = "cuda") -> float:
+    """Median GPU seconds (CUDA events) of ``PROBE_CALLS`` fixed matmuls on ``device``.
+
+    A neighbour sharing the card's SMs or memory bandwidth slows it; a busy host does not (the
+    sample's matmuls wait behind a spin kernel until all are queued).
+    """
+    a, b = _gpu_operands(str(device))
+    samples = []
+    with torch.cuda.device(torch.device(device)):
+        for _ in range(PROBE_SAMPLES + 1):  # the first sample warms the kernels
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(GPU_PROBE_SPIN_CYCLES)
+            start.record()
+            for _ in range(PROBE_CALLS):
+                torch.mm(a, b)
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(samples[1:])
+
+
+def gpu_neighbours(device: str = "cuda") -> tuple[int, ...] | None:
+    """Process ids of the other processes using ``device``'s GPU; None when nothing can tell.
+
+    NVML (``pynvml``, where importable) lists every compute process on the card; this process is
+    left out. Without NVML, ``torch.cuda.list_gpu_processes`` is read (it needs NVML too, and says
+    so, in which case the answer is None: unknown, not "none").
+    """
+    index = torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
+    pids = _nvml_pids(index)
+    if pids is None:
+        pids = _listed_pids(index)
+    if pids is None:
+        return None
+    return tuple(sorted(p for p in set(pids) if p != os.getpid()))
+
+
+def _nvml_pids(index: int) -> list[int] | None:
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        procs += pynvml.nvmlDeviceGetGraphicsRunningProcesses(handle)
+    except pynvml.NVMLError:
+        return None
+    return [p.pid for p in procs]
+
+
+def _listed_pids(index: int) -> list[int] | None:
+    """PIDs in ``torch.cuda.list_gpu_processes``' lines "process <pid> uses <n> MB GPU memory"."""
+    try:
+        text = torch.cuda.list_gpu_processes(index)
+    except (RuntimeError, ModuleNotFoundError, ImportError):
+        return None
+    if "not found" in text:
+        return None
+    return [int(m) for m in re.findall(r"process\s+(\d+)\s+uses", text)]
 
 
 def is_bimodal(samples: Sequence[float], gap: float = GAP_LIMIT, min_share: float = 0.2) -> bool:
@@ -95,6 +189,10 @@ class Disturbance:
     blocks: int = 0
     # too few undisturbed blocks were left when the re-measure allowance ran out
     short: bool = False
+    # CUDA: judged on the GPU's evidence alone (event samples, GPU probe, processes on the card)
+    gpu: bool = False
+    spread: float = math.nan  # CUDA: IQR / median of the event-timed block samples
+    neighbours: tuple[int, ...] = ()  # CUDA: other processes on the card (their process ids)
 
     @property
     def slowdown(self) -> float:
@@ -118,8 +216,16 @@ class Disturbance:
         return max(ratio, 1 / ratio) if ratio > 0 else math.nan
 
     @property
+    def spread_too_wide(self) -> bool:
+        return self.gpu and self.spread > CUDA_SPREAD_LIMIT
+
+    @property
     def disturbed(self) -> bool:
-        return self.bimodal or self.short or self.deviation > SLOWDOWN_LIMIT
+        """Any signal fired. On CUDA only the GPU's evidence counts: the host's run-queue wait is
+        not a signal there, and the probe is the GPU's (:func:`gpu_probe_seconds`)."""
+        gpu = self.gpu and (bool(self.neighbours) or self.spread_too_wide)
+        host = self.short and not self.gpu
+        return self.bimodal or gpu or host or self.deviation > SLOWDOWN_LIMIT
 
     def describe(self) -> str:
         """Which signals fired: run-queue wait, probe, clusters ("undisturbed" when none did).
@@ -130,7 +236,15 @@ class Disturbance:
             'run-queue wait: a neighbour took the core, 14 of 20 blocks waited > 10% of their time'
         """
         parts = []
-        if self.short:
+        if self.gpu and self.neighbours:
+            pids = ", ".join(map(str, self.neighbours[:5]))
+            parts.append(f"{len(self.neighbours)} other process(es) on the GPU (pid {pids})")
+        if self.spread_too_wide:
+            parts.append(
+                f"CUDA event samples spread {self.spread:.2f}x their median (IQR; limit "
+                f"{CUDA_SPREAD_LIMIT:g})"
+            )
+        if self.short and not self.gpu:
             parts.append(
                 f"run-queue wait: a neighbour took the core, {self.waited} of {self.blocks} "
                 f"blocks waited > {schedstat.WAIT_LIMIT:.0%} of their time "
@@ -139,7 +253,8 @@ class Disturbance:
         if self.deviation > SLOWDOWN_LIMIT:
             ratio = self.slowdown
             way = f"{ratio:.2f}x slower" if ratio > 1 else f"{1 / ratio:.2f}x faster"
-            parts.append(f"calibration probe {way} than the sweep's typical")
+            which = "GPU probe" if self.gpu else "calibration probe"
+            parts.append(f"{which} {way} than the sweep's typical")
         if self.bimodal:
             parts.append("block samples bimodal (two clusters)")
         return "; ".join(parts) or "undisturbed"

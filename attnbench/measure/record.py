@@ -15,7 +15,7 @@ from typing import Any
 from attnbench.contract import METRICS, WORKLOADS, Status, metric_value
 from attnbench.spec import AttnSpec
 
-STATUSES = tuple(s for s in Status if s is not Status.FAILED)
+STATUSES = tuple(s for s in Status if s not in (Status.FAILED, Status.ABOVE_ROOF))
 """The statuses a measurement can have: every :class:`attnbench.contract.Status` but ``failed``,
 which only asv rows hold (a run records why its case did not finish)."""
 NOISY_IQR_FRACTION = 0.1
@@ -110,8 +110,14 @@ class Measurement:
 
     @property
     def gflops_per_s(self) -> float:
-        """Achieved rate on executed FLOPs (what the hardware did)."""
+        """Achieved rate on executed FLOPs (what the hardware did); NaN when those are unknown.
+
+        ``extra["flops_unknown"]`` holds why the executed FLOPs are only an upper bound (a kernel
+        skipping tiles of unknown size): such a rate is never reported.
+        """
         med = self.median
+        if self.extra.get("flops_unknown"):
+            return math.nan
         return self.flops_executed / med / 1e9 if med and med == med else math.nan
 
     @property

@@ -585,6 +585,10 @@ def _time_case(
     # the sweep's typical speed takes it in
     extra_probe = {"probe_median_s": timed.probe_median_s} if config.probe else {}
     extra_probe.update(runqueue_extra(timed.shares))
+    if config.probe and timed.disturbance.gpu:  # the GPU evidence the disturbance rule read
+        extra_probe.update(
+            event_spread=timed.disturbance.spread, gpu_neighbours=len(timed.disturbance.neighbours)
+        )
     peak, method = (
         peak_tensor_bytes(variant, spec, call) if config.measure_memory else (math.nan, "")
     )
@@ -650,13 +654,18 @@ def _call_extra(
 ) -> tuple[dict[str, object], list[str]]:
     """The ``extra`` keys about the call itself, and notes on them.
 
-    The keys: the SDPA kernel that ran and, on CUDA with ``config.cuda_graphs``, the graph replay's
-    time (a failed capture leaves a note).
+    The keys: the SDPA kernel that ran, why the executed FLOPs are unknown (``flops_unknown``, also
+    a note) and, on CUDA with ``config.cuda_graphs``, the graph replay's time (a failed capture
+    leaves a note).
     """
     extra: dict[str, object] = {}
     notes: list[str] = []
     if variant.PROVENANCE:
         extra["kernel"] = "+".join(sdpa_backends(call, spec.device)) or "unknown"
+    unknown = variant.executed_flops_unknown(spec)
+    if unknown:  # the rate on an upper bound of the FLOPs is not a fact: not reported
+        extra["flops_unknown"] = unknown
+        notes.append(unknown)
     if config.cuda_graphs and spec.device_type == "cuda":
         try:
             extra["graph_replay_s"] = cuda_graph_seconds(call, spec.device)
@@ -731,7 +740,11 @@ def _probe_into(probes: list[float], device: str) -> None:
     probes.append(probe.probe_seconds(device))
 
 
-def _seen(typical: float, probes: Sequence[float], blocks: Blocks) -> probe.Disturbance:
+def _seen(
+    typical: float, probes: Sequence[float], blocks: Blocks, device: str = "cpu"
+) -> probe.Disturbance:
+    """What disturbed an attempt; on CUDA also the event samples' spread and the processes there."""
+    gpu = str(device).startswith("cuda")
     return probe.Disturbance(
         typical,
         tuple(probes),
@@ -739,7 +752,23 @@ def _seen(typical: float, probes: Sequence[float], blocks: Blocks) -> probe.Dist
         waited=blocks.waited(),
         blocks=len(blocks.shares),
         short=blocks.short,
+        gpu=gpu,
+        spread=_relative_iqr(blocks.samples) if gpu else math.nan,
+        neighbours=(probe.gpu_neighbours(device) or ()) if gpu else (),
     )
+
+
+def _relative_iqr(samples: Sequence[float]) -> float:
+    """IQR / median of ``samples`` (NaN for fewer than 4 or a zero median).
+
+    Example:
+        >>> _relative_iqr([1.0, 1.0, 2.0, 2.0])
+        1.0
+    """
+    if len(samples) < 4:
+        return math.nan
+    q1, median, q3 = statistics.quantiles(samples, n=4, method="inclusive")
+    return (q3 - q1) / median if median > 0 else math.nan
 
 
 def _calls(config: MeasureConfig, call_s: float | None) -> int:
@@ -791,9 +820,9 @@ def timed_attempts(
                 math.nan,
                 tuple(blocks.shares),
             )
-        seen = _seen(typical, probes, blocks)
+        seen = _seen(typical, probes, blocks, device)
         score = seen.deviation
-        if seen.bimodal or seen.short:
+        if seen.disturbed:  # a signal other than the probe ranks the attempt as disturbed too
             score = max(score, probe.SLOWDOWN_LIMIT * 1.01)
         if kept is None or score < kept_deviation:
             kept, kept_deviation = (blocks, probes, seen), score

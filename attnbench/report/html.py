@@ -33,7 +33,7 @@ from attnbench.analysis import complexity, roofline
 from attnbench.analysis import history as steps_
 from attnbench.analysis.summary import Analysis, analyse, load_results, provenance, short_hash
 from attnbench.analysis.text import fmt, sig
-from attnbench.contract import PROGRESSION, Status
+from attnbench.contract import FAMILIES, PROGRESSION, Status
 from attnbench.io import atomic_write, atomic_write_text
 from attnbench.report import plots
 
@@ -307,6 +307,20 @@ def _code(text: str) -> str:
     return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
 
 
+def _cards(frame: pd.DataFrame) -> str:
+    """The GPUs the CUDA rows ran on ("" when none ran on CUDA), with their driver and clocks."""
+    if "gpu" not in frame or "device" not in frame:
+        return ""
+    names = sorted(
+        {
+            str(v)
+            for v in frame.loc[frame["device"].astype(str).str.startswith("cuda"), "gpu"].dropna()
+            if str(v)
+        }
+    )
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
 def _subtitle_bits(frame: pd.DataFrame, c: dict[str, str]) -> list[str]:
     """Where and when: machine, torch, threads, commits, run dates."""
     bits = []
@@ -318,7 +332,10 @@ def _subtitle_bits(frame: pd.DataFrame, c: dict[str, str]) -> list[str]:
         )
     if "torch" in c:
         bits.append(f"torch {html.escape(c['torch'])}")
-    if "threads" in c:
+    cards = _cards(frame)
+    if cards:  # a GPU run: the card decides its numbers, not the host's threads
+        bits.append(f"on {html.escape(cards)}")
+    elif "threads" in c:
         bits.append(f"{float(c['threads']):g} thread{'s' if float(c['threads']) != 1 else ''}")
     commits = sorted({short_hash(v) for v in frame["commit"].dropna() if v})
     if commits:
@@ -384,8 +401,8 @@ def _inputs_notes(analysis: Analysis) -> str:
             else ""
         )
         top.append(
-            '<div class="note bad"><strong>Some inputs could not be read and were '
-            f"skipped:</strong><ul>{items}{more}</ul></div>"
+            '<div class="note bad"><strong>Inputs that could not be read or used (left out of '
+            f"the figures, fits and tables):</strong><ul>{items}{more}</ul></div>"
         )
     if notes:
         items = "".join(f"<li>{html.escape(n)}</li>" for n in notes)
@@ -415,16 +432,35 @@ def _findings(page: Page) -> str:
     )
 
 
+def headline_variants(frame: pd.DataFrame) -> tuple[str, ...]:
+    """The headline's lines: the progression, then each forced fused backend that ran on CUDA.
+
+    On a GPU the fused backends (FlashAttention, memory-efficient, cuDNN) are what decides, and a
+    train run may hold no ``sdpa`` at all; on CPU ``sdpa`` already runs the flash kernel.
+    """
+    ran = frame[
+        (frame["metric"] == "time")
+        & (frame["status"] == Status.OK)
+        & frame["device"].astype(str).str.startswith("cuda")
+    ]
+    fused = [v for v in FAMILIES["fused"] if v not in PROGRESSION and v in set(ran["variant"])]
+    return (*PROGRESSION, *fused)
+
+
 def _progression(page: Page) -> str:
+    variants = headline_variants(page.analysis.main)
+    extra = variants[len(PROGRESSION) :]
     caption = (
-        "The teaching progression (" + " → ".join(PROGRESSION) + "): median time per call and peak "
-        "tensor memory above the inputs vs L, log-log, forward. Each line's end says its fitted "
-        "slope (a conclusive Theil-Sen fit) or that the fit is inconclusive; dotted memory is the "
-        "analytic model, not a measurement." + page.scope
+        "The teaching progression ("
+        + " → ".join(PROGRESSION)
+        + (f", and the fused backends that ran: {', '.join(extra)}" if extra else "")
+        + "): median time per call and peak tensor memory above the inputs vs L, log-log, "
+        "forward. Each line's end says its fitted slope (a conclusive Theil-Sen fit) or that the "
+        "fit is inconclusive; dotted memory is the analytic model, not a measurement." + page.scope
     )
     return page.figure(
         "progression",
-        plots.progression(page.analysis.main, page.analysis.main_fits),
+        plots.progression(page.analysis.main, page.analysis.main_fits, variants),
         caption,
         css="head",
     )

@@ -483,6 +483,19 @@ def _mark_crossover(
     )
 
 
+def _series_fits(
+    fits: pd.DataFrame | None, df: pd.DataFrame, rows: pd.DataFrame
+) -> pd.DataFrame | None:
+    """The fits of one series of ``df``: its pass, and the shape values that name it (a mask)."""
+    if fits is None or fits.empty:
+        return fits
+    keep = pd.Series(True, index=fits.index)
+    for col in ("mode", *(c for c, _ in SHAPE_TAGS)):
+        if col in fits and col in rows and (col == "mode" or df[col].nunique() > 1):
+            keep &= fits[col].astype(str) == str(rows[col].iloc[0])
+    return fits[keep]
+
+
 def _progression_panel(
     ax,
     metric: str,
@@ -508,15 +521,10 @@ def _progression_panel(
         _spread_bars(ax, s.index.to_series(), s["value"], s["spread"], shade)
         colours[name] = shade
         ends[name] = (float(s.index[-1]), float(s["value"].iloc[-1]))
-        label = ""
-        if name == variant:  # fits are per variant of one shape
-            label = (
-                _time_label(fits, variant)
-                if metric == "time"
-                else _fit_label(fits, variant, metric)
-            )
-            if metric == "time":
-                _mark_crossover(ax, fits, variant, s, shade)
+        own = _series_fits(fits, df, rows)  # fits are per variant of one shape
+        label = _time_label(own, variant) if metric == "time" else _fit_label(own, variant, metric)
+        if metric == "time":
+            _mark_crossover(ax, own, variant, s, shade)
         text[name] = f"{name}  {label}" if label else name
     ax.set_yscale("log")
     _length_axis(ax, lengths)

@@ -398,6 +398,14 @@ class Variant(ABC):
             executed=sum(c.total(backward) for c in parts),
         )
 
+    def executed_flops_unknown(self, spec: AttnSpec) -> str:
+        """Why ``flops(spec).executed`` is only an upper bound here ("" when it is the count).
+
+        A kernel that skips tiles at sizes this suite does not know executes an unknown part of the
+        pairs; its rate is then not reported (the runner records this reason instead).
+        """
+        return ""
+
     def counter_visible_flops(self, spec: AttnSpec) -> int:
         """The part of ``flops(spec).executed`` that FlopCounterMode can see."""
         backward = spec.mode == "backward"

@@ -24,9 +24,11 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from attnbench import mask_mods
 from attnbench._checks import cuda_present
 from attnbench.capability import CallInfo
 from attnbench.mask_mods import MaskMod
+from attnbench.spec import MaskForm
 from attnbench.variants.base import GqaMode, Variant
 
 BACKENDS: dict[str, SDPBackend | None] = {
@@ -129,6 +131,40 @@ def _sdpa_params(call: CallInfo, is_causal: bool, masked: bool, device: str = "c
         return params(q, k, v, mask, 0.0, is_causal)
 
 
+CUDA_TILES: dict[tuple[str, str], tuple[tuple[int, tuple[int, int]], ...]] = {
+    # FlashAttention-2 as vendored in PyTorch (aten/.../transformers/cuda/flash_attn/
+    # flash_fwd_launch_template.h, flash_bwd_launch_template.h), without dropout, on sm80/sm90:
+    # forward 128 x 128 for D <= 64, 128 x 64 for D <= 128
+    ("flash", "forward"): ((64, (128, 128)), (128, (128, 64))),
+    # backward (>= 144 KiB shared memory per block: A100, H100) 128 x 128 for D <= 64, 64 x 128
+    # for D <= 128
+    ("flash", "backward"): ((64, (128, 128)), (128, (64, 128))),
+    # memory-efficient attention (the CUTLASS kernels of xFormers in PyTorch, cutlassF sm80):
+    # 64 x 64 for D <= 64, 64 x 128 for D <= 128, 32 x 128 beyond; its causal forward stops at
+    # the block's last allowed key (``num_keys = min(query_start + kQueriesPerBlock, num_keys)``)
+    ("efficient", "forward"): ((64, (64, 64)), (128, (64, 128)), (65536, (32, 128))),
+}
+"""``(backend, pass) -> ((largest head dim, (query rows, key columns)), ...)``: the tiles of the
+CUDA kernels that skip masked tiles under ``is_causal``, from their sources. Absent: not known here
+(cuDNN is closed source; the memory-efficient backward picks among several kernels at run time;
+``auto`` picks a backend at run time), and its executed FLOPs are declared unknown. sm86/sm89
+differ for D = 96-128 (64 x 64 causal forward); the tiles listed are the data-centre parts' (A100,
+H100)."""
+
+
+def kernel_tiles(backend: str, pass_: str, head_dim: int) -> tuple[int, int] | None:
+    """The ``(query, key)`` tile of ``backend``'s CUDA kernel for one pass; None when unknown.
+
+    Example:
+        >>> kernel_tiles("flash", "forward", 64), kernel_tiles("cudnn", "forward", 64)
+        ((128, 128), None)
+    """
+    for largest, tiles in CUDA_TILES.get((backend, pass_), ()):
+        if head_dim <= largest:
+            return tiles
+    return None
+
+
 _CPU_FLASH_OPS = frozenset(
     {
         "aten._scaled_dot_product_flash_attention_for_cpu",
@@ -196,6 +232,60 @@ class SDPA(Variant):
         if self.RECOMPUTES_SCORES and self._runs_math(spec):
             return Variant.contractions(_AsMath(self), spec)
         return super().contractions(spec)
+
+    def _skips_tiles(self, spec) -> bool:
+        """Whether a CUDA kernel gets ``is_causal`` here and skips the tiles above the diagonal."""
+        return (
+            spec.device_type == "cuda"
+            and self.backend != "math"
+            and self.mask_form(spec) == MaskForm.MOD
+        )
+
+    def _tile_pairs(self, spec, pass_: str) -> int:
+        """Pairs in the non-empty tiles of ``pass_``'s kernel (every pair when it skips none).
+
+        Counted by :func:`~attnbench.mask_mods.nonempty_tile_pairs`, the count ``chunked`` uses.
+        Where the tiles are unknown, every pair (an upper bound; the rate is then not reported:
+        :meth:`executed_flops_unknown`).
+        """
+        tiles = kernel_tiles(self.backend, pass_, max(spec.head_dim, spec.dv))
+        if not self._skips_tiles(spec) or tiles is None:
+            return spec.lq * spec.lk
+        return mask_mods.nonempty_tile_pairs(
+            spec.mask_mod(device="cpu"), spec.batch, spec.heads, spec.lq, spec.lk, *tiles
+        )
+
+    def executed_pairs(self, spec):
+        """Pairs in the kernel's computed tiles: on CUDA under ``is_causal``, the non-empty tiles at
+        the kernel's tile size (:data:`CUDA_TILES`); else every pair.
+
+        The forward kernel's count serves the backward too: where their tiles differ
+        (FlashAttention at D=128: 128 x 64 forward, 64 x 128 backward) a square causal mask gives
+        both the same count (checked by the tests).
+        """
+        return self._tile_pairs(spec, "forward")
+
+    def executed_flops_unknown(self, spec) -> str:
+        """Why this case's executed FLOPs are unknown ("" when they are counted).
+
+        A CUDA kernel given ``is_causal`` skips the tiles above the diagonal; without its tile
+        sizes (:data:`CUDA_TILES`) the FLOPs it executes, and so its rate, are not known.
+        """
+        if not self._skips_tiles(spec):
+            return ""
+        d = max(spec.head_dim, spec.dv)
+        passes = ("forward", "backward") if spec.mode == "backward" else ("forward",)
+        missing = [p for p in passes if kernel_tiles(self.backend, p, d) is None]
+        if not missing:
+            return ""
+        why = {
+            "auto": "PyTorch picks the backend at run time",
+            "cudnn": "cuDNN's tile sizes are not published",
+        }.get(self.backend, f"its {' and '.join(missing)} tile sizes at D={d} are not modelled")
+        return (
+            f"executed FLOPs unknown: SDPA {self.backend} on CUDA skips masked tiles under "
+            f"is_causal and {why}"
+        )
 
     def gqa_mode(self, call):
         """How ``enable_gqa=True`` runs here: "native", "repeat", or "" (not supported).
