@@ -87,7 +87,9 @@ def _sort_key(item: Any) -> str:
 
 def _xy(values: Iterable[Any]) -> list[Any]:
     """A figure's coordinates as floats (an axis of integer lengths draws the same as one of floats)."""
-    return [_num(float(v)) if _is_number(v) or isinstance(v, np.number) else _num(v) for v in values]
+    return [
+        _num(float(v)) if _is_number(v) or isinstance(v, np.number) else _num(v) for v in values
+    ]
 
 
 def figure_data(fig: Figure) -> dict[str, Any]:
