@@ -312,3 +312,48 @@ def _predicted_row(case: dict, growth: Growth) -> dict:
         "measured_ratio": growth.measured_ratio,
         "measured_length": growth.measured_length,
     }
+
+
+SERIES = ("machine", "benchmark", "variant", "device", "mode", "mask", "metric", "commit")
+"""One series along L of a results frame: a commit's case without its length, and its metric."""
+
+
+def exponent_series(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per commit, case (without its length) and exact metric, the exponent fitted along L.
+
+    The length is ``seq_len_k`` where a row has it (decode: a few queries over Lk keys), else
+    ``seq_len``; only ``ok`` rows count, and a series with fewer than three lengths has no row.
+
+    Returns:
+        the :data:`SERIES` columns, ``exponent``, ``low`` and ``high`` (the local slopes' range
+        over the fitted lengths), ``shortest`` and ``longest`` (the lengths fitted) and ``date``
+        (the commit's, where the frame has it).
+    """
+    columns = [*SERIES, "exponent", "low", "high", "shortest", "longest", "date"]
+    rows = frame[frame["metric"].isin(GROWTH_METRICS) & (frame["status"] == Status.OK)]
+    if not len(rows):
+        return pd.DataFrame(columns=columns)
+    rows = rows.assign(
+        **{c: rows[c].astype(object).where(rows[c].notna(), "") for c in SERIES if c in rows},
+        **{c: "" for c in SERIES if c not in rows},
+    )
+    short = rows["seq_len_k"] if "seq_len_k" in rows else pd.Series(math.nan, index=rows.index)
+    rows = rows.assign(_length=pd.to_numeric(short, errors="coerce").fillna(rows["seq_len"]))
+    out = []
+    for key, group in rows.groupby(list(SERIES), sort=True):
+        group = group.drop_duplicates("_length", keep="last")
+        fit = fit_side(group["_length"].astype(float), group["value"].astype(float))
+        if fit is None:
+            continue
+        out.append(
+            {
+                **dict(zip(SERIES, key, strict=True)),
+                "exponent": fit.exponent,
+                "low": fit.low,
+                "high": fit.high,
+                "shortest": fit.lengths[0],
+                "longest": fit.lengths[-1],
+                "date": group["date"].min() if "date" in group else pd.NaT,
+            }
+        )
+    return pd.DataFrame(out, columns=columns)
