@@ -314,6 +314,15 @@ def _predicted_row(case: dict, growth: Growth) -> dict:
     }
 
 
+EXPONENT_SUFFIX = "_exponent"
+"""A history's series of fitted exponents is named after its metric (``flops_exponent``)."""
+
+
+def exponent_metric(metric: str) -> str:
+    """The name of ``metric``'s exponent series in a history (``flops`` -> ``flops_exponent``)."""
+    return f"{metric}{EXPONENT_SUFFIX}"
+
+
 SERIES = ("machine", "benchmark", "variant", "device", "mode", "mask", "metric", "commit")
 """One series along L of a results frame: a commit's case without its length, and its metric."""
 

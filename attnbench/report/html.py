@@ -30,6 +30,7 @@ import pandas as pd
 
 from attnbench import demos as teaching
 from attnbench.analysis import complexity, roofline
+from attnbench.analysis import growth
 from attnbench.analysis import history as steps_
 from attnbench.analysis.summary import Analysis, analyse, load_results, provenance, short_hash
 from attnbench.analysis.text import fmt, sig
@@ -725,7 +726,9 @@ def history_section(history: steps_.History, fig_dir: Path) -> str:
         f"Commits in {html.escape(history.order)}. A step moves beyond the factor "
         f"({html.escape(factors)}) from the previous commit; a drift moves beyond it over at "
         f"most {history.window} commits with no single step; time is read through asv's step "
-        "detection first (noise is not a step)."
+        "detection first (noise is not a step). Each case's counts, bytes and FLOPs are also "
+        "fitted along L at every commit: its exponent (<code>..._exponent</code>) steps when it "
+        f"moves by more than {growth.EXPONENT_THRESHOLD:g}."
     )
     figures = _history_figures(history, fig_dir)
     return (

@@ -23,6 +23,7 @@ import seaborn as sns  # noqa: E402
 from matplotlib import colors as mcolors  # noqa: E402
 
 from attnbench.analysis.complexity import FitVerdict, swept  # noqa: E402
+from attnbench.analysis.growth import EXPONENT_SUFFIX, GROWTH_METRICS  # noqa: E402
 from attnbench.analysis.history import ChangeKind, Direction  # noqa: E402
 from attnbench.analysis.text import fmt, ratio, sig  # noqa: E402
 from attnbench.contract import (  # noqa: E402
@@ -1163,6 +1164,8 @@ def _mark_changes(ax, metric: str, steps: pd.DataFrame) -> None:
         label = (
             rec["kind"]
             if rec["kind"] in (ChangeKind.FAILED, ChangeKind.WRONG)
+            else f"{rec['before']:.2f} -> {rec['after']:.2f}"
+            if metric.endswith(EXPONENT_SUFFIX)
             else ratio(rec["ratio"], metric)
         )
         ax.annotate(
@@ -1211,9 +1214,10 @@ def case_history(
     A step is a vertical line just before its commit, a drift a band over its commits: red for a
     regression, green for an improvement; a failure or a wrong result a red cross.
     """
+    exact = GROWTH_METRICS
     metrics = [
         m
-        for m in ("time", "instructions", "peak_tensor_bytes", "flops")
+        for m in ("time", *exact, *(e + EXPONENT_SUFFIX for e in exact))  # a case without L
         if m in set(series["metric"])
     ]
     if not metrics or len(commits) < 2:
