@@ -29,8 +29,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from attnbench import demos as teaching
-from attnbench.analysis import complexity, roofline
-from attnbench.analysis import growth
+from attnbench.analysis import complexity, growth, roofline
 from attnbench.analysis import history as steps_
 from attnbench.analysis.summary import Analysis, analyse, load_results, provenance, short_hash
 from attnbench.analysis.text import fmt, sig
