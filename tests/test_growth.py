@@ -251,3 +251,36 @@ def test_cli_bad_at_length_is_a_usage_error(bad, capsys):
     except SystemExit as exc:  # argparse's own usage error
         code = exc.code
     assert code == 2 and "--at-length" in capsys.readouterr().err
+
+
+def _gate_results(tmp_path, planted: bool):
+    """A results directory of two commits (chunked's peak bytes at the CI lengths, HEAD with the
+    planted L x L buffer or not) and the gate's verdict table beside it, as ``regress`` leaves it."""
+    from attnbench.analysis.frame import load_asv
+    from attnbench.regress import write_verdicts
+    from tests.asv_history import commit_hashes, write_history
+
+    base, head = commit_hashes(2)
+    series = {
+        ("peak_tensor_bytes", "chunked", n): [chunked_bytes(n), chunked_bytes(n, planted)]
+        for n in LENGTHS
+    }
+    results = write_history(tmp_path / "results", series, [base, head])
+    outcome = _outcome(compare(load_asv(results), base, head))
+    write_verdicts(
+        Outcome(**{**outcome.__dict__, "base": base, "head": head, "results_dir": results})
+    )
+    return results
+
+
+def test_the_report_draws_a_flagged_case_on_log_log_axes(tmp_path):
+    from attnbench.report.html import make_report
+
+    results = _gate_results(tmp_path, planted=True)
+    page = make_report([results], tmp_path / "report").page.read_text()
+    section = page.split('<section id="ci">', 1)[1].split("</section>", 1)[0]
+    assert "how cost grows" in page and 'id="fig-growth_chunked_peak_tensor_bytes"' in section
+    assert "L^0.99 -&gt; L^1.03" in section and "predicted x11.67 at L=131072" in section
+    assert (tmp_path / "report" / "figures" / "growth_chunked_peak_tensor_bytes.png").exists()
+    unchanged = make_report([_gate_results(tmp_path / "same", planted=False)], tmp_path / "same")
+    assert '<section id="ci">' not in unchanged.page.read_text()

@@ -23,7 +23,12 @@ import seaborn as sns  # noqa: E402
 from matplotlib import colors as mcolors  # noqa: E402
 
 from attnbench.analysis.complexity import FitVerdict, swept  # noqa: E402
-from attnbench.analysis.growth import EXPONENT_SUFFIX, GROWTH_METRICS  # noqa: E402
+from attnbench.analysis.growth import (  # noqa: E402
+    EXPONENT_SUFFIX,
+    GROWTH_METRICS,
+    exponent_text,
+    fit_side,
+)
 from attnbench.analysis.history import ChangeKind, Direction  # noqa: E402
 from attnbench.analysis.text import fmt, ratio, sig  # noqa: E402
 from attnbench.contract import (  # noqa: E402
@@ -1235,5 +1240,62 @@ def case_history(
         ax.tick_params(axis="y", labelsize=7)
     _commit_axis(axes[-1, 0], commits)
     fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def growth(
+    lengths: np.ndarray,
+    base_values: np.ndarray,
+    head_values: np.ndarray,
+    at_length: int,
+    metric: str,
+    title: str,
+) -> plt.Figure | None:
+    """BASE and HEAD of one case's exact metric on log-log axes, each side's cost split extended
+    to ``at_length`` and the ratio it predicts written there (None: a side cannot be fitted).
+
+    The gate's measured lengths are short; what a change costs at the length users run is read off
+    the two fitted lines (:mod:`attnbench.analysis.growth`), and the figure shows how far they were
+    extended from the points they stand on.
+    """
+    base, head = fit_side(lengths, base_values), fit_side(lengths, head_values)
+    if base is None or head is None:
+        return None
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    line = np.geomspace(min(base.lengths[0], head.lengths[0]), at_length, 200)
+    for side, fit, colour, marker in (
+        ("BASE", base, "#1565c0", "o"),
+        ("HEAD", head, REGRESSION_COLOUR, "s"),
+    ):
+        ax.plot(line, fit.at(line), "-", color=colour, lw=1.3, alpha=0.8)
+        ax.plot(
+            fit.lengths,
+            fit.values,
+            marker,
+            color=colour,
+            ms=6,
+            label=f"{side} measured, fitted {exponent_text(fit.exponent)}",
+        )
+    ax.axvline(max(head.lengths), color="#90a4ae", lw=1, ls=":")
+    ax.axvline(at_length, color="#455a64", lw=1, ls="--")
+    predicted = head.at(at_length) / base.at(at_length)
+    ax.annotate(
+        f"predicted {ratio(predicted, metric)}\nat L={at_length}",
+        (at_length, head.at(at_length)),
+        xytext=(-8, 0),
+        textcoords="offset points",
+        ha="right",
+        va="center",
+        fontsize=9,
+        color=REGRESSION_COLOUR,
+    )
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    unit = UNITS.get(metric, "")
+    ax.set_xlabel("sequence length L (dotted: the longest measured; dashed: the target)")
+    ax.set_ylabel(f"{metric} ({unit})" if unit else metric)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title(title, fontsize=10)
     fig.tight_layout()
     return fig
