@@ -284,3 +284,30 @@ def test_the_report_draws_a_flagged_case_on_log_log_axes(tmp_path):
     assert (tmp_path / "report" / "figures" / "growth_chunked_peak_tensor_bytes.png").exists()
     unchanged = make_report([_gate_results(tmp_path / "same", planted=False)], tmp_path / "same")
     assert '<section id="ci">' not in unchanged.page.read_text()
+
+
+def test_bisect_judges_a_probe_by_the_same_growth_rule():
+    """A probe of the planted buffer is bad on its predicted ratio (the gate's rule); a probe of an
+    unchanged commit with noisy counts shows its worst measured ratio, never an extrapolation."""
+    from attnbench.bisect import ProbeVerdict, judge_table
+
+    series = {
+        ("A", "chunked", "peak_tensor_bytes"): [chunked_bytes(n) for n in LENGTHS],
+        ("B", "chunked", "peak_tensor_bytes"): [chunked_bytes(n, True) for n in LENGTHS],
+    }
+    bad = judge_table(compare(_frame(series), "A", "B"), "peak_tensor_bytes", "B", "", 1.0)
+    assert bad.verdict == ProbeVerdict.BAD and bad.case == "chunked L=131072", bad
+    noisy = [counts(n) * (1 + e) for n, e in zip(LENGTHS, (3e-4, -3e-4, 3e-4), strict=True)]
+    table = compare(
+        _frame(
+            {
+                ("A", "linear_elu", "instructions"): [counts(n) for n in LENGTHS],
+                ("B", "linear_elu", "instructions"): noisy,
+            }
+        ),
+        "A",
+        "B",
+        metric="instructions",
+    )
+    good = judge_table(table, "instructions", "B", "", 1.0)
+    assert good.verdict == ProbeVerdict.GOOD and good.case == "linear_elu L=256", good
