@@ -867,7 +867,7 @@ def _growth_lines(table: pd.DataFrame) -> list[str]:
     ]
     measured_at = int(predicted["measured_length"].max())
     lines = [
-        f"\nhow cost grows: {len(predicted)} series fitted along L; "
+        f"\nhow cost grows (rows marked *): {len(predicted)} series fitted along L; "
         + (f"{len(moved)} moved:" if len(moved) else "no exponent change")
     ]
     if len(moved):
@@ -907,14 +907,16 @@ def _gate_cells(rec: dict) -> dict[str, str]:
     The units are the metric table's.
     """
     from attnbench.analysis.text import fmt, ratio
-    from attnbench.contract import UNITS
+    from attnbench.contract import UNITS, Basis
 
     unit = UNITS.get(rec["metric"], "")
     pass_ = "bwd" if rec["mode"] == "backward" else "fwd"
     return {
         "verdict": str(rec["verdict"]),
         "metric": str(rec["metric"]),
-        "case": f"{rec['variant']} L={rec['seq_len']} {pass_}",
+        # *: predicted at the target length from each side's fit (see "how cost grows")
+        "case": f"{rec['variant']} L={rec['seq_len']} {pass_}"
+        + ("*" if rec.get("basis") == Basis.PREDICTED else ""),
         "base": fmt(rec["base_value"], unit),
         "head": fmt(rec["head_value"], unit),
         "ratio": ratio(rec["ratio"], rec["metric"]) if rec["ratio"] == rec["ratio"] else "n/a",

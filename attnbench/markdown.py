@@ -92,6 +92,10 @@ def _cases(n: int) -> str:
 
 def decided_line(table: pd.DataFrame, metric: str, factors: dict[str, float]) -> str:
     """One line: which metrics decided, with their factors and how many cases each judged."""
+    predicted = (
+        table["basis"] == Basis.PREDICTED if "basis" in table else pd.Series(False, table.index)
+    )
+    series, table = int(predicted.sum()), table[~predicted]  # fitted series are not cases
 
     def cases(name: str, verdicts=contract.GATE_DECIDED) -> int:
         return int(((table["metric"] == name) & table["verdict"].isin(verdicts)).sum())
@@ -105,6 +109,11 @@ def decided_line(table: pd.DataFrame, metric: str, factors: dict[str, float]) ->
         f"peak tensor bytes (x{factors['memory']:g}, {_cases(cases('peak_tensor_bytes'))})"
     )
     parts.append("FLOPs (any growth) and correctness")
+    if series:
+        parts.append(
+            f"how cost grows ({series} series fitted along L: predicted ratios within their "
+            f"factors, exponents within +{EXPONENT_THRESHOLD:g})"
+        )
     timed = cases("time", contract.GATE_JUDGED)
     shown = int(((table["metric"] == "time") & (table["verdict"] == GateVerdict.SHOWN)).sum())
     if metric == "instructions":

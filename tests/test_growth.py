@@ -162,7 +162,12 @@ def test_the_summary_and_the_table_show_measured_and_predicted_ratios_with_expon
         "| chunked | peak_tensor_bytes | L^0.99 -> L^1.03 | x1.08 at L=1024 | x11.67 at L=131072 "
         "| regressed |"
     ) in summary
-    from attnbench.cli import _growth_lines
+    assert "peak tensor bytes (x1.1, 3 cases)" in summary  # a fitted series is not a case
+    assert "how cost grows (1 series fitted along L" in summary
+    from attnbench.cli import _gate_cells, _growth_lines
+
+    predicted = outcome.table[outcome.table["basis"] == Basis.PREDICTED].iloc[0].to_dict()
+    assert _gate_cells(predicted)["case"] == "chunked L=131072 fwd*"
 
     lines = _growth_lines(outcome.table)
     assert "ratio measured at L=1024 -> predicted at L=131072" in lines[1], lines
