@@ -8,6 +8,9 @@ the samples of every round (significant beyond the allowance, speed-corrected an
 agreeing, never on disturbed rounds; else undecided, after a confirmation round), bytes beyond
 ``memory_factor``, FLOPs beyond 1, counts beyond ``instructions_factor``, a case failing on HEAD
 only; ``wrong`` where HEAD fails the correctness gate. Full rules: the README's "Use it in CI".
+Beside the measured ratios, each case's exact metrics are fitted along the measured lengths on both
+sides (:mod:`attnbench.analysis.growth`): a ratio predicted at ``--at-length`` beyond the metric's
+factor, or an exponent grown beyond the A/A-justified threshold, regresses too.
 
 Exit codes of ``attnbench regress``: 0 nothing regressed (every case decided), 1 something
 regressed or is wrong, 2 usage error (bad revision, BASE == HEAD, a factor that is nan, inf or
