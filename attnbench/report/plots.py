@@ -25,6 +25,7 @@ from matplotlib import colors as mcolors  # noqa: E402
 from attnbench.analysis.complexity import FitVerdict, swept  # noqa: E402
 from attnbench.analysis.growth import (  # noqa: E402
     EXPONENT_SUFFIX,
+    EXPONENT_THRESHOLD,
     GROWTH_METRICS,
     exponent_text,
     fit_side,
@@ -1234,9 +1235,15 @@ def case_history(
         _history_values(ax, metric, series[series["metric"] == metric].sort_values("position"))
         _mark_changes(ax, metric, steps[steps["metric"] == metric])
         unit = UNITS.get(metric, "")
-        ax.set_ylabel(f"{metric}\n({unit})" if unit else metric, fontsize=8)
+        name = metric.replace(EXPONENT_SUFFIX, "\nexponent of L")
+        ax.set_ylabel(f"{name}\n({unit})" if unit else name, fontsize=8)
         if unit in ("s", "bytes"):
             ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _, u=unit: fmt(v, u)))
+        if metric.endswith(EXPONENT_SUFFIX):  # noise far below the threshold draws flat
+            low, high = ax.get_ylim()
+            middle, half = (low + high) / 2, max((high - low) / 2, 2 * EXPONENT_THRESHOLD)
+            ax.set_ylim(middle - half, middle + half)
+            ax.ticklabel_format(axis="y", useOffset=False)
         ax.tick_params(axis="y", labelsize=7)
     _commit_axis(axes[-1, 0], commits)
     fig.suptitle(title, fontsize=10)
