@@ -211,7 +211,7 @@ NOISE_BOUND = growth.NOISE["instructions"]
 """The README's largest A/A difference of one count: the same case counted twice, 0.03%."""
 
 
-@settings(max_examples=40, deadline=None, derandomize=True)
+@settings(max_examples=25, deadline=None, derandomize=True)
 @given(
     noise=st.lists(
         st.floats(-NOISE_BOUND, NOISE_BOUND), min_size=2 * len(LENGTHS), max_size=2 * len(LENGTHS)
@@ -287,8 +287,11 @@ def test_the_report_draws_a_flagged_case_on_log_log_axes(tmp_path):
     assert "how cost grows" in page and 'id="fig-growth_chunked_peak_tensor_bytes"' in section
     assert "L^0.99 -&gt; L^1.03" in section and "predicted x11.67 at L=131072" in section
     assert (tmp_path / "report" / "figures" / "growth_chunked_peak_tensor_bytes.png").exists()
-    unchanged = make_report([_gate_results(tmp_path / "same", planted=False)], tmp_path / "same")
-    assert '<section id="ci">' not in unchanged.page.read_text()
+    from attnbench.contract import GATE_VERDICTS
+    from attnbench.report.html import _flagged_growth
+
+    unchanged = _gate_results(tmp_path / "same", planted=False) / GATE_VERDICTS
+    assert unchanged.exists() and _flagged_growth(unchanged) == []  # nothing drawn
 
 
 def test_bisect_judges_a_probe_by_the_same_growth_rule():
