@@ -864,6 +864,7 @@ def _growth_lines(table: pd.DataFrame) -> list[str]:
             (predicted["head_exponent"] - predicted["base_exponent"]).abs()
             >= EXPONENT_THRESHOLD / 2
         )
+        | predicted["improved"].fillna(False).astype(bool)
     ]
     measured_at = int(predicted["measured_length"].max())
     lines = [

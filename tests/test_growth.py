@@ -319,3 +319,33 @@ def test_bisect_judges_a_probe_by_the_same_growth_rule():
     )
     good = judge_table(table, "instructions", "B", "", 1.0)
     assert good.verdict == ProbeVerdict.GOOD and good.case == "linear_elu L=256", good
+
+
+def test_removing_the_square_buffer_is_an_improvement_at_the_target():
+    series = {
+        ("A", "chunked", "peak_tensor_bytes"): [chunked_bytes(n, True) for n in LENGTHS],
+        ("B", "chunked", "peak_tensor_bytes"): [chunked_bytes(n) for n in LENGTHS],
+    }
+    outcome = _outcome(compare(_frame(series), "A", "B"))
+    row = _predicted(outcome.table, "chunked", "peak_tensor_bytes")
+    assert row["verdict"] == GateVerdict.OK and row["improved"], row
+    from attnbench.cli import _growth_lines
+
+    assert (
+        "ok         chunked fwd peak_tensor_bytes  L^1.03 -> L^0.99  x0.92 -> x0.09"
+        in (_growth_lines(outcome.table)[2])
+    )
+    summary = gate_summary(outcome, "time", {"time": 1.2, "memory": 1.1, "instructions": 1.002})
+    assert "| chunked L=131072 (predicted) | peak_tensor_bytes |" in summary.split("Improved")[1]
+
+
+def test_a_halved_square_term_is_listed_as_grown_less_though_its_exponent_stays():
+    series = {
+        ("A", "batched", "peak_tensor_bytes"): [40.0 * n**2 for n in LENGTHS],
+        ("B", "batched", "peak_tensor_bytes"): [20.0 * n**2 for n in LENGTHS],
+    }
+    table = compare(_frame(series), "A", "B")
+    from attnbench.cli import _growth_lines
+
+    lines = _growth_lines(table)
+    assert "ok         batched fwd peak_tensor_bytes  L^2.00 -> L^2.00  x0.50 -> x0.50" in lines[2]

@@ -147,9 +147,8 @@ class Growth:
     def reason(self) -> str:
         """``L^1.00 -> L^1.93; predicted x14.30 at L=131072 (beyond x1.1); measured x1.06 ...``."""
         change = f"{exponent_text(self.base.exponent)} -> {exponent_text(self.head.exponent)}"
-        beyond = (
-            f"beyond x{self.factor:g}" if self.low > self.factor else f"within x{self.factor:g}"
-        )
+        factor = f"x{self.factor:.10g}"  # FLOPs' factor is 1 + 1e-9: no growth
+        beyond = f"beyond {factor}" if self.low > self.factor else f"within {factor}"
         grew = (
             f", exponent +{self.exponent_change:.2f} beyond +{EXPONENT_THRESHOLD:g}"
             if self.exponent_change > EXPONENT_THRESHOLD and self.low > 1
