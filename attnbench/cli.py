@@ -760,6 +760,7 @@ def cmd_regress(args: argparse.Namespace) -> int:
             instructions_factor=args.instructions_factor,
             time_cases=args.time_cases,
             progress=_stamped("regress", started),
+            at_length=args.at_length,
         )
     except ValueError as exc:
         return _usage(str(exc))
@@ -795,6 +796,7 @@ def _stamped(command: str, started: float) -> Callable[[str], None]:
 def _regress_report(args: argparse.Namespace, outcome, metric: str) -> int:
     """Print the gate's table and verdict; the exit code."""
     from attnbench.analysis.text import ratio
+    from attnbench.contract import Basis
 
     shown = outcome.table.sort_values(["verdict", "ratio"], ascending=[False, False])
     print(
@@ -813,6 +815,8 @@ def _regress_report(args: argparse.Namespace, outcome, metric: str) -> int:
     for rec in shown.to_dict("records"):
         print(_gate_row(_gate_cells(rec)))
     print(f"\nbase {outcome.base[:10]}  head {outcome.head[:10]}  results: {outcome.results_dir}")
+    for line in _growth_lines(outcome.table):
+        print(line)
     for note in sorted({n for n in outcome.table["note"] if n}):
         print(f"note: {note}")
     if outcome.passed:
@@ -826,7 +830,10 @@ def _regress_report(args: argparse.Namespace, outcome, metric: str) -> int:
     if not outcome.regressions.empty:
         print(f"FAIL: {len(outcome.regressions)} regression(s):")
         for rec in outcome.regressions.to_dict("records"):
-            print(f"  {_gate_case(rec)}: {rec['metric']} {ratio(rec['ratio'], rec['metric'])}")
+            grew = f" predicted: {rec['reason']}" if rec.get("basis") == Basis.PREDICTED else ""
+            print(
+                f"  {_gate_case(rec)}: {rec['metric']} {ratio(rec['ratio'], rec['metric'])}{grew}"
+            )
         return 1
     print(
         f"UNDECIDED: no regression found, but {len(outcome.undecided)} time case(s) could not be "
@@ -836,6 +843,57 @@ def _regress_report(args: argparse.Namespace, outcome, metric: str) -> int:
     for rec in outcome.undecided.to_dict("records"):
         print(f"  {_gate_case(rec)}: {rec['reason']}")
     return 4
+
+
+def _growth_lines(table: pd.DataFrame) -> list[str]:
+    """How each case's exact metrics grow, BASE -> HEAD (the gate's ``predicted`` rows).
+
+    A line per series whose exponent or predicted ratio moved, or that regressed: exponents, the
+    measured ratio at the longest length, the predicted one at the target length. Nothing when no
+    series was fitted.
+    """
+    from attnbench.analysis.growth import EXPONENT_THRESHOLD, exponent_text
+    from attnbench.analysis.text import ratio
+    from attnbench.contract import Basis, GateVerdict
+
+    if "basis" not in table.columns:
+        return []
+    predicted = table[table["basis"] == Basis.PREDICTED]
+    if not len(predicted):
+        return []
+    moved = predicted[
+        (predicted["verdict"] == GateVerdict.REGRESSED)
+        | (
+            (predicted["head_exponent"] - predicted["base_exponent"]).abs()
+            >= EXPONENT_THRESHOLD / 2
+        )
+        | predicted["improved"].fillna(False).astype(bool)
+    ]
+    measured_at = int(predicted["measured_length"].max())
+    lines = [
+        f"\nhow cost grows (rows marked *): {len(predicted)} series fitted along L; "
+        + (f"{len(moved)} moved:" if len(moved) else "no exponent change")
+    ]
+    if len(moved):
+        lines.append(
+            f"  (exponent BASE -> HEAD; ratio measured at L={measured_at} -> "
+            f"predicted at L={int(predicted['at_length'].max())})"
+        )
+    for rec in moved.sort_values("ratio", ascending=False).to_dict("records"):
+        pass_ = "bwd" if rec["mode"] == "backward" else "fwd"
+        lines.append(
+            _clip(
+                f"  {rec['verdict']:<10} {rec['variant']} {pass_} {rec['metric']}  "
+                f"{exponent_text(rec['base_exponent'])} -> {exponent_text(rec['head_exponent'])}  "
+                f"{ratio(rec['measured_ratio'], rec['metric'])} -> "
+                f"{ratio(rec['ratio'], rec['metric'])}"
+            )
+        )
+    return lines
+
+
+def _clip(line: str) -> str:
+    return line if len(line) <= GATE_WIDTH else line[: GATE_WIDTH - 3] + "..."
 
 
 def _gate_case(rec: dict) -> str:
@@ -853,14 +911,16 @@ def _gate_cells(rec: dict) -> dict[str, str]:
     The units are the metric table's.
     """
     from attnbench.analysis.text import fmt, ratio
-    from attnbench.contract import UNITS
+    from attnbench.contract import UNITS, Basis
 
     unit = UNITS.get(rec["metric"], "")
     pass_ = "bwd" if rec["mode"] == "backward" else "fwd"
     return {
         "verdict": str(rec["verdict"]),
         "metric": str(rec["metric"]),
-        "case": f"{rec['variant']} L={rec['seq_len']} {pass_}",
+        # *: predicted at the target length from each side's fit (see "how cost grows")
+        "case": f"{rec['variant']} L={rec['seq_len']} {pass_}"
+        + ("*" if rec.get("basis") == Basis.PREDICTED else ""),
         "base": fmt(rec["base_value"], unit),
         "head": fmt(rec["head_value"], unit),
         "ratio": ratio(rec["ratio"], rec["metric"]) if rec["ratio"] == rec["ratio"] else "n/a",
@@ -1459,7 +1519,19 @@ def _add_regress_parser(sub) -> None:
         help="also write the verdict as Markdown to FILE (and append it to "
         "$GITHUB_STEP_SUMMARY when set)",
     )
+    _add_at_length(p)
     p.set_defaults(func=cmd_regress)
+
+
+def _add_at_length(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--at-length",
+        type=_int_at_least(1, "--at-length"),
+        default=None,
+        metavar="L",
+        help="the length the exact metrics' growth is predicted at, from each side's fitted "
+        "c0 + c1*L + c2*L^2 (default: 131072 for prefill and for decode's cache)",
+    )
 
 
 def _add_bisect_parser(sub) -> None:

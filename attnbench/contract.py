@@ -56,6 +56,13 @@ class GateVerdict(enum.StrEnum):
     WRONG = "wrong"  # right on BASE, wrong on HEAD
 
 
+class Basis(enum.StrEnum):
+    """What a row of the gate's table stands on (its ``basis`` column)."""
+
+    MEASURED = "measured"  # values measured at the row's length
+    PREDICTED = "predicted"  # each side's cost split c0 + c1·L + c2·L² at the target length
+
+
 GATE_DECIDED = (GateVerdict.OK, GateVerdict.REGRESSED, GateVerdict.WRONG)
 """The verdicts that decided a row: not ``undecided``, nor ``shown`` (the counts decided)."""
 GATE_JUDGED = (*GATE_DECIDED, GateVerdict.UNDECIDED)

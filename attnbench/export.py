@@ -11,7 +11,8 @@
 
 One run (``--commit``, default the newest of the results). Only metrics where smaller is better
 are exported (time, instruction counts, peak tensor bytes, FLOPs, page faults, peak RSS): both
-dashboards alert on a rise.
+dashboards alert on a rise. How cost grows is exported too (:func:`exponent_entries`): each case's
+exponent of L per exact metric, so a dashboard charts the growth, not only the size.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from attnbench.analysis import growth
 from attnbench.analysis import history as steps_
 from attnbench.contract import Status
 
@@ -97,6 +99,7 @@ def export(frame: pd.DataFrame, fmt: str, commit: str | None = None) -> Exported
         if not (math.isfinite(lower) and math.isfinite(upper) and lower <= value <= upper):
             lower = upper = math.nan
         entries.append((_name(rec), rec, measure, unit, value, lower, upper))
+    entries += exponent_entries(rows)
     if fmt == "bmf":
         document: dict = {}
         for name, _, measure, _, value, lower, upper in entries:
@@ -116,6 +119,30 @@ def export(frame: pd.DataFrame, fmt: str, commit: str | None = None) -> Exported
             ).strip("; ")
             document.append(entry)
     return Exported(document=document, commit=chosen, entries=len(entries))
+
+
+EXPONENT_MEASURE = "exponent"
+"""The BMF measure (and github-action-benchmark's metric word) of a fitted exponent of L."""
+EXPONENT_UNIT = "exponent of L"
+
+
+def exponent_entries(rows: pd.DataFrame) -> list[tuple]:
+    """The exponent of every case's exact metric along L, as entries of :func:`export`.
+
+    Benchmark ``attention/chunked/peak-tensor-bytes`` (the case without its length, then the
+    metric's measure), measure ``exponent``; the bounds are the fit's range, the least and largest
+    local slope over the lengths fitted (:func:`attnbench.analysis.growth.exponent_series`).
+    """
+    entries = []
+    for rec in growth.exponent_series(rows).to_dict("records"):
+        case = {**rec, "seq_len": None, "seq_len_k": None}
+        name = f"{_name(case)}/{EXPORTED[rec['metric']][0]}"
+        value = rec["exponent"]  # the least-squares slope: within its local slopes but rounding
+        lower, upper = min(rec["low"], value), max(rec["high"], value)
+        fitted = f"fitted over L={rec['shortest']}..{rec['longest']}"
+        shown = {**case, "metric": EXPONENT_MEASURE, "method": fitted}
+        entries.append((name, shown, EXPONENT_MEASURE, EXPONENT_UNIT, value, lower, upper))
+    return entries
 
 
 def dumps(exported: Exported) -> str:

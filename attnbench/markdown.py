@@ -18,8 +18,9 @@ import pandas as pd
 from attnbench import contract
 from attnbench.analysis import history as steps_
 from attnbench.analysis import text
+from attnbench.analysis.growth import EXPONENT_THRESHOLD, exponent_text
 from attnbench.analysis.text import fmt
-from attnbench.contract import GateVerdict
+from attnbench.contract import Basis, GateVerdict
 
 STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
 """The file GitHub Actions gives every step for Markdown it shows on the run's summary page."""
@@ -59,8 +60,9 @@ def _rows(table: pd.DataFrame, why: bool = True) -> list[str]:
     head = "| case | metric | BASE | HEAD | ratio |" + (" why |" if why else "")
     lines = [head, "|---|---|---:|---:|---:|" + ("---|" if why else "")]
     for rec in table.head(MAX_ROWS).to_dict("records"):
+        predicted = " (predicted)" if rec.get("basis") == Basis.PREDICTED else ""
         cells = [
-            steps_.case_label(rec),
+            steps_.case_label(rec) + predicted,
             rec["metric"],
             _value(rec.get("base_value"), rec["metric"]),
             _value(rec.get("head_value"), rec["metric"]),
@@ -90,6 +92,10 @@ def _cases(n: int) -> str:
 
 def decided_line(table: pd.DataFrame, metric: str, factors: dict[str, float]) -> str:
     """One line: which metrics decided, with their factors and how many cases each judged."""
+    predicted = (
+        table["basis"] == Basis.PREDICTED if "basis" in table else pd.Series(False, table.index)
+    )
+    series, table = int(predicted.sum()), table[~predicted]  # fitted series are not cases
 
     def cases(name: str, verdicts=contract.GATE_DECIDED) -> int:
         return int(((table["metric"] == name) & table["verdict"].isin(verdicts)).sum())
@@ -103,6 +109,11 @@ def decided_line(table: pd.DataFrame, metric: str, factors: dict[str, float]) ->
         f"peak tensor bytes (x{factors['memory']:g}, {_cases(cases('peak_tensor_bytes'))})"
     )
     parts.append("FLOPs (any growth) and correctness")
+    if series:
+        parts.append(
+            f"how cost grows ({series} series fitted along L: predicted ratios within their "
+            f"factors, exponents within +{EXPONENT_THRESHOLD:g})"
+        )
     timed = cases("time", contract.GATE_JUDGED)
     shown = int(((table["metric"] == "time") & (table["verdict"] == GateVerdict.SHOWN)).sum())
     if metric == "instructions":
@@ -145,6 +156,7 @@ def gate_summary(
         "",
     ]
     lines += _sections(regressions, undecided, improved)
+    lines += growth_lines(table)
     judged = table[table["verdict"].isin(contract.GATE_JUDGED)]
     quiet = len(judged) - len(regressions) - len(undecided) - len(improved)
     lines.append(f"{quiet} other result(s) within their factors.")
@@ -156,6 +168,47 @@ def gate_summary(
     if elapsed_s is not None:
         lines += ["", f"Measured in {elapsed_s:.0f} s."]
     return "\n".join(lines) + "\n"
+
+
+def growth_lines(table: pd.DataFrame) -> list[str]:
+    """How cost grows: per series whose exponent or predicted ratio moved, the exponents and the
+    measured and predicted ratios side by side (a line saying so where none moved)."""
+    if "basis" not in table.columns:
+        return []
+    predicted = table[table["basis"] == Basis.PREDICTED]
+    if not len(predicted):
+        return []
+    change = predicted["head_exponent"] - predicted["base_exponent"]
+    moved = predicted[
+        (predicted["verdict"] == GateVerdict.REGRESSED)
+        | (change.abs() >= EXPONENT_THRESHOLD / 2)
+        | predicted["improved"].fillna(False).astype(bool)
+    ]
+    at = int(predicted["at_length"].max())
+    head = (
+        f"**How cost grows** ({len(predicted)} series of counts, bytes and FLOPs fitted along L, "
+        f"c0 + c1·L + c2·L² extrapolated to L={at})"
+    )
+    if not len(moved):
+        return [head + ": no exponent change, every predicted ratio within its factor.", ""]
+    lines = [
+        head,
+        "",
+        "| case | metric | exponent BASE -> HEAD | measured | predicted | verdict |",
+        "|---|---|---|---:|---:|---|",
+    ]
+    for rec in _ordered(moved).head(MAX_ROWS).to_dict("records"):
+        metric = rec["metric"]
+        cells = [
+            steps_.case_label({**rec, "seq_len": None}),
+            metric,
+            f"{exponent_text(rec['base_exponent'])} -> {exponent_text(rec['head_exponent'])}",
+            f"{text.ratio(rec['measured_ratio'], metric)} at L={int(rec['measured_length'])}",
+            f"{text.ratio(rec['ratio'], metric)} at L={int(rec['at_length'])}",
+            str(rec["verdict"]),
+        ]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return [*lines, ""]
 
 
 def _improved(table: pd.DataFrame) -> pd.DataFrame:

@@ -8,6 +8,9 @@ the samples of every round (significant beyond the allowance, speed-corrected an
 agreeing, never on disturbed rounds; else undecided, after a confirmation round), bytes beyond
 ``memory_factor``, FLOPs beyond 1, counts beyond ``instructions_factor``, a case failing on HEAD
 only; ``wrong`` where HEAD fails the correctness gate. Full rules: the README's "Use it in CI".
+Beside the measured ratios, each case's exact metrics are fitted along the measured lengths on both
+sides (:mod:`attnbench.analysis.growth`): a ratio predicted at ``--at-length`` beyond the metric's
+factor, or an exponent grown beyond the A/A-justified threshold, regresses too.
 
 Exit codes of ``attnbench regress``: 0 nothing regressed (every case decided), 1 something
 regressed or is wrong, 2 usage error (bad revision, BASE == HEAD, a factor that is nan, inf or
@@ -34,7 +37,7 @@ from typing import NamedTuple
 import pandas as pd
 
 from attnbench import contract
-from attnbench.analysis import significance
+from attnbench.analysis import growth, significance
 from attnbench.analysis.frame import decode_param, load_asv
 from attnbench.contract import GateVerdict, Status
 from attnbench.io import atomic_write, check_writable_dir, output_tail
@@ -553,6 +556,8 @@ def compare(
     instructions_factor: float = INSTRUCTIONS_FACTOR,
     runqueue_shares: dict[SampleKey, list[float]] | None = None,
     corrected: dict[SampleKey, list[float]] | None = None,
+    at_length: int | None = None,
+    exponent_threshold: float = growth.EXPONENT_THRESHOLD,
 ) -> pd.DataFrame:
     """Side-by-side BASE/HEAD table of ``frame`` with a :class:`contract.GateVerdict` per row.
 
@@ -564,8 +569,16 @@ def compare(
     ``shown``. Columns added: ``ratio``, ``verdict``, ``reason``, ``improved`` (an ``ok`` row beyond
     the same rule the other way) and ``note`` (:func:`disagreements`). The rules are the README's
     "Use it in CI".
+
+    How cost grows (:func:`attnbench.analysis.growth.growth_rows`): every exact metric of a case
+    measured at three lengths or more on both sides is fitted per side; its rows get the exponents
+    and the ratio predicted at ``at_length`` (default: the workload's
+    :data:`~attnbench.analysis.growth.AT_LENGTH`), and a row of ``basis`` "predicted" at that length
+    regresses where the predicted ratio exceeds the metric's factor or the exponent grows by more
+    than ``exponent_threshold``, even with every measured ratio within its factor.
     """
     _check_metric(metric)
+    _check_at_length(at_length)
     table = _side_by_side(frame, base, head)
     wrong_cases = _wrong_cases(table)
     factors = _Factors(
@@ -584,7 +597,20 @@ def compare(
         comparison.improved(rec, d) for rec, d in zip(records, decisions, strict=True)
     ]
     table["note"] = disagreements(table)
+    table, predicted = growth.growth_rows(table, factors.of, at_length, exponent_threshold)
+    if len(predicted):
+        table = pd.concat([table, predicted], ignore_index=True)
     return _decided_by(table, metric)
+
+
+def _check_at_length(at_length: int | None) -> None:
+    """A usage error unless ``at_length`` is None or a positive integer."""
+    if at_length is not None and (
+        isinstance(at_length, bool) or not isinstance(at_length, int) or at_length < 1
+    ):
+        raise ValueError(
+            f"at_length must be a positive integer (a sequence length), got {at_length!r}"
+        )
 
 
 def disagreements(table: pd.DataFrame) -> list[str]:
@@ -1035,6 +1061,7 @@ def regress_many(
     time_cases: str = "longest",
     deterministic: bool = True,
     parallel: bool = True,
+    at_length: int | None = None,
 ) -> dict[str, Outcome]:
     """Benchmark ``base`` and each of ``heads`` in one asv session; compare each HEAD with BASE.
 
@@ -1054,6 +1081,7 @@ def regress_many(
         progress: told each step, and asv's progress at least every :data:`HEARTBEAT_S` seconds.
         deterministic: also measure bytes, FLOPs and the error ratio (bisect's time probes do not).
         parallel: the deterministic measures of BASE and of the HEADs in two asv processes at once.
+        at_length: the length the exact metrics' growth is predicted at (:func:`compare`).
 
     Raises:
         ValueError: bad arguments (unknown revision, a HEAD that is BASE, repeated HEADs, ...).
@@ -1061,22 +1089,28 @@ def regress_many(
     """
     say = progress or (lambda line: None)
     factors = _checked_options(
-        metric, time_cases, rounds, time_factor, memory_factor, instructions_factor
+        metric, time_cases, rounds, time_factor, memory_factor, instructions_factor, at_length
     )
     repo = Path(repo).resolve()
     base_hash, head_hashes = _commits(repo, base, heads)
     session = AsvSession.open(repo, work_dir, subset, machine, log_path, say)
     (session.work / PROBES).unlink(missing_ok=True)  # this gate run's rounds only
-    timed_bench, timed_length = TIME_BENCHMARK, None
-    if metric != "time" and time_cases == "longest":
-        timed_bench, timed_length = time_selection(session.subset)
-    gate = _GateRun(session, base_hash, head_hashes, metric, factors, timed_bench, timed_length)
+    timed = _timed_rounds(metric, time_cases, session.subset)
+    gate = _GateRun(session, base_hash, head_hashes, metric, factors, *timed, at_length)
     say(
         f"measuring {gate.described} on the CI subset "
         f"(the first run builds asv's pinned virtualenv: minutes; log {session.log_file})"
     )
     gate.measure_exact(deterministic, parallel)
     return gate.time_and_decide(rounds)
+
+
+def _timed_rounds(metric: str, time_cases: str, subset: dict[str, str]) -> tuple[str, int | None]:
+    """``(asv --bench pattern, length)`` of the time rounds (None: every length, see
+    :func:`time_selection`)."""
+    if metric != "time" and time_cases == "longest":
+        return time_selection(subset)
+    return TIME_BENCHMARK, None
 
 
 def _checked_options(
@@ -1086,9 +1120,11 @@ def _checked_options(
     time_factor: float,
     memory_factor: float,
     instructions_factor: float,
+    at_length: int | None = None,
 ) -> _Factors:
     """The gate's factors, checked with its other options in the order their usage errors come."""
     _check_metric(metric)
+    _check_at_length(at_length)
     if time_cases not in TIME_CASES:
         raise ValueError(f"time_cases must be one of {TIME_CASES}, got {time_cases!r}")
     instructions_factor = significance.check_factor("instructions_factor", instructions_factor)
@@ -1116,6 +1152,7 @@ class _GateRun:
     factors: _Factors
     timed_bench: str  # asv's --bench pattern of the time rounds
     timed_length: int | None  # where counts decide: the one length timed (None: every length)
+    at_length: int | None = None  # where growth is predicted (None: the workload's default)
 
     @property
     def commits(self) -> list[str]:
@@ -1201,6 +1238,7 @@ class _GateRun:
                 instructions_factor=self.factors.instructions,
                 runqueue_shares=shares,
                 corrected=corrected,
+                at_length=self.at_length,
             )
             for head, head_hash in self.heads.items()
         }

@@ -45,7 +45,7 @@ ROOMS: tuple[tuple[str, ...], ...] = (
     ("measure",),  # the package's facade: MeasureConfig, measure, sweep
     ("runs", "profile", "asv_bench"),
     ("analysis.frame", "analysis.complexity", "analysis.roofline", "analysis.significance"),
-    ("analysis.summary", "analysis.history"),
+    ("analysis.summary", "analysis.history", "analysis.growth"),
     ("report.plots",),
     ("report.html",),
     ("regress", "publish", "shards"),

@@ -173,3 +173,35 @@ def test_cli_writes_one_commit_of_a_history(tmp_path, capsys):
     assert "--commit 'ffff'" in capsys.readouterr().err
     with pytest.raises(ExportError):
         export(load_asv(results), "csv")
+
+
+def test_the_exponent_of_each_case_is_a_measure_of_its_own(tmp_path):
+    """Three lengths: each case's exact metrics get their fitted exponent of L, its bounds the fit's
+    range (the local slopes), valid in both formats; a series at two lengths gets none."""
+    series = {}
+    for length in (256, 512, 1024):
+        series[("instructions", "batched", length)] = [3.0e3 * length**2 + 1.0e6 * length]
+        series[("peak_tensor_bytes", "chunked", length)] = [12288.0 * length + 65536]
+        series[("peak_tensor_bytes", "batched", length)] = [40.0 * length**2]
+    series[("instructions", "chunked", 256)] = [1e8]
+    series[("instructions", "chunked", 512)] = [4e8]
+    frame = load_asv(write_history(tmp_path / "results", series, commit_hashes(1)))
+    doc = export(frame, "bmf").document
+    check_bmf(doc)
+    assert set(doc["attention/batched/peak-tensor-bytes"]) == {"exponent"}
+    assert doc["attention/batched/peak-tensor-bytes"]["exponent"] == {
+        "value": pytest.approx(2.0),
+        "lower_value": pytest.approx(2.0),
+        "upper_value": pytest.approx(2.0),
+    }
+    bent = doc["attention/batched/instructions"]["exponent"]  # an L term beneath the L² one
+    assert bent["lower_value"] < bent["value"] < bent["upper_value"] < 2.0
+    assert doc["attention/chunked/peak-tensor-bytes"]["exponent"]["value"] == pytest.approx(
+        0.99, abs=0.005
+    )
+    assert "attention/chunked/instructions" not in doc  # two lengths: no fit
+    gab = export(frame, "github-action-benchmark").document
+    check_custom_smaller_is_better(gab)
+    entry = {e["name"]: e for e in gab}["attention/batched/peak-tensor-bytes exponent"]
+    assert entry["unit"] == "exponent of L" and entry["value"] == pytest.approx(2.0)
+    assert "fitted over L=256..1024" in entry["extra"]

@@ -281,3 +281,42 @@ def test_noise_alone_is_no_step():
     for seed in range(20):
         y = 0.01 * np.exp(np.random.default_rng(seed).normal(0, 0.08, 50))
         assert exact_changes(time_levels(y, 1 / y), 1.2) == [], seed
+
+
+def _growth_history(planted_at: int, n: int = 8) -> dict:
+    """``n`` commits of chunked at three lengths: peak bytes linear in L, counts with the gate's A/A
+    noise (0.006%); from commit ``planted_at`` (0-based) a boolean L x L buffer beside the bytes:
+    x1.08 at L=1024, within the memory factor at every length and every commit."""
+    rng = np.random.default_rng(11)
+    series = {}
+    for length in (256, 512, 1024):
+        linear = 12288.0 * length + 65536
+        series[("peak_tensor_bytes", "chunked", length)] = [
+            linear + (length**2 if i >= planted_at else 0) for i in range(n)
+        ]
+        series[("instructions", "chunked", length)] = list(
+            (3.0e3 * length**2 + 1.0e6 * length) * _noise(rng, 6e-5, n)
+        )
+    return series
+
+
+def test_each_cases_exponent_is_a_series_with_its_steps(tmp_path):
+    """The planted L x L buffer: no commit moves peak bytes beyond x1.1, but the exponent series
+    steps at the planting commit (L^0.99 -> L^1.03); the noisy counts' exponents name nothing."""
+    commits = commit_hashes(8)
+    results = write_history(tmp_path / "results", _growth_history(planted_at=4), commits)
+    history = find_steps(load_asv(results))
+    steps = history.steps
+    assert len(steps) == 1, steps.to_string()
+    step = steps.iloc[0].to_dict()
+    assert step["metric"] == "peak_tensor_bytes_exponent" and step["variant"] == "chunked"
+    assert step["first"] == commits[4] and step["direction"] == "regression"
+    assert table(history)["ratio"].tolist() == ["L^0.99 -> L^1.03"]
+    series = history.series[history.series["metric"] == "instructions_exponent"]
+    assert len(series) == 8 and series["value"].between(1.6, 1.7).all()
+    assert series["value"].max() - series["value"].min() < 2e-3  # A/A: far below the threshold
+    from attnbench.report.html import render_history
+
+    page = render_history(history, tmp_path / "page").read_text()
+    assert "L^0.99 -&gt; L^1.03" in page or "L^0.99 -> L^1.03" in page
+    assert (tmp_path / "page" / "figures" / "history_box_chunked.png").exists()

@@ -41,6 +41,13 @@ FAT = (
     "        keep = scores.clone()  # noqa: F841\n        probs = masked_softmax_(",
 )
 """A deliberate extra full-size copy of the scores, alive until the output exists."""
+CHUNKED = "attnbench/variants/chunked.py"
+SQUARE = (
+    "        bh = b * h\n",
+    "        bh = b * h\n        square = torch.ones(lq, lk, dtype=torch.bool, device=q.device)  # noqa: F841\n",
+)
+"""A deliberate boolean L x L buffer in chunked's forward, alive until it returns: L² bytes, 1 MiB at
+L=1024 beside about 12 MB of chunked's own (x1.08, within the x1.1 memory factor), x11.7 at 131072."""
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -103,6 +110,7 @@ def throwaway(tmp_path_factory) -> Path:
     )
     # An unchanged commit (documentation only).
     _branch(repo, "same", "README.md", "# attnbench", "# attnbench (docs touched)")
+    _branch(repo, "square", CHUNKED, *SQUARE)
     return repo
 
 
@@ -928,3 +936,46 @@ def test_the_gate_table_fits_a_hundred_columns_with_units(monkeypatch, capsys):
     table = lines[: lines.index("")]
     assert max(len(line) for line in table) <= 100 and len(table) == 3
     assert "12.3 ms" in table[-1] or "12.3 ms" in table[-2]
+
+
+@pytest.mark.slow
+@pytest.mark.serial
+def test_a_planted_square_buffer_fails_on_how_its_cost_grows(throwaway, tmp_path, monkeypatch):
+    """The planted L x L buffer in chunked stays within x1.1 of peak bytes at every measured length;
+    the gate fails it on the ratio its fits predict at L=131072 and names the exponent change, the
+    report draws it; the README-only commit, gated in the same asv session, reports no exponent
+    change. Three lengths of chunked, one time round: the fewest asv runs that fit a growth."""
+    from attnbench.cli import _growth_lines
+    from attnbench.markdown import gate_summary
+    from attnbench.regress import write_verdicts
+    from attnbench.report.html import make_report
+
+    monkeypatch.setenv(contract.ENV_ENV_DIR, str(ASV_ENV_DIR))
+    subset = {
+        **SUBSET,
+        "ATTNBENCH_ASV_VARIANTS": "chunked",
+        "ATTNBENCH_ASV_LENGTHS": "256,512,1024",
+    }
+    outcomes = regress_many(
+        "base", ["square", "same"], repo=throwaway, subset=subset, rounds=1, work_dir=tmp_path / "w"
+    )
+    square, same = outcomes["square"], outcomes["same"]
+    table = square.table
+    measured = table[(table["basis"] == "measured") & (table["metric"] == "peak_tensor_bytes")]
+    assert len(measured) == 3 and (measured["verdict"] == "ok").all(), table.to_string()
+    flagged = square.regressions[square.regressions["basis"] == "predicted"]
+    assert list(flagged["metric"]) == ["peak_tensor_bytes"], table.to_string()
+    reason = flagged["reason"].iloc[0]
+    assert re.match(r"L\^\d\.\d\d -> L\^\d\.\d\d", reason) and "at L=131072 (beyond x1.1)" in reason
+    assert flagged["ratio"].iloc[0] > 5, reason
+    assert any("chunked fwd peak_tensor_bytes" in line for line in _growth_lines(table))
+    factors = {"time": 1.2, "memory": 1.1, "instructions": 1.002}
+    assert "| chunked L=131072 (predicted) | peak_tensor_bytes |" in gate_summary(
+        square, "time", factors
+    )
+    write_verdicts(square)
+    page = make_report([square.results_dir], tmp_path / "report").page.read_text()
+    assert 'id="fig-growth_chunked_peak_tensor_bytes"' in page
+    predicted = same.table[same.table["basis"] == "predicted"]
+    assert len(predicted) >= 2 and (predicted["verdict"] == "ok").all(), same.table.to_string()
+    assert "no exponent change" in _growth_lines(same.table)[0]

@@ -8,7 +8,12 @@ results directory of several commits) holds many. Per machine, case and metric, 
   beyond it together, over at most ``window`` commits (:func:`exact_changes`);
 * time is noisy: asv's step detection turns it into levels first (:func:`time_levels`), and the same
   rules then run on those levels with the time factor;
-* a case that ran at one commit and fails or is wrong at the next is a regression of its own kind.
+* a case that ran at one commit and fails or is wrong at the next is a regression of its own kind;
+* how cost grows: each commit's exact metrics of a case are fitted along L
+  (:func:`attnbench.analysis.growth.exponent_series`), and the exponents form series of their own
+  (``peak_tensor_bytes_exponent``): a step moves the exponent by more than
+  :data:`~attnbench.analysis.growth.EXPONENT_THRESHOLD`, a drift as much over the window
+  (:func:`exponent_changes`).
 
 Nothing here runs a benchmark or draws: :mod:`attnbench.report` draws, :mod:`attnbench.markdown`
 writes the summary, ``attnbench history`` prints.
@@ -20,14 +25,14 @@ import enum
 import math
 import subprocess
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from attnbench import contract
-from attnbench.analysis import text
+from attnbench.analysis import growth, text
 from attnbench.contract import Status
 
 MEMORY_FACTOR = 1.1
@@ -377,6 +382,8 @@ def find_steps(
         levels.append(group.assign(level=group["position"].map(lambda p, lv=level: lv[p])))
         case = dict(zip(CASE, key[:-1], strict=True))
         found += [_step_row(case, metric, change, commits, factors[metric]) for change in changes]
+    exponent_levels, exponent_found = exponent_changes(rows, commits, window)
+    levels, found = levels + exponent_levels, found + exponent_found
     steps = pd.DataFrame(found, columns=STEP_COLUMNS)
     if len(steps):  # regressions first, then by where they happened
         steps = steps.sort_values(
@@ -391,6 +398,46 @@ def find_steps(
     return History(
         commits=commits, series=series, steps=steps, factors=factors, window=window, order=order
     )
+
+
+def exponent_changes(
+    rows: pd.DataFrame, commits: pd.DataFrame, window: int = DEFAULT_WINDOW
+) -> tuple[list[pd.DataFrame], list[dict]]:
+    """Each case's fitted exponents of L along the commits, and their steps and drifts.
+
+    ``rows`` carry ``position`` (:func:`_rows_by_commit`). An exponent is a power, so a change is
+    a difference, not a ratio: :func:`exact_changes` runs on exp(exponent) with the factor
+    exp(threshold), and the changes are read back as exponents (``before``, ``after``).
+
+    Returns:
+        the series' rows (``metric`` ``<metric>_exponent``, no length, ``value`` and ``level`` the
+        exponent, ``ci_low``/``ci_high`` its local slopes' range) and their change rows.
+    """
+    fits = growth.exponent_series(rows)
+    if not len(fits):
+        return [], []
+    fits["position"] = fits["commit"].map(
+        dict(zip(commits["commit"], commits["position"], strict=True))
+    )
+    keys = [c for c in growth.SERIES if c != "commit"]
+    threshold = growth.EXPONENT_THRESHOLD
+    levels, found = [], []
+    for key, group in fits.groupby(keys, sort=True):
+        values = np.full(len(commits), np.nan)
+        values[group["position"].to_numpy(int)] = group["exponent"].to_numpy(float)
+        case = {**dict(zip(keys[:-1], key[:-1], strict=True)), "seq_len": "", "seq_len_k": ""}
+        metric = growth.exponent_metric(key[-1])
+        for change in exact_changes(np.exp(values), math.exp(threshold), window):
+            exponents = replace(
+                change, before=math.log(change.before), after=math.log(change.after)
+            )
+            found.append(_step_row(case, metric, exponents, commits, threshold))
+        levels.append(
+            group.assign(**case, metric=metric, value=group["exponent"], level=group["exponent"])
+            .assign(status=Status.OK, ci_low=group["low"], ci_high=group["high"])
+            .drop(columns=["exponent", "low", "high", "shortest", "longest"])
+        )
+    return levels, found
 
 
 def _rows_by_commit(
@@ -489,6 +536,8 @@ def ratio_text(rec: dict | pd.Series) -> str:
     """The ratio with the digits its metric needs (counts: 4; a 0.2% change is a verdict)."""
     if rec["kind"] in (ChangeKind.FAILED, ChangeKind.WRONG):
         return rec["kind"]
+    if str(rec["metric"]).endswith(growth.EXPONENT_SUFFIX):  # a power: from one to the other
+        return f"{growth.exponent_text(rec['before'])} -> {growth.exponent_text(rec['after'])}"
     return text.ratio(rec["ratio"], rec["metric"])
 
 

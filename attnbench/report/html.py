@@ -28,12 +28,13 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from attnbench import contract
 from attnbench import demos as teaching
-from attnbench.analysis import complexity, roofline
+from attnbench.analysis import complexity, growth, roofline
 from attnbench.analysis import history as steps_
 from attnbench.analysis.summary import Analysis, analyse, load_results, provenance, short_hash
 from attnbench.analysis.text import fmt, sig
-from attnbench.contract import FAMILIES, PROGRESSION, Status
+from attnbench.contract import FAMILIES, PROGRESSION, Basis, GateVerdict, Status
 from attnbench.io import atomic_write, atomic_write_text
 from attnbench.report import plots
 
@@ -746,6 +747,63 @@ def _comparison(page: Page) -> str:
     return f'<section id="comparison"><h2>Comparison</h2>{body}</section>' if body else ""
 
 
+def _gate_growth(page: Page) -> str:
+    """The regression gate's flagged growth: per case whose predicted ratio or exponent regressed,
+    BASE and HEAD on log-log axes with each side's fit extended to the target length.
+
+    Read from the gate's verdict table beside the results (``attnbench-gate.csv``); each side is
+    fitted again from its measured rows with the gate's own fitter, so the figure is the verdict's.
+    """
+    figures = []
+    for source in page.analysis.loaded.sources:
+        for rec, measured in _flagged_growth(Path(source) / contract.GATE_VERDICTS):
+            label = steps_.case_label({**rec, "seq_len": None})
+            name = "growth_" + re.sub(r"[^A-Za-z0-9]+", "_", f"{label} {rec['metric']}").strip("_")
+            fig = plots.growth(
+                measured["seq_len"].to_numpy(float),
+                measured["base_value"].to_numpy(float),
+                measured["head_value"].to_numpy(float),
+                int(rec["at_length"]),
+                str(rec["metric"]),
+                f"{label}: {rec['metric']}",
+            )
+            caption = f"{html.escape(label)}, {html.escape(str(rec['metric']))}: {rec['reason']}."
+            figures.append(page.figure(name, fig, html.escape(caption, quote=False)))
+    body = "".join(f for f in figures if f)
+    if not body:
+        return ""
+    return (
+        '<section id="ci"><h2>The regression gate: how cost grows</h2><p>Cases whose cost at the '
+        "target length (each side's c0 + c1·L + c2·L² fitted over the measured lengths) or whose "
+        "exponent of L regressed, even where every measured ratio stayed within its factor.</p>"
+        f"{body}</section>"
+    )
+
+
+def _flagged_growth(path: Path) -> list[tuple[dict, pd.DataFrame]]:
+    """The gate table's regressed ``predicted`` rows with their series' measured rows ([]: none,
+    or no readable table)."""
+    if not path.is_file():
+        return []
+    try:
+        table = pd.read_csv(path)
+    except (OSError, ValueError):
+        return []  # frame.load_asv names an unreadable gate table among the problems
+    if not {"basis", "verdict", "at_length"} <= set(table.columns):
+        return []
+    table = table.fillna({"mask": "none", "device": "cpu", "mode": "forward"})
+    keys = ["benchmark", "variant", "device", "mode", "mask", "metric"]
+    flagged = table[
+        (table["basis"] == Basis.PREDICTED) & (table["verdict"] == GateVerdict.REGRESSED)
+    ]
+    out = []
+    for rec in flagged.to_dict("records"):
+        same = (table[keys] == pd.Series({k: rec[k] for k in keys})).all(axis=1)
+        measured = table[same & (table["basis"] == Basis.MEASURED)].sort_values("seq_len")
+        out.append((rec, measured))
+    return out
+
+
 HISTORY_MIN_COMMITS = 3
 """Commits a results directory needs to be read as a history (two are the gate's comparison)."""
 
@@ -761,7 +819,9 @@ def history_section(history: steps_.History, fig_dir: Path) -> str:
         f"Commits in {html.escape(history.order)}. A step moves beyond the factor "
         f"({html.escape(factors)}) from the previous commit; a drift moves beyond it over at "
         f"most {history.window} commits with no single step; time is read through asv's step "
-        "detection first (noise is not a step)."
+        "detection first (noise is not a step). Each case's counts, bytes and FLOPs are also "
+        "fitted along L at every commit: its exponent (<code>..._exponent</code>) steps when it "
+        f"moves by more than {growth.EXPONENT_THRESHOLD:g}."
     )
     figures = _history_figures(history, fig_dir)
     return (
@@ -1192,7 +1252,7 @@ STORY: tuple[Section, ...] = (
 """The story sections, drawn when anything loaded."""
 BODY: tuple[Section, ...] = (_exponents, _wrong)
 """Visible whatever loaded (the exponents section says when nothing did)."""
-COMPARED: tuple[Section, ...] = (_comparison, _history)
+COMPARED: tuple[Section, ...] = (_gate_growth, _comparison, _history)
 DETAILS: tuple[Section, ...] = (
     _gflops,
     _instructions,

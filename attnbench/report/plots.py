@@ -23,6 +23,13 @@ import seaborn as sns  # noqa: E402
 from matplotlib import colors as mcolors  # noqa: E402
 
 from attnbench.analysis.complexity import FitVerdict, swept  # noqa: E402
+from attnbench.analysis.growth import (  # noqa: E402
+    EXPONENT_SUFFIX,
+    EXPONENT_THRESHOLD,
+    GROWTH_METRICS,
+    exponent_text,
+    fit_side,
+)
 from attnbench.analysis.history import ChangeKind, Direction  # noqa: E402
 from attnbench.analysis.text import fmt, ratio, sig  # noqa: E402
 from attnbench.contract import (  # noqa: E402
@@ -1171,6 +1178,8 @@ def _mark_changes(ax, metric: str, steps: pd.DataFrame) -> None:
         label = (
             rec["kind"]
             if rec["kind"] in (ChangeKind.FAILED, ChangeKind.WRONG)
+            else f"{rec['before']:.2f} -> {rec['after']:.2f}"
+            if metric.endswith(EXPONENT_SUFFIX)
             else ratio(rec["ratio"], metric)
         )
         ax.annotate(
@@ -1219,9 +1228,10 @@ def case_history(
     A step is a vertical line just before its commit, a drift a band over its commits: red for a
     regression, green for an improvement; a failure or a wrong result a red cross.
     """
+    exact = GROWTH_METRICS
     metrics = [
         m
-        for m in ("time", "instructions", "peak_tensor_bytes", "flops")
+        for m in ("time", *exact, *(e + EXPONENT_SUFFIX for e in exact))  # a case without L
         if m in set(series["metric"])
     ]
     if not metrics or len(commits) < 2:
@@ -1233,11 +1243,74 @@ def case_history(
         _history_values(ax, metric, series[series["metric"] == metric].sort_values("position"))
         _mark_changes(ax, metric, steps[steps["metric"] == metric])
         unit = UNITS.get(metric, "")
-        ax.set_ylabel(f"{metric}\n({unit})" if unit else metric, fontsize=8)
+        name = metric.replace(EXPONENT_SUFFIX, "\nexponent of L")
+        ax.set_ylabel(f"{name}\n({unit})" if unit else name, fontsize=8)
         if unit in ("s", "bytes"):
             ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _, u=unit: fmt(v, u)))
+        if metric.endswith(EXPONENT_SUFFIX):  # noise far below the threshold draws flat
+            low, high = ax.get_ylim()
+            middle, half = (low + high) / 2, max((high - low) / 2, 2 * EXPONENT_THRESHOLD)
+            ax.set_ylim(middle - half, middle + half)
+            ax.ticklabel_format(axis="y", useOffset=False)
         ax.tick_params(axis="y", labelsize=7)
     _commit_axis(axes[-1, 0], commits)
     fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def growth(
+    lengths: np.ndarray,
+    base_values: np.ndarray,
+    head_values: np.ndarray,
+    at_length: int,
+    metric: str,
+    title: str,
+) -> plt.Figure | None:
+    """BASE and HEAD of one case's exact metric on log-log axes, each side's cost split extended
+    to ``at_length`` and the ratio it predicts written there (None: a side cannot be fitted).
+
+    The gate's measured lengths are short; what a change costs at the length users run is read off
+    the two fitted lines (:mod:`attnbench.analysis.growth`), and the figure shows how far they were
+    extended from the points they stand on.
+    """
+    base, head = fit_side(lengths, base_values), fit_side(lengths, head_values)
+    if base is None or head is None:
+        return None
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    line = np.geomspace(min(base.lengths[0], head.lengths[0]), at_length, 200)
+    for side, fit, colour, marker in (
+        ("BASE", base, "#1565c0", "o"),
+        ("HEAD", head, REGRESSION_COLOUR, "s"),
+    ):
+        ax.plot(line, fit.at(line), "-", color=colour, lw=1.3, alpha=0.8)
+        ax.plot(
+            fit.lengths,
+            fit.values,
+            marker,
+            color=colour,
+            ms=6,
+            label=f"{side} measured, fitted {exponent_text(fit.exponent)}",
+        )
+    ax.axvline(max(head.lengths), color="#90a4ae", lw=1, ls=":")
+    ax.axvline(at_length, color="#455a64", lw=1, ls="--")
+    predicted = head.at(at_length) / base.at(at_length)
+    ax.annotate(
+        f"predicted {ratio(predicted, metric)}\nat L={at_length}",
+        (at_length, head.at(at_length)),
+        xytext=(-8, 0),
+        textcoords="offset points",
+        ha="right",
+        va="center",
+        fontsize=9,
+        color=REGRESSION_COLOUR,
+    )
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    unit = UNITS.get(metric, "")
+    ax.set_xlabel("sequence length L (dotted: the longest measured; dashed: the target)")
+    ax.set_ylabel(f"{metric} ({unit})" if unit else metric)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title(title, fontsize=10)
     fig.tight_layout()
     return fig
