@@ -10,14 +10,16 @@ Exit codes: 0 done, 1 a regression (``regress``) or a failed publish (``publish`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
+import os
 import re
 import signal
 import sys
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +27,7 @@ import pandas as pd
 
 from attnbench import masks
 from attnbench.contract import INSTRUCTIONS_FACTOR, WORKLOADS
-from attnbench.io import check_writable_dir
+from attnbench.io import atomic_write_text, check_output_file, check_writable_dir
 from attnbench.registry import get_variant, variant_names
 from attnbench.spec import DTYPES, MODES, AttnSpec
 
@@ -726,12 +728,18 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_regress(args: argparse.Namespace) -> int:
+    from attnbench.markdown import check_summary
     from attnbench.measure.instructions import missing_message, valgrind_version
     from attnbench.regress import RegressError, regress
 
     bad = _environment_problems()
     if bad:
         return _usage(bad)
+    try:  # every output target before any measuring (which takes minutes)
+        check_summary(args.summary)
+        check_writable_dir(args.work_dir, "--work-dir")
+    except ValueError as exc:
+        return _usage(str(exc))
     metric = args.metric or ("both" if valgrind_version() is not None else "time")
     if metric != "time" and valgrind_version() is None:
         if metric == "instructions":
@@ -744,7 +752,6 @@ def cmd_regress(args: argparse.Namespace) -> int:
         metric = "time"
     started = time.monotonic()
     try:
-        check_writable_dir(args.work_dir, "--work-dir")
         outcome = regress(
             args.base,
             args.head,
@@ -914,11 +921,12 @@ def cmd_history(args: argparse.Namespace) -> int:
     """Exit 0 when a history was read (steps or not), 1 when nothing could be, 2 usage."""
     from attnbench.analysis.frame import load
     from attnbench.analysis.history import find_steps, table
-    from attnbench.markdown import history_summary, write_summary
+    from attnbench.markdown import check_summary, history_summary, write_summary
     from attnbench.report.html import render_history
 
     try:
         check_writable_dir(args.out, "--out")
+        check_summary(args.summary)
     except ValueError as exc:
         return _usage(str(exc))
     frame = load(args.sources)
@@ -959,6 +967,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     from attnbench.analysis.frame import load
     from attnbench.export import ExportError, dumps, export
 
+    if args.out:
+        try:
+            check_output_file(args.out, "--out")
+        except ValueError as exc:
+            return _usage(str(exc))
     frame = load([args.source])
     for problem in frame.attrs.get("problems", []):
         print(f"problem: {problem}", file=sys.stderr)
@@ -968,9 +981,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         return _usage(str(exc))
     text = dumps(exported)
     if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text, encoding="utf-8")
+        out = atomic_write_text(args.out, text)
         print(
             f"{exported.entries} entries of commit {exported.commit[:10] or '(a run)'} as "
             f"{args.fmt}: {out}",
@@ -1657,6 +1668,53 @@ def _show_notes(default: Callable[..., None]) -> Callable[..., None]:
     return show
 
 
+class _StdoutToDevnullOnEPIPE:
+    """``sys.stdout`` that, once its reader has gone (``attnbench run ... | head -c 5``), sends
+    the rest of the output to /dev/null instead of raising BrokenPipeError mid-command.
+
+    The command goes on (a run still writes its report), and Python's own flush at exit finds
+    /dev/null, not the closed pipe, so it prints no "Exception ignored" either.
+    """
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._drop()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._drop()
+
+    def _drop(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, self._stream.fileno())
+        finally:
+            os.close(devnull)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def _reader_may_leave() -> Iterator[None]:
+    """Run a command with :class:`_StdoutToDevnullOnEPIPE` as ``sys.stdout``."""
+    saved = sys.stdout
+    sys.stdout = _StdoutToDevnullOnEPIPE(saved)
+    try:
+        yield
+        sys.stdout.flush()
+    finally:
+        sys.stdout = saved
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from attnbench.plugins import export_plugins, load_plugins
 
@@ -1680,7 +1738,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # usage errors and --help: return the code (argparse already printed)
         return exc.code if isinstance(exc.code, int) else 2
     try:
-        return args.func(args)
+        with _reader_may_leave():
+            return args.func(args)
     except KeyboardInterrupt:
         # outside a sweep's own handling (e.g. while importing or measuring the peak)
         print("attnbench: interrupted", file=sys.stderr)

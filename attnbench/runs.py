@@ -34,7 +34,7 @@ from typing import Any
 import pandas as pd
 
 from attnbench.contract import RUN_LENGTHS, SWEPT_LENGTH, WORKLOADS, Status
-from attnbench.io import atomic_write, atomic_write_text, error_line
+from attnbench.io import atomic_write, atomic_write_text, check_path, error_line
 from attnbench.measure.instructions import Count, attach
 from attnbench.measure.record import STATUSES, Environment, Measurement
 from attnbench.measure.runner import MeasureConfig, default_lengths
@@ -423,6 +423,15 @@ class RunDirError(ValueError):
     """The run directory cannot be used as asked (a usage error: exit 2 on the command line)."""
 
 
+def _named(path: str | Path) -> Path:
+    """``path``, or a RunDirError for a name no system call takes (too long, a symlink loop)."""
+    try:
+        check_path(path, "--out")
+    except ValueError as exc:
+        raise RunDirError(str(exc)) from None
+    return Path(path)
+
+
 class RunWriteError(OSError):
     """Writing into the run directory failed (a full disk, a quota, a file size limit).
 
@@ -552,7 +561,7 @@ class RunDirectory:
     """
 
     def __init__(self, path: str | Path, *, resume: bool = False, force: bool = False) -> None:
-        self.path = Path(path)
+        self.path = _named(path)
         if resume and force:
             raise RunDirError(
                 "--resume and --force exclude each other (continue the run, or replace it)"

@@ -816,7 +816,12 @@ def load(sources: Iterable[str | Path]) -> pd.DataFrame:
     seen: dict[Path, str] = {}
     for src in sources:
         path = _source_dir(src)
-        same = path.resolve()  # R, R/, ./R and a link to R are one source
+        try:
+            same = path.resolve()  # R, R/, ./R and a link to R are one source
+        except (RuntimeError, OSError) as exc:  # a symlink loop (3.11: RuntimeError)
+            problems.append(f"{path}: cannot be read: {error_line(exc)}")
+            summary.append({"path": str(path), "kind": "unreadable", "rows": 0})
+            continue
         if same in seen:
             notes.append(f"{src}: the same directory as {seen[same]}, given twice: read once")
             continue
