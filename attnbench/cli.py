@@ -669,8 +669,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 1
     for note in outcome.notes:
         print(f"note: {note}", file=sys.stderr)
-    for problem in outcome.problems:
-        print(f"problem: {problem}", file=sys.stderr)
+    _print_problems(outcome.problems)
     if outcome.rows == 0:
         print(
             f"error: nothing could be loaded from {', '.join(sources)}; the page only lists the "
@@ -889,6 +888,9 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     from attnbench.bisect import BisectError, answer, bisect, probe_line
     from attnbench.regress import RegressError
 
+    bad = _environment_problems()  # as regress and shard: before asv builds anything
+    if bad:
+        return _usage(bad)
     started = time.monotonic()
     say = _stamped("bisect", started)
     try:
@@ -930,8 +932,7 @@ def cmd_history(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return _usage(str(exc))
     frame = load(args.sources)
-    for problem in frame.attrs.get("problems", []):
-        print(f"problem: {problem}", file=sys.stderr)
+    _print_problems(frame.attrs.get("problems", []))
     rows = frame[frame["commit"].fillna("") != ""]
     if rows["commit"].nunique() < 2:
         print(
@@ -973,8 +974,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         except ValueError as exc:
             return _usage(str(exc))
     frame = load([args.source])
-    for problem in frame.attrs.get("problems", []):
-        print(f"problem: {problem}", file=sys.stderr)
+    _print_problems(frame.attrs.get("problems", []))
     try:
         exported = export(frame, args.fmt, args.commit)
     except ExportError as exc:
@@ -1029,6 +1029,21 @@ def cmd_shard(args: argparse.Namespace) -> int:
     for key, value in env.items():
         print(f"{key}={value}")
     return 0
+
+
+PROBLEMS_SHOWN = 20
+"""Problems printed one a line; a source with more (a log of 100,000 bad lines) gets a count."""
+
+
+def _print_problems(problems: Sequence[str]) -> None:
+    """The inputs' problems on stderr, the first :data:`PROBLEMS_SHOWN`, then how many more."""
+    for problem in problems[:PROBLEMS_SHOWN]:
+        print(f"problem: {problem}", file=sys.stderr)
+    if len(problems) > PROBLEMS_SHOWN:
+        print(
+            f"problem: ... and {len(problems) - PROBLEMS_SHOWN:,} more ({len(problems):,} in all)",
+            file=sys.stderr,
+        )
 
 
 def _environment_problems() -> str:

@@ -134,3 +134,85 @@ def test_run_piped_into_head_exits_0_without_a_traceback(tmp_path):
     assert "BrokenPipeError" not in out.stderr and "Traceback" not in out.stderr, out.stderr
     assert (tmp_path / "r" / "measurements.csv").exists()
     assert (tmp_path / "r" / "report" / "report.html").exists()
+
+
+# ---- obscure -------------------------------------------------------------------------------------
+def test_bisect_validates_the_asv_grid_variables_as_regress_does(tmp_path, capsys, monkeypatch):
+    """``bogus`` in either variable went into asv's environment build; refused first, by name."""
+    argv = ["bisect", "HEAD~1", "HEAD", "--repo", str(tmp_path), "--work-dir", str(tmp_path / "w")]
+    for name in ("ATTNBENCH_ASV_GRID", "ATTNBENCH_ASV_VARIANTS"):
+        with monkeypatch.context() as env:
+            env.setenv(name, "bogus")
+            _refused(capsys, argv, name)
+
+
+def test_bisect_refuses_a_case_at_length_0():
+    from attnbench.bisect import BisectError, case_subset
+
+    with pytest.raises(BisectError, match="L an int >= 1"):
+        case_subset(["sdpa:0"])
+    with pytest.raises(BisectError, match="L an int >= 1"):
+        case_subset(["sdpa:007x"])
+    assert case_subset(["sdpa:16"])["ATTNBENCH_ASV_LENGTHS"] == "16"
+
+
+def test_a_log_of_many_unreadable_lines_prints_a_capped_list(tmp_path, run_dir, capsys):
+    """100,000 bad lines printed 100,001 lines (and took minutes: see load_run); 2,000 show it."""
+    from attnbench.cli import PROBLEMS_SHOWN
+
+    log = run_dir / "cases.jsonl"
+    log.write_text(log.read_text() + "{not json\n" * 2_000)
+    assert main(["export", str(run_dir), "--format", "bmf"]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    problems = [line for line in lines if line.startswith("problem:")]
+    assert len(problems) == PROBLEMS_SHOWN + 1, len(problems)
+    assert "2,000 in all" in problems[-1], problems[-1]
+
+
+def test_measure_leaves_the_callers_rng_as_it_found_it():
+    import torch
+
+    import attnbench
+    from attnbench.measure.runner import MeasureConfig, measure
+    from attnbench.variants.batched import BatchedAttention
+
+    class Seeds(BatchedAttention):
+        IN_DEFAULT_SWEEP = False
+
+        def forward(self, q, k, v, mask):
+            torch.manual_seed(0)
+            return super().forward(q, k, v, mask)
+
+    attnbench.register("plant_seeds", Seeds)
+    torch.manual_seed(1234)
+    before = torch.get_rng_state()
+    try:
+        m = measure(
+            "plant_seeds",
+            attnbench.AttnSpec(batch=1, heads=2, seq_len=16, head_dim=8),
+            MeasureConfig(probe=False, measure_rss=False),
+            peak_flops=1e10,
+        )
+    finally:
+        attnbench.unregister("plant_seeds")
+    assert m.status == "ok", m.reason
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_the_cuda_rng_states_saved_are_those_a_case_can_change(monkeypatch):
+    """CUDA, scripted: every device once CUDA is up, else the case's own, else none (a CPU case must
+    not initialize CUDA to save a state)."""
+    import torch
+
+    from attnbench.measure.runner import rng_devices
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert rng_devices("cpu") == []
+    assert rng_devices("cuda:0") == [0] and rng_devices("cuda") == [1]
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert rng_devices("cpu") == [0, 1]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert rng_devices("cuda:0") == []
