@@ -216,3 +216,75 @@ def test_the_cuda_rng_states_saved_are_those_a_case_can_change(monkeypatch):
     assert rng_devices("cpu") == [0, 1]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert rng_devices("cuda:0") == []
+
+
+# ---- kill -9 does not orphan the counter ---------------------------------------------------------
+def _session(sid: int) -> dict[int, str]:
+    """The live processes of session ``sid``: pid -> command line."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":  # field 6 of stat: the session id
+            found[int(stat.parent.name)] = cmdline
+    return found
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_run_takes_its_valgrind_counter_with_it(tmp_path):
+    """``attnbench run`` killed with SIGKILL (the parent only, as ``kill -9 PID``): 5 s later no
+    process of the run is left, and the next count removes the counter's folder."""
+    import shutil
+    import signal
+    import subprocess
+    import sys
+
+    from attnbench.measure.instructions import TMP_PREFIX, remove_orphans
+
+    if shutil.which("valgrind") is None:
+        pytest.skip("needs valgrind")
+    argv = [sys.executable, "-m", "attnbench.cli", "run", "--variants", "sdpa", "--lengths", "16"]
+    argv += ["--instructions", "--no-probe", "--no-report", "--out", str(tmp_path / "r")]
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen(
+        argv, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        end = time.monotonic() + 120
+        log = tmp_path / "r" / "cases.jsonl"  # a case logged: the workers' fork server is up
+        while not (
+            any("callgrind" in c for c in _session(proc.pid).values())
+            and log.exists()
+            and '"kind": "case"' in log.read_text()
+        ):
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            assert time.monotonic() < end, "no valgrind process and case within 120 s"
+            time.sleep(0.2)
+        assert list(tmp_path.glob(f"{TMP_PREFIX}{proc.pid}-*")), "the counter's folder"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        time.sleep(5)
+        assert _session(proc.pid) == {}, "survived the run"
+    finally:
+        for pid in _session(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+    assert remove_orphans(tmp_path) and not list(tmp_path.glob(f"{TMP_PREFIX}*"))
+
+
+def test_the_folders_of_gone_counters_are_removed_and_no_other(tmp_path):
+    import subprocess
+
+    from attnbench.measure.instructions import TMP_PREFIX, remove_orphans
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # its pid names no process now
+    dead = tmp_path / f"{TMP_PREFIX}{gone.pid}-abc"
+    live = tmp_path / f"{TMP_PREFIX}{os.getpid()}-def"
+    other = tmp_path / f"{TMP_PREFIX}xyz"  # an older name, without a pid: not ours to judge
+    for folder in (dead, live, other):
+        (folder / "sub").mkdir(parents=True)
+    assert remove_orphans(tmp_path) == [dead]
+    assert not dead.exists() and live.exists() and other.exists()
