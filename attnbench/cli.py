@@ -539,7 +539,7 @@ class _Sweep:
                 self.bar.set_description("done" if policy.count == 0 else "interrupted")
                 self.bar.close()
                 if self.counter is not None and policy.count == 0:
-                    _finish_counting(self.counter, self._log_counts, self.args.quiet)
+                    self._finish_counting()
             finally:
                 self.bar.close()
                 if self.counter is not None:
@@ -558,9 +558,35 @@ class _Sweep:
         self.run_dir.add(m, seconds=time.perf_counter() - self.start)
         self._log_counts()
 
-    def _log_counts(self, wait_s: float = 0.0) -> None:
+    def _log_counts(self, wait_s: float = 0.0) -> int:
+        """Log the counts arrived; the number of those not taken (stopped before: not logged, so
+        ``--resume`` counts them)."""
+        from attnbench.measure.instructions import CANCELLED
+
+        skipped = 0
         for count in self.counter.take(wait_s) if self.counter is not None else ():
-            self.run_dir.add_count(count, seconds=time.perf_counter() - self.start)
+            if count.reason == CANCELLED:
+                skipped += 1
+            else:
+                self.run_dir.add_count(count, seconds=time.perf_counter() - self.start)
+        return skipped
+
+    def _finish_counting(self) -> None:
+        """The counts still under way, within the run's time limit for them (none for
+        ``--instructions``, which asks for every count)."""
+        from attnbench.runs import COUNT_FLOOR_S, COUNT_SHARE, count_wait_s
+
+        every = self.config.instructions == "all"
+        wait_s = None if every else count_wait_s(time.perf_counter() - self.start)
+        left = _finish_counting(self.counter, self._log_counts, self.args.quiet, wait_s)
+        if left:
+            print(
+                f"note: {left} of {self.counter.total} instruction count(s) not taken: after the "
+                f"sweep, counting stops at {COUNT_SHARE:.0%} of its time (at least "
+                f"{COUNT_FLOOR_S:.0f} s); `attnbench run --resume --out {self.run_dir.path} "
+                "--instructions` takes them (every CPU case, with no time limit)",
+                file=sys.stderr,
+            )
 
 
 def _print_results(
@@ -619,8 +645,18 @@ def _start_counting(
     )
 
 
-def _finish_counting(counter: Beside, log_counts: Callable[[float], None], quiet: bool) -> None:
-    """Wait for the counts still under way (the timed sweep is done), with their own bar."""
+def _finish_counting(
+    counter: Beside,
+    log_counts: Callable[[float], int],
+    quiet: bool,
+    wait_s: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> int:
+    """Wait for the counts still under way (the timed sweep is done), with their own bar.
+
+    After ``wait_s`` seconds (None: no limit) the counting is stopped: what it counted is kept.
+    Returns the number of cases left uncounted by that stop.
+    """
     from tqdm import tqdm
 
     bar = tqdm(
@@ -632,23 +668,29 @@ def _finish_counting(counter: Beside, log_counts: Callable[[float], None], quiet
         disable=quiet,
         desc="instruction counts (valgrind)",
     )
+    deadline = math.inf if wait_s is None else clock() + wait_s
+    left = 0
     try:
         while not counter.done:
-            log_counts(1.0)
+            if clock() >= deadline:
+                counter.stop()  # what it counted stays takeable; the rest come back not taken
+                break
+            left += log_counts(1.0)
             bar.n = counter.received
             bar.refresh()
-        log_counts(0.0)
-        bar.n = counter.received
+        left += log_counts(0.0)
+        bar.n = counter.received - left
     finally:
         bar.close()
     if counter.error is not None:
         print(f"note: no instruction counts: {counter.error}", file=sys.stderr)
     else:
         print(
-            f"instruction counts: {counter.total} case(s) in {counter.seconds:.0f} s of valgrind "
-            "beside the sweep",
+            f"instruction counts: {counter.total - left} case(s) in {counter.seconds:.0f} s of "
+            "valgrind beside the sweep",
             file=sys.stderr,
         )
+    return left
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -280,6 +280,10 @@ def within_budget(
     }
 
 
+CANCELLED = "not counted: cancelled"
+"""The reason of a case the counting was stopped before (by request): not a result."""
+
+
 def count_instructions(
     cases: Sequence[tuple[str, AttnSpec]],
     config: CountConfig | None = None,
@@ -324,14 +328,12 @@ def count_instructions(
     )
     _count_todo(cases, todo, counts, config, version, reporter, cancel)
     why = (
-        "cancelled"
+        CANCELLED
         if cancel is not None and cancel.is_set()
-        else "the valgrind process timed out before this case"
+        else "not counted: the valgrind process timed out before this case"
     )
     return [
-        c
-        if c is not None
-        else Count(*cases[i], Status.ERROR, valgrind=version, reason=f"not counted: {why}")
+        c if c is not None else Count(*cases[i], Status.ERROR, valgrind=version, reason=why)
         for i, c in enumerate(counts)
     ]
 
