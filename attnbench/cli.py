@@ -1074,18 +1074,24 @@ def cmd_shard(args: argparse.Namespace) -> int:
 
 
 PROBLEMS_SHOWN = 20
-"""Problems printed one a line; a source with more (a log of 100,000 bad lines) gets a count."""
+"""Problems printed per file (the text before a problem's first ": "); a file with more (a log of
+100,000 bad lines) gets a count instead of the rest, and every bad file is still named."""
 
 
 def _print_problems(problems: Sequence[str]) -> None:
-    """The inputs' problems on stderr, the first :data:`PROBLEMS_SHOWN`, then how many more."""
-    for problem in problems[:PROBLEMS_SHOWN]:
-        print(f"problem: {problem}", file=sys.stderr)
-    if len(problems) > PROBLEMS_SHOWN:
-        print(
-            f"problem: ... and {len(problems) - PROBLEMS_SHOWN:,} more ({len(problems):,} in all)",
-            file=sys.stderr,
-        )
+    """The inputs' problems on stderr: per file the first :data:`PROBLEMS_SHOWN`, then a count."""
+    by_file: dict[str, list[str]] = {}
+    for problem in problems:
+        by_file.setdefault(problem.split(": ", 1)[0], []).append(problem)
+    for where, found in by_file.items():
+        for problem in found[:PROBLEMS_SHOWN]:
+            print(f"problem: {problem}", file=sys.stderr)
+        if len(found) > PROBLEMS_SHOWN:
+            print(
+                f"problem: {where}: ... and {len(found) - PROBLEMS_SHOWN:,} more like these "
+                f"({len(found):,} in all)",
+                file=sys.stderr,
+            )
 
 
 def _environment_problems() -> str:
