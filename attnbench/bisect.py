@@ -193,7 +193,8 @@ def candidates(repo: Path, good: str, bad: str) -> tuple[str, str, list[str], di
     return good_hash, bad_hash, commits, subjects
 
 
-CASE = re.compile(r"^([A-Za-z0-9_]+):(\d+)$")
+CASE = re.compile(r"^([A-Za-z0-9_]+):([1-9]\d*)$")
+"""``VARIANT:L``, L an int >= 1 (asv would go on at L=0 and measure nothing)."""
 
 
 def case_subset(cases: Sequence[str]) -> dict[str, str]:
@@ -210,7 +211,9 @@ def case_subset(cases: Sequence[str]) -> dict[str, str]:
     for case in cases:
         found = CASE.match(case.strip())
         if not found:
-            raise BisectError(f"--case must be VARIANT:L (e.g. batched:256), got {case!r}")
+            raise BisectError(
+                f"--case must be VARIANT:L, L an int >= 1 (e.g. batched:256), got {case!r}"
+            )
         if found[1] not in variant_names():
             raise BisectError(f"--case {case!r}: unknown variant {found[1]!r}")
         variants += [found[1]] if found[1] not in variants else []

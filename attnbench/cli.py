@@ -10,14 +10,16 @@ Exit codes: 0 done, 1 a regression (``regress``) or a failed publish (``publish`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
+import os
 import re
 import signal
 import sys
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +27,7 @@ import pandas as pd
 
 from attnbench import masks
 from attnbench.contract import INSTRUCTIONS_FACTOR, WORKLOADS
-from attnbench.io import check_writable_dir
+from attnbench.io import atomic_write_text, check_output_file, check_writable_dir
 from attnbench.registry import get_variant, variant_names
 from attnbench.spec import DTYPES, MODES, AttnSpec
 
@@ -540,7 +542,7 @@ class _Sweep:
                 self.bar.set_description("done" if policy.count == 0 else "interrupted")
                 self.bar.close()
                 if self.counter is not None and policy.count == 0:
-                    _finish_counting(self.counter, self._log_counts, self.args.quiet)
+                    self._finish_counting()
             finally:
                 self.bar.close()
                 if self.counter is not None:
@@ -559,9 +561,35 @@ class _Sweep:
         self.run_dir.add(m, seconds=time.perf_counter() - self.start)
         self._log_counts()
 
-    def _log_counts(self, wait_s: float = 0.0) -> None:
+    def _log_counts(self, wait_s: float = 0.0) -> int:
+        """Log the counts arrived; the number of those not taken (stopped before: not logged, so
+        ``--resume`` counts them)."""
+        from attnbench.measure.instructions import CANCELLED
+
+        skipped = 0
         for count in self.counter.take(wait_s) if self.counter is not None else ():
-            self.run_dir.add_count(count, seconds=time.perf_counter() - self.start)
+            if count.reason == CANCELLED:
+                skipped += 1
+            else:
+                self.run_dir.add_count(count, seconds=time.perf_counter() - self.start)
+        return skipped
+
+    def _finish_counting(self) -> None:
+        """The counts still under way, within the run's time limit for them (none for
+        ``--instructions``, which asks for every count)."""
+        from attnbench.runs import COUNT_FLOOR_S, COUNT_SHARE, count_wait_s
+
+        every = self.config.instructions == "all"
+        wait_s = None if every else count_wait_s(time.perf_counter() - self.start)
+        left = _finish_counting(self.counter, self._log_counts, self.args.quiet, wait_s)
+        if left:
+            print(
+                f"note: {left} of {self.counter.total} instruction count(s) not taken: after the "
+                f"sweep, counting stops at {COUNT_SHARE:.0%} of its time (at least "
+                f"{COUNT_FLOOR_S:.0f} s); `attnbench run --resume --out {self.run_dir.path} "
+                "--instructions` takes them (every CPU case, with no time limit)",
+                file=sys.stderr,
+            )
 
 
 def _print_results(
@@ -620,8 +648,18 @@ def _start_counting(
     )
 
 
-def _finish_counting(counter: Beside, log_counts: Callable[[float], None], quiet: bool) -> None:
-    """Wait for the counts still under way (the timed sweep is done), with their own bar."""
+def _finish_counting(
+    counter: Beside,
+    log_counts: Callable[[float], int],
+    quiet: bool,
+    wait_s: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> int:
+    """Wait for the counts still under way (the timed sweep is done), with their own bar.
+
+    After ``wait_s`` seconds (None: no limit) the counting is stopped: what it counted is kept.
+    Returns the number of cases left uncounted by that stop.
+    """
     from tqdm import tqdm
 
     bar = tqdm(
@@ -633,23 +671,29 @@ def _finish_counting(counter: Beside, log_counts: Callable[[float], None], quiet
         disable=quiet,
         desc="instruction counts (valgrind)",
     )
+    deadline = math.inf if wait_s is None else clock() + wait_s
+    left = 0
     try:
         while not counter.done:
-            log_counts(1.0)
+            if clock() >= deadline:
+                counter.stop()  # what it counted stays takeable; the rest come back not taken
+                break
+            left += log_counts(1.0)
             bar.n = counter.received
             bar.refresh()
-        log_counts(0.0)
-        bar.n = counter.received
+        left += log_counts(0.0)
+        bar.n = counter.received - left
     finally:
         bar.close()
     if counter.error is not None:
         print(f"note: no instruction counts: {counter.error}", file=sys.stderr)
     else:
         print(
-            f"instruction counts: {counter.total} case(s) in {counter.seconds:.0f} s of valgrind "
-            "beside the sweep",
+            f"instruction counts: {counter.total - left} case(s) in {counter.seconds:.0f} s of "
+            "valgrind beside the sweep",
             file=sys.stderr,
         )
+    return left
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -670,8 +714,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 1
     for note in outcome.notes:
         print(f"note: {note}", file=sys.stderr)
-    for problem in outcome.problems:
-        print(f"problem: {problem}", file=sys.stderr)
+    _print_problems(outcome.problems)
     if outcome.rows == 0:
         print(
             f"error: nothing could be loaded from {', '.join(sources)}; the page only lists the "
@@ -729,12 +772,18 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_regress(args: argparse.Namespace) -> int:
+    from attnbench.markdown import check_summary
     from attnbench.measure.instructions import missing_message, valgrind_version
     from attnbench.regress import RegressError, regress
 
     bad = _environment_problems()
     if bad:
         return _usage(bad)
+    try:  # every output target before any measuring (which takes minutes)
+        check_summary(args.summary)
+        check_writable_dir(args.work_dir, "--work-dir")
+    except ValueError as exc:
+        return _usage(str(exc))
     metric = args.metric or ("both" if valgrind_version() is not None else "time")
     if metric != "time" and valgrind_version() is None:
         if metric == "instructions":
@@ -747,7 +796,6 @@ def cmd_regress(args: argparse.Namespace) -> int:
         metric = "time"
     started = time.monotonic()
     try:
-        check_writable_dir(args.work_dir, "--work-dir")
         outcome = regress(
             args.base,
             args.head,
@@ -945,6 +993,9 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     from attnbench.bisect import BisectError, answer, bisect, probe_line
     from attnbench.regress import RegressError
 
+    bad = _environment_problems()  # as regress and shard: before asv builds anything
+    if bad:
+        return _usage(bad)
     started = time.monotonic()
     say = _stamped("bisect", started)
     try:
@@ -977,16 +1028,16 @@ def cmd_history(args: argparse.Namespace) -> int:
     """Exit 0 when a history was read (steps or not), 1 when nothing could be, 2 usage."""
     from attnbench.analysis.frame import load
     from attnbench.analysis.history import find_steps, table
-    from attnbench.markdown import history_summary, write_summary
+    from attnbench.markdown import check_summary, history_summary, write_summary
     from attnbench.report.html import render_history
 
     try:
         check_writable_dir(args.out, "--out")
+        check_summary(args.summary)
     except ValueError as exc:
         return _usage(str(exc))
     frame = load(args.sources)
-    for problem in frame.attrs.get("problems", []):
-        print(f"problem: {problem}", file=sys.stderr)
+    _print_problems(frame.attrs.get("problems", []))
     rows = frame[frame["commit"].fillna("") != ""]
     if rows["commit"].nunique() < 2:
         print(
@@ -1022,18 +1073,20 @@ def cmd_export(args: argparse.Namespace) -> int:
     from attnbench.analysis.frame import load
     from attnbench.export import ExportError, dumps, export
 
+    if args.out:
+        try:
+            check_output_file(args.out, "--out")
+        except ValueError as exc:
+            return _usage(str(exc))
     frame = load([args.source])
-    for problem in frame.attrs.get("problems", []):
-        print(f"problem: {problem}", file=sys.stderr)
+    _print_problems(frame.attrs.get("problems", []))
     try:
         exported = export(frame, args.fmt, args.commit)
     except ExportError as exc:
         return _usage(str(exc))
     text = dumps(exported)
     if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text, encoding="utf-8")
+        out = atomic_write_text(args.out, text)
         print(
             f"{exported.entries} entries of commit {exported.commit[:10] or '(a run)'} as "
             f"{args.fmt}: {out}",
@@ -1081,6 +1134,27 @@ def cmd_shard(args: argparse.Namespace) -> int:
     for key, value in env.items():
         print(f"{key}={value}")
     return 0
+
+
+PROBLEMS_SHOWN = 20
+"""Problems printed per file (the text before a problem's first ": "); a file with more (a log of
+100,000 bad lines) gets a count instead of the rest, and every bad file is still named."""
+
+
+def _print_problems(problems: Sequence[str]) -> None:
+    """The inputs' problems on stderr: per file the first :data:`PROBLEMS_SHOWN`, then a count."""
+    by_file: dict[str, list[str]] = {}
+    for problem in problems:
+        by_file.setdefault(problem.split(": ", 1)[0], []).append(problem)
+    for where, found in by_file.items():
+        for problem in found[:PROBLEMS_SHOWN]:
+            print(f"problem: {problem}", file=sys.stderr)
+        if len(found) > PROBLEMS_SHOWN:
+            print(
+                f"problem: {where}: ... and {len(found) - PROBLEMS_SHOWN:,} more like these "
+                f"({len(found):,} in all)",
+                file=sys.stderr,
+            )
 
 
 def _environment_problems() -> str:
@@ -1734,6 +1808,53 @@ def _show_notes(default: Callable[..., None]) -> Callable[..., None]:
     return show
 
 
+class _StdoutToDevnullOnEPIPE:
+    """``sys.stdout`` that, once its reader has gone (``attnbench run ... | head -c 5``), sends
+    the rest of the output to /dev/null instead of raising BrokenPipeError mid-command.
+
+    The command goes on (a run still writes its report), and Python's own flush at exit finds
+    /dev/null, not the closed pipe, so it prints no "Exception ignored" either.
+    """
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._drop()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._drop()
+
+    def _drop(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, self._stream.fileno())
+        finally:
+            os.close(devnull)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def _reader_may_leave() -> Iterator[None]:
+    """Run a command with :class:`_StdoutToDevnullOnEPIPE` as ``sys.stdout``."""
+    saved = sys.stdout
+    sys.stdout = _StdoutToDevnullOnEPIPE(saved)
+    try:
+        yield
+        sys.stdout.flush()
+    finally:
+        sys.stdout = saved
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from attnbench.plugins import export_plugins, load_plugins
 
@@ -1757,7 +1878,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # usage errors and --help: return the code (argparse already printed)
         return exc.code if isinstance(exc.code, int) else 2
     try:
-        return args.func(args)
+        with _reader_may_leave():
+            return args.func(args)
     except KeyboardInterrupt:
         # outside a sweep's own handling (e.g. while importing or measuring the peak)
         print("attnbench: interrupted", file=sys.stderr)

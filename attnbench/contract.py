@@ -464,6 +464,62 @@ CUDA_RUN_LENGTHS: tuple[int, ...] = GRIDS["run-cuda"].lengths
 BASE_SPEC = AttnSpec(batch=1, heads=8, head_dim=64, dtype="float32")
 """The asv suite's fixed shape (B, H, D, dtype); the grid varies variant, L, device and mode."""
 ASV_DECODE_Q_LEN = 1
+
+# ---- a case's identity ---------------------------------------------------------------------------
+CASE_DEFAULTS: dict[str, object] = {
+    "machine": "",
+    "device": "cpu",
+    "workload": "prefill",
+    "variant": "",
+    "seq_len": 0,
+    "seq_len_k": 0,  # read as seq_len (self-attention) where a row lacks it
+    "dtype": BASE_SPEC.dtype,
+    "batch": BASE_SPEC.batch,
+    "heads": BASE_SPEC.heads,
+    "kv_heads": 0,  # read as heads (no GQA) where a row lacks it
+    "head_dim": BASE_SPEC.head_dim,
+    "mask": "none",
+    "mode": "forward",
+}
+"""The tidy columns that name one case, each with the value a row lacking it is read as (older
+results had no mask, no key/value heads, no workload). Rows that differ in any of them are
+different cases: never pooled, never exported under one name."""
+CASE_IDENTITY: tuple[str, ...] = tuple(CASE_DEFAULTS)
+"""The columns of :data:`CASE_DEFAULTS`, in order: what :func:`case_key` is made of."""
+
+
+def _missing(value: object) -> bool:
+    """None, "", NaN or pandas' NA (which is not equal to itself, and has no truth value)."""
+    if value is None or (isinstance(value, str) and not value):
+        return True
+    try:
+        return bool(value != value)
+    except TypeError:
+        return True
+
+
+def case_key(rec: Mapping[str, Any]) -> tuple:
+    """A row's case as a hashable tuple over :data:`CASE_IDENTITY` (equal: the same case).
+
+    Missing values (absent, None, NaN, pandas' NA, "") are read as :data:`CASE_DEFAULTS` gives, an
+    absent ``seq_len_k`` as ``seq_len`` and absent ``kv_heads`` as ``heads``, and whole numbers as
+    ints, so a row of an older file and a row of a newer one of the same case have one key.
+    """
+    values: dict[str, object] = {}
+    for col, default in CASE_DEFAULTS.items():
+        value = rec.get(col)
+        if _missing(value):
+            value = {"seq_len_k": values.get("seq_len"), "kv_heads": values.get("heads")}.get(
+                col, default
+            )
+        elif isinstance(default, int) and not isinstance(value, bool):
+            value = int(value)  # type: ignore[call-overload]
+        else:
+            value = str(value)
+        values[col] = value
+    return tuple(values.values())
+
+
 ASV_GQA_KV_HEADS = BASE_SPEC.heads // 4
 """Key/value heads of the GQA benchmark: 4 query heads per key/value head."""
 ASV_MAX_CALL_SECONDS = 1.0

@@ -9,6 +9,12 @@
   (https://github.com/benchmark-action/github-action-benchmark): an array of ``{"name", "unit",
   "value"}`` with optional ``range`` and ``extra``, one entry per case and metric.
 
+Names: ``attention/<variant>/L=<n>`` (plus device, mode and mask where not the default, and the
+asv class of another shape, ``(Decode)``). Where that would give two different cases of the export
+(:func:`attnbench.contract.case_key`) one name, every name also carries the identity columns that
+tell them apart (``attention/sdpa/L=16/bfloat16``, ``.../D=16``, ``.../machine=box2``): both
+dashboards key on the name, and a clash would silently keep one value.
+
 One run (``--commit``, default the newest of the results). Only metrics where smaller is better
 are exported (time, instruction counts, peak tensor bytes, FLOPs, page faults, peak RSS): both
 dashboards alert on a rise. How cost grows is exported too (:func:`exponent_entries`): each case's
@@ -23,6 +29,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from attnbench import contract
 from attnbench.analysis import growth
 from attnbench.analysis import history as steps_
 from attnbench.contract import Status
@@ -75,6 +82,56 @@ def _name(rec: dict) -> str:
     return "attention/" + steps_.case_label(rec).replace(" ", "/")
 
 
+_TAGS = {
+    "seq_len": "Lq=",
+    "seq_len_k": "Lk=",
+    "batch": "B=",
+    "heads": "H=",
+    "kv_heads": "Hkv=",
+    "head_dim": "D=",
+    "machine": "machine=",
+}
+"""How an identity column reads in a name where it is needed (others, dtype or workload: bare)."""
+
+
+def _names(records: list[dict]) -> list[str]:
+    """Each record's name: :func:`_name`, plus every identity column that tells apart two records
+    :func:`_name` alone would give one name (``.../L=16/bfloat16``, ``.../L=16/D=16``).
+
+    A column is added to every name of the export or to none, so a case's name depends only on
+    which columns vary between clashing cases, and an export without clashes keeps the short names.
+
+    Raises:
+        ExportError: two different cases still share a name (two benchmarks of one case).
+    """
+    base = [(_name(rec), rec["metric"]) for rec in records]
+    keys = [contract.case_key(rec) for rec in records]
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, name in enumerate(base):
+        groups.setdefault(name, []).append(i)
+    # identity columns that differ within a group of one name (key index -> column)
+    needed = [
+        (k, col)
+        for k, col in enumerate(contract.CASE_IDENTITY)
+        if any(len({keys[i][k] for i in group}) > 1 for group in groups.values())
+    ]
+    names = []
+    for i, (name, _) in enumerate(base):
+        head, grid = (name.rsplit("/", 1) + [""])[:2] if name.endswith(")") else (name, "")
+        extra = [f"{_TAGS.get(col, '')}{keys[i][k]}" for k, col in needed]
+        names.append("/".join([head, *extra, *([grid] if grid else [])]))  # the grid stays last
+    seen: dict[tuple[str, str], int] = {}
+    for i, name in enumerate(names):
+        j = seen.setdefault((name, records[i]["metric"]), i)
+        if j != i:
+            raise ExportError(
+                f"two results would share the name {name!r} ({records[i]['metric']}): "
+                f"{records[j].get('benchmark')} and {records[i].get('benchmark')}; export them "
+                "separately"
+            )
+    return names
+
+
 def export(frame: pd.DataFrame, fmt: str, commit: str | None = None) -> Exported:
     """One run of the tidy ``frame`` (:func:`attnbench.analysis.frame.load`) in format ``fmt``.
 
@@ -90,15 +147,17 @@ def export(frame: pd.DataFrame, fmt: str, commit: str | None = None) -> Exported
             "nothing to export: no measured time, count, bytes, FLOPs or faults in the results"
         )
     rows, chosen = _pick(rows, commit)
-    rows = rows.drop_duplicates([*steps_.CASE, "metric"], keep="last")
+    rows = rows.assign(_case=[contract.case_key(r) for r in rows.to_dict("records")])
+    rows = rows.drop_duplicates(["benchmark", "_case", "metric"], keep="last").drop(columns="_case")
+    records = rows.to_dict("records")
     entries = []
-    for rec in rows.to_dict("records"):
+    for name, rec in zip(_names(records), records, strict=True):
         measure, unit, factor = EXPORTED[rec["metric"]]
         value = float(rec["value"]) * factor
         lower, upper = (float(rec.get(k, math.nan)) * factor for k in ("ci_low", "ci_high"))
         if not (math.isfinite(lower) and math.isfinite(upper) and lower <= value <= upper):
             lower = upper = math.nan
-        entries.append((_name(rec), rec, measure, unit, value, lower, upper))
+        entries.append((name, rec, measure, unit, value, lower, upper))
     entries += exponent_entries(rows)
     if fmt == "bmf":
         document: dict = {}
@@ -133,10 +192,11 @@ def exponent_entries(rows: pd.DataFrame) -> list[tuple]:
     metric's measure), measure ``exponent``; the bounds are the fit's range, the least and largest
     local slope over the lengths fitted (:func:`attnbench.analysis.growth.exponent_series`).
     """
+    series = growth.exponent_series(rows).to_dict("records")
+    cases = [{**rec, "seq_len": None, "seq_len_k": None} for rec in series]
     entries = []
-    for rec in growth.exponent_series(rows).to_dict("records"):
-        case = {**rec, "seq_len": None, "seq_len_k": None}
-        name = f"{_name(case)}/{EXPORTED[rec['metric']][0]}"
+    for case_name, rec, case in zip(_names(cases), series, cases, strict=True):
+        name = f"{case_name}/{EXPORTED[rec['metric']][0]}"
         value = rec["exponent"]  # the least-squares slope: within its local slopes but rounding
         lower, upper = min(rec["low"], value), max(rec["high"], value)
         fitted = f"fitted over L={rec['shortest']}..{rec['longest']}"

@@ -34,6 +34,67 @@ def atomic_write(path: str | Path, write: Callable[[str], object]) -> Path:
     return path
 
 
+NAME_MAX = 255
+"""Bytes in one path component Linux's file systems take (ext4, xfs, btrfs, tmpfs)."""
+PATH_MAX = 4096
+"""Bytes in a whole path, its terminating NUL included, that Linux's system calls take."""
+
+
+def check_path(path: str | Path, arg: str) -> Path:
+    """``path`` made absolute, else a ValueError naming ``arg`` for a path no system call takes.
+
+    A component over :data:`NAME_MAX` bytes or a whole over :data:`PATH_MAX` (``ENAMETOOLONG``), and
+    a symlink loop (``ELOOP``), are refused here, by name, before any work, not as an ``OSError``
+    from deep inside it.
+    """
+    path = Path(path).absolute()
+    raw = os.fsencode(path)
+    if len(raw) >= PATH_MAX:
+        raise ValueError(
+            f"{arg} {str(path)[:60]}...: the path is {len(raw)} bytes long, over the system's "
+            f"limit of {PATH_MAX - 1}"
+        )
+    for part in path.parts:
+        if len(os.fsencode(part)) > NAME_MAX:
+            raise ValueError(
+                f"{arg} {str(path)[:60]}...: the name {part[:20]}... is {len(os.fsencode(part))} "
+                f"bytes long, over the system's limit of {NAME_MAX}"
+            )
+    try:
+        path.resolve(strict=False)
+    except (RuntimeError, OSError) as exc:  # 3.11 raises RuntimeError("Symlink loop ...")
+        raise ValueError(f"{arg} {path}: a symlink loop ({error_line(exc)})") from None
+    return path
+
+
+def check_output_file(path: str | Path, arg: str, *, append: bool = False) -> Path:
+    """``path`` as a file this process can write, else a ValueError naming ``arg``.
+
+    Called before any work starts, so a bad output path costs nothing. Refused: a name the system
+    cannot take (:func:`check_path`), a directory, and a folder that cannot hold it (see
+    :func:`check_writable_dir`; the file is replaced by a rename there). With ``append`` (a file
+    opened with ``"a"``, as ``$GITHUB_STEP_SUMMARY`` is) an existing file must open for appending,
+    and a new one's folder must exist already: nothing creates it.
+    """
+    path = check_path(path, arg)
+    if path.is_dir():
+        raise ValueError(f"{arg} {path} is a directory, not a file")
+    if path.exists() and append:
+        try:  # opened to append, and closed: nothing written
+            with open(path, "a", encoding="utf-8"):
+                pass
+        except OSError as exc:
+            raise ValueError(f"{arg} {path} is not writable: {exc.strerror or exc}") from None
+        return path
+    folder = next(p for p in path.parents if p.exists())  # the root exists
+    if not folder.is_dir():
+        raise ValueError(f"{arg} {path} cannot be created: {folder} is a file")
+    if append and folder != path.parent:
+        raise ValueError(f"{arg} {path} cannot be created: its folder {path.parent} does not exist")
+    check_writable_dir(path.parent, arg)
+    return path
+
+
 def check_writable_dir(path: str | Path, arg: str, *, create: bool = False) -> Path:
     """``path`` as a directory this process can write into, else a ValueError naming ``arg``.
 
@@ -43,7 +104,7 @@ def check_writable_dir(path: str | Path, arg: str, *, create: bool = False) -> P
     or takes no new file (a file is written there and removed). With ``create`` the directory is
     then made.
     """
-    path = Path(path).absolute()
+    path = check_path(path, arg)
     if path.exists() and not path.is_dir():
         raise ValueError(f"{arg} {path} is an existing file, not a directory")
     nearest = next(p for p in (path, *path.parents) if p.exists())

@@ -21,6 +21,7 @@ from attnbench.analysis import text
 from attnbench.analysis.growth import EXPONENT_THRESHOLD, exponent_text
 from attnbench.analysis.text import fmt
 from attnbench.contract import Basis, GateVerdict
+from attnbench.io import atomic_write_text, check_output_file
 
 STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
 """The file GitHub Actions gives every step for Markdown it shows on the run's summary page."""
@@ -284,6 +285,16 @@ def history_summary(history: steps_.History) -> str:
     return "\n".join(lines) + "\n"
 
 
+def check_summary(path: str | Path | None = None) -> None:
+    """Refuse (ValueError naming ``--summary`` or the variable) a summary :func:`write_summary`
+    could not write: called before the work, so a bad target costs nothing."""
+    if path is not None:
+        check_output_file(path, "--summary")
+    step = os.environ.get(STEP_SUMMARY, "").strip()
+    if step:
+        check_output_file(step, STEP_SUMMARY, append=True)
+
+
 def write_summary(text: str, path: str | Path | None = None) -> list[Path]:
     """Write ``text`` to ``path`` (replaced) and append it to ``$GITHUB_STEP_SUMMARY`` when set.
 
@@ -291,9 +302,7 @@ def write_summary(text: str, path: str | Path | None = None) -> list[Path]:
     """
     written = []
     if path is not None:
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8")
+        target = atomic_write_text(path, text)
         written.append(target)
     step = os.environ.get(STEP_SUMMARY, "").strip()
     if step:

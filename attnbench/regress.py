@@ -51,8 +51,11 @@ GATED = "|".join(contract.GATED_BENCHMARKS)
 INSTRUCTIONS = contract.INSTRUCTIONS_BENCHMARK
 REGIME = regime.Regime(threads=regime.DEFAULT_THREADS)
 """The regime asv's processes start in (threads, allocator thresholds), as ``attnbench run``'s."""
-_CASE_DEFAULTS = {"variant": "", "seq_len": 0, "device": "cpu", "mode": "forward", "mask": "none"}
-"""A case's parameters, each with the value a result lacking it is read as (old ones: no mask)."""
+_CASE_DEFAULTS = {
+    k: contract.CASE_DEFAULTS[k] for k in ("variant", "seq_len", "device", "mode", "mask")
+}
+"""The gate's case parameters (the asv main grid fixes the rest of :data:`contract.CASE_IDENTITY`),
+each with the value a result lacking it is read as (old ones: no mask)."""
 CASE_KEYS = tuple(_CASE_DEFAULTS)
 PROBES = "probes.jsonl"
 """The calibration probes of the gate's time rounds, in its work directory."""

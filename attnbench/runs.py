@@ -34,7 +34,7 @@ from typing import Any
 import pandas as pd
 
 from attnbench.contract import RUN_LENGTHS, SWEPT_LENGTH, WORKLOADS, Status
-from attnbench.io import atomic_write, atomic_write_text, error_line
+from attnbench.io import atomic_write, atomic_write_text, check_path, error_line
 from attnbench.measure.instructions import Count, attach
 from attnbench.measure.record import STATUSES, Environment, Measurement
 from attnbench.measure.runner import MeasureConfig, default_lengths
@@ -186,6 +186,21 @@ prediction is cautious (a counted case takes less than predicted), so the counti
 timed sweep, ends about when the sweep does."""
 
 
+COUNT_SHARE = 0.5
+"""After the timed sweep, counting may go on for this share of the sweep's wall time (at least
+:data:`COUNT_FLOOR_S`): a run with counts takes about 1.5x its sweep, and what is not counted by
+then is left for ``--resume --instructions``. Predicted valgrind seconds can be far off, so the
+wall clock bounds the run, not the predictions."""
+COUNT_FLOOR_S = 60.0
+"""Seconds counting may always go on after the sweep: valgrind's start (torch imported
+uninstrumented) takes tens of seconds, and a short sweep's counts are worth that."""
+
+
+def count_wait_s(sweep_s: float) -> float:
+    """Seconds the counts may take after a sweep of ``sweep_s`` (see :data:`COUNT_SHARE`)."""
+    return max(COUNT_SHARE * sweep_s, COUNT_FLOOR_S)
+
+
 def counted_cases(
     cases: Sequence[tuple[str, AttnSpec]], every: bool = False, budget_s: float = COUNT_BUDGET_S
 ) -> list[tuple[str, AttnSpec]]:
@@ -195,17 +210,27 @@ def counted_cases(
     variants and one per family (:data:`~attnbench.contract.PROGRESSION`,
     :data:`~attnbench.contract.REPRESENTATIVES`), cheapest first while their predicted valgrind time
     fits ``budget_s``: every counted variant gets its short lengths, the long ones as the budget
-    allows.
+    allows. They are returned cheapest first, the order they are counted in.
     """
     from attnbench.contract import DETERMINISTIC_POINTS, PROGRESSION, REPRESENTATIVES
-    from attnbench.measure.instructions import countable, within_budget
+    from attnbench.measure.instructions import (
+        CountConfig,
+        countable,
+        peak_for,
+        predicted_seconds,
+        within_budget,
+    )
 
     cpu = [(n, s) for n, s in cases if s.device_type == "cpu"]
     if every:
         return cpu
     wanted = [(n, s) for n, s in cpu if n in set(PROGRESSION) | set(REPRESENTATIVES.values())]
     left_out = within_budget(wanted, budget_s, first_per_variant=DETERMINISTIC_POINTS)
-    return [wanted[i] for i in countable(wanted) if i not in left_out]
+    chosen = [wanted[i] for i in countable(wanted) if i not in left_out]
+    config = CountConfig()
+    peak = peak_for(config)
+    # cheapest first: a run that stops counting at its time limit has the most counts
+    return sorted(chosen, key=lambda case: predicted_seconds(*case, config, peak))
 
 
 def to_frame(measurements: Sequence[Measurement]) -> pd.DataFrame:
@@ -423,6 +448,15 @@ class RunDirError(ValueError):
     """The run directory cannot be used as asked (a usage error: exit 2 on the command line)."""
 
 
+def _named(path: str | Path) -> Path:
+    """``path``, or a RunDirError for a name no system call takes (too long, a symlink loop)."""
+    try:
+        check_path(path, "--out")
+    except ValueError as exc:
+        raise RunDirError(str(exc)) from None
+    return Path(path)
+
+
 class RunWriteError(OSError):
     """Writing into the run directory failed (a full disk, a quota, a file size limit).
 
@@ -552,7 +586,7 @@ class RunDirectory:
     """
 
     def __init__(self, path: str | Path, *, resume: bool = False, force: bool = False) -> None:
-        self.path = Path(path)
+        self.path = _named(path)
         if resume and force:
             raise RunDirError(
                 "--resume and --force exclude each other (continue the run, or replace it)"

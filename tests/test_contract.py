@@ -208,3 +208,47 @@ def test_a_named_grid_travels_as_variables():
             },
             "(a.PARAMS, a.COUNT_BUDGET_S)",
         ), name
+
+
+def test_case_key_reads_missing_values_as_the_defaults_and_tells_every_column_apart():
+    """An old row (no mask, kv_heads or Lk; NaN, None or pandas' NA) and a new row of one case have
+    one key; a change in any identity column gives another key."""
+    import pandas as pd
+
+    new = {
+        "machine": "box",
+        "device": "cpu",
+        "workload": "prefill",
+        "variant": "sdpa",
+        "seq_len": 16,
+        "seq_len_k": 16,
+        "dtype": "float32",
+        "batch": 1,
+        "heads": 8,
+        "kv_heads": 8,
+        "head_dim": 64,
+        "mask": "none",
+        "mode": "forward",
+    }
+    assert set(new) == set(contract.CASE_IDENTITY)
+    old = {"machine": "box", "variant": "sdpa", "seq_len": 16.0, "kv_heads": pd.NA}
+    old |= {"seq_len_k": float("nan"), "mask": None, "workload": ""}
+    assert contract.case_key(old) == contract.case_key(new)
+    changed = {
+        "machine": "box2",
+        "device": "cuda",
+        "workload": "decode",
+        "variant": "batched",
+        "seq_len": 32,
+        "seq_len_k": 64,
+        "dtype": "bfloat16",
+        "batch": 2,
+        "heads": 4,
+        "kv_heads": 2,
+        "head_dim": 16,
+        "mask": "causal",
+        "mode": "backward",
+    }
+    assert set(changed) == set(contract.CASE_IDENTITY)
+    for col, value in changed.items():
+        assert contract.case_key(new | {col: value}) != contract.case_key(new), col

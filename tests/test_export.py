@@ -8,12 +8,19 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
-from attnbench.analysis.frame import load_asv
+from attnbench.analysis.frame import load, load_asv
 from attnbench.cli import main
-from attnbench.export import EXPORTED, ExportError, export
+from attnbench.contract import Status
+from attnbench.export import EXPORTED, FORMATS, ExportError, export
+from attnbench.measure.record import Measurement
+from attnbench.measure.runner import MeasureConfig
+from attnbench.runs import write_run
+from attnbench.spec import AttnSpec
 from tests.asv_history import commit_hashes, write_history
+from tests.box import BOX
 
 FIXTURE = Path(__file__).parent / "fixtures" / "asv_results"
 """A real asv run of one commit (time, peak tensor bytes, FLOPs, peak RSS, ...)."""
@@ -205,3 +212,99 @@ def test_the_exponent_of_each_case_is_a_measure_of_its_own(tmp_path):
     entry = {e["name"]: e for e in gab}["attention/batched/peak-tensor-bytes exponent"]
     assert entry["unit"] == "exponent of L" and entry["value"] == pytest.approx(2.0)
     assert "fitted over L=256..1024" in entry["extra"]
+
+
+# ---- one name per case: the whole identity, wherever it differs --------------------------------
+def _hand_run(tmp_path: Path, specs: list[AttnSpec], name: str = "run") -> Path:
+    """A run directory of ``sdpa`` at ``specs``, each with its own time (no measuring)."""
+    results = [
+        Measurement(
+            variant="sdpa",
+            spec=spec,
+            status=Status.OK,
+            samples=(1e-3 * (i + 1),) * 3,
+            runs=3,
+            timing_method="wall",
+            env=BOX,
+        )
+        for i, spec in enumerate(specs)
+    ]
+    return write_run(tmp_path / name, results, MeasureConfig(), seconds=1.0, command=["x"])
+
+
+BASE = AttnSpec(seq_len=16, head_dim=8)
+IDENTITY_CASES = {
+    "dtype": [BASE, BASE.replace(dtype="bfloat16")],
+    "head_dim": [BASE, BASE.replace(head_dim=16)],
+    "batch": [BASE, BASE.replace(batch=2)],
+    "mask": [BASE, BASE.replace(mask="causal")],
+    "mode": [BASE, BASE.replace(mode="backward")],
+    "kv_heads": [BASE, BASE.replace(kv_heads=2)],
+    "heads": [BASE, BASE.replace(heads=4)],
+}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("column", sorted(IDENTITY_CASES))
+def test_cases_that_differ_in_one_column_get_two_names(tmp_path, column, fmt):
+    """Two cases of one variant and length that differ in ``column``: two names, two values (a
+    name without ``column`` gave both one name, and the last value silently won)."""
+    frame = load([_hand_run(tmp_path, IDENTITY_CASES[column])])
+    document = export(frame[frame["metric"] == "time"], fmt).document
+    if fmt == "bmf":
+        values = sorted(m["latency"]["value"] for m in document.values())
+    else:
+        values = sorted(e["value"] for e in document)
+    assert values == pytest.approx([1e6, 2e6]), (column, document)
+
+
+def test_the_columns_added_are_those_that_tell_cases_apart(tmp_path):
+    frame = load([_hand_run(tmp_path, IDENTITY_CASES["dtype"] + [BASE.replace(seq_len=32)])])
+    names = set(export(frame[frame["metric"] == "time"], "bmf").document)
+    assert names == {
+        "attention/sdpa/L=16/float32/(attnbench)",
+        "attention/sdpa/L=16/bfloat16/(attnbench)",
+        "attention/sdpa/L=32/float32/(attnbench)",
+    }
+
+
+def test_two_machines_at_one_commit_keep_both(tmp_path):
+    """asv results of two machines at one commit: each case once per machine."""
+    root = _one_run(tmp_path)
+    (first,) = [p for p in root.iterdir() if p.is_dir()]
+    second = root / "box2"
+    second.mkdir()
+    for path in first.iterdir():
+        second.joinpath(path.name).write_text(path.read_text().replace('"box"', '"box2"'))
+    frame = load_asv(root)
+    assert set(frame["machine"]) == {"box", "box2"}
+    one = export(load_asv(_one_run(tmp_path / "one")), "bmf").document
+    both = export(frame, "github-action-benchmark").document
+    check_custom_smaller_is_better(both)
+    assert len(both) == 2 * sum(len(m) for m in one.values())
+    assert {e["name"].split(" ")[0].rsplit("/", 1)[-1] for e in both} == {
+        "machine=box",
+        "machine=box2",
+    }
+
+
+def test_two_benchmarks_of_one_case_and_metric_are_refused(tmp_path):
+    """The last guard: two rows of one case and metric that would still share a name are refused
+    (here two benchmarks of one grid measuring the same thing)."""
+    rows = load([_hand_run(tmp_path, [BASE])]).query("metric == 'time'")
+    twin = rows.assign(benchmark="x.attnbench.run")  # the same grid, "attnbench"
+    with pytest.raises(ExportError, match="share the name"):
+        export(pd.concat([rows, twin], ignore_index=True), "bmf")
+
+
+def test_exponents_of_two_dtypes_are_two_series_with_two_names(tmp_path):
+    """The exponent of L is fitted per case: two dtypes of one variant are never pooled into one
+    fit (pooled, the two series' points would fit one slope between theirs), and they export under
+    two names."""
+    series = {("peak_tensor_bytes", "batched", n): [40.0 * n**2] for n in (256, 512, 1024)}
+    frame = load_asv(write_history(tmp_path / "results", series, commit_hashes(1)))
+    other = frame.assign(dtype="bfloat16", value=frame["value"] ** 0.5 * 1e3)  # an L^1 series
+    doc = export(pd.concat([frame, other], ignore_index=True), "bmf").document
+    check_bmf(doc)
+    exponents = {name: m["exponent"]["value"] for name, m in doc.items() if "exponent" in m}
+    assert sorted(round(v, 3) for v in exponents.values()) == [1.0, 2.0], exponents

@@ -687,7 +687,8 @@ def load_run(run_dir: str | Path) -> pd.DataFrame:
         return _finish([], problems, notes)
     header = log.header or {}
     problems.extend(log.rejected)
-    notes.extend(n for n in log.notes if n not in log.rejected)
+    rejected = set(log.rejected)  # a set: a log of 100,000 bad lines took minutes as a list
+    notes.extend(n for n in log.notes if n not in rejected)
     manifest = _read_manifest(run_dir / MANIFEST, problems, notes)
     if log.header is None and log.measurements:
         problems.append(f"{run_dir / LOG}: no header line; the planned grid is unknown")
@@ -860,7 +861,12 @@ def load(sources: Iterable[str | Path]) -> pd.DataFrame:
     seen: dict[Path, str] = {}
     for src in sources:
         path = _source_dir(src)
-        same = path.resolve()  # R, R/, ./R and a link to R are one source
+        try:
+            same = path.resolve()  # R, R/, ./R and a link to R are one source
+        except (RuntimeError, OSError) as exc:  # a symlink loop (3.11: RuntimeError)
+            problems.append(f"{path}: cannot be read: {error_line(exc)}")
+            summary.append({"path": str(path), "kind": "unreadable", "rows": 0})
+            continue
         if same in seen:
             notes.append(f"{src}: the same directory as {seen[same]}, given twice: read once")
             continue

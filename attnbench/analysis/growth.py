@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from attnbench import contract
 from attnbench.analysis import text
 from attnbench.analysis.complexity import CostSplit, cost_split, fit_deterministic
 from attnbench.contract import DETERMINISTIC_POINTS, Basis, GateVerdict, Status
@@ -322,8 +323,14 @@ def exponent_metric(metric: str) -> str:
     return f"{metric}{EXPONENT_SUFFIX}"
 
 
-SERIES = ("machine", "benchmark", "variant", "device", "mode", "mask", "metric", "commit")
-"""One series along L of a results frame: a commit's case without its length, and its metric."""
+SERIES = (
+    "benchmark",
+    *(c for c in contract.CASE_IDENTITY if c not in ("seq_len", "seq_len_k")),
+    "metric",
+    "commit",
+)
+"""One series along L of a results frame: a commit's case without its length (every other column of
+the case's identity, so two dtypes or head dims are never fitted as one), and its metric."""
 
 
 def exponent_series(frame: pd.DataFrame) -> pd.DataFrame:

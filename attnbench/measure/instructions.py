@@ -14,6 +14,7 @@ are summed over threads: they stand beside the timings, never instead of them.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import json
 import math
@@ -279,6 +280,10 @@ def within_budget(
     }
 
 
+CANCELLED = "not counted: cancelled"
+"""The reason of a case the counting was stopped before (by request): not a result."""
+
+
 def count_instructions(
     cases: Sequence[tuple[str, AttnSpec]],
     config: CountConfig | None = None,
@@ -323,14 +328,12 @@ def count_instructions(
     )
     _count_todo(cases, todo, counts, config, version, reporter, cancel)
     why = (
-        "cancelled"
+        CANCELLED
         if cancel is not None and cancel.is_set()
-        else "the valgrind process timed out before this case"
+        else "not counted: the valgrind process timed out before this case"
     )
     return [
-        c
-        if c is not None
-        else Count(*cases[i], Status.ERROR, valgrind=version, reason=f"not counted: {why}")
+        c if c is not None else Count(*cases[i], Status.ERROR, valgrind=version, reason=why)
         for i, c in enumerate(counts)
     ]
 
@@ -509,7 +512,8 @@ def _one_process(
 
     ``arrived(index, count)`` is called as each case finishes.
     """
-    with tempfile.TemporaryDirectory(prefix="attnbench-callgrind-") as tmp:
+    remove_orphans()
+    with tempfile.TemporaryDirectory(prefix=f"{TMP_PREFIX}{os.getpid()}-") as tmp:
         tmp = Path(tmp)
         jobs, results, out = tmp / "jobs.json", tmp / "results.jsonl", tmp / "callgrind.out"
         jobs.write_text(
@@ -550,7 +554,7 @@ def _one_process(
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, "PYTHONHASHSEED": "0", **COUNT_ENV, ENV_CONTROL: control or ""},
-                preexec_fn=_idle_priority if config.idle else None,
+                preexec_fn=_child_setup(os.getpid(), config.idle),
             )
             timed_out = _watch(proc, collect, time.monotonic() + _timeout(cases, config), cancel)
         return _outcome(proc.returncode, counts, results, tmp / "valgrind.log", timed_out, cancel)
@@ -622,6 +626,69 @@ def _outcome(
         tail,
         cancelled=cancelled,
     )
+
+
+TMP_PREFIX = "attnbench-callgrind-"
+"""A counting process's folder: ``attnbench-callgrind-<pid of the process that made it>-...``."""
+PR_SET_PDEATHSIG = 1
+
+
+def _child_setup(parent: int, idle: bool) -> Callable[[], None]:
+    """The counting process's set-up between fork and exec: die with ``parent``; maybe idle.
+
+    libc is looked up here, in the parent: a dlopen after a threaded process forked could hang.
+    """
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux: nothing to ask
+        prctl = None
+
+    def setup() -> None:
+        if prctl is not None:
+            die_with(parent, prctl)
+        if idle:
+            _idle_priority()
+
+    return setup
+
+
+def die_with(parent: int, prctl: Callable[[int, int], int]) -> None:
+    """Ask Linux to SIGKILL this process when the thread that started it ends (its parent killed
+    with ``kill -9`` included); exit now if ``parent`` is gone already (it died before the ask).
+
+    valgrind keeps the request across its exec (it is not set-uid): an orphaned counter would
+    otherwise go on counting for minutes at a core's full use.
+    """
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def remove_orphans(root: str | Path | None = None) -> list[Path]:
+    """Remove the counting folders (in ``root``, default the temp folder) of processes now gone.
+
+    A process killed outright (``kill -9``) cannot remove its own folder: the next count does.
+    Folders of a live process, or without a process id in their name, are left. Returns those
+    removed.
+    """
+    removed = []
+    for path in Path(root or tempfile.gettempdir()).glob(f"{TMP_PREFIX}*-*"):
+        pid = path.name[len(TMP_PREFIX) :].split("-", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _idle_priority() -> None:

@@ -418,16 +418,35 @@ def measure(
     base: dict[str, object] = dict(
         variant=variant_name, spec=spec, env=env, workload=config.workload
     )
-    try:  # the cost model runs in here too: a variant whose model raises is a row, not a dead sweep
-        base.update(_cost_model(variant, spec))
-        return _guard_and_run(variant, spec, config, base, peak_flops, expected_call_s)
-    except (Exception, SystemExit) as exc:  # noqa: BLE001
-        # one bad case (even one calling sys.exit) never ends a sweep
-        status = Status.OOM if _is_oom(exc) else Status.ERROR
-        return Measurement(status=status, reason=error_line(exc), **base)
-    finally:
-        _free(spec.device)
-        torch.set_num_threads(saved_threads)
+    # a variant that seeds (torch.manual_seed in forward) must not reseed its caller
+    with torch.random.fork_rng(devices=rng_devices(spec.device)):
+        try:  # the cost model runs in here too: a variant whose model raises is a row
+            base.update(_cost_model(variant, spec))
+            return _guard_and_run(variant, spec, config, base, peak_flops, expected_call_s)
+        except (Exception, SystemExit) as exc:  # noqa: BLE001
+            # one bad case (even one calling sys.exit) never ends a sweep
+            status = Status.OOM if _is_oom(exc) else Status.ERROR
+            return Measurement(status=status, reason=error_line(exc), **base)
+        finally:
+            _free(spec.device)
+            torch.set_num_threads(saved_threads)
+
+
+def rng_devices(device: str) -> list[int]:
+    """The CUDA devices whose RNG state :func:`measure` saves and restores around a case.
+
+    Every device once CUDA is initialized in this process (a CPU case's variant may still call
+    ``torch.manual_seed``, which seeds them all), else the case's own CUDA device (its case
+    initializes CUDA), else none: saving a state would initialize CUDA for a CPU case.
+    """
+    if not torch.cuda.is_available():
+        return []
+    if torch.cuda.is_initialized():
+        return list(range(torch.cuda.device_count()))
+    if device.startswith("cuda"):
+        index = torch.device(device).index
+        return [torch.cuda.current_device() if index is None else index]
+    return []
 
 
 def _check_measure_args(
