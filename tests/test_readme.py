@@ -135,8 +135,10 @@ def test_every_option_named_in_running_text_exists():
     from attnbench.cli import build_parser
     from tests.docs_examples import pages
 
+    from studies.gpu_check import _parser as gpu_check_parser
+
     known = set(FOREIGN_OPTIONS)
-    parsers = [build_parser()]
+    parsers = [build_parser(), gpu_check_parser()]  # the GPU check is a documented command too
     while parsers:
         parser = parsers.pop()
         for action in parser._actions:
