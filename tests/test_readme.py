@@ -133,9 +133,8 @@ def test_every_option_named_in_running_text_exists():
     or docs/ is one of the attnbench parser's (any subcommand) or a named other tool's. Planted (seen failing):
     ``--time-budget`` renamed ``--time-limit`` in docs/measurement.md's prose."""
     from attnbench.cli import build_parser
-    from tests.docs_examples import pages
-
     from studies.gpu_check import _parser as gpu_check_parser
+    from tests.docs_examples import pages
 
     known = set(FOREIGN_OPTIONS)
     parsers = [build_parser(), gpu_check_parser()]  # the GPU check is a documented command too
