@@ -41,10 +41,11 @@ GAP_LIMIT = 1.3
 
 
 @functools.lru_cache(maxsize=4)
-def _operands(device: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _operands(device: str, size: int = PROBE_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
+    """The probe's two fixed (size, size) float32 matrices on ``device`` (seeded: never zeros)."""
     gen = torch.Generator().manual_seed(1234)
-    a = torch.randn(PROBE_SIZE, PROBE_SIZE, generator=gen).to(device)
-    b = torch.randn(PROBE_SIZE, PROBE_SIZE, generator=gen).to(device)
+    a = torch.randn(size, size, generator=gen).to(device)
+    b = torch.randn(size, size, generator=gen).to(device)
     return a, b
 
 
@@ -80,21 +81,13 @@ GPU_PROBE_SPIN_CYCLES = 2_000_000
 matmul of the sample is queued before the first starts: the host's pace cannot enter its time."""
 
 
-@functools.lru_cache(maxsize=4)
-def _gpu_operands(device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(1234)
-    a = torch.randn(GPU_PROBE_SIZE, GPU_PROBE_SIZE, generator=gen).to(device)
-    b = torch.randn(GPU_PROBE_SIZE, GPU_PROBE_SIZE, generator=gen).to(device)
-    return a, b
-
-
 def gpu_probe_seconds(device: str = "cuda") -> float:
     """Median GPU seconds (CUDA events) of ``PROBE_CALLS`` fixed matmuls on ``device``.
 
     A neighbour sharing the card's SMs or memory bandwidth slows it; a busy host does not (the
     sample's matmuls wait behind a spin kernel until all are queued).
     """
-    a, b = _gpu_operands(str(device))
+    a, b = _operands(str(device), GPU_PROBE_SIZE)
     samples = []
     with torch.cuda.device(torch.device(device)):
         for _ in range(PROBE_SAMPLES + 1):  # the first sample warms the kernels
