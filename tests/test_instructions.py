@@ -200,12 +200,19 @@ def test_compiled_variants_are_not_counted():
     assert count.status == "skipped" and "compiles per shape" in count.reason
 
 
-def test_run_counts_the_headline_variants_beside_the_sweep_by_default(tmp_path):
+def test_run_counts_the_headline_variants_beside_the_sweep_by_default(tmp_path, monkeypatch):
     """No --instructions: the counts of the progression's variants and one per family arrive beside the timed sweep,
-    as log lines of their own, and the report fits them; a variant outside that set is not counted."""
+    as log lines of their own, and the report fits them; a variant outside that set is not counted.
+
+    Which cases are counted is the question here, not when counting stops (a scripted clock tests that,
+    tests/test_third_battery.py): valgrind's start may take longer than the short sweep's floor beside
+    CI's parallel tests, so the floor is lifted."""
+    from attnbench import runs
     from attnbench.analysis.summary import analyse, load_results
     from attnbench.cli import main
     from attnbench.runs import LOG, read_log
+
+    monkeypatch.setattr(runs, "COUNT_FLOOR_S", 3600.0)
 
     out = tmp_path / "run"
     assert (
