@@ -7,7 +7,7 @@ gives each row a :class:`contract.GateVerdict` on its ratio HEAD / BASE (:func:`
 the samples of every round (significant beyond the allowance, speed-corrected and as measured
 agreeing, never on disturbed rounds; else undecided, after a confirmation round), bytes beyond
 ``memory_factor``, FLOPs beyond 1, counts beyond ``instructions_factor``, a case failing on HEAD
-only; ``wrong`` where HEAD fails the correctness gate. Full rules: the README's "Use it in CI".
+only; ``wrong`` where HEAD fails the correctness gate. Full rules: docs/regression.md.
 Beside the measured ratios, each case's exact metrics are fitted along the measured lengths on both
 sides (:mod:`attnbench.analysis.growth`): a ratio predicted at ``--at-length`` beyond the metric's
 factor, or an exponent grown beyond the A/A-justified threshold, regresses too.
@@ -570,8 +570,8 @@ def compare(
     speed-corrected and measured samples disagree is ``undecided``. ``metric``
     (:data:`GATE_METRICS`) says what decides the time-like rows; the rows it does not decide read
     ``shown``. Columns added: ``ratio``, ``verdict``, ``reason``, ``improved`` (an ``ok`` row beyond
-    the same rule the other way) and ``note`` (:func:`disagreements`). The rules are the README's
-    "Use it in CI".
+    the same rule the other way) and ``note`` (:func:`disagreements`). The rules:
+    docs/regression.md.
 
     How cost grows (:func:`attnbench.analysis.growth.growth_rows`): every exact metric of a case
     measured at three lengths or more on both sides is fitted per side; its rows get the exponents

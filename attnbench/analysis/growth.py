@@ -44,7 +44,7 @@ quadratic terms cost there is the point of this project. Decode: one step attend
 prefill left, so the same 128K keys (``run-decode``'s longest length too); a decode step's cost is
 linear in the cache, so a further length would change no verdict an O(L) term does not already."""
 NOISE: dict[str, float] = {"instructions": 3e-4}
-"""Per metric, the largest relative error of one value: the README's "Use it in CI" measured the
+"""Per metric, the largest relative error of one value: docs/regression.md measured the
 same case counted twice in one process to differ by up to 0.03%. Peak tensor bytes and FLOPs are
 exact (0)."""
 EXPONENT_THRESHOLD = 0.02

@@ -43,7 +43,7 @@ DEFAULT_WINDOW = 10
 """Commits a drift may spread over.
 
 Counts do not wander by themselves (an unchanged commit counts alike far within the gate's factor:
-the README's "Use it in CI"), so a long window adds no false drift."""
+docs/regression.md), so a long window adds no false drift."""
 EXACT = ("instructions", "peak_tensor_bytes", "flops")
 """Deterministic metrics: exact rules on the values themselves."""
 TIMED = ("time",)
