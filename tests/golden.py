@@ -141,13 +141,17 @@ def digest(sources: Iterable[Path], out_dir: Path) -> dict[str, Any]:
 
     figures: list[dict[str, Any]] = []
     seen: set[int] = set()
-    savefig = Figure.savefig
 
-    def record(fig: Figure, *args: Any, **kwargs: Any) -> Any:
-        if id(fig) not in seen:  # each figure is saved as PNG and as SVG: record it once
+    def record(fig: Figure, target: Any, *args: Any, **kwargs: Any) -> None:
+        """Record what ``fig`` shows, once (it is saved as PNG and as SVG), and write no image:
+        the digest compares data, and rasterising every figure twice was most of its cost
+        (tests/test_report.py renders the images)."""
+        if id(fig) not in seen:
             seen.add(id(fig))
+            fig.canvas.draw()  # what saving does first: layout, and labels placed on draw
             figures.append(figure_data(fig))
-        return savefig(fig, *args, **kwargs)
+        if isinstance(target, str | Path):
+            Path(target).write_bytes(b"")
 
     sources = list(sources)
     with mock.patch.object(Figure, "savefig", record):

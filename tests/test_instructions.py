@@ -157,46 +157,6 @@ def _counting_at_normal_priority(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(instructions, "_idle_priority", lambda: None)
 
 
-def test_run_records_counts_and_the_report_fits_them(tmp_path, monkeypatch):
-    """attnbench run --instructions: one valgrind process first, each count attached as its case is logged."""
-    from attnbench.analysis.summary import analyse, load_results
-    from attnbench.cli import main
-
-    _counting_at_normal_priority(monkeypatch)
-
-    out = tmp_path / "run"
-    assert (
-        main(
-            [
-                "run",
-                "--variants",
-                "batched",
-                "--lengths",
-                "64,128,256,512,1024",
-                "--heads",
-                "1",
-                "--instructions",
-                "--out",
-                str(out),
-                "--quiet",
-                "--no-report",
-                "--min-runs",
-                "2",
-                "--min-time",
-                "0.01",
-            ]
-        )
-        == 0
-    )
-    analysis = analyse(load_results([out]))
-    frame = analysis.loaded.frame
-    counted = frame[(frame["metric"] == "instructions") & (frame["status"] == "ok")]
-    assert len(counted) == 5 and set(counted["method"]) == {"callgrind"}
-    fit = analysis.fits.set_index("metric").loc["instructions"]
-    assert fit["verdict"] == "matches" and abs(fit["exponent"] - 2.0) < 0.1, fit.to_dict()
-    assert "instructions" in " ".join(analysis.summary.columns)
-
-
 def test_a_case_that_kills_the_process_is_its_own_error_and_the_rest_are_counted(counts):
     """Planted: a variant that aborts (SIGABRT): its row says so, and the case after it is counted in a new process."""
     dead, after = counts["dead"], counts["after"]
@@ -213,7 +173,9 @@ def test_compiled_variants_are_not_counted():
 
 def test_run_counts_the_headline_variants_beside_the_sweep_by_default(tmp_path, monkeypatch):
     """No --instructions: the counts of the progression's variants and one per family arrive beside the timed sweep,
-    as log lines of their own, and the report fits them; a variant outside that set is not counted.
+    one valgrind process for the run, each count a log line of its own attached to its case, and the report fits
+    them (batched's L² at five lengths); a variant outside that set is not counted. (``--instructions``, every CPU
+    case, picks its cases by the same function: ``test_instructions_picks_every_cpu_case``.)
 
     Which cases are counted is the question here, not when counting stops (a scripted clock tests that,
     tests/test_third_battery.py): valgrind's start may take longer than the short sweep's floor beside
@@ -234,7 +196,7 @@ def test_run_counts_the_headline_variants_beside_the_sweep_by_default(tmp_path, 
                 "--variants",
                 "batched,local",
                 "--lengths",
-                "64,128,256",
+                "64,128,256,512,1024",
                 "--heads",
                 "1",
                 "--out",
@@ -250,11 +212,11 @@ def test_run_counts_the_headline_variants_beside_the_sweep_by_default(tmp_path, 
         == 0
     )
     log = read_log(out / LOG)
-    assert len(log.counts) == 3 and (out / LOG).read_text().count('"kind": "count"') == 3
+    assert len(log.counts) == 5 and (out / LOG).read_text().count('"kind": "count"') == 5
     counted = {
         m.spec.seq_len for m in log.measurements if m.variant == "batched" and m.instructions > 0
     }
-    assert counted == {64, 128, 256} and all(
+    assert counted == {64, 128, 256, 512, 1024} and all(
         math.isnan(m.instructions) for m in log.measurements if m.variant == "local"
     )
     fit = (
@@ -263,6 +225,26 @@ def test_run_counts_the_headline_variants_beside_the_sweep_by_default(tmp_path, 
         .loc[("batched", "instructions")]
     )
     assert fit["conclusive"] and fit["kind"] == "deterministic", fit.to_dict()
+    assert fit["verdict"] == "matches" and abs(fit["exponent"] - 2.0) < 0.1, fit.to_dict()
+
+
+def test_instructions_picks_every_cpu_case():
+    """``--instructions`` counts every CPU case (a variant outside the headline set included, no budget); the
+    default, the headline figure's variants and one per family."""
+    from attnbench.cli import _run_config, build_parser
+    from attnbench.runs import counted_cases
+
+    cases = [
+        (name, AttnSpec(seq_len=n, heads=1)) for name in ("batched", "local") for n in (64, 128)
+    ]
+    every = counted_cases(cases, every=True)
+    assert len(every) == 4 and {name for name, _ in every} == {"batched", "local"}
+    assert {name for name, _ in counted_cases(cases)} == {"batched"}
+    modes = {
+        flag: _run_config(build_parser().parse_args(["run", *flag])).instructions
+        for flag in ((), ("--instructions",), ("--no-instructions",))
+    }
+    assert list(modes.values()) == ["default", "all", "off"]
 
 
 def test_counting_beside_a_sweep_stops_when_asked_and_keeps_what_it_counted():
