@@ -110,6 +110,10 @@ PAGE_FAULTS_BENCHMARK = "AttentionMetrics.track_page_faults"
 INSTRUCTIONS_BENCHMARK = "Instructions.track_instructions"
 """Instructions per call under valgrind, counted in asv's setup_cache: one valgrind process per
 commit and environment."""
+TIME_FACTOR = 1.2
+"""The regression gate's default allowed HEAD/BASE time ratio (``--time-factor``)."""
+MEMORY_FACTOR = 1.1
+"""The regression gate's default allowed HEAD/BASE peak tensor bytes ratio (``--memory-factor``)."""
 INSTRUCTIONS_FACTOR = 1.002
 """The regression gate's allowed HEAD/BASE instruction count ratio (the A/A spread between valgrind
 processes is far smaller: see the README)."""
