@@ -13,6 +13,7 @@ ROOMS: tuple[tuple[str, ...], ...] = (
     # bottom: depends on nothing of the package
     (
         "_checks",
+        "errors",
         "io",
         "plugins",
         "mask_mods",
