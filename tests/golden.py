@@ -39,6 +39,9 @@ SCENARIOS: dict[str, tuple[str, ...]] = {
     "prefill and decode": ("prefill", "decode"),
 }
 """Report name -> the fixture runs it is built from."""
+OVERLAPS = "overlaps"
+"""The digest's key for the pairs of texts each figure prints over each other (never stored: every figure
+must have none, tests/test_golden_report.py)."""
 VOLATILE_COLUMNS = ("origin",)
 """Tidy columns that name where the fixture was copied to, not what it holds."""
 
@@ -121,6 +124,13 @@ def figure_data(fig: Figure) -> dict[str, Any]:
     return {"suptitle": suptitle, "axes": axes}
 
 
+def figure_name(fig: Figure) -> str:
+    """A figure's suptitle, or its first panel's title, cut to 60 characters."""
+    if fig._suptitle:
+        return fig._suptitle.get_text()[:60]
+    return (fig.axes[0].get_title() if fig.axes else "?")[:60]
+
+
 def _frame_records(frame, drop: Iterable[str] = ()) -> list[dict[str, Any]]:
     frame = frame.drop(columns=[c for c in drop if c in frame.columns])
     rows = [
@@ -138,17 +148,20 @@ def digest(sources: Iterable[Path], out_dir: Path) -> dict[str, Any]:
 
     from attnbench.analysis import summary
     from attnbench.report import html
+    from tests.text_boxes import overlapping
 
     figures: list[dict[str, Any]] = []
+    overlaps: dict[str, list[tuple[str, str]]] = {}
     seen: set[int] = set()
 
     def record(fig: Figure, target: Any, *args: Any, **kwargs: Any) -> None:
-        """Record what ``fig`` shows, once (it is saved as PNG and as SVG), and write no image:
-        the digest compares data, and rasterising every figure twice was most of its cost
-        (tests/test_report.py renders the images)."""
+        """Record what ``fig`` shows and which of its texts overlap, once (it is saved as PNG and
+        as SVG), and write no image: the digest compares data, and rasterising every figure twice
+        was most of its cost (tests/test_report.py renders the images)."""
         if id(fig) not in seen:
             seen.add(id(fig))
-            fig.canvas.draw()  # what saving does first: layout, and labels placed on draw
+            # drawn first, as saving does: layout, and labels placed on draw
+            overlaps[figure_name(fig)] = overlapping(fig)
             figures.append(figure_data(fig))
         if isinstance(target, str | Path):
             Path(target).write_bytes(b"")
@@ -171,6 +184,7 @@ def digest(sources: Iterable[Path], out_dir: Path) -> dict[str, Any]:
         "problems": sorted(anonymous(p) for p in analysis.loaded.problems),
         "notes": sorted(anonymous(n) for n in analysis.loaded.notes),
         "figures": sorted(figures, key=_sort_key),
+        OVERLAPS: overlaps,
     }
 
 
@@ -288,7 +302,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         result = build_all(Path(tmp))
     if args.write:
-        GOLDEN.write_text(json.dumps(result, indent=0, sort_keys=True) + "\n")
+        stored = {name: {k: v for k, v in d.items() if k != OVERLAPS} for name, d in result.items()}
+        GOLDEN.write_text(json.dumps(stored, indent=0, sort_keys=True) + "\n")
     for name, d in result.items():
         print(
             f"{name}: {len(d['tidy'])} tidy rows, {len(d['fits'])} fits, {len(d['findings'])} findings, "

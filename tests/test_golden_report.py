@@ -31,6 +31,17 @@ def test_the_report_of_todays_run_directories_is_unchanged(built, want, scenario
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("scenario", sorted(golden.SCENARIOS))
+def test_no_figure_prints_text_over_text(built, scenario):
+    """Panel titles sat on the row above's tick labels, the speedup heatmap's labels on each other and its colour
+    bar's, the accuracy axis crowded its minor labels: every figure of a run, two runs and a roofline report (the
+    asv and CI reports: tests/test_report.py)."""
+    overlaps = built[scenario][golden.OVERLAPS]
+    assert len(overlaps) >= 8
+    assert {name: pairs for name, pairs in overlaps.items() if pairs} == {}
+
+
+@pytest.mark.slow
 def test_one_ulp_in_every_measured_float_changes_no_golden(built, want, tmp_path):
     """Another CPU's arithmetic, or another numpy/scipy/torch, moves the last bits of the samples and of
     everything fitted from them: the goldens hold on any machine, not only on the one that wrote them."""

@@ -1222,18 +1222,14 @@ def _report_overlaps(sources: list[Path], out: Path) -> dict[str, list]:
 
     from attnbench.analysis.summary import analyse, load_results
     from attnbench.report import html
+    from tests.golden import figure_name
     from tests.text_boxes import overlapping
 
     found: dict[str, list] = {}
     savefig = Figure.savefig
 
     def record(fig, *args, **kwargs):
-        name = (
-            fig._suptitle.get_text()
-            if fig._suptitle
-            else (fig.axes[0].get_title() if fig.axes else "?")
-        )
-        found.setdefault(name[:60], overlapping(fig))
+        found.setdefault(figure_name(fig), overlapping(fig))
         return savefig(fig, *args, **kwargs)
 
     with mock.patch.object(Figure, "savefig", record):
@@ -1244,22 +1240,17 @@ def _report_overlaps(sources: list[Path], out: Path) -> dict[str, list]:
 @pytest.mark.slow
 def test_no_figure_of_any_report_kind_prints_text_over_text(tmp_path):
     """Panel titles sat on the row above's tick labels, the speedup heatmap's labels on each other and its colour bar's,
-    the accuracy axis crowded its minor labels: every figure of a run, two runs, a roofline, an asv and a CI report."""
+    the accuracy axis crowded its minor labels: every figure of an asv and a CI report. The reports of a run, two runs
+    and a roofline are checked on the golden build (tests/test_golden_report.py), which draws them already."""
     fixtures = Path(__file__).parent / "fixtures"
     gate, _, _ = _gate_results(tmp_path / "gate", 0.767)
-    kinds = {
-        "run": [fixtures / "runs" / "prefill"],
-        "two runs": [fixtures / "runs" / "prefill", fixtures / "runs" / "prefill_b"],
-        "roofline": [fixtures / "runs" / "prefill", fixtures / "runs" / "decode"],
-        "asv": [fixtures / "asv_results"],
-        "CI": [gate],
-    }
+    kinds = {"asv": [fixtures / "asv_results"], "CI": [gate]}
     figures = 0
     for kind, sources in kinds.items():
         found = _report_overlaps(sources, tmp_path / kind.replace(" ", "_"))
         figures += len(found)
         assert {name: pairs for name, pairs in found.items() if pairs} == {}, kind
-    assert figures >= 30
+    assert figures >= 10
 
 
 def test_a_log_axis_within_one_decade_still_has_labelled_ticks():
