@@ -50,6 +50,10 @@ CLI_FAST = [
     "--no-probe",
     "--no-instructions",
 ]  # about processes, not counts (tests/test_instructions.py)
+ABANDONED_WITHIN_S = 30.0
+"""A signalled run ends this soon though its case in hand hangs: waiting for that case would last until its
+worker is killed at --case-timeout (80 s by default). The report of what was done is written in between: 10 s
+was missed by 0.4 s with the machine at load 7."""
 
 
 @pytest.fixture
@@ -282,7 +286,7 @@ def test_second_ctrl_c_abandons_a_hung_case_at_once(tmp_path):
     start = time.monotonic()
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=60)
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < ABANDONED_WITHIN_S
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "interrupted: aborted" in err
     assert json.loads((run / MANIFEST).read_text())["cases"] == 1
@@ -323,7 +327,7 @@ def test_sigterm_abandons_the_case_in_hand_writes_what_is_done_and_resume_comple
     start = time.monotonic()
     (os.killpg if to_group else os.kill)(proc.pid, sig)
     out, err = proc.communicate(timeout=60)
-    assert time.monotonic() - start < 10, "the case in hand was waited for"
+    assert time.monotonic() - start < ABANDONED_WITHIN_S, "the case in hand was waited for"
     assert proc.returncode == 128 + sig, err
     assert "Traceback" not in err and "BrokenPipe" not in err
     assert f"rerun with --resume --out {run}" in err
