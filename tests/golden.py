@@ -40,8 +40,12 @@ SCENARIOS: dict[str, tuple[str, ...]] = {
 }
 """Report name -> the fixture runs it is built from."""
 OVERLAPS = "overlaps"
-"""The digest's key for the pairs of texts each figure prints over each other (never stored: every figure
-must have none, tests/test_golden_report.py)."""
+"""The digest's key for the pairs of texts each figure prints over each other (every figure must have none,
+tests/test_golden_report.py)."""
+PAGE = "page"
+"""The digest's key for the report page's HTML (read by tests/test_golden_report.py)."""
+UNSTORED = (OVERLAPS, PAGE)
+"""Digest keys the golden file does not hold: what the tests check of them is a rule, not a record."""
 VOLATILE_COLUMNS = ("origin",)
 """Tidy columns that name where the fixture was copied to, not what it holds."""
 
@@ -169,7 +173,7 @@ def digest(sources: Iterable[Path], out_dir: Path) -> dict[str, Any]:
     sources = list(sources)
     with mock.patch.object(Figure, "savefig", record):
         analysis = summary.analyse(summary.load_results([str(s) for s in sources]))
-        html.render(analysis, out_dir)
+        page = html.render(analysis, out_dir).page.read_text()
     roots = sorted({str(Path(s).parent) for s in sources}, key=len, reverse=True)
 
     def anonymous(text: str) -> str:
@@ -185,6 +189,7 @@ def digest(sources: Iterable[Path], out_dir: Path) -> dict[str, Any]:
         "notes": sorted(anonymous(n) for n in analysis.loaded.notes),
         "figures": sorted(figures, key=_sort_key),
         OVERLAPS: overlaps,
+        PAGE: page,
     }
 
 
@@ -302,7 +307,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         result = build_all(Path(tmp))
     if args.write:
-        stored = {name: {k: v for k, v in d.items() if k != OVERLAPS} for name, d in result.items()}
+        stored = {
+            name: {k: v for k, v in d.items() if k not in UNSTORED} for name, d in result.items()
+        }
         GOLDEN.write_text(json.dumps(stored, indent=0, sort_keys=True) + "\n")
     for name, d in result.items():
         print(

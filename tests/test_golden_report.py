@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import html
 import json
+import re
 
 import pytest
 
@@ -39,6 +41,26 @@ def test_no_figure_prints_text_over_text(built, scenario):
     overlaps = built[scenario][golden.OVERLAPS]
     assert len(overlaps) >= 8
     assert {name: pairs for name, pairs in overlaps.items() if pairs} == {}
+
+
+@pytest.mark.parametrize("scenario", sorted(golden.SCENARIOS))
+def test_every_count_of_fits_on_a_page_comes_from_one_tally(built, scenario):
+    """The roofline report's finding said "No complexity fit is conclusive" beside a finding quoting a conclusive
+    fit and a section counting 3 conclusive: the finding and the exponents section now read the same tally."""
+    page = built[scenario][golden.PAGE]
+    section = re.search(
+        r'<h2>Fitted exponents[^<]*</h2><p class="\w+">(\d+) of (\d+) conclusive fits match[^<]*?'
+        r"(?:; (\d+) inconclusive\.|none inconclusive\.)",
+        page,
+    )
+    finding = re.search(
+        r"(\d+) of (\d+) conclusive complexity fits match the declared big-O[^;]*; (\d+) are "
+        r"inconclusive",
+        html.unescape(page),
+    )
+    assert section and finding, "the tally is missing from the section or the findings"
+    assert finding.groups() == (section.group(1), section.group(2), section.group(3) or "0")
+    assert "No complexity fit is conclusive" not in page
 
 
 @pytest.mark.slow

@@ -861,8 +861,16 @@ def test_lengths_and_counts_are_printed_exactly_in_every_table(tmp_path):
     assert checked > 20 and "2048" in page and "2,050" not in page and "1,020" not in page
 
 
-def test_an_asv_report_says_its_times_carry_no_disturbance_check(tmp_path):
-    page = build_report([FIXTURE], tmp_path / "out").read_text()
+@pytest.fixture(scope="module")
+def asv_report(tmp_path_factory) -> tuple[str, dict[str, list]]:
+    """The report of the asv fixture results, built once: its page, and each figure's overlapping texts."""
+    out = tmp_path_factory.mktemp("asv-report")
+    overlaps = _report_overlaps([FIXTURE], out)
+    return (out / "report.html").read_text(), overlaps
+
+
+def test_an_asv_report_says_its_times_carry_no_disturbance_check(asv_report):
+    page, _ = asv_report
     assert "asv results carry no disturbance check" in page
 
 
@@ -1029,28 +1037,6 @@ def test_rows_of_another_shape_are_never_pooled_into_a_finding(tmp_path):
     assert "`sdpa` (1.05 ms)" in fastest and "takes 3x as long" in fastest, fastest
     page = build_report([run], tmp_path / "out").read_text()
     assert "Varying between cases: Hkv (never pooled)" in page
-
-
-@pytest.mark.parametrize("runs", [("prefill",), ("prefill", "decode"), ("prefill", "prefill_b")])
-def test_every_count_of_fits_on_a_page_comes_from_one_tally(tmp_path, runs):
-    """The roofline report's finding said "No complexity fit is conclusive" beside a finding quoting a conclusive fit and
-    a section counting 3 conclusive: the finding and the exponents section now read the same tally."""
-    import html as html_lib
-
-    fixtures = Path(__file__).parent / "fixtures" / "runs"
-    page = build_report([fixtures / r for r in runs], tmp_path / "out").read_text()
-    section = re.search(
-        r'<h2>Fitted exponents[^<]*</h2><p class="\w+">(\d+) of (\d+) conclusive fits match[^<]*?'
-        r"(?:; (\d+) inconclusive\.|none inconclusive\.)",
-        page,
-    )
-    finding = re.search(
-        r"(\d+) of (\d+) conclusive complexity fits match the declared big-O[^;]*; (\d+) are inconclusive",
-        html_lib.unescape(page),
-    )
-    assert section and finding, "the tally is missing from the section or the findings"
-    assert finding.groups() == (section.group(1), section.group(2), section.group(3) or "0")
-    assert "No complexity fit is conclusive" not in page
 
 
 def test_a_match_whose_interval_excludes_the_declared_exponent_says_so():
@@ -1238,19 +1224,15 @@ def _report_overlaps(sources: list[Path], out: Path) -> dict[str, list]:
 
 
 @pytest.mark.slow
-def test_no_figure_of_any_report_kind_prints_text_over_text(tmp_path):
+def test_no_figure_of_any_report_kind_prints_text_over_text(tmp_path, asv_report):
     """Panel titles sat on the row above's tick labels, the speedup heatmap's labels on each other and its colour bar's,
     the accuracy axis crowded its minor labels: every figure of an asv and a CI report. The reports of a run, two runs
     and a roofline are checked on the golden build (tests/test_golden_report.py), which draws them already."""
-    fixtures = Path(__file__).parent / "fixtures"
     gate, _, _ = _gate_results(tmp_path / "gate", 0.767)
-    kinds = {"asv": [fixtures / "asv_results"], "CI": [gate]}
-    figures = 0
-    for kind, sources in kinds.items():
-        found = _report_overlaps(sources, tmp_path / kind.replace(" ", "_"))
-        figures += len(found)
+    kinds = {"asv": asv_report[1], "CI": _report_overlaps([gate], tmp_path / "CI")}
+    for kind, found in kinds.items():
         assert {name: pairs for name, pairs in found.items() if pairs} == {}, kind
-    assert figures >= 10
+    assert sum(map(len, kinds.values())) >= 10
 
 
 def test_a_log_axis_within_one_decade_still_has_labelled_ticks():
