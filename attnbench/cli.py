@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import math
 import os
 import re
-import signal
 import sys
 import time
 import warnings
@@ -32,11 +30,7 @@ from attnbench.registry import get_variant, variant_names
 from attnbench.spec import DTYPES, MODES, AttnSpec
 
 if TYPE_CHECKING:
-    from attnbench.measure import MeasureConfig
-    from attnbench.measure.instructions import Beside
-    from attnbench.measure.record import Measurement
-    from attnbench.measure.worker import WorkerPool
-    from attnbench.runs import RunDirectory
+    from attnbench.session import RunOptions
 
 DESCRIPTION = (
     "``attnbench`` command line: list | run | report | peak | profile | regress | bisect | "
@@ -47,8 +41,6 @@ DEFAULT_TIME_BUDGET = 10.0
 """Seconds a case of ``attnbench run`` may take in total: the quadratic variants slower than that at
 L=4096 become skipped rows, which keeps the default sweep under 5 minutes on 2 cores (at 15 s it
 took 303 s: ``attnbench run --time-budget 15``, 2026-11-22); ``--time-budget 60`` runs them."""
-DEFAULT_MAX_TIME = 5.0
-"""``--max-time``'s default: seconds of timed calls per case at most (``--min-time`` if longer)."""
 
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
@@ -199,501 +191,74 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_config(args: argparse.Namespace):
-    from attnbench.measure import MeasureConfig
-    from attnbench.measure.timer import TimerConfig
-
-    if args.max_time is not None and args.max_time < args.min_time:
-        raise ValueError(
-            f"--max-time {args.max_time:g} is shorter than --min-time {args.min_time:g} "
-            "(seconds of timed calls per case: at least --min-time, at most --max-time)"
-        )
-    max_time = max(DEFAULT_MAX_TIME, args.min_time) if args.max_time is None else args.max_time
-    return MeasureConfig(
-        timer=TimerConfig(
-            min_runs=args.min_runs,
-            min_time=args.min_time,
-            max_time=max_time,
-            flush_cache=args.workload == "decode" if args.flush_cache is None else args.flush_cache,
-        ),
-        cuda_graphs=args.cuda_graphs,
-        threads=args.threads,
-        memory_budget_bytes=None if args.budget_mb is None else args.budget_mb * 2**20,
-        memory_budget_fraction=args.budget_fraction,
-        time_budget_s=args.time_budget,
-        check_accuracy=not args.no_check,
-        probe=not args.no_probe,
-        retries=args.retries,
-        workload=args.workload,
-        instructions={None: "default", True: "all", False: "off"}[args.instructions],
-    )
-
-
-class _Interrupted(BaseException):
-    """Abandon the case in hand now: a second Ctrl-C, or SIGTERM / SIGHUP."""
-
-
-class _StopPolicy:
-    """What a signal does to a sweep.
-
-    Ctrl-C (SIGINT): the first stops after the case in hand, the second abandons it at once. SIGTERM
-    and SIGHUP (a CI runner cancelling a job, ``timeout``, systemd or docker stopping a service, a
-    closed terminal) abandon the case in hand at once: their senders kill for good seconds later,
-    too soon to wait for a case. Either way what is done is written and the run can be resumed; an
-    abandoned case is not logged, so ``--resume`` measures it again.
-    """
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-    def __init__(self, pool, note: Callable[[str], None]) -> None:
-        self.pool, self.note = pool, note
-        self.count = 0
-        self.first: int | None = None  # the first signal received: it decides the exit code
-        self.previous: dict[int, object] = {}
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + (self.first or signal.SIGINT)
-
-    def __call__(self, signum, frame) -> None:
-        self.count += 1
-        self.first = self.first or signum
-        if signum == signal.SIGINT and self.count == 1:
-            self.note(
-                "interrupt: finishing the case in hand, then writing what is done (Ctrl-C again "
-                "to abandon it)"
-            )
-            return
-        if self.count == 1:
-            self.note(
-                f"{signal.Signals(signum).name}: abandoning the case in hand, writing what is done"
-            )
-        self.pool.kill_current()
-        raise _Interrupted
-
-    def __enter__(self) -> _StopPolicy:
-        self.previous = {sig: signal.signal(sig, self) for sig in self.SIGNALS}
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-
-
 def cmd_run(args: argparse.Namespace) -> int:
-    from attnbench.measure.instructions import missing_message, valgrind_version
-    from attnbench.runs import (
-        RunDirectory,
-        RunDirError,
-        device_only_defaults,
-        empty_grid_reason,
-        new_run_dir,
-    )
+    from attnbench.session import run
 
     if args.resume and not args.out:
         return _usage("--resume needs --out DIR (the run directory to continue)")
     missing = _cuda_missing(args.device)
     if missing:
         return _usage(missing)
-    try:  # every argument is validated here, before any measurement
-        cases = _run_cases(args)
-        config = _run_config(args)
-    except (ValueError, TypeError) as exc:
-        return _usage(str(exc))
-    if not cases:
-        return _usage(
-            f"nothing to run: {empty_grid_reason(args.variants, args.lengths, not args.no_limit)}"
-        )
-    if not args.variants and (elsewhere := device_only_defaults([args.device])):
-        print(
-            f"note: not planned on {args.device}: {', '.join(elsewhere)} (they need another "
-            "device)",
-            file=sys.stderr,
-        )
-    if args.instructions and valgrind_version() is None:
-        return _usage(f"--instructions: {missing_message()}")
-    if args.instructions is None and config.instructions != "off" and valgrind_version() is None:
-        print(
-            f"note: no instruction counts ({missing_message()}); the report's claims rest on time "
-            "and bytes",
-            file=sys.stderr,
-        )
-        config = dataclasses.replace(config, instructions="off")
-    try:
-        run_dir = RunDirectory(
-            args.out or new_run_dir(args.root), resume=args.resume, force=args.force
-        )
-    except RunDirError as exc:
-        return _usage(str(exc))
-    try:
-        return _run_in(args, run_dir, cases, config)
-    finally:
-        run_dir.close()
+    return run(run_options(args))
 
 
-def _run_cases(args: argparse.Namespace) -> list[tuple[str, AttnSpec]]:
-    """The grid ``run`` measures; a ValueError for arguments that contradict each other."""
-    from attnbench.contract import CUDA_RUN_LENGTHS
-    from attnbench.runs import DECODE_LENGTHS, grid
+def run_options(args: argparse.Namespace) -> RunOptions:
+    """``run``'s parsed arguments as the session takes them, the default lengths chosen."""
+    from attnbench.session import RunOptions
 
-    bad_kv = [h for h in args.kv_heads or [] if args.heads % h]
-    if bad_kv:
-        raise ValueError(
-            f"--kv-heads {', '.join(map(str, bad_kv))} must divide --heads {args.heads} "
-            "(each key/value head serves H / Hkv query heads)"
-        )
-    if args.workload == "prefill" and args.q_len != 1:
-        raise ValueError("--q-len is the decode workload's query count: add --workload decode")
-    if args.workload == "decode" and isinstance(args.lengths, _DefaultList):
-        args.lengths = list(DECODE_LENGTHS)
-    elif str(args.device).startswith("cuda") and isinstance(args.lengths, _DefaultList):
-        args.lengths = list(CUDA_RUN_LENGTHS)  # up to 64K: where the L² term dominates
-    base = AttnSpec(heads=args.heads, device=args.device)
-    return grid(
-        args.variants,
-        args.lengths,
-        base,
-        modes=args.modes,
-        masks=args.masks,
-        dtypes=args.dtypes,
-        limit_slow=not args.no_limit,
+    def listed(values: Sequence | None) -> tuple | None:
+        return None if values is None else tuple(values)
+
+    return RunOptions(
+        variants=listed(args.variants),
         workload=args.workload,
+        lengths=_run_lengths(args),
         q_len=args.q_len,
-        head_dims=args.head_dims,
-        batches=args.batches,
-        kv_heads=args.kv_heads,
+        device=args.device,
+        dtypes=tuple(args.dtypes),
+        modes=tuple(args.modes),
+        masks=tuple(args.masks),
+        batches=tuple(args.batches),
+        heads=args.heads,
+        kv_heads=listed(args.kv_heads),
+        head_dims=tuple(args.head_dims),
+        threads=args.threads,
+        retries=args.retries,
+        probe=not args.no_probe,
+        budget_mb=args.budget_mb,
+        budget_fraction=args.budget_fraction,
+        time_budget=args.time_budget,
+        case_timeout=args.case_timeout,
+        min_runs=args.min_runs,
+        min_time=args.min_time,
+        max_time=args.max_time,
+        check_accuracy=not args.no_check,
+        instructions=args.instructions,
+        flush_cache=args.flush_cache,
+        cuda_graphs=args.cuda_graphs,
+        limit_slow=not args.no_limit,
+        root=args.root,
+        out=args.out,
+        resume=args.resume,
+        force=args.force,
+        report=args.report,
+        quiet=args.quiet,
+        command=tuple(sys.argv),
     )
 
 
-def _run_in(
-    args: argparse.Namespace,
-    run_dir: RunDirectory,
-    cases: list[tuple[str, AttnSpec]],
-    config: MeasureConfig,
-) -> int:
-    """Measure ``cases`` into the opened ``run_dir``; the exit code (notes and errors on stderr)."""
-    from tqdm import tqdm
+def _run_lengths(args: argparse.Namespace) -> tuple[int, ...]:
+    """The lengths given, or the defaults of the workload (decode) and the device (CUDA)."""
+    from attnbench.contract import CUDA_RUN_LENGTHS
+    from attnbench.runs import DECODE_LENGTHS
 
-    from attnbench.measure import regime
-    from attnbench.measure.worker import WorkerPool
-    from attnbench.runs import RunDirError, RunWriteError
-
-    peak, peak_gbps = _measure_roofs(args.device, args.dtypes, config.threads)
-    try:
-        todo = run_dir.start(config, cases, command=sys.argv, peak_gflops=peak, peak_gbps=peak_gbps)
-    except RunDirError as exc:
-        return _usage(str(exc))
-    except RunWriteError as exc:
-        print(f"error: {exc.strerror}", file=sys.stderr)
-        return 1
-    done_before = len(cases) - len(todo)
-    _say_before_sweep(args, run_dir, config, done_before, len(cases))
-    counter = _start_counting(run_dir, cases, config)
-    bar = tqdm(
-        total=len(cases),
-        initial=done_before,
-        unit="case",
-        file=sys.stderr,
-        dynamic_ncols=True,
-        disable=args.quiet,
-    )
-    # One regime for parent and workers: the fork server starts with the allocator variables
-    # (read by glibc at start-up), every worker applies it again (threads, mallopt) and records
-    # describe().
-    pool = WorkerPool(env=regime.child_env(regime.Regime(threads=config.threads)))
-    session = _Sweep(
-        args, run_dir, todo, config, counter, bar, done_before, start=time.perf_counter()
-    )
-    policy = _StopPolicy(pool, note=lambda text: tqdm.write(text, file=sys.stderr))
-    try:
-        aborted = session.run(pool, policy)
-    except RunWriteError as exc:
-        # a full disk: what the log holds is kept, the rest is measured on --resume
-        bar.close()
-        if counter is not None:
-            counter.stop()
-        print(
-            f"error: {exc.strerror} ({len(run_dir.measurements)} of {run_dir.planned} cases kept "
-            f"in {run_dir.path}; make room, then rerun with --resume --out {run_dir.path})",
-            file=sys.stderr,
-        )
-        return 1
-    if policy.count:
-        _say_interrupted(run_dir, aborted)
-        return policy.exit_code
-    return 0
-
-
-def _measure_roofs(device: str, dtypes: Sequence[str], threads: int) -> tuple[dict, dict | None]:
-    """This machine's matmul GFLOP/s per dtype and memory bandwidth in GB/s.
-
-    Both are measured at the threads the workers will use; the bandwidth is None, with a note, where
-    it cannot be measured.
-    """
-    from attnbench.measure import regime
-    from attnbench.measure.bandwidth import bandwidth
-    from attnbench.measure.peak import matmul_peak
-
-    regime.apply(regime.Regime(threads=threads))  # the peak recorded is the workers' threads'
-    peak = {dtype: matmul_peak(device, dtype) / 1e9 for dtype in dtypes}
-    try:
-        bw = bandwidth(device)
-        # the bandwidth roof (triad) beside the FLOP/s roof
-        peak_gbps = {"copy": bw.copy / 1e9, "triad": bw.triad / 1e9}
-    except (RuntimeError, MemoryError) as exc:
-        # three arrays of 4x the LLC may not fit: the sweep still runs
-        peak_gbps = None
-        print(
-            f"note: memory bandwidth not measured ({type(exc).__name__}: {str(exc)[:120]}); "
-            "the report draws no bandwidth roof",
-            file=sys.stderr,
-        )
-    return peak, peak_gbps
-
-
-def _say_before_sweep(
-    args: argparse.Namespace,
-    run_dir: RunDirectory,
-    config: MeasureConfig,
-    done_before: int,
-    planned: int,
-) -> None:
-    """The notes of the run directory and of this kernel, and what a resumed run already holds."""
-    from attnbench.measure import schedstat
-
-    for note in run_dir.notes:
-        print(f"note: {note}", file=sys.stderr)
-    if config.probe and not schedstat.available():  # said once per run, not on every case
-        print(
-            f"note: this kernel does not report the run-queue wait ({schedstat.SCHEDSTAT}): a "
-            "neighbour is judged by the calibration probe alone, and no case records waited_blocks",
-            file=sys.stderr,
-        )
-    if args.resume and done_before:
-        print(
-            f"resuming {run_dir.path}: {done_before} of {planned} cases already measured",
-            file=sys.stderr,
-        )
-
-
-def _say_interrupted(run_dir: RunDirectory, aborted: bool) -> None:
-    """What a signal left: the cases kept, and how to measure the rest."""
-    left = run_dir.planned - len(run_dir.measurements)
-    how = "aborted" if aborted else "stopped"
-    print(
-        f"interrupted: {how}; {len(run_dir.measurements)} of {run_dir.planned} cases kept in "
-        f"{run_dir.path} ({left} left: rerun with --resume --out {run_dir.path})",
-        file=sys.stderr,
-    )
-
-
-@dataclasses.dataclass
-class _Sweep:
-    """A run's cases left to measure, logged into its directory with the counts beside them."""
-
-    args: argparse.Namespace
-    run_dir: RunDirectory
-    todo: list[tuple[str, AttnSpec]]
-    config: MeasureConfig
-    counter: Beside | None  # the instruction counts under way beside the sweep
-    bar: Any  # the tqdm bar of the cases
-    done_before: int  # cases an earlier session measured
-    start: float  # time.perf_counter() when this session's sweep began
-
-    def run(self, pool: WorkerPool, policy: _StopPolicy) -> bool:
-        """Measure what is left, then write the derived files and the report.
-
-        Each case is logged as it is measured, each instruction count as it arrives. True when a
-        signal abandoned a case.
-        """
-        with policy:
-            aborted = self._measure(pool, policy)
-            self.run_dir.finish(time.perf_counter() - self.start)
-            try:
-                _print_results(
-                    self.args, self.run_dir, len(self.todo), time.perf_counter() - self.start
-                )
-            except _Interrupted:
-                # a further signal while writing the report: what is logged stays, no page is made
-                print(
-                    "interrupted again: no report written (attnbench report --from "
-                    f"{self.run_dir.path} makes it)",
-                    file=sys.stderr,
-                )
-        return aborted
-
-    def _measure(self, pool: WorkerPool, policy: _StopPolicy) -> bool:
-        """The timed sweep, then the counts still under way; True when a signal abandoned a case."""
-        from attnbench.measure import sweep
-
-        try:
-            try:
-                sweep(
-                    self.todo,
-                    self.config,
-                    progress=self._progress,
-                    isolate=True,
-                    workers=pool,
-                    case_timeout_s=self.args.case_timeout,
-                    on_result=self._on_result,
-                    should_stop=lambda: policy.count > 0,
-                )
-                self.bar.n = self.done_before + len(self.todo) if policy.count == 0 else self.bar.n
-                self.bar.set_description("done" if policy.count == 0 else "interrupted")
-                self.bar.close()
-                if self.counter is not None and policy.count == 0:
-                    self._finish_counting()
-            finally:
-                self.bar.close()
-                if self.counter is not None:
-                    self.counter.stop()
-                    self._log_counts()
-        except _Interrupted:  # in the sweep, or a further signal while the counts were being kept
-            return True
-        return False
-
-    def _progress(self, i: int, total: int, name: str, spec: AttnSpec) -> None:
-        self.bar.set_description(f"{name} {spec.label}")
-        self.bar.n = self.done_before + i
-        self.bar.refresh()
-
-    def _on_result(self, i: int, m: Measurement) -> None:
-        self.run_dir.add(m, seconds=time.perf_counter() - self.start)
-        self._log_counts()
-
-    def _log_counts(self, wait_s: float = 0.0) -> int:
-        """Log the counts arrived; the number of those not taken (stopped before: not logged, so
-        ``--resume`` counts them)."""
-        from attnbench.measure.instructions import CANCELLED
-
-        skipped = 0
-        for count in self.counter.take(wait_s) if self.counter is not None else ():
-            if count.reason == CANCELLED:
-                skipped += 1
-            else:
-                self.run_dir.add_count(count, seconds=time.perf_counter() - self.start)
-        return skipped
-
-    def _finish_counting(self) -> None:
-        """The counts still under way, within the run's time limit for them (none for
-        ``--instructions``, which asks for every count)."""
-        from attnbench.runs import COUNT_FLOOR_S, COUNT_SHARE, count_wait_s
-
-        every = self.config.instructions == "all"
-        wait_s = None if every else count_wait_s(time.perf_counter() - self.start)
-        left = _finish_counting(self.counter, self._log_counts, self.args.quiet, wait_s)
-        if left:
-            print(
-                f"note: {left} of {self.counter.total} instruction count(s) not taken: after the "
-                f"sweep, counting stops at {COUNT_SHARE:.0%} of its time (at least "
-                f"{COUNT_FLOOR_S:.0f} s); `attnbench run --resume --out {self.run_dir.path} "
-                "--instructions` takes them (every CPU case, with no time limit)",
-                file=sys.stderr,
-            )
-
-
-def _print_results(
-    args: argparse.Namespace, run_dir: RunDirectory, planned: int, elapsed: float
-) -> None:
-    """The summary table, the statuses, and the report of what the run directory holds."""
-    from attnbench.runs import summary_table
-
-    results = run_dir.measurements
-    with pd.option_context("display.width", 200, "display.max_columns", 30):
-        print(summary_table(results).to_string())
-    statuses = pd.Series([str(m.status) for m in results], dtype=object).value_counts().to_dict()
-    print(
-        f"\n{len(results)} of {run_dir.planned} cases ({planned} planned this session, "
-        f"{elapsed:.0f} s): {statuses}"
-    )
-    print(f"measurements: {run_dir.path}")
-    if args.report and results:
-        from attnbench.report.html import build_report
-        from attnbench.runs import RunWriteError
-
-        print(
-            "writing the report (figures for every metric: a few seconds to a minute) ...",
-            file=sys.stderr,
-            flush=True,
-        )
-        try:
-            page = build_report([run_dir.path], Path(run_dir.path) / "report")
-        except OSError as exc:
-            raise RunWriteError(Path(run_dir.path) / "report", exc) from exc
-        print(f"report: {page}")
-
-
-def _start_counting(
-    run_dir: RunDirectory, cases: list[tuple[str, AttnSpec]], config: MeasureConfig
-) -> Beside | None:
-    """Instruction counts the log lacks, in one valgrind process beside the timed sweep.
-
-    The cases counted are those :func:`attnbench.runs.counted_cases` picks; None when none are
-    wanted.
-    """
-    from attnbench.measure.instructions import Beside, CountConfig
-    from attnbench.runs import case_key, counted_cases
-
-    if config.instructions == "off":
-        return None
-    every = config.instructions == "all"
-    wanted = [c for c in counted_cases(cases, every=every) if case_key(*c) not in run_dir.counted]
-    if not wanted:
-        return None
-    return Beside(
-        wanted,
-        CountConfig(
-            threads=config.threads or 1, seed=config.seed, check_accuracy=config.check_accuracy
-        ),
-    )
-
-
-def _finish_counting(
-    counter: Beside,
-    log_counts: Callable[[float], int],
-    quiet: bool,
-    wait_s: float | None = None,
-    clock: Callable[[], float] = time.monotonic,
-) -> int:
-    """Wait for the counts still under way (the timed sweep is done), with their own bar.
-
-    After ``wait_s`` seconds (None: no limit) the counting is stopped: what it counted is kept.
-    Returns the number of cases left uncounted by that stop.
-    """
-    from tqdm import tqdm
-
-    bar = tqdm(
-        total=counter.total,
-        initial=counter.received,
-        unit="case",
-        file=sys.stderr,
-        dynamic_ncols=True,
-        disable=quiet,
-        desc="instruction counts (valgrind)",
-    )
-    deadline = math.inf if wait_s is None else clock() + wait_s
-    left = 0
-    try:
-        while not counter.done:
-            if clock() >= deadline:
-                counter.stop()  # what it counted stays takeable; the rest come back not taken
-                break
-            left += log_counts(1.0)
-            bar.n = counter.received
-            bar.refresh()
-        left += log_counts(0.0)
-        bar.n = counter.received - left
-    finally:
-        bar.close()
-    if counter.error is not None:
-        print(f"note: no instruction counts: {counter.error}", file=sys.stderr)
-    else:
-        print(
-            f"instruction counts: {counter.total - left} case(s) in {counter.seconds:.0f} s of "
-            "valgrind beside the sweep",
-            file=sys.stderr,
-        )
-    return left
+    if not isinstance(args.lengths, _DefaultList):
+        return tuple(args.lengths)
+    if args.workload == "decode":
+        return tuple(DECODE_LENGTHS)
+    if str(args.device).startswith("cuda"):
+        return tuple(CUDA_RUN_LENGTHS)  # up to 64K: where the L² term dominates
+    return tuple(args.lengths)
 
 
 def cmd_report(args: argparse.Namespace) -> int:

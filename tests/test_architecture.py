@@ -51,6 +51,7 @@ ROOMS: tuple[tuple[str, ...], ...] = (
     ("report.html",),
     ("regress", "publish", "shards"),
     ("bisect", "export", "markdown"),
+    ("session",),
     ("cli",),
 )
 """Groups of modules from the bottom up: a module may import its own room's and lower rooms' modules only."""
