@@ -380,7 +380,7 @@ def cmd_regress(args: argparse.Namespace) -> int:
     except RegressError as exc:
         print(f"error: could not measure: {exc}", file=sys.stderr)
         return 3
-    code = _regress_report(args, outcome, metric)
+    from attnbench.gate_table import gate_lines
     from attnbench.markdown import gate_summary, write_summary
 
     factors = {
@@ -388,6 +388,8 @@ def cmd_regress(args: argparse.Namespace) -> int:
         "memory": args.memory_factor,
         "instructions": args.instructions_factor,
     }
+    lines, code = gate_lines(outcome, metric, factors)
+    print("\n".join(lines))
     for path in write_summary(
         gate_summary(outcome, metric, factors, time.monotonic() - started), args.summary
     ):
@@ -404,149 +406,6 @@ def _stamped(command: str, started: float) -> Callable[[str], None]:
     return lambda line: print(
         f"{command} [{time.monotonic() - started:4.0f} s] {line}", file=sys.stderr, flush=True
     )
-
-
-def _regress_report(args: argparse.Namespace, outcome, metric: str) -> int:
-    """Print the gate's table and verdict; the exit code."""
-    from attnbench.analysis.text import ratio
-    from attnbench.contract import Basis
-
-    shown = outcome.table.sort_values(["verdict", "ratio"], ascending=[False, False])
-    print(
-        _gate_row(
-            {
-                "verdict": "verdict",
-                "metric": "metric",
-                "case": "case",
-                "base": "BASE",
-                "head": "HEAD",
-                "ratio": "ratio",
-                "why": "why (whole reasons: attnbench-gate.csv beside the results)",
-            }
-        )
-    )
-    for rec in shown.to_dict("records"):
-        print(_gate_row(_gate_cells(rec)))
-    print(f"\nbase {outcome.base[:10]}  head {outcome.head[:10]}  results: {outcome.results_dir}")
-    for line in _growth_lines(outcome.table):
-        print(line)
-    for note in sorted({n for n in outcome.table["note"] if n}):
-        print(f"note: {note}")
-    if outcome.passed:
-        decided = {
-            "time": f"{args.time_factor}x time",
-            "instructions": f"{args.instructions_factor}x instruction counts",
-            "both": f"{args.instructions_factor}x instruction counts and {args.time_factor}x time",
-        }[metric]
-        print(f"PASS: nothing regressed beyond {decided} / {args.memory_factor}x peak tensor bytes")
-        return 0
-    if not outcome.regressions.empty:
-        print(f"FAIL: {len(outcome.regressions)} regression(s):")
-        for rec in outcome.regressions.to_dict("records"):
-            grew = f" predicted: {rec['reason']}" if rec.get("basis") == Basis.PREDICTED else ""
-            print(
-                f"  {_gate_case(rec)}: {rec['metric']} {ratio(rec['ratio'], rec['metric'])}{grew}"
-            )
-        return 1
-    print(
-        f"UNDECIDED: no regression found, but {len(outcome.undecided)} time case(s) could not be "
-        "decided after a confirmation round (disturbed rounds, or too scattered to exclude a 1.5x "
-        "slowdown); rerun with more --rounds on a quieter machine:"
-    )
-    for rec in outcome.undecided.to_dict("records"):
-        print(f"  {_gate_case(rec)}: {rec['reason']}")
-    return 4
-
-
-def _growth_lines(table: pd.DataFrame) -> list[str]:
-    """How each case's exact metrics grow, BASE -> HEAD (the gate's ``predicted`` rows).
-
-    A line per series whose exponent or predicted ratio moved, or that regressed: exponents, the
-    measured ratio at the longest length, the predicted one at the target length. Nothing when no
-    series was fitted.
-    """
-    from attnbench.analysis.growth import EXPONENT_THRESHOLD, exponent_text
-    from attnbench.analysis.text import ratio
-    from attnbench.contract import Basis, GateVerdict
-
-    if "basis" not in table.columns:
-        return []
-    predicted = table[table["basis"] == Basis.PREDICTED]
-    if not len(predicted):
-        return []
-    moved = predicted[
-        (predicted["verdict"] == GateVerdict.REGRESSED)
-        | (
-            (predicted["head_exponent"] - predicted["base_exponent"]).abs()
-            >= EXPONENT_THRESHOLD / 2
-        )
-        | predicted["improved"].fillna(False).astype(bool)
-    ]
-    measured_at = int(predicted["measured_length"].max())
-    lines = [
-        f"\nhow cost grows (rows marked *): {len(predicted)} series fitted along L; "
-        + (f"{len(moved)} moved:" if len(moved) else "no exponent change")
-    ]
-    if len(moved):
-        lines.append(
-            f"  (exponent BASE -> HEAD; ratio measured at L={measured_at} -> "
-            f"predicted at L={int(predicted['at_length'].max())})"
-        )
-    for rec in moved.sort_values("ratio", ascending=False).to_dict("records"):
-        pass_ = "bwd" if rec["mode"] == "backward" else "fwd"
-        lines.append(
-            _clip(
-                f"  {rec['verdict']:<10} {rec['variant']} {pass_} {rec['metric']}  "
-                f"{exponent_text(rec['base_exponent'])} -> {exponent_text(rec['head_exponent'])}  "
-                f"{ratio(rec['measured_ratio'], rec['metric'])} -> "
-                f"{ratio(rec['ratio'], rec['metric'])}"
-            )
-        )
-    return lines
-
-
-def _clip(line: str) -> str:
-    return line if len(line) <= GATE_WIDTH else line[: GATE_WIDTH - 3] + "..."
-
-
-def _gate_case(rec: dict) -> str:
-    """A gate row's case as the verdict lines name it: ``benchmark [variant, L=..., mode]``."""
-    return f"{rec['benchmark']} [{rec['variant']}, L={rec['seq_len']}, {rec['mode']}]"
-
-
-GATE_WIDTH = 100
-"""Columns of a line of regress's table (a terminal's, or a CI log's, without wrapping)."""
-
-
-def _gate_cells(rec: dict) -> dict[str, str]:
-    """One gate row as text: values with units, the ratio with the digits a verdict needs.
-
-    The units are the metric table's.
-    """
-    from attnbench.analysis.text import fmt, ratio
-    from attnbench.contract import UNITS, Basis
-
-    unit = UNITS.get(rec["metric"], "")
-    pass_ = "bwd" if rec["mode"] == "backward" else "fwd"
-    return {
-        "verdict": str(rec["verdict"]),
-        "metric": str(rec["metric"]),
-        # *: predicted at the target length from each side's fit (see "how cost grows")
-        "case": f"{rec['variant']} L={rec['seq_len']} {pass_}"
-        + ("*" if rec.get("basis") == Basis.PREDICTED else ""),
-        "base": fmt(rec["base_value"], unit),
-        "head": fmt(rec["head_value"], unit),
-        "ratio": ratio(rec["ratio"], rec["metric"]) if rec["ratio"] == rec["ratio"] else "n/a",
-        "why": str(rec.get("reason") or rec.get("note") or ""),
-    }
-
-
-def _gate_row(cells: dict[str, str]) -> str:
-    line = (
-        f"{cells['verdict']:<10} {cells['metric']:<17} {cells['case']:<22} "
-        f"{cells['base']:>11} {cells['head']:>11} {cells['ratio']:>8}  {cells['why']}"
-    )
-    return line if len(line) <= GATE_WIDTH else line[: GATE_WIDTH - 3] + "..."
 
 
 def cmd_bisect(args: argparse.Namespace) -> int:
