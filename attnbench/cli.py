@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from attnbench import masks
-from attnbench.contract import INSTRUCTIONS_FACTOR, WORKLOADS
+from attnbench.contract import INSTRUCTIONS_FACTOR, MEMORY_FACTOR, TIME_FACTOR, WORKLOADS
 from attnbench.io import atomic_write_text, check_output_file, check_writable_dir
 from attnbench.registry import get_variant, variant_names
 from attnbench.spec import DTYPES, MODES, AttnSpec
@@ -732,7 +732,7 @@ def _add_grid_options(p: argparse.ArgumentParser) -> None:
         default=1,
         help="decode: queries per step Lq (1 per generated token; more for speculative decoding)",
     )
-    p.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N]")
+    _add_device_option(p)
     p.add_argument(
         "--dtypes",
         "--dtype",
@@ -942,8 +942,8 @@ def _add_profile_parser(sub) -> None:
     )
     p.add_argument("variant", type=_variant, help="registered variant name")
     p.add_argument("--seq-len", type=_length, required=True, help="sequence length")
-    p.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N]")
-    p.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    _add_device_option(p)
+    _add_dtype_option(p)
     p.add_argument(
         "--mode",
         "--pass",
@@ -970,20 +970,13 @@ def _add_regress_parser(sub) -> None:
     )
     p.add_argument("base", help="git revision to compare against (e.g. origin/main)")
     p.add_argument("head", nargs="?", default="HEAD", help="git revision under test")
-    p.add_argument("--repo", default=".", help="attnbench checkout")
-    p.add_argument("--time-factor", type=_factor, default=1.2, help="allowed HEAD/BASE time ratio")
-    p.add_argument(
-        "--memory-factor",
-        type=_factor,
-        default=1.1,
-        help="allowed HEAD/BASE peak tensor bytes ratio",
+    _add_repo_option(p)
+    _add_factor_options(
+        p,
+        time="allowed HEAD/BASE time ratio",
+        memory="allowed HEAD/BASE peak tensor bytes ratio",
     )
-    p.add_argument(
-        "--rounds",
-        type=_int_at_least(1, "rounds"),
-        default=2,
-        help="asv rounds, interleaved across the commits",
-    )
+    _add_rounds_option(p, "asv rounds, interleaved across the commits")
     p.add_argument(
         "--metric",
         choices=["time", "instructions", "both"],
@@ -991,12 +984,7 @@ def _add_regress_parser(sub) -> None:
         help="what decides: wall time, instruction counts under valgrind, or both (default: "
         "both when valgrind is installed, else time)",
     )
-    p.add_argument(
-        "--instructions-factor",
-        type=_factor,
-        default=INSTRUCTIONS_FACTOR,
-        help="allowed HEAD/BASE instruction count ratio",
-    )
+    _add_factor_options(p, instructions="allowed HEAD/BASE instruction count ratio")
     p.add_argument(
         "--work-dir",
         default=".asv/regress",
@@ -1010,15 +998,51 @@ def _add_regress_parser(sub) -> None:
         "each variant only (where the working set is largest: what counts cannot see "
         "weighs most) or every case (minutes longer); --metric time always times every case",
     )
+    _add_summary_option(p, "the verdict", "it")
+    _add_at_length(p)
+    p.set_defaults(func=cmd_regress)
+
+
+FACTORS = {
+    "time": ("--time-factor", TIME_FACTOR),
+    "memory": ("--memory-factor", MEMORY_FACTOR),
+    "instructions": ("--instructions-factor", INSTRUCTIONS_FACTOR),
+}
+"""The gate's factors: each one's option and default (:mod:`attnbench.contract`'s)."""
+
+
+def _add_factor_options(p: argparse.ArgumentParser, **helps: str) -> None:
+    """The gate's factor options named (``time``, ``memory``, ``instructions``), as ordered."""
+    for name, help_ in helps.items():
+        option, default = FACTORS[name]
+        p.add_argument(option, type=_factor, default=default, help=help_)
+
+
+def _add_repo_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--repo", default=".", help="attnbench checkout")
+
+
+def _add_rounds_option(p: argparse.ArgumentParser, help_: str) -> None:
+    p.add_argument("--rounds", type=_int_at_least(1, "rounds"), default=2, help=help_)
+
+
+def _add_summary_option(p: argparse.ArgumentParser, what: str, it: str) -> None:
+    """``--summary FILE``: ``what`` also as Markdown, appended to the job's step summary."""
     p.add_argument(
         "--summary",
         default=None,
         metavar="FILE",
-        help="also write the verdict as Markdown to FILE (and append it to "
+        help=f"also write {what} as Markdown to FILE (and append {it} to "
         "$GITHUB_STEP_SUMMARY when set)",
     )
-    _add_at_length(p)
-    p.set_defaults(func=cmd_regress)
+
+
+def _add_device_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N]")
+
+
+def _add_dtype_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dtype", default="float32", choices=list(DTYPES))
 
 
 def _add_at_length(p: argparse.ArgumentParser) -> None:
@@ -1058,26 +1082,15 @@ def _add_bisect_parser(sub) -> None:
         help="measure this case only (repeatable; default: the CI grid, narrowed by "
         "ATTNBENCH_ASV_*)",
     )
-    p.add_argument("--repo", default=".", help="attnbench checkout")
+    _add_repo_option(p)
     p.add_argument("--work-dir", default=".asv/bisect", help="results and asv.log go here")
-    p.add_argument(
-        "--instructions-factor",
-        type=_factor,
-        default=INSTRUCTIONS_FACTOR,
-        help="a probe is bad when a count exceeds GOOD's by this",
+    _add_factor_options(
+        p,
+        instructions="a probe is bad when a count exceeds GOOD's by this",
+        memory="the same for peak tensor bytes",
+        time="the gate's time allowance (--metric time)",
     )
-    p.add_argument(
-        "--memory-factor", type=_factor, default=1.1, help="the same for peak tensor bytes"
-    )
-    p.add_argument(
-        "--time-factor", type=_factor, default=1.2, help="the gate's time allowance (--metric time)"
-    )
-    p.add_argument(
-        "--rounds",
-        type=_int_at_least(1, "rounds"),
-        default=2,
-        help="time rounds per probe (--metric time)",
-    )
+    _add_rounds_option(p, "time rounds per probe (--metric time)")
     p.set_defaults(func=cmd_bisect)
 
 
@@ -1110,23 +1123,13 @@ def _add_history_parser(sub) -> None:
         help="git repository to order the commits by (when it knows them all; else asv's "
         "commit dates)",
     )
-    p.add_argument(
-        "--instructions-factor",
-        type=_factor,
-        default=INSTRUCTIONS_FACTOR,
-        help="a count's step or drift",
+    _add_factor_options(
+        p,
+        instructions="a count's step or drift",
+        memory="peak tensor bytes' step or drift",
+        time="a time level's step or drift",
     )
-    p.add_argument(
-        "--memory-factor", type=_factor, default=1.1, help="peak tensor bytes' step or drift"
-    )
-    p.add_argument("--time-factor", type=_factor, default=1.2, help="a time level's step or drift")
-    p.add_argument(
-        "--summary",
-        default=None,
-        metavar="FILE",
-        help="also write the steps as Markdown to FILE (and append them to "
-        "$GITHUB_STEP_SUMMARY when set)",
-    )
+    _add_summary_option(p, "the steps", "them")
     p.set_defaults(func=cmd_history)
 
 
@@ -1155,8 +1158,8 @@ def _add_peak_parser(sub) -> None:
         help="measure this machine's matmul FLOP/s and memory bandwidth (cached for reports)",
         formatter_class=_Formatter,
     )
-    p.add_argument("--device", type=_device, default="cpu", help="cpu or cuda[:N]")
-    p.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    _add_device_option(p)
+    _add_dtype_option(p)
     p.add_argument(
         "--threads",
         type=_int_at_least(1, "threads"),
