@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from attnbench.arguments import DefaultList, build_parser
+from attnbench.errors import AttnbenchError
 from attnbench.io import atomic_write_text, check_output_file, check_writable_dir
 from attnbench.registry import get_variant, variant_names
 from attnbench.spec import AttnSpec
@@ -215,7 +216,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 def cmd_regress(args: argparse.Namespace) -> int:
     from attnbench.markdown import check_summary
     from attnbench.measure.instructions import missing_message, valgrind_version
-    from attnbench.regress import RegressError, regress
+    from attnbench.regress import regress
 
     bad = _environment_problems()
     if bad:
@@ -253,9 +254,6 @@ def cmd_regress(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         return _usage(str(exc))
-    except RegressError as exc:
-        print(f"error: could not measure: {exc}", file=sys.stderr)
-        return 3
     from attnbench.gate_table import gate_lines
     from attnbench.markdown import gate_summary, write_summary
 
@@ -290,8 +288,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     Exit 1: a first bad commit named; 0: nothing exceeds GOOD; 4: only a range; 2: usage;
     3: could not measure.
     """
-    from attnbench.bisect import BisectError, answer, bisect, probe_line
-    from attnbench.regress import RegressError
+    from attnbench.bisect import answer, bisect, probe_line
 
     bad = _environment_problems()  # as regress and shard: before asv builds anything
     if bad:
@@ -314,11 +311,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
             progress=say,
             on_probe=lambda probe, n: print(probe_line(probe, n, args.metric), flush=True),
         )
-    except (BisectError, ValueError) as exc:
+    except ValueError as exc:  # BisectError among them
         return _usage(str(exc))
-    except RegressError as exc:
-        print(f"error: could not measure: {exc}", file=sys.stderr)
-        return 3
     code, lines = answer(state)
     print("\n".join(lines))
     return code
@@ -371,7 +365,7 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from attnbench.analysis.frame import load
-    from attnbench.export import ExportError, dumps, export
+    from attnbench.export import dumps, export
 
     if args.out:
         try:
@@ -380,10 +374,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             return _usage(str(exc))
     frame = load([args.source])
     _print_problems(frame.attrs.get("problems", []))
-    try:
-        exported = export(frame, args.fmt, args.commit)
-    except ExportError as exc:
-        return _usage(str(exc))
+    exported = export(frame, args.fmt, args.commit)
     text = dumps(exported)
     if args.out:
         out = atomic_write_text(args.out, text)
@@ -398,7 +389,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from attnbench.publish import PublishError, publish
+    from attnbench.publish import publish
 
     try:
         if args.html_dir is not None:
@@ -406,9 +397,6 @@ def cmd_publish(args: argparse.Namespace) -> int:
         outcome = publish(args.config, args.html_dir)
     except ValueError as exc:
         return _usage(str(exc))
-    except PublishError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
     print(
         f"site: {outcome.html_dir / 'index.html'} (works offline, from the file or any local "
         f"server; {outcome.rewritten} CDN reference(s) now served from vendor/)"
@@ -421,16 +409,13 @@ def cmd_shard(args: argparse.Namespace) -> int:
 
     Append them to ``$GITHUB_ENV``.
     """
-    from attnbench.shards import ShardError, parse_shard, shard_environment
+    from attnbench.shards import parse_shard, shard_environment
 
     bad = _environment_problems()
     if bad:
         return _usage(bad)
-    try:
-        index, count = parse_shard(args.shard)
-        env = shard_environment(args.benchmarks, index, count, args.grid)
-    except ShardError as exc:
-        return _usage(str(exc))
+    index, count = parse_shard(args.shard)
+    env = shard_environment(args.benchmarks, index, count, args.grid)
     for key, value in env.items():
         print(f"{key}={value}")
     return 0
@@ -465,12 +450,9 @@ def _environment_problems() -> str:
 
 
 def cmd_merge_results(args: argparse.Namespace) -> int:
-    from attnbench.shards import ShardError, merge_results
+    from attnbench.shards import merge_results
 
-    try:
-        merged = merge_results(args.sources, args.out)
-    except ShardError as exc:
-        return _usage(str(exc))
+    merged = merge_results(args.sources, args.out)
     print(
         f"merged {merged.shards} result file(s) into {merged.files} ({merged.benchmarks} benchmark "
         f"rows): {args.out}"
@@ -608,6 +590,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with _reader_may_leave():
             return COMMANDS[args.command](args)
+    except AttnbenchError as exc:  # the package's own errors, each with its line and exit code
+        print(exc.line(), file=sys.stderr)
+        return exc.exit_code
     except KeyboardInterrupt:
         # outside a sweep's own handling (e.g. while importing or measuring the peak)
         print("attnbench: interrupted", file=sys.stderr)

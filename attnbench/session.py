@@ -18,6 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from attnbench.contract import Status
+from attnbench.errors import UsageError
+from attnbench.runs import swept_length
 from attnbench.spec import AttnSpec
 
 if TYPE_CHECKING:
@@ -69,11 +72,6 @@ class RunOptions:
     report: bool
     quiet: bool
     command: tuple[str, ...]  # the command line, as the run directory records it
-
-
-def _usage(message: str) -> int:
-    print(f"attnbench: error: {message}", file=sys.stderr)
-    return 2
 
 
 def measure_config(options: RunOptions) -> MeasureConfig:
@@ -163,24 +161,23 @@ class _StopPolicy:
 
 
 def run(options: RunOptions) -> int:
-    """Measure the grid ``options`` ask for into a run directory; the exit code."""
+    """Measure the grid ``options`` ask for into a run directory; the exit code.
+
+    Raises:
+        UsageError: options that contradict, an empty grid, a run directory that cannot be used.
+        RunWriteError: the run directory could not be written before the sweep.
+    """
     from attnbench.measure.instructions import missing_message, valgrind_version
-    from attnbench.runs import (
-        RunDirectory,
-        RunDirError,
-        device_only_defaults,
-        empty_grid_reason,
-        new_run_dir,
-    )
+    from attnbench.runs import RunDirectory, device_only_defaults, empty_grid_reason, new_run_dir
 
     try:  # every argument is validated here, before any measurement
         cases = run_cases(options)
         config = measure_config(options)
     except (ValueError, TypeError) as exc:
-        return _usage(str(exc))
+        raise UsageError(str(exc)) from None
     if not cases:
         reason = empty_grid_reason(options.variants, options.lengths, options.limit_slow)
-        return _usage(f"nothing to run: {reason}")
+        raise UsageError(f"nothing to run: {reason}")
     if not options.variants and (elsewhere := device_only_defaults([options.device])):
         print(
             f"note: not planned on {options.device}: {', '.join(elsewhere)} (they need another "
@@ -188,7 +185,7 @@ def run(options: RunOptions) -> int:
             file=sys.stderr,
         )
     if options.instructions and valgrind_version() is None:
-        return _usage(f"--instructions: {missing_message()}")
+        raise UsageError(f"--instructions: {missing_message()}")
     if options.instructions is None and config.instructions != "off" and valgrind_version() is None:
         print(
             f"note: no instruction counts ({missing_message()}); the report's claims rest on time "
@@ -196,12 +193,9 @@ def run(options: RunOptions) -> int:
             file=sys.stderr,
         )
         config = dataclasses.replace(config, instructions="off")
-    try:
-        run_dir = RunDirectory(
-            options.out or new_run_dir(options.root), resume=options.resume, force=options.force
-        )
-    except RunDirError as exc:
-        return _usage(str(exc))
+    run_dir = RunDirectory(
+        options.out or new_run_dir(options.root), resume=options.resume, force=options.force
+    )
     try:
         return _run_in(options, run_dir, cases, config)
     finally:
@@ -248,18 +242,12 @@ def _run_in(
 
     from attnbench.measure import regime
     from attnbench.measure.worker import WorkerPool
-    from attnbench.runs import RunDirError, RunWriteError
+    from attnbench.runs import RunWriteError
 
     peak, peak_gbps = _measure_roofs(options.device, options.dtypes, config.threads)
-    try:
-        todo = run_dir.start(
-            config, cases, command=list(options.command), peak_gflops=peak, peak_gbps=peak_gbps
-        )
-    except RunDirError as exc:
-        return _usage(str(exc))
-    except RunWriteError as exc:
-        print(f"error: {exc.strerror}", file=sys.stderr)
-        return 1
+    todo = run_dir.start(
+        config, cases, command=list(options.command), peak_gflops=peak, peak_gbps=peak_gbps
+    )
     done_before = len(cases) - len(todo)
     _say_before_sweep(options, run_dir, config, done_before, len(cases))
     counter = _start_counting(run_dir, cases, config)
@@ -470,8 +458,6 @@ def _print_results(
     options: RunOptions, run_dir: RunDirectory, planned: int, elapsed: float
 ) -> None:
     """The summary table, the statuses, and the report of what the run directory holds."""
-    from attnbench.runs import summary_table
-
     results = run_dir.measurements
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(summary_table(results).to_string())
@@ -568,3 +554,44 @@ def _finish_counting(
             file=sys.stderr,
         )
     return left
+
+
+def summary_table(measurements: Sequence[Measurement]) -> pd.DataFrame:
+    """Compact variant x length table of median milliseconds (status where not ok).
+
+    What ``attnbench run`` prints when its sweep is done.
+
+    Rows are variants, split by dtype / pass / mask when the sweep varies them.
+    """
+    rows = []
+    for m in measurements:
+        cell = f"{m.median * 1e3:.3g}" if m.status == Status.OK else m.status
+        rows.append(
+            {
+                "variant": m.variant,
+                "workload": m.workload,
+                "dtype": m.spec.dtype,
+                "pass": m.spec.mode,
+                "mask": m.spec.mask,
+                "D": m.spec.head_dim,
+                "B": m.spec.batch,
+                "Hkv": m.spec.hkv,
+                "Lq": m.spec.lq,
+                "L": swept_length(m.spec, m.workload),
+                "cell": cell,
+            }
+        )
+    if not rows:
+        return pd.DataFrame()
+    frame = pd.DataFrame(rows)
+    split = ("workload", "dtype", "pass", "mask", "D", "B", "Hkv") + (
+        ("Lq",) if set(frame["workload"]) == {"decode"} else ()
+    )
+    index = ["variant"] + [c for c in split if frame[c].nunique() > 1]
+    table = frame.pivot_table(index=index, columns="L", values="cell", aggfunc="first", sort=False)
+    table.columns.name = (
+        "median ms at L="
+        if set(frame["workload"]) == {"prefill"}
+        else "median ms at L (decode: Lk)="
+    )
+    return table.fillna("")
