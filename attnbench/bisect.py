@@ -32,6 +32,7 @@ from attnbench import contract
 from attnbench.analysis import history as steps_
 from attnbench.analysis import significance, text
 from attnbench.contract import Basis, GateVerdict, Status
+from attnbench.errors import UsageError
 
 METRICS = ("instructions", "peak_tensor_bytes", "time")
 """What a bisection can search on: the gate's deterministic metrics, and time."""
@@ -54,7 +55,7 @@ class ProbeVerdict(enum.StrEnum):
 VERDICTS = tuple(ProbeVerdict)
 
 
-class BisectError(ValueError):
+class BisectError(ValueError, UsageError):
     """A bisection that cannot start (a usage error: exit 2).
 
     Bad revisions, a GOOD that is not an ancestor of BAD, a bad case.

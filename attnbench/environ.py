@@ -15,6 +15,7 @@ import os
 from collections.abc import Callable, Mapping
 
 from attnbench import contract, masks
+from attnbench.errors import UsageError
 from attnbench.registry import variant_names
 from attnbench.spec import MODES
 
@@ -22,7 +23,7 @@ THREADS = "ATTNBENCH_THREADS"
 """Torch threads of asv's benchmark processes (default: the regime's)."""
 
 
-class EnvironmentVariableError(ValueError):
+class EnvironmentVariableError(ValueError, UsageError):
     """An ``ATTNBENCH_*`` variable holds a value that cannot be used (a usage error: exit 2)."""
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["AttnbenchError"]
+__all__ = ["AttnbenchError", "CouldNotMeasure", "UsageError"]
 
 
 class AttnbenchError(Exception):
@@ -14,3 +14,25 @@ class AttnbenchError(Exception):
     """
 
     exit_code: int = 1
+
+    def line(self) -> str:
+        """The line ``attnbench`` prints on stderr for this error."""
+        return f"error: {self}"
+
+
+class UsageError(AttnbenchError):
+    """The command cannot do what it was asked (nothing measured, nothing written): exit 2."""
+
+    exit_code = 2
+
+    def line(self) -> str:
+        return f"attnbench: error: {self}"
+
+
+class CouldNotMeasure(AttnbenchError):
+    """A measurement could not be taken (asv, git, valgrind failed): exit 3."""
+
+    exit_code = 3
+
+    def line(self) -> str:
+        return f"error: could not measure: {self}"

@@ -33,6 +33,7 @@ from attnbench import contract
 from attnbench.analysis import growth
 from attnbench.analysis import history as steps_
 from attnbench.contract import Status
+from attnbench.errors import UsageError
 
 FORMATS = ("bmf", "github-action-benchmark")
 EXPORTED = {
@@ -48,7 +49,7 @@ EXPORTED = {
 """What is exported, and how it is named (BMF's ``latency``: Bencher's built-in measure, in ns)."""
 
 
-class ExportError(ValueError):
+class ExportError(ValueError, UsageError):
     """Nothing to export, or a commit that is not in the results (a usage error: exit 2)."""
 
 

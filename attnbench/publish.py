@@ -23,6 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnbench.errors import AttnbenchError
 from attnbench.io import output_tail
 
 ASSETS = Path(__file__).parent / "publish_assets"
@@ -48,7 +49,7 @@ _LOADING_ATTRS = ("src", "data", "poster", "srcset")
 _DROPPED_ATTRS = ("integrity", "crossorigin", "referrerpolicy")
 
 
-class PublishError(RuntimeError):
+class PublishError(RuntimeError, AttnbenchError):
     """``asv publish`` failed, or its pages still load something from the network."""
 
 

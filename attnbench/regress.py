@@ -40,6 +40,7 @@ from attnbench import contract
 from attnbench.analysis import growth, significance
 from attnbench.analysis.frame import decode_param, load_asv
 from attnbench.contract import GateVerdict, Status
+from attnbench.errors import CouldNotMeasure
 from attnbench.io import atomic_write, check_writable_dir, output_tail
 from attnbench.measure import probe, regime, schedstat
 from attnbench.measure.instructions import missing_message, valgrind_version
@@ -72,7 +73,7 @@ class SampleKey(NamedTuple):
     mask: str
 
 
-class RegressError(RuntimeError):
+class RegressError(RuntimeError, CouldNotMeasure):
     """The comparison could not be made (exit code 3)."""
 
 

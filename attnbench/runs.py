@@ -34,6 +34,7 @@ from typing import Any
 import pandas as pd
 
 from attnbench.contract import RUN_LENGTHS, SWEPT_LENGTH, WORKLOADS, Status
+from attnbench.errors import AttnbenchError, UsageError
 from attnbench.io import atomic_write, atomic_write_text, check_path, error_line
 from attnbench.measure.instructions import Count, attach
 from attnbench.measure.record import STATUSES, Environment, Measurement
@@ -444,7 +445,7 @@ def count_from_json(data: dict[str, Any]) -> Count:
     )
 
 
-class RunDirError(ValueError):
+class RunDirError(ValueError, UsageError):
     """The run directory cannot be used as asked (a usage error: exit 2 on the command line)."""
 
 
@@ -457,7 +458,7 @@ def _named(path: str | Path) -> Path:
     return Path(path)
 
 
-class RunWriteError(OSError):
+class RunWriteError(OSError, AttnbenchError):
     """Writing into the run directory failed (a full disk, a quota, a file size limit).
 
     What was logged before stays.
@@ -466,6 +467,9 @@ class RunWriteError(OSError):
     def __init__(self, path: Path, exc: OSError) -> None:
         super().__init__(exc.errno, f"cannot write {path}: {exc.strerror or exc}")
         self.path = path
+
+    def line(self) -> str:
+        return f"error: {self.strerror}"
 
 
 def _fsync_dir(path: Path) -> None:
@@ -865,42 +869,3 @@ def write_run(
         run_dir, measurements, header, seconds=seconds, peak_gflops=peak_gflops, peak_gbps=peak_gbps
     )
     return run_dir
-
-
-def summary_table(measurements: Sequence[Measurement]) -> pd.DataFrame:
-    """Compact variant x length table of median milliseconds (status where not ok).
-
-    Rows are variants, split by dtype / pass / mask when the sweep varies them.
-    """
-    rows = []
-    for m in measurements:
-        cell = f"{m.median * 1e3:.3g}" if m.status == Status.OK else m.status
-        rows.append(
-            {
-                "variant": m.variant,
-                "workload": m.workload,
-                "dtype": m.spec.dtype,
-                "pass": m.spec.mode,
-                "mask": m.spec.mask,
-                "D": m.spec.head_dim,
-                "B": m.spec.batch,
-                "Hkv": m.spec.hkv,
-                "Lq": m.spec.lq,
-                "L": swept_length(m.spec, m.workload),
-                "cell": cell,
-            }
-        )
-    if not rows:
-        return pd.DataFrame()
-    frame = pd.DataFrame(rows)
-    split = ("workload", "dtype", "pass", "mask", "D", "B", "Hkv") + (
-        ("Lq",) if set(frame["workload"]) == {"decode"} else ()
-    )
-    index = ["variant"] + [c for c in split if frame[c].nunique() > 1]
-    table = frame.pivot_table(index=index, columns="L", values="cell", aggfunc="first", sort=False)
-    table.columns.name = (
-        "median ms at L="
-        if set(frame["workload"]) == {"prefill"}
-        else "median ms at L (decode: Lk)="
-    )
-    return table.fillna("")

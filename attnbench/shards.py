@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnbench import contract
+from attnbench.errors import UsageError
 from attnbench.io import atomic_write_text
 
 BENCHMARK_PREFIXES = ("time_", "timeraw_", "mem_", "peakmem_", "track_")
@@ -35,7 +36,7 @@ BENCH_ENV = "ATTNBENCH_ASV_BENCH"
 """The variable :func:`shard_environment` sets to the ``--bench`` pattern of a shard."""
 
 
-class ShardError(ValueError):
+class ShardError(ValueError, UsageError):
     """A shard specification or a set of result files that cannot be used (usage error: exit 2)."""
 
 

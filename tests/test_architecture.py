@@ -51,6 +51,7 @@ ROOMS: tuple[tuple[str, ...], ...] = (
     ("report.html",),
     ("regress", "publish", "shards"),
     ("bisect", "export", "markdown"),
+    ("session", "gate_table", "arguments"),
     ("cli",),
 )
 """Groups of modules from the bottom up: a module may import its own room's and lower rooms' modules only."""

@@ -199,6 +199,8 @@ def test_empty_grid_names_the_reason(tmp_path, monkeypatch, capsys):
     ],
 )
 def test_decode_flushes_caches_by_default(argv, flush):
-    from attnbench.cli import _run_config, build_parser
+    from attnbench.cli import build_parser, run_options
+    from attnbench.session import measure_config
 
-    assert _run_config(build_parser().parse_args(["run", *argv])).timer.flush_cache is flush
+    options = run_options(build_parser().parse_args(["run", *argv]))
+    assert measure_config(options).timer.flush_cache is flush

@@ -13,10 +13,11 @@ import pytest
 from attnbench import get_variant
 from attnbench.analysis import complexity
 from attnbench.analysis.summary import analyse, load_results
-from attnbench.cli import _run_cases, build_parser
+from attnbench.cli import build_parser, run_options
 from attnbench.contract import CUDA_RUN_LENGTHS, PROGRESSION, Status
 from attnbench.measure import guard
 from attnbench.report import html, plots
+from attnbench.session import run_cases
 
 GPU_TRAIN = Path(__file__).parent / "fixtures" / "runs" / "gpu_train"
 CPU_PREFILL = Path(__file__).parent / "fixtures" / "runs" / "prefill"
@@ -75,7 +76,7 @@ def test_cuda_default_lengths_reach_64k_and_the_guard_stops_the_materialising_on
     args = build_parser().parse_args(
         ["run", "--device", "cuda", "--variants", "sdpa_flash,batched", "--dtypes", "bfloat16"]
     )
-    cases = _run_cases(args)
+    cases = run_cases(run_options(args))
     lengths = {v: sorted(s.seq_len for n, s in cases if n == v) for v in ("sdpa_flash", "batched")}
     assert lengths["sdpa_flash"] == list(CUDA_RUN_LENGTHS) and CUDA_RUN_LENGTHS[-1] == 65536
     # on an 80 GB card, half of it the budget: the fused kernel fits at 64K, batched's scores not
@@ -87,7 +88,7 @@ def test_cuda_default_lengths_reach_64k_and_the_guard_stops_the_materialising_on
     }
     assert fits[("sdpa_flash", 65536)] and fits[("batched", 16384)]
     assert not fits[("batched", 65536)]
-    cpu = _run_cases(build_parser().parse_args(["run", "--variants", "sdpa"]))
+    cpu = run_cases(run_options(build_parser().parse_args(["run", "--variants", "sdpa"])))
     assert max(s.seq_len for _, s in cpu) == 4096  # CPU's defaults are unchanged
 
 

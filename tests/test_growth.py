@@ -164,12 +164,12 @@ def test_the_summary_and_the_table_show_measured_and_predicted_ratios_with_expon
     ) in summary
     assert "peak tensor bytes (x1.1, 3 cases)" in summary  # a fitted series is not a case
     assert "how cost grows (1 series fitted along L" in summary
-    from attnbench.cli import _gate_cells, _growth_lines
+    from attnbench.gate_table import gate_cells, growth_lines
 
     predicted = outcome.table[outcome.table["basis"] == Basis.PREDICTED].iloc[0].to_dict()
-    assert _gate_cells(predicted)["case"] == "chunked L=131072 fwd*"
+    assert gate_cells(predicted)["case"] == "chunked L=131072 fwd*"
 
-    lines = _growth_lines(outcome.table)
+    lines = growth_lines(outcome.table)
     assert "ratio measured at L=1024 -> predicted at L=131072" in lines[1], lines
     assert "regressed  chunked fwd peak_tensor_bytes  L^0.99 -> L^1.03  x1.08 -> x11.67" in lines[2]
     assert all(len(line) <= 100 for line in lines)
@@ -329,11 +329,11 @@ def test_removing_the_square_buffer_is_an_improvement_at_the_target():
     outcome = _outcome(compare(_frame(series), "A", "B"))
     row = _predicted(outcome.table, "chunked", "peak_tensor_bytes")
     assert row["verdict"] == GateVerdict.OK and row["improved"], row
-    from attnbench.cli import _growth_lines
+    from attnbench.gate_table import growth_lines
 
     assert (
         "ok         chunked fwd peak_tensor_bytes  L^1.03 -> L^0.99  x0.92 -> x0.09"
-        in (_growth_lines(outcome.table)[2])
+        in (growth_lines(outcome.table)[2])
     )
     summary = gate_summary(outcome, "time", {"time": 1.2, "memory": 1.1, "instructions": 1.002})
     assert "| chunked L=131072 (predicted) | peak_tensor_bytes |" in summary.split("Improved")[1]
@@ -345,7 +345,7 @@ def test_a_halved_square_term_is_listed_as_grown_less_though_its_exponent_stays(
         ("B", "batched", "peak_tensor_bytes"): [20.0 * n**2 for n in LENGTHS],
     }
     table = compare(_frame(series), "A", "B")
-    from attnbench.cli import _growth_lines
+    from attnbench.gate_table import growth_lines
 
-    lines = _growth_lines(table)
+    lines = growth_lines(table)
     assert "ok         batched fwd peak_tensor_bytes  L^2.00 -> L^2.00  x0.50 -> x0.50" in lines[2]

@@ -231,8 +231,9 @@ def test_run_counts_the_headline_variants_beside_the_sweep_by_default(tmp_path, 
 def test_instructions_picks_every_cpu_case():
     """``--instructions`` counts every CPU case (a variant outside the headline set included, no budget); the
     default, the headline figure's variants and one per family."""
-    from attnbench.cli import _run_config, build_parser
+    from attnbench.cli import build_parser, run_options
     from attnbench.runs import counted_cases
+    from attnbench.session import measure_config
 
     cases = [
         (name, AttnSpec(seq_len=n, heads=1)) for name in ("batched", "local") for n in (64, 128)
@@ -241,7 +242,7 @@ def test_instructions_picks_every_cpu_case():
     assert len(every) == 4 and {name for name, _ in every} == {"batched", "local"}
     assert {name for name, _ in counted_cases(cases)} == {"batched"}
     modes = {
-        flag: _run_config(build_parser().parse_args(["run", *flag])).instructions
+        flag: measure_config(run_options(build_parser().parse_args(["run", *flag]))).instructions
         for flag in ((), ("--instructions",), ("--no-instructions",))
     }
     assert list(modes.values()) == ["default", "all", "off"]

@@ -944,7 +944,7 @@ def test_a_planted_square_buffer_fails_on_how_its_cost_grows(throwaway, tmp_path
     the gate fails it on the ratio its fits predict at L=131072 and names the exponent change, the
     report draws it; the README-only commit, gated in the same asv session, reports no exponent
     change. Three lengths of chunked, one time round: the fewest asv runs that fit a growth."""
-    from attnbench.cli import _growth_lines
+    from attnbench.gate_table import growth_lines
     from attnbench.markdown import gate_summary
     from attnbench.regress import write_verdicts
     from attnbench.report.html import make_report
@@ -967,7 +967,7 @@ def test_a_planted_square_buffer_fails_on_how_its_cost_grows(throwaway, tmp_path
     reason = flagged["reason"].iloc[0]
     assert re.match(r"L\^\d\.\d\d -> L\^\d\.\d\d", reason) and "at L=131072 (beyond x1.1)" in reason
     assert flagged["ratio"].iloc[0] > 5, reason
-    assert any("chunked fwd peak_tensor_bytes" in line for line in _growth_lines(table))
+    assert any("chunked fwd peak_tensor_bytes" in line for line in growth_lines(table))
     factors = {"time": 1.2, "memory": 1.1, "instructions": 1.002}
     assert "| chunked L=131072 (predicted) | peak_tensor_bytes |" in gate_summary(
         square, "time", factors
@@ -977,4 +977,4 @@ def test_a_planted_square_buffer_fails_on_how_its_cost_grows(throwaway, tmp_path
     assert 'id="fig-growth_chunked_peak_tensor_bytes"' in page
     predicted = same.table[same.table["basis"] == "predicted"]
     assert len(predicted) >= 2 and (predicted["verdict"] == "ok").all(), same.table.to_string()
-    assert "no exponent change" in _growth_lines(same.table)[0]
+    assert "no exponent change" in growth_lines(same.table)[0]

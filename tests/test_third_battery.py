@@ -339,8 +339,8 @@ class _ScriptedCounter:
 
 
 def test_counting_after_the_sweep_stops_at_its_time_limit_and_keeps_what_it_counted(capsys):
-    from attnbench.cli import _finish_counting
     from attnbench.measure.instructions import CANCELLED
+    from attnbench.session import _finish_counting
 
     counter = _ScriptedCounter([0.0, 3.0, 8.0, 40.0, 90.0])
     logged, skipped = [], []
@@ -374,11 +374,10 @@ def test_the_counts_left_are_said_with_how_to_take_them_and_resume_can(
     tmp_path, monkeypatch, capsys
 ):
     """The run level: a stopped count is not logged (so --resume counts it) and the note says how."""
-    import argparse
-
     import attnbench.runs
-    from attnbench.cli import _Sweep
+    from attnbench.cli import build_parser, run_options
     from attnbench.measure.runner import MeasureConfig
+    from attnbench.session import _Sweep
 
     monkeypatch.setattr(attnbench.runs, "COUNT_FLOOR_S", 0.3)  # the limit: 0.3 s of real time
     counter = _ScriptedCounter([0.0, 1e9, 1e9])
@@ -391,7 +390,7 @@ def test_the_counts_left_are_said_with_how_to_take_them_and_resume_can(
             logged.append(count)
 
     sweep = _Sweep(
-        argparse.Namespace(quiet=True),
+        run_options(build_parser().parse_args(["run", "--quiet"])),
         RunDir(),
         [],
         MeasureConfig(),

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from attnbench.contract import Method, Status
+from attnbench.errors import CouldNotMeasure
 from attnbench.measure.record import Measurement
 from attnbench.spec import AttnSpec
 
@@ -169,7 +170,7 @@ def attach(measurement: Measurement, count: Count | None) -> Measurement:
     )
 
 
-class CountError(RuntimeError):
+class CountError(RuntimeError, CouldNotMeasure):
     """The valgrind process could not start or gave nothing (the message ends with its output)."""
 
 
