@@ -772,9 +772,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_regress(args: argparse.Namespace) -> int:
-    from attnbench.markdown import check_summary
+    from attnbench.gate import RegressError, regress
+    from attnbench.gate.markdown import check_summary
     from attnbench.measure.instructions import missing_message, valgrind_version
-    from attnbench.regress import RegressError, regress
 
     bad = _environment_problems()
     if bad:
@@ -816,7 +816,7 @@ def cmd_regress(args: argparse.Namespace) -> int:
         print(f"error: could not measure: {exc}", file=sys.stderr)
         return 3
     code = _regress_report(args, outcome, metric)
-    from attnbench.markdown import gate_summary, write_summary
+    from attnbench.gate.markdown import gate_summary, write_summary
 
     factors = {
         "time": args.time_factor,
@@ -990,8 +990,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     Exit 1: a first bad commit named; 0: nothing exceeds GOOD; 4: only a range; 2: usage;
     3: could not measure.
     """
-    from attnbench.bisect import BisectError, answer, bisect, probe_line
-    from attnbench.regress import RegressError
+    from attnbench.gate import RegressError
+    from attnbench.gate.bisect import BisectError, answer, bisect, probe_line
 
     bad = _environment_problems()  # as regress and shard: before asv builds anything
     if bad:
@@ -1026,9 +1026,10 @@ def cmd_bisect(args: argparse.Namespace) -> int:
 
 def cmd_history(args: argparse.Namespace) -> int:
     """Exit 0 when a history was read (steps or not), 1 when nothing could be, 2 usage."""
+    from attnbench.analysis.changes import table
     from attnbench.analysis.frame import load
-    from attnbench.analysis.history import find_steps, table
-    from attnbench.markdown import check_summary, history_summary, write_summary
+    from attnbench.gate.markdown import check_summary, history_summary, write_summary
+    from attnbench.gate.steps import find_steps
     from attnbench.report.html import render_history
 
     try:
@@ -1071,7 +1072,7 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from attnbench.analysis.frame import load
-    from attnbench.export import ExportError, dumps, export
+    from attnbench.gate.export import ExportError, dumps, export
 
     if args.out:
         try:

@@ -46,15 +46,16 @@ ROOMS: tuple[tuple[str, ...], ...] = (
     ("measure",),  # the package's facade: MeasureConfig, measure, sweep
     ("runs", "profile", "asv_bench"),
     ("analysis.frame", "analysis.complexity", "analysis.roofline", "analysis.significance"),
-    ("analysis.summary", "analysis.history", "analysis.growth"),
+    ("analysis.summary", "analysis.changes", "analysis.growth"),
+    ("gate.decision", "gate.results", "gate.steps"),  # the gate's pure part: no process
     ("report.plots",),
     ("report.html",),
-    ("regress", "publish", "shards"),
-    ("bisect", "export", "markdown"),
+    ("gate.session", "publish", "shards"),
+    ("gate.bisect", "gate.export", "gate.markdown"),
     ("cli",),
 )
 """Groups of modules from the bottom up: a module may import its own room's and lower rooms' modules only."""
-FACADES = ("", "analysis", "report")
+FACADES = ("", "analysis", "gate", "report")
 """Package ``__init__`` modules that only gather public names (``attnbench``) or are empty: not a room."""
 
 

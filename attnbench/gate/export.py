@@ -30,8 +30,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from attnbench import contract
-from attnbench.analysis import growth
-from attnbench.analysis import history as steps_
+from attnbench.analysis import changes, growth
 from attnbench.contract import Status
 
 FORMATS = ("bmf", "github-action-benchmark")
@@ -79,7 +78,7 @@ def _pick(frame: pd.DataFrame, commit: str | None) -> tuple[pd.DataFrame, str]:
 
 def _name(rec: dict) -> str:
     """The case's name, ``attention/batched/L=256`` (plus device, mode, mask where not default)."""
-    return "attention/" + steps_.case_label(rec).replace(" ", "/")
+    return "attention/" + changes.case_label(rec).replace(" ", "/")
 
 
 _TAGS = {
