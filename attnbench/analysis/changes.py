@@ -28,11 +28,9 @@ __all__ = [
     "EXACT",
     "FIGURE_CASE",
     "MAIN_GRID_CLASSES",
-    "MEMORY_FACTOR",
     "METRICS",
     "STEP_COLUMNS",
     "TIMED",
-    "TIME_FACTOR",
     "Change",
     "ChangeKind",
     "Direction",
@@ -45,10 +43,6 @@ __all__ = [
     "table",
 ]
 
-MEMORY_FACTOR = 1.1
-"""The gate's default ``--memory-factor`` (peak tensor bytes)."""
-TIME_FACTOR = 1.2
-"""The gate's default ``--time-factor``: a time level must move beyond it."""
 DEFAULT_WINDOW = 10
 """Commits a drift may spread over.
 
@@ -97,9 +91,9 @@ def default_factors() -> dict[str, float]:
     """The factor each metric's value must move by (the gate's defaults)."""
     return {
         "instructions": contract.INSTRUCTIONS_FACTOR,
-        "peak_tensor_bytes": MEMORY_FACTOR,
+        "peak_tensor_bytes": contract.MEMORY_FACTOR,
         "flops": contract.FLOPS_FACTOR,
-        "time": TIME_FACTOR,
+        "time": contract.TIME_FACTOR,
     }
 
 
