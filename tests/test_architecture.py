@@ -47,7 +47,7 @@ ROOMS: tuple[tuple[str, ...], ...] = (
     ("runs", "profile", "asv_bench"),
     ("analysis.frame", "analysis.complexity", "analysis.roofline", "analysis.significance"),
     ("analysis.summary", "analysis.changes", "analysis.growth"),
-    ("gate.decision", "gate.results", "gate.steps"),  # the gate's pure part: no process
+    ("gate.decision", "gate.results", "gate.steps"),  # below the report, which reads the steps
     ("report.plots",),
     ("report.html",),
     ("gate.session", "publish", "shards"),

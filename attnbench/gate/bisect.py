@@ -35,6 +35,25 @@ from attnbench.contract import Basis, GateVerdict, Status
 from attnbench.gate.decision import compare
 from attnbench.gate.results import RegressError
 
+__all__ = [
+    "BENCHMARKS",
+    "CASE",
+    "METRICS",
+    "VERDICTS",
+    "BisectError",
+    "Bisection",
+    "Judge",
+    "Probe",
+    "ProbeVerdict",
+    "answer",
+    "bisect",
+    "candidates",
+    "case_subset",
+    "judge_table",
+    "probe_line",
+    "search",
+]
+
 METRICS = ("instructions", "peak_tensor_bytes", "time")
 """What a bisection can search on: the gate's deterministic metrics, and time."""
 BENCHMARKS = {

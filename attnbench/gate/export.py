@@ -33,6 +33,18 @@ from attnbench import contract
 from attnbench.analysis import changes, growth
 from attnbench.contract import Status
 
+__all__ = [
+    "EXPONENT_MEASURE",
+    "EXPONENT_UNIT",
+    "EXPORTED",
+    "FORMATS",
+    "ExportError",
+    "Exported",
+    "dumps",
+    "exponent_entries",
+    "export",
+]
+
 FORMATS = ("bmf", "github-action-benchmark")
 EXPORTED = {
     # metric: (BMF measure, github-action-benchmark's unit, factor from the tidy frame's unit)

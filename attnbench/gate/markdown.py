@@ -22,6 +22,18 @@ from attnbench.analysis.text import fmt
 from attnbench.contract import Basis, GateVerdict
 from attnbench.io import atomic_write_text, check_output_file
 
+__all__ = [
+    "MAX_ROWS",
+    "STEP_SUMMARY",
+    "UNITS",
+    "check_summary",
+    "decided_line",
+    "gate_summary",
+    "growth_lines",
+    "history_summary",
+    "write_summary",
+]
+
 STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
 """The file GitHub Actions gives every step for Markdown it shows on the run's summary page."""
 MAX_ROWS = 30
