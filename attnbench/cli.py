@@ -214,9 +214,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_regress(args: argparse.Namespace) -> int:
-    from attnbench.markdown import check_summary
+    from attnbench.gate import regress
+    from attnbench.gate.markdown import check_summary
     from attnbench.measure.instructions import missing_message, valgrind_version
-    from attnbench.regress import regress
 
     bad = _environment_problems()
     if bad:
@@ -254,8 +254,8 @@ def cmd_regress(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         return _usage(str(exc))
+    from attnbench.gate.markdown import gate_summary, write_summary
     from attnbench.gate_table import gate_lines
-    from attnbench.markdown import gate_summary, write_summary
 
     factors = {
         "time": args.time_factor,
@@ -288,7 +288,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     Exit 1: a first bad commit named; 0: nothing exceeds GOOD; 4: only a range; 2: usage;
     3: could not measure.
     """
-    from attnbench.bisect import answer, bisect, probe_line
+    from attnbench.gate.bisect import answer, bisect, probe_line
 
     bad = _environment_problems()  # as regress and shard: before asv builds anything
     if bad:
@@ -320,9 +320,10 @@ def cmd_bisect(args: argparse.Namespace) -> int:
 
 def cmd_history(args: argparse.Namespace) -> int:
     """Exit 0 when a history was read (steps or not), 1 when nothing could be, 2 usage."""
+    from attnbench.analysis.changes import table
     from attnbench.analysis.frame import load
-    from attnbench.analysis.history import find_steps, table
-    from attnbench.markdown import check_summary, history_summary, write_summary
+    from attnbench.gate.markdown import check_summary, history_summary, write_summary
+    from attnbench.gate.steps import find_steps
     from attnbench.report.html import render_history
 
     try:
@@ -365,7 +366,7 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from attnbench.analysis.frame import load
-    from attnbench.export import dumps, export
+    from attnbench.gate.export import dumps, export
 
     if args.out:
         try:

@@ -1,7 +1,7 @@
 """The results contract: the names, metrics and grids the suite writes and everything else reads.
 
 The asv suite (:mod:`attnbench.asv_bench`), ``attnbench run`` (:mod:`attnbench.runs`), the
-regression gate (:mod:`attnbench.regress`), the loader (:mod:`attnbench.analysis.frame`) and the
+regression gate (:mod:`attnbench.gate`), the loader (:mod:`attnbench.analysis.frame`) and the
 report import these instead of spelling them, so a renamed benchmark, a new metric or a changed
 grid cannot leave one of them reading something else:
 

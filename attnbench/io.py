@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # a type only: reading a finished process starts none
+    import subprocess
 
 
 def atomic_write(path: str | Path, write: Callable[[str], object]) -> Path:

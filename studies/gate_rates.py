@@ -39,8 +39,8 @@ def record(work: Path) -> tuple[Path, str]:
     """One asv run of the CI subset with samples recorded; returns (results dir, machine)."""
     from asv import util
 
+    from attnbench.gate.session import CI_SUBSET
     from attnbench.measure import regime
-    from attnbench.regress import CI_SUBSET
 
     conf = util.load_json(str(ROOT / "asv.conf.json"), js_comments=True)
     conf.update(
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-factor", type=float, default=1.2)
     args = parser.parse_args(argv)
 
-    from attnbench.regress import read_time_samples
+    from attnbench.gate.results import read_time_samples
 
     with tempfile.TemporaryDirectory() as tmp:
         results, machine = (args.results, args.machine) if args.results else record(Path(tmp))

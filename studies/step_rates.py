@@ -7,10 +7,10 @@ Per-commit medians of a time benchmark are simulated (lognormal noise, seeded) i
   within one commit of the ramp;
 * a 1.3x step under 5% noise: named when a step is named at its commit.
 
-Each setting is judged twice: with the levels of :func:`attnbench.analysis.history.time_levels` (asv's Potts solver,
+Each setting is judged twice: with the levels of :func:`attnbench.gate.steps.time_levels` (asv's Potts solver,
 the penalty from the series' noise) and with those of asv's ``detect_steps`` (its own penalty, which models the
 noise as correlated), each point weighted as asv weighs it (its interval grows with its value), both followed by the history's step and drift rules at the time factor (1.2). The figures
-``attnbench.analysis.history`` quotes come from ``--trials 200``.
+``attnbench.gate.steps`` quotes come from ``--trials 200``.
 
 Usage (from the repository root, in the project's virtualenv)::
 
@@ -43,7 +43,8 @@ def weighted(levels):
 
 def rates(n: int, trials: int, levels, seed: int = 2) -> dict[str, float]:
     """Share of trials in which something is named (noise), the ramp is named, the step is named."""
-    from attnbench.analysis.history import TIME_FACTOR, exact_changes
+    from attnbench.contract import TIME_FACTOR
+    from attnbench.gate.steps import exact_changes
 
     rng = np.random.default_rng(seed)
     named = {"noise": 0, "ramp": 0, "step": 0}
@@ -67,7 +68,7 @@ def rates(n: int, trials: int, levels, seed: int = 2) -> dict[str, float]:
 
 
 def main() -> None:
-    from attnbench.analysis.history import time_levels
+    from attnbench.gate.steps import time_levels
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=200)

@@ -46,16 +46,17 @@ ROOMS: tuple[tuple[str, ...], ...] = (
     ("measure",),  # the package's facade: MeasureConfig, measure, sweep
     ("runs", "profile", "asv_bench"),
     ("analysis.frame", "analysis.complexity", "analysis.roofline", "analysis.significance"),
-    ("analysis.summary", "analysis.history", "analysis.growth"),
+    ("analysis.summary", "analysis.changes", "analysis.growth"),
+    ("gate.decision", "gate.results", "gate.steps"),  # below the report, which reads the steps
     ("report.plots",),
     ("report.html",),
-    ("regress", "publish", "shards"),
-    ("bisect", "export", "markdown"),
+    ("gate.session", "publish", "shards"),
+    ("gate.bisect", "gate.export", "gate.markdown"),
     ("session", "gate_table", "arguments"),
     ("cli",),
 )
 """Groups of modules from the bottom up: a module may import its own room's and lower rooms' modules only."""
-FACADES = ("", "analysis", "report")
+FACADES = ("", "analysis", "gate", "report")
 """Package ``__init__`` modules that only gather public names (``attnbench``) or are empty: not a room."""
 
 
@@ -189,6 +190,99 @@ def test_the_checks_see_a_planted_cycle_and_a_planted_back_arrow(planted, expect
 def test_no_module_reaches_through_the_public_facade():
     """``import attnbench`` inside the package would hide which room a name comes from."""
     assert sorted(a for a, targets in graph().items() if "" in targets and a != "") == []
+
+
+PURE = ("analysis", "gate.decision")
+"""Modules (and packages: every module under them) that start no process: they decide on what
+others measured, and can be imported, run and tested where no process may be started."""
+NOT_YET_PURE = {
+    (
+        "analysis.frame",
+        "runs",
+    ): "a run directory's format (LOG, MANIFEST, read_log, case_key) lives "
+    "in runs.py beside the runs' measuring, which imports measure.instructions (valgrind)",
+}
+"""Import arrows out of :data:`PURE` the process check steps over, each with why: to be split off."""
+
+
+def _type_only(tree: ast.AST) -> set[ast.AST]:
+    """Import nodes under ``if TYPE_CHECKING:`` (annotations only, never executed)."""
+    return {
+        node
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+        for stmt in block.body
+        for node in ast.walk(stmt)
+    }
+
+
+def imports_subprocess(source: str) -> bool:
+    """Whether ``source`` imports :mod:`subprocess` (anywhere but under ``if TYPE_CHECKING:``)."""
+    tree = ast.parse(source)
+    skip = _type_only(tree)
+    for node in ast.walk(tree):
+        if node in skip:
+            continue
+        if isinstance(node, ast.Import) and any(
+            a.name.split(".")[0] == "subprocess" for a in node.names
+        ):
+            return True
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "subprocess":
+            return True
+    return False
+
+
+def process_paths(edges: dict[str, set[str]], starts: list[str], sources: dict[str, str]) -> list:
+    """For each of ``starts`` reaching a module that imports subprocess: the chain of imports."""
+    found = []
+    for start in starts:
+        parent, todo = {start: ""}, [start]
+        while todo:
+            name = todo.pop(0)
+            if imports_subprocess(sources[name]):
+                chain = [name]
+                while parent[chain[-1]]:
+                    chain.append(parent[chain[-1]])
+                found.append(" <- ".join(chain))
+                break
+            for target in sorted(edges.get(name, ())):
+                if (name, target) in NOT_YET_PURE:
+                    continue
+                if target not in parent and target not in FACADES:
+                    parent[target] = name
+                    todo.append(target)
+    return found
+
+
+def _pure_modules() -> list[str]:
+    return sorted(n for n in _modules() if any(n == p or n.startswith(f"{p}.") for p in PURE))
+
+
+def test_the_pure_modules_start_no_process():
+    """Nothing under analysis/, nor the gate's decision, imports subprocess: not itself, not through
+    any module it imports (deferred imports included, as for the rooms; but the arrows of
+    :data:`NOT_YET_PURE`)."""
+    sources = {n: p.read_text() for n, p in _modules().items()}
+    assert process_paths(graph(), _pure_modules(), sources) == []
+
+
+def test_the_process_check_sees_a_planted_import():
+    """A subprocess import planted two arrows below the decision, and one planted under
+    ``if TYPE_CHECKING:`` (an annotation only: not a process)."""
+    sources = {n: p.read_text() for n, p in _modules().items()}
+    edges = graph()
+    assert "analysis.significance" in edges["gate.decision"]
+    planted = {
+        **sources,
+        "analysis.significance": sources["analysis.significance"] + "\nimport subprocess\n",
+    }
+    assert process_paths(edges, ["gate.decision"], planted) == [
+        "analysis.significance <- gate.decision"
+    ]
+    assert not imports_subprocess(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import subprocess\n"
+    )
+    assert imports_subprocess("def f():\n    from subprocess import run\n")
 
 
 MAX_FUNCTION_LINES = 60

@@ -11,7 +11,15 @@ import pandas as pd
 import pytest
 
 from attnbench import contract
-from attnbench.bisect import BisectError, Bisection, Probe, answer, case_subset, judge_table, search
+from attnbench.gate.bisect import (
+    BisectError,
+    Bisection,
+    Probe,
+    answer,
+    case_subset,
+    judge_table,
+    search,
+)
 
 COMMITS = [f"{i:02d}" + "c" * 38 for i in range(1, 17)]
 """Sixteen candidates after GOOD, oldest first: commit k (1-based) is ``COMMITS[k - 1]``."""

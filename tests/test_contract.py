@@ -53,12 +53,13 @@ def test_a_renamed_benchmark_is_caught():
 
 def test_asv_regress_and_loader_read_the_contract():
     pytest.importorskip("asv")
-    from attnbench import asv_bench, regress
+    from attnbench import asv_bench
     from attnbench.analysis import frame
+    from attnbench.gate import session
 
-    assert regress.TIME_BENCHMARK == contract.TIME_BENCHMARK
-    assert set(regress.GATED.split("|")) == set(contract.GATED_BENCHMARKS)
-    assert set(regress.CI_SUBSET) <= set(contract.GRID_ENV)
+    assert session.TIME_BENCHMARK == contract.TIME_BENCHMARK
+    assert set(session.GATED.split("|")) == set(contract.GATED_BENCHMARKS)
+    assert set(session.CI_SUBSET) <= set(contract.GRID_ENV)
     assert frame.ASV_METRICS is contract.ASV_METRICS and frame.UNITS is contract.UNITS
     assert frame.BASE_SPEC == contract.BASE_SPEC
     base = asv_bench.BASE

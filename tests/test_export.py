@@ -14,7 +14,7 @@ import pytest
 from attnbench.analysis.frame import load, load_asv
 from attnbench.cli import main
 from attnbench.contract import Status
-from attnbench.export import EXPORTED, FORMATS, ExportError, export
+from attnbench.gate.export import EXPORTED, FORMATS, ExportError, export
 from attnbench.measure.record import Measurement
 from attnbench.measure.runner import MeasureConfig
 from attnbench.runs import write_run

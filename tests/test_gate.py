@@ -434,7 +434,7 @@ def _frame(rows):
 
 
 def test_regress_fails_a_case_that_turns_wrong():
-    from attnbench.regress import compare
+    from attnbench.gate import compare
 
     rows = []
     for commit in ("B", "H"):

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from attnbench.analysis import growth
 from attnbench.contract import Basis, GateVerdict
-from attnbench.markdown import gate_summary
-from attnbench.regress import Outcome, compare
+from attnbench.gate import Outcome, compare
+from attnbench.gate.markdown import gate_summary
 
 LENGTHS = (256, 512, 1024)
 """The CI grid's lengths (contract.GRIDS["ci"])."""
@@ -262,7 +262,7 @@ def _gate_results(tmp_path, planted: bool):
     """A results directory of two commits (chunked's peak bytes at the CI lengths, HEAD with the
     planted L x L buffer or not) and the gate's verdict table beside it, as ``regress`` leaves it."""
     from attnbench.analysis.frame import load_asv
-    from attnbench.regress import write_verdicts
+    from attnbench.gate import write_verdicts
     from tests.asv_history import commit_hashes, write_history
 
     base, head = commit_hashes(2)
@@ -297,7 +297,7 @@ def test_the_report_draws_a_flagged_case_on_log_log_axes(tmp_path):
 def test_bisect_judges_a_probe_by_the_same_growth_rule():
     """A probe of the planted buffer is bad on its predicted ratio (the gate's rule); a probe of an
     unchanged commit with noisy counts shows its worst measured ratio, never an extrapolation."""
-    from attnbench.bisect import ProbeVerdict, judge_table
+    from attnbench.gate.bisect import ProbeVerdict, judge_table
 
     series = {
         ("A", "chunked", "peak_tensor_bytes"): [chunked_bytes(n) for n in LENGTHS],

@@ -9,10 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from attnbench.analysis.changes import table
 from attnbench.analysis.frame import load_asv
-from attnbench.analysis.history import exact_changes, find_steps, table, time_levels
 from attnbench.contract import INSTRUCTIONS_FACTOR
-from attnbench.markdown import history_summary
+from attnbench.gate.markdown import history_summary
+from attnbench.gate.steps import exact_changes, find_steps, time_levels
 from tests.asv_history import commit_hashes, write_history
 
 N = 16

@@ -122,7 +122,7 @@ def test_without_valgrind_the_message_names_the_package(monkeypatch):
 def test_regress_without_valgrind(monkeypatch, capsys):
     """--metric instructions cannot measure (exit 3, the package named); --metric both falls back to time, saying so;
     with no --metric the default is time. Planted: valgrind missing."""
-    from attnbench import regress
+    from attnbench import gate
     from attnbench.cli import main
     from attnbench.measure import instructions
 
@@ -131,9 +131,9 @@ def test_regress_without_valgrind(monkeypatch, capsys):
 
     def stub(*args, **kwargs):
         asked.append(kwargs["metric"])
-        raise regress.RegressError("stopped here by the test")
+        raise gate.RegressError("stopped here by the test")
 
-    monkeypatch.setattr(regress, "regress", stub)
+    monkeypatch.setattr(gate, "regress", stub)
     assert main(["regress", "HEAD~1", "HEAD", "--metric", "instructions"]) == 3
     assert (
         "install the valgrind package (apt-get install valgrind)" in capsys.readouterr().err

@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attnbench.markdown import gate_summary, write_summary
-from attnbench.regress import Outcome, compare
+from attnbench.gate import Outcome, compare
+from attnbench.gate.markdown import gate_summary, write_summary
 
 FACTORS = {"time": 1.2, "memory": 1.1, "instructions": 1.002}
 BENCHMARKS = {
@@ -192,13 +192,13 @@ def test_the_summary_goes_to_the_file_and_the_step_summary(tmp_path, monkeypatch
     ("verdicts", "first"), [(["regressed"], "FAIL"), (["undecided"], "UNDECIDED"), (["ok"], "PASS")]
 )
 def test_the_cli_writes_the_summary(monkeypatch, tmp_path, verdicts, first):
-    import attnbench.regress
+    import attnbench.gate
     from attnbench.cli import main
 
     rows = [
         _row("time", "batched", 256, 1.0, 2.0 if v == "regressed" else 1.0, v) for v in verdicts
     ]
-    monkeypatch.setattr(attnbench.regress, "regress", lambda *a, **k: _outcome(rows))
+    monkeypatch.setattr(attnbench.gate, "regress", lambda *a, **k: _outcome(rows))
     summary = tmp_path / "s.md"
     main(["regress", "HEAD~1", "--summary", str(summary)])
     assert summary.read_text().startswith(f"### attnbench regress: {first}")

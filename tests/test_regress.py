@@ -18,7 +18,7 @@ import pytest
 
 from attnbench import contract
 from attnbench.analysis.frame import load_asv
-from attnbench.regress import compare, regress, regress_many
+from attnbench.gate import compare, regress, regress_many
 from tests.conftest import ASV_ENV_DIR
 from tests.neighbour import spinning_on_this_core
 
@@ -465,7 +465,7 @@ def test_time_rounds_record_their_probe(tmp_path, monkeypatch):
     """The time benchmark's setup times a probe (asv runs it before every sample) and its teardown logs it with the
     sample's wall time, read back per case as probes and as speed-corrected samples (sample / probe)."""
     from attnbench import asv_bench, contract
-    from attnbench.regress import read_corrected, read_probes
+    from attnbench.gate import read_corrected, read_probes
 
     log = tmp_path / "probes.jsonl"
     monkeypatch.setenv(contract.ENV_PROBE_LOG, str(log))
@@ -506,8 +506,8 @@ def test_the_timer_sees_a_neighbour_take_the_core_and_not_a_sleep(tmp_path, monk
     import time
 
     from attnbench import asv_bench, contract
+    from attnbench.gate import read_probes
     from attnbench.measure import schedstat
-    from attnbench.regress import read_probes
 
     if not schedstat.available():
         pytest.skip(f"needs Linux's per-thread scheduler figures ({schedstat.SCHEDSTAT})")
@@ -566,7 +566,7 @@ def test_cli_bad_factors_exit_2(flag, bad, capsys):
 
 
 def _outcome(verdicts):
-    from attnbench.regress import Outcome
+    from attnbench.gate import Outcome
 
     table = pd.DataFrame(
         [
@@ -605,18 +605,18 @@ def _outcome(verdicts):
     ],
 )
 def test_cli_exit_code_per_outcome(monkeypatch, capsys, verdicts, code, word):
-    import attnbench.regress
+    import attnbench.gate
     from attnbench.cli import main
 
-    monkeypatch.setattr(attnbench.regress, "regress", lambda *a, **k: _outcome(verdicts))
+    monkeypatch.setattr(attnbench.gate, "regress", lambda *a, **k: _outcome(verdicts))
     assert main(["regress", "HEAD~1"]) == code
     assert word in capsys.readouterr().out
 
 
 def test_relative_work_dir_is_taken_once_from_the_invocation_directory(tmp_path, monkeypatch):
     """Planted: asv runs with cwd=work; a relative work dir there became '.asv/regress/.asv/regress'."""
-    import attnbench.regress as regress_module
-    from attnbench.regress import RegressError
+    import attnbench.gate.session as session_module
+    from attnbench.gate import RegressError
 
     seen = []
     trace = "\n".join(
@@ -631,7 +631,7 @@ def test_relative_work_dir_is_taken_once_from_the_invocation_directory(tmp_path,
         seen.append(cwd)
         return subprocess.CompletedProcess(args, 1, stdout="", stderr=trace)
 
-    monkeypatch.setattr(regress_module, "_asv", fake_asv)
+    monkeypatch.setattr(session_module, "_asv", fake_asv)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(RegressError) as info:
         regress("HEAD~1", "HEAD", repo=ROOT, work_dir=".asv/regress")
@@ -655,8 +655,8 @@ def test_relative_work_dir_is_taken_once_from_the_invocation_directory(tmp_path,
 def test_a_subset_narrows_the_ci_grid(tmp_path, monkeypatch):
     """Planted: a subset naming variants and lengths only ran asv's whole mask axis (none and causal: twice the CI
     grid's cases); what a subset leaves unset is the CI grid's, as for the grid variables of the environment."""
-    import attnbench.regress as regress_module
-    from attnbench.regress import RegressError
+    import attnbench.gate.session as session_module
+    from attnbench.gate import RegressError
 
     seen = []
 
@@ -664,7 +664,7 @@ def test_a_subset_narrows_the_ci_grid(tmp_path, monkeypatch):
         seen.append(env)
         return subprocess.CompletedProcess(args, 1, stdout="", stderr="stopped here by the test")
 
-    monkeypatch.setattr(regress_module, "_asv", fake_asv)
+    monkeypatch.setattr(session_module, "_asv", fake_asv)
     monkeypatch.delenv(contract.ENV_MASKS, raising=False)
     with pytest.raises(RegressError):
         regress(
@@ -746,7 +746,7 @@ def test_a_long_asv_step_reports_where_it_is(tmp_path):
     """Planted: an asv stand-in that prints a progress line, then says nothing for 0.7 s. With a 0.2 s heartbeat the
     caller hears asv's latest progress line (not a table row) several times; its output is all kept, each line
     stamped with the seconds into the step."""
-    from attnbench.regress import _streamed
+    from attnbench.gate.session import _streamed
 
     script = (
         "import sys, time\nprint('[ 50.00%] ··· bench_attention.Attention.time_attention   ok')\n"
@@ -765,7 +765,8 @@ def test_a_long_asv_step_reports_where_it_is(tmp_path):
 
 def test_where_counts_decide_time_is_taken_at_the_longest_length_only():
     """The --bench pattern selects asv's parameter sets by name('variant', length, ...): the longest length only."""
-    from attnbench.regress import NOT_TIMED, _not_timed, time_selection
+    from attnbench.gate.decision import NOT_TIMED, mark_not_timed
+    from attnbench.gate.session import time_selection
 
     pattern, length = time_selection({contract.ENV_LENGTHS: "256,512,1024"})
     assert length == 1024
@@ -787,14 +788,14 @@ def test_where_counts_decide_time_is_taken_at_the_longest_length_only():
             "reason": ["", "", ""],
         }
     )
-    assert _not_timed(table, 1024)["verdict"].tolist() == [NOT_TIMED, "ok", "ok"]
+    assert mark_not_timed(table, 1024)["verdict"].tolist() == [NOT_TIMED, "ok", "ok"]
 
 
 def test_the_twin_environment_shares_the_packages_and_nothing_asv_writes(tmp_path):
     """The twin's packages are hard links of the original's (made in a second, no second gigabyte); what asv writes
     per commit (its project checkout, its install record) is copied, so a write in one is not seen in the other;
     a twin whose pins differ is made again."""
-    from attnbench.regress import twin_environments
+    from attnbench.gate.session import twin_environments
 
     env = tmp_path / "env" / "abc123"
     (env / "lib" / "site-packages" / "torch").mkdir(parents=True)
@@ -880,11 +881,11 @@ def test_bisect_names_the_planted_doubling_end_to_end(tmp_path):
 def test_a_gate_run_decides_on_its_own_measurements_only(tmp_path, monkeypatch):
     """Planted (seen): a work directory kept from a run with counts held BASE's counts of that run; a second run
     that took no counts then read "ran on BASE, not on HEAD" and failed every count. A session starts empty."""
-    import attnbench.regress as regress_module
-    from attnbench.regress import AsvSession
+    import attnbench.gate.session as session_module
+    from attnbench.gate import AsvSession
 
     monkeypatch.setattr(
-        regress_module, "_asv", lambda args, **_: subprocess.CompletedProcess(args, 0, "", "")
+        session_module, "_asv", lambda args, **_: subprocess.CompletedProcess(args, 0, "", "")
     )
     stale = tmp_path / "work" / "results" / "attnbench-ci" / "0123abcd-env.json"
     stale.parent.mkdir(parents=True)
@@ -896,8 +897,8 @@ def test_a_gate_run_decides_on_its_own_measurements_only(tmp_path, monkeypatch):
 def test_asv_is_run_again_when_it_read_the_machine_file_mid_rewrite(tmp_path, monkeypatch):
     """Planted (seen, the home directory shared with other users' asv runs): asv read ~/.asv-machine.json while another
     asv rewrote it, stopped, and BASE had no results. The call is run again; another failure is not."""
-    import attnbench.regress as regress_module
-    from attnbench.regress import AsvSession
+    import attnbench.gate.session as session_module
+    from attnbench.gate import AsvSession
 
     calls = []
     race = "· Error parsing JSON in file '/root/.asv-machine.json': Expecting value: line 1 column 1 (char 0)"
@@ -908,8 +909,8 @@ def test_asv_is_run_again_when_it_read_the_machine_file_mid_rewrite(tmp_path, mo
             return subprocess.CompletedProcess(args, 1, race, "")
         return subprocess.CompletedProcess(args, 1 if args[0] == "publish" else 0, "", "")
 
-    monkeypatch.setattr(regress_module, "_asv", fake_asv)
-    monkeypatch.setattr(regress_module.time, "sleep", lambda s: None)
+    monkeypatch.setattr(session_module, "_asv", fake_asv)
+    monkeypatch.setattr(session_module.time, "sleep", lambda s: None)
     session = AsvSession.open(ROOT, tmp_path / "work", None, "attnbench-ci", None)
     assert session.run(["a" * 40], "x").returncode == 0 and calls.count("run") == 3
     assert (
@@ -919,7 +920,7 @@ def test_asv_is_run_again_when_it_read_the_machine_file_mid_rewrite(tmp_path, mo
 
 def test_the_gate_table_fits_a_hundred_columns_with_units(monkeypatch, capsys):
     """Its lines were 325 characters wide and its time columns carried no unit."""
-    import attnbench.regress
+    import attnbench.gate
     from attnbench.cli import main
 
     outcome = _outcome(["ok", "undecided"])
@@ -930,7 +931,7 @@ def test_the_gate_table_fits_a_hundred_columns_with_units(monkeypatch, capsys):
         2.04,
         "noisy: " + "a neighbour took the core " * 12,
     ]
-    monkeypatch.setattr(attnbench.regress, "regress", lambda *a, **k: outcome)
+    monkeypatch.setattr(attnbench.gate, "regress", lambda *a, **k: outcome)
     main(["regress", "HEAD~1"])
     lines = capsys.readouterr().out.splitlines()
     table = lines[: lines.index("")]
@@ -944,9 +945,9 @@ def test_a_planted_square_buffer_fails_on_how_its_cost_grows(throwaway, tmp_path
     the gate fails it on the ratio its fits predict at L=131072 and names the exponent change, the
     report draws it; the README-only commit, gated in the same asv session, reports no exponent
     change. Three lengths of chunked, one time round: the fewest asv runs that fit a growth."""
+    from attnbench.gate import write_verdicts
+    from attnbench.gate.markdown import gate_summary
     from attnbench.gate_table import growth_lines
-    from attnbench.markdown import gate_summary
-    from attnbench.regress import write_verdicts
     from attnbench.report.html import make_report
 
     monkeypatch.setenv(contract.ENV_ENV_DIR, str(ASV_ENV_DIR))

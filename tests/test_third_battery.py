@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from attnbench.cli import main
-from attnbench.markdown import STEP_SUMMARY
+from attnbench.gate.markdown import STEP_SUMMARY
 from attnbench.spec import AttnSpec
 
 UNWRITABLE = Path("/sys/attnbench-out.json")
@@ -73,7 +73,7 @@ def test_regress_refuses_a_bad_output_target_before_measuring(
     tmp_path, capsys, monkeypatch, target
 ):
     """The gate measures for minutes: a bad target is refused first, in well under a second."""
-    import attnbench.regress  # noqa: F401  (imported before the clock starts)
+    import attnbench.gate  # noqa: F401  (imported before the clock starts)
 
     argv = ["regress", "HEAD~1", "HEAD", "--repo", str(tmp_path), "--metric", "time"]
     argv += ["--work-dir", str(tmp_path / "work")] if target != "--work-dir" else []
@@ -148,7 +148,7 @@ def test_bisect_validates_the_asv_grid_variables_as_regress_does(tmp_path, capsy
 
 
 def test_bisect_refuses_a_case_at_length_0():
-    from attnbench.bisect import BisectError, case_subset
+    from attnbench.gate.bisect import BisectError, case_subset
 
     with pytest.raises(BisectError, match="L an int >= 1"):
         case_subset(["sdpa:0"])

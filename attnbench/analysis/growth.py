@@ -15,8 +15,8 @@ fitters (:func:`attnbench.analysis.complexity.fit_deterministic` for the exponen
 * the **exponent** grows by more than :data:`EXPONENT_THRESHOLD` while HEAD costs more at the target
   (an exponent that rises because a constant cost went away is an improvement, not a regression).
 
-Nothing here runs a benchmark: :mod:`attnbench.regress` calls :func:`growth_rows` on its table,
-:func:`exponent_series` feeds the history and the export.
+Nothing here runs a benchmark: :mod:`attnbench.gate.decision` calls :func:`growth_rows` on its
+table, :func:`exponent_series` feeds the history and the export.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from attnbench.contract import GateVerdict
+from attnbench.contract import TIME_FACTOR, GateVerdict
 
 CAP = 1.3  # largest allowance, whatever BASE's noise: 1.5x stays well beyond it
 DETECT = 1.5  # the slowdown a pass must exclude: "ok" needs the ratio's interval below it
@@ -106,7 +106,7 @@ def _refusal(m: int, n: int) -> str:
 
 
 def decide(
-    base: Sequence[float], head: Sequence[float], time_factor: float = 1.2, seed: int = 0
+    base: Sequence[float], head: Sequence[float], time_factor: float = TIME_FACTOR, seed: int = 0
 ) -> TimeDecision:
     """Decide whether HEAD's timing samples regressed from BASE's (see the module docstring).
 

@@ -30,11 +30,11 @@ import pandas as pd
 
 from attnbench import contract
 from attnbench import demos as teaching
-from attnbench.analysis import complexity, growth, roofline
-from attnbench.analysis import history as steps_
+from attnbench.analysis import changes, complexity, growth, roofline
 from attnbench.analysis.summary import Analysis, analyse, load_results, provenance, short_hash
 from attnbench.analysis.text import fmt, sig
 from attnbench.contract import FAMILIES, PROGRESSION, Basis, GateVerdict, Status
+from attnbench.gate.steps import find_steps
 from attnbench.io import atomic_write, atomic_write_text
 from attnbench.report import plots
 
@@ -757,7 +757,7 @@ def _gate_growth(page: Page) -> str:
     figures = []
     for source in page.analysis.loaded.sources:
         for rec, measured in _flagged_growth(Path(source) / contract.GATE_VERDICTS):
-            label = steps_.case_label({**rec, "seq_len": None})
+            label = changes.case_label({**rec, "seq_len": None})
             name = "growth_" + re.sub(r"[^A-Za-z0-9]+", "_", f"{label} {rec['metric']}").strip("_")
             fig = plots.growth(
                 measured["seq_len"].to_numpy(float),
@@ -808,13 +808,13 @@ HISTORY_MIN_COMMITS = 3
 """Commits a results directory needs to be read as a history (two are the gate's comparison)."""
 
 
-def history_section(history: steps_.History, fig_dir: Path) -> str:
+def history_section(history: changes.History, fig_dir: Path) -> str:
     """A results history's steps: the table (regressions first), a figure per case, steps marked.
 
     ``attnbench history`` writes it as a page of its own; ``attnbench report --from`` a history
     shows the same section.
     """
-    factors = ", ".join(f"{m} x{history.factors[m]:g}" for m in steps_.METRICS)
+    factors = ", ".join(f"{m} x{history.factors[m]:g}" for m in changes.METRICS)
     caption = (
         f"Commits in {html.escape(history.order)}. A step moves beyond the factor "
         f"({html.escape(factors)}) from the previous commit; a drift moves beyond it over at "
@@ -835,9 +835,9 @@ def history_section(history: steps_.History, fig_dir: Path) -> str:
     )
 
 
-def _history_table(history: steps_.History, caption: str) -> str:
+def _history_table(history: changes.History, caption: str) -> str:
     """The steps as a table (regressions first) under a line counting them, then ``caption``."""
-    shown, commits = steps_.table(history), len(history.commits)
+    shown, commits = changes.table(history), len(history.commits)
     if not len(shown):
         return f'<p>No step and no drift in {commits} commits.</p><p class="sub">{caption}</p>'
     regressions = len(history.regressions)
@@ -856,15 +856,15 @@ def _history_table(history: steps_.History, caption: str) -> str:
     )
 
 
-def _history_figures(history: steps_.History, fig_dir: Path) -> list[str]:
+def _history_figures(history: changes.History, fig_dir: Path) -> list[str]:
     """One figure per case of the history (its ``FIGURE_CASE``), its steps marked."""
     figures = []
     series, steps = history.series, history.steps
-    for key, rows in series.groupby(list(steps_.FIGURE_CASE), sort=True):
-        case = dict(zip(steps_.FIGURE_CASE, key, strict=True))
-        label = steps_.case_label(case)
+    for key, rows in series.groupby(list(changes.FIGURE_CASE), sort=True):
+        case = dict(zip(changes.FIGURE_CASE, key, strict=True))
+        label = changes.case_label(case)
         mine = (
-            steps.loc[(steps[list(steps_.FIGURE_CASE)] == pd.Series(case)).all(axis=1)]
+            steps.loc[(steps[list(changes.FIGURE_CASE)] == pd.Series(case)).all(axis=1)]
             if len(steps)
             else steps
         )
@@ -883,17 +883,17 @@ def _history_figures(history: steps_.History, fig_dir: Path) -> list[str]:
 
 def _history(page: Page) -> str:
     frame = page.frame
-    asv_rows = frame[(frame["commit"].fillna("") != "") & frame["metric"].isin(steps_.METRICS)]
+    asv_rows = frame[(frame["commit"].fillna("") != "") & frame["metric"].isin(changes.METRICS)]
     if (
         not len(asv_rows)
         or asv_rows.groupby("machine")["commit"].nunique().max() < HISTORY_MIN_COMMITS
     ):
         return ""
-    return history_section(steps_.find_steps(asv_rows, repo=Path.cwd()), page.fig_dir)
+    return history_section(find_steps(asv_rows, repo=Path.cwd()), page.fig_dir)
 
 
 def render_history(
-    history: steps_.History, out_dir: str | Path, title: str = "attnbench history"
+    history: changes.History, out_dir: str | Path, title: str = "attnbench history"
 ) -> Path:
     """Write ``history.html`` (:func:`history_section` alone) and ``steps.csv``; return the page."""
     out_dir = Path(out_dir)

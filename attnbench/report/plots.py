@@ -22,6 +22,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib import colors as mcolors  # noqa: E402
 
+from attnbench.analysis.changes import ChangeKind, Direction  # noqa: E402
 from attnbench.analysis.complexity import FitVerdict, swept  # noqa: E402
 from attnbench.analysis.growth import (  # noqa: E402
     EXPONENT_SUFFIX,
@@ -30,7 +31,6 @@ from attnbench.analysis.growth import (  # noqa: E402
     exponent_text,
     fit_side,
 )
-from attnbench.analysis.history import ChangeKind, Direction  # noqa: E402
 from attnbench.analysis.text import fmt, ratio, sig  # noqa: E402
 from attnbench.contract import (  # noqa: E402
     FAMILIES,
@@ -1219,7 +1219,7 @@ def case_history(
     """One case's metrics over a history's commits (a panel per metric), steps and drifts marked.
 
     Args:
-        series: the case's rows of :attr:`attnbench.analysis.history.History.series` (``position``,
+        series: the case's rows of :attr:`attnbench.analysis.changes.History.series` (``position``,
             ``value``, ``level``: the level the step rules saw, drawn as a line for time).
         steps: the case's rows of ``History.steps``.
         commits: ``History.commits`` (position order; short hashes label the axis).

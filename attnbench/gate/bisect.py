@@ -3,11 +3,12 @@
 The candidates are the first-parent commits after GOOD up to BAD (one per merge on a branch that
 merges pull requests). GOOD is measured once, BAD is taken to be bad (as ``git bisect`` does), and
 the commit halfway between the last good and the first bad is probed until they are neighbours. A
-probe is judged against GOOD by the gate (:func:`attnbench.regress.compare`): ``instructions`` and
-``peak_tensor_bytes`` are exact, one asv run per probe; for ``time`` each probe is the gate's time
-verdict itself (:func:`attnbench.regress.regress_many`) and may be ``undecided``. The search goes
-round ``undecided`` and ``skip`` probes (a commit that does not build or measure), as ``git bisect
-skip`` does, and where it cannot get past them names the range it narrowed to.
+probe is judged against GOOD by the gate (:func:`attnbench.gate.decision.compare`):
+``instructions`` and ``peak_tensor_bytes`` are exact, one asv run per probe; for ``time`` each probe
+is the gate's time verdict itself (:func:`attnbench.gate.session.regress_many`) and may be
+``undecided``. The search goes round ``undecided`` and ``skip`` probes (a commit that does not build
+or measure), as ``git bisect skip`` does, and where it cannot get past them names the range it
+narrowed to.
 
 Not ``asv find``: it never measures GOOD, so it cannot name the first commit after it, has no
 threshold, and judges one value per commit without the gate's noise checks (README, "Which commit
@@ -29,10 +30,30 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench import contract
-from attnbench.analysis import history as steps_
-from attnbench.analysis import significance, text
+from attnbench.analysis import changes, significance, text
 from attnbench.contract import Basis, GateVerdict, Status
 from attnbench.errors import UsageError
+from attnbench.gate.decision import compare
+from attnbench.gate.results import RegressError
+
+__all__ = [
+    "BENCHMARKS",
+    "CASE",
+    "METRICS",
+    "VERDICTS",
+    "BisectError",
+    "Bisection",
+    "Judge",
+    "Probe",
+    "ProbeVerdict",
+    "answer",
+    "bisect",
+    "candidates",
+    "case_subset",
+    "judge_table",
+    "probe_line",
+    "search",
+]
 
 METRICS = ("instructions", "peak_tensor_bytes", "time")
 """What a bisection can search on: the gate's deterministic metrics, and time."""
@@ -229,7 +250,7 @@ def case_subset(cases: Sequence[str]) -> dict[str, str]:
 def judge_table(
     table: pd.DataFrame, metric: str, commit: str, subject: str, elapsed_s: float
 ) -> Probe:
-    """A probe's verdict from the gate's table of GOOD and the commit (:func:`regress.compare`)."""
+    """A probe's verdict from the gate's table of GOOD and the commit (:func:`compare`)."""
     rows = table[table["metric"] == metric]
     if metric != "time":  # a wrong result shows on the error ratio's rows too
         rows = table[(table["metric"] == metric) | (table["verdict"] == GateVerdict.WRONG)]
@@ -248,7 +269,7 @@ def judge_table(
     compared = measured[measured["ratio"].notna()]
     worst = compared.loc[compared["ratio"].idxmax()] if len(compared) else ran.iloc[0]
     ratio = float(worst["ratio"]) if len(compared) else math.nan
-    label = steps_.case_label(worst.to_dict())
+    label = changes.case_label(worst.to_dict())
     bad = ran[ran["verdict"].isin([GateVerdict.REGRESSED, GateVerdict.WRONG])]
     if len(bad):
         first = bad.loc[bad["ratio"].fillna(math.inf).idxmax()]
@@ -260,7 +281,7 @@ def judge_table(
             subject,
             ProbeVerdict.BAD,
             float(first["ratio"]),
-            steps_.case_label(first.to_dict()),
+            changes.case_label(first.to_dict()),
             f"{len(bad)} case(s) beyond the factor; worst: {why}",
             elapsed_s,
         )
@@ -294,8 +315,8 @@ def bisect(
     work_dir: str | Path | None = ".asv/bisect",
     machine: str = "attnbench-ci",
     instructions_factor: float = contract.INSTRUCTIONS_FACTOR,
-    memory_factor: float = 1.1,
-    time_factor: float = 1.2,
+    memory_factor: float = contract.MEMORY_FACTOR,
+    time_factor: float = contract.TIME_FACTOR,
     rounds: int = 2,
     progress: Callable[[str], None] | None = None,
     on_probe: Callable[[Probe, int], None] | None = None,
@@ -315,7 +336,7 @@ def bisect(
     Raises:
         BisectError, ValueError: bad arguments. RegressError: GOOD itself could not be measured.
     """
-    from attnbench import regress
+    from attnbench.gate import session as gate_session
 
     say = progress or (lambda line: None)
     repo = Path(repo).resolve()
@@ -326,7 +347,7 @@ def bisect(
     started = time.monotonic()
     if metric == "time":
         gate = functools.partial(
-            regress.regress_many,
+            gate_session.regress_many,
             repo=repo,
             subset=subset,
             work_dir=work_dir,
@@ -338,7 +359,7 @@ def bisect(
         )
         judge = _time_judge(state, gate)
     else:
-        session = regress.AsvSession.open(repo, work_dir, subset, machine, None, say)
+        session = gate_session.AsvSession.open(repo, work_dir, subset, machine, None, say)
         _measure_good(session, state)
         judge = _exact_judge(session, state, instructions_factor, memory_factor)
     search(state, judge, on_probe)
@@ -354,8 +375,6 @@ def _check_arguments(
     BisectError for an unknown metric or a ``repo`` without asv.conf.json, ValueError for a bad
     factor, RegressError for counts without valgrind.
     """
-    from attnbench import regress
-
     if metric not in METRICS:
         raise BisectError(f"--metric must be one of {', '.join(METRICS)}, got {metric!r}")
     factor = {
@@ -368,7 +387,7 @@ def _check_arguments(
         from attnbench.measure.instructions import missing_message, valgrind_version
 
         if valgrind_version() is None:
-            raise regress.RegressError(missing_message())
+            raise RegressError(missing_message())
     if not (repo / "asv.conf.json").exists():
         raise BisectError(f"repo must be an attnbench checkout with asv.conf.json, got {repo}")
 
@@ -397,7 +416,6 @@ def _exact_judge(
     session, state: Bisection, instructions_factor: float, memory_factor: float
 ) -> Judge:
     """Each probe one asv run of the commit, compared with GOOD's results in the same session."""
-    from attnbench import regress
 
     def judge(commit: str) -> Probe:
         clock = time.monotonic()
@@ -405,9 +423,9 @@ def _exact_judge(
         session.run([commit], BENCHMARKS[state.metric])
         try:
             frame, _ = session.load([state.good, commit])
-        except regress.RegressError as exc:
+        except RegressError as exc:
             return _skipped(commit, subject, _skip_reason(str(exc)), time.monotonic() - clock)
-        table = regress.compare(
+        table = compare(
             frame,
             state.good,
             commit,
@@ -423,16 +441,15 @@ def _exact_judge(
 def _time_judge(state: Bisection, gate: Callable[..., dict]) -> Judge:
     """Each probe the gate's time verdict on GOOD and the commit.
 
-    ``gate`` is :func:`attnbench.regress.regress_many` with the bisection's options bound.
+    ``gate`` is :func:`attnbench.gate.session.regress_many` with the bisection's options bound.
     """
-    from attnbench import regress
 
     def judge(commit: str) -> Probe:
         clock = time.monotonic()
         subject = state.subjects.get(commit, "")
         try:
             (outcome,) = gate(state.good, [commit], metric="time", deterministic=False).values()
-        except regress.RegressError as exc:
+        except RegressError as exc:
             return _skipped(commit, subject, _skip_reason(str(exc)), time.monotonic() - clock)
         return judge_table(outcome.table, "time", commit, subject, time.monotonic() - clock)
 

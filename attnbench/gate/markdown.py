@@ -16,12 +16,23 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench import contract
-from attnbench.analysis import history as steps_
-from attnbench.analysis import text
+from attnbench.analysis import changes, text
 from attnbench.analysis.growth import EXPONENT_THRESHOLD, exponent_text
 from attnbench.analysis.text import fmt
 from attnbench.contract import Basis, GateVerdict
 from attnbench.io import atomic_write_text, check_output_file
+
+__all__ = [
+    "MAX_ROWS",
+    "STEP_SUMMARY",
+    "UNITS",
+    "check_summary",
+    "decided_line",
+    "gate_summary",
+    "growth_lines",
+    "history_summary",
+    "write_summary",
+]
 
 STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
 """The file GitHub Actions gives every step for Markdown it shows on the run's summary page."""
@@ -63,7 +74,7 @@ def _rows(table: pd.DataFrame, why: bool = True) -> list[str]:
     for rec in table.head(MAX_ROWS).to_dict("records"):
         predicted = " (predicted)" if rec.get("basis") == Basis.PREDICTED else ""
         cells = [
-            steps_.case_label(rec) + predicted,
+            changes.case_label(rec) + predicted,
             rec["metric"],
             _value(rec.get("base_value"), rec["metric"]),
             _value(rec.get("head_value"), rec["metric"]),
@@ -139,7 +150,7 @@ def gate_summary(
     """The gate's verdict as Markdown: a title, regressions, undecided, improvements, what decided.
 
     Args:
-        outcome: an :class:`attnbench.regress.Outcome`.
+        outcome: an :class:`attnbench.gate.Outcome`.
         metric: what decided (``time``, ``instructions``, ``both``).
         factors: ``time``, ``memory`` and ``instructions`` factors the gate used.
         elapsed_s: the gate's wall time, said in the last line when given.
@@ -201,7 +212,7 @@ def growth_lines(table: pd.DataFrame) -> list[str]:
     for rec in _ordered(moved).head(MAX_ROWS).to_dict("records"):
         metric = rec["metric"]
         cells = [
-            steps_.case_label({**rec, "seq_len": None}),
+            changes.case_label({**rec, "seq_len": None}),
             metric,
             f"{exponent_text(rec['base_exponent'])} -> {exponent_text(rec['head_exponent'])}",
             f"{text.ratio(rec['measured_ratio'], metric)} at L={int(rec['measured_length'])}",
@@ -253,9 +264,9 @@ def _sections(
     return lines
 
 
-def history_summary(history: steps_.History) -> str:
+def history_summary(history: changes.History) -> str:
     """A history's steps as Markdown: regressions, then improvements, with commits and ratio."""
-    shown = steps_.table(history)
+    shown = changes.table(history)
     n = len(history.commits)
     lines = ["### attnbench history", ""]
     if not len(shown):

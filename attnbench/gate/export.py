@@ -30,10 +30,21 @@ from dataclasses import dataclass
 import pandas as pd
 
 from attnbench import contract
-from attnbench.analysis import growth
-from attnbench.analysis import history as steps_
+from attnbench.analysis import changes, growth
 from attnbench.contract import Status
 from attnbench.errors import UsageError
+
+__all__ = [
+    "EXPONENT_MEASURE",
+    "EXPONENT_UNIT",
+    "EXPORTED",
+    "FORMATS",
+    "ExportError",
+    "Exported",
+    "dumps",
+    "exponent_entries",
+    "export",
+]
 
 FORMATS = ("bmf", "github-action-benchmark")
 EXPORTED = {
@@ -80,7 +91,7 @@ def _pick(frame: pd.DataFrame, commit: str | None) -> tuple[pd.DataFrame, str]:
 
 def _name(rec: dict) -> str:
     """The case's name, ``attention/batched/L=256`` (plus device, mode, mask where not default)."""
-    return "attention/" + steps_.case_label(rec).replace(" ", "/")
+    return "attention/" + changes.case_label(rec).replace(" ", "/")
 
 
 _TAGS = {

@@ -1,16 +1,10 @@
-"""Regression gate: benchmark BASE and HEAD with asv, read the results, decide.
+"""The gate's asv and git processes: benchmark BASE and HEAD with asv, then decide.
 
 asv's exit codes do not say whether something regressed (``asv continuous`` exits 1 for usage
 errors too, ``asv compare`` always 0), so the gate runs ``asv run`` on both commits (interleaved
-rounds, the regime of :mod:`attnbench.measure.regime`, the CI grid), reads the result files and
-gives each row a :class:`contract.GateVerdict` on its ratio HEAD / BASE (:func:`compare`): time on
-the samples of every round (significant beyond the allowance, speed-corrected and as measured
-agreeing, never on disturbed rounds; else undecided, after a confirmation round), bytes beyond
-``memory_factor``, FLOPs beyond 1, counts beyond ``instructions_factor``, a case failing on HEAD
-only; ``wrong`` where HEAD fails the correctness gate. Full rules: docs/regression.md.
-Beside the measured ratios, each case's exact metrics are fitted along the measured lengths on both
-sides (:mod:`attnbench.analysis.growth`): a ratio predicted at ``--at-length`` beyond the metric's
-factor, or an exponent grown beyond the A/A-justified threshold, regresses too.
+rounds, the regime of :mod:`attnbench.measure.regime`, the CI grid), reads the result files
+(:mod:`attnbench.gate.results`) and decides on them (:mod:`attnbench.gate.decision`, full rules:
+docs/regression.md).
 
 Exit codes of ``attnbench regress``: 0 nothing regressed (every case decided), 1 something
 regressed or is wrong, 2 usage error (bad revision, BASE == HEAD, a factor that is nan, inf or
@@ -19,31 +13,57 @@ regressed or is wrong, 2 usage error (bad revision, BASE == HEAD, a factor that 
 
 from __future__ import annotations
 
-import itertools
 import json
-import math
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 import pandas as pd
 
 from attnbench import contract
-from attnbench.analysis import growth, significance
-from attnbench.analysis.frame import decode_param, load_asv
-from attnbench.contract import GateVerdict, Status
-from attnbench.errors import CouldNotMeasure
-from attnbench.io import atomic_write, check_writable_dir, output_tail
-from attnbench.measure import probe, regime, schedstat
+from attnbench.analysis import significance
+from attnbench.contract import GateVerdict
+from attnbench.gate.decision import (
+    GateOptions,
+    Outcome,
+    check_at_length,
+    check_metric,
+    compare,
+    mark_not_timed,
+)
+from attnbench.gate.results import (
+    RegressError,
+    load_results,
+    read_corrected,
+    read_probes,
+    write_verdicts,
+)
+from attnbench.io import check_writable_dir, output_tail
+from attnbench.measure import regime
 from attnbench.measure.instructions import missing_message, valgrind_version
+
+__all__ = [
+    "CI_SUBSET",
+    "GATED",
+    "HEARTBEAT_S",
+    "INSTRUCTIONS",
+    "PROBES",
+    "REGIME",
+    "TIME_BENCHMARK",
+    "TIME_CASES",
+    "AsvSession",
+    "in_parallel",
+    "regress",
+    "regress_many",
+    "time_selection",
+    "twin_environments",
+]
 
 CI_SUBSET = contract.grid_environment(contract.GRIDS["ci"])
 """The ``ci`` grid (short lengths, a few representative variants) as asv's grid variables."""
@@ -51,47 +71,10 @@ TIME_BENCHMARK = contract.TIME_BENCHMARK
 GATED = "|".join(contract.GATED_BENCHMARKS)
 INSTRUCTIONS = contract.INSTRUCTIONS_BENCHMARK
 REGIME = regime.Regime(threads=regime.DEFAULT_THREADS)
-"""The regime asv's processes start in (threads, allocator thresholds), as ``attnbench run``'s."""
-_CASE_DEFAULTS = {
-    k: contract.CASE_DEFAULTS[k] for k in ("variant", "seq_len", "device", "mode", "mask")
-}
-"""The gate's case parameters (the asv main grid fixes the rest of :data:`contract.CASE_IDENTITY`),
-each with the value a result lacking it is read as (old ones: no mask)."""
-CASE_KEYS = tuple(_CASE_DEFAULTS)
+
+
 PROBES = "probes.jsonl"
 """The calibration probes of the gate's time rounds, in its work directory."""
-
-
-class SampleKey(NamedTuple):
-    """One case of one commit: the key of a gate run's samples, probes and run-queue shares."""
-
-    commit: str
-    variant: str
-    seq_len: int
-    device: str
-    mode: str
-    mask: str
-
-
-class RegressError(RuntimeError, CouldNotMeasure):
-    """The comparison could not be made (exit code 3)."""
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """The gate's decision and the table behind it."""
-
-    table: pd.DataFrame  # a row per compared case: metric, case, base, head, ratio, verdict
-    regressions: pd.DataFrame  # the rows with verdict "regressed" or "wrong"
-    undecided: pd.DataFrame  # time rows still undecided after the confirmation round
-    base: str  # full commit hash
-    head: str  # full commit hash
-    results_dir: Path  # where asv wrote its results
-
-    @property
-    def passed(self) -> bool:
-        """Nothing regressed and every time case was decided."""
-        return self.regressions.empty and self.undecided.empty
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -212,478 +195,6 @@ def _config(repo: Path, work: Path) -> Path:
     return path
 
 
-def read_time_samples(results_dir: str | Path, machine: str) -> dict[SampleKey, list[float]]:
-    """Recorded timing samples of ``time_attention`` per (commit, variant, seq_len, device, mode).
-
-    Read with :meth:`asv.results.Results.get_result_samples` (asv keeps them with
-    ``--record-samples``; ``--append-samples`` adds a later round's to the same list). Parameter
-    sets without samples are absent.
-    """
-    from asv import util
-    from asv.results import Results
-
-    results_dir = Path(results_dir)
-    benchmarks = util.load_json(str(results_dir / "benchmarks.json"), api_version=2)
-    out: dict[SampleKey, list[float]] = {}
-    for path in sorted((results_dir / machine).glob("*.json")):
-        if path.name == "machine.json":
-            continue
-        res = Results.load(str(path))
-        for key in res.get_result_keys(benchmarks):
-            if not key.endswith(TIME_BENCHMARK):
-                continue
-            names = benchmarks[key].get("param_names", [])
-            params = res.get_result_params(key)
-            samples = res.get_result_samples(key, params)
-            for combo, got in zip(itertools.product(*params), samples, strict=True):
-                case = dict(zip(names, (decode_param(p) for p in combo), strict=True))
-                if got:
-                    key = SampleKey(
-                        res.commit_hash, *(case.get(c, d) for c, d in _CASE_DEFAULTS.items())
-                    )
-                    out.setdefault(key, []).extend(float(x) for x in got if x is not None)
-    return out
-
-
-GATE_METRICS = ("time", "instructions", "both")
-"""What decides: wall time (samples and probes), instruction counts (valgrind), or both."""
-INSTRUCTIONS_FACTOR = contract.INSTRUCTIONS_FACTOR
-DISAGREE_TIME = 1.5
-"""A time regression this large beside flat counts is worth a note (the gate never forgives it)."""
-NOISY_SHARE = 0.1
-"""A side with more than this share of its probes (or samples) beyond their limit is disturbed."""
-
-
-def _log_lines(path: str | Path) -> Iterator[tuple[SampleKey, dict]]:
-    """The lines of the gate's probe log with their case; garbled ones (a killed writer) skipped."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return
-    for line in lines:
-        try:
-            rec = json.loads(line)
-            yield SampleKey(*(rec[name] for name in SampleKey._fields)), rec
-        except (ValueError, KeyError, TypeError):
-            continue
-
-
-def _value(rec: dict, field: str) -> float:
-    """``rec[field]`` as a finite number >= 0, else NaN."""
-    try:
-        value = float(rec[field])
-    except (KeyError, TypeError, ValueError):
-        return math.nan
-    return value if value >= 0 and math.isfinite(value) else math.nan
-
-
-def read_probes(path: str | Path, field: str = "probe_s") -> dict[SampleKey, list[float]]:
-    """The calibration probes the time benchmarks recorded, per case (or another ``field``).
-
-    The log is :func:`attnbench.asv_bench.timed_teardown`'s; ``field="runqueue_share"`` gives the
-    samples' run-queue shares. A garbled line or a missing value is skipped; a missing file gives
-    none.
-    """
-    out: dict[SampleKey, list[float]] = {}
-    for key, rec in _log_lines(path):
-        if not math.isnan(value := _value(rec, field)):
-            out.setdefault(key, []).append(value)
-    return out
-
-
-def read_corrected(path: str | Path) -> dict[SampleKey, list[float]]:
-    """Per case, each time sample divided by the probe timed just before it: ``sample_s / probe_s``.
-
-    The lines are :func:`attnbench.asv_bench.timed_teardown`'s; each quotient is the sample at the
-    machine's speed of that moment.
-    A shared machine's speed can step for seconds to minutes at a time (a host neighbour: every
-    probe and sample of those moments move together, and nothing waits in the run queue), so rounds
-    of BASE and HEAD measured in different moments differ with nothing changed. Divided by its probe
-    a compute-bound sample does not; a memory-bound one follows the probe less, so a verdict needs
-    these and the samples as measured to agree. Lines without a sample (a commit that logged probes
-    only) are skipped.
-    """
-    out: dict[SampleKey, list[float]] = {}
-    for key, rec in _log_lines(path):
-        sample, probe_s = _value(rec, "sample_s"), _value(rec, "probe_s")
-        if sample > 0 and probe_s > 0:
-            out.setdefault(key, []).append(sample / probe_s)
-    return out
-
-
-def disturbance(probes: list[float], typical: float) -> str:
-    """Why a side's rounds are not to be decided on ("" when undisturbed): the probes' rule.
-
-    ``typical`` is the median probe of the whole gate run (both commits, interleaved: the same
-    machine state they were meant to share). A side is disturbed when more than :data:`NOISY_SHARE`
-    of its probes deviate more than ``probe.SLOWDOWN_LIMIT`` x from it, either way.
-    """
-    if not probes or not typical > 0:
-        return ""
-    ratios = [p / typical for p in probes if p > 0]
-    off = [r for r in ratios if max(r, 1 / r) > probe.SLOWDOWN_LIMIT]
-    if len(off) <= NOISY_SHARE * len(ratios):
-        return ""
-    worst = max(off, key=lambda r: max(r, 1 / r))
-    way = f"{worst:.2f}x slower" if worst > 1 else f"{1 / worst:.2f}x faster"
-    return (
-        f"{len(off)} of {len(ratios)} calibration probes beyond {probe.SLOWDOWN_LIMIT}x of typical "
-        f"(up to {way})"
-    )
-
-
-def descheduled(shares: list[float]) -> str:
-    """Why a side's rounds are not to be decided on ("" when undisturbed): the run-queue rule.
-
-    ``shares`` are the run-queue seconds per wall second of each sample's timed calls
-    (:class:`attnbench.asv_bench.WaitWatch`). A side is disturbed when more than :data:`NOISY_SHARE`
-    of its samples waited for a core more than :data:`attnbench.measure.schedstat.WAIT_LIMIT` of
-    their wall time (the runner's blocks' limit): another process had it.
-    """
-    off = [s for s in shares if s > schedstat.WAIT_LIMIT]
-    if not shares or len(off) <= NOISY_SHARE * len(shares):
-        return ""
-    return (
-        f"{len(off)} of {len(shares)} samples waited for a core "
-        f"over {schedstat.WAIT_LIMIT:.0%} of their wall time (up to {max(off):.0%})"
-    )
-
-
-def _typical_probes(probes: dict[SampleKey, list[float]]) -> dict[str, float]:
-    """Per device: the median probe of the whole gate run (both commits, interleaved)."""
-    pooled: dict[str, list[float]] = {}
-    for key, values in probes.items():
-        pooled.setdefault(key[3], []).extend(values)  # its device (a caller may pass plain tuples)
-    return {device: statistics.median(values) for device, values in pooled.items()}
-
-
-@dataclass(frozen=True)
-class _TimeEvidence:
-    """What a gate run's time rounds recorded, per :class:`SampleKey` (see :func:`compare`)."""
-
-    samples: dict[SampleKey, list[float]]  # asv's recorded samples (read_time_samples)
-    probes: dict[SampleKey, list[float]]  # the calibration probe of each sample (read_probes)
-    runqueue_shares: dict[SampleKey, list[float]]  # each sample's run-queue seconds per wall second
-    corrected: dict[SampleKey, list[float]]  # each sample in units of its probe (read_corrected)
-    typical: dict[str, float]  # per device: the median probe of the whole run
-
-    @classmethod
-    def of(
-        cls,
-        samples: dict | None,
-        probes: dict | None,
-        runqueue_shares: dict | None,
-        corrected: dict | None,
-    ) -> _TimeEvidence:
-        """The evidence as given (None: none), with the typical probe per device."""
-        probes = probes or {}
-        return cls(
-            samples or {}, probes, runqueue_shares or {}, corrected or {}, _typical_probes(probes)
-        )
-
-    def noise(self, key: SampleKey, speed_corrected: bool) -> str:
-        """Why ``key``'s rounds are not to be decided on ("" when undisturbed).
-
-        Its samples waited for a core (:func:`descheduled`), or, where they are not speed-corrected,
-        its probes strayed from typical (:func:`disturbance`).
-        """
-        typical = self.typical.get(key.device, math.nan)
-        strayed = "" if speed_corrected else disturbance(self.probes.get(key, []), typical)
-        return "; ".join(filter(None, (strayed, descheduled(self.runqueue_shares.get(key, [])))))
-
-
-@dataclass(frozen=True)
-class _RowDecision:
-    """The gate's word on a row of its table: its verdict, the ratio HEAD / BASE, and why."""
-
-    verdict: GateVerdict
-    ratio: float
-    reason: str = ""
-
-
-def _time_verdict(
-    rec: dict, base: str, head: str, time_factor: float, evidence: _TimeEvidence
-) -> _RowDecision:
-    """One time row both sides ran, decided on ``evidence``: disturbed rounds never are.
-
-    Where both sides logged their samples with the probe beside each (:func:`read_corrected`), the
-    samples as measured and the speed-corrected ones must agree: a step of the machine's speed moves
-    a compute-bound case with the probe and a memory-bound one less, so the truth lies between the
-    two. Only a neighbour in this machine's run queue makes such a side noisy. Otherwise asv's
-    samples decide, and a side whose probes strayed from typical is noisy too.
-    """
-    case = tuple(rec[k] for k in CASE_KEYS)
-    base_key, head_key = SampleKey(base, *case), SampleKey(head, *case)
-    samples, corrected = evidence.samples, evidence.corrected
-    measured = significance.decide(
-        samples.get(base_key, []), samples.get(head_key, []), time_factor
-    )
-    base_corrected, head_corrected = corrected.get(base_key, []), corrected.get(head_key, [])
-    speed_corrected = min(len(base_corrected), len(head_corrected)) >= significance.MIN_SAMPLES
-    noisy = "; ".join(
-        f"{side}: {reason}"
-        for side, key in (("BASE", base_key), ("HEAD", head_key))
-        if (reason := evidence.noise(key, speed_corrected))
-    )
-    if noisy:
-        return _RowDecision(
-            GateVerdict.UNDECIDED,
-            measured.ratio,
-            f"noisy: {noisy} (measured x{measured.ratio:.2f})",
-        )
-    if not speed_corrected:
-        return _RowDecision(measured.verdict, measured.ratio, measured.reason)
-    fixed = significance.decide(base_corrected, head_corrected, time_factor)
-    if fixed.verdict == measured.verdict:
-        return _RowDecision(
-            fixed.verdict,
-            fixed.ratio,
-            f"speed-corrected {fixed.reason}; as measured x{measured.ratio:.2f}",
-        )
-    return _RowDecision(
-        GateVerdict.UNDECIDED,
-        fixed.ratio,
-        f"speed-corrected {fixed.verdict} ({fixed.reason}) but {measured.verdict} as measured "
-        f"({measured.reason}): the machine's speed moved",
-    )
-
-
-@dataclass(frozen=True)
-class _Factors:
-    """The ratios HEAD / BASE each metric may reach before it regresses."""
-
-    time: float
-    memory: float  # peak tensor bytes, and every exact metric without a factor of its own
-    instructions: float
-
-    def of(self, metric: str) -> float:
-        """The factor of an exact (not timed) ``metric``."""
-        return {"instructions": self.instructions, "flops": contract.FLOPS_FACTOR}.get(
-            metric, self.memory
-        )
-
-
-@dataclass(frozen=True)
-class _Comparison:
-    """What :func:`compare` decides the rows of its BASE/HEAD table with."""
-
-    base: str
-    head: str
-    factors: _Factors
-    evidence: _TimeEvidence
-    wrong_cases: set[tuple]  # the cases HEAD's result fails the correctness gate in
-
-    def decide(self, rec: dict) -> _RowDecision:
-        """The verdict on one row of the table (see :func:`compare`)."""
-        b_ok, h_ok = rec["base_status"] == Status.OK, rec["head_status"] == Status.OK
-        ratio = (
-            rec["head_value"] / rec["base_value"]
-            if b_ok and h_ok and rec["base_value"]
-            else math.nan
-        )
-        if b_ok and tuple(rec[k] for k in CASE_KEYS) in self.wrong_cases:
-            # right on BASE, wrong on HEAD: the gate fails whatever the speed
-            return _RowDecision(GateVerdict.WRONG, ratio)
-        if b_ok and not h_ok:
-            return _RowDecision(GateVerdict.REGRESSED, ratio)  # ran on BASE, does not on HEAD
-        if not (b_ok and h_ok):
-            return _RowDecision(GateVerdict.NOT_APPLICABLE, ratio)
-        metric = rec["metric"]
-        if metric == "time":
-            timed = _time_verdict(rec, self.base, self.head, self.factors.time, self.evidence)
-            return timed if math.isfinite(timed.ratio) else replace(timed, ratio=ratio)
-        if metric == "error_ratio":  # an error ratio within tolerance is ok (above it: "wrong")
-            return _RowDecision(GateVerdict.OK, ratio)
-        factor = self.factors.of(metric)
-        verdict = GateVerdict.REGRESSED if ratio > factor else GateVerdict.OK
-        if metric != "instructions":
-            return _RowDecision(verdict, ratio)
-        beyond = "beyond" if verdict == GateVerdict.REGRESSED else "within"
-        return _RowDecision(verdict, ratio, f"counts x{ratio:.4f} ({beyond} x{factor:g})")
-
-    def improved(self, rec: dict, decision: _RowDecision) -> bool:
-        """Whether an ``ok`` row moved the other way beyond the same rule."""
-        if (
-            decision.verdict != GateVerdict.OK
-            or not math.isfinite(decision.ratio)
-            or rec["metric"] == "error_ratio"
-        ):
-            return False
-        # the gate's own rule, BASE and HEAD swapped: HEAD faster beyond the allowance
-        if rec["metric"] == "time":
-            swapped = _time_verdict(rec, self.head, self.base, self.factors.time, self.evidence)
-            return swapped.verdict == GateVerdict.REGRESSED
-        return decision.ratio < 1 / self.factors.of(rec["metric"])
-
-
-def _check_metric(metric: str) -> None:
-    if metric not in GATE_METRICS:
-        raise ValueError(f"metric must be one of {GATE_METRICS}, got {metric!r}")
-
-
-def _side_by_side(frame: pd.DataFrame, base: str, head: str) -> pd.DataFrame:
-    """A row per benchmark, case and metric: BASE's and HEAD's value, status, spread, interval."""
-    if "mask" not in frame.columns:  # results from before the asv grid had a mask parameter
-        frame = frame.assign(mask="none")
-    keys = ["benchmark", *CASE_KEYS, "metric"]
-    sides = []
-    for name, commit in (("base", base), ("head", head)):
-        side = frame[frame["commit"] == commit].drop_duplicates(keys, keep="last").set_index(keys)
-        sides.append(
-            side[["value", "status", "spread", "ci_low", "ci_high"]].add_prefix(f"{name}_")
-        )
-    return sides[0].join(sides[1], how="outer").reset_index()
-
-
-def _wrong_cases(table: pd.DataFrame) -> set[tuple]:
-    """The cases whose HEAD result fails the correctness gate (marked wrong, error ratio > 1)."""
-    head_rows = table[table["head_status"].notna()]
-    error_above = (
-        (head_rows["metric"] == "error_ratio")
-        & (head_rows["head_status"] == Status.OK)
-        & (head_rows["head_value"] > 1.0)
-    )
-    failed = (head_rows["head_status"] == Status.WRONG) | error_above
-    return {tuple(r) for r in head_rows.loc[failed, list(CASE_KEYS)].itertuples(index=False)}
-
-
-def compare(
-    frame: pd.DataFrame,
-    base: str,
-    head: str,
-    time_factor: float = 1.2,
-    memory_factor: float = 1.1,
-    samples: dict[SampleKey, list[float]] | None = None,
-    probes: dict[SampleKey, list[float]] | None = None,
-    *,
-    metric: str = "time",
-    instructions_factor: float = INSTRUCTIONS_FACTOR,
-    runqueue_shares: dict[SampleKey, list[float]] | None = None,
-    corrected: dict[SampleKey, list[float]] | None = None,
-    at_length: int | None = None,
-    exponent_threshold: float = growth.EXPONENT_THRESHOLD,
-) -> pd.DataFrame:
-    """Side-by-side BASE/HEAD table of ``frame`` with a :class:`contract.GateVerdict` per row.
-
-    ``samples`` (:func:`read_time_samples`) decide the time rows, judged with the same keys'
-    ``probes`` and ``runqueue_shares`` (:func:`read_probes`) and ``corrected`` samples
-    (:func:`read_corrected`): a time row without samples on both sides, disturbed, or whose
-    speed-corrected and measured samples disagree is ``undecided``. ``metric``
-    (:data:`GATE_METRICS`) says what decides the time-like rows; the rows it does not decide read
-    ``shown``. Columns added: ``ratio``, ``verdict``, ``reason``, ``improved`` (an ``ok`` row beyond
-    the same rule the other way) and ``note`` (:func:`disagreements`). The rules:
-    docs/regression.md.
-
-    How cost grows (:func:`attnbench.analysis.growth.growth_rows`): every exact metric of a case
-    measured at three lengths or more on both sides is fitted per side; its rows get the exponents
-    and the ratio predicted at ``at_length`` (default: the workload's
-    :data:`~attnbench.analysis.growth.AT_LENGTH`), and a row of ``basis`` "predicted" at that length
-    regresses where the predicted ratio exceeds the metric's factor or the exponent grows by more
-    than ``exponent_threshold``, even with every measured ratio within its factor.
-    """
-    _check_metric(metric)
-    _check_at_length(at_length)
-    table = _side_by_side(frame, base, head)
-    wrong_cases = _wrong_cases(table)
-    factors = _Factors(
-        time=significance.check_factor("time_factor", time_factor),
-        memory=significance.check_factor("memory_factor", memory_factor),
-        instructions=significance.check_factor("instructions_factor", instructions_factor),
-    )
-    evidence = _TimeEvidence.of(samples, probes, runqueue_shares, corrected)
-    comparison = _Comparison(base, head, factors, evidence, wrong_cases)
-    records = table.to_dict("records")
-    decisions = [comparison.decide(rec) for rec in records]
-    table["ratio"] = [d.ratio for d in decisions]
-    table["verdict"] = [d.verdict for d in decisions]
-    table["reason"] = [d.reason for d in decisions]
-    table["improved"] = [
-        comparison.improved(rec, d) for rec, d in zip(records, decisions, strict=True)
-    ]
-    table["note"] = disagreements(table)
-    table, predicted = growth.growth_rows(table, factors.of, at_length, exponent_threshold)
-    if len(predicted):
-        table = pd.concat([table, predicted], ignore_index=True)
-    return _decided_by(table, metric)
-
-
-def _check_at_length(at_length: int | None) -> None:
-    """A usage error unless ``at_length`` is None or a positive integer."""
-    if at_length is not None and (
-        isinstance(at_length, bool) or not isinstance(at_length, int) or at_length < 1
-    ):
-        raise ValueError(
-            f"at_length must be a positive integer (a sequence length), got {at_length!r}"
-        )
-
-
-def disagreements(table: pd.DataFrame) -> list[str]:
-    """Per row, where a case's instruction count and its time disagree ("" elsewhere).
-
-    Each side speaks through its own verdict, so a disturbed time (``undecided``, "noisy") never
-    makes a note. Counts within the gate's factor and time regressed by at least
-    :data:`DISAGREE_TIME`: a change counts cannot see (cache misses, page faults, memory bandwidth,
-    waiting) or a neighbour the noise checks missed; counts regressed and time ``ok``: more work the
-    machine absorbed.
-    """
-    case = [*CASE_KEYS]
-    rows = table[table["ratio"].notna()].set_index(case)
-    counts, times = rows[rows["metric"] == "instructions"], rows[rows["metric"] == "time"]
-    notes = {}
-    for key in counts.index.intersection(times.index):
-        (c, c_verdict), (t, t_verdict) = (
-            counts.loc[key, ["ratio", "verdict"]],
-            times.loc[key, ["ratio", "verdict"]],
-        )
-        if (
-            c_verdict == GateVerdict.OK
-            and t_verdict == GateVerdict.REGRESSED
-            and t >= DISAGREE_TIME
-        ):
-            notes[key] = (
-                f"time x{t:.2f} with counts flat (x{c:.4f}): a change the counter cannot see "
-                "(cache misses, page faults, bandwidth, waiting), "
-                "or a neighbour the noise checks missed"
-            )
-        elif c_verdict == GateVerdict.REGRESSED and t_verdict == GateVerdict.OK:
-            notes[key] = (
-                f"counts x{c:.4f} with time within its allowance (x{t:.2f}): "
-                "more work the machine absorbed"
-            )
-    return [
-        notes.get(tuple(r), "") if m in ("time", "instructions") else ""
-        for r, m in zip(table[case].itertuples(index=False), table["metric"], strict=True)
-    ]
-
-
-def _decided_by(table: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """Time rows the chosen ``metric`` does not decide become ``shown`` (their figures stay)."""
-    counted = table[
-        (table["metric"] == "instructions")
-        & table["verdict"].isin((GateVerdict.OK, GateVerdict.REGRESSED))
-    ]
-    decided = {tuple(r) for r in counted[list(CASE_KEYS)].itertuples(index=False)}
-    is_time = table["metric"] == "time"
-    # decided by the samples (not a failed case)
-    timing = table["verdict"].isin((GateVerdict.OK, GateVerdict.REGRESSED, GateVerdict.UNDECIDED))
-    if metric == "instructions":
-        hide = is_time & timing
-    elif metric == "both":
-        case = pd.Series(
-            [tuple(r) in decided for r in table[list(CASE_KEYS)].itertuples(index=False)],
-            index=table.index,
-        )
-        hide = is_time & (table["verdict"] == GateVerdict.UNDECIDED) & case
-    else:
-        return table
-    table = table.copy()
-    table.loc[hide, "reason"] = (
-        "shown, not deciding (instruction counts decide): " + table.loc[hide, "reason"]
-    ).str.rstrip(": ")
-    table.loc[hide, "verdict"] = GateVerdict.SHOWN
-    return table
-
-
 def regress(base: str, head: str, **options) -> Outcome:
     """Benchmark ``base`` and ``head`` with asv and compare them: :func:`regress_many` of one HEAD.
 
@@ -692,19 +203,6 @@ def regress(base: str, head: str, **options) -> Outcome:
     (outcome,) = regress_many(base, [head], **options).values()
     write_verdicts(outcome)
     return outcome
-
-
-def write_verdicts(outcome: Outcome) -> Path:
-    """Write the gate's table beside asv's results (:data:`contract.GATE_VERDICTS`).
-
-    A report of the same results then knows what the gate knew: a time case it could not decide
-    (noisy, waiting for a core, the machine's speed moved) is drawn hollow and never compared there.
-    Not a ``.json``: asv reads those as results.
-    """
-    path = Path(outcome.results_dir) / contract.GATE_VERDICTS
-    table = outcome.table.assign(base=outcome.base, head=outcome.head)
-    atomic_write(path, lambda tmp: table.to_csv(tmp, index=False))
-    return path
 
 
 def _commits(repo: Path, base: str, heads: list[str]) -> tuple[str, dict[str, str]]:
@@ -732,9 +230,6 @@ TIME_CASES = ("longest", "all")
 """Which time cases the gate times where instruction counts decide (``--metric both`` or
 ``instructions``): ``longest``, the longest length of each variant in the grid, or ``all`` of them
 (with ``--metric time``: always all)."""
-NOT_TIMED = GateVerdict.NOT_TIMED
-"""The verdict of a time row the gate did not time (counts decided its case at a length where time
-tells nothing more; see :func:`time_selection`)."""
 
 
 def time_selection(subset: dict[str, str]) -> tuple[str, int]:
@@ -809,9 +304,10 @@ def _link_or_copy(src: str, dst: str) -> None:
 class AsvSession:
     """One asv configuration, machine and environment for a series of ``asv run`` calls on commits.
 
-    The gate's (:func:`regress_many`) and the bisection's (:mod:`attnbench.bisect`). The environment
-    is built by the first run (minutes) in ``ATTNBENCH_ASV_ENV_DIR`` or the checkout's ``.asv/env``
-    and reused by every later one; each run installs its commits into it (seconds each).
+    The gate's (:func:`regress_many`) and the bisection's (:mod:`attnbench.gate.bisect`). The
+    environment is built by the first run (minutes) in ``ATTNBENCH_ASV_ENV_DIR`` or the checkout's
+    ``.asv/env`` and reused by every later one; each run installs its commits into it (seconds
+    each).
     """
 
     repo: Path
@@ -1015,7 +511,7 @@ class AsvSession:
 
     def load(self, commits: list[str]) -> tuple[pd.DataFrame, dict]:
         """``(frame, samples)`` of the results, for :func:`compare`; each commit must have some."""
-        return _load_results(self.work, self.machine, commits, self.log_file)
+        return load_results(self.work, self.machine, commits, self.log_file)
 
 
 def shutil_rmtree(path: Path) -> None:
@@ -1052,15 +548,15 @@ def regress_many(
     heads: list[str],
     *,
     repo: str | Path = ".",
-    time_factor: float = 1.2,
-    memory_factor: float = 1.1,
+    time_factor: float = contract.TIME_FACTOR,
+    memory_factor: float = contract.MEMORY_FACTOR,
     rounds: int = 2,
     subset: dict[str, str] | None = None,
     work_dir: str | Path | None = None,
     machine: str = "attnbench-ci",
     log_path: str | Path | None = None,
     metric: str = "time",
-    instructions_factor: float = INSTRUCTIONS_FACTOR,
+    instructions_factor: float = contract.INSTRUCTIONS_FACTOR,
     progress: Callable[[str], None] | None = None,
     time_cases: str = "longest",
     deterministic: bool = True,
@@ -1081,7 +577,7 @@ def regress_many(
         subset: grid variables narrowing :data:`CI_SUBSET` (default: those of ``GRID_ENV`` set).
         work_dir, log_path, machine: where results and asv's output go (default: a temporary
             directory, its ``asv.log``), and the asv machine they are recorded under.
-        metric: what decides (:data:`GATE_METRICS`); time_cases: :data:`TIME_CASES`.
+        metric: what decides (:data:`.decision.GATE_METRICS`); time_cases: :data:`TIME_CASES`.
         progress: told each step, and asv's progress at least every :data:`HEARTBEAT_S` seconds.
         deterministic: also measure bytes, FLOPs and the error ratio (bisect's time probes do not).
         parallel: the deterministic measures of BASE and of the HEADs in two asv processes at once.
@@ -1092,7 +588,7 @@ def regress_many(
         RegressError: asv gave no results for a commit, or counts were asked for without valgrind.
     """
     say = progress or (lambda line: None)
-    factors = _checked_options(
+    options = _checked_options(
         metric, time_cases, rounds, time_factor, memory_factor, instructions_factor, at_length
     )
     repo = Path(repo).resolve()
@@ -1100,7 +596,7 @@ def regress_many(
     session = AsvSession.open(repo, work_dir, subset, machine, log_path, say)
     (session.work / PROBES).unlink(missing_ok=True)  # this gate run's rounds only
     timed = _timed_rounds(metric, time_cases, session.subset)
-    gate = _GateRun(session, base_hash, head_hashes, metric, factors, *timed, at_length)
+    gate = _GateRun(session, base_hash, head_hashes, metric, options, *timed, at_length)
     say(
         f"measuring {gate.described} on the CI subset "
         f"(the first run builds asv's pinned virtualenv: minutes; log {session.log_file})"
@@ -1125,24 +621,20 @@ def _checked_options(
     memory_factor: float,
     instructions_factor: float,
     at_length: int | None = None,
-) -> _Factors:
+) -> GateOptions:
     """The gate's factors, checked with its other options in the order their usage errors come."""
-    _check_metric(metric)
-    _check_at_length(at_length)
+    check_metric(metric)
+    check_at_length(at_length)
     if time_cases not in TIME_CASES:
         raise ValueError(f"time_cases must be one of {TIME_CASES}, got {time_cases!r}")
     instructions_factor = significance.check_factor("instructions_factor", instructions_factor)
     if metric != "time" and valgrind_version() is None:
         raise RegressError(missing_message())
     # nan, inf and <= 1: usage errors
-    factors = _Factors(
-        time=significance.check_factor("time_factor", time_factor),
-        memory=significance.check_factor("memory_factor", memory_factor),
-        instructions=instructions_factor,
-    )
+    options = GateOptions(time_factor, memory_factor, instructions_factor).checked()
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
-    return factors
+    return options
 
 
 @dataclass(frozen=True)
@@ -1153,7 +645,7 @@ class _GateRun:
     base: str  # full hash
     heads: dict[str, str]  # each HEAD's full hash, keyed by the revision as given
     metric: str  # GATE_METRICS
-    factors: _Factors
+    options: GateOptions
     timed_bench: str  # asv's --bench pattern of the time rounds
     timed_length: int | None  # where counts decide: the one length timed (None: every length)
     at_length: int | None = None  # where growth is predicted (None: the workload's default)
@@ -1234,19 +726,19 @@ class _GateRun:
                 frame,
                 self.base,
                 head_hash,
-                self.factors.time,
-                self.factors.memory,
+                self.options.time_factor,
+                self.options.memory_factor,
                 samples=samples,
                 probes=probes,
                 metric=self.metric,
-                instructions_factor=self.factors.instructions,
+                instructions_factor=self.options.instructions_factor,
                 runqueue_shares=shares,
                 corrected=corrected,
                 at_length=self.at_length,
             )
             for head, head_hash in self.heads.items()
         }
-        return {head: _not_timed(table, self.timed_length) for head, table in tables.items()}
+        return {head: mark_not_timed(table, self.timed_length) for head, table in tables.items()}
 
     def outcome(self, head: str, table: pd.DataFrame, confirmed: int) -> Outcome:
         table["confirmation_runs"] = confirmed
@@ -1299,42 +791,3 @@ def _measure_exact(
     finally:
         session.say = say
         session.adopt(twin, second)
-
-
-def _not_timed(table: pd.DataFrame, timed_length: int | None) -> pd.DataFrame:
-    """Time rows the gate left untimed (not at ``timed_length``) read ``not timed``, not ``n/a``."""
-    if timed_length is None:
-        return table
-    untimed = (
-        (table["metric"] == "time")
-        & (table["seq_len"] != timed_length)
-        & (table["verdict"] == GateVerdict.NOT_APPLICABLE)
-    )
-    table = table.copy()
-    table.loc[untimed, "verdict"] = NOT_TIMED
-    table.loc[untimed, "reason"] = (
-        f"counts decide this length; time is taken at L={timed_length} only"
-    )
-    return table
-
-
-def _load_results(
-    work: Path, machine: str, commits: list[str], log: Path
-) -> tuple[pd.DataFrame, ...]:
-    """``(frame, samples)`` of this gate run, for :func:`compare`; each commit must have some."""
-    frame = load_asv(work / "results")
-    frame = frame[frame["machine"] == machine]
-    missing = [c for c in commits if c not in set(frame["commit"])]
-    if missing:
-        try:
-            tail = "\n".join(
-                f"  {line}"
-                for line in log.read_text(encoding="utf-8", errors="replace").splitlines()[-25:]
-            )
-        except OSError:
-            tail = "  (log unreadable)"
-        raise RegressError(
-            f"asv produced no results for {', '.join(m[:10] for m in missing)}; "
-            f"the end of {log}:\n{tail}"
-        )
-    return frame, read_time_samples(work / "results", machine)
