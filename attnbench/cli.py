@@ -140,7 +140,7 @@ def _run_lengths(args: argparse.Namespace) -> tuple[int, ...]:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Build the report; exit 0 when it holds data, 1 when nothing loads (reasons on stderr)."""
-    from attnbench.report.html import make_report
+    from attnbench.reporting import make_report
 
     sources = args.sources or []
     if not sources:
@@ -322,8 +322,9 @@ def cmd_history(args: argparse.Namespace) -> int:
     """Exit 0 when a history was read (steps or not), 1 when nothing could be, 2 usage."""
     from attnbench.analysis.changes import table
     from attnbench.analysis.frame import load
+    from attnbench.gate.gitlog import read_git_log
     from attnbench.gate.markdown import check_summary, history_summary, write_summary
-    from attnbench.gate.steps import find_steps
+    from attnbench.gate.steps import find_steps, history_commits
     from attnbench.report.html import render_history
 
     try:
@@ -346,7 +347,8 @@ def cmd_history(args: argparse.Namespace) -> int:
         "peak_tensor_bytes": args.memory_factor,
         "time": args.time_factor,
     }
-    history = find_steps(rows, factors=factors, window=args.window, repo=args.repo)
+    git = read_git_log(args.repo, history_commits(rows))
+    history = find_steps(rows, factors=factors, window=args.window, git=git)
     shown = table(history)
     print(
         f"{len(history.commits)} commits ({history.order}); "

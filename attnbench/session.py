@@ -468,7 +468,7 @@ def _print_results(
     )
     print(f"measurements: {run_dir.path}")
     if options.report and results:
-        from attnbench.report.html import build_report
+        from attnbench.reporting import build_report
         from attnbench.runs import RunWriteError
 
         print(

@@ -46,10 +46,13 @@ ROOMS: tuple[tuple[str, ...], ...] = (
     ("measure",),  # the package's facade: MeasureConfig, measure, sweep
     ("runs", "profile", "asv_bench"),
     ("analysis.frame", "analysis.complexity", "analysis.roofline", "analysis.significance"),
-    ("analysis.summary", "analysis.changes", "analysis.growth"),
-    ("gate.decision", "gate.results", "gate.steps"),  # below the report, which reads the steps
+    ("analysis.changes", "analysis.growth"),
+    ("gate.steps",),  # below the analysis, which reads a history's steps (git's order handed in)
+    ("analysis.summary",),
+    ("gate.decision", "gate.results", "gate.gitlog"),
     ("report.plots",),
     ("report.html",),
+    ("reporting",),  # load -> analyse -> render, with git's commit order (gate.gitlog)
     ("gate.session", "publish", "shards"),
     ("gate.bisect", "gate.export", "gate.markdown"),
     ("session", "gate_table", "arguments"),

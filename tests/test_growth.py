@@ -279,7 +279,7 @@ def _gate_results(tmp_path, planted: bool):
 
 
 def test_the_report_draws_a_flagged_case_on_log_log_axes(tmp_path):
-    from attnbench.report.html import make_report
+    from attnbench.reporting import make_report
 
     results = _gate_results(tmp_path, planted=True)
     page = make_report([results], tmp_path / "report").page.read_text()

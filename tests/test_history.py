@@ -12,8 +12,9 @@ import pytest
 from attnbench.analysis.changes import table
 from attnbench.analysis.frame import load_asv
 from attnbench.contract import INSTRUCTIONS_FACTOR
+from attnbench.gate.gitlog import read_git_log
 from attnbench.gate.markdown import history_summary
-from attnbench.gate.steps import exact_changes, find_steps, time_levels
+from attnbench.gate.steps import exact_changes, find_steps, history_commits, time_levels
 from tests.asv_history import commit_hashes, write_history
 
 N = 16
@@ -205,7 +206,7 @@ def test_the_cli_prints_the_table_and_writes_the_page_and_summary(history_dir, t
 
 
 def test_report_from_a_history_shows_the_same_steps(history_dir, tmp_path):
-    from attnbench.report.html import make_report
+    from attnbench.reporting import make_report
 
     results = history_dir(_drifted(np.random.default_rng(5)))
     page = make_report([results], tmp_path / "report").page.read_text()
@@ -255,7 +256,7 @@ def test_commits_of_one_second_are_ordered_by_git_when_a_repository_knows_them(t
     ):  # one date for all, as asv records a rebase merge
         path.write_text(path.read_text().replace('"date": 17', '"date": 1790000000000, "_": 17'))
     frame = load_asv(results)
-    ordered = find_steps(frame, repo=repo)
+    ordered = find_steps(frame, git=read_git_log(repo, history_commits(frame)))
     assert (
         ordered.commits["commit"].tolist() == commits and "git topological order" in ordered.order
     )
@@ -265,7 +266,7 @@ def test_commits_of_one_second_are_ordered_by_git_when_a_repository_knows_them(t
         else True
     )
     assert table(ordered).iloc[0]["subject"] == "commit 2"
-    unordered = find_steps(frame, repo=None)
+    unordered = find_steps(frame, git=None)
     assert (
         unordered.commits["commit"].tolist() == sorted(commits) and "hash order" in unordered.order
     )

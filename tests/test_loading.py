@@ -554,7 +554,7 @@ def test_report_of_an_asv_dir_without_results_exits_1(tmp_path, capsys):
 
 
 def test_problems_are_written_beside_the_report(tmp_path, good):
-    from attnbench.report.html import make_report
+    from attnbench.reporting import make_report
 
     outcome = make_report([good[0], tmp_path / "missing"], tmp_path / "out")
     assert outcome.rows > 0 and len(outcome.problems) == 1

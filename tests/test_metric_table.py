@@ -122,7 +122,7 @@ def test_the_run_queue_rows_are_facts_about_the_machine(tmp_path):
     """Read from extra, never fitted, not timed: a noisy case (a neighbour took its core) keeps them as measured, in the
     CSV export, the frame and the report's collapsed table; a case without them (a kernel that does not report the
     wait, a run before they existed) has no rows, never an ok NaN."""
-    from attnbench.report.html import build_report
+    from attnbench.reporting import build_report
 
     for name in ("waited_blocks", "runqueue_share"):
         row = contract.METRICS[name]

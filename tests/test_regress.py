@@ -948,7 +948,7 @@ def test_a_planted_square_buffer_fails_on_how_its_cost_grows(throwaway, tmp_path
     from attnbench.gate import write_verdicts
     from attnbench.gate.markdown import gate_summary
     from attnbench.gate_table import growth_lines
-    from attnbench.report.html import make_report
+    from attnbench.reporting import make_report
 
     monkeypatch.setenv(contract.ENV_ENV_DIR, str(ASV_ENV_DIR))
     subset = {

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from attnbench.report.html import build_report
+from attnbench.reporting import build_report
 from tests.box import BOX
 
 FIXTURE = Path(__file__).parent / "fixtures" / "asv_results"

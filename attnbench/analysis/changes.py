@@ -16,6 +16,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pandas as pd
 
@@ -34,6 +35,7 @@ __all__ = [
     "Change",
     "ChangeKind",
     "Direction",
+    "GitLog",
     "History",
     "case_label",
     "commits_text",
@@ -131,6 +133,17 @@ class Change:
 
 
 # ---- a results history ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GitLog:
+    """What a git repository says of a history's commits (read by :mod:`attnbench.gate.gitlog`).
+
+    The analysis orders commits by it and starts no process itself."""
+
+    repo: Path  # the repository, resolved
+    topo: tuple[str, ...]  # every commit, a parent before its children (rev-list --topo-order)
+    subjects: dict[str, str] = field(default_factory=dict)  # commit -> subject line
+
+
 @dataclass(frozen=True)
 class History:
     """The steps of a results history and what they were read from."""

@@ -19,11 +19,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from attnbench.analysis import complexity, roofline
+from attnbench.analysis import changes, complexity, roofline
+from attnbench.analysis.changes import GitLog, History
 from attnbench.analysis.complexity import FitVerdict
 from attnbench.analysis.frame import load
 from attnbench.analysis.text import fmt, sig
 from attnbench.contract import Source, Status, family
+from attnbench.gate.steps import find_steps, history_commits
 from attnbench.registry import get_variant, variant_names
 from attnbench.spec import AttnSpec
 
@@ -103,6 +105,13 @@ class Analysis:
     # the primary machine's prefill and decode rows (pair_decode)
     machine: pd.DataFrame = field(default_factory=pd.DataFrame)
     machine_fits: pd.DataFrame = field(default_factory=pd.DataFrame)  # their fits
+    # roofline.roofline of ``machine``: each case against the measured roofs
+    roofline: pd.DataFrame = field(default_factory=pd.DataFrame)
+    headline: tuple[str, str] = ("", "")  # complexity.headline of ``fits``: (tone, sentence)
+    largest: pd.DataFrame = field(default_factory=pd.DataFrame)  # complexity.largest_length
+    memory_model: pd.DataFrame = field(default_factory=pd.DataFrame)  # complexity.memory_model
+    history: History | None = None  # the steps of a history of HISTORY_MIN_COMMITS commits or more
+    variant_order: tuple[str, ...] = ()  # the registry's order of variants (figures' legends)
 
     @property
     def primary_crossovers(self) -> dict[str, pd.DataFrame]:
@@ -829,8 +838,30 @@ def _constants(frame: pd.DataFrame) -> dict[str, str]:
     return constants
 
 
-def analyse(loaded: Loaded) -> Analysis:
-    """Fits, crossovers, comparisons, primary slice and findings of ``loaded`` (nothing drawn)."""
+HISTORY_MIN_COMMITS = 3
+"""Commits a machine's asv results need before the report shows their history's steps."""
+
+
+def history_rows(frame: pd.DataFrame) -> pd.DataFrame | None:
+    """The asv rows whose steps the report shows, or None (fewer than HISTORY_MIN_COMMITS)."""
+    rows = frame[(frame["commit"].fillna("") != "") & frame["metric"].isin(changes.METRICS)]
+    if not len(rows) or rows.groupby("machine")["commit"].nunique().max() < HISTORY_MIN_COMMITS:
+        return None
+    return rows
+
+
+def history_commits_of(frame: pd.DataFrame) -> list[str]:
+    """The commits git is asked to order for ``frame``'s history (none: no history shown)."""
+    rows = history_rows(frame) if len(frame) else None
+    return [] if rows is None else history_commits(rows)
+
+
+def analyse(loaded: Loaded, git: GitLog | None = None) -> Analysis:
+    """Fits, crossovers, comparisons, primary slice and findings of ``loaded`` (nothing drawn).
+
+    ``git`` orders a history's commits (:func:`attnbench.gate.gitlog.read_git_log` of
+    :func:`history_commits_of`); without it they are in asv's recorded date order.
+    """
     frame = loaded.frame
     if not len(frame):
         return Analysis(
@@ -846,6 +877,7 @@ def analyse(loaded: Loaded) -> Analysis:
             main_fits=pd.DataFrame(),
             machine=frame,
             machine_fits=pd.DataFrame(),
+            variant_order=tuple(variant_names()),
         )
     fits = complexity.fit_table(frame)
     cross = {
@@ -861,6 +893,8 @@ def analyse(loaded: Loaded) -> Analysis:
         if len(fits):
             main_fits = restrict(fits, primary, ("machine", "commit"))
     commit = decode_commit(frame, primary)
+    machine = pair_decode(frame, primary, commit) if primary else frame
+    rows = history_rows(frame)
     return Analysis(
         loaded=loaded,
         fits=fits,
@@ -873,6 +907,12 @@ def analyse(loaded: Loaded) -> Analysis:
         findings=findings(frame, fits, primary, comparisons),
         main=main,
         main_fits=main_fits,
-        machine=pair_decode(frame, primary, commit) if primary else frame,
+        machine=machine,
         machine_fits=pair_decode(fits, primary, commit) if primary else fits,
+        roofline=roofline.roofline(machine),
+        headline=complexity.headline(fits),
+        largest=complexity.largest_length(frame),
+        memory_model=complexity.memory_model(frame),
+        history=None if rows is None else find_steps(rows, git=git),
+        variant_order=tuple(variant_names()),
     )

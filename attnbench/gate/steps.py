@@ -16,16 +16,15 @@ results directory of several commits) holds many. Per machine, case and metric, 
   (:func:`exponent_changes`).
 
 What a change is and how it reads: :mod:`attnbench.analysis.changes`. Nothing here runs a
-benchmark or draws; git is asked for the commits' order (:func:`commit_order`).
+benchmark, draws or starts a process: git's order of the commits comes in as a
+:class:`~attnbench.analysis.changes.GitLog` (:mod:`attnbench.gate.gitlog` reads it).
 """
 
 from __future__ import annotations
 
 import math
-import subprocess
 from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -40,6 +39,7 @@ from attnbench.analysis.changes import (
     Change,
     ChangeKind,
     Direction,
+    GitLog,
     History,
     default_factors,
     grid_of,
@@ -52,6 +52,7 @@ __all__ = [
     "exact_changes",
     "exponent_changes",
     "find_steps",
+    "history_commits",
     "noise",
     "status_changes",
     "time_levels",
@@ -201,39 +202,24 @@ def status_changes(statuses: Sequence[str]) -> list[Change]:
     return out
 
 
-def _git_lines(repo: Path, *args: str) -> list[str] | None:
-    try:
-        out = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.splitlines() if out.returncode == 0 else None
-
-
-def commit_order(commits: pd.DataFrame, repo: str | Path | None = None) -> tuple[pd.DataFrame, str]:
+def commit_order(commits: pd.DataFrame, git: GitLog | None = None) -> tuple[pd.DataFrame, str]:
     """``commits`` in history order with ``position`` and ``subject``, and how they were ordered.
 
-    Where ``repo`` is a git repository that knows every commit, its topological order
-    (``git rev-list --topo-order``: a parent before its children, whatever the dates say) and the
-    commits' subjects; otherwise asv's recorded commit dates (commits of the same second keep their
-    hash order, and the order says so).
+    Where ``git`` (:func:`attnbench.gate.gitlog.read_git_log`) knows every commit, its topological
+    order (``git rev-list --topo-order``: a parent before its children, whatever the dates say) and
+    the commits' subjects; otherwise asv's recorded commit dates (commits of the same second keep
+    their hash order, and the order says so).
     """
     commits = commits.drop_duplicates("commit").reset_index(drop=True)
     subjects: dict[str, str] = {}
     order = "commit date (asv's record)"
     ranked = None
-    if repo is not None and Path(repo).is_dir() and len(commits):
-        topo = _git_lines(Path(repo), "rev-list", "--topo-order", "--reverse", "--all")
-        if topo is not None:
-            rank = {c: i for i, c in enumerate(topo)}
-            if all(c in rank for c in commits["commit"]):
-                ranked = commits["commit"].map(rank)
-                order = f"git topological order of {Path(repo).resolve()}"
-                log = _git_lines(
-                    Path(repo), "log", "--no-walk=unsorted", "--format=%H %s", *commits["commit"]
-                )
-                subjects = dict(
-                    line.split(" ", 1) if " " in line else (line, "") for line in log or []
-                )
+    if git is not None and len(commits):
+        rank = {c: i for i, c in enumerate(git.topo)}
+        if all(c in rank for c in commits["commit"]):
+            ranked = commits["commit"].map(rank)
+            order = f"git topological order of {git.repo}"
+            subjects = git.subjects
     if ranked is None:
         commits = commits.sort_values(["date", "commit"], kind="stable")
         if commits["date"].duplicated().any():
@@ -246,12 +232,20 @@ def commit_order(commits: pd.DataFrame, repo: str | Path | None = None) -> tuple
     return commits, order
 
 
+def history_commits(frame: pd.DataFrame, metrics: Sequence[str] = METRICS) -> list[str]:
+    """The commits :func:`find_steps` orders (those of ``metrics``' rows): what git is asked of."""
+    rows = frame[
+        frame["metric"].isin(list(metrics)) & frame["commit"].fillna("").astype(str).ne("")
+    ]
+    return list(dict.fromkeys(rows["commit"]))
+
+
 def find_steps(
     frame: pd.DataFrame,
     *,
     factors: dict[str, float] | None = None,
     window: int = DEFAULT_WINDOW,
-    repo: str | Path | None = None,
+    git: GitLog | None = None,
     metrics: Sequence[str] = METRICS,
 ) -> History:
     """Every step, drift and failure of ``frame``, a tidy frame of asv results.
@@ -264,7 +258,8 @@ def find_steps(
         factors: metric -> the factor a value must move by (default :func:`default_factors`, the
             gate's).
         window: commits a drift may spread over.
-        repo: a git repository to order the commits by (see :func:`commit_order`).
+        git: what a git repository says of the commits, to order them by (see
+            :func:`commit_order`; read with :func:`attnbench.gate.gitlog.read_git_log`).
         metrics: which metrics to read (default :data:`METRICS`).
 
     Raises:
@@ -277,7 +272,7 @@ def find_steps(
         check_factor(f"{name} factor", factors[name])
     if window < 2:
         raise ValueError(f"window must be at least 2 commits, got {window}")
-    rows, commits, order = _rows_by_commit(frame, metrics, repo)
+    rows, commits, order = _rows_by_commit(frame, metrics, git)
     levels, found = [], []
     for key, group in rows.groupby([*CASE, "metric"], sort=True):
         metric = key[-1]
@@ -346,7 +341,7 @@ def exponent_changes(
 
 
 def _rows_by_commit(
-    frame: pd.DataFrame, metrics: Sequence[str], repo: str | Path | None
+    frame: pd.DataFrame, metrics: Sequence[str], git: GitLog | None
 ) -> tuple[pd.DataFrame, pd.DataFrame, str]:
     """The rows of ``metrics`` that name a commit, with its ``position``, and the commit order.
 
@@ -356,7 +351,7 @@ def _rows_by_commit(
         frame["metric"].isin(list(metrics)) & frame["commit"].fillna("").astype(str).ne("")
     ].copy()
     commits, order = commit_order(
-        rows.groupby("commit", as_index=False).agg(date=("date", "min")), repo
+        rows.groupby("commit", as_index=False).agg(date=("date", "min")), git
     )
     position = dict(zip(commits["commit"], commits["position"], strict=True))
     rows["position"] = rows["commit"].map(position)

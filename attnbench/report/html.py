@@ -21,7 +21,7 @@ import io
 import json
 import math
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,11 +30,10 @@ import pandas as pd
 
 from attnbench import contract
 from attnbench import demos as teaching
-from attnbench.analysis import changes, complexity, growth, roofline
-from attnbench.analysis.summary import Analysis, analyse, load_results, provenance, short_hash
+from attnbench.analysis import changes, complexity, growth
+from attnbench.analysis.summary import Analysis, provenance, short_hash
 from attnbench.analysis.text import fmt, sig
 from attnbench.contract import FAMILIES, PROGRESSION, Basis, GateVerdict, Status
-from attnbench.gate.steps import find_steps
 from attnbench.io import atomic_write, atomic_write_text
 from attnbench.report import plots
 
@@ -258,7 +257,7 @@ def _when(stamp: object) -> str:
 # ---- the page ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ReportOutcome:
-    """What :func:`make_report` wrote and what it could not use."""
+    """What :func:`attnbench.reporting.make_report` wrote and what it could not use."""
 
     page: Path  # report.html
     rows: int  # tidy rows loaded (0: nothing could be loaded; the page then explains why)
@@ -565,7 +564,7 @@ def _roof_note(table: pd.DataFrame) -> str:
 
 def _roofline(page: Page) -> str:
     """The roofline figure and, collapsed under it, each case's % of its binding roof ("": none)."""
-    table = roofline.roofline(page.analysis.machine)
+    table = page.analysis.roofline
     fig = page.figure(
         "roofline",
         plots.roofline(table),
@@ -624,13 +623,13 @@ def _roofline(page: Page) -> str:
     )
 
 
-def _headline(frame: pd.DataFrame, fits: pd.DataFrame) -> str:
+def _headline(frame: pd.DataFrame, headline: tuple[str, str]) -> str:
     if frame.empty:
         return (
             '<p class="bad">Nothing could be loaded: there are no measurements to show '
             "(the reasons are listed above).</p>"
         )
-    tone, text = complexity.headline(fits)
+    tone, text = headline
     head, sep, rest = text.partition("; inconclusive: ")
     if not sep:
         return f'<p class="{tone}">{html.escape(text)}</p>'
@@ -650,7 +649,7 @@ def _exponents(page: Page) -> str:
     )
     return (
         '<section id="exponents"><h2>Fitted exponents: the O(n²) claim in numbers</h2>'
-        + _headline(page.frame, fits)
+        + _headline(page.frame, page.analysis.headline)
         + _table(page.analysis.summary, keep=("variant",))
         + caveat
         + _details("How the exponents are fitted", f"<p>{_rst_to_html(complexity.FIT_RULE)}</p>")
@@ -804,10 +803,6 @@ def _flagged_growth(path: Path) -> list[tuple[dict, pd.DataFrame]]:
     return out
 
 
-HISTORY_MIN_COMMITS = 3
-"""Commits a results directory needs to be read as a history (two are the gate's comparison)."""
-
-
 def history_section(history: changes.History, fig_dir: Path) -> str:
     """A results history's steps: the table (regressions first), a figure per case, steps marked.
 
@@ -882,14 +877,8 @@ def _history_figures(history: changes.History, fig_dir: Path) -> list[str]:
 
 
 def _history(page: Page) -> str:
-    frame = page.frame
-    asv_rows = frame[(frame["commit"].fillna("") != "") & frame["metric"].isin(changes.METRICS)]
-    if (
-        not len(asv_rows)
-        or asv_rows.groupby("machine")["commit"].nunique().max() < HISTORY_MIN_COMMITS
-    ):
-        return ""
-    return history_section(find_steps(asv_rows, repo=Path.cwd()), page.fig_dir)
+    history = page.analysis.history
+    return "" if history is None else history_section(history, page.fig_dir)
 
 
 def render_history(
@@ -990,12 +979,12 @@ def _crossover_tables(page: Page) -> str:
 def _largest_length(page: Page) -> str:
     return _details(
         "Largest length within budget",
-        _table(complexity.largest_length(page.frame), keep=("variant",)),
+        _table(page.analysis.largest, keep=("variant",)),
     )
 
 
 def _memory_model(page: Page) -> str:
-    mm = complexity.memory_model(page.frame)
+    mm = page.analysis.memory_model
     mib = lambda v: fmt(float(v) * 2**20, "bytes")  # noqa: E731
     ratio = lambda v: fmt(float(v), "x")  # noqa: E731
     mm_fmt = {"predicted_MiB": mib, "measured_MiB": mib, "measured/predicted": ratio}
@@ -1280,7 +1269,7 @@ def render(
     """Draw the figures; write ``report.html``, ``figures/``, the CSVs and ``problems.json``.
 
     Args:
-        analysis: what :func:`analyse` computed.
+        analysis: what :func:`~attnbench.analysis.summary.analyse` computed.
         out_dir: the output directory.
         title: the page title.
         demos: also draw the teaching demos (Nadaraya-Watson regression, masked attention weights),
@@ -1290,8 +1279,9 @@ def render(
     page = Page(analysis, out_dir / "figures", demos)
     loaded = analysis.loaded
     anything = len(loaded.frame) > 0
-    body = [s(page) for s in ((*STORY, *BODY, *COMPARED) if anything else BODY)]
-    details = [s(page) for s in ((*DETAILS, *CLOSING) if anything else CLOSING)]
+    with plots.drawing(analysis.variant_order):
+        body = [s(page) for s in ((*STORY, *BODY, *COMPARED) if anything else BODY)]
+        details = [s(page) for s in ((*DETAILS, *CLOSING) if anything else CLOSING)]
     generated = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     html_page = _html_page(
         title,
@@ -1312,29 +1302,3 @@ def render(
     return ReportOutcome(
         page=path, rows=len(loaded.frame), problems=loaded.problems, notes=loaded.notes
     )
-
-
-def make_report(
-    sources: Iterable[str | Path],
-    out_dir: str | Path,
-    title: str = "attnbench report",
-    demos: bool = False,
-) -> ReportOutcome:
-    """Load, analyse and render: ``render(analyse(load_results(sources)), ...)``."""
-    return render(analyse(load_results(sources)), out_dir, title, demos=demos)
-
-
-def build_report(
-    sources: Iterable[str | Path],
-    out_dir: str | Path,
-    title: str = "attnbench report",
-    demos: bool = False,
-) -> Path:
-    """Load ``sources`` (asv results dirs and/or run dirs), analyse, draw, and write the report.
-
-    Returns:
-        Path of ``report.html`` inside ``out_dir`` (which also receives ``figures/``,
-        ``tidy.csv``, ``fits.csv`` and ``problems.json``). :func:`make_report` also says what
-        loaded.
-    """
-    return make_report(sources, out_dir, title, demos=demos).page

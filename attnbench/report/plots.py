@@ -10,7 +10,10 @@ and a disturbed measurement (``noisy``) a hollow marker: neither is ever part of
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
 import matplotlib
@@ -42,12 +45,30 @@ from attnbench.contract import (  # noqa: E402
     Status,
     family,
 )
-from attnbench.registry import variant_names  # noqa: E402
 
 if TYPE_CHECKING:
     from attnbench.demos import Heatmaps
 
 sns.set_theme(style="whitegrid", context="notebook")
+_ORDER: ContextVar[tuple[str, ...]] = ContextVar("variant_order", default=())
+"""The variants' order while :func:`drawing` (the analysis' ``variant_order``)."""
+
+
+@contextlib.contextmanager
+def drawing(variant_order: Sequence[str]) -> Iterator[None]:
+    """Draw with ``variant_order`` (the registry's, read by the analysis) for legends and shades."""
+    token = _ORDER.set(tuple(variant_order))
+    try:
+        yield
+    finally:
+        _ORDER.reset(token)
+
+
+def variant_names() -> tuple[str, ...]:
+    """The variants in the order the analysis gave :func:`drawing` (none outside it)."""
+    return _ORDER.get()
+
+
 WRONG_COLOUR = "#b00020"
 
 FAMILY_COLOURS: dict[str, str] = {
