@@ -887,7 +887,8 @@ def render_history(
     """Write ``history.html`` (:func:`history_section` alone) and ``steps.csv``; return the page."""
     out_dir = Path(out_dir)
     generated = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    section = history_section(history, out_dir / "figures")
+    with plots.drawing():
+        section = history_section(history, out_dir / "figures")
     atomic_write(out_dir / "steps.csv", lambda tmp: history.steps.to_csv(tmp, index=False))
     return atomic_write_text(out_dir / "history.html", _html_page(title, section, generated))
 

@@ -49,19 +49,32 @@ from attnbench.contract import (  # noqa: E402
 if TYPE_CHECKING:
     from attnbench.demos import Heatmaps
 
-sns.set_theme(style="whitegrid", context="notebook")
 _ORDER: ContextVar[tuple[str, ...]] = ContextVar("variant_order", default=())
 """The variants' order while :func:`drawing` (the analysis' ``variant_order``)."""
+THEME = {"style": "whitegrid", "context": "notebook"}
+"""seaborn's theme of every figure (applied by :func:`drawing`, never at import)."""
+COLOUR_CODES = "bgrmyck"
+"""The one-letter colours seaborn's theme redefines (its palette's shades), restored after."""
 
 
 @contextlib.contextmanager
-def drawing(variant_order: Sequence[str]) -> Iterator[None]:
-    """Draw with ``variant_order`` (the registry's, read by the analysis) for legends and shades."""
+def drawing(variant_order: Sequence[str] = ()) -> Iterator[None]:
+    """Draw in the report's style, with ``variant_order`` (the analysis') for legends and shades.
+
+    The theme (rcParams, seaborn's colour codes) holds inside the block only: importing this
+    module, or drawing elsewhere in the same process, keeps matplotlib's own settings.
+    """
+    codes = mcolors.colorConverter.colors
+    saved = {c: codes[c] for c in COLOUR_CODES}
     token = _ORDER.set(tuple(variant_order))
     try:
-        yield
+        with plt.rc_context():
+            sns.set_theme(**THEME)
+            yield
     finally:
         _ORDER.reset(token)
+        for c, value in saved.items():
+            codes[c] = value
 
 
 def variant_names() -> tuple[str, ...]:
