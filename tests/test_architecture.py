@@ -288,6 +288,33 @@ def test_the_process_check_sees_a_planted_import():
     assert imports_subprocess("def f():\n    from subprocess import run\n")
 
 
+DRAWS_ONLY = ("report",)
+"""Packages that only draw and write what the analysis computed: they start no process and read no
+git (the history's commit order comes in the :class:`~attnbench.analysis.summary.Analysis`)."""
+
+
+def _draws_only_modules() -> list[str]:
+    return sorted(n for n in _modules() if any(n == p or n.startswith(f"{p}.") for p in DRAWS_ONLY))
+
+
+def test_the_report_starts_no_process_and_reads_no_git():
+    """Nothing under report/ imports subprocess, itself or through any module it imports (git is
+    read by gate.gitlog, which imports it); the arrows of :data:`NOT_YET_PURE` are stepped over as
+    for the analysis."""
+    sources = {n: p.read_text() for n, p in _modules().items()}
+    assert _draws_only_modules(), "no module under report/: DRAWS_ONLY names nothing"
+    assert process_paths(graph(), _draws_only_modules(), sources) == []
+
+
+def test_the_report_check_sees_a_planted_git_reader():
+    """The history's steps read through the git reader again: the check names the chain."""
+    sources = {n: p.read_text() for n, p in _modules().items()}
+    edges = {n: set(t) for n, t in graph().items()}
+    edges["analysis.summary"].add("gate.gitlog")
+    found = process_paths(edges, ["report.html"], sources)
+    assert found == ["gate.gitlog <- analysis.summary <- report.html"], found
+
+
 MAX_FUNCTION_LINES = 60
 """The longest a function of the package may be (decorators and docstring included)."""
 
