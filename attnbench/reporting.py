@@ -13,7 +13,8 @@ from pathlib import Path
 
 from attnbench.analysis.summary import analyse, history_commits_of, load_results
 from attnbench.gate.gitlog import read_git_log
-from attnbench.report.html import ReportOutcome, render
+from attnbench.report.html import render
+from attnbench.report.markup import ReportOutcome
 
 __all__ = ["build_report", "make_report"]
 

@@ -83,7 +83,7 @@ def verdicts(run_dir: Path):
     import pandas as pd
 
     from attnbench.analysis import complexity
-    from attnbench.analysis.frame import load_run
+    from attnbench.analysis.rundir import load_run
 
     frame = load_run(run_dir)
     fits = complexity.fit_table(frame, metrics=("time",))

@@ -17,7 +17,9 @@ import pytest
 from scipy import stats
 
 from attnbench.analysis import complexity
-from attnbench.analysis.frame import COLUMNS, load, load_asv, load_run
+from attnbench.analysis.frame import load, load_asv
+from attnbench.analysis.rundir import load_run
+from attnbench.analysis.tidy import COLUMNS
 from attnbench.measure import MeasureConfig, sweep
 from attnbench.measure.timer import TimerConfig
 from attnbench.runs import grid, write_run

@@ -45,12 +45,16 @@ ROOMS: tuple[tuple[str, ...], ...] = (
     ("measure.sweep", "measure.instructions"),
     ("measure",),  # the package's facade: MeasureConfig, measure, sweep
     ("runs", "profile", "asv_bench"),
+    ("analysis.tidy",),
+    ("analysis.rundir",),
     ("analysis.frame", "analysis.complexity", "analysis.roofline", "analysis.significance"),
     ("analysis.changes", "analysis.growth"),
     ("gate.steps",),  # below the analysis, which reads a history's steps (git's order handed in)
     ("analysis.summary",),
     ("gate.decision", "gate.results", "gate.gitlog"),
     ("report.plots",),
+    ("report.markup",),
+    ("report.details",),
     ("report.html",),
     ("reporting",),  # load -> analyse -> render, with git's commit order (gate.gitlog)
     ("gate.session", "publish", "shards"),
@@ -200,7 +204,7 @@ PURE = ("analysis", "gate.decision")
 others measured, and can be imported, run and tested where no process may be started."""
 NOT_YET_PURE = {
     (
-        "analysis.frame",
+        "analysis.rundir",
         "runs",
     ): "a run directory's format (LOG, MANIFEST, read_log, case_key) lives "
     "in runs.py beside the runs' measuring, which imports measure.instructions (valgrind)",

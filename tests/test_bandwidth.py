@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from attnbench import cli
-from attnbench.analysis.frame import load_run
+from attnbench.analysis.rundir import load_run
 from attnbench.measure import bandwidth as bw
 from attnbench.runs import MANIFEST, write_run
 from tests.test_loading import measurements

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from attnbench import get_variant, mask_mods
 from attnbench.analysis import roofline
-from attnbench.analysis.frame import load_run
+from attnbench.analysis.rundir import load_run
 from attnbench.analysis.summary import analyse, load_results
 from attnbench.contract import Status
 from attnbench.measure.record import Measurement

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from attnbench import contract
-from attnbench.analysis.frame import load_run
+from attnbench.analysis.rundir import load_run
 from attnbench.measure.record import Measurement
 from attnbench.measure.runner import MeasureConfig
 from attnbench.runs import MEASUREMENTS, write_run

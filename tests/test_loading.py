@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from attnbench.analysis.frame import load, load_asv, load_run
+from attnbench.analysis.frame import load, load_asv
+from attnbench.analysis.rundir import load_run
 from attnbench.cli import main
 from attnbench.measure.record import Environment, Measurement
 from attnbench.measure.runner import MeasureConfig

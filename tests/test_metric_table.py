@@ -8,7 +8,7 @@ import pytest
 
 from attnbench import contract
 from attnbench.analysis import complexity
-from attnbench.analysis.frame import load_run
+from attnbench.analysis.rundir import load_run
 from attnbench.measure.record import Measurement
 from attnbench.measure.runner import MeasureConfig
 from attnbench.runs import MEASUREMENTS, write_run

@@ -533,7 +533,7 @@ def test_asv_pages_show_run_dates_and_short_hashes(tmp_path):
 def test_constant_columns_are_lifted_into_the_caption():
     import pandas as pd
 
-    from attnbench.report.html import _table, lift_constants
+    from attnbench.report.markup import _table, lift_constants
 
     df = pd.DataFrame(
         {"variant": ["a", "b"], "device": ["cpu", "cpu"], "time": [1.0, 2.0], "empty": ["", ""]}

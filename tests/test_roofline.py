@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attnbench.analysis import roofline as rl
-from attnbench.analysis.frame import COLUMNS
+from attnbench.analysis.tidy import COLUMNS
 
 PEAK_GFLOPS, PEAK_GBPS = 100.0, 10.0  # ridge at 10 FLOP/byte
 

@@ -18,7 +18,8 @@ import torch
 
 import attnbench
 from attnbench import mask_mods, masks
-from attnbench.analysis.frame import load, load_run
+from attnbench.analysis.frame import load
+from attnbench.analysis.rundir import load_run
 from attnbench.measure import MeasureConfig, measure
 from attnbench.measure.record import Measurement
 from attnbench.reference import reference_attention

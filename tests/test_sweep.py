@@ -16,7 +16,7 @@ import pytest
 
 import attnbench
 from attnbench import plugins
-from attnbench.analysis.frame import load_run
+from attnbench.analysis.rundir import load_run
 from attnbench.measure import MeasureConfig, sweep
 from attnbench.measure.timer import TimerConfig
 from attnbench.runs import (

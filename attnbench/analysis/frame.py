@@ -21,78 +21,33 @@ import itertools
 import json
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from attnbench import contract
-from attnbench.analysis.text import sig
+from attnbench.analysis.rundir import load_run
+from attnbench.analysis.tidy import check_value, finish, spec_columns
 from attnbench.contract import Method, Source, Status
 from attnbench.io import error_line
-from attnbench.measure.record import Measurement
 from attnbench.spec import AttnSpec
 
-COLUMNS = [
-    "source",
-    "benchmark",
-    "variant",
-    "seq_len",
-    "seq_len_k",
-    "device",
-    "mode",
-    "dtype",
-    "batch",
-    "heads",
-    "head_dim",
-    "mask",
-    "kv_heads",
-    "workload",
-    "metric",
-    "unit",
-    "method",
-    "value",
-    "spread",
-    "ci_low",
-    "ci_high",
-    "status",
-    "reason",
-    "machine",
-    "cpu",
-    "gpu",
-    "commit",
-    "date",
-    "torch",
-    "threads",
-    "peak_gflops",
-    "peak_gbps",
-    "kernel",
-    "run_date",
-    "origin",
+__all__ = [
+    "ASV_METRICS",
+    "PEAK_BENCHMARK",
+    "SPIKE_FACTOR",
+    "decode_param",
+    "flag_spikes",
+    "load",
+    "load_asv",
 ]
+
 UNITS = contract.UNITS
-MEMORY_METHODS = {"analytic": Method.MODEL}  # older files called the prediction "analytic"
 ASV_METRICS = contract.ASV_METRICS
 PEAK_BENCHMARK = contract.PEAK_BENCHMARK
 BASE_SPEC = contract.BASE_SPEC  # the asv suite's fixed shape
-
-
-def _empty() -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series(dtype=object) for c in COLUMNS})
-
-
-def _finish(rows: list[dict], problems: list[str], notes: list[str] | None = None) -> pd.DataFrame:
-    frame = pd.DataFrame(rows, columns=COLUMNS) if rows else _empty()
-    for col in ("value", "spread", "ci_low", "ci_high", "threads", "peak_gflops", "peak_gbps"):
-        frame[col] = pd.to_numeric(frame[col], errors="coerce")
-    for col in ("seq_len", "seq_len_k", "batch", "heads", "head_dim", "kv_heads"):
-        frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("Int64")
-    for col in ("date", "run_date"):
-        frame[col] = pd.to_datetime(frame[col], utc=True, errors="coerce")
-    frame.attrs["problems"] = list(problems)
-    frame.attrs["notes"] = list(notes or [])
-    return frame
 
 
 # ---- asv -------------------------------------------------------------------------------------
@@ -150,7 +105,7 @@ def load_asv(results_dir: str | Path) -> pd.DataFrame:
         if not isinstance(benchmarks, dict):
             raise ValueError(f"expected a JSON object, got {type(benchmarks).__name__}")
     except (OSError, util.UserError, ValueError, TypeError) as exc:
-        return _finish(
+        return finish(
             [],
             [
                 f"{bench_path}: cannot read the benchmark list ({error_line(exc)}); "
@@ -162,7 +117,7 @@ def load_asv(results_dir: str | Path) -> pd.DataFrame:
     try:
         machine_dirs = sorted(p for p in results_dir.iterdir() if p.is_dir())
     except OSError as exc:
-        return _finish([], [f"{results_dir}: cannot list ({error_line(exc)})"])
+        return finish([], [f"{results_dir}: cannot list ({error_line(exc)})"])
     files = 0
     for machine_dir in machine_dirs:
         machine_path = machine_dir / "machine.json"
@@ -193,7 +148,7 @@ def load_asv(results_dir: str | Path) -> pd.DataFrame:
     gate = results_dir / contract.GATE_VERDICTS
     if gate.exists():
         notes += _apply_gate(rows, gate, problems)
-    return _finish(rows, problems, notes)
+    return finish(rows, problems, notes)
 
 
 def _apply_gate(rows: list[dict], path: Path, problems: list[str]) -> list[str]:
@@ -334,7 +289,7 @@ def _asv_case(key: str, case: dict, metric: str, value: object) -> tuple[str, At
         raise ValueError(f"variant {variant!r} / length {length!r}")
     if value is not None and not isinstance(value, (int, float)):
         raise ValueError(f"value {value!r} is not a number")
-    _check_value(metric, value)
+    check_value(metric, value)
     spec, workload = contract.asv_case(key, case, BASE_SPEC)
     return variant, spec, workload
 
@@ -383,7 +338,7 @@ def _asv_key_rows(
                 **common,
                 "benchmark": key,
                 "variant": variant,
-                **_spec_columns(spec),
+                **spec_columns(spec),
                 "workload": workload,
                 **_asv_measured(key, value, stat, variant, spec),
                 "peak_gflops": peak,
@@ -396,16 +351,6 @@ def _asv_key_rows(
             f"{path}: {key}: {len(bad)} garbled parameter set(s) left out, e.g. {bad[0]}"
         )
     return rows
-
-
-def _check_value(metric: str, value: object) -> None:
-    """Raise ValueError for a value no measurement of ``metric`` holds (NaN, None: not measured)."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return
-    if not math.isfinite(value) or value < 0 or (metric == "time" and value == 0):
-        raise ValueError(
-            f"{metric} {value!r} is not a {'time > 0' if metric == 'time' else 'finite value >= 0'}"
-        )
 
 
 def _mark_wrong(rows: list[dict]) -> None:
@@ -423,383 +368,6 @@ def _mark_wrong(rows: list[dict]) -> None:
         if ratio is not None:
             r["status"], r["reason"] = Status.WRONG, f"max error {ratio:.3g}x the tolerance"
         del r["_mode_given"]
-
-
-def _spec_columns(spec: AttnSpec) -> dict:
-    return {
-        "seq_len": spec.lq,
-        "seq_len_k": spec.lk,
-        "device": spec.device_type,
-        "mode": spec.mode,
-        "dtype": spec.dtype,
-        "batch": spec.batch,
-        "heads": spec.heads,
-        "head_dim": spec.head_dim,
-        "mask": spec.mask,
-        "kv_heads": spec.hkv,
-    }
-
-
-# ---- attnbench run ---------------------------------------------------------------------------
-KEEPS_VALUES = (Status.OK, Status.WRONG, Status.NOISY)
-"""Statuses whose values are kept as recorded (wrong and noisy ones: drawn, never fitted)."""
-
-
-def _read_manifest(path: Path, problems: list[str], notes: list[str]) -> dict:
-    """The manifest's claims to check the log against (``{}``: unreadable, named in problems)."""
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        notes.append(
-            f"{path}: missing (the sweep stopped before writing it); the case log is read "
-            "without it"
-        )
-        return {}
-    except OSError as exc:
-        problems.append(f"{path}: cannot read ({error_line(exc)}); the case log is read without it")
-        return {}
-    except ValueError as exc:
-        problems.append(
-            f"{path}: not readable JSON ({error_line(exc)}); the case log is read without it"
-        )
-        return {}
-    if not isinstance(manifest, dict):
-        problems.append(
-            f"{path}: expected a JSON object, got {type(manifest).__name__}; the case log is "
-            "read without it"
-        )
-        return {}
-    from attnbench.runs import MANIFEST_SCHEMA
-
-    if manifest.get("schema", MANIFEST_SCHEMA) != MANIFEST_SCHEMA:
-        problems.append(
-            f"{path}: format {manifest.get('schema')!r}, and this attnbench reads "
-            f"{MANIFEST_SCHEMA!r}; the case log is read without it"
-        )
-        return {}
-    for name, kind in (("cases", int), ("planned", int), ("complete", bool)):
-        value = manifest.get(name)
-        if value is not None and (
-            not isinstance(value, kind) or (kind is int and (isinstance(value, bool) or value < 0))
-        ):
-            problems.append(
-                f"{path}: field {name!r} should be {'a count' if kind is int else 'true/false'}, "
-                f"got {value!r}; ignored"
-            )
-            manifest.pop(name)
-    if "cases" not in manifest:
-        problems.append(f"{path}: no 'cases' count; the case log cannot be cross-checked")
-    return manifest
-
-
-def _lenient(value: object) -> float:
-    try:
-        return float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return math.nan
-
-
-MAX_INPUT_BYTES = 2.0**50
-"""Inputs larger than this (1 PiB) ran on no machine: a case that says it did is corrupt."""
-
-
-def _check_case(m: Measurement) -> None:
-    """Raise ValueError naming what makes a logged case unusable (beyond its classes' checks)."""
-    if not m.variant:
-        raise ValueError("variant is empty")
-    if m.status == Status.OK and not (m.median > 0):
-        raise ValueError(f"status ok but its time is {m.median!r} (a time must be > 0)")
-    if m.status not in KEEPS_VALUES:
-        return
-    for metric in contract.METRICS.values():
-        if metric.field is not None:
-            _check_value(metric.name, _lenient(contract.metric_value(m, metric.field)))
-    if m.status == Status.OK and m.checked_error_ratio > 1:
-        raise ValueError(
-            f"status ok but its error is {sig(m.checked_error_ratio)}x the tolerance (the gate's "
-            "limit is 1x)"
-        )
-    if m.spec.input_bytes > MAX_INPUT_BYTES:
-        raise ValueError(
-            f"status {m.status} but its inputs would take {m.spec.input_bytes:.3g} bytes (length "
-            f"{m.spec.lk}): no machine ran it"
-        )
-
-
-def _case_rows(m: Measurement, common: dict) -> list[dict]:
-    """The tidy rows of one logged case, one per run metric of :data:`contract.METRICS` it holds.
-
-    A case that did not run (skipped, failed) keeps one row, its time (NaN), which carries its
-    status and reason; a case that ran has a row per metric it measured (its time row always, even
-    when not timed). A ``noisy`` case's rows of metrics a neighbour cannot disturb (not
-    :attr:`Metric.timed`: memory, FLOPs, counts) are ``ok``: fitted and ranked like any other; only
-    its time-derived values stay ``noisy``.
-    """
-    spec = m.spec
-    base = {
-        **common,
-        "variant": m.variant,
-        **_spec_columns(spec),
-        "workload": m.workload,
-        "status": m.status,
-        "reason": m.reason,
-        "machine": m.env.hostname if m.env else "",
-        "cpu": m.env.cpu_model if m.env else "",
-        "gpu": m.env.gpu_name if m.env else "",
-        "commit": m.env.commit if m.env else "",
-        "torch": m.env.torch if m.env else "",
-        "threads": float(m.env.threads) if m.env else math.nan,
-        "peak_gflops": _lenient(common["peak_gflops"].get(spec.dtype)),
-        "kernel": str(m.extra.get("kernel", "")),
-        "ci_low": math.nan,
-        "ci_high": math.nan,
-    }
-    kept = m.status in KEEPS_VALUES
-    out = []
-    for metric in contract.METRICS.values():
-        if metric.field is None or (not kept and metric.name != "time"):
-            continue
-        value = _lenient(contract.metric_value(m, metric.field)) if kept else math.nan
-        if math.isnan(value) and metric.name != "time":
-            continue  # not measured for this case (e.g. RSS switched off): no row, never an ok NaN
-        method = metric.method
-        if method.startswith("<"):
-            method = getattr(m, method[1:]) or "unrecorded"
-            method = MEMORY_METHODS.get(method, method)
-        spread = _lenient(getattr(m, metric.spread)) if metric.spread and kept else math.nan
-        # A neighbour disturbs time, never bytes or counts: a noisy case's untimed values are facts.
-        status = Status.OK if m.status == Status.NOISY and not metric.timed else m.status
-        out.append(
-            {
-                **base,
-                "metric": metric.name,
-                "unit": metric.unit,
-                "method": method,
-                "value": value,
-                "spread": spread,
-                "status": status,
-            }
-        )
-    return out
-
-
-def _read_run_log(run_dir: Path, problems: list[str]):
-    """The run's case log, or None when nothing of it can be read (why: in ``problems``)."""
-    from attnbench.runs import LOG, LOG_SCHEMA, read_log
-
-    try:
-        log = read_log(run_dir / LOG)
-    except FileNotFoundError:
-        problems.append(
-            f"{run_dir / LOG}: missing; nothing of this run can be read (measurements.csv is an "
-            "export, not the record)"
-        )
-        return None
-    except OSError as exc:
-        problems.append(f"{run_dir / LOG}: cannot read ({error_line(exc)})")
-        return None
-    header = log.header or {}
-    if header.get("schema", LOG_SCHEMA) != LOG_SCHEMA:
-        problems.append(
-            f"{run_dir / LOG}: format {header.get('schema')!r}, and this attnbench reads "
-            f"{LOG_SCHEMA!r}: not read (use the attnbench that wrote it)"
-        )
-        return None
-    return log
-
-
-def _run_common(header: dict, manifest: dict) -> dict:
-    """The columns every row of a run shares: its source, dates and the machine's recorded roofs."""
-    peaks = header.get("peak_gflops", manifest.get("peak_gflops")) or {}
-    if not isinstance(peaks, dict):  # a single number: the float32 roof
-        peaks = {"float32": peaks}
-    gbps = header.get("peak_gbps", manifest.get("peak_gbps"))
-    # the highest bandwidth the run measured: no rate may exceed it
-    roof_gbps = max(
-        (_lenient(v) for v in (gbps.values() if isinstance(gbps, dict) else [gbps])),
-        default=math.nan,
-    )
-    # triad: the roofline's bandwidth roof
-    gbps = _lenient(gbps.get("triad") if isinstance(gbps, dict) else gbps)
-    created = manifest.get("created") or header.get("created")
-    return {
-        "source": Source.RUN,
-        "benchmark": "attnbench.run",
-        "date": created,
-        "run_date": created,
-        "peak_gflops": peaks,
-        "peak_gbps": gbps if gbps > 0 else math.nan,
-        "roof_gbps": roof_gbps if roof_gbps > 0 else math.nan,
-    }
-
-
-ROOF_RATES = {"gflops": ("matmul", "GFLOP/s"), "gbps": ("bandwidth", "GB/s")}
-"""The rates a run's measured roofs bound: metric -> (which roof, unit)."""
-
-
-def flag_above_roof(rows: list[dict], common: dict, where: str) -> list[str]:
-    """Mark every rate above its run's measured roof ``above_roof``; one problem line for each.
-
-    A rate above the roof the same machine measured (GFLOP/s over its matmul peak at the case's
-    dtype, GB/s over the highest bandwidth it measured) is an accounting error: the FLOPs or bytes
-    it divides overstate what the kernel did (a kernel skipping masked tiles charged for the full
-    square). It is never shown as a measurement; its time stays a fact.
-    """
-    out = []
-    for row in rows:
-        if row["metric"] not in ROOF_RATES or row["status"] not in KEEPS_VALUES:
-            continue
-        roof = (
-            _lenient(common["peak_gflops"].get(row["dtype"]))
-            if row["metric"] == "gflops"
-            else common["roof_gbps"]
-        )
-        if not (roof > 0 and row["value"] > roof):
-            continue
-        what, unit = ROOF_RATES[row["metric"]]
-        reason = (
-            f"accounting error: {sig(row['value'])} {unit} is above the {what} roof "
-            f"{sig(roof)} {unit} measured in the same run (the executed FLOPs or bytes overstate "
-            "what the kernel did)"
-        )
-        row.update(status=Status.ABOVE_ROOF, reason=reason)
-        out.append(
-            f"{where}: {row['variant']} {row['mode']} mask={row['mask']} L={row['seq_len']} "
-            f"{row['dtype']}: {reason}; not shown as a measurement"
-        )
-    return out
-
-
-def load_run(run_dir: str | Path) -> pd.DataFrame:
-    """An ``attnbench run`` directory as a tidy frame, read from its case log (``cases.jsonl``).
-
-    ``manifest.json`` only adds its claims to check: the count of cases written, whether the sweep
-    finished. ``measurements.csv`` is an export for people and is not read. Unusable log lines and
-    cases are rejected with the reason.
-    """
-    from attnbench.runs import LOG, MANIFEST
-
-    run_dir = Path(run_dir)
-    problems: list[str] = []
-    notes: list[str] = []
-    log = _read_run_log(run_dir, problems)
-    if log is None:
-        return _finish([], problems, notes)
-    header = log.header or {}
-    problems.extend(log.rejected)
-    rejected = set(log.rejected)  # a set: a log of 100,000 bad lines took minutes as a list
-    notes.extend(n for n in log.notes if n not in rejected)
-    manifest = _read_manifest(run_dir / MANIFEST, problems, notes)
-    if log.header is None and log.measurements:
-        problems.append(f"{run_dir / LOG}: no header line; the planned grid is unknown")
-    common = _run_common(header, manifest)
-    rows: list[dict] = []
-    cases = _distinct_cases(run_dir / LOG, log.measurements, problems)
-    for number, m in cases:
-        try:
-            _check_case(m)
-            rows.extend(_case_rows(m, common))
-        except ValueError as exc:
-            problems.append(f"{run_dir / LOG} case {number} ({m.variant or '?'}): {exc}; rejected")
-    problems.extend(flag_above_roof(rows, common, str(run_dir / LOG)))
-    _cross_check(
-        run_dir, [m for _, m in cases], len(log.measurements), header, manifest, problems, notes
-    )
-    return _finish(rows, problems, notes)
-
-
-def _distinct_cases(
-    log_path: Path, measurements: Sequence[Measurement], problems: list[str]
-) -> list[tuple[int, Measurement]]:
-    """``(number in the log, case)`` once per case: a case logged twice keeps its last."""
-    from attnbench.runs import case_key
-
-    last: dict[str, tuple[int, Measurement]] = {}
-    for number, m in enumerate(measurements, start=1):
-        key = case_key(m.variant, m.spec)
-        if key in last:
-            problems.append(
-                f"{log_path} case {number} ({m.variant} {m.spec.label}): the same case as case "
-                f"{last[key][0]}; the last one is kept"
-            )
-            del last[key]
-        last[key] = (number, m)
-    return sorted(last.values(), key=lambda item: item[0])
-
-
-def _cross_check(
-    run_dir: Path,
-    cases: Sequence[Measurement],
-    logged: int,
-    header: dict,
-    manifest: dict,
-    problems: list[str],
-    notes: list[str],
-) -> None:
-    """The manifest's claims and the header's plan against the cases the log holds (the truth).
-
-    ``logged``: lines of cases in the log; ``cases``: the distinct ones.
-    """
-    from attnbench.runs import LOG, MANIFEST
-
-    claimed, complete = manifest.get("cases"), manifest.get("complete")
-    keys = header.get("cases") if isinstance(header.get("cases"), list) else None
-    planned = len(keys) if keys is not None else header.get("planned", manifest.get("planned"))
-    if (
-        manifest.get("planned") is not None
-        and planned is not None
-        and manifest["planned"] != planned
-    ):
-        problems.append(
-            f"{run_dir / MANIFEST} says {manifest['planned']} case(s) were planned, the header of "
-            f"{run_dir / LOG} {planned}"
-        )
-    # one write behind the log: killed between logging a case and rewriting the manifest
-    if claimed == logged - 1:
-        notes.append(
-            f"{run_dir / MANIFEST} says {claimed} case(s) but {run_dir / LOG} holds {logged}: "
-            "the sweep stopped between writing its files (--resume rewrites the manifest)"
-        )
-    elif claimed is not None and claimed != logged:
-        problems.append(
-            f"{run_dir / LOG}: holds {logged} case(s) but {run_dir / MANIFEST} says {claimed} "
-            "case(s) were written (truncated or replaced)"
-        )
-    done = _planned_done(run_dir / LOG, cases, keys, problems)
-    if complete is True and planned is not None and done < planned:
-        problems.append(
-            f"{run_dir / MANIFEST} says complete, but {run_dir / LOG} holds {done} of the "
-            f"{planned} planned cases"
-        )
-    if complete is False:
-        notes.append(
-            f"{run_dir}: incomplete ({claimed if claimed is not None else done} of "
-            f"{planned if planned is not None else '?'} cases): the sweep was stopped before the "
-            "end"
-        )
-    elif planned is not None and done < planned:
-        notes.append(f"{run_dir}: incomplete ({done} of {planned} cases)")
-
-
-def _planned_done(
-    log_path: Path, cases: Sequence[Measurement], keys: list | None, problems: list[str]
-) -> int:
-    """How many planned cases the log holds; cases it did not plan are named in ``problems``.
-
-    ``keys``: the header's plan; None: no list, every case counts.
-    """
-    from attnbench.runs import case_key
-
-    if keys is None:
-        return len(cases)
-    logged_keys = {case_key(m.variant, m.spec) for m in cases}
-    unplanned = logged_keys - set(keys)
-    if unplanned:
-        problems.append(
-            f"{log_path}: {len(unplanned)} case(s) the header did not plan ({len(keys)} "
-            "planned): another sweep's cases, or a garbled header"
-        )
-    return len(logged_keys & set(keys))
 
 
 def _kind(path: Path) -> str:
@@ -884,7 +452,7 @@ def load(sources: Iterable[str | Path]) -> pd.DataFrame:
             problems.append(f"{path}: no measurements in it")
         frames.append(frame)
     frames = [f for f in frames if len(f)]
-    out = pd.concat(frames, ignore_index=True) if frames else _finish([], [])
+    out = pd.concat(frames, ignore_index=True) if frames else finish([], [])
     spikes = flag_spikes(out)
     notes += (
         [

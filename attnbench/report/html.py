@@ -14,297 +14,68 @@ row are lifted into the table's caption.
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 import html
-import io
 import json
-import math
 import re
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import pandas as pd
 
 from attnbench import contract
-from attnbench import demos as teaching
 from attnbench.analysis import changes, complexity, growth
-from attnbench.analysis.summary import Analysis, provenance, short_hash
+from attnbench.analysis.summary import Analysis, short_hash
 from attnbench.analysis.text import fmt, sig
 from attnbench.contract import FAMILIES, PROGRESSION, Basis, GateVerdict, Status
 from attnbench.io import atomic_write, atomic_write_text
 from attnbench.report import plots
-
-CSS = (
-    "\n"
-    "body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:1rem auto;"
-    "max-width:1200px;color:#222;line-height:1.4;padding:0 1rem}\n"
-    "h1{margin:.2rem 0 .1rem;font-size:1.6rem} "
-    "h2{border-bottom:2px solid #ddd;padding-bottom:.15rem;margin:1.6rem 0 .5rem;"
-    "font-size:1.25rem}\n"
-    ".sub{color:#555;font-size:.9rem;margin:.1rem 0 .5rem}\n"
-    "table{border-collapse:collapse;font-size:.82rem;margin:.4rem 0} "
-    "th,td{border:1px solid #ddd;padding:.2rem .45rem;text-align:right;white-space:nowrap}\n"
-    ".tw{overflow-x:auto;max-width:100%} "
-    "td.wrap{white-space:normal;min-width:9rem;text-align:left}\n"
-    "th{background:#f4f4f4;white-space:normal;vertical-align:bottom} "
-    "td:first-child,th:first-child{text-align:left} table.sortable th{cursor:pointer}\n"
-    "table.sortable th:hover{background:#e8e8e8} "
-    "caption{caption-side:bottom;text-align:left;font-size:.78rem;color:#666;padding-top:.2rem}\n"
-    ".meta td{text-align:left;white-space:normal} figure{margin:.5rem 0} "
-    "figure img{max-width:100%;height:auto;border:1px solid #eee}\n"
-    "figure.head img{max-height:400px} .row{display:flex;gap:1rem;align-items:flex-start} "
-    ".row figure{flex:1;min-width:0}\n"
-    "figcaption{font-size:.8rem;color:#555} .bad{color:#b00020;font-weight:600} "
-    ".good{color:#1b5e20}\n"
-    ".note{background:#fff8e1;border-left:4px solid #ffb300;padding:.3rem .8rem;margin:.4rem 0;"
-    "font-size:.88rem}\n"
-    ".note.bad{border-left-color:#b00020;font-weight:400} .note ul{margin:.2rem 0}\n"
-    ".bad td{color:#b00020} code{background:#f4f4f4;padding:0 .2rem}\n"
-    "ol.findings{margin:.3rem 0 .6rem;padding-left:1.4rem;font-size:.95rem} "
-    "ol.findings li{margin:.15rem 0}\n"
-    "details{margin:.3rem 0;border:1px solid #e4e4e4;border-radius:4px;padding:.2rem .6rem}\n"
-    "details>summary{cursor:pointer;font-weight:600;padding:.15rem 0} "
-    "details[open]>summary{margin-bottom:.3rem}\n"
+from attnbench.report.details import (
+    COUNTS_CAVEAT,
+    _accuracy,
+    _commits,
+    _compile_times,
+    _crossover_tables,
+    _demos,
+    _environment,
+    _failed,
+    _full_fits,
+    _gflops,
+    _instructions,
+    _largest_length,
+    _memory_model,
+    _page_faults,
+    _problems,
+    _provenance,
+    _reproduce,
+    _runqueue,
+    _speedups,
+)
+from attnbench.report.markup import (
+    Page,
+    ReportOutcome,
+    _code,
+    _details,
+    _figure,
+    _html_page,
+    _rst_to_html,
+    _table,
+    _when,
 )
 
-SORT_JS = (
-    "\n"
-    "document.querySelectorAll('table.sortable th').forEach(function(th){"
-    "th.addEventListener('click',function(){\n"
-    "var t=th.closest('table'),b=t.tBodies[0],"
-    "i=Array.prototype.indexOf.call(th.parentNode.children,th);\n"
-    "var d=th.dataset.dir=th.dataset.dir==='asc'?'desc':'asc';\n"
-    "function v(r){var c=r.children[i];var s=c.dataset.v!==undefined?c.dataset.v:c.textContent;"
-    "var n=parseFloat(s);return isNaN(n)?s:n;}\n"
-    "Array.prototype.slice.call(b.rows).sort(function(x,y){var p=v(x),q=v(y);\n"
-    "var r=(typeof p==='number'&&typeof q==='number')?p-q:String(p).localeCompare(String(q));"
-    "return d==='asc'?r:-r;})\n"
-    ".forEach(function(r){b.appendChild(r);});});});\n"
-)
-
-
-# ---- small HTML helpers ----------------------------------------------------------------------
-def _fig_to_files(fig: plt.Figure, stem: Path) -> str:
-    """Save PNG and SVG beside each other (atomically); return the PNG as a data URI."""
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
-    png = buffer.getvalue()
-    atomic_write(stem.with_suffix(".png"), lambda tmp: Path(tmp).write_bytes(png))
-    atomic_write(
-        stem.with_suffix(".svg"), lambda tmp: fig.savefig(tmp, format="svg", bbox_inches="tight")
-    )
-    plt.close(fig)
-    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
-
-
-def _rst_to_html(text: str) -> str:
-    """Escape a paragraph of reStructuredText and render its ``literals`` and *emphasis*.
-
-    The paragraph is one such as :data:`complexity.FIT_RULE`; line breaks are spaces.
-    """
-    out = html.escape(text.replace("\n", " "))
-    out = re.sub(r"``(.+?)``", r"<code>\1</code>", out)
-    return re.sub(r"\*(\w[^*]*?)\*", r"<em>\1</em>", out)
-
-
-def lift_constants(
-    df: pd.DataFrame,
-    keep: Sequence[str] = (),
-    formats: dict[str, Callable[[object], str]] | None = None,
-) -> tuple[pd.DataFrame, dict[str, str]]:
-    """Drop the columns that hold one value on every row; return them as ``{column: value}``.
-
-    Args:
-        df: the table to show.
-        keep: columns never lifted (e.g. the row label).
-        formats: per-column formatters: a column is constant when its *shown* text is (dates to the
-            minute).
-
-    Returns:
-        The table without its constant columns, and those columns' single values (as text).
-    """
-    if df is None or len(df) < 2:
-        return df, {}
-    constants = {}
-    for col in df.columns:
-        if col in keep:
-            continue
-        show = (formats or {}).get(col, str)
-        values = df[col].map(
-            lambda v, show=show: (
-                "" if v is None or (not isinstance(v, str) and pd.isna(v)) else show(v)
-            )
-        )
-        if values.nunique(dropna=False) == 1:
-            constants[col] = values.iloc[0]
-    return df.drop(columns=list(constants)), {
-        k: v for k, v in constants.items() if v not in ("", "nan", "NaT")
-    }
-
-
-COUNT_COLUMN = re.compile(
-    r"(^|[_ ])(L|Lq|Lk|seq_len|seq_len_k|batch|heads|head_dim|kv_heads|n|cases|runs|attempts)$"
-    r"|(^|_)L(_|$)|^L=|^cases"
-)
-"""Columns of a length, a count or a batch: printed exactly (1024, never 1,020), any dtype."""
-
-
-def exact_integer(value: object) -> str:
-    """An integral number as its digits (a float length: ``1024.0`` -> ``1024``); else as text."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return str(value)
-    return str(int(value)) if float(value).is_integer() else sig(float(value))
-
-
-WRAP_AT = 32  # characters of a cell's text beyond which it wraps
-
-
-def _cell(value: object, formatter: Callable[[object], str] | None) -> str:
-    if (
-        value is None
-        or (isinstance(value, float) and math.isnan(value))
-        or value is pd.NA
-        or value is pd.NaT
-    ):
-        return "<td></td>"
-    if formatter is not None:
-        text = formatter(value)
-    elif isinstance(value, float):
-        text = sig(value)
-    elif isinstance(value, pd.Timestamp):
-        text = f"{value:%Y-%m-%d %H:%M}"
-    else:
-        text = str(value)
-    sort = (
-        f' data-v="{html.escape(repr(float(value)))}"'
-        if isinstance(value, (int, float)) and not isinstance(value, bool)
-        else ""
-    )
-    # a sentence (a reason, a verdict) wraps: the table stays on the page
-    wrap = ' class="wrap"' if len(text) > WRAP_AT or "; " in text else ""
-    return f"<td{sort}{wrap}>{html.escape(text)}</td>"
-
-
-def _table(
-    df: pd.DataFrame | None,
-    max_rows: int = 400,
-    formats: dict[str, Callable[[object], str]] | None = None,
-    keep: Sequence[str] = (),
-    lift: bool = True,
-    css: str = "",
-) -> str:
-    """A sortable table; constant columns are lifted into its caption (``lift``)."""
-    if df is None or df.empty:
-        return "<p><em>nothing to show</em></p>"
-    if "commit" in df:  # short hashes on the page; the full ones are in tidy.csv
-        df = df.assign(
-            commit=df["commit"].map(lambda c: short_hash(c) if isinstance(c, str) else c)
-        )
-    formats = {
-        **{c: exact_integer for c in df.columns if COUNT_COLUMN.search(str(c))},
-        **(formats or {}),
-    }
-    shown, constants = lift_constants(df, keep, formats) if lift else (df, {})
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in shown.columns)
-    body = []
-    for rec in shown.head(max_rows).itertuples(index=False):
-        body.append(
-            "<tr>"
-            + "".join(_cell(v, formats.get(c)) for c, v in zip(shown.columns, rec, strict=True))
-            + "</tr>"
-        )
-    caption = ""
-    parts = [f"{k}: {v}" for k, v in constants.items()]
-    if len(df) > max_rows:
-        parts.append(f"{len(df) - max_rows} more rows in the CSV")
-    if parts:
-        caption = f"<caption>Same on every row: {html.escape('; '.join(parts))}</caption>"
-    return (
-        f'<div class="tw"><table class="sortable {css}">{caption}<thead><tr>{head}</tr></thead>'
-        f"<tbody>{''.join(body)}</tbody></table></div>"
-    )
-
-
-def _details(summary: str, body: str, open_: bool = False, ident: str = "") -> str:
-    attr = f' id="{ident}"' if ident else ""
-    return f"<details{attr}{' open' if open_ else ''}><summary>{summary}</summary>{body}</details>"
-
-
-def _html_page(title: str, body: str, generated: str) -> str:
-    """A whole page: ``title`` as its title and heading, then ``body``.
-
-    After the body come the time it was ``generated`` and the script that sorts its tables.
-    """
-    return (
-        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-        f"<title>{html.escape(title)}</title><style>{CSS}</style></head>"
-        f"<body><h1>{html.escape(title)}</h1>{body}"
-        f'<p class="sub">generated {generated}</p><script>{SORT_JS}</script></body></html>'
-    )
-
-
-def _when(stamp: object) -> str:
-    return (
-        f"{stamp:%Y-%m-%d %H:%M} UTC"
-        if isinstance(stamp, pd.Timestamp) and not pd.isna(stamp)
-        else ""
-    )
-
-
-# ---- the page ---------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ReportOutcome:
-    """What :func:`attnbench.reporting.make_report` wrote and what it could not use."""
-
-    page: Path  # report.html
-    rows: int  # tidy rows loaded (0: nothing could be loaded; the page then explains why)
-    problems: tuple[str, ...]  # every bad source, file and row, by name, with the reason
-    notes: tuple[str, ...]  # facts worth knowing that are not faults (e.g. incomplete runs)
-
-
-@dataclass(frozen=True)
-class Page:
-    """What every section reads: the analysis, where figures go, whether to draw the demos."""
-
-    analysis: Analysis
-    fig_dir: Path  # figures/<name>.png and .svg
-    demos: bool = False  # draw the teaching demos (they train and compute on every build)
-
-    @property
-    def frame(self) -> pd.DataFrame:
-        return self.analysis.loaded.frame
-
-    @property
-    def scope(self) -> str:
-        """The sentence closing a figure's caption when the page compares several runs."""
-        primary = self.analysis.primary
-        if len(self.frame) and len(self.analysis.sides) > 1 and primary:
-            return f" Shown for {html.escape(primary['side'])}; the other runs are compared below."
-        return ""
-
-    def figure(self, name: str, fig: plt.Figure | None, caption: str, css: str = "") -> str:
-        """The figure ``fig-<name>`` (PNG, SVG beside the page) and its caption; "" for none."""
-        return _figure(self.fig_dir, name, fig, caption, css)
-
-
-def _figure(fig_dir: Path, name: str, fig: plt.Figure | None, caption: str, css: str = "") -> str:
-    """:meth:`Page.figure` for any folder of figures (the history page has no :class:`Page`)."""
-    if fig is None:
-        return ""
-    uri = _fig_to_files(fig, fig_dir / name)
-    return (
-        f'<figure id="fig-{name}" class="{css}"><img alt="{name}" src="{uri}">'
-        f"<figcaption>{caption} (<code>figures/{name}.png</code>, <code>.svg</code>)"
-        "</figcaption></figure>"
-    )
-
-
-def _code(text: str) -> str:
-    """Escape, then turn `name` into <code>name</code>."""
-    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+__all__ = [
+    "BODY",
+    "CLOSING",
+    "COMPARED",
+    "DETAILS",
+    "STORY",
+    "Section",
+    "headline_variants",
+    "history_section",
+    "render",
+    "render_history",
+    "roofline_caption",
+]
 
 
 def _cards(frame: pd.DataFrame) -> str:
@@ -891,343 +662,6 @@ def render_history(
         section = history_section(history, out_dir / "figures")
     atomic_write(out_dir / "steps.csv", lambda tmp: history.steps.to_csv(tmp, index=False))
     return atomic_write_text(out_dir / "history.html", _html_page(title, section, generated))
-
-
-# ---- the details (collapsed) ---------------------------------------------------------------------
-def _gflops(page: Page) -> str:
-    return _details(
-        "Achieved GFLOP/s and % of the matmul peak",
-        page.figure(
-            "gflops",
-            plots.gflops(page.frame),
-            "Achieved GFLOP/s on executed FLOPs; dotted line: this machine's fp32 matmul peak.",
-        ),
-    )
-
-
-def _page_faults(page: Page) -> str:
-    fig = page.figure(
-        "page_faults",
-        plots.scaling(page.analysis.main, "page_faults"),
-        "Minor page faults per call vs L: the fresh pages a call maps (the kernel zero-fills "
-        "each on first touch). Dense variants allocate new O(L²) score buffers on every call, so "
-        "on a CPU part of their time is this. Fitted exponents are in the full fit table."
-        + page.scope,
-    )
-    return _details("Page faults per call", fig) if fig else ""
-
-
-COUNTS_CAVEAT = (
-    "Instruction counts (valgrind's callgrind, portable kernels) do not move with a busy "
-    "neighbour, so their exponents are the steadiest O(n²) evidence here; but they do not see "
-    "cache misses, page faults, memory bandwidth or time spent waiting for memory or for other "
-    "threads (counts are summed over threads): a change that only moves data worse is flat in "
-    "counts and slower in time."
-)
-
-
-def _instructions(page: Page) -> str:
-    fig = page.figure(
-        "instructions",
-        plots.scaling(page.analysis.main, "instructions"),
-        "Instructions per call vs L, counted under valgrind. "
-        + html.escape(COUNTS_CAVEAT)
-        + page.scope,
-    )
-    return _details("Instruction counts per call", fig) if fig else ""
-
-
-def _accuracy(page: Page) -> str:
-    accuracy = page.figure(
-        "accuracy",
-        plots.error_vs_time(page.frame),
-        "Approximate variants: error against exact softmax attention vs time, each point "
-        "labelled by its L. The largest error of any single output element is shown: for "
-        "<code>performer</code> it is of order 1 on standard-normal inputs, because random "
-        "features estimate exp(q·k) worst where |q·k| is largest. What the correctness gate "
-        "bounds is its <em>mean</em> error (the variant's declared bound), and its output is "
-        "checked exactly against its own kernel.",
-    )
-    return _details("Accuracy of the approximate variants", accuracy) if accuracy else ""
-
-
-def _speedups(page: Page) -> str:
-    speedups = "".join(
-        page.figure(
-            f"speedup_{b}",
-            plots.speedup_heatmap(page.frame, b),
-            f"Speedup over <code>{b}</code> per variant and L (correct cases only; colour "
-            "clipped at 1000x).",
-        )
-        for b in ("loop", "batched")
-    )
-    return _details("Speedup per variant and length (heatmaps)", speedups) if speedups else ""
-
-
-def _crossover_tables(page: Page) -> str:
-    tables = "".join(
-        f"<h3>{m}</h3>"
-        + _table(t, formats={"ratio_at_longest": lambda v: fmt(float(v), "x")}, keep=("variant",))
-        for m, t in page.analysis.crossovers.items()
-    )
-    intro = (
-        "<p>Smallest length from which a variant stays faster (or smaller) than the baseline at "
-        "every longer length measured; ratio = baseline / variant at the longest common length.</p>"
-    )
-    return _details("Crossover tables", intro + tables)
-
-
-def _largest_length(page: Page) -> str:
-    return _details(
-        "Largest length within budget",
-        _table(page.analysis.largest, keep=("variant",)),
-    )
-
-
-def _memory_model(page: Page) -> str:
-    mm = page.analysis.memory_model
-    mib = lambda v: fmt(float(v) * 2**20, "bytes")  # noqa: E731
-    ratio = lambda v: fmt(float(v), "x")  # noqa: E731
-    mm_fmt = {"predicted_MiB": mib, "measured_MiB": mib, "measured/predicted": ratio}
-    if len(mm):
-        mm = mm.rename(columns={"predicted_MiB": "predicted", "measured_MiB": "measured"})
-        mm_fmt = {"predicted": mib, "measured": mib, "measured/predicted": ratio}
-    return _details(
-        "Memory model: predicted vs measured",
-        "<p>Measurements only (method profiler / cuda): cases whose "
-        "memory was itself the model's prediction are not compared with it.</p>"
-        + _table(mm, formats=mm_fmt, keep=("variant",)),
-    )
-
-
-def _provenance(page: Page) -> str:
-    return _details(
-        "SDPA kernel provenance",
-        "<p>The backend each SDPA-backed case asked for, and the kernel the "
-        "profiler saw run. A fallback to <code>math</code> costs O(n²) memory.</p>"
-        + _table(provenance(page.frame), keep=("variant",)),
-    )
-
-
-def _compile_times(page: Page) -> str:
-    frame = page.frame
-    rows = frame[(frame["metric"] == "compile_time") & (frame["status"] == Status.OK)]
-    if not len(rows):
-        return ""
-    cols = ["machine", "device", "variant", "seq_len", "dtype", "mode", "value"]
-    return _details(
-        "Compilation time (outside every timed region)",
-        _table(
-            rows[cols].rename(columns={"value": "compile time"}),
-            formats={"compile time": lambda v: fmt(float(v), "s")},
-            keep=("variant",),
-        ),
-    )
-
-
-RUNQUEUE_CASE = (
-    "origin",
-    "machine",
-    "device",
-    "variant",
-    "workload",
-    "seq_len",
-    "seq_len_k",
-    "batch",
-    "heads",
-    "kv_heads",
-    "head_dim",
-    "dtype",
-    "mode",
-    "mask",
-)
-"""The tidy columns that name one case of the run-queue table."""
-
-
-def _runqueue(page: Page) -> str:
-    """How much a neighbour had the timing thread's core per case (runs that read the wait)."""
-    frame = page.frame
-    waited = frame[frame["metric"] == "waited_blocks"]
-    if not len(waited):
-        return ""
-    keys = [c for c in RUNQUEUE_CASE if c in frame]
-    share = frame[frame["metric"] == "runqueue_share"][[*keys, "value"]].rename(
-        columns={"value": "median block's wait"}
-    )
-    status = frame[frame["metric"] == "time"][[*keys, "status"]]
-    table = (
-        waited[[*keys, "value"]]
-        .rename(columns={"value": "blocks that waited"})
-        .merge(share, on=keys, how="left")
-        .merge(status, on=keys, how="left")
-    )
-    percent = {
-        "blocks that waited": lambda v: f"{float(v):.0%}",
-        "median block's wait": lambda v: f"{float(v):.0%}",
-    }
-    intro = (
-        "<p>The share of each case's timed blocks that waited for a core over 10% of their wall "
-        "time (another process had it: each such block was dropped and timed again), and the "
-        "median block's wait per wall second, from Linux's scheduler figures of the timing "
-        "thread. A case is <code>noisy</code> when too few undisturbed blocks were left within "
-        "its retry budget.</p>"
-    )
-    return _details(
-        "Run-queue wait per case", intro + _table(table, formats=percent, keep=("variant",))
-    )
-
-
-def _commits(page: Page) -> str:
-    frame = page.frame
-    commits = (
-        frame[frame["commit"] != ""]
-        .groupby("commit")
-        .agg(commit_date=("date", "min"), run_date=("run_date", "min"))
-    )
-    if len(commits) <= 1:
-        return ""
-    commits = commits.sort_values("commit_date").reset_index()
-    commits["commit"] = commits["commit"].map(short_hash)
-    return _details(
-        "Commits",
-        _table(
-            commits.rename(columns={"commit_date": "commit date", "run_date": "run date"}),
-            formats={"commit date": _when, "run date": _when},
-            keep=("commit",),
-        ),
-    )
-
-
-def _failed(page: Page) -> str:
-    frame = page.frame
-    bad = frame[(frame["status"] != Status.OK) & (frame["metric"] == "time")]
-    cols = ["origin", "machine", "variant", "seq_len", "device", "mode", "status", "reason"]
-    return _details(
-        f"Skipped and failed cases ({len(bad)})",
-        _table(bad[[c for c in cols if c in bad]].drop_duplicates(), keep=("variant", "status")),
-        ident="problems",
-    )
-
-
-def _environment(page: Page) -> str:
-    frame = page.frame
-
-    def values(col: str, short: bool = False) -> str:
-        vals = (
-            [str(v) for v in frame[col].dropna().unique() if str(v) not in ("", "nan")]
-            if col in frame
-            else []
-        )
-        vals = [short_hash(v) for v in vals] if short else vals
-        return ", ".join(sorted(vals)[:8]) or "-"
-
-    peaks = frame["peak_gflops"].dropna().unique()
-    rows = [
-        ("machine", values("machine")),
-        ("CPU", values("cpu")),
-        ("GPU", values("gpu")),
-        ("torch", values("torch")),
-        ("threads", ", ".join(f"{t:g}" for t in sorted(frame["threads"].dropna().unique())) or "-"),
-        ("matmul peak", ", ".join(fmt(float(p), "GFLOP/s") for p in sorted(peaks)) or "-"),
-        (
-            "run dates",
-            _when(frame["run_date"].min())
-            + (f" to {_when(frame['run_date'].max())}" if frame["run_date"].nunique() > 1 else ""),
-        ),
-        ("commits", values("commit", short=True)),
-        ("sources", ", ".join(page.analysis.loaded.sources)),
-    ]
-    body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
-    return _details("Environment", f'<table class="meta">{body}</table>')
-
-
-def _problems(page: Page) -> str:
-    problems = page.analysis.loaded.problems
-    if not problems:
-        return ""
-    return _details(
-        f"Problems with the inputs ({len(problems)})",
-        "<ul>" + "".join(f"<li>{html.escape(p)}</li>" for p in problems) + "</ul>",
-    )
-
-
-def _fmt_fit(row: pd.Series) -> str:
-    """The long form (full fit table): exponent, interval, R², range, outliers, verdict."""
-    if row.get("method") == complexity.MODEL:
-        return "model (predicted, not fitted)"
-    if math.isnan(row["exponent"]):
-        return f"n/a ({row['note']})" if row.get("note") else "n/a"
-    hi = "inf" if math.isinf(row["ci_high"]) else f"{row['ci_high']:.2f}"
-    lo = "-inf" if math.isinf(row["ci_low"]) else f"{row['ci_low']:.2f}"
-    where = f"L {row['L_min']:.0f}-{row['L_max']:.0f}, {row['n']:.0f} points"
-    # exact values: the slope's range along L and the largest residual
-    if row.get("kind") == "deterministic":
-        text = (
-            f"{row['exponent']:.2f} (local slopes {lo} to {hi}, largest residual "
-            f"{row['max_residual']:.1%}; {where})"
-        )
-    else:
-        text = f"{row['exponent']:.2f} [{lo}, {hi}] R²={row['r2']:.3f} ({where})"
-    if row.get("outliers"):
-        text += f", outliers {row['outliers']}"
-    return (
-        f"{text}: inconclusive ({row['note']})"
-        if row.get("verdict") == complexity.FitVerdict.INCONCLUSIVE
-        else text
-    )
-
-
-def _full_fits(page: Page) -> str:
-    full = page.analysis.fits.copy()
-    if len(full):
-        full.insert(0, "fit", full.apply(_fmt_fit, axis=1))
-        full["commit"] = full["commit"].map(short_hash)
-        if "crossover_L" in full:  # the cost split c0 + c1·L + c2·L², in words a reader can check
-            full["L² term overtakes the L term at"] = [
-                str(round(x)) if 0 < x < math.inf else "" for x in full["crossover_L"]
-            ]
-            full["L² share at the longest length"] = [
-                f"{x:.0%}" if x == x else "" for x in full["l2_share"]
-            ]
-        full = full.drop(
-            columns=[
-                c
-                for c in ("crossover_L", "l2_share", "split_residual", "max_residual", "kind")
-                if c in full
-            ]
-        )
-    return _details("Full fit table", _table(full, keep=("variant", "metric")))
-
-
-def _demos(page: Page) -> str:
-    if not page.demos:
-        return ""
-    nw_panels, nw = teaching.nadaraya_watson()
-    nw_fig = page.figure(
-        "nadaraya_watson",
-        plots.heatmaps(nw_panels),
-        "Nadaraya-Watson kernel regression through the <code>dot</code> variant. Test MSE "
-        f"non-parametric {nw['nonparametric_test_mse']:.3f}, parametric "
-        f"{nw['parametric_test_mse']:.3f} (learned w = {nw['learned_w']:.2f}).",
-    )
-    masked = page.figure(
-        "masked_weights",
-        plots.heatmaps(teaching.masked_weights()),
-        "Attention weights computed by the variants themselves (v = I) under a causal mask, a "
-        "sliding window and a block-sparse pattern.",
-    )
-    return _details("Teaching demos: attention weights", nw_fig + masked)
-
-
-def _reproduce(page: Page) -> str:
-    text = (
-        "<p>Sweep and report: <code>attnbench run</code>; from asv results: <code>asv run</code> "
-        "then <code>attnbench report --from .asv/results</code>; two runs side by side: "
-        "<code>attnbench report --from RUN_A --from RUN_B</code>; teaching demos: "
-        "<code>--demos</code>. Tidy data: <code>tidy.csv</code>; fits: <code>fits.csv</code> "
-        "(beside this page); inputs that could not be used: <code>problems.json</code>.</p>"
-    )
-    return _details("Reproduce", text)
 
 
 Section = Callable[[Page], str]

@@ -5,7 +5,7 @@ Directives (usable from MyST pages as ```` ```{attnbench-variants} ```` fences):
 - ``attnbench-variants``: the registry's table, the rows ``attnbench list --wide`` prints
   (``Variant.describe()`` of every built-in variant).
 - ``attnbench-metrics``: the metric table, :data:`attnbench.contract.METRICS`, row by row.
-- ``attnbench-columns``: the tidy frame's columns in :data:`attnbench.analysis.frame.COLUMNS` order.
+- ``attnbench-columns``: the tidy frame's columns in :data:`attnbench.analysis.tidy.COLUMNS` order.
   Its body gives each column's meaning as ``name[, name...] | meaning`` lines; the directive fails
   the build when a column has no line or a line names no column, so a column added to or removed
   from the frame cannot go unnoticed by the page.
@@ -96,7 +96,7 @@ class ColumnsTable(SphinxDirective):
     has_content = True
 
     def run(self) -> list[nodes.Node]:
-        from attnbench.analysis.frame import COLUMNS
+        from attnbench.analysis.tidy import COLUMNS
 
         meanings: dict[str, str] = {}
         for line in self.content:

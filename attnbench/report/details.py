@@ -1,0 +1,364 @@
+"""The report's collapsed sections (``<details>``): full tables, provenance, environment, problems.
+
+Each is a function of a :class:`~attnbench.report.markup.Page` returning its HTML ("" for
+nothing); :mod:`attnbench.report.html` assembles them into the page.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+
+import pandas as pd
+
+from attnbench import demos as teaching
+from attnbench.analysis import complexity
+from attnbench.analysis.summary import provenance, short_hash
+from attnbench.analysis.text import fmt
+from attnbench.contract import Status
+from attnbench.report import plots
+from attnbench.report.markup import (
+    Page,
+    _details,
+    _table,
+    _when,
+)
+
+__all__ = ["COUNTS_CAVEAT", "RUNQUEUE_CASE"]
+
+
+# ---- the details (collapsed) ---------------------------------------------------------------------
+def _gflops(page: Page) -> str:
+    return _details(
+        "Achieved GFLOP/s and % of the matmul peak",
+        page.figure(
+            "gflops",
+            plots.gflops(page.frame),
+            "Achieved GFLOP/s on executed FLOPs; dotted line: this machine's fp32 matmul peak.",
+        ),
+    )
+
+
+def _page_faults(page: Page) -> str:
+    fig = page.figure(
+        "page_faults",
+        plots.scaling(page.analysis.main, "page_faults"),
+        "Minor page faults per call vs L: the fresh pages a call maps (the kernel zero-fills "
+        "each on first touch). Dense variants allocate new O(L²) score buffers on every call, so "
+        "on a CPU part of their time is this. Fitted exponents are in the full fit table."
+        + page.scope,
+    )
+    return _details("Page faults per call", fig) if fig else ""
+
+
+COUNTS_CAVEAT = (
+    "Instruction counts (valgrind's callgrind, portable kernels) do not move with a busy "
+    "neighbour, so their exponents are the steadiest O(n²) evidence here; but they do not see "
+    "cache misses, page faults, memory bandwidth or time spent waiting for memory or for other "
+    "threads (counts are summed over threads): a change that only moves data worse is flat in "
+    "counts and slower in time."
+)
+
+
+def _instructions(page: Page) -> str:
+    fig = page.figure(
+        "instructions",
+        plots.scaling(page.analysis.main, "instructions"),
+        "Instructions per call vs L, counted under valgrind. "
+        + html.escape(COUNTS_CAVEAT)
+        + page.scope,
+    )
+    return _details("Instruction counts per call", fig) if fig else ""
+
+
+def _accuracy(page: Page) -> str:
+    accuracy = page.figure(
+        "accuracy",
+        plots.error_vs_time(page.frame),
+        "Approximate variants: error against exact softmax attention vs time, each point "
+        "labelled by its L. The largest error of any single output element is shown: for "
+        "<code>performer</code> it is of order 1 on standard-normal inputs, because random "
+        "features estimate exp(q·k) worst where |q·k| is largest. What the correctness gate "
+        "bounds is its <em>mean</em> error (the variant's declared bound), and its output is "
+        "checked exactly against its own kernel.",
+    )
+    return _details("Accuracy of the approximate variants", accuracy) if accuracy else ""
+
+
+def _speedups(page: Page) -> str:
+    speedups = "".join(
+        page.figure(
+            f"speedup_{b}",
+            plots.speedup_heatmap(page.frame, b),
+            f"Speedup over <code>{b}</code> per variant and L (correct cases only; colour "
+            "clipped at 1000x).",
+        )
+        for b in ("loop", "batched")
+    )
+    return _details("Speedup per variant and length (heatmaps)", speedups) if speedups else ""
+
+
+def _crossover_tables(page: Page) -> str:
+    tables = "".join(
+        f"<h3>{m}</h3>"
+        + _table(t, formats={"ratio_at_longest": lambda v: fmt(float(v), "x")}, keep=("variant",))
+        for m, t in page.analysis.crossovers.items()
+    )
+    intro = (
+        "<p>Smallest length from which a variant stays faster (or smaller) than the baseline at "
+        "every longer length measured; ratio = baseline / variant at the longest common length.</p>"
+    )
+    return _details("Crossover tables", intro + tables)
+
+
+def _largest_length(page: Page) -> str:
+    return _details(
+        "Largest length within budget",
+        _table(page.analysis.largest, keep=("variant",)),
+    )
+
+
+def _memory_model(page: Page) -> str:
+    mm = page.analysis.memory_model
+    mib = lambda v: fmt(float(v) * 2**20, "bytes")  # noqa: E731
+    ratio = lambda v: fmt(float(v), "x")  # noqa: E731
+    mm_fmt = {"predicted_MiB": mib, "measured_MiB": mib, "measured/predicted": ratio}
+    if len(mm):
+        mm = mm.rename(columns={"predicted_MiB": "predicted", "measured_MiB": "measured"})
+        mm_fmt = {"predicted": mib, "measured": mib, "measured/predicted": ratio}
+    return _details(
+        "Memory model: predicted vs measured",
+        "<p>Measurements only (method profiler / cuda): cases whose "
+        "memory was itself the model's prediction are not compared with it.</p>"
+        + _table(mm, formats=mm_fmt, keep=("variant",)),
+    )
+
+
+def _provenance(page: Page) -> str:
+    return _details(
+        "SDPA kernel provenance",
+        "<p>The backend each SDPA-backed case asked for, and the kernel the "
+        "profiler saw run. A fallback to <code>math</code> costs O(n²) memory.</p>"
+        + _table(provenance(page.frame), keep=("variant",)),
+    )
+
+
+def _compile_times(page: Page) -> str:
+    frame = page.frame
+    rows = frame[(frame["metric"] == "compile_time") & (frame["status"] == Status.OK)]
+    if not len(rows):
+        return ""
+    cols = ["machine", "device", "variant", "seq_len", "dtype", "mode", "value"]
+    return _details(
+        "Compilation time (outside every timed region)",
+        _table(
+            rows[cols].rename(columns={"value": "compile time"}),
+            formats={"compile time": lambda v: fmt(float(v), "s")},
+            keep=("variant",),
+        ),
+    )
+
+
+RUNQUEUE_CASE = (
+    "origin",
+    "machine",
+    "device",
+    "variant",
+    "workload",
+    "seq_len",
+    "seq_len_k",
+    "batch",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "dtype",
+    "mode",
+    "mask",
+)
+"""The tidy columns that name one case of the run-queue table."""
+
+
+def _runqueue(page: Page) -> str:
+    """How much a neighbour had the timing thread's core per case (runs that read the wait)."""
+    frame = page.frame
+    waited = frame[frame["metric"] == "waited_blocks"]
+    if not len(waited):
+        return ""
+    keys = [c for c in RUNQUEUE_CASE if c in frame]
+    share = frame[frame["metric"] == "runqueue_share"][[*keys, "value"]].rename(
+        columns={"value": "median block's wait"}
+    )
+    status = frame[frame["metric"] == "time"][[*keys, "status"]]
+    table = (
+        waited[[*keys, "value"]]
+        .rename(columns={"value": "blocks that waited"})
+        .merge(share, on=keys, how="left")
+        .merge(status, on=keys, how="left")
+    )
+    percent = {
+        "blocks that waited": lambda v: f"{float(v):.0%}",
+        "median block's wait": lambda v: f"{float(v):.0%}",
+    }
+    intro = (
+        "<p>The share of each case's timed blocks that waited for a core over 10% of their wall "
+        "time (another process had it: each such block was dropped and timed again), and the "
+        "median block's wait per wall second, from Linux's scheduler figures of the timing "
+        "thread. A case is <code>noisy</code> when too few undisturbed blocks were left within "
+        "its retry budget.</p>"
+    )
+    return _details(
+        "Run-queue wait per case", intro + _table(table, formats=percent, keep=("variant",))
+    )
+
+
+def _commits(page: Page) -> str:
+    frame = page.frame
+    commits = (
+        frame[frame["commit"] != ""]
+        .groupby("commit")
+        .agg(commit_date=("date", "min"), run_date=("run_date", "min"))
+    )
+    if len(commits) <= 1:
+        return ""
+    commits = commits.sort_values("commit_date").reset_index()
+    commits["commit"] = commits["commit"].map(short_hash)
+    return _details(
+        "Commits",
+        _table(
+            commits.rename(columns={"commit_date": "commit date", "run_date": "run date"}),
+            formats={"commit date": _when, "run date": _when},
+            keep=("commit",),
+        ),
+    )
+
+
+def _failed(page: Page) -> str:
+    frame = page.frame
+    bad = frame[(frame["status"] != Status.OK) & (frame["metric"] == "time")]
+    cols = ["origin", "machine", "variant", "seq_len", "device", "mode", "status", "reason"]
+    return _details(
+        f"Skipped and failed cases ({len(bad)})",
+        _table(bad[[c for c in cols if c in bad]].drop_duplicates(), keep=("variant", "status")),
+        ident="problems",
+    )
+
+
+def _environment(page: Page) -> str:
+    frame = page.frame
+
+    def values(col: str, short: bool = False) -> str:
+        vals = (
+            [str(v) for v in frame[col].dropna().unique() if str(v) not in ("", "nan")]
+            if col in frame
+            else []
+        )
+        vals = [short_hash(v) for v in vals] if short else vals
+        return ", ".join(sorted(vals)[:8]) or "-"
+
+    peaks = frame["peak_gflops"].dropna().unique()
+    rows = [
+        ("machine", values("machine")),
+        ("CPU", values("cpu")),
+        ("GPU", values("gpu")),
+        ("torch", values("torch")),
+        ("threads", ", ".join(f"{t:g}" for t in sorted(frame["threads"].dropna().unique())) or "-"),
+        ("matmul peak", ", ".join(fmt(float(p), "GFLOP/s") for p in sorted(peaks)) or "-"),
+        (
+            "run dates",
+            _when(frame["run_date"].min())
+            + (f" to {_when(frame['run_date'].max())}" if frame["run_date"].nunique() > 1 else ""),
+        ),
+        ("commits", values("commit", short=True)),
+        ("sources", ", ".join(page.analysis.loaded.sources)),
+    ]
+    body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
+    return _details("Environment", f'<table class="meta">{body}</table>')
+
+
+def _problems(page: Page) -> str:
+    problems = page.analysis.loaded.problems
+    if not problems:
+        return ""
+    return _details(
+        f"Problems with the inputs ({len(problems)})",
+        "<ul>" + "".join(f"<li>{html.escape(p)}</li>" for p in problems) + "</ul>",
+    )
+
+
+def _fmt_fit(row: pd.Series) -> str:
+    """The long form (full fit table): exponent, interval, R², range, outliers, verdict."""
+    if row.get("method") == complexity.MODEL:
+        return "model (predicted, not fitted)"
+    if math.isnan(row["exponent"]):
+        return f"n/a ({row['note']})" if row.get("note") else "n/a"
+    hi = "inf" if math.isinf(row["ci_high"]) else f"{row['ci_high']:.2f}"
+    lo = "-inf" if math.isinf(row["ci_low"]) else f"{row['ci_low']:.2f}"
+    where = f"L {row['L_min']:.0f}-{row['L_max']:.0f}, {row['n']:.0f} points"
+    # exact values: the slope's range along L and the largest residual
+    if row.get("kind") == "deterministic":
+        text = (
+            f"{row['exponent']:.2f} (local slopes {lo} to {hi}, largest residual "
+            f"{row['max_residual']:.1%}; {where})"
+        )
+    else:
+        text = f"{row['exponent']:.2f} [{lo}, {hi}] R²={row['r2']:.3f} ({where})"
+    if row.get("outliers"):
+        text += f", outliers {row['outliers']}"
+    return (
+        f"{text}: inconclusive ({row['note']})"
+        if row.get("verdict") == complexity.FitVerdict.INCONCLUSIVE
+        else text
+    )
+
+
+def _full_fits(page: Page) -> str:
+    full = page.analysis.fits.copy()
+    if len(full):
+        full.insert(0, "fit", full.apply(_fmt_fit, axis=1))
+        full["commit"] = full["commit"].map(short_hash)
+        if "crossover_L" in full:  # the cost split c0 + c1·L + c2·L², in words a reader can check
+            full["L² term overtakes the L term at"] = [
+                str(round(x)) if 0 < x < math.inf else "" for x in full["crossover_L"]
+            ]
+            full["L² share at the longest length"] = [
+                f"{x:.0%}" if x == x else "" for x in full["l2_share"]
+            ]
+        full = full.drop(
+            columns=[
+                c
+                for c in ("crossover_L", "l2_share", "split_residual", "max_residual", "kind")
+                if c in full
+            ]
+        )
+    return _details("Full fit table", _table(full, keep=("variant", "metric")))
+
+
+def _demos(page: Page) -> str:
+    if not page.demos:
+        return ""
+    nw_panels, nw = teaching.nadaraya_watson()
+    nw_fig = page.figure(
+        "nadaraya_watson",
+        plots.heatmaps(nw_panels),
+        "Nadaraya-Watson kernel regression through the <code>dot</code> variant. Test MSE "
+        f"non-parametric {nw['nonparametric_test_mse']:.3f}, parametric "
+        f"{nw['parametric_test_mse']:.3f} (learned w = {nw['learned_w']:.2f}).",
+    )
+    masked = page.figure(
+        "masked_weights",
+        plots.heatmaps(teaching.masked_weights()),
+        "Attention weights computed by the variants themselves (v = I) under a causal mask, a "
+        "sliding window and a block-sparse pattern.",
+    )
+    return _details("Teaching demos: attention weights", nw_fig + masked)
+
+
+def _reproduce(page: Page) -> str:
+    text = (
+        "<p>Sweep and report: <code>attnbench run</code>; from asv results: <code>asv run</code> "
+        "then <code>attnbench report --from .asv/results</code>; two runs side by side: "
+        "<code>attnbench report --from RUN_A --from RUN_B</code>; teaching demos: "
+        "<code>--demos</code>. Tidy data: <code>tidy.csv</code>; fits: <code>fits.csv</code> "
+        "(beside this page); inputs that could not be used: <code>problems.json</code>.</p>"
+    )
+    return _details("Reproduce", text)
