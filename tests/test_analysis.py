@@ -380,7 +380,7 @@ def test_older_files_saying_analytic_are_read_as_model(tmp_path):
 
 
 def test_wrong_cases_keep_their_values_but_leave_fits_crossovers_and_speedups(tmp_path):
-    from attnbench.report import plots
+    from attnbench.report import style
 
     lengths = (64, 128, 256, 512, 1024)
     cases = [("batched", n, "ok", "profiler") for n in lengths]
@@ -396,7 +396,7 @@ def test_wrong_cases_keep_their_values_but_leave_fits_crossovers_and_speedups(tm
     assert fits.loc[("chunked", "time"), "L_max"] == 512
     cross = complexity.crossovers(frame, baselines=("batched",)).set_index("variant")
     assert cross.loc["chunked", "longest_L"] == 512
-    speed = plots._ok(frame, "time")
+    speed = style._ok(frame, "time")
     assert not ((speed["variant"] == "chunked") & (speed["seq_len"] == 1024)).any()
     assert (
         complexity.largest_length(frame).set_index("variant").loc["chunked", "next_status"]

@@ -52,7 +52,8 @@ ROOMS: tuple[tuple[str, ...], ...] = (
     ("gate.steps",),  # below the analysis, which reads a history's steps (git's order handed in)
     ("analysis.summary",),
     ("gate.decision", "gate.results", "gate.gitlog"),
-    ("report.plots",),
+    ("report.style",),
+    ("report.plots", "report.history_plots"),
     ("report.markup",),
     ("report.details",),
     ("report.html",),

@@ -1248,7 +1248,7 @@ def test_a_log_axis_within_one_decade_still_has_labelled_ticks():
     """The CI report times only L=1024: 24 and 60 ms, no power of ten between them, and the axis had no label."""
     import matplotlib.pyplot as plt
 
-    from attnbench.report.plots import _unit_axis
+    from attnbench.report.style import _unit_axis
 
     def labels(low: float, high: float) -> list[str]:
         fig, ax = plt.subplots()

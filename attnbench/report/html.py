@@ -29,7 +29,7 @@ from attnbench.analysis.summary import Analysis, short_hash
 from attnbench.analysis.text import fmt, sig
 from attnbench.contract import FAMILIES, PROGRESSION, Basis, GateVerdict, Status
 from attnbench.io import atomic_write, atomic_write_text
-from attnbench.report import plots
+from attnbench.report import history_plots, plots, style
 from attnbench.report.details import (
     COUNTS_CAVEAT,
     _accuracy,
@@ -473,7 +473,7 @@ def _comparison_ratios(page: Page) -> list[str]:
         out.append(
             page.figure(
                 f"comparison_{k + 1}",
-                plots.comparison(comp.ratios, comp.label_a, comp.label_b),
+                history_plots.comparison(comp.ratios, comp.label_a, comp.label_b),
                 f"Time of {html.escape(comp.label_b)} / {html.escape(comp.label_a)} for every "
                 "case both ran correctly (log scale centred at 1x; timings on a shared machine "
                 "are noisy).",
@@ -508,11 +508,13 @@ def _comparison(page: Page) -> str:
     out.append(
         page.figure(
             "history",
-            plots.history(page.frame),
+            history_plots.history(page.frame),
             "History over commits (asv results with several commits; short hashes).",
         )
     )
-    out.append(page.figure("machines", plots.machines(page.frame), "Side by side per machine."))
+    out.append(
+        page.figure("machines", history_plots.machines(page.frame), "Side by side per machine.")
+    )
     body = "".join(o for o in out if o)
     return f'<section id="comparison"><h2>Comparison</h2>{body}</section>' if body else ""
 
@@ -529,7 +531,7 @@ def _gate_growth(page: Page) -> str:
         for rec, measured in _flagged_growth(Path(source) / contract.GATE_VERDICTS):
             label = changes.case_label({**rec, "seq_len": None})
             name = "growth_" + re.sub(r"[^A-Za-z0-9]+", "_", f"{label} {rec['metric']}").strip("_")
-            fig = plots.growth(
+            fig = history_plots.growth(
                 measured["seq_len"].to_numpy(float),
                 measured["base_value"].to_numpy(float),
                 measured["head_value"].to_numpy(float),
@@ -639,7 +641,9 @@ def _history_figures(history: changes.History, fig_dir: Path) -> list[str]:
             _figure(
                 fig_dir,
                 name,
-                plots.case_history(rows, mine, history.commits, f"{label} on {case['machine']}"),
+                history_plots.case_history(
+                    rows, mine, history.commits, f"{label} on {case['machine']}"
+                ),
                 f"{html.escape(label)} on {html.escape(str(case['machine']))}: every commit's "
                 "value; steps dashed, drifts shaded (red: regression, green: improvement).",
             )
@@ -658,7 +662,7 @@ def render_history(
     """Write ``history.html`` (:func:`history_section` alone) and ``steps.csv``; return the page."""
     out_dir = Path(out_dir)
     generated = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    with plots.drawing():
+    with style.drawing():
         section = history_section(history, out_dir / "figures")
     atomic_write(out_dir / "steps.csv", lambda tmp: history.steps.to_csv(tmp, index=False))
     return atomic_write_text(out_dir / "history.html", _html_page(title, section, generated))
@@ -714,7 +718,7 @@ def render(
     page = Page(analysis, out_dir / "figures", demos)
     loaded = analysis.loaded
     anything = len(loaded.frame) > 0
-    with plots.drawing(analysis.variant_order):
+    with style.drawing(analysis.variant_order):
         body = [s(page) for s in ((*STORY, *BODY, *COMPARED) if anything else BODY)]
         details = [s(page) for s in ((*DETAILS, *CLOSING) if anything else CLOSING)]
     generated = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")

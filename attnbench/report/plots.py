@@ -10,10 +10,7 @@ and a disturbed measurement (``noisy``) a hollow marker: neither is ever part of
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator, Sequence
-from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
 import matplotlib
@@ -25,16 +22,8 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib import colors as mcolors  # noqa: E402
 
-from attnbench.analysis.changes import ChangeKind, Direction  # noqa: E402
 from attnbench.analysis.complexity import FitVerdict, swept  # noqa: E402
-from attnbench.analysis.growth import (  # noqa: E402
-    EXPONENT_SUFFIX,
-    EXPONENT_THRESHOLD,
-    GROWTH_METRICS,
-    exponent_text,
-    fit_side,
-)
-from attnbench.analysis.text import fmt, ratio, sig  # noqa: E402
+from attnbench.analysis.text import fmt, sig  # noqa: E402
 from attnbench.contract import (  # noqa: E402
     FAMILIES,
     LABELS,
@@ -45,259 +34,40 @@ from attnbench.contract import (  # noqa: E402
     Status,
     family,
 )
+from attnbench.report.style import (
+    FAMILY_COLOURS,
+    LABEL_POINTS,
+    SHAPE_TAGS,
+    WRONG_COLOUR,
+    _end_labels,
+    _facet_axes,
+    _guides,
+    _length_axis,
+    _ok,
+    _palette,
+    _spread_bars,
+    _unit_axis,
+    colour,
+    series,
+    variant_names,
+)
+
+__all__ = [
+    "WORKLOAD_MARKERS",
+    "crossover_matrix",
+    "error_vs_time",
+    "gflops",
+    "heatmaps",
+    "prefill_vs_decode",
+    "progression",
+    "roofline",
+    "scaling",
+    "show_heatmaps",
+    "speedup_heatmap",
+]
 
 if TYPE_CHECKING:
     from attnbench.demos import Heatmaps
-
-_ORDER: ContextVar[tuple[str, ...]] = ContextVar("variant_order", default=())
-"""The variants' order while :func:`drawing` (the analysis' ``variant_order``)."""
-THEME = {"style": "whitegrid", "context": "notebook"}
-"""seaborn's theme of every figure (applied by :func:`drawing`, never at import)."""
-COLOUR_CODES = "bgrmyck"
-"""The one-letter colours seaborn's theme redefines (its palette's shades), restored after."""
-
-
-@contextlib.contextmanager
-def drawing(variant_order: Sequence[str] = ()) -> Iterator[None]:
-    """Draw in the report's style, with ``variant_order`` (the analysis') for legends and shades.
-
-    The theme (rcParams, seaborn's colour codes) holds inside the block only: importing this
-    module, or drawing elsewhere in the same process, keeps matplotlib's own settings.
-    """
-    codes = mcolors.colorConverter.colors
-    saved = {c: codes[c] for c in COLOUR_CODES}
-    token = _ORDER.set(tuple(variant_order))
-    try:
-        with plt.rc_context():
-            sns.set_theme(**THEME)
-            yield
-    finally:
-        _ORDER.reset(token)
-        for c, value in saved.items():
-            codes[c] = value
-
-
-def variant_names() -> tuple[str, ...]:
-    """The variants in the order the analysis gave :func:`drawing` (none outside it)."""
-    return _ORDER.get()
-
-
-WRONG_COLOUR = "#b00020"
-
-FAMILY_COLOURS: dict[str, str] = {
-    "dense": "Blues",
-    "fused": "Oranges",
-    "blockwise": "Greens",
-    "linear": "Purples",
-    "scoring": "Greys",
-    "compiled": "RdPu",
-    OTHER_FAMILY: "YlOrBr",
-}
-"""The colormap each family's shades come from (``contract.FAMILIES``; plugin variants: YlOrBr)."""
-
-
-SHAPE_TAGS = (
-    ("kv_heads", "Hkv"),
-    ("head_dim", "D"),
-    ("batch", "B"),
-    ("heads", "H"),
-    ("dtype", ""),
-    ("mask", "mask "),
-)
-"""Shape columns that name a series where a figure's rows vary in them (``sdpa Hkv=2``).
-
-Never a median across shapes."""
-
-
-def series(df: pd.DataFrame, model: bool = True) -> pd.Series:
-    """Each row's series label: its variant and the shape settings that vary.
-
-    Predicted values also get "(model)", unless ``model`` is False (a figure that marks them by
-    line style).
-    """
-    label = df["variant"].astype(str)
-    for col, tag in SHAPE_TAGS:
-        if col in df and df[col].nunique() > 1:
-            label = (
-                label
-                + " "
-                + tag
-                + (
-                    df[col].astype(str)
-                    if tag.endswith(" ") or not tag
-                    else "=" + df[col].astype(str)
-                )
-            )
-    if model and "method" in df:
-        label = label.where(df["method"] != Method.MODEL, label + " (model)")
-    return label
-
-
-def colour(variant: str) -> tuple[float, float, float, float]:
-    """The variant's colour: its family's hue, a shade by its place in the family (every figure).
-
-    ``variant`` may be a series label (:func:`series`): its first word is the variant."""
-    base = variant.split(" ")[0]
-    fam = family(base)
-    if fam == OTHER_FAMILY:
-        others = sorted(v for v in variant_names() if family(v) == OTHER_FAMILY) or [base]
-        members = tuple(others if base in others else [*others, base])
-    else:
-        members = FAMILIES[fam]
-    cmap = FAMILY_COLOURS[fam]
-    i = members.index(base)
-    shade = 0.45 + 0.5 * (i / max(len(members) - 1, 1))  # 0.45 .. 0.95 of the colormap
-    return tuple(plt.get_cmap(cmap)(shade))
-
-
-def _ok(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """Rows of one metric that measured something, with plain int lengths.
-
-    seaborn's legends cannot handle pandas' nullable Int64.
-    """
-    df = frame[
-        (frame["metric"] == metric) & (frame["status"] == Status.OK) & frame["value"].notna()
-    ].copy()
-    for col in ("seq_len", "seq_len_k"):
-        df[col] = df[col].astype("int64")
-    return df
-
-
-def _palette(variants: list[str]) -> dict[str, tuple]:
-    """Family colours (see :func:`colour`) in registry order."""
-    order = [v for v in variant_names() if v in variants]
-    order += sorted(v for v in set(variants) - set(order))
-    return {v: colour(v) for v in order}
-
-
-def _unit_axis(ax, axis: str, unit: str) -> None:
-    """Tick labels in readable units (log axes): 1 ms, 10 MB, ..."""
-    if unit not in ("s", "bytes"):
-        return
-    scale = getattr(ax, f"{axis}axis")
-
-    # a view within one decade has no major tick: label 2, 3 and 5 there
-    def minor(v: float, _: int) -> str:
-        lo, hi = sorted(scale.get_view_interval())
-        return fmt(v, unit) if lo > 0 and hi < 10 * lo and f"{v:.0e}"[0] in "235" else ""
-
-    scale.set_major_formatter(
-        matplotlib.ticker.FuncFormatter(lambda v, _: fmt(v, unit) if v > 0 else "")
-    )
-    scale.set_minor_formatter(matplotlib.ticker.FuncFormatter(minor))
-
-
-def _length_axis(ax, lengths) -> None:
-    """Log x axis with the measured lengths as plain tick labels (no 3x10^2 collisions)."""
-    ticks = sorted({int(n) for n in lengths})
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(ticks)
-    ax.set_xticklabels([str(n) for n in ticks], fontsize=8, rotation=0)
-    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-
-
-LABEL_POINTS = 7.5  # font size of line-end labels
-
-
-GUIDE_COLOUR = "0.45"
-
-
-def _end_labels(
-    ax,
-    ends: dict[str, tuple[float, float]],
-    text: dict[str, str] | None = None,
-    colours: dict[str, tuple] | None = None,
-) -> None:
-    """Label each line at its right end, spread apart vertically inside the axes, never overlapping.
-
-    Names of the O(n) guides (``"O(n..."``) are drawn grey."""
-    if not ends:
-        return
-    items = sorted(ends.items(), key=lambda kv: kv[1][1])
-    lo, hi = (math.log10(v) for v in ax.get_ylim())
-    height_pt = ax.get_window_extent().height * 72 / ax.figure.dpi
-    # label centres a line of text apart, in decades
-    gap = (hi - lo) * max(0.06, 1.35 * LABEL_POINTS / height_pt)
-    want = [math.log10(y) if y > 0 else lo for _, (_, y) in items]
-    pos: list[float] = []
-    for w in want:  # upward pass: no label closer than gap to the one below
-        pos.append(max(w, pos[-1] + gap) if pos else w)
-    excess = pos[-1] - (hi - gap / 2) if pos else 0.0
-    if excess > 0:  # the top one left the axes: push down, then keep the gaps downward
-        pos[-1] -= excess
-        for i in range(len(pos) - 2, -1, -1):
-            pos[i] = min(pos[i], pos[i + 1] - gap)
-    for (name, (x, y)), ly in zip(items, pos, strict=True):
-        shade = (
-            GUIDE_COLOUR if name.startswith("O(n") else (colours or {}).get(name) or colour(name)
-        )
-        ax.annotate(
-            (text or {}).get(name, name),
-            xy=(x, y),
-            xytext=(x * 1.08, 10**ly),
-            fontsize=LABEL_POINTS,
-            color=shade,
-            va="center",
-            ha="left",
-            annotation_clip=False,
-            arrowprops={"arrowstyle": "-", "color": "0.75", "lw": 0.5}
-            if y > 0 and abs(ly - math.log10(y)) > 0.02
-            else None,
-        )
-
-
-def _spread_bars(ax, x: pd.Series, y: pd.Series, spread: pd.Series, colour: tuple) -> None:
-    """Each point's IQR (``spread``, centred on the median) as a bar; none where it is unknown."""
-    known = spread.notna() & (spread > 0)
-    if known.any():
-        half = spread[known].to_numpy(float) / 2
-        # log axes: the bar stays above zero
-        low = np.minimum(half, y[known].to_numpy(float) * 0.999)
-        ax.errorbar(
-            x[known].to_numpy(float),
-            y[known].to_numpy(float),
-            yerr=[low, half],
-            fmt="none",
-            ecolor=colour,
-            elinewidth=0.9,
-            capsize=2,
-            alpha=0.8,
-            zorder=4,
-        )
-
-
-def _guides(
-    ax, lengths: np.ndarray, anchor: float, exponents: tuple[float, ...] = (1.0, 2.0)
-) -> dict[str, tuple[float, float]]:
-    """Dashed O(n^p) lines through ``anchor`` at the shortest length; returns their names' places.
-
-    The places, of the ones that end inside the axes, are for :func:`_end_labels`: the guides'
-    names are spread with the lines' own, never on them.
-    """
-    x = np.array([lengths.min(), lengths.max()], dtype=float)
-    top = ax.get_ylim()[1]
-    ends = {}
-    for p in exponents:
-        y = anchor * (x / x[0]) ** p
-        ax.plot(x, y, ls="--", lw=0.8, color="0.6", zorder=0)
-        if y[1] <= top:
-            ends[f"O(n{'²' if p == 2 else ''})"] = (float(x[1]), float(y[1]))
-    return ends
-
-
-def _facet_axes(grid, row: str | None, col: str | None) -> dict:
-    """``{(row value, col value): ax}`` of a relplot grid (``None``: an absent facet)."""
-    if row is None and col is None:
-        return {(None, None): grid.ax}
-    out = {}
-    for key, ax in grid.axes_dict.items():
-        if row is not None and col is not None:
-            out[key] = ax
-        elif row is not None:
-            out[(key, None)] = ax
-        else:
-            out[(None, key)] = ax
-    return out
 
 
 def _scaling_rows(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
@@ -1033,107 +803,6 @@ def error_vs_time(frame: pd.DataFrame) -> plt.Figure | None:
     return fig
 
 
-def history(frame: pd.DataFrame, metric: str = "time") -> plt.Figure | None:
-    """Value per commit (ordered by commit date) for each variant at a few lengths."""
-    df = _ok(frame, metric)
-    df = df[(df["commit"] != "") & (df["seq_len"] == df["seq_len_k"])]
-    if df["commit"].nunique() < 3:  # two commits: the comparison figure says more
-        return None
-    order = df.groupby("commit")["date"].min().sort_values().index.tolist()
-    df["commit_short"] = df["commit"].str[:8]
-    lengths = sorted(df["seq_len"].unique())
-    pick = [n for n in lengths if n in (min(lengths), 1024, max(lengths))] or lengths[-1:]
-    df = df[df["seq_len"].isin(pick)]
-    palette = _palette(df["variant"].unique().tolist())
-    grid = sns.relplot(
-        data=df,
-        x="commit_short",
-        y="value",
-        hue="variant",
-        col="seq_len",
-        kind="line",
-        marker="o",
-        palette=palette,
-        col_wrap=min(3, len(pick)),
-        height=3.4,
-        aspect=1.3,
-        facet_kws={"sharey": False},
-    )
-    short = [c[:8] for c in order]
-    for ax in grid.axes.flat:
-        ax.set_xticks(range(len(short)))
-        ax.set_xticklabels(short, rotation=45, ha="right", fontsize=8)
-        ax.set_yscale("log")
-        _unit_axis(ax, "y", UNITS.get(metric, ""))
-    grid.set_axis_labels("commit (oldest to newest)", LABELS.get(metric, metric))
-    grid.figure.suptitle(f"{metric} history over commits", y=1.03)
-    return grid.figure
-
-
-def machines(frame: pd.DataFrame, metric: str = "time") -> plt.Figure | None:
-    """Side by side per machine (e.g. a CPU box and a GPU box)."""
-    df = _ok(frame, metric)
-    if df["machine"].nunique() < 2:
-        return None
-    df = df[df["seq_len"] == df["seq_len_k"]]
-    df = df.assign(where=df["machine"] + " / " + df["device"])
-    grid = sns.relplot(
-        data=df,
-        x="seq_len",
-        y="value",
-        hue="variant",
-        col="where",
-        kind="line",
-        marker="o",
-        height=3.6,
-        aspect=1.2,
-        palette=_palette(df["variant"].unique().tolist()),
-    )
-    grid.set(yscale="log", xlabel="sequence length L", ylabel=LABELS.get(metric, metric))
-    for ax in grid.axes.flat:
-        _length_axis(ax, df["seq_len"].unique())
-        _unit_axis(ax, "y", UNITS.get(metric, ""))
-    grid.figure.suptitle(f"{metric} by machine", y=1.03)
-    return grid.figure
-
-
-def comparison(ratios: pd.DataFrame, label_a: str, label_b: str) -> plt.Figure | None:
-    """B / A time ratio vs L, one line per variant, log scale centred at 1x (below 1: B is faster).
-
-    Args:
-        ratios: rows with ``variant``, ``seq_len`` and ``ratio`` (B / A).
-        label_a: what A is (a run, commit or machine), for the title.
-        label_b: what B is.
-    """
-    if ratios is None or ratios.empty:
-        return None
-    fig, ax = plt.subplots(figsize=(10, 3.8))
-    ends = {}
-    for variant, s in ratios.groupby("variant"):
-        s = s.sort_values("seq_len")
-        ax.plot(s["seq_len"], s["ratio"], marker="o", ms=3, color=colour(variant))
-        ends[variant] = (float(s["seq_len"].iloc[-1]), float(s["ratio"].iloc[-1]))
-    ax.axhline(1.0, color="black", lw=1)
-    ax.set_yscale("log")
-    lo, hi = ratios["ratio"].min(), ratios["ratio"].max()
-    half = max(abs(math.log10(lo)), abs(math.log10(hi)), math.log10(1.5)) * 1.15
-    ax.set_ylim(10**-half, 10**half)
-    ticks = [
-        t * 10.0**e for e in range(-3, 4) for t in (1, 2, 5) if 10**-half <= t * 10.0**e <= 10**half
-    ]
-    ax.set_yticks(ticks, [fmt(t, "x") for t in ticks])
-    ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-    _length_axis(ax, ratios["seq_len"].unique())
-    _end_labels(ax, ends)
-    ax.set_xlim(right=ratios["seq_len"].max() * 2.2)
-    ax.set(xlabel="sequence length L", ylabel="time ratio B / A")
-    ax.set_title(
-        f"B = {label_b} vs A = {label_a}: time ratio per case (below 1x: B is faster)", fontsize=10
-    )
-    fig.tight_layout()
-    return fig
-
-
 # ---- attention weights, in the spirit of d2l's show_heatmaps ------------------------------
 def show_heatmaps(
     matrices: list[list[np.ndarray]],
@@ -1172,179 +841,4 @@ def heatmaps(panels: Heatmaps) -> plt.Figure:
         cmap=panels.cmap,
     )
     fig.suptitle(panels.title)
-    return fig
-
-
-REGRESSION_COLOUR, IMPROVEMENT_COLOUR = WRONG_COLOUR, "#1b5e20"
-
-
-def _history_values(ax, metric: str, rows: pd.DataFrame) -> None:
-    """A metric's value at each commit (time: and the levels the rules saw); failures as crosses."""
-    ok = rows[rows["status"] == Status.OK]
-    ax.plot(ok["position"], ok["value"], "o", ms=3.5, color="#455a64", zorder=3)
-    if metric == "time" and ok["level"].notna().any():
-        ax.step(ok["position"], ok["level"], where="mid", color="#90a4ae", lw=1.2, zorder=2)
-    else:
-        ax.plot(ok["position"], ok["value"], "-", color="#90a4ae", lw=1, zorder=2)
-    bad = rows[rows["status"].isin([Status.WRONG, Status.FAILED])]
-    if len(bad) and len(ok):
-        ax.plot(
-            bad["position"],
-            [ok["value"].median()] * len(bad),
-            "x",
-            color=WRONG_COLOUR,
-            ms=7,
-            mew=2,
-            zorder=4,
-        )
-
-
-def _mark_changes(ax, metric: str, steps: pd.DataFrame) -> None:
-    """Each change: a step a dashed line before its commit, a drift a band over its commits.
-
-    Red for a regression, green for an improvement, labelled with its ratio or what went wrong."""
-    for rec in steps.to_dict("records"):
-        tone = REGRESSION_COLOUR if rec["direction"] == Direction.REGRESSION else IMPROVEMENT_COLOUR
-        if rec["kind"] == ChangeKind.DRIFT:
-            ax.axvspan(rec["first_pos"] - 0.5, rec["last_pos"] + 0.5, color=tone, alpha=0.15, lw=0)
-        else:
-            ax.axvline(rec["first_pos"] - 0.5, color=tone, lw=1.5, ls="--")
-        label = (
-            rec["kind"]
-            if rec["kind"] in (ChangeKind.FAILED, ChangeKind.WRONG)
-            else f"{rec['before']:.2f} -> {rec['after']:.2f}"
-            if metric.endswith(EXPONENT_SUFFIX)
-            else ratio(rec["ratio"], metric)
-        )
-        ax.annotate(
-            label,
-            (
-                rec["last_pos"] + 0.5
-                if rec["kind"] == ChangeKind.DRIFT
-                else rec["first_pos"] - 0.5,
-                1.0,
-            ),
-            xycoords=("data", "axes fraction"),
-            ha="left",
-            va="top",
-            fontsize=8,
-            color=tone,
-        )
-
-
-def _commit_axis(ax, commits: pd.DataFrame) -> None:
-    """Short hashes along the x axis (at most about 30 of them), oldest first."""
-    every = max(1, math.ceil(len(commits) / 30))
-    ticks = commits["position"].tolist()[::every]
-    ax.set_xticks(ticks)
-    ax.set_xticklabels(
-        [str(c)[:8] for c in commits["commit"].tolist()[::every]],
-        rotation=60,
-        ha="right",
-        fontsize=7,
-    )
-    ax.set_xlim(-0.7, len(commits) - 0.3)
-    ax.set_xlabel("commit (oldest to newest)")
-
-
-def case_history(
-    series: pd.DataFrame, steps: pd.DataFrame, commits: pd.DataFrame, title: str
-) -> plt.Figure | None:
-    """One case's metrics over a history's commits (a panel per metric), steps and drifts marked.
-
-    Args:
-        series: the case's rows of :attr:`attnbench.analysis.changes.History.series` (``position``,
-            ``value``, ``level``: the level the step rules saw, drawn as a line for time).
-        steps: the case's rows of ``History.steps``.
-        commits: ``History.commits`` (position order; short hashes label the axis).
-        title: the figure's title (the case).
-
-    A step is a vertical line just before its commit, a drift a band over its commits: red for a
-    regression, green for an improvement; a failure or a wrong result a red cross.
-    """
-    exact = GROWTH_METRICS
-    metrics = [
-        m
-        for m in ("time", *exact, *(e + EXPONENT_SUFFIX for e in exact))  # a case without L
-        if m in set(series["metric"])
-    ]
-    if not metrics or len(commits) < 2:
-        return None
-    fig, axes = plt.subplots(
-        len(metrics), 1, figsize=(8, 1.7 * len(metrics) + 0.6), sharex=True, squeeze=False
-    )
-    for ax, metric in zip(axes[:, 0], metrics, strict=True):
-        _history_values(ax, metric, series[series["metric"] == metric].sort_values("position"))
-        _mark_changes(ax, metric, steps[steps["metric"] == metric])
-        unit = UNITS.get(metric, "")
-        name = metric.replace(EXPONENT_SUFFIX, "\nexponent of L")
-        ax.set_ylabel(f"{name}\n({unit})" if unit else name, fontsize=8)
-        if unit in ("s", "bytes"):
-            ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _, u=unit: fmt(v, u)))
-        if metric.endswith(EXPONENT_SUFFIX):  # noise far below the threshold draws flat
-            low, high = ax.get_ylim()
-            middle, half = (low + high) / 2, max((high - low) / 2, 2 * EXPONENT_THRESHOLD)
-            ax.set_ylim(middle - half, middle + half)
-            ax.ticklabel_format(axis="y", useOffset=False)
-        ax.tick_params(axis="y", labelsize=7)
-    _commit_axis(axes[-1, 0], commits)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig
-
-
-def growth(
-    lengths: np.ndarray,
-    base_values: np.ndarray,
-    head_values: np.ndarray,
-    at_length: int,
-    metric: str,
-    title: str,
-) -> plt.Figure | None:
-    """BASE and HEAD of one case's exact metric on log-log axes, each side's cost split extended
-    to ``at_length`` and the ratio it predicts written there (None: a side cannot be fitted).
-
-    The gate's measured lengths are short; what a change costs at the length users run is read off
-    the two fitted lines (:mod:`attnbench.analysis.growth`), and the figure shows how far they were
-    extended from the points they stand on.
-    """
-    base, head = fit_side(lengths, base_values), fit_side(lengths, head_values)
-    if base is None or head is None:
-        return None
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    line = np.geomspace(min(base.lengths[0], head.lengths[0]), at_length, 200)
-    for side, fit, colour, marker in (
-        ("BASE", base, "#1565c0", "o"),
-        ("HEAD", head, REGRESSION_COLOUR, "s"),
-    ):
-        ax.plot(line, fit.at(line), "-", color=colour, lw=1.3, alpha=0.8)
-        ax.plot(
-            fit.lengths,
-            fit.values,
-            marker,
-            color=colour,
-            ms=6,
-            label=f"{side} measured, fitted {exponent_text(fit.exponent)}",
-        )
-    ax.axvline(max(head.lengths), color="#90a4ae", lw=1, ls=":")
-    ax.axvline(at_length, color="#455a64", lw=1, ls="--")
-    predicted = head.at(at_length) / base.at(at_length)
-    ax.annotate(
-        f"predicted {ratio(predicted, metric)}\nat L={at_length}",
-        (at_length, head.at(at_length)),
-        xytext=(-8, 0),
-        textcoords="offset points",
-        ha="right",
-        va="center",
-        fontsize=9,
-        color=REGRESSION_COLOUR,
-    )
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    unit = UNITS.get(metric, "")
-    ax.set_xlabel("sequence length L (dotted: the longest measured; dashed: the target)")
-    ax.set_ylabel(f"{metric} ({unit})" if unit else metric)
-    ax.legend(fontsize=8, loc="upper left")
-    ax.set_title(title, fontsize=10)
-    fig.tight_layout()
     return fig
