@@ -29,6 +29,38 @@ from attnbench.gate.steps import find_steps, history_commits
 from attnbench.registry import get_variant, variant_names
 from attnbench.spec import AttnSpec
 
+__all__ = [
+    "HISTORY_MIN_COMMITS",
+    "MAX_FINDINGS",
+    "RULES",
+    "SHAPE",
+    "SHORT_HASH",
+    "SLICE",
+    "SUMMARY_METRICS",
+    "Analysis",
+    "Comparison",
+    "Finding",
+    "Loaded",
+    "analyse",
+    "analytic_crossover",
+    "as_text",
+    "compare",
+    "computes_softmax_attention",
+    "decode_commit",
+    "exponent_summary",
+    "findings",
+    "history_commits_of",
+    "history_rows",
+    "load_results",
+    "pair_decode",
+    "primary_slice",
+    "provenance",
+    "restrict",
+    "short_hash",
+    "side_key",
+    "sides",
+]
+
 SHORT_HASH = 8  # characters of a commit hash shown on the page (asv's own convention)
 SHAPE = ("batch", "heads", "kv_heads", "head_dim")
 """A case's shape beside its length: rows that differ in any of them are never pooled."""
