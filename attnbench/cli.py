@@ -332,8 +332,9 @@ def cmd_history(args: argparse.Namespace) -> int:
         check_summary(args.summary)
     except ValueError as exc:
         return _usage(str(exc))
-    frame = load(args.sources)
-    _print_problems(frame.attrs.get("problems", []))
+    read = load(args.sources)
+    frame = read.frame
+    _print_problems(read.problems)
     rows = frame[frame["commit"].fillna("") != ""]
     if rows["commit"].nunique() < 2:
         print(
@@ -375,8 +376,9 @@ def cmd_export(args: argparse.Namespace) -> int:
             check_output_file(args.out, "--out")
         except ValueError as exc:
             return _usage(str(exc))
-    frame = load([args.source])
-    _print_problems(frame.attrs.get("problems", []))
+    read = load([args.source])
+    frame = read.frame
+    _print_problems(read.problems)
     exported = export(frame, args.fmt, args.commit)
     text = dumps(exported)
     if args.out:

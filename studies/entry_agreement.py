@@ -173,7 +173,7 @@ def by_asv(work: Path) -> dict[str, float]:
         check=True,
         capture_output=True,
     )
-    frame = load_asv(work / "asv" / "results")
+    frame = load_asv(work / "asv" / "results").frame
     frame = frame[frame["metric"] == "time"]
     return {r["variant"]: r["value"] for r in frame.to_dict("records")}
 

@@ -85,7 +85,7 @@ def verdicts(run_dir: Path):
     from attnbench.analysis import complexity
     from attnbench.analysis.rundir import load_run
 
-    frame = load_run(run_dir)
+    frame = load_run(run_dir).frame
     fits = complexity.fit_table(frame, metrics=("time",))
     noisy = (
         frame[(frame["metric"] == "time") & (frame["status"] == "noisy")].groupby("variant").size()

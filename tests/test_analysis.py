@@ -41,9 +41,10 @@ def _result_files(results: Path) -> list[Path]:
 
 
 def test_load_asv_decodes_parameters_and_statuses(asv_dir):
-    frame = load_asv(asv_dir)
+    frame_read = load_asv(asv_dir)
+    frame = frame_read.frame
     assert list(frame.columns) == COLUMNS
-    assert frame.attrs["problems"] == []
+    assert frame_read.problems == ()
     assert set(frame["variant"]) == {"batched", "chunked", "sdpa_efficient"}
     assert frame["seq_len"].dtype.name == "Int64" and set(frame["seq_len"]) == {64, 128}
     assert {"time", "peak_rss", "peak_tensor_bytes", "gflops", "max_error"} <= set(frame["metric"])
@@ -61,18 +62,20 @@ def test_stale_rows_are_dropped(asv_dir):
     key = next(k for k in bench if k.endswith("time_attention"))
     bench[key]["version"] = "0" * 64
     (asv_dir / "benchmarks.json").write_text(json.dumps(bench))
-    frame = load_asv(asv_dir)
+    frame_read = load_asv(asv_dir)
+    frame = frame_read.frame
     assert not (frame["benchmark"] == key).any()
     assert (frame["metric"] == "peak_rss").any()
 
 
 def test_malformed_results_file_is_reported_by_name_and_skipped(asv_dir):
     files = _result_files(asv_dir)
-    good = load_asv(asv_dir)
+    good = load_asv(asv_dir).frame
     broken = files[0].parent / "deadbeef-broken.json"
     broken.write_text(files[0].read_text()[:200])  # truncated JSON
-    frame = load_asv(asv_dir)
-    assert any("deadbeef-broken.json" in p for p in frame.attrs["problems"])
+    frame_read = load_asv(asv_dir)
+    frame = frame_read.frame
+    assert any("deadbeef-broken.json" in p for p in frame_read.problems)
     assert len(frame) == len(good)
 
 
@@ -90,20 +93,22 @@ def test_load_run_has_the_same_schema(tmp_path):
         command=["x"],
         peak_gflops={"float32": 100.0},
     )
-    frame = load_run(run)
+    frame_read = load_run(run)
+    frame = frame_read.frame
     assert list(frame.columns) == COLUMNS
     assert set(frame["status"]) == {"ok", "skipped"}
     assert frame.loc[frame["variant"] == "sdpa_cudnn", "value"].isna().all()
     assert (frame.loc[frame["metric"] == "softmax_error", "variant"] == "performer").all()
-    both = load([run, FIXTURE])
+    both = load([run, FIXTURE]).frame
     assert set(both["source"]) == {"run", "asv"}
 
 
 def test_load_reports_unknown_directories(tmp_path):
-    frame = load([tmp_path])
-    assert frame.empty and "empty directory" in frame.attrs["problems"][0]
+    frame_read = load([tmp_path])
+    frame = frame_read.frame
+    assert frame.empty and "empty directory" in frame_read.problems[0]
     (tmp_path / "notes.txt").write_text("x")
-    assert "neither an asv results directory" in load([tmp_path]).attrs["problems"][0]
+    assert "neither an asv results directory" in load([tmp_path]).problems[0]
 
 
 # ---- robust fits --------------------------------------------------------------------------------
@@ -346,7 +351,8 @@ def test_method_travels_into_the_frame_and_model_values_are_never_fitted(tmp_pat
         [("loop", n, "ok", "model") for n in lengths]
         + [("batched", n, "ok", "profiler") for n in lengths],
     )
-    frame = load_run(run)
+    frame_read = load_run(run)
+    frame = frame_read.frame
     methods = frame.groupby(["variant", "metric"])["method"].agg(set).to_dict()
     assert methods[("loop", "peak_tensor_bytes")] == {"model"} and methods[
         ("batched", "peak_tensor_bytes")
@@ -374,7 +380,8 @@ def test_method_travels_into_the_frame_and_model_values_are_never_fitted(tmp_pat
 
 def test_older_files_saying_analytic_are_read_as_model(tmp_path):
     run = _run_with(tmp_path, [("loop", n, "ok", "analytic") for n in (16, 32, 64, 128)])
-    frame = load_run(run)
+    frame_read = load_run(run)
+    frame = frame_read.frame
     assert set(frame.loc[frame["metric"] == "peak_tensor_bytes", "method"]) == {"model"}
     assert complexity.fit_table(frame).set_index("metric").loc["peak_tensor_bytes", "verdict"] == ""
 
@@ -385,7 +392,8 @@ def test_wrong_cases_keep_their_values_but_leave_fits_crossovers_and_speedups(tm
     lengths = (64, 128, 256, 512, 1024)
     cases = [("batched", n, "ok", "profiler") for n in lengths]
     cases += [("chunked", n, "wrong" if n == 1024 else "ok", "profiler") for n in lengths]
-    frame = load_run(_run_with(tmp_path, cases))
+    frame_read = load_run(_run_with(tmp_path, cases))
+    frame = frame_read.frame
     wrong = frame[frame["status"] == "wrong"]
     assert (
         set(wrong["seq_len"]) == {1024}
@@ -425,8 +433,9 @@ def _add_error_ratio(results: Path, ratios: dict[tuple[str, str, str], float]) -
 
 def test_asv_error_ratio_above_one_makes_the_whole_case_wrong(asv_dir):
     _add_error_ratio(asv_dir, {("chunked", "128", "forward"): 3.1})
-    frame = load_asv(asv_dir)
-    assert frame.attrs["problems"] == []
+    frame_read = load_asv(asv_dir)
+    frame = frame_read.frame
+    assert frame_read.problems == ()
     case = (
         (frame["variant"] == "chunked") & (frame["seq_len"] == 128) & (frame["mode"] == "forward")
     )

@@ -74,8 +74,9 @@ def test_asv_quick_run_has_no_failures(asv_env, tmp_path_factory):
         tmp,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    frame = load_asv(tmp / "results")
-    assert frame.attrs["problems"] == []
+    frame_read = load_asv(tmp / "results")
+    frame = frame_read.frame
+    assert frame_read.problems == ()
     failed = frame[frame["status"] == "failed"]
     assert failed.empty, failed[["benchmark", "variant", "seq_len", "device", "mode"]].to_string()
     ok = frame[frame["status"] == "ok"]
@@ -475,7 +476,8 @@ def test_a_quick_asv_run_evaluates_each_case_float64_reference_once(tmp_path):
         tmp_path,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    frame = load_asv(tmp_path / "results")
+    frame_read = load_asv(tmp_path / "results")
+    frame = frame_read.frame
     ok = frame[frame["status"] == "ok"]
     assert len(ok) == 8 and ok["benchmark"].nunique() == 8, frame[
         ["benchmark", "status"]

@@ -128,7 +128,7 @@ def test_the_run_manifest_carries_the_bandwidth_roof_into_the_frame(tmp_path):
         peak_gbps={"copy": 7.0, "triad": 9.0},
     )
     assert json.loads((run / MANIFEST).read_text())["peak_gbps"] == {"copy": 7.0, "triad": 9.0}
-    frame = load_run(run)
+    frame = load_run(run).frame
     assert (frame["peak_gbps"] == 9.0).all()  # triad: the roofline's roof
     old = write_run(
         tmp_path / "old",
@@ -138,7 +138,7 @@ def test_the_run_manifest_carries_the_bandwidth_roof_into_the_frame(tmp_path):
         command=["t"],
         peak_gflops={"float32": 10.0},
     )
-    assert load_run(old)["peak_gbps"].isna().all()  # not recorded: NaN, never a guess
+    assert load_run(old).frame["peak_gbps"].isna().all()  # not recorded: NaN, never a guess
 
 
 def test_a_run_whose_bandwidth_cannot_be_measured_still_runs(tmp_path, monkeypatch, capsys):

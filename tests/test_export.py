@@ -85,7 +85,7 @@ def _one_run(tmp_path: Path) -> Path:
 @pytest.mark.parametrize("source", ["synthetic", "fixture"])
 def test_bmf_has_the_documented_shape_and_one_measure_per_case_and_metric(tmp_path, source):
     results = _one_run(tmp_path) if source == "synthetic" else FIXTURE
-    frame = load_asv(results)
+    frame = load_asv(results).frame
     exported = export(frame, "bmf")
     check_bmf(exported.document)
     ok = frame[frame["metric"].isin(list(EXPORTED)) & (frame["status"] == "ok")]
@@ -116,7 +116,7 @@ def test_bmf_has_the_documented_shape_and_one_measure_per_case_and_metric(tmp_pa
 @pytest.mark.parametrize("source", ["synthetic", "fixture"])
 def test_github_action_benchmark_has_the_documented_shape_with_units(tmp_path, source):
     results = _one_run(tmp_path) if source == "synthetic" else FIXTURE
-    exported = export(load_asv(results), "github-action-benchmark")
+    exported = export(load_asv(results).frame, "github-action-benchmark")
     check_custom_smaller_is_better(exported.document)
     if source == "synthetic":
         entries = {e["name"]: e for e in exported.document}
@@ -179,7 +179,7 @@ def test_cli_writes_one_commit_of_a_history(tmp_path, capsys):
     assert main(["export", "--format", "bmf", str(results), "--commit", "ffff"]) == 2
     assert "--commit 'ffff'" in capsys.readouterr().err
     with pytest.raises(ExportError):
-        export(load_asv(results), "csv")
+        export(load_asv(results).frame, "csv")
 
 
 def test_the_exponent_of_each_case_is_a_measure_of_its_own(tmp_path):
@@ -192,7 +192,7 @@ def test_the_exponent_of_each_case_is_a_measure_of_its_own(tmp_path):
         series[("peak_tensor_bytes", "batched", length)] = [40.0 * length**2]
     series[("instructions", "chunked", 256)] = [1e8]
     series[("instructions", "chunked", 512)] = [4e8]
-    frame = load_asv(write_history(tmp_path / "results", series, commit_hashes(1)))
+    frame = load_asv(write_history(tmp_path / "results", series, commit_hashes(1))).frame
     doc = export(frame, "bmf").document
     check_bmf(doc)
     assert set(doc["attention/batched/peak-tensor-bytes"]) == {"exponent"}
@@ -249,7 +249,7 @@ IDENTITY_CASES = {
 def test_cases_that_differ_in_one_column_get_two_names(tmp_path, column, fmt):
     """Two cases of one variant and length that differ in ``column``: two names, two values (a
     name without ``column`` gave both one name, and the last value silently won)."""
-    frame = load([_hand_run(tmp_path, IDENTITY_CASES[column])])
+    frame = load([_hand_run(tmp_path, IDENTITY_CASES[column])]).frame
     document = export(frame[frame["metric"] == "time"], fmt).document
     if fmt == "bmf":
         values = sorted(m["latency"]["value"] for m in document.values())
@@ -259,7 +259,7 @@ def test_cases_that_differ_in_one_column_get_two_names(tmp_path, column, fmt):
 
 
 def test_the_columns_added_are_those_that_tell_cases_apart(tmp_path):
-    frame = load([_hand_run(tmp_path, IDENTITY_CASES["dtype"] + [BASE.replace(seq_len=32)])])
+    frame = load([_hand_run(tmp_path, IDENTITY_CASES["dtype"] + [BASE.replace(seq_len=32)])]).frame
     names = set(export(frame[frame["metric"] == "time"], "bmf").document)
     assert names == {
         "attention/sdpa/L=16/float32/(attnbench)",
@@ -276,9 +276,9 @@ def test_two_machines_at_one_commit_keep_both(tmp_path):
     second.mkdir()
     for path in first.iterdir():
         second.joinpath(path.name).write_text(path.read_text().replace('"box"', '"box2"'))
-    frame = load_asv(root)
+    frame = load_asv(root).frame
     assert set(frame["machine"]) == {"box", "box2"}
-    one = export(load_asv(_one_run(tmp_path / "one")), "bmf").document
+    one = export(load_asv(_one_run(tmp_path / "one")).frame, "bmf").document
     both = export(frame, "github-action-benchmark").document
     check_custom_smaller_is_better(both)
     assert len(both) == 2 * sum(len(m) for m in one.values())
@@ -291,7 +291,7 @@ def test_two_machines_at_one_commit_keep_both(tmp_path):
 def test_two_benchmarks_of_one_case_and_metric_are_refused(tmp_path):
     """The last guard: two rows of one case and metric that would still share a name are refused
     (here two benchmarks of one grid measuring the same thing)."""
-    rows = load([_hand_run(tmp_path, [BASE])]).query("metric == 'time'")
+    rows = load([_hand_run(tmp_path, [BASE])]).frame.query("metric == 'time'")
     twin = rows.assign(benchmark="x.attnbench.run")  # the same grid, "attnbench"
     with pytest.raises(ExportError, match="share the name"):
         export(pd.concat([rows, twin], ignore_index=True), "bmf")
@@ -302,7 +302,7 @@ def test_exponents_of_two_dtypes_are_two_series_with_two_names(tmp_path):
     fit (pooled, the two series' points would fit one slope between theirs), and they export under
     two names."""
     series = {("peak_tensor_bytes", "batched", n): [40.0 * n**2] for n in (256, 512, 1024)}
-    frame = load_asv(write_history(tmp_path / "results", series, commit_hashes(1)))
+    frame = load_asv(write_history(tmp_path / "results", series, commit_hashes(1))).frame
     other = frame.assign(dtype="bfloat16", value=frame["value"] ** 0.5 * 1e3)  # an L^1 series
     doc = export(pd.concat([frame, other], ignore_index=True), "bmf").document
     check_bmf(doc)

@@ -108,7 +108,8 @@ def test_unknown_tiles_say_so_and_report_no_rate(variant, mode):
 
 # ---- rates above the roof ----------------------------------------------------------------------
 def test_the_recorded_rates_above_the_roof_are_flagged_not_shown():
-    frame = load_run(GPU_TRAIN)
+    frame_read = load_run(GPU_TRAIN)
+    frame = frame_read.frame
     rates = frame[frame["metric"] == "gflops"]
     above = rates[rates["status"] == Status.ABOVE_ROOF]
     assert sorted(zip(above["mode"], above["seq_len"], strict=True)) == [
@@ -123,7 +124,7 @@ def test_the_recorded_rates_above_the_roof_are_flagged_not_shown():
     assert (rates[rates["status"] != Status.ABOVE_ROOF]["value"] < 673_752).all()
     times = frame[(frame["metric"] == "time") & (frame["variant"] == "sdpa_cudnn")]
     assert Status.ABOVE_ROOF not in set(times["status"])
-    problems = " ".join(frame.attrs["problems"])
+    problems = " ".join(frame_read.problems)
     assert "821,000 GFLOP/s" in problems and "833,000 GFLOP/s" in problems
     # the roofline places no case above its roof
     table = roofline.roofline(frame)
@@ -145,13 +146,13 @@ def test_a_cpu_rate_above_its_roof_is_flagged(tmp_path):
     """On CPU too: the same CPU run with its recorded matmul peak planted 100x lower."""
     run = tmp_path / "run"
     shutil.copytree(FIXTURES / "prefill", run)
-    before = load_run(run)
+    before = load_run(run).frame
     assert Status.ABOVE_ROOF not in set(before["status"])
     lines = (run / "cases.jsonl").read_text().splitlines()
     header = json.loads(lines[0])
     header["peak_gflops"] = {k: v / 100 for k, v in header["peak_gflops"].items()}
     (run / "cases.jsonl").write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
-    after = load_run(run)
+    after = load_run(run).frame
     rates = after[(after["metric"] == "gflops") & after["value"].notna()]
     over = rates["value"] > rates["peak_gflops"]
     assert over.any()

@@ -48,7 +48,7 @@ def test_provenance_table_flags_math_fallbacks(tmp_path):
     results = [measure(n, SMALL, FAST, peak_flops=1e10) for n in ("sdpa_math", "sdpa")]
     object.__setattr__(results[1], "extra", {"kernel": "math"})  # simulate a silent fallback
     run = write_run(tmp_path / "run", results, FAST, seconds=1.0, command=["x"])
-    table = provenance(attnbench.analysis.rundir.load_run(run)).set_index("variant")
+    table = provenance(attnbench.analysis.rundir.load_run(run).frame).set_index("variant")
     assert table.loc["sdpa_math", "note"] == ""
     assert "fell back to math" in table.loc["sdpa", "note"]
 
@@ -117,7 +117,7 @@ def test_dtype_sweep_records_per_dtype_roof(tmp_path, capsys):
         )
         == 0
     )
-    frame = attnbench.analysis.rundir.load_run(out)
+    frame = attnbench.analysis.rundir.load_run(out).frame
     roofs = frame.groupby("dtype")["peak_gflops"].first()
     assert set(roofs.index) == {"float32", "bfloat16"} and roofs.notna().all()
     assert "bfloat16" in capsys.readouterr().out

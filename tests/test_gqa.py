@@ -108,8 +108,9 @@ def test_a_decode_gqa_run_loads_with_its_columns_and_traffic(tmp_path):
         for n in (1024, 2048)
     ]
     run = write_run(tmp_path / "run", ms, MeasureConfig(), seconds=1.0, command=["test"])
-    frame = load_run(run)
-    assert frame.attrs["problems"] == []
+    frame_read = load_run(run)
+    frame = frame_read.frame
+    assert frame_read.problems == ()
     assert set(frame["workload"]) == {"decode"} and set(frame["kv_heads"]) == {2}
     moved = frame[frame.metric == "bytes"].set_index("seq_len_k")
     assert moved.loc[1024, "value"] == spec.replace(seq_len_k=1024).bytes_moved
@@ -125,8 +126,9 @@ def test_a_run_older_than_gqa_loads_as_prefill_mha_with_derived_traffic(tmp_path
     old.drop(columns=["workload", "spec_kv_heads", "bytes_moved", "gbytes_per_s"]).to_csv(
         run / MEASUREMENTS, index=False
     )
-    frame = load_run(run)
-    assert frame.attrs["problems"] == []
+    frame_read = load_run(run)
+    frame = frame_read.frame
+    assert frame_read.problems == ()
     assert set(frame["workload"]) == {"prefill"}
     assert (frame["kv_heads"] == frame["heads"]).all()
     ok = measurements()[0]
@@ -175,8 +177,9 @@ def test_decode_run_crosses_kv_heads_head_dims_and_batches(tmp_path, capsys):
         *FAST,
     ]
     assert main(argv) == 0, capsys.readouterr().err
-    frame = load_run(out)
-    assert frame.attrs["problems"] == []
+    frame_read = load_run(out)
+    frame = frame_read.frame
+    assert frame_read.problems == ()
     time = frame[frame.metric == "time"]
     assert len(time) == 8 and set(time.status) == {"ok"}  # 2 x 2 x 2 cases, every one measured
     assert (
@@ -239,9 +242,10 @@ def test_fits_stay_per_shape(tmp_path):
                         timing_method="wall",
                     )
                 )
-    frame = load_run(
+    frame_read = load_run(
         write_run(tmp_path / "run", ms, MeasureConfig(), seconds=1.0, command=["test"])
     )
+    frame = frame_read.frame
     fits = complexity.fit_table(frame, metrics=("time",))
     assert len(fits) == 4 and set(zip(fits.head_dim, fits.kv_heads, strict=True)) == {
         (16, 8),

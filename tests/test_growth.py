@@ -271,7 +271,7 @@ def _gate_results(tmp_path, planted: bool):
         for n in LENGTHS
     }
     results = write_history(tmp_path / "results", series, [base, head])
-    outcome = _outcome(compare(load_asv(results), base, head))
+    outcome = _outcome(compare(load_asv(results).frame, base, head))
     write_verdicts(
         Outcome(**{**outcome.__dict__, "base": base, "head": head, "results_dir": results})
     )

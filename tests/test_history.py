@@ -67,7 +67,7 @@ def test_a_drift_of_five_small_count_steps_is_named_with_its_range(history_dir):
     assert (
         max(b / a for a, b in zip(counts, counts[1:], strict=False)) < INSTRUCTIONS_FACTOR
     )  # the plant is sub-factor
-    history = find_steps(load_asv(history_dir(series)))
+    history = find_steps(load_asv(history_dir(series)).frame)
     steps = history.steps
     assert len(steps) == 1, table(history).to_string()
     drift = steps.iloc[0]
@@ -92,7 +92,7 @@ def test_a_history_of_readme_only_commits_names_nothing(history_dir):
     """Counts that move by the A/A spread, constant bytes, and time medians with 5% noise: no step, no drift."""
     for seed in range(5):
         history = find_steps(
-            load_asv(history_dir(_readme_only(np.random.default_rng(seed)), f"r{seed}"))
+            load_asv(history_dir(_readme_only(np.random.default_rng(seed)), f"r{seed}")).frame
         )
         assert history.steps.empty, (seed, table(history).to_string())
 
@@ -106,7 +106,7 @@ def test_a_doubling_is_a_step_in_counts_and_time(history_dir):
             values = np.array(series[(metric, "batched", length)])
             values[10:] *= 2
             series[(metric, "batched", length)] = list(values)
-    history = find_steps(load_asv(history_dir(series)))
+    history = find_steps(load_asv(history_dir(series)).frame)
     steps = history.steps
     assert set(steps["kind"]) == {"step"} and set(steps["first"]) == {COMMITS[10]}, table(
         history
@@ -130,7 +130,7 @@ def test_improvements_and_failures_are_named(history_dir):
     series[("instructions", "batched", 512)] = (
         series[("instructions", "batched", 512)][:8] + ["wrong"] * 8
     )
-    history = find_steps(load_asv(history_dir(series)))
+    history = find_steps(load_asv(history_dir(series)).frame)
     improved = history.improvements
     assert (
         len(improved) == 1
@@ -255,7 +255,7 @@ def test_commits_of_one_second_are_ordered_by_git_when_a_repository_knows_them(t
         "*-env.json"
     ):  # one date for all, as asv records a rebase merge
         path.write_text(path.read_text().replace('"date": 17', '"date": 1790000000000, "_": 17'))
-    frame = load_asv(results)
+    frame = load_asv(results).frame
     ordered = find_steps(frame, git=read_git_log(repo, history_commits(frame)))
     assert (
         ordered.commits["commit"].tolist() == commits and "git topological order" in ordered.order
@@ -273,7 +273,7 @@ def test_commits_of_one_second_are_ordered_by_git_when_a_repository_knows_them(t
 
 
 def test_history_summary_markdown(history_dir):
-    history = find_steps(load_asv(history_dir(_readme_only(np.random.default_rng(6)))))
+    history = find_steps(load_asv(history_dir(_readme_only(np.random.default_rng(6)))).frame)
     assert history_summary(history).splitlines()[-1] == "No step and no drift in 16 commits."
 
 
@@ -307,7 +307,7 @@ def test_each_cases_exponent_is_a_series_with_its_steps(tmp_path):
     steps at the planting commit (L^0.99 -> L^1.03); the noisy counts' exponents name nothing."""
     commits = commit_hashes(8)
     results = write_history(tmp_path / "results", _growth_history(planted_at=4), commits)
-    history = find_steps(load_asv(results))
+    history = find_steps(load_asv(results).frame)
     steps = history.steps
     assert len(steps) == 1, steps.to_string()
     step = steps.iloc[0].to_dict()

@@ -381,8 +381,9 @@ def expected(name: str) -> str:
 @pytest.fixture
 def good(tmp_path) -> tuple[Path, int]:
     run = write_good_run(tmp_path / "good-run", host="good-box")
-    frame = load_run(run)
-    assert frame.attrs["problems"] == [] and len(frame)
+    frame_read = load_run(run)
+    frame = frame_read.frame
+    assert frame_read.problems == () and len(frame)
     return run, len(frame)
 
 
@@ -392,11 +393,12 @@ def test_a_run_killed_before_its_first_manifest_reports_what_its_log_holds(tmp_p
     (run / MANIFEST).unlink()
     (run / MEASUREMENTS).unlink()
     (run / LOG).write_text("".join(_log_lines(run)[:2]))
-    frame = load([run])
-    assert frame.attrs["problems"] == [] and any(
-        "missing (the sweep stopped before writing it)" in n for n in frame.attrs["notes"]
+    frame_read = load([run])
+    frame = frame_read.frame
+    assert frame_read.problems == () and any(
+        "missing (the sweep stopped before writing it)" in n for n in frame_read.notes
     )
-    assert any("incomplete (1 of 5 cases)" in n for n in frame.attrs["notes"])
+    assert any("incomplete (1 of 5 cases)" in n for n in frame_read.notes)
     assert list(frame.loc[frame["metric"] == "time", "seq_len"]) == [64]
     assert main(["report", "--out", str(tmp_path / "out"), "--from", str(run)]) == 0
 
@@ -404,10 +406,11 @@ def test_a_run_killed_before_its_first_manifest_reports_what_its_log_holds(tmp_p
 def test_the_export_is_not_the_record(tmp_path):
     """measurements.csv is for people: garbling it changes nothing the loader reads."""
     run = write_good_run(tmp_path / "run")
-    before = load_run(run)
+    before = load_run(run).frame
     (run / MEASUREMENTS).write_text("garbage,\n1,2,3\n")
-    after = load_run(run)
-    assert after.attrs["problems"] == [] and after.drop(columns="origin", errors="ignore").equals(
+    after_read = load_run(run)
+    after = after_read.frame
+    assert after_read.problems == () and after.drop(columns="origin", errors="ignore").equals(
         before.drop(columns="origin", errors="ignore")
     )
 
@@ -420,8 +423,9 @@ def test_the_battery_is_large_enough():
 def test_every_fault_is_named_and_the_good_source_still_loads(name, tmp_path, good):
     good_run, good_rows = good
     bad = make_bad(name, tmp_path)
-    frame = load([bad, good_run])
-    problems = frame.attrs["problems"]
+    frame_read = load([bad, good_run])
+    frame = frame_read.frame
+    problems = frame_read.problems
     hits = [p for p in problems if expected(name) in p]
     assert hits, f"{name}: expected {expected(name)!r} in {problems}"
     assert any(str(bad) in p for p in hits), f"{name}: the problem does not name {bad}: {hits}"
@@ -436,7 +440,8 @@ def test_a_log_cut_mid_value_never_gives_an_ok_zero(tmp_path):
     lines = _log_lines(run)
     cut = lines[4].index('"samples": [') + len('"samples": [0.0')  # inside L=512's first sample
     (run / LOG).write_text("".join(lines[:4]) + lines[4][:cut])
-    frame = load_run(run)
+    frame_read = load_run(run)
+    frame = frame_read.frame
     time = frame[frame["metric"] == "time"]
     assert len(time) == 3 and set(time["seq_len"]) == {
         64,
@@ -444,19 +449,19 @@ def test_a_log_cut_mid_value_never_gives_an_ok_zero(tmp_path):
         256,
     }  # the cut case (L=512) is gone ...
     assert (time.loc[time["status"] == "ok", "value"] > 1e-6).all()  # ... never an ok 0
-    problems = " | ".join(frame.attrs["problems"])
-    assert "torn last line" in " | ".join(frame.attrs["notes"]) and "says 5 case(s)" in problems
+    problems = " | ".join(frame_read.problems)
+    assert "torn last line" in " | ".join(frame_read.notes) and "says 5 case(s)" in problems
 
 
 def test_an_interrupted_run_is_incomplete_not_corrupt(tmp_path):
     run = write_good_run(tmp_path / "run", planned=20, complete=False)
-    frame = load_run(run)
-    assert frame.attrs["problems"] == []
-    assert frame.attrs["notes"] == [
+    read = load_run(run)
+    assert read.problems == ()
+    assert list(read.notes) == [
         f"{run}: incomplete (5 of 20 cases): the sweep was stopped before the end"
     ]
     done = write_good_run(tmp_path / "done", planned=5, complete=True)
-    assert load_run(done).attrs["notes"] == []
+    assert load_run(done).notes == ()
 
 
 @pytest.mark.skipif(
@@ -469,36 +474,40 @@ def test_unreadable_files_are_named(tmp_path, good, target):
     path = run / target
     path.chmod(0)
     try:
-        frame = load([run, good[0]])
+        frame_read = load([run, good[0]])
+        frame = frame_read.frame
     finally:
         path.chmod(0o755)
     assert any(
-        str(run) in p and ("Permission" in p or "permission" in p) for p in frame.attrs["problems"]
-    ), frame.attrs["problems"]
+        str(run) in p and ("Permission" in p or "permission" in p) for p in frame_read.problems
+    ), frame_read.problems
     assert (frame["machine"] == "good-box").sum() == good[1]
 
 
 def test_asv_stale_results_are_counted_by_benchmark(tmp_path):
     results = ASV_FAULTS["asv stale version"][0](tmp_path)
-    frame = load_asv(results)
-    (stale,) = [p for p in frame.attrs["problems"] if "another version" in p]
+    frame_read = load_asv(results)
+    frame = frame_read.frame
+    (stale,) = [p for p in frame_read.problems if "another version" in p]
     assert "time_attention" in stale and "track_gflops" in stale
     assert not (frame["metric"] == "time").any() and (frame["metric"] == "peak_rss").any()
 
 
 def test_asv_machine_json_missing_keeps_the_results(tmp_path):
     results = ASV_FAULTS["asv machine.json missing"][0](tmp_path)
-    frame = load_asv(results)
-    assert len(frame) == len(load_asv(FIXTURE)) and set(frame["machine"]) == {"fixture-box"}
+    frame_read = load_asv(results)
+    frame = frame_read.frame
+    assert len(frame) == len(load_asv(FIXTURE).frame) and set(frame["machine"]) == {"fixture-box"}
 
 
 def test_asv_garbled_params_keep_the_rest_of_the_benchmark(tmp_path):
     results = ASV_FAULTS["asv garbled params"][0](tmp_path)
-    frame = load_asv(results)
+    frame_read = load_asv(results)
+    frame = frame_read.frame
     time = frame[frame["metric"] == "time"]
     assert set(time["seq_len"]) == {128}  # the 'sixty-four' parameter sets are left out, L=128 kept
     assert (frame["metric"] == "peak_rss").sum() == (
-        load_asv(FIXTURE)["metric"] == "peak_rss"
+        load_asv(FIXTURE).frame["metric"] == "peak_rss"
     ).sum()
 
 
@@ -583,9 +592,10 @@ def test_unreadable_files_are_named_even_as_root(tmp_path, good, target, monkeyp
     monkeypatch.setattr(
         os, "access", lambda p, mode: False if Path(p) == path.resolve() else real_access(p, mode)
     )
-    frame = load([run, good[0]])
-    assert any(str(run) in p and "ermission denied" in p for p in frame.attrs["problems"]), (
-        frame.attrs["problems"]
+    frame_read = load([run, good[0]])
+    frame = frame_read.frame
+    assert any(str(run) in p and "ermission denied" in p for p in frame_read.problems), (
+        frame_read.problems
     )
     assert (frame["machine"] == "good-box").sum() == good[1]
     assert not (frame["machine"] == "bad-box").any() or target != "."
@@ -595,7 +605,8 @@ def test_rows_know_their_source_and_when_they_ran(tmp_path):
     """Two runs of one machine and commit stay apart (``origin``); ``run_date`` is the manifest's time."""
     a = write_good_run(tmp_path / "a", created="2026-01-02T03:04:05+00:00")
     b = write_good_run(tmp_path / "b", created="2026-02-03T04:05:06+00:00")
-    frame = load([a, b])
+    frame_read = load([a, b])
+    frame = frame_read.frame
     assert set(frame["origin"]) == {str(a), str(b)}
     dates = frame.groupby("origin")["run_date"].first()
     assert (
@@ -608,7 +619,8 @@ def test_a_noisy_case_keeps_its_value_but_is_not_ok(tmp_path, monkeypatch):
     """Status ``noisy`` (a disturbed measurement): its time is kept for drawing, its status is not ok."""
     run = write_good_run(tmp_path / "run")
     field("status", "noisy", number=2)(run)
-    frame = load_run(run)
+    frame_read = load_run(run)
+    frame = frame_read.frame
     noisy = frame[(frame["status"] == "noisy") & (frame["metric"] == "time")]
     assert len(noisy) == 1 and noisy["value"].iloc[0] > 0
     from attnbench.analysis import complexity
@@ -622,22 +634,21 @@ def test_a_manifest_one_write_behind_the_log_is_a_note_not_corruption(tmp_path):
     run = write_good_run(tmp_path / "run")
     cases = json.loads((run / MANIFEST).read_text())["cases"]
     lagging = write_good_run(tmp_path / "lag", cases=cases - 1, complete=False)
-    frame = load_run(lagging)
-    assert frame.attrs["problems"] == [] and any(
-        "stopped between writing its files" in n for n in frame.attrs["notes"]
-    )
+    read = load_run(lagging)
+    assert read.problems == () and any("stopped between writing its files" in n for n in read.notes)
     truncated = write_good_run(tmp_path / "cut")
     (truncated / LOG).write_text(
         "".join(_log_lines(truncated)[:-1])
     )  # the log lost a case the manifest counted
-    assert any("truncated or replaced" in p for p in load_run(truncated).attrs["problems"])
+    assert any("truncated or replaced" in p for p in load_run(truncated).problems)
 
 
 def test_a_noisy_case_keeps_its_memory_and_counts_as_facts(tmp_path):
     """A neighbour disturbs time, not bytes: the noisy case's memory is fitted, its time is not."""
     run = write_good_run(tmp_path / "run")
     field("status", "noisy", number=2)(run)
-    frame = load_run(run)
+    frame_read = load_run(run)
+    frame = frame_read.frame
     at = frame[frame["seq_len"] == 128].set_index("metric")
     assert at.loc["time", "status"] == "noisy" and at.loc["gflops", "status"] == "noisy"
     assert (

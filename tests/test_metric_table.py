@@ -67,7 +67,7 @@ def test_a_metric_added_to_the_table_alone_reaches_the_export_the_frame_the_fits
     assert "scratch_pages" in (run / MEASUREMENTS).read_text().splitlines()[0].split(
         ","
     )  # the CSV export's column
-    frame = load_run(run)
+    frame = load_run(run).frame
     rows = frame[frame["metric"] == "scratch_pages"]
     assert len(rows) == 5 and set(rows["unit"]) == {"pages"} and set(rows["method"]) == {"counted"}
     assert rows.sort_values("seq_len")["value"].iloc[0] == pytest.approx(2 * 64 * 64 * 4 / 4096)
@@ -174,7 +174,7 @@ def test_the_run_queue_rows_are_facts_about_the_machine(tmp_path):
     run = write_run(tmp_path / "run", cases, MeasureConfig(), seconds=1.0, command=["t"])
     header = (run / MEASUREMENTS).read_text().splitlines()[0].split(",")
     assert {"waited_blocks", "runqueue_share", "extra_runqueue_max"} <= set(header)
-    frame = load_run(run)
+    frame = load_run(run).frame
     waited = frame[frame["metric"] == "waited_blocks"].set_index("seq_len")
     assert list(waited.index) == [64, 128, 256] and set(waited["status"]) == {
         "ok"

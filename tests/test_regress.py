@@ -718,7 +718,7 @@ def test_readme_command_works_in_a_fresh_clone(tmp_path):
     assert ".asv/regress/.asv/regress" not in text and "Traceback" not in text
     assert any((clone / ".asv" / "regress" / "results").rglob("*.json")), text
     assert f"results: {clone / '.asv' / 'regress' / 'results'}" in text
-    ran = load_asv(clone / ".asv" / "regress" / "results")
+    ran = load_asv(clone / ".asv" / "regress" / "results").frame
     assert set(ran["variant"]) == {"batched", "chunked"}, set(
         ran["variant"]
     )  # the grid variables were honoured

@@ -493,7 +493,7 @@ def test_two_runs_compare_peak_tensor_memory_too(tmp_path):
 
     from attnbench.analysis.frame import load
 
-    frame = load([a, b])
+    frame = load([a, b]).frame
     memory = frame["metric"] == "peak_tensor_bytes"
     frame.loc[
         memory & (frame["origin"].astype(str) == str(b)) & (frame["variant"] == "chunked"), "method"

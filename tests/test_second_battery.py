@@ -136,7 +136,7 @@ def test_resume_cuts_a_torn_last_line_instead_of_keeping_it_inside_the_log(tmp_p
         directory.add(MEASURED[2])
     log = read_log(run / LOG)
     assert log.notes == () and len(log.measurements) == 3
-    assert load_run(run).attrs["problems"] == []
+    assert load_run(run).problems == ()
 
 
 @pytest.mark.parametrize("file", [LOG, MANIFEST])
@@ -146,7 +146,7 @@ def test_a_run_written_in_another_format_is_refused_not_mixed(tmp_path, file):
     (run / file).write_text(
         text.replace(LOG_SCHEMA, "attnbench.log/2").replace(MANIFEST_SCHEMA, "attnbench.run/2")
     )
-    problems = load_run(run).attrs["problems"]
+    problems = load_run(run).problems
     assert any("format 'attnbench." in p and "/2'" in p for p in problems), problems
     if file == LOG:
         with (
@@ -154,17 +154,18 @@ def test_a_run_written_in_another_format_is_refused_not_mixed(tmp_path, file):
             RunDirectory(run, resume=True) as directory,
         ):
             directory.start(MeasureConfig(), [(m.variant, m.spec) for m in MEASURED])
-        assert len(load_run(run)) == 0
+        assert len(load_run(run).frame) == 0
 
 
 # ---- 10, 11: a source given twice, numbers no float holds -------------------------------------
 def test_the_same_run_given_twice_is_read_once(tmp_path):
     run = write_run(tmp_path / "run", MEASURED, MeasureConfig(), seconds=1.0, command=["test"])
     (tmp_path / "link").symlink_to(run)
-    once = load([run])
-    frame = load([run, f"{run}/", tmp_path / "link", os.path.relpath(run)])
+    once = load([run]).frame
+    frame_read = load([run, f"{run}/", tmp_path / "link", os.path.relpath(run)])
+    frame = frame_read.frame
     assert len(frame) == len(once) > 0
-    assert sum("given twice: read once" in n for n in frame.attrs["notes"]) == 3
+    assert sum("given twice: read once" in n for n in frame_read.notes) == 3
 
 
 @pytest.mark.parametrize(
@@ -178,8 +179,9 @@ def test_a_sample_no_float_holds_rejects_its_case_by_name(tmp_path, sample, why)
     first = json.dumps(item["measurement"]["samples"][0])
     lines[1] = lines[1].replace(f'"samples": [{first}', f'"samples": [{sample}', 1)
     (run / LOG).write_text("\n".join(lines) + "\n")
-    frame = load_run(run)
-    assert any("line 2" in p and why in p for p in frame.attrs["problems"]), frame.attrs["problems"]
+    frame_read = load_run(run)
+    frame = frame_read.frame
+    assert any("line 2" in p and why in p for p in frame_read.problems), frame_read.problems
     assert len(set(frame["seq_len"])) == len(MEASURED) - 1  # the others load
 
 

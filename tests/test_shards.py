@@ -69,10 +69,11 @@ def test_merged_shards_load_as_the_unsharded_run(tmp_path):
     from attnbench.analysis.frame import load_asv
 
     a, b, rel = _split(tmp_path)
-    assert len(load_asv(a)) < len(load_asv(FIXTURE))
+    assert len(load_asv(a).frame) < len(load_asv(FIXTURE).frame)
     assert main(["merge-results", str(a), str(b), "--out", str(tmp_path / "merged")]) == 0
-    merged, whole = load_asv(tmp_path / "merged"), load_asv(FIXTURE)
-    assert merged.attrs["problems"] == []
+    merged_read, whole = load_asv(tmp_path / "merged"), load_asv(FIXTURE).frame
+    merged = merged_read.frame
+    assert merged_read.problems == ()
     cols = [c for c in whole.columns if c != "origin"]
     key = ["benchmark", "variant", "seq_len", "mode", "metric"]
     assert (
@@ -109,7 +110,7 @@ def test_a_commit_merges_into_the_kept_history(tmp_path):
         path.rename(path.with_name("ffffffff-" + path.name.split("-", 1)[1]))
         path.with_name("ffffffff-" + path.name.split("-", 1)[1]).write_text(json.dumps(data))
     merge_results([a, b], history)
-    frame = load_asv(history)
+    frame = load_asv(history).frame
     assert set(frame["commit"]) == {"01792c89cdb4659fc9be099ba8cb348011d51657", "f" * 40}
     assert (frame["commit"] == "f" * 40).sum() == (frame["commit"] != "f" * 40).sum()
 

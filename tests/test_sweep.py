@@ -234,8 +234,8 @@ def test_kill_9_keeps_every_finished_case_and_resume_completes(tmp_path):
     rows = len((run / MEASUREMENTS).read_text().splitlines()) - 1
     assert rows in (len(kept), len(kept) - 1)  # the kill may land between the log line and the rows
     assert rows - 1 <= manifest["cases"] <= rows  # ... or between the rows and the manifest
-    frame = load_run(run)  # either way the run loads as what it is: incomplete, not corrupt
-    assert frame.attrs["problems"] == [] and any("incomplete" in n for n in frame.attrs["notes"])
+    read = load_run(run)  # either way the run loads as what it is: incomplete, not corrupt
+    assert read.problems == () and any("incomplete" in n for n in read.notes)
     proc = _cli("run", *GRID, "--out", str(run), "--resume", *CLI_FAST)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err

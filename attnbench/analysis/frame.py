@@ -3,14 +3,14 @@
 Every loader returns :data:`COLUMNS`, in that order: one row per case and metric (the README's
 "Reading the numbers" describes each column). Loading never stops at a bad input and never turns one
 into numbers: every file that cannot be used and every row that is rejected is named with the reason
-in ``frame.attrs["problems"]``, and the rest still loads. A run's manifest and its rows are
-cross-checked (``cases`` = rows written); a run stopped on purpose (``complete: false``) is listed
-in ``frame.attrs["notes"]`` as incomplete, not as corrupt. A row missing a required value (its
-case's identity, its status, an ok case's time) is rejected, never kept as an ok row holding 0 or
-NaN. asv results of another suite version (their benchmark ``version`` differs from
-``benchmarks.json``) are left out and counted by benchmark; every row of an asv case whose
-``error_ratio`` is above 1 becomes ``wrong``. ``frame.attrs["sources"]`` has one entry per source:
-its path, kind and rows loaded.
+in the ``problems`` of the :class:`~attnbench.analysis.tidy.Read` it returns, and the rest still
+loads. A run's manifest and its rows are cross-checked (``cases`` = rows written); a run stopped on
+purpose (``complete: false``) is listed in its ``notes`` as incomplete, not as corrupt. A row
+missing a required value (its case's identity, its status, an ok case's time) is rejected, never
+kept as an ok row holding 0 or NaN. asv results of another suite version (their benchmark
+``version`` differs from ``benchmarks.json``) are left out and counted by benchmark; every row of
+an asv case whose ``error_ratio`` is above 1 becomes ``wrong``. :func:`load`'s ``sources`` has one
+entry per source: its path, kind and rows loaded.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import pandas as pd
 
 from attnbench import contract
 from attnbench.analysis.rundir import load_run
-from attnbench.analysis.tidy import check_value, finish, spec_columns
+from attnbench.analysis.tidy import Read, check_value, finish, spec_columns
 from attnbench.contract import Method, Source, Status
 from attnbench.io import error_line
 from attnbench.spec import AttnSpec
@@ -91,10 +91,11 @@ def _asv_memory_method(variant: str, device: str) -> str:
     return Method.PROFILER
 
 
-def load_asv(results_dir: str | Path) -> pd.DataFrame:
+def load_asv(results_dir: str | Path) -> Read:
     """Every machine, commit and environment under an asv ``results`` directory, as one tidy frame.
 
-    Unreadable files, garbled parameters and stale results are named in ``attrs["problems"]``.
+    Unreadable files, garbled parameters and stale results are named in the returned
+    :class:`~attnbench.analysis.tidy.Read`'s ``problems``.
     """
     from asv import util
 
@@ -405,7 +406,7 @@ def _source_dir(src: str | Path) -> Path:
     return path
 
 
-def _load_one(path: Path) -> tuple[str, pd.DataFrame | None]:
+def _load_one(path: Path) -> tuple[str, Read | None]:
     """What ``path`` is (:func:`_kind`) and its frame (None: neither kind, or unreadable)."""
     try:
         kind = _kind(path)
@@ -416,11 +417,12 @@ def _load_one(path: Path) -> tuple[str, pd.DataFrame | None]:
         return f"cannot be read ({error_line(exc)})", None
 
 
-def load(sources: Iterable[str | Path]) -> pd.DataFrame:
+def load(sources: Iterable[str | Path]) -> Read:
     """Concatenate asv results directories and run directories (detected by their files).
 
-    ``attrs``: ``problems`` (every bad source, file and row, by name), ``notes`` (incomplete runs)
-    and ``sources`` (one ``{"path", "kind", "rows"}`` per source).
+    The :class:`~attnbench.analysis.tidy.Read` holds ``problems`` (every bad source, file and row,
+    by name), ``notes`` (incomplete runs) and ``sources`` (one ``{"path", "kind", "rows"}`` per
+    source).
     """
     frames = []
     problems: list[str] = []
@@ -439,20 +441,21 @@ def load(sources: Iterable[str | Path]) -> pd.DataFrame:
             notes.append(f"{src}: the same directory as {seen[same]}, given twice: read once")
             continue
         seen[same] = str(src)
-        kind, frame = _load_one(path)
-        if frame is None:
+        kind, read = _load_one(path)
+        if read is None:
             problems.append(f"{path}: {kind}")
             summary.append({"path": str(path), "kind": "unreadable", "rows": 0})
             continue
+        frame = read.frame
         frame["origin"] = str(path)
-        problems.extend(frame.attrs.get("problems", []))
-        notes.extend(frame.attrs.get("notes", []))
+        problems.extend(read.problems)
+        notes.extend(read.notes)
         summary.append({"path": str(path), "kind": kind, "rows": len(frame)})
-        if len(frame) == 0 and not frame.attrs.get("problems"):
+        if len(frame) == 0 and not read.problems:
             problems.append(f"{path}: no measurements in it")
         frames.append(frame)
     frames = [f for f in frames if len(f)]
-    out = pd.concat(frames, ignore_index=True) if frames else finish([], [])
+    out = pd.concat(frames, ignore_index=True) if frames else finish([], []).frame
     spikes = flag_spikes(out)
     notes += (
         [
@@ -463,10 +466,7 @@ def load(sources: Iterable[str | Path]) -> pd.DataFrame:
         if spikes
         else []
     )
-    out.attrs["problems"] = problems
-    out.attrs["notes"] = notes
-    out.attrs["sources"] = summary
-    return out
+    return Read(out, tuple(problems), tuple(notes), tuple(summary))
 
 
 SPIKE_FACTOR = 1.5

@@ -14,11 +14,9 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-import pandas as pd
-
 from attnbench import contract
 from attnbench.analysis.text import sig
-from attnbench.analysis.tidy import check_value, finish, spec_columns
+from attnbench.analysis.tidy import Read, check_value, finish, spec_columns
 from attnbench.contract import Method, Source, Status
 from attnbench.io import error_line
 from attnbench.measure.record import Measurement
@@ -255,7 +253,7 @@ def flag_above_roof(rows: list[dict], common: dict, where: str) -> list[str]:
     return out
 
 
-def load_run(run_dir: str | Path) -> pd.DataFrame:
+def load_run(run_dir: str | Path) -> Read:
     """An ``attnbench run`` directory as a tidy frame, read from its case log (``cases.jsonl``).
 
     ``manifest.json`` only adds its claims to check: the count of cases written, whether the sweep

@@ -86,13 +86,8 @@ class Loaded:
 def load_results(sources: Iterable[str | Path]) -> Loaded:
     """asv results and run directories as one tidy frame (never raises on bad input)."""
     sources = tuple(str(s) for s in sources)
-    frame = load(sources)
-    return Loaded(
-        frame=frame,
-        sources=sources,
-        problems=tuple(frame.attrs.get("problems", [])),
-        notes=tuple(frame.attrs.get("notes", [])),
-    )
+    read = load(sources)
+    return Loaded(frame=read.frame, sources=sources, problems=read.problems, notes=read.notes)
 
 
 # ---- step 2: analyse -------------------------------------------------------------------------

@@ -7,12 +7,13 @@ Every loader returns :data:`COLUMNS`, in that order: one row per case and metric
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import pandas as pd
 
 from attnbench.spec import AttnSpec
 
-__all__ = ["COLUMNS", "check_value", "empty_frame", "finish", "spec_columns"]
+__all__ = ["COLUMNS", "Read", "check_value", "empty_frame", "finish", "spec_columns"]
 
 COLUMNS = [
     "source",
@@ -58,7 +59,17 @@ def empty_frame() -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=object) for c in COLUMNS})
 
 
-def finish(rows: list[dict], problems: list[str], notes: list[str] | None = None) -> pd.DataFrame:
+@dataclass(frozen=True)
+class Read:
+    """What a loader read: the tidy frame, and what it could not use (never raised)."""
+
+    frame: pd.DataFrame  # COLUMNS, one row per case and metric
+    problems: tuple[str, ...] = ()  # every bad source, file and row, by name, with the reason
+    notes: tuple[str, ...] = ()  # facts worth knowing that are not faults (e.g. incomplete runs)
+    sources: tuple[dict, ...] = ()  # one {"path", "kind", "rows"} per source (load only)
+
+
+def finish(rows: list[dict], problems: list[str], notes: list[str] | None = None) -> Read:
     frame = pd.DataFrame(rows, columns=COLUMNS) if rows else empty_frame()
     for col in ("value", "spread", "ci_low", "ci_high", "threads", "peak_gflops", "peak_gbps"):
         frame[col] = pd.to_numeric(frame[col], errors="coerce")
@@ -66,9 +77,7 @@ def finish(rows: list[dict], problems: list[str], notes: list[str] | None = None
         frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("Int64")
     for col in ("date", "run_date"):
         frame[col] = pd.to_datetime(frame[col], utc=True, errors="coerce")
-    frame.attrs["problems"] = list(problems)
-    frame.attrs["notes"] = list(notes or [])
-    return frame
+    return Read(frame, tuple(problems), tuple(notes or ()))
 
 
 def check_value(metric: str, value: object) -> None:

@@ -141,7 +141,7 @@ def load_results(
     work: Path, machine: str, commits: list[str], log: Path
 ) -> tuple[pd.DataFrame, ...]:
     """``(frame, samples)`` of this gate run, for :func:`compare`; each commit must have some."""
-    frame = load_asv(work / "results")
+    frame = load_asv(work / "results").frame
     frame = frame[frame["machine"] == machine]
     missing = [c for c in commits if c not in set(frame["commit"])]
     if missing:
