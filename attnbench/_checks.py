@@ -11,6 +11,23 @@ import numbers
 
 import torch
 
+__all__ = [
+    "check_qkv",
+    "check_mask",
+    "check_int",
+    "check_positive_int",
+    "as_4d_mask",
+    "check_scale",
+    "check_finite",
+    "check_score_range",
+    "check_seed",
+    "check_number",
+    "check_bool",
+    "check_float_dtype",
+    "cuda_present",
+    "check_device_available",
+]
+
 
 def check_qkv(
     q: torch.Tensor,

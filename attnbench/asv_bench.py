@@ -41,6 +41,47 @@ from attnbench.registry import BUILTINS, default_variants, get_variant
 from attnbench.spec import AttnSpec
 from attnbench.variants.sdpa import hand_table_only
 
+__all__ = [
+    "REGIME",
+    "CUDA",
+    "BASE",
+    "LENGTHS",
+    "DEVICES",
+    "MODES",
+    "COUNT_BUDGET_S",
+    "PARAMS",
+    "DECODE_PARAMS",
+    "GQA_PARAMS",
+    "INSTRUCTION_PARAMS",
+    "params",
+    "spec_for",
+    "WrongResult",
+    "VerdictStatus",
+    "Verdict",
+    "use",
+    "judge",
+    "prepare_spec",
+    "grid_verdicts",
+    "GRID_SETUP_TIMEOUT",
+    "case",
+    "WaitWatch",
+    "TIMER",
+    "timed_case",
+    "timed_teardown",
+    "check",
+    "decode_case",
+    "gqa_case",
+    "decode_verdicts",
+    "gqa_verdicts",
+    "setup_accuracy",
+    "track",
+    "INSTRUCTION_SETUP_TIMEOUT",
+    "instruction_counts",
+    "instruction_case",
+    "tracked",
+    "matmul_gflops",
+]
+
 if "asv_runner" in sys.modules:
     # asv's forkserver imports this suite, then forks every benchmark process: a process forked
     # after torch.cuda.is_available() asked the CUDA runtime cannot use CUDA. With this set, torch

@@ -16,6 +16,8 @@ from attnbench import masks
 from attnbench.registry import get_variant
 from attnbench.variants.base import Variant
 
+__all__ = ["Heatmaps", "nadaraya_watson", "masked_weights"]
+
 
 @dataclass(frozen=True)
 class Heatmaps:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+__all__ = ["gate_lines", "growth_lines", "gate_cells"]
+
 GATE_WIDTH = 100
 """Columns of a line of regress's table (a terminal's, or a CI log's, without wrapping)."""
 

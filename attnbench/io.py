@@ -10,6 +10,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+__all__ = [
+    "atomic_write",
+    "check_path",
+    "check_output_file",
+    "check_writable_dir",
+    "atomic_write_text",
+    "read_json_cache",
+    "cache_dir",
+    "CacheNotWritten",
+    "write_json_cache",
+    "output_tail",
+    "error_line",
+    "append_line",
+]
+
 if TYPE_CHECKING:  # a type only: reading a finished process starts none
     import subprocess
 

@@ -28,6 +28,28 @@ import torch
 
 from attnbench._checks import check_int
 
+__all__ = [
+    "TileState",
+    "Predicate",
+    "Bounds",
+    "MaskMod",
+    "Piece",
+    "nonempty_tile_pairs",
+    "builtin_kind",
+    "causal",
+    "sliding_window",
+    "prefix_lm",
+    "document",
+    "valid_lengths",
+    "and_",
+    "or_",
+    "tile",
+    "shifted",
+    "dense",
+    "block_state",
+    "allowed_pairs",
+]
+
 
 class TileState(enum.StrEnum):
     """What a tile of the mask holds, for every batch entry and head (:func:`block_state`)."""

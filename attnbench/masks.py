@@ -22,6 +22,21 @@ import torch
 
 from attnbench import mask_mods as mm
 
+__all__ = [
+    "MASK_KINDS",
+    "causal",
+    "sliding_window",
+    "valid_lengths",
+    "combine",
+    "is_key_padding",
+    "default_valid_lens",
+    "default_document_lengths",
+    "default_prefix",
+    "mod_for_kind",
+    "for_kind",
+    "kind_of",
+]
+
 MASK_KINDS: tuple[str, ...] = (
     "none",
     "causal",

@@ -37,6 +37,8 @@ from attnbench.registry import get_variant
 from attnbench.spec import AttnSpec
 from attnbench.variants.base import Variant
 
+__all__ = ["profile_case"]
+
 
 @dataclass(frozen=True)
 class ProfileSummary:

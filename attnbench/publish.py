@@ -26,6 +26,17 @@ from pathlib import Path
 from attnbench.errors import AttnbenchError
 from attnbench.io import output_tail
 
+__all__ = [
+    "ASSETS",
+    "SHIM",
+    "PublishError",
+    "load_assets",
+    "verify_assets",
+    "external_references",
+    "localize",
+    "publish",
+]
+
 ASSETS = Path(__file__).parent / "publish_assets"
 """The vendored files, their licenses and ``manifest.json``."""
 

@@ -14,6 +14,16 @@ import torch
 from attnbench import mask_mods
 from attnbench._checks import check_float_dtype, check_mask, check_qkv, check_scale
 
+__all__ = [
+    "TILE_ELEMENTS",
+    "Q_TILE",
+    "repeat_kv",
+    "attend",
+    "kernel_attend",
+    "reference_attention",
+    "blockwise_reference_attention",
+]
+
 TILE_ELEMENTS = 2**20
 """Most (query, key) pairs per head in one tile of :func:`blockwise_reference_attention`.
 

@@ -42,6 +42,32 @@ from attnbench.measure.runner import MeasureConfig, default_lengths
 from attnbench.registry import default_variants, get_variant
 from attnbench.spec import AttnSpec
 
+__all__ = [
+    "DEFAULT_LENGTHS",
+    "DECODE_LENGTHS",
+    "MEASUREMENTS",
+    "MANIFEST",
+    "LOG",
+    "LOG_SCHEMA",
+    "MANIFEST_SCHEMA",
+    "device_only_defaults",
+    "grid",
+    "swept_length",
+    "COUNT_SHARE",
+    "COUNT_FLOOR_S",
+    "count_wait_s",
+    "counted_cases",
+    "new_run_dir",
+    "empty_grid_reason",
+    "case_key",
+    "read_log",
+    "count_from_json",
+    "RunDirError",
+    "RunWriteError",
+    "RunDirectory",
+    "write_run",
+]
+
 DEFAULT_LENGTHS: tuple[int, ...] = RUN_LENGTHS["prefill"]
 DECODE_LENGTHS: tuple[int, ...] = RUN_LENGTHS["decode"]
 """The decode workload's default key/value cache lengths Lk: 1K .. 128K (the guard skips what does

@@ -30,6 +30,17 @@ from attnbench import contract
 from attnbench.errors import UsageError
 from attnbench.io import atomic_write_text
 
+__all__ = [
+    "BENCHMARK_PREFIXES",
+    "ShardError",
+    "parse_shard",
+    "suite_benchmarks",
+    "shard",
+    "bench_pattern",
+    "shard_environment",
+    "merge_results",
+]
+
 BENCHMARK_PREFIXES = ("time_", "timeraw_", "mem_", "peakmem_", "track_")
 """The method names asv runs as benchmarks."""
 BENCH_ENV = "ATTNBENCH_ASV_BENCH"

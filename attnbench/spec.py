@@ -16,6 +16,8 @@ import torch
 from attnbench import mask_mods, masks
 from attnbench._checks import check_bool, check_device_available, check_positive_int, check_seed
 
+__all__ = ["DTYPES", "MODES", "MaskForm", "AttnSpec"]
+
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "float64": torch.float64,

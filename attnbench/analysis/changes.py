@@ -25,9 +25,7 @@ from attnbench.analysis import growth, text
 __all__ = [
     "CASE",
     "DEFAULT_WINDOW",
-    "EXACT",
     "FIGURE_CASE",
-    "MAIN_GRID_CLASSES",
     "METRICS",
     "STEP_COLUMNS",
     "TIMED",
@@ -36,10 +34,8 @@ __all__ = [
     "Direction",
     "History",
     "case_label",
-    "commits_text",
     "default_factors",
     "grid_of",
-    "ratio_text",
     "table",
 ]
 

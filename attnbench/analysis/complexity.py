@@ -33,6 +33,34 @@ from attnbench.contract import (
 from attnbench.registry import get_variant, variant_names
 from attnbench.spec import AttnSpec
 
+__all__ = [
+    "FLOOR_FACTOR",
+    "MIN_POINTS",
+    "MAX_CI_WIDTH",
+    "TOLERANCE",
+    "MODEL",
+    "GROUP",
+    "FitVerdict",
+    "VERDICTS",
+    "FIT_RULE",
+    "SPLIT_TRUSTED",
+    "constant_cost",
+    "fit_exponent",
+    "fit_deterministic",
+    "CostSplit",
+    "cost_split",
+    "verdict",
+    "excludes_declared",
+    "declared_exponent",
+    "swept",
+    "fit_table",
+    "tally",
+    "headline",
+    "crossovers",
+    "largest_length",
+    "memory_model",
+]
+
 FLOOR_FACTOR = 2.0
 MIN_POINTS = 4
 CLIP = 2.5  # residuals beyond this many robust standard deviations are clipped for the interval

@@ -34,6 +34,21 @@ from attnbench.analysis import text
 from attnbench.analysis.complexity import CostSplit, cost_split, fit_deterministic
 from attnbench.contract import DETERMINISTIC_POINTS, Basis, GateVerdict, Status
 
+__all__ = [
+    "GROWTH_METRICS",
+    "AT_LENGTH",
+    "NOISE",
+    "EXPONENT_THRESHOLD",
+    "exponent_text",
+    "fit_side",
+    "judge",
+    "growth_rows",
+    "EXPONENT_SUFFIX",
+    "exponent_metric",
+    "SERIES",
+    "exponent_series",
+]
+
 GROWTH_METRICS = ("instructions", "peak_tensor_bytes", "flops")
 """The exact metrics whose growth along L is judged (time is too noisy to extrapolate)."""
 AT_LENGTH: dict[str, int] = {"prefill": 131072, "decode": 131072}

@@ -22,6 +22,8 @@ import pandas as pd
 from attnbench.analysis.complexity import MODEL
 from attnbench.contract import Status
 
+__all__ = ["COLUMNS", "roofline"]
+
 CASE = [
     "source",
     "origin",

@@ -25,6 +25,8 @@ from scipy import stats
 
 from attnbench.contract import TIME_FACTOR, GateVerdict
 
+__all__ = ["CAP", "MIN_SAMPLES", "check_factor", "allowance", "smallest_p", "decide"]
+
 CAP = 1.3  # largest allowance, whatever BASE's noise: 1.5x stays well beyond it
 DETECT = 1.5  # the slowdown a pass must exclude: "ok" needs the ratio's interval below it
 ALPHA = 0.01  # one-sided significance level of the Mann-Whitney U test

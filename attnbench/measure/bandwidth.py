@@ -25,6 +25,18 @@ from attnbench.io import read_json_cache, write_json_cache
 from attnbench.measure.peak import cache_path
 from attnbench.measure.timer import TimerConfig, time_call
 
+__all__ = [
+    "CACHE_MULTIPLE",
+    "MIN_ARRAY_BYTES",
+    "WORDS",
+    "SCALAR",
+    "Bandwidth",
+    "last_level_cache_bytes",
+    "array_bytes",
+    "measure_bandwidth",
+    "bandwidth",
+]
+
 CACHE_MULTIPLE = 4  # arrays at least this many times the last-level cache
 MIN_ARRAY_BYTES = 256 * 2**20  # ... and never smaller than this
 WORD = 4  # float32

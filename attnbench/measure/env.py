@@ -13,6 +13,8 @@ import torch
 from attnbench.measure.record import Environment
 from attnbench.measure.regime import thp_setting
 
+__all__ = ["gpu_info", "environment"]
+
 
 @functools.lru_cache(maxsize=1)
 def cpu_model() -> str:

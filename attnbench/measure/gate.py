@@ -28,6 +28,22 @@ from attnbench.reference import TILE_ELEMENTS, blockwise_reference_attention
 from attnbench.spec import AttnSpec
 from attnbench.variants.base import Variant
 
+__all__ = [
+    "FACTOR",
+    "FLOORS",
+    "REFERENCE_BUFFERS",
+    "tolerance",
+    "passes",
+    "GateResult",
+    "slice_reference_bytes",
+    "slice_truth_bytes",
+    "checked_slices",
+    "Reference",
+    "check",
+    "fingerprint",
+    "changed_inputs",
+]
+
 FACTOR = 3.0
 """Allowed multiple of the plain same-precision implementation's error."""
 FLOORS: dict[torch.dtype, float] = {

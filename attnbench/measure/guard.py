@@ -24,6 +24,16 @@ import torch
 from attnbench.spec import AttnSpec
 from attnbench.variants.base import Variant
 
+__all__ = [
+    "free_bytes",
+    "case_bytes",
+    "predicted_bytes",
+    "predicted_seconds",
+    "extrapolated_seconds",
+    "reference_seconds",
+    "guard_reasons",
+]
+
 REFERENCE_EFFICIENCY = 0.1
 """Assumed share of the float32 matmul peak the float64 einsum reference reaches (time only)."""
 

@@ -37,6 +37,24 @@ from attnbench.errors import CouldNotMeasure
 from attnbench.measure.record import Measurement
 from attnbench.spec import AttnSpec
 
+__all__ = [
+    "valgrind_version",
+    "missing_message",
+    "CountConfig",
+    "Count",
+    "attach",
+    "CountError",
+    "predicted_seconds",
+    "countable",
+    "within_budget",
+    "CANCELLED",
+    "count_instructions",
+    "Beside",
+    "peak_for",
+    "TMP_PREFIX",
+    "remove_orphans",
+]
+
 if TYPE_CHECKING:
     from attnbench.measure.gate import GateResult
 

@@ -25,6 +25,8 @@ from attnbench.io import cache_dir, read_json_cache, write_json_cache
 from attnbench.measure.timer import TimerConfig, time_call, time_once
 from attnbench.spec import DTYPES
 
+__all__ = ["cache_path", "measure_matmul_peak", "STALE_S", "KEEP", "matmul_peak"]
+
 
 def cache_path() -> Path:
     """Where the matmul measurements are kept (``peak.json`` held single numbers: not read)."""

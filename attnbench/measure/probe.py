@@ -28,6 +28,16 @@ import torch
 
 from attnbench.measure import schedstat
 
+__all__ = [
+    "SLOWDOWN_LIMIT",
+    "probe_seconds",
+    "cpu_probe_seconds",
+    "gpu_probe_seconds",
+    "gpu_neighbours",
+    "is_bimodal",
+    "Disturbance",
+]
+
 PROBE_SIZE = 192  # the probe multiplies two (N, N) float32 matrices
 PROBE_CALLS = 4  # matmuls per probe sample (about 1 ms on one core)
 PROBE_SAMPLES = 5  # samples per probe; their median is the probe's time

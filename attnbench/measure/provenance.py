@@ -14,6 +14,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from attnbench.measure.memory import quiet_stderr
 
+__all__ = ["backends_in", "sdpa_backends"]
+
 # (substring of an operator or CUDA kernel name, backend label); the first match wins.
 SIGNATURES: tuple[tuple[str, str], ...] = (
     ("_scaled_dot_product_flash_attention_for_cpu", "flash"),

@@ -15,6 +15,8 @@ from typing import Any
 from attnbench.contract import METRICS, WORKLOADS, Status, metric_value
 from attnbench.spec import AttnSpec
 
+__all__ = ["STATUSES", "Environment", "Measurement"]
+
 STATUSES = tuple(s for s in Status if s not in (Status.FAILED, Status.ABOVE_ROOF))
 """The statuses a measurement can have: every :class:`attnbench.contract.Status` but ``failed``,
 which only asv rows hold (a run records why its case did not finish)."""

@@ -22,6 +22,18 @@ from dataclasses import dataclass
 
 import torch
 
+__all__ = [
+    "PINNED_BYTES",
+    "DEFAULT_THREADS",
+    "Regime",
+    "allocator_pinned",
+    "apply",
+    "current",
+    "child_env",
+    "thp_setting",
+    "describe",
+]
+
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
 M_MMAP_THRESHOLD = -3
 PINNED_BYTES = 128 * 1024

@@ -50,6 +50,22 @@ from attnbench.registry import get_variant
 from attnbench.spec import AttnSpec
 from attnbench.variants.base import Variant, dense_mask
 
+__all__ = [
+    "MeasureConfig",
+    "make_call",
+    "check_plan",
+    "run_gate",
+    "GatedCall",
+    "peak_tensor_bytes",
+    "measure",
+    "rng_devices",
+    "BASELINE_PROBES",
+    "baseline_probes",
+    "typical_speed",
+    "timed_attempts",
+    "default_lengths",
+]
+
 INSTRUCTION_MODES = ("off", "default", "all")
 """Which cases ``attnbench run`` counts instructions for (:func:`attnbench.runs.counted_cases`)."""
 

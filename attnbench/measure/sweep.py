@@ -28,6 +28,8 @@ from attnbench.measure.worker import CAP_ALLOWANCE_BYTES, CaseJob, WorkerPool
 from attnbench.registry import get_variant
 from attnbench.spec import AttnSpec
 
+__all__ = ["sweep"]
+
 ProgressCallback = Callable[[int, int, str, AttnSpec], None]
 ResultCallback = Callable[[int, Measurement], None]
 

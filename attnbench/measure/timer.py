@@ -26,6 +26,17 @@ import torch
 from attnbench._checks import check_bool, check_int, check_number
 from attnbench.measure import schedstat
 
+__all__ = [
+    "TimerConfig",
+    "time_once",
+    "cache_flusher",
+    "Blocks",
+    "time_blocks",
+    "measured_calls",
+    "time_call",
+    "cuda_graph_seconds",
+]
+
 
 @dataclass(frozen=True)
 class TimerConfig:

@@ -42,6 +42,8 @@ from attnbench.measure.runner import MeasureConfig, measure
 from attnbench.plugins import load_plugins
 from attnbench.spec import AttnSpec
 
+__all__ = ["PRELOAD", "CAP_ALLOWANCE_BYTES", "CaseJob", "cgroup_oom_kills", "WorkerPool"]
+
 PRELOAD = [
     "torch",
     "torch.profiler",

@@ -21,6 +21,8 @@ import torch.nn.functional as F
 
 from attnbench.mask_mods import MaskMod
 
+__all__ = ["gathered_block_attention"]
+
 Predicate = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 

@@ -27,6 +27,8 @@ from attnbench.variants._blockwise import gathered_block_attention
 from attnbench.variants._ops import masked_softmax_, zero_empty_rows
 from attnbench.variants.base import GqaMode, Variant, dense_mask
 
+__all__ = ["block_pattern", "BlockSparseAttention"]
+
 MAX_PATTERN_BLOCKS = 2**14
 """Most blocks per side of the ``(Nb, Nb)`` pattern this variant builds (256 MiB of bools, seconds
 to draw): longer sequences are declared unsupported (L <= 16384 x block: 1,048,576 at the default

@@ -27,6 +27,8 @@ from attnbench.reference import repeat_kv
 from attnbench.spec import MaskForm
 from attnbench.variants.base import GqaMode, Variant
 
+__all__ = ["default_chunks", "ChunkedAttention"]
+
 _LOG2_E = math.log2(math.e)
 
 

@@ -19,6 +19,8 @@ from attnbench import mask_mods, masks
 from attnbench._checks import check_bool
 from attnbench.variants.base import GqaMode, Variant, declared_attributes
 
+__all__ = ["CompiledVariant", "flex_cpu_kernel_fault", "FlexAttention"]
+
 _HALF_AND_FLOAT = frozenset({"float32", "bfloat16", "float16"})
 
 

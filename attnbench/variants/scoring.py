@@ -32,6 +32,8 @@ from attnbench.variants.base import (
     dense_mask,
 )
 
+__all__ = ["ScoringAttention"]
+
 SCORES = ("dot", "scaled_dot", "bilinear", "additive")
 
 

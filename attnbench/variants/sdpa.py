@@ -31,6 +31,8 @@ from attnbench.mask_mods import MaskMod
 from attnbench.spec import MaskForm
 from attnbench.variants.base import GqaMode, Variant
 
+__all__ = ["hand_table_only", "kernel_tiles", "SDPA"]
+
 BACKENDS: dict[str, SDPBackend | None] = {
     "auto": None,
     "math": SDPBackend.MATH,
