@@ -19,7 +19,14 @@ from attnbench.errors import UsageError
 from attnbench.registry import variant_names
 from attnbench.spec import MODES
 
-__all__ = ["THREADS", "read_list", "read_number", "read_budget", "problems"]
+__all__ = [
+    "EnvironmentVariableError",
+    "THREADS",
+    "read_list",
+    "read_number",
+    "read_budget",
+    "problems",
+]
 
 THREADS = "ATTNBENCH_THREADS"
 """Torch threads of asv's benchmark processes (default: the regime's)."""
