@@ -24,7 +24,7 @@ DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
-DEVICES: tuple[str, ...] = ("cpu", "cuda")
+_DEVICES: tuple[str, ...] = ("cpu", "cuda")
 MODES: tuple[str, ...] = ("forward", "backward")
 """``backward`` means one forward and one backward pass (a training step's attention work)."""
 

@@ -30,16 +30,16 @@ from attnbench.spec import AttnSpec
 
 __all__ = ["sweep"]
 
-ProgressCallback = Callable[[int, int, str, AttnSpec], None]
-ResultCallback = Callable[[int, Measurement], None]
+_ProgressCallback = Callable[[int, int, str, AttnSpec], None]
+_ResultCallback = Callable[[int, Measurement], None]
 
 
 def sweep(
     cases: Iterable[tuple[str, AttnSpec]],
     config: MeasureConfig | None = None,
     *,
-    progress: ProgressCallback | None = None,
-    on_result: ResultCallback | None = None,
+    progress: _ProgressCallback | None = None,
+    on_result: _ResultCallback | None = None,
     should_stop: Callable[[], bool] | None = None,
     isolate: bool = False,
     workers: WorkerPool | None = None,

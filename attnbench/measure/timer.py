@@ -88,7 +88,7 @@ def _block_seconds(fn: Callable[[], object], number: int, device: torch.device) 
     return time.perf_counter() - t0
 
 
-FLUSH_BYTES = 256 * 2**20  # larger than any CPU L3 or GPU L2 in sight
+_FLUSH_BYTES = 256 * 2**20  # larger than any CPU L3 or GPU L2 in sight
 
 
 def cache_flusher(device: torch.device) -> Callable[[], None]:
@@ -97,7 +97,7 @@ def cache_flusher(device: torch.device) -> Callable[[], None]:
     The buffer is allocated once per timing: a fresh one per sample cost 65,536 page faults (4 KiB
     pages, 256 MiB), far more than a short call takes.
     """
-    buffer = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
+    buffer = torch.empty(_FLUSH_BYTES, dtype=torch.uint8, device=device)
 
     def flush() -> None:
         buffer.fill_(1)
