@@ -34,6 +34,7 @@ from attnbench import contract, environ
 from attnbench._checks import cuda_present
 from attnbench.io import append_line
 from attnbench.measure import gate, guard, memory, probe, regime, runner, schedstat
+from attnbench.measure.config import MeasureConfig
 from attnbench.measure.peak import matmul_peak, measure_matmul_peak
 from attnbench.measure.timer import TimerConfig, time_call
 from attnbench.plugins import load_plugins
@@ -186,7 +187,7 @@ def spec_for(variant: str, seq_len: int, device: str, mode: str, mask: str = "no
     return contract.asv_case(contract.TIME_BENCHMARK, case, BASE)[0]
 
 
-_GATE_CONFIG = runner.MeasureConfig()
+_GATE_CONFIG = MeasureConfig()
 """The correctness gate's policy in asv (reference budget, seed): the runner's defaults."""
 
 

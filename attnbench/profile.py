@@ -29,9 +29,10 @@ from torch.profiler import ProfilerActivity, profile
 
 from attnbench.io import atomic_write, atomic_write_text
 from attnbench.measure import guard, regime
+from attnbench.measure.config import MeasureConfig
 from attnbench.measure.memory import live_bytes, peak_from_timeline, quiet_stderr
 from attnbench.measure.peak import matmul_peak
-from attnbench.measure.runner import MeasureConfig, make_call
+from attnbench.measure.runner import make_call
 from attnbench.measure.timer import time_once
 from attnbench.registry import get_variant
 from attnbench.spec import AttnSpec

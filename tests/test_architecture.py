@@ -16,6 +16,7 @@ ROOMS: tuple[tuple[str, ...], ...] = (
         "errors",
         "io",
         "plugins",
+        "mask_sums",
         "mask_mods",
         "measure.timer",
         "measure.probe",
@@ -33,6 +34,7 @@ ROOMS: tuple[tuple[str, ...], ...] = (
     ("layer", "demos"),
     (
         "measure.record",
+        "measure.config",
         "measure.gate",
         "measure.guard",
         "measure.peak",

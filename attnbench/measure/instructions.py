@@ -857,12 +857,13 @@ def _checked_call(
     The gate checks that call on :data:`_GATE_SLICES` slices; its result is None when not checked.
     """
     from attnbench.measure import gate, runner
+    from attnbench.measure.config import MeasureConfig
     from attnbench.registry import get_variant
 
     variant = get_variant(name)
     # the gate on GATE_SLICES slices: a reference budget of that many slices (checked_slices samples
     # them)
-    measure_config = runner.MeasureConfig(
+    measure_config = MeasureConfig(
         seed=config.seed,
         check_accuracy=config.check_accuracy,
         reference_budget_bytes=_GATE_SLICES * gate.slice_reference_bytes(variant, spec),

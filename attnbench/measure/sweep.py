@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 import torch
 
 from attnbench.measure import guard, regime
+from attnbench.measure.config import MeasureConfig
 from attnbench.measure.env import environment
 from attnbench.measure.peak import matmul_peak
 from attnbench.measure.record import Environment, Measurement
-from attnbench.measure.runner import MeasureConfig, baseline_probes, measure, typical_speed
+from attnbench.measure.runner import baseline_probes, measure, typical_speed
 from attnbench.measure.worker import CAP_ALLOWANCE_BYTES, CaseJob, WorkerPool
 from attnbench.registry import get_variant
 from attnbench.spec import AttnSpec

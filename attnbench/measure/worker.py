@@ -37,8 +37,9 @@ import torch
 from attnbench.contract import Status
 from attnbench.io import error_line
 from attnbench.measure import regime
+from attnbench.measure.config import MeasureConfig
 from attnbench.measure.record import Environment, Measurement
-from attnbench.measure.runner import MeasureConfig, measure
+from attnbench.measure.runner import measure
 from attnbench.plugins import load_plugins
 from attnbench.spec import AttnSpec
 
