@@ -11,6 +11,23 @@ import numbers
 
 import torch
 
+__all__ = [
+    "check_qkv",
+    "check_mask",
+    "check_int",
+    "check_positive_int",
+    "as_4d_mask",
+    "check_scale",
+    "check_finite",
+    "check_score_range",
+    "check_seed",
+    "check_number",
+    "check_bool",
+    "check_float_dtype",
+    "cuda_present",
+    "check_device_available",
+]
+
 
 def check_qkv(
     q: torch.Tensor,
@@ -125,7 +142,7 @@ def check_scale(scale: object) -> float | None:
     return value
 
 
-def stream_capturing() -> bool:
+def _stream_capturing() -> bool:
     """Whether the current CUDA stream is capturing a graph: no value may be read on the host then.
 
     Reading a value (``bool``, ``float``, ``.item()``) synchronises, which a capturing stream
@@ -141,10 +158,10 @@ def check_finite(**tensors: torch.Tensor) -> None:
     The variants' rule for non-finite inputs: they are rejected here, in validation (outside any
     timed region), so no variant ever has to decide what NaN in a masked-out key means; the
     float64 reference, which accepts them, propagates NaN from unmasked positions only. Skipped
-    while a CUDA graph is captured (:func:`stream_capturing`): the warm-up calls that capture
+    while a CUDA graph is captured (:func:`_stream_capturing`): the warm-up calls that capture
     requires checked these same tensors.
     """
-    if stream_capturing():
+    if _stream_capturing():
         return
     for name, t in tensors.items():
         if not bool(torch.isfinite(t).all()):
@@ -152,7 +169,7 @@ def check_finite(**tensors: torch.Tensor) -> None:
             raise ValueError(f"{name} must be finite: it holds {bad} NaN/inf value(s)")
 
 
-LOG2_E = math.log2(math.e)
+_LOG2_E = math.log2(math.e)
 """Base-2 kernels (``exp2``) fold this into the scale: their scores are this much larger."""
 
 
@@ -167,11 +184,11 @@ def check_score_range(q: torch.Tensor, k: torch.Tensor, scale: float) -> None:
     scores finite but made the scaled queries inf), so the bound is the largest of those, times
     log2(e).
     """
-    if stream_capturing():  # checked in the warm-up calls before capture (see check_finite)
+    if _stream_capturing():  # checked in the warm-up calls before capture (see check_finite)
         return
     limit = torch.finfo(q.dtype).max
     q_max, k_max = float(q.detach().abs().amax()), float(k.detach().abs().amax())
-    bound = scale * LOG2_E * max(q.shape[-1] * q_max * k_max, q_max, k_max)
+    bound = scale * _LOG2_E * max(q.shape[-1] * q_max * k_max, q_max, k_max)
     if not bound < limit:
         raise ValueError(
             f"scale={scale:g} with these q and k could overflow {q.dtype} scores "

@@ -34,12 +34,54 @@ from attnbench import contract, environ
 from attnbench._checks import cuda_present
 from attnbench.io import append_line
 from attnbench.measure import gate, guard, memory, probe, regime, runner, schedstat
+from attnbench.measure.config import MeasureConfig
 from attnbench.measure.peak import matmul_peak, measure_matmul_peak
 from attnbench.measure.timer import TimerConfig, time_call
 from attnbench.plugins import load_plugins
 from attnbench.registry import BUILTINS, default_variants, get_variant
 from attnbench.spec import AttnSpec
 from attnbench.variants.sdpa import hand_table_only
+
+__all__ = [
+    "REGIME",
+    "CUDA",
+    "BASE",
+    "LENGTHS",
+    "DEVICES",
+    "MODES",
+    "COUNT_BUDGET_S",
+    "PARAMS",
+    "DECODE_PARAMS",
+    "GQA_PARAMS",
+    "INSTRUCTION_PARAMS",
+    "params",
+    "spec_for",
+    "WrongResult",
+    "VerdictStatus",
+    "Verdict",
+    "use",
+    "judge",
+    "prepare_spec",
+    "grid_verdicts",
+    "GRID_SETUP_TIMEOUT",
+    "case",
+    "WaitWatch",
+    "TIMER",
+    "timed_case",
+    "timed_teardown",
+    "check",
+    "decode_case",
+    "gqa_case",
+    "decode_verdicts",
+    "gqa_verdicts",
+    "setup_accuracy",
+    "track",
+    "INSTRUCTION_SETUP_TIMEOUT",
+    "instruction_counts",
+    "instruction_case",
+    "tracked",
+    "matmul_gflops",
+]
 
 if "asv_runner" in sys.modules:
     # asv's forkserver imports this suite, then forks every benchmark process: a process forked
@@ -63,14 +105,14 @@ BASE = contract.BASE_SPEC.replace(batch=int(environ.read_number(contract.ENV_BAT
 fault is the identity at B=1); results taken with it are not labelled with it, so leave it unset
 for results you keep."""
 # ValueError for an unknown ATTNBENCH_ASV_GRID: the suite does not import
-TIER, GRID = contract.asv_tier()
-DECODE_GRID, GQA_GRID = contract.GRIDS["asv-decode"], contract.GRIDS["asv-gqa"]
-LENGTHS = environ.read_list(contract.ENV_LENGTHS, list(GRID.lengths))
+_TIER, _GRID = contract.asv_tier()
+_DECODE_GRID, _GQA_GRID = contract.GRIDS["asv-decode"], contract.GRIDS["asv-gqa"]
+LENGTHS = environ.read_list(contract.ENV_LENGTHS, list(_GRID.lengths))
 DEVICES = environ.read_list(
-    contract.ENV_DEVICES, list(GRID.devices or (["cpu", "cuda"] if CUDA else ["cpu"]))
+    contract.ENV_DEVICES, list(_GRID.devices or (["cpu", "cuda"] if CUDA else ["cpu"]))
 )
-MODES = environ.read_list(contract.ENV_MODES, list(GRID.modes))
-MASKS = environ.read_list(contract.ENV_MASKS, list(GRID.masks))
+MODES = environ.read_list(contract.ENV_MODES, list(_GRID.modes))
+_MASKS = environ.read_list(contract.ENV_MASKS, list(_GRID.masks))
 """Mask kinds of the grid: none and causal, the one models run (the CI subset keeps ``none``)."""
 
 
@@ -96,28 +138,30 @@ def _tier_variants(grid: contract.Grid) -> list[str]:
     return [*grid.variants, *(n for n in runs if n not in builtin and n not in grid.variants)]
 
 
-VARIANTS = environ.read_list(contract.ENV_VARIANTS, _tier_variants(GRID))
-MAX_CALL_SECONDS = environ.read_number(contract.ENV_MAX_CALL_S, contract.ASV_MAX_CALL_SECONDS)
+_VARIANTS = environ.read_list(contract.ENV_VARIANTS, _tier_variants(_GRID))
+_MAX_CALL_SECONDS = environ.read_number(contract.ENV_MAX_CALL_S, contract.ASV_MAX_CALL_SECONDS)
 """Predicted seconds per call above which a case is n/a (keeps `asv run` within its budget)."""
-COUNT_BUDGET_S: float | None = environ.read_budget(contract.ENV_COUNT_BUDGET_S, GRID.count_budget_s)
+COUNT_BUDGET_S: float | None = environ.read_budget(
+    contract.ENV_COUNT_BUDGET_S, _GRID.count_budget_s
+)
 """Predicted valgrind seconds the ``Instructions`` class may spend (cheapest first; None: all)."""
 
 PARAMS: dict[str, list] = {
-    "variant": VARIANTS,
+    "variant": _VARIANTS,
     "seq_len": LENGTHS,
     "device": DEVICES,
     "mode": MODES,
-    "mask": MASKS,
+    "mask": _MASKS,
 }
 DECODE_PARAMS: dict[str, list] = {
-    "variant": environ.read_list(contract.ENV_VARIANTS, list(DECODE_GRID.variants or ())),
-    "seq_len_k": environ.read_list(contract.ENV_DECODE_LENGTHS, list(DECODE_GRID.lengths)),
+    "variant": environ.read_list(contract.ENV_VARIANTS, list(_DECODE_GRID.variants or ())),
+    "seq_len_k": environ.read_list(contract.ENV_DECODE_LENGTHS, list(_DECODE_GRID.lengths)),
     "device": DEVICES,
 }
 """The ``Decode`` class's grid: variant x cache length Lk x device (one query, forward)."""
 GQA_PARAMS: dict[str, list] = {
-    "variant": environ.read_list(contract.ENV_VARIANTS, list(GQA_GRID.variants or ())),
-    "seq_len": environ.read_list(contract.ENV_LENGTHS, list(GQA_GRID.lengths)),
+    "variant": environ.read_list(contract.ENV_VARIANTS, list(_GQA_GRID.variants or ())),
+    "seq_len": environ.read_list(contract.ENV_LENGTHS, list(_GQA_GRID.lengths)),
     "device": DEVICES,
 }
 """The ``GroupedQuery`` class's grid: variant x L x device (H/4 key/value heads, forward)."""
@@ -143,7 +187,7 @@ def spec_for(variant: str, seq_len: int, device: str, mode: str, mask: str = "no
     return contract.asv_case(contract.TIME_BENCHMARK, case, BASE)[0]
 
 
-GATE_CONFIG = runner.MeasureConfig()
+_GATE_CONFIG = MeasureConfig()
 """The correctness gate's policy in asv (reference budget, seed): the runner's defaults."""
 
 
@@ -173,7 +217,7 @@ class Verdict:
     # the gate on the closure's first and later results (the worst)
     checked: gate.GateResult | None = None
     note: str = ""  # why the case is not checked ("" when it is)
-    # metrics measured once with the case set up (:data:`ONCE`)
+    # metrics measured once with the case set up (:data:`_ONCE`)
     values: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
@@ -181,7 +225,7 @@ class Verdict:
 
 
 @dataclass(frozen=True)
-class Prepared:
+class _Prepared:
     """One parameter set, ready to time: the closure, its case, the gate on its first call."""
 
     variant: str  # registry name
@@ -204,9 +248,9 @@ def use(verdicts: dict | None) -> None:
         _VERDICTS.update(verdicts)
 
 
-def prepare(
+def _prepare(
     variant: str, seq_len: int, device: str, mode: str = "forward", mask: str = "none"
-) -> Prepared:
+) -> _Prepared:
     """Guard, inputs, the first (warm-up) call of the timed closure and the gate on its result.
 
     Raises:
@@ -220,10 +264,10 @@ def _na_reasons(variant: str, spec: AttnSpec) -> list[str]:
     impl = get_variant(variant)
     reasons = impl.not_supported_reasons(spec)
     if not reasons:
-        plan = runner.check_plan(impl, spec, GATE_CONFIG)
+        plan = runner.check_plan(impl, spec, _GATE_CONFIG)
         seconds = guard.predicted_seconds(impl, spec, matmul_peak(spec.device, "float32"))
-        if seconds > MAX_CALL_SECONDS:
-            reasons.append(f"predicted {seconds:.2f} s per call > {MAX_CALL_SECONDS:g} s")
+        if seconds > _MAX_CALL_SECONDS:
+            reasons.append(f"predicted {seconds:.2f} s per call > {_MAX_CALL_SECONDS:g} s")
         need = guard.predicted_bytes(impl, spec, plan.reference_bytes)
         if need > 0.5 * guard.free_bytes(spec.device):
             reasons.append(f"predicted {need / 2**20:,.0f} MiB exceeds half the free memory")
@@ -233,12 +277,12 @@ def _na_reasons(variant: str, spec: AttnSpec) -> list[str]:
 def _build(variant: str, spec: AttnSpec) -> Callable[[], object]:
     """The timed closure of a case already judged, after its first (warm-up, compiling) call."""
     impl = get_variant(variant)
-    call, _, _ = runner.make_call(impl, spec, seed=GATE_CONFIG.seed)
+    call, _, _ = runner.make_call(impl, spec, seed=_GATE_CONFIG.seed)
     impl.warm_up(call)  # outside asv's timed calls
     return call
 
 
-def judge(variant: str, spec: AttnSpec) -> Prepared:
+def judge(variant: str, spec: AttnSpec) -> _Prepared:
     """Set a case up and put it through the gate (:class:`attnbench.measure.runner.GatedCall`).
 
     Guard, inputs, the warm-up call, then the gate on its result and on later calls' (state kept
@@ -251,18 +295,18 @@ def judge(variant: str, spec: AttnSpec) -> Prepared:
     if reasons:
         raise NotImplementedError("; ".join(reasons))
     impl = get_variant(variant)
-    plan = runner.check_plan(impl, spec, GATE_CONFIG)
+    plan = runner.check_plan(impl, spec, _GATE_CONFIG)
     # the first call compiles outside asv's timed calls
-    gated = runner.GatedCall(impl, spec, plan, GATE_CONFIG.seed)
+    gated = runner.GatedCall(impl, spec, plan, _GATE_CONFIG.seed)
     checked = gated.first
     # later calls show state kept between calls, or an intermittent fault
     if checked is not None and checked.passed:
         later, _ = gated.check_later()
         checked = checked if later.passed else later
-    return Prepared(variant=variant, call=gated.call, spec=spec, checked=checked, note=plan.note)
+    return _Prepared(variant=variant, call=gated.call, spec=spec, checked=checked, note=plan.note)
 
 
-def _verdict_of(prepared: Prepared) -> Verdict:
+def _verdict_of(prepared: _Prepared) -> Verdict:
     checked = prepared.checked
     if checked is not None and not checked.passed:
         return Verdict(
@@ -274,7 +318,7 @@ def _verdict_of(prepared: Prepared) -> Verdict:
     return Verdict(VerdictStatus.OK, "", checked, prepared.note)
 
 
-def verdict(variant: str, spec: AttnSpec) -> Verdict:
+def _verdict(variant: str, spec: AttnSpec) -> Verdict:
     """The case's verdict: from asv's ``setup_cache``, else judged here (once per process)."""
     known = _VERDICTS.get((variant, spec))
     if known is not None:
@@ -286,8 +330,8 @@ def verdict(variant: str, spec: AttnSpec) -> Verdict:
 
 
 @functools.lru_cache(maxsize=8)
-def prepare_spec(variant: str, spec: AttnSpec) -> Prepared:
-    """:func:`prepare` for any case, once per process: asv calls ``setup`` before every sample.
+def prepare_spec(variant: str, spec: AttnSpec) -> _Prepared:
+    """:func:`_prepare` for any case, once per process: asv calls ``setup`` before every sample.
 
     The decode and GQA classes name their case through ``contract.asv_case``. Every call after the
     first is free.
@@ -304,7 +348,7 @@ def prepare_spec(variant: str, spec: AttnSpec) -> Prepared:
         return judge(variant, spec)
     _raise_unless_runs(known, gated=False)
     call = _build(variant, spec)
-    return Prepared(variant=variant, call=call, spec=spec, checked=known.checked, note=known.note)
+    return _Prepared(variant=variant, call=call, spec=spec, checked=known.checked, note=known.note)
 
 
 def _raise_unless_runs(known: Verdict, gated: bool = True) -> None:
@@ -334,11 +378,11 @@ def grid_verdicts(
 
     Args:
         table: the class's parameter table (default :data:`PARAMS`); its first key is the variant.
-        spec_of: the rest of a parameter set -> its case (default :func:`spec_for_params`).
-        measure: metrics of :data:`ONCE` the family records, measured here on the case just judged.
+        spec_of: the rest of a parameter set -> its case (default :func:`_spec_for_params`).
+        measure: metrics of :data:`_ONCE` the family records, measured here on the case just judged.
     """
     table = PARAMS if table is None else table
-    spec_of = spec_for_params if spec_of is None else spec_of
+    spec_of = _spec_for_params if spec_of is None else spec_of
     combos = list(itertools.product(*table.values()))
     verdicts: dict[tuple[str, AttnSpec], Verdict] = {}
     start = time.perf_counter()
@@ -354,7 +398,7 @@ def grid_verdicts(
             found = _verdict_of(prepared)
             if found.status == VerdictStatus.OK:
                 found = dataclasses.replace(
-                    found, values=tuple((m, ONCE[m](prepared)) for m in measure)
+                    found, values=tuple((m, _ONCE[m](prepared)) for m in measure)
                 )
             del prepared
         except NotImplementedError as exc:
@@ -381,7 +425,7 @@ GRID_SETUP_TIMEOUT = 600
 """Seconds of silence asv allows a verdicts ``setup_cache`` (each printed line restarts it)."""
 
 
-def spec_for_params(seq_len: int, device: str, mode: str, mask: str = "none") -> AttnSpec:
+def _spec_for_params(seq_len: int, device: str, mode: str, mask: str = "none") -> AttnSpec:
     """The main grid's case of a parameter set without its variant (the case does not need it)."""
     return spec_for("", seq_len, device, mode, mask)
 
@@ -392,7 +436,7 @@ def case(
     """The prepared call for one parameter set, gated.
 
     Raises:
-        NotImplementedError: n/a (see :func:`prepare`).
+        NotImplementedError: n/a (see :func:`_prepare`).
         WrongResult: the closure's result failed the correctness gate (asv: failed, never a time).
     """
     prepared = _main_grid(variant, seq_len, device, mode, mask)
@@ -491,7 +535,7 @@ def timed_teardown() -> None:
         append_line(path, json.dumps({**line, "sample_s": wall, "runqueue_share": share}))
 
 
-def _main_grid(variant: str, seq_len: int, device: str, mode: str, mask: str = "none") -> Prepared:
+def _main_grid(variant: str, seq_len: int, device: str, mode: str, mask: str = "none") -> _Prepared:
     return _gated_prepared(variant, spec_for(variant, seq_len, device, mode, mask))
 
 
@@ -500,9 +544,9 @@ def _gated(variant: str, spec: AttnSpec) -> tuple[Callable[[], object], AttnSpec
     return prepared.call, prepared.spec
 
 
-def _gated_prepared(variant: str, spec: AttnSpec) -> Prepared:
+def _gated_prepared(variant: str, spec: AttnSpec) -> _Prepared:
     # n/a, wrong or failed: raised before anything is built
-    _raise_unless_runs(verdict(variant, spec))
+    _raise_unless_runs(_verdict(variant, spec))
     return prepare_spec(variant, spec)
 
 
@@ -516,7 +560,7 @@ def check(
         WrongResult: the case failed the correctness gate.
         RuntimeError: its setup failed.
     """
-    _raise_unless_runs(verdict(variant, spec_for(variant, seq_len, device, mode, mask)))
+    _raise_unless_runs(_verdict(variant, spec_for(variant, seq_len, device, mode, mask)))
 
 
 def decode_case(variant: str, seq_len_k: int, device: str) -> tuple[Callable[[], object], AttnSpec]:
@@ -556,14 +600,14 @@ def setup_accuracy(variant: str, seq_len: int, device: str, mode: str, mask: str
 
     A wrong result does not raise here: the accuracy benchmarks report how wrong it is.
     """
-    found = verdict(variant, spec_for(variant, seq_len, device, mode, mask))
+    found = _verdict(variant, spec_for(variant, seq_len, device, mode, mask))
     _raise_unless_runs(found, gated=False)
     if found.checked is None:
         raise NotImplementedError(found.note or "accuracy not checked")
 
 
 # ---- the table's tracked metrics: one generated ``track_`` method per (class, metric) ------------
-CASES: dict[str, Callable[..., tuple[str, AttnSpec]]] = {
+_CASES: dict[str, Callable[..., tuple[str, AttnSpec]]] = {
     "AttentionMetrics": lambda v, *p: (v, spec_for(v, *p)),
     "AttentionCuda": lambda v, *p: (v, spec_for(v, *p)),
     "AttentionAccuracy": lambda v, *p: (v, spec_for(v, *p)),
@@ -571,26 +615,26 @@ CASES: dict[str, Callable[..., tuple[str, AttnSpec]]] = {
     "GroupedQuery": lambda v, n, d: (v, _gqa_spec(n, d)),
 }
 """How each asv class turns its parameters into ``(variant, case)``."""
-UNGATED = frozenset({"AttentionAccuracy"})
+_UNGATED = frozenset({"AttentionAccuracy"})
 """Classes whose metrics are read from a wrong result too: how wrong it is is what they report."""
 
 
-def _median_seconds(prepared: Prepared, timer: TimerConfig) -> float:
+def _median_seconds(prepared: _Prepared, timer: TimerConfig) -> float:
     samples, _ = time_call(prepared.call, prepared.spec.device, timer)
     return statistics.median(samples)
 
 
-def _peak_tensor_bytes(prepared: Prepared) -> float:
+def _peak_tensor_bytes(prepared: _Prepared) -> float:
     prepared.call()  # warm caches (parameters, kernels) outside the measured call
     return runner.peak_tensor_bytes(get_variant(prepared.variant), prepared.spec, prepared.call)[0]
 
 
-def _page_faults(prepared: Prepared) -> float:
+def _page_faults(prepared: _Prepared) -> float:
     prepared.call()  # the same state as the runner's count: after the warm-up call and the gate's
     return float(memory.page_faults(prepared.call))
 
 
-MEASURES: dict[str, Callable[[Prepared], float]] = {
+_MEASURES: dict[str, Callable[[_Prepared], float]] = {
     "peak_tensor_bytes": _peak_tensor_bytes,
     "gflops": lambda p: (
         get_variant(p.variant).flops(p.spec).executed
@@ -606,17 +650,17 @@ MEASURES: dict[str, Callable[[Prepared], float]] = {
     "page_faults": _page_faults,
 }
 """How asv measures a tracked metric on a prepared (built, warmed-up) case, in the metric's unit. A
-metric of the table without an entry here or in :data:`FROM_VERDICT` is read from a full
+metric of the table without an entry here or in :data:`_FROM_VERDICT` is read from a full
 :func:`attnbench.measure.runner.measure` of the case (slower, but the same number ``attnbench run``
 records)."""
-ONCE: dict[str, Callable[[Prepared], float]] = {"peak_tensor_bytes": _peak_tensor_bytes}
+_ONCE: dict[str, Callable[[_Prepared], float]] = {"peak_tensor_bytes": _peak_tensor_bytes}
 """Measures that do not depend on the process they run in, taken once per case where the case is
 judged (:func:`grid_verdicts`) and read from its verdict. Peak tensor bytes are the sizes of the
 tensors one call allocates (the profiler's memory timeline, or the CUDA allocator's statistics),
 whatever ran before it in the process: in a process of its own each case paid the profiler's start
 (seconds) for one call. Page faults and times are not: they depend on the heap and the machine a
 process sees, so they stay in their own."""
-FROM_VERDICT: dict[str, Callable[[str, AttnSpec, Verdict], float]] = {
+_FROM_VERDICT: dict[str, Callable[[str, AttnSpec, Verdict], float]] = {
     # deterministic: the gate is strict on it
     "flops": lambda v, spec, _: float(get_variant(v).flops(spec).executed),
     "max_error": lambda v, spec, found: (
@@ -629,12 +673,12 @@ FROM_VERDICT: dict[str, Callable[[str, AttnSpec, Verdict], float]] = {
 """Metrics read from the case's :class:`Verdict` alone: their processes build and call nothing."""
 
 
-def _runner_value(metric: contract.Metric, prepared: Prepared) -> float:
+def _runner_value(metric: contract.Metric, prepared: _Prepared) -> float:
     if metric.field is None:
         raise NotImplementedError(
             f"metric {metric.name!r} names no Measurement field and has no asv measure"
         )
-    measured = runner.measure(prepared.variant, prepared.spec, GATE_CONFIG)
+    measured = runner.measure(prepared.variant, prepared.spec, _GATE_CONFIG)
     return float(contract.metric_value(measured, metric.field))
 
 
@@ -642,20 +686,21 @@ def track(metric: str, owner: str, *params: object) -> float:
     """A tracked ``metric``'s value for one parameter set of the asv class ``owner``, in asv's unit.
 
     Raises:
-        NotImplementedError: n/a (see :func:`prepare`); WrongResult: a wrong result (gated classes).
+        NotImplementedError: n/a (see :func:`_prepare`); WrongResult: a wrong result (gated
+            classes).
     """
     row = contract.METRICS[metric]
-    variant, spec = CASES[owner](*params)
-    found = verdict(variant, spec)
-    _raise_unless_runs(found, gated=owner not in UNGATED)
+    variant, spec = _CASES[owner](*params)
+    found = _verdict(variant, spec)
+    _raise_unless_runs(found, gated=owner not in _UNGATED)
     once = dict(found.values)
     if metric in once:
         value = once[metric]
-    elif metric in FROM_VERDICT:
-        value = FROM_VERDICT[metric](variant, spec, found)
+    elif metric in _FROM_VERDICT:
+        value = _FROM_VERDICT[metric](variant, spec, found)
     else:
         prepared = prepare_spec(variant, spec)
-        measure = MEASURES.get(metric)
+        measure = _MEASURES.get(metric)
         value = measure(prepared) if measure is not None else _runner_value(row, prepared)
     return value / row.asv_factor
 
@@ -691,7 +736,7 @@ def instruction_counts() -> dict:
     grid, names = params(table=INSTRUCTION_PARAMS)
     combos = [dict(zip(names, combo, strict=True)) for combo in itertools.product(*grid)]
     cases = [(c["variant"], spec_for(**c)) for c in combos]
-    config = CountConfig(seed=GATE_CONFIG.seed)
+    config = CountConfig(seed=_GATE_CONFIG.seed)
     left_out = within_budget(cases, COUNT_BUDGET_S, config)
     todo = [i for i in range(len(cases)) if i not in left_out]
     _print_count_plan(len(todo), len(cases), len(left_out))
@@ -758,7 +803,7 @@ def instruction_case(counts: dict, *params: object) -> float:
     return value
 
 
-CACHED: dict[str, Callable[..., float]] = {"instructions": instruction_case}
+_CACHED: dict[str, Callable[..., float]] = {"instructions": instruction_case}
 """Tracked metrics whose asv class measures every case at once in ``setup_cache``:
 metric -> (cache, *params) -> value."""
 
@@ -767,10 +812,10 @@ def _track_method(
     metric: contract.Metric, owner: str, method: str, cls: type
 ) -> Callable[..., float]:
     # measured for every case at once in setup_cache
-    if metric.name in CACHED and hasattr(cls, "setup_cache"):
+    if metric.name in _CACHED and hasattr(cls, "setup_cache"):
 
         def track_metric(self: object, cache: object, *params: object) -> float:
-            return CACHED[metric.name](cache, *params) / metric.asv_factor
+            return _CACHED[metric.name](cache, *params) / metric.asv_factor
     elif hasattr(cls, "setup_cache"):  # the cache holds the grid's verdicts (grid_verdicts)
 
         def track_metric(self: object, verdicts: dict, *params: object) -> float:
@@ -792,7 +837,7 @@ def tracked(cls: type) -> type:
     A metric row naming ``"AttentionMetrics.track_x"`` in its ``asv`` gets
     ``AttentionMetrics.track_x``, with the row's unit, measured by :func:`track`; in a class with
     ``setup_cache`` the cache comes first: the grid's verdicts (:func:`grid_verdicts`, taken with
-    :func:`use`), or for a metric of :data:`CACHED` the values themselves (every case measured at
+    :func:`use`), or for a metric of :data:`_CACHED` the values themselves (every case measured at
     once).
     """
     for metric in contract.METRICS.values():

@@ -18,6 +18,8 @@ import torch
 
 from attnbench import mask_mods, masks
 
+__all__ = ["CallInfo"]
+
 if TYPE_CHECKING:
     from attnbench.spec import AttnSpec
 

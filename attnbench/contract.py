@@ -25,6 +25,72 @@ from typing import Any
 
 from attnbench.spec import AttnSpec
 
+__all__ = [
+    "Status",
+    "GateVerdict",
+    "Basis",
+    "GATE_DECIDED",
+    "GATE_JUDGED",
+    "Method",
+    "Source",
+    "TIME_BENCHMARK",
+    "PEAKMEM_BENCHMARK",
+    "TENSOR_BYTES_BENCHMARK",
+    "DECODE_TIME_BENCHMARK",
+    "GQA_TIME_BENCHMARK",
+    "PEAK_BENCHMARK",
+    "INSTRUCTIONS_BENCHMARK",
+    "TIME_FACTOR",
+    "MEMORY_FACTOR",
+    "INSTRUCTIONS_FACTOR",
+    "FLOPS_FACTOR",
+    "GATE_VERDICTS",
+    "GATED_BENCHMARKS",
+    "Metric",
+    "METRICS",
+    "UNITS",
+    "LABELS",
+    "FITTED",
+    "DECLARED",
+    "ASV_METRICS",
+    "add_metric",
+    "metric_value",
+    "DETERMINISTIC_POINTS",
+    "WORKLOADS",
+    "SWEPT_LENGTH",
+    "Grid",
+    "GRIDS",
+    "ASV_TIERS",
+    "RUN_LENGTHS",
+    "CUDA_RUN_LENGTHS",
+    "BASE_SPEC",
+    "CASE_DEFAULTS",
+    "CASE_IDENTITY",
+    "case_key",
+    "ASV_MAX_CALL_SECONDS",
+    "ENV_GRID",
+    "ENV_VARIANTS",
+    "ENV_LENGTHS",
+    "ENV_DEVICES",
+    "ENV_MODES",
+    "ENV_MASKS",
+    "ENV_MAX_CALL_S",
+    "ENV_COUNT_BUDGET_S",
+    "ENV_BATCH",
+    "ENV_DECODE_LENGTHS",
+    "ENV_PROBE_LOG",
+    "ENV_ENV_DIR",
+    "GRID_ENV",
+    "asv_tier",
+    "grid_environment",
+    "asv_case",
+    "PROGRESSION",
+    "FAMILIES",
+    "REPRESENTATIVES",
+    "OTHER_FAMILY",
+    "family",
+]
+
 
 # ---- closed sets ---------------------------------------------------------------------------------
 class Status(enum.StrEnum):
@@ -96,17 +162,17 @@ class Source(enum.StrEnum):
 TIME_BENCHMARK = "Attention.time_attention"
 PEAKMEM_BENCHMARK = "Attention.peakmem_attention"
 TENSOR_BYTES_BENCHMARK = "AttentionMetrics.track_peak_tensor_bytes"
-FLOPS_BENCHMARK = "AttentionMetrics.track_flops"
-ERROR_RATIO_BENCHMARK = "AttentionAccuracy.track_error_ratio"
+_FLOPS_BENCHMARK = "AttentionMetrics.track_flops"
+_ERROR_RATIO_BENCHMARK = "AttentionAccuracy.track_error_ratio"
 DECODE_TIME_BENCHMARK = "Decode.time_decode"
-"""Decode: ``ASV_DECODE_Q_LEN`` queries over a cache of ``seq_len_k`` keys (workload "decode")."""
-DECODE_GBPS_BENCHMARK = "Decode.track_decode_gbps"
+"""Decode: ``_ASV_DECODE_Q_LEN`` queries over a cache of ``seq_len_k`` keys (workload "decode")."""
+_DECODE_GBPS_BENCHMARK = "Decode.track_decode_gbps"
 GQA_TIME_BENCHMARK = "GroupedQuery.time_gqa"
-"""Prefill with ``ASV_GQA_KV_HEADS`` key/value heads for ``BASE_SPEC.heads`` query heads."""
-GQA_TENSOR_BYTES_BENCHMARK = "GroupedQuery.track_gqa_peak_tensor_bytes"
+"""Prefill with ``_ASV_GQA_KV_HEADS`` key/value heads for ``BASE_SPEC.heads`` query heads."""
+_GQA_TENSOR_BYTES_BENCHMARK = "GroupedQuery.track_gqa_peak_tensor_bytes"
 PEAK_BENCHMARK = "track_matmul_gflops"
 """The machine's matmul GFLOP/s (a module-level asv benchmark; matched by suffix)."""
-PAGE_FAULTS_BENCHMARK = "AttentionMetrics.track_page_faults"
+_PAGE_FAULTS_BENCHMARK = "AttentionMetrics.track_page_faults"
 INSTRUCTIONS_BENCHMARK = "Instructions.track_instructions"
 """Instructions per call under valgrind, counted in asv's setup_cache: one valgrind process per
 commit and environment."""
@@ -121,7 +187,12 @@ FLOPS_FACTOR = 1.0 + 1e-9
 """The regression gate's allowed HEAD/BASE analytic FLOP ratio: no growth beyond rounding."""
 GATE_VERDICTS = "attnbench-gate.csv"
 """The gate's verdict table, written beside the asv results it decided on (the report reads it)."""
-GATED_BENCHMARKS = (TIME_BENCHMARK, TENSOR_BYTES_BENCHMARK, FLOPS_BENCHMARK, ERROR_RATIO_BENCHMARK)
+GATED_BENCHMARKS = (
+    TIME_BENCHMARK,
+    TENSOR_BYTES_BENCHMARK,
+    _FLOPS_BENCHMARK,
+    _ERROR_RATIO_BENCHMARK,
+)
 """What the regression gate runs on BASE and HEAD."""
 
 
@@ -209,7 +280,7 @@ _BUILTIN_METRICS: tuple[Metric, ...] = (
         "peak tensor memory above inputs",
         field="peak_tensor_bytes",
         method="<memory_method",
-        asv=(TENSOR_BYTES_BENCHMARK, GQA_TENSOR_BYTES_BENCHMARK),
+        asv=(TENSOR_BYTES_BENCHMARK, _GQA_TENSOR_BYTES_BENCHMARK),
         asv_method=None,
         declared="memory_exponent",
         fitted=True,
@@ -231,7 +302,7 @@ _BUILTIN_METRICS: tuple[Metric, ...] = (
         asv=("AttentionMetrics.track_gflops",),
         timed=True,
     ),
-    Metric("flops", "FLOP", "executed FLOPs", asv=(FLOPS_BENCHMARK,), asv_method=Method.MODEL),
+    Metric("flops", "FLOP", "executed FLOPs", asv=(_FLOPS_BENCHMARK,), asv_method=Method.MODEL),
     Metric(
         "max_error",
         "abs",
@@ -256,7 +327,7 @@ _BUILTIN_METRICS: tuple[Metric, ...] = (
         field="checked_error_ratio",
         method=Method.REFERENCE,
         column="error_ratio",
-        asv=(ERROR_RATIO_BENCHMARK,),
+        asv=(_ERROR_RATIO_BENCHMARK,),
         asv_method=Method.REFERENCE,
     ),
     Metric(
@@ -268,7 +339,7 @@ _BUILTIN_METRICS: tuple[Metric, ...] = (
         "achieved GB/s",
         field="gbytes_per_s",
         method="<timing_method",
-        asv=(DECODE_GBPS_BENCHMARK,),
+        asv=(_DECODE_GBPS_BENCHMARK,),
         timed=True,
     ),
     Metric(
@@ -288,7 +359,7 @@ _BUILTIN_METRICS: tuple[Metric, ...] = (
         "minor page faults per call",
         field="extra.page_faults",
         method=Method.RUSAGE,
-        asv=(PAGE_FAULTS_BENCHMARK,),
+        asv=(_PAGE_FAULTS_BENCHMARK,),
         asv_method=Method.RUSAGE,
         fitted=True,
     ),
@@ -402,7 +473,7 @@ class Grid:
     count_budget_s: float | None = None
 
 
-ASV_COUNT_BUDGET_S = 100.0
+_ASV_COUNT_BUDGET_S = 100.0
 """Predicted seconds under valgrind that the default asv tier's ``Instructions`` class counts,
 cheapest cases first (the rest are n/a with the reason), after torch's start under valgrind (half a
 minute to three minutes)."""
@@ -426,7 +497,7 @@ GRIDS: dict[str, Grid] = {
         ),
         modes=("forward", "backward"),
         masks=("none", "causal"),
-        count_budget_s=ASV_COUNT_BUDGET_S,
+        count_budget_s=_ASV_COUNT_BUDGET_S,
     ),
     "asv-full": Grid(
         lengths=(64, 128, 256, 512, 1024, 2048, 4096, 8192),
@@ -467,7 +538,7 @@ CUDA_RUN_LENGTHS: tuple[int, ...] = GRIDS["run-cuda"].lengths
 """``attnbench run --device cuda``'s default prefill lengths: 1K .. 64K."""
 BASE_SPEC = AttnSpec(batch=1, heads=8, head_dim=64, dtype="float32")
 """The asv suite's fixed shape (B, H, D, dtype); the grid varies variant, L, device and mode."""
-ASV_DECODE_Q_LEN = 1
+_ASV_DECODE_Q_LEN = 1
 
 # ---- a case's identity ---------------------------------------------------------------------------
 CASE_DEFAULTS: dict[str, object] = {
@@ -524,7 +595,7 @@ def case_key(rec: Mapping[str, Any]) -> tuple:
     return tuple(values.values())
 
 
-ASV_GQA_KV_HEADS = BASE_SPEC.heads // 4
+_ASV_GQA_KV_HEADS = BASE_SPEC.heads // 4
 """Key/value heads of the GQA benchmark: 4 query heads per key/value head."""
 ASV_MAX_CALL_SECONDS = 1.0
 """Predicted seconds per call above which an asv case is n/a."""
@@ -616,10 +687,10 @@ def asv_case(benchmark: str, case: dict, base: AttnSpec = BASE_SPEC) -> tuple[At
     device = case.get("device", "cpu")
     if cls == DECODE_TIME_BENCHMARK.split(".")[0]:
         spec = base.replace(
-            seq_len=ASV_DECODE_Q_LEN, seq_len_k=case.get("seq_len_k", 0), device=device
+            seq_len=_ASV_DECODE_Q_LEN, seq_len_k=case.get("seq_len_k", 0), device=device
         )
         return spec, "decode"
-    kv_heads = ASV_GQA_KV_HEADS if cls == GQA_TIME_BENCHMARK.split(".")[0] else None
+    kv_heads = _ASV_GQA_KV_HEADS if cls == GQA_TIME_BENCHMARK.split(".")[0] else None
     # older suites had no mask parameter (unmasked) and, before that, no mode (forward)
     spec = base.replace(
         seq_len=case.get("seq_len", 0),

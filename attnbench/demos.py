@@ -16,6 +16,8 @@ from attnbench import masks
 from attnbench.registry import get_variant
 from attnbench.variants.base import Variant
 
+__all__ = ["Heatmaps", "nadaraya_watson", "masked_weights"]
+
 
 @dataclass(frozen=True)
 class Heatmaps:
@@ -29,7 +31,7 @@ class Heatmaps:
     cmap: str = "Reds"
 
 
-def attention_weights(
+def _attention_weights(
     variant: str | Variant, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = None
 ) -> np.ndarray:
     """The ``(Lq, Lk)`` attention weights a variant computes (called with ``v = I``, its output).
@@ -80,7 +82,7 @@ def nadaraya_watson(
             [w2 * queries, -0.5 * w2 * queries**2, torch.full_like(queries, -0.5 * w2)], -1
         )
         k = torch.stack([keys, torch.ones_like(keys), keys**2], -1)
-        return torch.from_numpy(attention_weights("dot", q, k, mask))
+        return torch.from_numpy(_attention_weights("dot", q, k, mask))
 
     plain = weights(x_test, x_train, 1.0)
     w = torch.rand(1, generator=gen, dtype=torch.float64).requires_grad_(True)
@@ -119,15 +121,15 @@ def masked_weights(length: int = 40, window: int = 4) -> Heatmaps:
     freq = torch.exp(-math.log(100.0) * torch.arange(0, 16, 2, dtype=torch.float64) / 16)
     enc = torch.cat([torch.sin(pos * freq), torch.cos(pos * freq)], -1) * 2.0  # (L, 16)
     panels = [
-        ("batched, no mask", attention_weights("batched", enc, enc)),
-        ("batched, causal", attention_weights("batched", enc, enc, masks.causal(length, length))),
+        ("batched, no mask", _attention_weights("batched", enc, enc)),
+        ("batched, causal", _attention_weights("batched", enc, enc, masks.causal(length, length))),
         (
             f"local, window {window}",
-            attention_weights(get_variant("local", window=window), enc, enc),
+            _attention_weights(get_variant("local", window=window), enc, enc),
         ),
         (
             "block_sparse, block 5",
-            attention_weights(get_variant("block_sparse", block=5, random_blocks=1), enc, enc),
+            _attention_weights(get_variant("block_sparse", block=5, random_blocks=1), enc, enc),
         ),
     ]
     return Heatmaps(

@@ -19,6 +19,15 @@ from attnbench.errors import UsageError
 from attnbench.registry import variant_names
 from attnbench.spec import MODES
 
+__all__ = [
+    "EnvironmentVariableError",
+    "THREADS",
+    "read_list",
+    "read_number",
+    "read_budget",
+    "problems",
+]
+
 THREADS = "ATTNBENCH_THREADS"
 """Torch threads of asv's benchmark processes (default: the regime's)."""
 
@@ -56,7 +65,7 @@ def _one_of(choices: Callable[[], tuple[str, ...]]) -> Callable[[str], str]:
     return parse
 
 
-LISTS: dict[str, tuple[Callable[[str], object], str]] = {
+_LISTS: dict[str, tuple[Callable[[str], object], str]] = {
     contract.ENV_VARIANTS: (_one_of(lambda: tuple(variant_names())), "registered variant names"),
     contract.ENV_LENGTHS: (_positive_int, "lengths, integers >= 1"),
     contract.ENV_DECODE_LENGTHS: (_positive_int, "cache lengths, integers >= 1"),
@@ -68,7 +77,7 @@ LISTS: dict[str, tuple[Callable[[str], object], str]] = {
     ),
 }
 """Comma-separated variables: how one item is read, and what the items may be."""
-NUMBERS: dict[str, tuple[Callable[[str], float], str]] = {
+_NUMBERS: dict[str, tuple[Callable[[str], float], str]] = {
     contract.ENV_MAX_CALL_S: (_positive_float, "a number of seconds > 0"),
     contract.ENV_BATCH: (_positive_int, "an integer >= 1"),
     THREADS: (_positive_int, "an integer >= 1"),
@@ -80,7 +89,7 @@ def _error(name: str, raw: str, expected: str) -> EnvironmentVariableError:
     valid = f" (valid: {', '.join(variant_names())})" if name == contract.ENV_VARIANTS else ""
     return EnvironmentVariableError(
         f"{name}={raw!r}: expected comma-separated {expected}{valid}"
-        if name in LISTS
+        if name in _LISTS
         else f"{name}={raw!r}: expected {expected}"
     )
 
@@ -94,7 +103,7 @@ def read_list(name: str, default: list, environ: Mapping[str, str] | None = None
     raw = (os.environ if environ is None else environ).get(name, "").strip()
     if not raw:
         return default
-    parse, expected = LISTS[name]
+    parse, expected = _LISTS[name]
     try:
         items = [parse(x.strip()) for x in raw.split(",") if x.strip()]
     except ValueError:
@@ -113,7 +122,7 @@ def read_number(name: str, default: float, environ: Mapping[str, str] | None = N
     raw = (os.environ if environ is None else environ).get(name, "").strip()
     if not raw:
         return default
-    parse, expected = NUMBERS[name]
+    parse, expected = _NUMBERS[name]
     try:
         return parse(raw)
     except ValueError:
@@ -155,12 +164,12 @@ def problems(environ: Mapping[str, str] | None = None) -> list[str]:
         read_budget(contract.ENV_COUNT_BUDGET_S, None, environ)
     except EnvironmentVariableError as exc:
         out.append(str(exc))
-    for name in LISTS:
+    for name in _LISTS:
         try:
             read_list(name, [], environ)
         except EnvironmentVariableError as exc:
             out.append(str(exc))
-    for name in NUMBERS:
+    for name in _NUMBERS:
         try:
             read_number(name, 0, environ)
         except EnvironmentVariableError as exc:

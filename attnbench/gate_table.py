@@ -1,6 +1,6 @@
 """The gate's terminal table: ``attnbench regress``'s rows, its growth lines and its verdict.
 
-Lines of at most :data:`GATE_WIDTH` columns (a terminal's, or a CI log's, without wrapping); the
+Lines of at most :data:`_GATE_WIDTH` columns (a terminal's, or a CI log's, without wrapping); the
 command line prints them. The Markdown of the same outcome: :func:`attnbench.markdown.gate_summary`.
 """
 
@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-GATE_WIDTH = 100
+__all__ = ["gate_lines", "growth_lines", "gate_cells"]
+
+_GATE_WIDTH = 100
 """Columns of a line of regress's table (a terminal's, or a CI log's, without wrapping)."""
 
 
@@ -19,8 +21,8 @@ def gate_lines(outcome, metric: str, factors: dict[str, float]) -> tuple[list[st
     ``"time"``, ``"memory"`` and ``"instructions"`` (as :func:`attnbench.markdown.gate_summary`).
     """
     shown = outcome.table.sort_values(["verdict", "ratio"], ascending=[False, False])
-    lines = [gate_row(HEADER)]
-    lines += [gate_row(gate_cells(rec)) for rec in shown.to_dict("records")]
+    lines = [_gate_row(_HEADER)]
+    lines += [_gate_row(gate_cells(rec)) for rec in shown.to_dict("records")]
     lines.append(
         f"\nbase {outcome.base[:10]}  head {outcome.head[:10]}  results: {outcome.results_dir}"
     )
@@ -30,7 +32,7 @@ def gate_lines(outcome, metric: str, factors: dict[str, float]) -> tuple[list[st
     return lines + verdict, code
 
 
-HEADER = {
+_HEADER = {
     "verdict": "verdict",
     "metric": "metric",
     "case": "case",
@@ -62,7 +64,7 @@ def _verdict_lines(outcome, metric: str, factors: dict[str, float]) -> tuple[lis
         for rec in outcome.regressions.to_dict("records"):
             grew = f" predicted: {rec['reason']}" if rec.get("basis") == Basis.PREDICTED else ""
             lines.append(
-                f"  {gate_case(rec)}: {rec['metric']} {ratio(rec['ratio'], rec['metric'])}{grew}"
+                f"  {_gate_case(rec)}: {rec['metric']} {ratio(rec['ratio'], rec['metric'])}{grew}"
             )
         return lines, 1
     lines = [
@@ -71,7 +73,7 @@ def _verdict_lines(outcome, metric: str, factors: dict[str, float]) -> tuple[lis
         "slowdown); rerun with more --rounds on a quieter machine:"
     ]
     lines += [
-        f"  {gate_case(rec)}: {rec['reason']}" for rec in outcome.undecided.to_dict("records")
+        f"  {_gate_case(rec)}: {rec['reason']}" for rec in outcome.undecided.to_dict("records")
     ]
     return lines, 4
 
@@ -124,10 +126,10 @@ def growth_lines(table: pd.DataFrame) -> list[str]:
 
 
 def _clip(line: str) -> str:
-    return line if len(line) <= GATE_WIDTH else line[: GATE_WIDTH - 3] + "..."
+    return line if len(line) <= _GATE_WIDTH else line[: _GATE_WIDTH - 3] + "..."
 
 
-def gate_case(rec: dict) -> str:
+def _gate_case(rec: dict) -> str:
     """A gate row's case as the verdict lines name it: ``benchmark [variant, L=..., mode]``."""
     return f"{rec['benchmark']} [{rec['variant']}, L={rec['seq_len']}, {rec['mode']}]"
 
@@ -155,7 +157,7 @@ def gate_cells(rec: dict) -> dict[str, str]:
     }
 
 
-def gate_row(cells: dict[str, str]) -> str:
+def _gate_row(cells: dict[str, str]) -> str:
     line = (
         f"{cells['verdict']:<10} {cells['metric']:<17} {cells['case']:<22} "
         f"{cells['base']:>11} {cells['head']:>11} {cells['ratio']:>8}  {cells['why']}"

@@ -10,6 +10,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+__all__ = [
+    "atomic_write",
+    "check_path",
+    "check_output_file",
+    "check_writable_dir",
+    "atomic_write_text",
+    "read_json_cache",
+    "cache_dir",
+    "CacheNotWritten",
+    "write_json_cache",
+    "output_tail",
+    "error_line",
+    "append_line",
+]
+
 if TYPE_CHECKING:  # a type only: reading a finished process starts none
     import subprocess
 
@@ -37,31 +52,31 @@ def atomic_write(path: str | Path, write: Callable[[str], object]) -> Path:
     return path
 
 
-NAME_MAX = 255
+_NAME_MAX = 255
 """Bytes in one path component Linux's file systems take (ext4, xfs, btrfs, tmpfs)."""
-PATH_MAX = 4096
+_PATH_MAX = 4096
 """Bytes in a whole path, its terminating NUL included, that Linux's system calls take."""
 
 
 def check_path(path: str | Path, arg: str) -> Path:
     """``path`` made absolute, else a ValueError naming ``arg`` for a path no system call takes.
 
-    A component over :data:`NAME_MAX` bytes or a whole over :data:`PATH_MAX` (``ENAMETOOLONG``), and
-    a symlink loop (``ELOOP``), are refused here, by name, before any work, not as an ``OSError``
-    from deep inside it.
+    A component over :data:`_NAME_MAX` bytes or a whole over :data:`_PATH_MAX`
+    (``ENAMETOOLONG``), and a symlink loop (``ELOOP``), are refused here, by name, before any work,
+    not as an ``OSError`` from deep inside it.
     """
     path = Path(path).absolute()
     raw = os.fsencode(path)
-    if len(raw) >= PATH_MAX:
+    if len(raw) >= _PATH_MAX:
         raise ValueError(
             f"{arg} {str(path)[:60]}...: the path is {len(raw)} bytes long, over the system's "
-            f"limit of {PATH_MAX - 1}"
+            f"limit of {_PATH_MAX - 1}"
         )
     for part in path.parts:
-        if len(os.fsencode(part)) > NAME_MAX:
+        if len(os.fsencode(part)) > _NAME_MAX:
             raise ValueError(
                 f"{arg} {str(path)[:60]}...: the name {part[:20]}... is {len(os.fsencode(part))} "
-                f"bytes long, over the system's limit of {NAME_MAX}"
+                f"bytes long, over the system's limit of {_NAME_MAX}"
             )
     try:
         path.resolve(strict=False)
@@ -139,7 +154,7 @@ def read_json_cache(path: str | Path) -> dict:
     return cache if isinstance(cache, dict) else {}
 
 
-CACHE_ENV = "ATTNBENCH_CACHE"
+_CACHE_ENV = "ATTNBENCH_CACHE"
 
 
 def cache_dir() -> Path:
@@ -147,8 +162,8 @@ def cache_dir() -> Path:
 
     ``ATTNBENCH_CACHE``, else ``$XDG_CACHE_HOME/attnbench``, else ``~/.cache/attnbench``.
     """
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
+    if os.environ.get(_CACHE_ENV):
+        return Path(os.environ[_CACHE_ENV])
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnbench"
 
 
@@ -177,7 +192,7 @@ def write_json_cache(path: str | Path, cache: dict) -> Path | None:
             warnings.warn(
                 CacheNotWritten(
                     f"cannot write the cache in {folder} ({exc.strerror or exc}); running "
-                    f"uncached (set {CACHE_ENV} or XDG_CACHE_HOME to a writable folder)"
+                    f"uncached (set {_CACHE_ENV} or XDG_CACHE_HOME to a writable folder)"
                 ),
                 stacklevel=2,
             )

@@ -29,6 +29,8 @@ from attnbench.registry import get_variant
 from attnbench.variants._ops import merge_heads, split_heads
 from attnbench.variants.base import Variant
 
+__all__ = ["AttentionLayer"]
+
 
 class AttentionLayer(nn.Module):
     """Multi-head attention layer with a pluggable core.

@@ -27,6 +27,29 @@ from itertools import combinations, pairwise
 import torch
 
 from attnbench._checks import check_int
+from attnbench.mask_sums import band_tile_pairs, segment_pairs, span_width, sum_min
+
+__all__ = [
+    "TileState",
+    "Predicate",
+    "Bounds",
+    "MaskMod",
+    "Piece",
+    "nonempty_tile_pairs",
+    "builtin_kind",
+    "causal",
+    "sliding_window",
+    "prefix_lm",
+    "document",
+    "valid_lengths",
+    "and_",
+    "or_",
+    "tile",
+    "shifted",
+    "dense",
+    "block_state",
+    "allowed_pairs",
+]
 
 
 class TileState(enum.StrEnum):
@@ -100,87 +123,6 @@ def _state(full: bool, empty: bool) -> TileState:
     return TileState.FULL if full else TileState.EMPTY if empty else TileState.PARTIAL
 
 
-# ---- closed-form counting ---------------------------------------------------------------------
-# Cost models ask how many pairs a mask allows and how many pairs a block-skipping engine computes
-# on its tile grid, before anything runs and at any length (a guard must answer at L = 10**9 at
-# once). Walking the tiles is O((L/tile)^2) and a per-row sum O(L), so the built-in predicates
-# count with the sums below instead: O(1) or O(log) each, O(documents) for ``document``.
-
-
-def _floor_sum(n: int, m: int, a: int, b: int) -> int:
-    """``sum(floor((a*i + b) / m) for i in range(n))`` in O(log m) steps.
-
-    For ``n, a, b >= 0`` and ``m >= 1``; the Euclid-like reduction of AtCoder Library's
-    ``floor_sum``.
-    """
-    total = 0
-    while n > 0:
-        if a >= m:
-            total += n * (n - 1) // 2 * (a // m)
-            a %= m
-        if b >= m:
-            total += n * (b // m)
-            b %= m
-        y_max = a * n + b
-        if y_max < m:
-            break
-        n, b = y_max // m, y_max % m
-        m, a = a, m
-    return total
-
-
-def _sum_min(cap: int, lo: int, hi: int) -> int:
-    """``sum(min(cap, x) for x in range(lo, hi + 1))`` in O(1) (0 for an empty range)."""
-    if lo > hi:
-        return 0
-    top = min(hi, cap)  # x <= cap contribute x, the rest contribute cap
-    below = (lo + top) * (top - lo + 1) // 2 if lo <= top else 0
-    return below + cap * (hi - max(lo, cap + 1) + 1 if hi > cap else 0)
-
-
-def _span_width(a: int, b: int, lk: int, tk: int) -> int:
-    """Keys in the ``tk``-wide key tiles (the last one cut at ``lk``) that meet ``[a, b)``."""
-    a, b = max(a, 0), min(b, lk)
-    if a >= b:
-        return 0
-    return min(lk, -(-b // tk) * tk) - (a // tk) * tk
-
-
-def _band_tile_pairs(
-    lq: int, lk: int, tq: int, tk: int, back: int | None, fwd: int, reach: int
-) -> int:
-    """Pairs in the non-empty tiles of a ``tq x tk`` grid for a band of keys around each query tile.
-
-    Query tile ``[q0, q1)`` meets exactly the key tiles that meet
-    ``[max(0, q0 - back), max(reach, q1 + fwd))`` (``back=None``: from key 0).
-
-    Causal is ``(None, 0, 0)``, ``sliding_window(w)`` is ``(w, w, 0)``, ``prefix_lm(p)`` is
-    ``(None, 0, p)``. Full query tiles are summed in closed form, the last (short) one directly.
-    """
-    nq, nk = -(-lq // tq), -(-lk // tk)
-    q_last = (nq - 1) * tq
-    total = (lq - q_last) * _span_width(
-        0 if back is None else q_last - back, max(reach, lq + fwd), lk, tk
-    )
-    # Full tiles i < n (rows tq, q0 = i*tq, q1 = (i+1)*tq); with a back edge, the tiles from
-    # q0 >= lk + back on are empty.
-    n = nq - 1 if back is None else min(nq - 1, -(-(lk + back) // tq))
-    if n <= 0:
-        return total
-    # Ends: min(lk, tk * ceil(B_i / tk)), where B_i = reach while (i+1)*tq + fwd < reach, then
-    # B_i = (i+1)*tq + fwd.
-    i0 = min(n, max(0, -(-(reach - fwd) // tq) - 1))
-    ends = i0 * min(lk, -(-reach // tk) * tk)
-    i1 = min(n, max(i0, -(-((nk - 1) * tk + 1 - tq - fwd) // tq)))  # from i1 on, the end is lk
-    ends += tk * _floor_sum(i1 - i0, tk, tq, tq * i0 + tq + fwd + tk - 1) + lk * (n - i1)
-    # Starts: tk * floor(A_i / tk), A_i = max(0, i*tq - back) (below lk for every non-empty tile).
-    starts = 0
-    if back is not None:
-        i2 = min(n, -(-back // tq))
-        starts = tk * _floor_sum(n - i2, tk, tq, tq * i2 - back)
-    return total + tq * (ends - starts)
-
-
 # ---- compositions: counting ands and ors of the built-in predicates --------------------------
 # Each built-in predicate lets query row i see one interval of keys [lo(i), hi(i)), lo and hi
 # piecewise linear in i with slopes 0 or 1 and integer constants (a few pieces; one per document
@@ -190,9 +132,9 @@ def _band_tile_pairs(
 # once, so there are O(pieces) stretches, each O(predicates)), the count is an arithmetic series. On
 # a tq x tk tile grid, :func:`block_state` calls a tile of a predicate non-empty when its key tile
 # meets [lo(q0), hi(q1 - 1)), and of an ``&`` when it is non-empty for every predicate: the key
-# tiles [floor(max lo / tk), ceil(min hi / tk)), summed with :func:`_floor_sum`. An ``|`` is an or
-# of ands (distributed out when combined) and is counted by inclusion-exclusion, for pairs and tiles
-# alike: |A or B| = |A| + |B| - |A and B|.
+# tiles [floor(max lo / tk), ceil(min hi / tk)), summed with ``mask_sums._floor_sum``. An
+# ``|`` is an or of ands (distributed out when combined) and is counted by inclusion-exclusion, for
+# pairs and tiles alike: |A or B| = |A| + |B| - |A and B|.
 
 Piece = tuple[int, int, int, int, int]
 """``(first_row, lo_slope, lo_const, hi_slope, hi_const)``: from ``first_row`` up to the next
@@ -248,65 +190,6 @@ def _absorb(terms) -> tuple[frozenset[_Atom], ...]:
     return tuple(t for t in unique if not any(u < t for u in unique))
 
 
-def _positive(m: int, c: int, s: int, e: int) -> tuple[int, int]:
-    """The ``i`` in ``[s, e)`` with ``m * i + c > 0``: one interval (empty as ``(s, s)``)."""
-    if m > 0:
-        s = max(s, -c // m + 1)
-    elif m < 0:
-        e = min(e, -(c // m))  # i < c / -m, i.e. i < ceil(c / -m)
-    elif c <= 0:
-        e = s
-    return (s, e) if s < e else (s, s)
-
-
-def _segment_pairs(s: int, e: int, los: list, his: list, lk: int, tk: int) -> int:
-    """Keys in the non-empty key tiles of query tiles ``i in [s, e)``, summed over i (one row each).
-
-    In query tile i, atom a reaches keys ``[los[a](i), his[a](i))``, each a line ``(slope, const)``
-    in i with slope >= 0, and is non-empty on the key tiles meeting that range clipped to
-    ``[0, lk)``. A key tile counts when it is non-empty for every atom: none when some atom reaches
-    no key, else the key tiles ``[floor(max lo / tk), ceil(min hi / tk))`` (the last cut at ``lk``).
-    """
-    for (lm, lc), (hm, hc) in zip(los, his, strict=True):  # each atom: lo < hi, lo < lk and hi > 0
-        for m, c in ((hm - lm, hc - lc), (-lm, lk - lc), (hm, hc)):
-            s, e = _positive(m, c, s, e)
-    if s >= e:
-        return 0
-    # The clips are lines too; of lines with one slope only the highest lo and the lowest hi matter.
-    low: dict[int, int] = {0: 0}
-    high: dict[int, int] = {0: lk}
-    for m, c in los:
-        low[m] = max(low.get(m, c), c)
-    for m, c in his:
-        high[m] = min(high.get(m, c), c)
-    los, his = list(low.items()), list(high.items())
-    cuts = {s, e}
-    # where the max of the lo lines or the min of the hi lines changes line
-    for lines in (los, his):
-        for (m1, c1), (m2, c2) in combinations(lines, 2):
-            if m1 != m2:
-                # ceil((c2 - c1) / (m1 - m2)): the faster line leads from x on
-                x = -((c1 - c2) // (m1 - m2))
-                if s < x < e:
-                    cuts.add(x)
-    last = (-(-lk // tk) - 1) * tk  # first key of the last (cut) key tile
-    total = 0
-    bounds = sorted(cuts)
-    for a, b in pairwise(bounds):
-        lm, lc = max(los, key=lambda line: (line[0] * a + line[1], line[0]))
-        hm, hc = min(his, key=lambda line: (line[0] * a + line[1], line[0]))
-        # The ranges of key tiles meet when floor(lo / tk) < ceil(hi / tk); where hi - lo <= -tk
-        # they cannot, elsewhere the width below is >= 0 (and 0 exactly when they do not meet).
-        a, b = _positive(hm - lm, hc - lc + tk, a, b)
-        if a >= b:
-            continue
-        # from x on, hi lies in the last key tile, whose end is lk
-        x = min(b, max(a, (last - hc) // hm + 1)) if hm else a if hc > last else b
-        ends = tk * _floor_sum(x - a, tk, hm, hm * a + hc + tk - 1) + lk * (b - x)
-        total += ends - tk * _floor_sum(b - a, tk, lm, lm * a + lc)
-    return total
-
-
 def _and_tile_pairs(atoms: list[_Atom], lq: int, lk: int, tq: int, tk: int) -> int:
     """Pairs in the ``tq x tk`` tiles that every atom's :func:`block_state` calls non-empty.
 
@@ -329,7 +212,7 @@ def _and_tile_pairs(atoms: list[_Atom], lq: int, lk: int, tq: int, tk: int) -> i
                 _, _, _, hm, hc = atom.at(s * tq + tq - 1)
                 los.append((lm * tq, lc))
                 his.append((hm * tq, hm * (tq - 1) + hc))
-            total += tq * _segment_pairs(s, e, los, his, lk, tk)
+            total += tq * segment_pairs(s, e, los, his, lk, tk)
     if lq % tq:
         q0, start, end = full * tq, 0, lk
         for atom in atoms:
@@ -460,7 +343,7 @@ def causal() -> MaskMod:
         return n * (n + 1) // 2 + max(0, lq - lk) * lk
 
     def tile_pairs(lq, lk, tq, tk):  # query tile [q0, q1) meets the key tiles that meet [0, q1)
-        return _band_tile_pairs(lq, lk, tq, tk, None, 0, 0)
+        return band_tile_pairs(lq, lk, tq, tk, None, 0, 0)
 
     mod = MaskMod(
         "causal",
@@ -490,11 +373,11 @@ def sliding_window(window: int) -> MaskMod:
     def pairs(batch, lq, lk):
         # Key j = i + d: offsets d = 0..w reach min(lq, lk - d) queries, offsets d = -1..-w reach
         # min(lq + d, lk) queries.
-        return _sum_min(lq, lk - min(w, lk - 1), lk) + _sum_min(lk, lq - min(w, lq - 1), lq - 1)
+        return sum_min(lq, lk - min(w, lk - 1), lk) + sum_min(lk, lq - min(w, lq - 1), lq - 1)
 
     # query tile [q0, q1) meets the key tiles that meet [q0 - w, q1 + w)
     def tile_pairs(lq, lk, tq, tk):
-        return _band_tile_pairs(lq, lk, tq, tk, w, w, 0)
+        return band_tile_pairs(lq, lk, tq, tk, w, w, 0)
 
     mod = MaskMod(
         f"sliding_window({w})",
@@ -519,11 +402,11 @@ def prefix_lm(prefix: int) -> MaskMod:
 
     def pairs(batch, lq, lk):
         # rows i < p see min(lk, p) keys; row i >= p sees min(lk, i + 1)
-        return min(lq, p) * min(lk, p) + _sum_min(lk, p + 1, lq)
+        return min(lq, p) * min(lk, p) + sum_min(lk, p + 1, lq)
 
     # query tile [q0, q1) meets the key tiles that meet [0, max(p, q1))
     def tile_pairs(lq, lk, tq, tk):
-        return _band_tile_pairs(lq, lk, tq, tk, None, 0, p)
+        return band_tile_pairs(lq, lk, tq, tk, None, 0, p)
 
     rows = ((0, 0, 0, 0, p),) if p else ()  # rows i < p see [0, p), rows from p on see [0, i + 1)
     mod = MaskMod(
@@ -592,10 +475,10 @@ def _document_tile_pairs(starts: list[int], lq: int, lk: int, tq: int, tk: int) 
         first, end = -(-start // tq), min(-(-stop // tq), nq)
         if first >= end:
             continue
-        count += (end - 1 - first) * tq * _span_width(start, stop, lk, tk)
+        count += (end - 1 - first) * tq * span_width(start, stop, lk, tk)
         q0 = (end - 1) * tq
         q1 = min(q0 + tq, lq)
-        count += (q1 - q0) * _span_width(
+        count += (q1 - q0) * span_width(
             start, starts[_document_of(starts, min(q1, total) - 1) + 1], lk, tk
         )
     return count
@@ -691,7 +574,7 @@ def valid_lengths(valid_lens: torch.Tensor) -> MaskMod:
 
     # every query tile meets the key tiles that meet [0, longest length)
     def tile_pairs(lq, lk, tq, tk):
-        return lq * _span_width(0, hi, lk, tk)
+        return lq * span_width(0, hi, lk, tk)
 
     def fits(batch, lq):
         if lens.shape[0] != batch:

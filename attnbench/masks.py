@@ -22,6 +22,21 @@ import torch
 
 from attnbench import mask_mods as mm
 
+__all__ = [
+    "MASK_KINDS",
+    "causal",
+    "sliding_window",
+    "valid_lengths",
+    "combine",
+    "is_key_padding",
+    "default_valid_lens",
+    "default_document_lengths",
+    "default_prefix",
+    "mod_for_kind",
+    "for_kind",
+    "kind_of",
+]
+
 MASK_KINDS: tuple[str, ...] = (
     "none",
     "causal",
@@ -32,7 +47,7 @@ MASK_KINDS: tuple[str, ...] = (
 )
 """Named mask kinds a benchmark spec can ask for (see :func:`mod_for_kind` and :func:`for_kind`)."""
 
-DOCUMENT_FRACTIONS: tuple[tuple[int, int], ...] = ((3, 8), (1, 8), (1, 4), (1, 16), (3, 16))
+_DOCUMENT_FRACTIONS: tuple[tuple[int, int], ...] = ((3, 8), (1, 8), (1, 4), (1, 16), (3, 16))
 """The ``document`` kind's packing: document lengths cycle through these fractions of the length."""
 
 
@@ -143,7 +158,7 @@ def default_valid_lens(batch: int, lk: int) -> list[int]:
 def default_document_lengths(length: int) -> list[int]:
     """The ``document`` kind's packing of ``length`` positions into documents of mixed lengths.
 
-    Lengths cycle through :data:`DOCUMENT_FRACTIONS` of ``length`` (at least 1 each); the last
+    Lengths cycle through :data:`_DOCUMENT_FRACTIONS` of ``length`` (at least 1 each); the last
     document is cut so the lengths sum to ``length`` exactly (every position is in a document).
 
     Example:
@@ -155,7 +170,7 @@ def default_document_lengths(length: int) -> list[int]:
     out: list[int] = []
     used, i = 0, 0
     while used < length:
-        num, den = DOCUMENT_FRACTIONS[i % len(DOCUMENT_FRACTIONS)]
+        num, den = _DOCUMENT_FRACTIONS[i % len(_DOCUMENT_FRACTIONS)]
         n = min(max(1, length * num // den), length - used)
         out.append(n)
         used += n

@@ -17,6 +17,8 @@ import importlib
 import os
 from collections.abc import Iterable
 
+__all__ = ["PLUGINS_ENV", "plugin_names", "load_plugins", "export_plugins"]
+
 PLUGINS_ENV = "ATTNBENCH_PLUGINS"
 """Environment variable holding comma-separated importable module names."""
 

@@ -29,17 +29,20 @@ from torch.profiler import ProfilerActivity, profile
 
 from attnbench.io import atomic_write, atomic_write_text
 from attnbench.measure import guard, regime
+from attnbench.measure.config import MeasureConfig
 from attnbench.measure.memory import live_bytes, peak_from_timeline, quiet_stderr
 from attnbench.measure.peak import matmul_peak
-from attnbench.measure.runner import MeasureConfig, make_call
+from attnbench.measure.runner import make_call
 from attnbench.measure.timer import time_once
 from attnbench.registry import get_variant
 from attnbench.spec import AttnSpec
 from attnbench.variants.base import Variant
 
+__all__ = ["profile_case"]
+
 
 @dataclass(frozen=True)
-class ProfileSummary:
+class _ProfileSummary:
     """What one profiled call did."""
 
     variant: str  # registry name
@@ -138,7 +141,7 @@ def _export_gzipped(prof, path: str) -> None:
             shutil.copyfileobj(src, dst)
 
 
-PROFILE_CALLS = 3
+_PROFILE_CALLS = 3
 """Calls a profile makes: a warm-up, one unprofiled timing, one profiled call."""
 
 
@@ -149,7 +152,7 @@ def profile_case(
     seed: int = 0,
     config: MeasureConfig | None = None,
     progress: Callable[[str], None] | None = None,
-) -> ProfileSummary:
+) -> _ProfileSummary:
     """Profile one call of ``variant_name`` on ``spec`` (after a warm-up) and write the artefacts.
 
     The case passes a benchmark case's guard first (inputs, mask, weights, the variant's predicted
@@ -223,7 +226,7 @@ def _guarded_variant(variant_name: str, spec: AttnSpec, config: MeasureConfig) -
         memory_budget=config.memory_budget(spec.device),
         time_budget=config.time_budget_s,
         peak_flops=matmul_peak(spec.device, "float32"),
-        calls=PROFILE_CALLS,
+        calls=_PROFILE_CALLS,
     )
     if reasons:
         raise ValueError(f"{variant_name} {spec.label} refused by the guard: " + "; ".join(reasons))
@@ -296,7 +299,7 @@ def _summarise(
     *,
     wall: float,
     unprofiled: float,
-) -> ProfileSummary:
+) -> _ProfileSummary:
     """The summary of one call of ``profiled``, standing for ``spec``.
 
     ``wall``: the call's seconds under the profiler; ``unprofiled``: ``spec``'s seconds without it.
@@ -304,7 +307,7 @@ def _summarise(
     op_us = sum(a.self_cpu_time_total for a in averages)
     calls = sum(a.count for a in averages)
     top = max(averages, key=lambda a: a.self_cpu_time_total) if len(averages) else None
-    return ProfileSummary(
+    return _ProfileSummary(
         variant=variant.name,
         spec=spec.label,
         profiled_spec=profiled.label,

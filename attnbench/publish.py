@@ -26,10 +26,21 @@ from pathlib import Path
 from attnbench.errors import AttnbenchError
 from attnbench.io import output_tail
 
+__all__ = [
+    "ASSETS",
+    "SHIM",
+    "PublishError",
+    "load_assets",
+    "verify_assets",
+    "external_references",
+    "localize",
+    "publish",
+]
+
 ASSETS = Path(__file__).parent / "publish_assets"
 """The vendored files, their licenses and ``manifest.json``."""
 
-VENDOR = "vendor"
+_VENDOR = "vendor"
 """Folder of the published site that receives :data:`ASSETS`."""
 
 SHIM = "attnbench-offline.js"
@@ -54,7 +65,7 @@ class PublishError(RuntimeError, AttnbenchError):
 
 
 @dataclass(frozen=True)
-class Asset:
+class _Asset:
     """One vendored file, as ``manifest.json`` lists it."""
 
     path: str  # relative to ASSETS and to the site's vendor/ folder, "/"-separated
@@ -64,7 +75,7 @@ class Asset:
 
 
 @dataclass(frozen=True)
-class PublishOutcome:
+class _PublishOutcome:
     """What :func:`publish` wrote."""
 
     html_dir: Path  # the site's folder (open index.html in it)
@@ -72,7 +83,7 @@ class PublishOutcome:
     asv_output: str  # asv publish's stdout and stderr
 
 
-def load_assets(root: Path = ASSETS) -> tuple[Asset, ...]:
+def load_assets(root: Path = ASSETS) -> tuple[_Asset, ...]:
     """The vendored files listed in ``root/manifest.json``.
 
     Args:
@@ -80,13 +91,13 @@ def load_assets(root: Path = ASSETS) -> tuple[Asset, ...]:
     """
     manifest = json.loads((Path(root) / "manifest.json").read_text(encoding="utf-8"))
     return tuple(
-        Asset(path=f["path"], sha256=f["sha256"], replaces=f.get("replaces"))
+        _Asset(path=f["path"], sha256=f["sha256"], replaces=f.get("replaces"))
         for pkg in manifest["packages"]
         for f in pkg["files"]
     )
 
 
-def verify_assets(root: Path = ASSETS) -> tuple[Asset, ...]:
+def verify_assets(root: Path = ASSETS) -> tuple[_Asset, ...]:
     """Check every vendored file against the sha256 in the manifest.
 
     Args:
@@ -163,7 +174,7 @@ def external_references(site: Path) -> list[tuple[str, str]]:
     return sorted(found)
 
 
-def localize(site: Path, assets: tuple[Asset, ...]) -> int:
+def localize(site: Path, assets: tuple[_Asset, ...]) -> int:
     """Point every known CDN reference in the pages of ``site`` at ``site/vendor/``, in place.
 
     The vendored files must already be in ``site/vendor/``. A rewritten tag loses its ``integrity``,
@@ -195,7 +206,7 @@ def localize(site: Path, assets: tuple[Asset, ...]) -> int:
     return rewritten
 
 
-def _localize_page(page: Path, site: Path, by_url: dict[str, Asset]) -> int:
+def _localize_page(page: Path, site: Path, by_url: dict[str, _Asset]) -> int:
     """Point a page's known CDN references at ``vendor/`` and add the shim; how many it rewrote."""
     text = page.read_text(encoding="utf-8")
     rewritten = 0
@@ -208,7 +219,7 @@ def _localize_page(page: Path, site: Path, by_url: dict[str, Asset]) -> int:
 
     new = _TAG.sub(swap, text)
     if new != text:
-        shim = os.path.relpath(site / VENDOR / SHIM, page.parent).replace(os.sep, "/")
+        shim = os.path.relpath(site / _VENDOR / SHIM, page.parent).replace(os.sep, "/")
         new = re.sub(
             r"</head>",
             f'<script src="{shim}"></script>\n  </head>',
@@ -220,7 +231,7 @@ def _localize_page(page: Path, site: Path, by_url: dict[str, Asset]) -> int:
     return rewritten
 
 
-def _vendored_tag(tag: re.Match, page: Path, site: Path, by_url: dict[str, Asset]) -> str | None:
+def _vendored_tag(tag: re.Match, page: Path, site: Path, by_url: dict[str, _Asset]) -> str | None:
     """A script or link ``tag`` of ``page`` from a known CDN, rewritten to load the vendored copy.
 
     The rewritten tag also drops the attributes a file:// page refuses. None for any other tag
@@ -230,7 +241,9 @@ def _vendored_tag(tag: re.Match, page: Path, site: Path, by_url: dict[str, Asset
     known = [v.strip() for k, v, _ in attrs if k in ("src", "href") and v.strip() in by_url]
     if not known or tag["name"].lower() not in ("script", "link"):
         return None
-    local = os.path.relpath(site / VENDOR / by_url[known[0]].path, page.parent).replace(os.sep, "/")
+    local = os.path.relpath(site / _VENDOR / by_url[known[0]].path, page.parent).replace(
+        os.sep, "/"
+    )
     kept = tag["attrs"]
     # from the end: earlier offsets stay valid
     for key, _, m in sorted(attrs, key=lambda a: -a[2].start()):
@@ -241,7 +254,7 @@ def _vendored_tag(tag: re.Match, page: Path, site: Path, by_url: dict[str, Asset
     return f"<{tag['name']}{kept}>"
 
 
-def write_json_twins(site: Path) -> int:
+def _write_json_twins(site: Path) -> int:
     """Write ``X.json.js`` beside every JSON file ``X.json`` of ``site`` (not under ``vendor/``).
 
     The twin holds ``attnbenchOffline(<X.json>);``: a file:// page may load scripts but not read
@@ -256,7 +269,7 @@ def write_json_twins(site: Path) -> int:
     site = Path(site)
     count = 0
     for path in sorted(site.rglob("*.json")):
-        if path.relative_to(site).parts[0] == VENDOR:
+        if path.relative_to(site).parts[0] == _VENDOR:
             continue
         twin = path.with_name(path.name + ".js")
         twin.write_text(
@@ -276,7 +289,7 @@ def _has_results(results_dir: Path) -> bool:
 
 def publish(
     config: str | Path = "asv.conf.json", html_dir: str | Path | None = None
-) -> PublishOutcome:
+) -> _PublishOutcome:
     """Run ``asv publish`` and make its site work offline; the site appears whole or not at all.
 
     asv runs in the configuration's folder, so the paths in the configuration are relative to it.
@@ -312,13 +325,13 @@ def publish(
         out = subprocess.run(cmd, cwd=config.parent, capture_output=True, text=True)
         if out.returncode != 0 or not (site / "index.html").is_file():
             raise PublishError(f"asv publish failed (exit {out.returncode}):\n{output_tail(out)}")
-        shutil.copytree(ASSETS, site / VENDOR, ignore=shutil.ignore_patterns("__pycache__"))
-        write_json_twins(site)
+        shutil.copytree(ASSETS, site / _VENDOR, ignore=shutil.ignore_patterns("__pycache__"))
+        _write_json_twins(site)
         rewritten = localize(site, assets)
         _put_in_place(site, target, work / "old")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return PublishOutcome(
+    return _PublishOutcome(
         html_dir=target, rewritten=rewritten, asv_output=(out.stdout or "") + (out.stderr or "")
     )
 

@@ -14,6 +14,16 @@ import torch
 from attnbench import mask_mods
 from attnbench._checks import check_float_dtype, check_mask, check_qkv, check_scale
 
+__all__ = [
+    "TILE_ELEMENTS",
+    "Q_TILE",
+    "repeat_kv",
+    "attend",
+    "kernel_attend",
+    "reference_attention",
+    "blockwise_reference_attention",
+]
+
 TILE_ELEMENTS = 2**20
 """Most (query, key) pairs per head in one tile of :func:`blockwise_reference_attention`.
 
@@ -182,13 +192,13 @@ def reference_attention(
     return attend(scores, v, mask, dtype)
 
 
-TileMask = Callable[[int, int, int, int], "torch.Tensor | None"]
+_TileMask = Callable[[int, int, int, int], "torch.Tensor | None"]
 """``(q0, q1, k0, k1) -> allowed (B?, H?, Cq?, Ck)`` on one tile, or None (every pair allowed)."""
 
 
 def _tile_masker(
     mask: torch.Tensor | mask_mods.MaskMod | None, batch: int, heads: int, device
-) -> TileMask:
+) -> _TileMask:
     """The mask of any tile, read from a broadcastable bool tensor or evaluated from a predicate."""
     if mask is None:
         return lambda q0, q1, k0, k1: None
@@ -246,7 +256,7 @@ class _BlockwiseReference(torch.autograd.Function):
     """Forward by online softmax over tiles; backward one query block at a time, densely."""
 
     @staticmethod
-    def forward(ctx, q, k, v, masker: TileMask, scale: float, dtype: torch.dtype):
+    def forward(ctx, q, k, v, masker: _TileMask, scale: float, dtype: torch.dtype):
         ctx.save_for_backward(q, k, v)
         ctx.masker, ctx.scale, ctx.dtype = masker, scale, dtype
         kr, vr = repeat_kv(k, v, q.shape[1])  # (B, H, Lk, D), (B, H, Lk, Dv)
@@ -284,7 +294,7 @@ def _online_rows(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    masker: TileMask,
+    masker: _TileMask,
     q0: int,
     ck: int,
     scale: float,

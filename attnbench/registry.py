@@ -19,6 +19,18 @@ from typing import Any
 
 from attnbench.variants.base import Variant
 
+__all__ = [
+    "register",
+    "NAME",
+    "unregister",
+    "variant_names",
+    "default_variants",
+    "variant_class",
+    "variant_defaults",
+    "get_variant",
+    "BUILTINS",
+]
+
 _REGISTRY: dict[str, tuple[type[Variant] | str, dict[str, Any]]] = {}
 
 

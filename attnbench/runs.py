@@ -36,11 +36,38 @@ import pandas as pd
 from attnbench.contract import RUN_LENGTHS, SWEPT_LENGTH, WORKLOADS, Status
 from attnbench.errors import AttnbenchError, UsageError
 from attnbench.io import atomic_write, atomic_write_text, check_path, error_line
+from attnbench.measure.config import MeasureConfig
 from attnbench.measure.instructions import Count, attach
 from attnbench.measure.record import STATUSES, Environment, Measurement
-from attnbench.measure.runner import MeasureConfig, default_lengths
+from attnbench.measure.runner import default_lengths
 from attnbench.registry import default_variants, get_variant
 from attnbench.spec import AttnSpec
+
+__all__ = [
+    "DEFAULT_LENGTHS",
+    "DECODE_LENGTHS",
+    "MEASUREMENTS",
+    "MANIFEST",
+    "LOG",
+    "LOG_SCHEMA",
+    "MANIFEST_SCHEMA",
+    "device_only_defaults",
+    "grid",
+    "swept_length",
+    "COUNT_SHARE",
+    "COUNT_FLOOR_S",
+    "count_wait_s",
+    "counted_cases",
+    "new_run_dir",
+    "empty_grid_reason",
+    "case_key",
+    "read_log",
+    "count_from_json",
+    "RunDirError",
+    "RunWriteError",
+    "RunDirectory",
+    "write_run",
+]
 
 DEFAULT_LENGTHS: tuple[int, ...] = RUN_LENGTHS["prefill"]
 DECODE_LENGTHS: tuple[int, ...] = RUN_LENGTHS["decode"]
@@ -49,11 +76,11 @@ not fit)."""
 MEASUREMENTS = "measurements.csv"
 MANIFEST = "manifest.json"
 LOG = "cases.jsonl"
-LOCK = ".lock"
-REPORT = "report"
+_LOCK = ".lock"
+_REPORT = "report"
 LOG_SCHEMA = "attnbench.log/1"
 MANIFEST_SCHEMA = "attnbench.run/1"
-RUN_FILES = (LOG, MEASUREMENTS, MANIFEST)
+_RUN_FILES = (LOG, MEASUREMENTS, MANIFEST)
 """Files a run writes (``--force`` removes these and ``report/``; other files are left alone)."""
 
 
@@ -62,7 +89,7 @@ def _repeated(values: Sequence) -> str:
     return ", ".join(str(v) for v in dict.fromkeys(v for v in values if list(values).count(v) > 1))
 
 
-def runnable_defaults(devices: Sequence[str]) -> list[str]:
+def _runnable_defaults(devices: Sequence[str]) -> list[str]:
     """The default sweep's variants that run on one of ``devices`` at all.
 
     CUDA-only kernels drop out on a CPU.
@@ -76,7 +103,7 @@ def device_only_defaults(devices: Sequence[str]) -> list[str]:
 
     ``run`` says so once.
     """
-    runnable = set(runnable_defaults(devices))
+    runnable = set(_runnable_defaults(devices))
     return [n for n in default_variants() if n not in runnable]
 
 
@@ -129,7 +156,7 @@ def grid(
     devices = devices or [base.device]
     shapes = _shapes(base, head_dims, batches, kv_heads)
     cases = []
-    for name in list(variants) if variants else runnable_defaults(devices):
+    for name in list(variants) if variants else _runnable_defaults(devices):
         variant = get_variant(name)  # an unknown name raises here, whatever limit_slow says
         lens = default_lengths(variant, lengths) if limit_slow else list(lengths)
         for shape, device, dtype, mode, mask, length in itertools.product(
@@ -181,7 +208,7 @@ def swept_length(spec: AttnSpec, workload: str) -> int:
     return spec.lk if SWEPT_LENGTH[workload] == "seq_len_k" else spec.lq
 
 
-COUNT_BUDGET_S = 360.0
+_COUNT_BUDGET_S = 360.0
 """Predicted seconds under valgrind that ``attnbench run`` spends counting by default. The
 prediction is cautious (a counted case takes less than predicted), so the counting, beside the
 timed sweep, ends about when the sweep does."""
@@ -203,7 +230,7 @@ def count_wait_s(sweep_s: float) -> float:
 
 
 def counted_cases(
-    cases: Sequence[tuple[str, AttnSpec]], every: bool = False, budget_s: float = COUNT_BUDGET_S
+    cases: Sequence[tuple[str, AttnSpec]], every: bool = False, budget_s: float = _COUNT_BUDGET_S
 ) -> list[tuple[str, AttnSpec]]:
     """The CPU cases ``attnbench run`` counts instructions for.
 
@@ -234,7 +261,7 @@ def counted_cases(
     return sorted(chosen, key=lambda case: predicted_seconds(*case, config, peak))
 
 
-def to_frame(measurements: Sequence[Measurement]) -> pd.DataFrame:
+def _to_frame(measurements: Sequence[Measurement]) -> pd.DataFrame:
     """One row per measurement (the wide "run" schema)."""
     return pd.DataFrame([m.to_row() for m in measurements])
 
@@ -282,13 +309,13 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
-def measurement_to_json(m: Measurement) -> dict[str, Any]:
-    """A Measurement as a JSON-able dict (inverse: :func:`measurement_from_json`)."""
+def _measurement_to_json(m: Measurement) -> dict[str, Any]:
+    """A Measurement as a JSON-able dict (inverse: :func:`_measurement_from_json`)."""
     return _jsonable(dataclasses.asdict(m))
 
 
-def measurement_from_json(data: dict[str, Any]) -> Measurement:
-    """Rebuild a Measurement from :func:`measurement_to_json`; unknown keys are ignored.
+def _measurement_from_json(data: dict[str, Any]) -> Measurement:
+    """Rebuild a Measurement from :func:`_measurement_to_json`; unknown keys are ignored.
 
     Raises:
         ValueError, TypeError, KeyError: a record that is not one (a field of the wrong type, a
@@ -341,12 +368,12 @@ def _float(name: str, value: int | float) -> float:
         ) from None
 
 
-def config_json(config: MeasureConfig) -> dict[str, Any]:
+def _config_json(config: MeasureConfig) -> dict[str, Any]:
     return _jsonable(dataclasses.asdict(config))
 
 
 @dataclasses.dataclass(frozen=True)
-class RunLog:
+class _RunLog:
     """What a ``cases.jsonl`` holds."""
 
     # configuration and planned grid; None for an empty or header-less log
@@ -360,7 +387,7 @@ class RunLog:
     counts: dict[str, Count] = dataclasses.field(default_factory=dict)
 
 
-def read_log(path: str | Path) -> RunLog:
+def read_log(path: str | Path) -> _RunLog:
     """Read a run log; unreadable lines are skipped with the reason, never an exception.
 
     Raises:
@@ -381,7 +408,7 @@ def read_log(path: str | Path) -> RunLog:
             if item.get("kind") == "header":
                 header = header or item
             elif item.get("kind") == "case":
-                found.append(measurement_from_json(item["measurement"]))
+                found.append(_measurement_from_json(item["measurement"]))
             elif item.get("kind") == "count":
                 counts[str(item["case"])] = count_from_json(item["count"])
             else:
@@ -397,7 +424,7 @@ def read_log(path: str | Path) -> RunLog:
                 notes.append(rejected[-1])
     # a count may be logged before its case
     found = [attach(m, counts.get(case_key(m.variant, m.spec))) for m in found]
-    return RunLog(
+    return _RunLog(
         header=header,
         measurements=tuple(found),
         notes=tuple(notes),
@@ -406,7 +433,7 @@ def read_log(path: str | Path) -> RunLog:
     )
 
 
-def count_to_json(count: Count) -> dict[str, Any]:
+def _count_to_json(count: Count) -> dict[str, Any]:
     """An instruction count as a log line's ``count`` (its case is named by the line's key)."""
     return {
         "status": count.status,
@@ -550,7 +577,7 @@ def _check_resumable(
             f"{LOG_SCHEMA!r} and would mix the two (use the attnbench that wrote it, or --force)"
         )
     # a setting added since the log was written had its default then (e.g. workload "prefill")
-    defaults = config_json(MeasureConfig())
+    defaults = _config_json(MeasureConfig())
     old_conf = {
         **{k: v for k, v in defaults.items() if k not in old.get("config", {})},
         **old.get("config", {}),
@@ -607,7 +634,7 @@ class RunDirectory:
             raise RunDirError(f"--out {self.path} is not writable")
         try:
             # held until close()
-            self._lock = open(self.path / LOCK, "a+", encoding="utf-8")  # noqa: SIM115
+            self._lock = open(self.path / _LOCK, "a+", encoding="utf-8")  # noqa: SIM115
         except OSError as exc:
             raise RunDirError(f"--out {self.path} is not writable: {exc.strerror or exc}") from None
         try:
@@ -624,7 +651,7 @@ class RunDirectory:
         self._lock.write(f"{os.getpid()}\n")
         self._lock.flush()
         try:
-            others = sorted(p.name for p in self.path.iterdir() if p.name != LOCK)
+            others = sorted(p.name for p in self.path.iterdir() if p.name != _LOCK)
             if others and not (resume or force):
                 shown = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")
                 raise RunDirError(
@@ -637,13 +664,13 @@ class RunDirectory:
                     "attnbench, or not a run directory); use --force to replace it"
                 )
             if force:
-                for name in RUN_FILES:
+                for name in _RUN_FILES:
                     (self.path / name).unlink(missing_ok=True)
             self._remove_report()
         except BaseException:
             self.close()
             raise
-        self.log = RunLog(None, (), ())
+        self.log = _RunLog(None, (), ())
         self._counts: dict[str, Count] = {}
         self.notes: list[str] = []
         self.header: dict[str, Any] = {}
@@ -651,7 +678,7 @@ class RunDirectory:
         self._file = None
 
     def _remove_report(self) -> None:
-        report = self.path / REPORT
+        report = self.path / _REPORT
         if report.is_dir() and not report.is_symlink():
             shutil.rmtree(report)
         elif report.exists() or report.is_symlink():
@@ -673,7 +700,7 @@ class RunDirectory:
                 difference named).
         """
         keys = [case_key(n, s) for n, s in cases]
-        conf = config_json(config)
+        conf = _config_json(config)
         log_path = self.path / LOG
         if log_path.exists():
             self.log = read_log(log_path)
@@ -735,7 +762,7 @@ class RunDirectory:
 
     def add(self, measurement: Measurement, *, seconds: float | None = None) -> None:
         """Append one finished case durably, then refresh the derived files."""
-        self._append_line({"kind": "case", "measurement": measurement_to_json(measurement)})
+        self._append_line({"kind": "case", "measurement": _measurement_to_json(measurement)})
         self.measurements.append(
             attach(measurement, self._counts.get(case_key(measurement.variant, measurement.spec)))
         )
@@ -748,7 +775,7 @@ class RunDirectory:
         measurement if that is logged.
         """
         key = case_key(count.variant, count.spec)
-        self._append_line({"kind": "count", "case": key, "count": count_to_json(count)})
+        self._append_line({"kind": "count", "case": key, "count": _count_to_json(count)})
         self._counts[key] = count
         self.measurements = [
             attach(m, count) if case_key(m.variant, m.spec) == key else m for m in self.measurements
@@ -818,7 +845,7 @@ def _write_derived(
     peak_gflops: dict[str, float] | None,
     peak_gbps: dict[str, float] | None = None,
 ) -> None:
-    frame = to_frame(measurements)
+    frame = _to_frame(measurements)
     atomic_write(run_dir / MEASUREMENTS, lambda tmp: frame.to_csv(tmp, index=False))
     env = next((m.env for m in measurements if m.env is not None), None)
     planned = int(header.get("planned", len(measurements)))
@@ -860,9 +887,9 @@ def write_run(
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     keys = [case_key(m.variant, m.spec) for m in measurements]
-    header = _new_header(config_json(config), keys, command, peak_gflops, peak_gbps)
+    header = _new_header(_config_json(config), keys, command, peak_gflops, peak_gbps)
     lines = [json.dumps(header)] + [
-        json.dumps({"kind": "case", "measurement": measurement_to_json(m)}) for m in measurements
+        json.dumps({"kind": "case", "measurement": _measurement_to_json(m)}) for m in measurements
     ]
     atomic_write_text(run_dir / LOG, "\n".join(lines) + "\n")
     _write_derived(

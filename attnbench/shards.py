@@ -30,9 +30,20 @@ from attnbench import contract
 from attnbench.errors import UsageError
 from attnbench.io import atomic_write_text
 
+__all__ = [
+    "BENCHMARK_PREFIXES",
+    "ShardError",
+    "parse_shard",
+    "suite_benchmarks",
+    "shard",
+    "bench_pattern",
+    "shard_environment",
+    "merge_results",
+]
+
 BENCHMARK_PREFIXES = ("time_", "timeraw_", "mem_", "peakmem_", "track_")
 """The method names asv runs as benchmarks."""
-BENCH_ENV = "ATTNBENCH_ASV_BENCH"
+_BENCH_ENV = "ATTNBENCH_ASV_BENCH"
 """The variable :func:`shard_environment` sets to the ``--bench`` pattern of a shard."""
 
 
@@ -114,7 +125,7 @@ def shard_environment(
     """The variables a CI job sets: its grid's settings and its shard's ``--bench`` pattern.
 
     The grid's are ``ATTNBENCH_ASV_*`` (``grid`` names one of ``contract.GRIDS``); the ``--bench``
-    pattern of its shard is :data:`BENCH_ENV`.
+    pattern of its shard is :data:`_BENCH_ENV`.
 
     Raises:
         ShardError: an unknown grid, or a shard with nothing in it.
@@ -124,13 +135,13 @@ def shard_environment(
         if grid not in contract.GRIDS:
             raise ShardError(f"--grid must be one of {sorted(contract.GRIDS)}, got {grid!r}")
         env.update(contract.grid_environment(contract.GRIDS[grid]))
-    env[BENCH_ENV] = bench_pattern(shard(suite_benchmarks(benchmark_dir), index, count))
+    env[_BENCH_ENV] = bench_pattern(shard(suite_benchmarks(benchmark_dir), index, count))
     return env
 
 
 # ---- merging -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Merged:
+class _Merged:
     """What :func:`merge_results` wrote."""
 
     files: int  # result files written (one per machine, commit and environment)
@@ -142,7 +153,7 @@ def _result_files(source: Path) -> list[Path]:
     return sorted(p for p in source.glob("*/*.json") if p.name != "machine.json")
 
 
-def merge_results(sources: Sequence[str | Path], out: str | Path) -> Merged:
+def merge_results(sources: Sequence[str | Path], out: str | Path) -> _Merged:
     """Union the asv results directories of several shards into ``out`` (created, or added to).
 
     Files of the same machine, commit and environment are merged benchmark by benchmark; a benchmark
@@ -182,7 +193,7 @@ def merge_results(sources: Sequence[str | Path], out: str | Path) -> Merged:
         if machine is not None and not (target.parent / "machine.json").exists():
             shutil.copy2(machine, target.parent / "machine.json")
         atomic_write_text(target, json.dumps(merged))
-    return Merged(files=len(groups), shards=sum(len(p) for p in groups.values()), benchmarks=rows)
+    return _Merged(files=len(groups), shards=sum(len(p) for p in groups.values()), benchmarks=rows)
 
 
 def _check_benchmarks_json(path: Path) -> None:

@@ -16,13 +16,15 @@ import torch
 from attnbench import mask_mods, masks
 from attnbench._checks import check_bool, check_device_available, check_positive_int, check_seed
 
+__all__ = ["DTYPES", "MODES", "MaskForm", "AttnSpec"]
+
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "float64": torch.float64,
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
-DEVICES: tuple[str, ...] = ("cpu", "cuda")
+_DEVICES: tuple[str, ...] = ("cpu", "cuda")
 MODES: tuple[str, ...] = ("forward", "backward")
 """``backward`` means one forward and one backward pass (a training step's attention work)."""
 

@@ -48,7 +48,8 @@ def gpu_neighbour() -> Iterator[subprocess.Popen]:
 
 def measure_all(lengths: list[int], label: str) -> list[str]:
     """Measure each case; one printed line per case; returns the statuses."""
-    from attnbench.measure.runner import MeasureConfig, measure
+    from attnbench.measure.config import MeasureConfig
+    from attnbench.measure.runner import measure
     from attnbench.spec import AttnSpec
 
     statuses = []

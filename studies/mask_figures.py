@@ -15,6 +15,7 @@ import statistics
 import attnbench
 from attnbench import AttnSpec, masks
 from attnbench.measure import memory, regime, runner
+from attnbench.measure.config import MeasureConfig
 from studies import chunked_speed
 
 
@@ -42,7 +43,7 @@ def peak(name: str, spec: AttnSpec) -> float:
 
 def correctness(length: int = 300) -> None:
     """Error / tolerance of the gate for document and prefix_lm masks, every variant that declares them."""
-    config = runner.MeasureConfig()
+    config = MeasureConfig()
     print(
         f"[4] document and prefix_lm vs the float64 reference: B2 H2 L{length} D32, document lengths "
         f"{masks.default_document_lengths(length)}, error / gate tolerance (<= 1 passes)"

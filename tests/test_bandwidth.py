@@ -116,7 +116,7 @@ def test_peak_prints_flops_and_both_bandwidths(monkeypatch, capsys, tmp_path):
 
 
 def test_the_run_manifest_carries_the_bandwidth_roof_into_the_frame(tmp_path):
-    from attnbench.measure.runner import MeasureConfig
+    from attnbench.measure.config import MeasureConfig
 
     run = write_run(
         tmp_path / "run",

@@ -15,8 +15,8 @@ from attnbench.analysis.frame import load, load_asv
 from attnbench.cli import main
 from attnbench.contract import Status
 from attnbench.gate.export import EXPORTED, FORMATS, ExportError, export
+from attnbench.measure.config import MeasureConfig
 from attnbench.measure.record import Measurement
-from attnbench.measure.runner import MeasureConfig
 from attnbench.runs import write_run
 from attnbench.spec import AttnSpec
 from tests.asv_history import commit_hashes, write_history

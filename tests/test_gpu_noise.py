@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from attnbench.measure import probe, runner, schedstat
-from attnbench.measure.runner import MeasureConfig, timed_attempts
+from attnbench.measure.config import MeasureConfig
+from attnbench.measure.runner import timed_attempts
 from attnbench.measure.timer import Blocks, TimerConfig
 
 FAST = TimerConfig(min_runs=3, min_time=0.02, max_time=0.5)

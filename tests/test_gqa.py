@@ -12,8 +12,8 @@ import pytest
 
 from attnbench import contract
 from attnbench.analysis.rundir import load_run
+from attnbench.measure.config import MeasureConfig
 from attnbench.measure.record import Measurement
-from attnbench.measure.runner import MeasureConfig
 from attnbench.runs import MEASUREMENTS, write_run
 from attnbench.spec import AttnSpec
 from tests.test_loading import measurements, write_good_run

@@ -21,8 +21,8 @@ import pytest
 from attnbench.analysis.frame import load, load_asv
 from attnbench.analysis.rundir import load_run
 from attnbench.cli import main
+from attnbench.measure.config import MeasureConfig
 from attnbench.measure.record import Environment, Measurement
-from attnbench.measure.runner import MeasureConfig
 from attnbench.runs import LOG, MANIFEST, MEASUREMENTS, case_key, write_run
 from attnbench.spec import AttnSpec
 

@@ -8,6 +8,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from attnbench import mask_mods as mm
+from attnbench import mask_sums
 
 
 def _brute(mod: mm.MaskMod, batch: int, lq: int, lk: int) -> torch.Tensor:
@@ -348,6 +349,6 @@ def test_bad_calls_are_named(call, exc, match):
 
 @given(m=st.integers(-5, 5), c=st.integers(-30, 30), s=st.integers(-10, 10), n=st.integers(0, 12))
 def test_the_half_line_helper_is_exact(m, c, s, n):
-    """``_positive`` bounds every sum above; some of its branches no built-in predicate reaches."""
-    lo, hi = mm._positive(m, c, s, s + n)
+    """``where_positive`` bounds every sum above; some of its branches no built-in predicate reaches."""
+    lo, hi = mask_sums.where_positive(m, c, s, s + n)
     assert [i for i in range(s, s + n) if m * i + c > 0] == list(range(lo, hi))

@@ -9,8 +9,8 @@ import pytest
 from attnbench import contract
 from attnbench.analysis import complexity
 from attnbench.analysis.rundir import load_run
+from attnbench.measure.config import MeasureConfig
 from attnbench.measure.record import Measurement
-from attnbench.measure.runner import MeasureConfig
 from attnbench.runs import MEASUREMENTS, write_run
 from attnbench.spec import AttnSpec
 from tests.box import BOX

@@ -13,8 +13,9 @@ import time
 import pytest
 
 from attnbench.measure import probe, regime, runner, schedstat
+from attnbench.measure.config import MeasureConfig
 from attnbench.measure.record import STATUSES, Measurement
-from attnbench.measure.runner import MeasureConfig, measure
+from attnbench.measure.runner import measure
 from attnbench.measure.sweep import sweep
 from attnbench.measure.timer import Blocks, TimerConfig, time_blocks, time_call
 from attnbench.spec import AttnSpec

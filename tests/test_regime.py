@@ -94,7 +94,8 @@ def test_probe_measures_something():
 FRESH_LINE = """
 import sys
 {plant}
-from attnbench.measure.runner import MeasureConfig, measure
+from attnbench.measure.config import MeasureConfig
+from attnbench.measure.runner import measure
 from attnbench.measure.timer import TimerConfig
 from attnbench.spec import AttnSpec
 m = measure("batched", AttnSpec(seq_len=64, heads=2), MeasureConfig(probe=False, timer=TimerConfig(min_runs=2, min_time=0.01)))
@@ -126,7 +127,7 @@ def test_worker_fresh_process_and_asv_measure_in_the_same_state():
     huge pages, denormals, CPUs). Planted: a process that flushes denormals (the regime resets it)
     still matches, and one restricted to fewer CPUs does not (the line sees it).
     """
-    from attnbench.measure.runner import MeasureConfig
+    from attnbench.measure.config import MeasureConfig
     from attnbench.measure.sweep import sweep
     from attnbench.measure.timer import TimerConfig
     from attnbench.measure.worker import WorkerPool
@@ -155,7 +156,8 @@ import json, sys
 from attnbench.measure import regime
 if sys.argv[2] == "unpinned":  # planted: measure cannot pin the allocator
     regime.allocator_pinned = lambda r: False
-from attnbench.measure.runner import MeasureConfig, measure
+from attnbench.measure.config import MeasureConfig
+from attnbench.measure.runner import measure
 from attnbench.measure.timer import TimerConfig
 from attnbench.spec import AttnSpec
 m = measure("local", AttnSpec(seq_len=1024, heads=8), MeasureConfig(

@@ -533,8 +533,10 @@ def test_the_timer_sees_a_neighbour_take_the_core_and_not_a_sleep(tmp_path, monk
         timed(spin)
     asv_bench.timed_teardown()
     asv_bench.timed_case("batched", 64, "cpu")
-    for _ in range(2):  # one sample of two calls: two pairs of readings
-        timed(lambda: time.sleep(0.1))
+    # one sample of two calls: two pairs of readings. Each wake-up may wait for a core beside the
+    # parallel tests (a few ms): 0.3 s sleeps keep that under 0.1 of the wall time at up to 30 ms
+    for _ in range(2):
+        timed(lambda: time.sleep(0.3))
     asv_bench.timed_teardown()
     crowded, slept = read_probes(log, "runqueue_share")[key]
     assert crowded > 0.25, crowded  # about half: two runnable processes on one core
@@ -828,14 +830,17 @@ def test_the_twin_environment_shares_the_packages_and_nothing_asv_writes(tmp_pat
 
 @pytest.mark.slow
 def test_bisect_names_the_planted_doubling_end_to_end(tmp_path):
-    """Planted: 16 commits of README edits, the 11th also doubling batched's forward. ``attnbench bisect`` on batched
-    L=256's counts names commit 11 with x2.00 in at most 5 probes (GOOD and 4), through asv in the tests' shared
-    environment (here, in this module, so that no other worker's asv installs into it at the same time)."""
+    """Planted: 4 commits of README edits, the 3rd also doubling batched's forward. ``attnbench bisect`` on batched
+    L=256's counts names commit 3 with x2.00 after GOOD and 2 probes (2 good, 3 bad), through asv and valgrind in the
+    tests' shared environment (here, in this module, so that no other worker's asv installs into it at the same
+    time). How few probes a longer history takes is the search's own property, tested on scripted measurements
+    (tests/test_bisect.py: every first bad commit of 16 in at most 5 probes); each probe here is an install and a
+    valgrind process (about 20 s of CPU), so the history is as short as still needs a search."""
     if shutil.which("git") is None or shutil.which("valgrind") is None:
         pytest.skip("needs git and valgrind")
     from tests.test_bisect import planted_history
 
-    clone, commits = planted_history(tmp_path)
+    clone, commits = planted_history(tmp_path, n=4, culprit=3)
     good = _git(clone, "rev-parse", f"{commits[0]}~1")
     env = {**os.environ, "PYTHONPATH": str(clone), contract.ENV_ENV_DIR: str(ASV_ENV_DIR)}
     started = time.monotonic()
@@ -865,13 +870,11 @@ def test_bisect_names_the_planted_doubling_end_to_end(tmp_path):
         out.stdout,
         re.M,
     )
-    assert named and named[1] == commits[10] and float(named[2]) == pytest.approx(2.0, abs=0.01), (
+    assert named and named[1] == commits[2] and float(named[2]) == pytest.approx(2.0, abs=0.01), (
         text
     )
     probes = re.findall(r"^probe \d+: ([0-9a-f]{10}) (good|bad)", out.stdout, re.M)
-    assert len(probes) <= 4 and [c for c, _ in probes] == [
-        commits[k - 1][:10] for k in (8, 12, 10, 11)
-    ], text
+    assert probes == [(commits[1][:10], "good"), (commits[2][:10], "bad")], text
     assert re.search(r"^bisect \[\s*\d+ s\] measuring GOOD", out.stderr, re.M), (
         text
     )  # progress, with elapsed time

@@ -174,7 +174,8 @@ def test_measure_leaves_the_callers_rng_as_it_found_it():
     import torch
 
     import attnbench
-    from attnbench.measure.runner import MeasureConfig, measure
+    from attnbench.measure.config import MeasureConfig
+    from attnbench.measure.runner import measure
     from attnbench.variants.batched import BatchedAttention
 
     class Seeds(BatchedAttention):
@@ -376,7 +377,7 @@ def test_the_counts_left_are_said_with_how_to_take_them_and_resume_can(
     """The run level: a stopped count is not logged (so --resume counts it) and the note says how."""
     import attnbench.runs
     from attnbench.cli import build_parser, run_options
-    from attnbench.measure.runner import MeasureConfig
+    from attnbench.measure.config import MeasureConfig
     from attnbench.session import _Sweep
 
     monkeypatch.setattr(attnbench.runs, "COUNT_FLOOR_S", 0.3)  # the limit: 0.3 s of real time

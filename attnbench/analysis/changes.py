@@ -5,7 +5,7 @@ read by :func:`attnbench.gate.steps.find_steps` into a :class:`History`: per mac
 metric, the commits where a value stepped or drifted beyond the gate's factor, or where a case
 stopped running. This module holds what those readings are (:class:`ChangeKind`,
 :class:`Direction`, :class:`Change`, :class:`History`) and how a change is named in a table, a
-figure or a summary (:func:`case_label`, :func:`ratio_text`, :func:`table`).
+figure or a summary (:func:`case_label`, :func:`_ratio_text`, :func:`table`).
 
 Nothing here runs a benchmark, a process or draws: :mod:`attnbench.report` draws,
 :mod:`attnbench.gate.markdown` writes the summary, ``attnbench history`` prints.
@@ -26,9 +26,7 @@ from attnbench.analysis import growth, text
 __all__ = [
     "CASE",
     "DEFAULT_WINDOW",
-    "EXACT",
     "FIGURE_CASE",
-    "MAIN_GRID_CLASSES",
     "METRICS",
     "STEP_COLUMNS",
     "TIMED",
@@ -38,10 +36,8 @@ __all__ = [
     "GitLog",
     "History",
     "case_label",
-    "commits_text",
     "default_factors",
     "grid_of",
-    "ratio_text",
     "table",
 ]
 
@@ -50,12 +46,12 @@ DEFAULT_WINDOW = 10
 
 Counts do not wander by themselves (an unchanged commit counts alike far within the gate's factor:
 docs/regression.md), so a long window adds no false drift."""
-EXACT = ("instructions", "peak_tensor_bytes", "flops")
+_EXACT = ("instructions", "peak_tensor_bytes", "flops")
 """Deterministic metrics: exact rules on the values themselves."""
 TIMED = ("time",)
 """Noisy metrics: levels from asv's step detection first."""
-METRICS = (*EXACT, *TIMED)
-MAIN_GRID_CLASSES = (
+METRICS = (*_EXACT, *TIMED)
+_MAIN_GRID_CLASSES = (
     "Attention",
     "AttentionMetrics",
     "AttentionAccuracy",
@@ -178,7 +174,7 @@ def grid_of(benchmark: object) -> str:
     """The asv class a benchmark's shape is (``Decode``), or "" for the main grid's classes."""
     parts = str(benchmark).split(".")
     cls = parts[-2] if len(parts) >= 2 else ""
-    return "" if cls in MAIN_GRID_CLASSES else cls
+    return "" if cls in _MAIN_GRID_CLASSES else cls
 
 
 def case_label(rec: dict | pd.Series) -> str:
@@ -203,7 +199,7 @@ def case_label(rec: dict | pd.Series) -> str:
     return " ".join(parts)
 
 
-def ratio_text(rec: dict | pd.Series) -> str:
+def _ratio_text(rec: dict | pd.Series) -> str:
     """The ratio with the digits its metric needs (counts: 4; a 0.2% change is a verdict)."""
     if rec["kind"] in (ChangeKind.FAILED, ChangeKind.WRONG):
         return rec["kind"]
@@ -212,7 +208,7 @@ def ratio_text(rec: dict | pd.Series) -> str:
     return text.ratio(rec["ratio"], rec["metric"])
 
 
-def commits_text(rec: dict | pd.Series, short: int = 8) -> str:
+def _commits_text(rec: dict | pd.Series, short: int = 8) -> str:
     """``abc12345`` for a step, ``abc12345..def67890 (5 commits)`` for a drift."""
     if rec["first"] == rec["last"]:
         return str(rec["first"])[:short]
@@ -226,10 +222,10 @@ def table(history: History) -> pd.DataFrame:
         return pd.DataFrame(columns=["commit", "case", "metric", "ratio", "change", "subject"])
     return pd.DataFrame(
         {
-            "commit": [commits_text(r) for r in steps.to_dict("records")],
+            "commit": [_commits_text(r) for r in steps.to_dict("records")],
             "case": [case_label(r) for r in steps.to_dict("records")],
             "metric": steps["metric"].to_numpy(),
-            "ratio": [ratio_text(r) for r in steps.to_dict("records")],
+            "ratio": [_ratio_text(r) for r in steps.to_dict("records")],
             "change": (steps["direction"] + " (" + steps["kind"] + ")").to_numpy(),
             "subject": [history.subject(c) for c in steps["first"]],
         }

@@ -33,13 +33,44 @@ from attnbench.contract import (
 from attnbench.registry import get_variant, variant_names
 from attnbench.spec import AttnSpec
 
+__all__ = [
+    "FLOOR_FACTOR",
+    "MIN_POINTS",
+    "MAX_CI_WIDTH",
+    "TOLERANCE",
+    "CLIP",  # CLIP, OUTLIER and BOOTSTRAP: FIT_RULE, which the report prints, names them
+    "OUTLIER",
+    "BOOTSTRAP",
+    "MODEL",
+    "GROUP",
+    "FitVerdict",
+    "VERDICTS",
+    "FIT_RULE",
+    "SPLIT_TRUSTED",
+    "constant_cost",
+    "fit_exponent",
+    "fit_deterministic",
+    "CostSplit",
+    "cost_split",
+    "verdict",
+    "excludes_declared",
+    "declared_exponent",
+    "swept",
+    "fit_table",
+    "tally",
+    "headline",
+    "crossovers",
+    "largest_length",
+    "memory_model",
+]
+
 FLOOR_FACTOR = 2.0
 MIN_POINTS = 4
 CLIP = 2.5  # residuals beyond this many robust standard deviations are clipped for the interval
 OUTLIER = 3.0  # ... and beyond this many, the point is listed as an outlier
 MAX_CI_WIDTH = 0.5
 BOOTSTRAP = 2000
-SEED = 20240601  # fixed: the bootstrap interval must not change between processes
+_SEED = 20240601  # fixed: the bootstrap interval must not change between processes
 TOLERANCE = 0.25
 MODEL = Method.MODEL  # the method of predicted (not measured) values
 GROUP = [
@@ -74,7 +105,7 @@ class FitVerdict(enum.StrEnum):
 
 VERDICTS = tuple(FitVerdict)
 # one query row over Lk keys: at most O(Lk) time and scratch, whatever the prefill exponent
-DECODE_CAP = 1.0
+_DECODE_CAP = 1.0
 
 FIT_RULE = f"""How the exponent is fitted. At short lengths a constant per-call cost (interpreter,
 dispatch, kernel launch) hides the asymptotic term, and on a shared machine single points can be far
@@ -224,7 +255,7 @@ def _above_floor(lengths: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, s
 def _theil_sen_fit(x: np.ndarray, y: np.ndarray) -> dict[str, float | int | str]:
     """The Theil-Sen slope of ``y`` on ``x`` with its bootstrap interval, r², span and notes."""
     slope, intercept, _, _ = stats.theilslopes(y, x, method="joint")
-    boot = _theil_sen_bootstrap(x, y, slope, intercept, BOOTSTRAP, SEED)
+    boot = _theil_sen_bootstrap(x, y, slope, intercept, BOOTSTRAP, _SEED)
     lo, hi = np.percentile(boot, [2.5, 97.5])
     resid = y - (intercept + slope * x)
     scale = _robust_scale(_loo_residuals(x, y)) if len(x) > 2 else 0.0
@@ -445,10 +476,10 @@ def declared_exponent(variant: str, metric: str, workload: str = "prefill") -> f
 
     Prefill sweeps L = Lq = Lk and takes the variant's declared exponents. Decode sweeps the cache
     length Lk with one query row, so no variant does more than O(Lk) work or holds more than O(Lk)
-    scratch: the declared decode exponent is ``min(prefill exponent, 1)`` (:data:`DECODE_CAP`). That
-    holds for the linear variants too: they recompute their key-value feature sums over the whole
-    cache on every call instead of carrying a recurrent state from step to step, so a step is O(Lk),
-    not the O(1) a recurrent implementation would reach.
+    scratch: the declared decode exponent is ``min(prefill exponent, 1)`` (:data:`_DECODE_CAP`).
+    That holds for the linear variants too: they recompute their key-value feature sums over the
+    whole cache on every call instead of carrying a recurrent state from step to step, so a step is
+    O(Lk), not the O(1) a recurrent implementation would reach.
 
     Args:
         variant: registered variant name.
@@ -459,7 +490,7 @@ def declared_exponent(variant: str, metric: str, workload: str = "prefill") -> f
     if metric not in DECLARED or variant not in variant_names():
         return math.nan
     declared = float(getattr(get_variant(variant), DECLARED[metric]))
-    return min(declared, DECODE_CAP) if workload == "decode" else declared
+    return min(declared, _DECODE_CAP) if workload == "decode" else declared
 
 
 def _workloads(frame: pd.DataFrame) -> pd.Series:
@@ -548,7 +579,7 @@ def _split_columns(split: CostSplit | None) -> dict[str, float]:
 
 
 @dataclass(frozen=True)
-class Tally:
+class _Tally:
     """The fits with a declared exponent, counted once: every sentence about them reads this."""
 
     judged: int  # fits with a verdict
@@ -571,7 +602,7 @@ class Tally:
         )
 
 
-def tally(fits: pd.DataFrame) -> Tally:
+def tally(fits: pd.DataFrame) -> _Tally:
     """Count and name the verdicts of ``fits`` (rows without a declared exponent are not judged)."""
     judged = fits[fits["verdict"].isin(VERDICTS)] if len(fits) else fits
     several = {
@@ -587,7 +618,7 @@ def tally(fits: pd.DataFrame) -> Tally:
 
     records = judged.to_dict("records")
     named = {v: tuple(name(r) for r in records if r["verdict"] == v) for v in FitVerdict}
-    return Tally(
+    return _Tally(
         judged=len(records),
         conclusive=len(records) - len(named[FitVerdict.INCONCLUSIVE]),
         matches=len(named[FitVerdict.MATCHES]),

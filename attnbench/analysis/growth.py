@@ -34,6 +34,21 @@ from attnbench.analysis import text
 from attnbench.analysis.complexity import CostSplit, cost_split, fit_deterministic
 from attnbench.contract import DETERMINISTIC_POINTS, Basis, GateVerdict, Status
 
+__all__ = [
+    "GROWTH_METRICS",
+    "AT_LENGTH",
+    "NOISE",
+    "EXPONENT_THRESHOLD",
+    "exponent_text",
+    "fit_side",
+    "judge",
+    "growth_rows",
+    "EXPONENT_SUFFIX",
+    "exponent_metric",
+    "SERIES",
+    "exponent_series",
+]
+
 GROWTH_METRICS = ("instructions", "peak_tensor_bytes", "flops")
 """The exact metrics whose growth along L is judged (time is too noisy to extrapolate)."""
 AT_LENGTH: dict[str, int] = {"prefill": 131072, "decode": 131072}
@@ -63,7 +78,7 @@ def exponent_text(exponent: float) -> str:
 
 
 @dataclass(frozen=True)
-class SideFit:
+class _SideFit:
     """One side's metric along L: the fitted exponent, its local slopes' range, the cost split."""
 
     lengths: tuple[int, ...]
@@ -96,7 +111,7 @@ class SideFit:
         return min(predictions), max(predictions)
 
 
-def fit_side(lengths: Sequence[float], values: Sequence[float]) -> SideFit | None:
+def fit_side(lengths: Sequence[float], values: Sequence[float]) -> _SideFit | None:
     """The exponent and cost split of one side (None: fewer than three positive values).
 
     Args:
@@ -113,7 +128,7 @@ def fit_side(lengths: Sequence[float], values: Sequence[float]) -> SideFit | Non
     if split is None or not math.isfinite(fit["exponent"]):
         return None
     order = np.argsort(x)
-    return SideFit(
+    return _SideFit(
         lengths=tuple(int(v) for v in x[order]),
         values=tuple(float(v) for v in y[order]),
         exponent=float(fit["exponent"]),
@@ -124,12 +139,12 @@ def fit_side(lengths: Sequence[float], values: Sequence[float]) -> SideFit | Non
 
 
 @dataclass(frozen=True)
-class Growth:
+class _Growth:
     """One case's metric, BASE against HEAD: exponents, measured and predicted ratios, verdict."""
 
     metric: str
-    base: SideFit
-    head: SideFit
+    base: _SideFit
+    head: _SideFit
     at_length: int
     factor: float
     predicted_ratio: float  # HEAD / BASE of the cost splits at ``at_length``
@@ -163,15 +178,15 @@ class Growth:
 
 
 def judge(
-    base: SideFit,
-    head: SideFit,
+    base: _SideFit,
+    head: _SideFit,
     *,
     metric: str,
     factor: float,
     at_length: int,
     threshold: float = EXPONENT_THRESHOLD,
     noise: float | None = None,
-) -> Growth:
+) -> _Growth:
     """The verdict on how one case's ``metric`` grows from ``base`` to ``head`` (see the module).
 
     Args:
@@ -206,7 +221,7 @@ def judge(
         else math.nan
     )
     grew = head.exponent - base.exponent > threshold and low > 1
-    return Growth(
+    return _Growth(
         metric=metric,
         base=base,
         head=head,
@@ -222,13 +237,13 @@ def judge(
     )
 
 
-GROWTH_COLUMNS = ["base_exponent", "head_exponent", "predicted_ratio", "at_length"]
+_GROWTH_COLUMNS = ["base_exponent", "head_exponent", "predicted_ratio", "at_length"]
 """Columns :func:`growth_rows` gives every row of the gate's table of an exact metric."""
 _LENGTH_FREE = ["benchmark", "variant", "device", "mode", "mask", "metric"]
 """A case without its length, and the metric: one series along L."""
 
 
-def at_length_of(workload: object, at_length: int | None) -> int:
+def _at_length_of(workload: object, at_length: int | None) -> int:
     """``at_length`` where given, else :data:`AT_LENGTH` of ``workload`` (prefill's by default)."""
     if at_length is not None:
         return at_length
@@ -257,15 +272,15 @@ def growth_rows(
         at_length: the target length (None: :data:`AT_LENGTH` of each row's workload).
         threshold: :data:`EXPONENT_THRESHOLD` unless given.
     """
-    table = table.assign(basis=Basis.MEASURED, **{c: math.nan for c in GROWTH_COLUMNS})
+    table = table.assign(basis=Basis.MEASURED, **{c: math.nan for c in _GROWTH_COLUMNS})
     predicted = []
     exact = table[table["metric"].isin(GROWTH_METRICS)]
     for key, rows in exact.groupby(_LENGTH_FREE, sort=True, dropna=False):
-        target = at_length_of(rows["workload"].iloc[0] if "workload" in rows else "", at_length)
+        target = _at_length_of(rows["workload"].iloc[0] if "workload" in rows else "", at_length)
         growth = _judge_rows(rows, key[-1], factor_of(key[-1]), target, threshold)
         if growth is None:
             continue
-        table.loc[rows.index, GROWTH_COLUMNS] = [
+        table.loc[rows.index, _GROWTH_COLUMNS] = [
             growth.base.exponent,
             growth.head.exponent,
             growth.predicted_ratio,
@@ -277,7 +292,7 @@ def growth_rows(
 
 def _judge_rows(
     rows: pd.DataFrame, metric: str, factor: float, at_length: int, threshold: float
-) -> Growth | None:
+) -> _Growth | None:
     """:func:`judge` on one series' rows (None: a side with fewer than three ``ok`` lengths)."""
     sides = []
     for side in ("base", "head"):
@@ -290,7 +305,7 @@ def _judge_rows(
     )
 
 
-def _predicted_row(case: dict, growth: Growth) -> dict:
+def _predicted_row(case: dict, growth: _Growth) -> dict:
     """The table row of one series' prediction (see :func:`growth_rows`)."""
     return {
         **case,

@@ -22,7 +22,9 @@ import pandas as pd
 from attnbench.analysis.complexity import MODEL
 from attnbench.contract import Status
 
-CASE = [
+__all__ = ["COLUMNS", "roofline"]
+
+_CASE = [
     "source",
     "origin",
     "machine",
@@ -42,7 +44,7 @@ CASE = [
 ]
 """The columns that name one case (``kv_heads`` and ``workload`` only when the frame has them)."""
 COLUMNS = [
-    *CASE,
+    *_CASE,
     "flops",
     "bytes",
     "ai",
@@ -57,7 +59,7 @@ COLUMNS = [
     "pct_of_compute",
     "pct_of_bandwidth",
 ]
-COMPUTE, BANDWIDTH = "compute", "bandwidth"
+_COMPUTE, _BANDWIDTH = "compute", "bandwidth"
 
 
 def _metric(frame: pd.DataFrame, metric: str, keys: list[str], measured: bool) -> pd.Series:
@@ -90,14 +92,14 @@ def roofline(frame: pd.DataFrame) -> pd.DataFrame:
     frame = frame.assign(
         workload=frame.get("workload", pd.Series("prefill", index=frame.index)).fillna("prefill")
     )
-    keys = [c for c in CASE if c in frame]
+    keys = [c for c in _CASE if c in frame]
     # NaN keys group too
     frame = frame.assign(**{c: frame[c].astype(object).where(frame[c].notna(), "") for c in keys})
     table = _measured(frame, keys)
     if table.empty:
         return pd.DataFrame(columns=COLUMNS)
     table = _against_roofs(table.join(_roofs(frame, keys)).reset_index())
-    for col in CASE:
+    for col in _CASE:
         if col not in table:
             table[col] = math.nan
     return (
@@ -141,7 +143,7 @@ def _against_roofs(table: pd.DataFrame) -> pd.DataFrame:
     table["roof_gflops"] = np.fmin(table["peak_gflops"], by_bandwidth)
     known = by_bandwidth.notna() & table["peak_gflops"].notna()
     table["bound"] = np.where(
-        ~known, "", np.where(table["peak_gflops"] <= by_bandwidth, COMPUTE, BANDWIDTH)
+        ~known, "", np.where(table["peak_gflops"] <= by_bandwidth, _COMPUTE, _BANDWIDTH)
     )
     table["pct_of_roof"] = np.where(known, 100.0 * table["gflops"] / table["roof_gflops"], math.nan)
     table["pct_of_compute"] = 100.0 * table["gflops"] / table["peak_gflops"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+__all__ = ["sig", "ratio", "fmt"]
+
 
 def sig(value: float, digits: int = 3) -> str:
     """``value`` to ``digits`` significant figures, 12,300 rather than 1.23e+04."""

@@ -11,5 +11,7 @@ exits when the parent does.
 
 import signal
 
+__all__: list[str] = []
+
 for _sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
     signal.signal(_sig, signal.SIG_IGN)

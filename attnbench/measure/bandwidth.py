@@ -25,13 +25,25 @@ from attnbench.io import read_json_cache, write_json_cache
 from attnbench.measure.peak import cache_path
 from attnbench.measure.timer import TimerConfig, time_call
 
+__all__ = [
+    "CACHE_MULTIPLE",
+    "MIN_ARRAY_BYTES",
+    "WORDS",
+    "SCALAR",
+    "Bandwidth",
+    "last_level_cache_bytes",
+    "array_bytes",
+    "measure_bandwidth",
+    "bandwidth",
+]
+
 CACHE_MULTIPLE = 4  # arrays at least this many times the last-level cache
 MIN_ARRAY_BYTES = 256 * 2**20  # ... and never smaller than this
-WORD = 4  # float32
+_WORD = 4  # float32
 WORDS = {"copy": 2, "triad": 3}  # words moved per element, STREAM's count (no write-allocate reads)
-KERNELS = tuple(WORDS)
+_KERNELS = tuple(WORDS)
 SCALAR = 3.0  # STREAM's triad scalar
-TIMER = TimerConfig(warmup=2, min_runs=5, min_time=0.5, max_time=5.0)
+_TIMER = TimerConfig(warmup=2, min_runs=5, min_time=0.5, max_time=5.0)
 
 
 @dataclass(frozen=True)
@@ -90,11 +102,11 @@ def measure_bandwidth(device: str = "cpu", nbytes: int | None = None) -> Bandwid
         ValueError: ``nbytes`` is not a positive multiple of 4.
     """
     nbytes = array_bytes(device) if nbytes is None else nbytes
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0 or nbytes % WORD:
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0 or nbytes % _WORD:
         raise ValueError(
-            f"nbytes must be a positive multiple of {WORD} (float32 words), got {nbytes!r}"
+            f"nbytes must be a positive multiple of {_WORD} (float32 words), got {nbytes!r}"
         )
-    n = nbytes // WORD
+    n = nbytes // _WORD
     # (n,) each
     a, b, c = (
         torch.full((n,), value, dtype=torch.float32, device=device) for value in (1.0, 2.0, 0.0)
@@ -105,8 +117,8 @@ def measure_bandwidth(device: str = "cpu", nbytes: int | None = None) -> Bandwid
     }
     rates = {}
     for name, call in kernels.items():
-        samples, _ = time_call(call, device, TIMER)
-        rates[name] = WORDS[name] * WORD * n / statistics.median(samples)
+        samples, _ = time_call(call, device, _TIMER)
+        rates[name] = WORDS[name] * _WORD * n / statistics.median(samples)
     return Bandwidth(copy=rates["copy"], triad=rates["triad"], array_bytes=nbytes)
 
 
@@ -114,7 +126,7 @@ def _key(device: str) -> str:
     return f"{device}|threads={torch.get_num_threads()}|torch={torch.__version__}"
 
 
-def bandwidth_cache_path() -> Path:
+def _bandwidth_cache_path() -> Path:
     """The cache file: ``bandwidth.json`` beside the matmul peak's cache."""
     return cache_path().with_name("bandwidth.json")
 
@@ -126,7 +138,7 @@ def bandwidth(device: str = "cpu", refresh: bool = False) -> Bandwidth:
         device: "cpu" or "cuda[:N]".
         refresh: measure again even when cached.
     """
-    path, key = bandwidth_cache_path(), _key(device)
+    path, key = _bandwidth_cache_path(), _key(device)
     cache = read_json_cache(path)
     entry = cache.get(key)
     if not refresh and isinstance(entry, dict):

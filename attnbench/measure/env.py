@@ -13,6 +13,8 @@ import torch
 from attnbench.measure.record import Environment
 from attnbench.measure.regime import thp_setting
 
+__all__ = ["gpu_info", "environment"]
+
 
 @functools.lru_cache(maxsize=1)
 def cpu_model() -> str:
@@ -27,7 +29,7 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def git_commit(path: str | None = None) -> str:
+def _git_commit(path: str | None = None) -> str:
     """Short hash of the checkout's HEAD, or "" outside a git repository."""
     try:
         out = subprocess.run(
@@ -93,6 +95,6 @@ def environment(device: str = "cpu") -> Environment:
         gpu_driver=gpu.get("gpu_driver", ""),
         gpu_clocks=gpu.get("gpu_clocks", ""),
         cuda=gpu.get("cuda_version", ""),
-        commit=git_commit(os.path.dirname(os.path.abspath(__file__))),
+        commit=_git_commit(os.path.dirname(os.path.abspath(__file__))),
         thp=thp_setting(),
     )

@@ -28,6 +28,22 @@ from attnbench.reference import TILE_ELEMENTS, blockwise_reference_attention
 from attnbench.spec import AttnSpec
 from attnbench.variants.base import Variant
 
+__all__ = [
+    "FACTOR",
+    "FLOORS",
+    "REFERENCE_BUFFERS",
+    "tolerance",
+    "passes",
+    "GateResult",
+    "slice_reference_bytes",
+    "slice_truth_bytes",
+    "checked_slices",
+    "Reference",
+    "check",
+    "fingerprint",
+    "changed_inputs",
+]
+
 FACTOR = 3.0
 """Allowed multiple of the plain same-precision implementation's error."""
 FLOORS: dict[torch.dtype, float] = {
@@ -39,7 +55,7 @@ FLOORS: dict[torch.dtype, float] = {
 """Absolute floor added to the scaled plain-implementation error, per dtype."""
 REFERENCE_BUFFERS = 3.0
 """Live float64 (Lq, Lk) buffers of one slice's forward reference: scores, probabilities, a copy."""
-BACKWARD_REFERENCE_FACTOR = 2.5
+_BACKWARD_REFERENCE_FACTOR = 2.5
 """A slice's backward reference (autograd) relative to its forward: saved tensors, their grads."""
 
 
@@ -59,7 +75,7 @@ def passes(error: float, tol: float) -> bool:
     return math.isfinite(error) and error <= tol
 
 
-def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+def _max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     """Max |a - b| in float64; NaN when either holds a non-finite value."""
     diff = a.detach().double() - b.detach().double()
     if not torch.isfinite(diff).all():
@@ -159,7 +175,7 @@ def slice_reference_bytes(variant: Variant, spec: AttnSpec) -> float:
     else:
         work = REFERENCE_BUFFERS * spec.lq * spec.lk + variant.scratch_elements(one)
     fwd = work * 8 + 2 * one.input_bytes
-    return fwd * (BACKWARD_REFERENCE_FACTOR * spec.group if spec.mode == "backward" else 1.0)
+    return fwd * (_BACKWARD_REFERENCE_FACTOR * spec.group if spec.mode == "backward" else 1.0)
 
 
 def slice_truth_bytes(variant: Variant, spec: AttnSpec) -> float:
@@ -266,7 +282,7 @@ def _reference(
     return out.detach(), tuple(grads)
 
 
-def contract_breach(
+def _contract_breach(
     result: object, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backward: bool
 ) -> str:
     """What the result breaks of the call contract ("" when nothing): form, shape, dtype, device.
@@ -358,9 +374,9 @@ class Reference:
             gs = None if grad_out is None else grad_out[b : b + 1, h0:h1]
             truth, t_grads = _reference(variant, qs, ks, vs, ms, gs, torch.float64)
             plain, p_grads = _reference(variant, qs, ks, vs, ms, gs, q.dtype)
-            plain_err = _worst(plain_err, max_abs_diff(plain, truth))
+            plain_err = _worst(plain_err, _max_abs_diff(plain, truth))
             for i in range(len(t_grads)):
-                g_plain[i] = _worst(g_plain[i], max_abs_diff(p_grads[i], t_grads[i]))
+                g_plain[i] = _worst(g_plain[i], _max_abs_diff(p_grads[i], t_grads[i]))
             exact = None
             if not variant.exact:
                 exact, _ = _reference(
@@ -381,7 +397,7 @@ class Reference:
     def check(self, result: object) -> GateResult:
         """Check one return value of the closure: the output, or ``(out, dq, dk, dv)``."""
         q = self.q
-        breach = contract_breach(result, q, self.k, self.v, self.backward)
+        breach = _contract_breach(result, q, self.k, self.v, self.backward)
         # a result that breaks the contract cannot be compared: it fails, with the reason
         if breach:
             return GateResult.breach(breach, q.dtype, self.total_slices, self.backward)
@@ -391,13 +407,13 @@ class Reference:
         g_err = [0.0] * 3
         for t in self.truths:
             got = out[t.b : t.b + 1, t.h0 : t.h1]
-            err = _worst(err, max_abs_diff(got, t.out))
+            err = _worst(err, _max_abs_diff(got, t.out))
             for i, truth in enumerate(t.grads):
                 # dq per query head, dk and dv per shared head
                 rows = slice(t.h0, t.h1) if i == 0 else slice(t.j, t.j + 1)
-                g_err[i] = _worst(g_err[i], max_abs_diff(grads[i][t.b : t.b + 1, rows], truth))
+                g_err[i] = _worst(g_err[i], _max_abs_diff(grads[i][t.b : t.b + 1, rows], truth))
             if t.exact is not None:
-                soft_err = _worst(soft_err, max_abs_diff(got, t.exact))
+                soft_err = _worst(soft_err, _max_abs_diff(got, t.exact))
                 soft_sum += float((got.double() - t.exact).abs().sum())
                 soft_count += t.exact.numel()
         fields: dict[str, object] = {}

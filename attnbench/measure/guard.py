@@ -24,7 +24,17 @@ import torch
 from attnbench.spec import AttnSpec
 from attnbench.variants.base import Variant
 
-REFERENCE_EFFICIENCY = 0.1
+__all__ = [
+    "free_bytes",
+    "case_bytes",
+    "predicted_bytes",
+    "predicted_seconds",
+    "extrapolated_seconds",
+    "reference_seconds",
+    "guard_reasons",
+]
+
+_REFERENCE_EFFICIENCY = 0.1
 """Assumed share of the float32 matmul peak the float64 einsum reference reaches (time only)."""
 
 
@@ -46,7 +56,7 @@ def case_bytes(spec: AttnSpec, variant: Variant | None = None) -> int:
     return spec.input_bytes + mask + grad_out
 
 
-def reference_mask_bytes(spec: AttnSpec, reference_bytes: float) -> int:
+def _reference_mask_bytes(spec: AttnSpec, reference_bytes: float) -> int:
     """The dense mask the gate's reference evaluates from a predicate (only when it checks)."""
     return spec.mask_bytes if reference_bytes > 0 else 0
 
@@ -57,7 +67,7 @@ def predicted_bytes(variant: Variant, spec: AttnSpec, reference_bytes: float = 0
     When the gate checks a variant that took the predicate, the reference's dense mask counts too.
     """
     reference_mask = (
-        reference_mask_bytes(spec, reference_bytes) if variant.mask_bytes(spec) == 0 else 0
+        _reference_mask_bytes(spec, reference_bytes) if variant.mask_bytes(spec) == 0 else 0
     )
     return int(
         case_bytes(spec, variant)
@@ -113,7 +123,7 @@ def reference_seconds(variant: Variant, spec: AttnSpec, slices: int, peak_flops:
     # float64 truth, plain same precision, exact softmax (approximate variants)
     passes = 2 + int(not variant.exact)
     factor = 3.5 if spec.mode == "backward" else 1.0
-    return slices * per_slice * passes * factor / (peak_flops * REFERENCE_EFFICIENCY)
+    return slices * per_slice * passes * factor / (peak_flops * _REFERENCE_EFFICIENCY)
 
 
 def guard_reasons(

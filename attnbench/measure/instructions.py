@@ -7,7 +7,7 @@ case it builds the closure the runner times (:func:`attnbench.measure.runner.mak
 warm-up call, gates its result, warms up again, then collects over ``calls`` calls and dumps:
 instructions per call = the dump's total / ``calls``.
 
-Counts are taken with portable kernels (:data:`COUNT_ENV`), so that a count is the same on every
+Counts are taken with portable kernels (:data:`_COUNT_ENV`), so that a count is the same on every
 x86 runner. They do not see cache misses, page faults, memory bandwidth or time spent waiting, and
 are summed over threads: they stand beside the timings, never instead of them.
 """
@@ -37,17 +37,35 @@ from attnbench.errors import CouldNotMeasure
 from attnbench.measure.record import Measurement
 from attnbench.spec import AttnSpec
 
+__all__ = [
+    "valgrind_version",
+    "missing_message",
+    "CountConfig",
+    "Count",
+    "attach",
+    "CountError",
+    "predicted_seconds",
+    "countable",
+    "within_budget",
+    "CANCELLED",
+    "count_instructions",
+    "Beside",
+    "peak_for",
+    "TMP_PREFIX",
+    "remove_orphans",
+]
+
 if TYPE_CHECKING:
     from attnbench.measure.gate import GateResult
 
-PACKAGE = "valgrind"
+_PACKAGE = "valgrind"
 """The Debian package (and the command) a count needs."""
-METHOD = Method.CALLGRIND
-SLOWDOWN = 80.0
+_METHOD = Method.CALLGRIND
+_SLOWDOWN = 80.0
 """Seconds under callgrind per native second of a counted call, portable kernels, one thread: about
 60 measured at L=512 on 2026-11-24 (valgrind 3.19, torch 2.13 CPU; a case's ``seconds`` in the
 counting process's results against its native time), rounded up so that predictions err long."""
-COUNT_ENV = {
+_COUNT_ENV = {
     "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
     "ATEN_CPU_CAPABILITY": "default",
     "ONEDNN_MAX_CPU_ISA": "SSE41",
@@ -60,19 +78,19 @@ kernels), and no helper threads (counts are summed over threads). valgrind runs 
 through slow helpers: a batched call at B1 H8 L512 took 15.9 s under callgrind with the host's
 AVX2/FMA kernels and 1.27 s with these, 0.02 s natively (2026-11-24, valgrind 3.19: the same call
 under ``valgrind --tool=callgrind python ...`` with and without these variables)."""
-KERNELS = "portable kernels: MKL SSE4.2, ATen default"
+_KERNELS = "portable kernels: MKL SSE4.2, ATen default"
 """How the counts' kernels are recorded beside valgrind's version."""
-STARTUP_S = 240.0
+_STARTUP_S = 240.0
 """Allowed for torch to start under valgrind before the cases' own time: 80-180 s fully
 instrumented on 2026-11-24 (``valgrind --tool=callgrind python -c 'import torch'``)."""
-GATE_SLICES = 3
+_GATE_SLICES = 3
 """(batch, head) slices the gate checks under valgrind (the first, the last and a seeded one): the
 float64 reference is the slowest part of a case there, and the timing run checks every slice of
 the same closure."""
 _SUMMARY = re.compile(rb"^summary:\s+(\d+)", re.MULTILINE)
 
 
-ENV_CONTROL = "ATTNBENCH_CALLGRIND_CONTROL"
+_ENV_CONTROL = "ATTNBENCH_CALLGRIND_CONTROL"
 """valgrind's ``callgrind_control``: the counting process switches instrumentation on with it."""
 
 
@@ -91,8 +109,8 @@ def valgrind_version() -> str | None:
 def missing_message() -> str:
     """What to tell a user without valgrind."""
     return (
-        f"instruction counts need valgrind on PATH: install the {PACKAGE} package "
-        f"(apt-get install {PACKAGE})"
+        f"instruction counts need valgrind on PATH: install the {_PACKAGE} package "
+        f"(apt-get install {_PACKAGE})"
     )
 
 
@@ -177,10 +195,10 @@ class CountError(RuntimeError, CouldNotMeasure):
 def predicted_seconds(
     variant: str, spec: AttnSpec, config: CountConfig, peak_flops: float
 ) -> float:
-    """Seconds a case is predicted to take under valgrind: its calls and gate, x :data:`SLOWDOWN`.
+    """Seconds a case is predicted to take under valgrind: its calls and gate, x :data:`_SLOWDOWN`.
 
-    The calls are the warm-up and the counted ones; the correctness gate runs on :data:`GATE_SLICES`
-    slices.
+    The calls are the warm-up and the counted ones; the correctness gate runs on
+    :data:`_GATE_SLICES` slices.
     """
     from attnbench.measure import guard
     from attnbench.registry import get_variant
@@ -188,11 +206,11 @@ def predicted_seconds(
     impl = get_variant(variant)
     per_call = guard.predicted_seconds(impl, spec, peak_flops)
     gate = (
-        guard.reference_seconds(impl, spec, min(GATE_SLICES, spec.batch * spec.heads), peak_flops)
+        guard.reference_seconds(impl, spec, min(_GATE_SLICES, spec.batch * spec.heads), peak_flops)
         if config.check_accuracy
         else 0.0
     )
-    return (per_call * (1 + config.warmup_calls + config.calls) + gate) * SLOWDOWN
+    return (per_call * (1 + config.warmup_calls + config.calls) + gate) * _SLOWDOWN
 
 
 def _plan(
@@ -320,7 +338,7 @@ def count_instructions(
     version = valgrind_version()
     if version is None:
         raise CountError(missing_message())
-    version = f"{version} ({KERNELS})"
+    version = f"{version} ({_KERNELS})"
     todo, counts = _plan(cases, config, version)
     reporter = (
         None
@@ -469,7 +487,7 @@ def _timeout(cases: Sequence[tuple[str, AttnSpec]], config: CountConfig) -> floa
         return config.timeout_s
     peak = peak_for(config)
     return (
-        STARTUP_S
+        _STARTUP_S
         + 10 * sum(predicted_seconds(n, s, config, peak) for n, s in cases)
         + 120 * len(cases)
     )
@@ -530,7 +548,7 @@ def _one_process(
         # instrumented (the same counts)
         control = shutil.which("callgrind_control")
         command = [
-            shutil.which("valgrind") or PACKAGE,
+            shutil.which("valgrind") or _PACKAGE,
             "--tool=callgrind",
             "--collect-atstart=no",
             *(["--instr-atstart=no"] if control else []),
@@ -549,12 +567,13 @@ def _one_process(
                     counts[r["index"]] = _count_of(r, cases, out, version, config)
                     arrived(r["index"], counts[r["index"]])
 
+        env = {**os.environ, "PYTHONHASHSEED": "0", **_COUNT_ENV, _ENV_CONTROL: control or ""}
         with open(tmp / "valgrind.log", "wb") as log:
             proc = subprocess.Popen(
                 command,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONHASHSEED": "0", **COUNT_ENV, ENV_CONTROL: control or ""},
+                env=env,
                 preexec_fn=_child_setup(os.getpid(), config.idle),
             )
             timed_out = _watch(proc, collect, time.monotonic() + _timeout(cases, config), cancel)
@@ -631,7 +650,7 @@ def _outcome(
 
 TMP_PREFIX = "attnbench-callgrind-"
 """A counting process's folder: ``attnbench-callgrind-<pid of the process that made it>-...``."""
-PR_SET_PDEATHSIG = 1
+_PR_SET_PDEATHSIG = 1
 
 
 def _child_setup(parent: int, idle: bool) -> Callable[[], None]:
@@ -646,21 +665,21 @@ def _child_setup(parent: int, idle: bool) -> Callable[[], None]:
 
     def setup() -> None:
         if prctl is not None:
-            die_with(parent, prctl)
+            _die_with(parent, prctl)
         if idle:
             _idle_priority()
 
     return setup
 
 
-def die_with(parent: int, prctl: Callable[[int, int], int]) -> None:
+def _die_with(parent: int, prctl: Callable[[int, int], int]) -> None:
     """Ask Linux to SIGKILL this process when the thread that started it ends (its parent killed
     with ``kill -9`` included); exit now if ``parent`` is gone already (it died before the ask).
 
     valgrind keeps the request across its exec (it is not set-uid): an orphaned counter would
     otherwise go on counting for minutes at a core's full use.
     """
-    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:
         os._exit(1)
 
@@ -770,12 +789,12 @@ def _child(jobs_path: str, results_path: str) -> None:
     config = CountConfig(**jobs["config"])
     regime.apply(regime.Regime(threads=config.threads))
     # started with --instr-atstart=no: instrument from here on (it answers when done)
-    if os.environ.get(ENV_CONTROL):
+    if os.environ.get(_ENV_CONTROL):
         subprocess.run(
-            [os.environ[ENV_CONTROL], "--instr=on", str(os.getpid())],
+            [os.environ[_ENV_CONTROL], "--instr=on", str(os.getpid())],
             check=True,
             capture_output=True,
-            timeout=STARTUP_S,
+            timeout=_STARTUP_S,
         )
     dumps = 0
     for index, (name, spec_fields) in enumerate(jobs["cases"]):
@@ -835,18 +854,19 @@ def _checked_call(
 ) -> tuple[Callable[[], object], GateResult | None]:
     """The runner's timed closure of a case after its warm-up call, and the gate's result on it.
 
-    The gate checks that call on :data:`GATE_SLICES` slices; its result is None when not checked.
+    The gate checks that call on :data:`_GATE_SLICES` slices; its result is None when not checked.
     """
     from attnbench.measure import gate, runner
+    from attnbench.measure.config import MeasureConfig
     from attnbench.registry import get_variant
 
     variant = get_variant(name)
     # the gate on GATE_SLICES slices: a reference budget of that many slices (checked_slices samples
     # them)
-    measure_config = runner.MeasureConfig(
+    measure_config = MeasureConfig(
         seed=config.seed,
         check_accuracy=config.check_accuracy,
-        reference_budget_bytes=GATE_SLICES * gate.slice_reference_bytes(variant, spec),
+        reference_budget_bytes=_GATE_SLICES * gate.slice_reference_bytes(variant, spec),
     )
     call, inputs, mask = runner.make_call(variant, spec, config.seed)
     result, _ = variant.warm_up(call)

@@ -23,6 +23,17 @@ from collections.abc import Callable, Iterator
 import psutil
 import torch
 
+__all__ = [
+    "quiet_stderr",
+    "live_bytes",
+    "peak_from_timeline",
+    "cpu_peak_tensor_bytes",
+    "cuda_peak_tensor_bytes",
+    "peak_rss_bytes",
+    "minor_faults",
+    "page_faults",
+]
+
 
 @contextlib.contextmanager
 def quiet_stderr() -> Iterator[None]:

@@ -6,8 +6,8 @@ without re-measuring every time. A measurement taken while the machine is busy i
 beside other work gets a share of a core), and a single cached value would keep it forever. So the
 cache keeps several measurements, each with when and under what load it was taken, and the peak is
 the best of those younger than :data:`STALE_S`: a busy measurement can only be outvoted, never
-poison the figure. Another measurement is added on use while fewer than :data:`MIN_SAMPLES` fresh
-ones exist (at most one per :data:`SPACING_S`, so they come from different moments).
+poison the figure. Another measurement is added on use while fewer than :data:`_MIN_SAMPLES` fresh
+ones exist (at most one per :data:`_SPACING_S`, so they come from different moments).
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from attnbench.io import cache_dir, read_json_cache, write_json_cache
 from attnbench.measure.timer import TimerConfig, time_call, time_once
 from attnbench.spec import DTYPES
 
+__all__ = ["cache_path", "measure_matmul_peak", "STALE_S", "KEEP", "matmul_peak"]
+
 
 def cache_path() -> Path:
     """Where the matmul measurements are kept (``peak.json`` held single numbers: not read)."""
@@ -35,17 +37,17 @@ def _key(device: str, dtype: str) -> str:
     return f"{device}|{dtype}|threads={torch.get_num_threads()}|torch={torch.__version__}"
 
 
-MAX_SIDE = 2048
-CALL_TARGET_S = 0.1
-"""The matmul doubles from 256 (up to :data:`MAX_SIDE`) while its next size's call fits in this."""
+_MAX_SIDE = 2048
+_CALL_TARGET_S = 0.1
+"""The matmul doubles from 256 (up to :data:`_MAX_SIDE`) while its next size's call fits in this."""
 
 
 def measure_matmul_peak(device: str = "cpu", dtype: str = "float32", n: int | None = None) -> float:
     """Median FLOP/s of an ``n x n @ n x n`` matmul on random inputs (2 n^3 FLOPs per call).
 
-    ``n`` defaults to the largest power of two up to :data:`MAX_SIDE` whose call takes about
-    :data:`CALL_TARGET_S` at most: a dtype the hardware has no fast path for (bfloat16 on many CPUs)
-    is measured in a second, not in minutes.
+    ``n`` defaults to the largest power of two up to :data:`_MAX_SIDE` whose call takes about
+    :data:`_CALL_TARGET_S` at most: a dtype the hardware has no fast path for (bfloat16 on many
+    CPUs) is measured in a second, not in minutes.
     """
     gen = torch.Generator().manual_seed(0)
 
@@ -58,10 +60,10 @@ def measure_matmul_peak(device: str = "cpu", dtype: str = "float32", n: int | No
 
     if n is None:
         n = 256
-        while n < MAX_SIDE:
+        while n < _MAX_SIDE:
             call = matmul(n)
             time_once(call, device)  # warm-up
-            if 8 * time_once(call, device) > CALL_TARGET_S:  # twice the side: 8x the work
+            if 8 * time_once(call, device) > _CALL_TARGET_S:  # twice the side: 8x the work
                 break
             n *= 2
     samples, _ = time_call(
@@ -70,9 +72,9 @@ def measure_matmul_peak(device: str = "cpu", dtype: str = "float32", n: int | No
     return 2 * n**3 / statistics.median(samples)
 
 
-MIN_SAMPLES = 3
+_MIN_SAMPLES = 3
 """Fresh measurements the cache collects per key before it stops measuring on use."""
-SPACING_S = 60.0
+_SPACING_S = 60.0
 """Seconds between two measurements added on use (a busy minute should not fill the cache)."""
 STALE_S = 7 * 86400.0
 """Measurements older than this are dropped (the machine, its clocks or neighbours may differ)."""
@@ -105,14 +107,14 @@ def matmul_peak(device: str = "cpu", dtype: str = "float32", refresh: bool = Fal
         refresh: measure now (added to the cache; the result is still the best fresh measurement).
 
     A measurement is added when ``refresh`` is set, when no fresh one exists, or when fewer than
-    :data:`MIN_SAMPLES` exist and the newest is at least :data:`SPACING_S` old.
+    :data:`_MIN_SAMPLES` exist and the newest is at least :data:`_SPACING_S` old.
     """
     path, key = cache_path(), _key(device, dtype)
     cache = read_json_cache(path)
     now = time.time()
     fresh = [s for s in _samples(cache.get(key)) if now - s["at"] < STALE_S]
     newest = max((s["at"] for s in fresh), default=-math.inf)
-    if refresh or not fresh or (len(fresh) < MIN_SAMPLES and now - newest >= SPACING_S):
+    if refresh or not fresh or (len(fresh) < _MIN_SAMPLES and now - newest >= _SPACING_S):
         fresh.append(
             {"flops": measure_matmul_peak(device, dtype), "at": now, "load": os.getloadavg()[0]}
         )

@@ -28,20 +28,30 @@ import torch
 
 from attnbench.measure import schedstat
 
-PROBE_SIZE = 192  # the probe multiplies two (N, N) float32 matrices
-PROBE_CALLS = 4  # matmuls per probe sample (about 1 ms on one core)
-PROBE_SAMPLES = 5  # samples per probe; their median is the probe's time
+__all__ = [
+    "SLOWDOWN_LIMIT",
+    "probe_seconds",
+    "cpu_probe_seconds",
+    "gpu_probe_seconds",
+    "gpu_neighbours",
+    "is_bimodal",
+    "Disturbance",
+]
+
+_PROBE_SIZE = 192  # the probe multiplies two (N, N) float32 matrices
+_PROBE_CALLS = 4  # matmuls per probe sample (about 1 ms on one core)
+_PROBE_SAMPLES = 5  # samples per probe; their median is the probe's time
 SLOWDOWN_LIMIT = 1.25
 """A probe this much slower (or faster) than the sweep's typical one marks the case disturbed."""
-CUDA_SPREAD_LIMIT = 1.0
+_CUDA_SPREAD_LIMIT = 1.0
 """CUDA cases: event samples whose IQR exceeds this share of their median are disturbed. An idle
 H100 (2026-11-27, 137 cases) spread up to 0.58 on launch-bound cases, none bimodal."""
-GAP_LIMIT = 1.3
+_GAP_LIMIT = 1.3
 """Block samples whose sorted values jump by this factor between two sizeable clusters: bimodal."""
 
 
 @functools.lru_cache(maxsize=4)
-def _operands(device: str, size: int = PROBE_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
+def _operands(device: str, size: int = _PROBE_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
     """The probe's two fixed (size, size) float32 matrices on ``device`` (seeded: never zeros)."""
     gen = torch.Generator().manual_seed(1234)
     a = torch.randn(size, size, generator=gen).to(device)
@@ -52,7 +62,7 @@ def _operands(device: str, size: int = PROBE_SIZE) -> tuple[torch.Tensor, torch.
 def probe_seconds(device: str = "cpu") -> float:
     """Median seconds of one probe sample on ``device``: the GPU's own probe on CUDA.
 
-    On CPU, ``PROBE_CALLS`` fixed matmuls timed by the wall clock (:func:`cpu_probe_seconds`). On
+    On CPU, ``_PROBE_CALLS`` fixed matmuls timed by the wall clock (:func:`cpu_probe_seconds`). On
     CUDA, a CPU-paced probe measures the host, not the card (on an idle H100 it marked 25 of 137
     cases noisy), so CUDA cases get :func:`gpu_probe_seconds`: GPU time from CUDA events.
     """
@@ -62,39 +72,39 @@ def probe_seconds(device: str = "cpu") -> float:
 
 
 def cpu_probe_seconds() -> float:
-    """Median wall seconds of ``PROBE_CALLS`` fixed (N, N) float32 matmuls on the CPU."""
+    """Median wall seconds of ``_PROBE_CALLS`` fixed (N, N) float32 matmuls on the CPU."""
     a, b = _operands("cpu")
     samples = []
-    for _ in range(PROBE_SAMPLES + 1):  # the first sample warms caches and the thread pool
+    for _ in range(_PROBE_SAMPLES + 1):  # the first sample warms caches and the thread pool
         t0 = time.perf_counter()
-        for _ in range(PROBE_CALLS):
+        for _ in range(_PROBE_CALLS):
             torch.mm(a, b)
         samples.append(time.perf_counter() - t0)
     return statistics.median(samples[1:])
 
 
-GPU_PROBE_SIZE = 2048
+_GPU_PROBE_SIZE = 2048
 """The GPU probe multiplies two (N, N) float32 matrices: 17 GFLOP, long enough that the card's work,
 not the launch, sets its time."""
-GPU_PROBE_SPIN_CYCLES = 2_000_000
+_GPU_PROBE_SPIN_CYCLES = 2_000_000
 """GPU clock cycles a spin kernel holds the stream before each probe sample (about 1 ms), so every
 matmul of the sample is queued before the first starts: the host's pace cannot enter its time."""
 
 
 def gpu_probe_seconds(device: str = "cuda") -> float:
-    """Median GPU seconds (CUDA events) of ``PROBE_CALLS`` fixed matmuls on ``device``.
+    """Median GPU seconds (CUDA events) of ``_PROBE_CALLS`` fixed matmuls on ``device``.
 
     A neighbour sharing the card's SMs or memory bandwidth slows it; a busy host does not (the
     sample's matmuls wait behind a spin kernel until all are queued).
     """
-    a, b = _operands(str(device), GPU_PROBE_SIZE)
+    a, b = _operands(str(device), _GPU_PROBE_SIZE)
     samples = []
     with torch.cuda.device(torch.device(device)):
-        for _ in range(PROBE_SAMPLES + 1):  # the first sample warms the kernels
+        for _ in range(_PROBE_SAMPLES + 1):  # the first sample warms the kernels
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda._sleep(GPU_PROBE_SPIN_CYCLES)
+            torch.cuda._sleep(_GPU_PROBE_SPIN_CYCLES)
             start.record()
-            for _ in range(PROBE_CALLS):
+            for _ in range(_PROBE_CALLS):
                 torch.mm(a, b)
             end.record()
             end.synchronize()
@@ -145,7 +155,7 @@ def _listed_pids(index: int) -> list[int] | None:
     return [int(m) for m in re.findall(r"process\s+(\d+)\s+uses", text)]
 
 
-def is_bimodal(samples: Sequence[float], gap: float = GAP_LIMIT, min_share: float = 0.2) -> bool:
+def is_bimodal(samples: Sequence[float], gap: float = _GAP_LIMIT, min_share: float = 0.2) -> bool:
     """True when the samples form two clusters separated by a jump of at least ``gap`` x.
 
     The sorted samples are cut at their largest ratio between neighbours; both sides must hold at
@@ -210,7 +220,7 @@ class Disturbance:
 
     @property
     def spread_too_wide(self) -> bool:
-        return self.gpu and self.spread > CUDA_SPREAD_LIMIT
+        return self.gpu and self.spread > _CUDA_SPREAD_LIMIT
 
     @property
     def disturbed(self) -> bool:
@@ -235,7 +245,7 @@ class Disturbance:
         if self.spread_too_wide:
             parts.append(
                 f"CUDA event samples spread {self.spread:.2f}x their median (IQR; limit "
-                f"{CUDA_SPREAD_LIMIT:g})"
+                f"{_CUDA_SPREAD_LIMIT:g})"
             )
         if self.short and not self.gpu:
             parts.append(

@@ -14,8 +14,10 @@ from torch.profiler import ProfilerActivity, profile
 
 from attnbench.measure.memory import quiet_stderr
 
+__all__ = ["backends_in", "sdpa_backends"]
+
 # (substring of an operator or CUDA kernel name, backend label); the first match wins.
-SIGNATURES: tuple[tuple[str, str], ...] = (
+_SIGNATURES: tuple[tuple[str, str], ...] = (
     ("_scaled_dot_product_flash_attention_for_cpu", "flash"),
     ("_scaled_dot_product_flash_attention", "flash"),
     ("_scaled_dot_product_efficient_attention", "efficient"),
@@ -32,7 +34,7 @@ def backends_in(names: list[str]) -> list[str]:
     """Backend labels found in a list of operator/kernel names, in first-seen order."""
     found: list[str] = []
     for name in names:
-        for needle, label in SIGNATURES:
+        for needle, label in _SIGNATURES:
             if needle in name:
                 if label not in found:
                     found.append(label)

@@ -15,10 +15,12 @@ from typing import Any
 from attnbench.contract import METRICS, WORKLOADS, Status, metric_value
 from attnbench.spec import AttnSpec
 
+__all__ = ["STATUSES", "Environment", "Measurement"]
+
 STATUSES = tuple(s for s in Status if s not in (Status.FAILED, Status.ABOVE_ROOF))
 """The statuses a measurement can have: every :class:`attnbench.contract.Status` but ``failed``,
 which only asv rows hold (a run records why its case did not finish)."""
-NOISY_IQR_FRACTION = 0.1
+_NOISY_IQR_FRACTION = 0.1
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,7 @@ class Measurement:
 
     @property
     def noisy(self) -> bool:
-        return bool(self.samples) and self.iqr > NOISY_IQR_FRACTION * self.median
+        return bool(self.samples) and self.iqr > _NOISY_IQR_FRACTION * self.median
 
     @property
     def gflops_per_s(self) -> float:

@@ -22,8 +22,20 @@ from dataclasses import dataclass
 
 import torch
 
-M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
-M_MMAP_THRESHOLD = -3
+__all__ = [
+    "PINNED_BYTES",
+    "DEFAULT_THREADS",
+    "Regime",
+    "allocator_pinned",
+    "apply",
+    "current",
+    "child_env",
+    "thp_setting",
+    "describe",
+]
+
+_M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
+_M_MMAP_THRESHOLD = -3
 PINNED_BYTES = 128 * 1024
 """glibc's own initial threshold: allocations of 128 KiB or more are mmapped, and freed at once."""
 DEFAULT_THREADS = 1
@@ -76,8 +88,8 @@ def allocator_pinned(regime: Regime) -> bool:
     libc = _libc()
     if libc is None:
         return False
-    ok_mmap = libc.mallopt(M_MMAP_THRESHOLD, regime.mmap_threshold) == 1
-    ok_trim = libc.mallopt(M_TRIM_THRESHOLD, regime.trim_threshold) == 1
+    ok_mmap = libc.mallopt(_M_MMAP_THRESHOLD, regime.mmap_threshold) == 1
+    ok_trim = libc.mallopt(_M_TRIM_THRESHOLD, regime.trim_threshold) == 1
     return ok_mmap and ok_trim
 
 
@@ -129,7 +141,7 @@ def thp_setting() -> str:
     return f"kernel={mode} torch={os.environ.get('THP_MEM_ALLOC_ENABLE', '0')}"
 
 
-def denormals_flushed() -> bool:
+def _denormals_flushed() -> bool:
     """Whether this thread flushes float32 denormals to zero (``torch.set_flush_denormal``)."""
     tiny = torch.tensor([1e-39], dtype=torch.float32)  # a float32 denormal
     return bool((tiny * 1.0).item() == 0.0)
@@ -165,7 +177,7 @@ def describe() -> str:
         allocator = "malloc=not-glibc"
     else:
         allocator = f"malloc=mmap:{regime.mmap_threshold},trim:{regime.trim_threshold}"
-    denormals = "flushed" if denormals_flushed() else "kept"
+    denormals = "flushed" if _denormals_flushed() else "kept"
     return (
         f"threads={threads} {allocator} thp={thp_setting()} "
         f"interop={torch.get_num_interop_threads()} denormals={denormals} cpus={_cpus()}"

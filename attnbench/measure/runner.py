@@ -24,23 +24,22 @@ import numbers
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from attnbench._checks import check_bool, check_int, check_number, check_seed
-from attnbench.contract import WORKLOADS, Method, Status
+from attnbench.contract import Method, Status
 from attnbench.io import error_line
 from attnbench.measure import gate, guard, memory, probe, regime, schedstat
+from attnbench.measure.config import MeasureConfig
 from attnbench.measure.env import environment
 from attnbench.measure.peak import matmul_peak
 from attnbench.measure.provenance import sdpa_backends
 from attnbench.measure.record import Environment, Measurement
 from attnbench.measure.timer import (
     Blocks,
-    TimerConfig,
     cuda_graph_seconds,
     measured_calls,
     time_blocks,
@@ -50,76 +49,21 @@ from attnbench.registry import get_variant
 from attnbench.spec import AttnSpec
 from attnbench.variants.base import Variant, dense_mask
 
-INSTRUCTION_MODES = ("off", "default", "all")
-"""Which cases ``attnbench run`` counts instructions for (:func:`attnbench.runs.counted_cases`)."""
-
-
-@dataclass(frozen=True)
-class MeasureConfig:
-    """Everything that decides how a case is measured (recorded nowhere else)."""
-
-    timer: TimerConfig = field(default_factory=TimerConfig)  # repeat policy
-    # torch intra-op threads while measuring; None keeps the process's
-    threads: int | None = regime.DEFAULT_THREADS
-    # skip cases predicted to need more than this share of free memory
-    memory_budget_fraction: float = 0.5
-    memory_budget_bytes: float | None = None  # explicit budget; overrides the fraction when set
-    # skip (predicted) or stop (measured) cases whose measurement calls take longer
-    time_budget_s: float = 60.0
-    check_accuracy: bool = True  # gate the timed closure's result against the float64 reference
-    # seconds the check may take (reference, checked calls); None: time_budget_s
-    check_budget_s: float | None = None
-    # float64 reference: all (batch, head) slices up to this, else a sample
-    reference_budget_bytes: float = 512 * 2**20
-    measure_memory: bool = True  # peak tensor bytes (profiler on CPU, allocator stats on CUDA)
-    measure_rss: bool = True  # peak process RSS during one call
-    seed: int = 0  # input seed
-    # CUDA: also time CUDA-graph replay (launch overhead removed), in extra
-    cuda_graphs: bool = False
-    # interference detection: the probe around every attempt, descheduled blocks re-timed
-    probe: bool = True
-    retries: int = 2  # re-measurements of a disturbed attempt before the case is recorded as noisy
-    # re-timed blocks and further attempts stop once a case's timing took this long
-    retry_budget_s: float = 2.0
-    # the sweep's typical probe time (set by sweep); None: measured first
-    probe_baseline_s: float | None = None
-    # contract.WORKLOADS: the sweep every measured case belongs to (recorded in each row)
-    workload: str = "prefill"
-    # instruction counts under valgrind beside the sweep: "off", "default" or "all" cases
-    instructions: str = "off"
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.timer, TimerConfig):
-            raise TypeError(f"timer must be a TimerConfig, got {type(self.timer).__name__}")
-        check_number("memory_budget_fraction", self.memory_budget_fraction, 0.0, 1.0)
-        check_number("time_budget_s", self.time_budget_s, 0.0)
-        check_number("reference_budget_bytes", self.reference_budget_bytes, 0.0, low_open=False)
-        check_number("retry_budget_s", self.retry_budget_s, 0.0, low_open=False)
-        for name in ("memory_budget_bytes", "probe_baseline_s", "check_budget_s"):
-            if getattr(self, name) is not None:
-                check_number(name, getattr(self, name), 0.0)
-        if self.threads is not None:
-            check_int("threads", self.threads, 1)
-        check_int("retries", self.retries, 0)
-        check_seed(self.seed)
-        for name in ("check_accuracy", "measure_memory", "measure_rss", "cuda_graphs", "probe"):
-            check_bool(name, getattr(self, name))
-        if self.workload not in WORKLOADS:
-            raise ValueError(f"workload must be one of {WORKLOADS}, got {self.workload!r}")
-        if self.instructions not in INSTRUCTION_MODES:
-            raise ValueError(
-                f"instructions must be one of {INSTRUCTION_MODES}, got {self.instructions!r}"
-            )
-
-    @property
-    def check_seconds(self) -> float:
-        """The correctness check's time budget: ``check_budget_s``, else the time budget."""
-        return self.time_budget_s if self.check_budget_s is None else self.check_budget_s
-
-    def memory_budget(self, device: str) -> float:
-        if self.memory_budget_bytes is not None:
-            return self.memory_budget_bytes
-        return guard.free_bytes(device) * self.memory_budget_fraction
+__all__ = [
+    "MeasureConfig",  # moved to measure.config; cli.py (being split) imports it from here
+    "make_call",
+    "check_plan",
+    "run_gate",
+    "GatedCall",
+    "peak_tensor_bytes",
+    "measure",
+    "rng_devices",
+    "BASELINE_PROBES",
+    "baseline_probes",
+    "typical_speed",
+    "timed_attempts",
+    "default_lengths",
+]
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -145,7 +89,7 @@ def make_call(
     The closure calls :meth:`Variant.forward` directly (validation happened here, once) and returns
     what it computed, so the correctness gate checks the very call that is timed: forward returns
     the output ``(B, H, Lq, Dv)``; backward returns ``(out, dq, dk, dv)`` for the fixed random
-    ``grad_out`` of :func:`grad_output`.
+    ``grad_out`` of :func:`_grad_output`.
 
     The mask: a variant that takes the predicate (:meth:`Variant.takes_mask_mod`: block skipping,
     ``is_causal``) receives the spec's :class:`~attnbench.mask_mods.MaskMod`; every other variant
@@ -168,7 +112,7 @@ def make_call(
                 return variant.forward(q, k, v, mask4)
 
         return call, (q, k, v), mask4
-    grad_out = grad_output(spec, seed).to(q)
+    grad_out = _grad_output(spec, seed).to(q)
 
     def call_backward() -> object:
         out = variant.forward(q, k, v, mask4)
@@ -177,14 +121,14 @@ def make_call(
     return call_backward, (q, k, v), mask4
 
 
-def grad_output(spec: AttnSpec, seed: int) -> torch.Tensor:
+def _grad_output(spec: AttnSpec, seed: int) -> torch.Tensor:
     """A backward case's fixed upstream gradient: ``(B, H, Lq, Dv)`` float32 on CPU, nonzero."""
     gen = torch.Generator().manual_seed((seed + 1) % 2**64)
     return torch.randn(spec.batch, spec.heads, spec.lq, spec.dv, generator=gen)
 
 
 @dataclass(frozen=True)
-class CheckPlan:
+class _CheckPlan:
     """How the correctness gate will check a case (decided before anything is allocated)."""
 
     slices: tuple[tuple[int, int], ...]  # (batch, head) slices to check; empty when not checked
@@ -200,12 +144,12 @@ def check_plan(
     *,
     peak_flops: float | None = None,
     call_s: float | None = None,
-) -> CheckPlan:
+) -> _CheckPlan:
     """Which slices the gate checks: all when affordable, else a seeded sample (see :mod:`.gate`).
 
     Affordable in memory (``config.reference_budget_bytes``) and, given ``peak_flops``, in time: the
     check's own budget (``config.check_seconds``) holds the float64 reference of the checked slices
-    (:func:`.guard.reference_seconds`) and the :data:`LATER_CHECKS` calls checked after the timed
+    (:func:`.guard.reference_seconds`) and the :data:`_LATER_CHECKS` calls checked after the timed
     ones. A sample holds at least the first and the last slice; when not even one slice fits, the
     case is measured unchecked, with the reason as its note (the check never decides which lengths
     are measured).
@@ -216,10 +160,10 @@ def check_plan(
         call_s: one call's seconds (None: the cost model's :func:`.guard.predicted_seconds`).
     """
     if not config.check_accuracy:
-        return CheckPlan((), 0.0, "")
+        return _CheckPlan((), 0.0, "")
     per_slice = gate.slice_reference_bytes(variant, spec)
     if per_slice > config.reference_budget_bytes:
-        return CheckPlan(
+        return _CheckPlan(
             (),
             0.0,
             (
@@ -229,26 +173,26 @@ def check_plan(
         )
     limit = None
     if peak_flops is not None:
-        calls_s = LATER_CHECKS * (
+        calls_s = _LATER_CHECKS * (
             guard.predicted_seconds(variant, spec, peak_flops) if call_s is None else call_s
         )
         slice_s = guard.reference_seconds(variant, spec, 1, peak_flops)
         limit = math.floor((config.check_seconds - calls_s) / slice_s) if slice_s > 0 else None
         if limit is not None and limit < 1:
-            return CheckPlan(
+            return _CheckPlan(
                 (),
                 0.0,
                 (
                     f"accuracy not checked: one (batch, head) slice of the float64 reference "
                     f"is predicted to take {slice_s:,.1f} s "
-                    f"(and {LATER_CHECKS} checked calls {calls_s:,.1f} s) "
+                    f"(and {_LATER_CHECKS} checked calls {calls_s:,.1f} s) "
                     f"> the check's time budget {config.check_seconds:g} s"
                 ),
             )
     slices = gate.checked_slices(
         spec, per_slice, config.reference_budget_bytes, config.seed, limit=limit
     )
-    return CheckPlan(
+    return _CheckPlan(
         tuple(slices), 2 * per_slice + len(slices) * gate.slice_truth_bytes(variant, spec), ""
     )
 
@@ -267,33 +211,33 @@ def run_gate(
     result: object,
     inputs: tuple[torch.Tensor, ...],
     mask: torch.Tensor | None,
-    plan: CheckPlan,
+    plan: _CheckPlan,
     seed: int,
 ) -> gate.GateResult | None:
     """Check one ``result`` of the closure on the planned slices; None when not checked."""
-    reference = gate_reference(variant, spec, inputs, mask, plan, seed)
+    reference = _gate_reference(variant, spec, inputs, mask, plan, seed)
     return None if reference is None else reference.check(result)
 
 
-def gate_reference(
+def _gate_reference(
     variant: Variant,
     spec: AttnSpec,
     inputs: tuple[torch.Tensor, ...],
     mask: torch.Tensor | None,
-    plan: CheckPlan,
+    plan: _CheckPlan,
     seed: int,
 ) -> gate.Reference | None:
     """The gate's float64 reference of the planned slices (None when the plan checks nothing)."""
     if not plan.slices:
         return None
     q, k, v = inputs
-    grad_out = grad_output(spec, seed).to(q) if spec.mode == "backward" else None
+    grad_out = _grad_output(spec, seed).to(q) if spec.mode == "backward" else None
     if not variant.reference_is_blockwise():
         mask = dense_mask(mask, q, k)  # a dense reference evaluates a predicate densely (untimed)
     return gate.Reference(variant, q, k, v, mask, plan.slices, grad_out)
 
 
-LATER_CHECKS = 2
+_LATER_CHECKS = 2
 """Consecutive calls checked after the timed ones: a fault on every second call shows in one."""
 
 
@@ -310,7 +254,7 @@ class GatedCall:
         seed: the inputs' seed.
     """
 
-    def __init__(self, variant: Variant, spec: AttnSpec, plan: CheckPlan, seed: int) -> None:
+    def __init__(self, variant: Variant, spec: AttnSpec, plan: _CheckPlan, seed: int) -> None:
         self.variant, self.spec, self.plan, self.seed = variant, spec, plan, seed
         self.call, self.inputs, self.mask = make_call(variant, spec, seed)
         self._watched = (*self.inputs, self.mask if isinstance(self.mask, torch.Tensor) else None)
@@ -337,12 +281,12 @@ class GatedCall:
                 self.spec.mode == "backward",
             )
         if self._reference is None:
-            self._reference = gate_reference(
+            self._reference = _gate_reference(
                 self.variant, self.spec, self.inputs, self.mask, self.plan, self.seed
             )
         return self._reference.check(result)
 
-    def check_later(self, calls: int = LATER_CHECKS) -> tuple[gate.GateResult | None, int]:
+    def check_later(self, calls: int = _LATER_CHECKS) -> tuple[gate.GateResult | None, int]:
         """Make ``calls`` more checked calls: the first failure and its number, else the last."""
         checked = None
         for i in range(1, calls + 1):
@@ -557,7 +501,12 @@ def _gate_fields(checked: gate.GateResult) -> dict[str, float]:
 
 
 def _run(
-    variant: Variant, spec: AttnSpec, config: MeasureConfig, plan: CheckPlan, calls: int, base: dict
+    variant: Variant,
+    spec: AttnSpec,
+    config: MeasureConfig,
+    plan: _CheckPlan,
+    calls: int,
+    base: dict,
 ) -> Measurement:
     """Inputs, the checked warm-up call, timing and memory, then later calls checked again.
 
@@ -603,7 +552,7 @@ def _time_case(
     )
     # the sweep's typical speed takes it in
     extra_probe = {"probe_median_s": timed.probe_median_s} if config.probe else {}
-    extra_probe.update(runqueue_extra(timed.shares))
+    extra_probe.update(_runqueue_extra(timed.shares))
     if config.probe and timed.disturbance.gpu:  # the GPU evidence the disturbance rule read
         extra_probe.update(
             event_spread=timed.disturbance.spread, gpu_neighbours=len(timed.disturbance.neighbours)
@@ -619,7 +568,7 @@ def _time_case(
             return Measurement(
                 status=Status.WRONG,
                 reason=f"right on the first call, wrong on call {number} of "
-                f"{LATER_CHECKS} checked after the timed ones: {later.reason()}",
+                f"{_LATER_CHECKS} checked after the timed ones: {later.reason()}",
                 **{**fields, **_gate_fields(later)},
                 **base,
             )
@@ -642,7 +591,7 @@ def _time_case(
     )
 
 
-def _disturbance_status(timed: Timed, config: MeasureConfig) -> tuple[Status, str]:
+def _disturbance_status(timed: _Timed, config: MeasureConfig) -> tuple[Status, str]:
     """ok, or noisy when even the kept attempt was disturbed, and what disturbed it ("" if ok)."""
     if config.probe and timed.disturbance.disturbed:
         return Status.NOISY, (
@@ -719,7 +668,7 @@ def typical_speed(probes: Sequence[float]) -> float:
 
 
 @dataclass(frozen=True)
-class Timed:
+class _Timed:
     """The kept timing attempt of a case, and what the probe and the scheduler saw around it."""
 
     # per-call seconds per block of the kept attempt (its undisturbed blocks, if any)
@@ -733,7 +682,7 @@ class Timed:
     shares: tuple[float, ...] = ()
 
 
-def runqueue_extra(shares: Sequence[float]) -> dict[str, float]:
+def _runqueue_extra(shares: Sequence[float]) -> dict[str, float]:
     """The ``extra`` keys of a case's run-queue wait (none when the kernel does not report it).
 
     ``waited_blocks``: the share of timed blocks that waited for a core over
@@ -806,7 +755,7 @@ def _calls(config: MeasureConfig, call_s: float | None) -> int:
 
 def timed_attempts(
     call: Callable[[], object], device: str, config: MeasureConfig, first_s: float = 0.0
-) -> Timed:
+) -> _Timed:
     """Time ``call`` in probed blocks, re-timing descheduled ones; retry disturbed attempts.
 
     Probes run around the blocks and, for long attempts, between them.
@@ -831,7 +780,7 @@ def timed_attempts(
         blocks, probes, seconds = _attempt(call, device, config, first_s, spent)
         spent += seconds
         if not config.probe:
-            return Timed(
+            return _Timed(
                 blocks.samples,
                 blocks.runs,
                 probe.Disturbance(math.nan, (), False),
@@ -855,7 +804,7 @@ def timed_attempts(
         ):
             break
     blocks, probes, seen = kept
-    return Timed(
+    return _Timed(
         blocks.samples, blocks.runs, seen, attempts, statistics.median(probes), tuple(blocks.shares)
     )
 
@@ -899,17 +848,17 @@ def _attempt(
     return _Attempt(blocks, probes, seconds)
 
 
-SLOW_MAX_LENGTH = 128  # interpreter-bound variants stop here by default (seconds per case)
+_SLOW_MAX_LENGTH = 128  # interpreter-bound variants stop here by default (seconds per case)
 # interpreter-bound variants get at least this many lengths: the shortest sets the fit's overhead
 # floor, 4 remain to fit
-SLOW_MIN_LENGTHS = 5
+_SLOW_MIN_LENGTHS = 5
 
 
 def default_lengths(variant: Variant, lengths: Sequence[int]) -> list[int]:
     """The lengths a variant is swept over by default.
 
     Interpreter-bound variants (``SECONDS_PER_PAIR > 0``, i.e. ``loop``) keep the lengths up to
-    ``SLOW_MAX_LENGTH``; when that leaves fewer than ``SLOW_MIN_LENGTHS`` (a grid starting at 64
+    ``_SLOW_MAX_LENGTH``; when that leaves fewer than ``_SLOW_MIN_LENGTHS`` (a grid starting at 64
     keeps only 64 and 128), halvings of the shortest are added (64 -> 32 -> 16 -> 8) so that the
     exponent fit (which treats the shortest length's value as the overhead floor) has 4 points
     above the floor. A grid with no length that short gives such a variant none.
@@ -920,7 +869,7 @@ def default_lengths(variant: Variant, lengths: Sequence[int]) -> list[int]:
     """
     if variant.SECONDS_PER_PAIR <= 0:
         return list(lengths)
-    short = sorted({int(n) for n in lengths if n <= SLOW_MAX_LENGTH})
-    while short and len(short) < SLOW_MIN_LENGTHS and short[0] >= 2:
+    short = sorted({int(n) for n in lengths if n <= _SLOW_MAX_LENGTH})
+    while short and len(short) < _SLOW_MIN_LENGTHS and short[0] >= 2:
         short.insert(0, short[0] // 2)
     return short

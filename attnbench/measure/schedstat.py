@@ -14,6 +14,8 @@ torch threads, a neighbour that deschedules another thread of the pool stalls th
 
 from __future__ import annotations
 
+__all__ = ["SCHEDSTAT", "WAIT_LIMIT", "runqueue_seconds", "available"]
+
 SCHEDSTAT = "/proc/thread-self/schedstat"
 """Linux's scheduler figures of the calling thread: ns on a CPU, ns runnable but waiting for one."""
 WAIT_LIMIT = 0.1

@@ -20,24 +20,27 @@ from dataclasses import dataclass, field
 import torch
 
 from attnbench.measure import guard, regime
+from attnbench.measure.config import MeasureConfig
 from attnbench.measure.env import environment
 from attnbench.measure.peak import matmul_peak
 from attnbench.measure.record import Environment, Measurement
-from attnbench.measure.runner import MeasureConfig, baseline_probes, measure, typical_speed
+from attnbench.measure.runner import baseline_probes, measure, typical_speed
 from attnbench.measure.worker import CAP_ALLOWANCE_BYTES, CaseJob, WorkerPool
 from attnbench.registry import get_variant
 from attnbench.spec import AttnSpec
 
-ProgressCallback = Callable[[int, int, str, AttnSpec], None]
-ResultCallback = Callable[[int, Measurement], None]
+__all__ = ["sweep"]
+
+_ProgressCallback = Callable[[int, int, str, AttnSpec], None]
+_ResultCallback = Callable[[int, Measurement], None]
 
 
 def sweep(
     cases: Iterable[tuple[str, AttnSpec]],
     config: MeasureConfig | None = None,
     *,
-    progress: ProgressCallback | None = None,
-    on_result: ResultCallback | None = None,
+    progress: _ProgressCallback | None = None,
+    on_result: _ResultCallback | None = None,
     should_stop: Callable[[], bool] | None = None,
     isolate: bool = False,
     workers: WorkerPool | None = None,

@@ -26,6 +26,17 @@ import torch
 from attnbench._checks import check_bool, check_int, check_number
 from attnbench.measure import schedstat
 
+__all__ = [
+    "TimerConfig",
+    "time_once",
+    "cache_flusher",
+    "Blocks",
+    "time_blocks",
+    "measured_calls",
+    "time_call",
+    "cuda_graph_seconds",
+]
+
 
 @dataclass(frozen=True)
 class TimerConfig:
@@ -77,7 +88,7 @@ def _block_seconds(fn: Callable[[], object], number: int, device: torch.device) 
     return time.perf_counter() - t0
 
 
-FLUSH_BYTES = 256 * 2**20  # larger than any CPU L3 or GPU L2 in sight
+_FLUSH_BYTES = 256 * 2**20  # larger than any CPU L3 or GPU L2 in sight
 
 
 def cache_flusher(device: torch.device) -> Callable[[], None]:
@@ -86,7 +97,7 @@ def cache_flusher(device: torch.device) -> Callable[[], None]:
     The buffer is allocated once per timing: a fresh one per sample cost 65,536 page faults (4 KiB
     pages, 256 MiB), far more than a short call takes.
     """
-    buffer = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
+    buffer = torch.empty(_FLUSH_BYTES, dtype=torch.uint8, device=device)
 
     def flush() -> None:
         buffer.fill_(1)

@@ -37,10 +37,13 @@ import torch
 from attnbench.contract import Status
 from attnbench.io import error_line
 from attnbench.measure import regime
+from attnbench.measure.config import MeasureConfig
 from attnbench.measure.record import Environment, Measurement
-from attnbench.measure.runner import MeasureConfig, measure
+from attnbench.measure.runner import measure
 from attnbench.plugins import load_plugins
 from attnbench.spec import AttnSpec
+
+__all__ = ["PRELOAD", "CAP_ALLOWANCE_BYTES", "CaseJob", "cgroup_oom_kills", "WorkerPool"]
 
 PRELOAD = [
     "torch",
@@ -90,7 +93,7 @@ def _vm_data_bytes() -> int:
     return 0
 
 
-def apply_memory_cap(extra_bytes: int) -> int | None:
+def _apply_memory_cap(extra_bytes: int) -> int | None:
     """Limit this process's data segment to its current size + ``extra_bytes``; the limit, or None.
 
     Returns None where the OS does not allow it (no ``RLIMIT_DATA``, or a hard limit below the
@@ -129,7 +132,7 @@ def _child(conn, job: CaseJob) -> None:
         # allocation).
         regime.apply(regime.Regime(threads=job.config.threads or torch.get_num_threads()))
         if job.memory_cap_bytes is not None:
-            apply_memory_cap(job.memory_cap_bytes)
+            _apply_memory_cap(job.memory_cap_bytes)
         result = measure(
             job.variant,
             job.spec,
@@ -161,10 +164,10 @@ def _die_with_the_server() -> None:
     """
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-PR_SET_PDEATHSIG = 1
+_PR_SET_PDEATHSIG = 1
 
 
 def cgroup_oom_kills() -> int | None:

@@ -5,8 +5,8 @@ Queries are cut into blocks of ``block`` rows. Query block n attends to the keys
 ``(B, H, Nb, block, Nk)``: O(L * Nk) time and memory instead of O(L^2). A per-element
 ``predicate(query_pos, key_pos)`` (e.g. a band) and the caller's mask are applied to the gathered
 positions only. A mask given as a :class:`~attnbench.mask_mods.MaskMod` is evaluated on those
-positions (:func:`mod_at`), so no dense (Lq, Lk) tensor exists at any point; a dense boolean mask
-is read at the gathered positions (:func:`gather_mask`, which indexes full mask rows).
+positions (:func:`_mod_at`), so no dense (Lq, Lk) tensor exists at any point; a dense boolean mask
+is read at the gathered positions (:func:`_gather_mask`, which indexes full mask rows).
 
 Letters: B batch, H heads, Lq queries, Lk keys, D head dim, Dv value head dim,
 Nb query blocks, Nk keys gathered per block.
@@ -21,10 +21,12 @@ import torch.nn.functional as F
 
 from attnbench.mask_mods import MaskMod
 
-Predicate = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+__all__ = ["gathered_block_attention"]
+
+_Predicate = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def gather_mask(mask: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+def _gather_mask(mask: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
     """Read a rank-4 broadcastable mask at gathered positions.
 
     Args:
@@ -43,7 +45,7 @@ def gather_mask(mask: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) ->
     return rows.gather(-1, index)
 
 
-def mod_at(
+def _mod_at(
     mod: MaskMod, batch: int, heads: int, q_pos: torch.Tensor, k_pos: torch.Tensor
 ) -> torch.Tensor:
     """Evaluate a predicate at gathered positions only (no dense mask row is ever built).
@@ -75,7 +77,7 @@ def gathered_block_attention(
     key_index: torch.Tensor,
     key_valid: torch.Tensor,
     scale: float,
-    predicate: Predicate | None = None,
+    predicate: _Predicate | None = None,
     q_offset: int = 0,
 ) -> torch.Tensor:
     """Blockwise attention of ``q`` over per-block gathered keys.
@@ -111,9 +113,9 @@ def gathered_block_attention(
     if mask is not None:
         q_clamped = q_abs.clamp(max=q_offset + lq - 1)
         if isinstance(mask, MaskMod):
-            allowed = allowed & mod_at(mask, b, h, q_clamped, k_pos)  # (B?, H?, Nb, blk, Nk)
+            allowed = allowed & _mod_at(mask, b, h, q_clamped, k_pos)  # (B?, H?, Nb, blk, Nk)
         else:
-            allowed = allowed & gather_mask(mask, q_clamped, k_pos)  # (B?, H?, Nb, blk, Nk)
+            allowed = allowed & _gather_mask(mask, q_clamped, k_pos)  # (B?, H?, Nb, blk, Nk)
 
     scores.masked_fill_(~allowed, torch.finfo(scores.dtype).min)
     probs = torch.softmax(scores, dim=-1)  # (B, H, Nb, blk, Nk)

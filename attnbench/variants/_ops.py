@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+__all__ = ["masked_softmax_", "zero_empty_rows", "merge_heads", "split_heads"]
+
 
 def masked_softmax_(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """Softmax over the last axis after filling disallowed keys *in place* in ``scores``.

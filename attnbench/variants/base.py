@@ -38,6 +38,24 @@ from attnbench.capability import CallInfo
 from attnbench.reference import blockwise_reference_attention
 from attnbench.spec import DTYPES, AttnSpec, MaskForm
 
+__all__ = [
+    "ALL_DTYPES",
+    "FLOAT_DTYPES",
+    "ALL_MASKS",
+    "KEY_PADDING_MASKS",
+    "T",
+    "EAGER_BACKWARD",
+    "CONSTANT_OPERAND_BACKWARD",
+    "GqaMode",
+    "GQA_MODES",
+    "RECOMPUTE_BACKWARD",
+    "Flops",
+    "Contraction",
+    "dense_mask",
+    "declared_attributes",
+    "Variant",
+]
+
 ALL_DTYPES = frozenset(DTYPES)
 FLOAT_DTYPES = frozenset({"float32", "float64"})
 ALL_MASKS = frozenset(masks.MASK_KINDS)

@@ -11,6 +11,8 @@ import torch
 from attnbench.variants._ops import masked_softmax_, zero_empty_rows
 from attnbench.variants.base import GqaMode, Variant
 
+__all__ = ["BatchedAttention"]
+
 
 class BatchedAttention(Variant):
     """``softmax(Q K^T * scale) V`` with two bmm calls; peak = scores + probabilities + output."""

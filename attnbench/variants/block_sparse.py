@@ -27,7 +27,9 @@ from attnbench.variants._blockwise import gathered_block_attention
 from attnbench.variants._ops import masked_softmax_, zero_empty_rows
 from attnbench.variants.base import GqaMode, Variant, dense_mask
 
-MAX_PATTERN_BLOCKS = 2**14
+__all__ = ["block_pattern", "BlockSparseAttention"]
+
+_MAX_PATTERN_BLOCKS = 2**14
 """Most blocks per side of the ``(Nb, Nb)`` pattern this variant builds (256 MiB of bools, seconds
 to draw): longer sequences are declared unsupported (L <= 16384 x block: 1,048,576 at the default
 block of 64)."""
@@ -122,11 +124,11 @@ class BlockSparseAttention(Variant):
 
     def extra_reasons(self, call):
         nb = -(-call.lq // self.block)
-        if nb > MAX_PATTERN_BLOCKS:
+        if nb > _MAX_PATTERN_BLOCKS:
             return [
                 f"L={call.lq} is {nb} blocks of {self.block}: block_sparse draws an (Nb x Nb) "
-                f"block pattern, at most {MAX_PATTERN_BLOCKS} blocks "
-                f"(L <= {MAX_PATTERN_BLOCKS * self.block})"
+                f"block pattern, at most {_MAX_PATTERN_BLOCKS} blocks "
+                f"(L <= {_MAX_PATTERN_BLOCKS * self.block})"
             ]
         return []
 
@@ -190,11 +192,11 @@ class BlockSparseAttention(Variant):
         ``size^T P size`` for the ``(Nb, Nb)`` block pattern ``P``. With every block full that is
         ``block^2`` times the pattern's cells, counted without drawing it (:meth:`_row_sum`). A
         partial last block needs the random draws that hit it, so the pattern is drawn; beyond
-        :data:`MAX_PATTERN_BLOCKS` (a length this variant refuses) the full-block count is returned,
-        an upper bound.
+        :data:`_MAX_PATTERN_BLOCKS` (a length this variant refuses) the full-block count is
+        returned, an upper bound.
         """
         nb = -(-length // self.block)
-        if length % self.block == 0 or nb > MAX_PATTERN_BLOCKS:
+        if length % self.block == 0 or nb > _MAX_PATTERN_BLOCKS:
             return self.block * self.block * (min(self.global_blocks, nb) * nb + self._row_sum(nb))
         blocks = self.blocks(length)  # (Nb, Nb) bool
         nb = blocks.shape[0]

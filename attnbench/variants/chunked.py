@@ -27,6 +27,8 @@ from attnbench.reference import repeat_kv
 from attnbench.spec import MaskForm
 from attnbench.variants.base import GqaMode, Variant
 
+__all__ = ["default_chunks", "ChunkedAttention"]
+
 _LOG2_E = math.log2(math.e)
 
 
@@ -120,18 +122,18 @@ def _fold_tile(
     return _Running(new_max, run_sum, acc)
 
 
-Q_CHUNK = 256
+_Q_CHUNK = 256
 """Query rows per tile by default (and the width of the key blocks classified under a mask)."""
-TILE_BYTES = 2 * 2**20
+_TILE_BYTES = 2 * 2**20
 """Most bytes of one (batch, head) score tile by default: the key tile is as wide as this allows."""
 
 
 def default_chunks(lq: int, lk: int, dtype: str, q_chunk: int | None = None) -> tuple[int, int]:
     """Tile sizes ``(q_chunk, k_chunk)`` for a length and dtype: keys as wide as 2 MiB allows.
 
-    ``q_chunk`` rows (default :data:`Q_CHUNK`) by as many keys as fit :data:`TILE_BYTES` per (batch,
-    head): 256 x 2048 float32, 256 x 4096 in 16-bit dtypes, so the scratch stays O(L). Chosen from
-    single-thread CPU timings at L=4096 (B1 H8 D64 float32, interleaved; 2026-11-22,
+    ``q_chunk`` rows (default :data:`_Q_CHUNK`) by as many keys as fit :data:`_TILE_BYTES` per
+    (batch, head): 256 x 2048 float32, 256 x 4096 in 16-bit dtypes, so the scratch stays O(L).
+    Chosen from single-thread CPU timings at L=4096 (B1 H8 D64 float32, interleaved; 2026-11-22,
     ``python -m studies.chunked_speed``): eager, tiles from 512 x 512 to 256 x 2048 timed within the
     machine's noise of each other (about 5%), 128 x 4096 slower (narrow matmuls); compiled,
     128 x 4096 was fastest, so ``compiled_chunked`` asks for 128-row tiles
@@ -139,11 +141,11 @@ def default_chunks(lq: int, lk: int, dtype: str, q_chunk: int | None = None) -> 
 
     Args:
         lq: query length; lk: key length; dtype: torch dtype name ("float32", ...).
-        q_chunk: query rows per tile (None: :data:`Q_CHUNK`).
+        q_chunk: query rows per tile (None: :data:`_Q_CHUNK`).
     """
-    rows = min(q_chunk or Q_CHUNK, lq)
+    rows = min(q_chunk or _Q_CHUNK, lq)
     item = torch.empty((), dtype=getattr(torch, dtype)).element_size()
-    return rows, min(max(rows, TILE_BYTES // (item * rows)), lk)
+    return rows, min(max(rows, _TILE_BYTES // (item * rows)), lk)
 
 
 class ChunkedAttention(Variant):

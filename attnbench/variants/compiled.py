@@ -19,12 +19,14 @@ from attnbench import mask_mods, masks
 from attnbench._checks import check_bool
 from attnbench.variants.base import GqaMode, Variant, declared_attributes
 
+__all__ = ["CompiledVariant", "flex_cpu_kernel_fault", "FlexAttention"]
+
 _HALF_AND_FLOAT = frozenset({"float32", "bfloat16", "float16"})
 
 
-RECOMPILE_LIMIT = 64
+_RECOMPILE_LIMIT = 64
 
-BASE_OPTIONS: dict[str, dict[str, object]] = {"chunked": {"q_chunk": 128}}
+_BASE_OPTIONS: dict[str, dict[str, object]] = {"chunked": {"q_chunk": 128}}
 """Constructor options of a base variant when compiled. ``chunked``: 128-row tiles as wide as its
 byte cap allows (4096 float32 keys). Inductor computes every score tile of a query block before
 that block's softmax (eager's 256 x 2048 tiles: two 16 MiB buffers live per block at L=4096, H=8),
@@ -42,7 +44,7 @@ def _configure_dynamo() -> None:
     """
     import torch._dynamo.config as dynamo_config
 
-    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, RECOMPILE_LIMIT)
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, _RECOMPILE_LIMIT)
     dynamo_config.fail_on_recompile_limit_hit = True
 
 
@@ -55,7 +57,7 @@ def _first_call(call):
     return result, time.perf_counter() - start
 
 
-FLEX_CUDA_MIN_DIM = 16
+_FLEX_CUDA_MIN_DIM = 16
 """Smallest D and Dv inductor's FlexAttention template lowers on CUDA (``tl.dot`` needs 16)."""
 
 
@@ -74,7 +76,7 @@ class CompiledVariant(Variant):
     (:meth:`warm_up` or :meth:`validate`), so listing variants has no side effects.
     """
 
-    VARIANT_OPTIONS = {"base": BASE_OPTIONS}
+    VARIANT_OPTIONS = {"base": _BASE_OPTIONS}
 
     def __init__(
         self, base: Variant, mode: str | None = None, dynamic: bool | None = False
@@ -261,10 +263,10 @@ class FlexAttention(Variant):
         reasons = _compiler_reasons(call.device) if self.compiled else []
         if call.backward and call.device == "cpu":
             reasons.append("FlexAttention has no backward pass on CPU")
-        if self.compiled and call.device == "cuda" and min(call.d, call.dv) < FLEX_CUDA_MIN_DIM:
+        if self.compiled and call.device == "cuda" and min(call.d, call.dv) < _FLEX_CUDA_MIN_DIM:
             # inductor's Triton template: "NYI: embedding dimension ... must be at least 16"
             reasons.append(
-                f"compiled FlexAttention on CUDA needs head dims of at least {FLEX_CUDA_MIN_DIM} "
+                f"compiled FlexAttention on CUDA needs head dims of at least {_FLEX_CUDA_MIN_DIM} "
                 f"(D={call.d}, Dv={call.dv})"
             )
         if self.compiled and call.device == "cpu":

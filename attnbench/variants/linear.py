@@ -35,6 +35,8 @@ from attnbench.variants.base import (
     dense_mask,
 )
 
+__all__ = ["KernelAttention", "LinearElu", "Performer"]
+
 
 class KernelAttention(Variant):
     """Shared O(L) evaluation for any positive feature map ``phi``."""

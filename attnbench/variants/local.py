@@ -15,6 +15,8 @@ from attnbench.reference import repeat_kv
 from attnbench.variants._blockwise import gathered_block_attention
 from attnbench.variants.base import GqaMode, Variant, dense_mask
 
+__all__ = ["LocalAttention"]
+
 
 class LocalAttention(Variant):
     """Banded attention; exact on its own pattern ``sliding_window(window) & mask``."""

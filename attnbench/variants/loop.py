@@ -10,6 +10,8 @@ import torch
 
 from attnbench.variants.base import GqaMode, Variant
 
+__all__ = ["LoopAttention"]
+
 
 class LoopAttention(Variant):
     """For each (b, h, i): score every key j as a scalar, softmax, then sum ``p_j * v_j``.

@@ -13,6 +13,8 @@ import torch
 from attnbench.variants._ops import masked_softmax_, merge_heads, zero_empty_rows
 from attnbench.variants.base import GqaMode, Variant
 
+__all__ = ["transpose_qkv", "transpose_output", "MultiheadAttentionCore"]
+
 
 def transpose_qkv(x: torch.Tensor, heads: int) -> torch.Tensor:
     """``(B, L, H*D) -> (B*H, L, D)``: heads folded into the batch for parallel bmm."""

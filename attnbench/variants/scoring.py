@@ -32,7 +32,9 @@ from attnbench.variants.base import (
     dense_mask,
 )
 
-SCORES = ("dot", "scaled_dot", "bilinear", "additive")
+__all__ = ["ScoringAttention"]
+
+_SCORES = ("dot", "scaled_dot", "bilinear", "additive")
 
 
 class ScoringAttention(Variant):
@@ -49,8 +51,8 @@ class ScoringAttention(Variant):
         self, score: str = "scaled_dot", hidden: int = 32, q_chunk: int = 64, seed: int = 0
     ) -> None:
         super().__init__(None)
-        if score not in SCORES:
-            raise ValueError(f"score must be one of {SCORES}, got {score!r}")
+        if score not in _SCORES:
+            raise ValueError(f"score must be one of {_SCORES}, got {score!r}")
         self.score = score
         if score == "additive":
             self.EFFICIENCY = 0.02  # elementwise tanh over (Lq, Lk, h) dominates, not matmuls

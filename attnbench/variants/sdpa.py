@@ -31,7 +31,9 @@ from attnbench.mask_mods import MaskMod
 from attnbench.spec import MaskForm
 from attnbench.variants.base import GqaMode, Variant
 
-BACKENDS: dict[str, SDPBackend | None] = {
+__all__ = ["hand_table_only", "kernel_tiles", "SDPA"]
+
+_BACKENDS: dict[str, SDPBackend | None] = {
     "auto": None,
     "math": SDPBackend.MATH,
     "flash": SDPBackend.FLASH_ATTENTION,
@@ -68,7 +70,7 @@ def hand_table_only() -> Iterator[None]:
         _ASK_TORCH[0] = before
 
 
-def torch_reasons(backend: str, call: CallInfo, is_causal: bool, masked: bool) -> list[str] | None:
+def _torch_reasons(backend: str, call: CallInfo, is_causal: bool, masked: bool) -> list[str] | None:
     """Why torch says ``backend`` cannot run ``call`` ([] when it can); None where it cannot say.
 
     Torch can say on CUDA, where ``torch.backends.cuda.can_use_*_attention`` exists for the
@@ -102,7 +104,7 @@ def _asked(backend: str, call: CallInfo, is_causal: bool, masked: bool) -> list[
         params = _sdpa_params(call, is_causal, masked)
     except (RuntimeError, TypeError):  # out of memory, or a constructor this code does not know
         return None
-    with warnings.catch_warnings(record=True) as caught, sdpa_kernel(BACKENDS[backend]):
+    with warnings.catch_warnings(record=True) as caught, sdpa_kernel(_BACKENDS[backend]):
         warnings.simplefilter("always")
         runs = bool(can_use(params, debug=True))
     if runs:
@@ -131,7 +133,7 @@ def _sdpa_params(call: CallInfo, is_causal: bool, masked: bool, device: str = "c
         return params(q, k, v, mask, 0.0, is_causal)
 
 
-CUDA_TILES: dict[tuple[str, str], tuple[tuple[int, tuple[int, int]], ...]] = {
+_CUDA_TILES: dict[tuple[str, str], tuple[tuple[int, tuple[int, int]], ...]] = {
     # FlashAttention-2 as vendored in PyTorch (aten/.../transformers/cuda/flash_attn/
     # flash_fwd_launch_template.h, flash_bwd_launch_template.h), without dropout, on sm80/sm90:
     # forward 128 x 128 for D <= 64, 128 x 64 for D <= 128
@@ -159,7 +161,7 @@ def kernel_tiles(backend: str, pass_: str, head_dim: int) -> tuple[int, int] | N
         >>> kernel_tiles("flash", "forward", 64), kernel_tiles("cudnn", "forward", 64)
         ((128, 128), None)
     """
-    for largest, tiles in CUDA_TILES.get((backend, pass_), ()):
+    for largest, tiles in _CUDA_TILES.get((backend, pass_), ()):
         if head_dim <= largest:
             return tiles
     return None
@@ -201,8 +203,8 @@ class SDPA(Variant):
         self, backend: str = "auto", dense_mask: bool = False, scale: float | None = None
     ) -> None:
         super().__init__(scale)
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {tuple(BACKENDS)}, got {backend!r}")
+        if backend not in _BACKENDS:
+            raise ValueError(f"backend must be one of {tuple(_BACKENDS)}, got {backend!r}")
         if not isinstance(dense_mask, bool):
             raise TypeError(f"dense_mask must be a bool, got {type(dense_mask).__name__}")
         self.backend = backend
@@ -257,7 +259,7 @@ class SDPA(Variant):
 
     def executed_pairs(self, spec):
         """Pairs in the kernel's computed tiles: on CUDA under ``is_causal``, the non-empty tiles at
-        the kernel's tile size (:data:`CUDA_TILES`); else every pair.
+        the kernel's tile size (:data:`_CUDA_TILES`); else every pair.
 
         The forward kernel's count serves the backward too: where their tiles differ
         (FlashAttention at D=128: 128 x 64 forward, 64 x 128 backward) a square causal mask gives
@@ -269,7 +271,7 @@ class SDPA(Variant):
         """Why this case's executed FLOPs are unknown ("" when they are counted).
 
         A CUDA kernel given ``is_causal`` skips the tiles above the diagonal; without its tile
-        sizes (:data:`CUDA_TILES`) the FLOPs it executes, and so its rate, are not known.
+        sizes (:data:`_CUDA_TILES`) the FLOPs it executes, and so its rate, are not known.
         """
         if not self._skips_tiles(spec):
             return ""
@@ -309,14 +311,14 @@ class SDPA(Variant):
     def extra_reasons(self, call):
         """The backend's own limits: torch's answer on CUDA where it gives one, else the table.
 
-        On CUDA, ``flash``, ``efficient`` and ``cudnn`` ask torch (:func:`torch_reasons`): each
+        On CUDA, ``flash``, ``efficient`` and ``cudnn`` ask torch (:func:`_torch_reasons`): each
         release moves their limits. Where torch cannot say (CPU, an older torch, no CUDA here) the
         hand table (:meth:`table_reasons`) answers.
         """
         causal = call.mask_kinds == {"causal"} and not self.dense_mask
         asked = None
         if self.backend in _CAN_USE:
-            asked = torch_reasons(
+            asked = _torch_reasons(
                 self.backend,
                 call,
                 is_causal=causal,
@@ -359,7 +361,7 @@ class SDPA(Variant):
         return reasons
 
     def forward(self, q, k, v, mask):
-        backend = BACKENDS[self.backend]
+        backend = _BACKENDS[self.backend]
         ctx = contextlib.nullcontext() if backend is None else sdpa_kernel(backend)
         # grouped-query attention: query head h reads key/value head h // G
         gqa = k.shape[1] != q.shape[1]

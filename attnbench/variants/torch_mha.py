@@ -16,6 +16,8 @@ from attnbench.variants._ops import merge_heads, split_heads, zero_empty_rows
 from attnbench.variants.base import CONSTANT_OPERAND_BACKWARD, Contraction, Variant
 from attnbench.variants.sdpa import _CPU_FLASH_OPS
 
+__all__ = ["TorchMHA"]
+
 
 class TorchMHA(Variant):
     """``nn.MultiheadAttention(E=H*D, H, bias=False, batch_first=True)`` with identity weights."""

@@ -11,6 +11,8 @@ import torch
 from attnbench.variants._ops import masked_softmax_, zero_empty_rows
 from attnbench.variants.base import GqaMode, Variant
 
+__all__ = ["VectorizedAttention"]
+
 
 class VectorizedAttention(Variant):
     """Loops over (batch, head) in Python; each iteration is three matrix products."""
