@@ -16,6 +16,8 @@ from attnbench.contract import INSTRUCTIONS_FACTOR, MEMORY_FACTOR, TIME_FACTOR, 
 from attnbench.registry import variant_names
 from attnbench.spec import DTYPES, MODES
 
+__all__ = ["DEFAULT_TIME_BUDGET", "DESCRIPTION", "DefaultList", "build_parser"]
+
 DESCRIPTION = (
     "``attnbench`` command line: list | run | report | peak | profile | regress | bisect | "
     "history | export | publish."

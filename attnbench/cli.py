@@ -31,7 +31,7 @@ from attnbench.spec import AttnSpec
 if TYPE_CHECKING:
     from attnbench.session import RunOptions
 
-__all__ = ["build_parser", "main", "run_options"]
+__all__ = ["PROBLEMS_SHOWN", "build_parser", "main", "run_options"]
 
 
 def _cuda_missing(device: str) -> str | None:
@@ -193,7 +193,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             mode=args.mode,
         )
-        from attnbench.measure.runner import MeasureConfig
+        from attnbench.measure.config import MeasureConfig
 
         summary = profile_case(
             args.variant,

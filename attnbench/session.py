@@ -23,6 +23,8 @@ from attnbench.errors import UsageError
 from attnbench.runs import swept_length
 from attnbench.spec import AttnSpec
 
+__all__ = ["DEFAULT_MAX_TIME", "RunOptions", "measure_config", "run", "run_cases", "summary_table"]
+
 if TYPE_CHECKING:
     from attnbench.measure import MeasureConfig
     from attnbench.measure.instructions import Beside

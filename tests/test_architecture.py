@@ -383,12 +383,7 @@ def test_the_style_checks_see_a_planted_long_function_and_a_compared_word():
     assert compared_words("ok = status == Status.OK") == []
 
 
-NO_ALL_YET: tuple[str, ...] = (
-    "arguments",
-    "cli",
-    "report",
-    "session",
-)
+NO_ALL_YET: tuple[str, ...] = ()
 """Modules without a declared ``__all__`` yet: being split (their public surface is settled when
 the split lands; empty this then)."""
 

@@ -50,7 +50,6 @@ from attnbench.spec import AttnSpec
 from attnbench.variants.base import Variant, dense_mask
 
 __all__ = [
-    "MeasureConfig",  # moved to measure.config; cli.py (being split) imports it from here
     "make_call",
     "check_plan",
     "run_gate",
