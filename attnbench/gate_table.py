@@ -85,23 +85,12 @@ def growth_lines(table: pd.DataFrame) -> list[str]:
     measured ratio at the longest length, the predicted one at the target length. Nothing when no
     series was fitted.
     """
-    from attnbench.analysis.growth import EXPONENT_THRESHOLD, exponent_text
+    from attnbench.analysis.growth import exponent_text, moved_series
     from attnbench.analysis.text import ratio
-    from attnbench.contract import Basis, GateVerdict
 
-    if "basis" not in table.columns:
-        return []
-    predicted = table[table["basis"] == Basis.PREDICTED]
+    predicted, moved = moved_series(table)
     if not len(predicted):
         return []
-    moved = predicted[
-        (predicted["verdict"] == GateVerdict.REGRESSED)
-        | (
-            (predicted["head_exponent"] - predicted["base_exponent"]).abs()
-            >= EXPONENT_THRESHOLD / 2
-        )
-        | predicted["improved"].fillna(False).astype(bool)
-    ]
     measured_at = int(predicted["measured_length"].max())
     lines = [
         f"\nhow cost grows (rows marked *): {len(predicted)} series fitted along L; "

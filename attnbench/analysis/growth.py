@@ -47,6 +47,7 @@ __all__ = [
     "exponent_metric",
     "SERIES",
     "exponent_series",
+    "moved_series",
 ]
 
 GROWTH_METRICS = ("instructions", "peak_tensor_bytes", "flops")
@@ -387,3 +388,19 @@ def exponent_series(frame: pd.DataFrame) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(out, columns=columns)
+
+
+def moved_series(table: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The gate table's growth rows (``predicted``) and those the gate's summaries list: regressed,
+    improved, or with an exponent that moved by half :data:`EXPONENT_THRESHOLD` or more. Both are
+    empty when the table has no growth rows."""
+    if "basis" not in table.columns:
+        return table.iloc[0:0], table.iloc[0:0]
+    predicted = table[table["basis"] == Basis.PREDICTED]
+    change = predicted["head_exponent"] - predicted["base_exponent"]
+    moved = predicted[
+        (predicted["verdict"] == GateVerdict.REGRESSED)
+        | (change.abs() >= EXPONENT_THRESHOLD / 2)
+        | predicted["improved"].fillna(False).astype(bool)
+    ]
+    return predicted, moved

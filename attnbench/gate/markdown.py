@@ -17,7 +17,7 @@ import pandas as pd
 
 from attnbench import contract
 from attnbench.analysis import changes, text
-from attnbench.analysis.growth import EXPONENT_THRESHOLD, exponent_text
+from attnbench.analysis.growth import EXPONENT_THRESHOLD, exponent_text, moved_series
 from attnbench.analysis.text import fmt
 from attnbench.contract import Basis, GateVerdict
 from attnbench.io import atomic_write_text, check_output_file
@@ -185,17 +185,9 @@ def gate_summary(
 def growth_lines(table: pd.DataFrame) -> list[str]:
     """How cost grows: per series whose exponent or predicted ratio moved, the exponents and the
     measured and predicted ratios side by side (a line saying so where none moved)."""
-    if "basis" not in table.columns:
-        return []
-    predicted = table[table["basis"] == Basis.PREDICTED]
+    predicted, moved = moved_series(table)
     if not len(predicted):
         return []
-    change = predicted["head_exponent"] - predicted["base_exponent"]
-    moved = predicted[
-        (predicted["verdict"] == GateVerdict.REGRESSED)
-        | (change.abs() >= EXPONENT_THRESHOLD / 2)
-        | predicted["improved"].fillna(False).astype(bool)
-    ]
     at = int(predicted["at_length"].max())
     head = (
         f"**How cost grows** ({len(predicted)} series of counts, bytes and FLOPs fitted along L, "
