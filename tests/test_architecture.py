@@ -50,6 +50,8 @@ ROOMS: tuple[tuple[str, ...], ...] = (
     ("analysis.tidy",),
     ("analysis.rundir",),
     ("analysis.frame", "analysis.complexity", "analysis.roofline", "analysis.significance"),
+    ("analysis.slices",),  # the sides compared and the primary slice
+    ("analysis.findings",),  # the finding rules (they read the primary slice)
     ("analysis.changes", "analysis.growth"),
     ("gate.steps",),  # below the analysis, which reads a history's steps (git's order handed in)
     ("analysis.summary",),

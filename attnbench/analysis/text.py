@@ -1,10 +1,13 @@
-"""Numbers as the report writes them: 3 significant figures with a readable unit (``fmt``)."""
+"""Numbers as the report writes them: 3 significant figures with a readable unit (``fmt``), and
+commits by their short hash (``short_hash``)."""
 
 from __future__ import annotations
 
 import math
 
-__all__ = ["sig", "ratio", "fmt"]
+__all__ = ["SHORT_HASH", "sig", "ratio", "fmt", "short_hash"]
+
+SHORT_HASH = 8  # characters of a commit hash shown on the page (asv's own convention)
 
 
 def sig(value: float, digits: int = 3) -> str:
@@ -46,3 +49,7 @@ def fmt(value: float, unit: str) -> str:
     if unit == "x":
         return f"{sig(value)}x"
     return f"{sig(value)} {unit}"
+
+
+def short_hash(commit: object) -> str:
+    return str(commit)[:SHORT_HASH] if commit else ""

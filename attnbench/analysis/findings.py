@@ -1,0 +1,448 @@
+"""The findings: the sentences the data supports, each linked to the figure it is read from.
+
+:func:`findings` runs every rule of :data:`RULES` over the primary slice's evidence (its ``ok``,
+measured rows and conclusive fits) and keeps up to :data:`MAX_FINDINGS`; a rule whose numbers are
+missing states nothing, never a guess. :mod:`attnbench.analysis.summary` calls it from ``analyse``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+
+from attnbench.analysis import complexity, roofline
+from attnbench.analysis.complexity import FitVerdict
+from attnbench.analysis.slices import (
+    SHAPE,
+    Comparison,
+    decode_commit,
+    pair_decode,
+    restrict,
+    side_key,
+)
+from attnbench.analysis.text import fmt, sig
+from attnbench.contract import Status
+from attnbench.registry import get_variant, variant_names
+from attnbench.spec import AttnSpec
+
+__all__ = ["Finding", "findings"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One sentence the data supports, and the figure or section it is read from."""
+
+    text: str  # the sentence (plain text; `name` marks a variant)
+    target: str  # id of the figure or section on the page
+
+
+def _slice(frame: pd.DataFrame, primary: dict[str, str]) -> pd.DataFrame:
+    """The frame's rows of the primary slice, side included."""
+    if not primary or frame.empty:
+        return frame.iloc[0:0]
+    rows = restrict(frame, primary)
+    return rows[side_key(frame).loc[rows.index] == primary["side"]] if "side" in primary else rows
+
+
+def _fit(fits: pd.DataFrame, variant: str, metric: str, workload: str = "prefill") -> dict | None:
+    """A conclusive, measured fit of ``variant``'s ``metric`` on ``workload``, or None."""
+    if fits.empty:
+        return None
+    sub = fits[
+        (fits["variant"] == variant)
+        & (fits["metric"] == metric)
+        & (fits["method"] != complexity.MODEL)
+    ]
+    if "workload" in sub:
+        sub = sub[sub["workload"] == workload]
+    judged = (FitVerdict.MATCHES, FitVerdict.STEEPER, FitVerdict.SHALLOWER)
+    sub = sub[sub["conclusive"].astype(bool) & sub["verdict"].isin(judged)]
+    return None if sub.empty else sub.iloc[0].to_dict()
+
+
+def _at_common_longest(ok: pd.DataFrame, a: str, b: str) -> tuple[int, float, float] | None:
+    """(L, a's value, b's value) at the longest L where both ran ok, or None."""
+    table = ok[ok["variant"].isin((a, b))].pivot_table(
+        index="seq_len", columns="variant", values="value", aggfunc="median"
+    )
+    if a not in table or b not in table:
+        return None
+    both = table[[a, b]].dropna()
+    if both.empty:
+        return None
+    n = int(both.index[-1])
+    return n, float(both[a].iloc[-1]), float(both[b].iloc[-1])
+
+
+@dataclass(frozen=True)
+class _Evidence:
+    """What the finding rules read: the primary slice's correct rows and conclusive-or-not fits."""
+
+    frame: pd.DataFrame  # every row
+    machine: pd.DataFrame  # the primary machine's prefill and decode rows (the roofline reads them)
+    ok_time: pd.DataFrame  # ok, measured time rows of the primary slice (prefill shapes: Lq = Lk)
+    ok_mem: pd.DataFrame  # the same for peak tensor bytes
+    prefill_fits: pd.DataFrame  # the primary slice's prefill fits
+    decode_fits: pd.DataFrame  # the primary machine's decode fits of the same setting
+    comparisons: Sequence[Comparison]
+    fits: pd.DataFrame  # every fit on the page (the tally the exponents section shows)
+
+
+def _evidence(
+    frame: pd.DataFrame,
+    fits: pd.DataFrame,
+    primary: dict[str, str],
+    comparisons: Sequence[Comparison],
+) -> _Evidence:
+    rows = _slice(frame, primary)
+    ok = rows[
+        (rows["status"] == Status.OK)
+        & (rows["seq_len"] == rows["seq_len_k"])
+        & (rows["method"] != complexity.MODEL)
+    ]
+    commit = decode_commit(frame, primary)
+    pfits = fits
+    if len(fits):
+        pfits = restrict(
+            pair_decode(fits, primary, commit), primary, ("device", "mode", "dtype", "mask", *SHAPE)
+        )
+    decode = (
+        pfits["workload"] == "decode"
+        if "workload" in pfits
+        else pd.Series(False, index=pfits.index)
+    )
+    return _Evidence(
+        frame=frame,
+        machine=pair_decode(frame, primary, commit),
+        ok_time=ok[ok["metric"] == "time"],
+        ok_mem=ok[ok["metric"] == "peak_tensor_bytes"],
+        prefill_fits=pfits[~decode],
+        decode_fits=pfits[decode] if "workload" in pfits else pfits.iloc[0:0],
+        comparisons=comparisons,
+        fits=fits,
+    )
+
+
+def _time_growth(e: _Evidence) -> Finding | None:
+    """How dense and fused attention grow: time (conclusive fits) and, where counted, counts.
+
+    Counts do not move with the machine, so where time is inconclusive they still decide the O(L²)
+    claim; the sentence says what they cannot see.
+    """
+    parts, counted = [], False
+    for variant, what in (("batched", "dense"), ("sdpa", "fused SDPA")):
+        time, count = (
+            _fit(e.prefill_fits, variant, "time"),
+            _fit(e.prefill_fits, variant, "instructions"),
+        )
+        if not (time or count):
+            continue
+        text = f"{what} attention (`{variant}`)"
+        if time:
+            text += f" as L^{time['exponent']:.2f} [{time['ci_low']:.2f}, {time['ci_high']:.2f}]"
+        if count:
+            counted = True
+            text += f"{',' if time else ''} in instruction counts as L^{count['exponent']:.2f}"
+            text += "" if time else " (its time fit is inconclusive)"
+        parts.append(text)
+    if not parts:
+        return None
+    text = "Time per call grows for " + " and for ".join(parts) + " (95% intervals)."
+    if counted:
+        text += (
+            " Counts do not move with the machine; they cannot see cache misses, page faults, "
+            "memory bandwidth or waiting."
+        )
+    return Finding(text, "fig-progression")
+
+
+def analytic_crossover(fit: dict) -> float:
+    """L* of the FLOP model at the fit's shape: where its L² FLOPs overtake L (NaN: unknown)."""
+    if fit.get("variant") not in variant_names() or fit.get("workload", "prefill") != "prefill":
+        return math.nan
+    try:
+        spec = AttnSpec(
+            batch=int(fit["batch"]),
+            heads=int(fit["heads"]),
+            head_dim=int(fit["head_dim"]),
+            kv_heads=None if pd.isna(fit.get("kv_heads")) else int(fit["kv_heads"]),
+            dtype=str(fit["dtype"]),
+            device=str(fit["device"]),
+            mode=str(fit["mode"]),
+            mask=str(fit["mask"]),
+        )
+        impl = get_variant(str(fit["variant"]))
+        lengths = [int(fit["L_min"]) * 2**i for i in range(5)]
+        flops = [impl.flops(spec.replace(seq_len=n)).executed for n in lengths]
+    except (ValueError, TypeError, KeyError):
+        return math.nan
+    split = complexity.cost_split(lengths, flops)
+    return math.nan if split is None else split.crossover
+
+
+def _shallower_explained(e: _Evidence) -> Finding | None:
+    """Why conclusive fits are shallower than declared: the cost split c0 + c1·L + c2·L² and its L*.
+
+    Read from instruction counts where a variant was counted (they do not move), else from time.
+    """
+    fits = e.prefill_fits
+    if not len(fits) or "crossover_L" not in fits:
+        return None
+    parts = []
+    for variant in dict.fromkeys(fits["variant"]):
+        fit = _fit(fits, variant, "instructions") or _fit(fits, variant, "time")
+        if (
+            not fit
+            or fit["verdict"] != FitVerdict.SHALLOWER
+            or not math.isfinite(fit.get("crossover_L", math.nan))
+        ):
+            continue
+        star, share, what = (
+            fit["crossover_L"],
+            fit["l2_share"],
+            "count" if fit["metric"] == "instructions" else "time",
+        )
+        model = analytic_crossover(fit)
+        model_text = (
+            f"; its FLOP model puts L* at {model:,.0f}"
+            if math.isfinite(model) and model > 0
+            else ""
+        )
+        where = (
+            f"its O(L) terms outweigh the O(L²) ones below L* ≈ {star:,.0f}{model_text}"
+            if star > 0
+            else "it has no O(L) term"
+        )
+        parts.append(
+            f"`{variant}` {'instructions' if what == 'count' else 'time'} grow as "
+            f"L^{fit['exponent']:.2f}, shallower than its declared O(L^{fit['declared']:g}): "
+            f"{where}, and at L={int(fit['L_max'])} the L² term is {share:.0%} of the {what}"
+        )
+        if len(parts) == 3:
+            break
+    if not parts:
+        return None
+    return Finding(
+        "Fitting c0 + c1·L + c2·L² explains the shallower slopes: " + "; ".join(parts) + ".",
+        "fig-progression",
+    )
+
+
+def _decode(e: _Evidence) -> Finding | None:
+    """Decode's time exponent beside prefill's, and its % of the bandwidth roof (conclusive fit)."""
+    dfits = e.decode_fits
+    for variant in ("sdpa", "batched", *sorted(set(dfits["variant"]) if len(dfits) else ())):
+        fit = _fit(dfits, variant, "time", "decode")
+        if fit:
+            break
+    else:
+        return None
+    text = (
+        "Decode (one query over a KV cache) takes time per generated token growing as "
+        f"Lk^{fit['exponent']:.2f} [{fit['ci_low']:.2f}, {fit['ci_high']:.2f}] for `{variant}`"
+    )
+    pre = _fit(e.prefill_fits, variant, "time", "prefill")
+    text += f", against prefill's L^{pre['exponent']:.2f}" if pre else ""
+    roof = roofline.roofline(e.machine)
+    dec = roof[
+        (roof["workload"] == "decode")
+        & (roof["variant"] == variant)
+        & roof["pct_of_bandwidth"].notna()
+    ]
+    if len(dec):
+        last = dec.sort_values("seq_len_k").iloc[-1]
+        text += (
+            f"; at Lk={int(last['seq_len_k'])} it moves {fmt(float(last['gbps']), 'GB/s')}, "
+            f"{sig(float(last['pct_of_bandwidth']))}% of the measured bandwidth"
+        )
+    return Finding(text + ".", "fig-prefill_decode")
+
+
+def _scratch_memory(e: _Evidence) -> Finding | None:
+    """The scratch memory of dense attention against SDPA at the longest common length."""
+    both = _at_common_longest(e.ok_mem, "batched", "sdpa")
+    if not both or both[2] <= 0:
+        return None
+    n, dense, fused = both
+    fit = _fit(e.prefill_fits, "batched", "peak_tensor_bytes")
+    grows = f" (growing as L^{fit['exponent']:.2f})" if fit else ""
+    return Finding(
+        f"At L={n}, `batched` needs {fmt(dense, 'bytes')} of scratch memory{grows}, "
+        f"{fmt(dense / fused, 'x')} `sdpa` ({fmt(fused, 'bytes')}).",
+        "fig-progression",
+    )
+
+
+def _loop_baseline(e: _Evidence) -> Finding | None:
+    """The teaching baseline's Python loop against batched."""
+    both = _at_common_longest(e.ok_time, "loop", "batched")
+    if not both:
+        return None
+    n, loop, batched = both
+    return Finding(
+        f"The teaching baseline, a Python loop, is {fmt(loop / batched, 'x')} slower than "
+        f"`batched` at L={n} ({fmt(loop, 's')} vs {fmt(batched, 's')} per call).",
+        "fig-progression",
+    )
+
+
+def computes_softmax_attention(variant: str) -> bool:
+    """Whether ``variant`` computes softmax attention over every allowed pair (unknown: yes)."""
+    return variant not in variant_names() or get_variant(variant).SOFTMAX_ATTENTION
+
+
+def _fastest(e: _Evidence) -> Finding | None:
+    """Fastest and slowest softmax attention at the longest length where most of them ran.
+
+    Kernels that compute another function (linear, banded, sparse) are not ranked against it: faster
+    at computing something else is no finding. They are named instead.
+    """
+    exact = e.ok_time[e.ok_time["variant"].map(computes_softmax_attention)]
+    if not len(exact):
+        return None
+    counts = exact.groupby("seq_len")["variant"].nunique()
+    good = counts[counts >= max(3, int(0.6 * counts.max()))]
+    if not len(good):
+        return None
+    n = int(good.index.max())
+    at = exact[exact["seq_len"] == n].groupby("variant")["value"].median().sort_values()
+    fastest, slowest = at.index[0], at.index[-1]
+    others = sorted(set(e.ok_time.loc[e.ok_time["seq_len"] == n, "variant"]) - set(at.index))
+    aside = (
+        (
+            f" ({', '.join(f'`{v}`' for v in others)} compute{'s' if len(others) == 1 else ''} "
+            f"something else and {'is' if len(others) == 1 else 'are'} not ranked)"
+        )
+        if others
+        else ""
+    )
+    return Finding(
+        f"At L={n}, the fastest of {len(at)} exact softmax attention variants that ran correctly "
+        f"is `{fastest}` ({fmt(at.iloc[0], 's')}); the slowest, `{slowest}`, takes "
+        f"{fmt(at.iloc[-1] / at.iloc[0], 'x')} as long{aside}.",
+        "fig-time",
+    )
+
+
+def _fit_verdicts(e: _Evidence) -> Finding | None:
+    """How many conclusive fits match the declared big-O, and which are steeper.
+
+    The page's one tally: :func:`complexity.tally` of every fit, as the exponents section counts
+    them.
+    """
+    t = complexity.tally(e.fits)
+    if not t.judged:
+        return None
+    if not t.conclusive:
+        return Finding(
+            f"No complexity fit is conclusive ({t.judged} inconclusive): too few lengths or too "
+            "much scatter to compare with the declared big-O.",
+            "exponents",
+        )
+    near = (
+        (
+            f" ({len(t.near)} only within the {complexity.TOLERANCE:g} tolerance, their "
+            "intervals excluding the declared exponent: named in the exponents section)"
+        )
+        if t.near
+        else ""
+    )
+    text = (
+        f"{t.matches} of {t.conclusive} conclusive complexity fits match the declared big-O{near}; "
+        f"{len(t.inconclusive)} are inconclusive"
+    )
+    steeper = sorted({s.split(" ")[0] for s in t.steeper})
+    text += (
+        f"; steeper than declared: {', '.join(f'`{v}`' for v in steeper)}."
+        if steeper
+        else "; none is steeper than declared."
+    )
+    return Finding(text, "exponents")
+
+
+def _comparison(e: _Evidence) -> Finding | None:
+    """The first comparison's median time ratio and its largest."""
+    comp = e.comparisons[0] if e.comparisons else None
+    if comp is None or not len(comp.ratios):
+        return None
+    geo = math.exp(float(pd.Series(comp.ratios["ratio"]).apply(math.log).median()))
+    worst = comp.ratios.sort_values("ratio").iloc[-1]
+    return Finding(
+        f"{comp.label_b} against {comp.label_a}: median time ratio {fmt(geo, 'x')} over "
+        f"{len(comp.ratios)} cases both ran correctly; largest {fmt(worst['ratio'], 'x')} "
+        f"(`{worst['variant']}`, L={int(worst['seq_len'])}).",
+        "comparison",
+    )
+
+
+def _not_facts(e: _Evidence) -> Finding | None:
+    """The cases that are not measurements to rely on."""
+    time_rows = e.frame[e.frame["metric"] == "time"]
+    bad = time_rows[time_rows["status"] != Status.OK]
+    if not len(bad):
+        return None
+    counts = ", ".join(f"{v} {k}" for k, v in bad["status"].value_counts().items())
+    return Finding(
+        f"{len(bad)} of {len(time_rows)} cases are not measurements to rely on ({counts}): "
+        "they are never fitted or ranked.",
+        "problems",
+    )
+
+
+def _above_roof(e: _Evidence) -> Finding | None:
+    """Rates above their run's measured roof: accounting errors, named, never quoted as facts."""
+    bad = e.frame[e.frame["status"] == Status.ABOVE_ROOF]
+    if not len(bad):
+        return None
+    bad = bad.sort_values("value", ascending=False)
+    named = "; ".join(
+        f"`{r['variant']}` {r['mode']} {r['mask']} L={int(r['seq_len'])} "
+        f"{fmt(float(r['value']), str(r['unit']))}"
+        for _, r in bad.head(3).iterrows()
+    )
+    more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+    return Finding(
+        f"{len(bad)} rate(s) are above the roof their own run measured, so they are accounting "
+        f"errors, not measurements ({named}{more}): the executed FLOPs or bytes they divide "
+        "overstate the work (a fused kernel skipping masked tiles charged for the full square). "
+        "They are left out of every figure and table of rates.",
+        "problems",
+    )
+
+
+RULES: tuple[Callable[[_Evidence], Finding | None], ...] = (
+    _above_roof,
+    _time_growth,
+    _shallower_explained,
+    _decode,
+    _scratch_memory,
+    _loop_baseline,
+    _fastest,
+    _fit_verdicts,
+    _comparison,
+)
+"""The finding rules, in the order their sentences appear (None: the data does not support it)."""
+MAX_FINDINGS = 8
+
+
+def findings(
+    frame: pd.DataFrame,
+    fits: pd.DataFrame,
+    primary: dict[str, str],
+    comparisons: Sequence[Comparison] = (),
+) -> tuple[Finding, ...]:
+    """Up to MAX_FINDINGS sentences the data supports, each with the id of its figure.
+
+    Only ``ok`` rows and measured values (not method "model") are compared or ranked, and only
+    conclusive fits are quoted; a sentence whose numbers are missing is left out, never guessed. The
+    count of cases not to rely on closes the list when there is room for it.
+    """
+    evidence = _evidence(frame, fits, primary, comparisons)
+    out = [f for f in (rule(evidence) for rule in RULES) if f is not None]
+    if len(out) < MAX_FINDINGS - 1:
+        closing = _not_facts(evidence)
+        out += [closing] if closing else []
+    return tuple(out[:MAX_FINDINGS])
