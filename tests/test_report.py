@@ -479,8 +479,8 @@ def test_two_runs_side_by_side(tmp_path):
 def test_two_runs_compare_peak_tensor_memory_too(tmp_path):
     """B planted with 4x the peak tensor bytes and the same time: the memory table says 4x in every cell,
     the time table 1x; a side's "model" (predicted) memory and a zero-byte A are never made into a ratio."""
-    from attnbench.analysis.summary import compare as _compare
-    from attnbench.analysis.summary import sides as _sides
+    from attnbench.analysis.slices import compare as _compare
+    from attnbench.analysis.slices import sides as _sides
 
     lengths = (64, 128, 256, 512)
     a = _scaled_run(tmp_path / "runA", ["batched", "sdpa", "chunked"], lengths)

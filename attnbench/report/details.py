@@ -13,8 +13,8 @@ import pandas as pd
 
 from attnbench import demos as teaching
 from attnbench.analysis import complexity
-from attnbench.analysis.summary import provenance, short_hash
-from attnbench.analysis.text import fmt
+from attnbench.analysis.summary import provenance
+from attnbench.analysis.text import fmt, short_hash
 from attnbench.contract import Status
 from attnbench.report import plots
 from attnbench.report.markup import (

@@ -25,8 +25,8 @@ import pandas as pd
 
 from attnbench import contract
 from attnbench.analysis import changes, complexity, growth
-from attnbench.analysis.summary import Analysis, short_hash
-from attnbench.analysis.text import fmt, sig
+from attnbench.analysis.summary import Analysis
+from attnbench.analysis.text import fmt, short_hash, sig
 from attnbench.contract import FAMILIES, PROGRESSION, Basis, GateVerdict, Status
 from attnbench.io import atomic_write, atomic_write_text
 from attnbench.report import history_plots, plots, style

@@ -18,8 +18,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from attnbench.analysis.summary import Analysis, short_hash
-from attnbench.analysis.text import sig
+from attnbench.analysis.summary import Analysis
+from attnbench.analysis.text import short_hash, sig
 from attnbench.io import atomic_write
 
 __all__ = [
