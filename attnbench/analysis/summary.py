@@ -41,27 +41,12 @@ from attnbench.gate.steps import find_steps, history_commits
 from attnbench.registry import get_variant, variant_names
 
 __all__ = [
-    "HISTORY_MIN_COMMITS",
-    "SUMMARY_METRICS",
     "Analysis",
-    "Comparison",
-    "Finding",
-    "Loaded",
     "analyse",
-    "compare",
-    "decode_commit",
     "exponent_summary",
-    "findings",
     "history_commits_of",
-    "history_rows",
     "load_results",
-    "pair_decode",
-    "primary_slice",
     "provenance",
-    "restrict",
-    "short_hash",
-    "side_key",
-    "sides",
 ]
 
 
