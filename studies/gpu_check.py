@@ -52,7 +52,6 @@ CUDA_TEST_FILES = (
     "tests/test_gpu_features.py",
     "tests/test_variants.py",
     "tests/test_measure.py",
-    "tests/test_api_holes.py",
     "tests/test_mask_wiring.py",
     "tests/test_errors.py",
     "tests/test_bandwidth.py",

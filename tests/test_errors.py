@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 import attnbench
+from tests.conftest import cheap_variants
 
 Q = torch.randn(1, 2, 5, 4)
 K = torch.randn(1, 2, 6, 4)
@@ -94,3 +97,79 @@ def test_duplicate_registration_is_an_error():
 def test_spec_validation_names_the_field(field, value, exc):
     with pytest.raises(exc, match=field):
         attnbench.AttnSpec(**{field: value})
+
+
+SCALED = ["batched", "chunked", "sdpa", "sdpa_math", "local", "vectorized", "block_sparse"]
+
+
+@pytest.mark.parametrize(
+    "scale,exc",
+    [
+        (math.nan, ValueError),
+        (math.inf, ValueError),
+        (True, TypeError),
+        (0.0, ValueError),
+        ("1", TypeError),
+    ],
+)
+@pytest.mark.parametrize("name", SCALED)
+def test_bad_scales_are_refused_when_built(name, scale, exc):
+    with pytest.raises(exc, match="scale"):
+        attnbench.get_variant(name, scale=scale)
+
+
+@pytest.mark.parametrize("scale", [math.nan, math.inf, True])
+def test_reference_refuses_bad_scales(scale):
+    q = torch.randn(1, 1, 3, 4)
+    with pytest.raises((ValueError, TypeError), match="scale"):
+        attnbench.reference_attention(q, q, q, scale=scale)
+
+
+@pytest.mark.parametrize("device", ["cpu:7", "cpu:0", "cuda:-1", "cuda:x", "gpu", ""])
+def test_spec_refuses_bad_devices(device):
+    with pytest.raises(ValueError, match="device"):
+        attnbench.AttnSpec(device=device)
+
+
+def test_spec_accepts_cuda_index():
+    assert attnbench.AttnSpec(device="cuda:1").device_type == "cuda"
+
+
+@pytest.mark.parametrize("name", cheap_variants())
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+def test_variants_refuse_non_finite_inputs_naming_the_tensor(name, which):
+    variant = attnbench.get_variant(name)
+    spec = attnbench.AttnSpec(batch=1, heads=2, seq_len=8, head_dim=4)
+    if variant.not_supported_reasons(spec):
+        pytest.skip("; ".join(variant.not_supported_reasons(spec)))
+    q, k, v, _ = spec.make_inputs()
+    dict(q=q, k=k, v=v)[which][0, 0, -1, 0] = math.nan
+    mask = torch.tensor([True] * 7 + [False])  # the NaN sits in a masked-out key for k and v
+    if "valid_lengths" not in variant.SUPPORTED_MASKS:
+        mask = None
+    with pytest.raises(ValueError, match=f"{which} must be finite"):
+        variant(q, k, v, mask)
+
+
+def test_flash_with_transposed_inputs_is_refused_by_validation_and_spec_rule():
+    variant = attnbench.get_variant("sdpa_flash")
+    q = torch.randn(1, 2, 16, 8).transpose(-1, -2)  # (1, 2, 8, 16) with stride 1 along L, not D
+    with pytest.raises(ValueError, match="stride 1 along the head dim"):
+        variant(q, q, q)
+    out = attnbench.get_variant("sdpa")(q, q, q)  # auto falls back: same result as the reference
+    torch.testing.assert_close(
+        out.double(), attnbench.reference_attention(q, q, q), atol=1e-5, rtol=1e-5
+    )
+
+
+@pytest.mark.parametrize("name", ["performer", "block_sparse", "additive"])
+@pytest.mark.parametrize("seed,exc", [("x", TypeError), (-1, ValueError), (1.5, TypeError)])
+def test_bad_seed_fails_when_built(name, seed, exc):
+    with pytest.raises(exc, match="seed"):
+        attnbench.get_variant(name, seed=seed)
+
+
+def test_huge_scale_that_would_overflow_is_refused():
+    q = torch.full((1, 1, 4, 8), 100.0)
+    with pytest.raises(ValueError, match="overflow"):
+        attnbench.get_variant("batched", scale=1e35)(q, q, q)

@@ -292,3 +292,10 @@ def test_asv_grid_has_the_mask_parameter_and_cases_use_it():
         for m in ("none", "causal")
     }
     assert flops["causal"] < 0.7 * flops["none"]  # the causal case is really causal (tiles skipped)
+
+
+def test_linear_elu_takes_a_1d_key_padding_mask():
+    q = torch.randn(1, 2, 5, 4, dtype=torch.float64)
+    mask = torch.tensor([True, True, False, True, False])
+    variant = attnbench.get_variant("linear_elu")
+    torch.testing.assert_close(variant(q, q, q, mask), variant.reference(q, q, q, mask))

@@ -7,6 +7,7 @@ reason (so the skip list doubles as documentation of the support matrix).
 
 from __future__ import annotations
 
+import math
 import zlib
 
 import pytest
@@ -14,6 +15,7 @@ import torch
 
 import attnbench
 from attnbench.masks import MASK_KINDS
+from attnbench.variants.base import declared_attributes
 from tests.conftest import DEVICES, all_variants, assert_close_to_reference, is_expensive
 
 SHAPES = {
@@ -280,3 +282,69 @@ def test_kv_heads_that_do_not_divide_heads_are_refused(kv_heads):
     k = v = torch.randn(1, kv_heads, 4, 8)
     with pytest.raises(ValueError, match="Hkv dividing"):
         attnbench.get_variant("batched")(q, k, v)
+
+
+def test_reference_propagates_nan_from_allowed_positions_only():
+    q, k, v = (torch.randn(1, 1, 4, 3, dtype=torch.float64) for _ in range(3))
+    mask = torch.tensor([True, True, True, False])  # key 3 masked out (1-D key padding)
+    k[..., 3, :] = math.nan
+    v[..., 3, :] = math.nan
+    out = attnbench.reference_attention(q, k, v, mask)
+    assert torch.isfinite(out).all()  # masked-out NaN never leaks
+    v[..., 1, 0] = math.nan  # an allowed value: column 0 of every row is NaN
+    out = attnbench.reference_attention(q, k, v, mask)
+    assert torch.isnan(out[..., 0]).all() and torch.isfinite(out[..., 1:]).all()
+    q[..., 2, :] = math.nan  # an allowed query row
+    assert torch.isnan(attnbench.reference_attention(q, k, v, mask)[..., 2, :]).all()
+
+
+@pytest.mark.parametrize("name", attnbench.variant_names())
+def test_validate_raises_exactly_the_spec_reasons(name):
+    """For every mask kind, dtype and shape: validate(tensors) fails iff the spec has reasons, with those reasons."""
+    variant = attnbench.get_variant(name)
+    for mask in attnbench.masks.MASK_KINDS:
+        for dtype in ("float32", "float64"):
+            for extra in ({}, {"seq_len_k": 9, "head_dim_v": 3}):
+                spec = attnbench.AttnSpec(
+                    batch=2,
+                    heads=1,
+                    seq_len=6,
+                    head_dim=4,
+                    mask=mask,
+                    dtype=dtype,
+                    window=2,
+                    **extra,
+                )
+                reasons = variant.not_supported_reasons(spec)
+                if not reasons:
+                    continue
+                q, k, v, m = spec.make_inputs()
+                with pytest.raises(ValueError) as info:
+                    variant.validate(q, k, v, m)
+                assert str(info.value) == f"{name} cannot run these inputs: " + "; ".join(
+                    variant.reasons_for(attnbench.capability.CallInfo.from_tensors(q, k, v, m))
+                )
+                for r in reasons:
+                    if "mask" not in r:  # a tensor mask of a named kind may need broader support
+                        assert r in str(info.value)
+
+
+def test_cuda_only_backends_declare_cuda_only():
+    for name in ("sdpa_efficient", "sdpa_cudnn"):
+        assert attnbench.get_variant(name).describe()["devices"] == "cuda"
+
+
+@pytest.mark.parametrize("name", ["compiled_batched", "compiled_chunked"])
+def test_compiled_variant_declares_everything_its_base_declares(name):
+    compiled = attnbench.get_variant(name)
+    for attr in declared_attributes():
+        if attr in (
+            "IN_DEFAULT_SWEEP",
+            "source",
+        ):  # by design: not swept by default; names torch.compile
+            continue
+        assert getattr(compiled, attr) == getattr(compiled.base, attr), attr
+    assert "PROVENANCE" in declared_attributes() and "SECONDS_PER_PAIR" in declared_attributes()
+    spec = attnbench.AttnSpec(batch=1, heads=2, seq_len=64, head_dim=16, mode="backward")
+    assert compiled.flops(spec) == compiled.base.flops(spec)
+    assert compiled.predicted_peak_bytes(spec) == compiled.base.predicted_peak_bytes(spec)
