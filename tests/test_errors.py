@@ -8,6 +8,8 @@ import pytest
 import torch
 
 import attnbench
+from attnbench import AttnSpec, mask_mods
+from attnbench.measure import measure
 from tests.conftest import cheap_variants
 
 Q = torch.randn(1, 2, 5, 4)
@@ -173,3 +175,199 @@ def test_huge_scale_that_would_overflow_is_refused():
     q = torch.full((1, 1, 4, 8), 100.0)
     with pytest.raises(ValueError, match="overflow"):
         attnbench.get_variant("batched", scale=1e35)(q, q, q)
+
+
+NO_CUDA = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA"
+)
+
+
+@pytest.mark.parametrize(
+    "trial,build,exc,word",
+    [
+        (
+            "flex compiled='no'",
+            lambda: attnbench.get_variant("flex", compiled="no"),
+            TypeError,
+            "compiled",
+        ),
+        (
+            "linear_elu scale=0.5",
+            lambda: attnbench.get_variant("linear_elu", scale=0.5),
+            TypeError,
+            "scale",
+        ),
+        (
+            "layer batch_first='yes'",
+            lambda: attnbench.AttentionLayer(8, 2, batch_first="yes"),
+            TypeError,
+            "batch_first",
+        ),
+        ("layer bias='no'", lambda: attnbench.AttentionLayer(8, 2, bias="no"), TypeError, "bias"),
+        (
+            "make_inputs seed=-1",
+            lambda: AttnSpec(seq_len=4).make_inputs(seed=-1),
+            ValueError,
+            "seed",
+        ),
+        (
+            "make_inputs seed='1'",
+            lambda: AttnSpec(seq_len=4).make_inputs(seed="1"),
+            TypeError,
+            "seed",
+        ),
+    ],
+    ids=lambda x: x if isinstance(x, str) else "",
+)
+def test_ignored_options_are_refused(trial, build, exc, word):
+    with pytest.raises(exc, match=word):
+        build()
+
+
+@pytest.mark.parametrize(
+    "name", ["batched", "chunked", "local", "sdpa", "linear_elu", "block_sparse"]
+)
+@pytest.mark.parametrize(
+    "lengths", [[1, 2, 3], [1]], ids=["3 lengths for batch 2", "1 length for batch 2"]
+)
+def test_valid_lengths_for_another_batch_are_refused(name, lengths):
+    """3 lengths for batch 2 were silently cut to 2; 1 length for batch 2 raised IndexError."""
+    q = torch.randn(2, 1, 4, 4)
+    with pytest.raises(ValueError, match="valid_lengths holds lengths for a batch of"):
+        attnbench.get_variant(name)(q, q, q, mask_mods.valid_lengths(torch.tensor(lengths)))
+
+
+def test_scale_whose_scaled_queries_overflow_is_refused():
+    """scale=3e38 with tiny keys kept scale * D * |q| * |k| finite, but chunked's scaled queries became inf (NaN out)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (
+        torch.randn(1, 2, 6, 8, generator=g) * 4,
+        torch.randn(1, 2, 6, 8, generator=g) * 1e-9,
+        torch.randn(1, 2, 6, 8, generator=g),
+    )
+    with pytest.raises(ValueError, match="overflow"):
+        attnbench.get_variant("chunked", scale=3e38)(q, k, v)
+
+
+def _layer_forward(dtype: torch.dtype):
+    return lambda: attnbench.AttentionLayer(8, 2)(torch.ones(1, 3, 8, dtype=dtype))
+
+
+@pytest.mark.parametrize(
+    "trial,call,exc,word",
+    [
+        ("measure spec='not a spec'", lambda: measure("batched", "not a spec"), TypeError, "spec"),
+        (
+            "measure config='fast'",
+            lambda: measure("batched", AttnSpec(seq_len=8), config="fast"),
+            TypeError,
+            "config",
+        ),
+        (
+            "measure peak_flops=nan",
+            lambda: measure("batched", AttnSpec(seq_len=8), peak_flops=math.nan),
+            ValueError,
+            "peak_flops",
+        ),
+        (
+            "reference dtype='float64'",
+            lambda: attnbench.reference_attention(*[torch.ones(1, 1, 2, 4)] * 3, dtype="float64"),
+            TypeError,
+            "dtype",
+        ),
+        (
+            "reference dtype=int64",
+            lambda: attnbench.reference_attention(*[torch.ones(1, 1, 2, 4)] * 3, dtype=torch.int64),
+            TypeError,
+            "dtype",
+        ),
+        (
+            "reference dtype=bool",
+            lambda: attnbench.reference_attention(*[torch.ones(1, 1, 2, 4)] * 3, dtype=torch.bool),
+            TypeError,
+            "dtype",
+        ),
+        (
+            "linear reference dtype='float64'",
+            lambda: attnbench.get_variant("linear_elu").reference(
+                *[torch.ones(1, 1, 2, 4)] * 3, dtype="float64"
+            ),
+            TypeError,
+            "dtype",
+        ),
+        (
+            "layer int64 input",
+            _layer_forward(torch.int64),
+            TypeError,
+            "query must have the layer's dtype",
+        ),
+        (
+            "layer float64 input",
+            _layer_forward(torch.float64),
+            TypeError,
+            "query must have the layer's dtype",
+        ),
+        (
+            "layer dtype=int64",
+            lambda: attnbench.AttentionLayer(8, 2, dtype=torch.int64),
+            TypeError,
+            "dtype",
+        ),
+        (
+            "valid_lengths(empty)",
+            lambda: mask_mods.valid_lengths(torch.tensor([], dtype=torch.long)),
+            ValueError,
+            "valid_lens",
+        ),
+        (
+            "valid_lengths Lq mismatch",
+            lambda: attnbench.get_variant("batched")(
+                *[torch.randn(2, 1, 4, 4)] * 3,
+                mask_mods.valid_lengths(torch.ones(2, 3, dtype=torch.long)),
+            ),
+            ValueError,
+            "one column per query",
+        ),
+        (
+            "compiled mode='bogus'",
+            lambda: attnbench.get_variant("compiled_batched", mode="bogus"),
+            ValueError,
+            "mode",
+        ),
+        (
+            "compiled dynamic='maybe'",
+            lambda: attnbench.get_variant("compiled_batched", dynamic="maybe"),
+            TypeError,
+            "dynamic",
+        ),
+    ],
+    ids=lambda x: x if isinstance(x, str) else "",
+)
+def test_obscure_errors_are_clear(trial, call, exc, word):
+    with pytest.raises(exc, match=word):
+        call()
+
+
+@NO_CUDA
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: AttnSpec(device="cuda").make_inputs(),
+        lambda: AttnSpec(device="cuda", mask="causal").make_mask(),
+        lambda: attnbench.AttentionLayer(8, 2, device="cuda"),
+    ],
+    ids=["spec make_inputs", "spec make_mask", "AttentionLayer"],
+)
+def test_cuda_without_cuda_is_a_clear_error(call):
+    """Was an AssertionError from torch ("Torch not compiled with CUDA enabled")."""
+    with pytest.raises(ValueError, match="device='cuda' needs CUDA"):
+        call()
+
+
+def test_absurd_feature_count_is_refused_before_anything_is_drawn():
+    """num_features=10**9 spent minutes drawing orthogonal blocks before its allocation failed."""
+    variant = attnbench.get_variant("performer", num_features=10**9)
+    q = torch.randn(1, 2, 8, 16)
+    with pytest.raises(ValueError, match="num_features=1000000000 needs about"):
+        variant(q, q, q)
+    assert not variant._projections  # nothing was drawn

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import attnbench
 from attnbench import AttnSpec, mask_mods, masks
+from attnbench.capability import CallInfo
 from attnbench.measure import guard, memory, runner
 from attnbench.variants.chunked import ChunkedAttention
 from attnbench.variants.sdpa import hand_table_only
@@ -299,3 +300,35 @@ def test_linear_elu_takes_a_1d_key_padding_mask():
     mask = torch.tensor([True, True, False, True, False])
     variant = attnbench.get_variant("linear_elu")
     torch.testing.assert_close(variant(q, q, q, mask), variant.reference(q, q, q, mask))
+
+
+def _per_query_lengths(batch: int = 2, lq: int = 6) -> mask_mods.MaskMod:
+    return mask_mods.valid_lengths(
+        torch.tensor([[1 + (i + b) % lq for i in range(lq)] for b in range(batch)])
+    )
+
+
+@pytest.mark.parametrize("name", ["linear_elu", "performer"])
+def test_kernel_variants_refuse_per_query_valid_lengths(name):
+    """Was silently wrong (max error ~3 against their own reference): the per-query part was ignored."""
+    variant = attnbench.get_variant(name)
+    q, k, v = (
+        torch.randn(2, 2, 6, 4, generator=torch.Generator().manual_seed(i)) for i in range(3)
+    )
+    mask = _per_query_lengths()
+    with pytest.raises(ValueError, match=f"{name} cannot run these inputs: mask"):
+        variant(q, k, v, mask)
+    assert variant.reasons_for(
+        CallInfo.from_tensors(q, k, v, mask)
+    )  # the declared rule says so, not the kernel
+
+
+@pytest.mark.parametrize("name", ["linear_elu", "performer"])
+def test_kernel_variants_still_run_key_padding_predicates(name):
+    variant = attnbench.get_variant(name)
+    q, k, v = (
+        torch.randn(2, 2, 6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(i))
+        for i in range(3)
+    )
+    mask = mask_mods.valid_lengths(torch.tensor([3, 6]))
+    torch.testing.assert_close(variant(q, k, v, mask), variant.reference(q, k, v, mask))
