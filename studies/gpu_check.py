@@ -55,7 +55,6 @@ CUDA_TEST_FILES = (
     "tests/test_mask_wiring.py",
     "tests/test_errors.py",
     "tests/test_bandwidth.py",
-    "tests/test_second_battery.py",
     "tests/test_cuda_ready.py",
 )
 RUN_FILES = ("cases.jsonl", "manifest.json", "measurements.csv")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -204,3 +205,29 @@ def test_decode_flushes_caches_by_default(argv, flush):
 
     options = run_options(build_parser().parse_args(["run", *argv]))
     assert measure_config(options).timer.flush_cache is flush
+
+
+def test_run_refuses_a_max_time_shorter_than_min_time():
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "attnbench.cli",
+            "run",
+            "--variants",
+            "batched",
+            "--lengths",
+            "16",
+            "--min-time",
+            "0.2",
+            "--max-time",
+            "0.01",
+            "--no-report",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.returncode == 2 and "--max-time 0.01 is shorter than --min-time 0.2" in proc.stderr

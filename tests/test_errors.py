@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ import torch
 import attnbench
 from attnbench import AttnSpec, mask_mods
 from attnbench.measure import measure
+from attnbench.variants.batched import BatchedAttention
 from tests.conftest import cheap_variants
 
 Q = torch.randn(1, 2, 5, 4)
@@ -371,3 +373,38 @@ def test_absurd_feature_count_is_refused_before_anything_is_drawn():
     with pytest.raises(ValueError, match="num_features=1000000000 needs about"):
         variant(q, q, q)
     assert not variant._projections  # nothing was drawn
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "said"),
+    [
+        (
+            lambda: attnbench.AttnSpec().make_inputs(seed=2**64),
+            ValueError,
+            "seed must be >= 0 and < 2**64",
+        ),
+        (
+            lambda: attnbench.AttentionLayer(8, 2, device="mps"),
+            ValueError,
+            "device='mps': attnbench runs on 'cpu' and 'cuda'",
+        ),
+        (
+            lambda: attnbench.get_variant("batched").not_supported_reasons("x"),
+            TypeError,
+            "spec must be an AttnSpec",
+        ),
+        (
+            lambda: attnbench.register(" batched", BatchedAttention),
+            ValueError,
+            "so that --variants can select it",
+        ),
+        (
+            lambda: attnbench.register("a,b", BatchedAttention),
+            ValueError,
+            "so that --variants can select it",
+        ),
+    ],
+)
+def test_obscure_errors_now_name_the_argument(call, error, said):
+    with pytest.raises(error, match=re.escape(said)):
+        call()

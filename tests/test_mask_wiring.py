@@ -15,6 +15,7 @@ import attnbench
 from attnbench import AttnSpec, mask_mods, masks
 from attnbench.capability import CallInfo
 from attnbench.measure import guard, memory, runner
+from attnbench.reference import reference_attention
 from attnbench.variants.chunked import ChunkedAttention
 from attnbench.variants.sdpa import hand_table_only
 from tests.conftest import assert_close_to_reference, cheap_variants
@@ -332,3 +333,18 @@ def test_kernel_variants_still_run_key_padding_predicates(name):
     )
     mask = mask_mods.valid_lengths(torch.tensor([3, 6]))
     torch.testing.assert_close(variant(q, k, v, mask), variant.reference(q, k, v, mask))
+
+
+def _strictly_causal() -> mask_mods.MaskMod:
+    return mask_mods.MaskMod("causal", lambda b, h, q, kv: kv < q)  # named "causal", sees less
+
+
+@pytest.mark.parametrize("name", ["sdpa", "sdpa_math", "sdpa_flash"])
+def test_sdpa_runs_a_custom_predicate_named_causal_as_what_it_computes(name):
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 8, 4, dtype=torch.float64, generator=gen) for _ in range(3))
+    mod = _strictly_causal()
+    assert not mod.is_causal and masks.kind_of(mod) is None
+    expected = reference_attention(q, k, v, mask_mods.dense(mod, 1, 2, 8, 8))
+    torch.testing.assert_close(attnbench.get_variant(name)(q, k, v, mod), expected)
+    assert mask_mods.causal().is_causal and masks.kind_of(mask_mods.causal()) == "causal"
