@@ -740,3 +740,14 @@ def test_a_sample_no_float_holds_rejects_its_case_by_name(tmp_path, sample, why)
     frame = frame_read.frame
     assert any("line 2" in p and why in p for p in frame_read.problems), frame_read.problems
     assert len(set(frame["seq_len"])) == len(MEASURED) - 1  # the others load
+
+
+def test_a_symlink_loop_is_a_problem_not_a_traceback(tmp_path, capsys):
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    assert main(["export", str(loop), "--format", "bmf"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "Symlink loop" in err
+    assert main(["report", "--from", str(loop), "--out", str(tmp_path / "r")]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "Symlink loop" in err

@@ -423,3 +423,53 @@ def test_a_variant_that_exits_or_a_cost_model_that_says_nan_is_a_row(cls, said):
     finally:
         attnbench.unregister("plant_battery")
     assert m.status == "error" and said in m.reason, m.reason
+
+
+def test_measure_leaves_the_callers_rng_as_it_found_it():
+    import torch
+
+    import attnbench
+    from attnbench.measure.config import MeasureConfig
+    from attnbench.measure.runner import measure
+    from attnbench.variants.batched import BatchedAttention
+
+    class Seeds(BatchedAttention):
+        IN_DEFAULT_SWEEP = False
+
+        def forward(self, q, k, v, mask):
+            torch.manual_seed(0)
+            return super().forward(q, k, v, mask)
+
+    attnbench.register("plant_seeds", Seeds)
+    torch.manual_seed(1234)
+    before = torch.get_rng_state()
+    try:
+        m = measure(
+            "plant_seeds",
+            attnbench.AttnSpec(batch=1, heads=2, seq_len=16, head_dim=8),
+            MeasureConfig(probe=False, measure_rss=False),
+            peak_flops=1e10,
+        )
+    finally:
+        attnbench.unregister("plant_seeds")
+    assert m.status == "ok", m.reason
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_the_cuda_rng_states_saved_are_those_a_case_can_change(monkeypatch):
+    """CUDA, scripted: every device once CUDA is up, else the case's own, else none (a CPU case must
+    not initialize CUDA to save a state)."""
+    import torch
+
+    from attnbench.measure.runner import rng_devices
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert rng_devices("cpu") == []
+    assert rng_devices("cuda:0") == [0] and rng_devices("cuda") == [1]
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert rng_devices("cpu") == [0, 1]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert rng_devices("cuda:0") == []
