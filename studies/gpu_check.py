@@ -52,11 +52,9 @@ CUDA_TEST_FILES = (
     "tests/test_gpu_features.py",
     "tests/test_variants.py",
     "tests/test_measure.py",
-    "tests/test_api_holes.py",
     "tests/test_mask_wiring.py",
     "tests/test_errors.py",
     "tests/test_bandwidth.py",
-    "tests/test_second_battery.py",
     "tests/test_cuda_ready.py",
 )
 RUN_FILES = ("cases.jsonl", "manifest.json", "measurements.csv")

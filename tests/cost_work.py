@@ -104,7 +104,7 @@ SHORT = 4096
 
 
 def work_at_short(factory) -> tuple[dict[str, tuple[int, int]], int]:
-    """:func:`work_at` of :data:`SHORT`, counted once a session (tests/test_flops.py and tests/test_fault_battery.py)."""
+    """:func:`work_at` of :data:`SHORT`, counted once a session (two tests of tests/test_flops.py)."""
     from tests.conftest import once_per_session
 
     return once_per_session(factory, f"cost-work-{SHORT}", lambda: work_at(SHORT))

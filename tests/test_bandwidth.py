@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +16,8 @@ from attnbench.analysis.rundir import load_run
 from attnbench.measure import bandwidth as bw
 from attnbench.runs import MANIFEST, write_run
 from tests.test_loading import measurements
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_stream_counts_two_words_for_copy_and_three_for_triad(monkeypatch):
@@ -173,3 +179,29 @@ def test_a_run_whose_bandwidth_cannot_be_measured_still_runs(tmp_path, monkeypat
     )
     assert code == 0 and "memory bandwidth not measured" in capsys.readouterr().err
     assert json.loads((tmp_path / "run" / MANIFEST).read_text())["peak_gbps"] is None
+
+
+def test_a_home_that_is_a_file_costs_the_cache_not_the_run(tmp_path):
+    home = tmp_path / "home"
+    home.write_text("not a directory")
+    env = {k: v for k, v in os.environ.items() if k not in ("ATTNBENCH_CACHE", "XDG_CACHE_HOME")}
+    env.update(HOME=str(home), PYTHONPATH=os.pathsep.join([str(ROOT), *sys.path]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "attnbench.cli", "peak", "--no-bandwidth"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.count("note: cannot write the cache in") == 1 and "GFLOP/s" in proc.stdout
+    env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")  # honoured when set
+    proc = subprocess.run(
+        [sys.executable, "-m", "attnbench.cli", "peak", "--no-bandwidth"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0 and "note:" not in proc.stderr
+    assert (tmp_path / "xdg" / "attnbench" / "matmul_peaks.json").exists()

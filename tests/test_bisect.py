@@ -274,3 +274,13 @@ def planted_history(
         )
         commits.append(_git(clone, "rev-parse", "HEAD"))
     return clone, commits
+
+
+def test_bisect_refuses_a_case_at_length_0():
+    from attnbench.gate.bisect import BisectError, case_subset
+
+    with pytest.raises(BisectError, match="L an int >= 1"):
+        case_subset(["sdpa:0"])
+    with pytest.raises(BisectError, match="L an int >= 1"):
+        case_subset(["sdpa:007x"])
+    assert case_subset(["sdpa:16"])["ATTNBENCH_ASV_LENGTHS"] == "16"

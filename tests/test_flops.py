@@ -4,22 +4,32 @@ See ``attnbench/variants/base.py`` for what "executed FLOPs" means. Every regist
 checked on both passes; a variant whose contractions hide in a kernel the counter has no formula
 for declares it (``OPAQUE_KERNELS``) and the test first proves the kernel really runs and really
 is unknown to the counter, then checks the hidden part against an independent count.
+
+Cost models are checked two ways: every closed form against the walk or per-row sum it replaced
+(kept below as the oracle, over many shapes), and by the work they do at L = 10**9, counted in
+Python lines and tensor elements, never in seconds.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import attnbench
-from attnbench import AttnSpec
+from attnbench import AttnSpec, mask_mods
 from attnbench.variants.base import Contraction
 from attnbench.variants.batched import BatchedAttention
+from attnbench.variants.block_sparse import BlockSparseAttention, block_pattern
+from attnbench.variants.compiled import FlexAttention
 from studies.flop_audit import counted_flops
 from tests.conftest import all_variants
-from tests.cost_work import work_at, work_at_short
+from tests.cost_work import SHORT, work_at, work_at_short
 
 COUNTER_CANNOT_RUN = {"flex"}  # FlopCounterMode has no implementation for the CPU flex HOP
 SHAPES = {
@@ -242,3 +252,213 @@ def test_predicted_peak_includes_the_variants_own_weights(name, options, weights
         assert (
             variant.predicted_peak_bytes(spec) > 8 * 2**30 * 0.5
         )  # 4 x (16384 x 16384) float32 = 4 GiB
+
+
+def _walk(mod, batch, lq, lk, tq, tk) -> int:
+    """The tile walk the closed forms replaced (what chunked and flex counted before)."""
+    return sum(
+        (min(q0 + tq, lq) - q0) * (min(k0 + tk, lk) - k0)
+        for q0 in range(0, lq, tq)
+        for k0 in range(0, lk, tk)
+        if mask_mods.block_state(mod, batch, 1, q0, min(q0 + tq, lq), k0, min(k0 + tk, lk))
+        != mask_mods.TileState.EMPTY
+    )
+
+
+@st.composite
+def builtin_mods(draw, lq: int):
+    kind = draw(st.sampled_from(["causal", "sliding", "prefix", "document", "valid"]))
+    if kind == "causal":
+        return mask_mods.causal(), 1
+    if kind == "sliding":  # narrow windows (cross-attention rows past every key) and wide ones
+        return mask_mods.sliding_window(draw(st.integers(0, 40) | st.integers(0, 2 * lq))), 1
+    if kind == "prefix":
+        return mask_mods.prefix_lm(draw(st.integers(0, 2 * lq))), 1
+    if kind == "document":
+        return mask_mods.document(
+            draw(st.lists(st.integers(1, max(1, lq // 2)), min_size=1, max_size=8))
+        ), 1
+    lens = draw(st.lists(st.integers(-2, 2 * lq), min_size=1, max_size=3))
+    return mask_mods.valid_lengths(torch.tensor(lens)), len(lens)
+
+
+@settings(max_examples=300)
+@given(
+    data=st.data(),
+    lq=st.integers(1, 500),
+    lk=st.integers(1, 500),
+    tq=st.integers(2, 64),
+    tk=st.integers(2, 64),
+)
+def test_closed_form_tile_pairs_equal_the_tile_walk(data, lq, lk, tq, tk):
+    mod, batch = data.draw(builtin_mods(lq))
+    assert mask_mods.nonempty_tile_pairs(mod, batch, 1, lq, lk, tq, tk) == _walk(
+        mod, batch, lq, lk, tq, tk
+    ), mod.name
+    walked = dataclasses.replace(
+        mod, tile_pairs=None
+    )  # no closed form: the generic fallback walks the tiles
+    assert mask_mods.nonempty_tile_pairs(walked, batch, 1, lq, lk, tq, tk) == _walk(
+        mod, batch, lq, lk, tq, tk
+    )
+
+
+def _old_sliding_pairs(w: int, lq: int, lk: int) -> int:
+    return sum(max(0, min(lk - 1, i + w) - max(0, i - w) + 1) for i in range(lq))
+
+
+def _old_prefix_pairs(p: int, lq: int, lk: int) -> int:
+    return sum(min(lk, max(p, i + 1)) for i in range(lq))
+
+
+@settings(max_examples=300)
+@given(
+    lq=st.integers(1, 3000), lk=st.integers(1, 3000), n=st.integers(0, 50) | st.integers(0, 4000)
+)
+def test_closed_form_allowed_pairs_equal_the_row_sums(lq, lk, n):
+    assert mask_mods.allowed_pairs(mask_mods.sliding_window(n), 1, lq, lk) == _old_sliding_pairs(
+        n, lq, lk
+    )
+    assert mask_mods.allowed_pairs(mask_mods.prefix_lm(n), 1, lq, lk) == _old_prefix_pairs(
+        n, lq, lk
+    )
+
+
+@given(lq=st.integers(1, 40), lk=st.integers(1, 40), n=st.integers(0, 45))
+def test_closed_form_allowed_pairs_equal_the_dense_count(lq, lk, n):
+    for mod in (mask_mods.sliding_window(n), mask_mods.prefix_lm(n)):
+        assert mask_mods.allowed_pairs(mod, 1, lq, lk) == int(
+            mask_mods.dense(mod, 1, 1, lq, lk).sum()
+        )
+
+
+SPEC_MASKS = [m for m in attnbench.masks.MASK_KINDS if m != "none"]
+
+
+@settings(max_examples=150)
+@given(
+    mask=st.sampled_from(SPEC_MASKS),
+    lq=st.integers(1, 2500),
+    lk=st.integers(1, 2500),
+    batch=st.integers(1, 3),
+    q_chunk=st.sampled_from([None, 7, 64, 256]),
+    k_chunk=st.sampled_from([None, 5, 100, 2048]),
+    dtype=st.sampled_from(["float32", "bfloat16"]),
+    window=st.integers(1, 40) | st.integers(1, 400),
+)
+def test_chunked_counts_exactly_the_tiles_its_forward_computes(
+    mask, lq, lk, batch, q_chunk, k_chunk, dtype, window
+):
+    variant = attnbench.get_variant("chunked", q_chunk=q_chunk, k_chunk=k_chunk)
+    spec = AttnSpec(
+        batch=batch,
+        heads=1,
+        seq_len=lq,
+        seq_len_k=lk,
+        head_dim=4,
+        mask=mask,
+        dtype=dtype,
+        window=window,
+    )
+    grid = variant._tile_states(spec.mask_mod(), batch, 1, lq, lk, dtype)  # the forward's own grid
+    assert variant.executed_pairs(spec) == sum(
+        (q1 - q0) * (k1 - k0) for q0, q1, row in grid for k0, k1, _ in row
+    )
+
+
+def _old_flex_pairs(spec: AttnSpec) -> int:
+    t, lq, lk = FlexAttention.TILE, spec.lq, spec.lk
+    if spec.mask == "none":
+        return lq * lk
+    if spec.mask == "valid_lengths":
+        r_lo = torch.arange(0, lq, t)[:, None]
+        c_lo = torch.arange(0, lk, t)[None, :]
+        sizes = ((r_lo + t - 1).clamp(max=lq - 1) - r_lo + 1) * (
+            (c_lo + t - 1).clamp(max=lk - 1) - c_lo + 1
+        )
+        return (
+            sum(
+                int((sizes * (c_lo < n)).sum())
+                for n in attnbench.masks.default_valid_lens(spec.batch, lk)
+            )
+            // spec.batch
+        )
+    return _walk(spec.mask_mod(), spec.batch, lq, lk, t, t)
+
+
+@settings(max_examples=150)
+@given(
+    mask=st.sampled_from(attnbench.masks.MASK_KINDS),
+    lq=st.integers(1, 3000),
+    lk=st.integers(1, 3000),
+    batch=st.integers(1, 4),
+    window=st.integers(1, 40) | st.integers(1, 600),
+)
+def test_flex_counts_equal_the_tile_walk(mask, lq, lk, batch, window):
+    spec = AttnSpec(
+        batch=batch, heads=1, seq_len=lq, seq_len_k=lk, head_dim=16, mask=mask, window=window
+    )
+    assert attnbench.get_variant("flex").executed_pairs(spec) == _old_flex_pairs(spec)
+
+
+def _pattern_counts(v: BlockSparseAttention, length: int) -> tuple[int, int, int]:
+    """(global rows, widest gathered row, pattern pairs) read off the drawn pattern (the old cost model)."""
+    nb = -(-length // v.block)
+    blocks = block_pattern(nb, v.global_blocks, v.window_blocks, v.random_blocks, v.seed)
+    g = min(v.global_blocks, nb)
+    size = torch.full((nb,), v.block, dtype=torch.float64)
+    size[-1] = length - (nb - 1) * v.block
+    width = int(blocks[g:].sum(1).max()) if nb > g else 0
+    return (
+        min(g * v.block, length),
+        width,
+        int(round(float(size @ blocks.to(torch.float64) @ size))),
+    )
+
+
+@settings(max_examples=400)
+@given(
+    block=st.integers(1, 40),
+    global_blocks=st.integers(0, 6),
+    window_blocks=st.integers(0, 8),
+    random_blocks=st.integers(0, 8),
+    seed=st.integers(0, 3),
+    length=st.integers(1, 600),
+)
+def test_block_sparse_counts_equal_its_drawn_pattern(
+    block, global_blocks, window_blocks, random_blocks, seed, length
+):
+    v = BlockSparseAttention(block, global_blocks, window_blocks, random_blocks, seed)
+    rows, width, pairs = _pattern_counts(v, length)
+    spec = AttnSpec(batch=1, heads=1, seq_len=length, head_dim=4)
+    assert v._split(spec) == (
+        rows,
+        -(-length // block) - min(global_blocks, -(-length // block)),
+        width,
+    )
+    assert v.pattern_pairs(length) == pairs
+
+
+def test_block_sparse_refuses_lengths_beyond_its_pattern_limit():
+    spec = AttnSpec(seq_len=10**9)
+    assert any(
+        "block pattern" in r
+        for r in attnbench.get_variant("block_sparse").not_supported_reasons(spec)
+    )
+    assert not attnbench.get_variant("block_sparse").not_supported_reasons(AttnSpec(seq_len=2**20))
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    return {SHORT: work_at_short(tmp_path_factory), 10**9: work_at(10**9)}
+
+
+def test_cost_models_answer_at_a_billion_with_the_work_of_a_short_length(work):
+    """Every variant x mask x mode, and measure()'s guard: the same Python work at L = 10**9 as at 4096."""
+    short, _ = work[SHORT]
+    huge, _ = work[10**9]
+    assert short.keys() == huge.keys()
+    grown = {k: (short[k][0], huge[k][0]) for k in short if huge[k][0] > 2 * short[k][0] + 200}
+    assert not grown, f"Python lines (L=4096, L=10**9) that grew with the length: {grown}"
+    largest = {k: v[1] for k, v in huge.items() if v[1] > 2**16}
+    assert not largest, f"tensors with more than 2**16 elements built for L=10**9: {largest}"

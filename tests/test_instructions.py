@@ -178,7 +178,7 @@ def test_run_counts_the_headline_variants_beside_the_sweep_by_default(tmp_path, 
     case, picks its cases by the same function: ``test_instructions_picks_every_cpu_case``.)
 
     Which cases are counted is the question here, not when counting stops (a scripted clock tests that,
-    tests/test_third_battery.py): valgrind's start may take longer than the short sweep's floor beside
+    tests/test_counting.py): valgrind's start may take longer than the short sweep's floor beside
     CI's parallel tests, so the floor is lifted."""
     from attnbench import runs
     from attnbench.analysis.summary import analyse, load_results

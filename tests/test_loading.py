@@ -18,12 +18,23 @@ from pathlib import Path
 
 import pytest
 
+import attnbench
 from attnbench.analysis.frame import load, load_asv
 from attnbench.analysis.rundir import load_run
 from attnbench.cli import main
 from attnbench.measure.config import MeasureConfig
 from attnbench.measure.record import Environment, Measurement
-from attnbench.runs import LOG, MANIFEST, MEASUREMENTS, case_key, write_run
+from attnbench.runs import (
+    LOG,
+    LOG_SCHEMA,
+    MANIFEST,
+    MANIFEST_SCHEMA,
+    MEASUREMENTS,
+    RunDirectory,
+    RunDirError,
+    case_key,
+    write_run,
+)
 from attnbench.spec import AttnSpec
 
 FIXTURE = Path(__file__).parent / "fixtures" / "asv_results"
@@ -671,3 +682,72 @@ def test_a_logged_count_of_unknown_status_is_refused():
     with pytest.raises(ValueError, match="count status must be one of .* got 'great'"):
         count_from_json({"status": "great", "instructions": 5.0})
     assert count_from_json({"status": "ok", "instructions": 5.0}).status is Status.OK
+
+
+MEASURED = [
+    Measurement(
+        variant="batched",
+        spec=attnbench.AttnSpec(batch=1, heads=2, head_dim=16, seq_len=n),
+        status="ok",
+        samples=(1e-3, 1.1e-3, 0.9e-3),
+        runs=3,
+        timing_method="wall",
+    )
+    for n in (16, 32, 64)
+]
+
+
+@pytest.mark.parametrize("file", [LOG, MANIFEST])
+def test_a_run_written_in_another_format_is_refused_not_mixed(tmp_path, file):
+    run = write_run(tmp_path / "run", MEASURED[:2], MeasureConfig(), seconds=1.0, command=["test"])
+    text = (run / file).read_text()
+    (run / file).write_text(
+        text.replace(LOG_SCHEMA, "attnbench.log/2").replace(MANIFEST_SCHEMA, "attnbench.run/2")
+    )
+    problems = load_run(run).problems
+    assert any("format 'attnbench." in p and "/2'" in p for p in problems), problems
+    if file == LOG:
+        with (
+            pytest.raises(RunDirError, match="format 'attnbench.log/2'"),
+            RunDirectory(run, resume=True) as directory,
+        ):
+            directory.start(MeasureConfig(), [(m.variant, m.spec) for m in MEASURED])
+        assert len(load_run(run).frame) == 0
+
+
+def test_the_same_run_given_twice_is_read_once(tmp_path):
+    run = write_run(tmp_path / "run", MEASURED, MeasureConfig(), seconds=1.0, command=["test"])
+    (tmp_path / "link").symlink_to(run)
+    once = load([run]).frame
+    frame_read = load([run, f"{run}/", tmp_path / "link", os.path.relpath(run)])
+    frame = frame_read.frame
+    assert len(frame) == len(once) > 0
+    assert sum("given twice: read once" in n for n in frame_read.notes) == 3
+
+
+@pytest.mark.parametrize(
+    ("sample", "why"),
+    [("1" + "0" * 400, "too large for a float"), ("1e999", "inf"), ("-1e-3", "-0.001")],
+)
+def test_a_sample_no_float_holds_rejects_its_case_by_name(tmp_path, sample, why):
+    run = write_run(tmp_path / "run", MEASURED, MeasureConfig(), seconds=1.0, command=["test"])
+    lines = (run / LOG).read_text().splitlines()
+    item = json.loads(lines[1])
+    first = json.dumps(item["measurement"]["samples"][0])
+    lines[1] = lines[1].replace(f'"samples": [{first}', f'"samples": [{sample}', 1)
+    (run / LOG).write_text("\n".join(lines) + "\n")
+    frame_read = load_run(run)
+    frame = frame_read.frame
+    assert any("line 2" in p and why in p for p in frame_read.problems), frame_read.problems
+    assert len(set(frame["seq_len"])) == len(MEASURED) - 1  # the others load
+
+
+def test_a_symlink_loop_is_a_problem_not_a_traceback(tmp_path, capsys):
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    assert main(["export", str(loop), "--format", "bmf"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "Symlink loop" in err
+    assert main(["report", "--from", str(loop), "--out", str(tmp_path / "r")]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "Symlink loop" in err

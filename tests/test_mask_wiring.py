@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 
 import attnbench
 from attnbench import AttnSpec, mask_mods, masks
+from attnbench.capability import CallInfo
 from attnbench.measure import guard, memory, runner
+from attnbench.reference import reference_attention
 from attnbench.variants.chunked import ChunkedAttention
 from attnbench.variants.sdpa import hand_table_only
 from tests.conftest import assert_close_to_reference, cheap_variants
@@ -292,3 +294,57 @@ def test_asv_grid_has_the_mask_parameter_and_cases_use_it():
         for m in ("none", "causal")
     }
     assert flops["causal"] < 0.7 * flops["none"]  # the causal case is really causal (tiles skipped)
+
+
+def test_linear_elu_takes_a_1d_key_padding_mask():
+    q = torch.randn(1, 2, 5, 4, dtype=torch.float64)
+    mask = torch.tensor([True, True, False, True, False])
+    variant = attnbench.get_variant("linear_elu")
+    torch.testing.assert_close(variant(q, q, q, mask), variant.reference(q, q, q, mask))
+
+
+def _per_query_lengths(batch: int = 2, lq: int = 6) -> mask_mods.MaskMod:
+    return mask_mods.valid_lengths(
+        torch.tensor([[1 + (i + b) % lq for i in range(lq)] for b in range(batch)])
+    )
+
+
+@pytest.mark.parametrize("name", ["linear_elu", "performer"])
+def test_kernel_variants_refuse_per_query_valid_lengths(name):
+    """Was silently wrong (max error ~3 against their own reference): the per-query part was ignored."""
+    variant = attnbench.get_variant(name)
+    q, k, v = (
+        torch.randn(2, 2, 6, 4, generator=torch.Generator().manual_seed(i)) for i in range(3)
+    )
+    mask = _per_query_lengths()
+    with pytest.raises(ValueError, match=f"{name} cannot run these inputs: mask"):
+        variant(q, k, v, mask)
+    assert variant.reasons_for(
+        CallInfo.from_tensors(q, k, v, mask)
+    )  # the declared rule says so, not the kernel
+
+
+@pytest.mark.parametrize("name", ["linear_elu", "performer"])
+def test_kernel_variants_still_run_key_padding_predicates(name):
+    variant = attnbench.get_variant(name)
+    q, k, v = (
+        torch.randn(2, 2, 6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(i))
+        for i in range(3)
+    )
+    mask = mask_mods.valid_lengths(torch.tensor([3, 6]))
+    torch.testing.assert_close(variant(q, k, v, mask), variant.reference(q, k, v, mask))
+
+
+def _strictly_causal() -> mask_mods.MaskMod:
+    return mask_mods.MaskMod("causal", lambda b, h, q, kv: kv < q)  # named "causal", sees less
+
+
+@pytest.mark.parametrize("name", ["sdpa", "sdpa_math", "sdpa_flash"])
+def test_sdpa_runs_a_custom_predicate_named_causal_as_what_it_computes(name):
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 8, 4, dtype=torch.float64, generator=gen) for _ in range(3))
+    mod = _strictly_causal()
+    assert not mod.is_causal and masks.kind_of(mod) is None
+    expected = reference_attention(q, k, v, mask_mods.dense(mod, 1, 2, 8, 8))
+    torch.testing.assert_close(attnbench.get_variant(name)(q, k, v, mod), expected)
+    assert mask_mods.causal().is_causal and masks.kind_of(mask_mods.causal()) == "causal"

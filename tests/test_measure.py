@@ -6,6 +6,8 @@ Nothing here depends on how fast the machine is: speed is shown by benchmark run
 from __future__ import annotations
 
 import json
+import math
+import re
 import subprocess
 import sys
 import time
@@ -367,3 +369,107 @@ def test_cli_rejects_bad_arguments_before_measuring(capsys):
     assert "--batch" in capsys.readouterr().err
     assert code(["profile", "sdpa_efficient", "--seq-len", "64"]) == 2
     assert "needs CUDA" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("fields", "error", "said"),
+    [
+        (
+            dict(time_budget_s=float("nan")),
+            ValueError,
+            "time_budget_s must be a finite number > 0, got nan",
+        ),
+        (
+            dict(memory_budget_bytes=-1),
+            ValueError,
+            "memory_budget_bytes must be a finite number > 0, got -1",
+        ),
+        (dict(time_budget_s="10"), TypeError, "time_budget_s must be a number, got str '10'"),
+        (dict(check_accuracy="no"), TypeError, "check_accuracy must be a bool"),
+        (dict(seed=2**64), ValueError, "seed must be >= 0 and < 2**64"),
+    ],
+)
+def test_measure_config_names_the_field_it_refuses(fields, error, said):
+    with pytest.raises(error, match=re.escape(said)):
+        MeasureConfig(**fields)
+
+
+class _Exits(BatchedAttention):
+    def forward(self, q, k, v, mask):
+        raise SystemExit(3)
+
+
+class _NanModel(BatchedAttention):
+    def predicted_peak_bytes(self, spec):
+        return math.nan
+
+
+@pytest.mark.parametrize(
+    ("cls", "said"),
+    [
+        (_Exits, "SystemExit: 3"),
+        (_NanModel, "gave predicted_peak_bytes = nan (expected a finite number >= 0)"),
+    ],
+)
+def test_a_variant_that_exits_or_a_cost_model_that_says_nan_is_a_row(cls, said):
+    attnbench.register("plant_battery", cls)
+    try:
+        m = measure(
+            "plant_battery",
+            attnbench.AttnSpec(batch=1, heads=2, seq_len=16, head_dim=8),
+            MeasureConfig(probe=False, measure_rss=False),
+            peak_flops=1e10,
+        )
+    finally:
+        attnbench.unregister("plant_battery")
+    assert m.status == "error" and said in m.reason, m.reason
+
+
+def test_measure_leaves_the_callers_rng_as_it_found_it():
+    import torch
+
+    import attnbench
+    from attnbench.measure.config import MeasureConfig
+    from attnbench.measure.runner import measure
+    from attnbench.variants.batched import BatchedAttention
+
+    class Seeds(BatchedAttention):
+        IN_DEFAULT_SWEEP = False
+
+        def forward(self, q, k, v, mask):
+            torch.manual_seed(0)
+            return super().forward(q, k, v, mask)
+
+    attnbench.register("plant_seeds", Seeds)
+    torch.manual_seed(1234)
+    before = torch.get_rng_state()
+    try:
+        m = measure(
+            "plant_seeds",
+            attnbench.AttnSpec(batch=1, heads=2, seq_len=16, head_dim=8),
+            MeasureConfig(probe=False, measure_rss=False),
+            peak_flops=1e10,
+        )
+    finally:
+        attnbench.unregister("plant_seeds")
+    assert m.status == "ok", m.reason
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_the_cuda_rng_states_saved_are_those_a_case_can_change(monkeypatch):
+    """CUDA, scripted: every device once CUDA is up, else the case's own, else none (a CPU case must
+    not initialize CUDA to save a state)."""
+    import torch
+
+    from attnbench.measure.runner import rng_devices
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert rng_devices("cpu") == []
+    assert rng_devices("cuda:0") == [0] and rng_devices("cuda") == [1]
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert rng_devices("cpu") == [0, 1]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert rng_devices("cuda:0") == []

@@ -45,3 +45,31 @@ def test_cli_plugin_registers_a_variant(tmp_path):
         timeout=120,
     )
     assert bad.returncode == 2 and "nope_nope" in bad.stderr
+
+
+def test_listing_and_describing_changes_no_dynamo_setting():
+    code = (
+        "import torch._dynamo.config as c\n"
+        "before = (c.recompile_limit, c.fail_on_recompile_limit_hit)\n"
+        "import attnbench\n"
+        "from attnbench.registry import variant_class, variant_defaults\n"
+        "for n in attnbench.variant_names():\n"
+        "    variant_class(n); variant_defaults(n); attnbench.get_variant(n).describe()\n"
+        "print(before == (c.recompile_limit, c.fail_on_recompile_limit_hit))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "True"
+
+
+def test_registry_imports_no_variant_module_until_asked():
+    code = (
+        "import sys, attnbench.registry as r\n"
+        "print('attnbench.variants.compiled' in sys.modules)\n"
+        "print(r.variant_class('compiled_batched').__name__, r.variant_defaults('compiled_batched'))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.split("\n")[:2] == ["False", "CompiledVariant {'base': 'batched'}"]

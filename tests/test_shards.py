@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -119,3 +120,25 @@ def test_a_source_that_is_not_asv_results_is_named(tmp_path, capsys):
     (tmp_path / "x").mkdir()
     assert main(["merge-results", str(tmp_path / "x"), "--out", str(tmp_path / "o")]) == 2
     assert "not an asv results directory" in capsys.readouterr().err
+
+
+def test_a_missing_benchmarks_folder_is_named(tmp_path):
+    from attnbench.shards import ShardError, shard_environment
+
+    for folder in (tmp_path / "nonexistent", tmp_path):
+        with pytest.raises(ShardError, match=f"--benchmarks {folder} "):
+            shard_environment(folder, 1, 2, "ci")
+
+
+def test_merge_results_refuses_a_benchmarks_json_asv_cannot_read(tmp_path):
+    from attnbench.shards import ShardError, merge_results
+
+    source = tmp_path / "shard"
+    source.mkdir()
+    (source / "benchmarks.json").write_bytes(os.urandom(512))
+    with pytest.raises(ShardError, match="not a readable asv benchmarks.json"):
+        merge_results([source], tmp_path / "out")
+    (source / "benchmarks.json").write_text('{"version": 2}')
+    with pytest.raises(ShardError, match="not an asv benchmarks.json"):
+        merge_results([source], tmp_path / "out")
+    assert not (tmp_path / "out" / "benchmarks.json").exists()

@@ -462,3 +462,29 @@ def test_counts_logged_beside_the_sweep_attach_to_their_cases_in_any_order(tmp_p
     assert [m.instructions for m in log.measurements] == [456.0, 123.0] and log.notes == ()
     with RunDirectory(tmp_path / "run", resume=True) as rd:
         assert rd.start(FAST, cases) == [] and len(rd.counted) == 2
+
+
+@pytest.mark.parametrize(
+    ("axis", "values"),
+    [
+        ("lengths", [256, 256]),
+        ("dtypes", ["float32", "float32"]),
+        ("variants", ["batched", "sdpa", "batched"]),
+    ],
+)
+def test_a_repeated_grid_entry_is_refused(axis, values):
+    """Planted: a repeated length measured the same case twice, and a later --resume found the manifest incomplete."""
+    from attnbench.runs import grid
+
+    kwargs = {"variants": ["batched"], "lengths": [64], axis: values}
+    with pytest.raises(ValueError, match=f"{axis}: .* given more than once"):
+        grid(**kwargs)
+
+
+@pytest.mark.parametrize("limit_slow", [True, False])
+def test_an_unknown_variant_is_refused_whatever_limit_slow_says(limit_slow):
+    """Planted: with ``limit_slow=False`` the grid skipped the registry lookup and planned a case of no variant."""
+    from attnbench.runs import grid
+
+    with pytest.raises(ValueError, match="unknown variant 'nosuch'"):
+        grid(["nosuch"], [64], limit_slow=limit_slow)

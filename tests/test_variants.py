@@ -7,13 +7,19 @@ reason (so the skip list doubles as documentation of the support matrix).
 
 from __future__ import annotations
 
+import math
 import zlib
 
 import pytest
 import torch
 
 import attnbench
+from attnbench import AttnSpec
 from attnbench.masks import MASK_KINDS
+from attnbench.measure import MeasureConfig, measure
+from attnbench.measure.timer import TimerConfig
+from attnbench.variants.base import declared_attributes
+from attnbench.variants.compiled import FlexAttention
 from tests.conftest import DEVICES, all_variants, assert_close_to_reference, is_expensive
 
 SHAPES = {
@@ -280,3 +286,145 @@ def test_kv_heads_that_do_not_divide_heads_are_refused(kv_heads):
     k = v = torch.randn(1, kv_heads, 4, 8)
     with pytest.raises(ValueError, match="Hkv dividing"):
         attnbench.get_variant("batched")(q, k, v)
+
+
+def test_reference_propagates_nan_from_allowed_positions_only():
+    q, k, v = (torch.randn(1, 1, 4, 3, dtype=torch.float64) for _ in range(3))
+    mask = torch.tensor([True, True, True, False])  # key 3 masked out (1-D key padding)
+    k[..., 3, :] = math.nan
+    v[..., 3, :] = math.nan
+    out = attnbench.reference_attention(q, k, v, mask)
+    assert torch.isfinite(out).all()  # masked-out NaN never leaks
+    v[..., 1, 0] = math.nan  # an allowed value: column 0 of every row is NaN
+    out = attnbench.reference_attention(q, k, v, mask)
+    assert torch.isnan(out[..., 0]).all() and torch.isfinite(out[..., 1:]).all()
+    q[..., 2, :] = math.nan  # an allowed query row
+    assert torch.isnan(attnbench.reference_attention(q, k, v, mask)[..., 2, :]).all()
+
+
+@pytest.mark.parametrize("name", attnbench.variant_names())
+def test_validate_raises_exactly_the_spec_reasons(name):
+    """For every mask kind, dtype and shape: validate(tensors) fails iff the spec has reasons, with those reasons."""
+    variant = attnbench.get_variant(name)
+    for mask in attnbench.masks.MASK_KINDS:
+        for dtype in ("float32", "float64"):
+            for extra in ({}, {"seq_len_k": 9, "head_dim_v": 3}):
+                spec = attnbench.AttnSpec(
+                    batch=2,
+                    heads=1,
+                    seq_len=6,
+                    head_dim=4,
+                    mask=mask,
+                    dtype=dtype,
+                    window=2,
+                    **extra,
+                )
+                reasons = variant.not_supported_reasons(spec)
+                if not reasons:
+                    continue
+                q, k, v, m = spec.make_inputs()
+                with pytest.raises(ValueError) as info:
+                    variant.validate(q, k, v, m)
+                assert str(info.value) == f"{name} cannot run these inputs: " + "; ".join(
+                    variant.reasons_for(attnbench.capability.CallInfo.from_tensors(q, k, v, m))
+                )
+                for r in reasons:
+                    if "mask" not in r:  # a tensor mask of a named kind may need broader support
+                        assert r in str(info.value)
+
+
+def test_cuda_only_backends_declare_cuda_only():
+    for name in ("sdpa_efficient", "sdpa_cudnn"):
+        assert attnbench.get_variant(name).describe()["devices"] == "cuda"
+
+
+@pytest.mark.parametrize("name", ["compiled_batched", "compiled_chunked"])
+def test_compiled_variant_declares_everything_its_base_declares(name):
+    compiled = attnbench.get_variant(name)
+    for attr in declared_attributes():
+        if attr in (
+            "IN_DEFAULT_SWEEP",
+            "source",
+        ):  # by design: not swept by default; names torch.compile
+            continue
+        assert getattr(compiled, attr) == getattr(compiled.base, attr), attr
+    assert "PROVENANCE" in declared_attributes() and "SECONDS_PER_PAIR" in declared_attributes()
+    spec = attnbench.AttnSpec(batch=1, heads=2, seq_len=64, head_dim=16, mode="backward")
+    assert compiled.flops(spec) == compiled.base.flops(spec)
+    assert compiled.predicted_peak_bytes(spec) == compiled.base.predicted_peak_bytes(spec)
+
+
+FAST = MeasureConfig(
+    timer=TimerConfig(min_runs=2, min_time=0.01, max_time=0.2),
+    measure_rss=False,
+    measure_memory=False,
+    probe=False,
+)
+
+
+FLEX_WRONG = [  # shapes where compiled CPU flex was measured wrong (issue 23 and the boundary search)
+    dict(batch=1, heads=1, seq_len=8, head_dim=8),
+    dict(batch=1, heads=1, seq_len=8, head_dim=16),
+    dict(batch=2, heads=8, seq_len=24, head_dim=16),
+    dict(batch=1, heads=1, seq_len=72, head_dim=16),
+    dict(batch=1, heads=1, seq_len=264, head_dim=16),
+    dict(batch=1, heads=1, seq_len=24, head_dim=16, mask="causal"),
+    dict(batch=1, heads=1, seq_len=120, head_dim=8, mask="causal"),
+    dict(batch=1, heads=1, seq_len=200, seq_len_k=24, head_dim=16, mask="causal"),
+    dict(batch=1, heads=1, seq_len=24, head_dim=16, dtype="bfloat16"),
+]
+
+
+FLEX_RIGHT = [  # and where it was measured right
+    dict(batch=1, heads=1, seq_len=24, head_dim=64),
+    dict(batch=1, heads=1, seq_len=24, head_dim=24),
+    dict(batch=1, heads=1, seq_len=32, head_dim=16),
+    dict(batch=1, heads=1, seq_len=31, head_dim=16),
+    dict(batch=1, heads=1, seq_len=136, head_dim=16, mask="causal"),
+    dict(batch=1, heads=1, seq_len=8, seq_len_k=32, head_dim=16),
+]
+
+
+@pytest.mark.parametrize("fields", FLEX_WRONG, ids=lambda f: AttnSpec(**f).label)
+def test_flex_declares_the_cpu_kernel_fault(fields):
+    reasons = attnbench.get_variant("flex").not_supported_reasons(AttnSpec(**fields))
+    assert any("compiled CPU FlexAttention computes this shape wrong" in r for r in reasons), (
+        reasons
+    )
+    assert not attnbench.get_variant("flex", compiled=False).not_supported_reasons(
+        AttnSpec(**fields)
+    )  # eager is right
+
+
+@pytest.mark.parametrize("fields", FLEX_RIGHT, ids=lambda f: AttnSpec(**f).label)
+def test_flex_runs_the_shapes_its_kernel_gets_right(fields):
+    assert not attnbench.get_variant("flex").not_supported_reasons(AttnSpec(**fields))
+
+
+def test_a_sweep_records_the_flex_fault_as_skipped_with_the_reason():
+    m = measure("flex", AttnSpec(batch=2, heads=8, seq_len=24, head_dim=16), FAST, peak_flops=1e10)
+    assert m.status == "skipped" and "computes this shape wrong" in m.reason, (m.status, m.reason)
+
+
+class _FlexWrongLikeItsCpuKernel(FlexAttention):
+    """Eager flex whose last query row is corrupted, as the compiled CPU kernel corrupts it (NaN or garbage)."""
+
+    def __init__(self) -> None:
+        super().__init__(compiled=False)
+
+    def forward(self, q, k, v, mask):
+        out = super().forward(q, k, v, mask).clone()
+        out[:, :, -1] = out[:, :, -1] * 3.0 + 1.0
+        return out
+
+
+def test_the_gate_flags_a_wrong_flex_result_the_declared_rule_misses():
+    """A shape outside the declared rule is still checked: a wrong flex result is recorded wrong, never timed."""
+    attnbench.register("plant_flex_wrong", _FlexWrongLikeItsCpuKernel)
+    try:
+        spec = AttnSpec(batch=1, heads=2, seq_len=32, head_dim=16, mask="causal")
+        assert not attnbench.get_variant("plant_flex_wrong").not_supported_reasons(spec)
+        m = measure("plant_flex_wrong", spec, FAST, peak_flops=1e10)
+    finally:
+        attnbench.unregister("plant_flex_wrong")
+    assert m.status == "wrong" and m.max_error > m.tolerance and m.runs == 0, (m.status, m.reason)

@@ -1,0 +1,211 @@
+"""Instruction counting around a run: a killed run takes its valgrind counter with it, the folders
+of gone counters are removed, and counting after the sweep stops at its time limit (on a scripted
+clock) and says how to take the counts left.
+
+Only the kill test needs valgrind. The counts themselves are tests/test_instructions.py's, whose
+module marks every test slow and valgrind-only.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from attnbench.spec import AttnSpec
+
+
+def _session(sid: int) -> dict[int, str]:
+    """The live processes of session ``sid``: pid -> command line."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":  # field 6 of stat: the session id
+            found[int(stat.parent.name)] = cmdline
+    return found
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_run_takes_its_valgrind_counter_with_it(tmp_path):
+    """``attnbench run`` killed with SIGKILL (the parent only, as ``kill -9 PID``): 5 s later no
+    process of the run is left, and the next count removes the counter's folder."""
+    import shutil
+    import signal
+    import subprocess
+    import sys
+
+    from attnbench.measure.instructions import TMP_PREFIX, remove_orphans
+
+    if shutil.which("valgrind") is None:
+        pytest.skip("needs valgrind")
+    argv = [sys.executable, "-m", "attnbench.cli", "run", "--variants", "sdpa", "--lengths", "16"]
+    argv += ["--instructions", "--no-probe", "--no-report", "--out", str(tmp_path / "r")]
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen(
+        argv, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        end = time.monotonic() + 120
+        log = tmp_path / "r" / "cases.jsonl"  # a case logged: the workers' fork server is up
+        while not (
+            any("callgrind" in c for c in _session(proc.pid).values())
+            and log.exists()
+            and '"kind": "case"' in log.read_text()
+        ):
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            assert time.monotonic() < end, "no valgrind process and case within 120 s"
+            time.sleep(0.2)
+        assert list(tmp_path.glob(f"{TMP_PREFIX}{proc.pid}-*")), "the counter's folder"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        time.sleep(5)
+        assert _session(proc.pid) == {}, "survived the run"
+    finally:
+        for pid in _session(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+    assert remove_orphans(tmp_path) and not list(tmp_path.glob(f"{TMP_PREFIX}*"))
+
+
+def test_the_folders_of_gone_counters_are_removed_and_no_other(tmp_path):
+    import subprocess
+
+    from attnbench.measure.instructions import TMP_PREFIX, remove_orphans
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # its pid names no process now
+    dead = tmp_path / f"{TMP_PREFIX}{gone.pid}-abc"
+    live = tmp_path / f"{TMP_PREFIX}{os.getpid()}-def"
+    other = tmp_path / f"{TMP_PREFIX}xyz"  # an older name, without a pid: not ours to judge
+    for folder in (dead, live, other):
+        (folder / "sub").mkdir(parents=True)
+    assert remove_orphans(tmp_path) == [dead]
+    assert not dead.exists() and live.exists() and other.exists()
+
+
+class _ScriptedCounter:
+    """:class:`attnbench.measure.instructions.Beside` on a script: count ``i`` arrives at
+    ``arrivals[i]`` seconds of a clock that moves only when the caller waits (``take``)."""
+
+    def __init__(self, arrivals: list[float]) -> None:
+        from attnbench.measure.instructions import CANCELLED, Count
+
+        self.arrivals, self.now, self.stopped, self.error, self.seconds = (
+            arrivals,
+            0.0,
+            False,
+            None,
+            1.0,
+        )
+        self.total, self.received, self._given = len(arrivals), 0, 0
+        spec = AttnSpec(seq_len=16)
+        self._count = lambda i, reason="": Count(
+            "sdpa", spec.replace(seq_len=16 + i), "ok" if not reason else "error", 1e5, 2, reason
+        )
+        self._cancelled = CANCELLED
+
+    def clock(self) -> float:
+        return self.now
+
+    @property
+    def done(self) -> bool:
+        return self.stopped or self._given == self.total
+
+    def take(self, wait_s: float = 0.0) -> list:
+        self.now += wait_s
+        if self.stopped:
+            new = [self._count(i, self._cancelled) for i in range(self._given, self.total)]
+        else:
+            new = [
+                self._count(i)
+                for i in range(self._given, self.total)
+                if self.arrivals[i] <= self.now
+            ]
+        self._given += len(new)
+        self.received += len(new)
+        return new
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def test_counting_after_the_sweep_stops_at_its_time_limit_and_keeps_what_it_counted(capsys):
+    from attnbench.measure.instructions import CANCELLED
+    from attnbench.session import _finish_counting
+
+    counter = _ScriptedCounter([0.0, 3.0, 8.0, 40.0, 90.0])
+    logged, skipped = [], []
+
+    def log(wait_s: float) -> int:
+        new = counter.take(wait_s)
+        logged.extend(c for c in new if c.reason != CANCELLED)
+        skipped.extend(c for c in new if c.reason == CANCELLED)
+        return sum(c.reason == CANCELLED for c in new)
+
+    left = _finish_counting(counter, log, True, wait_s=10.0, clock=counter.clock)
+    assert left == 2 and len(logged) == 3 and len(skipped) == 2
+    assert counter.now <= 11.0, "stopped within a wait of its limit"
+    assert "3 case(s)" in capsys.readouterr().err
+    # no limit (--instructions): every count, however long
+    counter = _ScriptedCounter([0.0, 3.0, 8.0, 40.0, 90.0])
+    logged.clear()
+    assert _finish_counting(counter, log, True, wait_s=None, clock=counter.clock) == 0
+    assert len(logged) == 5 and counter.now >= 90.0
+
+
+def test_a_run_with_counts_takes_about_1_5x_its_sweep():
+    from attnbench.runs import COUNT_FLOOR_S, count_wait_s
+
+    for sweep_s in (120.0, 600.0, 3600.0):
+        assert sweep_s + count_wait_s(sweep_s) <= 1.5 * sweep_s + 1e-9
+    assert count_wait_s(1.0) == COUNT_FLOOR_S  # a short sweep's counts still get valgrind's start
+
+
+def test_the_counts_left_are_said_with_how_to_take_them_and_resume_can(
+    tmp_path, monkeypatch, capsys
+):
+    """The run level: a stopped count is not logged (so --resume counts it) and the note says how."""
+    import attnbench.runs
+    from attnbench.cli import build_parser, run_options
+    from attnbench.measure.config import MeasureConfig
+    from attnbench.session import _Sweep
+
+    monkeypatch.setattr(attnbench.runs, "COUNT_FLOOR_S", 0.3)  # the limit: 0.3 s of real time
+    counter = _ScriptedCounter([0.0, 1e9, 1e9])
+    logged = []
+
+    class RunDir:
+        path = tmp_path / "run"
+
+        def add_count(self, count, seconds=None):
+            logged.append(count)
+
+    sweep = _Sweep(
+        run_options(build_parser().parse_args(["run", "--quiet"])),
+        RunDir(),
+        [],
+        MeasureConfig(),
+        counter,
+        None,
+        0,
+        start=time.perf_counter(),
+    )
+    real_take = counter.take
+    counter.take = lambda wait_s=0.0: (time.sleep(min(wait_s, 0.05)), real_take(0.0))[1]
+    sweep._finish_counting()
+    err = capsys.readouterr().err
+    assert len(logged) == 1, logged
+    assert "2 of 3 instruction count(s) not taken" in err
+    assert f"attnbench run --resume --out {tmp_path / 'run'} --instructions" in err
+
+
+def test_counted_cases_come_cheapest_first():
+    from attnbench.runs import counted_cases
+
+    cases = [("batched", AttnSpec(seq_len=n, heads=2, head_dim=16)) for n in (512, 256, 64, 128)]
+    assert [s.seq_len for _, s in counted_cases(cases)] == [64, 128, 256, 512]
