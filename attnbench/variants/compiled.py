@@ -197,7 +197,7 @@ def flex_cpu_kernel_fault(head_dim: int, lk: int, masked: bool) -> str:
     its buffer (one key tile: every ``Lk`` without a block mask, ``Lk <= 128`` with one) the last
     row's extra scores land on the running softmax maximum and sum: wrong, NaN, or different
     from run to run. Measured against eager flex on AVX2 (V = 8), three inputs each (2026-11-23;
-    ``tests/test_fault_battery.py`` keeps shapes of both kinds): with D in {8, 16} and
+    ``tests/test_variants.py`` keeps shapes of both kinds): with D in {8, 16} and
     ``Lk % 16 == 8`` in one key tile it was wrong, masked or not, in every dtype, with one
     exception (Lq = 1, Lk = 24, every key allowed: what lies past the buffer decides, so the rule
     follows the mechanism); other D (4 to 64), other tails and an 8-column tail of a wider tile
