@@ -19,7 +19,7 @@ from __future__ import annotations
 import enum
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +66,10 @@ __all__ = [
     "BASE_SPEC",
     "CASE_DEFAULTS",
     "CASE_IDENTITY",
+    "ASV_CASE",
+    "LENGTHS",
+    "SHAPE",
+    "case_columns",
     "case_key",
     "ASV_MAX_CALL_SECONDS",
     "ENV_GRID",
@@ -561,6 +565,33 @@ results had no mask, no key/value heads, no workload). Rows that differ in any o
 different cases: never pooled, never exported under one name."""
 CASE_IDENTITY: tuple[str, ...] = tuple(CASE_DEFAULTS)
 """The columns of :data:`CASE_DEFAULTS`, in order: what :func:`case_key` is made of."""
+LENGTHS: tuple[str, ...] = ("seq_len", "seq_len_k")
+"""A case's lengths (queries, keys): what a fit runs along; the rest of a case holds one series."""
+SHAPE: tuple[str, ...] = ("batch", "heads", "kv_heads", "head_dim")
+"""A case's shape beside its lengths: rows that differ in any of them are never pooled."""
+ASV_CASE: tuple[str, ...] = ("variant", *LENGTHS, "device", "mode", "mask")
+"""The parameters of an asv benchmark's case; its class fixes the rest of :data:`CASE_IDENTITY`."""
+
+
+def case_columns(lead: Sequence[str] = (), *, without: Collection[str] = ()) -> tuple[str, ...]:
+    """The columns that tell one table's cases apart: ``lead``, then the rest of the identity.
+
+    ``lead`` is the table's own order (where the table shows its columns, the order a user reads),
+    and may start with columns beside the identity (``source``, ``commit``: whose run); every column
+    of :data:`CASE_IDENTITY` it does not name follows in that order, less ``without`` (the ones the
+    table varies along or fixes by construction). So a column added to the identity reaches every
+    table's keys, and no table merges two cases that differ in it.
+
+    Raises:
+        ValueError: ``without`` names a column outside the identity, or one ``lead`` names.
+    """
+    unknown = sorted(set(without) - set(CASE_IDENTITY))
+    both = sorted(set(without) & set(lead))
+    if unknown or both:
+        raise ValueError(
+            f"without: expected columns of the case identity not in lead, got {unknown or both}"
+        )
+    return (*lead, *(c for c in CASE_IDENTITY if c not in lead and c not in without))
 
 
 def _missing(value: object) -> bool:

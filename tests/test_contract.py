@@ -253,3 +253,53 @@ def test_case_key_reads_missing_values_as_the_defaults_and_tells_every_column_ap
     assert set(changed) == set(contract.CASE_IDENTITY)
     for col, value in changed.items():
         assert contract.case_key(new | {col: value}) != contract.case_key(new), col
+
+
+def test_case_columns_keep_a_tables_order_and_append_the_rest_of_the_identity():
+    lead = ("source", "variant", "seq_len")
+    columns = contract.case_columns(lead, without=("seq_len_k",))
+    assert columns[:3] == lead and "seq_len_k" not in columns and "source" in columns
+    assert set(columns) == {"source"} | set(contract.CASE_IDENTITY) - {"seq_len_k"}
+    rest = [c for c in contract.CASE_IDENTITY if c in columns[3:]]
+    assert list(columns[3:]) == rest  # the identity's own order
+    assert set(contract.SHAPE) | set(contract.LENGTHS) | set(contract.ASV_CASE) <= set(
+        contract.CASE_IDENTITY
+    )
+    with pytest.raises(ValueError, match="without: expected columns of the case identity"):
+        contract.case_columns(without=("lenght",))
+    with pytest.raises(ValueError, match="without"):
+        contract.case_columns(("variant",), without=("variant",))
+
+
+# the tables whose keys are a whole case (less the lengths a series runs along), as module: name
+_WHOLE_CASE_TABLES = {
+    "attnbench.analysis.roofline": "_CASE",
+    "attnbench.analysis.complexity": "GROUP",
+    "attnbench.analysis.growth": "SERIES",
+    "attnbench.analysis.tidy": "COLUMNS",
+    "attnbench.report.details": "RUNQUEUE_CASE",
+}
+
+
+def test_a_column_added_to_the_case_identity_reaches_every_tables_keys():
+    """The identity is defined once: a column added to it (``window``, in a fresh process, before
+    the tables' modules are imported) is in every table's keys, so no table can merge two cases
+    that differ only in it. A list written out by hand would miss it."""
+    import json
+    import subprocess
+    import sys
+
+    code = f"""
+import importlib, json
+from attnbench import contract
+contract.CASE_DEFAULTS["window"] = 0
+contract.CASE_IDENTITY = tuple(contract.CASE_DEFAULTS)
+tables = {_WHOLE_CASE_TABLES!r}
+print(json.dumps({{m: list(getattr(importlib.import_module(m), n)) for m, n in tables.items()}}))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    keys = json.loads(out.stdout)
+    assert [m for m, columns in keys.items() if "window" not in columns] == []
+    assert [m for m, columns in keys.items() if "kv_heads" not in columns] == []

@@ -59,17 +59,10 @@ _MAIN_GRID_CLASSES = (
     "Instructions",
 )
 """The asv classes of the main grid's shape; a case label names the class of any other."""
-CASE = ("machine", "benchmark", "variant", "seq_len", "seq_len_k", "device", "mode", "mask")
+CASE = ("machine", "benchmark", *contract.ASV_CASE)
 """What makes one series (with ``metric``): a machine's benchmark at one parameter set."""
 STEP_COLUMNS = [
-    "machine",
-    "benchmark",
-    "variant",
-    "seq_len",
-    "seq_len_k",
-    "device",
-    "mode",
-    "mask",
+    *CASE,
     "metric",
     "kind",
     "direction",
@@ -166,7 +159,7 @@ class History:
         return str(rows["subject"].iloc[0]) if len(rows) else ""
 
 
-FIGURE_CASE = ("machine", "grid", "variant", "seq_len", "seq_len_k", "device", "mode", "mask")
+FIGURE_CASE = ("machine", "grid", *contract.ASV_CASE)
 """What one history figure shows: a case's metrics (``grid``: :func:`grid_of` its benchmark)."""
 
 

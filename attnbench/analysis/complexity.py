@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 from scipy import optimize, stats
 
+from attnbench import contract
 from attnbench.contract import (
     DECLARED,
     DETERMINISTIC_POINTS,
@@ -74,19 +75,10 @@ _SEED = 20240601  # fixed: the bootstrap interval must not change between proces
 TOLERANCE = 0.25
 MODEL = Method.MODEL  # the method of predicted (not measured) values
 GROUP = [
-    "source",
-    "machine",
-    "commit",
-    "device",
-    "mode",
-    "dtype",
-    "mask",
-    "batch",
-    "heads",
-    "kv_heads",
-    "head_dim",
-    "workload",
-    "variant",
+    *contract.case_columns(
+        ("source", "machine", "commit", "device", "mode", "dtype", "mask", *contract.SHAPE),
+        without=contract.LENGTHS,
+    ),
     "metric",
     "method",
 ]

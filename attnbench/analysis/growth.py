@@ -341,7 +341,7 @@ def exponent_metric(metric: str) -> str:
 
 SERIES = (
     "benchmark",
-    *(c for c in contract.CASE_IDENTITY if c not in ("seq_len", "seq_len_k")),
+    *contract.case_columns(without=contract.LENGTHS),
     "metric",
     "commit",
 )

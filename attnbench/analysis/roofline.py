@@ -19,30 +19,17 @@ import math
 import numpy as np
 import pandas as pd
 
+from attnbench import contract
 from attnbench.analysis.complexity import MODEL
 from attnbench.contract import Status
 
 __all__ = ["COLUMNS", "roofline"]
 
-_CASE = [
-    "source",
-    "origin",
-    "machine",
-    "commit",
-    "device",
-    "mode",
-    "dtype",
-    "batch",
-    "heads",
-    "kv_heads",
-    "head_dim",
-    "mask",
-    "workload",
-    "variant",
-    "seq_len",
-    "seq_len_k",
-]
-"""The columns that name one case (``kv_heads`` and ``workload`` only when the frame has them)."""
+_CASE = contract.case_columns(
+    ("source", "origin", "machine", "commit", "device", "mode", "dtype", *contract.SHAPE, "mask")
+)
+"""The columns that name one case, whose run first (``kv_heads`` and ``workload`` only when the
+frame has them)."""
 COLUMNS = [
     *_CASE,
     "flops",

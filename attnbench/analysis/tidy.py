@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from attnbench import contract
 from attnbench.spec import AttnSpec
 
 __all__ = ["COLUMNS", "Read", "check_value", "empty_frame", "finish", "spec_columns"]
@@ -18,18 +19,12 @@ __all__ = ["COLUMNS", "Read", "check_value", "empty_frame", "finish", "spec_colu
 COLUMNS = [
     "source",
     "benchmark",
-    "variant",
-    "seq_len",
-    "seq_len_k",
-    "device",
-    "mode",
-    "dtype",
-    "batch",
-    "heads",
-    "head_dim",
-    "mask",
-    "kv_heads",
-    "workload",
+    # the case (its machine sits with the provenance below)
+    *contract.case_columns(
+        ("variant", *contract.LENGTHS, "device", "mode", "dtype", "batch", "heads", "head_dim")
+        + ("mask", "kv_heads"),
+        without=("machine",),
+    ),
     "metric",
     "unit",
     "method",

@@ -47,11 +47,10 @@ __all__ = [
     "mark_not_timed",
 ]
 
-CASE_KEY_DEFAULTS = {
-    k: contract.CASE_DEFAULTS[k] for k in ("variant", "seq_len", "device", "mode", "mask")
-}
-"""The gate's case parameters (the asv main grid fixes the rest of :data:`contract.CASE_IDENTITY`),
-each with the value a result lacking it is read as (old ones: no mask)."""
+CASE_KEY_DEFAULTS = {k: contract.CASE_DEFAULTS[k] for k in contract.ASV_CASE if k != "seq_len_k"}
+"""The gate's case parameters (the asv main grid fixes the rest of :data:`contract.CASE_IDENTITY`,
+and is self-attention: its key length is its length), each with the value a result lacking it is
+read as (old ones: no mask)."""
 CASE_KEYS = tuple(CASE_KEY_DEFAULTS)
 
 

@@ -11,6 +11,7 @@ import math
 
 import pandas as pd
 
+from attnbench import contract
 from attnbench import demos as teaching
 from attnbench.analysis import complexity
 from attnbench.analysis.summary import provenance
@@ -159,21 +160,9 @@ def _compile_times(page: Page) -> str:
     )
 
 
-RUNQUEUE_CASE = (
-    "origin",
-    "machine",
-    "device",
-    "variant",
-    "workload",
-    "seq_len",
-    "seq_len_k",
-    "batch",
-    "heads",
-    "kv_heads",
-    "head_dim",
-    "dtype",
-    "mode",
-    "mask",
+RUNQUEUE_CASE = contract.case_columns(
+    ("origin", "machine", "device", "variant", "workload", *contract.LENGTHS, *contract.SHAPE)
+    + ("dtype", "mode")
 )
 """The tidy columns that name one case of the run-queue table."""
 

@@ -564,7 +564,7 @@ def _flagged_growth(path: Path) -> list[tuple[dict, pd.DataFrame]]:
     if not {"basis", "verdict", "at_length"} <= set(table.columns):
         return []
     table = table.fillna({"mask": "none", "device": "cpu", "mode": "forward"})
-    keys = ["benchmark", "variant", "device", "mode", "mask", "metric"]
+    keys = ["benchmark", *(c for c in contract.ASV_CASE if c not in contract.LENGTHS), "metric"]
     flagged = table[
         (table["basis"] == Basis.PREDICTED) & (table["verdict"] == GateVerdict.REGRESSED)
     ]
