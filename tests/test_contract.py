@@ -271,14 +271,16 @@ def test_case_columns_keep_a_tables_order_and_append_the_rest_of_the_identity():
         contract.case_columns(("variant",), without=("variant",))
 
 
-# the tables whose keys are a whole case (less the lengths a series runs along), as module: name
-_WHOLE_CASE_TABLES = {
-    "attnbench.analysis.roofline": "_CASE",
-    "attnbench.analysis.complexity": "GROUP",
-    "attnbench.analysis.growth": "SERIES",
-    "attnbench.analysis.tidy": "COLUMNS",
-    "attnbench.report.details": "RUNQUEUE_CASE",
-}
+# the tables whose keys are a whole case (less what a table varies along or fixes), as (module, name)
+_CASE_TABLES = (
+    ("attnbench.analysis.roofline", "_CASE"),
+    ("attnbench.analysis.complexity", "GROUP"),
+    ("attnbench.analysis.growth", "SERIES"),
+    ("attnbench.analysis.tidy", "COLUMNS"),
+    ("attnbench.analysis.slices", "SLICE"),
+    ("attnbench.analysis.slices", "_CASE"),
+    ("attnbench.report.details", "RUNQUEUE_CASE"),
+)
 
 
 def test_a_column_added_to_the_case_identity_reaches_every_tables_keys():
@@ -294,12 +296,11 @@ import importlib, json
 from attnbench import contract
 contract.CASE_DEFAULTS["window"] = 0
 contract.CASE_IDENTITY = tuple(contract.CASE_DEFAULTS)
-tables = {_WHOLE_CASE_TABLES!r}
-print(json.dumps({{m: list(getattr(importlib.import_module(m), n)) for m, n in tables.items()}}))
+print(json.dumps([list(getattr(importlib.import_module(m), n)) for m, n in {_CASE_TABLES!r}]))
 """
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
-    keys = json.loads(out.stdout)
-    assert [m for m, columns in keys.items() if "window" not in columns] == []
-    assert [m for m, columns in keys.items() if "kv_heads" not in columns] == []
+    keys = dict(zip(_CASE_TABLES, json.loads(out.stdout), strict=True))
+    assert [t for t, columns in keys.items() if "window" not in columns] == []
+    assert [t for t, columns in keys.items() if "kv_heads" not in columns] == []

@@ -16,7 +16,7 @@ import pandas as pd
 from attnbench.analysis import complexity, roofline
 from attnbench.analysis.complexity import FitVerdict
 from attnbench.analysis.slices import (
-    SHAPE,
+    SLICE,
     Comparison,
     decode_commit,
     pair_decode,
@@ -107,7 +107,9 @@ def _evidence(
     pfits = fits
     if len(fits):
         pfits = restrict(
-            pair_decode(fits, primary, commit), primary, ("device", "mode", "dtype", "mask", *SHAPE)
+            pair_decode(fits, primary, commit),
+            primary,
+            tuple(c for c in SLICE if c not in ("machine", "commit")),
         )
     decode = (
         pfits["workload"] == "decode"

@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from attnbench import contract
 from attnbench.analysis import complexity
 from attnbench.analysis.text import SHORT_HASH, short_hash
 from attnbench.contract import Source, Status
 
 __all__ = [
-    "SHAPE",
+    "SLICE",
     "Comparison",
     "compare",
     "decode_commit",
@@ -30,10 +31,12 @@ __all__ = [
     "sides",
 ]
 
-SHAPE = ("batch", "heads", "kv_heads", "head_dim")
-"""A case's shape beside its length: rows that differ in any of them are never pooled."""
-SLICE = ("machine", "commit", "device", "mode", "dtype", "mask", *SHAPE)
-"""The columns that pick the primary slice (beside its side)."""
+SLICE = contract.case_columns(
+    ("machine", "commit", "device", "mode", "dtype", "mask"),
+    without=("workload", "variant", *contract.LENGTHS),
+)
+"""The columns that pick the primary slice (beside its side), in the order they are picked (its
+shape last: ``heads`` before ``kv_heads``). Its lengths, variants and workloads are the story."""
 
 
 @dataclass(frozen=True)
@@ -107,7 +110,10 @@ def sides(frame: pd.DataFrame) -> pd.DataFrame:
 
 # metric -> column prefix of A's and B's values
 _COMPARED = {"time": "time", "peak_tensor_bytes": "bytes"}
-_CASE = ["variant", "seq_len", "device", "mode", "dtype", "mask"]
+_CASE = contract.case_columns(
+    ("variant", "seq_len", "device", "mode", "dtype", "mask"), without=("machine",)
+)
+"""A case of both sides (sides may be machines): its shape too, so no ratio pools two shapes."""
 
 
 def _ratios(med: pd.DataFrame, prefix: str, label_a: str, label_b: str) -> pd.DataFrame:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from attnbench import contract
 from attnbench.analysis import changes, complexity, roofline
 from attnbench.analysis.changes import GitLog, History
 from attnbench.analysis.complexity import FitVerdict
@@ -215,20 +216,11 @@ def provenance(frame: pd.DataFrame) -> pd.DataFrame:
 def _constants(frame: pd.DataFrame) -> dict[str, str]:
     """Values shared by every case (lifted into the page's subtitle)."""
     constants = {}
-    for col in (
-        "device",
-        "mode",
-        "dtype",
-        "batch",
-        "heads",
-        "kv_heads",
-        "head_dim",
-        "mask",
-        "workload",
-        "machine",
-        "torch",
-        "threads",
-    ):
+    lifted = contract.case_columns(
+        ("device", "mode", "dtype", *contract.SHAPE, "mask", "workload", "machine"),
+        without=("variant", *contract.LENGTHS),
+    )
+    for col in (*lifted, "torch", "threads"):
         values = {str(v) for v in frame[col].dropna().unique() if str(v) not in ("", "nan")}
         if len(values) == 1:
             constants[col] = values.pop()
