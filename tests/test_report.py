@@ -1048,6 +1048,34 @@ def test_rows_of_another_shape_are_never_pooled_into_a_finding(tmp_path):
     assert "Varying between cases: Hkv (never pooled)" in page
 
 
+def test_a_comparison_never_pools_two_shapes_into_one_ratio(tmp_path):
+    """Planted: B is 2x slower at head dim 64 and unchanged at head dim 32. One ratio per (variant,
+    L) would be the median of both shapes (1.5x, true of neither); each shape gets its own."""
+    from attnbench.analysis.frame import load
+    from attnbench.analysis.slices import compare, sides
+    from attnbench.measure import MeasureConfig
+    from attnbench.measure.record import Measurement
+    from attnbench.runs import write_run
+    from attnbench.spec import AttnSpec
+
+    def run(name: str, slower: float) -> Path:
+        rows = []
+        for n in (128, 256):
+            for d in (32, 64):
+                t = 1e-6 * n * (slower if d == 64 else 1.0)
+                spec = AttnSpec(seq_len=n, head_dim=d)
+                rows.append(Measurement("batched", spec, "ok", samples=(t, t, t), runs=3))
+        return write_run(tmp_path / name, rows, MeasureConfig(), seconds=1.0, command=["t"])
+
+    frame = load([run("A", 1.0), run("B", 2.0)]).frame
+    (comparison,) = compare(frame, sides(frame))
+    ratios = comparison.ratios.astype({"head_dim": int}).set_index(["seq_len", "head_dim"])
+    assert sorted(ratios.index) == [(128, 32), (128, 64), (256, 32), (256, 64)]
+    assert ratios["ratio"].to_dict() == pytest.approx(
+        {(128, 32): 1.0, (128, 64): 2.0, (256, 32): 1.0, (256, 64): 2.0}
+    )
+
+
 def test_a_match_whose_interval_excludes_the_declared_exponent_says_so():
     """block_sparse time 1.24 [1.05, 1.43] was called "matches" O(L) without a word: it matches only within the tolerance."""
     import pandas as pd
