@@ -37,8 +37,7 @@ from attnbench.contract import RUN_LENGTHS, SWEPT_LENGTH, WORKLOADS, Status
 from attnbench.errors import AttnbenchError, UsageError
 from attnbench.io import atomic_write, atomic_write_text, check_path, error_line
 from attnbench.measure.config import MeasureConfig
-from attnbench.measure.instructions import Count, attach
-from attnbench.measure.record import STATUSES, Environment, Measurement
+from attnbench.measure.record import STATUSES, Count, Environment, Measurement, attach
 from attnbench.measure.runner import default_lengths
 from attnbench.registry import default_variants, get_variant
 from attnbench.spec import AttnSpec

@@ -12,12 +12,12 @@ import shutil
 import pytest
 
 from attnbench.measure.instructions import (
-    Count,
     CountConfig,
     CountError,
     count_instructions,
     valgrind_version,
 )
+from attnbench.measure.record import Count
 from attnbench.spec import AttnSpec
 from tests.conftest import once_per_session
 
