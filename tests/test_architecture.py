@@ -42,6 +42,7 @@ ROOMS: tuple[tuple[str, ...], ...] = (
         "measure.provenance",
         "measure.bandwidth",
     ),
+    ("rundir_format",),  # a run directory's names, schemas and log reader: read by the analysis
     ("measure.runner",),
     ("measure.worker",),
     ("measure.sweep", "measure.instructions"),

@@ -23,17 +23,8 @@ from attnbench.analysis.rundir import load_run
 from attnbench.measure import MeasureConfig, measure
 from attnbench.measure.record import Measurement
 from attnbench.reference import reference_attention
-from attnbench.runs import (
-    LOG,
-    LOG_SCHEMA,
-    MANIFEST,
-    MANIFEST_SCHEMA,
-    RunDirectory,
-    RunDirError,
-    case_key,
-    read_log,
-    write_run,
-)
+from attnbench.rundir_format import LOG, LOG_SCHEMA, MANIFEST, MANIFEST_SCHEMA, case_key, read_log
+from attnbench.runs import RunDirectory, RunDirError, write_run
 from attnbench.variants.batched import BatchedAttention
 
 ROOT = Path(__file__).resolve().parents[1]

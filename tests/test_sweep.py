@@ -19,15 +19,8 @@ from attnbench import plugins
 from attnbench.analysis.rundir import load_run
 from attnbench.measure import MeasureConfig, sweep
 from attnbench.measure.timer import TimerConfig
-from attnbench.runs import (
-    LOG,
-    MANIFEST,
-    MEASUREMENTS,
-    RunDirectory,
-    RunDirError,
-    read_log,
-    write_run,
-)
+from attnbench.rundir_format import LOG, MANIFEST, MEASUREMENTS, read_log
+from attnbench.runs import RunDirectory, RunDirError, write_run
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = MeasureConfig(
