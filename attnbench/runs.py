@@ -12,6 +12,8 @@ A run directory holds:
   * ``.lock``: held (``flock``) while a sweep writes the directory, so two runs cannot mix.
   * ``report/``: the HTML report, rebuilt from the data at the end; removed when a run starts so it
     never describes other data.
+
+The files' names and formats, and reading the log back, are :mod:`attnbench.rundir_format`'s.
 """
 
 from __future__ import annotations
@@ -33,24 +35,31 @@ from typing import Any
 
 import pandas as pd
 
-from attnbench.contract import RUN_LENGTHS, SWEPT_LENGTH, WORKLOADS, Status
+from attnbench.contract import RUN_LENGTHS, SWEPT_LENGTH, WORKLOADS
 from attnbench.errors import AttnbenchError, UsageError
-from attnbench.io import atomic_write, atomic_write_text, check_path, error_line
+from attnbench.io import atomic_write, atomic_write_text, check_path
 from attnbench.measure.config import MeasureConfig
-from attnbench.measure.instructions import Count, attach
-from attnbench.measure.record import STATUSES, Environment, Measurement
+from attnbench.measure.record import Count, Measurement, attach
 from attnbench.measure.runner import default_lengths
 from attnbench.registry import default_variants, get_variant
+from attnbench.rundir_format import (
+    LOG,
+    LOG_SCHEMA,
+    MANIFEST,
+    MANIFEST_SCHEMA,
+    MEASUREMENTS,
+    RunLog,
+    case_key,
+    count_to_json,
+    jsonable,
+    measurement_to_json,
+    read_log,
+)
 from attnbench.spec import AttnSpec
 
 __all__ = [
     "DEFAULT_LENGTHS",
     "DECODE_LENGTHS",
-    "MEASUREMENTS",
-    "MANIFEST",
-    "LOG",
-    "LOG_SCHEMA",
-    "MANIFEST_SCHEMA",
     "device_only_defaults",
     "grid",
     "swept_length",
@@ -60,9 +69,6 @@ __all__ = [
     "counted_cases",
     "new_run_dir",
     "empty_grid_reason",
-    "case_key",
-    "read_log",
-    "count_from_json",
     "RunDirError",
     "RunWriteError",
     "RunDirectory",
@@ -73,13 +79,8 @@ DEFAULT_LENGTHS: tuple[int, ...] = RUN_LENGTHS["prefill"]
 DECODE_LENGTHS: tuple[int, ...] = RUN_LENGTHS["decode"]
 """The decode workload's default key/value cache lengths Lk: 1K .. 128K (the guard skips what does
 not fit)."""
-MEASUREMENTS = "measurements.csv"
-MANIFEST = "manifest.json"
-LOG = "cases.jsonl"
 _LOCK = ".lock"
 _REPORT = "report"
-LOG_SCHEMA = "attnbench.log/1"
-MANIFEST_SCHEMA = "attnbench.run/1"
 _RUN_FILES = (LOG, MEASUREMENTS, MANIFEST)
 """Files a run writes (``--force`` removes these and ``report/``; other files are left alone)."""
 
@@ -290,186 +291,8 @@ def empty_grid_reason(
     return "the grid is empty"
 
 
-_LATER_FIELDS = {"kv_heads": None}
-"""Spec fields added after run logs existed, and their defaults: left out of a key at that default,
-so a log written before them keeps its case keys (and can be resumed)."""
-
-
-def case_key(variant: str, spec: AttnSpec) -> str:
-    """Stable identity of a case across processes and sessions (sorted JSON of name and spec)."""
-    fields = {
-        k: v
-        for k, v in dataclasses.asdict(spec).items()
-        if k not in _LATER_FIELDS or v != _LATER_FIELDS[k]
-    }
-    return json.dumps([variant, fields], sort_keys=True)
-
-
-def _jsonable(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=str))
-
-
-def _measurement_to_json(m: Measurement) -> dict[str, Any]:
-    """A Measurement as a JSON-able dict (inverse: :func:`_measurement_from_json`)."""
-    return _jsonable(dataclasses.asdict(m))
-
-
-def _measurement_from_json(data: dict[str, Any]) -> Measurement:
-    """Rebuild a Measurement from :func:`_measurement_to_json`; unknown keys are ignored.
-
-    Raises:
-        ValueError, TypeError, KeyError: a record that is not one (a field of the wrong type, a
-            spec or status the classes reject), with the field named.
-    """
-    known = {f.name: f.type for f in dataclasses.fields(Measurement)}
-    missing = [
-        f.name
-        for f in dataclasses.fields(Measurement)
-        if f.default is dataclasses.MISSING
-        and f.default_factory is dataclasses.MISSING
-        and f.name not in data
-    ]
-    if missing:
-        raise ValueError(f"no {', '.join(repr(m) for m in missing)} field")
-    fields = {k: v for k, v in data.items() if k in known}
-    for name, kind in known.items():  # JSON gives any type: a number field must hold a number
-        value = fields.get(name)
-        if kind in ("int", "float") and value is not None:
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"{name} {str(value)[:40]!r} is not a number")
-            if kind == "float":
-                fields[name] = _float(name, value)
-    if not isinstance(data.get("spec"), dict):
-        raise ValueError(f"spec {data.get('spec')!r} is not a mapping")
-    fields["spec"] = AttnSpec(**data["spec"])
-    env = data.get("env")
-    if env:
-        env_known = {f.name for f in dataclasses.fields(Environment)}
-        fields["env"] = Environment(**{k: v for k, v in env.items() if k in env_known})
-    samples = data.get("samples", ())
-    if not isinstance(samples, list) or any(
-        isinstance(s, bool) or not isinstance(s, (int, float)) for s in samples
-    ):
-        raise ValueError(f"samples {str(samples)[:60]} is not a list of numbers")
-    fields["samples"] = tuple(_float("samples", s) for s in samples)
-    if not all(math.isfinite(s) and s >= 0 for s in fields["samples"]):
-        bad = next(s for s in fields["samples"] if not (math.isfinite(s) and s >= 0))
-        raise ValueError(f"samples hold {bad!r} (a time is a finite number of seconds >= 0)")
-    fields["extra"] = dict(data.get("extra") or {})
-    return Measurement(**fields)
-
-
-def _float(name: str, value: int | float) -> float:
-    try:
-        return float(value)
-    except OverflowError:
-        raise ValueError(
-            f"{name} {str(value)[:20]}... ({len(str(value))} digits) is too large for a float"
-        ) from None
-
-
 def _config_json(config: MeasureConfig) -> dict[str, Any]:
-    return _jsonable(dataclasses.asdict(config))
-
-
-@dataclasses.dataclass(frozen=True)
-class _RunLog:
-    """What a ``cases.jsonl`` holds."""
-
-    # configuration and planned grid; None for an empty or header-less log
-    header: dict[str, Any] | None
-    measurements: tuple[Measurement, ...]  # finished cases in the order they finished
-    # every line ignored, and why (a torn last line from a kill, a garbled line)
-    notes: tuple[str, ...]
-    # those of the notes that are not a torn last line: garbled, or a record the classes refuse
-    rejected: tuple[str, ...] = ()
-    # case key -> its logged instruction count (already attached to the case's measurement)
-    counts: dict[str, Count] = dataclasses.field(default_factory=dict)
-
-
-def read_log(path: str | Path) -> _RunLog:
-    """Read a run log; unreadable lines are skipped with the reason, never an exception.
-
-    Raises:
-        OSError: the file cannot be read at all.
-    """
-    path = Path(path)
-    lines = path.read_bytes().split(b"\n")
-    header, found, notes, rejected, counts = None, [], [], [], {}
-    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
-    torn = lines[-1].strip() != b""  # a complete log ends with a line end
-    for i, raw in enumerate(lines):
-        if not raw.strip():
-            continue
-        try:
-            item = json.loads(raw.decode("utf-8"))
-            if not isinstance(item, dict):
-                raise ValueError(f"a JSON {type(item).__name__}, not an object")
-            if item.get("kind") == "header":
-                header = header or item
-            elif item.get("kind") == "case":
-                found.append(_measurement_from_json(item["measurement"]))
-            elif item.get("kind") == "count":
-                counts[str(item["case"])] = count_from_json(item["count"])
-            else:
-                raise ValueError(f"unknown kind {item.get('kind')!r}")
-        except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
-            if i == last and torn:
-                notes.append(
-                    f"{path}: torn last line (the run was killed while writing it), "
-                    f"ignored ({len(raw)} bytes)"
-                )
-            else:
-                rejected.append(f"{path}: line {i + 1} unreadable ({error_line(exc)}), ignored")
-                notes.append(rejected[-1])
-    # a count may be logged before its case
-    found = [attach(m, counts.get(case_key(m.variant, m.spec))) for m in found]
-    return _RunLog(
-        header=header,
-        measurements=tuple(found),
-        notes=tuple(notes),
-        rejected=tuple(rejected),
-        counts=counts,
-    )
-
-
-def _count_to_json(count: Count) -> dict[str, Any]:
-    """An instruction count as a log line's ``count`` (its case is named by the line's key)."""
-    return {
-        "status": count.status,
-        "instructions": count.instructions,
-        "calls": count.calls,
-        "reason": count.reason,
-        "valgrind": count.valgrind,
-    }
-
-
-def count_from_json(data: dict[str, Any]) -> Count:
-    """The :class:`Count` of a log line (its case's name and spec are not needed to attach it).
-
-    Raises:
-        ValueError: a field of the wrong type.
-    """
-    if not isinstance(data, dict) or not isinstance(data.get("status"), str):
-        raise ValueError(f"count {str(data)[:60]} has no status")
-    if data["status"] not in STATUSES:
-        raise ValueError(
-            f"count status must be one of {tuple(map(str, STATUSES))}, got {data['status']!r}"
-        )
-    instructions = data.get("instructions", math.nan)
-    if instructions is None:
-        instructions = math.nan
-    if isinstance(instructions, bool) or not isinstance(instructions, (int, float)):
-        raise ValueError(f"count instructions {instructions!r} is not a number")
-    return Count(
-        "",
-        AttnSpec(),
-        Status(data["status"]),
-        instructions=_float("instructions", instructions),
-        calls=int(data.get("calls", 0)),
-        reason=str(data.get("reason", "")),
-        valgrind=str(data.get("valgrind", "")),
-    )
+    return jsonable(dataclasses.asdict(config))
 
 
 class RunDirError(ValueError, UsageError):
@@ -670,7 +493,7 @@ class RunDirectory:
         except BaseException:
             self.close()
             raise
-        self.log = _RunLog(None, (), ())
+        self.log = RunLog(None, (), ())
         self._counts: dict[str, Count] = {}
         self.notes: list[str] = []
         self.header: dict[str, Any] = {}
@@ -762,7 +585,7 @@ class RunDirectory:
 
     def add(self, measurement: Measurement, *, seconds: float | None = None) -> None:
         """Append one finished case durably, then refresh the derived files."""
-        self._append_line({"kind": "case", "measurement": _measurement_to_json(measurement)})
+        self._append_line({"kind": "case", "measurement": measurement_to_json(measurement)})
         self.measurements.append(
             attach(measurement, self._counts.get(case_key(measurement.variant, measurement.spec)))
         )
@@ -775,7 +598,7 @@ class RunDirectory:
         measurement if that is logged.
         """
         key = case_key(count.variant, count.spec)
-        self._append_line({"kind": "count", "case": key, "count": _count_to_json(count)})
+        self._append_line({"kind": "count", "case": key, "count": count_to_json(count)})
         self._counts[key] = count
         self.measurements = [
             attach(m, count) if case_key(m.variant, m.spec) == key else m for m in self.measurements
@@ -889,7 +712,7 @@ def write_run(
     keys = [case_key(m.variant, m.spec) for m in measurements]
     header = _new_header(_config_json(config), keys, command, peak_gflops, peak_gbps)
     lines = [json.dumps(header)] + [
-        json.dumps({"kind": "case", "measurement": _measurement_to_json(m)}) for m in measurements
+        json.dumps({"kind": "case", "measurement": measurement_to_json(m)}) for m in measurements
     ]
     atomic_write_text(run_dir / LOG, "\n".join(lines) + "\n")
     _write_derived(

@@ -494,7 +494,8 @@ def _start_counting(
     wanted.
     """
     from attnbench.measure.instructions import Beside, CountConfig
-    from attnbench.runs import case_key, counted_cases
+    from attnbench.rundir_format import case_key
+    from attnbench.runs import counted_cases
 
     if config.instructions == "off":
         return None

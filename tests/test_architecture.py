@@ -42,6 +42,7 @@ ROOMS: tuple[tuple[str, ...], ...] = (
         "measure.provenance",
         "measure.bandwidth",
     ),
+    ("rundir_format",),  # a run directory's names, schemas and log reader: read by the analysis
     ("measure.runner",),
     ("measure.worker",),
     ("measure.sweep", "measure.instructions"),
@@ -207,14 +208,6 @@ def test_no_module_reaches_through_the_public_facade():
 PURE = ("analysis", "gate.decision")
 """Modules (and packages: every module under them) that start no process: they decide on what
 others measured, and can be imported, run and tested where no process may be started."""
-NOT_YET_PURE = {
-    (
-        "analysis.rundir",
-        "runs",
-    ): "a run directory's format (LOG, MANIFEST, read_log, case_key) lives "
-    "in runs.py beside the runs' measuring, which imports measure.instructions (valgrind)",
-}
-"""Import arrows out of :data:`PURE` the process check steps over, each with why: to be split off."""
 
 
 def _type_only(tree: ast.AST) -> set[ast.AST]:
@@ -258,8 +251,6 @@ def process_paths(edges: dict[str, set[str]], starts: list[str], sources: dict[s
                 found.append(" <- ".join(chain))
                 break
             for target in sorted(edges.get(name, ())):
-                if (name, target) in NOT_YET_PURE:
-                    continue
                 if target not in parent and target not in FACADES:
                     parent[target] = name
                     todo.append(target)
@@ -272,8 +263,7 @@ def _pure_modules() -> list[str]:
 
 def test_the_pure_modules_start_no_process():
     """Nothing under analysis/, nor the gate's decision, imports subprocess: not itself, not through
-    any module it imports (deferred imports included, as for the rooms; but the arrows of
-    :data:`NOT_YET_PURE`)."""
+    any module it imports (deferred imports included, as for the rooms)."""
     sources = {n: p.read_text() for n, p in _modules().items()}
     assert process_paths(graph(), _pure_modules(), sources) == []
 
@@ -308,8 +298,7 @@ def _draws_only_modules() -> list[str]:
 
 def test_the_report_starts_no_process_and_reads_no_git():
     """Nothing under report/ imports subprocess, itself or through any module it imports (git is
-    read by gate.gitlog, which imports it); the arrows of :data:`NOT_YET_PURE` are stepped over as
-    for the analysis."""
+    read by gate.gitlog, which imports it)."""
     sources = {n: p.read_text() for n, p in _modules().items()}
     assert _draws_only_modules(), "no module under report/: DRAWS_ONLY names nothing"
     assert process_paths(graph(), _draws_only_modules(), sources) == []

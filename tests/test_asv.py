@@ -356,15 +356,13 @@ def test_instruction_counts_keep_to_the_budget_and_print_progress(monkeypatch, c
     prints its plan and a line per counted case (case i of n, the seconds elapsed) to asv's log."""
     import attnbench.measure.instructions as instructions
     from attnbench import asv_bench as ab
+    from attnbench.measure.record import Count
 
     sent = []
 
     def fake_count(cases, config=None, *, progress=None):
         sent.extend(cases)
-        counts = [
-            instructions.Count(n, s, "ok", instructions=1e6, calls=2, valgrind="fake")
-            for n, s in cases
-        ]
+        counts = [Count(n, s, "ok", instructions=1e6, calls=2, valgrind="fake") for n, s in cases]
         for i, count in enumerate(counts, 1):
             progress(i, len(cases), count)
         return counts

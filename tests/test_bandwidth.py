@@ -14,7 +14,8 @@ import torch
 from attnbench import cli
 from attnbench.analysis.rundir import load_run
 from attnbench.measure import bandwidth as bw
-from attnbench.runs import MANIFEST, write_run
+from attnbench.rundir_format import MANIFEST
+from attnbench.runs import write_run
 from tests.test_loading import measurements
 
 ROOT = Path(__file__).resolve().parents[1]

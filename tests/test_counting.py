@@ -93,7 +93,8 @@ class _ScriptedCounter:
     ``arrivals[i]`` seconds of a clock that moves only when the caller waits (``take``)."""
 
     def __init__(self, arrivals: list[float]) -> None:
-        from attnbench.measure.instructions import CANCELLED, Count
+        from attnbench.measure.instructions import CANCELLED
+        from attnbench.measure.record import Count
 
         self.arrivals, self.now, self.stopped, self.error, self.seconds = (
             arrivals,

@@ -14,7 +14,8 @@ from attnbench import contract
 from attnbench.analysis.rundir import load_run
 from attnbench.measure.config import MeasureConfig
 from attnbench.measure.record import Measurement
-from attnbench.runs import MEASUREMENTS, write_run
+from attnbench.rundir_format import MEASUREMENTS
+from attnbench.runs import write_run
 from attnbench.spec import AttnSpec
 from tests.test_loading import measurements, write_good_run
 
@@ -207,7 +208,8 @@ def test_a_run_dir_older_than_workloads_resumes(tmp_path):
     """A log whose header config has no workload (and whose case keys have no kv_heads) resumes as prefill."""
     import json
 
-    from attnbench.runs import LOG, RunDirectory
+    from attnbench.rundir_format import LOG
+    from attnbench.runs import RunDirectory
 
     run = write_good_run(tmp_path / "old")
     lines = (run / LOG).read_text().splitlines()

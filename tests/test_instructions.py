@@ -12,12 +12,12 @@ import shutil
 import pytest
 
 from attnbench.measure.instructions import (
-    Count,
     CountConfig,
     CountError,
     count_instructions,
     valgrind_version,
 )
+from attnbench.measure.record import Count
 from attnbench.spec import AttnSpec
 from tests.conftest import once_per_session
 
@@ -183,7 +183,7 @@ def test_run_counts_the_headline_variants_beside_the_sweep_by_default(tmp_path, 
     from attnbench import runs
     from attnbench.analysis.summary import analyse, load_results
     from attnbench.cli import main
-    from attnbench.runs import LOG, read_log
+    from attnbench.rundir_format import LOG, read_log
 
     monkeypatch.setattr(runs, "COUNT_FLOOR_S", 3600.0)
     _counting_at_normal_priority(monkeypatch)

@@ -24,17 +24,15 @@ from attnbench.analysis.rundir import load_run
 from attnbench.cli import main
 from attnbench.measure.config import MeasureConfig
 from attnbench.measure.record import Environment, Measurement
-from attnbench.runs import (
+from attnbench.rundir_format import (
     LOG,
     LOG_SCHEMA,
     MANIFEST,
     MANIFEST_SCHEMA,
     MEASUREMENTS,
-    RunDirectory,
-    RunDirError,
     case_key,
-    write_run,
 )
+from attnbench.runs import RunDirectory, RunDirError, write_run
 from attnbench.spec import AttnSpec
 
 FIXTURE = Path(__file__).parent / "fixtures" / "asv_results"
@@ -677,7 +675,7 @@ def test_a_noisy_case_keeps_its_memory_and_counts_as_facts(tmp_path):
 def test_a_logged_count_of_unknown_status_is_refused():
     """Planted: a count line whose status is no Status was attached as if its word were one."""
     from attnbench.contract import Status
-    from attnbench.runs import count_from_json
+    from attnbench.rundir_format import count_from_json
 
     with pytest.raises(ValueError, match="count status must be one of .* got 'great'"):
         count_from_json({"status": "great", "instructions": 5.0})

@@ -22,7 +22,8 @@ from attnbench.io import atomic_write_text
 from attnbench.measure import MeasureConfig, Measurement, measure, sweep
 from attnbench.measure.memory import cpu_peak_tensor_bytes, peak_from_timeline
 from attnbench.measure.timer import TimerConfig, time_call
-from attnbench.runs import MANIFEST, MEASUREMENTS, write_run
+from attnbench.rundir_format import MANIFEST, MEASUREMENTS
+from attnbench.runs import write_run
 from attnbench.variants.batched import BatchedAttention
 
 FAST = MeasureConfig(

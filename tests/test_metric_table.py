@@ -11,7 +11,8 @@ from attnbench.analysis import complexity
 from attnbench.analysis.rundir import load_run
 from attnbench.measure.config import MeasureConfig
 from attnbench.measure.record import Measurement
-from attnbench.runs import MEASUREMENTS, write_run
+from attnbench.rundir_format import MEASUREMENTS
+from attnbench.runs import write_run
 from attnbench.spec import AttnSpec
 from tests.box import BOX
 

@@ -19,15 +19,8 @@ from attnbench import plugins
 from attnbench.analysis.rundir import load_run
 from attnbench.measure import MeasureConfig, sweep
 from attnbench.measure.timer import TimerConfig
-from attnbench.runs import (
-    LOG,
-    MANIFEST,
-    MEASUREMENTS,
-    RunDirectory,
-    RunDirError,
-    read_log,
-    write_run,
-)
+from attnbench.rundir_format import LOG, MANIFEST, MEASUREMENTS, read_log
+from attnbench.runs import RunDirectory, RunDirError, write_run
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = MeasureConfig(
@@ -443,7 +436,7 @@ def test_workers_start_with_ctrl_c_ignored():
 def test_counts_logged_beside_the_sweep_attach_to_their_cases_in_any_order(tmp_path):
     """A count may arrive before its case is timed or after: each is its own log line, attached on reading, and a
     resumed run knows which cases are counted already."""
-    from attnbench.measure.instructions import Count
+    from attnbench.measure.record import Count
 
     cases = [("batched", SMALL), ("sdpa", SMALL)]
     results = sweep(cases, FAST)

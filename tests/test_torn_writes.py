@@ -17,7 +17,8 @@ import pytest
 
 from attnbench.analysis.rundir import load_run
 from attnbench.measure import MeasureConfig
-from attnbench.runs import LOG, RunDirectory, case_key, read_log, write_run
+from attnbench.rundir_format import LOG, case_key, read_log
+from attnbench.runs import RunDirectory, write_run
 from tests.test_loading import MEASURED
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -20,6 +20,7 @@ from attnbench.analysis.tidy import Read, check_value, finish, spec_columns
 from attnbench.contract import Method, Source, Status
 from attnbench.io import error_line
 from attnbench.measure.record import Measurement
+from attnbench.rundir_format import LOG, LOG_SCHEMA, MANIFEST, MANIFEST_SCHEMA, case_key, read_log
 
 __all__ = ["KEEPS_VALUES", "MAX_INPUT_BYTES", "ROOF_RATES", "flag_above_roof", "load_run"]
 
@@ -52,8 +53,6 @@ def _read_manifest(path: Path, problems: list[str], notes: list[str]) -> dict:
             "read without it"
         )
         return {}
-    from attnbench.runs import MANIFEST_SCHEMA
-
     if manifest.get("schema", MANIFEST_SCHEMA) != MANIFEST_SCHEMA:
         problems.append(
             f"{path}: format {manifest.get('schema')!r}, and this attnbench reads "
@@ -168,8 +167,6 @@ def _case_rows(m: Measurement, common: dict) -> list[dict]:
 
 def _read_run_log(run_dir: Path, problems: list[str]):
     """The run's case log, or None when nothing of it can be read (why: in ``problems``)."""
-    from attnbench.runs import LOG, LOG_SCHEMA, read_log
-
     try:
         log = read_log(run_dir / LOG)
     except FileNotFoundError:
@@ -260,8 +257,6 @@ def load_run(run_dir: str | Path) -> Read:
     finished. ``measurements.csv`` is an export for people and is not read. Unusable log lines and
     cases are rejected with the reason.
     """
-    from attnbench.runs import LOG, MANIFEST
-
     run_dir = Path(run_dir)
     problems: list[str] = []
     notes: list[str] = []
@@ -295,8 +290,6 @@ def _distinct_cases(
     log_path: Path, measurements: Sequence[Measurement], problems: list[str]
 ) -> list[tuple[int, Measurement]]:
     """``(number in the log, case)`` once per case: a case logged twice keeps its last."""
-    from attnbench.runs import case_key
-
     last: dict[str, tuple[int, Measurement]] = {}
     for number, m in enumerate(measurements, start=1):
         key = case_key(m.variant, m.spec)
@@ -323,8 +316,6 @@ def _cross_check(
 
     ``logged``: lines of cases in the log; ``cases``: the distinct ones.
     """
-    from attnbench.runs import LOG, MANIFEST
-
     claimed, complete = manifest.get("cases"), manifest.get("complete")
     keys = header.get("cases") if isinstance(header.get("cases"), list) else None
     planned = len(keys) if keys is not None else header.get("planned", manifest.get("planned"))
@@ -371,8 +362,6 @@ def _planned_done(
 
     ``keys``: the header's plan; None: no list, every case counts.
     """
-    from attnbench.runs import case_key
-
     if keys is None:
         return len(cases)
     logged_keys = {case_key(m.variant, m.spec) for m in cases}

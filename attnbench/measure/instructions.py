@@ -34,15 +34,13 @@ from typing import TYPE_CHECKING
 
 from attnbench.contract import Method, Status
 from attnbench.errors import CouldNotMeasure
-from attnbench.measure.record import Measurement
+from attnbench.measure.record import Count
 from attnbench.spec import AttnSpec
 
 __all__ = [
     "valgrind_version",
     "missing_message",
     "CountConfig",
-    "Count",
-    "attach",
     "CountError",
     "predicted_seconds",
     "countable",
@@ -152,40 +150,6 @@ class CountConfig:
             raise ValueError(
                 f"timeout_s must be a finite number of seconds > 0 or None, got {self.timeout_s!r}"
             )
-
-
-@dataclass(frozen=True)
-class Count:
-    """One case's count: instructions per call, or why there is none."""
-
-    variant: str
-    spec: AttnSpec
-    # ok, skipped (unsupported, over budget, not on CPU), wrong (failed the gate), error
-    status: Status
-    instructions: float = math.nan  # per call
-    calls: int = 0  # calls counted
-    reason: str = ""
-    valgrind: str = ""  # valgrind's version
-
-
-def attach(measurement: Measurement, count: Count | None) -> Measurement:
-    """``measurement`` with ``count``'s instructions per call, or the reason there is none.
-
-    Valgrind's version goes in ``extra``; without an ok count, the reason there is none goes in
-    ``extra["instructions_note"]``.
-    """
-    if count is None:
-        return measurement
-    if count.status == Status.OK:
-        return dataclasses.replace(
-            measurement,
-            instructions=count.instructions,
-            extra={**measurement.extra, "valgrind": count.valgrind},
-        )
-    return dataclasses.replace(
-        measurement,
-        extra={**measurement.extra, "instructions_note": f"{count.status}: {count.reason}"},
-    )
 
 
 class CountError(RuntimeError, CouldNotMeasure):

@@ -1,7 +1,9 @@
 """``Measurement``: one frozen row per (variant, spec); identity separate from samples.
 
 Statistics (median, IQR) are derived from the raw samples, never stored twice; noise is flagged
-when the IQR exceeds 10% of the median (the rule torch.utils.benchmark uses).
+when the IQR exceeds 10% of the median (the rule torch.utils.benchmark uses). A ``Count`` is one
+case's instruction count (:mod:`attnbench.measure.instructions` takes it under valgrind), and
+``attach`` puts it on the case's measurement.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 from attnbench.contract import METRICS, WORKLOADS, Status, metric_value
 from attnbench.spec import AttnSpec
 
-__all__ = ["STATUSES", "Environment", "Measurement"]
+__all__ = ["STATUSES", "Environment", "Measurement", "Count", "attach"]
 
 STATUSES = tuple(s for s in Status if s not in (Status.FAILED, Status.ABOVE_ROOF))
 """The statuses a measurement can have: every :class:`attnbench.contract.Status` but ``failed``,
@@ -182,3 +184,37 @@ class Measurement:
             **{f"env_{k}": v for k, v in env.items()},
             **{f"extra_{k}": v for k, v in self.extra.items() if k not in exported},
         }
+
+
+@dataclass(frozen=True)
+class Count:
+    """One case's count: instructions per call, or why there is none."""
+
+    variant: str
+    spec: AttnSpec
+    # ok, skipped (unsupported, over budget, not on CPU), wrong (failed the gate), error
+    status: Status
+    instructions: float = math.nan  # per call
+    calls: int = 0  # calls counted
+    reason: str = ""
+    valgrind: str = ""  # valgrind's version
+
+
+def attach(measurement: Measurement, count: Count | None) -> Measurement:
+    """``measurement`` with ``count``'s instructions per call, or the reason there is none.
+
+    Valgrind's version goes in ``extra``; without an ok count, the reason there is none goes in
+    ``extra["instructions_note"]``.
+    """
+    if count is None:
+        return measurement
+    if count.status == Status.OK:
+        return dataclasses.replace(
+            measurement,
+            instructions=count.instructions,
+            extra={**measurement.extra, "valgrind": count.valgrind},
+        )
+    return dataclasses.replace(
+        measurement,
+        extra={**measurement.extra, "instructions_note": f"{count.status}: {count.reason}"},
+    )
