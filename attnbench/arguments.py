@@ -514,7 +514,7 @@ def _add_regress_parser(sub) -> None:
     _add_at_length(p)
 
 
-FACTORS = {
+_FACTORS = {
     "time": ("--time-factor", TIME_FACTOR),
     "memory": ("--memory-factor", MEMORY_FACTOR),
     "instructions": ("--instructions-factor", INSTRUCTIONS_FACTOR),
@@ -525,7 +525,7 @@ FACTORS = {
 def _add_factor_options(p: argparse.ArgumentParser, **helps: str) -> None:
     """The gate's factor options named (``time``, ``memory``, ``instructions``), as ordered."""
     for name, help_ in helps.items():
-        option, default = FACTORS[name]
+        option, default = _FACTORS[name]
         p.add_argument(option, type=_factor, default=default, help=help_)
 
 

@@ -58,7 +58,7 @@ def _usage(message: str) -> int:
     return 2
 
 
-def cmd_list(args: argparse.Namespace) -> int:
+def _cmd_list(args: argparse.Namespace) -> int:
     rows = [get_variant(n).describe() for n in variant_names()]
     frame = pd.DataFrame(rows).set_index("name")
     if not args.wide:
@@ -68,7 +68,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def _cmd_run(args: argparse.Namespace) -> int:
     from attnbench.session import run
 
     if args.resume and not args.out:
@@ -138,7 +138,7 @@ def _run_lengths(args: argparse.Namespace) -> tuple[int, ...]:
     return tuple(args.lengths)
 
 
-def cmd_report(args: argparse.Namespace) -> int:
+def _cmd_report(args: argparse.Namespace) -> int:
     """Build the report; exit 0 when it holds data, 1 when nothing loads (reasons on stderr)."""
     from attnbench.reporting import make_report
 
@@ -173,7 +173,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_profile(args: argparse.Namespace) -> int:
+def _cmd_profile(args: argparse.Namespace) -> int:
     from attnbench.profile import profile_case
 
     missing = _cuda_missing(args.device)
@@ -213,7 +213,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_regress(args: argparse.Namespace) -> int:
+def _cmd_regress(args: argparse.Namespace) -> int:
     from attnbench.gate import regress
     from attnbench.gate.markdown import check_summary
     from attnbench.measure.instructions import missing_message, valgrind_version
@@ -282,7 +282,7 @@ def _stamped(command: str, started: float) -> Callable[[str], None]:
     )
 
 
-def cmd_bisect(args: argparse.Namespace) -> int:
+def _cmd_bisect(args: argparse.Namespace) -> int:
     """Bisect GOOD..BAD for the commit that regressed; the exit status says what was found.
 
     Exit 1: a first bad commit named; 0: nothing exceeds GOOD; 4: only a range; 2: usage;
@@ -318,7 +318,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     return code
 
 
-def cmd_history(args: argparse.Namespace) -> int:
+def _cmd_history(args: argparse.Namespace) -> int:
     """Exit 0 when a history was read (steps or not), 1 when nothing could be, 2 usage."""
     from attnbench.analysis.changes import table
     from attnbench.analysis.frame import load
@@ -367,7 +367,7 @@ def cmd_history(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_export(args: argparse.Namespace) -> int:
+def _cmd_export(args: argparse.Namespace) -> int:
     from attnbench.analysis.frame import load
     from attnbench.gate.export import dumps, export
 
@@ -393,7 +393,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_publish(args: argparse.Namespace) -> int:
+def _cmd_publish(args: argparse.Namespace) -> int:
     from attnbench.publish import publish
 
     try:
@@ -409,7 +409,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_shard(args: argparse.Namespace) -> int:
+def _cmd_shard(args: argparse.Namespace) -> int:
     """Print ``KEY=VALUE`` lines for a CI job: its grid and its ``--bench`` pattern.
 
     Append them to ``$GITHUB_ENV``.
@@ -454,7 +454,7 @@ def _environment_problems() -> str:
     return "; ".join(environ.problems())
 
 
-def cmd_merge_results(args: argparse.Namespace) -> int:
+def _cmd_merge_results(args: argparse.Namespace) -> int:
     from attnbench.shards import merge_results
 
     merged = merge_results(args.sources, args.out)
@@ -465,7 +465,7 @@ def cmd_merge_results(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_peak(args: argparse.Namespace) -> int:
+def _cmd_peak(args: argparse.Namespace) -> int:
     from attnbench.measure import regime
     from attnbench.measure.bandwidth import WORDS, bandwidth
     from attnbench.measure.peak import matmul_peak
@@ -490,19 +490,19 @@ def cmd_peak(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "list": cmd_list,
-    "run": cmd_run,
-    "report": cmd_report,
-    "profile": cmd_profile,
-    "regress": cmd_regress,
-    "bisect": cmd_bisect,
-    "history": cmd_history,
-    "export": cmd_export,
-    "peak": cmd_peak,
-    "publish": cmd_publish,
-    "shard": cmd_shard,
-    "merge-results": cmd_merge_results,
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "list": _cmd_list,
+    "run": _cmd_run,
+    "report": _cmd_report,
+    "profile": _cmd_profile,
+    "regress": _cmd_regress,
+    "bisect": _cmd_bisect,
+    "history": _cmd_history,
+    "export": _cmd_export,
+    "peak": _cmd_peak,
+    "publish": _cmd_publish,
+    "shard": _cmd_shard,
+    "merge-results": _cmd_merge_results,
 }
 """Each subcommand's function (``args.command`` is the name :func:`build_parser` gave)."""
 
@@ -594,7 +594,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 2
     try:
         with _reader_may_leave():
-            return COMMANDS[args.command](args)
+            return _COMMANDS[args.command](args)
     except AttnbenchError as exc:  # the package's own errors, each with its line and exit code
         print(exc.line(), file=sys.stderr)
         return exc.exit_code

@@ -26,6 +26,8 @@ __all__ = [
     "MASK_KINDS",
     "causal",
     "sliding_window",
+    "prefix_lm",
+    "document",
     "valid_lengths",
     "combine",
     "is_key_padding",

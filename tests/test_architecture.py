@@ -406,6 +406,36 @@ def undeclared_or_missing(modules: dict[str, str]) -> dict[str, str]:
     return found
 
 
+def public_but_undeclared(modules: dict[str, str]) -> dict[str, list[str]]:
+    """For each module with an ``__all__`` (name -> source): the public top-level names it defines
+    and leaves out. A helper nobody else imports is underscored; one others import is declared."""
+    found = {}
+    for name, source in sorted(modules.items()):
+        declared = declared_names(source)
+        if declared is None:
+            continue
+        defined = []
+        for node in ast.parse(source).body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                defined.append(node.name)
+            targets = (
+                node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            )
+            defined += [t.id for t in targets if isinstance(t, ast.Name)]
+        left = [n for n in defined if not n.startswith("_") and n not in declared]
+        if left:
+            found[name] = left
+    return found
+
+
+def test_every_public_name_is_declared_or_underscored():
+    """Planted (seen failing): a public helper added to ``io`` and left out of its ``__all__``."""
+    sources = {n: p.read_text() for n, p in _modules().items()}
+    assert public_but_undeclared(sources) == {}
+    planted = {**sources, "io": sources["io"] + "\n\ndef helper() -> None:\n    pass\n"}
+    assert public_but_undeclared(planted) == {"io": ["helper"]}
+
+
 def test_every_module_declares_its_public_names():
     """Planted (seen failing): a name in ``io.__all__`` that io does not define, and no ``__all__``."""
     sources = {n: p.read_text() for n, p in _modules().items()}

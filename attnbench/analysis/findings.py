@@ -1,7 +1,7 @@
 """The findings: the sentences the data supports, each linked to the figure it is read from.
 
-:func:`findings` runs every rule of :data:`RULES` over the primary slice's evidence (its ``ok``,
-measured rows and conclusive fits) and keeps up to :data:`MAX_FINDINGS`; a rule whose numbers are
+:func:`findings` runs every rule of :data:`_RULES` over the primary slice's evidence (its ``ok``,
+measured rows and conclusive fits) and keeps up to :data:`_MAX_FINDINGS`; a rule whose numbers are
 missing states nothing, never a guess. :mod:`attnbench.analysis.summary` calls it from ``analyse``.
 """
 
@@ -161,7 +161,7 @@ def _time_growth(e: _Evidence) -> Finding | None:
     return Finding(text, "fig-progression")
 
 
-def analytic_crossover(fit: dict) -> float:
+def _analytic_crossover(fit: dict) -> float:
     """L* of the FLOP model at the fit's shape: where its L² FLOPs overtake L (NaN: unknown)."""
     if fit.get("variant") not in variant_names() or fit.get("workload", "prefill") != "prefill":
         return math.nan
@@ -207,7 +207,7 @@ def _shallower_explained(e: _Evidence) -> Finding | None:
             fit["l2_share"],
             "count" if fit["metric"] == "instructions" else "time",
         )
-        model = analytic_crossover(fit)
+        model = _analytic_crossover(fit)
         model_text = (
             f"; its FLOP model puts L* at {model:,.0f}"
             if math.isfinite(model) and model > 0
@@ -291,7 +291,7 @@ def _loop_baseline(e: _Evidence) -> Finding | None:
     )
 
 
-def computes_softmax_attention(variant: str) -> bool:
+def _computes_softmax_attention(variant: str) -> bool:
     """Whether ``variant`` computes softmax attention over every allowed pair (unknown: yes)."""
     return variant not in variant_names() or get_variant(variant).SOFTMAX_ATTENTION
 
@@ -302,7 +302,7 @@ def _fastest(e: _Evidence) -> Finding | None:
     Kernels that compute another function (linear, banded, sparse) are not ranked against it: faster
     at computing something else is no finding. They are named instead.
     """
-    exact = e.ok_time[e.ok_time["variant"].map(computes_softmax_attention)]
+    exact = e.ok_time[e.ok_time["variant"].map(_computes_softmax_attention)]
     if not len(exact):
         return None
     counts = exact.groupby("seq_len")["variant"].nunique()
@@ -415,7 +415,7 @@ def _above_roof(e: _Evidence) -> Finding | None:
     )
 
 
-RULES: tuple[Callable[[_Evidence], Finding | None], ...] = (
+_RULES: tuple[Callable[[_Evidence], Finding | None], ...] = (
     _above_roof,
     _time_growth,
     _shallower_explained,
@@ -427,7 +427,7 @@ RULES: tuple[Callable[[_Evidence], Finding | None], ...] = (
     _comparison,
 )
 """The finding rules, in the order their sentences appear (None: the data does not support it)."""
-MAX_FINDINGS = 8
+_MAX_FINDINGS = 8
 
 
 def findings(
@@ -436,15 +436,15 @@ def findings(
     primary: dict[str, str],
     comparisons: Sequence[Comparison] = (),
 ) -> tuple[Finding, ...]:
-    """Up to MAX_FINDINGS sentences the data supports, each with the id of its figure.
+    """Up to _MAX_FINDINGS sentences the data supports, each with the id of its figure.
 
     Only ``ok`` rows and measured values (not method "model") are compared or ranked, and only
     conclusive fits are quoted; a sentence whose numbers are missing is left out, never guessed. The
     count of cases not to rely on closes the list when there is room for it.
     """
     evidence = _evidence(frame, fits, primary, comparisons)
-    out = [f for f in (rule(evidence) for rule in RULES) if f is not None]
-    if len(out) < MAX_FINDINGS - 1:
+    out = [f for f in (rule(evidence) for rule in _RULES) if f is not None]
+    if len(out) < _MAX_FINDINGS - 1:
         closing = _not_facts(evidence)
         out += [closing] if closing else []
-    return tuple(out[:MAX_FINDINGS])
+    return tuple(out[:_MAX_FINDINGS])

@@ -36,12 +36,14 @@ from attnbench.spec import AttnSpec
 
 __all__ = [
     "ASV_METRICS",
+    "BASE_SPEC",
     "PEAK_BENCHMARK",
     "SPIKE_FACTOR",
     "decode_param",
     "flag_spikes",
     "load",
     "load_asv",
+    "UNITS",
 ]
 
 UNITS = contract.UNITS
@@ -64,12 +66,12 @@ def decode_param(value: object) -> object:
         return value
 
 
-ASV_UNCHECKED = (
+_ASV_UNCHECKED = (
     "asv results carry no disturbance check (no calibration probe around asv's rounds), so none "
     "of their times is marked noisy: a busy machine's timings read as ok here; compare them from "
     "quiet machines only"
 )
-TIMED = {m.name for m in contract.METRICS.values() if m.timed}
+_TIMED = {m.name for m in contract.METRICS.values() if m.timed}
 
 
 def _asv_status(value: object) -> str:
@@ -145,7 +147,7 @@ def load_asv(results_dir: str | Path) -> Read:
             f"{results_dir}: no result files (asv saves none without --set-commit-hash when run "
             "with --python=same)"
         )
-    notes = [f"{results_dir}: {ASV_UNCHECKED}"] if any(r["metric"] in TIMED for r in rows) else []
+    notes = [f"{results_dir}: {_ASV_UNCHECKED}"] if any(r["metric"] in _TIMED for r in rows) else []
     gate = results_dir / contract.GATE_VERDICTS
     if gate.exists():
         notes += _apply_gate(rows, gate, problems)
@@ -180,7 +182,7 @@ def _apply_gate(rows: list[dict], path: Path, problems: list[str]) -> list[str]:
     for row in rows:
         key = (row["variant"], row["seq_len"], row["mode"], row["mask"])
         if (
-            row["metric"] in TIMED
+            row["metric"] in _TIMED
             and row["commit"] in commits
             and key in undecided
             and row["status"] == Status.OK
@@ -509,7 +511,7 @@ def flag_spikes(frame: pd.DataFrame) -> int:
         return 0
     keys = pd.Series(list(ok[case].itertuples(index=False, name=None)), index=ok.index)
     # the case's rates go with its time
-    rows = ok.index[keys.isin(list(spiked)) & ok["metric"].isin(TIMED)]
+    rows = ok.index[keys.isin(list(spiked)) & ok["metric"].isin(_TIMED)]
     factors = keys.loc[rows].map(spiked)
     frame.loc[rows, "status"] = Status.NOISY
     frame.loc[rows, "reason"] = [

@@ -24,7 +24,7 @@ from attnbench.rundir_format import LOG, LOG_SCHEMA, MANIFEST, MANIFEST_SCHEMA, 
 
 __all__ = ["KEEPS_VALUES", "MAX_INPUT_BYTES", "ROOF_RATES", "flag_above_roof", "load_run"]
 
-MEMORY_METHODS = {"analytic": Method.MODEL}  # older files called the prediction "analytic"
+_MEMORY_METHODS = {"analytic": Method.MODEL}  # older files called the prediction "analytic"
 KEEPS_VALUES = (Status.OK, Status.WRONG, Status.NOISY)
 """Statuses whose values are kept as recorded (wrong and noisy ones: drawn, never fitted)."""
 
@@ -147,7 +147,7 @@ def _case_rows(m: Measurement, common: dict) -> list[dict]:
         method = metric.method
         if method.startswith("<"):
             method = getattr(m, method[1:]) or "unrecorded"
-            method = MEMORY_METHODS.get(method, method)
+            method = _MEMORY_METHODS.get(method, method)
         spread = _lenient(getattr(m, metric.spread)) if metric.spread and kept else math.nan
         # A neighbour disturbs time, never bytes or counts: a noisy case's untimed values are facts.
         status = Status.OK if m.status == Status.NOISY and not metric.timed else m.status

@@ -174,7 +174,7 @@ def primary_slice(frame: pd.DataFrame) -> dict[str, str]:
     for col in SLICE:
         if col not in rows:
             continue
-        values = as_text(rows[col])
+        values = _as_text(rows[col])
         # plain attention before grouped queries
         wanted = pick.get("heads") if col == "kv_heads" else prefer.get(col)
         choice = wanted if wanted in set(values) else values.value_counts().index[0]
@@ -183,7 +183,7 @@ def primary_slice(frame: pd.DataFrame) -> dict[str, str]:
     return pick
 
 
-def as_text(values: pd.Series) -> pd.Series:
+def _as_text(values: pd.Series) -> pd.Series:
     """A column as the text it is compared by: whole numbers without a point (8 and 8.0 alike)."""
     numbers = pd.to_numeric(values, errors="coerce")
     whole = numbers.notna() & (numbers == numbers.round())
@@ -197,7 +197,7 @@ def restrict(
     keep = pd.Series(True, index=table.index)
     for col in columns:
         if col in primary and col in table:
-            keep &= as_text(table[col]) == primary[col]
+            keep &= _as_text(table[col]) == primary[col]
     return table[keep]
 
 

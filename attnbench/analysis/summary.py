@@ -43,6 +43,7 @@ from attnbench.registry import get_variant, variant_names
 
 __all__ = [
     "Analysis",
+    "Loaded",
     "analyse",
     "exponent_summary",
     "history_commits_of",
@@ -96,7 +97,7 @@ class Analysis:
     headline: tuple[str, str] = ("", "")  # complexity.headline of ``fits``: (tone, sentence)
     largest: pd.DataFrame = field(default_factory=pd.DataFrame)  # complexity.largest_length
     memory_model: pd.DataFrame = field(default_factory=pd.DataFrame)  # complexity.memory_model
-    history: History | None = None  # the steps of a history of HISTORY_MIN_COMMITS commits or more
+    history: History | None = None  # the steps of a history of _HISTORY_MIN_COMMITS commits or more
     variant_order: tuple[str, ...] = ()  # the registry's order of variants (figures' legends)
 
     @property
@@ -147,7 +148,7 @@ def _exponent_columns(
         flags.append(f"{label} {r['verdict']}")
 
 
-SUMMARY_METRICS = (
+_SUMMARY_METRICS = (
     ("time", "time"),
     ("peak_tensor_bytes", "memory"),
     ("instructions", "instructions"),
@@ -162,7 +163,7 @@ def exponent_summary(fits: pd.DataFrame) -> pd.DataFrame:
     if fits.empty:
         return fits
     rows = []
-    shown = [(m, label) for m, label in SUMMARY_METRICS if (fits["metric"] == m).any()]
+    shown = [(m, label) for m, label in _SUMMARY_METRICS if (fits["metric"] == m).any()]
     # one row per commit in a history, and per shape when a sweep crosses shapes (GQA's Hkv, head
     # dims, batches)
     keys = [
@@ -227,21 +228,21 @@ def _constants(frame: pd.DataFrame) -> dict[str, str]:
     return constants
 
 
-HISTORY_MIN_COMMITS = 3
+_HISTORY_MIN_COMMITS = 3
 """Commits a machine's asv results need before the report shows their history's steps."""
 
 
-def history_rows(frame: pd.DataFrame) -> pd.DataFrame | None:
-    """The asv rows whose steps the report shows, or None (fewer than HISTORY_MIN_COMMITS)."""
+def _history_rows(frame: pd.DataFrame) -> pd.DataFrame | None:
+    """The asv rows whose steps the report shows, or None (fewer than _HISTORY_MIN_COMMITS)."""
     rows = frame[(frame["commit"].fillna("") != "") & frame["metric"].isin(changes.METRICS)]
-    if not len(rows) or rows.groupby("machine")["commit"].nunique().max() < HISTORY_MIN_COMMITS:
+    if not len(rows) or rows.groupby("machine")["commit"].nunique().max() < _HISTORY_MIN_COMMITS:
         return None
     return rows
 
 
 def history_commits_of(frame: pd.DataFrame) -> list[str]:
     """The commits git is asked to order for ``frame``'s history (none: no history shown)."""
-    rows = history_rows(frame) if len(frame) else None
+    rows = _history_rows(frame) if len(frame) else None
     return [] if rows is None else history_commits(rows)
 
 
@@ -283,7 +284,7 @@ def analyse(loaded: Loaded, git: GitLog | None = None) -> Analysis:
             main_fits = restrict(fits, primary, ("machine", "commit"))
     commit = decode_commit(frame, primary)
     machine = pair_decode(frame, primary, commit) if primary else frame
-    rows = history_rows(frame)
+    rows = _history_rows(frame)
     return Analysis(
         loaded=loaded,
         fits=fits,

@@ -246,9 +246,9 @@ def time_selection(subset: dict[str, str]) -> tuple[str, int]:
     return rf"{re.escape(TIME_BENCHMARK)}\('[^']*', {longest}, ", longest
 
 
-MACHINE_FILE_RETRIES = 4
+_MACHINE_FILE_RETRIES = 4
 _MACHINE_FILE_RACE = re.compile(r"Error parsing JSON in file '[^']*\.asv-machine\.json'")
-TWIN_SUFFIX = "-twin"
+_TWIN_SUFFIX = "-twin"
 """Names a second copy of asv's environment directory, for a second asv process at the same time."""
 
 
@@ -266,7 +266,7 @@ def twin_environments(env_dir: Path) -> Path:
     """
     import shutil
 
-    twin_dir = env_dir.with_name(env_dir.name + TWIN_SUFFIX)
+    twin_dir = env_dir.with_name(env_dir.name + _TWIN_SUFFIX)
     for env in (
         sorted(p for p in env_dir.iterdir() if (p / "asv-env-info.json").is_file())
         if env_dir.is_dir()
@@ -347,7 +347,7 @@ class AsvSession:
         )
         conf = _config(repo, work)
         if fresh:
-            shutil_rmtree(work / "results")
+            _shutil_rmtree(work / "results")
         if subset is None:  # the grid variables the caller set (e.g. ATTNBENCH_ASV_VARIANTS)
             subset = {k: os.environ[k] for k in contract.GRID_ENV if os.environ.get(k, "").strip()}
         # whatever they leave unset stays the CI grid's (not asv's whole grid)
@@ -440,7 +440,7 @@ class AsvSession:
                 for path in (mine / self.machine).glob(f"{commit[:8]}-*.json"):
                     path.unlink()
             merge_results([theirs], mine)
-        shutil_rmtree(theirs)
+        _shutil_rmtree(theirs)
         if other.log_file.exists():
             with open(self.log_file, "a", encoding="utf-8") as log:
                 log.write(other.log_file.read_text(encoding="utf-8", errors="replace"))
@@ -454,7 +454,7 @@ class AsvSession:
         ("Error parsing JSON"): where the home directory is shared with other asv runs, a BASE whose
         every result is missing.
         """
-        for attempt in range(MACHINE_FILE_RETRIES + 1):
+        for attempt in range(_MACHINE_FILE_RETRIES + 1):
             with open(self.log_file, "a", encoding="utf-8") as log:
                 out = _asv(
                     args,
@@ -465,7 +465,7 @@ class AsvSession:
                 )
             if out.returncode == 0 or not _MACHINE_FILE_RACE.search(f"{out.stdout}\n{out.stderr}"):
                 return out
-            if attempt < MACHINE_FILE_RETRIES:
+            if attempt < _MACHINE_FILE_RETRIES:
                 self.say(
                     "asv read ~/.asv-machine.json while it was being rewritten: "
                     f"again ({attempt + 1})"
@@ -514,7 +514,7 @@ class AsvSession:
         return load_results(self.work, self.machine, commits, self.log_file)
 
 
-def shutil_rmtree(path: Path) -> None:
+def _shutil_rmtree(path: Path) -> None:
     import shutil
 
     shutil.rmtree(path, ignore_errors=True)

@@ -17,7 +17,7 @@ __all__ = ["gpu_info", "environment"]
 
 
 @functools.lru_cache(maxsize=1)
-def cpu_model() -> str:
+def _cpu_model() -> str:
     """The CPU's model name from /proc/cpuinfo, else the platform's processor string."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -87,9 +87,11 @@ def environment(device: str = "cpu") -> Environment:
         python=platform.python_version(),
         torch=torch.__version__,
         threads=torch.get_num_threads(),
-        cpu_model=cpu_model(),
+        cpu_model=_cpu_model(),
         cpu_count=os.cpu_count() or 0,
-        device_name=gpu.get("gpu_name", cpu_model()) if device.startswith("cuda") else cpu_model(),
+        device_name=(
+            gpu.get("gpu_name", _cpu_model()) if device.startswith("cuda") else _cpu_model()
+        ),
         gpu_name=gpu.get("gpu_name", ""),
         gpu_memory_gb=gpu.get("gpu_memory_gb", ""),
         gpu_driver=gpu.get("gpu_driver", ""),
