@@ -533,20 +533,20 @@ def test_asv_pages_show_run_dates_and_short_hashes(tmp_path):
 def test_constant_columns_are_lifted_into_the_caption():
     import pandas as pd
 
-    from attnbench.report.markup import _table, lift_constants
+    from attnbench.report.markup import html_table, lift_constants
 
     df = pd.DataFrame(
         {"variant": ["a", "b"], "device": ["cpu", "cpu"], "time": [1.0, 2.0], "empty": ["", ""]}
     )
     shown, constants = lift_constants(df, keep=("variant",))
     assert list(shown.columns) == ["variant", "time"] and constants == {"device": "cpu"}
-    out = _table(df, keep=("variant",))
+    out = html_table(df, keep=("variant",))
     assert (
         "<th>device</th>" not in out
         and "Same on every row: device: cpu" in out
         and "<th>empty</th>" not in out
     )
-    assert "<th>device</th>" in _table(df, lift=False)
+    assert "<th>device</th>" in html_table(df, lift=False)
 
 
 @pytest.mark.parametrize(
@@ -1276,13 +1276,13 @@ def test_a_log_axis_within_one_decade_still_has_labelled_ticks():
     """The CI report times only L=1024: 24 and 60 ms, no power of ten between them, and the axis had no label."""
     import matplotlib.pyplot as plt
 
-    from attnbench.report.style import _unit_axis
+    from attnbench.report.style import unit_axis
 
     def labels(low: float, high: float) -> list[str]:
         fig, ax = plt.subplots()
         ax.set_yscale("log")
         ax.plot([1, 2], [low, high])
-        _unit_axis(ax, "y", "s")
+        unit_axis(ax, "y", "s")
         fig.canvas.draw()
         lo, hi = ax.get_ylim()
         shown = [

@@ -20,17 +20,38 @@ from attnbench.contract import Status
 from attnbench.report import plots
 from attnbench.report.markup import (
     Page,
-    _details,
-    _table,
-    _when,
+    collapsible,
+    html_table,
+    utc_time,
 )
 
-__all__ = ["COUNTS_CAVEAT", "RUNQUEUE_CASE"]
+__all__ = [
+    "COUNTS_CAVEAT",
+    "RUNQUEUE_CASE",
+    "accuracy_section",
+    "commits_section",
+    "compile_times_section",
+    "crossover_tables_section",
+    "demos_section",
+    "environment_section",
+    "failed_section",
+    "full_fits_section",
+    "gflops_section",
+    "instructions_section",
+    "largest_length_section",
+    "memory_model_section",
+    "page_faults_section",
+    "problems_section",
+    "provenance_section",
+    "reproduce_section",
+    "runqueue_section",
+    "speedups_section",
+]
 
 
 # ---- the details (collapsed) ---------------------------------------------------------------------
-def _gflops(page: Page) -> str:
-    return _details(
+def gflops_section(page: Page) -> str:
+    return collapsible(
         "Achieved GFLOP/s and % of the matmul peak",
         page.figure(
             "gflops",
@@ -40,7 +61,7 @@ def _gflops(page: Page) -> str:
     )
 
 
-def _page_faults(page: Page) -> str:
+def page_faults_section(page: Page) -> str:
     fig = page.figure(
         "page_faults",
         plots.scaling(page.analysis.main, "page_faults"),
@@ -49,7 +70,7 @@ def _page_faults(page: Page) -> str:
         "on a CPU part of their time is this. Fitted exponents are in the full fit table."
         + page.scope,
     )
-    return _details("Page faults per call", fig) if fig else ""
+    return collapsible("Page faults per call", fig) if fig else ""
 
 
 COUNTS_CAVEAT = (
@@ -61,7 +82,7 @@ COUNTS_CAVEAT = (
 )
 
 
-def _instructions(page: Page) -> str:
+def instructions_section(page: Page) -> str:
     fig = page.figure(
         "instructions",
         plots.scaling(page.analysis.main, "instructions"),
@@ -69,10 +90,10 @@ def _instructions(page: Page) -> str:
         + html.escape(COUNTS_CAVEAT)
         + page.scope,
     )
-    return _details("Instruction counts per call", fig) if fig else ""
+    return collapsible("Instruction counts per call", fig) if fig else ""
 
 
-def _accuracy(page: Page) -> str:
+def accuracy_section(page: Page) -> str:
     accuracy = page.figure(
         "accuracy",
         plots.error_vs_time(page.frame),
@@ -83,10 +104,10 @@ def _accuracy(page: Page) -> str:
         "bounds is its <em>mean</em> error (the variant's declared bound), and its output is "
         "checked exactly against its own kernel.",
     )
-    return _details("Accuracy of the approximate variants", accuracy) if accuracy else ""
+    return collapsible("Accuracy of the approximate variants", accuracy) if accuracy else ""
 
 
-def _speedups(page: Page) -> str:
+def speedups_section(page: Page) -> str:
     speedups = "".join(
         page.figure(
             f"speedup_{b}",
@@ -96,30 +117,32 @@ def _speedups(page: Page) -> str:
         )
         for b in ("loop", "batched")
     )
-    return _details("Speedup per variant and length (heatmaps)", speedups) if speedups else ""
+    return collapsible("Speedup per variant and length (heatmaps)", speedups) if speedups else ""
 
 
-def _crossover_tables(page: Page) -> str:
+def crossover_tables_section(page: Page) -> str:
     tables = "".join(
         f"<h3>{m}</h3>"
-        + _table(t, formats={"ratio_at_longest": lambda v: fmt(float(v), "x")}, keep=("variant",))
+        + html_table(
+            t, formats={"ratio_at_longest": lambda v: fmt(float(v), "x")}, keep=("variant",)
+        )
         for m, t in page.analysis.crossovers.items()
     )
     intro = (
         "<p>Smallest length from which a variant stays faster (or smaller) than the baseline at "
         "every longer length measured; ratio = baseline / variant at the longest common length.</p>"
     )
-    return _details("Crossover tables", intro + tables)
+    return collapsible("Crossover tables", intro + tables)
 
 
-def _largest_length(page: Page) -> str:
-    return _details(
+def largest_length_section(page: Page) -> str:
+    return collapsible(
         "Largest length within budget",
-        _table(page.analysis.largest, keep=("variant",)),
+        html_table(page.analysis.largest, keep=("variant",)),
     )
 
 
-def _memory_model(page: Page) -> str:
+def memory_model_section(page: Page) -> str:
     mm = page.analysis.memory_model
     mib = lambda v: fmt(float(v) * 2**20, "bytes")  # noqa: E731
     ratio = lambda v: fmt(float(v), "x")  # noqa: E731
@@ -127,32 +150,32 @@ def _memory_model(page: Page) -> str:
     if len(mm):
         mm = mm.rename(columns={"predicted_MiB": "predicted", "measured_MiB": "measured"})
         mm_fmt = {"predicted": mib, "measured": mib, "measured/predicted": ratio}
-    return _details(
+    return collapsible(
         "Memory model: predicted vs measured",
         "<p>Measurements only (method profiler / cuda): cases whose "
         "memory was itself the model's prediction are not compared with it.</p>"
-        + _table(mm, formats=mm_fmt, keep=("variant",)),
+        + html_table(mm, formats=mm_fmt, keep=("variant",)),
     )
 
 
-def _provenance(page: Page) -> str:
-    return _details(
+def provenance_section(page: Page) -> str:
+    return collapsible(
         "SDPA kernel provenance",
         "<p>The backend each SDPA-backed case asked for, and the kernel the "
         "profiler saw run. A fallback to <code>math</code> costs O(n²) memory.</p>"
-        + _table(provenance(page.frame), keep=("variant",)),
+        + html_table(provenance(page.frame), keep=("variant",)),
     )
 
 
-def _compile_times(page: Page) -> str:
+def compile_times_section(page: Page) -> str:
     frame = page.frame
     rows = frame[(frame["metric"] == "compile_time") & (frame["status"] == Status.OK)]
     if not len(rows):
         return ""
     cols = ["machine", "device", "variant", "seq_len", "dtype", "mode", "value"]
-    return _details(
+    return collapsible(
         "Compilation time (outside every timed region)",
-        _table(
+        html_table(
             rows[cols].rename(columns={"value": "compile time"}),
             formats={"compile time": lambda v: fmt(float(v), "s")},
             keep=("variant",),
@@ -167,7 +190,7 @@ RUNQUEUE_CASE = contract.case_columns(
 """The tidy columns that name one case of the run-queue table."""
 
 
-def _runqueue(page: Page) -> str:
+def runqueue_section(page: Page) -> str:
     """How much a neighbour had the timing thread's core per case (runs that read the wait)."""
     frame = page.frame
     waited = frame[frame["metric"] == "waited_blocks"]
@@ -195,12 +218,12 @@ def _runqueue(page: Page) -> str:
         "thread. A case is <code>noisy</code> when too few undisturbed blocks were left within "
         "its retry budget.</p>"
     )
-    return _details(
-        "Run-queue wait per case", intro + _table(table, formats=percent, keep=("variant",))
+    return collapsible(
+        "Run-queue wait per case", intro + html_table(table, formats=percent, keep=("variant",))
     )
 
 
-def _commits(page: Page) -> str:
+def commits_section(page: Page) -> str:
     frame = page.frame
     commits = (
         frame[frame["commit"] != ""]
@@ -211,28 +234,30 @@ def _commits(page: Page) -> str:
         return ""
     commits = commits.sort_values("commit_date").reset_index()
     commits["commit"] = commits["commit"].map(short_hash)
-    return _details(
+    return collapsible(
         "Commits",
-        _table(
+        html_table(
             commits.rename(columns={"commit_date": "commit date", "run_date": "run date"}),
-            formats={"commit date": _when, "run date": _when},
+            formats={"commit date": utc_time, "run date": utc_time},
             keep=("commit",),
         ),
     )
 
 
-def _failed(page: Page) -> str:
+def failed_section(page: Page) -> str:
     frame = page.frame
     bad = frame[(frame["status"] != Status.OK) & (frame["metric"] == "time")]
     cols = ["origin", "machine", "variant", "seq_len", "device", "mode", "status", "reason"]
-    return _details(
+    return collapsible(
         f"Skipped and failed cases ({len(bad)})",
-        _table(bad[[c for c in cols if c in bad]].drop_duplicates(), keep=("variant", "status")),
+        html_table(
+            bad[[c for c in cols if c in bad]].drop_duplicates(), keep=("variant", "status")
+        ),
         ident="problems",
     )
 
 
-def _environment(page: Page) -> str:
+def environment_section(page: Page) -> str:
     frame = page.frame
 
     def values(col: str, short: bool = False) -> str:
@@ -254,21 +279,25 @@ def _environment(page: Page) -> str:
         ("matmul peak", ", ".join(fmt(float(p), "GFLOP/s") for p in sorted(peaks)) or "-"),
         (
             "run dates",
-            _when(frame["run_date"].min())
-            + (f" to {_when(frame['run_date'].max())}" if frame["run_date"].nunique() > 1 else ""),
+            utc_time(frame["run_date"].min())
+            + (
+                f" to {utc_time(frame['run_date'].max())}"
+                if frame["run_date"].nunique() > 1
+                else ""
+            ),
         ),
         ("commits", values("commit", short=True)),
         ("sources", ", ".join(page.analysis.loaded.sources)),
     ]
     body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
-    return _details("Environment", f'<table class="meta">{body}</table>')
+    return collapsible("Environment", f'<table class="meta">{body}</table>')
 
 
-def _problems(page: Page) -> str:
+def problems_section(page: Page) -> str:
     problems = page.analysis.loaded.problems
     if not problems:
         return ""
-    return _details(
+    return collapsible(
         f"Problems with the inputs ({len(problems)})",
         "<ul>" + "".join(f"<li>{html.escape(p)}</li>" for p in problems) + "</ul>",
     )
@@ -300,7 +329,7 @@ def _fmt_fit(row: pd.Series) -> str:
     )
 
 
-def _full_fits(page: Page) -> str:
+def full_fits_section(page: Page) -> str:
     full = page.analysis.fits.copy()
     if len(full):
         full.insert(0, "fit", full.apply(_fmt_fit, axis=1))
@@ -319,10 +348,10 @@ def _full_fits(page: Page) -> str:
                 if c in full
             ]
         )
-    return _details("Full fit table", _table(full, keep=("variant", "metric")))
+    return collapsible("Full fit table", html_table(full, keep=("variant", "metric")))
 
 
-def _demos(page: Page) -> str:
+def demos_section(page: Page) -> str:
     if not page.demos:
         return ""
     nw_panels, nw = teaching.nadaraya_watson()
@@ -339,10 +368,10 @@ def _demos(page: Page) -> str:
         "Attention weights computed by the variants themselves (v = I) under a causal mask, a "
         "sliding window and a block-sparse pattern.",
     )
-    return _details("Teaching demos: attention weights", nw_fig + masked)
+    return collapsible("Teaching demos: attention weights", nw_fig + masked)
 
 
-def _reproduce(page: Page) -> str:
+def reproduce_section(page: Page) -> str:
     text = (
         "<p>Sweep and report: <code>attnbench run</code>; from asv results: <code>asv run</code> "
         "then <code>attnbench report --from .asv/results</code>; two runs side by side: "
@@ -350,4 +379,4 @@ def _reproduce(page: Page) -> str:
         "<code>--demos</code>. Tidy data: <code>tidy.csv</code>; fits: <code>fits.csv</code> "
         "(beside this page); inputs that could not be used: <code>problems.json</code>.</p>"
     )
-    return _details("Reproduce", text)
+    return collapsible("Reproduce", text)

@@ -30,12 +30,12 @@ from attnbench.contract import (  # noqa: E402
 )
 from attnbench.report.style import (
     WRONG_COLOUR,
-    _end_labels,
-    _length_axis,
-    _ok,
-    _palette,
-    _unit_axis,
     colour,
+    end_labels,
+    family_palette,
+    length_axis,
+    measured_rows,
+    unit_axis,
 )
 
 __all__ = [
@@ -53,7 +53,7 @@ REGRESSION_COLOUR, IMPROVEMENT_COLOUR = WRONG_COLOUR, "#1b5e20"
 
 def history(frame: pd.DataFrame, metric: str = "time") -> plt.Figure | None:
     """Value per commit (ordered by commit date) for each variant at a few lengths."""
-    df = _ok(frame, metric)
+    df = measured_rows(frame, metric)
     df = df[(df["commit"] != "") & (df["seq_len"] == df["seq_len_k"])]
     if df["commit"].nunique() < 3:  # two commits: the comparison figure says more
         return None
@@ -62,7 +62,7 @@ def history(frame: pd.DataFrame, metric: str = "time") -> plt.Figure | None:
     lengths = sorted(df["seq_len"].unique())
     pick = [n for n in lengths if n in (min(lengths), 1024, max(lengths))] or lengths[-1:]
     df = df[df["seq_len"].isin(pick)]
-    palette = _palette(df["variant"].unique().tolist())
+    palette = family_palette(df["variant"].unique().tolist())
     grid = sns.relplot(
         data=df,
         x="commit_short",
@@ -82,7 +82,7 @@ def history(frame: pd.DataFrame, metric: str = "time") -> plt.Figure | None:
         ax.set_xticks(range(len(short)))
         ax.set_xticklabels(short, rotation=45, ha="right", fontsize=8)
         ax.set_yscale("log")
-        _unit_axis(ax, "y", UNITS.get(metric, ""))
+        unit_axis(ax, "y", UNITS.get(metric, ""))
     grid.set_axis_labels("commit (oldest to newest)", LABELS.get(metric, metric))
     grid.figure.suptitle(f"{metric} history over commits", y=1.03)
     return grid.figure
@@ -90,7 +90,7 @@ def history(frame: pd.DataFrame, metric: str = "time") -> plt.Figure | None:
 
 def machines(frame: pd.DataFrame, metric: str = "time") -> plt.Figure | None:
     """Side by side per machine (e.g. a CPU box and a GPU box)."""
-    df = _ok(frame, metric)
+    df = measured_rows(frame, metric)
     if df["machine"].nunique() < 2:
         return None
     df = df[df["seq_len"] == df["seq_len_k"]]
@@ -105,12 +105,12 @@ def machines(frame: pd.DataFrame, metric: str = "time") -> plt.Figure | None:
         marker="o",
         height=3.6,
         aspect=1.2,
-        palette=_palette(df["variant"].unique().tolist()),
+        palette=family_palette(df["variant"].unique().tolist()),
     )
     grid.set(yscale="log", xlabel="sequence length L", ylabel=LABELS.get(metric, metric))
     for ax in grid.axes.flat:
-        _length_axis(ax, df["seq_len"].unique())
-        _unit_axis(ax, "y", UNITS.get(metric, ""))
+        length_axis(ax, df["seq_len"].unique())
+        unit_axis(ax, "y", UNITS.get(metric, ""))
     grid.figure.suptitle(f"{metric} by machine", y=1.03)
     return grid.figure
 
@@ -141,8 +141,8 @@ def comparison(ratios: pd.DataFrame, label_a: str, label_b: str) -> plt.Figure |
     ]
     ax.set_yticks(ticks, [fmt(t, "x") for t in ticks])
     ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-    _length_axis(ax, ratios["seq_len"].unique())
-    _end_labels(ax, ends)
+    length_axis(ax, ratios["seq_len"].unique())
+    end_labels(ax, ends)
     ax.set_xlim(right=ratios["seq_len"].max() * 2.2)
     ax.set(xlabel="sequence length L", ylabel="time ratio B / A")
     ax.set_title(

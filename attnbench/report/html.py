@@ -32,35 +32,35 @@ from attnbench.io import atomic_write, atomic_write_text
 from attnbench.report import history_plots, plots, style
 from attnbench.report.details import (
     COUNTS_CAVEAT,
-    _accuracy,
-    _commits,
-    _compile_times,
-    _crossover_tables,
-    _demos,
-    _environment,
-    _failed,
-    _full_fits,
-    _gflops,
-    _instructions,
-    _largest_length,
-    _memory_model,
-    _page_faults,
-    _problems,
-    _provenance,
-    _reproduce,
-    _runqueue,
-    _speedups,
+    accuracy_section,
+    commits_section,
+    compile_times_section,
+    crossover_tables_section,
+    demos_section,
+    environment_section,
+    failed_section,
+    full_fits_section,
+    gflops_section,
+    instructions_section,
+    largest_length_section,
+    memory_model_section,
+    page_faults_section,
+    problems_section,
+    provenance_section,
+    reproduce_section,
+    runqueue_section,
+    speedups_section,
 )
 from attnbench.report.markup import (
     Page,
     ReportOutcome,
-    _code,
-    _details,
-    _figure,
-    _html_page,
-    _rst_to_html,
-    _table,
-    _when,
+    collapsible,
+    figure_in,
+    html_table,
+    inline_code,
+    rst_to_html,
+    utc_time,
+    whole_page,
 )
 
 __all__ = [
@@ -189,9 +189,9 @@ def _findings(page: Page) -> str:
     where = analysis.primary
     scope = ", ".join(f"{where[k]}" for k in ("device", "mode", "dtype") if k in where)
     items = "".join(
-        f'<li>{_code(f.text)} <a href="#{f.target}">[figure]</a></li>'
+        f'<li>{inline_code(f.text)} <a href="#{f.target}">[figure]</a></li>'
         if f.target.startswith("fig")
-        else f'<li>{_code(f.text)} <a href="#{f.target}">[details]</a></li>'
+        else f'<li>{inline_code(f.text)} <a href="#{f.target}">[details]</a></li>'
         for f in analysis.findings
     )
     return (
@@ -386,9 +386,9 @@ def _roofline(page: Page) -> str:
     return (
         '<section id="roofline-s"><h2>Roofline: prefill and decode against the measured roofs</h2>'
         + fig
-        + _details(
+        + collapsible(
             f"% of the binding roof per case ({len(shown)})",
-            _roof_note(table) + _table(shown, formats=formats, keep=("variant",)),
+            _roof_note(table) + html_table(shown, formats=formats, keep=("variant",)),
         )
         + "</section>"
     )
@@ -406,7 +406,7 @@ def _headline(frame: pd.DataFrame, headline: tuple[str, str]) -> str:
         return f'<p class="{tone}">{html.escape(text)}</p>'
     items = rest.rstrip(".").split("), ")
     listed = "".join(f"<li>{html.escape(i if i.endswith(')') else i + ')')}</li>" for i in items)
-    return f'<p class="{tone}">{html.escape(head)}; {len(items)} inconclusive.</p>' + _details(
+    return f'<p class="{tone}">{html.escape(head)}; {len(items)} inconclusive.</p>' + collapsible(
         f"Inconclusive fits ({len(items)}) and why", f"<ul>{listed}</ul>"
     )
 
@@ -421,9 +421,9 @@ def _exponents(page: Page) -> str:
     return (
         '<section id="exponents"><h2>Fitted exponents: the O(n²) claim in numbers</h2>'
         + _headline(page.frame, page.analysis.headline)
-        + _table(page.analysis.summary, keep=("variant",))
+        + html_table(page.analysis.summary, keep=("variant",))
         + caveat
-        + _details("How the exponents are fitted", f"<p>{_rst_to_html(complexity.FIT_RULE)}</p>")
+        + collapsible("How the exponents are fitted", f"<p>{rst_to_html(complexity.FIT_RULE)}</p>")
         + "</section>"
     )
 
@@ -454,7 +454,7 @@ def _wrong(page: Page) -> str:
         '<h2 class="bad">Wrong results: cases that failed the correctness gate</h2>'
         '<p class="bad">These cases produced output outside their tolerance. They are left out '
         "of the fits, crossovers, rankings and speedup figures; their timings are not claims.</p>"
-        f'<div class="bad">{_table(wrong, keep=("variant",))}</div>'
+        f'<div class="bad">{html_table(wrong, keep=("variant",))}</div>'
     )
 
 
@@ -464,7 +464,7 @@ def _ratio_table(ratios: pd.DataFrame) -> str:
     table.columns = [f"L={c}" for c in table.columns]
     table = table.reset_index()
     fmt_x = {c: (lambda v: fmt(float(v), "x")) for c in table.columns if c != "variant"}
-    return _table(table, formats=fmt_x, lift=False)
+    return html_table(table, formats=fmt_x, lift=False)
 
 
 def _comparison_ratios(page: Page) -> list[str]:
@@ -502,7 +502,9 @@ def _comparison(page: Page) -> str:
         out.append(
             "<p>What was compared (run dates are when the measurements ran; commit dates are "
             "asv's):</p>"
-            + _table(sides, keep=("side",), formats={"run date": _when, "commit date": _when})
+            + html_table(
+                sides, keep=("side",), formats={"run date": utc_time, "commit date": utc_time}
+            )
         )
     out += _comparison_ratios(page)
     out.append(
@@ -594,7 +596,7 @@ def history_section(history: changes.History, fig_dir: Path) -> str:
     figures = _history_figures(history, fig_dir)
     return (
         f'<section id="history"><h2>Steps in the history</h2>{_history_table(history, caption)}'
-        + _details(
+        + collapsible(
             f"History figures ({sum(1 for f in figures if f)})",
             "".join(figures),
             open_=bool(len(history.steps)),
@@ -619,7 +621,7 @@ def _history_table(history: changes.History, caption: str) -> str:
     # "commit" would be cut short
     return (
         lead
-        + _table(shown.rename(columns={"commit": "commit(s)"}), lift=False)
+        + html_table(shown.rename(columns={"commit": "commit(s)"}), lift=False)
         + f'<p class="sub">{caption}</p>'
     )
 
@@ -638,7 +640,7 @@ def _history_figures(history: changes.History, fig_dir: Path) -> list[str]:
         )
         name = "history_" + re.sub(r"[^A-Za-z0-9]+", "_", f"{case['machine']} {label}").strip("_")
         figures.append(
-            _figure(
+            figure_in(
                 fig_dir,
                 name,
                 history_plots.case_history(
@@ -665,7 +667,7 @@ def render_history(
     with style.drawing():
         section = history_section(history, out_dir / "figures")
     atomic_write(out_dir / "steps.csv", lambda tmp: history.steps.to_csv(tmp, index=False))
-    return atomic_write_text(out_dir / "history.html", _html_page(title, section, generated))
+    return atomic_write_text(out_dir / "history.html", whole_page(title, section, generated))
 
 
 Section = Callable[[Page], str]
@@ -682,23 +684,28 @@ BODY: tuple[Section, ...] = (_exponents, _wrong)
 """Visible whatever loaded (the exponents section says when nothing did)."""
 COMPARED: tuple[Section, ...] = (_gate_growth, _comparison, _history)
 DETAILS: tuple[Section, ...] = (
-    _gflops,
-    _instructions,
-    _page_faults,
-    _accuracy,
-    _speedups,
-    _crossover_tables,
-    _largest_length,
-    _memory_model,
-    _provenance,
-    _compile_times,
-    _runqueue,
-    _commits,
-    _failed,
-    _environment,
+    gflops_section,
+    instructions_section,
+    page_faults_section,
+    accuracy_section,
+    speedups_section,
+    crossover_tables_section,
+    largest_length_section,
+    memory_model_section,
+    provenance_section,
+    compile_times_section,
+    runqueue_section,
+    commits_section,
+    failed_section,
+    environment_section,
 )
 """The collapsed sections, drawn when anything loaded."""
-CLOSING: tuple[Section, ...] = (_problems, _full_fits, _demos, _reproduce)
+CLOSING: tuple[Section, ...] = (
+    problems_section,
+    full_fits_section,
+    demos_section,
+    reproduce_section,
+)
 """The last collapsed sections, whatever loaded."""
 
 
@@ -722,7 +729,7 @@ def render(
         body = [s(page) for s in ((*STORY, *BODY, *COMPARED) if anything else BODY)]
         details = [s(page) for s in ((*DETAILS, *CLOSING) if anything else CLOSING)]
     generated = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    html_page = _html_page(
+    html_page = whole_page(
         title,
         _subtitle(analysis)
         + _inputs_notes(analysis)

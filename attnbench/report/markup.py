@@ -27,10 +27,17 @@ __all__ = [
     "CSS",
     "SORT_JS",
     "WRAP_AT",
+    "collapsible",
+    "exact_integer",
+    "figure_in",
+    "html_table",
+    "inline_code",
+    "lift_constants",
     "Page",
     "ReportOutcome",
-    "exact_integer",
-    "lift_constants",
+    "rst_to_html",
+    "utc_time",
+    "whole_page",
 ]
 
 CSS = (
@@ -96,7 +103,7 @@ def _fig_to_files(fig: plt.Figure, stem: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
-def _rst_to_html(text: str) -> str:
+def rst_to_html(text: str) -> str:
     """Escape a paragraph of reStructuredText and render its ``literals`` and *emphasis*.
 
     The paragraph is one such as :data:`complexity.FIT_RULE`; line breaks are spaces.
@@ -184,7 +191,7 @@ def _cell(value: object, formatter: Callable[[object], str] | None) -> str:
     return f"<td{sort}{wrap}>{html.escape(text)}</td>"
 
 
-def _table(
+def html_table(
     df: pd.DataFrame | None,
     max_rows: int = 400,
     formats: dict[str, Callable[[object], str]] | None = None,
@@ -224,12 +231,12 @@ def _table(
     )
 
 
-def _details(summary: str, body: str, open_: bool = False, ident: str = "") -> str:
+def collapsible(summary: str, body: str, open_: bool = False, ident: str = "") -> str:
     attr = f' id="{ident}"' if ident else ""
     return f"<details{attr}{' open' if open_ else ''}><summary>{summary}</summary>{body}</details>"
 
 
-def _html_page(title: str, body: str, generated: str) -> str:
+def whole_page(title: str, body: str, generated: str) -> str:
     """A whole page: ``title`` as its title and heading, then ``body``.
 
     After the body come the time it was ``generated`` and the script that sorts its tables.
@@ -242,7 +249,7 @@ def _html_page(title: str, body: str, generated: str) -> str:
     )
 
 
-def _when(stamp: object) -> str:
+def utc_time(stamp: object) -> str:
     return (
         f"{stamp:%Y-%m-%d %H:%M} UTC"
         if isinstance(stamp, pd.Timestamp) and not pd.isna(stamp)
@@ -283,10 +290,10 @@ class Page:
 
     def figure(self, name: str, fig: plt.Figure | None, caption: str, css: str = "") -> str:
         """The figure ``fig-<name>`` (PNG, SVG beside the page) and its caption; "" for none."""
-        return _figure(self.fig_dir, name, fig, caption, css)
+        return figure_in(self.fig_dir, name, fig, caption, css)
 
 
-def _figure(fig_dir: Path, name: str, fig: plt.Figure | None, caption: str, css: str = "") -> str:
+def figure_in(fig_dir: Path, name: str, fig: plt.Figure | None, caption: str, css: str = "") -> str:
     """:meth:`Page.figure` for any folder of figures (the history page has no :class:`Page`)."""
     if fig is None:
         return ""
@@ -298,6 +305,6 @@ def _figure(fig_dir: Path, name: str, fig: plt.Figure | None, caption: str, css:
     )
 
 
-def _code(text: str) -> str:
+def inline_code(text: str) -> str:
     """Escape, then turn `name` into <code>name</code>."""
     return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))

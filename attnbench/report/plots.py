@@ -39,16 +39,16 @@ from attnbench.report.style import (
     LABEL_POINTS,
     SHAPE_TAGS,
     WRONG_COLOUR,
-    _end_labels,
-    _facet_axes,
-    _guides,
-    _length_axis,
-    _ok,
-    _palette,
-    _spread_bars,
-    _unit_axis,
     colour,
+    draw_guides,
+    end_labels,
+    facet_axes,
+    family_palette,
+    length_axis,
+    measured_rows,
     series,
+    spread_bars,
+    unit_axis,
     variant_names,
 )
 
@@ -72,7 +72,7 @@ if TYPE_CHECKING:
 
 def _scaling_rows(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
     """``metric``'s median and spread per device, mode, family, series and L (ok, Lq = Lk, > 0)."""
-    df = _ok(frame, metric)
+    df = measured_rows(frame, metric)
     # a log axis shows no zero (0 GFLOP/s of a failed case)
     df = df[(df["seq_len"] == df["seq_len_k"]) & (df["value"] > 0)]
     if df.empty:
@@ -92,25 +92,25 @@ def _scaling_panel(
     positive = df["value"][df["value"] > 0]
     if len(positive):  # the data set the range; guides beyond it are clipped
         ax.set_ylim(positive.min() / 2, positive.max() * 2)
-    _length_axis(ax, df["seq_len"].unique())
+    length_axis(ax, df["seq_len"].unique())
     # room for the line-end labels
     ax.set_xlim(df["seq_len"].min() / 1.3, df["seq_len"].max() * 4.5)
     ax.tick_params(labelbottom=True)
-    _unit_axis(ax, "y", unit)
+    unit_axis(ax, "y", unit)
     ax.set_xlabel("sequence length L")
     if sub.empty:
         return
     ends = {}
     if guides:
         lengths = sub["seq_len"].to_numpy(float)
-        ends = _guides(ax, lengths, sub[sub["seq_len"] == lengths.min()]["value"].median())
+        ends = draw_guides(ax, lengths, sub[sub["seq_len"] == lengths.min()]["value"].median())
         if len(positive):
             ax.set_ylim(positive.min() / 2, positive.max() * 2)
     for variant, s in sub.groupby("variant"):
         s = s.sort_values("seq_len")
-        _spread_bars(ax, s["seq_len"], s["value"], s["spread"], colour(variant))
+        spread_bars(ax, s["seq_len"], s["value"], s["spread"], colour(variant))
         ends[variant] = (float(s["seq_len"].iloc[-1]), float(s["value"].iloc[-1]))
-    _end_labels(ax, ends)
+    end_labels(ax, ends)
     ax.set_title(title, fontsize=10)
 
 
@@ -177,7 +177,7 @@ def scaling(
     row = "where" if df["where"].nunique() > 1 else None
     families = [f for f in [*FAMILIES, OTHER_FAMILY] if f in set(df["family"])]
     col = "family" if len(families) > 1 else None
-    palette = _palette(df["variant"].unique().tolist())
+    palette = family_palette(df["variant"].unique().tolist())
     grid = sns.relplot(
         data=df,
         x="seq_len",
@@ -200,7 +200,7 @@ def scaling(
         facet_kws={"sharey": True, "sharex": True},
     )
     grid.set(yscale="log")
-    axes = _facet_axes(grid, row, col)
+    axes = facet_axes(grid, row, col)
     for (rv, cv), ax in axes.items():
         keep = pd.Series(True, index=df.index)
         keep &= (df["where"] == rv) if row else True
@@ -329,7 +329,7 @@ def _progression_panel(
         s = rows.groupby("seq_len")[["value", "spread"]].median()
         shade = shades.get(variant) or colour(variant)
         ax.plot(s.index, s["value"], marker="o", ms=4, lw=2, color=shade, ls=":" if model else "-")
-        _spread_bars(ax, s.index.to_series(), s["value"], s["spread"], shade)
+        spread_bars(ax, s.index.to_series(), s["value"], s["spread"], shade)
         colours[name] = shade
         ends[name] = (float(s.index[-1]), float(s["value"].iloc[-1]))
         own = _series_fits(fits, df, rows)  # fits are per variant of one shape
@@ -338,9 +338,9 @@ def _progression_panel(
             _mark_crossover(ax, own, variant, s, shade)
         text[name] = f"{name}  {label}" if label else name
     ax.set_yscale("log")
-    _length_axis(ax, lengths)
-    _unit_axis(ax, "y", UNITS.get(metric, ""))
-    _end_labels(ax, ends, text, colours)
+    length_axis(ax, lengths)
+    unit_axis(ax, "y", UNITS.get(metric, ""))
+    end_labels(ax, ends, text, colours)
     ax.set_xlim(right=max(lengths) * 2.6 if lengths else None)
     ax.set(xlabel="sequence length L", ylabel=LABELS[metric])
     ax.set_title(
@@ -361,7 +361,7 @@ def progression(
     """
     panels = []
     for metric in ("time", "peak_tensor_bytes"):
-        df = _ok(frame, metric)
+        df = measured_rows(frame, metric)
         df = df[(df["seq_len"] == df["seq_len_k"]) & df["variant"].isin(variants)]
         if "mode" in df and (df["mode"] == "forward").any():
             df = df[df["mode"] == "forward"]
@@ -555,7 +555,7 @@ def prefill_vs_decode(frame: pd.DataFrame, fits: pd.DataFrame | None = None) -> 
     each line's end says its fitted slope ("L^1.01") when the fit is conclusive, as the headline
     figure does. Decode time is per call of one query row: the time to generate one token.
     """
-    df = _ok(frame, "time")
+    df = measured_rows(frame, "time")
     if "method" in df:
         df = df[df["method"] != Method.MODEL]
     if df.empty or "workload" not in df or not (df["workload"] == "decode").any():
@@ -590,10 +590,10 @@ def prefill_vs_decode(frame: pd.DataFrame, fits: pd.DataFrame | None = None) -> 
             text[variant] = f"{variant}  {label}" if label else variant
         ax.set_yscale("log")
         if len(sub):
-            _length_axis(ax, sub["length"].unique())
+            length_axis(ax, sub["length"].unique())
             ax.set_xlim(sub["length"].min() / 1.3, sub["length"].max() * 3.2)
-        _unit_axis(ax, "y", "s")
-        _end_labels(ax, ends, text)
+        unit_axis(ax, "y", "s")
+        end_labels(ax, ends, text)
         if workload == "decode":
             ax.set(
                 xlabel="context length Lk (KV cache), one query", ylabel="time per generated token"
@@ -715,7 +715,7 @@ def speedup_heatmap(frame: pd.DataFrame, baseline: str) -> plt.Figure | None:
     The colour scale is log10 of the ratio centred at 1x and clipped at 1000x either way, so one
     extreme ratio does not make 0.5x and 2x look alike.
     """
-    df = _ok(frame, "time")
+    df = measured_rows(frame, "time")
     df = df[(df["mode"] == "forward") & (df["seq_len"] == df["seq_len_k"])]
     table = df.pivot_table(index="variant", columns="seq_len", values="value", aggfunc="median")
     if baseline not in table.index:
@@ -765,11 +765,11 @@ def speedup_heatmap(frame: pd.DataFrame, baseline: str) -> plt.Figure | None:
 
 def error_vs_time(frame: pd.DataFrame) -> plt.Figure | None:
     """Approximate variants' error against exact softmax attention vs time, points labelled by L."""
-    err = _ok(frame, "softmax_error")
+    err = measured_rows(frame, "softmax_error")
     if err.empty:
         return None
     keys = ["source", "machine", "device", "mode", "variant", "seq_len"]
-    time = _ok(frame, "time")[keys + ["value"]].rename(columns={"value": "time"})
+    time = measured_rows(frame, "time")[keys + ["value"]].rename(columns={"value": "time"})
     df = err.merge(time, on=keys)
     if df.empty:
         return None
@@ -791,7 +791,7 @@ def error_vs_time(frame: pd.DataFrame) -> plt.Figure | None:
         xlabel="median time per call",
         ylabel="max |out - exact softmax attention|",
     )
-    _unit_axis(ax, "x", "s")
+    unit_axis(ax, "x", "s")
     # labels in a narrow decade
     ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     # plain, not "2.9x10^0"

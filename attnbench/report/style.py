@@ -38,8 +38,16 @@ __all__ = [
     "THEME",
     "WRONG_COLOUR",
     "colour",
+    "draw_guides",
     "drawing",
+    "end_labels",
+    "facet_axes",
+    "family_palette",
+    "length_axis",
+    "measured_rows",
     "series",
+    "spread_bars",
+    "unit_axis",
     "variant_names",
 ]
 
@@ -144,7 +152,7 @@ def colour(variant: str) -> tuple[float, float, float, float]:
     return tuple(plt.get_cmap(cmap)(shade))
 
 
-def _ok(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
+def measured_rows(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
     """Rows of one metric that measured something, with plain int lengths.
 
     seaborn's legends cannot handle pandas' nullable Int64.
@@ -157,14 +165,14 @@ def _ok(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
     return df
 
 
-def _palette(variants: list[str]) -> dict[str, tuple]:
+def family_palette(variants: list[str]) -> dict[str, tuple]:
     """Family colours (see :func:`colour`) in registry order."""
     order = [v for v in variant_names() if v in variants]
     order += sorted(v for v in set(variants) - set(order))
     return {v: colour(v) for v in order}
 
 
-def _unit_axis(ax, axis: str, unit: str) -> None:
+def unit_axis(ax, axis: str, unit: str) -> None:
     """Tick labels in readable units (log axes): 1 ms, 10 MB, ..."""
     if unit not in ("s", "bytes"):
         return
@@ -181,7 +189,7 @@ def _unit_axis(ax, axis: str, unit: str) -> None:
     scale.set_minor_formatter(matplotlib.ticker.FuncFormatter(minor))
 
 
-def _length_axis(ax, lengths) -> None:
+def length_axis(ax, lengths) -> None:
     """Log x axis with the measured lengths as plain tick labels (no 3x10^2 collisions)."""
     ticks = sorted({int(n) for n in lengths})
     ax.set_xscale("log", base=2)
@@ -196,7 +204,7 @@ LABEL_POINTS = 7.5  # font size of line-end labels
 GUIDE_COLOUR = "0.45"
 
 
-def _end_labels(
+def end_labels(
     ax,
     ends: dict[str, tuple[float, float]],
     text: dict[str, str] | None = None,
@@ -240,7 +248,7 @@ def _end_labels(
         )
 
 
-def _spread_bars(ax, x: pd.Series, y: pd.Series, spread: pd.Series, colour: tuple) -> None:
+def spread_bars(ax, x: pd.Series, y: pd.Series, spread: pd.Series, colour: tuple) -> None:
     """Each point's IQR (``spread``, centred on the median) as a bar; none where it is unknown."""
     known = spread.notna() & (spread > 0)
     if known.any():
@@ -260,12 +268,12 @@ def _spread_bars(ax, x: pd.Series, y: pd.Series, spread: pd.Series, colour: tupl
         )
 
 
-def _guides(
+def draw_guides(
     ax, lengths: np.ndarray, anchor: float, exponents: tuple[float, ...] = (1.0, 2.0)
 ) -> dict[str, tuple[float, float]]:
     """Dashed O(n^p) lines through ``anchor`` at the shortest length; returns their names' places.
 
-    The places, of the ones that end inside the axes, are for :func:`_end_labels`: the guides'
+    The places, of the ones that end inside the axes, are for :func:`end_labels`: the guides'
     names are spread with the lines' own, never on them.
     """
     x = np.array([lengths.min(), lengths.max()], dtype=float)
@@ -279,7 +287,7 @@ def _guides(
     return ends
 
 
-def _facet_axes(grid, row: str | None, col: str | None) -> dict:
+def facet_axes(grid, row: str | None, col: str | None) -> dict:
     """``{(row value, col value): ax}`` of a relplot grid (``None``: an absent facet)."""
     if row is None and col is None:
         return {(None, None): grid.ax}

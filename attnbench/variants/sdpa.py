@@ -31,7 +31,12 @@ from attnbench.mask_mods import MaskMod
 from attnbench.spec import MaskForm
 from attnbench.variants.base import GqaMode, Variant
 
-__all__ = ["hand_table_only", "kernel_tiles", "SDPA"]
+__all__ = [
+    "CPU_FLASH_OPS",
+    "SDPA",
+    "hand_table_only",
+    "kernel_tiles",
+]
 
 _BACKENDS: dict[str, SDPBackend | None] = {
     "auto": None,
@@ -167,7 +172,7 @@ def kernel_tiles(backend: str, pass_: str, head_dim: int) -> tuple[int, int] | N
     return None
 
 
-_CPU_FLASH_OPS = frozenset(
+CPU_FLASH_OPS = frozenset(
     {
         "aten._scaled_dot_product_flash_attention_for_cpu",
         "aten._scaled_dot_product_flash_attention_for_cpu_backward",
@@ -213,7 +218,7 @@ class SDPA(Variant):
         self.memory_exponent = 1.0 if fused or backend == "auto" else 2.0
         self.SCORE_BUFFERS = 0.0 if fused or backend == "auto" else 2.0
         self.RECOMPUTES_SCORES = backend != "math"
-        self.OPAQUE_KERNELS = frozenset() if backend == "math" else _CPU_FLASH_OPS
+        self.OPAQUE_KERNELS = frozenset() if backend == "math" else CPU_FLASH_OPS
         if backend in _CUDA_ONLY:
             self.SUPPORTED_DEVICES = frozenset({"cuda"})
 

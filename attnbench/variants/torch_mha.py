@@ -14,7 +14,7 @@ from torch import nn
 
 from attnbench.variants._ops import merge_heads, split_heads, zero_empty_rows
 from attnbench.variants.base import CONSTANT_OPERAND_BACKWARD, Contraction, Variant
-from attnbench.variants.sdpa import _CPU_FLASH_OPS
+from attnbench.variants.sdpa import CPU_FLASH_OPS
 
 __all__ = ["TorchMHA"]
 
@@ -27,7 +27,7 @@ class TorchMHA(Variant):
     SCORE_BUFFERS = 0.0
     PROVENANCE = True
     RECOMPUTES_SCORES = True  # its core is F.scaled_dot_product_attention's fused kernel
-    OPAQUE_KERNELS = _CPU_FLASH_OPS
+    OPAQUE_KERNELS = CPU_FLASH_OPS
 
     def __init__(self, scale: float | None = None) -> None:
         if scale is not None:
