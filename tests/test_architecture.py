@@ -436,6 +436,29 @@ def test_every_public_name_is_declared_or_underscored():
     assert public_but_undeclared(planted) == {"io": ["helper"]}
 
 
+def private_imports(modules: dict[str, str]) -> list[str]:
+    """``module: name`` for each underscored name a module imports from another of the package."""
+    found = []
+    for name, source in sorted(modules.items()):
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("attnbench"):
+                found += [
+                    f"{name}: {node.module}.{a.name}"
+                    for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")
+                ]
+    return found
+
+
+def test_no_module_imports_another_modules_private_names():
+    """What one module lends another is declared in its ``__all__``, never an underscored helper.
+    Planted (seen failing): io importing a private helper of spec."""
+    sources = {n: p.read_text() for n, p in _modules().items()}
+    assert private_imports(sources) == []
+    planted = {**sources, "io": "from attnbench.spec import _helper\n" + sources["io"]}
+    assert private_imports(planted) == ["io: attnbench.spec._helper"]
+
+
 def test_every_module_declares_its_public_names():
     """Planted (seen failing): a name in ``io.__all__`` that io does not define, and no ``__all__``."""
     sources = {n: p.read_text() for n, p in _modules().items()}
