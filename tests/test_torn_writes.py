@@ -20,24 +20,12 @@ from attnbench.measure import MeasureConfig
 from attnbench.rundir_format import LOG, case_key, read_log
 from attnbench.runs import RunDirectory, write_run
 from tests.test_loading import MEASURED
+from tests.test_sweep import CLI_FAST as SWEEP_FAST
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-CLI_FAST = [
-    "--quiet",
-    "--threads",
-    "1",
-    "--min-time",
-    "0.01",
-    "--max-time",
-    "0.05",
-    "--min-runs",
-    "2",
-    "--no-probe",
-    "--no-report",
-    "--no-instructions",
-]
+CLI_FAST = [*SWEEP_FAST, "--no-report"]
 
 
 GRID = ["--variants", "batched,sdpa", "--lengths", "16,32,48,64"]
