@@ -156,14 +156,14 @@ def digest(sources: Iterable[Path], out_dir: Path) -> dict[str, Any]:
 
     figures: list[dict[str, Any]] = []
     overlaps: dict[str, list[tuple[str, str]]] = {}
-    seen: set[int] = set()
+    seen: dict[int, Figure] = {}  # holds each figure, so that no later one can take its id
 
     def record(fig: Figure, target: Any, *args: Any, **kwargs: Any) -> None:
         """Record what ``fig`` shows and which of its texts overlap, once (it is saved as PNG and
         as SVG), and write no image: the digest compares data, and rasterising every figure twice
         was most of its cost (tests/test_report.py renders the images)."""
         if id(fig) not in seen:
-            seen.add(id(fig))
+            seen[id(fig)] = fig
             # drawn first, as saving does: layout, and labels placed on draw
             overlaps[figure_name(fig)] = overlapping(fig)
             figures.append(figure_data(fig))

@@ -404,7 +404,7 @@ def test_wrong_cases_keep_their_values_but_leave_fits_crossovers_and_speedups(tm
     assert fits.loc[("chunked", "time"), "L_max"] == 512
     cross = complexity.crossovers(frame, baselines=("batched",)).set_index("variant")
     assert cross.loc["chunked", "longest_L"] == 512
-    speed = style._ok(frame, "time")
+    speed = style.measured_rows(frame, "time")
     assert not ((speed["variant"] == "chunked") & (speed["seq_len"] == 1024)).any()
     assert (
         complexity.largest_length(frame).set_index("variant").loc["chunked", "next_status"]

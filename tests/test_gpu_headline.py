@@ -40,7 +40,7 @@ def test_every_headline_line_is_labelled_with_its_own_masks_fit(gpu, monkeypatch
     """The train run varies the mask: each (variant, mask) line gets its own fit's label (before,
     a line was labelled only when its name was the bare variant, so none was)."""
     panels = []  # the time panel's end labels, then the memory panel's
-    monkeypatch.setattr(plots, "_end_labels", lambda ax, ends, text, colours: panels.append(text))
+    monkeypatch.setattr(plots, "end_labels", lambda ax, ends, text, colours: panels.append(text))
     fig = plots.progression(gpu.main, gpu.main_fits, html.headline_variants(gpu.main))
     plots.plt.close(fig)
     drawn, memory = panels
