@@ -21,8 +21,18 @@ COLUMNS = [
     "benchmark",
     # the case (its machine sits with the provenance below)
     *contract.case_columns(
-        ("variant", *contract.LENGTHS, "device", "mode", "dtype", "batch", "heads", "head_dim")
-        + ("mask", "kv_heads"),
+        (
+            "variant",
+            *contract.LENGTHS,
+            "device",
+            "mode",
+            "dtype",
+            "batch",
+            "heads",
+            "head_dim",
+            "mask",
+            "kv_heads",
+        ),
         without=("machine",),
     ),
     "metric",

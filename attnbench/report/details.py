@@ -184,10 +184,19 @@ def compile_times_section(page: Page) -> str:
 
 
 RUNQUEUE_CASE = contract.case_columns(
-    ("origin", "machine", "device", "variant", "workload", *contract.LENGTHS, *contract.SHAPE)
-    + ("dtype", "mode")
+    (
+        "origin",
+        "machine",
+        "device",
+        "variant",
+        "workload",
+        *contract.LENGTHS,
+        *contract.SHAPE,
+        "dtype",
+        "mode",
+    )
 )
-"""The tidy columns that name one case of the run-queue table."""
+"""The tidy columns that name one case of the run-queue table, in the table's order."""
 
 
 def runqueue_section(page: Page) -> str:
