@@ -453,7 +453,8 @@ def test_the_timer_sees_a_real_neighbour_on_its_core(monkeypatch):
     too: seen, with the wait limit planted to None, as an ok case whose samples include every waited block.
 
     Which of the two outcomes comes is the scheduler's to decide: on a loaded CI machine it once gave this thread
-    enough 10 ms slices alone for the case's 20 ms (``waited_blocks`` over 0.5, the case ok on its clean blocks)."""
+    enough 10 ms slices alone for the case's 20 ms (``waited_blocks`` over 0.5, the case ok on its clean blocks), and
+    beside the suite's other workers a case once saw 48% of its blocks wait, not the half two on one core share."""
     monkeypatch.setattr(
         schedstat, "runqueue_seconds", READER
     )  # the real reader: no scripted scheduler here
@@ -481,7 +482,8 @@ def test_the_timer_sees_a_real_neighbour_on_its_core(monkeypatch):
     assert sorted(blocks.shares)[len(blocks.shares) // 2] > 0.25, (
         blocks.shares
     )  # about half: two on one core
-    assert m.extra["waited_blocks"] > 0.5, (m.status, m.reason, m.extra)
+    # a large share of the case's blocks waited (about half alone; 0.48 seen beside CI's workers)
+    assert m.extra["waited_blocks"] > 0.25, (m.status, m.reason, m.extra)
     (attempt,) = seen
     clean = [share <= schedstat.WAIT_LIMIT for share in attempt.shares]
     assert attempt.dropped and len(attempt.dropped) == clean.count(False), attempt.shares
