@@ -29,6 +29,9 @@ SUBSET = {
     "ATTNBENCH_ASV_MODES": "forward",
     "ATTNBENCH_ASV_DEVICES": "cpu",
 }
+README_SUBSET = {**SUBSET, "ATTNBENCH_ASV_LENGTHS": "128,256"}
+"""The README command's grid: the gate tests' small grid a length shorter (the counts under valgrind cost as the work
+does; the doubling shows at any length)."""
 BATCHED = "attnbench/variants/batched.py"
 TWICE = (
     "    def forward(self, q, k, v, mask):\n",
@@ -695,8 +698,8 @@ def test_base_equal_to_head_is_a_usage_error(capsys):
 @pytest.mark.slow
 def test_readme_command_works_in_a_fresh_clone(tmp_path):
     """`attnbench regress HEAD~1 HEAD`, default options, in a fresh clone whose HEAD is the planted 2x (batched does its
-    work twice): on the tests' small grid and in the gate tests' asv environment (both set through the environment,
-    as a user or a CI cache would). With valgrind the default decides on instruction counts too: batched's double at
+    work twice): on a small grid (:data:`README_SUBSET`) and in the gate tests' asv environment (both set through the
+    environment, as a user or a CI cache would). With valgrind the default decides on instruction counts too: batched's double at
     every length (x2.00), chunked's do not move."""
     if shutil.which("git") is None:
         pytest.skip("git is not installed")
@@ -707,7 +710,12 @@ def test_readme_command_works_in_a_fresh_clone(tmp_path):
     _git(clone, "config", "user.name", "ci")
     _git(clone, "branch", "base")
     _branch(clone, "slow", BATCHED, *TWICE)
-    env = {**os.environ, "PYTHONPATH": str(clone), **SUBSET, contract.ENV_ENV_DIR: str(ASV_ENV_DIR)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(clone),
+        **README_SUBSET,
+        contract.ENV_ENV_DIR: str(ASV_ENV_DIR),
+    }
     out = subprocess.run(
         [sys.executable, "-m", "attnbench.cli", "regress", "HEAD~1", "HEAD"],
         cwd=clone,
@@ -728,7 +736,8 @@ def test_readme_command_works_in_a_fresh_clone(tmp_path):
     if shutil.which("valgrind") is None:
         assert "falls back to time" in out.stderr, text
         return
-    for n in (256, 512):
+    lengths = [int(n) for n in README_SUBSET["ATTNBENCH_ASV_LENGTHS"].split(",")]
+    for n in lengths:
         printed = re.search(rf"\[batched, L={n}, forward\]: instructions x([0-9.]+)", out.stdout)
         assert printed and float(printed.group(1)) == pytest.approx(2.0, abs=0.01), text
     counts = ran[ran["metric"] == "instructions"].pivot_table(
@@ -737,7 +746,7 @@ def test_readme_command_works_in_a_fresh_clone(tmp_path):
     ratios = (
         counts.iloc[:, 0] / counts.iloc[:, 1]
     ).to_dict()  # either order: the commits' columns sort by hash
-    for n in (256, 512):
+    for n in lengths:
         assert max(ratios[("batched", n)], 1 / ratios[("batched", n)]) == pytest.approx(
             2.0, abs=0.01
         ), ratios
