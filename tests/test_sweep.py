@@ -354,6 +354,7 @@ def test_sigterm_abandons_the_case_in_hand_writes_what_is_done_and_resume_comple
         "--out",
         str(run),
         "--resume",
+        "--no-report",  # the report of a finished run: test_kill_9_keeps_every_finished_case_and_resume_completes
         *CLI_FAST,
         "--case-timeout",
         "3",
