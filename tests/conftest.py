@@ -57,7 +57,26 @@ the first, the longest (the README's regress command, minutes), so it is a small
 started after 410 s, was the last 25 s of the run)."""
 
 
+SERIAL_MODULE = "test_regress.py"
+"""Where every ``serial`` test lives: the README's serial step collects this module alone (collecting every module
+takes seconds more, alone on the machine). A ``serial`` test anywhere else fails every collection that sees it."""
+
+
+def stray_serial_tests(items: list[pytest.Item]) -> list[str]:
+    """The ``serial`` tests outside :data:`SERIAL_MODULE` (the serial step would never run them)."""
+    return [
+        item.nodeid
+        for item in items
+        if item.get_closest_marker("serial") and item.path.name != SERIAL_MODULE
+    ]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if stray := stray_serial_tests(items):
+        raise pytest.UsageError(
+            f"serial tests belong in tests/{SERIAL_MODULE}, the module the README's serial step runs: "
+            + ", ".join(stray)
+        )
     if os.environ.get("PYTEST_XDIST_WORKER"):
         rank = {name: i for i, name in enumerate(FIRST)}
         items.sort(
@@ -100,7 +119,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("serial") and os.environ.get("PYTEST_XDIST_WORKER"):
         pytest.fail(
             "a serial test times the machine and cannot run beside parallel workers: "
-            "run `pytest -n 4 -m 'not serial'` and then `pytest -m serial`",
+            "run `pytest -n 4 -m 'not serial'` and then `pytest -m serial tests/test_regress.py`",
             pytrace=False,
         )
     if _first_test and os.environ.get("PYTEST_XDIST_WORKER"):

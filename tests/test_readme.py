@@ -39,6 +39,31 @@ def test_ci_runs_the_readme_test_command_verbatim():
     assert _commands()[1] in (ROOT / ".ci" / "run").read_text()
 
 
+def test_the_serial_step_runs_the_module_every_serial_test_lives_in(tmp_path):
+    """The README's serial step collects one module; planted: a ``serial`` test in another module fails collection,
+    naming it, where it would otherwise never run."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import SERIAL_MODULE
+
+    assert _commands()[1].endswith(f"pytest -m serial tests/{SERIAL_MODULE}")
+    (tmp_path / "conftest.py").write_text("from tests.conftest import *  # noqa: F403\n")
+    (tmp_path / "test_elsewhere.py").write_text(
+        "import pytest\n\n\n@pytest.mark.serial\ndef test_times_the_machine():\n    pass\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert out.returncode == 4, out.stdout + out.stderr  # a usage error
+    assert "test_elsewhere.py::test_times_the_machine" in out.stderr + out.stdout
+
+
 def test_ci_fails_when_any_part_of_the_test_command_fails(tmp_path):
     """Planted (seen: a failing first pytest, then ruff passing, exit 0): the README command is an && chain, and
     ``set -e`` does not stop at a failed command that is not its last. Run .ci/run's status handling with the
