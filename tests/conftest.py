@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 ASV_ENV_DIR = ROOT / ".asv" / "test-env"
 """asv's environments for the tests that run asv on commits (the README's regress command and the bisection's planted
 history, both in tests/test_regress.py in the parallel part, one after the other on its worker; the planted-regression
-gate in the serial part): built once, by the first, and reused by the others and by later sessions. Two asv processes
+gate in the serial part): made once, by the first (of the test environment's own packages: attnbench/gate/seed.py),
+and reused by the others and by later sessions. Two asv processes
 must never install into it at once: keep a second user of it out of the parallel part, or in that module. (The gate's
 own second process uses a twin of it, ``.asv/test-env-twin``.)"""
 

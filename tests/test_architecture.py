@@ -56,7 +56,7 @@ ROOMS: tuple[tuple[str, ...], ...] = (
     ("analysis.changes", "analysis.growth"),
     ("gate.steps",),  # below the analysis, which reads a history's steps (git's order handed in)
     ("analysis.summary",),
-    ("gate.decision", "gate.results", "gate.gitlog"),
+    ("gate.decision", "gate.results", "gate.gitlog", "gate.seed"),
     ("report.style",),
     ("report.plots", "report.history_plots"),
     ("report.markup",),

@@ -399,8 +399,7 @@ def _measure_good(session, state: Bisection) -> None:
     session.say(
         f"measuring GOOD {state.good[:10]} ({state.subjects.get(state.good, '')[:60]}): "
         f"{state.metric} of {subset.get(contract.ENV_VARIANTS)} "
-        f"at L={subset.get(contract.ENV_LENGTHS)} "
-        "(the first run builds asv's pinned virtualenv: minutes)"
+        f"at L={subset.get(contract.ENV_LENGTHS)}"
     )
     session.run([state.good], BENCHMARKS[state.metric])
     session.load([state.good])  # GOOD must measure: RegressError otherwise

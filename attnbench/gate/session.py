@@ -44,6 +44,7 @@ from attnbench.gate.results import (
     read_probes,
     write_verdicts,
 )
+from attnbench.gate.seed import seed_environments
 from attnbench.io import check_writable_dir, output_tail
 from attnbench.measure import regime
 from attnbench.measure.instructions import missing_message, valgrind_version
@@ -305,9 +306,9 @@ class AsvSession:
     """One asv configuration, machine and environment for a series of ``asv run`` calls on commits.
 
     The gate's (:func:`regress_many`) and the bisection's (:mod:`attnbench.gate.bisect`). The
-    environment is built by the first run (minutes) in ``ATTNBENCH_ASV_ENV_DIR`` or the checkout's
-    ``.asv/env`` and reused by every later one; each run installs its commits into it (seconds
-    each).
+    environment is made by the first session in ``ATTNBENCH_ASV_ENV_DIR`` or the checkout's
+    ``.asv/env`` (of this interpreter's packages, :mod:`attnbench.gate.seed`, or built by asv:
+    minutes) and reused by every later one; each run installs its commits into it (seconds each).
     """
 
     repo: Path
@@ -346,6 +347,7 @@ class AsvSession:
             else Path(tempfile.mkdtemp(prefix="attnbench-regress-"))
         )
         conf = _config(repo, work)
+        seed_environments(conf, say or (lambda line: None))
         if fresh:
             _shutil_rmtree(work / "results")
         if subset is None:  # the grid variables the caller set (e.g. ATTNBENCH_ASV_VARIANTS)
@@ -398,8 +400,8 @@ class AsvSession:
         with :meth:`adopt`.
         """
         # this session's environments must exist first (asv setup's exit code is its return value, a
-        # list: unused); on a first run it builds asv's pinned virtualenv (minutes), so it reports
-        # its progress like a run
+        # list: unused); where the session could not make them it builds asv's pinned virtualenv
+        # (minutes), so it reports its progress like a run
         out = self.asv(["setup", "--config", str(self.conf)])
         if not any(self.env_dir.glob("*/asv-env-info.json")):
             raise RegressError(
@@ -597,10 +599,7 @@ def regress_many(
     (session.work / PROBES).unlink(missing_ok=True)  # this gate run's rounds only
     timed = _timed_rounds(metric, time_cases, session.subset)
     gate = _GateRun(session, base_hash, head_hashes, metric, options, *timed, at_length)
-    say(
-        f"measuring {gate.described} on the CI subset "
-        f"(the first run builds asv's pinned virtualenv: minutes; log {session.log_file})"
-    )
+    say(f"measuring {gate.described} on the CI subset (log {session.log_file})")
     gate.measure_exact(deterministic, parallel)
     return gate.time_and_decide(rounds)
 
