@@ -880,10 +880,8 @@ def test_bisect_names_the_planted_extra_buffer_end_to_end(tmp_path):
         out.stdout,
         re.M,
     )
-    # one more (B, H, L, L) float32 buffer on GOOD's peak (two score buffers, the output, ...): x1.40 at L=256
-    assert named and named[1] == commits[2] and float(named[2]) == pytest.approx(1.40, abs=0.02), (
-        text
-    )
+    # one more (B, H, L, L) float32 buffer (2 MiB) on GOOD's peak (4.7 MB: two score buffers, the output, ...)
+    assert named and named[1] == commits[2] and 1.3 < float(named[2]) < 1.6, text
     probes = re.findall(r"^probe \d+: ([0-9a-f]{10}) (good|bad)", out.stdout, re.M)
     assert probes == [(commits[1][:10], "good"), (commits[2][:10], "bad")], text
     assert re.search(r"^bisect \[\s*\d+ s\] measuring GOOD", out.stderr, re.M), (
