@@ -104,3 +104,23 @@ def test_a_pin_that_differs_leaves_the_environment_to_asv(tmp_path, monkeypatch)
         f"{importlib.metadata.version('torch')} here, asv's matrix asks for torch==1.0.0"
     ]
     assert not (tmp_path / "env").exists() or not any((tmp_path / "env").iterdir())
+
+
+@IN_A_VENV
+def test_packages_that_cannot_be_linked_leave_the_environment_to_asv_and_nothing_half_made(
+    tmp_path, monkeypatch
+):
+    """Another filesystem (planted: every link fails as across devices): asv builds it, as before; no partial copy."""
+    import errno
+
+    def cross_device(*args, **kwargs):
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    said: list[str] = []
+    conf = _conf(tmp_path, monkeypatch)
+    monkeypatch.setattr(os, "link", cross_device)
+    assert seed_environments(conf, said.append) == []
+    assert len(said) == 1 and said[0].startswith(
+        "asv builds its environment (minutes): linking this interpreter's packages failed"
+    ), said
+    assert not any((tmp_path / "env").iterdir())
