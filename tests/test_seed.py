@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from attnbench.gate.seed import seed_environments, unseedable
+from attnbench.gate.seed import environments, seed_environments, unseedable
 from attnbench.gate.session import _config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,20 +33,13 @@ def _conf(tmp_path: Path, monkeypatch, **pins: str) -> Path:
     return conf
 
 
-def _asv_environment(conf: Path):
-    from asv import config, environment
-
-    (env,) = environment.get_environments(config.Config.load(str(conf)), None, verbose=False)
-    return env
-
-
 @IN_A_VENV
 def test_the_test_environment_stands_for_asvs(tmp_path):
     """Every requirement of asv.conf.json's matrix (and asv's own) is installed here at its pin: constraints.txt and
     the test extra hold them, so CI's gate runs use the fast path. Planted (seen): without wheel in the test extra,
     "wheel is not installed here"."""
-    env = _asv_environment(_config(ROOT, tmp_path))
-    wanted = {**env._requirements, **env._base_requirements}
+    ((env, wanted),) = environments(_config(ROOT, tmp_path))
+    assert "pip+wheel" in wanted and "torch" in wanted  # the build's requirements and the matrix's
     assert unseedable(env._python, wanted, env.build_env_vars) is None
 
 
@@ -75,7 +68,8 @@ def test_a_made_environment_is_asvs_own_holds_the_pins_and_no_attnbench(tmp_path
     conf = _conf(tmp_path, monkeypatch)
     (made,) = seed_environments(conf, said.append)
     assert said == [f"asv's environment made of this interpreter's pinned packages (links): {made}"]
-    assert _asv_environment(conf).check_presence()
+    ((env, _),) = environments(conf)
+    assert env.check_presence()
     python = made / "bin" / "python"
     probe = (
         "import torch, importlib.util as u; print(torch.__file__); print(u.find_spec('attnbench'))"

@@ -25,10 +25,12 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-__all__ = ["seed_environments", "unseedable"]
+__all__ = ["environments", "seed_environments", "unseedable"]
 
 
 def seed_environments(conf_path: Path, say: Callable[[str], None]) -> list[Path]:
@@ -36,19 +38,15 @@ def seed_environments(conf_path: Path, say: Callable[[str], None]) -> list[Path]
 
     Returns the environments made; one that cannot be made is left to asv (``say`` is told why).
     """
-    from asv import config, environment
-
-    conf = config.Config.load(str(conf_path))
     made = []
-    for env in environment.get_environments(conf, None, verbose=False):
+    for env, wanted in environments(conf_path):
         path = Path(env._path)
-        if env.tool_name != "virtualenv" or env.check_presence():
+        if env.check_presence():
             continue
-        wanted = {**env._requirements, **env._base_requirements}  # asv's own: pip+asv_runner, ...
         why = unseedable(env._python, wanted, env.build_env_vars)
         if why is None:
             try:
-                _seed(path, conf.project, env)
+                _seed(path, env._project, env)
             except (OSError, subprocess.CalledProcessError) as exc:
                 why = f"linking this interpreter's packages failed: {exc}"
         if why is None:
@@ -57,6 +55,35 @@ def seed_environments(conf_path: Path, say: Callable[[str], None]) -> list[Path]
         else:
             say(f"asv builds its environment (minutes): {why}")
     return made
+
+
+def environments(conf_path: Path) -> list[tuple[Any, dict[str, str]]]:
+    """The configuration's virtualenvs, each with every requirement it must hold (as asv declares).
+
+    The matrix's pins, asv's own (``pip+asv_runner``, ...), and the project's build requirements:
+    the commits' wheels are built in the environment without isolation.
+    """
+    from asv import config, environment
+
+    conf = config.Config.load(str(conf_path))
+    pyproject = Path(conf.repo) / "pyproject.toml"
+    build = (
+        tomllib.loads(pyproject.read_text()).get("build-system", {}).get("requires", [])
+        if pyproject.is_file()
+        else []
+    )
+    return [
+        (
+            env,
+            {
+                **env._requirements,
+                **env._base_requirements,
+                **{f"pip+{requirement}": "" for requirement in build},
+            },
+        )
+        for env in environment.get_environments(conf, None, verbose=False)
+        if env.tool_name == "virtualenv"
+    ]
 
 
 def unseedable(python: str, requirements: dict[str, str], build_env: dict[str, str]) -> str | None:
