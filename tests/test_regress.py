@@ -558,6 +558,15 @@ def test_bad_factors_are_usage_errors(bad):
         regress("base", "HEAD", repo=ROOT, time_factor=bad)
 
 
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "2"])
+def test_rounds_are_a_count_of_zero_or_more(bad):
+    """Refused before any git or asv work; 0 (no time rounds) is taken, except where nothing else is measured."""
+    with pytest.raises(ValueError, match="rounds must be an int >= 0"):
+        regress_many("HEAD~1", ["HEAD"], repo=ROOT, rounds=bad)
+    with pytest.raises(ValueError, match="measures nothing"):
+        regress_many("HEAD~1", ["HEAD"], repo=ROOT, rounds=0, deterministic=False)
+
+
 @pytest.mark.parametrize("flag", ["--time-factor", "--memory-factor"])
 @pytest.mark.parametrize("bad", ["nan", "inf", "1", "0.9"])
 def test_cli_bad_factors_exit_2(flag, bad, capsys):
@@ -956,7 +965,8 @@ def test_a_planted_square_buffer_fails_on_how_its_cost_grows(throwaway, tmp_path
     """The planted L x L buffer in chunked stays within x1.1 of peak bytes at every measured length;
     the gate fails it on the ratio its fits predict at L=131072 and names the exponent change, the
     report draws it; the README-only commit, gated in the same asv session, reports no exponent
-    change. Three lengths of chunked, one time round: the fewest asv runs that fit a growth."""
+    change. Three lengths of chunked and no time rounds (``rounds=0``: the exact measures decide):
+    the fewest asv runs that fit a growth."""
     from attnbench.gate import write_verdicts
     from attnbench.gate.markdown import gate_summary
     from attnbench.gate_table import growth_lines
@@ -969,10 +979,11 @@ def test_a_planted_square_buffer_fails_on_how_its_cost_grows(throwaway, tmp_path
         "ATTNBENCH_ASV_LENGTHS": "256,512,1024",
     }
     outcomes = regress_many(
-        "base", ["square", "same"], repo=throwaway, subset=subset, rounds=1, work_dir=tmp_path / "w"
+        "base", ["square", "same"], repo=throwaway, subset=subset, rounds=0, work_dir=tmp_path / "w"
     )
     square, same = outcomes["square"], outcomes["same"]
     table = square.table
+    assert "time" not in set(table["metric"]), table.to_string()  # no round timed anything
     measured = table[(table["basis"] == "measured") & (table["metric"] == "peak_tensor_bytes")]
     assert len(measured) == 3 and (measured["verdict"] == "ok").all(), table.to_string()
     flagged = square.regressions[square.regressions["basis"] == "predicted"]

@@ -60,8 +60,9 @@ def seed_environments(conf_path: Path, say: Callable[[str], None]) -> list[Path]
 def environments(conf_path: Path) -> list[tuple[Any, dict[str, str]]]:
     """The configuration's virtualenvs, each with every requirement it must hold (as asv declares).
 
-    The matrix's pins, asv's own (``pip+asv_runner``, ...), and the project's build requirements:
-    the commits' wheels are built in the environment without isolation.
+    The matrix's pins, asv's own (``pip+asv_runner``, ...; pip, which asv's build adds and installs
+    each commit with), and the project's build requirements: the commits' wheels are built in the
+    environment without isolation.
     """
     from asv import config, environment
 
@@ -78,7 +79,7 @@ def environments(conf_path: Path) -> list[tuple[Any, dict[str, str]]]:
             {
                 **env._requirements,
                 **env._base_requirements,
-                **{f"pip+{requirement}": "" for requirement in build},
+                **{f"pip+{requirement}": "" for requirement in ["pip>=8", *build]},
             },
         )
         for env in environment.get_environments(conf, None, verbose=False)
@@ -106,19 +107,25 @@ def unseedable(python: str, requirements: dict[str, str], build_env: dict[str, s
         wanted = Requirement(declared.removeprefix("pip+"))
         if pin:
             wanted.specifier &= SpecifierSet(f"=={pin}")
-        try:
-            version = importlib.metadata.version(wanted.name)
-        except importlib.metadata.PackageNotFoundError:
+        found = next(importlib.metadata.distributions(name=wanted.name, path=_site_dirs()), None)
+        if found is None:  # only what the environment's links will hold counts
             return f"{wanted.name} is not installed here"
+        version = found.version
         if not wanted.specifier.contains(version, prereleases=True):
             return f"{wanted.name} {version} here, asv's matrix asks for {wanted}"
     return None
 
 
+def _site_dirs() -> list[str]:
+    """This interpreter's own ``site-packages`` (one directory, or its pure and platform ones)."""
+    paths = sysconfig.get_paths()
+    return sorted({paths["purelib"], paths["platlib"]})
+
+
 def _left_out(project: str) -> set[str]:
     """Top-level ``site-packages`` names of the project's own distribution and editable installs."""
     names: set[str] = set()
-    for dist in importlib.metadata.distributions():
+    for dist in importlib.metadata.distributions(path=_site_dirs()):
         direct = dist.read_text("direct_url.json")
         editable = bool(direct) and json.loads(direct).get("dir_info", {}).get("editable", False)
         if editable or (dist.metadata["Name"] or "").lower() == project.lower():

@@ -575,7 +575,9 @@ def regress_many(
     Args:
         base, heads: git revisions of ``repo``; the outcomes are keyed by ``heads`` as given.
         time_factor, memory_factor, instructions_factor: allowed HEAD/BASE ratios (:func:`compare`).
-        rounds: asv rounds of the time benchmark, interleaved across the commits.
+        rounds: asv rounds of the time benchmark, interleaved across the commits; 0: no time
+            rounds, the exact measures decide alone (bytes, FLOPs, the error ratio and how they
+            grow, and counts where they decide): a gate that judges no time, in seconds.
         subset: grid variables narrowing :data:`CI_SUBSET` (default: those of ``GRID_ENV`` set).
         work_dir, log_path, machine: where results and asv's output go (default: a temporary
             directory, its ``asv.log``), and the asv machine they are recorded under.
@@ -593,6 +595,7 @@ def regress_many(
     options = _checked_options(
         metric, time_cases, rounds, time_factor, memory_factor, instructions_factor, at_length
     )
+    _check_something_measured(metric, rounds, deterministic)
     repo = Path(repo).resolve()
     base_hash, head_hashes = _commits(repo, base, heads)
     session = AsvSession.open(repo, work_dir, subset, machine, log_path, say)
@@ -602,6 +605,11 @@ def regress_many(
     say(f"measuring {gate.described} on the CI subset (log {session.log_file})")
     gate.measure_exact(deterministic, parallel)
     return gate.time_and_decide(rounds)
+
+
+def _check_something_measured(metric: str, rounds: int, deterministic: bool) -> None:
+    if rounds == 0 and metric == "time" and not deterministic:  # no time, no exact measures
+        raise ValueError("rounds=0 with deterministic=False measures nothing")
 
 
 def _timed_rounds(metric: str, time_cases: str, subset: dict[str, str]) -> tuple[str, int | None]:
@@ -631,8 +639,8 @@ def _checked_options(
         raise RegressError(missing_message())
     # nan, inf and <= 1: usage errors
     options = GateOptions(time_factor, memory_factor, instructions_factor).checked()
-    if rounds < 1:
-        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
+        raise ValueError(f"rounds must be an int >= 0, got {rounds!r}")
     return options
 
 
@@ -689,8 +697,12 @@ class _GateRun:
     def time_and_decide(self, rounds: int) -> dict[str, Outcome]:
         """Each HEAD's outcome, from time rounds interleaved across the commits.
 
-        What the rounds leave undecided gets a confirmation round, of every commit.
+        What the rounds leave undecided gets a confirmation round, of every commit. No rounds: the
+        exact measures' outcome.
         """
+        if rounds == 0:
+            self.session.say("no time rounds: the exact measures decide")
+            return {head: self.outcome(head, table, 0) for head, table in self.decide().items()}
         where = (
             f"at L={self.timed_length} only (counts decide the shorter lengths; "
             "time sees what they cannot where the working set is largest)"
