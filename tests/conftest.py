@@ -33,9 +33,9 @@ ASV_ENV_DIR = ROOT / ".asv" / "test-env"
 """asv's environments for the tests that run asv on commits (the README's regress command and the bisection's planted
 history, both in tests/test_regress.py in the parallel part, one after the other on its worker; the planted-regression
 gate in the serial part): made once, by the first (of the test environment's own packages: attnbench/gate/seed.py),
-and reused by the others and by later sessions. Two asv processes
-must never install into it at once: keep a second user of it out of the parallel part, or in that module. (The gate's
-own second process uses a twin of it, ``.asv/test-env-twin``.)"""
+and reused by the others and by later sessions. Two asv processes must never install into it at once: keep a second
+user of it out of the parallel part, or in that module. (The gate's own second process uses a twin of it,
+``.asv/test-env-twin``.)"""
 
 
 FIRST = (
@@ -120,7 +120,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("serial") and os.environ.get("PYTEST_XDIST_WORKER"):
         pytest.fail(
             "a serial test times the machine and cannot run beside parallel workers: "
-            "run `pytest -n 4 -m 'not serial'` and then `pytest -m serial tests/test_regress.py`",
+            f"run `pytest -n 4 -m 'not serial'` and then `pytest -m serial tests/{SERIAL_MODULE}`",
             pytrace=False,
         )
     if _first_test and os.environ.get("PYTEST_XDIST_WORKER"):

@@ -608,6 +608,7 @@ def regress_many(
 
 
 def _check_something_measured(metric: str, rounds: int, deterministic: bool) -> None:
+    """A usage error where the options leave nothing to measure."""
     if rounds == 0 and metric == "time" and not deterministic:  # no time, no exact measures
         raise ValueError("rounds=0 with deterministic=False measures nothing")
 
