@@ -46,7 +46,7 @@ def seed_environments(conf_path: Path, say: Callable[[str], None]) -> list[Path]
         why = unseedable(env._python, wanted, env.build_env_vars)
         if why is None:
             try:
-                _seed(path, env._project, env)
+                _seed(env)
             except (OSError, subprocess.CalledProcessError) as exc:
                 why = f"linking this interpreter's packages failed: {exc}"
         if why is None:
@@ -133,14 +133,16 @@ def _left_out(project: str) -> set[str]:
     return names
 
 
-def _seed(path: Path, project: str, env) -> None:
-    """A venv at ``path`` holding links of this interpreter's packages, then asv's record of it."""
+def _seed(env) -> None:
+    """A venv where asv's ``env`` lives, holding links of this interpreter's packages, then asv's
+    record of it."""
+    path = Path(env._path)
     if path.exists():  # a half-built one asv left: asv removes it too
         shutil.rmtree(path)
     partial = path.with_name(path.name + ".seeding")
     shutil.rmtree(partial, ignore_errors=True)
     try:
-        _link_venv(partial, path, project)
+        _link_venv(partial, path, env._project)
         env.save_info_file(str(partial))  # last: a record only where the environment is whole
         os.replace(partial, path)
     finally:
