@@ -210,3 +210,63 @@ def test_counted_cases_come_cheapest_first():
 
     cases = [("batched", AttnSpec(seq_len=n, heads=2, head_dim=16)) for n in (512, 256, 64, 128)]
     assert [s.seq_len for _, s in counted_cases(cases)] == [64, 128, 256, 512]
+
+
+def _fake_valgrind(tmp_path: Path) -> str:
+    """A folder holding a ``valgrind`` that answers ``--version`` and, asked to count, prints the
+    ``ATTNBENCH_TEST_MARK`` of the environment it started in and fails."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "valgrind"
+    fake.write_text(
+        '#!/bin/sh\n[ "$1" = --version ] && { echo valgrind-3.19.0; exit 0; }\n'
+        'echo "fake valgrind, mark=$ATTNBENCH_TEST_MARK"; exit 1\n'
+    )
+    fake.chmod(0o755)
+    return str(bin_dir)
+
+
+def _environ_with_the_fake(tmp_path: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PATH": f"{_fake_valgrind(tmp_path)}:{os.environ['PATH']}",
+        "ATTNBENCH_TEST_MARK": "given",
+    }
+
+
+def test_the_counting_process_starts_from_the_environment_it_is_given(tmp_path, monkeypatch):
+    """valgrind is found on the given environment's PATH and its process starts from that
+    environment, whatever this process's own holds. Planted: a fake valgrind only the given PATH
+    leads to, which prints a variable only the given environment has."""
+    from attnbench.measure.instructions import CountError, count_instructions
+
+    environ = _environ_with_the_fake(tmp_path)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setenv("ATTNBENCH_TEST_MARK", "this process")
+    with pytest.raises(CountError, match="fake valgrind, mark=given"):
+        count_instructions([("batched", AttnSpec(seq_len=64))], environ=environ)
+
+
+def test_counting_beside_a_sweep_is_not_disturbed_by_the_fork_servers_environment(
+    tmp_path, monkeypatch
+):
+    """The sweep starts its fork server by swapping the process environment (clear, then refill)
+    while the counting thread starts valgrind. A thread reading the environment then can miss
+    PATH, or start a child from a half-written environment (``execve`` fails with EFAULT: 60% of
+    ``valgrind --version`` calls beside a swapping loop on 2026-11-28). The counter takes its copy
+    when it is made: each of ten counters beside the swapping reaches the (fake) valgrind's count
+    run, started from that copy."""
+    from attnbench.measure.instructions import Beside, CountConfig
+
+    monkeypatch.setattr("attnbench.measure.instructions._idle_priority", lambda: None)
+    for key, value in _environ_with_the_fake(tmp_path).items():
+        monkeypatch.setenv(key, value)
+    for _ in range(10):
+        counter = Beside([("batched", AttnSpec(seq_len=64))], CountConfig())
+        deadline = time.monotonic() + 60
+        while not counter.done and time.monotonic() < deadline:
+            saved = dict(os.environ)  # what WorkerPool._start_server does
+            os.environ.clear()
+            os.environ.update(saved)
+        assert counter.done and counter.error is not None
+        assert "fake valgrind, mark=given" in str(counter.error), counter.error

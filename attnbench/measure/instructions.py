@@ -27,7 +27,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -92,13 +92,21 @@ _ENV_CONTROL = "ATTNBENCH_CALLGRIND_CONTROL"
 """valgrind's ``callgrind_control``: the counting process switches instrumentation on with it."""
 
 
-def valgrind_version() -> str | None:
-    """``"valgrind-3.19.0"``, or None when valgrind is not on PATH (or does not answer)."""
-    exe = shutil.which("valgrind")
+def valgrind_version(environ: Mapping[str, str] | None = None) -> str | None:
+    """``"valgrind-3.19.0"``, or None when valgrind is not on PATH (or does not answer).
+
+    Args:
+        environ: the environment whose PATH is searched and which ``valgrind --version`` runs in
+            (default: this process's, now).
+    """
+    environ = dict(os.environ if environ is None else environ)
+    exe = shutil.which("valgrind", path=environ.get("PATH", os.defpath))
     if exe is None:
         return None
     try:
-        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            [exe, "--version"], capture_output=True, text=True, timeout=30, env=environ
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None if out.returncode == 0 else None
@@ -273,6 +281,7 @@ def count_instructions(
     *,
     progress: Callable[[int, int, Count], None] | None = None,
     cancel: threading.Event | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> list[Count]:
     """Instructions per call of every case, counted in one valgrind process (see the module).
 
@@ -283,6 +292,10 @@ def count_instructions(
             process).
         cancel: when set (from another thread), the valgrind process is killed and the cases it did
             not reach are errors "not counted: cancelled".
+        environ: the environment valgrind is found in and its processes start from (default: this
+            process's, copied now). A thread passes a copy taken before it starts: another thread
+            changing the process environment while this one starts a process can hand the child a
+            half-written one (``execve`` then fails with EFAULT).
 
     Returns:
         One :class:`Count` per case, in order. A case the process did not reach (a crash, the
@@ -299,7 +312,8 @@ def count_instructions(
     cases = list(cases)
     for name, _ in cases:
         get_variant(name)
-    version = valgrind_version()
+    environ = dict(os.environ if environ is None else environ)
+    version = valgrind_version(environ)
     if version is None:
         raise CountError(missing_message())
     version = f"{version} ({_KERNELS})"
@@ -309,7 +323,7 @@ def count_instructions(
         if progress is None
         else (lambda count: progress(sum(c is not None for c in counts), len(cases), count))
     )
-    _count_todo(cases, todo, counts, config, version, reporter, cancel)
+    _count_todo(cases, todo, counts, config, version, environ, reporter, cancel)
     why = (
         CANCELLED
         if cancel is not None and cancel.is_set()
@@ -327,6 +341,7 @@ def _count_todo(
     counts: list[Count | None],
     config: CountConfig,
     version: str,
+    environ: dict[str, str],
     reporter: Callable[[Count], None] | None,
     cancel: threading.Event | None,
 ) -> None:
@@ -346,7 +361,7 @@ def _count_todo(
             if reporter is not None:
                 reporter(count)
 
-        ran = _one_process(batch, config, version, arrived, cancel)
+        ran = _one_process(batch, config, version, environ, arrived, cancel)
         if ran.cancelled:
             break
         if ran.dead is None and not ran.counts and ran.failed:
@@ -376,6 +391,9 @@ class Beside:
     the timed sweep's workers (one thread each by default) never wait for it, with or without a
     neighbour; beside a busy machine the counts simply arrive later.
 
+    The thread counts in the environment this process had when the object was made: the sweep
+    beside it changes the process environment while it starts its fork server.
+
     Args:
         cases: ``(variant name, spec)`` pairs to count.
         config: how to count.
@@ -394,13 +412,15 @@ class Beside:
         self.config = dataclasses.replace(config, idle=True)  # the timed sweep's workers come first
         self._thread = threading.Thread(
             target=self._count,
-            args=(list(cases), self.config),
+            args=(list(cases), self.config, dict(os.environ)),
             name="attnbench-valgrind",
             daemon=True,
         )
         self._thread.start()
 
-    def _count(self, cases: list[tuple[str, AttnSpec]], config: CountConfig) -> None:
+    def _count(
+        self, cases: list[tuple[str, AttnSpec]], config: CountConfig, environ: dict[str, str]
+    ) -> None:
         seen: set[int] = set()
 
         def keep(count: Count) -> None:
@@ -410,7 +430,11 @@ class Beside:
 
         try:
             counts = count_instructions(
-                cases, config, progress=lambda done, total, count: keep(count), cancel=self.cancel
+                cases,
+                config,
+                progress=lambda done, total, count: keep(count),
+                cancel=self.cancel,
+                environ=environ,
             )
             # the cases decided without valgrind (skipped), and those it never reached
             for count in counts:
@@ -488,12 +512,14 @@ def _one_process(
     cases,
     config: CountConfig,
     version: str,
+    environ: dict[str, str],
     arrived: Callable[[int, Count], None],
     cancel: threading.Event | None = None,
 ) -> _Ran:
     """Run one valgrind process over ``cases``: what it reported, and where it died if it did.
 
-    ``arrived(index, count)`` is called as each case finishes.
+    The process starts from ``environ`` (found on its PATH); ``arrived(index, count)`` is called
+    as each case finishes.
     """
     remove_orphans()
     with tempfile.TemporaryDirectory(prefix=f"{TMP_PREFIX}{os.getpid()}-") as tmp:
@@ -510,9 +536,10 @@ def _one_process(
         )
         # with it, torch is imported uninstrumented (see _child); without, everything runs
         # instrumented (the same counts)
-        control = shutil.which("callgrind_control")
+        path = environ.get("PATH", os.defpath)
+        control = shutil.which("callgrind_control", path=path)
         command = [
-            shutil.which("valgrind") or _PACKAGE,
+            shutil.which("valgrind", path=path) or _PACKAGE,
             "--tool=callgrind",
             "--collect-atstart=no",
             *(["--instr-atstart=no"] if control else []),
@@ -531,7 +558,7 @@ def _one_process(
                     counts[r["index"]] = _count_of(r, cases, out, version, config)
                     arrived(r["index"], counts[r["index"]])
 
-        env = {**os.environ, "PYTHONHASHSEED": "0", **_COUNT_ENV, _ENV_CONTROL: control or ""}
+        env = {**environ, "PYTHONHASHSEED": "0", **_COUNT_ENV, _ENV_CONTROL: control or ""}
         with open(tmp / "valgrind.log", "wb") as log:
             proc = subprocess.Popen(
                 command,

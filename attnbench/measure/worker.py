@@ -232,6 +232,9 @@ class WorkerPool:
             if running:
                 server._stop()
             self.ctx.set_forkserver_preload(PRELOAD)
+            # The swap is the whole process's: a thread starting a process meanwhile can hand it a
+            # half-written environment, so the counting thread beside a sweep keeps its own copy
+            # (instructions.Beside).
             saved = dict(os.environ)
             try:
                 os.environ.update(self.env)  # the server's interpreter starts with these
