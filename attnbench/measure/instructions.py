@@ -100,7 +100,7 @@ def valgrind_version(environ: Mapping[str, str] | None = None) -> str | None:
             (default: this process's, now).
     """
     environ = dict(os.environ if environ is None else environ)
-    exe = shutil.which("valgrind", path=environ.get("PATH", os.defpath))
+    exe = _on_path("valgrind", environ)
     if exe is None:
         return None
     try:
@@ -110,6 +110,11 @@ def valgrind_version(environ: Mapping[str, str] | None = None) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def _on_path(command: str, environ: Mapping[str, str]) -> str | None:
+    """Where ``command`` is on ``environ``'s PATH (None: not there)."""
+    return shutil.which(command, path=environ.get("PATH", os.defpath))
 
 
 def missing_message() -> str:
@@ -536,10 +541,9 @@ def _one_process(
         )
         # with it, torch is imported uninstrumented (see _child); without, everything runs
         # instrumented (the same counts)
-        path = environ.get("PATH", os.defpath)
-        control = shutil.which("callgrind_control", path=path)
+        control = _on_path("callgrind_control", environ)
         command = [
-            shutil.which("valgrind", path=path) or _PACKAGE,
+            _on_path("valgrind", environ) or _PACKAGE,
             "--tool=callgrind",
             "--collect-atstart=no",
             *(["--instr-atstart=no"] if control else []),
