@@ -99,7 +99,7 @@ def valgrind_version(environ: Mapping[str, str] | None = None) -> str | None:
         environ: the environment whose PATH is searched and which ``valgrind --version`` runs in
             (default: this process's, now).
     """
-    environ = dict(os.environ if environ is None else environ)
+    environ = os.environ if environ is None else environ
     exe = _on_path("valgrind", environ)
     if exe is None:
         return None
