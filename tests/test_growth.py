@@ -92,10 +92,10 @@ def test_a_planted_square_buffer_within_the_factor_at_1024_is_a_regression():
     truth = chunked_bytes(131072, planted=True) / chunked_bytes(131072)
     assert row["verdict"] == GateVerdict.REGRESSED and row["seq_len"] == 131072
     assert row["ratio"] == pytest.approx(truth, rel=1e-6)  # exact values: the split is exact
-    assert (
-        row["reason"].startswith("L^0.99 -> L^1.03")
-        and "predicted x11.67 at L=131072" in (row["reason"])
-    )
+    # the rules that fired lead, the exponents follow as the figures behind them
+    assert row["reason"].startswith("predicted x11.67 at L=131072 beyond x1.1"), row["reason"]
+    assert "(L^0.99 -> L^1.03;" in row["reason"]
+    assert row["rule"] == "predicted x11.67 at L=131072 and exponent +0.04", row["rule"]
     assert "measured x1.08 at L=1024" in row["reason"]
     # the measured rows carry their series' exponents and prediction beside their own ratio
     assert (measured["predicted_ratio"] == row["ratio"]).all()

@@ -155,26 +155,56 @@ class _Growth:
     measured_length: int
     verdict: GateVerdict  # ok or regressed
     improved: bool  # the predicted ratio below 1 / factor, whatever the noise
+    threshold: float = EXPONENT_THRESHOLD  # how far the exponent may grow
 
     @property
     def exponent_change(self) -> float:
         return self.head.exponent - self.base.exponent
 
     @property
+    def _fired(self) -> list[tuple[str, str]]:
+        """Each rule that regressed the series: ``(what it saw, the limit it passed)``."""
+        fired = []
+        if self.low > self.factor:  # FLOPs' factor is 1 + 1e-9: no growth
+            fired.append(
+                (
+                    f"predicted {text.ratio(self.predicted_ratio, self.metric)} "
+                    f"at L={self.at_length}",
+                    f"x{self.factor:.10g}",
+                )
+            )
+        if self.exponent_change > self.threshold and self.low > 1:
+            fired.append((f"exponent {self.exponent_change:+.2f}", f"+{self.threshold:g}"))
+        return fired
+
+    @property
+    def rule(self) -> str:
+        """Which rule regressed the series, in the words a reader checks it by ("" when neither).
+
+        ``predicted x14.30 at L=131072``, ``exponent +0.04``, or both joined by "and": an exponent
+        that went down beside a regression then reads as what it is, not as the cause.
+        """
+        return " and ".join(seen for seen, _ in self._fired)
+
+    @property
     def reason(self) -> str:
-        """``L^1.00 -> L^1.93; predicted x14.30 at L=131072 (beyond x1.1); measured x1.06 ...``."""
+        """The rule that fired first, then the figures behind it.
+
+        ``predicted x14.30 at L=131072 beyond x1.1 (L^1.00 -> L^1.93; measured x1.06 at L=1024)``;
+        a series within both rules: ``within x1.1 and +0.02: predicted x1.00 at L=131072, L^2.00 ->
+        L^2.00; measured x1.00 at L=1024``.
+        """
         change = f"{exponent_text(self.base.exponent)} -> {exponent_text(self.head.exponent)}"
-        factor = f"x{self.factor:.10g}"  # FLOPs' factor is 1 + 1e-9: no growth
-        beyond = f"beyond {factor}" if self.low > self.factor else f"within {factor}"
-        grew = (
-            f", exponent +{self.exponent_change:.2f} beyond +{EXPONENT_THRESHOLD:g}"
-            if self.exponent_change > EXPONENT_THRESHOLD and self.low > 1
-            else ""
+        measured = (
+            f"measured {text.ratio(self.measured_ratio, self.metric)} at L={self.measured_length}"
         )
+        if self._fired:
+            beyond = " and ".join(f"{seen} beyond {limit}" for seen, limit in self._fired)
+            return f"{beyond} ({change}; {measured})"
+        predicted = text.ratio(self.predicted_ratio, self.metric)
         return (
-            f"{change}{grew}; predicted {text.ratio(self.predicted_ratio, self.metric)} at "
-            f"L={self.at_length} ({beyond}); measured "
-            f"{text.ratio(self.measured_ratio, self.metric)} at L={self.measured_length}"
+            f"within x{self.factor:.10g} and +{self.threshold:g}: predicted {predicted} at "
+            f"L={self.at_length}, {change}; {measured}"
         )
 
 
@@ -235,6 +265,7 @@ def judge(
         measured_length=longest,
         verdict=GateVerdict.REGRESSED if low > factor or grew else GateVerdict.OK,
         improved=high < 1 / factor,
+        threshold=threshold,
     )
 
 
@@ -318,6 +349,7 @@ def _predicted_row(case: dict, growth: _Growth) -> dict:
         "ratio": growth.predicted_ratio,
         "verdict": growth.verdict,
         "reason": growth.reason,
+        "rule": growth.rule,
         "improved": growth.improved,
         "note": "",
         "basis": Basis.PREDICTED,
