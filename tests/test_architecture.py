@@ -48,6 +48,7 @@ ROOMS: tuple[tuple[str, ...], ...] = (
     ("measure.sweep", "measure.instructions"),
     ("measure",),  # the package's facade: MeasureConfig, measure, sweep
     ("runs", "profile", "asv_bench"),
+    ("asv_suite",),  # the asv classes: benchmarks/bench_attention.py and `attnbench init` re-export
     ("analysis.tidy",),
     ("analysis.rundir",),
     ("analysis.frame", "analysis.complexity", "analysis.roofline", "analysis.significance"),
