@@ -34,6 +34,7 @@ from attnbench.variants.base import GqaMode, Variant
 __all__ = [
     "CPU_FLASH_OPS",
     "SDPA",
+    "cpu_flash_tiles",
     "hand_table_only",
     "kernel_tiles",
 ]
@@ -172,6 +173,30 @@ def kernel_tiles(backend: str, pass_: str, head_dim: int) -> tuple[int, int] | N
     return None
 
 
+_CPU_FLASH_Q_BLOCKS = ((768, 256), (192, 64), (1, 32))
+"""``(smallest Lq, query rows)``: the query block of PyTorch's CPU flash-attention kernel
+(``flash_attention_kernel_impl`` and its backward in PyTorch's
+aten/src/ATen/native/cpu/FlashAttentionKernel.cpp;
+the pinned torch's causal calls take 0.63 of the unmasked time at L=2048, as this rule computes
+0.625 of the pairs): 256 rows from Lq = 768, 64 from 192, else 32."""
+_CPU_FLASH_KEY_BLOCK = 512
+"""Key columns of the CPU kernel's blocks. Under ``is_causal`` a query block starting at row ``m``
+computes the key blocks that start before ``min(m + rows, Lk)`` (``num_keys``), each whole
+(``kvBlockSize = min(kvSplitSize, kvSize - n)``), and masks the pairs past the diagonal only after
+computing them: exactly the non-empty tiles of this size. Both passes follow the rule."""
+
+
+def cpu_flash_tiles(lq: int, lk: int) -> tuple[int, int]:
+    """The ``(query, key)`` block of PyTorch's CPU flash-attention kernel for these lengths.
+
+    Example:
+        >>> cpu_flash_tiles(2048, 2048), cpu_flash_tiles(256, 256), cpu_flash_tiles(100, 300)
+        ((256, 512), (64, 256), (32, 300))
+    """
+    rows = next(rows for smallest, rows in _CPU_FLASH_Q_BLOCKS if lq >= smallest)
+    return min(rows, lq), min(_CPU_FLASH_KEY_BLOCK, lk)
+
+
 CPU_FLASH_OPS = frozenset(
     {
         "aten._scaled_dot_product_flash_attention_for_cpu",
@@ -241,12 +266,19 @@ class SDPA(Variant):
         return super().contractions(spec)
 
     def _skips_tiles(self, spec) -> bool:
-        """Whether a CUDA kernel gets ``is_causal`` here and skips the tiles above the diagonal."""
-        return (
-            spec.device_type == "cuda"
-            and self.backend != "math"
-            and self.mask_form(spec) == MaskForm.MOD
-        )
+        """Whether a fused kernel gets ``is_causal`` here and skips the tiles past the diagonal.
+
+        On CUDA every backend but math; on CPU the flash kernel (``auto`` and ``flash`` where they
+        do not run the math composite).
+        """
+        fused = self.backend != "math" and not self._runs_math(spec)
+        return fused and self.mask_form(spec) == MaskForm.MOD
+
+    def _tiles(self, spec, pass_: str) -> tuple[int, int] | None:
+        """The kernel's ``(query, key)`` tile for ``pass_``; None where it is not known."""
+        if spec.device_type == "cpu":
+            return cpu_flash_tiles(spec.lq, spec.lk)
+        return kernel_tiles(self.backend, pass_, max(spec.head_dim, spec.dv))
 
     def _tile_pairs(self, spec, pass_: str) -> int:
         """Pairs in the non-empty tiles of ``pass_``'s kernel (every pair when it skips none).
@@ -255,7 +287,7 @@ class SDPA(Variant):
         Where the tiles are unknown, every pair (an upper bound; the rate is then not reported:
         :meth:`executed_flops_unknown`).
         """
-        tiles = kernel_tiles(self.backend, pass_, max(spec.head_dim, spec.dv))
+        tiles = self._tiles(spec, pass_)
         if not self._skips_tiles(spec) or tiles is None:
             return spec.lq * spec.lk
         return mask_mods.nonempty_tile_pairs(
@@ -263,12 +295,14 @@ class SDPA(Variant):
         )
 
     def executed_pairs(self, spec):
-        """Pairs in the kernel's computed tiles: on CUDA under ``is_causal``, the non-empty tiles at
-        the kernel's tile size (:data:`_CUDA_TILES`); else every pair.
+        """Pairs in the kernel's computed tiles: under ``is_causal``, the non-empty tiles at the
+        kernel's tile size (CUDA: :data:`_CUDA_TILES`; CPU: :func:`cpu_flash_tiles`); else every
+        pair.
 
         The forward kernel's count serves the backward too: where their tiles differ
         (FlashAttention at D=128: 128 x 64 forward, 64 x 128 backward) a square causal mask gives
-        both the same count (checked by the tests).
+        both the same count (checked by the tests); the CPU kernel's backward uses its forward's
+        blocks.
         """
         return self._tile_pairs(spec, "forward")
 
@@ -278,7 +312,7 @@ class SDPA(Variant):
         A CUDA kernel given ``is_causal`` skips the tiles above the diagonal; without its tile
         sizes (:data:`_CUDA_TILES`) the FLOPs it executes, and so its rate, are not known.
         """
-        if not self._skips_tiles(spec):
+        if not self._skips_tiles(spec) or spec.device_type == "cpu":
             return ""
         d = max(spec.head_dim, spec.dv)
         passes = ("forward", "backward") if spec.mode == "backward" else ("forward",)
