@@ -39,6 +39,29 @@ def test_ci_runs_the_readme_test_command_verbatim():
     assert _commands()[1] in (ROOT / ".ci" / "run").read_text()
 
 
+def test_the_tests_workflow_runs_ci_on_every_pull_request():
+    """GitHub runs the README's test command through .ci/run (which holds it verbatim, above): tests.yml runs that
+    script on every pull request and push to main, on Python 3.11, unconditionally, and runs pytest no other way.
+    Planted (seen failing): the step's ``run:`` changed to ``.ci/run || true``; a ``branches: [main]`` filter added to
+    ``pull_request``."""
+    import yaml
+
+    flow = yaml.safe_load((ROOT / ".github" / "workflows" / "tests.yml").read_text())
+    triggers = flow.get("on", flow.get(True))  # YAML 1.1 reads a bare `on` as true
+    assert "pull_request" in triggers and triggers["pull_request"] is None, triggers  # every PR
+    assert triggers["push"] == {"branches": ["main"]}, triggers
+    steps = [(job, step) for job in flow["jobs"].values() for step in job["steps"]]
+    runs = [(job, step) for job, step in steps if str(step.get("run", "")).strip() == ".ci/run"]
+    assert len(runs) == 1, [step.get("run") for _, step in steps]
+    job, step = runs[0]
+    assert "if" not in job and "if" not in step and not step.get("continue-on-error"), step
+    assert "ubuntu" in job["runs-on"], job["runs-on"]
+    pythons = [s["with"]["python-version"] for _, s in steps if "setup-python" in s.get("uses", "")]
+    assert pythons == ["3.11"], pythons
+    others = [s["run"] for _, s in steps if "pytest" in s.get("run", "") and s is not step]
+    assert not others, f"pytest run other than through .ci/run: {others}"
+
+
 def test_the_serial_step_runs_the_module_every_serial_test_lives_in(tmp_path):
     """The README's serial step collects one module; planted: a ``serial`` test in another module fails collection,
     naming it, where it would otherwise never run."""
