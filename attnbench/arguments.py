@@ -178,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_run_parser,
         _add_report_parser,
         _add_profile_parser,
+        _add_init_parser,
         _add_regress_parser,
         _add_bisect_parser,
         _add_history_parser,
@@ -488,7 +489,13 @@ def _add_regress_parser(sub) -> None:
         time="allowed HEAD/BASE time ratio",
         memory="allowed HEAD/BASE peak tensor bytes ratio",
     )
-    _add_rounds_option(p, "asv rounds, interleaved across the commits")
+    _add_rounds_option(
+        p,
+        "asv rounds, interleaved across the commits; 0: no time rounds, the exact measures "
+        "decide alone (peak tensor bytes, FLOPs, correctness, how they grow, and counts where "
+        "--metric has them)",
+        minimum=0,
+    )
     p.add_argument(
         "--metric",
         choices=["time", "instructions", "both"],
@@ -530,11 +537,43 @@ def _add_factor_options(p: argparse.ArgumentParser, **helps: str) -> None:
 
 
 def _add_repo_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--repo", default=".", help="attnbench checkout")
+    p.add_argument(
+        "--repo",
+        default=".",
+        help="the git repository whose commits are measured: attnbench's checkout, or one "
+        "`attnbench init` set up",
+    )
 
 
-def _add_rounds_option(p: argparse.ArgumentParser, help_: str) -> None:
-    p.add_argument("--rounds", type=_int_at_least(1, "rounds"), default=2, help=help_)
+def _add_rounds_option(p: argparse.ArgumentParser, help_: str, minimum: int = 1) -> None:
+    p.add_argument("--rounds", type=_int_at_least(minimum, "rounds"), default=2, help=help_)
+
+
+def _add_init_parser(sub) -> None:
+    p = sub.add_parser(
+        "init",
+        help="set up a repository of your own so that `attnbench regress` gates its variants "
+        "(writes asv.conf.json and benchmarks/)",
+        formatter_class=_Formatter,
+    )
+    p.add_argument(
+        "plugins",
+        nargs="+",
+        metavar="MODULE",
+        help="your plugin module(s), importable from the repository: each registers variants "
+        "with attnbench.register (e.g. docs/examples/my_variants.py)",
+    )
+    p.add_argument(
+        "--variants",
+        default=None,
+        help="comma-separated variants the gate measures (default: every one the modules register)",
+    )
+    p.add_argument(
+        "--repo", default=".", help="the top level of your git repository (written into)"
+    )
+    p.add_argument(
+        "--force", action="store_true", help="overwrite an asv.conf.json or suite already there"
+    )
 
 
 def _add_summary_option(p: argparse.ArgumentParser, what: str, it: str) -> None:

@@ -213,6 +213,24 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_init(args: argparse.Namespace) -> int:
+    from attnbench.gate.init import init_repo
+
+    try:
+        done = init_repo(args.repo, args.plugins, args.variants, force=args.force)
+    except ValueError as exc:
+        return _usage(str(exc))
+    for path in done.written:
+        print(f"wrote {path}")
+    pins = ", ".join(f"{k}=={v}" if v else k for k, v in done.pins.items())
+    print(
+        f"asv builds {done.project} at each commit and measures {', '.join(done.variants)} "
+        f"(from {', '.join(done.plugins)}) with attnbench's suite; its environment pins {pins}.\n"
+        "Commit these files, then gate a change: attnbench regress HEAD~1 HEAD"
+    )
+    return 0
+
+
 def _cmd_regress(args: argparse.Namespace) -> int:
     from attnbench.gate import regress
     from attnbench.gate.markdown import check_summary
@@ -495,6 +513,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": _cmd_run,
     "report": _cmd_report,
     "profile": _cmd_profile,
+    "init": _cmd_init,
     "regress": _cmd_regress,
     "bisect": _cmd_bisect,
     "history": _cmd_history,

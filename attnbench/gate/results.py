@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,13 +20,16 @@ from attnbench.analysis.frame import decode_param, load_asv
 from attnbench.errors import CouldNotMeasure
 from attnbench.gate.decision import CASE_KEY_DEFAULTS, Outcome, SampleKey
 from attnbench.io import atomic_write
+from attnbench.plugins import PLUGINS_ENV
 
 __all__ = [
     "RegressError",
+    "SESSION_MARK",
     "load_results",
     "read_corrected",
     "read_probes",
     "read_time_samples",
+    "suite_failure",
     "write_verdicts",
 ]
 
@@ -145,15 +149,50 @@ def load_results(
     frame = frame[frame["machine"] == machine]
     missing = [c for c in commits if c not in set(frame["commit"])]
     if missing:
+        named = ", ".join(m[:10] for m in missing)
         try:
-            tail = "\n".join(
-                f"  {line}"
-                for line in log.read_text(encoding="utf-8", errors="replace").splitlines()[-25:]
-            )
+            lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
         except OSError:
-            tail = "  (log unreadable)"
-        raise RegressError(
-            f"asv produced no results for {', '.join(m[:10] for m in missing)}; "
-            f"the end of {log}:\n{tail}"
-        )
+            lines = ["(log unreadable)"]
+        why = suite_failure(lines)
+        if why is not None:
+            raise RegressError(
+                f"asv could not build {named} or import the benchmark suite with it: {why}\n"
+                "(asv imports benchmarks/ from the working tree, and the modules named in "
+                f"{PLUGINS_ENV} from the commit it built and installed; full log: {log})"
+            )
+        tail = "\n".join(f"  {line}" for line in lines[-25:])
+        raise RegressError(f"asv produced no results for {named}; the end of {log}:\n{tail}")
     return frame, read_time_samples(work / "results", machine)
+
+
+_SUITE_FAILED = "Failed to build the project and import the benchmark suite"
+"""asv's line (0.6.6) where building a commit, installing it or discovering its suite failed."""
+SESSION_MARK = "# attnbench: an asv session starts"
+"""Written to asv's log as a session opens: the log is kept across runs, a failure is this run's."""
+_STAMP = re.compile(r"^\[\s*\d+(?:\.\d+)? s\]\s?")
+"""The seconds the gate stamps on each line of asv's log."""
+
+
+def suite_failure(log_lines: list[str]) -> str | None:
+    """Why asv could not build the project or import the suite, as one line (None: it could).
+
+    The last line asv printed of the failed command before its "Last error" line: for an import,
+    the exception (``ValueError: plugin module 'x' could not be imported: ...``), not its
+    traceback; for a build, the build tool's last word.
+    """
+    starts = [i for i, line in enumerate(log_lines) if line.startswith(SESSION_MARK)]
+    log_lines = log_lines[starts[-1] :] if starts else log_lines
+    ends = [i for i, line in enumerate(log_lines) if _SUITE_FAILED in line]
+    if not ends:
+        return None
+    end = ends[-1]
+    last = next(
+        (i for i in range(end, -1, -1) if "Last error:" in log_lines[i]),
+        end,
+    )
+    for line in reversed(log_lines[:last]):
+        text = _STAMP.sub("", line).strip()
+        if text and not text.startswith(("STDOUT", "STDERR", "File ", "^")):
+            return text
+    return "see the log"

@@ -6,11 +6,12 @@ interpreter running the gate already has when it was installed with ``constraint
 requirement of asv's matrix is installed here at its pinned version (any version where the matrix
 names none), :func:`seed_environments` makes the environment instead: a ``venv`` on the same base
 interpreter whose ``site-packages`` entries are hard links of this one's (seconds, no second
-gigabyte), the project's own distribution and any editable install left out (asv installs each
-commit's wheel into it), and asv's record of the environment written last, so asv finds it made and
-reuses it as it reuses one it built. Anything else (another Python, a version that differs, a
-package missing, no virtual environment, another filesystem) leaves the environment to asv, and the
-reason is said.
+gigabyte), the project's own distribution and any editable install the matrix does not require
+left out (asv installs each commit's wheel into it; an editable attnbench that a repository of
+your own pins, ``attnbench init``, is linked: it is what that repository's benchmarks import), and
+asv's record of the environment written last, so asv finds it made and reuses it as it reuses one
+it built. Anything else (another Python, a version that differs, a package missing, no virtual
+environment, another filesystem) leaves the environment to asv, and the reason is said.
 
 Safe to share for the same reason twins are (:func:`attnbench.gate.session.twin_environments`): pip
 replaces a package's files with new ones and never writes into an installed file.
@@ -46,7 +47,7 @@ def seed_environments(conf_path: Path, say: Callable[[str], None]) -> list[Path]
         why = unseedable(env._python, wanted, env.build_env_vars)
         if why is None:
             try:
-                _seed(env)
+                _seed(env, set(wanted))
             except (OSError, subprocess.CalledProcessError) as exc:
                 why = f"linking this interpreter's packages failed: {exc}"
         if why is None:
@@ -122,41 +123,59 @@ def _site_dirs() -> list[str]:
     return sorted({paths["purelib"], paths["platlib"]})
 
 
-def _left_out(project: str) -> set[str]:
-    """Top-level ``site-packages`` names of the project's own distribution and editable installs."""
+def _left_out(project: str, required: set[str] = frozenset()) -> set[str]:
+    """Top-level ``site-packages`` names of the project's own distribution and of the editable
+    installs that are not among ``required`` (asv's declarations, :func:`environments`).
+
+    asv installs the project per commit. An editable install is a working tree's, not a pinned
+    release, so it is left out unless the matrix asks for it by name: a repository set up by
+    ``attnbench init`` pins attnbench, and a developer's editable attnbench is then the attnbench
+    its benchmarks import (in attnbench's own checkout it is the project, left out by name).
+    """
+    from packaging.utils import canonicalize_name
+
+    wanted = {canonicalize_name(_requirement_name(r)) for r in required}
     names: set[str] = set()
     for dist in importlib.metadata.distributions(path=_site_dirs()):
+        name = canonicalize_name(dist.metadata["Name"] or "")
         direct = dist.read_text("direct_url.json")
         editable = bool(direct) and json.loads(direct).get("dir_info", {}).get("editable", False)
-        if editable or (dist.metadata["Name"] or "").lower() == project.lower():
+        if name == canonicalize_name(project) or (editable and name not in wanted):
             names.update(Path(str(f)).parts[0] for f in dist.files or ())
     return names
 
 
-def _seed(env) -> None:
+def _requirement_name(declared: str) -> str:
+    """The distribution an asv declaration names: ``torch``, ``pip+setuptools>=68``."""
+    from packaging.requirements import Requirement
+
+    return Requirement(declared.removeprefix("pip+")).name
+
+
+def _seed(env, required: set[str] = frozenset()) -> None:
     """A venv where asv's ``env`` lives, holding links of this interpreter's packages, then asv's
-    record of it."""
+    record of it. ``required``: asv's declarations (an editable install among them is linked)."""
     path = Path(env._path)
     if path.exists():  # a half-built one asv left: asv removes it too
         shutil.rmtree(path)
     partial = path.with_name(path.name + ".seeding")
     shutil.rmtree(partial, ignore_errors=True)
     try:
-        _link_venv(partial, path, env._project)
+        _link_venv(partial, path, env._project, required)
         env.save_info_file(str(partial))  # last: a record only where the environment is whole
         os.replace(partial, path)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
 
 
-def _link_venv(partial: Path, path: Path, project: str) -> None:
+def _link_venv(partial: Path, path: Path, project: str, required: set[str] = frozenset()) -> None:
     """At ``partial``, a venv to live at ``path``, its ``site-packages`` links of this one's."""
     subprocess.run(
         [sys.executable, "-m", "venv", "--without-pip", str(partial)],
         check=True,
         capture_output=True,
     )
-    skip = _left_out(project)
+    skip = _left_out(project, required)
     here = sysconfig.get_paths()
     there = sysconfig.get_paths(vars={"base": partial, "platbase": partial})
     for source, target in {(Path(here[k]), Path(there[k])) for k in ("purelib", "platlib")}:

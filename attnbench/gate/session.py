@@ -38,6 +38,7 @@ from attnbench.gate.decision import (
     mark_not_timed,
 )
 from attnbench.gate.results import (
+    SESSION_MARK,
     RegressError,
     load_results,
     read_corrected,
@@ -196,6 +197,18 @@ def _config(repo: Path, work: Path) -> Path:
     return path
 
 
+def _ci_subset(conf: Path) -> dict[str, str]:
+    """:data:`CI_SUBSET` for the repository of asv's configuration ``conf``.
+
+    In a repository of your own (asv's project is not attnbench: one ``attnbench init`` set up),
+    the variants are those its suite names (its ``ATTNBENCH_ASV_VARIANTS`` default: yours), not
+    the CI grid's built-in ones, which are the same pinned attnbench at every one of your commits.
+    """
+    if json.loads(conf.read_text()).get("project") == "attnbench":
+        return dict(CI_SUBSET)
+    return {k: v for k, v in CI_SUBSET.items() if k != contract.ENV_VARIANTS}
+
+
 def regress(base: str, head: str, **options) -> Outcome:
     """Benchmark ``base`` and ``head`` with asv and compare them: :func:`regress_many` of one HEAD.
 
@@ -211,7 +224,10 @@ def _commits(repo: Path, base: str, heads: list[str]) -> tuple[str, dict[str, st
     if not heads:
         raise ValueError("heads must name at least one revision")
     if not (repo / "asv.conf.json").exists():
-        raise ValueError(f"repo must be an attnbench checkout with asv.conf.json, got {repo}")
+        raise ValueError(
+            "repo must hold an asv.conf.json (attnbench's checkout, or a repository of your own "
+            f"that `attnbench init` set up), got {repo}"
+        )
     base_hash = _git(repo, "rev-parse", "--verify", f"{base}^{{commit}}")
     head_hashes = {
         head: _git(repo, "rev-parse", "--verify", f"{head}^{{commit}}") for head in heads
@@ -353,7 +369,7 @@ class AsvSession:
         if subset is None:  # the grid variables the caller set (e.g. ATTNBENCH_ASV_VARIANTS)
             subset = {k: os.environ[k] for k in contract.GRID_ENV if os.environ.get(k, "").strip()}
         # whatever they leave unset stays the CI grid's (not asv's whole grid)
-        subset = {**CI_SUBSET, **subset}
+        subset = {**_ci_subset(conf), **subset}
         env = {
             **os.environ,
             **subset,
@@ -369,6 +385,8 @@ class AsvSession:
             log_file=Path(log_path or work / "asv.log"),
             say=say or (lambda line: None),
         )
+        with open(session.log_file, "a", encoding="utf-8") as log:  # the log is kept across runs
+            log.write(f"{SESSION_MARK} in {repo}\n")
         session._register_machine()
         return session
 
