@@ -160,7 +160,7 @@ def test_the_summary_and_the_table_show_measured_and_predicted_ratios_with_expon
     assert "| chunked L=131072 (predicted) | peak_tensor_bytes |" in summary
     assert (
         "| chunked | peak_tensor_bytes | L^0.99 -> L^1.03 | x1.08 at L=1024 | x11.67 at L=131072 "
-        "| regressed |"
+        "| regressed: predicted x11.67 at L=131072 and exponent +0.04 |"
     ) in summary
     assert "peak tensor bytes (x1.1, 3 cases)" in summary  # a fitted series is not a case
     assert "how cost grows (1 series fitted along L" in summary
@@ -171,7 +171,8 @@ def test_the_summary_and_the_table_show_measured_and_predicted_ratios_with_expon
 
     lines = growth_lines(outcome.table)
     assert "ratio measured at L=1024 -> predicted at L=131072" in lines[1], lines
-    assert "regressed  chunked fwd peak_tensor_bytes  L^0.99 -> L^1.03  x1.08 -> x11.67" in lines[2]
+    assert "regressed  chunked fwd peak bytes  L^0.99 -> L^1.03  x1.08 -> x11.67" in lines[2]
+    assert lines[3].strip() == "fired: predicted x11.67 at L=131072 and exponent +0.04", lines
     assert all(len(line) <= 100 for line in lines)
 
 
@@ -332,7 +333,7 @@ def test_removing_the_square_buffer_is_an_improvement_at_the_target():
     from attnbench.gate_table import growth_lines
 
     assert (
-        "ok         chunked fwd peak_tensor_bytes  L^1.03 -> L^0.99  x0.92 -> x0.09"
+        "improved   chunked fwd peak bytes  L^1.03 -> L^0.99  x0.92 -> x0.09"
         in (growth_lines(outcome.table)[2])
     )
     summary = gate_summary(outcome, "time", {"time": 1.2, "memory": 1.1, "instructions": 1.002})
@@ -348,4 +349,4 @@ def test_a_halved_square_term_is_listed_as_grown_less_though_its_exponent_stays(
     from attnbench.gate_table import growth_lines
 
     lines = growth_lines(table)
-    assert "ok         batched fwd peak_tensor_bytes  L^2.00 -> L^2.00  x0.50 -> x0.50" in lines[2]
+    assert "improved   batched fwd peak bytes  L^2.00 -> L^2.00  x0.50 -> x0.50" in lines[2]

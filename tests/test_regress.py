@@ -733,7 +733,7 @@ def test_readme_command_works_in_a_fresh_clone(tmp_path):
         return
     lengths = [int(n) for n in README_SUBSET["ATTNBENCH_ASV_LENGTHS"].split(",")]
     for n in lengths:
-        printed = re.search(rf"\[batched, L={n}, forward\]: instructions x([0-9.]+)", out.stdout)
+        printed = re.search(rf"^  batched L={n} fwd instructions x([0-9.]+)", out.stdout, re.M)
         assert printed and float(printed.group(1)) == pytest.approx(2.0, abs=0.01), text
     counts = ran[ran["metric"] == "instructions"].pivot_table(
         index=["variant", "seq_len"], columns="commit", values="value"
@@ -942,8 +942,9 @@ def test_the_gate_table_fits_a_hundred_columns_with_units(monkeypatch, capsys):
     main(["regress", "HEAD~1"])
     lines = capsys.readouterr().out.splitlines()
     table = lines[: lines.index("")]
-    assert max(len(line) for line in table) <= 100 and len(table) == 3
-    assert "12.3 ms" in table[-1] or "12.3 ms" in table[-2]
+    assert max(len(line) for line in table) <= 100, table
+    # the undecided row first, its long reason wrapped below it, then the ok row
+    assert "12.3 ms" in table[1] and "x2.04" in table[1] and table[-1].startswith("ok "), table
 
 
 @pytest.fixture(scope="module")

@@ -198,7 +198,8 @@ def growth_lines(table: pd.DataFrame) -> list[str]:
     lines = [
         head,
         "",
-        "| case | metric | exponent BASE -> HEAD | measured | predicted | verdict |",
+        "| case | metric | exponent BASE -> HEAD | measured | predicted "
+        "| verdict: the rule that fired |",
         "|---|---|---|---:|---:|---|",
     ]
     for rec in _ordered(moved).head(MAX_ROWS).to_dict("records"):
@@ -209,10 +210,19 @@ def growth_lines(table: pd.DataFrame) -> list[str]:
             f"{exponent_text(rec['base_exponent'])} -> {exponent_text(rec['head_exponent'])}",
             f"{text.ratio(rec['measured_ratio'], metric)} at L={int(rec['measured_length'])}",
             f"{text.ratio(rec['ratio'], metric)} at L={int(rec['at_length'])}",
-            str(rec["verdict"]),
+            _growth_verdict(rec),
         ]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return [*lines, ""]
+
+
+def _growth_verdict(rec: dict) -> str:
+    """``regressed: predicted x11.67 at L=131072`` (or ``exponent +0.04``, or both): the rule that
+    fired, so an exponent that went down beside a regression is not read as its cause."""
+    rule = rec.get("rule")
+    if rec["verdict"] == GateVerdict.REGRESSED and isinstance(rule, str) and rule:
+        return f"regressed: {rule}"
+    return str(rec["verdict"])
 
 
 def _improved(table: pd.DataFrame) -> pd.DataFrame:
