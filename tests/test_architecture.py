@@ -68,9 +68,12 @@ ROOMS: tuple[tuple[str, ...], ...] = (
     ("gate.bisect", "gate.export", "gate.markdown"),
     ("session", "gate_table", "arguments"),
     ("cli",),
+    # attnbench.testing: a user's tests call it (nothing in the package imports it)
+    ("testing.outcome", "testing.kernel"),
+    ("testing.answer", "testing.cost"),
 )
 """Groups of modules from the bottom up: a module may import its own room's and lower rooms' modules only."""
-FACADES = ("", "analysis", "gate", "report")
+FACADES = ("", "analysis", "gate", "report", "testing")
 """Package ``__init__`` modules that only gather public names (``attnbench``) or are empty: not a room."""
 
 
