@@ -57,7 +57,7 @@ ROOMS: tuple[tuple[str, ...], ...] = (
     ("analysis.changes", "analysis.growth"),
     ("gate.steps",),  # below the analysis, which reads a history's steps (git's order handed in)
     ("analysis.summary",),
-    ("gate.decision", "gate.results", "gate.gitlog", "gate.seed", "gate.init"),
+    ("gate.decision", "gate.results", "gate.gitlog", "gate.seed", "gate.init", "gate.progress"),
     ("report.style",),
     ("report.plots", "report.history_plots"),
     ("report.markup",),

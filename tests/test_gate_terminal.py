@@ -168,3 +168,94 @@ def test_a_growth_row_names_the_rule_that_fired():
         assert f"| regressed: {rule} |" in summary, summary
         reason = outcome.regressions["reason"].iloc[0]
         assert reason.startswith(rule), reason  # the cause first, the exponents after
+
+
+VENV = "virtualenv-py3.11-build-matplotlib3.11.2-numpy2.4.6-pandas3.1.1-psutil7.2.2-scipy1.17.1-seaborn0.13.2"
+"""asv's environment name as the fresh-clone run saw it."""
+TIME = "bench_attention.Attention.time_attention"
+TIME_ROUNDS = [
+    # (seconds into the step, what asv wrote then): the gate's time rounds of BASE and HEAD, two
+    # rounds, one benchmark whose every case runs in one asv item for minutes
+    (0.4, "· Discovering benchmarks\n"),
+    (9.0, "· Running 2 total benchmarks (2 commits * 1 environments * 1 benchmarks)\n"),
+    (9.1, "[ 0.00%] · For attnbench commit 1a2b3c4d <main> (round 1/2):\n"),
+    (9.2, f"[ 0.00%] ·· Building for {VENV}\n"),
+    (16.0, f"[ 0.00%] ·· Benchmarking {VENV}\n"),
+    (17.0, f"[25.00%] ··· Running ({TIME}--)"),
+    (404.0, ".\n[25.00%] · For attnbench commit 5e6f7a8b (round 1/2):\n"),
+    (404.1, f"[25.00%] ·· Building for {VENV}\n"),
+    (411.0, f"[25.00%] ·· Benchmarking {VENV}\n"),
+    (412.0, f"[50.00%] ··· Running ({TIME}--)"),
+    (790.0, ".\n[50.00%] · For attnbench commit 5e6f7a8b (round 2/2):\n"),
+    (790.1, f"[50.00%] ·· Benchmarking {VENV}\n"),
+    (791.0, f"[75.00%] ··· {TIME}"),
+    (1170.0, "                ok\n[75.00%] ··· ======== ====\n  variant   L  \n"),
+]
+COUNTS = [
+    # the instruction counts of one commit: a setup_cache of ten minutes (one valgrind process)
+    (0.2, "· Running 8 total benchmarks (1 commits * 1 environments * 8 benchmarks)\n"),
+    (0.3, "[ 0.00%] · For attnbench commit 5e6f7a8b <slow>:\n"),
+    (1.0, f"[ 0.00%] ·· Benchmarking {VENV}\n"),
+    (2.0, "[12.50%] ··· Setting up bench_attention:840"),
+    (620.0, "                       ok\n"),
+    (620.1, "[12.50%] ··· bench_attention.Instructions.track_instructions       ok\n"),
+    (621.0, "[25.00%] ··· bench_attention.AttentionMetrics.track_flops"),
+]
+
+
+def _heard(
+    chunks: list[tuple[float, str]], end: float, tick: float = 1.0
+) -> list[tuple[float, str]]:
+    """What the gate says of ``chunks`` as its loop does: a tick a second, asv's output fed as it
+    came, the due line told (a fake clock: no process, no waiting)."""
+    from attnbench.gate.progress import AsvProgress
+
+    tracker, heard, pending = AsvProgress(0.0), [], list(chunks)
+    now = 0.0
+    while now <= end:
+        while pending and pending[0][0] <= now:
+            at, text = pending.pop(0)
+            tracker.feed(text, at)
+        if line := tracker.due(now):
+            heard.append((now, line))
+        now += tick
+    return heard
+
+
+def _moves_every_30_s(heard: list[tuple[float, str]]) -> str:
+    """What was heard, one line each; AssertionError where it stood still 30 s or more."""
+    said = "\n".join(f"{t:6.0f} {line}" for t, line in heard)
+    times = [0.0] + [t for t, _ in heard]
+    assert max(b - a for a, b in zip(times, times[1:], strict=False)) <= 30, said
+    lines = [line for _, line in heard]
+    assert all(a != b for a, b in zip(lines, lines[1:], strict=False)), said
+    assert "0%" not in said and "Benchmarking" not in said, said  # what the fresh-clone run saw
+    return said
+
+
+def test_progress_names_the_commit_the_benchmark_and_item_and_moves_every_30_s():
+    heard = _heard(TIME_ROUNDS, 1180.0)
+    said = _moves_every_30_s(heard)
+    # minutes into BASE's first round: the commit, the round, the benchmark, item 1 of 4
+    during = [line for t, line in heard if 60 < t < 400]
+    assert during and all(
+        line.startswith(f"asv item 1 of 4: commit 1a2b3c4d, round 1 of 2, {TIME}, ")
+        for line in during
+    ), said
+    lines = [line for _, line in heard]
+    assert any(f"item 2 of 4: commit 5e6f7a8b, round 1 of 2, {TIME}" in line for line in lines)
+    assert any(f"item 3 of 4: commit 5e6f7a8b, round 2 of 2, {TIME}" in line for line in lines)
+
+
+def test_a_long_setup_cache_is_named_and_its_seconds_count():
+    heard = _heard(COUNTS, 630.0)
+    said = _moves_every_30_s(heard)
+    setup = [line for t, line in heard if 30 < t < 620]
+    assert setup and all(
+        line.startswith("asv item 1 of 8: commit 5e6f7a8b, setup_cache of bench_attention:840, ")
+        for line in setup
+    ), said
+    # a new item is told at once (within the 5 s gap), not at the next heartbeat
+    assert any(
+        621 <= t <= 626 and "item 2 of 8" in line and "track_flops" in line for t, line in heard
+    ), said

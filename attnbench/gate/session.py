@@ -37,6 +37,7 @@ from attnbench.gate.decision import (
     compare,
     mark_not_timed,
 )
+from attnbench.gate.progress import HEARTBEAT_S, MIN_GAP_S, AsvProgress
 from attnbench.gate.results import (
     SESSION_MARK,
     RegressError,
@@ -86,13 +87,6 @@ def _git(repo: Path, *args: str) -> str:
     return out.stdout.strip()
 
 
-HEARTBEAT_S = 30.0
-"""A long asv step says where it is at least this often (asv's own output goes to the log)."""
-_PROGRESS = re.compile(r"^(?:\[\s*(\d+(?:\.\d+)?)%\]\s+)?[·.]+\s+(.*)$")
-"""asv's progress lines: ``[ 33.33%] ··· bench_attention.Attention.time_attention  ok``, or
-``·· Creating virtualenv ...``."""
-
-
 def _asv(
     args: list[str],
     *,
@@ -125,54 +119,70 @@ def _streamed(
     progress: Callable[[str], None],
     heartbeat_s: float,
 ) -> subprocess.CompletedProcess:
-    """``subprocess.run`` that reports asv's latest progress line every ``heartbeat_s`` seconds."""
+    """``subprocess.run`` that tells where asv is (:class:`AsvProgress`) at least every
+    ``heartbeat_s`` seconds.
+
+    asv's stdout is read as it is written, a line before its end included: a benchmark's line is
+    written when it starts and ended when it is done. The output kept for the log has each line
+    stamped with the seconds into the step at which it started.
+    """
+    import codecs
     import threading
 
-    lines: list[str] = []
-    latest = [""]
     start = time.monotonic()
-    proc = subprocess.Popen(
-        cmd,
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        errors="replace",
-    )
-    errors: list[str] = []
+    tracker = AsvProgress(start, heartbeat_s=heartbeat_s, min_gap_s=min(MIN_GAP_S, heartbeat_s))
+    lock = threading.Lock()
+    stamped = _Stamped(start)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    errors: list[bytes] = []
 
     def read_out() -> None:
-        for line in proc.stdout:  # type: ignore[union-attr]
-            # where the step's time goes, in the log
-            lines.append(f"[{time.monotonic() - start:6.1f} s] {line}")
-            found = _PROGRESS.match(line.strip())
-            # a step of asv's, not a row of its result table
-            if found and found.group(2)[:1].isalpha() and not found.group(2).startswith("Running"):
-                share = f"{float(found.group(1)):.0f}% " if found.group(1) else ""
-                latest[0] = f"{share}{' '.join(found.group(2).split())[:110]}"
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        while chunk := os.read(proc.stdout.fileno(), 65536):  # type: ignore[union-attr]
+            text, now = decoder.decode(chunk), time.monotonic()
+            with lock:
+                tracker.feed(text, now)
+            stamped.add(text, now)
 
     def read_err() -> None:
-        errors.extend(proc.stderr)  # type: ignore[arg-type]
+        errors.append(proc.stderr.read())  # type: ignore[union-attr]
 
-    readers = [
-        threading.Thread(target=read_out, daemon=True),
-        threading.Thread(target=read_err, daemon=True),
-    ]
+    readers = [threading.Thread(target=f, daemon=True) for f in (read_out, read_err)]
     for reader in readers:
         reader.start()
     while True:
         try:
-            proc.wait(timeout=heartbeat_s)
+            proc.wait(timeout=min(1.0, heartbeat_s / 4))
             break
         except subprocess.TimeoutExpired:
-            progress(
-                f"  ... asv at {latest[0] or 'its start'} "
-                f"({time.monotonic() - start:.0f} s into this step)"
-            )
+            with lock:
+                line = tracker.due(time.monotonic())
+            if line:
+                progress(line)
     for reader in readers:
         reader.join()
-    return subprocess.CompletedProcess(cmd, proc.returncode, "".join(lines), "".join(errors))
+    err = b"".join(errors).decode("utf-8", errors="replace")
+    return subprocess.CompletedProcess(cmd, proc.returncode, stamped.text(), err)
+
+
+class _Stamped:
+    """Output kept line by line, each stamped with the seconds into the step it started at."""
+
+    def __init__(self, start: float) -> None:
+        self.start, self.lines, self.partial, self.at = start, [], "", None
+
+    def add(self, text: str, now: float) -> None:
+        for piece in text.splitlines(keepends=True):
+            if self.at is None:
+                self.at = now
+            self.partial += piece
+            if piece.endswith("\n"):
+                self.lines.append(f"[{self.at - self.start:6.1f} s] {self.partial}")
+                self.partial, self.at = "", None
+
+    def text(self) -> str:
+        tail = f"[{self.at - self.start:6.1f} s] {self.partial}" if self.partial else ""
+        return "".join(self.lines) + tail
 
 
 def _config(repo: Path, work: Path) -> Path:
