@@ -4,7 +4,9 @@
 (:mod:`attnbench.analysis.rundir`) what is defined here:
   * ``cases.jsonl`` (:data:`LOG`, format :data:`LOG_SCHEMA`): a header line, then one line per
     finished case (``{"kind": "case", "measurement": ...}``) or instruction count
-    (``{"kind": "count", "case": <case key>, "count": ...}``); :func:`read_log` reads it back.
+    (``{"kind": "count", "case": <case key>, "count": ...}``), and a roof measured again after
+    the sweep (``{"kind": "roof", "peak_gflops": {dtype: GFLOP/s}, "reason": ...}``: it replaces
+    the header's); :func:`read_log` reads it back.
   * ``measurements.csv`` (:data:`MEASUREMENTS`) and ``manifest.json`` (:data:`MANIFEST`, format
     :data:`MANIFEST_SCHEMA`), derived from the log.
 
@@ -148,7 +150,7 @@ def read_log(path: str | Path) -> RunLog:
     """
     path = Path(path)
     lines = path.read_bytes().split(b"\n")
-    header, found, notes, rejected, counts = None, [], [], [], {}
+    header, found, notes, rejected, counts, roof = None, [], [], [], {}, {}
     last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
     torn = lines[-1].strip() != b""  # a complete log ends with a line end
     for i, raw in enumerate(lines):
@@ -164,6 +166,8 @@ def read_log(path: str | Path) -> RunLog:
                 found.append(_measurement_from_json(item["measurement"]))
             elif item.get("kind") == "count":
                 counts[str(item["case"])] = count_from_json(item["count"])
+            elif item.get("kind") == "roof":
+                roof.update(_roof_from_json(item))
             else:
                 raise ValueError(f"unknown kind {item.get('kind')!r}")
         except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
@@ -177,6 +181,8 @@ def read_log(path: str | Path) -> RunLog:
                 notes.append(rejected[-1])
     # a count may be logged before its case
     found = [attach(m, counts.get(case_key(m.variant, m.spec))) for m in found]
+    if header is not None and roof:
+        header = {**header, "peak_gflops": {**(header.get("peak_gflops") or {}), **roof}}
     return RunLog(
         header=header,
         measurements=tuple(found),
@@ -184,6 +190,20 @@ def read_log(path: str | Path) -> RunLog:
         rejected=tuple(rejected),
         counts=counts,
     )
+
+
+def _roof_from_json(item: dict[str, Any]) -> dict[str, float]:
+    """The dtype -> GFLOP/s of a ``roof`` line.
+
+    Raises:
+        ValueError, TypeError: not a mapping of dtype names to positive numbers.
+    """
+    peaks = item["peak_gflops"]
+    if not isinstance(peaks, dict) or not all(
+        isinstance(k, str) and isinstance(v, (int, float)) and v > 0 for k, v in peaks.items()
+    ):
+        raise ValueError(f"a roof line's peak_gflops must map dtypes to GFLOP/s, got {peaks!r:.80}")
+    return {k: float(v) for k, v in peaks.items()}
 
 
 def count_to_json(count: Count) -> dict[str, Any]:

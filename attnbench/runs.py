@@ -549,6 +549,17 @@ class RunDirectory:
         self._peak_gbps = peak_gbps if peak_gbps is not None else self.header.get("peak_gbps")
         return [(n, s) for (n, s), k in zip(cases, keys, strict=True) if k not in done]
 
+    @property
+    def peak_gflops(self) -> dict[str, float]:
+        """The matmul roofs this run records, dtype -> GFLOP/s (empty when none was measured)."""
+        return dict(self._peak or {})
+
+    def remeasured_roof(self, peak_gflops: dict[str, float], reason: str) -> None:
+        """Log a roof measured again after the sweep; it replaces the header's for these dtypes."""
+        self._append_line({"kind": "roof", "peak_gflops": peak_gflops, "reason": reason})
+        self._peak = {**(self._peak or {}), **peak_gflops}
+        self.header["peak_gflops"] = self._peak
+
     def _seconds_before(self) -> float:
         """Seconds earlier sessions measured for, from the manifest (0 when it cannot be read)."""
         with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):

@@ -10,8 +10,6 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 import attnbench
 from attnbench.measure import MeasureConfig, guard, measure, sweep
@@ -156,75 +154,6 @@ def test_profile_goes_through_the_guard(tmp_path, capsys):
 
 
 # --- the matmul peak cache and the time guard's prediction --------------------------------------------------
-
-
-def _cache(tmp_path, monkeypatch, entry, measured: float | None):
-    """A cache holding ``entry`` for this process's key; measuring returns ``measured`` (None: must not measure)."""
-    import json
-
-    from attnbench.measure import peak
-
-    monkeypatch.setenv("ATTNBENCH_CACHE", str(tmp_path))
-    tmp_path.joinpath(peak.cache_path().name).write_text(
-        json.dumps({peak._key("cpu", "float32"): entry})
-    )
-    calls = []
-
-    def fake_measure(device, dtype):
-        assert measured is not None, (
-            "the cache had enough fresh measurements: nothing should be measured"
-        )
-        calls.append(device)
-        return measured
-
-    monkeypatch.setattr(peak, "measure_matmul_peak", fake_measure)
-    return peak, calls
-
-
-def test_a_busy_peak_measurement_does_not_poison_the_cache(tmp_path, monkeypatch):
-    """Planted: one measurement taken on a busy machine (1 GFLOP/s), two minutes old. The next use
-    measures again (fewer than MIN_SAMPLES fresh) and the best one wins; the busy one stays outvoted."""
-    import json
-    import time
-
-    busy = {"flops": 1e9, "at": time.time() - 120, "load": 6.4}
-    peak, calls = _cache(tmp_path, monkeypatch, [busy], measured=5e10)
-    assert peak.matmul_peak("cpu", "float32") == 5e10 and len(calls) == 1
-    kept = json.loads(peak.cache_path().read_text())[peak._key("cpu", "float32")]
-    assert [s["flops"] for s in kept] == [1e9, 5e10] and all(
-        "load" in s and "at" in s for s in kept
-    )
-
-
-def test_a_single_cached_number_is_measured_again(tmp_path, monkeypatch):
-    """The old cache held one number forever (22 GFLOP/s for a 90 GFLOP/s core): it counts as stale."""
-    peak, calls = _cache(tmp_path, monkeypatch, 2.2e10, measured=9e10)
-    assert peak.matmul_peak("cpu", "float32") == 9e10 and len(calls) == 1
-
-
-def test_stale_measurements_are_dropped(tmp_path, monkeypatch):
-    import time
-
-    from attnbench.measure import peak as peak_module
-
-    old = [{"flops": 2e11, "at": time.time() - peak_module.STALE_S - 1, "load": 0.1}]
-    peak, _ = _cache(tmp_path, monkeypatch, old, measured=9e10)
-    assert peak.matmul_peak("cpu", "float32") == 9e10
-
-
-@settings(
-    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(st.lists(st.floats(min_value=1e8, max_value=1e12), min_size=3, max_size=8))
-def test_enough_fresh_measurements_give_their_best_without_measuring(tmp_path, monkeypatch, flops):
-    import time
-
-    from attnbench.measure import peak as peak_module
-
-    now = time.time()
-    entry = [{"flops": f, "at": now - 10 * i, "load": 1.0} for i, f in enumerate(flops)]
-    peak, _ = _cache(tmp_path, monkeypatch, entry, measured=None)
-    assert peak.matmul_peak("cpu", "float32") == max(flops[: peak_module.KEEP])
 
 
 def test_extrapolation_scales_the_measured_time_by_the_declared_exponent():
