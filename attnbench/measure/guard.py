@@ -166,6 +166,7 @@ def guard_reasons(
         source = "cost model" if call_s is None else "extrapolated from the shorter length"
         reasons.append(
             f"predicted {seconds:,.1f} s ({source}) for {calls} calls "
-            f"exceeds the time budget {time_budget:g} s"
+            f"exceeds the time budget {time_budget:g} s (attnbench run --time-budget "
+            f"{math.ceil(1.5 * seconds)} measures it)"
         )
     return reasons
