@@ -259,3 +259,17 @@ def test_a_long_setup_cache_is_named_and_its_seconds_count():
     assert any(
         621 <= t <= 626 and "item 2 of 8" in line and "track_flops" in line for t, line in heard
     ), said
+
+
+def test_rounds_asv_does_not_name_are_counted_from_its_percentages():
+    """``asv run --attribute rounds=2`` without interleaving (a bisection's time probe): asv counts
+    3 benchmarks twice and never says so; its 16.67% is item 1 of 6, not "item 0 or 1 of 3"."""
+    from attnbench.gate.progress import AsvProgress
+
+    tracker = AsvProgress(0.0)
+    tracker.feed("· Running 3 total benchmarks (1 commits * 1 environments * 3 benchmarks)\n", 1.0)
+    tracker.feed("[ 0.00%] ·· Benchmarking existing-py_work_main_.venv_bin_python\n", 1.0)
+    tracker.feed("[16.67%] ··· Setting up bench_a:5", 1.0)
+    assert tracker.line(9.0).startswith("asv item 1 of 6: setup_cache of bench_a:5, 8 s in")
+    tracker.feed("  ok\n[66.67%] ··· bench_a.Attention.time_attention", 10.0)
+    assert tracker.line(12.0).startswith("asv item 4 of 6: bench_a.Attention.time_attention, 2 s")

@@ -57,6 +57,8 @@ _PHASES = (
     ("Installing", "installing"),
 )
 """asv's steps before a benchmark runs, as the progress line names them."""
+_MAX_ROUNDS = 10
+"""The most rounds :meth:`AsvProgress._rounds` infers (asv's default is 2, the gate's 2)."""
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -68,7 +70,7 @@ class AsvProgress:
     heartbeat_s: float = HEARTBEAT_S
     min_gap_s: float = MIN_GAP_S
     total: int = 0  # asv's benchmarks x commits x environments (0: not said yet)
-    rounds: int = 1  # asv's rounds (interleaved: each commit's "(round r/R)")
+    rounds: int = 0  # asv's rounds where it said them (interleaved: each commit's "(round r/R)")
     round: int = 0
     commit: str = ""
     percent: float | None = None
@@ -78,6 +80,7 @@ class AsvProgress:
     _partial: str = ""  # the line asv is still writing
     _said: tuple[float, tuple] | None = None  # when the last line was told, and of what item
     _item: tuple = field(default_factory=tuple)
+    _percents: set[float] = field(default_factory=set)  # every percentage asv wrote
 
     def feed(self, text: str, now: float) -> None:
         """Read more of asv's stdout (any chunk: a line is read as it grows)."""
@@ -93,6 +96,7 @@ class AsvProgress:
         msg = found.group("msg")
         if found.group("pct") is not None:
             self.percent = float(found.group("pct"))
+            self._percents.add(self.percent)
         if total := _TOTAL.match(msg):
             self.total = int(total.group("n"))
         elif commit := _COMMIT.match(msg):
@@ -125,11 +129,23 @@ class AsvProgress:
         asv counts benchmarks x commits x environments, each once per round; its percentage
         counts a benchmark under way, not a step between two.
         """
-        n = self.total * max(self.rounds, 1)
+        n = self.total * self._rounds()
         if not n or self.percent is None:
             return None
         i = round(self.percent / 100 * n)
         return (i, n) if 0 <= i <= n else None
+
+    def _rounds(self) -> int:
+        """asv's rounds: as it said them, else the fewest that make every percentage it wrote a
+        whole count (rounds it runs one after the other, ``--attribute rounds`` or a time
+        benchmark's own 2, it never names)."""
+        if self.rounds:
+            return self.rounds
+        for rounds in range(1, _MAX_ROUNDS + 1):
+            n = self.total * rounds
+            if all(abs(p / 100 * n - round(p / 100 * n)) < 0.05 for p in self._percents):
+                return rounds
+        return 1
 
     def _counted(self) -> str:
         """``asv item 3 of 8`` (a benchmark under way), ``asv, 2 of 8 items done`` (a step between
