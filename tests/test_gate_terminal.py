@@ -204,21 +204,28 @@ COUNTS = [
 
 
 def _heard(
-    chunks: list[tuple[float, str]], end: float, tick: float = 1.0
+    chunks: list[tuple[float, str]],
+    end: float,
+    samples: list[tuple[float, dict]] = (),
+    cases: dict | None = None,
 ) -> list[tuple[float, str]]:
     """What the gate says of ``chunks`` as its loop does: a tick a second, asv's output fed as it
-    came, the due line told (a fake clock: no process, no waiting)."""
+    came, the time benchmark's ``samples`` (the probe log's lines) among ``cases``
+    (``parameter_sets``) noted, the due line told (a fake clock: no process, no waiting)."""
     from attnbench.gate.progress import AsvProgress
 
-    tracker, heard, pending = AsvProgress(0.0), [], list(chunks)
+    tracker, heard = AsvProgress(0.0, cases=cases or {}), []
+    pending, logged = list(chunks), list(samples)
     now = 0.0
     while now <= end:
         while pending and pending[0][0] <= now:
             at, text = pending.pop(0)
             tracker.feed(text, at)
+        while logged and logged[0][0] <= now:
+            tracker.note_sample(logged.pop(0)[1])
         if line := tracker.due(now):
             heard.append((now, line))
-        now += tick
+        now += 1.0
     return heard
 
 
@@ -273,3 +280,89 @@ def test_rounds_asv_does_not_name_are_counted_from_its_percentages():
     assert tracker.line(9.0).startswith("asv item 1 of 6: setup_cache of bench_a:5, 8 s in")
     tracker.feed("  ok\n[66.67%] ··· bench_a.Attention.time_attention", 10.0)
     assert tracker.line(12.0).startswith("asv item 4 of 6: bench_a.Attention.time_attention, 2 s")
+
+
+BENCHMARKS_JSON = {
+    TIME: {
+        "params": [
+            ["'batched'", "'chunked'", "'sdpa'", "'mine'"],
+            ["256", "512", "1024"],
+            ["'cpu'"],
+            ["'forward'"],
+            ["'none'"],
+        ],
+        "param_names": ["variant", "seq_len", "device", "mode", "mask"],
+    },
+    "bench_attention.track_x": {"params": [], "param_names": []},
+    "version": 2,
+}
+"""asv's ``benchmarks.json`` of a small main grid: four variants at three lengths."""
+
+
+def _sample(commit: str, variant: str) -> dict:
+    """A line of the gate's probe log (asv_bench.timed_teardown)."""
+    return {
+        "commit": commit + "0" * 32,
+        "variant": variant,
+        "seq_len": 1024,
+        "device": "cpu",
+        "mode": "forward",
+        "mask": "none",
+        "probe_s": 0.01,
+        "sample_s": 0.2,
+        "runqueue_share": 0.0,
+    }
+
+
+def test_progress_names_the_case_i_of_n_of_the_time_benchmark():
+    """The time rounds at the longest length only (counts decide the rest): four cases; the probe
+    log says which one runs, asv does not (one asv item for all of them)."""
+    from attnbench import contract
+    from attnbench.gate.progress import parameter_sets
+    from attnbench.gate.session import time_selection
+
+    pattern, _ = time_selection({contract.ENV_LENGTHS: "256,512,1024"})
+    cases = parameter_sets(BENCHMARKS_JSON, pattern)
+    assert cases[TIME][1] == [
+        (f"'{v}'", "1024", "'cpu'", "'forward'", "'none'")
+        for v in ("batched", "chunked", "sdpa", "mine")
+    ]
+    order = ["batched"] * 9 + ["chunked"] * 9 + ["sdpa"] * 9 + ["mine"] * 9
+    samples = [(20.0 + 10 * k, _sample("1a2b3c4d", v)) for k, v in enumerate(order)]
+    samples.insert(12, (130.5, _sample("ffffffff", "sdpa")))  # another commit's: not this item's
+    heard = _heard(TIME_ROUNDS, 420.0, samples, cases)
+    said = _moves_every_30_s(heard)
+    start = f"asv item 1 of 4: commit 1a2b3c4d, round 1 of 2, {TIME}, case 2 of 4 (chunked L=1024 fwd), "
+    assert any(t > 110 and line.startswith(start) for t, line in heard), said
+    assert any("case 4 of 4 (mine L=1024 fwd)" in line for _, line in heard), said
+    # the next item (HEAD's round) starts without BASE's last case
+    assert all("case" not in line for t, line in heard if t > 404), said
+
+
+def test_the_case_watch_reads_the_probe_log_as_it_grows(tmp_path):
+    """The session's watch: asv's benchmarks.json and the probe log's newest whole line; a line
+    still being written waits for its end, and the log's earlier calls are not this one's."""
+    import json
+
+    from attnbench.gate.progress import AsvProgress
+    from attnbench.gate.session import _CaseWatch
+
+    (tmp_path / "benchmarks.json").write_text(json.dumps(BENCHMARKS_JSON))
+    log = tmp_path / "probes.jsonl"
+    log.write_text(json.dumps(_sample("1a2b3c4d", "sdpa")) + "\n")  # an earlier call's
+    tracker = AsvProgress(0.0)
+    tracker.feed("· Running 2 total benchmarks (2 commits * 1 environments * 1 benchmarks)\n", 0.0)
+    tracker.feed("[ 0.00%] · For attnbench commit 1a2b3c4d (round 1/2):\n", 0.0)
+    tracker.feed(f"[25.00%] ··· Running ({TIME}--)", 1.0)
+    watch = _CaseWatch(log, tmp_path / "benchmarks.json", None)
+    watch(tracker)
+    assert "case" not in tracker.line(5.0), tracker.line(5.0)
+    with open(log, "a") as out:
+        out.write(json.dumps(_sample("1a2b3c4d", "chunked")) + "\n")
+        out.write(json.dumps(_sample("1a2b3c4d", "mine"))[:40])  # being written
+    watch(tracker)
+    assert "case 6 of 12 (chunked L=1024 fwd)" in tracker.line(6.0), tracker.line(6.0)
+    with open(log, "a") as out:
+        out.write(json.dumps(_sample("1a2b3c4d", "mine"))[40:] + "\n")
+    watch(tracker)
+    assert "case 12 of 12 (mine L=1024 fwd)" in tracker.line(7.0), tracker.line(7.0)

@@ -29,10 +29,11 @@ feeds it).
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["HEARTBEAT_S", "MIN_GAP_S", "AsvProgress"]
+__all__ = ["HEARTBEAT_S", "MIN_GAP_S", "AsvProgress", "parameter_sets"]
 
 HEARTBEAT_S = 20.0
 """The most seconds between two progress lines (with the tick's delay, well within 30 s)."""
@@ -81,6 +82,9 @@ class AsvProgress:
     _said: tuple[float, tuple] | None = None  # when the last line was told, and of what item
     _item: tuple = field(default_factory=tuple)
     _percents: set[float] = field(default_factory=set)  # every percentage asv wrote
+    # per parameterized benchmark of this call: its parameter names and sets (parameter_sets)
+    cases: dict[str, tuple[list[str], list[tuple[str, ...]]]] = field(default_factory=dict)
+    _case: tuple[tuple, str] | None = None  # the item it was seen in, and "case i of n (...)"
 
     def feed(self, text: str, now: float) -> None:
         """Read more of asv's stdout (any chunk: a line is read as it grows)."""
@@ -163,6 +167,8 @@ class AsvProgress:
         if self.round:
             where.append(f"round {self.round} of {self.rounds}")
         doing = self.doing or "starting"
+        if self._case and self._case[0] == self._item:
+            doing += f", {self._case[1]}"
         return (
             f"{where[0]}: {', '.join([*where[1:], doing])}, {now - self.since:.0f} s in "
             f"({now - self.started:.0f} s into this step)"
@@ -181,3 +187,39 @@ class AsvProgress:
                 return None
         self._said = (now, self._item)
         return self.line(now)
+
+    def note_sample(self, sample: dict) -> None:
+        """The time benchmark logged a sample (a line of the gate's probe log): its case, as the
+        case i of n asv runs of the benchmark under way, joins the line until the next item."""
+        names, sets = self.cases.get(self.doing, ([], []))
+        commit = str(sample.get("commit", ""))
+        if not names or any(n not in sample for n in names) or not commit.startswith(self.commit):
+            return
+        key = tuple(repr(v) if isinstance(v, str) else str(v) for v in (sample[n] for n in names))
+        if key in sets:
+            mode = "bwd" if sample.get("mode") == "backward" else "fwd"
+            mask = f" {sample['mask']}" if sample.get("mask", "none") != "none" else ""
+            label = f"{sample.get('variant')} L={sample.get('seq_len')} {mode}{mask}"
+            self._case = (self._item, f"case {sets.index(key) + 1} of {len(sets)} ({label})")
+
+
+def parameter_sets(
+    benchmarks: dict, pattern: str | None
+) -> dict[str, tuple[list[str], list[tuple[str, ...]]]]:
+    """Per parameterized benchmark of asv's ``benchmarks.json``: its parameter names, and the sets
+    ``asv run --bench pattern`` runs, in the order it runs them.
+
+    asv's own selection (``asv.benchmarks.Benchmarks``): ``re.search`` of the pattern in
+    ``name(p1, p2, ...)``, each value as asv writes it (``'sdpa'``, ``1024``).
+    """
+    out = {}
+    for name, bench in benchmarks.items():
+        if not isinstance(bench, dict) or not bench.get("params"):
+            continue
+        sets = [
+            combo
+            for combo in itertools.product(*bench["params"])
+            if not pattern or re.search(pattern, f"{name}({', '.join(combo)})")
+        ]
+        out[name] = (list(bench.get("param_names", [])), sets)
+    return out

@@ -37,7 +37,7 @@ from attnbench.gate.decision import (
     compare,
     mark_not_timed,
 )
-from attnbench.gate.progress import HEARTBEAT_S, MIN_GAP_S, AsvProgress
+from attnbench.gate.progress import HEARTBEAT_S, MIN_GAP_S, AsvProgress, parameter_sets
 from attnbench.gate.results import (
     SESSION_MARK,
     RegressError,
@@ -95,17 +95,20 @@ def _asv(
     log,
     progress: Callable[[str], None] | None = None,
     heartbeat_s: float = HEARTBEAT_S,
+    watch: Callable[[AsvProgress], None] | None = None,
 ) -> subprocess.CompletedProcess:
     """Run asv, its output (stdout and stderr) kept for the log and the caller.
 
-    With ``progress``, asv's latest ``[ N%] ...`` line is reported every ``heartbeat_s`` seconds
-    while it runs (a gate run is minutes of asv).
+    With ``progress``, where asv is (:class:`AsvProgress`) is told at least every ``heartbeat_s``
+    seconds while it runs (a gate run is minutes of asv); ``watch`` adds what asv does not say
+    (:class:`_CaseWatch`).
     """
     cmd = [sys.executable, "-m", "asv", *args]
     if progress is None:
         out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     else:
-        out = _streamed(cmd, cwd, {**env, "PYTHONUNBUFFERED": "1"}, progress, heartbeat_s)
+        env = {**env, "PYTHONUNBUFFERED": "1"}
+        out = _streamed(cmd, cwd, env, progress, heartbeat_s, watch)
     if log is not None:
         log.write(f"$ {' '.join(cmd)}\n{out.stdout}\n{out.stderr}\n")
         log.flush()
@@ -118,9 +121,10 @@ def _streamed(
     env: dict[str, str],
     progress: Callable[[str], None],
     heartbeat_s: float,
+    watch: Callable[[AsvProgress], None] | None = None,
 ) -> subprocess.CompletedProcess:
-    """``subprocess.run`` that tells where asv is (:class:`AsvProgress`) at least every
-    ``heartbeat_s`` seconds.
+    """``subprocess.run`` that tells where asv is (:class:`AsvProgress`, updated by ``watch`` at
+    each tick where given) at least every ``heartbeat_s`` seconds.
 
     asv's stdout is read as it is written, a line before its end included: a benchmark's line is
     written when it starts and ended when it is done. The output kept for the log has each line
@@ -156,6 +160,8 @@ def _streamed(
             break
         except subprocess.TimeoutExpired:
             with lock:
+                if watch is not None:
+                    watch(tracker)
                 line = tracker.due(time.monotonic())
             if line:
                 progress(line)
@@ -183,6 +189,44 @@ class _Stamped:
     def text(self) -> str:
         tail = f"[{self.at - self.start:6.1f} s] {self.partial}" if self.partial else ""
         return "".join(self.lines) + tail
+
+
+class _CaseWatch:
+    """Tells an :class:`AsvProgress` which case the time benchmark is at: the newest sample of the
+    gate's probe log (one line per sample, :func:`attnbench.asv_bench.timed_teardown`) among the
+    parameter sets of the call (asv's ``benchmarks.json`` and the call's ``--bench`` pattern).
+
+    asv says nothing while one benchmark runs all its cases (minutes, in the gate's time rounds).
+    """
+
+    def __init__(self, probe_log: Path, benchmarks: Path, pattern: str | None) -> None:
+        self.probe_log, self.benchmarks, self.pattern = probe_log, benchmarks, pattern
+        self.read = probe_log.stat().st_size if probe_log.is_file() else 0  # this call's only
+        self.known: float | None = None  # the benchmarks.json read (its mtime)
+
+    def __call__(self, tracker: AsvProgress) -> None:
+        try:
+            changed = self.benchmarks.stat().st_mtime
+            if changed != self.known:
+                tracker.cases = parameter_sets(
+                    json.loads(self.benchmarks.read_text()), self.pattern
+                )
+                self.known = changed
+            with open(self.probe_log, "rb") as log:
+                log.seek(self.read)
+                new = log.read()
+        except (OSError, ValueError):  # not there yet, or asv writing it: the next tick
+            return
+        lines = new.split(b"\n")
+        self.read += len(new) - len(lines[-1])  # a line not yet ended is read when it is
+        for line in reversed(lines[:-1]):
+            try:
+                sample = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(sample, dict):
+                tracker.note_sample(sample)
+                return
 
 
 def _config(repo: Path, work: Path) -> Path:
@@ -491,7 +535,7 @@ class AsvSession:
                     cwd=self.work,
                     env=self.env,
                     log=log,
-                    **({} if quiet else {"progress": self.say}),
+                    **({} if quiet else {"progress": self.say, "watch": self._case_watch(args)}),
                 )
             if out.returncode == 0 or not _MACHINE_FILE_RACE.search(f"{out.stdout}\n{out.stderr}"):
                 return out
@@ -502,6 +546,16 @@ class AsvSession:
                 )
                 time.sleep(1.0 + attempt)
         return out
+
+    def _case_watch(self, args: list[str]) -> _CaseWatch:
+        """What tells the progress of asv ``args`` the time benchmark's case under way."""
+        pattern = args[args.index("--bench") + 1] if "--bench" in args[:-1] else None
+        results = Path(json.loads(self.conf.read_text())["results_dir"])
+        return _CaseWatch(
+            Path(self.env.get(contract.ENV_PROBE_LOG) or self.work / PROBES),
+            results / "benchmarks.json",
+            pattern,
+        )
 
     def run(
         self,
