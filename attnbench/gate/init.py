@@ -45,6 +45,8 @@ SUITE_FILE = "bench_attention.py"
 _NOT_PINNED = frozenset({"asv"})
 """attnbench's dependencies its benchmark processes never import (as attnbench's own matrix)."""
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_SEEN: dict[str, list[str]] = {}
+"""plugin -> the variants its import registered: a module is imported once per process."""
 
 
 @dataclass(frozen=True)
@@ -134,15 +136,17 @@ def _registered_by(root: Path, plugins: list[str]) -> dict[str, list[str]]:
     from attnbench.plugins import load_plugins
     from attnbench.registry import variant_class, variant_names
 
-    for entry in (root / "src", root):
-        if str(entry) not in sys.path and entry.is_dir():
-            sys.path.insert(0, str(entry))
     found = {}
     for plugin in plugins:
         before = set(variant_names())
-        load_plugins([plugin])  # ValueError naming the module where it does not import
-        new = [n for n in variant_names() if n not in before]
-        if not new:  # imported before this call: its variants are those its classes define
+        saved = list(sys.path)
+        sys.path[:0] = [str(p) for p in (root / "src", root) if p.is_dir()]
+        try:
+            load_plugins([plugin])  # ValueError naming the module where it does not import
+        finally:
+            sys.path[:] = saved
+        new = _SEEN.setdefault(plugin, [n for n in variant_names() if n not in before])
+        if not new:  # imported before any call: its variants are those its classes define
             new = [
                 n
                 for n in variant_names()
