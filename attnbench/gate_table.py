@@ -92,18 +92,26 @@ def _shown_verdict(rec: dict) -> str:
 
 
 def _ordered(table: pd.DataFrame) -> pd.DataFrame:
-    """Regressed and wrong rows first, then undecided, improved, ok, shown, not timed, n/a; the
-    largest ratio first within each (the largest gain among the improved)."""
+    """Regressed and wrong rows first, then undecided, improved, ok, shown, not timed, n/a.
+
+    The rows a reader acts on, the largest ratio first (the largest gain among the improved; equal
+    to 6 decimals, by case); the others by metric and case, each series' lengths in order, its
+    prediction last.
+    """
     if not len(table):
         return table
     shown = [_shown_verdict(rec) for rec in table.to_dict("records")]
     rank = [_ORDER.get(v, len(_ORDER)) for v in shown]
-    ratio = table["ratio"].astype(float).where(table["ratio"].notna(), math.inf)
-    key = [r if v == _IMPROVED else -r for r, v in zip(ratio, shown, strict=True)]
+    ratio = table["ratio"].astype(float).round(6).where(table["ratio"].notna(), math.inf)
+    key = [
+        (r if v == _IMPROVED else -r) if v in _ACTED_ON else 0.0
+        for r, v in zip(ratio, shown, strict=True)
+    ]
+    predicted = table["basis"] == Basis.PREDICTED if "basis" in table else False
     return (
-        table.assign(_rank=rank, _key=key)
-        .sort_values(["_rank", "_key", "variant", "seq_len"], kind="stable")
-        .drop(columns=["_rank", "_key"])
+        table.assign(_rank=rank, _key=key, _predicted=predicted)
+        .sort_values(["_rank", "_key", "metric", "variant", "_predicted", "seq_len"], kind="stable")
+        .drop(columns=["_rank", "_key", "_predicted"])
     )
 
 
