@@ -121,7 +121,8 @@ BAD = [
     (["regress", "HEAD~1", "HEAD", "--time-factor", "nan"], "--time-factor"),
     (["regress", "HEAD~1", "HEAD", "--time-factor", "1"], "--time-factor"),
     (["regress", "HEAD~1", "HEAD", "--memory-factor", "inf"], "--memory-factor"),
-    (["regress", "HEAD~1", "HEAD", "--rounds", "0"], "--rounds"),
+    (["regress", "HEAD~1", "HEAD", "--rounds", "-1"], "--rounds"),  # 0: no time rounds
+    (["bisect", "HEAD~1", "HEAD", "--rounds", "0"], "--rounds"),  # a time probe needs a round
     (["regress", "no-such-rev", "HEAD", "--repo", "{root}"], "no-such-rev"),
     (["--plugin", "no_such_plugin_module", "list"], "no_such_plugin_module"),
 ]
