@@ -8,6 +8,7 @@ valgrind), so nothing here times the machine.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import shutil
 import subprocess
@@ -243,3 +244,24 @@ def test_a_suite_asv_cannot_import_is_named_by_its_exception():
         suite_failure([*log, f"{SESSION_MARK} in /tmp/mine", "[ 1.0 s] · Creating environments"])
         is None
     )
+
+
+def test_the_seeded_environment_links_an_editable_attnbench_the_matrix_pins():
+    """asv installs the project at each commit, so the seed leaves the project's own distribution out, and an editable
+    install too, unless the matrix pins it by name: a repository set up by ``init`` pins attnbench, whose benchmarks
+    import it (planted before: every editable install left out, and asv's discovery failed with "No module named
+    'attnbench'"). In attnbench's own checkout attnbench is the project, left out by name."""
+    from attnbench.gate.seed import _left_out, _site_dirs
+
+    # this interpreter's own site-packages, as the seed reads them (not the checkout's egg-info)
+    dist = next(importlib.metadata.distributions(name="attnbench", path=_site_dirs()), None)
+    if dist is None or not json.loads(dist.read_text("direct_url.json") or "{}").get(
+        "dir_info", {}
+    ).get("editable"):
+        pytest.skip("attnbench is not an editable install here")
+    files = {Path(str(f)).parts[0] for f in dist.files or ()}
+    assert files and files <= _left_out("flash-mine")  # not pinned: a working tree's, left out
+    assert not files & _left_out("flash-mine", {"attnbench", "torch"})  # pinned: linked
+    assert files <= _left_out(
+        "attnbench", {"attnbench", "torch"}
+    )  # the project itself: asv installs it

@@ -389,7 +389,10 @@ def _check_arguments(
         if valgrind_version() is None:
             raise RegressError(missing_message())
     if not (repo / "asv.conf.json").exists():
-        raise BisectError(f"repo must be an attnbench checkout with asv.conf.json, got {repo}")
+        raise BisectError(
+            "repo must hold an asv.conf.json (attnbench's checkout, or a repository of your own "
+            f"that `attnbench init` set up), got {repo}"
+        )
 
 
 def _measure_good(session, state: Bisection) -> None:
