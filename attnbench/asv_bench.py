@@ -50,6 +50,7 @@ __all__ = [
     "DEVICES",
     "MODES",
     "COUNT_BUDGET_S",
+    "COUNT_PROCESSES",
     "PARAMS",
     "DECODE_PARAMS",
     "GQA_PARAMS",
@@ -145,6 +146,12 @@ COUNT_BUDGET_S: float | None = environ.read_budget(
     contract.ENV_COUNT_BUDGET_S, _GRID.count_budget_s
 )
 """Predicted valgrind seconds the ``Instructions`` class may spend (cheapest first; None: all)."""
+COUNT_PROCESSES = min(
+    int(environ.read_number(contract.ENV_COUNT_PROCESSES, _GRID.count_processes)),
+    len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
+)
+"""valgrind processes the ``Instructions`` class counts in at once (the tier's, at most one per
+core this process may use): asv runs nothing else meanwhile."""
 
 PARAMS: dict[str, list] = {
     "variant": _VARIANTS,
@@ -265,13 +272,24 @@ def _na_reasons(variant: str, spec: AttnSpec) -> list[str]:
     reasons = impl.not_supported_reasons(spec)
     if not reasons:
         plan = runner.check_plan(impl, spec, _GATE_CONFIG)
-        seconds = guard.predicted_seconds(impl, spec, matmul_peak(spec.device, "float32"))
+        seconds = guard.predicted_seconds(impl, spec, _roof(spec.device))
         if seconds > _MAX_CALL_SECONDS:
             reasons.append(f"predicted {seconds:.2f} s per call > {_MAX_CALL_SECONDS:g} s")
         need = guard.predicted_bytes(impl, spec, plan.reference_bytes)
         if need > 0.5 * guard.free_bytes(spec.device):
             reasons.append(f"predicted {need / 2**20:,.0f} MiB exceeds half the free memory")
     return reasons
+
+
+@functools.cache
+def _roof(device: str) -> float:
+    """The float32 matmul roof the time guard predicts with, read once per process.
+
+    :func:`matmul_peak` takes a fresh sample (seconds) whenever its cache's rule asks for one; asked
+    once per case, a ``setup_cache`` on a fresh or busy machine sampled for most of its cases (72 of
+    153 s on 32 cases at load 6). Read once, every n/a decision of a grid uses the same roof.
+    """
+    return matmul_peak(device, "float32")
 
 
 def _build(variant: str, spec: AttnSpec) -> Callable[[], object]:
@@ -361,10 +379,15 @@ def _raise_unless_runs(known: Verdict, gated: bool = True) -> None:
         raise WrongResult(known.reason)
 
 
+_MAIN_ONCE = ("gflops", "cuda_time", "peak_tensor_bytes")
+"""What the main grid's ``setup_cache`` measures on each case it judged (:data:`_ONCE`): the
+GFLOP/s timing first, on the case just gated (as ``attnbench run`` times it), then the profiler."""
+
+
 def grid_verdicts(
     table: dict[str, list] | None = None,
     spec_of: Callable[..., AttnSpec] | None = None,
-    measure: Sequence[str] = ("peak_tensor_bytes",),
+    measure: Sequence[str] = _MAIN_ONCE,
 ) -> dict:
     """``setup_cache`` of a class family: every case of its grid judged once (:func:`judge`).
 
@@ -379,7 +402,8 @@ def grid_verdicts(
     Args:
         table: the class's parameter table (default :data:`PARAMS`); its first key is the variant.
         spec_of: the rest of a parameter set -> its case (default :func:`_spec_for_params`).
-        measure: metrics of :data:`_ONCE` the family records, measured here on the case just judged.
+        measure: metrics of :data:`_ONCE` the family records, measured here on the case just judged
+            (each where it applies: CUDA-event time on CUDA only).
     """
     table = PARAMS if table is None else table
     spec_of = _spec_for_params if spec_of is None else spec_of
@@ -397,9 +421,7 @@ def grid_verdicts(
             prepared = judge(variant, spec)
             found = _verdict_of(prepared)
             if found.status == VerdictStatus.OK:
-                found = dataclasses.replace(
-                    found, values=tuple((m, _ONCE[m](prepared)) for m in measure)
-                )
+                found = dataclasses.replace(found, values=_measured_once(prepared, measure))
             del prepared
         except NotImplementedError as exc:
             found = Verdict(VerdictStatus.NOT_APPLICABLE, str(exc))
@@ -419,6 +441,12 @@ def grid_verdicts(
             flush=True,
         )
     return verdicts
+
+
+def _measured_once(prepared: _Prepared, measure: Sequence[str]) -> tuple[tuple[str, float], ...]:
+    """The :data:`_ONCE` metrics ``measure`` names that apply to the case, measured in order."""
+    cuda = prepared.spec.device_type == "cuda"
+    return tuple((m, _ONCE[m](prepared)) for m in measure if m not in _CUDA_ONLY or cuda)
 
 
 GRID_SETUP_TIMEOUT = 600
@@ -586,13 +614,13 @@ def _gqa_spec(seq_len: int, device: str) -> AttnSpec:
 
 
 def decode_verdicts() -> dict:
-    """``setup_cache`` of the ``Decode`` class: :func:`grid_verdicts`, without tensor bytes."""
-    return grid_verdicts(DECODE_PARAMS, _decode_spec, measure=())
+    """``setup_cache`` of the ``Decode`` class: :func:`grid_verdicts`, GB/s measured there."""
+    return grid_verdicts(DECODE_PARAMS, _decode_spec, measure=("gbps",))
 
 
 def gqa_verdicts() -> dict:
     """``setup_cache`` of the ``GroupedQuery`` class (:func:`grid_verdicts` on its grid)."""
-    return grid_verdicts(GQA_PARAMS, _gqa_spec)
+    return grid_verdicts(GQA_PARAMS, _gqa_spec, measure=("peak_tensor_bytes",))
 
 
 def setup_accuracy(variant: str, seq_len: int, device: str, mode: str, mask: str = "none") -> None:
@@ -653,13 +681,25 @@ _MEASURES: dict[str, Callable[[_Prepared], float]] = {
 metric of the table without an entry here or in :data:`_FROM_VERDICT` is read from a full
 :func:`attnbench.measure.runner.measure` of the case (slower, but the same number ``attnbench run``
 records)."""
-_ONCE: dict[str, Callable[[_Prepared], float]] = {"peak_tensor_bytes": _peak_tensor_bytes}
-"""Measures that do not depend on the process they run in, taken once per case where the case is
-judged (:func:`grid_verdicts`) and read from its verdict. Peak tensor bytes are the sizes of the
-tensors one call allocates (the profiler's memory timeline, or the CUDA allocator's statistics),
-whatever ran before it in the process: in a process of its own each case paid the profiler's start
-(seconds) for one call. Page faults and times are not: they depend on the heap and the machine a
-process sees, so they stay in their own."""
+_ONCE: dict[str, Callable[[_Prepared], float]] = {
+    "peak_tensor_bytes": _peak_tensor_bytes,
+    "gflops": _MEASURES["gflops"],
+    "gbps": _MEASURES["gbps"],
+    "cuda_time": _MEASURES["cuda_time"],
+}
+"""Measures taken once per case where the case is judged (:func:`grid_verdicts`, in asv's
+``setup_cache``) and read from its verdict, so their benchmark processes build and call nothing.
+Peak tensor bytes are the sizes of the tensors one call allocates (the profiler's memory timeline,
+or the CUDA allocator's statistics), whatever ran before it in the process: in a process of its own
+each case paid the profiler's start (seconds) for one call. The rates (GFLOP/s, GB/s, CUDA-event
+time) are timed on the case just gated, as ``attnbench run`` times it: in a process of its own each
+case was built and warmed up again first, and its first backward call imported sympy (0.65 s of a
+core, in each of 64 processes). Page faults are not here: they count the fresh pages one call maps,
+which depend on what the process did before (at L=128 a grown heap gave 0.8 to 65 times a fresh
+process's count, the same at L=1024), so each is counted in a process of its own, as the runner
+counts them in a fresh worker."""
+_CUDA_ONLY = frozenset({"cuda_time"})
+"""Metrics of :data:`_ONCE` measured on CUDA cases only (the others' benchmarks are n/a)."""
 _FROM_VERDICT: dict[str, Callable[[str, AttnSpec, Verdict], float]] = {
     # deterministic: the gate is strict on it
     "flops": lambda v, spec, _: float(get_variant(v).flops(spec).executed),
@@ -705,16 +745,17 @@ def track(metric: str, owner: str, *params: object) -> float:
     return value / row.asv_factor
 
 
-# ---- instruction counts: one valgrind process per commit and environment (asv's setup_cache) -----
+# ---- instruction counts: valgrind once per commit and environment (asv's setup_cache) ------------
 INSTRUCTION_SETUP_TIMEOUT = 3 * 3600
 """Seconds asv allows the Instructions class's setup_cache (torch's start, then every case)."""
 
 
 def instruction_counts() -> dict:
-    """``setup_cache`` of the ``Instructions`` class: CPU cases counted in ONE valgrind process.
+    """``setup_cache`` of the ``Instructions`` class: CPU cases counted in one valgrind run.
 
-    The main grid's CPU cases within :data:`COUNT_BUDGET_S` are counted
-    (:func:`attnbench.measure.instructions.count_instructions`), keyed by their parameters.
+    The main grid's CPU cases within :data:`COUNT_BUDGET_S` are counted, in
+    :data:`COUNT_PROCESSES` valgrind processes at once, each variant in one of them
+    (:func:`attnbench.measure.instructions.count_in_processes`), keyed by their parameters.
 
     asv runs it once per commit and environment and hands the (pickled) result to every ``setup``
     and ``track_`` call, so no case starts a valgrind of its own. The cases the budget leaves out
@@ -725,7 +766,7 @@ def instruction_counts() -> dict:
     """
     from attnbench.measure.instructions import (
         CountConfig,
-        count_instructions,
+        count_in_processes,
         missing_message,
         valgrind_version,
         within_budget,
@@ -752,7 +793,9 @@ def instruction_counts() -> dict:
     counts = dict(
         zip(
             todo,
-            count_instructions([cases[i] for i in todo], config, progress=progress),
+            count_in_processes(
+                [cases[i] for i in todo], config, COUNT_PROCESSES, progress=progress
+            ),
             strict=True,
         )
     )
@@ -776,7 +819,8 @@ def _print_count_plan(todo: int, cases: int, left_out: int) -> None:
     )
     print(
         f"attnbench: instruction counts: {todo} of {cases} CPU cases go to the counter "
-        f"({budget}); one valgrind process, in which torch takes half a minute to three to start",
+        f"({budget}); {COUNT_PROCESSES} valgrind process(es) at once, in each of which torch "
+        "takes half a minute to three to start",
         flush=True,
     )
 
@@ -862,6 +906,15 @@ def matmul_gflops() -> float:
 # they are collected here once and frozen out of every later collection (``gc.freeze``), in the
 # server and in each child it forks. Only under asv (its runner imports the suite): elsewhere the
 # importing process's objects are its own business.
+#
+# The first backward call of a process imports torch.fx.experimental.symbolic_shapes (autograd's
+# _make_grads does, for the grad_outputs it is handed), and with it sympy: 0.4 to 0.65 s of a core
+# and 33 MiB, in every backward benchmark process of a run (64 a quick run of the default tier,
+# per benchmark method). The server imports it once instead. Every process then starts with those
+# 33 MiB mapped: peakmem_attention's forward cases read them too (their backward cases always did),
+# so both passes share one baseline.
 if "asv_runner" in sys.modules:
+    import torch.fx.experimental.symbolic_shapes  # noqa: F401
+
     gc.collect()
     gc.freeze()

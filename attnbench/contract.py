@@ -80,6 +80,7 @@ __all__ = [
     "ENV_MASKS",
     "ENV_MAX_CALL_S",
     "ENV_COUNT_BUDGET_S",
+    "ENV_COUNT_PROCESSES",
     "ENV_BATCH",
     "ENV_DECODE_LENGTHS",
     "ENV_PROBE_LOG",
@@ -475,6 +476,8 @@ class Grid:
     workload: str = "prefill"
     # asv's Instructions class: predicted valgrind seconds it may spend (None: all)
     count_budget_s: float | None = None
+    # asv's Instructions class: valgrind processes counting at once (at most one per usable core)
+    count_processes: int = 1
 
 
 _ASV_COUNT_BUDGET_S = 100.0
@@ -502,12 +505,14 @@ GRIDS: dict[str, Grid] = {
         modes=("forward", "backward"),
         masks=("none", "causal"),
         count_budget_s=_ASV_COUNT_BUDGET_S,
+        count_processes=2,
     ),
     "asv-full": Grid(
         lengths=(64, 128, 256, 512, 1024, 2048, 4096, 8192),
         modes=("forward", "backward"),
         masks=("none", "causal"),
         count_budget_s=1800.0,
+        count_processes=2,
     ),
     "asv-decode": Grid(lengths=(4096, 16384), variants=("sdpa", "batched"), workload="decode"),
     "asv-gqa": Grid(lengths=(1024,), variants=("sdpa", "batched")),
@@ -530,7 +535,10 @@ either tier). ``ci``: the regression gate's subset, a few representative variant
 
 ``count_budget_s``: the ``Instructions`` class counts the grid's CPU cases cheapest first (predicted
 valgrind seconds, :func:`attnbench.measure.instructions.predicted_seconds`) while their sum stays
-within it; None counts every case (each within the counter's own per-case budget)."""
+within it; None counts every case (each within the counter's own per-case budget).
+``count_processes``: how many valgrind processes count them at once (torch's start is paid once
+per process, half a minute): the tiers take both cores of a 2-core machine while nothing else
+runs; the ``ci`` grid keeps one, because the gate counts BASE and HEAD at once already."""
 ASV_TIERS: dict[str, str] = {"default": "asv", "full": "asv-full"}
 """``ATTNBENCH_ASV_GRID`` value -> the grid of :data:`GRIDS` the asv suite's main classes run."""
 RUN_LENGTHS: dict[str, tuple[int, ...]] = {
@@ -642,6 +650,8 @@ ENV_MASKS = "ATTNBENCH_ASV_MASKS"
 ENV_MAX_CALL_S = "ATTNBENCH_ASV_MAX_CALL_S"
 ENV_COUNT_BUDGET_S = "ATTNBENCH_ASV_COUNT_BUDGET_S"
 """The ``Instructions`` class's budget (seconds, or ``none``), in place of ``count_budget_s``."""
+ENV_COUNT_PROCESSES = "ATTNBENCH_ASV_COUNT_PROCESSES"
+"""The ``Instructions`` class's valgrind processes, in place of ``count_processes``."""
 ENV_BATCH = "ATTNBENCH_ASV_BATCH"
 """For tests of the gate only: results taken with it are not labelled with it."""
 ENV_DECODE_LENGTHS = "ATTNBENCH_ASV_DECODE_LENGTHS"
@@ -662,6 +672,7 @@ GRID_ENV = (
     ENV_MASKS,
     ENV_MAX_CALL_S,
     ENV_COUNT_BUDGET_S,
+    ENV_COUNT_PROCESSES,
     ENV_BATCH,
     ENV_DECODE_LENGTHS,
 )
@@ -686,13 +697,15 @@ def asv_tier(environ: Mapping[str, str] | None = None) -> tuple[str, Grid]:
 def grid_environment(grid: Grid) -> dict[str, str]:
     """The ``ENV_*`` variables that narrow asv's grid to ``grid`` (the regression gate's CI subset).
 
-    The count budget travels with it: a grid without one (``ci``) is counted whole in either tier.
+    The count budget and processes travel with it: a grid without a budget (``ci``) is counted
+    whole, in one process, in either tier.
     """
     env = {
         ENV_LENGTHS: ",".join(map(str, grid.lengths)),
         ENV_MODES: ",".join(grid.modes),
         ENV_MASKS: ",".join(grid.masks),
         ENV_COUNT_BUDGET_S: "none" if grid.count_budget_s is None else f"{grid.count_budget_s:g}",
+        ENV_COUNT_PROCESSES: str(grid.count_processes),
     }
     if grid.variants is not None:
         env[ENV_VARIANTS] = ",".join(grid.variants)

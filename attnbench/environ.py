@@ -80,6 +80,7 @@ _LISTS: dict[str, tuple[Callable[[str], object], str]] = {
 _NUMBERS: dict[str, tuple[Callable[[str], float], str]] = {
     contract.ENV_MAX_CALL_S: (_positive_float, "a number of seconds > 0"),
     contract.ENV_BATCH: (_positive_int, "an integer >= 1"),
+    contract.ENV_COUNT_PROCESSES: (_positive_int, "an integer >= 1"),
     THREADS: (_positive_int, "an integer >= 1"),
 }
 """Single-value variables."""

@@ -18,6 +18,9 @@ SMALL_GRID = {
     "ATTNBENCH_ASV_VARIANTS": "batched,chunked,sdpa_efficient",
     "ATTNBENCH_ASV_LENGTHS": "128",  # one length runs every benchmark's code; the counts are compared at 128
     "ATTNBENCH_ASV_MODES": "forward,backward",
+    # one valgrind process: a second costs torch's start again (half a minute of a core); the split into processes is
+    # tests/test_counting.py's
+    "ATTNBENCH_ASV_COUNT_PROCESSES": "1",
 }
 
 

@@ -270,3 +270,79 @@ def test_counting_beside_a_sweep_is_not_disturbed_by_the_fork_servers_environmen
             os.environ.update(saved)
         assert counter.done and counter.error is not None
         assert "fake valgrind, mark=given" in str(counter.error), counter.error
+
+
+def _grid(*variants: str) -> list[tuple[str, AttnSpec]]:
+    return [
+        (v, AttnSpec(seq_len=n, heads=2, head_dim=16, mode=m))
+        for v in variants
+        for n in (64, 128)
+        for m in ("forward", "backward")
+    ]
+
+
+def test_the_counting_processes_each_take_whole_variants_the_dearest_first():
+    """asv's Instructions class counts in two valgrind processes: each variant's cases in one of them (the same split
+    on every commit), the work balanced, the cases decided without valgrind (unsupported) with the first."""
+    from attnbench.measure.instructions import CountConfig, _split
+
+    cases = _grid("batched", "loop", "sdpa_cudnn", "chunked", "linear_elu")
+    groups = _split(cases, CountConfig(), 2)
+    assert sorted(i for g in groups for i in g) == list(range(len(cases)))
+    names = [{cases[i][0] for i in g} for g in groups]
+    assert all(len(a & b) == 0 for a in names for b in names if a is not b)
+    # the Python loop outweighs the other three together; sdpa_cudnn (CUDA only here) is skipped, free, with the first
+    assert names == [{"loop", "sdpa_cudnn"}, {"batched", "chunked", "linear_elu"}], names
+    assert _split(_grid("batched"), CountConfig(), 2) == [
+        list(range(4))
+    ]  # one variant, one process
+    assert _split(cases, CountConfig(), 1) == [list(range(len(cases)))]
+
+
+def test_counting_in_processes_keeps_the_cases_order_and_hands_each_the_same_environment(
+    tmp_path, monkeypatch
+):
+    """Each process's counts come back in the cases' order, the progress counts every case of every process, and every
+    process starts from one copy of the environment taken before the threads (planted: a fake valgrind only the copy's
+    PATH leads to, while this process's environment changes under the threads)."""
+    import attnbench.measure.instructions as instructions
+    from attnbench.measure.record import Count
+
+    cases = _grid("batched", "chunked", "linear_elu")
+    seen, progress = [], []
+
+    def fake(batch, config=None, *, progress=None, environ=None):
+        seen.append((batch[0][0], environ))
+        os.environ["ATTNBENCH_TEST_MARK"] = "changed under the threads"
+        counts = [
+            Count(n, s, "ok", instructions=float(s.seq_len), valgrind="fake") for n, s in batch
+        ]
+        for k, count in enumerate(counts, 1):
+            progress(k, len(batch), count)
+        return counts
+
+    monkeypatch.setenv("ATTNBENCH_TEST_MARK", "before")
+    monkeypatch.setattr(instructions, "count_instructions", fake)
+    found = instructions.count_in_processes(
+        cases, processes=2, progress=lambda done, total, c: progress.append((done, total))
+    )
+    assert [(c.variant, c.spec) for c in found] == cases
+    assert (
+        len(seen) == 2
+        and seen[0][1] is seen[1][1]
+        and seen[0][1]["ATTNBENCH_TEST_MARK"] == "before"
+    )
+    assert sorted(done for done, _ in progress) == list(range(1, len(cases) + 1))
+    assert {total for _, total in progress} == {len(cases)}
+    with pytest.raises(ValueError, match="processes must be an int >= 1"):
+        instructions.count_in_processes(cases, processes=0)
+
+
+def test_a_failing_counting_process_fails_the_whole_count(tmp_path, monkeypatch):
+    """Two processes, both started from the given environment's (fake) valgrind: its failure is raised, not lost."""
+    from attnbench.measure.instructions import CountError, count_in_processes
+
+    for key, value in _environ_with_the_fake(tmp_path).items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(CountError, match="fake valgrind, mark=given"):
+        count_in_processes(_grid("batched", "chunked"), processes=2)

@@ -29,6 +29,7 @@ BAD = [
     ("ATTNBENCH_THREADS", "0", "an integer >= 1"),
     ("ATTNBENCH_ASV_GRID", "fast", "must be one of default, full"),
     ("ATTNBENCH_ASV_COUNT_BUDGET_S", "-5", "a number of seconds > 0, or none"),
+    ("ATTNBENCH_ASV_COUNT_PROCESSES", "0", "an integer >= 1"),
 ]
 
 
