@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -296,6 +297,83 @@ def perturbed_runs(dest: Path) -> Path:
         ]
         log.write_text("\n".join(out) + "\n")
     return dest
+
+
+def make_noisy(run: Path, skip_first: str = "") -> Path:
+    """Mark every ``ok`` case of the run directory ``run`` noisy, in place (a machine busy for the
+    whole sweep, as a shared CI runner can be), and the first case of ``skip_first`` skipped."""
+    lines, skipped = [], False
+    log = run / "cases.jsonl"
+    for line in log.read_text().splitlines():
+        rec = json.loads(line)
+        m = rec.get("measurement") if rec.get("kind") == "case" else None
+        if m is not None and m["variant"] == skip_first and not skipped:
+            skipped = True
+            m.update(status="skipped", reason="planted: over the time budget", samples=[])
+        elif m is not None and m["status"] == "ok":
+            m.update(status="noisy", reason="planted: calibration probe 3.00x slower")
+        lines.append(json.dumps(rec))
+    log.write_text("\n".join(lines) + "\n")
+    return run
+
+
+_SINGULAR_PLURAL = re.compile(
+    r"(?<![\d.,])1 (?:are|have|were)\b|(?<![\d.,])1 (?:of \d+ )?(?:cases|fits|points|variants)"
+    r" (?:are|have|match)\b"
+)
+"""A count of one with a plural verb or noun ("1 are inconclusive", "1 fits match")."""
+
+
+def contradictions(d: dict[str, Any]) -> list[str]:
+    """Where the sentences of a digest's page disagree with its own tables ([]: nowhere).
+
+    * a count of one read with a plural ("1 are inconclusive");
+    * a sentence saying the noisy cases are never fitted, beside a fit that read a noisy case's
+      exact metric (peak bytes, counts): noise moves time, never bytes, so those are fitted;
+    * the findings' count of cases against the subtitle's (one tally of cases on one page).
+    """
+    import html as html_module
+
+    found = []
+    page = html_module.unescape(re.sub(r"<[^>]+>", " ", d[PAGE]))
+    texts = [text for text, _ in d["findings"]]
+    found += [
+        f"singular/plural: {m.group(0)!r}" for t in texts for m in _SINGULAR_PLURAL.finditer(t)
+    ]
+    found += [
+        f"singular/plural on the page: {m.group(0)!r}" for m in _SINGULAR_PLURAL.finditer(page)
+    ]
+    noisy = {
+        (r["variant"], r["seq_len"], r["mode"], r["mask"])
+        for r in d["tidy"]
+        if r["metric"] == "time" and r["status"] == "noisy"
+    }
+    exact = {
+        r["variant"]
+        for r in d["tidy"]
+        if (r["variant"], r["seq_len"], r["mode"], r["mask"]) in noisy
+        and r["status"] == "ok"
+        and r["metric"] in ("peak_tensor_bytes", "instructions", "page_faults")
+    }
+    fitted = {
+        f["variant"] for f in d["fits"] if f["variant"] in exact and f.get("exponent") is not None
+    }
+    for text in texts:
+        if (
+            fitted
+            and "never fitted" in text
+            and "noisy" in text
+            and not re.search(r"\bare fitted|fitted like", text)
+        ):
+            found.append(
+                f"says noisy cases are never fitted, but {sorted(fitted)} fit them: {text!r}"
+            )
+    subtitle = re.search(r"(\d+) cases \(([^)]*)\)", page)
+    for text in texts:
+        of = re.search(r"(\d+) of (\d+) cases? (?:have|has|are|is) ", text)
+        if of and subtitle and of.group(2) != subtitle.group(1):
+            found.append(f"{of.group(0)!r} against the subtitle's {subtitle.group(0)!r}")
+    return found
 
 
 def main() -> None:

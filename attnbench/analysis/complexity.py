@@ -21,6 +21,7 @@ import pandas as pd
 from scipy import optimize, stats
 
 from attnbench import contract
+from attnbench.analysis.text import agree
 from attnbench.contract import (
     DECLARED,
     DETERMINISTIC_POINTS,
@@ -55,6 +56,8 @@ __all__ = [
     "cost_split",
     "verdict",
     "excludes_declared",
+    "big_o",
+    "plain_verdict",
     "declared_exponent",
     "swept",
     "fit_table",
@@ -463,6 +466,76 @@ def excludes_declared(fit: dict) -> bool:
     )
 
 
+_SUPERSCRIPTS = str.maketrans("0123456789.", "⁰¹²³⁴⁵⁶⁷⁸⁹·")
+
+
+def big_o(exponent: float, length: str = "L") -> str:
+    """``O(L²)``, ``O(L)``, ``O(1)``, ``O(L^1.5)``: a declared exponent as a reader writes it."""
+    if exponent == 0:
+        return "O(1)"
+    if exponent == 1:
+        return f"O({length})"
+    if float(exponent).is_integer():
+        return f"O({length}{str(int(exponent)).translate(_SUPERSCRIPTS)})"
+    return f"O({length}^{exponent:g})"
+
+
+def _why_shallower(fit: dict) -> str:
+    """Why a conclusive fit grows slower than declared, from its cost split c0 + c1·L + c2·L²."""
+    star, share = fit.get("crossover_L", math.nan), fit.get("l2_share", math.nan)
+    longest = fit.get("L_max", math.nan)
+    if fit["declared"] == 2 and math.isfinite(star) and star > 0 and math.isfinite(share):
+        where = (
+            f"below L ≈ {star:,.0f}"
+            if not math.isfinite(longest) or star < longest
+            else f"at every measured length (up to L ≈ {star:,.0f})"
+        )
+        return (
+            f"its O(L) part outweighs the L² part {where}; at L={longest:.0f} the L² part is "
+            f"{share:.0%} of it"
+        )
+    if fit["declared"] == 1:
+        return "a fixed part (a buffer, a per-call cost) still matters at these lengths"
+    return "a lower-order part (a fixed buffer, an O(L) projection) still matters at these lengths"
+
+
+def plain_verdict(fit: dict) -> tuple[str, str]:
+    """A fit's verdict in plain words, and the details behind it (the page's tooltip).
+
+    One rule for every fit on the page: "matches O(L²)"; "grows slower than declared (L^1.63 vs
+    L²): why"; "grows faster than declared (L^2.40 vs L): a mismatch"; "inconclusive: 2 points";
+    "predicted, not measured" for a model; "" where nothing is declared. A match only within
+    :data:`TOLERANCE` is a match; that its interval excludes the declared exponent is a detail.
+    """
+    declared, slope = fit.get("declared", math.nan), fit.get("exponent", math.nan)
+    if fit.get("method") == MODEL:
+        return "predicted, not measured", "values the suite predicted are never fitted"
+    if math.isnan(declared):
+        return "", ""
+    kind = "local slopes" if fit.get("kind") == "deterministic" else "95% interval"
+    detail = (
+        f"fitted L^{slope:.2f} ({kind} {fit['ci_low']:.2f} to {fit['ci_high']:.2f}) against "
+        f"the declared {big_o(declared)}, tolerance {TOLERANCE:g}"
+        if math.isfinite(slope)
+        else f"no slope: {fit.get('note') or 'no points'}"
+    )
+    judged = fit.get("verdict")
+    if judged == FitVerdict.MATCHES:
+        near = (
+            f"; within the tolerance, though the {kind} "
+            f"{'exclude' if kind == 'local slopes' else 'excludes'} {declared:g}"
+            if excludes_declared(fit)
+            else ""
+        )
+        return f"matches {big_o(declared)}", detail + near
+    growth = f"(L^{slope:.2f} vs {big_o(declared)[2:-1]})"
+    if judged == FitVerdict.SHALLOWER:
+        return f"grows slower than declared {growth}: {_why_shallower(fit)}", detail
+    if judged == FitVerdict.STEEPER:
+        return f"grows faster than declared {growth}: a mismatch", detail
+    return f"inconclusive: {fit.get('note') or 'too much scatter'}", detail
+
+
 def declared_exponent(variant: str, metric: str, workload: str = "prefill") -> float:
     """The exponent ``variant`` declares for ``metric`` along ``workload``'s sweep (NaN: none).
 
@@ -637,16 +710,14 @@ def headline(fits: pd.DataFrame) -> tuple[str, str]:
             "No fitted exponents: nothing measured at enough lengths to compare with a declared "
             "complexity."
         )
-    parts = [f"{t.matches} of {t.conclusive} conclusive fits match their declared complexity"]
-    if t.near:
-        parts.append(
-            f"within the {TOLERANCE:g} tolerance only (the interval excludes the declared "
-            f"exponent): {', '.join(t.near)}"
-        )
+    fit = "fit matches" if t.conclusive == 1 else "fits match"
+    parts = [f"{t.matches} of {t.conclusive} conclusive {fit} their declared complexity"]
     if t.steeper:
-        parts.append(f"steeper than declared: {', '.join(t.steeper)}")
+        grows = agree(len(t.steeper), "grows", "grow")
+        parts.append(f"{grows} faster than declared (a mismatch): {', '.join(t.steeper)}")
     if t.shallower:
-        parts.append(f"shallower: {', '.join(t.shallower)}")
+        grows = agree(len(t.shallower), "grows", "grow")
+        parts.append(f"{grows} slower than declared: {', '.join(t.shallower)}")
     parts.append(
         f"inconclusive: {', '.join(t.inconclusive)}" if t.inconclusive else "none inconclusive"
     )

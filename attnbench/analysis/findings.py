@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from attnbench import contract
 from attnbench.analysis import complexity, roofline
 from attnbench.analysis.complexity import FitVerdict
 from attnbench.analysis.slices import (
@@ -23,12 +24,12 @@ from attnbench.analysis.slices import (
     restrict,
     side_key,
 )
-from attnbench.analysis.text import fmt, sig
+from attnbench.analysis.text import agree, count, fmt, sig
 from attnbench.contract import Status
 from attnbench.registry import get_variant, variant_names
 from attnbench.spec import AttnSpec
 
-__all__ = ["Finding", "findings"]
+__all__ = ["ANSWER_COLUMNS", "Finding", "answer_check", "findings"]
 
 
 @dataclass(frozen=True)
@@ -329,11 +330,131 @@ def _fastest(e: _Evidence) -> Finding | None:
     )
 
 
+ANSWER_COLUMNS = (
+    "variant",
+    "cases run",
+    "checked",
+    "wrong",
+    "worst error",
+    "its tolerance",
+    "worst / tolerance",
+    "at L",
+    "answer",
+)
+"""The columns of :func:`answer_check`, in the order the page shows them."""
+
+
+def _answer_row(variant: str, time_rows: pd.DataFrame, checks: pd.DataFrame) -> dict:
+    """One variant's answer check: how many of its cases were checked, and its worst error."""
+    ran = time_rows[time_rows["status"].isin((Status.OK, Status.NOISY, Status.WRONG))]
+    wrong = int((ran["status"] == Status.WRONG).sum())
+    mine = checks[checks["variant"] == variant]
+    row = dict.fromkeys(ANSWER_COLUMNS, math.nan) | {
+        "variant": variant,
+        "cases run": len(ran),
+        "checked": len(mine),
+        "wrong": wrong,
+    }
+    if not len(ran):
+        counts = ", ".join(f"{n} {k}" for k, n in time_rows["status"].value_counts().items())
+        row["answer"] = f"did not run ({counts})"
+        return row
+    if not len(mine):
+        row["answer"] = "not checked: no error against the float64 reference was recorded"
+        return row
+    worst = mine.loc[mine["value"].idxmax()]
+    row |= {
+        "worst error": float(worst["max_error"]),
+        "its tolerance": float(worst["max_error"] / worst["value"])
+        if worst["value"] > 0
+        else math.nan,
+        "worst / tolerance": float(worst["value"]),
+        "at L": int(worst["seq_len"]),
+    }
+    row["answer"] = (
+        f"WRONG in {wrong} of {len(ran)} cases" if wrong else f"correct in {len(mine)} checked"
+    )
+    return row
+
+
+def answer_check(frame: pd.DataFrame) -> pd.DataFrame:
+    """Each variant's check against the float64 reference: cases checked, worst error, verdict.
+
+    Read from the ``error_ratio`` rows (max error / tolerance; above 1 is ``wrong``) and the
+    ``max_error`` rows of the same cases; a variant with no such row was not checked, and says so.
+    """
+    if not len(frame):
+        return pd.DataFrame(columns=ANSWER_COLUMNS)
+    keys = [c for c in contract.case_columns(("source", "commit")) if c in frame]
+    checks = frame[(frame["metric"] == "error_ratio") & frame["value"].notna()]
+    errors = (
+        frame.loc[frame["metric"] == "max_error", [*keys, "value"]]
+        .drop_duplicates(keys)
+        .rename(columns={"value": "max_error"})
+    )
+    checks = checks.merge(errors, on=keys, how="left").reset_index(drop=True)
+    time_rows = frame[frame["metric"] == "time"]
+    rows = [
+        _answer_row(v, time_rows[time_rows["variant"] == v], checks)
+        for v in dict.fromkeys(time_rows["variant"])
+    ]
+    return pd.DataFrame(rows, columns=ANSWER_COLUMNS)
+
+
+_ANSWERS_NAMED = 6
+"""Variants the answer-check finding names one by one; beyond them it names the worst three."""
+
+
+def _answers(e: _Evidence) -> Finding | None:
+    """The answer check of every variant: wrong ones first, by name; else each one's worst error."""
+    table = answer_check(e.frame)
+    if not len(table) or not table["cases run"].sum():
+        return None
+    wrong = table[table["wrong"] > 0]
+    if len(wrong):
+        named = "; ".join(
+            f"`{r['variant']}` in {r['wrong']} of {count(int(r['cases run']), 'case')}"
+            for r in wrong.to_dict("records")
+        )
+        return Finding(
+            f"Wrong answers against the float64 reference: {named}. Those cases are left out of "
+            "every figure, fit and ranking.",
+            "wrong",
+        )
+    checked = table[table["checked"] > 0]
+    if len(checked) > _ANSWERS_NAMED:  # the worst few; the table under the headline has them all
+        checked = checked.sort_values("worst / tolerance", ascending=False).head(3)
+    parts = [
+        f"`{r['variant']}` {fmt(r['worst / tolerance'], 'x')}"
+        + (
+            ""
+            if r["checked"] == r["cases run"]
+            else f" ({r['checked']} of {r['cases run']} checked)"
+        )
+        for r in checked.to_dict("records")
+    ]
+    unchecked = [
+        f"`{v}`" for v in table.loc[(table["checked"] == 0) & (table["cases run"] > 0), "variant"]
+    ]
+    text = (
+        f"Every answer checked against the float64 reference was correct "
+        f"({count(int(checked['checked'].sum()), 'case')}); the worst error of each variant as a "
+        "share of its tolerance: "
+        + ", ".join(parts)
+        + ("" if len(parts) == len(table[table["checked"] > 0]) else " (the worst three)")
+        if parts
+        else "No answer was checked against the float64 reference"
+    )
+    if unchecked:
+        text += f"; not checked: {', '.join(unchecked)}"
+    return Finding(text + ".", "answers")
+
+
 def _fit_verdicts(e: _Evidence) -> Finding | None:
-    """How many conclusive fits match the declared big-O, and which are steeper.
+    """How many conclusive fits match the declared big-O, grow slower, faster, or say nothing.
 
     The page's one tally: :func:`complexity.tally` of every fit, as the exponents section counts
-    them.
+    them (a match within the tolerance is a match; the table's tooltips say which).
     """
     t = complexity.tally(e.fits)
     if not t.judged:
@@ -344,23 +465,21 @@ def _fit_verdicts(e: _Evidence) -> Finding | None:
             "much scatter to compare with the declared big-O.",
             "exponents",
         )
-    near = (
-        (
-            f" ({len(t.near)} only within the {complexity.TOLERANCE:g} tolerance, their "
-            "intervals excluding the declared exponent: named in the exponents section)"
-        )
-        if t.near
-        else ""
-    )
     text = (
-        f"{t.matches} of {t.conclusive} conclusive complexity fits match the declared big-O{near}; "
-        f"{len(t.inconclusive)} are inconclusive"
+        f"{t.matches} of {t.conclusive} conclusive complexity "
+        f"{agree(t.conclusive, 'fit matches', 'fits match')} the declared big-O"
     )
-    steeper = sorted({s.split(" ")[0] for s in t.steeper})
+    if t.shallower:
+        text += (
+            f"; {len(t.shallower)} {agree(len(t.shallower), 'grows', 'grow')} slower than "
+            "declared (a lower-order part still matters at these lengths)"
+        )
+    text += f"; {count(len(t.inconclusive), 'is', 'are')} inconclusive"
+    faster = sorted({s.split(" ")[0] for s in t.steeper})
     text += (
-        f"; steeper than declared: {', '.join(f'`{v}`' for v in steeper)}."
-        if steeper
-        else "; none is steeper than declared."
+        f"; growing faster than declared: {', '.join(f'`{v}`' for v in faster)}."
+        if faster
+        else "; none grows faster than declared."
     )
     return Finding(text, "exponents")
 
@@ -380,18 +499,51 @@ def _comparison(e: _Evidence) -> Finding | None:
     )
 
 
+_EXACT_NAMES = {
+    "peak_tensor_bytes": "peak memory",
+    "instructions": "instruction counts",
+    "page_faults": "page faults",
+}
+"""The fitted metrics a busy machine cannot move, as a sentence names them."""
+
+
+def _noisy_exact(frame: pd.DataFrame) -> tuple[str, ...]:
+    """The exact metrics fitted from ``noisy`` cases: their rows are ``ok`` (never timed)."""
+    noisy = frame[(frame["metric"] == "time") & (frame["status"] == Status.NOISY)]
+    if not len(noisy):
+        return ()
+    keys = [c for c in contract.case_columns(("source", "commit")) if c in frame]
+    cases = noisy[keys].drop_duplicates()
+    rows = frame[frame["metric"].isin(_EXACT_NAMES) & (frame["status"] == Status.OK)]
+    rows = rows.merge(cases, on=keys)
+    return tuple(_EXACT_NAMES[m] for m in _EXACT_NAMES if (rows["metric"] == m).any())
+
+
 def _not_facts(e: _Evidence) -> Finding | None:
-    """The cases that are not measurements to rely on."""
+    """The cases whose time is not a measurement to rely on, and what of them is still fitted.
+
+    A ``noisy`` case's time is never fitted or ranked, but its exact metrics (bytes, counts) are:
+    the sentence says both, so it never contradicts a fit of a noisy case's memory.
+    """
     time_rows = e.frame[e.frame["metric"] == "time"]
     bad = time_rows[time_rows["status"] != Status.OK]
     if not len(bad):
         return None
     counts = ", ".join(f"{v} {k}" for k, v in bad["status"].value_counts().items())
-    return Finding(
-        f"{len(bad)} of {len(time_rows)} cases are not measurements to rely on ({counts}): "
-        "they are never fitted or ranked.",
-        "problems",
+    text = (
+        f"{len(bad)} of {count(len(time_rows), 'case')} {agree(len(bad), 'has', 'have')} no "
+        f"time to rely on ({counts}): {agree(len(bad), 'its time is', 'their times are')} never "
+        "fitted or ranked."
     )
+    exact = _noisy_exact(e.frame)
+    if exact:
+        noisy = int((bad["status"] == Status.NOISY).sum())
+        whose = "the noisy case's" if noisy == 1 else f"the {noisy} noisy cases'"
+        text += (
+            f" But {whose} {' and '.join(exact)} are exact (a busy machine moves time, not "
+            "bytes or counts), so those are fitted like any other."
+        )
+    return Finding(text, "problems")
 
 
 def _above_roof(e: _Evidence) -> Finding | None:
@@ -417,6 +569,7 @@ def _above_roof(e: _Evidence) -> Finding | None:
 
 _RULES: tuple[Callable[[_Evidence], Finding | None], ...] = (
     _above_roof,
+    _answers,
     _time_growth,
     _shallower_explained,
     _decode,

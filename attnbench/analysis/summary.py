@@ -24,7 +24,7 @@ from attnbench import contract
 from attnbench.analysis import changes, complexity, roofline
 from attnbench.analysis.changes import GitLog, History
 from attnbench.analysis.complexity import FitVerdict
-from attnbench.analysis.findings import Finding, findings
+from attnbench.analysis.findings import Finding, answer_check, findings
 from attnbench.analysis.frame import load
 from attnbench.analysis.slices import (
     Comparison,
@@ -37,11 +37,13 @@ from attnbench.analysis.slices import (
     sides,
 )
 from attnbench.analysis.text import short_hash
-from attnbench.contract import family
+from attnbench.contract import Status, family
 from attnbench.gate.steps import find_steps, history_commits
 from attnbench.registry import get_variant, variant_names
 
 __all__ = [
+    "VERDICT",
+    "VERDICT_DETAILS",
     "Analysis",
     "Loaded",
     "analyse",
@@ -99,6 +101,8 @@ class Analysis:
     memory_model: pd.DataFrame = field(default_factory=pd.DataFrame)  # complexity.memory_model
     history: History | None = None  # the steps of a history of _HISTORY_MIN_COMMITS commits or more
     variant_order: tuple[str, ...] = ()  # the registry's order of variants (figures' legends)
+    # findings.answer_check: each variant's check against the float64 reference
+    answers: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def primary_crossovers(self) -> dict[str, pd.DataFrame]:
@@ -123,29 +127,39 @@ def _short_fit(row: pd.Series) -> str:
     return f"{row['exponent']:.2f} [{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
 
 
+def _unfitted(rows: pd.DataFrame) -> str:
+    """Why a metric has no fit: what its rows' statuses were ("not measured" without rows)."""
+    if not len(rows):
+        return "not measured"
+    counts = rows["status"].value_counts()
+    if (counts.index == Status.OK).all():
+        return "not fitted: no series along L"
+    if len(counts) == 1:
+        return f"not fitted: every case {counts.index[0]} ({counts.iloc[0]})"
+    listed = ", ".join(f"{n} {k}" for k, n in counts.items() if k != Status.OK)
+    if Status.OK not in counts.index:
+        return f"not fitted: no case ran correctly and undisturbed ({listed})"
+    return f"not fitted: too few correct, undisturbed cases ({listed})"
+
+
 def _exponent_columns(
-    group: pd.DataFrame, metric: str, label: str, row: dict, flags: list[str]
-) -> None:
-    """Fill ``row``'s "fitted / declared" cell of one metric's fit; its verdict goes to ``flags``.
+    group: pd.DataFrame, metric: str, label: str, row: dict, rows: pd.DataFrame
+) -> tuple[str, str]:
+    """Fill ``row``'s "fitted / declared" cell of one metric; return its verdict and details.
 
     One cell a metric keeps the table within a 1400 px page; how each fit was obtained is in
-    fits.csv, and a model's cell says it is one.
+    fits.csv, and a model's cell says it is one. A metric without a fit says why in its cell
+    (``rows``: the frame's rows of this metric and series, whose statuses explain it).
     """
     column = f"{label}: fitted [95% CI] / declared"
     sub = group[group["metric"] == metric]
     if sub.empty:
-        row[column] = ""
-        return
+        row[column] = _unfitted(rows)
+        return "", ""
     r = sub.iloc[-1]
     row[column] = _short_fit(r) + ("" if math.isnan(r["declared"]) else f" / {r['declared']:g}")
-    if r["verdict"] == FitVerdict.MATCHES and complexity.excludes_declared(r.to_dict()):
-        side = FitVerdict.STEEPER if r["exponent"] > r["declared"] else FitVerdict.SHALLOWER
-        flags.append(
-            f"{label} {side} than declared by less than {complexity.TOLERANCE:g} (matches; its "
-            f"interval excludes {r['declared']:g})"
-        )
-    elif r["verdict"] in complexity.VERDICTS:
-        flags.append(f"{label} {r['verdict']}")
+    phrase, detail = complexity.plain_verdict(r.to_dict())
+    return (f"{label} {phrase}", f"{label}: {detail}") if phrase else ("", "")
 
 
 _SUMMARY_METRICS = (
@@ -158,12 +172,45 @@ _SUMMARY_METRICS = (
 A metric nothing measured lifts away."""
 
 
-def exponent_summary(fits: pd.DataFrame) -> pd.DataFrame:
-    """Variant rows: fitted time, memory and count exponents beside the declared ones, a verdict."""
+VERDICT = "verdict vs declared"
+"""The exponent table's verdict column: one plain phrase per fitted metric
+(:func:`complexity.plain_verdict`)."""
+VERDICT_DETAILS = "verdict details"
+"""Its details (intervals, tolerance): the page's tooltip of the verdict cell, not a column."""
+
+
+def _series_rows(frame: pd.DataFrame | None, key: dict, metric: str) -> pd.DataFrame:
+    """The frame's rows of one series of the exponent table (its key) and ``metric``."""
+    if frame is None or not len(frame):
+        return pd.DataFrame(columns=["status"])
+    rows = complexity.swept(frame[frame["metric"] == metric])
+    for col, value in key.items():
+        if col in rows and col != "commit" and not pd.isna(value):
+            rows = rows[rows[col].astype(str) == str(value)]
+    return rows
+
+
+def _shown_metrics(fits: pd.DataFrame, frame: pd.DataFrame | None) -> list[tuple[str, str]]:
+    """The table's metric columns: those fitted, and time wherever time was measured at all."""
+    timed = frame is not None and len(frame) > 0 and bool((frame["metric"] == "time").any())
+    return [
+        (m, label)
+        for m, label in _SUMMARY_METRICS
+        if (fits["metric"] == m).any() or (m == "time" and timed)
+    ]
+
+
+def exponent_summary(fits: pd.DataFrame, frame: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Variant rows: fitted time, memory and count exponents beside the declared ones, a verdict.
+
+    ``frame`` (the tidy rows fitted) lets a cell without a fit say why it is blank (every case
+    noisy, skipped, not measured); the verdict is one plain phrase per metric
+    (:data:`VERDICT`) and its details sit in :data:`VERDICT_DETAILS`.
+    """
     if fits.empty:
         return fits
     rows = []
-    shown = [(m, label) for m, label in _SUMMARY_METRICS if (fits["metric"] == m).any()]
+    shown = _shown_metrics(fits, frame)
     # one row per commit in a history, and per shape when a sweep crosses shapes (GQA's Hkv, head
     # dims, batches)
     keys = [
@@ -183,12 +230,15 @@ def exponent_summary(fits: pd.DataFrame) -> pd.DataFrame:
     keys = [k for k in keys if k in fits]
     for key, group in fits.groupby(keys, sort=False, dropna=False):
         row = dict(zip(keys, key, strict=True))
+        where = dict(row)
         row["commit"] = short_hash(row["commit"])
         row["family"] = family(row["variant"])
-        flags: list[str] = []
-        for metric, label in shown:
-            _exponent_columns(group, metric, label, row, flags)
-        row["verdict vs declared"] = "; ".join(flags) or "nothing fitted"
+        said = [
+            _exponent_columns(group, m, label, row, _series_rows(frame, where, m))
+            for m, label in shown
+        ]
+        row[VERDICT] = "; ".join(p for p, _ in said if p) or "nothing fitted"
+        row[VERDICT_DETAILS] = "; ".join(d for _, d in said if d)
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -264,9 +314,7 @@ def analyse(loaded: Loaded, git: GitLog | None = None) -> Analysis:
             sides=sides(frame),
             comparisons=(),
             main=frame,
-            main_fits=pd.DataFrame(),
             machine=frame,
-            machine_fits=pd.DataFrame(),
             variant_order=tuple(variant_names()),
         )
     fits = complexity.fit_table(frame)
@@ -288,7 +336,8 @@ def analyse(loaded: Loaded, git: GitLog | None = None) -> Analysis:
     return Analysis(
         loaded=loaded,
         fits=fits,
-        summary=exponent_summary(fits),
+        summary=exponent_summary(fits, frame),
+        answers=answer_check(frame),
         crossovers=cross,
         primary=primary,
         constants=_constants(frame),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["SHORT_HASH", "sig", "ratio", "fmt", "short_hash"]
+__all__ = ["SHORT_HASH", "sig", "ratio", "fmt", "short_hash", "count", "agree"]
 
 SHORT_HASH = 8  # characters of a commit hash shown on the page (asv's own convention)
 
@@ -53,3 +53,14 @@ def fmt(value: float, unit: str) -> str:
 
 def short_hash(commit: object) -> str:
     return str(commit)[:SHORT_HASH] if commit else ""
+
+
+def count(n: int, noun: str, plural: str = "") -> str:
+    """``1 case``, ``3 cases``, ``1 fit``: a number and its noun in agreement (``plural``: an
+    irregular one, e.g. ``count(2, "is", "are")``)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
+def agree(n: int, one: str, many: str) -> str:
+    """The word of ``one`` or ``many`` that agrees with ``n``: ``agree(1, "is", "are")`` -> "is"."""
+    return one if n == 1 else many

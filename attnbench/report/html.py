@@ -25,10 +25,11 @@ import pandas as pd
 
 from attnbench import contract
 from attnbench.analysis import changes, complexity, growth
-from attnbench.analysis.summary import Analysis
+from attnbench.analysis.summary import VERDICT, VERDICT_DETAILS, Analysis
 from attnbench.analysis.text import fmt, short_hash, sig
 from attnbench.contract import FAMILIES, PROGRESSION, Basis, GateVerdict, Status
 from attnbench.io import atomic_write, atomic_write_text
+from attnbench.registry import variant_class, variant_names
 from attnbench.report import history_plots, plots, style
 from attnbench.report.details import (
     COUNTS_CAVEAT,
@@ -64,6 +65,7 @@ from attnbench.report.markup import (
 )
 
 __all__ = [
+    "HEADLINE_OWN",
     "BODY",
     "CLOSING",
     "COMPARED",
@@ -198,43 +200,99 @@ def _findings(page: Page) -> str:
         '<section id="findings"><h2 style="margin-top:.6rem">Findings</h2>'
         f'<ol class="findings">{items}</ol>'
         f'<p class="sub">Read from {html.escape(scope)} cases that ran correctly (status ok); '
-        "noisy, wrong and failed cases are never ranked; exponents are quoted only from "
-        "conclusive fits.</p></section>"
+        "noisy, wrong and failed cases are never ranked, and a noisy case's time is never "
+        "fitted (its exact memory and counts are); exponents are quoted only from conclusive "
+        "fits.</p></section>"
     )
 
 
+def _answer_table(analysis: Analysis) -> str:
+    """Each variant's answer check, collapsed under the findings (open when any is wrong)."""
+    table = analysis.answers
+    if not len(table) or not table["cases run"].sum():
+        return ""
+    wrong = bool((table["wrong"] > 0).any())
+    formats = {
+        "worst error": lambda v: f"{float(v):.3g}",
+        "its tolerance": lambda v: f"{float(v):.3g}",
+        "worst / tolerance": lambda v: fmt(float(v), "x"),
+    }
+    body = (
+        "<p>Every measured call's output is compared with a float64 reference: a case whose "
+        "largest error exceeds its tolerance is <code>wrong</code>, and is left out of every "
+        "figure, fit and ranking.</p>"
+        + html_table(table, formats=formats, keep=("variant",), css="bad" if wrong else "")
+    )
+    return collapsible(
+        "Answer check per variant" + (" (wrong answers)" if wrong else ""),
+        body,
+        open_=wrong,
+        ident="answers",
+    )
+
+
+HEADLINE_OWN = 6
+"""A run of at most this many variants (a selection named with ``--variants``) leads with all of
+them; a broader sweep leads with the teaching progression."""
+
+
+def _built_in(variant: str) -> bool:
+    """Whether ``variant`` is one of attnbench's own (not a plugin's, nor unknown here)."""
+    return variant in variant_names() and variant_class(variant).__module__.startswith("attnbench.")
+
+
 def headline_variants(frame: pd.DataFrame) -> tuple[str, ...]:
-    """The headline's lines: the progression, then each forced fused backend that ran on CUDA.
+    """The headline's lines: the progression, the fused backends that ran on CUDA, the run's own.
 
     On a GPU the fused backends (FlashAttention, memory-efficient, cuDNN) are what decides, and a
-    train run may hold no ``sdpa`` at all; on CPU ``sdpa`` already runs the flash kernel.
+    train run may hold no ``sdpa`` at all; on CPU ``sdpa`` already runs the flash kernel. A run of
+    few variants (at most :data:`HEADLINE_OWN`: the ones its user named) shows every one of them,
+    and any run shows every plugin variant: the kernel its author came to measure.
     """
-    ran = frame[
-        (frame["metric"] == "time")
-        & (frame["status"] == Status.OK)
-        & frame["device"].astype(str).str.startswith("cuda")
-    ]
+    timed = frame[frame["metric"] == "time"]
+    ran = timed[(timed["status"] == Status.OK) & timed["device"].astype(str).str.startswith("cuda")]
     fused = [v for v in FAMILIES["fused"] if v not in PROGRESSION and v in set(ran["variant"])]
-    return (*PROGRESSION, *fused)
+    measured = list(dict.fromkeys(timed["variant"]))
+    few = len(measured) <= HEADLINE_OWN
+    own = [
+        v for v in measured if v not in PROGRESSION and v not in fused and (few or not _built_in(v))
+    ]
+    return (*PROGRESSION, *fused, *own)
 
 
 def _progression(page: Page) -> str:
     variants = headline_variants(page.analysis.main)
-    extra = variants[len(PROGRESSION) :]
+    extra = [v for v in variants[len(PROGRESSION) :] if v not in FAMILIES["fused"]]
+    fused = [v for v in variants[len(PROGRESSION) :] if v in FAMILIES["fused"]]
+    ran = set(page.analysis.main["variant"])
+    drawn = [v for v in variants if v in ran]
+    title = (
+        plots.PROGRESSION_TITLE
+        if not extra
+        else f"This run's variants ({', '.join(drawn)}): time and memory vs L (log-log, fitted "
+        "slopes at line ends)"
+    )
     caption = (
-        "The teaching progression ("
-        + " → ".join(PROGRESSION)
-        + (f", and the fused backends that ran: {', '.join(extra)}" if extra else "")
-        + "): median time per call and peak tensor memory above the inputs vs L, log-log, "
-        "forward. Each line's end says its fitted slope (a conclusive Theil-Sen fit) or that the "
-        "fit is inconclusive; dotted memory is the analytic model, not a measurement." + page.scope
+        (
+            "The teaching progression ("
+            + " → ".join(PROGRESSION)
+            + (f", and the fused backends that ran: {', '.join(fused)}" if fused else "")
+            + ")"
+        )
+        if not extra
+        else "The variants this run measured (" + ", ".join(drawn) + ")"
+    ) + (
+        ": median time per call and peak tensor memory above the inputs vs L, log-log, "
+        "forward. Each line's end names its variant and says its fitted slope (a conclusive "
+        "Theil-Sen fit) or that the fit is inconclusive; dotted memory is the analytic model, not "
+        "a measurement; a panel with nothing to draw says why." + page.scope
     )
     return page.figure(
         "progression",
-        plots.progression(page.analysis.main, page.analysis.main_fits, variants),
+        plots.progression(page.analysis.main, page.analysis.main_fits, variants, title),
         caption,
         css="head",
-    )
+    ) + _answer_table(page.analysis)
 
 
 def _families(page: Page) -> str:
@@ -254,6 +312,14 @@ def _families(page: Page) -> str:
         "chunked/SDPA/linear at O(n). Dotted series labelled <em>(model)</em> are the analytic "
         "prediction, not a measurement.",
     )
+    times = main[main["metric"] == "time"]
+    if len(times) and not (times["status"] == Status.OK).any():
+        counts = " or ".join(f"{k} ({n})" for k, n in times["status"].value_counts().items())
+        figures = (
+            f'<p class="note">No time figure: every time case was {html.escape(counts)}, '
+            "so there is no time to draw (see Skipped and failed cases under Details).</p>"
+            + figures
+        )
     return '<h2 id="families">The families</h2>' + figures if figures else ""
 
 
@@ -421,7 +487,9 @@ def _exponents(page: Page) -> str:
     return (
         '<section id="exponents"><h2>Fitted exponents: the O(n²) claim in numbers</h2>'
         + _headline(page.frame, page.analysis.headline)
-        + html_table(page.analysis.summary, keep=("variant",))
+        + html_table(page.analysis.summary, keep=("variant",), titles={VERDICT: VERDICT_DETAILS})
+        + '<p class="sub">Hover a verdict for its fitted interval and the tolerance; a blank '
+        "fit says why it is blank; every fit is in the full fit table (Details).</p>"
         + caveat
         + collapsible("How the exponents are fitted", f"<p>{rst_to_html(complexity.FIT_RULE)}</p>")
         + "</section>"
@@ -451,6 +519,7 @@ def _wrong(page: Page) -> str:
         .assign(commit=lambda d: d["commit"].map(short_hash))
     )
     return (
+        '<a id="wrong"></a>'
         '<h2 class="bad">Wrong results: cases that failed the correctness gate</h2>'
         '<p class="bad">These cases produced output outside their tolerance. They are left out '
         "of the fits, crossovers, rankings and speedup figures; their timings are not claims.</p>"

@@ -66,6 +66,7 @@ CSS = (
     "font-size:.88rem}\n"
     ".note.bad{border-left-color:#b00020;font-weight:400} .note ul{margin:.2rem 0}\n"
     ".bad td{color:#b00020} code{background:#f4f4f4;padding:0 .2rem}\n"
+    "td[title]{text-decoration:underline dotted #999;cursor:help}\n"
     "ol.findings{margin:.3rem 0 .6rem;padding-left:1.4rem;font-size:.95rem} "
     "ol.findings li{margin:.15rem 0}\n"
     "details{margin:.3rem 0;border:1px solid #e4e4e4;border-radius:4px;padding:.2rem .6rem}\n"
@@ -165,7 +166,7 @@ def exact_integer(value: object) -> str:
 WRAP_AT = 32  # characters of a cell's text beyond which it wraps
 
 
-def _cell(value: object, formatter: Callable[[object], str] | None) -> str:
+def _cell(value: object, formatter: Callable[[object], str] | None, title: str = "") -> str:
     if (
         value is None
         or (isinstance(value, float) and math.isnan(value))
@@ -188,7 +189,8 @@ def _cell(value: object, formatter: Callable[[object], str] | None) -> str:
     )
     # a sentence (a reason, a verdict) wraps: the table stays on the page
     wrap = ' class="wrap"' if len(text) > WRAP_AT or "; " in text else ""
-    return f"<td{sort}{wrap}>{html.escape(text)}</td>"
+    tip = f' title="{html.escape(title)}"' if title else ""
+    return f"<td{sort}{wrap}{tip}>{html.escape(text)}</td>"
 
 
 def html_table(
@@ -198,10 +200,18 @@ def html_table(
     keep: Sequence[str] = (),
     lift: bool = True,
     css: str = "",
+    titles: dict[str, str] | None = None,
 ) -> str:
-    """A sortable table; constant columns are lifted into its caption (``lift``)."""
+    """A sortable table; constant columns are lifted into its caption (``lift``).
+
+    ``titles`` maps a shown column to the column holding its cells' tooltips (the details behind
+    a short verdict); those columns are not shown.
+    """
     if df is None or df.empty:
         return "<p><em>nothing to show</em></p>"
+    titles = {c: t for c, t in (titles or {}).items() if c in df and t in df}
+    tips = df[list(titles.values())].fillna("").astype(str)
+    df = df.drop(columns=list(titles.values()))
     if "commit" in df:  # short hashes on the page; the full ones are in tidy.csv
         df = df.assign(
             commit=df["commit"].map(lambda c: short_hash(c) if isinstance(c, str) else c)
@@ -213,10 +223,15 @@ def html_table(
     shown, constants = lift_constants(df, keep, formats) if lift else (df, {})
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in shown.columns)
     body = []
-    for rec in shown.head(max_rows).itertuples(index=False):
+    for i, rec in zip(
+        shown.index[:max_rows], shown.head(max_rows).itertuples(index=False), strict=True
+    ):
         body.append(
             "<tr>"
-            + "".join(_cell(v, formats.get(c)) for c, v in zip(shown.columns, rec, strict=True))
+            + "".join(
+                _cell(v, formats.get(c), tips.at[i, titles[c]] if c in titles else "")
+                for c, v in zip(shown.columns, rec, strict=True)
+            )
             + "</tr>"
         )
     caption = ""

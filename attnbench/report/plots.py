@@ -53,6 +53,7 @@ from attnbench.report.style import (
 )
 
 __all__ = [
+    "PROGRESSION_TITLE",
     "WORKLOAD_MARKERS",
     "crossover_matrix",
     "error_vs_time",
@@ -349,15 +350,53 @@ def _progression_panel(
     )
 
 
-def progression(
-    frame: pd.DataFrame, fits: pd.DataFrame | None = None, variants: tuple[str, ...] = PROGRESSION
-) -> plt.Figure | None:
-    """The teaching progression, loop -> vectorized -> batched -> torch_mha -> sdpa, vs L.
+PROGRESSION_TITLE = (
+    "From the Python loop to fused SDPA: time and memory vs L (log-log, fitted slopes at line "
+    "ends; ▼ L*: the L² term overtakes the L term)"
+)
+"""The headline's title when it draws the teaching progression alone."""
 
-    Two log-log panels; each line is labelled at its end with its fitted slope ("L^2.01") when the
-    fit is conclusive, "slope inconclusive" when not, "model" for predicted memory (dotted). A time
-    line carries its instruction-count slope too where counted (counts decide where time cannot),
-    and a triangle at L* where a shallower-than-declared slope's L² term overtakes its L term.
+
+def _empty_reason(frame: pd.DataFrame, metric: str, variants: tuple[str, ...]) -> str:
+    """Why a headline panel has nothing to draw, in words: what became of its cases."""
+    rows = frame[(frame["metric"] == metric) & frame["variant"].isin(variants)]
+    what = "time" if metric == "time" else "memory"
+    if not len(rows):
+        return f"No {what} was measured for these variants."
+    counts = rows["status"].value_counts()
+    listed = " or ".join(f"{k} ({n})" for k, n in counts.items())
+    why = (
+        "\na busy machine disturbed every timing: bytes and counts are still exact"
+        if Status.NOISY in counts.index
+        else ""
+    )
+    return (
+        f"Nothing to draw: every {what} case was {listed}.{why}\n"
+        "See Details: Skipped and failed cases, and the fit table."
+    )
+
+
+def _say_empty(ax, reason: str, title: str) -> None:
+    """Write ``reason`` inside an empty panel, in place of axes that would show nothing."""
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.text(0.5, 0.5, reason, transform=ax.transAxes, ha="center", va="center", fontsize=10)
+    ax.set_title(title, fontsize=11)
+
+
+def progression(
+    frame: pd.DataFrame,
+    fits: pd.DataFrame | None = None,
+    variants: tuple[str, ...] = PROGRESSION,
+    title: str = PROGRESSION_TITLE,
+) -> plt.Figure | None:
+    """The headline: ``variants`` (the teaching progression, or a run's own) vs L.
+
+    Two log-log panels; each line is labelled at its end with its variant's name and its fitted
+    slope ("L^2.01") when the fit is conclusive, "slope inconclusive" when not, "model" for
+    predicted memory (dotted). A time line carries its instruction-count slope too where counted
+    (counts decide where time cannot), and a triangle at L* where a shallower-than-declared slope's
+    L² term overtakes its L term. A panel with nothing to draw says why inside it.
     """
     panels = []
     for metric in ("time", "peak_tensor_bytes"):
@@ -370,15 +409,19 @@ def progression(
         return None
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.3))
     lengths = sorted({int(n) for _, df in panels for n in df["seq_len"]})
-    # five lines, five hues (not a family's shades)
-    distinct = {v: plt.get_cmap("tab10")(i) for i, v in enumerate(variants)}
+    drawn = [v for v in variants if any((df["variant"] == v).any() for _, df in panels)]
+    # one hue a line, in the order given (not a family's shades)
+    distinct = {v: plt.get_cmap("tab10")(i % 10) for i, v in enumerate(drawn)}
     for ax, (metric, df) in zip(axes, panels, strict=True):
+        if df.empty:
+            _say_empty(
+                ax,
+                _empty_reason(frame, metric, variants),
+                "time per call" if metric == "time" else "peak tensor memory",
+            )
+            continue
         _progression_panel(ax, metric, df, fits, distinct, lengths)
-    fig.suptitle(
-        "From the Python loop to fused SDPA: time and memory vs L (log-log, fitted slopes at "
-        "line ends; ▼ L*: the L² term overtakes the L term)",
-        fontsize=12,
-    )
+    fig.suptitle(title, fontsize=12)
     fig.tight_layout()
     return fig
 
