@@ -366,7 +366,7 @@ def _empty_reason(frame: pd.DataFrame, metric: str, variants: tuple[str, ...]) -
     counts = rows["status"].value_counts()
     listed = " or ".join(f"{k} ({n})" for k, n in counts.items())
     why = (
-        "\na busy machine disturbed every timing: bytes and counts are still exact"
+        "\nA busy machine disturbed every timing: bytes and counts are still exact."
         if Status.NOISY in counts.index
         else ""
     )
