@@ -108,8 +108,8 @@ class AnswerReport:
         if others:
             lines.append(
                 "  also wrong: "
-                + "; ".join(f"{c.spec.label} ({c.error_ratio:.3g})" for c in others[:6])
-                + ("; ..." if len(others) > 6 else "")
+                + "; ".join(f"{c.spec.label} ({c.error_ratio:.3g})" for c in others[:3])
+                + (f"; and {len(others) - 3} more" if len(others) > 3 else "")
             )
         return "\n".join(lines)
 

@@ -25,7 +25,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from attnbench.analysis import text
 from attnbench.analysis.growth import AT_LENGTH, exponent_text, fit_side, judge
-from attnbench.analysis.significance import decide
+from attnbench.analysis.significance import check_factor, decide
 from attnbench.contract import BASE_SPEC, TIME_FACTOR, GateVerdict, Method, Status
 from attnbench.measure import instructions
 from attnbench.measure.config import MeasureConfig
@@ -181,6 +181,11 @@ def _instructions(variant: Variant, specs: Sequence[AttnSpec], seed: int) -> tup
     return tuple(float(c.instructions) for c in counts)
 
 
+def _times(ratio: float) -> str:
+    """``x265``, ``x4,940``, ``x0.562``: a ratio as a reader says it."""
+    return f"x{ratio:,.0f}" if ratio >= 1000 else f"x{ratio:.3g}"
+
+
 @dataclass(frozen=True)
 class GrowthCheck:
     """One kernel's metric along L: the values, the gate's fit, the prediction and the bounds."""
@@ -237,7 +242,7 @@ class GrowthCheck:
                 f"  fitted {exponent_text(self.exponent)} (local slopes {self.low:.2f} .. "
                 f"{self.high:.2f})",
                 f"  predicted {self._fmt(self.predicted)} at L={self.at_length} "
-                f"(x{self.predicted / longest:.3g} the value at L={self.lengths[-1]})",
+                f"({_times(self.predicted / longest)} the value at L={self.lengths[-1]})",
             ]
         )
 
@@ -424,7 +429,7 @@ def _time_samples(
 
 def _within_time(kernel, base, lengths, factor, spec, device, seed, seconds) -> Comparison:
     __tracebackhide__ = True
-    factor = TIME_FACTOR if factor is None else factor
+    factor = check_factor("factor", TIME_FACTOR if factor is None else factor)
     if not (isinstance(seconds, (int, float)) and 0 < seconds <= 60):
         raise ValueError(f"seconds must be a number in (0, 60], got {seconds!r}")
     specs = _specs(kernel, default_lengths(lengths), spec, device)
@@ -453,11 +458,12 @@ def _within_time(kernel, base, lengths, factor, spec, device, seed, seconds) -> 
         verdicts == {GateVerdict.OK},
     )
     what = f"time of {kernel.name} against {base.name} ({_shape(specs[0])})"
+    line = f"time vs {base.name} at L={','.join(map(str, lengths_))}"
     if GateVerdict.REGRESSED in verdicts:
-        note(Record(kernel.name, "time", "time", "failed", reason))
+        note(Record(kernel.name, "time", "time", "failed", line))
         raise AssertionError(f"{what} beyond x{factor:g}: {reason}")
     if not result.passed:
-        note(Record(kernel.name, "time", "time", "undecided", reason))
+        note(Record(kernel.name, "time", "time", "undecided", line))
         undecided(f"{what} undecided: {reason}")
-    note(Record(kernel.name, "time", "time", "passed", reason))
+    note(Record(kernel.name, "time", "time", "passed", line))
     return result
