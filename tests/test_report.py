@@ -1327,8 +1327,11 @@ def test_a_plugin_run_whose_every_time_was_noisy_leads_with_its_own_variant_and_
         run = _scaled_run(tmp_path / "run", ["mine", "sdpa", "batched"], (64, 128, 256, 512))
         golden.make_noisy(run, skip_first="batched")
         d = golden.digest([run], tmp_path / "out")
-        (head,) = [f for f in d["figures"] if f["suptitle"].startswith("This run's variants")]
-        assert "mine" in head["suptitle"], head["suptitle"]
+        heads = [f for f in d["figures"] if f["suptitle"].startswith("This run's variants")]
+        assert len(heads) == 1 and "mine" in heads[0]["suptitle"], (
+            f"no headline leads with the plugin variant: {[f['suptitle'] for f in d['figures']]}"
+        )
+        head = heads[0]
         time_panel, memory_panel = head["axes"]
         assert time_panel["lines"] == [] and any(
             t.startswith("Nothing to draw: every time case was noisy (11) or skipped (1)")
