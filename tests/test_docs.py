@@ -266,3 +266,13 @@ def test_site_reads_offline_in_chromium_at_1400_px(site: Path, tmp_path):
     assert [u for u in seen["requests"] if not u.startswith(("file:", "data:"))] == []
     assert seen["errors"] == []
     assert len(html) >= 18, html
+
+
+def test_the_extending_page_names_every_attribute_a_variant_declares():
+    """A new user found `time_exponent` and `memory_exponent` in base.py, not on the page that said
+    "exponents, the memory model; see attnbench.Variant"."""
+    from attnbench.variants.base import declared_attributes
+
+    page = (ROOT / "docs" / "extending.md").read_text()
+    missing = [a for a in declared_attributes() if f"| `{a}` |" not in page]
+    assert missing == [], f"docs/extending.md's table lacks {missing}"
