@@ -102,8 +102,10 @@ def test_the_sdpa_adapter_passes_the_answer_check_on_every_default_case():
     )
     report = check_answer(kernel)
     labels = " | ".join(c.spec.label for c in report.cases)
-    for feature in ("Hkv2", "Hkv1", "Lq40 Lk91", "Lq1 Lk91", "D33", "Dv24", "B3", "backward"):
+    for feature in ("Hkv2", "Hkv1", "Lq40 Lk91", "Lq91 Lk40", "Lq1 Lk91", "D33", "Dv24", "B3"):
         assert feature in labels, feature
+    backward = [c.spec for c in report.cases if c.spec.mode == "backward"]
+    assert sorted(s.hkv for s in backward) == [2, 2], backward  # plain (H2) and grouped (H4 Hkv2)
     assert all(f"mask={m}" in labels for m in attnbench.masks.MASK_KINDS if m != "none")
     assert report.passed and report.worst.error_ratio <= 1
 
