@@ -554,3 +554,57 @@ def test_a_shallower_slope_is_explained_by_its_crossover_in_the_findings(tmp_pat
     (text,) = [f.text for f in analysis.findings if "explains the shallower slopes" in f.text]
     assert "`torch_mha` instructions grow as L^" in text and "below L* ≈ 1,024" in text
     assert "its FLOP model puts L* at 1,024" in text
+
+
+def _judged(exponent: float, declared: float, low: float, high: float, **extra) -> dict:
+    fit = {"exponent": exponent, "ci_low": low, "ci_high": high, "conclusive": True, "note": ""}
+    fit |= {"declared": declared, **extra}
+    return {**fit, "verdict": complexity.verdict(fit, declared)}
+
+
+@pytest.mark.parametrize(
+    ("fit", "phrase"),
+    [
+        (_judged(1.97, 2.0, 1.9, 2.05), "matches O(L²)"),
+        # within the tolerance, its interval excluding 2: still a match; the detail says the rest
+        (_judged(1.91, 2.0, 1.85, 1.96, kind="deterministic"), "matches O(L²)"),
+        (
+            _judged(1.63, 2.0, 1.6, 1.66, crossover_L=1200.0, l2_share=0.46, L_max=1024),
+            "grows slower than declared (L^1.63 vs L²): its O(L) part outweighs the L² part at "
+            "every measured length (up to L ≈ 1,200); at L=1024 the L² part is 46% of it",
+        ),
+        (
+            _judged(1.63, 2.0, 1.6, 1.66, crossover_L=300.0, l2_share=0.77, L_max=1024),
+            "grows slower than declared (L^1.63 vs L²): its O(L) part outweighs the L² part below "
+            "L ≈ 300; at L=1024 the L² part is 77% of it",
+        ),
+        (_judged(2.4, 1.0, 2.3, 2.5), "grows faster than declared (L^2.40 vs L): a mismatch"),
+        (
+            {**_judged(1.8, 2.0, 1.0, 2.6), "conclusive": False, "note": "2 points"},
+            "inconclusive: 2 points",
+        ),
+        ({"method": "model", "exponent": math.nan, "declared": 1.0}, "predicted, not measured"),
+    ],
+)
+def test_every_verdict_is_one_plain_phrase_and_its_details_the_rest(fit, phrase):
+    """The cell read "memory shallower than declared by less than 0.25 (matches; its interval excludes 2)"."""
+    if fit.get("conclusive") is False:
+        fit["verdict"] = complexity.verdict(fit, fit["declared"])
+    said, detail = complexity.plain_verdict(fit)
+    assert said == phrase
+    assert "interval" not in said and "tolerance" not in said
+    if "ci_low" in fit and fit.get("kind") == "deterministic":
+        assert detail.endswith("within the tolerance, though the local slopes exclude 2"), detail
+
+
+def test_counts_agree_with_their_nouns_and_verbs():
+    """ "1 are inconclusive" was printed: one helper picks the word for every count."""
+    from attnbench.analysis.text import agree, count
+
+    assert [count(1, "case"), count(3, "case"), count(1, "is", "are"), count(0, "is", "are")] == [
+        "1 case",
+        "3 cases",
+        "1 is",
+        "0 are",
+    ]
+    assert agree(1, "grows", "grow") == "grows" and agree(2, "grows", "grow") == "grow"
