@@ -446,6 +446,9 @@ def test_findings_rank_only_correct_cases_and_quote_only_conclusive_fits(tmp_pat
     analysis = analyse(load_results([run]))
     text = " ".join(f.text for f in analysis.findings)
     assert 3 <= len(analysis.findings) <= 7  # the answer check leads
+    assert analysis.findings[0].text.startswith(
+        "Wrong answers against the float64 reference: `batched` in 1 of 5 cases."
+    ), analysis.findings[0].text
     fastest = next(f.text for f in analysis.findings if "fastest" in f.text)
     assert "`batched`" not in fastest.split("slowest")[0], fastest  # the wrong case is never ranked
     assert "1024" in fastest
