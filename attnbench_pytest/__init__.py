@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["ENV_LENGTHS", "ENV_DEVICE", "KEY", "parse_lengths", "summary_lines"]
+__all__ = ["ENV_LENGTHS", "ENV_DEVICE", "KEY", "OPTIONS", "parse_lengths", "summary_lines"]
 
 ENV_LENGTHS = "ATTNBENCH_TEST_LENGTHS"
 """What ``attnbench.testing.kernel.ENV_LENGTHS`` reads (repeated here: no attnbench import)."""
@@ -36,17 +36,21 @@ KEY = "attnbench"
 _OUTCOME = "attnbench.testing.outcome"
 
 
+OPTIONS: dict[str, tuple[str, str]] = {
+    "--attnbench-lengths": (
+        "L1,L2,L3",
+        "comma-separated lengths the cost checks fit (three or more; default 512..4096)",
+    ),
+    "--attnbench-device": ("DEVICE", "cpu (default), cuda or cuda:N"),
+    "--attnbench-report": ("PATH", "write every check's outcome there as JSON"),
+}
+"""The plugin's command-line options: metavar and help (the docs name them)."""
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("attnbench", "attention kernel checks (attnbench.testing)")
-    group.addoption(
-        "--attnbench-lengths",
-        metavar="L1,L2,L3",
-        help="comma-separated lengths the cost checks fit (three or more; default 512..4096)",
-    )
-    group.addoption("--attnbench-device", metavar="DEVICE", help="cpu (default), cuda or cuda:N")
-    group.addoption(
-        "--attnbench-report", metavar="PATH", help="write every check's outcome there as JSON"
-    )
+    for option, (metavar, text) in OPTIONS.items():
+        group.addoption(option, metavar=metavar, help=text)
 
 
 def parse_lengths(raw: str) -> tuple[int, ...]:

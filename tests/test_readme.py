@@ -180,11 +180,12 @@ def test_every_option_named_in_running_text_exists():
     """Prose names options too (`--time-budget 60` runs them): each ``--option`` in an inline code span of README.md
     or docs/ is one of the attnbench parser's (any subcommand) or a named other tool's. Planted (seen failing):
     ``--time-budget`` renamed ``--time-limit`` in docs/measurement.md's prose."""
+    import attnbench_pytest
     from attnbench.cli import build_parser
     from studies.gpu_check import _parser as gpu_check_parser
     from tests.docs_examples import pages
 
-    known = set(FOREIGN_OPTIONS)
+    known = set(FOREIGN_OPTIONS) | set(attnbench_pytest.OPTIONS)  # the pytest plugin's
     parsers = [build_parser(), gpu_check_parser()]  # the GPU check is a documented command too
     while parsers:
         parser = parsers.pop()
