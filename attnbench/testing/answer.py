@@ -164,12 +164,16 @@ def check_answer(
             "answer",
             "",
             verdict(report.passed),
-            f"answer: {len(specs)} cases, worst error/tolerance {worst:.3g}",
+            f"answer: {_cases(len(specs))}, worst error/tolerance {worst:.3g}",
         )
     )
     if not report.passed:
         raise AssertionError(report.message())
     return report
+
+
+def _cases(n: int) -> str:
+    return f"{n} case" if n == 1 else f"{n} cases"
 
 
 def _checked_specs(variant: Variant, shapes: Iterable[AttnSpec]) -> Sequence[AttnSpec]:
