@@ -433,14 +433,15 @@ def _within_time(kernel, base, lengths, factor, spec, device, seed, seconds) -> 
     if not (isinstance(seconds, (int, float)) and 0 < seconds <= 60):
         raise ValueError(f"seconds must be a number in (0, 60], got {seconds!r}")
     specs = _specs(kernel, default_lengths(lengths), spec, device)
-    typical = typical_speed(baseline_probes(specs[0].device))
     decisions, disturbed = [], []
-    for s in specs:
-        (before, why_b), (after, why_k) = (
-            _time_samples(v, s, seconds, typical, seed) for v in (base, kernel)
-        )
-        decisions.append(decide(before, after, factor))
-        disturbed += [w for w in (why_b, why_k) if w]
+    with _engine_threads():  # the sweep's regime: one thread
+        typical = typical_speed(baseline_probes(specs[0].device))
+        for s in specs:
+            (before, why_b), (after, why_k) = (
+                _time_samples(v, s, seconds, typical, seed) for v in (base, kernel)
+            )
+            decisions.append(decide(before, after, factor))
+            disturbed += [w for w in (why_b, why_k) if w]
     reason = "; ".join(f"L={s.lq}: {d.reason}" for s, d in zip(specs, decisions, strict=True))
     verdicts = {d.verdict for d in decisions}
     if disturbed:  # a disturbed attempt decides nothing, whatever its samples say
