@@ -5,6 +5,10 @@ from __future__ import annotations
 import fcntl
 import os
 import pickle
+import subprocess
+import sys
+import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -103,6 +107,76 @@ def once_per_session(
         return value
 
 
+WARM_LOCK = "ATTNBENCH_TEST_WARM_LOCK"
+"""A file the warm-up (tests/warm_caches.py) holds locked while it fills the caches the workers share."""
+WARM_WAIT_S = 900.0
+"""The longest a worker waits for the warm-up before compiling on its own (one cold first compile took 3.3 min at load 8)."""
+_warming: subprocess.Popen | None = None
+_warm_waited = False
+
+
+def _runs_a_compiling_module(config: pytest.Config) -> bool:
+    """Whether the command line names a folder, or a module that compiles (:data:`tests.warm_caches.COMPILES`)."""
+    from tests.warm_caches import COMPILES
+
+    paths = [Path(arg.split("::")[0]) for arg in config.args] or [Path(".")]
+    return any(p.is_dir() or p.name in COMPILES for p in paths)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In the process that hands tests to parallel workers: start the warm-up (tests/warm_caches.py) beside them.
+
+    Its lock is taken here, before any worker exists, and handed to the warm-up process, which holds it until it
+    exits: a worker can never see the caches unlocked before they are filled."""
+    global _warming
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        return  # a worker, or one process: it compiles what it needs itself, once
+    if os.environ.get(WARM_LOCK) or not _runs_a_compiling_module(config):
+        return
+    lock_path = Path(tempfile.gettempdir()) / f"attnbench-warm-{os.getpid()}.lock"
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        os.environ[WARM_LOCK] = str(lock_path)  # the workers start from this environment
+        _warming = subprocess.Popen(
+            [sys.executable, "-m", "tests.warm_caches"],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            pass_fds=(lock.fileno(),),
+        )
+    # closed here: the warm-up process's copy of the open file holds the lock until it exits
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """A warm-up still running when the tests are done (a run that never reached a compiling module) is stopped."""
+    if _warming is not None and _warming.poll() is None:
+        _warming.kill()
+        _warming.wait()
+    if _warming is not None:
+        Path(os.environ.pop(WARM_LOCK)).unlink(missing_ok=True)
+
+
+def _wait_for_the_warm_up() -> None:
+    """Block until the warm-up has filled the shared caches (at most :data:`WARM_WAIT_S`), once per worker."""
+    global _warm_waited
+    path = os.environ.get(WARM_LOCK)
+    if _warm_waited or not path or not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    _warm_waited = True
+    deadline = time.monotonic() + WARM_WAIT_S
+    try:
+        lock = open(path)  # noqa: SIM115 - held while waiting, closed below
+    except OSError:  # gone: the warm-up's session has ended
+        return
+    with lock:
+        while time.monotonic() < deadline:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                time.sleep(0.5)
+
+
 CRITICAL = FIRST[0]
 """The module whose worker keeps its priority: the README's regress command is the longest chain of subprocesses (asv's
 environment, timing rounds, two valgrind processes: 3 minutes alone) and finished last when it shared the cores evenly
@@ -127,6 +201,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         _first_test = False
         if item.path.name != CRITICAL:
             os.nice(NICE)
+    from tests.warm_caches import COMPILES
+
+    if item.path.name in COMPILES:
+        _wait_for_the_warm_up()
 
 
 @pytest.fixture(autouse=True)
