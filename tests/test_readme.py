@@ -169,7 +169,8 @@ FOREIGN_OPTIONS = {
     "--python",  # asv run
     "--quick",  # asv run
     "--set-commit-hash",  # asv run
-    "--no-deps",  # pip install (asv.conf.json's install command)
+    "--no-deps",  # pip install (asv.conf.json's install command; docs/gpu.md's reinstall of torch)
+    "--force-reinstall",  # pip install (docs/gpu.md: a CPU build of torch replaced by a CUDA one)
     "--check",  # ruff format
     "--tool",  # valgrind
 }
