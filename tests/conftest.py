@@ -50,6 +50,8 @@ FIRST = (
     "test_errors.py",
     "test_golden_report.py",
     "test_sweep.py",
+    "test_init.py",
+    "test_testing.py",
     "test_gate.py",
     "test_regime.py",
     "test_gqa.py",
