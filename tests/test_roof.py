@@ -81,10 +81,12 @@ def test_a_quieter_moment_than_the_best_samples_is_sampled(tmp_path, monkeypatch
     assert peak.matmul_peak("cpu", "float32") == QUIET
 
 
-def test_a_busy_machine_adds_a_sample_a_minute_at_most(tmp_path, monkeypatch):
-    """No trusted sample, and the last one (a few seconds old) was taken at this load: no other."""
-    busy = [{"flops": LOW, "at": time.time() - 5, "load": 4.0, "waited": 1.0}]
-    _cache(tmp_path, monkeypatch, busy, measured=None, load=4.0)
+@pytest.mark.parametrize("load", [6.5, 5.0, 0.5], ids=["same load", "load falling", "quiet"])
+def test_a_busy_machine_adds_a_sample_a_minute_at_most(tmp_path, monkeypatch, load):
+    """No trusted sample, and the last one is a few seconds old: no other, whatever the load does
+    (an asv setup asking the roof per case resampled whenever the load average had moved)."""
+    busy = [{"flops": LOW, "at": time.time() - 5, "load": 6.5, "waited": 1.0}]
+    _cache(tmp_path, monkeypatch, busy, measured=None, load=load)
     assert peak.matmul_peak("cpu", "float32") == LOW  # the best there is, marked untrusted
 
 

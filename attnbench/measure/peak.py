@@ -13,8 +13,8 @@ without re-measuring every time. The rule, so that a cache makes a run faster bu
   (an older attnbench's, timed without reading the wait, are not trusted).
 - **Another sample is taken** on use while fewer than :data:`_MIN_SAMPLES` trusted ones exist, and
   whenever the load is lower than the load the best one was taken under (by
-  :data:`_QUIETER_BY`): a quieter moment can give a higher figure. Neither while a sample of the
-  last :data:`_SPACING_S` was taken at a load as low as now: samples come from different moments.
+  :data:`_QUIETER_BY`): a quieter moment can give a higher figure. At most once per
+  :data:`_SPACING_S`, so samples come from different moments.
 - **A ceiling** (:func:`cpu_ceiling`): where the CPU's clock and vector width can be read, no roof
   passes its theoretical peak; a sample above it is not trusted.
 
@@ -202,10 +202,11 @@ def _load(sample: dict) -> float:
 def _wants_sample(fresh: list[dict], trusted: list[dict], now: float, load: float) -> bool:
     """Whether to measure on use: too few trusted samples, or a quieter moment than the best's.
 
-    Never when a sample of the last :data:`_SPACING_S` was taken at a load as low as this one's
-    (what this moment gives is known): a busy hour adds a sample a minute at most.
+    Never within :data:`_SPACING_S` of this attnbench's last sample (an older attnbench's samples,
+    without ``waited``, do not hold it back): a busy hour adds a sample a minute at most, however
+    its load moves.
     """
-    if any(now - s["at"] < _SPACING_S and _load(s) <= load + _QUIETER_BY for s in fresh):
+    if any(now - s["at"] < _SPACING_S for s in fresh if "waited" in s):
         return False
     if len(trusted) < _MIN_SAMPLES:
         return True
