@@ -474,3 +474,21 @@ def test_the_cuda_rng_states_saved_are_those_a_case_can_change(monkeypatch):
     assert rng_devices("cpu") == [0, 1]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert rng_devices("cuda:0") == []
+
+
+def test_a_noisy_reason_counts_its_attempts_in_plain_english():
+    """A reader of a noisy case saw "(kept the least disturbed of 1 attempts)": one attempt is
+    "its only attempt", more are counted in the plural. Planted (seen failing): the old f-string."""
+    from attnbench.contract import Status
+    from attnbench.measure import probe, runner
+    from attnbench.measure.config import MeasureConfig
+
+    def reason(attempts: int) -> str:
+        seen = probe.Disturbance(1.0, (1.0,), bimodal=True)
+        timed = runner._Timed([1.0], 1, seen, attempts, 1.0)
+        status, why = runner._disturbance_status(timed, MeasureConfig(probe=True))
+        assert status == Status.NOISY, status
+        return why
+
+    assert reason(1).endswith("(kept its only attempt)"), reason(1)
+    assert reason(3).endswith("(kept the least disturbed of 3 attempts)"), reason(3)

@@ -593,10 +593,12 @@ def _time_case(
 def _disturbance_status(timed: _Timed, config: MeasureConfig) -> tuple[Status, str]:
     """ok, or noisy when even the kept attempt was disturbed, and what disturbed it ("" if ok)."""
     if config.probe and timed.disturbance.disturbed:
-        return Status.NOISY, (
-            f"{timed.disturbance.describe()} "
-            f"(kept the least disturbed of {timed.attempts} attempts)"
+        kept = (
+            "kept its only attempt"
+            if timed.attempts == 1
+            else f"kept the least disturbed of {timed.attempts} attempts"
         )
+        return Status.NOISY, f"{timed.disturbance.describe()} ({kept})"
     return Status.OK, ""
 
 
