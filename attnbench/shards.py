@@ -67,7 +67,8 @@ def suite_benchmarks(benchmark_dir: str | Path) -> list[str]:
     """Every benchmark of the asv suite in ``benchmark_dir``, named as asv names it.
 
     Names are ``module.Class.method``; the modules are imported as asv imports them (their generated
-    ``track_`` methods included), in name order.
+    ``track_`` methods included), in name order; every public class or function they hold counts,
+    imported ones too, as asv counts them.
     """
     folder = Path(benchmark_dir)
     if not folder.is_dir():
@@ -83,18 +84,18 @@ def suite_benchmarks(benchmark_dir: str | Path) -> list[str]:
         spec = importlib.util.spec_from_file_location(f"_attnbench_suite_{path.stem}", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)  # type: ignore[union-attr]
+        # as asv discovers them: every public class and function the module holds, its own or
+        # imported (benchmarks/bench_attention.py re-exports attnbench.asv_suite's classes)
         for attr, value in vars(module).items():
-            if inspect.isclass(value) and value.__module__ == module.__name__:
+            if attr.startswith("_"):
+                continue
+            if inspect.isclass(value) and not inspect.isabstract(value):
                 names += [
                     f"{path.stem}.{attr}.{m}"
                     for m, _ in inspect.getmembers(value, inspect.isfunction)
                     if m.startswith(BENCHMARK_PREFIXES)
                 ]
-            elif (
-                inspect.isfunction(value)
-                and attr.startswith(BENCHMARK_PREFIXES)
-                and value.__module__ == module.__name__
-            ):
+            elif inspect.isfunction(value) and attr.startswith(BENCHMARK_PREFIXES):
                 names.append(f"{path.stem}.{attr}")
     if not names:
         raise ShardError(
