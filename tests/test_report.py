@@ -1345,6 +1345,8 @@ def test_a_plugin_run_whose_every_time_was_noisy_leads_with_its_own_variant_and_
         assert texts[0].startswith("Every answer checked against the float64 reference was correct")
         assert "`mine` " in texts[0], texts[0]
         assert "not fitted: every case noisy (4)" in d[golden.PAGE]
+        # "ran correctly" read as a wrong answer: batched's cases were only disturbed or skipped
+        assert "not fitted: no undisturbed case (3 noisy, 1 skipped)" in d[golden.PAGE]
         assert golden.contradictions(d) == []
 
         # planted: the sentence the user read, and a count of one in the plural

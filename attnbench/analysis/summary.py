@@ -138,7 +138,7 @@ def _unfitted(rows: pd.DataFrame) -> str:
         return f"not fitted: every case {counts.index[0]} ({counts.iloc[0]})"
     listed = ", ".join(f"{n} {k}" for k, n in counts.items() if k != Status.OK)
     if Status.OK not in counts.index:
-        return f"not fitted: no case ran correctly and undisturbed ({listed})"
+        return f"not fitted: no undisturbed case ({listed})"
     return f"not fitted: too few correct, undisturbed cases ({listed})"
 
 
