@@ -1340,6 +1340,12 @@ def test_a_plugin_run_whose_every_time_was_noisy_leads_with_its_own_variant_and_
             t.startswith("Nothing to draw: every time case was noisy (11) or skipped (1)")
             for t in time_panel["texts"]
         ), time_panel["texts"]
+        # its second sentence read "a busy machine ... still exact See Details": a capital, a stop
+        assert any(
+            "\nA busy machine disturbed every timing: bytes and counts are still exact.\nSee Details"
+            in t
+            for t in time_panel["texts"]
+        ), time_panel["texts"]
         assert any("mine" in t for t in memory_panel["texts"]), memory_panel["texts"]
         texts = [t for t, _ in d["findings"]]
         assert texts[0].startswith("Every answer checked against the float64 reference was correct")
