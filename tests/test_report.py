@@ -424,6 +424,12 @@ def test_headline_counts_conclusive_fits_names_inconclusive_and_steeper(tmp_path
         tidy.loc[(tidy["variant"] == "loop") & (tidy["metric"] == "peak_tensor_bytes"), "method"]
     ) == {"model"}
     assert "model (predicted, not fitted)" in page
+    # which cases the findings read: time from ok ones, memory and page faults from noisy ones too
+    assert re.search(
+        r"Read from [^<]* cases: time from the cases that ran undisturbed \(status ok\); memory "
+        "and page-fault fits also use noisy cases",
+        page,
+    ), re.findall(r"Read from [^<]*", page)
 
 
 def test_no_green_headline_above_nothing(tmp_path):
@@ -1353,6 +1359,11 @@ def test_a_plugin_run_whose_every_time_was_noisy_leads_with_its_own_variant_and_
         assert "not fitted: every case noisy (4)" in d[golden.PAGE]
         # "ran correctly" read as a wrong answer: batched's cases were only disturbed or skipped
         assert "not fitted: no undisturbed case (3 noisy, 1 skipped)" in d[golden.PAGE]
+        # "Read from ... cases that ran correctly (status ok)" on a page where no case was ok
+        assert (
+            "Read from cpu, forward, float32 cases: no time (no case ran undisturbed); memory and "
+            "page-fault fits also use noisy cases" in d[golden.PAGE]
+        ), re.findall(r"Read from [^<]*", d[golden.PAGE])
         assert golden.contradictions(d) == []
 
         # planted: the sentence the user read, and a count of one in the plural
