@@ -608,3 +608,12 @@ def test_counts_agree_with_their_nouns_and_verbs():
         "0 are",
     ]
     assert agree(1, "grows", "grow") == "grows" and agree(2, "grows", "grow") == "grow"
+
+
+def test_a_series_without_a_slope_says_why_in_a_readers_words():
+    """A newcomer read "time inconclusive: 1 point above the floor" and found the floor defined
+    nowhere on the page. Planted (seen failing): the old note "1 point above the floor"."""
+    fit = complexity.fit_exponent(np.array([64, 128]), np.array([1.0, 4.0]))
+    assert fit["note"] == "only 1 length is clearly above the fixed per-call cost", fit["note"]
+    phrase, _ = complexity.plain_verdict({**fit, "declared": 2.0, "verdict": "inconclusive"})
+    assert phrase == "inconclusive: only 1 length is clearly above the fixed per-call cost"

@@ -1354,6 +1354,19 @@ def test_a_plugin_run_whose_every_time_was_noisy_leads_with_its_own_variant_and_
         ), time_panel["texts"]
         assert any("mine" in t for t in memory_panel["texts"]), memory_panel["texts"]
         texts = [t for t, _ in d["findings"]]
+        # the worse run read cleaner: "...; 0 are inconclusive" and a green "none inconclusive"
+        assert any(
+            t.startswith(
+                "Time not fitted (every case noisy or skipped); all 3 memory fits match the "
+                "declared big-O"
+            )
+            for t in texts
+        ), texts
+        assert 'class="good">3 of 3 conclusive' not in d[golden.PAGE]
+        assert (
+            'class="neutral">3 of 3 conclusive fits match their declared complexity; time not '
+            "fitted (every case noisy or skipped).</p>" in d[golden.PAGE]
+        ), re.findall(r"<p class=\"\w+\">3 of 3 conclusive[^<]*", d[golden.PAGE])
         assert texts[0].startswith("Every answer checked against the float64 reference was correct")
         assert "`mine` " in texts[0], texts[0]
         assert "not fitted: every case noisy (4)" in d[golden.PAGE]
@@ -1380,3 +1393,34 @@ def test_a_plugin_run_whose_every_time_was_noisy_leads_with_its_own_variant_and_
         assert any("'1 are'" in f for f in golden.contradictions(planted))
     finally:
         attnbench.unregister("mine")
+
+
+def test_a_time_fit_left_few_lengths_by_noisy_cases_blames_them(tmp_path):
+    """Each variant had 4 lengths, the 2 longest noisy: the verdict read "time inconclusive: 1 point
+    above the floor", blaming a floor nobody defined instead of the noisy cases (with the floor tied to
+    the smallest value, at most 1 of 2 points can be above it). Planted (seen failing): the verdict
+    without :func:`summary._too_few_undisturbed`."""
+    from attnbench.analysis.summary import VERDICT, analyse, load_results
+
+    run = _scaled_run(tmp_path / "run", ["sdpa", "batched"], (64, 128, 256, 512))
+    log = run / "cases.jsonl"
+    lines = []
+    for line in log.read_text().splitlines():
+        rec = json.loads(line)
+        m = rec.get("measurement") if rec.get("kind") == "case" else None
+        if m is not None and m["spec"]["seq_len"] >= 256:
+            m.update(status="noisy", reason="planted: calibration probe 3.00x slower")
+        lines.append(json.dumps(rec))
+    log.write_text("\n".join(lines) + "\n")
+    analysis = analyse(load_results([run]))
+    verdicts = list(analysis.summary[VERDICT])
+    assert verdicts and all(
+        "time inconclusive: only 2 undisturbed lengths (2 noisy)" in v for v in verdicts
+    ), verdicts
+    # "3 of 3 conclusive complexity fits match the declared big-O; 3 are inconclusive" read as a
+    # contradiction: they were memory fits and time fits
+    texts = [f.text for f in analysis.findings]
+    assert any(
+        t.startswith("Both time fits are inconclusive; both memory fits match the declared big-O")
+        for t in texts
+    ), texts

@@ -62,6 +62,9 @@ __all__ = [
     "swept",
     "fit_table",
     "tally",
+    "TIME_NOT_FITTED",
+    "time_not_fitted",
+    "per_metric",
     "headline",
     "crossovers",
     "largest_length",
@@ -223,6 +226,15 @@ def _points(n: int) -> str:
     return f"{n} point{'s' if n != 1 else ''}"
 
 
+def _few_above_constant(n: int) -> str:
+    """Why a series has no slope, in a reader's words: "only 1 length is clearly above the fixed
+    per-call cost" (the overhead floor is a term the page never defines)."""
+    if n == 0:
+        return "no length is clearly above the fixed per-call cost"
+    lengths = "1 length is" if n == 1 else f"{n} lengths are"
+    return f"only {lengths} clearly above the fixed per-call cost"
+
+
 def _line_fit(x: np.ndarray, y: np.ndarray, resid: np.ndarray) -> dict[str, float | int]:
     """The ``r2`` of a log-log line leaving ``resid``, and the lengths ``x`` spans."""
     total = float(((y - y.mean()) ** 2).sum())
@@ -296,7 +308,9 @@ def fit_exponent(lengths: np.ndarray, values: np.ndarray) -> dict[str, float | i
     x, y = np.log(lengths[above]), np.log(values[above])
     out = _no_fit(n=int(len(x)), range=rule)
     if len(np.unique(x)) < 2:
-        return {**out, "note": f"{_points(len(x))} above the floor"}
+        measured = len(np.unique(lengths))
+        few = "only 1 length measured" if measured == 1 else _few_above_constant(len(np.unique(x)))
+        return {**out, "note": few}
     return {**out, **_theil_sen_fit(x, y)}
 
 
@@ -698,7 +712,51 @@ def tally(fits: pd.DataFrame) -> _Tally:
     )
 
 
-def headline(fits: pd.DataFrame) -> tuple[str, str]:
+TIME_NOT_FITTED = "time not fitted (every case noisy or skipped)"
+"""What the fit tallies say where time was measured but no time fit was attempted."""
+
+
+def time_not_fitted(frame: pd.DataFrame, fits: pd.DataFrame) -> bool:
+    """Whether ``frame`` measured time that no fit of ``fits`` judges (every case noisy or
+    skipped): a tally of the other metrics must not read as if every claim had been checked."""
+    timed = len(frame) > 0 and bool((frame["metric"] == "time").any())
+    judged = len(fits) > 0 and bool(
+        ((fits["metric"] == "time") & fits["verdict"].isin(VERDICTS)).any()
+    )
+    return timed and not judged
+
+
+def _metric_phrase(label: str, t: _Tally) -> str:
+    """ "all 3 memory fits match the declared big-O", "all 3 time fits are inconclusive", "2 of 3
+    conclusive time fits match the declared big-O, 1 inconclusive"."""
+    fits = f"{label} {'fit' if t.judged == 1 else 'fits'}"
+    every = {1: "the 1", 2: "both"}.get(t.judged, f"all {t.judged}")
+    if not t.conclusive:
+        return f"{every} {fits} {agree(t.judged, 'is', 'are')} inconclusive"
+    if t.matches == t.conclusive == t.judged:
+        return f"{every} {fits} {'matches' if t.judged == 1 else 'match'} the declared big-O"
+    text = (
+        f"{t.matches} of {t.conclusive} conclusive {label} "
+        f"{'fit matches' if t.conclusive == 1 else 'fits match'} the declared big-O"
+    )
+    return text + (f", {len(t.inconclusive)} inconclusive" if t.inconclusive else "")
+
+
+def per_metric(fits: pd.DataFrame, time_unfitted: bool = False) -> str:
+    """The judged fits counted per metric, time first ("all 3 memory fits match the declared
+    big-O; all 3 time fits are inconclusive"): "3 of 3 ...; 3 are inconclusive" read as a
+    contradiction when the 3 and the 3 were different metrics. ``time_unfitted``: say
+    :data:`TIME_NOT_FITTED` in place of time's count."""
+    judged = fits[fits["verdict"].isin(VERDICTS)] if len(fits) else fits
+    metrics = sorted(set(judged["metric"]) if len(judged) else set(), key=lambda m: m != "time")
+    parts = [TIME_NOT_FITTED] if time_unfitted else []
+    for m in metrics:
+        label = "memory" if m == "peak_tensor_bytes" else m
+        parts.append(_metric_phrase(label, tally(judged[judged["metric"] == m])))
+    return "; ".join(parts)
+
+
+def headline(fits: pd.DataFrame, time_unfitted: bool = False) -> tuple[str, str]:
     """One sentence about the fits and its tone: ``("good" | "bad" | "neutral", text)``.
 
     Counts conclusive fits that match, names the steeper ones (tone "bad") and the inconclusive
@@ -718,10 +776,14 @@ def headline(fits: pd.DataFrame) -> tuple[str, str]:
     if t.shallower:
         grows = agree(len(t.shallower), "grows", "grow")
         parts.append(f"{grows} slower than declared: {', '.join(t.shallower)}")
-    parts.append(
-        f"inconclusive: {', '.join(t.inconclusive)}" if t.inconclusive else "none inconclusive"
-    )
-    return t.tone, "; ".join(parts) + "."
+    if time_unfitted:  # no time claim was checked: not "none inconclusive", nor green
+        parts.append(TIME_NOT_FITTED)
+    if t.inconclusive:
+        parts.append(f"inconclusive: {', '.join(t.inconclusive)}")
+    elif not time_unfitted:
+        parts.append("none inconclusive")
+    tone = "neutral" if time_unfitted and t.tone == "good" else t.tone
+    return tone, "; ".join(parts) + "."
 
 
 _CROSSOVER_SETTING = ["source", "machine", "commit", "device", "mode", "dtype", "mask"]

@@ -465,16 +465,13 @@ def _fit_verdicts(e: _Evidence) -> Finding | None:
             "much scatter to compare with the declared big-O.",
             "exponents",
         )
-    text = (
-        f"{t.matches} of {t.conclusive} conclusive complexity "
-        f"{agree(t.conclusive, 'fit matches', 'fits match')} the declared big-O"
-    )
+    text = complexity.per_metric(e.fits, complexity.time_not_fitted(e.frame, e.fits))
+    text = text[:1].upper() + text[1:]
     if t.shallower:
         text += (
             f"; {len(t.shallower)} {agree(len(t.shallower), 'grows', 'grow')} slower than "
             "declared (a lower-order part still matters at these lengths)"
         )
-    text += f"; {count(len(t.inconclusive), 'is', 'are')} inconclusive"
     faster = sorted({s.split(" ")[0] for s in t.steeper})
     text += (
         f"; growing faster than declared: {', '.join(f'`{v}`' for v in faster)}."

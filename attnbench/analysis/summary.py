@@ -142,6 +142,19 @@ def _unfitted(rows: pd.DataFrame) -> str:
     return f"not fitted: too few correct, undisturbed cases ({listed})"
 
 
+def _too_few_undisturbed(rows: pd.DataFrame) -> str:
+    """ "only 2 undisturbed lengths (2 noisy)" where cases left out of a time fit leave it fewer
+    than :data:`complexity.MIN_POINTS` lengths: the real reason it is inconclusive ("" if not)."""
+    if not len(rows):
+        return ""
+    counts = rows["status"].value_counts()
+    dropped = ", ".join(f"{n} {k}" for k, n in counts.items() if k != Status.OK)
+    kept = rows.loc[rows["status"] == Status.OK, "seq_len_k"].nunique()
+    if not dropped or kept >= complexity.MIN_POINTS:
+        return ""
+    return f"only {kept} undisturbed length{'' if kept == 1 else 's'} ({dropped})"
+
+
 def _exponent_columns(
     group: pd.DataFrame, metric: str, label: str, row: dict, rows: pd.DataFrame
 ) -> tuple[str, str]:
@@ -159,6 +172,9 @@ def _exponent_columns(
     r = sub.iloc[-1]
     row[column] = _short_fit(r) + ("" if math.isnan(r["declared"]) else f" / {r['declared']:g}")
     phrase, detail = complexity.plain_verdict(r.to_dict())
+    dropped = _too_few_undisturbed(rows) if metric == "time" else ""
+    if dropped and r.get("verdict") == FitVerdict.INCONCLUSIVE:
+        phrase = f"inconclusive: {dropped}"
     return (f"{label} {phrase}", f"{label}: {detail}") if phrase else ("", "")
 
 
@@ -349,7 +365,7 @@ def analyse(loaded: Loaded, git: GitLog | None = None) -> Analysis:
         machine=machine,
         machine_fits=pair_decode(fits, primary, commit) if primary else fits,
         roofline=roofline.roofline(machine),
-        headline=complexity.headline(fits),
+        headline=complexity.headline(fits, complexity.time_not_fitted(frame, fits)),
         largest=complexity.largest_length(frame),
         memory_model=complexity.memory_model(frame),
         history=None if rows is None else find_steps(rows, git=git),
