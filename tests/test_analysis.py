@@ -617,3 +617,13 @@ def test_a_series_without_a_slope_says_why_in_a_readers_words():
     assert fit["note"] == "only 1 length is clearly above the fixed per-call cost", fit["note"]
     phrase, _ = complexity.plain_verdict({**fit, "declared": 2.0, "verdict": "inconclusive"})
     assert phrase == "inconclusive: only 1 length is clearly above the fixed per-call cost"
+
+
+def test_the_fit_rule_the_report_prints_is_plain_words():
+    """A newcomer found "the method text is not written for readers": ":func:`constant_cost`",
+    "FLOOR_FACTOR (2)", "MIN_POINTS (4)". Planted (seen failing): the old markup back in FIT_RULE."""
+    import re
+
+    assert not re.findall(r":\w+:`[^`]*`|``[^`]*``|\b[A-Z][A-Z_]{3,}\b", complexity.FIT_RULE)
+    assert f"{complexity.FLOOR_FACTOR:g} times that constant cost" in complexity.FIT_RULE
+    assert f"fewer than {complexity.MIN_POINTS} points" in complexity.FIT_RULE.replace("\n", " ")

@@ -40,7 +40,7 @@ __all__ = [
     "MIN_POINTS",
     "MAX_CI_WIDTH",
     "TOLERANCE",
-    "CLIP",  # CLIP, OUTLIER and BOOTSTRAP: FIT_RULE, which the report prints, names them
+    "CLIP",  # CLIP, OUTLIER and BOOTSTRAP: FIT_RULE, which the report prints, quotes their values
     "OUTLIER",
     "BOOTSTRAP",
     "MODEL",
@@ -107,25 +107,23 @@ _DECODE_CAP = 1.0
 
 FIT_RULE = f"""How the exponent is fitted. At short lengths a constant per-call cost (interpreter,
 dispatch, kernel launch) hides the asymptotic term, and on a shared machine single points can be far
-off. The *overhead floor* is ``FLOOR_FACTOR`` ({FLOOR_FACTOR:g}) times the constant cost
-(:func:`constant_cost`: the cost split's c0 where that split describes the series, else the smallest
-value, which bounds it), so at or above the floor the constant is at most half of what was measured.
-Every point at or above the floor is fitted; the points below it are the constant. The slope of
-``log(value)`` on ``log(L)`` is the Theil-Sen estimate (the median of all pairwise slopes), which
-one wild point cannot drag far. Its 95% interval is the 2.5-97.5 percentile range of ``BOOTSTRAP``
-({BOOTSTRAP}) Theil-Sen slopes refitted on residual-bootstrap replicates, with a fixed seed (the
-same data give the same interval in every process). The residuals resampled are each point's
-distance from the line through the *other* points, clipped at ``CLIP`` ({CLIP:g}) robust standard
-deviations, so a lone outlier widens nothing while general scatter does; points beyond ``OUTLIER``
-({OUTLIER:g}) robust standard deviations are listed. A fit on fewer than ``MIN_POINTS``
-({MIN_POINTS}) points, or whose interval is wider than ``MAX_CI_WIDTH`` ({MAX_CI_WIDTH:g}), is
-*inconclusive*: it is never reported as matching. Otherwise it is compared with the variant's
-declared exponent. Big-O is an upper bound, so only a fit *steeper* than declared by more than
-``TOLERANCE`` ({TOLERANCE:g}) with the declared value outside the interval is a mismatch; a
-shallower fit is reported as "shallower" (a lower-order term, such as a fixed block buffer or a
-linear projection, still matters in the measured range). Values the suite predicted rather than
-measured (method "model") are never fitted, and only ``ok`` rows are (not ``wrong`` or failed
-cases).
+off. The *overhead floor* is {FLOOR_FACTOR:g} times that constant cost (the constant c0 of the cost
+split c0 + c1·L + c2·L² where that split describes the series, else the smallest value, which bounds
+it), so at or above the floor the constant is at most half of what was measured. Every point at or
+above the floor is fitted; the points below it are the constant. The slope of log(value) on log(L)
+is the Theil-Sen estimate (the median of all pairwise slopes), which one wild point cannot drag far.
+Its 95% interval is the 2.5-97.5 percentile range of {BOOTSTRAP} Theil-Sen slopes refitted on
+residual-bootstrap replicates, with a fixed seed (the same data give the same interval in every
+process). The residuals resampled are each point's distance from the line through the *other*
+points, clipped at {CLIP:g} robust standard deviations, so a lone outlier widens nothing while
+general scatter does; points beyond {OUTLIER:g} robust standard deviations are listed. A fit on
+fewer than {MIN_POINTS} points, or whose interval is wider than {MAX_CI_WIDTH:g}, is *inconclusive*:
+it is never reported as matching. Otherwise it is compared with the variant's declared exponent.
+Big-O is an upper bound, so only a fit *steeper* than declared by more than {TOLERANCE:g} with the
+declared value outside the interval is a mismatch; a shallower fit is reported as "shallower" (a
+lower-order term, such as a fixed block buffer or a linear projection, still matters in the measured
+range). Values the suite predicted rather than measured (method "model") are never fitted, and only
+cases with status ok are (not wrong or failed ones).
 """
 """How :func:`fit_exponent` fits and :func:`verdict` judges, in words: the report's "How the
 exponents are fitted" (rendered as it stands, the trailing newline included)."""
