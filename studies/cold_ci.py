@@ -6,8 +6,9 @@ measurement the README's test figure is taken with. It:
 1. clones the repository at a commit (default ``HEAD``) into a new folder (``--work``, default a temporary one);
 2. points every cache the suite fills at a new, empty folder inside it: torch Inductor's compiled kernels
    (``TORCHINDUCTOR_CACHE_DIR``), attnbench's roof measurements (``ATTNBENCH_CACHE``), everything under
-   ``XDG_CACHE_HOME`` (torch's own, attnbench's default), matplotlib's font list (``MPLCONFIGDIR``) and the
-   ``TMPDIR`` the tests' temporary folders and Inductor's default live in. pip's download cache is kept
+   ``XDG_CACHE_HOME`` (torch's own, attnbench's default), matplotlib's font list (``MPLCONFIGDIR``); the
+   tests' temporary folders are new in every pytest session (``TMPDIR`` is left alone: a longer one made
+   the fork server's socket path too long for AF_UNIX). pip's download cache is kept
    (``PIP_CACHE_DIR`` stays where it was): a CI runner has one too;
 3. drops the kernel's page cache where this machine allows it (``sync; echo 3 > /proc/sys/vm/drop_caches``, as
    root or through ``sudo -n``; otherwise it says so and goes on: the figure is then page-warm);
@@ -50,7 +51,6 @@ CACHES = {
     "ATTNBENCH_CACHE": "attnbench",
     "XDG_CACHE_HOME": "xdg-cache",
     "MPLCONFIGDIR": "matplotlib",
-    "TMPDIR": "tmp",
 }
 """Each variable the cold run sets, and the empty folder (under the work folder's ``caches/``) it points at."""
 
@@ -105,7 +105,9 @@ def drop_page_cache() -> str:
 def _clone(commit: str, into: Path) -> str:
     """A fresh clone of this repository at ``commit`` in ``into``; the full hash."""
     subprocess.run(["git", "clone", "--quiet", "--no-local", str(ROOT), str(into)], check=True)
-    subprocess.run(["git", "checkout", "--quiet", commit], cwd=into, check=True)
+    # a branch, as CI's clone of main has: the tests clone this clone with --branch HEAD, which a
+    # detached HEAD refuses
+    subprocess.run(["git", "checkout", "--quiet", "-B", "main", commit], cwd=into, check=True)
     out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=into, capture_output=True, text=True)
     return out.stdout.strip()
 

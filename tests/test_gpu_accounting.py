@@ -79,10 +79,18 @@ def test_the_backward_kernels_tiles_give_the_forwards_count(seq_len, head_dim):
     assert len(counts) == 1
 
 
-def test_cpu_and_unmasked_cases_keep_the_full_square():
-    """Only CUDA kernels given is_causal skip tiles; CPU and mask-free cases are not changed."""
-    for spec in (cuda_spec(seq_len=4096, mask="none"), cuda_spec(seq_len=4096, device="cpu")):
-        assert get_variant("sdpa_flash").flops(spec).executed == 4 * 8 * 64 * 4096**2
+def test_unmasked_cases_keep_the_full_square_and_cpu_follows_its_own_blocks():
+    """Only a kernel given is_causal skips tiles: mask-free cases keep the square on CUDA and CPU;
+    causal on CPU is charged the CPU flash kernel's blocks (256 x 512 at L=4096), not CUDA's."""
+    full = 4 * 8 * 64 * 4096**2
+    for spec in (
+        cuda_spec(seq_len=4096, mask="none"),
+        cuda_spec(seq_len=4096, device="cpu", mask="none"),
+    ):
+        assert get_variant("sdpa_flash").flops(spec).executed == full
+    cpu = cuda_spec(seq_len=4096, device="cpu")
+    blocks = sum(256 * min(4096, 512 * -(-(m + 256) // 512)) for m in range(0, 4096, 256))
+    assert get_variant("sdpa_flash").flops(cpu).executed == 4 * 8 * 64 * blocks
 
 
 @pytest.mark.parametrize(

@@ -1014,7 +1014,7 @@ def test_a_planted_square_buffer_fails_on_how_its_cost_grows(exact_gate, tmp_pat
     assert re.match(r"predicted x\d+\.\d\d at L=131072 beyond x1\.1", reason), reason
     assert re.search(r"\(L\^\d\.\d\d -> L\^\d\.\d\d;", reason), reason
     assert flagged["ratio"].iloc[0] > 5, reason
-    assert any("chunked fwd peak_tensor_bytes" in line for line in growth_lines(table))
+    assert any("chunked fwd peak bytes" in line for line in growth_lines(table))
     factors = {"time": 1.2, "memory": 1.1, "instructions": 1.002}
     assert "| chunked L=131072 (predicted) | peak_tensor_bytes |" in gate_summary(
         square, "time", factors

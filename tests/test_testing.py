@@ -270,12 +270,17 @@ def test_transformers_attention_functions_pass_the_answer_check_and_a_growth_bou
 
 
 # ---- the plugin --------------------------------------------------------------------------------
+_USERS_ENV = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+"""A user's pytest gets none of this suite's pytest options (a measuring run adds a plugin of
+``tests/`` through PYTEST_ADDOPTS, which a user's repository cannot import)."""
+
+
 def test_the_plugin_loads_without_torch_and_refuses_bad_lengths(tmp_path):
     code = "import sys, attnbench_pytest; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "--attnbench-lengths", "512,1024", str(tmp_path)],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, env=_USERS_ENV,
     )  # fmt: skip
     assert out.returncode == 4 and "three or more distinct ints" in out.stderr, out.stderr[-500:]
     assert attnbench_pytest.ENV_LENGTHS == kernel_module.ENV_LENGTHS
@@ -345,7 +350,7 @@ def test_the_worked_example_passes_and_each_planted_fault_fails_as_the_page_show
         body = next(f for f in functions if f.startswith(test))
         (tmp_path / f"test_{kind}.py").write_text(f"{imports}\n\n\ndef {body}")
     report = tmp_path / "checks.json"
-    env = {**os.environ, "PYTHONPATH": ""}
+    env = {**_USERS_ENV, "PYTHONPATH": ""}
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rfs",
          "--attnbench-report", str(report), str(tmp_path)],
