@@ -31,7 +31,9 @@ def _asv(args: list[str], env: dict, cwd: Path) -> subprocess.CompletedProcess:
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        # a bound against a hang, not a budget: 187 s alone on a quiet machine (190 CPU-s); beside three
+        # other workers and cold compile caches a third of a core is its share
+        timeout=1200,
     )
 
 
