@@ -49,7 +49,7 @@ from attnbench.gate.results import (
 from attnbench.gate.seed import seed_environments
 from attnbench.io import check_writable_dir, output_tail
 from attnbench.measure import regime
-from attnbench.measure.instructions import missing_message, valgrind_version
+from attnbench.measure.instructions import in_parallel, missing_message, valgrind_version
 
 __all__ = [
     "CI_SUBSET",
@@ -61,7 +61,6 @@ __all__ = [
     "TIME_BENCHMARK",
     "TIME_CASES",
     "AsvSession",
-    "in_parallel",
     "regress",
     "regress_many",
     "time_selection",
@@ -602,29 +601,6 @@ def _shutil_rmtree(path: Path) -> None:
     import shutil
 
     shutil.rmtree(path, ignore_errors=True)
-
-
-def in_parallel(jobs: list[Callable[[], object]]) -> list[object]:
-    """Run ``jobs`` at once (each waits on its asv process): their results in order, or an error."""
-    import threading
-
-    results: list[object] = [None] * len(jobs)
-    errors: list[BaseException] = []
-
-    def run(i: int) -> None:
-        try:
-            results[i] = jobs[i]()
-        except BaseException as exc:  # noqa: BLE001 - raised below, in the caller's thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(jobs))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
-    return results
 
 
 def regress_many(

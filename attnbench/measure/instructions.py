@@ -48,6 +48,7 @@ __all__ = [
     "CANCELLED",
     "count_instructions",
     "count_in_processes",
+    "in_parallel",
     "Beside",
     "peak_for",
     "TMP_PREFIX",
@@ -374,33 +375,46 @@ def count_in_processes(
         return count_instructions(cases, config, progress=progress)
     environ = dict(os.environ)  # before the threads: see count_instructions' environ
     lock, done = threading.Lock(), [0] * len(groups)
-    counts: dict[int, Count] = {}
-    errors: list[BaseException] = []
 
-    def run(g: int) -> None:
+    def job(g: int) -> Callable[[], list[Count]]:
         def arrived(k: int, _total: int, count: Count) -> None:
             with lock:
                 done[g] = k
                 if progress is not None:
                     progress(sum(done), len(cases), count)
 
+        return lambda: count_instructions(
+            [cases[i] for i in groups[g]], config, progress=arrived, environ=environ
+        )
+
+    counts = {
+        i: count
+        for g, found in enumerate(in_parallel([job(g) for g in range(len(groups))]))
+        for i, count in zip(groups[g], found, strict=True)
+    }
+    return [counts[i] for i in range(len(cases))]
+
+
+def in_parallel(jobs: list[Callable[[], object]]) -> list[object]:
+    """Run ``jobs`` at once, each in a thread (each waits on a process of its own): their results in
+    order, or the first error, raised in the caller's thread once every job has ended."""
+    results: list[object] = [None] * len(jobs)
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
         try:
-            found = count_instructions(
-                [cases[i] for i in groups[g]], config, progress=arrived, environ=environ
-            )
-            for i, count in zip(groups[g], found, strict=True):
-                counts[i] = count
+            results[i] = jobs[i]()
         except BaseException as exc:  # noqa: BLE001 - raised below, in the caller's thread
             errors.append(exc)
 
-    threads = [threading.Thread(target=run, args=(g,), daemon=True) for g in range(len(groups))]
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(jobs))]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     if errors:
         raise errors[0]
-    return [counts[i] for i in range(len(cases))]
+    return results
 
 
 _SPLIT_PEAK = 1e11
