@@ -7,7 +7,8 @@ It runs, in this order, each step a process of its own with a time limit, within
 2. ``attnbench peak`` (the matmul and bandwidth roofs the reports use);
 3. a prefill sweep, a decode sweep and a training sweep (forward + backward, no mask and causal) at
    bfloat16 on the fused SDPA backends, ``batched``, ``chunked`` and ``torch_mha``;
-4. ``asv run --quick`` on CUDA (``ATTNBENCH_ASV_DEVICES=cuda``), or a line saying asv is missing.
+4. ``asv machine --yes`` and ``asv run --quick`` on CUDA (``ATTNBENCH_ASV_DEVICES=cuda``), or a
+   line saying asv is missing.
 
 It writes ``reports/gallery/<gpu-name>/``: one run directory per sweep (its ``report/`` inside),
 ``steps.log`` (each step's output) and ``README.md``, which names the card, driver, torch and CUDA,
@@ -92,28 +93,39 @@ def plan(out: Path, python: str = sys.executable) -> list[Step]:
 
     The time limits add up to :data:`BUDGET_S`, so every step gets its slot; they are sized from
     the H100 run of 2026-11-27 (about 1.5 s per prefill or training case, 4 s per decode case,
-    each report a further 10 to 20 s). asv's grid is narrowed to L = 1024 on CUDA.
+    each report a further 10 to 20 s). The prefill and training sweeps take four lengths or more,
+    so that their exponents can be conclusive; the prefill reaches L = 16384 for the fused
+    backends' rates at long lengths. asv's grid is narrowed to L = 1024 on CUDA, and asv runs as
+    ``python -m asv`` (a GPU box's ``PATH`` may not hold the script).
     """
     cli = (python, "-m", "attnbench.cli")
     sweep = (*cli, "run", "--device", "cuda", "--dtypes", "bfloat16", "--no-instructions")
     sweep += ("--quiet", "--force")
+    # The test warm-up compiles CPU shapes that the CUDA tests never use: /dev/null as its lock
+    # tells the session there is none to start and nothing to wait for (tests/conftest.py).
+    no_warm_up = (("ATTNBENCH_TEST_WARM_LOCK", os.devnull),)
     steps = [
         Step("cuda tests", (python, "-m", "pytest", "-q", "-n", "8", "-m", "not serial", "-k")
-             + ("cuda", "-p", "no:cacheprovider", *CUDA_TEST_FILES), 60),
+             + ("cuda", "-p", "no:cacheprovider", *CUDA_TEST_FILES), 60, env=no_warm_up),
         Step("peak", (*cli, "peak", "--device", "cuda", "--dtype", "bfloat16"), 20),
-        Step("prefill", (*sweep, "--variants", SWEPT, "--lengths", "1024,4096,16384",
-                         "--out", str(out / "prefill")), 60, run_dir="prefill"),
+        Step("prefill", (*sweep, "--variants", SWEPT, "--lengths", "1024,2048,4096,8192,16384",
+                         "--out", str(out / "prefill")), 80, run_dir="prefill"),
         Step("decode", (*sweep, "--workload", "decode", "--variants", SWEPT.removeprefix("sdpa,"),
-                        "--lengths", "4096,65536", "--out", str(out / "decode")), 70,
+                        "--lengths", "4096,65536", "--out", str(out / "decode")), 50,
              run_dir="decode"),
         Step("train", (*sweep, "--variants", f"{BACKENDS},batched,chunked,torch_mha",
                        "--masks", "none,causal", "--modes", "forward,backward",
-                       "--lengths", "1024,4096", "--out", str(out / "train")), 100,
+                       "--lengths", "1024,2048,4096,8192", "--out", str(out / "train")), 130,
              run_dir="train"),
     ]  # fmt: skip
-    asv = ("asv", "run", "--python=same", "--quick", "--set-commit-hash", "HEAD")
+    asv = (python, "-m", "asv")
+    run = (*asv, "run", "--python=same", "--quick", "--set-commit-hash", "HEAD")
     asv_env = (("ATTNBENCH_ASV_DEVICES", "cuda"), ("ATTNBENCH_ASV_LENGTHS", "1024"))
-    return [*steps, Step("asv run --quick (cuda)", asv, 170, env=asv_env)]
+    return [
+        *steps,
+        Step("asv machine", (*asv, "machine", "--yes"), 10),
+        Step("asv run --quick (cuda)", run, 130, env=asv_env),
+    ]
 
 
 def recorded_plan(recorded: Path, out: Path, python: str = sys.executable) -> list[Step]:
@@ -163,7 +175,7 @@ def run_steps(
     start = time.monotonic()
     for step in steps:
         left = budget_s - (time.monotonic() - start)
-        if step.argv[0] == "asv" and importlib.util.find_spec("asv") is None:
+        if _runs_asv(step) and importlib.util.find_spec("asv") is None:
             outcomes.append(Outcome(step, "skipped", 0.0, "asv is not installed here"))
             continue
         if step.timeout_s > left:
@@ -181,6 +193,11 @@ def run_steps(
         detail = _summary(output) if code == 0 else f"exit {code}: {_summary(output)}"
         outcomes.append(Outcome(step, status, seconds, detail))
     return outcomes
+
+
+def _runs_asv(step: Step) -> bool:
+    """Whether the step runs asv (as ``python -m asv``, or the ``asv`` script)."""
+    return step.argv[0] == "asv" or tuple(step.argv[1:3]) == ("-m", "asv")
 
 
 def _summary(output: str) -> str:

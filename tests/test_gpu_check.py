@@ -49,7 +49,15 @@ def test_a_check_runs_every_step_and_writes_the_cards_page(tmp_path, monkeypatch
     monkeypatch.setattr(gpu_check.time, "monotonic", runner.clock)  # every step to its limit
     assert gpu_check.main(["--out", str(tmp_path)], runner=runner, cuda=lambda: True) == 0
     names = [s.name for s in runner.ran]
-    assert names == ["cuda tests", "peak", "prefill", "decode", "train", "asv run --quick (cuda)"]
+    assert names == [
+        "cuda tests",
+        "peak",
+        "prefill",
+        "decode",
+        "train",
+        "asv machine",
+        "asv run --quick (cuda)",
+    ]
     by = {s.name: s for s in runner.ran}
     assert "-k" in by["cuda tests"].argv and "cuda" in by["cuda tests"].argv
     for sweep in ("prefill", "decode", "train"):
@@ -74,7 +82,7 @@ def test_a_failing_step_fails_the_check_and_the_budget_skips_what_cannot_fit(tmp
     monkeypatch.setattr(gpu_check.importlib.util, "find_spec", lambda name: None)  # no asv
     runner = Scripted({"prefill": (1, "Traceback ...\nRuntimeError: boom")})
     monkeypatch.setattr(gpu_check.time, "monotonic", runner.clock)
-    budget = str(60 + 20 + 60 + 70)  # tests, peak, prefill, decode: train cannot fit
+    budget = str(60 + 20 + 80 + 50)  # tests, peak, prefill, decode: train cannot fit
     code = gpu_check.main(
         ["--out", str(tmp_path), "--budget-s", budget], runner=runner, cuda=lambda: True
     )
