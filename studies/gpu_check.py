@@ -106,16 +106,16 @@ def plan(out: Path, python: str = sys.executable) -> list[Step]:
     no_warm_up = (("ATTNBENCH_TEST_WARM_LOCK", os.devnull),)
     steps = [
         Step("cuda tests", (python, "-m", "pytest", "-q", "-n", "8", "-m", "not serial", "-k")
-             + ("cuda", "-p", "no:cacheprovider", *CUDA_TEST_FILES), 60, env=no_warm_up),
+             + ("cuda", "-p", "no:cacheprovider", *CUDA_TEST_FILES), 50, env=no_warm_up),
         Step("peak", (*cli, "peak", "--device", "cuda", "--dtype", "bfloat16"), 20),
         Step("prefill", (*sweep, "--variants", SWEPT, "--lengths", "1024,2048,4096,8192,16384",
-                         "--out", str(out / "prefill")), 80, run_dir="prefill"),
+                         "--out", str(out / "prefill")), 90, run_dir="prefill"),
         Step("decode", (*sweep, "--workload", "decode", "--variants", SWEPT.removeprefix("sdpa,"),
                         "--lengths", "4096,65536", "--out", str(out / "decode")), 50,
              run_dir="decode"),
         Step("train", (*sweep, "--variants", f"{BACKENDS},batched,chunked,torch_mha",
                        "--masks", "none,causal", "--modes", "forward,backward",
-                       "--lengths", "1024,2048,4096,8192", "--out", str(out / "train")), 130,
+                       "--lengths", "1024,2048,4096,8192", "--out", str(out / "train")), 150,
              run_dir="train"),
     ]  # fmt: skip
     asv = (python, "-m", "asv")
@@ -124,7 +124,7 @@ def plan(out: Path, python: str = sys.executable) -> list[Step]:
     return [
         *steps,
         Step("asv machine", (*asv, "machine", "--yes"), 10),
-        Step("asv run --quick (cuda)", run, 130, env=asv_env),
+        Step("asv run --quick (cuda)", run, 110, env=asv_env),
     ]
 
 
@@ -164,12 +164,19 @@ def subprocess_runner(step: Step, root: Path) -> tuple[int, str]:
 
 
 def run_steps(
-    steps: Sequence[Step], runner: Runner, root: Path, log: Path, budget_s: float
+    steps: Sequence[Step],
+    runner: Runner,
+    root: Path,
+    log: Path,
+    budget_s: float,
+    done: Callable[[list[Outcome]], None] = lambda outcomes: None,
 ) -> list[Outcome]:
     """Run ``steps`` in order within ``budget_s``, appending each one's output to ``log``.
 
     A step whose time limit does not fit in what is left of the budget is skipped with that reason
     (so the check ends within the budget); ``asv`` steps are skipped when asv is not installed.
+    ``done`` is called with the outcomes so far after each step (the page is rewritten then, so a
+    check stopped from outside keeps what it found).
     """
     outcomes: list[Outcome] = []
     start = time.monotonic()
@@ -192,6 +199,7 @@ def run_steps(
         status = "passed" if code == 0 else "failed"
         detail = _summary(output) if code == 0 else f"exit {code}: {_summary(output)}"
         outcomes.append(Outcome(step, status, seconds, detail))
+        done(outcomes)
     return outcomes
 
 
@@ -290,7 +298,12 @@ def main(
     cuda: Callable[[], bool] | None = None,
 ) -> int:
     """The command line (see the module docstring); ``runner`` and ``cuda`` are for tests."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        chosen(plan(Path()), args.only)
+    except ValueError as exc:
+        parser.error(str(exc))
     root = Path(__file__).resolve().parent.parent
     if args.from_recorded is not None:
         machine = machine_of_recorded(args.from_recorded)
@@ -313,17 +326,42 @@ def main(
         copy_recorded(args.from_recorded, root / folder)
         steps = recorded_plan(args.from_recorded, folder)
     else:
-        steps = plan(folder)
-    outcomes = run_steps(steps, runner, root, log, args.budget_s)
+        steps = chosen(plan(folder), args.only)
     note = args.note or (
         "Written by `python -m studies.gpu_check`."
         if args.from_recorded is None
         else f"Built from the run directories recorded in `{args.from_recorded.name}`, "
         "not by this script's own run: `python -m studies.gpu_check --from-recorded DIR`."
     )
+    outcomes = run_steps(
+        steps,
+        runner,
+        root,
+        log,
+        args.budget_s,
+        done=lambda so_far: write_readme(root / folder, machine, so_far, note),
+    )
     write_readme(root / folder, machine, outcomes, note)
     print(f"gpu_check: {root / folder}/README.md")
     return 1 if any(o.status == "failed" for o in outcomes) else 0
+
+
+def step_word(step: Step) -> str:
+    """The word ``--only`` names a step by: its name's first word (``cuda``, ``peak``, ``asv``...)."""
+    return step.name.split()[0]
+
+
+def chosen(steps: Sequence[Step], only: str) -> list[Step]:
+    """The steps ``--only`` names (comma-separated first words), in plan order; all for ``""``."""
+    if not only:
+        return list(steps)
+    words = {w.strip() for w in only.split(",") if w.strip()}
+    known = {step_word(s) for s in steps}
+    if not words or words - known:
+        raise ValueError(
+            f"--only: expected step words from {', '.join(sorted(known))}, got {only!r}"
+        )
+    return [s for s in steps if step_word(s) in words]
 
 
 def _relative(path: Path, root: Path) -> Path:
@@ -345,6 +383,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--budget-s", type=float, default=BUDGET_S, help="seconds for all steps")
     parser.add_argument("--note", default="", help="a sentence for the README (where it came from)")
+    parser.add_argument(
+        "--only",
+        default="",
+        metavar="WORDS",
+        help="run only these steps, by first word, comma-separated "
+        "(cuda,peak,prefill,decode,train,asv): a second try at the ones that failed",
+    )
     return parser
 
 

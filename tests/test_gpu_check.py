@@ -127,3 +127,34 @@ def test_gpu_names_become_folder_names():
     assert gpu_check.gpu_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
     with pytest.raises(ValueError, match="gpu name"):
         gpu_check.gpu_slug("???")
+
+
+def test_only_reruns_the_named_steps_and_refuses_an_unknown_word(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(gpu_check, "machine_here", lambda: MACHINE)
+    monkeypatch.setattr(gpu_check.importlib.util, "find_spec", lambda name: object())
+    runner = Scripted()
+    argv = ["--out", str(tmp_path), "--only", "train,asv"]
+    assert gpu_check.main(argv, runner=runner, cuda=lambda: True) == 0
+    assert [s.name for s in runner.ran] == ["train", "asv machine", "asv run --quick (cuda)"]
+    with pytest.raises(SystemExit) as exit_:
+        gpu_check.main(
+            ["--out", str(tmp_path), "--only", "trian"], runner=runner, cuda=lambda: True
+        )
+    assert exit_.value.code == 2
+    assert "--only: expected step words from" in capsys.readouterr().err
+
+
+def test_the_page_is_written_after_every_step(tmp_path, monkeypatch):
+    """A check stopped from outside (a machine's time running out) keeps the steps it finished."""
+    monkeypatch.setattr(gpu_check, "machine_here", lambda: MACHINE)
+    page = tmp_path / "nvidia-h100-80gb-hbm3" / "README.md"
+    seen: list[str] = []
+
+    def runner(step, root):
+        seen.append(page.read_text() if page.exists() else "")
+        return 0, f"{step.name} ok"
+
+    gpu_check.main(
+        ["--out", str(tmp_path), "--only", "peak,prefill"], runner=runner, cuda=lambda: True
+    )
+    assert "peak ok" in seen[1]  # written before the prefill started

@@ -23,6 +23,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -121,15 +122,46 @@ def gpu_neighbours(device: str = "cuda") -> tuple[int, ...] | None:
     """
     index = torch.device(device).index
     index = torch.cuda.current_device() if index is None else index
-    pids = _nvml_pids(index)
-    if pids is None:
-        pids = _listed_pids(index)
-    if pids is None:
+    procs = _nvml_processes(index)
+    if procs is None:
+        procs = _listed_processes(index)
+    if procs is None:
         return None
-    return tuple(sorted(p for p in set(pids) if p != os.getpid()))
+    return _others(procs, index)
 
 
-def _nvml_pids(index: int) -> list[int] | None:
+def _others(procs: list[tuple[int, int]], index: int) -> tuple[int, ...]:
+    """The pids in ``procs`` (pid, bytes used) that are not this process.
+
+    In a container or a sandbox NVML can list processes by pids of another namespace: this
+    process, which holds a CUDA context while it measures, is then listed under a pid it never
+    sees (the first H200 check marked every case of an idle card noisy for it). Where none of its
+    own pids (``/proc/self/status``'s ``NSpid`` holds one per namespace) is listed but it holds a
+    context, the listed process whose memory is nearest this one's is taken to be it.
+    """
+    pids = {pid for pid, _ in procs}
+    mine = _own_pids()
+    if pids & mine or not procs or not torch.cuda.is_initialized():
+        return tuple(sorted(pids - mine))
+    held = torch.cuda.memory_reserved(index)
+    me, _ = min(procs, key=lambda proc: abs(proc[1] - held))
+    return tuple(sorted(pids - {me}))
+
+
+def _own_pids() -> set[int]:
+    """This process's pid in each pid namespace it lives in (``NSpid``), or just ``os.getpid()``."""
+    pids = {os.getpid()}
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return pids
+    for line in status.splitlines():
+        if line.startswith("NSpid:"):
+            pids.update(int(p) for p in line.split()[1:] if p.isdigit())
+    return pids
+
+
+def _nvml_processes(index: int) -> list[tuple[int, int]] | None:
     try:
         import pynvml
     except ImportError:
@@ -141,18 +173,19 @@ def _nvml_pids(index: int) -> list[int] | None:
         procs += pynvml.nvmlDeviceGetGraphicsRunningProcesses(handle)
     except pynvml.NVMLError:
         return None
-    return [p.pid for p in procs]
+    return [(p.pid, p.usedGpuMemory or 0) for p in procs]
 
 
-def _listed_pids(index: int) -> list[int] | None:
-    """PIDs in ``torch.cuda.list_gpu_processes``' lines "process <pid> uses <n> MB GPU memory"."""
+def _listed_processes(index: int) -> list[tuple[int, int]] | None:
+    """(pid, bytes) from ``torch.cuda.list_gpu_processes``: "process <pid> uses <n> MB ..."."""
     try:
         text = torch.cuda.list_gpu_processes(index)
     except (RuntimeError, ModuleNotFoundError, ImportError):
         return None
     if "not found" in text:
         return None
-    return [int(m) for m in re.findall(r"process\s+(\d+)\s+uses", text)]
+    found = re.findall(r"process\s+(\d+)\s+uses\s+([\d.]+)\s*MB", text)
+    return [(int(pid), int(float(mb) * 2**20)) for pid, mb in found]
 
 
 def is_bimodal(samples: Sequence[float], gap: float = _GAP_LIMIT, min_share: float = 0.2) -> bool:
