@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import re
 import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
+import psutil
 import torch
 
 from attnbench.measure import schedstat
@@ -35,6 +34,7 @@ __all__ = [
     "cpu_probe_seconds",
     "gpu_probe_seconds",
     "gpu_neighbours",
+    "this_run",
     "is_bimodal",
     "Disturbance",
 ]
@@ -116,52 +116,34 @@ def gpu_probe_seconds(device: str = "cuda") -> float:
 def gpu_neighbours(device: str = "cuda") -> tuple[int, ...] | None:
     """Process ids of the other processes using ``device``'s GPU; None when nothing can tell.
 
-    NVML (``pynvml``, where importable) lists every compute process on the card; this process is
-    left out. Without NVML, ``torch.cuda.list_gpu_processes`` is read (it needs NVML too, and says
-    so, in which case the answer is None: unknown, not "none").
+    NVML (``pynvml``, where importable) lists every compute process on the card; this process and
+    those that started it are left out (:func:`this_run`). Without NVML,
+    ``torch.cuda.list_gpu_processes`` is read (it needs NVML too, and says so, in which case the
+    answer is None: unknown, not "none").
     """
     index = torch.device(device).index
     index = torch.cuda.current_device() if index is None else index
-    procs = _nvml_processes(index)
-    if procs is None:
-        procs = _listed_processes(index)
-    if procs is None:
+    pids = _nvml_pids(index)
+    if pids is None:
+        pids = _listed_pids(index)
+    if pids is None:
         return None
-    return _others(procs, index)
+    return tuple(sorted(set(pids) - this_run()))
 
 
-def _others(procs: list[tuple[int, int]], index: int) -> tuple[int, ...]:
-    """The pids in ``procs`` (pid, bytes used) that are not this process.
+def this_run() -> set[int]:
+    """This process and the processes that started it: none of them is a neighbour.
 
-    In a container or a sandbox NVML can list processes by pids of another namespace: this
-    process, which holds a CUDA context while it measures, is then listed under a pid it never
-    sees (the first H200 check marked every case of an idle card noisy for it). Where none of its
-    own pids (``/proc/self/status``'s ``NSpid`` holds one per namespace) is listed but it holds a
-    context, the listed process whose memory is nearest this one's is taken to be it.
+    A sweep's parent measures the roof on the card, so it holds a CUDA context while a worker it
+    forked measures; it waits for its workers and launches nothing beside them. (The lent H200 of
+    2026-11-28 marked every case of an idle card noisy for that parent.) A process that started
+    this one and goes on using the card beside it is not seen as a neighbour.
     """
-    pids = {pid for pid, _ in procs}
-    mine = _own_pids()
-    if pids & mine or not procs or not torch.cuda.is_initialized():
-        return tuple(sorted(pids - mine))
-    held = torch.cuda.memory_reserved(index)
-    me, _ = min(procs, key=lambda proc: abs(proc[1] - held))
-    return tuple(sorted(pids - {me}))
+    me = psutil.Process()
+    return {me.pid, *(parent.pid for parent in me.parents())}
 
 
-def _own_pids() -> set[int]:
-    """This process's pid in each pid namespace it lives in (``NSpid``), or just ``os.getpid()``."""
-    pids = {os.getpid()}
-    try:
-        status = Path("/proc/self/status").read_text()
-    except OSError:
-        return pids
-    for line in status.splitlines():
-        if line.startswith("NSpid:"):
-            pids.update(int(p) for p in line.split()[1:] if p.isdigit())
-    return pids
-
-
-def _nvml_processes(index: int) -> list[tuple[int, int]] | None:
+def _nvml_pids(index: int) -> list[int] | None:
     try:
         import pynvml
     except ImportError:
@@ -173,19 +155,18 @@ def _nvml_processes(index: int) -> list[tuple[int, int]] | None:
         procs += pynvml.nvmlDeviceGetGraphicsRunningProcesses(handle)
     except pynvml.NVMLError:
         return None
-    return [(p.pid, p.usedGpuMemory or 0) for p in procs]
+    return [p.pid for p in procs]
 
 
-def _listed_processes(index: int) -> list[tuple[int, int]] | None:
-    """(pid, bytes) from ``torch.cuda.list_gpu_processes``: "process <pid> uses <n> MB ..."."""
+def _listed_pids(index: int) -> list[int] | None:
+    """PIDs in ``torch.cuda.list_gpu_processes``' lines "process <pid> uses <n> MB GPU memory"."""
     try:
         text = torch.cuda.list_gpu_processes(index)
     except (RuntimeError, ModuleNotFoundError, ImportError):
         return None
     if "not found" in text:
         return None
-    found = re.findall(r"process\s+(\d+)\s+uses\s+([\d.]+)\s*MB", text)
-    return [(int(pid), int(float(mb) * 2**20)) for pid, mb in found]
+    return [int(m) for m in re.findall(r"process\s+(\d+)\s+uses", text)]
 
 
 def is_bimodal(samples: Sequence[float], gap: float = _GAP_LIMIT, min_share: float = 0.2) -> bool:
