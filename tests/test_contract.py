@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import inspect
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -42,6 +48,84 @@ def _missing(source: str) -> list[str]:
     ]
 
 
+FORK_SERVER = """
+import json, os, sys, tempfile, traceback
+import numpy, pandas, torch  # noqa: F401 - the third-party imports every child would repeat, paid once
+assert not any(m == "attnbench" or m.startswith("attnbench.") for m in sys.modules), "attnbench imported before the fork"
+for line in sys.stdin:
+    job = json.loads(line)
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        pid = os.fork()
+        if pid == 0:
+            os.dup2(out.fileno(), 1)
+            os.dup2(err.fileno(), 2)
+            os.environ.clear()
+            os.environ.update(job["env"])
+            code = 0
+            try:
+                exec(compile(job["code"], "<child>", "exec"), {"__name__": "__main__"})
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        out.seek(0)
+        err.seek(0)
+        print(json.dumps({"returncode": os.waitstatus_to_exitcode(status),
+                          "stdout": out.read().decode(), "stderr": err.read().decode()}), flush=True)
+"""
+"""Runs each job (environment, code) in a forked child of one process that has imported torch, numpy and pandas but
+not attnbench: each child imports attnbench afresh under the job's environment, as a new process would, without
+paying torch's import again (3.5 CPU-s a process; this module started 13 of them)."""
+
+
+class Forks:
+    """One fork server (:data:`FORK_SERVER`) for the module's fresh imports."""
+
+    def __init__(self) -> None:
+        self.errors = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", FORK_SERVER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.errors,
+            text=True,
+        )
+
+    def run(self, code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+        """``code`` run in a child whose environment is exactly ``env`` (its exit status, stdout, stderr)."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"code": code, "env": env}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            self.errors.seek(0)
+            pytest.fail(
+                f"the fork server ended (exit {self.proc.wait()}): "
+                + self.errors.read().decode(errors="replace")[-2000:],
+                pytrace=False,
+            )
+        got = json.loads(line)
+        return subprocess.CompletedProcess(code, got["returncode"], got["stdout"], got["stderr"])
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+        self.errors.close()
+
+
+@pytest.fixture(scope="module")
+def forks() -> Iterator[Forks]:
+    server = Forks()
+    yield server
+    server.close()
+
+
 def test_every_benchmark_the_contract_names_exists_in_the_suite():
     assert _missing(SUITE.read_text()) == []
 
@@ -71,41 +155,20 @@ def test_asv_regress_and_loader_read_the_contract():
     )
 
 
-def test_the_grid_follows_its_environment_variables():
-    """Narrowing the grid through the contract's variables changes what asv_bench would run (fresh process)."""
-    import os
-    import subprocess
-    import sys
-
+def test_the_grid_follows_its_environment_variables(forks):
+    """Narrowing the grid through the contract's variables changes what asv_bench would run (a fresh import in a
+    forked child: :data:`FORK_SERVER`; planted, the server importing attnbench before the fork fails here)."""
     env = dict(os.environ, **{contract.ENV_LENGTHS: "64,128", contract.ENV_MODES: "forward"})
-    code = "from attnbench import asv_bench as a; print(a.LENGTHS, a.MODES)"
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
+    out = forks.run("from attnbench import asv_bench as a; print(a.LENGTHS, a.MODES)", env)
+    assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[64, 128] ['forward']"
 
 
 # ---- asv's tiers: one place (contract.GRIDS), selected by ATTNBENCH_ASV_GRID, narrowed by the other variables ------
-def _suite_grid(env: dict[str, str], expr: str = "a.PARAMS") -> str:
-    """What a fresh process importing the suite's logic reports, with only ``env``'s asv variables set."""
-    import os
-    import subprocess
-    import sys
-
+def _suite_grid(forks: Forks, env: dict[str, str], expr: str = "a.PARAMS") -> str:
+    """What a fresh import of the suite's logic reports, with only ``env``'s asv variables set."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("ATTNBENCH_")}
-    code = f"from attnbench import asv_bench as a; print({expr})"
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**clean, **env},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    out = forks.run(f"from attnbench import asv_bench as a; print({expr})", {**clean, **env})
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout.strip()
 
@@ -120,7 +183,7 @@ def _params(grid: contract.Grid, variants: list[str] | None = None) -> dict:
     }
 
 
-def test_the_default_tier_is_the_asv_grid_and_full_is_the_whole_grid():
+def test_the_default_tier_is_the_asv_grid_and_full_is_the_whole_grid(forks):
     """Unset (or ``default``): ``GRIDS["asv"]``, the teaching progression and a representative per family; ``full``:
     ``GRIDS["asv-full"]`` (every default-sweep variant, L = 64..8192). Planted: the suite reading ``GRIDS["asv-full"]``
     whatever the variable says (the grid before this change) fails the first assertion."""
@@ -129,8 +192,8 @@ def test_the_default_tier_is_the_asv_grid_and_full_is_the_whole_grid():
     default = contract.GRIDS[contract.ASV_TIERS["default"]]
     assert set(contract.PROGRESSION) <= set(default.variants)
     assert {contract.family(v) for v in default.variants} == set(contract.FAMILIES) - {"compiled"}
-    assert _suite_grid({contract.ENV_DEVICES: "cpu"}) == str(_params(default))
-    assert _suite_grid({contract.ENV_GRID: "default", contract.ENV_DEVICES: "cpu"}) == str(
+    assert _suite_grid(forks, {contract.ENV_DEVICES: "cpu"}) == str(_params(default))
+    assert _suite_grid(forks, {contract.ENV_GRID: "default", contract.ENV_DEVICES: "cpu"}) == str(
         _params(default)
     )
     full = contract.GRIDS[contract.ASV_TIERS["full"]]
@@ -139,7 +202,7 @@ def test_the_default_tier_is_the_asv_grid_and_full_is_the_whole_grid():
         for n in default_variants()
         if not get_variant(n).not_supported_reasons(contract.BASE_SPEC)
     ]
-    assert _suite_grid({contract.ENV_GRID: "full", contract.ENV_DEVICES: "cpu"}) == str(
+    assert _suite_grid(forks, {contract.ENV_GRID: "full", contract.ENV_DEVICES: "cpu"}) == str(
         _params(full, on_cpu)
     )
     assert full.lengths == (64, 128, 256, 512, 1024, 2048, 4096, 8192) and full.modes == (
@@ -148,22 +211,18 @@ def test_the_default_tier_is_the_asv_grid_and_full_is_the_whole_grid():
     )
 
 
-def test_the_variables_narrow_either_tier():
+def test_the_variables_narrow_either_tier(forks):
     narrowed = {
         contract.ENV_VARIANTS: "batched",
         contract.ENV_LENGTHS: "64",
         contract.ENV_DEVICES: "cpu",
     }
     for tier, grid in contract.ASV_TIERS.items():
-        got = _suite_grid({contract.ENV_GRID: tier, **narrowed})
+        got = _suite_grid(forks, {contract.ENV_GRID: tier, **narrowed})
         assert got == str({**_params(contract.GRIDS[grid], ["batched"]), "seq_len": [64]}), tier
 
 
-def test_an_unknown_tier_fails_naming_the_variable_and_the_values():
-    import os
-    import subprocess
-    import sys
-
+def test_an_unknown_tier_fails_naming_the_variable_and_the_values(forks):
     with pytest.raises(
         ValueError,
         match=r"ATTNBENCH_ASV_GRID must be one of default, full \(unset: default\), got 'fast'",
@@ -173,18 +232,11 @@ def test_an_unknown_tier_fails_naming_the_variable_and_the_values():
         "asv-full",
         contract.GRIDS["asv-full"],
     )
-    env = {**os.environ, contract.ENV_GRID: "fast"}
-    out = subprocess.run(
-        [sys.executable, "-c", "import attnbench.asv_bench"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    out = forks.run("import attnbench.asv_bench", {**os.environ, contract.ENV_GRID: "fast"})
     assert out.returncode != 0 and "ATTNBENCH_ASV_GRID must be one of default, full" in out.stderr
 
 
-def test_the_ci_grid_is_unchanged_and_counted_whole():
+def test_the_ci_grid_is_unchanged_and_counted_whole(forks):
     """The regression gate's grid stays what it was, and its Instructions run counts every case of it under either
     tier (the default tier's counting budget would leave L=1024 out): its variables carry ``none``."""
     assert contract.GRIDS["ci"] == contract.Grid(
@@ -194,16 +246,17 @@ def test_the_ci_grid_is_unchanged_and_counted_whole():
     )
     ci = contract.grid_environment(contract.GRIDS["ci"])
     assert ci[contract.ENV_COUNT_BUDGET_S] == "none" and contract.ENV_GRID not in ci
-    got = _suite_grid(ci, "(a.INSTRUCTION_PARAMS, a.COUNT_BUDGET_S)")
+    got = _suite_grid(forks, ci, "(a.INSTRUCTION_PARAMS, a.COUNT_BUDGET_S)")
     assert got == str((_params(contract.GRIDS["ci"]), None))
 
 
-def test_a_named_grid_travels_as_variables():
+def test_a_named_grid_travels_as_variables(forks):
     """``attnbench shard --grid NAME`` and the gate hand a grid to asv as variables: each tier comes back whole."""
     for name in contract.ASV_TIERS.values():
         grid = contract.GRIDS[name]
         env = {**contract.grid_environment(grid), contract.ENV_DEVICES: "cpu"}
-        assert _suite_grid(env, "(a.PARAMS, a.COUNT_BUDGET_S)") == _suite_grid(
+        assert _suite_grid(forks, env, "(a.PARAMS, a.COUNT_BUDGET_S)") == _suite_grid(
+            forks,
             {
                 contract.ENV_GRID: "full" if name == "asv-full" else "default",
                 contract.ENV_DEVICES: "cpu",
@@ -284,14 +337,10 @@ _CASE_TABLES = (
 )
 
 
-def test_a_column_added_to_the_case_identity_reaches_every_tables_keys():
-    """The identity is defined once: a column added to it (``window``, in a fresh process, before
-    the tables' modules are imported) is in every table's keys, so no table can merge two cases
-    that differ only in it. A list written out by hand would miss it."""
-    import json
-    import subprocess
-    import sys
-
+def test_a_column_added_to_the_case_identity_reaches_every_tables_keys(forks):
+    """The identity is defined once: a column added to it (``window``, in a fresh import of attnbench,
+    before the tables' modules are imported) is in every table's keys, so no table can merge two
+    cases that differ only in it. A list written out by hand would miss it."""
     code = f"""
 import importlib, json
 from attnbench import contract
@@ -299,9 +348,8 @@ contract.CASE_DEFAULTS["window"] = 0
 contract.CASE_IDENTITY = tuple(contract.CASE_DEFAULTS)
 print(json.dumps([list(getattr(importlib.import_module(m), n)) for m, n in {_CASE_TABLES!r}]))
 """
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
-    )
+    out = forks.run(code, dict(os.environ))
+    assert out.returncode == 0, out.stderr[-2000:]
     keys = dict(zip(_CASE_TABLES, json.loads(out.stdout), strict=True))
     assert [t for t, columns in keys.items() if "window" not in columns] == []
     assert [t for t, columns in keys.items() if "kv_heads" not in columns] == []
