@@ -12,7 +12,8 @@ It runs, in this order, each step a process of its own with a time limit, within
 
 It writes ``reports/gallery/<gpu-name>/``: one run directory per sweep (its ``report/`` inside),
 ``steps.log`` (each step's output) and ``README.md``, which names the card, driver, torch and CUDA,
-and gives each step's command, outcome and seconds. The exit status is 0 when every step passed, 1
+gives each step's command, outcome and seconds, and what the runs say of the claims a card must
+bear out (:mod:`studies.gpu_claims`). The exit status is 0 when every step passed, 1
 when one failed, 2 when there is no CUDA device (nothing runs).
 
 ``--from-recorded DIR`` builds the same page from run directories recorded earlier (``prefill/``,
@@ -94,8 +95,9 @@ def plan(out: Path, python: str = sys.executable) -> list[Step]:
     The time limits add up to :data:`BUDGET_S`, so every step gets its slot; they are sized from
     the H100 run of 2026-11-27 (about 1.5 s per prefill or training case, 4 s per decode case,
     each report a further 10 to 20 s). The prefill and training sweeps take four lengths or more,
-    so that their exponents can be conclusive; the prefill reaches L = 16384 for the fused
-    backends' rates at long lengths. asv's grid is narrowed to L = 1024 on CUDA, and asv runs as
+    so that their exponents can be conclusive; the prefill starts at L = 2048 (below it, launch
+    overhead dominates a fused kernel on an H200) and reaches L = 32768 for the fused backends'
+    rates at long lengths. asv's grid is narrowed to L = 1024 on CUDA, and asv runs as
     ``python -m asv`` (a GPU box's ``PATH`` may not hold the script).
     """
     cli = (python, "-m", "attnbench.cli")
@@ -108,7 +110,7 @@ def plan(out: Path, python: str = sys.executable) -> list[Step]:
         Step("cuda tests", (python, "-m", "pytest", "-q", "-n", "8", "-m", "not serial", "-k")
              + ("cuda", "-p", "no:cacheprovider", *CUDA_TEST_FILES), 50, env=no_warm_up),
         Step("peak", (*cli, "peak", "--device", "cuda", "--dtype", "bfloat16"), 20),
-        Step("prefill", (*sweep, "--variants", SWEPT, "--lengths", "1024,2048,4096,8192,16384",
+        Step("prefill", (*sweep, "--variants", SWEPT, "--lengths", "2048,4096,8192,16384,32768",
                          "--out", str(out / "prefill")), 90, run_dir="prefill"),
         Step("decode", (*sweep, "--workload", "decode", "--variants", SWEPT.removeprefix("sdpa,"),
                         "--lengths", "4096,65536", "--out", str(out / "decode")), 50,
@@ -273,11 +275,27 @@ def write_readme(folder: Path, machine: dict[str, str], outcomes: Sequence[Outco
             f"| {o.step.name} | `{_shell(o.step)}` | {o.status}: {detail} | {o.seconds:.0f} |"
         )
     lines += ["", f"Total: {total:.0f} s."]
+    found = _claims(folder)
+    if found:
+        lines += ["", "## What the runs say (`python -m studies.gpu_claims` on this folder)", ""]
+        lines += [found]
     dirs = [o.step.run_dir for o in outcomes if o.step.run_dir and o.status == "passed"]
     if dirs:
         lines += ["", "Run directories (each with its `report/report.html`): "]
         lines += [f"- [`{d}/`]({d}/report/report.html)" for d in dirs]
     (folder / "README.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _claims(folder: Path) -> str:
+    """The claims table of the run directories in ``folder`` ("" while there are none)."""
+    from studies.gpu_claims import claims, markdown
+
+    if not any((folder / name / "measurements.csv").is_file() for name in SWEEPS):
+        return ""  # no run directory yet
+    try:
+        return markdown(claims(folder))
+    except (ValueError, KeyError, OSError) as exc:  # a run directory it cannot read
+        return f"The claims could not be read from the run directories: {exc!r}.\n"
 
 
 def copy_recorded(recorded: Path, folder: Path) -> None:
