@@ -276,3 +276,27 @@ def test_the_extending_page_names_every_attribute_a_variant_declares():
     page = (ROOT / "docs" / "extending.md").read_text()
     missing = [a for a in declared_attributes() if f"| `{a}` |" not in page]
     assert missing == [], f"docs/extending.md's table lacks {missing}"
+
+
+def test_the_extending_page_names_every_method_a_variant_overrides():
+    """Each public method of Variant that a built-in variant overrides is a row of the page's
+    methods table (the compiled wrapper aside: it forwards every method to its base), and each row
+    names a method of Variant. Planted (seen failing): the `useful_pairs` row misspelt
+    `useful_pair` ("lacks ['useful_pairs']"), and a row naming `frobnicate`."""
+    from attnbench.registry import variant_class, variant_names
+    from attnbench.variants.base import Variant
+    from attnbench.variants.compiled import CompiledVariant
+
+    public = {n for n, v in vars(Variant).items() if callable(v) and not n.startswith("_")}
+    overridden: set[str] = set()
+    for name in variant_names():
+        for klass in variant_class(name).__mro__:
+            if klass in (Variant, CompiledVariant):
+                break
+            overridden |= public & set(vars(klass))
+    page = (ROOT / "docs" / "extending.md").read_text()
+    cells = re.findall(r"^\| (`\w+\(.*?) \|", page, flags=re.M)
+    rows = {m for cell in cells for m in re.findall(r"`(\w+)\(", cell)}
+    assert "forward" in overridden and len(rows) >= 10, (overridden, rows)
+    assert sorted(overridden - rows) == [], "docs/extending.md's methods table lacks these"
+    assert sorted(rows - public) == [], "docs/extending.md names methods Variant does not have"
