@@ -228,12 +228,23 @@ class _CaseWatch:
                 return
 
 
+_BUILD_CACHE_SIZE = 8
+"""Wheels asv keeps per environment (its default: 2; attnbench's is about 0.6 MB). Every time round
+installs every commit again: with BASE and three HEADs, asv built each wheel again in every round
+and call (seen: BASE's built at the start of each of six asv calls), 2 s of a core apiece."""
+
+
 def _config(repo: Path, work: Path) -> Path:
-    """The repository's asv.conf.json with results, envs and html redirected under ``work``."""
+    """The repository's asv.conf.json with results, envs and html redirected under ``work``.
+
+    asv keeps at least :data:`_BUILD_CACHE_SIZE` built wheels (a repository that asks for more
+    keeps its own number).
+    """
     from asv import util
 
     conf = util.load_json(str(repo / "asv.conf.json"), js_comments=True)
     conf.update(  # joining an absolute path keeps it as it is
+        build_cache_size=max(int(conf.get("build_cache_size", 2)), _BUILD_CACHE_SIZE),
         repo=str(repo),
         benchmark_dir=str(repo / conf.get("benchmark_dir", "benchmarks")),
         results_dir=str(work / "results"),
@@ -825,19 +836,18 @@ class _GateRun:
 def _measure_exact(
     session: AsvSession, commits: list[str], benchmarks: list[str], what: str, parallel: bool
 ) -> None:
-    """The deterministic benchmarks of ``commits``, one asv call per benchmark group.
+    """The deterministic benchmarks of ``commits``, in one asv call per process.
 
-    With ``parallel`` (and more than one commit), the commits are split between ``session`` and its
-    twin, measured at once.
+    None of them takes rounds (only time benchmarks do), so the counts run in the same call as the
+    bytes, FLOPs and error ratio: a second call discovered the suite, started asv's fork server
+    (torch imported, 4 s of a core each) and checked the installed commit again, per process. With
+    ``parallel`` (and more than one commit), the commits are split between ``session`` and its twin,
+    measured at once.
     """
-    counts = [b for b in benchmarks if b == INSTRUCTIONS]
-    others = "|".join(b for b in benchmarks if b != INSTRUCTIONS)
+    bench = "|".join(benchmarks)
 
     def measure(target: AsvSession, mine: list[str]) -> None:
-        if others:
-            target.run(mine, others)
-        if counts:
-            target.run(mine, counts[0])
+        target.run(mine, bench)
 
     if not parallel or len(commits) < 2:
         session.say(f"{what}: once per commit")
