@@ -463,7 +463,7 @@ class Variant(ABC):
         return int(fwd + self.parameter_bytes(spec))
 
     def describe(self) -> dict[str, object]:
-        """Declared properties as a flat dict (used by ``attnbench list`` and the README table)."""
+        """Declared properties as a flat dict (``attnbench list`` and the docs' variants page)."""
         return {
             "name": self.name,
             "exact": self.exact,
