@@ -346,3 +346,34 @@ def test_a_failing_counting_process_fails_the_whole_count(tmp_path, monkeypatch)
         monkeypatch.setenv(key, value)
     with pytest.raises(CountError, match="fake valgrind, mark=given"):
         count_in_processes(_grid("batched", "chunked"), processes=2)
+
+
+def test_a_dump_counts_by_its_totals_line_not_its_summary(tmp_path):
+    """callgrind writes ``summary:`` as its running total less the one at the previous dump; switching
+    instrumentation around each case restarts that total, and the summary then said a case's count less the
+    previous case's. ``totals:`` (the sum of the dump's cost lines) stays the case's own (the lines below are
+    from such a dump: 23.7 million per call, not 1.95)."""
+    from attnbench.measure.instructions import CountConfig, _count_of
+
+    (tmp_path / "callgrind.out.2").write_text(
+        "events: Ir\nfn=(1) f\n0 47399247\nsummary: 3904897\ntotals: 47399247\n"
+    )
+    case = ("batched", AttnSpec(batch=1, heads=8, seq_len=128, head_dim=64))
+    count = _count_of(
+        {"index": 0, "status": "ok", "dump": 2},
+        [case],
+        tmp_path / "callgrind.out",
+        "valgrind-3.19.0",
+        CountConfig(calls=2),
+    )
+    assert count.status == "ok" and count.instructions == 47399247 / 2, count
+
+
+def test_client_requests_answer_nothing_outside_valgrind():
+    """The request stub runs natively too (valgrind's marker is a no-op there): it answers 0 to "running on
+    valgrind?", so no switch is offered and nothing is switched."""
+    from attnbench.measure.instructions import _client_requests, _requests_possible
+
+    if not _requests_possible():
+        pytest.skip("the request stub is x86-64 Linux machine code")
+    assert _client_requests() is None
