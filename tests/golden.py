@@ -330,7 +330,10 @@ def contradictions(d: dict[str, Any]) -> list[str]:
     * a count of one read with a plural ("1 are inconclusive");
     * a sentence saying the noisy cases are never fitted, beside a fit that read a noisy case's
       exact metric (peak bytes, counts): noise moves time, never bytes, so those are fitted;
-    * the findings' count of cases against the subtitle's (one tally of cases on one page).
+    * the findings' count of cases against the subtitle's (one tally of cases on one page);
+    * big-O written in n where the page writes L;
+    * a fit judged on fewer points than the page's method text allows its kind;
+    * an exponent-table heading that names another kind of cell than it holds.
     """
     import html as html_module
 
@@ -373,6 +376,67 @@ def contradictions(d: dict[str, Any]) -> list[str]:
         of = re.search(r"(\d+) of (\d+) cases? (?:have|has|are|is) ", text)
         if of and subtitle and of.group(2) != subtitle.group(1):
             found.append(f"{of.group(0)!r} against the subtitle's {subtitle.group(0)!r}")
+    found += _notation(page, d["figures"])
+    found += _fit_rule_broken(page, d["fits"])
+    found += _fit_headers(d[PAGE])
+    return found
+
+
+def _notation(page: str, figures: list[dict[str, Any]]) -> list[str]:
+    """Big-O in n anywhere on the page or in a figure's text, where the page writes L."""
+    texts = [page] + [
+        t
+        for f in figures
+        for ax in f["axes"]
+        for t in [f["suptitle"], ax["title"], ax["xlabel"], ax["ylabel"], *ax["texts"]]
+    ]
+    return sorted(
+        {f"O(n) notation: {m.group(0)!r}" for t in texts for m in re.finditer(r"O\(n\S*\)", t)}
+    )
+
+
+def _fit_rule_broken(page: str, fits: list[dict[str, Any]]) -> list[str]:
+    """Fits judged (matches, steeper, shallower) on fewer points than the page's own method text
+    ("How the exponents are fitted") calls inconclusive for their kind (sampled or exact)."""
+    rule = re.search(r"How the exponent is fitted\..*?(?=\n\n|Details|$)", page, flags=re.S)
+    if not rule:
+        return ["no method text (How the exponents are fitted) on the page"]
+    text = re.sub(r"\s+", " ", rule.group(0))
+    anyone = re.search(r"fewer than (\d+) points", text)
+    sampled = re.search(r"sampled fit on fewer than (\d+) points", text) or anyone
+    exact = re.search(r"exact fit on fewer than (\d+) points", text) or anyone
+    if not (sampled and exact):
+        return [f"the method text states no minimum of points: {text[:80]!r}"]
+    need = {"deterministic": int(exact.group(1)), "sampled": int(sampled.group(1))}
+    return [
+        f"{f['variant']} {f['metric']} {f['verdict']} on {f['n']} points, but the method text "
+        f"calls fewer than {need[f.get('kind') or 'sampled']} inconclusive"
+        for f in fits
+        if f.get("verdict") in ("matches", "steeper", "shallower")
+        and f["n"] < need[f.get("kind") or "sampled"]
+    ]
+
+
+def _fit_headers(page_html: str) -> list[str]:
+    """An exponent-table heading that says what its cells do not hold: "[95% CI]" over local slopes,
+    or "(local slopes)" over bootstrap intervals."""
+    table = re.search(r'<section id="exponents">.*?</table>', page_html, flags=re.S)
+    if not table:
+        return []
+    heads = [re.sub(r"<[^>]+>", "", h) for h in re.findall(r"<th>(.*?)</th>", table.group(0))]
+    rows = [
+        [re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", r)]
+        for r in re.findall(r"<tr>(.*?)</tr>", table.group(0))
+    ]
+    # a column lifted into the caption: "time: fitted [95% CI] / declared: 2.01 [1.9, 2.1] / 2"
+    lifted = re.findall(r"([\w ]+: fitted [^;:]+/ declared): ([^;<]*)", table.group(0))
+    cells = [(h, r[i]) for r in rows for i, h in enumerate(heads) if i < len(r)] + lifted
+    found = []
+    for head, cell in cells:
+        if "[95% CI]" in head and "(local" in cell:
+            found.append(f"{head!r} holds local slopes: {cell!r}")
+        if "(local slopes)" in head and re.search(r"\[-?\d", cell):
+            found.append(f"{head!r} holds an interval: {cell!r}")
     return found
 
 

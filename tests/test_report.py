@@ -325,6 +325,7 @@ def _scaled_run(
                     tolerance=1e-5,
                     env=env,
                     instructions=t * 3e9 if counted else math.nan,
+                    extra={"checked_slices": "8/8"},
                 )
             )
     rows += [
@@ -424,6 +425,8 @@ def test_headline_counts_conclusive_fits_names_inconclusive_and_steeper(tmp_path
         tidy.loc[(tidy["variant"] == "loop") & (tidy["metric"] == "peak_tensor_bytes"), "method"]
     ) == {"model"}
     assert "model (predicted, not fitted)" in page
+    # loop's memory is the model, drawn dotted in the headline: there (only) its caption says so
+    assert "; dotted memory is the analytic model, not a measurement;" in page
     # which cases the findings read: time from ok ones, memory and page faults from noisy ones too
     assert re.search(
         r"Read from [^<]* cases: time from the cases that ran undisturbed \(status ok\); memory "
@@ -883,8 +886,8 @@ def test_an_asv_report_says_its_times_carry_no_disturbance_check(asv_report):
     assert "asv results carry no disturbance check" in page
 
 
-def test_a_figureless_section_has_no_heading(tmp_path):
-    """Planted: decode cases only (no prefill shape to draw in the families): no empty 'The families' heading."""
+def test_a_figureless_section_keeps_its_heading_and_says_why(tmp_path):
+    """Planted: decode cases only (no prefill shape to draw in the families): the heading, and why it is empty."""
     from attnbench.measure import MeasureConfig
     from attnbench.measure.record import Measurement
     from attnbench.runs import write_run
@@ -908,7 +911,11 @@ def test_a_figureless_section_has_no_heading(tmp_path):
         tmp_path / "run", rows, MeasureConfig(workload="decode"), seconds=1.0, command=["t"]
     )
     page = build_report([run], tmp_path / "out").read_text()
-    assert "Prefill vs decode" in page and "The families" not in page
+    # the families have nothing to draw: the heading stays, and says why (it vanished without a word)
+    assert "Prefill vs decode" in page and (
+        '<h2 id="families">The families</h2><p class="note empty">Nothing to draw in the families: no '
+        "time case had Lq = Lk (prefill): only decode ran; no memory was measured.</p>" in page
+    )
 
 
 def _gqa_run(path: Path) -> Path:
@@ -1313,8 +1320,42 @@ def test_a_log_axis_within_one_decade_still_has_labelled_ticks():
     ]  # decades only where there are any
 
 
+def _register_mine() -> None:
+    """A user's key-blocked kernel `mine`, declared O(L²) time and O(L) memory, over the default (dense)
+    memory model: its author set the exponents and nothing else."""
+    import attnbench
+
+    class KeyBlocked(attnbench.Variant):
+        time_exponent = 2.0
+        memory_exponent = 1.0
+
+        def forward(self, q, k, v, mask):  # never called: the runs are synthetic
+            raise NotImplementedError
+
+    attnbench.register("mine", KeyBlocked)
+
+
+@pytest.fixture(scope="module")
+def noisy_plugin(tmp_path_factory) -> tuple[Path, dict, object]:
+    """A new user's run: their own `mine` beside sdpa and batched, on a machine busy for the whole sweep (every
+    case noisy, batched's first skipped): the run, its page's digest (tests/golden.py) and its analysis, built
+    once for the tests that read it (`mine` is registered only while they are built)."""
+    import attnbench
+    from attnbench.analysis.summary import analyse, load_results
+    from tests import golden
+
+    tmp = tmp_path_factory.mktemp("noisy-plugin")
+    _register_mine()
+    try:
+        run = _scaled_run(tmp / "run", ["mine", "sdpa", "batched"], (64, 128, 256, 512))
+        golden.make_noisy(run, skip_first="batched")
+        return run, golden.digest([run], tmp / "out"), analyse(load_results([run]))
+    finally:
+        attnbench.unregister("mine")
+
+
 def test_a_plugin_run_whose_every_time_was_noisy_leads_with_its_own_variant_and_agrees_with_itself(
-    tmp_path, monkeypatch
+    noisy_plugin, tmp_path, monkeypatch
 ):
     """A new user's run: their own key-blocked kernel `mine` beside sdpa and batched, on a machine busy for the
     whole sweep (every case noisy, one skipped). The headline showed batched and sdpa only, under "From the Python
@@ -1324,75 +1365,193 @@ def test_a_plugin_run_whose_every_time_was_noisy_leads_with_its_own_variant_and_
     from attnbench.analysis import findings
     from tests import golden
 
-    class KeyBlocked(attnbench.Variant):
-        time_exponent = 2.0
-        memory_exponent = 1.0
+    run, d, _ = noisy_plugin
+    heads = [f for f in d["figures"] if f["suptitle"].startswith("This run's variants")]
+    assert len(heads) == 1 and "mine" in heads[0]["suptitle"], (
+        f"no headline leads with the plugin variant: {[f['suptitle'] for f in d['figures']]}"
+    )
+    head = heads[0]
+    time_panel, memory_panel = head["axes"]
+    assert time_panel["lines"] == [] and any(
+        t.startswith("Nothing to draw: every time case was noisy (11) or skipped (1)")
+        for t in time_panel["texts"]
+    ), time_panel["texts"]
+    # its second sentence read "a busy machine ... still exact See Details": a capital, a stop
+    assert any(
+        "\nA busy machine disturbed every timing: bytes and counts are still exact.\nSee Details"
+        in t
+        for t in time_panel["texts"]
+    ), time_panel["texts"]
+    assert any("mine" in t for t in memory_panel["texts"]), memory_panel["texts"]
+    texts = [t for t, _ in d["findings"]]
+    # the worse run read cleaner: "...; 0 are inconclusive" and a green "none inconclusive"
+    assert any(
+        t.startswith(
+            "Time not fitted (every case noisy or skipped); all 3 memory fits match the "
+            "declared big-O"
+        )
+        for t in texts
+    ), texts
+    assert 'class="good">3 of 3 conclusive' not in d[golden.PAGE]
+    assert (
+        'class="neutral">3 of 3 conclusive fits match their declared complexity; time not '
+        "fitted (every case noisy or skipped).</p>" in d[golden.PAGE]
+    ), re.findall(r"<p class=\"\w+\">3 of 3 conclusive[^<]*", d[golden.PAGE])
+    assert texts[0].startswith("Every answer checked against the float64 reference was correct")
+    assert "`mine` " in texts[0], texts[0]
+    assert "not fitted: every case noisy (4)" in d[golden.PAGE]
+    # "ran correctly" read as a wrong answer: batched's cases were only disturbed or skipped
+    assert "not fitted: no undisturbed case (3 noisy, 1 skipped)" in d[golden.PAGE]
+    # "Read from ... cases that ran correctly (status ok)" on a page where no case was ok
+    assert (
+        "Read from cpu, forward, float32 cases: no time (no case ran undisturbed); memory and "
+        "page-fault fits also use noisy cases" in d[golden.PAGE]
+    ), re.findall(r"Read from [^<]*", d[golden.PAGE])
+    assert golden.contradictions(d) == []
 
-        def forward(self, q, k, v, mask):  # never called: the run is synthetic
-            raise NotImplementedError
-
-    attnbench.register("mine", KeyBlocked)
+    # planted: the sentence the user read, and a count of one in the plural
+    old = "12 of 12 cases are not measurements to rely on (11 noisy, 1 skipped): they are never fitted or ranked."
+    monkeypatch.setattr(findings, "_not_facts", lambda e: findings.Finding(old, "problems"))
+    _register_mine()
     try:
-        run = _scaled_run(tmp_path / "run", ["mine", "sdpa", "batched"], (64, 128, 256, 512))
-        golden.make_noisy(run, skip_first="batched")
-        d = golden.digest([run], tmp_path / "out")
-        heads = [f for f in d["figures"] if f["suptitle"].startswith("This run's variants")]
-        assert len(heads) == 1 and "mine" in heads[0]["suptitle"], (
-            f"no headline leads with the plugin variant: {[f['suptitle'] for f in d['figures']]}"
-        )
-        head = heads[0]
-        time_panel, memory_panel = head["axes"]
-        assert time_panel["lines"] == [] and any(
-            t.startswith("Nothing to draw: every time case was noisy (11) or skipped (1)")
-            for t in time_panel["texts"]
-        ), time_panel["texts"]
-        # its second sentence read "a busy machine ... still exact See Details": a capital, a stop
-        assert any(
-            "\nA busy machine disturbed every timing: bytes and counts are still exact.\nSee Details"
-            in t
-            for t in time_panel["texts"]
-        ), time_panel["texts"]
-        assert any("mine" in t for t in memory_panel["texts"]), memory_panel["texts"]
-        texts = [t for t, _ in d["findings"]]
-        # the worse run read cleaner: "...; 0 are inconclusive" and a green "none inconclusive"
-        assert any(
-            t.startswith(
-                "Time not fitted (every case noisy or skipped); all 3 memory fits match the "
-                "declared big-O"
-            )
-            for t in texts
-        ), texts
-        assert 'class="good">3 of 3 conclusive' not in d[golden.PAGE]
-        assert (
-            'class="neutral">3 of 3 conclusive fits match their declared complexity; time not '
-            "fitted (every case noisy or skipped).</p>" in d[golden.PAGE]
-        ), re.findall(r"<p class=\"\w+\">3 of 3 conclusive[^<]*", d[golden.PAGE])
-        assert texts[0].startswith("Every answer checked against the float64 reference was correct")
-        assert "`mine` " in texts[0], texts[0]
-        assert "not fitted: every case noisy (4)" in d[golden.PAGE]
-        # "ran correctly" read as a wrong answer: batched's cases were only disturbed or skipped
-        assert "not fitted: no undisturbed case (3 noisy, 1 skipped)" in d[golden.PAGE]
-        # "Read from ... cases that ran correctly (status ok)" on a page where no case was ok
-        assert (
-            "Read from cpu, forward, float32 cases: no time (no case ran undisturbed); memory and "
-            "page-fault fits also use noisy cases" in d[golden.PAGE]
-        ), re.findall(r"Read from [^<]*", d[golden.PAGE])
-        assert golden.contradictions(d) == []
-
-        # planted: the sentence the user read, and a count of one in the plural
-        old = "12 of 12 cases are not measurements to rely on (11 noisy, 1 skipped): they are never fitted or ranked."
-        monkeypatch.setattr(findings, "_not_facts", lambda e: findings.Finding(old, "problems"))
         planted = golden.digest([run], tmp_path / "planted")
-        found = golden.contradictions(planted)
-        assert any(
-            "says noisy cases are never fitted, but ['batched', 'mine', 'sdpa']" in f for f in found
-        ), found
-        planted["findings"].append(
-            ["3 of 3 conclusive complexity fits match; 1 are inconclusive", "x"]
-        )
-        assert any("'1 are'" in f for f in golden.contradictions(planted))
     finally:
         attnbench.unregister("mine")
+    found = golden.contradictions(planted)
+    assert any(
+        "says noisy cases are never fitted, but ['batched', 'mine', 'sdpa']" in f for f in found
+    ), found
+    planted["findings"].append(["3 of 3 conclusive complexity fits match; 1 are inconclusive", "x"])
+    assert any("'1 are'" in f for f in golden.contradictions(planted))
+
+
+def test_the_answer_check_states_the_checked_slices_beside_the_worst_error(noisy_plugin):
+    """`checked_slices` (8/8) was in measurements.csv but nowhere on the page. Planted (seen failing): the
+    loader without the column (the table's slices cells blank)."""
+    from tests import golden
+
+    _, d, _ = noisy_plugin
+    assert {r["checked_slices"] for r in d["tidy"] if r["metric"] == "time"} == {"8/8"}
+    table = d[golden.PAGE].split('id="answers"')[1].split("</table>")[0]
+    heads = re.findall(r"<th>(.*?)</th>", table)
+    assert "slices checked" in heads and heads.index("worst error") < heads.index(
+        "its tolerance"
+    ), heads
+    column = heads.index("slices checked")
+    cells = [re.findall(r"<td[^>]*>(.*?)</td>", r) for r in re.findall(r"<tr><td.*?</tr>", table)]
+    assert [c[column] for c in cells] == ["8/8"] * 3, cells
+
+
+def test_a_section_with_nothing_to_draw_keeps_its_heading_and_says_why(noisy_plugin):
+    """Every time case noisy: the roofline's section vanished without a word (the families' and the crossovers'
+    would too, with nothing to draw). Planted (seen failing): the roofline section returning "" again."""
+    import html
+
+    from tests import golden
+
+    page = noisy_plugin[1][golden.PAGE]
+    assert '<section id="roofline-s">' in page, "the roofline's section vanished without a word"
+    roof = html.unescape(page.split('<section id="roofline-s">')[1].split("</section>")[0])
+    assert "<h2>Roofline" in roof and (
+        "Nothing to draw in the roofline: it places correct, undisturbed rates; every GFLOP/s case "
+        "was noisy (11)." in roof
+    ), roof
+    families = html.unescape(page.split('<h2 id="families">')[1].split("<h2")[0])
+    assert (
+        "Nothing to draw in the time figure: every time case was noisy (11) or skipped (1)."
+        in families
+    )
+    gflops = page.split("Achieved GFLOP/s and % of the matmul peak")[1].split("</details>")[0]
+    assert "Nothing to draw in the GFLOP/s figure: every GFLOP/s case was noisy (11)." in gflops
+
+
+def test_dotted_is_said_only_where_a_dotted_line_is_drawn(noisy_plugin):
+    """The headline's caption and memory panel said "(dotted: model)" where nothing dotted was drawn (no case's
+    memory was the model's; test_headline_counts_... sees it said where one is). Planted (seen failing): the
+    unconditional caption."""
+    from tests import golden
+
+    _, d, _ = noisy_plugin
+    assert not any(r["method"] == "model" for r in d["tidy"] if r["metric"] == "peak_tensor_bytes")
+    captions = re.findall(r"<figcaption>(.*?)</figcaption>", d[golden.PAGE], flags=re.S)
+    titles = [t for f in d["figures"] for t in (f["suptitle"], *(ax["title"] for ax in f["axes"]))]
+    said = [t for t in captions + titles if "dotted" in t.lower()]
+    assert len(captions) >= 3 and said == [], said
+
+
+def test_the_memory_model_follows_the_declared_exponent_or_says_there_is_none(noisy_plugin):
+    """`mine` declares O(L) memory over the default model of dense (Lq, Lk) buffers: the memory-model rows
+    predicted O(L²) for it. Now they say there is no model; no built-in variant's model grows faster than it
+    declares, at any mask, pass or workload. Planted (seen failing): the model rows without the check."""
+    from attnbench.analysis import complexity
+    from attnbench.analysis.findings import built_in
+    from attnbench.registry import get_variant, variant_names
+    from attnbench.spec import AttnSpec
+    from tests import golden
+
+    _, d, analysis = noisy_plugin
+    table = analysis.memory_model
+    mine, rest = table[table["variant"] == "mine"], table[table["variant"] != "mine"]
+    assert len(mine) == 4 and mine["predicted_MiB"].isna().all(), mine[
+        ["seq_len", "predicted_MiB", "note"]
+    ]
+    no_model = "no model: the memory model grows as L^2.00, but the variant declares O(L)"
+    assert mine["note"].str.startswith(no_model).all() and no_model in d[golden.PAGE]
+    assert len(rest) and rest["predicted_MiB"].notna().all() and (rest["note"] == "").all()
+    steeper = []
+    for name in (v for v in variant_names() if built_in(v)):
+        for mode in ("forward", "backward"):
+            for mask in ("none", "causal", "sliding_window"):
+                for workload, lq in (("prefill", 1024), ("decode", 1)):
+                    spec = AttnSpec(seq_len=lq, seq_len_k=1024, mode=mode, mask=mask)
+                    declared = complexity.declared_exponent(name, "peak_tensor_bytes", workload)
+                    slope = complexity.model_slope(get_variant(name), spec, workload)
+                    if slope > declared + complexity.TOLERANCE:
+                        steeper.append((name, mode, mask, workload, round(slope, 2)))
+    assert steeper == []
+
+
+def test_a_plugin_variant_has_a_colour_of_its_own_on_every_figure():
+    """A plugin variant was drawn in YlOrBr, sdpa's orange to the eye (0.11 apart in RGB), on every figure but the
+    headline. Planted (seen failing): YlOrBr back."""
+    import numpy as np
+
+    from attnbench.registry import variant_names
+    from attnbench.report import style
+
+    with style.drawing((*variant_names(), "mine", "theirs")):
+        rgb = {v: np.array(style.colour(v)[:3]) for v in (*variant_names(), "mine", "theirs")}
+    for plugin in ("mine", "theirs"):
+        near = min((float(np.linalg.norm(rgb[plugin] - rgb[v])), v) for v in rgb if v != plugin)
+        assert near[0] >= 0.15, f"{plugin} is {near[0]:.2f} from {near[1]}"
+
+
+def test_a_finding_sets_the_users_own_variant_against_sdpa(noisy_plugin, tmp_path):
+    """No finding compared the user's own `mine` with the baselines. Now one does (its time / sdpa's at the
+    longest length both ran undisturbed), or says why there is no ratio. Planted (seen failing): the rule gone."""
+    import attnbench
+    from attnbench.analysis.summary import analyse, load_results
+    from attnbench.analysis.text import fmt
+
+    texts = [t for t, _ in noisy_plugin[1]["findings"]]
+    assert (
+        "`mine` against `sdpa`: no time ratio, because every time case of `mine` was noisy (4) (a "
+        "disturbed time is no measurement)." in texts
+    ), texts
+    _register_mine()
+    try:
+        run = _scaled_run(tmp_path / "quiet", ["mine", "sdpa", "batched"], (64, 128, 256, 512))
+        texts = [f.text for f in analyse(load_results([run])).findings]
+    finally:
+        attnbench.unregister("mine")
+    mine, sdpa = (
+        1e-6 * (512 / 16) ** 2,
+        2e-6 * (512 / 16) ** 2,
+    )  # _scaled_run: mine first, sdpa twice as long
+    assert (
+        f"`mine` against `sdpa`: 2x faster at L=512 ({fmt(mine, 's')} vs {fmt(sdpa, 's')} per call), "
+        "the longest length both ran undisturbed." in texts
+    ), texts
 
 
 def test_a_time_fit_left_few_lengths_by_noisy_cases_blames_them(tmp_path):

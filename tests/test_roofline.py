@@ -206,3 +206,35 @@ def test_declared_decode_exponents():
     )  # recomputed over the cache: O(Lk)
     assert complexity.declared_exponent("batched", "peak_tensor_bytes", "decode") == 1.0
     assert math.isnan(complexity.declared_exponent("batched", "gflops", "decode"))
+
+
+def test_every_dot_of_the_roofline_is_named_in_its_variants_colour():
+    """The dots were coloured by family and the legend named families only: sdpa and sdpa_flash (both fused
+    orange) could not be told apart, nor a plugin's dots found. Planted (seen failing): the family legend back."""
+    from matplotlib import colors as mcolors
+
+    from attnbench.report import plots, style
+
+    frame = frame_of(
+        *(
+            case_rows(
+                v, n, n, 4e9 * (n / 4096) ** 2, 1e8 * n / 4096, 0.1 * (k + 1) * (n / 4096) ** 2
+            )
+            for k, v in enumerate(("sdpa", "sdpa_flash", "batched"))
+            for n in (1024, 2048, 4096)
+        )
+    )
+    with style.drawing(("batched", "sdpa", "sdpa_flash")):
+        fig = plots.roofline(rl.roofline(frame))
+        legend = fig.axes[-1].get_legend()
+        named = {
+            t.get_text(): h for t, h in zip(legend.get_texts(), legend.legend_handles, strict=True)
+        }
+        assert {"sdpa", "sdpa_flash", "batched"} <= set(named), sorted(named)
+        for v in ("sdpa", "sdpa_flash", "batched"):
+            assert mcolors.same_color(named[v].get_color(), style.colour(v)), v
+        dots = {mcolors.to_hex(c.get_facecolor()[0]) for c in fig.axes[0].collections}
+        assert dots == {mcolors.to_hex(style.colour(v)) for v in ("sdpa", "sdpa_flash", "batched")}
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)

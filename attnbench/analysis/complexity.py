@@ -15,6 +15,7 @@ import enum
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -34,6 +35,9 @@ from attnbench.contract import (
 )
 from attnbench.registry import get_variant, variant_names
 from attnbench.spec import AttnSpec
+
+if TYPE_CHECKING:
+    from attnbench.variants.base import Variant
 
 __all__ = [
     "FLOOR_FACTOR",
@@ -69,6 +73,7 @@ __all__ = [
     "crossovers",
     "largest_length",
     "memory_model",
+    "model_slope",
 ]
 
 FLOOR_FACTOR = 2.0
@@ -110,20 +115,27 @@ dispatch, kernel launch) hides the asymptotic term, and on a shared machine sing
 off. The *overhead floor* is {FLOOR_FACTOR:g} times that constant cost (the constant c0 of the cost
 split c0 + c1·L + c2·L² where that split describes the series, else the smallest value, which bounds
 it), so at or above the floor the constant is at most half of what was measured. Every point at or
-above the floor is fitted; the points below it are the constant. The slope of log(value) on log(L)
-is the Theil-Sen estimate (the median of all pairwise slopes), which one wild point cannot drag far.
+above the floor is fitted; the points below it are the constant. For a sampled metric (time), the
+slope of log(value) on log(L) is the Theil-Sen estimate (the median of all pairwise slopes), which
+one wild point cannot drag far.
 Its 95% interval is the 2.5-97.5 percentile range of {BOOTSTRAP} Theil-Sen slopes refitted on
 residual-bootstrap replicates, with a fixed seed (the same data give the same interval in every
 process). The residuals resampled are each point's distance from the line through the *other*
 points, clipped at {CLIP:g} robust standard deviations, so a lone outlier widens nothing while
-general scatter does; points beyond {OUTLIER:g} robust standard deviations are listed. A fit on
-fewer than {MIN_POINTS} points, or whose interval is wider than {MAX_CI_WIDTH:g}, is *inconclusive*:
-it is never reported as matching. Otherwise it is compared with the variant's declared exponent.
+general scatter does; points beyond {OUTLIER:g} robust standard deviations are listed. Exact
+metrics (peak bytes, FLOPs, instruction counts) are not sampled, so they have no interval: their
+slope is the least-squares slope over the longest run of points, from the longest length down, whose
+*local slopes* (between neighbouring lengths) lie within {MAX_CI_WIDTH:g} of each other. One rule
+decides which fits are *inconclusive*: a sampled fit on fewer than {MIN_POINTS} points or with an
+interval wider than {MAX_CI_WIDTH:g}; an exact fit on fewer than {DETERMINISTIC_POINTS} points
+(nothing to average out: two local slopes already show whether one power of L describes it) or
+with local slopes spread wider than {MAX_CI_WIDTH:g}. An inconclusive fit is never reported as
+matching; every other fit is compared with the variant's declared exponent.
 Big-O is an upper bound, so only a fit *steeper* than declared by more than {TOLERANCE:g} with the
-declared value outside the interval is a mismatch; a shallower fit is reported as "shallower" (a
-lower-order term, such as a fixed block buffer or a linear projection, still matters in the measured
-range). Values the suite predicted rather than measured (method "model") are never fitted, and only
-cases with status ok are (not wrong or failed ones).
+declared value outside the interval (an exact fit's: its local slopes) is a mismatch; a shallower
+fit is reported as "shallower" (a lower-order term, such as a fixed block buffer or a linear
+projection, still matters in the measured range). Values the suite predicted rather than measured
+(method "model") are never fitted, and only cases with status ok are (not wrong or failed ones).
 """
 """How :func:`fit_exponent` fits and :func:`verdict` judges, in words: the report's "How the
 exponents are fitted" (rendered as it stands, the trailing newline included)."""
@@ -892,42 +904,71 @@ def largest_length(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+_MODEL_AT = 1 << 16
+"""The swept length at which the memory model's growth is read: long enough that every lower-order
+part (a chunk not yet full, the output) has stopped bending it."""
+
+
+def model_slope(impl: Variant, spec: AttnSpec, workload: str) -> float:
+    """The memory model's exponent at ``spec``'s shape: log2 of its prediction at twice
+    :data:`_MODEL_AT` over its prediction at :data:`_MODEL_AT` (prefill sweeps Lq and Lk, decode
+    only Lk)."""
+    if workload == "decode":
+        here, there = (spec.replace(seq_len_k=n) for n in (_MODEL_AT, 2 * _MODEL_AT))
+    else:
+        here, there = (spec.replace(seq_len=n, seq_len_k=n) for n in (_MODEL_AT, 2 * _MODEL_AT))
+    low, high = impl.predicted_peak_bytes(here), impl.predicted_peak_bytes(there)
+    return math.log2(high / low) if low > 0 and high > 0 else math.nan
+
+
+def _model_row(rec: dict) -> dict:
+    """One measured case against the memory model, or, where the model grows faster than the
+    variant declares (a plugin declaring O(L) over the default dense model), no model, said so."""
+    spec = AttnSpec(
+        batch=int(rec["batch"]),
+        heads=int(rec["heads"]),
+        seq_len=int(rec["seq_len"]),
+        seq_len_k=int(rec["seq_len_k"]),
+        head_dim=int(rec["head_dim"]),
+        dtype=rec["dtype"],
+        device=rec["device"],
+        mode=rec["mode"],
+        mask=rec["mask"],
+    )
+    impl, workload = get_variant(rec["variant"]), str(rec.get("workload") or "prefill")
+    declared = declared_exponent(rec["variant"], "peak_tensor_bytes", workload)
+    slope = model_slope(impl, spec, workload)
+    predicted, note = float(impl.predicted_peak_bytes(spec)), ""
+    if math.isfinite(slope) and slope > declared + TOLERANCE:
+        predicted = math.nan
+        note = (
+            f"no model: the memory model grows as L^{slope:.2f}, but the variant declares "
+            f"{big_o(declared)} (its scratch_elements does not describe it)"
+        )
+    return {
+        "machine": rec["machine"],
+        "device": rec["device"],
+        "mode": rec["mode"],
+        "variant": rec["variant"],
+        "seq_len": int(rec["seq_len"]),
+        "method": rec.get("method", ""),
+        "predicted_MiB": predicted / 2**20,
+        "measured_MiB": rec["value"] / 2**20,
+        "measured/predicted": rec["value"] / predicted if predicted else math.nan,
+        "note": note,
+    }
+
+
 def memory_model(frame: pd.DataFrame) -> pd.DataFrame:
     """Predicted vs measured peak tensor bytes per variant and length, with their ratio.
 
     Only measurements (method "profiler", "cuda", ...) are compared: a "model" row *is* the
-    prediction, and comparing it with itself would always "match".
+    prediction, and comparing it with itself would always "match". A model that grows faster than
+    the variant's declared memory exponent is no model of it: its row says so instead of a ratio.
     """
     mem = frame[(frame["metric"] == "peak_tensor_bytes") & (frame["status"] == Status.OK)]
     if "method" in mem:
         mem = mem[mem["method"] != MODEL]
-    rows = []
-    for rec in mem.to_dict("records"):
-        if rec["variant"] not in variant_names():
-            continue
-        spec = AttnSpec(
-            batch=int(rec["batch"]),
-            heads=int(rec["heads"]),
-            seq_len=int(rec["seq_len"]),
-            seq_len_k=int(rec["seq_len_k"]),
-            head_dim=int(rec["head_dim"]),
-            dtype=rec["dtype"],
-            device=rec["device"],
-            mode=rec["mode"],
-            mask=rec["mask"],
-        )
-        predicted = get_variant(rec["variant"]).predicted_peak_bytes(spec)
-        rows.append(
-            {
-                "machine": rec["machine"],
-                "device": rec["device"],
-                "mode": rec["mode"],
-                "variant": rec["variant"],
-                "seq_len": int(rec["seq_len"]),
-                "method": rec.get("method", ""),
-                "predicted_MiB": predicted / 2**20,
-                "measured_MiB": rec["value"] / 2**20,
-                "measured/predicted": rec["value"] / predicted if predicted else math.nan,
-            }
-        )
-    return pd.DataFrame(rows)
+    return pd.DataFrame(
+        [_model_row(rec) for rec in mem.to_dict("records") if rec["variant"] in variant_names()]
+    )

@@ -26,10 +26,18 @@ from attnbench.analysis.slices import (
 )
 from attnbench.analysis.text import agree, count, fmt, sig
 from attnbench.contract import Status
-from attnbench.registry import get_variant, variant_names
+from attnbench.registry import get_variant, variant_class, variant_names
 from attnbench.spec import AttnSpec
 
-__all__ = ["ANSWER_COLUMNS", "Finding", "answer_check", "findings"]
+__all__ = [
+    "ANSWER_COLUMNS",
+    "OWN_AT_MOST",
+    "Finding",
+    "answer_check",
+    "built_in",
+    "findings",
+    "own_variants",
+]
 
 
 @dataclass(frozen=True)
@@ -85,6 +93,7 @@ class _Evidence:
     frame: pd.DataFrame  # every row
     machine: pd.DataFrame  # the primary machine's prefill and decode rows (the roofline reads them)
     ok_time: pd.DataFrame  # ok, measured time rows of the primary slice (prefill shapes: Lq = Lk)
+    time_rows: pd.DataFrame  # every time row of the primary slice, any status (prefill shapes)
     ok_mem: pd.DataFrame  # the same for peak tensor bytes
     prefill_fits: pd.DataFrame  # the primary slice's prefill fits
     decode_fits: pd.DataFrame  # the primary machine's decode fits of the same setting
@@ -117,10 +126,12 @@ def _evidence(
         if "workload" in pfits
         else pd.Series(False, index=pfits.index)
     )
+    square = rows[(rows["seq_len"] == rows["seq_len_k"]) & (rows["metric"] == "time")]
     return _Evidence(
         frame=frame,
         machine=pair_decode(frame, primary, commit),
         ok_time=ok[ok["metric"] == "time"],
+        time_rows=square,
         ok_mem=ok[ok["metric"] == "peak_tensor_bytes"],
         prefill_fits=pfits[~decode],
         decode_fits=pfits[decode] if "workload" in pfits else pfits.iloc[0:0],
@@ -292,6 +303,61 @@ def _loop_baseline(e: _Evidence) -> Finding | None:
     )
 
 
+OWN_AT_MOST = 6
+"""A run of at most this many variants is a selection its user named with ``--variants``: every
+one of them that is no baseline is the user's own (the headline shows them all)."""
+_BASELINES = ("loop", "batched", "sdpa")
+"""The variants every other is measured against (the crossovers' baselines)."""
+
+
+def built_in(variant: str) -> bool:
+    """Whether ``variant`` is one of attnbench's own (not a plugin's, nor unknown here)."""
+    return variant in variant_names() and variant_class(variant).__module__.startswith("attnbench.")
+
+
+def own_variants(frame: pd.DataFrame) -> tuple[str, ...]:
+    """The variants the run's user came to measure: every plugin variant, and in a run of at most
+    :data:`OWN_AT_MOST` variants, every one that is no baseline (in the run's order)."""
+    measured = list(dict.fromkeys(frame.loc[frame["metric"] == "time", "variant"]))
+    few = len(measured) <= OWN_AT_MOST
+    return tuple(v for v in measured if v not in _BASELINES and (few or not built_in(v)))
+
+
+def _statuses(rows: pd.DataFrame) -> str:
+    """ "noisy (4)", "noisy (3) or skipped (1)": what became of ``rows``' cases."""
+    return " or ".join(f"{k} ({n})" for k, n in rows["status"].value_counts().items())
+
+
+def _against_sdpa(e: _Evidence, variant: str) -> str:
+    """``variant``'s time against sdpa's at the longest length both ran ok, or why there is none."""
+    both = _at_common_longest(e.ok_time, variant, "sdpa")
+    if both:
+        n, mine, fused = both
+        ratio = mine / fused
+        how = f"{fmt(ratio, 'x')} slower" if ratio >= 1 else f"{fmt(1 / ratio, 'x')} faster"
+        return (
+            f"`{variant}` against `sdpa`: {how} at L={n} ({fmt(mine, 's')} vs {fmt(fused, 's')} "
+            "per call), the longest length both ran undisturbed"
+        )
+    for name in (variant, "sdpa"):
+        rows = e.time_rows[e.time_rows["variant"] == name]
+        if not (rows["status"] == Status.OK).any():
+            return (
+                f"`{variant}` against `sdpa`: no time ratio, because every time case of `{name}` "
+                f"was {_statuses(rows)} (a disturbed time is no measurement)"
+            )
+    return f"`{variant}` against `sdpa`: no time ratio, because they ran undisturbed at no common L"
+
+
+def _own_variant(e: _Evidence) -> Finding | None:
+    """The run's own variants (:func:`own_variants`) against ``sdpa``, or why there is no ratio:
+    the question a user who brought a kernel asks first (no sentence without an sdpa case)."""
+    own = [v for v in own_variants(e.time_rows) if v != "sdpa"]
+    if not own or not (e.time_rows["variant"] == "sdpa").any():
+        return None
+    return Finding("; ".join(_against_sdpa(e, v) for v in own[:3]) + ".", "fig-progression")
+
+
 def _computes_softmax_attention(variant: str) -> bool:
     """Whether ``variant`` computes softmax attention over every allowed pair (unknown: yes)."""
     return variant not in variant_names() or get_variant(variant).SOFTMAX_ATTENTION
@@ -338,10 +404,27 @@ ANSWER_COLUMNS = (
     "worst error",
     "its tolerance",
     "worst / tolerance",
+    "slices checked",
     "at L",
     "answer",
 )
 """The columns of :func:`answer_check`, in the order the page shows them."""
+
+
+def _slices(checks: pd.DataFrame) -> str:
+    """The (batch, head) slices the answer check compared, of all there were: "8/8", or "2/8 to 8/8"
+    where the variant's cases differ ("" where no case recorded them)."""
+    seen = {str(s) for s in checks.get("checked_slices", pd.Series(dtype=object)).dropna()}
+    parts = {s: s.split("/") for s in seen if s.count("/") == 1}
+    shares = sorted(
+        (int(a) / int(b), s)
+        for s, (a, b) in parts.items()
+        if a.isdigit() and b.isdigit() and int(b)
+    )
+    if not shares:
+        return ""
+    low, high = shares[0][1], shares[-1][1]
+    return low if low == high else f"{low} to {high}"
 
 
 def _answer_row(variant: str, time_rows: pd.DataFrame, checks: pd.DataFrame) -> dict:
@@ -369,6 +452,7 @@ def _answer_row(variant: str, time_rows: pd.DataFrame, checks: pd.DataFrame) -> 
         if worst["value"] > 0
         else math.nan,
         "worst / tolerance": float(worst["value"]),
+        "slices checked": _slices(mine),
         "at L": int(worst["seq_len"]),
     }
     row["answer"] = (
@@ -567,6 +651,7 @@ def _above_roof(e: _Evidence) -> Finding | None:
 _RULES: tuple[Callable[[_Evidence], Finding | None], ...] = (
     _above_roof,
     _answers,
+    _own_variant,
     _time_growth,
     _shallower_explained,
     _decode,

@@ -237,6 +237,7 @@ def _asv_file(path: Path, benchmarks: dict, machine: dict, problems: list[str]) 
         "threads": math.nan,
         "reason": "",
         "kernel": "",
+        "checked_slices": "",
     }
     peak = math.nan
     peak_key = next((k for k in keys if k.endswith(PEAK_BENCHMARK)), None)

@@ -133,6 +133,8 @@ def _case_rows(m: Measurement, common: dict) -> list[dict]:
         "threads": float(m.env.threads) if m.env else math.nan,
         "peak_gflops": _lenient(common["peak_gflops"].get(spec.dtype)),
         "kernel": str(m.extra.get("kernel", "")),
+        # "8/8": the (batch, head) slices the answer check compared, of all there were
+        "checked_slices": str(m.extra.get("checked_slices", "")),
         "ci_low": math.nan,
         "ci_high": math.nan,
     }

@@ -48,6 +48,7 @@ __all__ = [
     "Loaded",
     "analyse",
     "exponent_summary",
+    "fit_column",
     "history_commits_of",
     "load_results",
     "provenance",
@@ -155,6 +156,14 @@ def _too_few_undisturbed(rows: pd.DataFrame) -> str:
     return f"only {kept} undisturbed length{'' if kept == 1 else 's'} ({dropped})"
 
 
+def fit_column(metric: str, label: str) -> str:
+    """The exponent table's heading of ``metric``'s cells, naming what they hold: a sampled metric's
+    bootstrap interval ("time: fitted [95% CI] / declared"), an exact one's range of local slopes
+    ("memory: fitted (local slopes) / declared"; no interval: nothing was sampled)."""
+    exact = metric in contract.METRICS and not contract.METRICS[metric].timed
+    return f"{label}: fitted {'(local slopes)' if exact else '[95% CI]'} / declared"
+
+
 def _exponent_columns(
     group: pd.DataFrame, metric: str, label: str, row: dict, rows: pd.DataFrame
 ) -> tuple[str, str]:
@@ -164,7 +173,7 @@ def _exponent_columns(
     fits.csv, and a model's cell says it is one. A metric without a fit says why in its cell
     (``rows``: the frame's rows of this metric and series, whose statuses explain it).
     """
-    column = f"{label}: fitted [95% CI] / declared"
+    column = fit_column(metric, label)
     sub = group[group["metric"] == metric]
     if sub.empty:
         row[column] = _unfitted(rows)
@@ -276,7 +285,7 @@ def provenance(frame: pd.DataFrame) -> pd.DataFrame:
     }
     table.insert(3, "requested", table["variant"].map(requested).fillna("?"))
     fallback = table["kernel"].str.contains("math") & (table["requested"] != "math")
-    table["note"] = fallback.map({True: "fell back to math (O(n²) memory)", False: ""})
+    table["note"] = fallback.map({True: "fell back to math (O(L²) memory)", False: ""})
     return table
 
 

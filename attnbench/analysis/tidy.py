@@ -54,6 +54,7 @@ COLUMNS = [
     "peak_gflops",
     "peak_gbps",
     "kernel",
+    "checked_slices",
     "run_date",
     "origin",
 ]

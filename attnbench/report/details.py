@@ -21,6 +21,7 @@ from attnbench.report import plots
 from attnbench.report.markup import (
     Page,
     collapsible,
+    empty_note,
     html_table,
     utc_time,
 )
@@ -46,18 +47,46 @@ __all__ = [
     "reproduce_section",
     "runqueue_section",
     "speedups_section",
+    "why_undrawn",
 ]
+
+
+_WHAT = {"time": "time", "peak_tensor_bytes": "memory", "gflops": "GFLOP/s"}
+
+
+def why_undrawn(frame: pd.DataFrame, metrics: tuple[str, ...]) -> str:
+    """Why ``metrics`` have no point to draw, from their rows' statuses: "every time case was noisy
+    (12); no memory was measured" (prefill shapes, Lq = Lk, only: the figures' rows)."""
+    parts = []
+    for metric in metrics:
+        what = _WHAT.get(metric, metric)
+        rows = frame[frame["metric"] == metric] if len(frame) else frame
+        if len(rows) and "seq_len_k" in rows:
+            square = rows[rows["seq_len"] == rows["seq_len_k"]]
+            if not len(square):
+                parts.append(f"no {what} case had Lq = Lk (prefill): only decode ran")
+                continue
+            rows = square
+        if not len(rows):
+            parts.append(f"no {what} was measured")
+        elif not (rows["status"] == Status.OK).any():
+            counts = " or ".join(f"{k} ({n})" for k, n in rows["status"].value_counts().items())
+            parts.append(f"every {what} case was {counts}")
+    return "; ".join(parts) or "no measured value is above zero"
 
 
 # ---- the details (collapsed) ---------------------------------------------------------------------
 def gflops_section(page: Page) -> str:
+    peak = page.frame["peak_gflops"].notna().any()
+    figure = page.figure(
+        "gflops",
+        plots.gflops(page.frame),
+        "Achieved GFLOP/s on executed FLOPs"
+        + ("; dotted line: this machine's matmul peak." if peak else "."),
+    )
     return collapsible(
         "Achieved GFLOP/s and % of the matmul peak",
-        page.figure(
-            "gflops",
-            plots.gflops(page.frame),
-            "Achieved GFLOP/s on executed FLOPs; dotted line: this machine's fp32 matmul peak.",
-        ),
+        figure or empty_note("the GFLOP/s figure", why_undrawn(page.frame, ("gflops",))),
     )
 
 
@@ -75,7 +104,7 @@ def page_faults_section(page: Page) -> str:
 
 COUNTS_CAVEAT = (
     "Instruction counts (valgrind's callgrind, portable kernels) do not move with a busy "
-    "neighbour, so their exponents are the steadiest O(n²) evidence here; but they do not see "
+    "neighbour, so their exponents are the steadiest O(L²) evidence here; but they do not see "
     "cache misses, page faults, memory bandwidth or time spent waiting for memory or for other "
     "threads (counts are summed over threads): a change that only moves data worse is flat in "
     "counts and slower in time."
@@ -153,8 +182,9 @@ def memory_model_section(page: Page) -> str:
     return collapsible(
         "Memory model: predicted vs measured",
         "<p>Measurements only (method profiler / cuda): cases whose "
-        "memory was itself the model's prediction are not compared with it.</p>"
-        + html_table(mm, formats=mm_fmt, keep=("variant",)),
+        "memory was itself the model's prediction are not compared with it. A variant whose "
+        "model grows faster than its declared memory exponent has no model here, and its "
+        "note says so.</p>" + html_table(mm, formats=mm_fmt, keep=("variant",)),
     )
 
 
@@ -162,7 +192,7 @@ def provenance_section(page: Page) -> str:
     return collapsible(
         "SDPA kernel provenance",
         "<p>The backend each SDPA-backed case asked for, and the kernel the "
-        "profiler saw run. A fallback to <code>math</code> costs O(n²) memory.</p>"
+        "profiler saw run. A fallback to <code>math</code> costs O(L²) memory.</p>"
         + html_table(provenance(page.frame), keep=("variant",)),
     )
 

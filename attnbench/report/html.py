@@ -25,11 +25,11 @@ import pandas as pd
 
 from attnbench import contract
 from attnbench.analysis import changes, complexity, growth
+from attnbench.analysis.findings import OWN_AT_MOST, own_variants
 from attnbench.analysis.summary import VERDICT, VERDICT_DETAILS, Analysis
 from attnbench.analysis.text import fmt, short_hash, sig
 from attnbench.contract import FAMILIES, PROGRESSION, Basis, GateVerdict, Status
 from attnbench.io import atomic_write, atomic_write_text
-from attnbench.registry import variant_class, variant_names
 from attnbench.report import history_plots, plots, style
 from attnbench.report.details import (
     COUNTS_CAVEAT,
@@ -51,11 +51,13 @@ from attnbench.report.details import (
     reproduce_section,
     runqueue_section,
     speedups_section,
+    why_undrawn,
 )
 from attnbench.report.markup import (
     Page,
     ReportOutcome,
     collapsible,
+    empty_note,
     figure_in,
     html_table,
     inline_code,
@@ -237,8 +239,14 @@ def _answer_table(analysis: Analysis) -> str:
     body = (
         "<p>Every measured call's output is compared with a float64 reference: a case whose "
         "largest error exceeds its tolerance is <code>wrong</code>, and is left out of every "
-        "figure, fit and ranking.</p>"
-        + html_table(table, formats=formats, keep=("variant",), css="bad" if wrong else "")
+        "figure, fit and ranking. <em>slices checked</em>: the (batch, head) slices compared, "
+        "of all the case has.</p>"
+        + html_table(
+            table,
+            formats=formats,
+            keep=("variant", "worst error", "its tolerance", "slices checked"),
+            css="bad" if wrong else "",
+        )
     )
     return collapsible(
         "Answer check per variant" + (" (wrong answers)" if wrong else ""),
@@ -248,14 +256,9 @@ def _answer_table(analysis: Analysis) -> str:
     )
 
 
-HEADLINE_OWN = 6
+HEADLINE_OWN = OWN_AT_MOST
 """A run of at most this many variants (a selection named with ``--variants``) leads with all of
 them; a broader sweep leads with the teaching progression."""
-
-
-def _built_in(variant: str) -> bool:
-    """Whether ``variant`` is one of attnbench's own (not a plugin's, nor unknown here)."""
-    return variant in variant_names() and variant_class(variant).__module__.startswith("attnbench.")
 
 
 def headline_variants(frame: pd.DataFrame) -> tuple[str, ...]:
@@ -269,11 +272,7 @@ def headline_variants(frame: pd.DataFrame) -> tuple[str, ...]:
     timed = frame[frame["metric"] == "time"]
     ran = timed[(timed["status"] == Status.OK) & timed["device"].astype(str).str.startswith("cuda")]
     fused = [v for v in FAMILIES["fused"] if v not in PROGRESSION and v in set(ran["variant"])]
-    measured = list(dict.fromkeys(timed["variant"]))
-    few = len(measured) <= HEADLINE_OWN
-    own = [
-        v for v in measured if v not in PROGRESSION and v not in fused and (few or not _built_in(v))
-    ]
+    own = [v for v in own_variants(frame) if v not in PROGRESSION and v not in fused]
     return (*PROGRESSION, *fused, *own)
 
 
@@ -301,15 +300,24 @@ def _progression(page: Page) -> str:
     ) + (
         ": median time per call and peak tensor memory above the inputs vs L, log-log, "
         "forward. Each line's end names its variant and says its fitted slope (a conclusive "
-        "Theil-Sen fit) or that the fit is inconclusive; dotted memory is the analytic model, not "
-        "a measurement; a panel with nothing to draw says why." + page.scope
+        "Theil-Sen fit) or that the fit is inconclusive"
+        + (
+            "; dotted memory is the analytic model, not a measurement"
+            if plots.draws_model(page.analysis.main, variants)
+            else ""
+        )
+        + "; a panel with nothing to draw says why."
+        + page.scope
     )
-    return page.figure(
+    figure = page.figure(
         "progression",
         plots.progression(page.analysis.main, page.analysis.main_fits, variants, title),
         caption,
         css="head",
-    ) + _answer_table(page.analysis)
+    ) or empty_note(
+        "the headline figure", why_undrawn(page.analysis.main, ("time", "peak_tensor_bytes"))
+    )
+    return figure + _answer_table(page.analysis)
 
 
 def _families(page: Page) -> str:
@@ -318,26 +326,27 @@ def _families(page: Page) -> str:
         "time",
         plots.scaling(main, "time"),
         "Time per call vs L, one panel per family (dense, fused SDPA, blockwise, linear, scoring "
-        "functions, compiled), lines labelled at their end. Dashed grey: O(n) and O(n²) through "
+        "functions, compiled), lines labelled at their end. Dashed grey: O(L) and O(L²) through "
         "the shortest length. Red crosses: wrong results; hollow circles in a variant's colour: "
         "its noisy measurements (neither is a fact); bars: the interquartile range of the timing "
         "blocks." + page.scope,
     ) + page.figure(
         "memory",
         plots.scaling(main, "peak_tensor_bytes"),
-        "Peak tensor memory above the inputs vs L: dense variants climb at O(n²), "
-        "chunked/SDPA/linear at O(n). Dotted series labelled <em>(model)</em> are the analytic "
-        "prediction, not a measurement.",
+        "Peak tensor memory above the inputs vs L: dense variants climb at O(L²), "
+        "chunked/SDPA/linear at O(L)."
+        + (
+            " Dotted series labelled <em>(model)</em> are the analytic prediction, not a "
+            "measurement."
+            if plots.draws_model(main)
+            else ""
+        ),
     )
-    times = main[main["metric"] == "time"]
-    if len(times) and not (times["status"] == Status.OK).any():
-        counts = " or ".join(f"{k} ({n})" for k, n in times["status"].value_counts().items())
-        figures = (
-            f'<p class="note">No time figure: every time case was {html.escape(counts)}, '
-            "so there is no time to draw (see Skipped and failed cases under Details).</p>"
-            + figures
-        )
-    return '<h2 id="families">The families</h2>' + figures if figures else ""
+    if not figures:
+        figures = empty_note("the families", why_undrawn(main, ("time", "peak_tensor_bytes")))
+    elif not (main["metric"].eq("time") & main["status"].eq(Status.OK)).any():
+        figures = empty_note("the time figure", why_undrawn(main, ("time",))) + figures
+    return '<h2 id="families">The families</h2>' + figures
 
 
 def _crossovers(page: Page) -> str:
@@ -352,7 +361,14 @@ def _crossovers(page: Page) -> str:
         "at 1x (blue: better than the baseline). Measured, correct cases only (no wrong, noisy "
         f"or model values). {setting} cases{page.scope}",
     )
-    return '<h2 id="crossovers-h">Crossovers</h2>' + cross if cross else ""
+    if not cross:
+        cross = empty_note(
+            "the crossovers",
+            "no variant and baseline (loop, batched, sdpa) were both measured correctly and "
+            "undisturbed at a common length; "
+            + why_undrawn(page.analysis.main, ("time", "peak_tensor_bytes")),
+        )
+    return '<h2 id="crossovers-h">Crossovers</h2>' + cross
 
 
 def _prefill_decode(page: Page) -> str:
@@ -386,8 +402,8 @@ def roofline_caption(workloads: set[str]) -> str:
             "Arithmetic intensity (executed FLOPs per byte an ideal kernel moves: q, k, v read "
             "and the output written once) against achieved GFLOP/s, log-log, under the roofs "
             "measured on the same machine: the matmul peak (compute) and STREAM triad bandwidth "
-            f"x intensity (memory). {drawn[0].upper() + drawn[1:]}. Colour: the variant's "
-            "family. Correct, undisturbed measurements only."
+            f"x intensity (memory). {drawn[0].upper() + drawn[1:]}. Colour: the variant, named "
+            "in the legend. Correct, undisturbed measurements only."
         )
         if drawn
         else ""
@@ -424,8 +440,25 @@ def _roofline(page: Page) -> str:
         plots.roofline(table),
         roofline_caption(set(table["workload"]) if len(table) else set()),
     )
+    heading = "<h2>Roofline: prefill and decode against the measured roofs</h2>"
     if not fig:
-        return ""
+        return f'<section id="roofline-s">{heading}{_no_roofline(page)}</section>'
+    return f'<section id="roofline-s">{heading}{fig}{_roof_table(table)}</section>'
+
+
+def _no_roofline(page: Page) -> str:
+    """Why the roofline has nothing to place, in one line."""
+    peak = page.frame["peak_gflops"].notna().any() if "peak_gflops" in page.frame else False
+    why = (
+        why_undrawn(page.analysis.machine, ("gflops",))
+        if peak
+        else "the run recorded no matmul peak to draw the roofs from"
+    )
+    return empty_note("the roofline", "it places correct, undisturbed rates; " + why)
+
+
+def _roof_table(table: pd.DataFrame) -> str:
+    """Each placed case's % of its binding roof, collapsed."""
     placed = table[table["ai"].notna()].copy()
     placed["L"] = placed["seq_len"].where(placed["workload"] == "prefill", placed["seq_len_k"])
     shown = placed[
@@ -466,14 +499,9 @@ def _roofline(page: Page) -> str:
         "% of compute": pct,
         "% of bandwidth": pct,
     }
-    return (
-        '<section id="roofline-s"><h2>Roofline: prefill and decode against the measured roofs</h2>'
-        + fig
-        + collapsible(
-            f"% of the binding roof per case ({len(shown)})",
-            _roof_note(table) + html_table(shown, formats=formats, keep=("variant",)),
-        )
-        + "</section>"
+    return collapsible(
+        f"% of the binding roof per case ({len(shown)})",
+        _roof_note(table) + html_table(shown, formats=formats, keep=("variant",)),
     )
 
 
@@ -502,7 +530,7 @@ def _exponents(page: Page) -> str:
         else ""
     )
     return (
-        '<section id="exponents"><h2>Fitted exponents: the O(n²) claim in numbers</h2>'
+        '<section id="exponents"><h2>Fitted exponents: the O(L²) claim in numbers</h2>'
         + _headline(page.frame, page.analysis.headline)
         + html_table(page.analysis.summary, keep=("variant",), titles={VERDICT: VERDICT_DETAILS})
         + '<p class="sub">Hover a verdict for its fitted interval and the tolerance; a blank '

@@ -28,6 +28,7 @@ __all__ = [
     "SORT_JS",
     "WRAP_AT",
     "collapsible",
+    "empty_note",
     "exact_integer",
     "figure_in",
     "html_table",
@@ -249,6 +250,12 @@ def html_table(
 def collapsible(summary: str, body: str, open_: bool = False, ident: str = "") -> str:
     attr = f' id="{ident}"' if ident else ""
     return f"<details{attr}{' open' if open_ else ''}><summary>{summary}</summary>{body}</details>"
+
+
+def empty_note(what: str, why: str) -> str:
+    """One line in place of a figure with nothing to draw, saying why: a section never vanishes
+    silently, and a reader never wonders whether it was forgotten."""
+    return f'<p class="note empty">Nothing to draw in {html.escape(what)}: {html.escape(why)}.</p>'
 
 
 def whole_page(title: str, body: str, generated: str) -> str:

@@ -35,7 +35,6 @@ from attnbench.contract import (  # noqa: E402
     family,
 )
 from attnbench.report.style import (
-    FAMILY_COLOURS,
     LABEL_POINTS,
     SHAPE_TAGS,
     WRONG_COLOUR,
@@ -56,6 +55,7 @@ __all__ = [
     "PROGRESSION_TITLE",
     "WORKLOAD_MARKERS",
     "crossover_matrix",
+    "draws_model",
     "error_vs_time",
     "gflops",
     "heatmaps",
@@ -321,7 +321,7 @@ def _progression_panel(
     The lines follow the order of ``shades`` (variant -> its colour); each is labelled at its end
     with its fitted slope.
     """
-    ends, text, colours = {}, {}, {}
+    ends, text, colours, dotted = {}, {}, {}, False
     df = df.assign(series=series(df, model=False))
     order = [s for v in shades for s in sorted(set(df.loc[df["variant"] == v, "series"]))]
     for name in order:
@@ -331,7 +331,7 @@ def _progression_panel(
         shade = shades.get(variant) or colour(variant)
         ax.plot(s.index, s["value"], marker="o", ms=4, lw=2, color=shade, ls=":" if model else "-")
         spread_bars(ax, s.index.to_series(), s["value"], s["spread"], shade)
-        colours[name] = shade
+        colours[name], dotted = shade, dotted or model
         ends[name] = (float(s.index[-1]), float(s["value"].iloc[-1]))
         own = _series_fits(fits, df, rows)  # fits are per variant of one shape
         label = _time_label(own, variant) if metric == "time" else _fit_label(own, variant, metric)
@@ -344,10 +344,17 @@ def _progression_panel(
     end_labels(ax, ends, text, colours)
     ax.set_xlim(right=max(lengths) * 2.6 if lengths else None)
     ax.set(xlabel="sequence length L", ylabel=LABELS[metric])
-    ax.set_title(
-        "time per call" if metric == "time" else "peak tensor memory (dotted: model, not measured)",
-        fontsize=11,
-    )
+    title = "time per call" if metric == "time" else "peak tensor memory"
+    # "dotted" only where a dotted line is drawn: a legend of nothing misleads
+    ax.set_title(title + (" (dotted: model, not measured)" if dotted else ""), fontsize=11)
+
+
+def draws_model(frame: pd.DataFrame, variants: tuple[str, ...] | None = None) -> bool:
+    """Whether a memory figure of ``frame`` (of ``variants``; all: None) draws a predicted
+    ("model") series, dotted: only then may its caption say what the dotted lines are."""
+    rows = measured_rows(frame, "peak_tensor_bytes")
+    rows = rows[(rows["seq_len"] == rows["seq_len_k"]) & (rows["method"] == Method.MODEL)]
+    return bool(len(rows) if variants is None else rows["variant"].isin(variants).any())
 
 
 PROGRESSION_TITLE = (
@@ -428,15 +435,16 @@ def progression(
 
 def gflops(frame: pd.DataFrame) -> plt.Figure | None:
     """Achieved GFLOP/s vs L, with the machine's matmul peak as a horizontal line."""
+    peak = frame["peak_gflops"].dropna()
     fig = scaling(
         frame,
         "gflops",
         guides=False,
-        title="achieved GFLOP/s vs sequence length (dotted: matmul peak)",
+        title="achieved GFLOP/s vs sequence length"
+        + (" (dotted: matmul peak)" if len(peak) else ""),
     )
     if fig is None:
         return None
-    peak = frame["peak_gflops"].dropna()
     if len(peak):
         for ax in fig.axes:
             if ax.get_label() == "<colorbar>":
@@ -533,24 +541,28 @@ def _roofline_panel(ax, machine: str, device: str, dtype: str, sub: pd.DataFrame
 
 
 def _roofline_legend(ax, df: pd.DataFrame) -> None:
-    """The legend of :func:`roofline`: the workloads' shapes and the families' colours drawn."""
+    """The legend of :func:`roofline`: the workloads' shapes and every drawn variant by name, in its
+    colour (a family's shades are too close to tell its variants' dots apart without names)."""
     handles = [
         plt.Line2D([], [], ls="", marker=m, color="0.35", label=w)
         for w, m in WORKLOAD_MARKERS.items()
         if w in set(df["workload"])
     ]
-    fams = [f for f in [*FAMILIES, OTHER_FAMILY] if f in {family(v) for v in df["variant"]}]
+    drawn = set(df["variant"])
+    order = [v for v in variant_names() if v in drawn] + sorted(drawn - set(variant_names()))
     handles += [
-        plt.Line2D([], [], ls="", marker="s", color=plt.get_cmap(FAMILY_COLOURS[f])(0.7), label=f)
-        for f in fams
+        plt.Line2D([], [], ls="", marker="o", color=colour(v), mec="0.2", mew=0.4, label=v)
+        for v in order
     ]
     ax.legend(
         handles=handles,
-        fontsize=8,
-        loc="lower right",
-        ncol=2,
-        title="shape: workload; colour: family",
+        fontsize=7.5,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        ncol=1 if len(handles) <= 14 else 2,
+        title="shape: workload\ncolour: variant",
         title_fontsize=7.5,
+        borderaxespad=0.0,
     )
 
 
@@ -560,7 +572,7 @@ def roofline(table: pd.DataFrame) -> plt.Figure | None:
     One panel per (machine, device, dtype) with a recorded matmul peak (at most 3). The compute roof
     is the matmul peak (horizontal), the bandwidth roof ``AI x triad bandwidth`` (slanted; absent
     when the run recorded no bandwidth), both labelled with their measured values; they meet at the
-    ridge. Points: one per case, coloured by the variant's family hue, shaped by workload
+    ridge. Points: one per case, in the variant's colour (named in the legend), shaped by workload
     (prefill: circles, decode: triangles).
 
     Args:

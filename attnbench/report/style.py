@@ -34,6 +34,7 @@ __all__ = [
     "FAMILY_COLOURS",
     "GUIDE_COLOUR",
     "LABEL_POINTS",
+    "PLUGIN_COLOURS",
     "SHAPE_TAGS",
     "THEME",
     "WRONG_COLOUR",
@@ -86,16 +87,23 @@ def variant_names() -> tuple[str, ...]:
 
 WRONG_COLOUR = "#b00020"
 
-FAMILY_COLOURS: dict[str, str] = {
+PLUGIN_COLOURS = mcolors.LinearSegmentedColormap.from_list(
+    "attnbench_plugins", ["#f0e442", "#b8a000", "#5c5000"]
+)
+"""Yellow to olive: the hue no family has. A plugin variant is the kernel its author came to
+measure; in YlOrBr it was sdpa's orange on every figure but the headline."""
+
+FAMILY_COLOURS: dict[str, str | mcolors.Colormap] = {
     "dense": "Blues",
     "fused": "Oranges",
     "blockwise": "Greens",
     "linear": "Purples",
     "scoring": "Greys",
     "compiled": "RdPu",
-    OTHER_FAMILY: "YlOrBr",
+    OTHER_FAMILY: PLUGIN_COLOURS,
 }
-"""The colormap each family's shades come from (``contract.FAMILIES``; plugin variants: YlOrBr)."""
+"""The colormap each family's shades come from (``contract.FAMILIES``; plugin variants:
+:data:`PLUGIN_COLOURS`)."""
 
 
 SHAPE_TAGS = (
@@ -212,7 +220,7 @@ def end_labels(
 ) -> None:
     """Label each line at its right end, spread apart vertically inside the axes, never overlapping.
 
-    Names of the O(n) guides (``"O(n..."``) are drawn grey."""
+    Names of the O(L) guides (``"O(L..."``) are drawn grey."""
     if not ends:
         return
     items = sorted(ends.items(), key=lambda kv: kv[1][1])
@@ -231,7 +239,7 @@ def end_labels(
             pos[i] = min(pos[i], pos[i + 1] - gap)
     for (name, (x, y)), ly in zip(items, pos, strict=True):
         shade = (
-            GUIDE_COLOUR if name.startswith("O(n") else (colours or {}).get(name) or colour(name)
+            GUIDE_COLOUR if name.startswith("O(L") else (colours or {}).get(name) or colour(name)
         )
         ax.annotate(
             (text or {}).get(name, name),
@@ -271,7 +279,7 @@ def spread_bars(ax, x: pd.Series, y: pd.Series, spread: pd.Series, colour: tuple
 def draw_guides(
     ax, lengths: np.ndarray, anchor: float, exponents: tuple[float, ...] = (1.0, 2.0)
 ) -> dict[str, tuple[float, float]]:
-    """Dashed O(n^p) lines through ``anchor`` at the shortest length; returns their names' places.
+    """Dashed O(L^p) lines through ``anchor`` at the shortest length; returns their names' places.
 
     The places, of the ones that end inside the axes, are for :func:`end_labels`: the guides'
     names are spread with the lines' own, never on them.
@@ -283,7 +291,7 @@ def draw_guides(
         y = anchor * (x / x[0]) ** p
         ax.plot(x, y, ls="--", lw=0.8, color="0.6", zorder=0)
         if y[1] <= top:
-            ends[f"O(n{'²' if p == 2 else ''})"] = (float(x[1]), float(y[1]))
+            ends[f"O(L{'²' if p == 2 else ''})"] = (float(x[1]), float(y[1]))
     return ends
 
 
