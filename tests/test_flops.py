@@ -29,7 +29,7 @@ from attnbench.variants.block_sparse import BlockSparseAttention, block_pattern
 from attnbench.variants.compiled import FlexAttention
 from studies.flop_audit import counted_flops
 from tests.conftest import all_variants
-from tests.cost_work import SHORT, work_at, work_at_short
+from tests.cost_work import SHORT, at, work_at_every_length
 
 COUNTER_CANNOT_RUN = {"flex"}  # FlopCounterMode has no implementation for the CPU flex HOP
 SHAPES = {
@@ -270,7 +270,8 @@ def test_cost_models_do_no_quadratic_work_at_long_lengths(tmp_path_factory):
     16-fold), no tensor beyond O(L) elements is built, and the fresh process's peak RSS, which
     measures only these calls, stays small (a dense L x L bool pattern at L=65536 alone is 4.3 GB).
     """
-    (short, _), (long, rss) = work_at_short(tmp_path_factory), work_at(65536)
+    work = work_at_every_length(tmp_path_factory)
+    (short, _), (long, rss) = at(work, SHORT), at(work, 65536)
     grown = {k: (short[k][0], long[k][0]) for k in short if long[k][0] > 2 * short[k][0] + 200}
     assert not grown, f"Python lines (L=4096, L=65536) that grew with the length: {grown}"
     quadratic = {k: v[1] for k, v in long.items() if v[1] > 65536}
@@ -494,13 +495,13 @@ def test_block_sparse_refuses_lengths_beyond_its_pattern_limit():
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
-    return {SHORT: work_at_short(tmp_path_factory), 10**9: work_at(10**9)}
+    return work_at_every_length(tmp_path_factory)
 
 
 def test_cost_models_answer_at_a_billion_with_the_work_of_a_short_length(work):
     """Every variant x mask x mode, and measure()'s guard: the same Python work at L = 10**9 as at 4096."""
-    short, _ = work[SHORT]
-    huge, _ = work[10**9]
+    short, _ = at(work, SHORT)
+    huge, _ = at(work, 10**9)
     assert short.keys() == huge.keys()
     grown = {k: (short[k][0], huge[k][0]) for k in short if huge[k][0] > 2 * short[k][0] + 200}
     assert not grown, f"Python lines (L=4096, L=10**9) that grew with the length: {grown}"
