@@ -16,6 +16,7 @@ case is built. The grid is the tier :func:`attnbench.contract.asv_tier` selects,
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import enum
 import functools
@@ -23,11 +24,12 @@ import gc
 import itertools
 import json
 import math
+import multiprocessing
 import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from attnbench import contract, environ
@@ -65,6 +67,7 @@ __all__ = [
     "prepare_spec",
     "grid_verdicts",
     "GRID_SETUP_TIMEOUT",
+    "JUDGE_PROCESSES",
     "case",
     "WaitWatch",
     "TIMER",
@@ -380,8 +383,9 @@ def _raise_unless_runs(known: Verdict, gated: bool = True) -> None:
 
 
 _MAIN_ONCE = ("gflops", "cuda_time", "peak_tensor_bytes")
-"""What the main grid's ``setup_cache`` measures on each case it judged (:data:`_ONCE`): the
-GFLOP/s timing first, on the case just gated (as ``attnbench run`` times it), then the profiler."""
+"""What the main grid's ``setup_cache`` measures on each case it judged (:data:`_ONCE`)."""
+_TIMED = frozenset({"gflops", "gbps", "cuda_time"})
+"""Metrics of :data:`_ONCE` that time calls: taken after the gate, with nothing else running."""
 
 
 def grid_verdicts(
@@ -394,6 +398,11 @@ def grid_verdicts(
     The verdicts are :class:`Verdict` s keyed by ``(variant, spec)``, for asv to hand to every
     benchmark process of the family.
 
+    The gate and the untimed measures (peak tensor bytes) of the CPU cases run in
+    :data:`JUDGE_PROCESSES` forked processes at once (:func:`_judge_all`): asv runs nothing else
+    meanwhile, and nothing there is timed. The timed measures (:data:`_TIMED`) follow, one case
+    at a time in this process, on the case built and warmed up again.
+
     Prints one line per case to asv's log (case i of n, its verdict, the seconds elapsed):
     ``asv run -v`` shows them as they come, and each restarts asv's ``setup_cache`` timeout (a limit
     on silence). A case whose setup raises is an "error" verdict (its benchmarks fail with the
@@ -402,45 +411,109 @@ def grid_verdicts(
     Args:
         table: the class's parameter table (default :data:`PARAMS`); its first key is the variant.
         spec_of: the rest of a parameter set -> its case (default :func:`_spec_for_params`).
-        measure: metrics of :data:`_ONCE` the family records, measured here on the case just judged
+        measure: metrics of :data:`_ONCE` the family records, measured on each case that passed
             (each where it applies: CUDA-event time on CUDA only).
     """
     table = PARAMS if table is None else table
     spec_of = _spec_for_params if spec_of is None else spec_of
-    combos = list(itertools.product(*table.values()))
-    verdicts: dict[tuple[str, AttnSpec], Verdict] = {}
+    cases = [(variant, spec_of(*rest)) for variant, *rest in itertools.product(*table.values())]
     start = time.perf_counter()
     print(
-        f"attnbench: the correctness gate on {len(combos)} cases, "
+        f"attnbench: the correctness gate on {len(cases)} cases, "
         "once for every benchmark of this grid",
         flush=True,
     )
-    for i, (variant, *rest) in enumerate(combos, 1):
-        spec = spec_of(*rest)
-        try:
-            prepared = judge(variant, spec)
-            found = _verdict_of(prepared)
-            if found.status == VerdictStatus.OK:
-                found = dataclasses.replace(found, values=_measured_once(prepared, measure))
-            del prepared
-        except NotImplementedError as exc:
-            found = Verdict(VerdictStatus.NOT_APPLICABLE, str(exc))
-        except Exception as exc:  # noqa: BLE001
-            # one case's failure is its own benchmarks' failure, not the grid's
-            found = Verdict(
-                VerdictStatus.ERROR,
-                f"setting {variant} {spec.label} up failed: {type(exc).__name__}: {exc}",
-            )
+    untimed = [m for m in measure if m not in _TIMED]
+    verdicts: dict[tuple[str, AttnSpec], Verdict] = {}
+    for i, found in enumerate(_judge_all(cases, untimed), 1):
+        variant, spec = cases[i - 1]
         verdicts[(variant, spec)] = found
         # why a case is n/a (torch's own words where it refused), wrong or failed: asv records an
         # n/a without its reason, so this log line is where the reason is kept
         why = f" ({found.reason})" if found.reason else ""
         print(
-            f"attnbench: case {i} of {len(combos)}, {variant} {spec.label}: {found.status}{why} "
+            f"attnbench: case {i} of {len(cases)}, {variant} {spec.label}: {found.status}{why} "
+            f"({time.perf_counter() - start:.0f} s elapsed)",
+            flush=True,
+        )
+    timed = [m for m in measure if m in _TIMED]
+    passed = [key for key, found in verdicts.items() if found.status == VerdictStatus.OK]
+    for i, key in enumerate(passed if timed else [], 1):
+        verdicts[key] = _timed(key, verdicts[key], timed)
+        print(
+            f"attnbench: timed {i} of {len(passed)}, {key[0]} {key[1].label} "
             f"({time.perf_counter() - start:.0f} s elapsed)",
             flush=True,
         )
     return verdicts
+
+
+JUDGE_PROCESSES = min(
+    4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+)
+"""Processes a verdicts ``setup_cache`` judges its CPU cases in at once (the usable cores, at most
+4): the float64 reference and the profiler are most of its work (about 100 of 139 CPU-s for the
+default tier), and time nothing."""
+
+
+def _judge_all(cases: list[tuple[str, AttnSpec]], untimed: Sequence[str]) -> Iterator[Verdict]:
+    """The verdict of every case, in order (with the ``untimed`` measures of those that passed).
+
+    The CPU cases are judged in :data:`JUDGE_PROCESSES` processes forked from this one (it has
+    sampled the time guard's roof first, so every process predicts with the same one); the CUDA
+    cases here (a process forked after CUDA started cannot use it). Should a process die, the
+    cases it left are judged here.
+    """
+    cpu = [i for i, (_, spec) in enumerate(cases) if spec.device_type == "cpu"]
+    if JUDGE_PROCESSES < 2 or len(cpu) < 2:
+        yield from (_judged(*case, untimed) for case in cases)
+        return
+    _roof("cpu")
+    context = multiprocessing.get_context("fork")
+    with concurrent.futures.ProcessPoolExecutor(JUDGE_PROCESSES, mp_context=context) as pool:
+        futures = {i: pool.submit(_judged, *cases[i], untimed) for i in cpu}
+        for i, case in enumerate(cases):
+            if i not in futures:
+                yield _judged(*case, untimed)
+                continue
+            try:
+                yield futures[i].result()
+            except concurrent.futures.process.BrokenProcessPool:
+                yield _judged(*case, untimed)
+
+
+def _judged(variant: str, spec: AttnSpec, untimed: Sequence[str]) -> Verdict:
+    """One case's verdict (:func:`judge`), with the ``untimed`` measures when it passed."""
+    try:
+        prepared = judge(variant, spec)
+        found = _verdict_of(prepared)
+        if found.status == VerdictStatus.OK:
+            found = dataclasses.replace(found, values=_measured_once(prepared, untimed))
+        return found
+    except NotImplementedError as exc:
+        return Verdict(VerdictStatus.NOT_APPLICABLE, str(exc))
+    except Exception as exc:  # noqa: BLE001
+        # one case's failure is its own benchmarks' failure, not the grid's
+        return Verdict(
+            VerdictStatus.ERROR,
+            f"setting {variant} {spec.label} up failed: {type(exc).__name__}: {exc}",
+        )
+
+
+def _timed(key: tuple[str, AttnSpec], found: Verdict, timed: Sequence[str]) -> Verdict:
+    """``found`` with the ``timed`` measures of its case added (taken here, one case at a time).
+
+    The case is built and warmed up again (:func:`_build`; the timer warms up too); a case whose
+    build or timing fails now gets an "error" verdict saying so.
+    """
+    variant, spec = key
+    try:
+        prepared = _Prepared(variant, _build(variant, spec), spec, found.checked, found.note)
+        values = _measured_once(prepared, timed)
+    except Exception as exc:  # noqa: BLE001
+        reason = f"timing {variant} {spec.label} failed: {type(exc).__name__}: {exc}"
+        return Verdict(VerdictStatus.ERROR, reason)
+    return dataclasses.replace(found, values=(*found.values, *values))
 
 
 def _measured_once(prepared: _Prepared, measure: Sequence[str]) -> tuple[tuple[str, float], ...]:
@@ -691,13 +764,14 @@ _ONCE: dict[str, Callable[[_Prepared], float]] = {
 ``setup_cache``) and read from its verdict, so their benchmark processes build and call nothing.
 Peak tensor bytes are the sizes of the tensors one call allocates (the profiler's memory timeline,
 or the CUDA allocator's statistics), whatever ran before it in the process: in a process of its own
-each case paid the profiler's start (seconds) for one call. The rates (GFLOP/s, GB/s, CUDA-event
-time) are timed on the case just gated, as ``attnbench run`` times it: in a process of its own each
-case was built and warmed up again first, and its first backward call imported sympy (0.65 s of a
-core, in each of 64 processes). Page faults are not here: they count the fresh pages one call maps,
-which depend on what the process did before (at L=128 a grown heap gave 0.8 to 65 times a fresh
-process's count, the same at L=1024), so each is counted in a process of its own, as the runner
-counts them in a fresh worker."""
+each case paid the profiler's start (seconds) for one call; it is measured right after the gate, in
+the process that judged the case. The rates (GFLOP/s, GB/s, CUDA-event time, :data:`_TIMED`) are
+timed once every case is judged, one case at a time with nothing else running: in a process of its
+own each case was built and warmed up as well, and its first backward call imported sympy (0.65 s
+of a core, in each of 64 processes). Page faults are not here: they count the fresh pages one call
+maps, which depend on what the process did before (at L=128 a grown heap gave 0.8 to 65 times a
+fresh process's count, the same at L=1024), so each is counted in a process of its own, as the
+runner counts them in a fresh worker."""
 _CUDA_ONLY = frozenset({"cuda_time"})
 """Metrics of :data:`_ONCE` measured on CUDA cases only (the others' benchmarks are n/a)."""
 _FROM_VERDICT: dict[str, Callable[[str, AttnSpec, Verdict], float]] = {

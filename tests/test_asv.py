@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -257,6 +258,88 @@ def test_each_case_is_gated_once_in_setup_cache_and_never_in_a_benchmark_process
         assert ab.track(metric, owner, *CASE) >= 0
     assert counter.evaluations(log, SLICES) == {os.getpid(): 1.0}
     _fresh_process(ab)
+
+
+def test_each_metric_of_a_case_is_measured_once_and_every_track_reads_it(monkeypatch):
+    """asv's process model as above, counting the measurements themselves: the GFLOP/s timing and the profiler's peak
+    tensor bytes happen once, in setup_cache, and the benchmark processes read them from the verdict (planted: a
+    ``track_gflops`` that times its case again in its own process, as every track_ did before). Page faults are the one
+    metric counted in a benchmark process, by design (see ``asv_bench._ONCE``): once, in ``track_page_faults``'."""
+    import pickle
+
+    from attnbench import asv_bench as ab
+    from attnbench.measure import memory, runner
+
+    counted: dict[str, int] = {}
+
+    def counting(name, real):
+        def wrapper(*args, **kwargs):
+            counted[name] = counted.get(name, 0) + 1
+            return real(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(ab, "time_call", counting("timed", ab.time_call))
+    monkeypatch.setattr(runner, "peak_tensor_bytes", counting("profiled", runner.peak_tensor_bytes))
+    monkeypatch.setattr(memory, "page_faults", counting("page faults", memory.page_faults))
+    monkeypatch.setattr(ab, "PARAMS", {k: [v] for k, v in zip(ab.PARAMS, CASE, strict=True)})
+    suite = _suite()
+    _fresh_process(ab)
+    cache = pickle.loads(pickle.dumps(suite.Attention().setup_cache()))
+    assert counted == {"timed": 1, "profiled": 1}, counted
+    counted.clear()
+    for cls, name in _main_grid_methods(suite):
+        _fresh_process(ab)
+        bench = cls()
+        bench.setup(cache, *CASE)
+        getattr(bench, name)(cache, *CASE)
+        if hasattr(bench, "teardown"):
+            bench.teardown(cache, *CASE)
+    assert counted == {"page faults": 1}, f"measured again in a benchmark process: {counted}"
+    _fresh_process(ab)
+
+
+def test_setup_cache_judges_in_processes_of_its_own_and_times_alone_afterwards(
+    monkeypatch, tmp_path
+):
+    """The gate (the float64 reference, most of a setup_cache's work) runs in JUDGE_PROCESSES forked processes at
+    once; the GFLOP/s timing only afterwards, in the setup_cache's own process, once every case is judged (planted:
+    JUDGE_PROCESSES = 1 judges in that process; timing in the judging processes times beside the gate)."""
+    from attnbench import asv_bench as ab
+
+    log = tmp_path / "events.log"
+    real_judge, real_time = ab.judge, ab.time_call
+
+    def logged(event, real):
+        def wrapper(*args, **kwargs):
+            result = real(*args, **kwargs)
+            with open(log, "a") as out:
+                out.write(f"{event} {os.getpid()} {time.monotonic()}\n")
+            return result
+
+        return wrapper
+
+    monkeypatch.setattr(ab, "judge", logged("judged", real_judge))
+    monkeypatch.setattr(ab, "time_call", logged("timed", real_time))
+    monkeypatch.setattr(ab, "JUDGE_PROCESSES", 2)
+    table = {
+        "variant": ["batched", "vectorized"],
+        "seq_len": [64],
+        "device": ["cpu"],
+        "mode": ["forward"],
+        "mask": ["none", "causal"],
+    }
+    verdicts = ab.grid_verdicts(table)
+    assert all(dict(v.values).keys() == {"gflops", "peak_tensor_bytes"} for v in verdicts.values())
+    events = [line.split() for line in log.read_text().splitlines()]
+    judged = [(int(pid), float(t)) for what, pid, t in events if what == "judged"]
+    timed = [(int(pid), float(t)) for what, pid, t in events if what == "timed"]
+    assert len(judged) == len(timed) == 4, events
+    assert os.getpid() not in {pid for pid, _ in judged}, "judged in the setup_cache's own process"
+    assert {pid for pid, _ in timed} == {os.getpid()}, "timed outside the setup_cache's own process"
+    assert max(t for _, t in judged) < min(t for _, t in timed), (
+        "timed while cases were being judged"
+    )
 
 
 def test_the_main_grid_classes_share_one_setup_cache():
