@@ -213,8 +213,22 @@ def _wait_for_cases(run: Path, n: int, proc: subprocess.Popen, limit: float = 24
 GRID = ["--variants", "batched,sdpa", "--lengths", "16,32,48,64"]
 
 
+def _main(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
+    """``attnbench *args`` in this process: its exit code, stdout and stderr.
+
+    For the runs no signal is sent to: a new process would import torch and start a fork server again (about 7
+    CPU-s a run); this process has both. The signalled runs stay processes of their own (:func:`_cli`)."""
+    from attnbench.cli import main
+
+    capsys.readouterr()
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 @pytest.mark.slow
-def test_kill_9_keeps_every_finished_case_and_resume_completes(tmp_path):
+def test_kill_9_keeps_every_finished_case_and_resume_completes(tmp_path, capsys):
+    """The killed run is a process of its own; the resume runs here (:func:`_main`)."""
     run = tmp_path / "run"
     proc = _cli("run", *GRID, "--out", str(run), "--no-report", *CLI_FAST)
     _wait_for_cases(run, 3, proc)
@@ -229,9 +243,8 @@ def test_kill_9_keeps_every_finished_case_and_resume_completes(tmp_path):
     assert rows - 1 <= manifest["cases"] <= rows  # ... or between the rows and the manifest
     read = load_run(run)  # either way the run loads as what it is: incomplete, not corrupt
     assert read.problems == () and any("incomplete" in n for n in read.notes)
-    proc = _cli("run", *GRID, "--out", str(run), "--resume", *CLI_FAST)
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err
+    code, out, err = _main(capsys, "run", *GRID, "--out", str(run), "--resume", *CLI_FAST)
+    assert code == 0, err
     assert f"{len(kept)} of 8 cases already measured" in err
     log = read_log(run / LOG)
     assert len(log.measurements) == 8  # nothing measured twice
@@ -292,10 +305,11 @@ def test_second_ctrl_c_abandons_a_hung_case_at_once(tmp_path):
     ids=["SIGTERM-to-the-parent", "SIGHUP-to-the-group"],
 )
 def test_sigterm_abandons_the_case_in_hand_writes_what_is_done_and_resume_completes(
-    tmp_path, sig, to_group
+    tmp_path, sig, to_group, planted, capsys
 ):
     """``kill -TERM`` (a CI runner, ``timeout``, systemd) ended the run at once (exit 143): no resume line, the
-    case in hand lost, an orphaned worker's BrokenPipeError traceback. Sent to the parent alone or to the group."""
+    case in hand lost, an orphaned worker's BrokenPipeError traceback. Sent to the parent alone or to the group.
+    The signalled run is a process of its own; the refused and the completing resume run here (:func:`_main`)."""
     run = tmp_path / "run"
     env = {
         **os.environ,
@@ -331,38 +345,22 @@ def test_sigterm_abandons_the_case_in_hand_writes_what_is_done_and_resume_comple
         json.loads((run / MANIFEST).read_text())["cases"] == 1
         and (run / "report" / "report.html").exists()
     )
-    resumed = _cli(
+    code, _, err = _main(
+        capsys,
         "run",
-        "--variants",
-        "batched,sdpa",
-        "--lengths",
-        "16",
-        "--out",
-        str(run),
-        "--resume",
+        *("--variants", "batched,sdpa", "--lengths", "16", "--out", str(run), "--resume"),
         *CLI_FAST,
-        cwd=ROOT,
-        env=env,
     )
-    assert resumed.wait(300) == 2  # a different grid is refused, never mixed in
-    resumed = _cli(
+    assert code == 2, err  # a different grid is refused, never mixed in
+    code, out, err = _main(
+        capsys,
         "run",
-        "--variants",
-        variants,
-        "--lengths",
-        "16",
-        "--out",
-        str(run),
-        "--resume",
+        *("--variants", variants, "--lengths", "16", "--out", str(run), "--resume"),
         "--no-report",  # the report of a finished run: test_kill_9_keeps_every_finished_case_and_resume_completes
         *CLI_FAST,
-        "--case-timeout",
-        "3",
-        cwd=ROOT,
-        env=env,
+        *("--case-timeout", "3"),
     )
-    out, err = resumed.communicate(timeout=300)
-    assert resumed.returncode == 0, err
+    assert code == 0, err
     keys = [(m.variant, m.spec.seq_len) for m in read_log(run / LOG).measurements]
     assert sorted(keys) == sorted(set(keys)) and {k[0] for k in keys} == {
         "batched",
@@ -372,31 +370,20 @@ def test_sigterm_abandons_the_case_in_hand_writes_what_is_done_and_resume_comple
 
 
 @pytest.mark.slow
-def test_force_replaces_and_no_report_leaves_no_stale_report(tmp_path):
+def test_force_replaces_and_no_report_leaves_no_stale_report(tmp_path, capsys):
+    """No signal is sent: the three runs run here (:func:`_main`)."""
     run = tmp_path / "run"
-    first = _cli("run", "--variants", "batched", "--lengths", "16", "--out", str(run), *CLI_FAST)
-    assert first.wait(300) == 0, first.communicate()
+    code, _, err = _main(
+        capsys, "run", "--variants", "batched", "--lengths", "16", "--out", str(run), *CLI_FAST
+    )
+    assert code == 0, err
     assert (run / "report" / "report.html").exists()
-    again = _cli(
-        "run", "--variants", "sdpa", "--lengths", "16", "--out", str(run), "--no-report", *CLI_FAST
-    )
-    assert again.wait(300) == 2 and "--force" in again.communicate()[1]
-    forced = _cli(
-        "run",
-        "--variants",
-        "sdpa",
-        "--lengths",
-        "16",
-        "--out",
-        str(run),
-        "--no-report",
-        "--force",
-        *CLI_FAST,
-    )
-    assert forced.wait(300) == 0
-    assert "planned this session" in (out := forced.communicate()[0]) and "): {'ok': 1}" in out, (
-        out
-    )  # plain words
+    sdpa = ("--variants", "sdpa", "--lengths", "16", "--out", str(run), "--no-report")
+    code, _, err = _main(capsys, "run", *sdpa, *CLI_FAST)
+    assert code == 2 and "--force" in err, err
+    code, out, err = _main(capsys, "run", *sdpa, "--force", *CLI_FAST)
+    assert code == 0, err
+    assert "planned this session" in out and "): {'ok': 1}" in out, out  # plain words
     assert not (run / "report").exists()
     assert [m.variant for m in read_log(run / LOG).measurements] == ["sdpa"]
 
