@@ -350,9 +350,10 @@ def _against_sdpa(e: _Evidence, variant: str) -> str:
 
 
 def _own_variant(e: _Evidence) -> Finding | None:
-    """The run's own variants (:func:`own_variants`) against ``sdpa``, or why there is no ratio:
-    the question a user who brought a kernel asks first (no sentence without an sdpa case)."""
-    own = [v for v in own_variants(e.time_rows) if v != "sdpa"]
+    """The kernels the user brought (:func:`own_variants` that are a plugin's) against ``sdpa``, or
+    why there is no ratio: the question they ask first (no sentence without an sdpa case). A
+    built-in variant is ranked with the others (:func:`_fastest`)."""
+    own = [v for v in own_variants(e.time_rows) if not built_in(v)]
     if not own or not (e.time_rows["variant"] == "sdpa").any():
         return None
     return Finding("; ".join(_against_sdpa(e, v) for v in own[:3]) + ".", "fig-progression")
