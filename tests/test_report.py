@@ -471,37 +471,47 @@ def test_findings_rank_only_correct_cases_and_quote_only_conclusive_fits(tmp_pat
     assert all(f.target for f in analysis.findings)
 
 
-def test_two_runs_side_by_side(tmp_path):
-    """`report --from A --from B`: B planted exactly 2x slower; the page says 2x in its ratio table,
-    its finding and its figure."""
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """Runs A and B of batched, sdpa and chunked, B planted exactly 2x slower with 4x the peak tensor bytes, and
+    their page (`report --from A --from B`), built once for the tests that read it."""
     from attnbench.cli import main
 
+    tmp = tmp_path_factory.mktemp("two-runs")
     lengths = (64, 128, 256, 512)
-    a = _scaled_run(tmp_path / "runA", ["batched", "sdpa", "chunked"], lengths)
-    b = _scaled_run(tmp_path / "runB", ["batched", "sdpa", "chunked"], lengths, factor=2.0)
-    assert main(["report", "--from", str(a), "--from", str(b), "--out", str(tmp_path / "out")]) == 0
-    page = (tmp_path / "out" / "report.html").read_text()
+    a = _scaled_run(tmp / "runA", ["batched", "sdpa", "chunked"], lengths)
+    b = _scaled_run(
+        tmp / "runB", ["batched", "sdpa", "chunked"], lengths, factor=2.0, memory_factor=4.0
+    )
+    assert main(["report", "--from", str(a), "--from", str(b), "--out", str(tmp / "out")]) == 0
+    return a, b, tmp / "out"
+
+
+def test_two_runs_side_by_side(two_runs):
+    """`report --from A --from B`: B planted exactly 2x slower; the page says 2x in its ratio table,
+    its finding and its figure."""
+    _, _, out = two_runs
+    page = (out / "report.html").read_text()
     section = page.split('<section id="comparison">')[1].split("</section>")[0]
     assert "runB against runA: median time ratio 2x over 12 cases" in page
-    assert section.count('<td data-v="2.0">2x</td>') == 12  # every cell of the ratio table
-    assert (tmp_path / "out" / "figures" / "comparison_1.png").stat().st_size > 1000
+    assert section.count('<td data-v="2.0">2x</td>') == 12  # every cell of the time ratio table
+    assert (out / "figures" / "comparison_1.png").stat().st_size > 1000
     assert "run date" in section
 
 
-def test_two_runs_compare_peak_tensor_memory_too(tmp_path):
-    """B planted with 4x the peak tensor bytes and the same time: the memory table says 4x in every cell,
-    the time table 1x; a side's "model" (predicted) memory and a zero-byte A are never made into a ratio."""
+def test_two_runs_compare_peak_tensor_memory_too(two_runs):
+    """B planted with 4x the peak tensor bytes (and 2x the time): the memory table says 4x in every cell, the
+    time table 2x (neither ratio leaks into the other); a side's "model" (predicted) memory and a zero-byte A
+    are never made into a ratio."""
     from attnbench.analysis.slices import compare as _compare
     from attnbench.analysis.slices import sides as _sides
 
-    lengths = (64, 128, 256, 512)
-    a = _scaled_run(tmp_path / "runA", ["batched", "sdpa", "chunked"], lengths)
-    b = _scaled_run(tmp_path / "runB", ["batched", "sdpa", "chunked"], lengths, memory_factor=4.0)
-    page = build_report([a, b], tmp_path / "out").read_text()
+    a, b, out = two_runs
+    page = (out / "report.html").read_text()
     section = page.split('<section id="comparison">')[1].split("</section>")[0]
     time_part, memory_part = section.split("Peak tensor memory ratio runB / runA")
     assert memory_part.split("</table>")[0].count('<td data-v="4.0">4x</td>') == 12
-    assert time_part.count('<td data-v="1.0">1x</td>') == 12
+    assert time_part.count('<td data-v="2.0">2x</td>') == 12
 
     from attnbench.analysis.frame import load
 
@@ -521,11 +531,10 @@ def test_two_runs_compare_peak_tensor_memory_too(tmp_path):
     assert len(comp.ratios) == 12
 
 
-def test_asv_pages_show_run_dates_and_short_hashes(tmp_path):
-    """Planted: a run that started two days after its commit; the page gives the run date, the short hash."""
-    import datetime as dt
-
-    results = tmp_path / "results"
+def _asv_run_two_days_late(tmp: Path) -> tuple[Path, dict, int]:
+    """A copy of the asv fixture results whose run started two days after its commit: the copy, the result
+    file's data and the run's start (ms)."""
+    results = tmp / "results"
     shutil.copytree(FIXTURE, results)
     path = next(p for p in results.glob("*/*.json") if p.name != "machine.json")
     data = json.loads(path.read_text())
@@ -534,7 +543,14 @@ def test_asv_pages_show_run_dates_and_short_hashes(tmp_path):
     for row in data["results"].values():
         row[col] = run_ms
     path.write_text(json.dumps(data))
-    page = build_report([results], tmp_path / "out").read_text()
+    return results, data, run_ms
+
+
+def test_asv_pages_show_run_dates_and_short_hashes(asv_report):
+    """Planted: a run that started two days after its commit; the page gives the run date, the short hash."""
+    import datetime as dt
+
+    page, _, data, run_ms = asv_report
     run_date = dt.datetime.fromtimestamp(run_ms / 1e3, tz=dt.UTC)
     commit_date = dt.datetime.fromtimestamp(data["date"] / 1e3, tz=dt.UTC)
     assert f"run {run_date:%Y-%m-%d %H:%M}" in page
@@ -624,30 +640,47 @@ def test_crossover_colours_are_centred_at_1x_and_clipped():
     } <= texts
 
 
-def test_demos_are_opt_in(tmp_path, monkeypatch):
-    """Planted: a demo that fails if it is trained. The default report never trains it; --demos does."""
+@pytest.fixture(scope="module")
+def steps_report(tmp_path_factory):
+    """loop, batched and sdpa at four lengths: the run's load, two analyses of it, and the first rendered, with a
+    planted Nadaraya-Watson demo that fails if it is trained (test_demos_are_opt_in)."""
+    from unittest import mock
+
+    from attnbench import demos
+    from attnbench.analysis.summary import analyse, load_results
+    from attnbench.report.html import render
+
+    def trained(*args, **kwargs):
+        raise RuntimeError("the Nadaraya-Watson demo was trained")
+
+    tmp = tmp_path_factory.mktemp("steps")
+    run = _scaled_run(tmp / "run", ["loop", "batched", "sdpa"], (64, 128, 256, 512))
+    loaded = load_results([run])
+    first, second = analyse(loaded), analyse(loaded)
+    with mock.patch.object(demos, "nadaraya_watson", trained):
+        outcome = render(first, tmp / "out")
+    return loaded, first, second, outcome
+
+
+def test_demos_are_opt_in(steps_report, tmp_path, monkeypatch):
+    """Planted: a demo that fails if it is trained. The default report never trains it (steps_report was rendered
+    with it planted); --demos does."""
     from attnbench import demos
 
     def trained(*args, **kwargs):
         raise RuntimeError("the Nadaraya-Watson demo was trained")
 
+    assert steps_report[3].page.exists()
     monkeypatch.setattr(demos, "nadaraya_watson", trained)
-    run = _scaled_run(tmp_path / "run", ["batched", "sdpa"], (64, 128, 256, 512))
-    assert build_report([run], tmp_path / "out").exists()
+    run = _scaled_run(tmp_path / "run", ["batched"], (64, 128))  # small: the demos are drawn last
     with pytest.raises(RuntimeError, match="trained"):
         build_report([run], tmp_path / "out2", demos=True)
 
 
-def test_report_steps_are_separate_functions(tmp_path):
+def test_report_steps_are_separate_functions(steps_report):
     """load -> analyse -> render: analysing twice gives the same findings; rendering writes the files."""
-    from attnbench.analysis.summary import analyse, load_results
-    from attnbench.report.html import render
-
-    run = _scaled_run(tmp_path / "run", ["loop", "batched", "sdpa"], (64, 128, 256, 512))
-    loaded = load_results([run])
-    first, second = analyse(loaded), analyse(loaded)
+    loaded, first, second, outcome = steps_report
     assert first.findings == second.findings and len(first.findings) >= 3
-    outcome = render(first, tmp_path / "out")
     assert outcome.page.exists() and outcome.rows == len(loaded.frame)
 
 
@@ -749,12 +782,21 @@ def test_prefill_vs_decode_and_the_roofline(tmp_path):
     assert seen["constant_columns"] == [], seen["constant_columns"]
 
 
-def test_an_inconclusive_decode_fit_is_shown_but_never_a_finding(tmp_path):
+@pytest.fixture(scope="module")
+def short_decode(tmp_path_factory) -> tuple[Path, Path]:
+    """batched and sdpa at three decode lengths (too few to fit), in a run that recorded no bandwidth, and its
+    page, built once for the tests that read it."""
+    tmp = tmp_path_factory.mktemp("short-decode")
+    run = _decode_run(tmp / "run", decode_lengths=(1024, 2048, 4096), peak_gbps={})
+    return run, build_report([run], tmp / "out")
+
+
+def test_an_inconclusive_decode_fit_is_shown_but_never_a_finding(short_decode):
     """The planted fault: three decode lengths are too few to fit; the section shows them, the findings say nothing."""
     from attnbench.analysis.summary import analyse, load_results
 
-    run = _decode_run(tmp_path / "run", decode_lengths=(1024, 2048, 4096))
-    page = build_report([run], tmp_path / "out").read_text()
+    run, page_path = short_decode
+    page = page_path.read_text()
     assert "Prefill vs decode" in page
     analysis = analyse(load_results([run]))
     decode = analysis.fits[
@@ -773,11 +815,11 @@ def test_no_decode_section_without_decode_cases(default_like_report):
     )
 
 
-def test_the_roofline_without_a_recorded_bandwidth_draws_the_compute_roof_only(tmp_path):
-    run = _decode_run(tmp_path / "run", peak_gbps={})
-    page = build_report([run], tmp_path / "out").read_text()
+def test_the_roofline_without_a_recorded_bandwidth_draws_the_compute_roof_only(short_decode):
+    _, page_path = short_decode
+    page = page_path.read_text()
     assert (
-        tmp_path / "out" / "figures" / "roofline.png"
+        page_path.parent / "figures" / "roofline.png"
     ).exists() and "bandwidth not recorded" in page
 
 
@@ -874,15 +916,17 @@ def test_lengths_and_counts_are_printed_exactly_in_every_table(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def asv_report(tmp_path_factory) -> tuple[str, dict[str, list]]:
-    """The report of the asv fixture results, built once: its page, and each figure's overlapping texts."""
+def asv_report(tmp_path_factory) -> tuple[str, dict[str, list], dict, int]:
+    """The report of the asv fixture results, run two days after their commit (_asv_run_two_days_late), built
+    once: its page, each figure's overlapping texts, the result file's data and the run's start (ms)."""
     out = tmp_path_factory.mktemp("asv-report")
-    overlaps = _report_overlaps([FIXTURE], out)
-    return (out / "report.html").read_text(), overlaps
+    results, data, run_ms = _asv_run_two_days_late(out)
+    overlaps = _report_overlaps([results], out / "out")
+    return (out / "out" / "report.html").read_text(), overlaps, data, run_ms
 
 
 def test_an_asv_report_says_its_times_carry_no_disturbance_check(asv_report):
-    page, _ = asv_report
+    page = asv_report[0]
     assert "asv results carry no disturbance check" in page
 
 
