@@ -44,6 +44,13 @@ def load_plugins(names: Iterable[str] | None = None) -> list[str]:
     for name in plugin_names() if names is None else list(names):
         if name in _loaded:
             continue
+        if name.endswith(".py") or os.sep in name:
+            folder, file = os.path.split(name)
+            raise ValueError(
+                f"plugin {name!r}: expected a module name, not a file: put its folder on "
+                f"PYTHONPATH and name the module (PYTHONPATH={folder or '.'} attnbench --plugin "
+                f"{file.removesuffix('.py')} ...)"
+            )
         try:
             importlib.import_module(name)
         except Exception as exc:  # noqa: BLE001 - any import failure is reported the same way

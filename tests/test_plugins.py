@@ -23,6 +23,15 @@ def test_a_missing_module_is_named():
         load_plugins(["no_such_plugin_module"])
 
 
+@pytest.mark.parametrize("given", ["/tmp/nr/mine_plugin.py", "mine_plugin.py", "plugins/mine"])
+def test_a_file_path_is_refused_with_the_module_form_to_use(given):
+    """A newcomer passed the plugin's file; the error said only "No module named '/tmp/nr/mine_plugin'"."""
+    with pytest.raises(ValueError, match="expected a module name, not a file") as err:
+        load_plugins([given])
+    module = given.rsplit("/", 1)[-1].removesuffix(".py")
+    assert f"--plugin {module} ..." in str(err.value)
+
+
 @pytest.mark.slow
 def test_cli_plugin_registers_a_variant(tmp_path):
     (tmp_path / "my_variants.py").write_text(

@@ -79,7 +79,7 @@ def test_report_is_self_contained_and_complete(report):
         "Fitted exponents",
         "Crossovers",
         "Memory model",
-        "Skipped and failed",
+        "Skipped, failed and noisy",
         "Commits",
         "matmul peak",
         "Comparison",
@@ -1601,8 +1601,10 @@ def test_a_finding_sets_the_users_own_variant_against_sdpa(noisy_plugin, tmp_pat
 def test_a_time_fit_left_few_lengths_by_noisy_cases_blames_them(tmp_path):
     """Each variant had 4 lengths, the 2 longest noisy: the verdict read "time inconclusive: 1 point
     above the floor", blaming a floor nobody defined instead of the noisy cases (with the floor tied to
-    the smallest value, at most 1 of 2 points can be above it). Planted (seen failing): the verdict
-    without :func:`summary._too_few_undisturbed`."""
+    the smallest value, at most 1 of 2 points can be above it). It names both reasons, counted in
+    the points fitted as the rest of the page counts them (a newcomer read "3 undisturbed lengths"
+    beside "2 points" twice). Planted (seen failing): the verdict without
+    :func:`summary._too_few_undisturbed`."""
     from attnbench.analysis.summary import VERDICT, analyse, load_results
 
     run = _scaled_run(tmp_path / "run", ["sdpa", "batched"], (64, 128, 256, 512))
@@ -1618,7 +1620,7 @@ def test_a_time_fit_left_few_lengths_by_noisy_cases_blames_them(tmp_path):
     analysis = analyse(load_results([run]))
     verdicts = list(analysis.summary[VERDICT])
     assert verdicts and all(
-        "time inconclusive: only 2 undisturbed lengths (2 noisy)" in v for v in verdicts
+        "time inconclusive: 1 point (2 noisy, 1 at the overhead floor)" in v for v in verdicts
     ), verdicts
     # "3 of 3 conclusive complexity fits match the declared big-O; 3 are inconclusive" read as a
     # contradiction: they were memory fits and time fits

@@ -557,7 +557,8 @@ def plain_verdict(fit: dict) -> tuple[str, str]:
         return f"grows slower than declared {growth}: {_why_shallower(fit)}", detail
     if judged == FitVerdict.STEEPER:
         return f"grows faster than declared {growth}: a mismatch", detail
-    return f"inconclusive: {fit.get('note') or 'too much scatter'}", detail
+    why = fit.get("note") or "too much scatter"
+    return f"inconclusive: {why}", f"inconclusive ({why}); {detail}"
 
 
 def declared_exponent(variant: str, metric: str, workload: str = "prefill") -> float:

@@ -143,17 +143,21 @@ def _unfitted(rows: pd.DataFrame) -> str:
     return f"not fitted: too few correct, undisturbed cases ({listed})"
 
 
-def _too_few_undisturbed(rows: pd.DataFrame) -> str:
-    """ "only 2 undisturbed lengths (2 noisy)" where cases left out of a time fit leave it fewer
-    than :data:`complexity.MIN_POINTS` lengths: the real reason it is inconclusive ("" if not)."""
+def _too_few_undisturbed(rows: pd.DataFrame, fitted: int) -> str:
+    """ "2 points (1 noisy, 1 at the overhead floor)" where cases left out of a time fit leave it
+    fewer than :data:`complexity.MIN_POINTS` lengths: the real reason it is inconclusive, counted
+    in the points the fit kept, as every other place on the page counts them ("" if none was left
+    out)."""
     if not len(rows):
         return ""
     counts = rows["status"].value_counts()
-    dropped = ", ".join(f"{n} {k}" for k, n in counts.items() if k != Status.OK)
+    dropped = [f"{n} {k}" for k, n in counts.items() if k != Status.OK]
     kept = rows.loc[rows["status"] == Status.OK, "seq_len_k"].nunique()
     if not dropped or kept >= complexity.MIN_POINTS:
         return ""
-    return f"only {kept} undisturbed length{'' if kept == 1 else 's'} ({dropped})"
+    if kept > fitted:  # the shortest undisturbed lengths were the per-call overhead, not fitted
+        dropped.append(f"{kept - fitted} at the overhead floor")
+    return f"{fitted} point{'' if fitted == 1 else 's'} ({', '.join(dropped)})"
 
 
 def fit_column(metric: str, label: str) -> str:
@@ -181,7 +185,7 @@ def _exponent_columns(
     r = sub.iloc[-1]
     row[column] = _short_fit(r) + ("" if math.isnan(r["declared"]) else f" / {r['declared']:g}")
     phrase, detail = complexity.plain_verdict(r.to_dict())
-    dropped = _too_few_undisturbed(rows) if metric == "time" else ""
+    dropped = _too_few_undisturbed(rows, int(r.get("n", 0))) if metric == "time" else ""
     if dropped and r.get("verdict") == FitVerdict.INCONCLUSIVE:
         phrase = f"inconclusive: {dropped}"
     return (f"{label} {phrase}", f"{label}: {detail}") if phrase else ("", "")

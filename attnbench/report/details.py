@@ -288,7 +288,7 @@ def failed_section(page: Page) -> str:
     bad = frame[(frame["status"] != Status.OK) & (frame["metric"] == "time")]
     cols = ["origin", "machine", "variant", "seq_len", "device", "mode", "status", "reason"]
     return collapsible(
-        f"Skipped and failed cases ({len(bad)})",
+        f"Skipped, failed and noisy cases ({len(bad)})",
         html_table(
             bad[[c for c in cols if c in bad]].drop_duplicates(), keep=("variant", "status")
         ),

@@ -379,7 +379,7 @@ def _empty_reason(frame: pd.DataFrame, metric: str, variants: tuple[str, ...]) -
     )
     return (
         f"Nothing to draw: every {what} case was {listed}.{why}\n"
-        "See Details: Skipped and failed cases, and the fit table."
+        "See Details: Skipped, failed and noisy cases, and the fit table."
     )
 
 
