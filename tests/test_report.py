@@ -1629,3 +1629,24 @@ def test_a_time_fit_left_few_lengths_by_noisy_cases_blames_them(tmp_path):
         t.startswith("Both time fits are inconclusive; both memory fits match the declared big-O")
         for t in texts
     ), texts
+
+
+def test_the_answer_finding_counts_every_variants_checked_cases_not_only_the_worst_three(
+    monkeypatch,
+):
+    """Past six variants the finding names the worst three; its count once summed only theirs (a
+    newcomer's default run read "correct (19 cases)" above a table of 103 checked)."""
+    import types
+
+    import pandas as pd
+
+    from attnbench.analysis import findings
+
+    rows = [
+        {"variant": f"v{i}", "cases run": 10, "checked": 10, "wrong": 0,
+         "worst / tolerance": 0.1 * (i + 1)}
+        for i in range(7)
+    ]  # fmt: skip
+    monkeypatch.setattr(findings, "answer_check", lambda frame: pd.DataFrame(rows))
+    found = findings._answers(types.SimpleNamespace(frame=None))
+    assert "was correct (70 cases)" in found.text and "(the worst three)" in found.text

@@ -406,7 +406,7 @@ ANSWER_COLUMNS = (
     "its tolerance",
     "worst / tolerance",
     "slices checked",
-    "at L",
+    "worst at L",
     "answer",
 )
 """The columns of :func:`answer_check`, in the order the page shows them."""
@@ -454,7 +454,7 @@ def _answer_row(variant: str, time_rows: pd.DataFrame, checks: pd.DataFrame) -> 
         else math.nan,
         "worst / tolerance": float(worst["value"]),
         "slices checked": _slices(mine),
-        "at L": int(worst["seq_len"]),
+        "worst at L": int(worst["seq_len"]),
     }
     row["answer"] = (
         f"WRONG in {wrong} of {len(ran)} cases" if wrong else f"correct in {len(mine)} checked"
@@ -507,6 +507,7 @@ def _answers(e: _Evidence) -> Finding | None:
             "wrong",
         )
     checked = table[table["checked"] > 0]
+    cases = count(int(checked["checked"].sum()), "case")  # every variant's, before the worst few
     if len(checked) > _ANSWERS_NAMED:  # the worst few; the table under the headline has them all
         checked = checked.sort_values("worst / tolerance", ascending=False).head(3)
     parts = [
@@ -523,7 +524,7 @@ def _answers(e: _Evidence) -> Finding | None:
     ]
     text = (
         f"Every answer checked against the float64 reference was correct "
-        f"({count(int(checked['checked'].sum()), 'case')}); the worst error of each variant as a "
+        f"({cases}); the worst error of each variant as a "
         "share of its tolerance: "
         + ", ".join(parts)
         + ("" if len(parts) == len(table[table["checked"] > 0]) else " (the worst three)")
