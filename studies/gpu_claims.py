@@ -30,10 +30,12 @@ import numpy as np
 import pandas as pd
 
 from attnbench.analysis.complexity import fit_exponent
+from studies.gpu_check import BACKENDS
 
 __all__ = ["Claim", "claims", "markdown"]
 
-FUSED = ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn")
+FUSED = tuple(BACKENDS.split(","))
+"""The fused backends the check sweeps (:data:`studies.gpu_check.BACKENDS`)."""
 LONG = 8192
 """The shortest length at which the fused backends' rates are held against the roof."""
 GOAL_SHARE = 0.70
