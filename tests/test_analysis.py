@@ -593,8 +593,46 @@ def test_every_verdict_is_one_plain_phrase_and_its_details_the_rest(fit, phrase)
     said, detail = complexity.plain_verdict(fit)
     assert said == phrase
     assert "interval" not in said and "tolerance" not in said
-    if "ci_low" in fit and fit.get("kind") == "deterministic":
-        assert detail.endswith("within the tolerance, though the local slopes exclude 2"), detail
+    # the tooltip opens with the verdict it explains, never beside a bare "excludes"
+    if fit.get("method") != "model":
+        assert detail.startswith(said.split(" (")[0].split(":")[0]), detail
+    assert "exclude" not in detail, detail
+
+
+@pytest.mark.parametrize(
+    ("fit", "detail"),
+    [
+        (
+            _judged(1.93, 2.0, 1.90, 1.96),
+            "matches O(L²): fitted 1.93, within the 0.25 tolerance of 2 (95% interval 1.90 to "
+            "1.96)",
+        ),
+        (
+            _judged(1.91, 2.0, 1.85, 1.96, kind="deterministic"),
+            "matches O(L²): fitted 1.91, within the 0.25 tolerance of 2 (local slopes 1.85 to "
+            "1.96)",
+        ),
+        (
+            _judged(2.3, 2.0, 1.95, 2.45),
+            "matches O(L²): fitted 2.30, more than the 0.25 tolerance above 2, but its 95% "
+            "interval 1.95 to 2.45 holds 2",
+        ),
+        (
+            _judged(2.4, 1.0, 2.3, 2.5),
+            "grows faster than declared O(L): fitted 2.40, more than the 0.25 tolerance above 1, "
+            "and its 95% interval 2.30 to 2.50 leaves 1 out",
+        ),
+        (
+            _judged(1.63, 2.0, 1.6, 1.66),
+            "grows slower than declared O(L²): fitted 1.63, more than the 0.25 tolerance below 2, "
+            "and its 95% interval 1.60 to 1.66 leaves 2 out",
+        ),
+    ],
+)
+def test_a_verdicts_tooltip_names_the_rule_that_decided_it(fit, detail):
+    """A cell said "matches" and its tooltip "its interval excludes 2": the tolerance rule that
+    decided was written only in the method text. Planted (seen failing): the old tooltip."""
+    assert complexity.plain_verdict(fit)[1] == detail
 
 
 def test_counts_agree_with_their_nouns_and_verbs():

@@ -1176,8 +1176,8 @@ def test_a_match_whose_interval_excludes_the_declared_exponent_says_so():
     # one plain phrase; the interval and the tolerance are the tooltip's
     assert row["verdict vs declared"] == "time matches O(L)"
     assert row["verdict details"] == (
-        "time: fitted L^1.24 (95% interval 1.05 to 1.43) against the declared O(L), tolerance "
-        "0.25; within the tolerance, though the 95% interval excludes 1"
+        "time: matches O(L): fitted 1.24, within the 0.25 tolerance of 1 (95% interval 1.05 to "
+        "1.43)"
     )
 
 

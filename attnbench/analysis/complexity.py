@@ -61,6 +61,7 @@ __all__ = [
     "verdict",
     "excludes_declared",
     "big_o",
+    "decided_by",
     "plain_verdict",
     "declared_exponent",
     "swept",
@@ -131,11 +132,14 @@ interval wider than {MAX_CI_WIDTH:g}; an exact fit on fewer than {DETERMINISTIC_
 (nothing to average out: two local slopes already show whether one power of L describes it) or
 with local slopes spread wider than {MAX_CI_WIDTH:g}. An inconclusive fit is never reported as
 matching; every other fit is compared with the variant's declared exponent.
-Big-O is an upper bound, so only a fit *steeper* than declared by more than {TOLERANCE:g} with the
-declared value outside the interval (an exact fit's: its local slopes) is a mismatch; a shallower
-fit is reported as "shallower" (a lower-order term, such as a fixed block buffer or a linear
-projection, still matters in the measured range). Values the suite predicted rather than measured
-(method "model") are never fitted, and only cases with status ok are (not wrong or failed ones).
+A fit within {TOLERANCE:g} of the declared exponent *matches* it, whatever its interval says (a
+verdict's tooltip names the rule that decided it). Beyond that tolerance the interval (an exact
+fit's: its local slopes) decides: holding the declared value, the fit still matches; leaving it out,
+the fit is steeper or shallower. Big-O is an upper bound, so only a *steeper* fit is a mismatch; a
+shallower fit is reported as "shallower" (a lower-order term, such as a fixed block buffer or a
+linear projection, still matters in the measured range). Values the suite predicted rather than
+measured (method "model") are never fitted, and only cases with status ok are (not wrong or failed
+ones).
 """
 """How :func:`fit_exponent` fits and :func:`verdict` judges, in words: the report's "How the
 exponents are fitted" (rendered as it stands, the trailing newline included)."""
@@ -523,42 +527,67 @@ def _why_shallower(fit: dict) -> str:
     return "a lower-order part (a fixed buffer, an O(L) projection) still matters at these lengths"
 
 
+def _spread(fit: dict) -> str:
+    """ "95% interval 1.90 to 1.96" (a sampled fit), "local slopes 1.74 to 1.92" (an exact one)."""
+    kind = "local slopes" if fit.get("kind") == "deterministic" else "95% interval"
+    return f"{kind} {fit['ci_low']:.2f} to {fit['ci_high']:.2f}"
+
+
+def decided_by(fit: dict) -> str:
+    """The rule that decided a conclusive fit's verdict, with its numbers (the page's tooltip).
+
+    :func:`verdict` reads the tolerance first: within it, a fit matches whatever its interval says
+    (that interval is then context, in brackets); beyond it, the interval decides (holding the
+    declared exponent: a match; leaving it out: steeper or shallower). The sentence names the rule
+    that applied, so "matches" never sits beside a bare "its interval excludes 2".
+    """
+    declared, slope = fit["declared"], fit["exponent"]
+    tolerance = f"the {TOLERANCE:g} tolerance"
+    if abs(slope - declared) <= TOLERANCE:
+        return f"fitted {slope:.2f}, within {tolerance} of {declared:g} ({_spread(fit)})"
+    side = "above" if slope > declared else "below"
+    inside = fit["ci_low"] <= declared <= fit["ci_high"]
+    return f"fitted {slope:.2f}, more than {tolerance} {side} {declared:g}, " + (
+        f"but its {_spread(fit)} holds {declared:g}"
+        if inside
+        else f"and its {_spread(fit)} leaves {declared:g} out"
+    )
+
+
 def plain_verdict(fit: dict) -> tuple[str, str]:
-    """A fit's verdict in plain words, and the details behind it (the page's tooltip).
+    """A fit's verdict in plain words, and the rule that decided it (the page's tooltip).
 
     One rule for every fit on the page: "matches O(L²)"; "grows slower than declared (L^1.63 vs
     L²): why"; "grows faster than declared (L^2.40 vs L): a mismatch"; "inconclusive: 2 points";
-    "predicted, not measured" for a model; "" where nothing is declared. A match only within
-    :data:`TOLERANCE` is a match; that its interval excludes the declared exponent is a detail.
+    "predicted, not measured" for a model; "" where nothing is declared. The tooltip repeats the
+    verdict and says which rule decided it (:func:`decided_by`): "matches O(L²): fitted 1.93,
+    within the 0.25 tolerance of 2 (95% interval 1.90 to 1.96)".
     """
     declared, slope = fit.get("declared", math.nan), fit.get("exponent", math.nan)
     if fit.get("method") == MODEL:
         return "predicted, not measured", "values the suite predicted are never fitted"
     if math.isnan(declared):
         return "", ""
-    kind = "local slopes" if fit.get("kind") == "deterministic" else "95% interval"
-    detail = (
-        f"fitted L^{slope:.2f} ({kind} {fit['ci_low']:.2f} to {fit['ci_high']:.2f}) against "
-        f"the declared {big_o(declared)}, tolerance {TOLERANCE:g}"
-        if math.isfinite(slope)
-        else f"no slope: {fit.get('note') or 'no points'}"
-    )
     judged = fit.get("verdict")
+    if judged == FitVerdict.INCONCLUSIVE or not math.isfinite(slope):
+        why = fit.get("note") or "too much scatter"
+        fitted = f"; fitted L^{slope:.2f}" if math.isfinite(slope) else ""
+        if math.isfinite(slope):
+            fitted += f" ({_spread(fit)})"
+        return f"inconclusive: {why}", f"inconclusive ({why}){fitted}, declared {big_o(declared)}"
     if judged == FitVerdict.MATCHES:
-        near = (
-            f"; within the tolerance, though the {kind} "
-            f"{'exclude' if kind == 'local slopes' else 'excludes'} {declared:g}"
-            if excludes_declared(fit)
-            else ""
-        )
-        return f"matches {big_o(declared)}", detail + near
+        phrase = f"matches {big_o(declared)}"
+        return phrase, f"{phrase}: {decided_by(fit)}"
     growth = f"(L^{slope:.2f} vs {big_o(declared)[2:-1]})"
     if judged == FitVerdict.SHALLOWER:
-        return f"grows slower than declared {growth}: {_why_shallower(fit)}", detail
-    if judged == FitVerdict.STEEPER:
-        return f"grows faster than declared {growth}: a mismatch", detail
-    why = fit.get("note") or "too much scatter"
-    return f"inconclusive: {why}", f"inconclusive ({why}); {detail}"
+        return (
+            f"grows slower than declared {growth}: {_why_shallower(fit)}",
+            f"grows slower than declared {big_o(declared)}: {decided_by(fit)}",
+        )
+    return (
+        f"grows faster than declared {growth}: a mismatch",
+        f"grows faster than declared {big_o(declared)}: {decided_by(fit)}",
+    )
 
 
 def declared_exponent(variant: str, metric: str, workload: str = "prefill") -> float:
