@@ -331,6 +331,7 @@ def contradictions(d: dict[str, Any]) -> list[str]:
     * a sentence saying the noisy cases are never fitted, beside a fit that read a noisy case's
       exact metric (peak bytes, counts): noise moves time, never bytes, so those are fitted;
     * the findings' count of cases against the subtitle's (one tally of cases on one page);
+    * a zero-width interval ("[2.00, 2.00]": a fit through 2 points has none);
     * big-O written in n where the page writes L;
     * a fit judged on fewer points than the page's method text allows its kind;
     * an exponent-table heading that names another kind of cell than it holds.
@@ -376,6 +377,10 @@ def contradictions(d: dict[str, Any]) -> list[str]:
         of = re.search(r"(\d+) of (\d+) cases? (?:have|has|are|is) ", text)
         if of and subtitle and of.group(2) != subtitle.group(1):
             found.append(f"{of.group(0)!r} against the subtitle's {subtitle.group(0)!r}")
+    found += [
+        f"a zero-width interval: {m.group(0)!r}"
+        for m in re.finditer(r"\[(-?\d+\.\d+), \1\]|interval (-?\d+\.\d+) to \2\b", page)
+    ]
     found += _notation(page, d["figures"])
     found += _fit_rule_broken(page, d["fits"])
     found += _fit_headers(d[PAGE])

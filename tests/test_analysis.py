@@ -213,6 +213,21 @@ def test_fewer_than_four_points_is_inconclusive():
     assert complexity.verdict(fit, 2.0) == "inconclusive"
     two = complexity.fit_exponent(np.array([64.0, 128.0]), np.array([1.0, 4.0]))
     assert complexity.verdict(two, 2.0) == "inconclusive"
+
+
+def test_two_points_have_no_interval():
+    """A fit through 2 points showed "[2.00, 2.00]": every bootstrap replicate is the one line
+    through both. It says there is none. Planted (seen failing): the bootstrap run on 2 points."""
+    lengths, values = np.array([256.0, 512, 1024]), np.array([1.0, 1.1, 4.4])
+    fit = complexity.fit_exponent(lengths, values)
+    assert fit["n"] == 2 and fit["note"] == "2 points, no interval", fit
+    assert math.isnan(fit["ci_low"]) and math.isnan(fit["ci_high"])
+    judged = {**fit, "declared": 2.0, "verdict": complexity.verdict(fit, 2.0)}
+    phrase, detail = complexity.plain_verdict(judged)
+    assert phrase == "inconclusive: 2 points, no interval", phrase
+    assert "interval 2.00" not in detail and " to " not in detail, detail
+    exact = complexity.fit_deterministic(np.array([256.0, 512]), np.array([1.0, 4.0]))
+    assert exact["note"] == "2 points, one local slope" and math.isnan(exact["ci_low"]), exact
     one = complexity.fit_exponent(np.array([64.0]), np.array([1.0]))
     assert math.isnan(one["exponent"]) and complexity.verdict(one, 2.0) == "inconclusive"
     assert complexity.verdict(one, math.nan) == ""  # nothing declared: nothing to judge

@@ -402,7 +402,7 @@ def test_headline_counts_conclusive_fits_names_inconclusive_and_steeper(tmp_path
     assert count, text
     inconclusive = page.split(f"Inconclusive fits ({count.group(1)}) and why")[1][:800]
     assert (
-        "loop time (2 points)" in inconclusive
+        "loop time (2 points, no interval)" in inconclusive
     )  # too few lengths to split: 32 is the floor; 64 and 128 are fitted
     assert "chunked time" not in inconclusive
     assert "No variant grows faster" not in page

@@ -276,8 +276,11 @@ def _above_floor(lengths: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, s
 def _theil_sen_fit(x: np.ndarray, y: np.ndarray) -> dict[str, float | int | str]:
     """The Theil-Sen slope of ``y`` on ``x`` with its bootstrap interval, r², span and notes."""
     slope, intercept, _, _ = stats.theilslopes(y, x, method="joint")
-    boot = _theil_sen_bootstrap(x, y, slope, intercept, BOOTSTRAP, _SEED)
-    lo, hi = np.percentile(boot, [2.5, 97.5])
+    if len(np.unique(x)) == 2:  # one line through both: every replicate is it, "[2.00, 2.00]"
+        lo = hi = math.nan
+    else:
+        boot = _theil_sen_bootstrap(x, y, slope, intercept, BOOTSTRAP, _SEED)
+        lo, hi = np.percentile(boot, [2.5, 97.5])
     resid = y - (intercept + slope * x)
     scale = _robust_scale(_loo_residuals(x, y)) if len(x) > 2 else 0.0
     wild = [
@@ -287,8 +290,8 @@ def _theil_sen_fit(x: np.ndarray, y: np.ndarray) -> dict[str, float | int | str]
     ]
     notes = []
     if len(x) < MIN_POINTS:
-        notes.append(f"{len(x)} points")
-    if not hi - lo <= MAX_CI_WIDTH:
+        notes.append(f"{len(x)} points" + (", no interval" if math.isnan(lo) else ""))
+    if hi - lo > MAX_CI_WIDTH:
         notes.append(f"95% interval {hi - lo:.2f} wide")
     return {
         "exponent": float(slope),
@@ -338,8 +341,8 @@ def _local_slopes_fit(
     resid = y - (intercept + slope * x)
     notes = []
     if len(x) < DETERMINISTIC_POINTS:
-        notes.append(f"{len(x)} points")
-    low, high = local.min(), local.max()
+        notes.append(f"{len(x)} points" + (", one local slope" if len(local) == 1 else ""))
+    low, high = (local.min(), local.max()) if len(local) > 1 else (math.nan, math.nan)
     if np.ptp(local) > MAX_CI_WIDTH:
         notes.append(f"local slopes {low:.2f} to {high:.2f}: no single power of L")
     return {
@@ -348,8 +351,8 @@ def _local_slopes_fit(
         "ci_high": float(high),
         "n": int(len(x)),
         **_line_fit(x, y, resid),
-        "range": f"deterministic: {len(x)} of {len(x) + dropped} points, local slopes {low:.2f} to "
-        f"{high:.2f}",
+        "range": f"deterministic: {len(x)} of {len(x) + dropped} points, "
+        + (f"local slopes {low:.2f} to {high:.2f}" if len(local) > 1 else "one local slope"),
         "conclusive": not notes,
         "note": ", ".join(notes),
         "max_residual": float(np.abs(np.expm1(resid)).max()),
@@ -572,7 +575,7 @@ def plain_verdict(fit: dict) -> tuple[str, str]:
     if judged == FitVerdict.INCONCLUSIVE or not math.isfinite(slope):
         why = fit.get("note") or "too much scatter"
         fitted = f"; fitted L^{slope:.2f}" if math.isfinite(slope) else ""
-        if math.isfinite(slope):
+        if math.isfinite(slope) and math.isfinite(fit["ci_low"]):
             fitted += f" ({_spread(fit)})"
         return f"inconclusive: {why}", f"inconclusive ({why}){fitted}, declared {big_o(declared)}"
     if judged == FitVerdict.MATCHES:

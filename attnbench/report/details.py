@@ -351,14 +351,17 @@ def _fmt_fit(row: pd.Series) -> str:
     hi = "inf" if math.isinf(row["ci_high"]) else f"{row['ci_high']:.2f}"
     lo = "-inf" if math.isinf(row["ci_low"]) else f"{row['ci_low']:.2f}"
     where = f"L {row['L_min']:.0f}-{row['L_max']:.0f}, {row['n']:.0f} points"
+    # two points: one line through both, no interval (never a zero-width "[2.00, 2.00]")
+    spread = math.isfinite(row["ci_low"]) or math.isinf(row["ci_low"])
     # exact values: the slope's range along L and the largest residual
     if row.get("kind") == "deterministic":
+        slopes = f"local slopes {lo} to {hi}" if spread else "one local slope"
         text = (
-            f"{row['exponent']:.2f} (local slopes {lo} to {hi}, largest residual "
-            f"{row['max_residual']:.1%}; {where})"
+            f"{row['exponent']:.2f} ({slopes}, largest residual {row['max_residual']:.1%}; {where})"
         )
     else:
-        text = f"{row['exponent']:.2f} [{lo}, {hi}] R²={row['r2']:.3f} ({where})"
+        interval = f"[{lo}, {hi}]" if spread else "(no interval)"
+        text = f"{row['exponent']:.2f} {interval} R²={row['r2']:.3f} ({where})"
     if row.get("outliers"):
         text += f", outliers {row['outliers']}"
     return (
