@@ -197,11 +197,30 @@ def test_the_floor_is_twice_the_split_constant_so_noise_at_2x_the_smallest_cuts_
         smallest.sum() == 3
         and not complexity.fit_exponent(lengths[smallest], values[smallest])["conclusive"]
     )
-    # a series the split does not describe (a step at 1024) falls back to the bound, and says so
+    # a series the split does not describe (a step at 1024) falls back to a bound, and says so
     step = values * np.array([1, 1, 3, 3, 3])
-    assert complexity.constant_cost(lengths, step) == (step.min(), "at most the smallest value")
+    bound = (2.2e-3 - (4.35e-3 - 2.2e-3) / 3, "bounded by the growth from the shortest length")
+    assert complexity.constant_cost(lengths, step) == pytest.approx(bound)
     # too few lengths to split: the bound
-    assert complexity.constant_cost(lengths[:3], values[:3])[1] == "at most the smallest value"
+    assert complexity.constant_cost(lengths[:3], values[:3]) == pytest.approx(bound)
+    # a flat start (the machine slower at the shortest length) bounds it by the smallest value
+    flat = np.array([3e-3, 2.9e-3, 8.7e-3])
+    assert complexity.constant_cost(lengths[:3], flat) == (2.9e-3, "at most the smallest value")
+
+
+def test_the_shortest_point_is_fitted_when_the_cost_already_grows():
+    """The floor was 2x the smallest value, so the shortest undisturbed point was never fitted (it is
+    always below twice itself), even where it was all work. It is dropped only where the constant
+    could dominate it. Planted (seen failing): the floor back at 2x the smallest value."""
+    lengths = np.array([256.0, 512, 1024])
+    work = 1e-9 * lengths**2  # no constant at all: every point is work
+    fit = complexity.fit_exponent(lengths, work)
+    assert fit["n"] == 3 and fit["L_min"] == 256, fit["range"]
+    # noise of a busy machine on top (no split: 3 lengths): still fitted
+    assert complexity.fit_exponent(lengths, work * np.array([1.1, 0.95, 1.0]))["n"] == 3
+    # a constant that dominates the shortest point: dropped, as before
+    dominated = complexity.fit_exponent(lengths, 1e-3 + work)
+    assert dominated["n"] == 2 and dominated["L_min"] == 512, dominated["range"]
 
 
 def test_fewer_than_four_points_is_inconclusive():
@@ -213,6 +232,9 @@ def test_fewer_than_four_points_is_inconclusive():
     assert complexity.verdict(fit, 2.0) == "inconclusive"
     two = complexity.fit_exponent(np.array([64.0, 128.0]), np.array([1.0, 4.0]))
     assert complexity.verdict(two, 2.0) == "inconclusive"
+    one = complexity.fit_exponent(np.array([64.0]), np.array([1.0]))
+    assert math.isnan(one["exponent"]) and complexity.verdict(one, 2.0) == "inconclusive"
+    assert complexity.verdict(one, math.nan) == ""  # nothing declared: nothing to judge
 
 
 def test_two_points_have_no_interval():
@@ -228,9 +250,6 @@ def test_two_points_have_no_interval():
     assert "interval 2.00" not in detail and " to " not in detail, detail
     exact = complexity.fit_deterministic(np.array([256.0, 512]), np.array([1.0, 4.0]))
     assert exact["note"] == "2 points, one local slope" and math.isnan(exact["ci_low"]), exact
-    one = complexity.fit_exponent(np.array([64.0]), np.array([1.0]))
-    assert math.isnan(one["exponent"]) and complexity.verdict(one, 2.0) == "inconclusive"
-    assert complexity.verdict(one, math.nan) == ""  # nothing declared: nothing to judge
 
 
 def test_wide_scatter_is_inconclusive():
@@ -247,7 +266,9 @@ def test_confident_wrong_verdicts_are_rare_under_scatter():
     for seed in range(200):
         values = 2e-9 * LENGTHS**2 * np.random.default_rng(seed).lognormal(0, 0.5, len(LENGTHS))
         verdicts.append(complexity.verdict(complexity.fit_exponent(LENGTHS, values), 2.0))
-    assert verdicts.count("inconclusive") >= 140
+    # (139 of them: the shortest point is fitted where the series already grows there, so a few
+    # more fits have enough points for a narrow interval; the wrong ones stay as rare)
+    assert verdicts.count("inconclusive") >= 130
     assert verdicts.count("steeper") + verdicts.count("shallower") <= 10
 
 
@@ -666,7 +687,7 @@ def test_counts_agree_with_their_nouns_and_verbs():
 def test_a_series_without_a_slope_says_why_in_a_readers_words():
     """A newcomer read "time inconclusive: 1 point above the floor" and found the floor defined
     nowhere on the page. Planted (seen failing): the old note "1 point above the floor"."""
-    fit = complexity.fit_exponent(np.array([64, 128]), np.array([1.0, 4.0]))
+    fit = complexity.fit_exponent(np.array([64, 128]), np.array([1.0, 1.5]))
     assert fit["note"] == "only 1 length is clearly above the fixed per-call cost", fit["note"]
     phrase, _ = complexity.plain_verdict({**fit, "declared": 2.0, "verdict": "inconclusive"})
     assert phrase == "inconclusive: only 1 length is clearly above the fixed per-call cost"

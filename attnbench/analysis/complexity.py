@@ -113,12 +113,15 @@ _DECODE_CAP = 1.0
 
 FIT_RULE = f"""How the exponent is fitted. At short lengths a constant per-call cost (interpreter,
 dispatch, kernel launch) hides the asymptotic term, and on a shared machine single points can be far
-off. The *overhead floor* is {FLOOR_FACTOR:g} times that constant cost (the constant c0 of the cost
-split c0 + c1·L + c2·L² where that split describes the series, else the smallest value, which bounds
-it), so at or above the floor the constant is at most half of what was measured. Every point at or
-above the floor is fitted; the points below it are the constant. For a sampled metric (time), the
-slope of log(value) on log(L) is the Theil-Sen estimate (the median of all pairwise slopes), which
-one wild point cannot drag far.
+off. The *overhead floor* is {FLOOR_FACTOR:g} times that constant cost, so at or above the floor the
+constant is at most half of what was measured. The constant is the c0 of the cost split c0 + c1·L +
+c2·L² where that split describes the series; else an upper bound of it: the shortest point less the
+least its growing part can be, given how much it grows to the next length (a part growing as L² or
+slower at most quadruples from L to 2L), and never more than the smallest value. So the shortest
+point of a series that already grows is fitted; only points the constant could dominate are not.
+Every point at or above the floor is fitted; the points below it are the constant. For a sampled
+metric (time), the slope of log(value) on log(L) is the Theil-Sen estimate (the median of all
+pairwise slopes), which one wild point cannot drag far.
 Its 95% interval is the 2.5-97.5 percentile range of {BOOTSTRAP} Theil-Sen slopes refitted on
 residual-bootstrap replicates, with a fixed seed (the same data give the same interval in every
 process). The residuals resampled are each point's distance from the line through the *other*
@@ -191,18 +194,40 @@ SPLIT_TRUSTED = 0.25
 """The largest relative residual at which the cost split's c0 is taken as the per-call cost."""
 
 
+def _growth_bound(lengths: np.ndarray, values: np.ndarray) -> float:
+    """The most of the shortest point that can be a constant, given how the series grows from it.
+
+    Under the cost split's terms c0 + c1·L + c2·L² (or a steeper power p, read from the series'
+    longest step), the growing part g rises from the shortest length L0 to the next, r·L0, by at
+    most (r^p - 1)·g(L0); so g(L0) >= (v1 - v0) / (r^p - 1) and c0 <= v0 - g(L0). A series that
+    already grows at its shortest length thus keeps that point; a flat start bounds c0 by v0.
+    """
+    lengths, index = np.unique(lengths, return_inverse=True)
+    values = np.array([np.median(values[index == i]) for i in range(len(lengths))])
+    if len(lengths) < 2 or values[1] <= values[0]:
+        return float(values[0])
+    last = math.log(values[-1] / values[-2]) / math.log(lengths[-1] / lengths[-2])
+    grows = (lengths[1] / lengths[0]) ** max(2.0, last) - 1
+    return max(0.0, float(values[0] - (values[1] - values[0]) / grows))
+
+
 def constant_cost(lengths: np.ndarray, values: np.ndarray) -> tuple[float, str]:
     """The per-call constant cost of a series (at most its smallest value) and its source.
 
-    The smallest value bounds the constant from above. Where the cost split c0 + c1·L + c2·L²
-    describes the series (every point within ``SPLIT_TRUSTED``), its c0 is the constant itself: a
-    linear series whose shortest point is mostly work (``linear_elu``) then keeps the points the "2x
-    the smallest" bound cut at random, as noise put them a hair above or below it.
+    The smallest value bounds the constant from above, and so does the shortest point less the
+    least its growing part can be (:func:`_growth_bound`): the shortest point of a series that
+    already grows is mostly work, and is fitted. Where the cost split c0 + c1·L + c2·L² describes
+    the series (every point within ``SPLIT_TRUSTED``), its c0 is the constant itself: a linear
+    series whose shortest point is mostly work (``linear_elu``) then keeps the points the "2x the
+    smallest" bound cut at random, as noise put them a hair above or below it.
     """
     smallest = float(values.min())
     split = cost_split(lengths, values) if len(np.unique(lengths)) >= MIN_POINTS else None
     if split is not None and split.max_residual <= SPLIT_TRUSTED and split.c0 < smallest:
         return split.c0, "the cost split's c0"
+    bound = _growth_bound(lengths, values)
+    if bound < smallest:
+        return bound, "bounded by the growth from the shortest length"
     return smallest, "at most the smallest value"
 
 
