@@ -154,8 +154,11 @@ def missing_message() -> str:
 class CountConfig:
     """How cases are counted."""
 
-    # counted calls per case (their total / calls is the count per call; counts are deterministic)
-    calls: int = 2
+    # counted calls per case (their total / calls is the count per call). One: counts are
+    # deterministic, and an instrumented call is most of a case's time under valgrind (with 2 calls,
+    # four cases up to L=1024 took 200 s with torch's start, with 1 call 148 s, the same counts to 4
+    # figures; 2026-11-28, valgrind 3.19)
+    calls: int = 1
     # calls after the gate and before counting (a cold first case of a process counts more)
     warmup_calls: int = 1
     budget_s: float = 300.0  # predicted seconds under valgrind per case above which it is skipped
