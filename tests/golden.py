@@ -332,6 +332,7 @@ def contradictions(d: dict[str, Any]) -> list[str]:
       exact metric (peak bytes, counts): noise moves time, never bytes, so those are fitted;
     * the findings' count of cases against the subtitle's (one tally of cases on one page);
     * a zero-width interval ("[2.00, 2.00]": a fit through 2 points has none);
+    * an inconclusive fit listed without the reason its verdict cell gives;
     * big-O written in n where the page writes L;
     * a fit judged on fewer points than the page's method text allows its kind;
     * an exponent-table heading that names another kind of cell than it holds.
@@ -381,9 +382,42 @@ def contradictions(d: dict[str, Any]) -> list[str]:
         f"a zero-width interval: {m.group(0)!r}"
         for m in re.finditer(r"\[(-?\d+\.\d+), \1\]|interval (-?\d+\.\d+) to \2\b", page)
     ]
+    found += _inconclusive_unexplained(d[PAGE])
     found += _notation(page, d["figures"])
     found += _fit_rule_broken(page, d["fits"])
     found += _fit_headers(d[PAGE])
+    return found
+
+
+def _inconclusive_unexplained(page_html: str) -> list[str]:
+    """An entry of the "Inconclusive fits" list that does not give the reason its row's verdict
+    cell gives ("batched time: 2 points (1 noisy, 1 at the overhead floor)" against "time
+    inconclusive: 2 points (1 noisy, 1 at the overhead floor)")."""
+    import html as html_module
+
+    listed = re.search(r"Inconclusive fits \(\d+\) and why</summary><ul>(.*?)</ul>", page_html)
+    table = re.search(r'<section id="exponents">.*?</table>', page_html, flags=re.S)
+    if not (listed and table):
+        return []
+    text = lambda c: html_module.unescape(re.sub(r"<[^>]+>", "", c))  # noqa: E731
+    heads = [text(h) for h in re.findall(r"<th>(.*?)</th>", table.group(0))]
+    if "variant" not in heads or "verdict vs declared" not in heads:
+        return []
+    name, said = heads.index("variant"), heads.index("verdict vs declared")
+    verdicts: dict[str, list[str]] = {}
+    for row in re.findall(r"<tr>(.*?)</tr>", table.group(0), flags=re.S):
+        cells = [text(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", row, flags=re.S)]
+        if len(cells) == len(heads):
+            verdicts.setdefault(cells[name], []).append(cells[said])
+    found = []
+    for item in map(text, re.findall(r"<li>(.*?)</li>", listed.group(1))):
+        fit, colon, why = item.partition(": ")
+        variant, _, metric = re.sub(r" \(.*\)$", "", fit).partition(" ")  # "(decode)": where
+        cells = verdicts.get(variant, [])
+        if not colon or not why:
+            found.append(f"an inconclusive fit listed without why: {item!r}")
+        elif cells and not any(f"{metric} inconclusive: {why}" in c for c in cells):
+            found.append(f"{item!r} gives another reason than its verdict cell: {cells}")
     return found
 
 

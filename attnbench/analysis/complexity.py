@@ -736,7 +736,7 @@ class _Tally:
     near: tuple[str, ...]
     steeper: tuple[str, ...]  # named: "variant metric (where)"
     shallower: tuple[str, ...]
-    inconclusive: tuple[str, ...]  # named, with why
+    inconclusive: tuple[str, ...]  # named, with why: "batched time: 2 points (1 noisy), ..."
 
     @property
     def tone(self) -> str:
@@ -775,7 +775,7 @@ def tally(fits: pd.DataFrame) -> _Tally:
         steeper=named[FitVerdict.STEEPER],
         shallower=named[FitVerdict.SHALLOWER],
         inconclusive=tuple(
-            f"{name(r)} ({r['note']})" for r in records if r["verdict"] == FitVerdict.INCONCLUSIVE
+            f"{name(r)}: {r['note']}" for r in records if r["verdict"] == FitVerdict.INCONCLUSIVE
         ),
     )
 

@@ -153,11 +153,53 @@ def _too_few_undisturbed(rows: pd.DataFrame, fitted: int) -> str:
     counts = rows["status"].value_counts()
     dropped = [f"{n} {k}" for k, n in counts.items() if k != Status.OK]
     kept = rows.loc[rows["status"] == Status.OK, "seq_len_k"].nunique()
-    if not dropped or kept >= complexity.MIN_POINTS:
+    if kept >= complexity.MIN_POINTS:
         return ""
+    if kept <= 1:  # no slope through one length, whatever the floor
+        return f"{'only 1 length' if kept else 'no length'} undisturbed ({', '.join(dropped)})"
     if kept > fitted:  # the shortest undisturbed lengths were the per-call overhead, not fitted
         dropped.append(f"{kept - fitted} at the overhead floor")
+    if not dropped:
+        return ""
     return f"{fitted} point{'' if fitted == 1 else 's'} ({', '.join(dropped)})"
+
+
+_SERIES = (
+    "machine",
+    "commit",
+    "device",
+    "mode",
+    "dtype",
+    "mask",
+    "workload",
+    "batch",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "variant",
+)
+"""The columns of one series of fits: a row of the exponent table (one per commit in a history,
+and per shape when a sweep crosses shapes: GQA's Hkv, head dims, batches)."""
+
+
+def _explain_notes(fits: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
+    """``fits`` whose inconclusive time fits say why they kept so few points: "2 points (1 noisy,
+    1 at the overhead floor), no interval" (:func:`_too_few_undisturbed`), in their ``note``, the
+    one text the exponent table, its tooltip and the list of inconclusive fits all read."""
+    if not len(fits):
+        return fits
+    notes = []
+    for rec in fits.to_dict("records"):
+        note = str(rec.get("note") or "")
+        if rec["metric"] == "time" and rec.get("verdict") == FitVerdict.INCONCLUSIVE:
+            key = {k: rec[k] for k in _SERIES if k in rec}
+            n = int(rec.get("n", 0))
+            why = _too_few_undisturbed(_series_rows(frame, key, "time"), n)
+            points = f"{n} point{'' if n == 1 else 's'}"
+            if why:  # keep what follows the count (", no interval"); else the reason replaces it
+                note = why + note[len(points) :] if note.startswith(points) else why
+        notes.append(note)
+    return fits.assign(note=notes)
 
 
 def fit_column(metric: str, label: str) -> str:
@@ -185,9 +227,6 @@ def _exponent_columns(
     r = sub.iloc[-1]
     row[column] = _short_fit(r) + ("" if math.isnan(r["declared"]) else f" / {r['declared']:g}")
     phrase, detail = complexity.plain_verdict(r.to_dict())
-    dropped = _too_few_undisturbed(rows, int(r.get("n", 0))) if metric == "time" else ""
-    if dropped and r.get("verdict") == FitVerdict.INCONCLUSIVE:
-        phrase = f"inconclusive: {dropped}"
     return (f"{label} {phrase}", f"{label}: {detail}") if phrase else ("", "")
 
 
@@ -242,21 +281,7 @@ def exponent_summary(fits: pd.DataFrame, frame: pd.DataFrame | None = None) -> p
     shown = _shown_metrics(fits, frame)
     # one row per commit in a history, and per shape when a sweep crosses shapes (GQA's Hkv, head
     # dims, batches)
-    keys = [
-        "machine",
-        "commit",
-        "device",
-        "mode",
-        "dtype",
-        "mask",
-        "workload",
-        "batch",
-        "heads",
-        "kv_heads",
-        "head_dim",
-        "variant",
-    ]
-    keys = [k for k in keys if k in fits]
+    keys = [k for k in _SERIES if k in fits]
     for key, group in fits.groupby(keys, sort=False, dropna=False):
         row = dict(zip(keys, key, strict=True))
         where = dict(row)
@@ -346,7 +371,7 @@ def analyse(loaded: Loaded, git: GitLog | None = None) -> Analysis:
             machine=frame,
             variant_order=tuple(variant_names()),
         )
-    fits = complexity.fit_table(frame)
+    fits = _explain_notes(complexity.fit_table(frame), frame)
     cross = {
         m: complexity.crossovers(frame, baselines=("loop", "batched", "sdpa"), metric=m)
         for m in ("time", "peak_tensor_bytes")

@@ -505,18 +505,19 @@ def _roof_table(table: pd.DataFrame) -> str:
     )
 
 
-def _headline(frame: pd.DataFrame, headline: tuple[str, str]) -> str:
+def _headline(frame: pd.DataFrame, headline: tuple[str, str], fits: pd.DataFrame) -> str:
+    """The fits' headline, its inconclusive fits listed with why (the notes the table reads)."""
     if frame.empty:
         return (
             '<p class="bad">Nothing could be loaded: there are no measurements to show '
             "(the reasons are listed above).</p>"
         )
     tone, text = headline
-    head, sep, rest = text.partition("; inconclusive: ")
+    head, sep, _ = text.partition("; inconclusive: ")
     if not sep:
         return f'<p class="{tone}">{html.escape(text)}</p>'
-    items = rest.rstrip(".").split("), ")
-    listed = "".join(f"<li>{html.escape(i if i.endswith(')') else i + ')')}</li>" for i in items)
+    items = complexity.tally(fits).inconclusive
+    listed = "".join(f"<li>{html.escape(i)}</li>" for i in items)
     return f'<p class="{tone}">{html.escape(head)}; {len(items)} inconclusive.</p>' + collapsible(
         f"Inconclusive fits ({len(items)}) and why", f"<ul>{listed}</ul>"
     )
@@ -531,7 +532,7 @@ def _exponents(page: Page) -> str:
     )
     return (
         '<section id="exponents"><h2>Fitted exponents: the O(L²) claim in numbers</h2>'
-        + _headline(page.frame, page.analysis.headline)
+        + _headline(page.frame, page.analysis.headline, page.analysis.fits)
         + html_table(page.analysis.summary, keep=("variant",), titles={VERDICT: VERDICT_DETAILS})
         + '<p class="sub">Hover a verdict for the rule that decided it; a blank '
         "fit says why it is blank; every fit is in the full fit table (Details).</p>"
