@@ -397,8 +397,11 @@ def test_headline_counts_conclusive_fits_names_inconclusive_and_steeper(tmp_path
     tone, text = headline.groups()
     assert tone == "bad" and "grows faster than declared (a mismatch): linear_elu time" in text
     # chunked time and memory: 4 lengths, and a pure power law's cost split has no constant, so none is the floor
-    assert text.startswith("5 of 6 conclusive fits match their declared complexity")
-    count = re.search(r"; (\d+) inconclusive\.$", text)
+    assert text.startswith(
+        "7 fits judged against the declared big-O: 5 match, 0 grow slower, 1 grows faster, 1 "
+        "inconclusive (time: "
+    ), text
+    count = re.search(r", (\d+) inconclusive \(", text)
     assert count, text
     inconclusive = page.split(f"Inconclusive fits ({count.group(1)}) and why")[1][:800]
     # too few lengths to split; the growth from 32 to 64 bounds the constant: all 3 are fitted
@@ -1170,7 +1173,10 @@ def test_a_match_whose_interval_excludes_the_declared_exponent_says_so():
     fits = pd.DataFrame([{**fit, "verdict": complexity.verdict(fit, 1.0)}])
     assert fits["verdict"].iloc[0] == "matches"
     tone, text = complexity.headline(fits)
-    assert text.startswith("1 of 1 conclusive fit matches their declared complexity"), text
+    assert text.startswith(
+        "1 fit judged against the declared big-O: 1 matches, 0 grow slower, 0 grow faster, 0 "
+        "inconclusive (time: 1 matches)"
+    ), text
     row = exponent_summary(fits).iloc[0]
     # one plain phrase; the interval and the tolerance are the tooltip's
     assert row["verdict vs declared"] == "time matches O(L)"
@@ -1428,18 +1434,14 @@ def test_a_plugin_run_whose_every_time_was_noisy_leads_with_its_own_variant_and_
     assert any("mine" in t for t in memory_panel["texts"]), memory_panel["texts"]
     texts = [t for t, _ in d["findings"]]
     # the worse run read cleaner: "...; 0 are inconclusive" and a green "none inconclusive"
-    assert any(
-        t.startswith(
-            "Time not fitted (every case noisy or skipped); all 3 memory fits match the "
-            "declared big-O"
-        )
-        for t in texts
-    ), texts
-    assert 'class="good">3 of 3 conclusive' not in d[golden.PAGE]
-    assert (
-        'class="neutral">3 of 3 conclusive fits match their declared complexity; time not '
-        "fitted (every case noisy or skipped).</p>" in d[golden.PAGE]
-    ), re.findall(r"<p class=\"\w+\">3 of 3 conclusive[^<]*", d[golden.PAGE])
+    said = (
+        "3 fits judged against the declared big-O: 3 match, 0 grow slower, 0 grow faster, 0 "
+        "inconclusive (memory: 3 match); time not fitted (every case noisy or skipped)."
+    )
+    assert said in texts, texts
+    assert f'class="neutral">{said}</p>' in d[golden.PAGE], re.findall(
+        r"<p class=\"\w+\">3 fits judged[^<]*", d[golden.PAGE]
+    )
     assert texts[0].startswith("Every answer checked against the float64 reference was correct")
     assert "`mine` " in texts[0], texts[0]
     assert "not fitted: every case noisy (4)" in d[golden.PAGE]
@@ -1632,7 +1634,10 @@ def test_a_time_fit_left_few_lengths_by_noisy_cases_blames_them(tmp_path):
     # contradiction: they were memory fits and time fits
     texts = [f.text for f in analysis.findings]
     assert any(
-        t.startswith("Both time fits are inconclusive; both memory fits match the declared big-O")
+        t.startswith(
+            "4 fits judged against the declared big-O: 2 match, 0 grow slower, 0 grow faster, "
+            "2 inconclusive (time: 2 inconclusive; memory: 2 match)"
+        )
         for t in texts
     ), texts
 

@@ -22,7 +22,7 @@ import pandas as pd
 from scipy import optimize, stats
 
 from attnbench import contract
-from attnbench.analysis.text import agree
+from attnbench.analysis.text import agree, count
 from attnbench.contract import (
     DECLARED,
     DETERMINISTIC_POINTS,
@@ -70,6 +70,7 @@ __all__ = [
     "TIME_NOT_FITTED",
     "time_not_fitted",
     "per_metric",
+    "breakdown",
     "headline",
     "crossovers",
     "largest_length",
@@ -794,41 +795,51 @@ def time_not_fitted(frame: pd.DataFrame, fits: pd.DataFrame) -> bool:
     return timed and not judged
 
 
-def _metric_phrase(label: str, t: _Tally) -> str:
-    """ "all 3 memory fits match the declared big-O", "all 3 time fits are inconclusive", "2 of 3
-    conclusive time fits match the declared big-O, 1 inconclusive"."""
-    fits = f"{label} {'fit' if t.judged == 1 else 'fits'}"
-    every = {1: "the 1", 2: "both"}.get(t.judged, f"all {t.judged}")
-    if not t.conclusive:
-        return f"{every} {fits} {agree(t.judged, 'is', 'are')} inconclusive"
-    if t.matches == t.conclusive == t.judged:
-        return f"{every} {fits} {'matches' if t.judged == 1 else 'match'} the declared big-O"
-    text = (
-        f"{t.matches} of {t.conclusive} conclusive {label} "
-        f"{'fit matches' if t.conclusive == 1 else 'fits match'} the declared big-O"
+def _counted(t: _Tally) -> str:
+    """ "5 match, 1 grows slower, 0 grow faster, 5 inconclusive": a tally in the page's words."""
+    slower, faster, unsure = len(t.shallower), len(t.steeper), len(t.inconclusive)
+    return (
+        f"{t.matches} {agree(t.matches, 'matches', 'match')}, {slower} "
+        f"{agree(slower, 'grows', 'grow')} slower, {faster} {agree(faster, 'grows', 'grow')} "
+        f"faster, {unsure} inconclusive"
     )
-    return text + (f", {len(t.inconclusive)} inconclusive" if t.inconclusive else "")
 
 
-def per_metric(fits: pd.DataFrame, time_unfitted: bool = False) -> str:
-    """The judged fits counted per metric, time first ("all 3 memory fits match the declared
-    big-O; all 3 time fits are inconclusive"): "3 of 3 ...; 3 are inconclusive" read as a
-    contradiction when the 3 and the 3 were different metrics. ``time_unfitted``: say
-    :data:`TIME_NOT_FITTED` in place of time's count."""
+def per_metric(fits: pd.DataFrame) -> str:
+    """The judged fits counted per metric, time first, in :func:`breakdown`'s words, leaving out
+    the zeros ("time: 1 matches, 5 inconclusive; memory: 4 match, 1 inconclusive"): "3 of 3 ...;
+    3 are inconclusive" read as a contradiction when the 3 and the 3 were different metrics."""
     judged = fits[fits["verdict"].isin(VERDICTS)] if len(fits) else fits
     metrics = sorted(set(judged["metric"]) if len(judged) else set(), key=lambda m: m != "time")
-    parts = [TIME_NOT_FITTED] if time_unfitted else []
+    parts = []
     for m in metrics:
         label = "memory" if m == "peak_tensor_bytes" else m
-        parts.append(_metric_phrase(label, tally(judged[judged["metric"] == m])))
+        said = _counted(tally(judged[judged["metric"] == m])).split(", ")
+        parts.append(f"{label}: {', '.join(p for p in said if not p.startswith('0 '))}")
     return "; ".join(parts)
+
+
+def breakdown(fits: pd.DataFrame, time_unfitted: bool = False) -> str:
+    """The one count of the judged fits that both the findings and the exponents section state, in
+    the same words: "11 fits judged against the declared big-O: 5 match, 0 grow slower, 0 grow
+    faster, 6 inconclusive (time: 1 matches, 5 inconclusive; memory: 4 match, 1 inconclusive)"
+    (``time_unfitted``: "; time not fitted (...)" after it).
+
+    The two summaries once counted differently (per metric, and conclusive ones only) and agreed
+    only after adding up; every number here comes from one :func:`tally`.
+    """
+    t = tally(fits)
+    text = f"{count(t.judged, 'fit')} judged against the declared big-O: {_counted(t)}"
+    text += f" ({per_metric(fits)})" if t.judged else ""
+    return text + (f"; {TIME_NOT_FITTED}" if time_unfitted else "")
 
 
 def headline(fits: pd.DataFrame, time_unfitted: bool = False) -> tuple[str, str]:
     """One sentence about the fits and its tone: ``("good" | "bad" | "neutral", text)``.
 
-    Counts conclusive fits that match, names the steeper ones (tone "bad") and the inconclusive
-    ones with why; never claims anything when nothing was fitted.
+    Opens with :func:`breakdown` and names the steeper fits (tone "bad") and the shallower ones
+    (the inconclusive ones, with why, are the page's list); never claims anything when nothing was
+    fitted.
     """
     t = tally(fits)
     if not t.judged:
@@ -836,20 +847,13 @@ def headline(fits: pd.DataFrame, time_unfitted: bool = False) -> tuple[str, str]
             "No fitted exponents: nothing measured at enough lengths to compare with a declared "
             "complexity."
         )
-    fit = "fit matches" if t.conclusive == 1 else "fits match"
-    parts = [f"{t.matches} of {t.conclusive} conclusive {fit} their declared complexity"]
+    parts = [breakdown(fits, time_unfitted)]
     if t.steeper:
         grows = agree(len(t.steeper), "grows", "grow")
         parts.append(f"{grows} faster than declared (a mismatch): {', '.join(t.steeper)}")
     if t.shallower:
         grows = agree(len(t.shallower), "grows", "grow")
         parts.append(f"{grows} slower than declared: {', '.join(t.shallower)}")
-    if time_unfitted:  # no time claim was checked: not "none inconclusive", nor green
-        parts.append(TIME_NOT_FITTED)
-    if t.inconclusive:
-        parts.append(f"inconclusive: {', '.join(t.inconclusive)}")
-    elif not time_unfitted:
-        parts.append("none inconclusive")
     tone = "neutral" if time_unfitted and t.tone == "good" else t.tone
     return tone, "; ".join(parts) + "."
 

@@ -537,34 +537,21 @@ def _answers(e: _Evidence) -> Finding | None:
 
 
 def _fit_verdicts(e: _Evidence) -> Finding | None:
-    """How many conclusive fits match the declared big-O, grow slower, faster, or say nothing.
+    """How many fits match the declared big-O, grow slower, faster, or say nothing, then per metric.
 
-    The page's one tally: :func:`complexity.tally` of every fit, as the exponents section counts
-    them (a match within the tolerance is a match; the table's tooltips say which).
+    The page's one tally: :func:`complexity.breakdown`, the same sentence the exponents section
+    opens with (a match within the tolerance is a match; the table's tooltips say which rule
+    decided), then the variants that grow faster.
     """
     t = complexity.tally(e.fits)
     if not t.judged:
         return None
-    if not t.conclusive:
-        return Finding(
-            f"No complexity fit is conclusive ({t.judged} inconclusive): too few lengths or too "
-            "much scatter to compare with the declared big-O.",
-            "exponents",
-        )
-    text = complexity.per_metric(e.fits, complexity.time_not_fitted(e.frame, e.fits))
+    text = complexity.breakdown(e.fits, complexity.time_not_fitted(e.frame, e.fits))
     text = text[:1].upper() + text[1:]
-    if t.shallower:
-        text += (
-            f"; {len(t.shallower)} {agree(len(t.shallower), 'grows', 'grow')} slower than "
-            "declared (a lower-order part still matters at these lengths)"
-        )
     faster = sorted({s.split(" ")[0] for s in t.steeper})
-    text += (
-        f"; growing faster than declared: {', '.join(f'`{v}`' for v in faster)}."
-        if faster
-        else "; none grows faster than declared."
-    )
-    return Finding(text, "exponents")
+    if faster:
+        text += f"; growing faster than declared: {', '.join(f'`{v}`' for v in faster)}"
+    return Finding(text + ".", "exponents")
 
 
 def _comparison(e: _Evidence) -> Finding | None:

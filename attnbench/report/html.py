@@ -513,14 +513,12 @@ def _headline(frame: pd.DataFrame, headline: tuple[str, str], fits: pd.DataFrame
             "(the reasons are listed above).</p>"
         )
     tone, text = headline
-    head, sep, _ = text.partition("; inconclusive: ")
-    if not sep:
-        return f'<p class="{tone}">{html.escape(text)}</p>'
-    items = complexity.tally(fits).inconclusive
+    items = complexity.tally(fits).inconclusive if len(fits) else ()
+    said = f'<p class="{tone}">{html.escape(text)}</p>'
+    if not items:
+        return said
     listed = "".join(f"<li>{html.escape(i)}</li>" for i in items)
-    return f'<p class="{tone}">{html.escape(head)}; {len(items)} inconclusive.</p>' + collapsible(
-        f"Inconclusive fits ({len(items)}) and why", f"<ul>{listed}</ul>"
-    )
+    return said + collapsible(f"Inconclusive fits ({len(items)}) and why", f"<ul>{listed}</ul>")
 
 
 def _exponents(page: Page) -> str:
