@@ -1608,7 +1608,7 @@ def test_a_time_fit_left_few_lengths_by_noisy_cases_blames_them(tmp_path):
     :func:`summary._too_few_undisturbed`."""
     from attnbench.analysis.summary import VERDICT, analyse, load_results
 
-    run = _scaled_run(tmp_path / "run", ["sdpa", "batched"], (64, 128, 256, 512))
+    run = _scaled_run(tmp_path / "run", ["sdpa", "batched"], (64, 128, 256, 512), counted=True)
     log = run / "cases.jsonl"
     lines = []
     for line in log.read_text().splitlines():
@@ -1616,9 +1616,17 @@ def test_a_time_fit_left_few_lengths_by_noisy_cases_blames_them(tmp_path):
         m = rec.get("measurement") if rec.get("kind") == "case" else None
         if m is not None and m["spec"]["seq_len"] >= 256:
             m.update(status="noisy", reason="planted: calibration probe 3.00x slower")
+        if m is not None and m["variant"] == "batched":  # its counts: valgrind ran out of time
+            m["instructions"] = None
+            m["extra"]["instructions_note"] = "error: valgrind ran out of time (planted)"
         lines.append(json.dumps(rec))
     log.write_text("\n".join(lines) + "\n")
     analysis = analyse(load_results([run]))
+    # a blank count says why, from the count's own status and reason, never a bare "not measured"
+    counts = analysis.summary.set_index("variant")["instructions: fitted (local slopes) / declared"]
+    assert counts["batched"] == (
+        "not fitted: every case error (4): valgrind ran out of time (planted)"
+    ), counts
     verdicts = list(analysis.summary[VERDICT])
     assert verdicts and all(
         "time inconclusive: 2 points (2 noisy), no interval" in v for v in verdicts
@@ -1635,8 +1643,8 @@ def test_a_time_fit_left_few_lengths_by_noisy_cases_blames_them(tmp_path):
     texts = [f.text for f in analysis.findings]
     assert any(
         t.startswith(
-            "4 fits judged against the declared big-O: 2 match, 0 grow slower, 0 grow faster, "
-            "2 inconclusive (time: 2 inconclusive; memory: 2 match)"
+            "5 fits judged against the declared big-O: 3 match, 0 grow slower, 0 grow faster, "
+            "2 inconclusive (time: 2 inconclusive; instructions: 1 matches; memory: 2 match)"
         )
         for t in texts
     ), texts

@@ -145,7 +145,10 @@ def _case_rows(m: Measurement, common: dict) -> list[dict]:
             continue
         value = _lenient(contract.metric_value(m, metric.field)) if kept else math.nan
         if math.isnan(value) and metric.name != "time":
-            continue  # not measured for this case (e.g. RSS switched off): no row, never an ok NaN
+            # not measured (e.g. RSS switched off): no row, never an ok NaN; a count tried and
+            # failed keeps a row with its status and reason (the report says why)
+            out += _missing_row(base, metric, m.extra.get(f"{metric.name}_note"))
+            continue
         method = metric.method
         if method.startswith("<"):
             method = getattr(m, method[1:]) or "unrecorded"
@@ -165,6 +168,26 @@ def _case_rows(m: Measurement, common: dict) -> list[dict]:
             }
         )
     return out
+
+
+def _missing_row(base: dict, metric: contract.Metric, note: object) -> list[dict]:
+    """The row of a metric that was tried but not taken, from its note ("error: why" or
+    "skipped: why", :func:`attnbench.measure.record.attach`); none without a note."""
+    status, _, reason = str(note or "").partition(": ")
+    if status not in set(Status) or Status(status) == Status.OK:
+        return []
+    return [
+        {
+            **base,
+            "metric": metric.name,
+            "unit": metric.unit,
+            "method": metric.method,
+            "value": math.nan,
+            "spread": math.nan,
+            "status": Status(status),
+            "reason": reason,
+        }
+    ]
 
 
 def _read_run_log(run_dir: Path, problems: list[str]):

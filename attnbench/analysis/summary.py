@@ -128,19 +128,37 @@ def _short_fit(row: pd.Series) -> str:
     return f"{row['exponent']:.2f} [{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
 
 
-def _unfitted(rows: pd.DataFrame) -> str:
-    """Why a metric has no fit: what its rows' statuses were ("not measured" without rows)."""
+_NEVER_MEASURED = {
+    "instructions": "not counted: a run counts the headline's variants and one per family by "
+    "default, within a time limit (attnbench run --resume --instructions counts the rest)",
+}
+"""Why a metric has no row at all for a variant, where the cause is known."""
+
+
+def _reasons(rows: pd.DataFrame) -> str:
+    """The reasons recorded on the rows that were not ok, most common first (at most two)."""
+    if "reason" not in rows:
+        return ""
+    bad = rows.loc[rows["status"] != Status.OK, "reason"].fillna("").astype(str)
+    said = [r[:100] for r in bad[bad != ""].value_counts().index[:2]]
+    return f": {'; '.join(said)}" if said else ""
+
+
+def _unfitted(rows: pd.DataFrame, metric: str = "") -> str:
+    """Why a metric has no fit: its rows' statuses and the reasons they recorded ("valgrind ran
+    out of time"), or why it has no rows at all."""
     if not len(rows):
-        return "not measured"
+        return _NEVER_MEASURED.get(metric, "not measured in this run (no case recorded it)")
     counts = rows["status"].value_counts()
     if (counts.index == Status.OK).all():
         return "not fitted: no series along L"
+    why = _reasons(rows)
     if len(counts) == 1:
-        return f"not fitted: every case {counts.index[0]} ({counts.iloc[0]})"
+        return f"not fitted: every case {counts.index[0]} ({counts.iloc[0]}){why}"
     listed = ", ".join(f"{n} {k}" for k, n in counts.items() if k != Status.OK)
     if Status.OK not in counts.index:
-        return f"not fitted: no undisturbed case ({listed})"
-    return f"not fitted: too few correct, undisturbed cases ({listed})"
+        return f"not fitted: no undisturbed case ({listed}){why}"
+    return f"not fitted: too few correct, undisturbed cases ({listed}){why}"
 
 
 def _too_few_undisturbed(rows: pd.DataFrame, fitted: int) -> str:
@@ -222,7 +240,7 @@ def _exponent_columns(
     column = fit_column(metric, label)
     sub = group[group["metric"] == metric]
     if sub.empty:
-        row[column] = _unfitted(rows)
+        row[column] = _unfitted(rows, metric)
         return "", ""
     r = sub.iloc[-1]
     row[column] = _short_fit(r) + ("" if math.isnan(r["declared"]) else f" / {r['declared']:g}")
