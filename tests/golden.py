@@ -333,6 +333,8 @@ def contradictions(d: dict[str, Any]) -> list[str]:
     * the findings' count of cases against the subtitle's (one tally of cases on one page);
     * a zero-width interval ("[2.00, 2.00]": a fit through 2 points has none);
     * an inconclusive fit listed without the reason its verdict cell gives;
+    * page faults beside peak memory or its verdict without what they count (pages first touched:
+      "L^1.94" beside "memory matches O(L)" read as memory growing like L²);
     * big-O written in n where the page writes L;
     * a fit judged on fewer points than the page's method text allows its kind;
     * an exponent-table heading that names another kind of cell than it holds.
@@ -383,6 +385,7 @@ def contradictions(d: dict[str, Any]) -> list[str]:
         for m in re.finditer(r"\[(-?\d+\.\d+), \1\]|interval (-?\d+\.\d+) to \2\b", page)
     ]
     found += _inconclusive_unexplained(d[PAGE])
+    found += _page_faults_unexplained(page)
     found += _notation(page, d["figures"])
     found += _fit_rule_broken(page, d["fits"])
     found += _fit_headers(d[PAGE])
@@ -418,6 +421,28 @@ def _inconclusive_unexplained(page_html: str) -> list[str]:
             found.append(f"an inconclusive fit listed without why: {item!r}")
         elif cells and not any(f"{metric} inconclusive: {why}" in c for c in cells):
             found.append(f"{item!r} gives another reason than its verdict cell: {cells}")
+    return found
+
+
+PAGE_FAULTS_SAID = "page faults count the pages a call touches first"
+"""The phrase that says what page faults count (attnbench.analysis.findings.PAGE_FAULTS_COUNT)."""
+
+
+def _page_faults_unexplained(page: str) -> list[str]:
+    """Sentences (and the full fit table) that set page faults beside peak memory or the memory
+    verdict without saying what page faults count."""
+    text = re.sub(r"\s+", " ", page)
+    beside = re.compile(r"\bpeak memory|\bmemory (?:matches|fits?|verdict|and page)", re.I)
+    found = [
+        f"page faults beside memory, not said what they count: {sentence[:160]!r}"
+        for sentence in re.split(r"(?<=\.) ", text)
+        if re.search(r"page[ -]faults?\b", sentence, re.I)
+        and beside.search(sentence)
+        and PAGE_FAULTS_SAID not in sentence.lower()
+    ]
+    table = text.partition("Full fit table")[2]
+    if " page_faults " in table and f"page_faults: {PAGE_FAULTS_SAID}" not in table:
+        found.append("the full fit table shows page_faults without what they count")
     return found
 
 

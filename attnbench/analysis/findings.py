@@ -32,6 +32,7 @@ from attnbench.spec import AttnSpec
 __all__ = [
     "ANSWER_COLUMNS",
     "OWN_AT_MOST",
+    "PAGE_FAULTS_COUNT",
     "Finding",
     "answer_check",
     "built_in",
@@ -569,6 +570,13 @@ def _comparison(e: _Evidence) -> Finding | None:
     )
 
 
+PAGE_FAULTS_COUNT = (
+    "page faults count the pages a call touches first, so they follow how the allocator reuses "
+    "freed memory: a metric of their own, not the peak memory the memory verdict is about"
+)
+"""What page faults count, said wherever they appear beside the memory verdict: a newcomer read
+page faults growing as L^1.94 beside "memory matches O(L)" as memory growing like L²."""
+
 _EXACT_NAMES = {
     "peak_tensor_bytes": "peak memory",
     "instructions": "instruction counts",
@@ -611,7 +619,8 @@ def _not_facts(e: _Evidence) -> Finding | None:
         whose = "the noisy case's" if noisy == 1 else f"the {noisy} noisy cases'"
         text += (
             f" But {whose} {' and '.join(exact)} are exact (a busy machine moves time, not "
-            "bytes or counts), so those are fitted like any other."
+            "bytes or counts), so those are fitted like any other"
+            + (f" ({PAGE_FAULTS_COUNT})." if "page faults" in exact else ".")
         )
     return Finding(text, "problems")
 

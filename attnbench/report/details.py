@@ -14,6 +14,7 @@ import pandas as pd
 from attnbench import contract
 from attnbench import demos as teaching
 from attnbench.analysis import complexity
+from attnbench.analysis.findings import PAGE_FAULTS_COUNT
 from attnbench.analysis.summary import provenance
 from attnbench.analysis.text import fmt, short_hash
 from attnbench.contract import Status
@@ -95,9 +96,9 @@ def page_faults_section(page: Page) -> str:
         "page_faults",
         plots.scaling(page.analysis.main, "page_faults"),
         "Minor page faults per call vs L: the fresh pages a call maps (the kernel zero-fills "
-        "each on first touch). Dense variants allocate new O(L²) score buffers on every call, so "
-        "on a CPU part of their time is this. Fitted exponents are in the full fit table."
-        + page.scope,
+        f"each on first touch). {PAGE_FAULTS_COUNT[:1].upper()}{PAGE_FAULTS_COUNT[1:]}. Dense "
+        "variants allocate new O(L²) score buffers on every call, so on a CPU part of their time "
+        "is this. Fitted exponents are in the full fit table (metric page_faults)." + page.scope,
     )
     return collapsible("Page faults per call", fig) if fig else ""
 
@@ -390,7 +391,12 @@ def full_fits_section(page: Page) -> str:
                 if c in full
             ]
         )
-    return collapsible("Full fit table", html_table(full, keep=("variant", "metric")))
+    note = (
+        f'<p class="sub">page_faults: {html.escape(PAGE_FAULTS_COUNT)}.</p>'
+        if len(full) and (full["metric"] == "page_faults").any()
+        else ""
+    )
+    return collapsible("Full fit table", note + html_table(full, keep=("variant", "metric")))
 
 
 def demos_section(page: Page) -> str:

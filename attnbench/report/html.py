@@ -25,7 +25,7 @@ import pandas as pd
 
 from attnbench import contract
 from attnbench.analysis import changes, complexity, growth
-from attnbench.analysis.findings import OWN_AT_MOST, own_variants
+from attnbench.analysis.findings import OWN_AT_MOST, PAGE_FAULTS_COUNT, own_variants
 from attnbench.analysis.summary import VERDICT, VERDICT_DETAILS, Analysis
 from attnbench.analysis.text import fmt, short_hash, sig
 from attnbench.contract import FAMILIES, PROGRESSION, Basis, GateVerdict, Status
@@ -220,8 +220,9 @@ def _read_from(analysis: Analysis, scope: str) -> str:
     )
     return (
         f"Read from {scope} cases: {timed}; memory and page-fault fits also use noisy cases, whose "
-        "bytes and counts are exact. Noisy, wrong and failed cases are never ranked, a noisy "
-        "case's time is never fitted, and exponents are quoted only from conclusive fits."
+        f"bytes and counts are exact ({PAGE_FAULTS_COUNT}). Noisy, wrong and failed cases are "
+        "never ranked, a noisy case's time is never fitted, and exponents are quoted only from "
+        "conclusive fits."
     )
 
 
