@@ -1436,7 +1436,7 @@ def test_a_plugin_run_whose_every_time_was_noisy_leads_with_its_own_variant_and_
     # the worse run read cleaner: "...; 0 are inconclusive" and a green "none inconclusive"
     said = (
         "3 fits judged against the declared big-O: 3 match, 0 grow slower, 0 grow faster, 0 "
-        "inconclusive (memory: 3 match); time not fitted (every case noisy or skipped)."
+        "inconclusive (peak memory: 3 match); time not fitted (every case noisy or skipped)."
     )
     assert said in texts, texts
     assert f'class="neutral">{said}</p>' in d[golden.PAGE], re.findall(
@@ -1644,7 +1644,7 @@ def test_a_time_fit_left_few_lengths_by_noisy_cases_blames_them(tmp_path):
     assert any(
         t.startswith(
             "5 fits judged against the declared big-O: 3 match, 0 grow slower, 0 grow faster, "
-            "2 inconclusive (time: 2 inconclusive; instructions: 1 matches; memory: 2 match)"
+            "2 inconclusive (time: 2 inconclusive; instructions: 1 matches; peak memory: 2 match)"
         )
         for t in texts
     ), texts

@@ -66,6 +66,7 @@ __all__ = [
     "declared_exponent",
     "swept",
     "fit_table",
+    "METRIC_LABELS",
     "tally",
     "TIME_NOT_FITTED",
     "time_not_fitted",
@@ -750,6 +751,11 @@ class _Tally:
         )
 
 
+METRIC_LABELS = {"peak_tensor_bytes": "peak memory"}
+"""How a verdict names its metric where the metric's name is not a reader's word: "peak memory
+matches O(L)", never a bare "memory" that page faults (a metric of their own) seem to contradict."""
+
+
 def tally(fits: pd.DataFrame) -> _Tally:
     """Count and name the verdicts of ``fits`` (rows without a declared exponent are not judged)."""
     judged = fits[fits["verdict"].isin(VERDICTS)] if len(fits) else fits
@@ -761,7 +767,7 @@ def tally(fits: pd.DataFrame) -> _Tally:
 
     def name(rec: dict) -> str:
         where = [str(rec[c]) for c, many in several.items() if many]
-        label = "memory" if rec["metric"] == "peak_tensor_bytes" else rec["metric"]
+        label = METRIC_LABELS.get(rec["metric"], rec["metric"])
         return f"{rec['variant']} {label}" + (f" ({', '.join(where)})" if where else "")
 
     records = judged.to_dict("records")
@@ -810,10 +816,12 @@ def per_metric(fits: pd.DataFrame) -> str:
     the zeros ("time: 1 matches, 5 inconclusive; memory: 4 match, 1 inconclusive"): "3 of 3 ...;
     3 are inconclusive" read as a contradiction when the 3 and the 3 were different metrics."""
     judged = fits[fits["verdict"].isin(VERDICTS)] if len(fits) else fits
-    metrics = sorted(set(judged["metric"]) if len(judged) else set(), key=lambda m: m != "time")
+    metrics = sorted(
+        set(judged["metric"]) if len(judged) else set(), key=lambda m: (m != "time", m)
+    )
     parts = []
     for m in metrics:
-        label = "memory" if m == "peak_tensor_bytes" else m
+        label = METRIC_LABELS.get(m, m)
         said = _counted(tally(judged[judged["metric"] == m])).split(", ")
         parts.append(f"{label}: {', '.join(p for p in said if not p.startswith('0 '))}")
     return "; ".join(parts)

@@ -223,7 +223,7 @@ def _explain_notes(fits: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
 def fit_column(metric: str, label: str) -> str:
     """The exponent table's heading of ``metric``'s cells, naming what they hold: a sampled metric's
     bootstrap interval ("time: fitted [95% CI] / declared"), an exact one's range of local slopes
-    ("memory: fitted (local slopes) / declared"; no interval: nothing was sampled)."""
+    ("peak memory: fitted (local slopes) / declared"; no interval: nothing was sampled)."""
     exact = metric in contract.METRICS and not contract.METRICS[metric].timed
     return f"{label}: fitted {'(local slopes)' if exact else '[95% CI]'} / declared"
 
@@ -250,7 +250,7 @@ def _exponent_columns(
 
 _SUMMARY_METRICS = (
     ("time", "time"),
-    ("peak_tensor_bytes", "memory"),
+    ("peak_tensor_bytes", complexity.METRIC_LABELS["peak_tensor_bytes"]),
     ("instructions", "instructions"),
 )
 """The fitted metrics the exponent table shows, and their column headings.
