@@ -45,7 +45,7 @@ _METRIC = {
     "peak_tensor_bytes": "peak bytes",
     "instructions": "instructions",
     "error_ratio": "error ratio",
-    "flops": "FLOPs",
+    "flops": "model FLOPs",  # the variant's declared count: doing its work twice leaves it
     "time": "time",
 }
 """The metrics' names in the table (the CSV beside the results keeps the full ones)."""
@@ -61,11 +61,16 @@ def gate_lines(outcome, metric: str, factors: dict[str, float]) -> tuple[list[st
     lines = [_gate_row(_HEADER)]
     for rec in _ordered(outcome.table).to_dict("records"):
         lines += _row_lines(rec)
+    table = outcome.table
+    predicted = "basis" in table and bool((table["basis"] == Basis.PREDICTED).any())
     lines += [
-        f"\nBASE {outcome.base[:10]}  HEAD {outcome.head[:10]}  "
-        "(* predicted at the target length: see how cost grows)",
+        f"\nBASE {outcome.base[:10]}  HEAD {outcome.head[:10]}"
+        + ("  (* predicted at the target length: see how cost grows)" if predicted else ""),
         f"results: {outcome.results_dir} (every row's whole reason: attnbench-gate.csv there)",
     ]
+    untimed = table[table["verdict"] == GateVerdict.NOT_TIMED] if len(table) else table
+    if len(untimed) and "reason" in untimed:
+        lines += _wrapped(f"not timed: {untimed['reason'].iloc[0]}", "      ")
     lines += growth_lines(outcome.table)
     notes = sorted({n for n in outcome.table["note"] if isinstance(n, str) and n})
     lines += [line for n in notes for line in _wrapped(f"note: {n}", "      ")]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from attnbench.contract import Basis
 from attnbench.gate import Outcome, compare
 from attnbench.gate.markdown import gate_summary
 from attnbench.gate_table import gate_lines, growth_lines
@@ -168,6 +169,34 @@ def test_a_growth_row_names_the_rule_that_fired():
         assert f"| regressed: {rule} |" in summary, summary
         reason = outcome.regressions["reason"].iloc[0]
         assert reason.startswith(rule), reason  # the cause first, the exponents after
+
+
+def test_the_footer_explains_only_what_the_table_holds():
+    """A newcomer read the legend "(* predicted at the target length ...)" under a table with no
+    starred row, a "not timed ... n/a" row with no reason, and "FLOPs x1.00" beside a variant doing
+    its work twice (the count is the variant's declared model). The legend shows only under a
+    predicted row, a not-timed row's reason is printed, and FLOPs say they are the model's."""
+    from attnbench.gate.decision import mark_not_timed
+
+    series = {
+        ("A", "batched", "flops"): [2.0e6 * n**2 for n in LENGTHS],
+        ("B", "batched", "flops"): [2.0e6 * n**2 for n in LENGTHS],
+        ("A", "batched", "time"): [math.nan, math.nan, 4.9e-2],  # timed at the longest only
+        ("B", "batched", "time"): [math.nan, math.nan, 4.9e-2],
+    }
+    frame = _frame(series)
+    frame.loc[frame["value"].isna(), "status"] = "n/a"  # as asv records a case it skipped
+    table = mark_not_timed(compare(frame, "A", "B"), LENGTHS[-1])
+    assert (table["basis"] == Basis.PREDICTED).any()  # FLOPs grow along L: a predicted row
+    text = "\n".join(gate_lines(_outcome(table), "time", FACTORS)[0])
+    assert "(* predicted at the target length" in text, text
+    table = table[table["basis"] != Basis.PREDICTED]  # as on 2 lengths: nothing predicted
+    text = "\n".join(gate_lines(_outcome(table), "time", FACTORS)[0])
+    assert "(* predicted" not in text, text
+    assert re.search(
+        r"^ *not timed: counts decide this length; time is taken at L=1024 only", text, re.M
+    )
+    assert re.search(r"^ok +model FLOPs +batched L=256", text, re.M), text
 
 
 VENV = "virtualenv-py3.11-build-matplotlib3.11.2-numpy2.4.6-pandas3.1.1-psutil7.2.2-scipy1.17.1-seaborn0.13.2"
