@@ -184,27 +184,25 @@ CRITICAL = FIRST[0]
 environment, timing rounds, two valgrind processes: 3 minutes alone) and finished last when it shared the cores evenly
 with three workers (7 minutes)."""
 NICE = 10
-_niced = False
+_first_test = True
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """A ``serial`` test judges the machine's timing: beside a parallel neighbour it would measure the neighbour.
 
-    A parallel worker lowers its priority (``nice``) for the rest of the session at its first test outside
-    :data:`CRITICAL`, so the critical chain runs at nearly a core's speed and the others fill in around it. The
-    critical module's worker lowers its own once it moves on: kept high, it took more modules than the others,
-    being the fastest to ask for them, and finished last (cold, 2026-11-28: 1,127 CPU-s of tests in its 1,177 s,
-    while the three others shared the second core)."""
-    global _niced
+    A parallel worker whose first test is not in :data:`CRITICAL` lowers its priority (``nice``) for the session, so
+    the critical chain runs at nearly a core's speed and the others fill in around it."""
+    global _first_test
     if item.get_closest_marker("serial") and os.environ.get("PYTEST_XDIST_WORKER"):
         pytest.fail(
             "a serial test times the machine and cannot run beside parallel workers: "
             f"run `pytest -n 4 -m 'not serial'` and then `pytest -m serial tests/{SERIAL_MODULE}`",
             pytrace=False,
         )
-    if not _niced and item.path.name != CRITICAL and os.environ.get("PYTEST_XDIST_WORKER"):
-        _niced = True
-        os.nice(NICE)
+    if _first_test and os.environ.get("PYTEST_XDIST_WORKER"):
+        _first_test = False
+        if item.path.name != CRITICAL:
+            os.nice(NICE)
     from tests.warm_caches import COMPILES
 
     if item.path.name in COMPILES:
