@@ -317,9 +317,12 @@ def _theil_sen_fit(x: np.ndarray, y: np.ndarray) -> dict[str, float | int | str]
     ]
     notes = []
     if len(x) < MIN_POINTS:
-        notes.append(f"{len(x)} points" + (", no interval" if math.isnan(lo) else ""))
+        notes.append(
+            f"{len(x)} points, a fit needs {MIN_POINTS}"
+            + (", no interval" if math.isnan(lo) else "")
+        )
     if hi - lo > MAX_CI_WIDTH:
-        notes.append(f"95% interval {hi - lo:.2f} wide")
+        notes.append(f"95% interval {hi - lo:.2f} wide, more than {MAX_CI_WIDTH:g}")
     return {
         "exponent": float(slope),
         "ci_low": float(lo),

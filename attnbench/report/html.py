@@ -221,8 +221,8 @@ def _read_from(analysis: Analysis, scope: str) -> str:
     return (
         f"Read from {scope} cases: {timed}; memory and page-fault fits also use noisy cases, whose "
         f"bytes and counts are exact ({PAGE_FAULTS_COUNT}). Noisy, wrong and failed cases are "
-        "never ranked, a noisy case's time is never fitted, and exponents are quoted only from "
-        "conclusive fits."
+        "never ranked, a noisy case's time is never fitted, and the tables quote an exponent only "
+        "where its fit is conclusive (an inconclusive one's is in its tooltip, beside why)."
     )
 
 
@@ -239,8 +239,9 @@ def _answer_table(analysis: Analysis) -> str:
     }
     body = (
         "<p>Every measured call's output is compared with a float64 reference: a case whose "
-        "largest error exceeds its tolerance is <code>wrong</code>, and is left out of every "
-        "figure, fit and ranking. <em>slices checked</em>: the (batch, head) slices compared, "
+        "largest error exceeds its tolerance is <code>wrong</code>: it is never fitted or "
+        "ranked, and the figures draw it as a red cross, never in a line. "
+        "<em>slices checked</em>: the (batch, head) slices compared, "
         "of all the case has.</p>"
         + html_table(
             table,
