@@ -1629,14 +1629,16 @@ def test_a_time_fit_left_few_lengths_by_noisy_cases_blames_them(tmp_path):
     ), counts
     verdicts = list(analysis.summary[VERDICT])
     assert verdicts and all(
-        "time inconclusive: 2 points (2 noisy), a fit needs 4, no interval" in v for v in verdicts
+        "time inconclusive: 2 points fitted (2 noisy left out), a fit needs 4, no interval" in v
+        for v in verdicts
     ), verdicts
     # the list of inconclusive fits gives the same reason, from the same note
     from attnbench.analysis import complexity
 
     listed = [i for i in complexity.tally(analysis.fits).inconclusive if " time: " in i]
     assert len(listed) == 2 and all(
-        i.endswith(" time: 2 points (2 noisy), a fit needs 4, no interval") for i in listed
+        i.endswith(" time: 2 points fitted (2 noisy left out), a fit needs 4, no interval")
+        for i in listed
     ), listed
     # "3 of 3 conclusive complexity fits match the declared big-O; 3 are inconclusive" read as a
     # contradiction: they were memory fits and time fits

@@ -322,7 +322,7 @@ def _theil_sen_fit(x: np.ndarray, y: np.ndarray) -> dict[str, float | int | str]
             + (", no interval" if math.isnan(lo) else "")
         )
     if hi - lo > MAX_CI_WIDTH:
-        notes.append(f"95% interval {hi - lo:.2f} wide, more than {MAX_CI_WIDTH:g}")
+        notes.append(f"95% interval {hi - lo:.2f} wide, wider than the {MAX_CI_WIDTH:g} allowed")
     return {
         "exponent": float(slope),
         "ci_low": float(lo),

@@ -165,10 +165,10 @@ def _unfitted(rows: pd.DataFrame, metric: str = "") -> str:
 
 
 def _too_few_undisturbed(rows: pd.DataFrame, fitted: int) -> str:
-    """ "2 points (1 noisy, 1 at the overhead floor)" where cases left out of a time fit leave it
-    fewer than :data:`complexity.MIN_POINTS` lengths: the real reason it is inconclusive, counted
-    in the points the fit kept, as every other place on the page counts them ("" if none was left
-    out)."""
+    """ "2 points fitted (1 noisy and 1 at the overhead floor left out)" where cases left out of a
+    time fit leave it fewer than :data:`complexity.MIN_POINTS` lengths: the real reason it is
+    inconclusive, counted in the points the fit kept, as every other place on the page counts them
+    ("" if none was left out)."""
     if not len(rows):
         return ""
     counts = rows["status"].value_counts()
@@ -182,7 +182,7 @@ def _too_few_undisturbed(rows: pd.DataFrame, fitted: int) -> str:
         dropped.append(f"{kept - fitted} at the overhead floor")
     if not dropped:
         return ""
-    return f"{fitted} point{'' if fitted == 1 else 's'} ({', '.join(dropped)})"
+    return f"{fitted} point{'' if fitted == 1 else 's'} fitted ({' and '.join(dropped)} left out)"
 
 
 _SERIES = (
@@ -204,9 +204,10 @@ and per shape when a sweep crosses shapes: GQA's Hkv, head dims, batches)."""
 
 
 def _explain_notes(fits: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
-    """``fits`` whose inconclusive time fits say why they kept so few points: "2 points (1 noisy,
-    1 at the overhead floor), no interval" (:func:`_too_few_undisturbed`), in their ``note``, the
-    one text the exponent table, its tooltip and the list of inconclusive fits all read."""
+    """``fits`` whose inconclusive time fits say why they kept so few points: "2 points fitted (1
+    noisy and 1 at the overhead floor left out), no interval" (:func:`_too_few_undisturbed`), in
+    their ``note``, the one text the exponent table, its tooltip and the list of inconclusive fits
+    all read."""
     if not len(fits):
         return fits
     notes = []
