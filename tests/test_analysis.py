@@ -227,7 +227,9 @@ def test_fewer_than_four_points_is_inconclusive():
     lengths = np.array([256.0, 512, 1024, 2048])
     fit = complexity.fit_exponent(lengths, 1e-4 + 1e-9 * lengths**2)
     assert (
-        fit["n"] == 3 and not fit["conclusive"] and fit["note"] == "3 points, a fit needs 4"
+        fit["n"] == 3
+        and not fit["conclusive"]
+        and fit["note"] == "3 points, a verdict needs at least 4"
     )  # the shortest is below 2x the constant
     assert complexity.verdict(fit, 2.0) == "inconclusive"
     two = complexity.fit_exponent(np.array([64.0, 128.0]), np.array([1.0, 4.0]))
@@ -242,11 +244,11 @@ def test_two_points_have_no_interval():
     through both. It says there is none. Planted (seen failing): the bootstrap run on 2 points."""
     lengths, values = np.array([256.0, 512, 1024]), np.array([1.0, 1.1, 4.4])
     fit = complexity.fit_exponent(lengths, values)
-    assert fit["n"] == 2 and fit["note"] == "2 points, a fit needs 4, no interval", fit
+    assert fit["n"] == 2 and fit["note"] == "2 points, a verdict needs at least 4, no interval", fit
     assert math.isnan(fit["ci_low"]) and math.isnan(fit["ci_high"])
     judged = {**fit, "declared": 2.0, "verdict": complexity.verdict(fit, 2.0)}
     phrase, detail = complexity.plain_verdict(judged)
-    assert phrase == "inconclusive: 2 points, a fit needs 4, no interval", phrase
+    assert phrase == "inconclusive: 2 points, a verdict needs at least 4, no interval", phrase
     assert "interval 2.00" not in detail and " to " not in detail, detail
     exact = complexity.fit_deterministic(np.array([256.0, 512]), np.array([1.0, 4.0]))
     assert exact["note"] == "2 points, one local slope" and math.isnan(exact["ci_low"]), exact

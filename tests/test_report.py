@@ -405,7 +405,7 @@ def test_headline_counts_conclusive_fits_names_inconclusive_and_steeper(tmp_path
     assert count, text
     inconclusive = page.split(f"Inconclusive fits ({count.group(1)}) and why")[1][:800]
     # too few lengths to split; the growth from 32 to 64 bounds the constant: all 3 are fitted
-    assert "<li>loop time: 3 points, a fit needs 4</li>" in inconclusive
+    assert "<li>loop time: 3 points, a verdict needs at least 4</li>" in inconclusive
     assert "chunked time" not in inconclusive
     assert "No variant grows faster" not in page
     # wrong: its own red section, and out of the fits
@@ -1629,7 +1629,8 @@ def test_a_time_fit_left_few_lengths_by_noisy_cases_blames_them(tmp_path):
     ), counts
     verdicts = list(analysis.summary[VERDICT])
     assert verdicts and all(
-        "time inconclusive: 2 points fitted (2 noisy left out), a fit needs 4, no interval" in v
+        "time inconclusive: 2 points fitted (2 noisy left out), a verdict needs at least 4, no interval"
+        in v
         for v in verdicts
     ), verdicts
     # the list of inconclusive fits gives the same reason, from the same note
@@ -1637,7 +1638,9 @@ def test_a_time_fit_left_few_lengths_by_noisy_cases_blames_them(tmp_path):
 
     listed = [i for i in complexity.tally(analysis.fits).inconclusive if " time: " in i]
     assert len(listed) == 2 and all(
-        i.endswith(" time: 2 points fitted (2 noisy left out), a fit needs 4, no interval")
+        i.endswith(
+            " time: 2 points fitted (2 noisy left out), a verdict needs at least 4, no interval"
+        )
         for i in listed
     ), listed
     # "3 of 3 conclusive complexity fits match the declared big-O; 3 are inconclusive" read as a

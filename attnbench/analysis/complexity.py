@@ -318,18 +318,20 @@ def _theil_sen_fit(x: np.ndarray, y: np.ndarray) -> dict[str, float | int | str]
     notes = []
     if len(x) < MIN_POINTS:
         notes.append(
-            f"{len(x)} points, a fit needs {MIN_POINTS}"
+            f"{len(x)} points, a verdict needs at least {MIN_POINTS}"
             + (", no interval" if math.isnan(lo) else "")
         )
     if hi - lo > MAX_CI_WIDTH:
-        notes.append(f"95% interval {hi - lo:.2f} wide, wider than the {MAX_CI_WIDTH:g} allowed")
+        notes.append(
+            f"its 95% interval is {hi - lo:.2f} wide, over the {MAX_CI_WIDTH:g} a verdict allows"
+        )
     return {
         "exponent": float(slope),
         "ci_low": float(lo),
         "ci_high": float(hi),
         **_line_fit(x, y, resid),
         "conclusive": not notes,
-        "note": ", ".join(notes),
+        "note": ", and ".join(notes),
         "outliers": " ".join(f"L={n}" for n in wild),
     }
 
