@@ -1627,6 +1627,11 @@ def test_a_time_fit_left_few_lengths_by_noisy_cases_blames_them(tmp_path):
     assert counts["batched"] == (
         "not fitted: every case error (4): valgrind ran out of time (planted)"
     ), counts
+    from attnbench.analysis.summary import fit_column
+
+    # the fit its verdict names is in the cell, marked (a reader looked for "its 95% interval")
+    cells = list(analysis.summary[fit_column("time", "time")])
+    assert cells and all(re.match(r"^\d\.\d\d, inconclusive / 2$", c) for c in cells), cells
     verdicts = list(analysis.summary[VERDICT])
     assert verdicts and all(
         "time inconclusive: 2 points fitted (2 noisy left out), a verdict needs at least 4, no interval"

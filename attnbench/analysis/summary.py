@@ -116,19 +116,24 @@ class Analysis:
 
 
 def _short_fit(row: pd.Series) -> str:
-    """The short form (visible table): "2.01 [1.95, 2.07]", "inconclusive", "model".
+    """The short form (visible table): "2.01 [1.95, 2.07]", "1.90 [1.59, 2.21], inconclusive",
+    "model".
 
-    An inconclusive fit's exponent is not quoted: the verdict beside it says why, and its tooltip
-    gives the exponent with that reason."""
+    An inconclusive fit's exponent is shown with its interval (readers looked for the fit its
+    verdict names) and marked so: the verdict beside it says why it is not judged."""
     if row.get("method") == complexity.MODEL:
         return "model (predicted, not fitted)"
     if math.isnan(row["exponent"]):
         return f"n/a: {row['note']}" if row.get("note") else "n/a"
+    if math.isnan(row["ci_low"]):
+        shown = f"{row['exponent']:.2f}"
+    elif row.get("kind") == "deterministic":  # no sampling noise: the range the slope takes along L
+        shown = f"{row['exponent']:.2f} (local {row['ci_low']:.2f} to {row['ci_high']:.2f})"
+    else:
+        shown = f"{row['exponent']:.2f} [{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
     if row.get("verdict") == FitVerdict.INCONCLUSIVE or not row.get("conclusive", True):
-        return "inconclusive"
-    if row.get("kind") == "deterministic":  # no sampling noise: the range the slope takes along L
-        return f"{row['exponent']:.2f} (local {row['ci_low']:.2f} to {row['ci_high']:.2f})"
-    return f"{row['exponent']:.2f} [{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
+        return f"{shown}, inconclusive"
+    return shown
 
 
 _NEVER_MEASURED = {

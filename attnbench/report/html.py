@@ -221,9 +221,8 @@ def _read_from(analysis: Analysis, scope: str) -> str:
     return (
         f"Read from {scope} cases: {timed}; memory and page-fault fits also use noisy cases, whose "
         f"bytes and counts are exact ({PAGE_FAULTS_COUNT}). Noisy, wrong and failed cases are "
-        "never ranked, a noisy case's time is never fitted, and the exponent table quotes an "
-        "exponent only where its fit is conclusive (an inconclusive one's is in the tooltip of its "
-        "verdict, beside why, and in the full fit table)."
+        "never ranked, a noisy case's time is never fitted, and an inconclusive fit's exponent is "
+        "shown, marked inconclusive, but never judged against the declared one."
     )
 
 
