@@ -806,14 +806,17 @@ def time_not_fitted(frame: pd.DataFrame, fits: pd.DataFrame) -> bool:
     return timed and not judged
 
 
-def _counted(t: _Tally) -> str:
-    """ "5 match, 1 grows slower, 0 grow faster, 5 inconclusive": a tally in the page's words."""
-    slower, faster, unsure = len(t.shallower), len(t.steeper), len(t.inconclusive)
-    return (
-        f"{t.matches} {agree(t.matches, 'matches', 'match')}, {slower} "
-        f"{agree(slower, 'grows', 'grow')} slower, {faster} {agree(faster, 'grows', 'grow')} "
-        f"faster, {unsure} inconclusive"
+def _counted(t: _Tally, zeros: bool = True) -> str:
+    """ "5 match, 1 grows slower, 0 grow faster, 5 inconclusive": a tally in the page's words
+    (without ``zeros``: "5 match, 1 grows slower, 5 inconclusive")."""
+    slower, faster = len(t.shallower), len(t.steeper)
+    parts = (
+        (t.matches, agree(t.matches, "matches", "match")),
+        (slower, f"{agree(slower, 'grows', 'grow')} slower"),
+        (faster, f"{agree(faster, 'grows', 'grow')} faster"),
+        (len(t.inconclusive), "inconclusive"),
     )
+    return ", ".join(f"{n} {words}" for n, words in parts if zeros or n)
 
 
 def per_metric(fits: pd.DataFrame) -> str:
@@ -827,8 +830,7 @@ def per_metric(fits: pd.DataFrame) -> str:
     parts = []
     for m in metrics:
         label = METRIC_LABELS.get(m, m)
-        said = _counted(tally(judged[judged["metric"] == m])).split(", ")
-        parts.append(f"{label}: {', '.join(p for p in said if not p.startswith('0 '))}")
+        parts.append(f"{label}: {_counted(tally(judged[judged['metric'] == m]), zeros=False)}")
     return "; ".join(parts)
 
 

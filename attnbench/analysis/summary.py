@@ -36,7 +36,7 @@ from attnbench.analysis.slices import (
     side_key,
     sides,
 )
-from attnbench.analysis.text import short_hash
+from attnbench.analysis.text import count, short_hash
 from attnbench.contract import Status, family
 from attnbench.gate.steps import find_steps, history_commits
 from attnbench.registry import get_variant, variant_names
@@ -187,7 +187,7 @@ def _too_few_undisturbed(rows: pd.DataFrame, fitted: int) -> str:
         dropped.append(f"{kept - fitted} at the overhead floor")
     if not dropped:
         return ""
-    return f"{fitted} point{'' if fitted == 1 else 's'} fitted ({' and '.join(dropped)} left out)"
+    return f"{count(fitted, 'point')} fitted ({' and '.join(dropped)} left out)"
 
 
 _SERIES = (
@@ -222,7 +222,7 @@ def _explain_notes(fits: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
             key = {k: rec[k] for k in _SERIES if k in rec}
             n = int(rec.get("n", 0))
             why = _too_few_undisturbed(_series_rows(frame, key, "time"), n)
-            points = f"{n} point{'' if n == 1 else 's'}"
+            points = count(n, "point")
             if why:  # keep what follows the count (", no interval"); else the reason replaces it
                 note = why + note[len(points) :] if note.startswith(points) else why
         notes.append(note)

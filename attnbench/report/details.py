@@ -353,7 +353,7 @@ def _fmt_fit(row: pd.Series) -> str:
     lo = "-inf" if math.isinf(row["ci_low"]) else f"{row['ci_low']:.2f}"
     where = f"L {row['L_min']:.0f}-{row['L_max']:.0f}, {row['n']:.0f} points"
     # two points: one line through both, no interval (never a zero-width "[2.00, 2.00]")
-    spread = math.isfinite(row["ci_low"]) or math.isinf(row["ci_low"])
+    spread = not math.isnan(row["ci_low"])
     # exact values: the slope's range along L and the largest residual
     if row.get("kind") == "deterministic":
         slopes = f"local slopes {lo} to {hi}" if spread else "one local slope"
