@@ -398,7 +398,7 @@ def test_headline_counts_conclusive_fits_names_inconclusive_and_steeper(tmp_path
     assert tone == "bad" and "grows faster than declared (a mismatch): linear_elu time" in text
     # chunked time and memory: 4 lengths, and a pure power law's cost split has no constant, so none is the floor
     assert text.startswith(
-        "7 fits judged against the declared big-O: 5 match, 0 grow slower, 1 grows faster, 1 "
+        "7 fits compared with the declared big-O: 5 match, 0 grow slower, 1 grows faster, 1 "
         "inconclusive (time: "
     ), text
     count = re.search(r", (\d+) inconclusive \(", text)
@@ -864,6 +864,8 @@ def test_lengths_and_counts_are_printed_exactly_in_every_table(tmp_path):
     import html as html_lib
     from html.parser import HTMLParser
 
+    from attnbench.analysis import complexity
+
     run = _scaled_run(
         tmp_path / "run",
         ["batched", "sdpa", "chunked"],
@@ -910,7 +912,7 @@ def test_lengths_and_counts_are_printed_exactly_in_every_table(tmp_path):
                 cells = [
                     row[i]
                     for row in table[1:]
-                    if i < len(row) and row[i] not in ("", "always", "never")
+                    if i < len(row) and row[i] not in ("", "always", "never", complexity.ONE_LENGTH)
                 ]
                 assert all(c.isdigit() for c in cells), (head, cells)
                 checked += len(cells)
@@ -1174,7 +1176,7 @@ def test_a_match_whose_interval_excludes_the_declared_exponent_says_so():
     assert fits["verdict"].iloc[0] == "matches"
     tone, text = complexity.headline(fits)
     assert text.startswith(
-        "1 fit judged against the declared big-O: 1 matches, 0 grow slower, 0 grow faster, 0 "
+        "1 fit compared with the declared big-O: 1 matches, 0 grow slower, 0 grow faster, 0 "
         "inconclusive (time: 1 matches)"
     ), text
     row = exponent_summary(fits).iloc[0]
@@ -1435,12 +1437,12 @@ def test_a_plugin_run_whose_every_time_was_noisy_leads_with_its_own_variant_and_
     texts = [t for t, _ in d["findings"]]
     # the worse run read cleaner: "...; 0 are inconclusive" and a green "none inconclusive"
     said = (
-        "3 fits judged against the declared big-O: 3 match, 0 grow slower, 0 grow faster, 0 "
+        "3 fits compared with the declared big-O: 3 match, 0 grow slower, 0 grow faster, 0 "
         "inconclusive (peak memory: 3 match); time not fitted (every case noisy or skipped)."
     )
     assert said in texts, texts
     assert f'class="neutral">{said}</p>' in d[golden.PAGE], re.findall(
-        r"<p class=\"\w+\">3 fits judged[^<]*", d[golden.PAGE]
+        r"<p class=\"\w+\">3 fits compared[^<]*", d[golden.PAGE]
     )
     assert texts[0].startswith("Every answer checked against the float64 reference was correct")
     assert "`mine` " in texts[0], texts[0]
@@ -1653,7 +1655,7 @@ def test_a_time_fit_left_few_lengths_by_noisy_cases_blames_them(tmp_path):
     texts = [f.text for f in analysis.findings]
     assert any(
         t.startswith(
-            "5 fits judged against the declared big-O: 3 match, 0 grow slower, 0 grow faster, "
+            "5 fits compared with the declared big-O: 3 match, 0 grow slower, 0 grow faster, "
             "2 inconclusive (time: 2 inconclusive; instructions: 1 matches; peak memory: 2 match)"
         )
         for t in texts
@@ -1679,3 +1681,94 @@ def test_the_answer_finding_counts_every_variants_checked_cases_not_only_the_wor
     monkeypatch.setattr(findings, "answer_check", lambda frame: pd.DataFrame(rows))
     found = findings._answers(types.SimpleNamespace(frame=None))
     assert "was correct (70 cases)" in found.text and "(the worst three)" in found.text
+
+
+@pytest.fixture(scope="module")
+def four_families(tmp_path_factory):
+    """A run of four of the six families (dense, fused, blockwise, linear) and its analysis."""
+    from attnbench.analysis.summary import analyse, load_results
+
+    tmp = tmp_path_factory.mktemp("four_families")
+    run = _scaled_run(tmp / "run", ["batched", "sdpa", "chunked", "linear_elu"], (64, 128, 256))
+    return analyse(load_results([run])), tmp
+
+
+CLOSED_SHAPES = frozenset("osD^vphH<>d8")
+"""Filled, closed marker outlines: none has the arms of a cross ("x", "X", "+", "P", a four-pointed star)."""
+
+
+def test_no_variants_points_look_like_the_wrong_results_cross(four_families):
+    """Issue 49: sdpa's correct points were orange crosses in the time and memory figures, under a caption
+    saying "red crosses: wrong results" (seaborn's own markers: o, X, a diamond, P, ...). Every variant's
+    points now take a closed shape; the cross is the wrong cases' alone. Planted (seen failing):
+    markers=True back in scaling: "time figure draws variants as ['(4, 0, 45)', 'P', 'X', 'o']"; "X" put in
+    VARIANT_MARKERS: "Extra items in the left set: 'X'"."""
+    from attnbench.report import plots, style
+
+    analysis, _ = four_families
+    assert style.WRONG_MARKER in ("x", "X", "+", "P")
+    many = style.variant_markers([f"v{i}" for i in range(3 * len(style.VARIANT_MARKERS))])
+    assert set(many.values()) <= CLOSED_SHAPES
+    with style.drawing(analysis.variant_order):
+        figures = {
+            "time": plots.scaling(analysis.main, "time"),
+            "memory": plots.scaling(analysis.main, "peak_tensor_bytes"),
+            "headline": plots.progression(analysis.main, analysis.main_fits),
+        }
+    for name, fig in figures.items():
+        shapes = [
+            line.get_marker()
+            for ax in fig.axes
+            for line in ax.get_lines()
+            if line.get_linestyle() != "None" and line.get_marker() not in ("None", "", None)
+        ]
+        assert shapes, f"{name} figure draws no marked line"
+        crosses = [m for m in shapes if m not in CLOSED_SHAPES]
+        assert not crosses, f"{name} figure draws variants as {sorted(set(map(str, shapes)))}"
+
+
+def test_the_time_figures_caption_names_the_panels_it_draws(four_families):
+    """Issue 49: the caption listed every family ("dense, fused SDPA, blockwise, linear, scoring functions,
+    compiled") above panels "dense / fused / other". It now names the panels from the rows that decide them.
+    Planted (seen failing): the fixed list back: "- one panel per family: dense, fused, blockwise, linear
+    + one panel per family (dense, fused SDPA, blockwise, linear, scoring functions, compiled)"."""
+    from attnbench.report import html, plots, style
+    from attnbench.report.markup import Page
+
+    analysis, tmp = four_families
+    with style.drawing(analysis.variant_order):
+        titles = [ax.get_title() for ax in plots.scaling(analysis.main, "time").axes]
+        section = html._families(Page(analysis, tmp / "figures"))
+    assert titles == ["dense", "fused", "blockwise", "linear"]
+    caption = re.search(r"Time per call vs L, (.*?), lines labelled", section)
+    assert caption, section
+    assert caption.group(1) == f"one panel per family: {', '.join(titles)}"
+
+
+def test_a_variant_has_one_colour_on_every_figure_of_a_page(four_families):
+    """Issue 49: textbook was green on the headline (tab10, one hue a line) and olive on the time and memory
+    figures (its family's shade). Every figure now takes a variant's colour from style.colour: the line-end
+    labels (each in its line's colour) agree across the figures. Planted (seen failing): tab10 back in the
+    headline: "batched: {'headline': {'#1f77b4'}, 'time': {'#3b8bc2'}, 'memory': {'#3b8bc2'}}"."""
+    from matplotlib import colors as mcolors
+
+    from attnbench.report import plots, style
+
+    analysis, _ = four_families
+    variants = ("batched", "sdpa", "chunked", "linear_elu")
+    with style.drawing(analysis.variant_order):
+        figures = {
+            "headline": plots.progression(analysis.main, analysis.main_fits, variants),
+            "time": plots.scaling(analysis.main, "time"),
+            "memory": plots.scaling(analysis.main, "peak_tensor_bytes"),
+        }
+    seen: dict[str, dict[str, set[str]]] = {v: {} for v in variants}
+    for name, fig in figures.items():
+        for ax in fig.axes:
+            for text in ax.texts:
+                variant = text.get_text().split(" ")[0]
+                if variant in seen:
+                    seen[variant].setdefault(name, set()).add(mcolors.to_hex(text.get_color()))
+    for variant, by_figure in seen.items():
+        assert set(by_figure) == set(figures), f"{variant} is labelled on {sorted(by_figure)} only"
+        assert len(set().union(*by_figure.values())) == 1, f"{variant}: {by_figure}"

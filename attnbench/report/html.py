@@ -222,7 +222,7 @@ def _read_from(analysis: Analysis, scope: str) -> str:
         f"Read from {scope} cases: {timed}; memory and page-fault fits also use noisy cases, whose "
         f"bytes and counts are exact ({PAGE_FAULTS_COUNT}). Noisy, wrong and failed cases are "
         "never ranked, a noisy case's time is never fitted, and an inconclusive fit's exponent is "
-        "shown, marked inconclusive, but never judged against the declared one."
+        "shown, marked inconclusive, and called neither a match nor a mismatch."
     )
 
 
@@ -327,11 +327,11 @@ def _families(page: Page) -> str:
     figures = page.figure(
         "time",
         plots.scaling(main, "time"),
-        "Time per call vs L, one panel per family (dense, fused SDPA, blockwise, linear, scoring "
-        "functions, compiled), lines labelled at their end. Dashed grey: O(L) and O(L²) through "
-        "the shortest length. Red crosses: wrong results; hollow circles in a variant's colour: "
-        "its noisy measurements (neither is a fact); bars: the interquartile range of the timing "
-        "blocks." + page.scope,
+        f"Time per call vs L, {html.escape(plots.scaling_panels(main, 'time'))}, lines labelled "
+        "at their end. Dashed grey: O(L) and O(L²) through the shortest length. Red crosses: "
+        "wrong results (no variant's own points are crosses); hollow circles in a variant's "
+        "colour: its noisy measurements (neither is a fact); bars: the interquartile range of the "
+        "timing blocks." + page.scope,
     ) + page.figure(
         "memory",
         plots.scaling(main, "peak_tensor_bytes"),

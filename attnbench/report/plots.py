@@ -3,9 +3,10 @@
 Every function returns a matplotlib Figure, or None when the frame holds nothing to draw.
 
 Colours: one hue per family of variants (:data:`FAMILIES`), shades within it, so a variant has the
-same colour in every figure. Lines are labelled at their right end instead of in a legend. Only
-``ok`` rows are drawn as lines; a case that failed the correctness gate (``wrong``) is a red cross
-and a disturbed measurement (``noisy``) a hollow marker: neither is ever part of a line or a fit.
+same colour in every figure, the headline's included. Lines are labelled at their right end instead
+of in a legend. Only ``ok`` rows are drawn as lines; a case that failed the correctness gate
+(``wrong``) is a red cross, a shape no variant's points take, and a disturbed measurement
+(``noisy``) a hollow marker: neither is ever part of a line or a fit.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from attnbench.report.style import (
     LABEL_POINTS,
     SHAPE_TAGS,
     WRONG_COLOUR,
+    WRONG_MARKER,
     colour,
     draw_guides,
     end_labels,
@@ -48,6 +50,7 @@ from attnbench.report.style import (
     series,
     spread_bars,
     unit_axis,
+    variant_markers,
     variant_names,
 )
 
@@ -63,6 +66,7 @@ __all__ = [
     "progression",
     "roofline",
     "scaling",
+    "scaling_panels",
     "show_heatmaps",
     "speedup_heatmap",
 ]
@@ -116,7 +120,7 @@ def _scaling_panel(
 
 
 _ODD_MARKERS = (
-    (Status.WRONG, {"marker": "x", "s": 60, "color": WRONG_COLOUR}),
+    (Status.WRONG, {"marker": WRONG_MARKER, "s": 60, "color": WRONG_COLOUR}),
     (Status.NOISY, {"marker": "o", "s": 40, "facecolors": "none", "linewidths": 1.2}),
 )
 """How :func:`scaling` marks no-fact points: wrong ones red crosses, noisy ones hollow circles."""
@@ -161,6 +165,35 @@ def _mark_odd(
                 )
 
 
+def _facets(df: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """The families and the device-mode pairs of :func:`_scaling_rows`' ``df``, in drawing order."""
+    families = [f for f in [*FAMILIES, OTHER_FAMILY] if f in set(df["family"])]
+    return families, list(df["where"].unique())
+
+
+def scaling_panels(frame: pd.DataFrame, metric: str) -> str:
+    """The panels :func:`scaling` draws for ``metric``, in words for its caption ("" for none).
+
+    Read from the rows that decide the panels, so the caption names the ones drawn: a fixed list
+    of every family named panels a run never had."""
+    df = _scaling_rows(frame, metric)
+    if df.empty:
+        return ""
+    families, wheres = _facets(df)
+    named = [
+        f"{f} (variants no family lists, such as plugins)" if f == OTHER_FAMILY else f
+        for f in families
+    ]
+    words = (
+        f"one panel per family: {', '.join(named)}"
+        if len(named) > 1
+        else f"one panel: the {named[0]} family"
+    )
+    if len(wheres) > 1:
+        words += f"; one row per device and mode: {', '.join(wheres)}"
+    return words
+
+
 def scaling(
     frame: pd.DataFrame, metric: str, guides: bool = True, title: str | None = None
 ) -> plt.Figure | None:
@@ -175,8 +208,8 @@ def scaling(
     df = _scaling_rows(frame, metric)
     if df.empty:
         return None
-    row = "where" if df["where"].nunique() > 1 else None
-    families = [f for f in [*FAMILIES, OTHER_FAMILY] if f in set(df["family"])]
+    families, wheres = _facets(df)
+    row = "where" if len(wheres) > 1 else None
     col = "family" if len(families) > 1 else None
     palette = family_palette(df["variant"].unique().tolist())
     grid = sns.relplot(
@@ -186,7 +219,7 @@ def scaling(
         hue="variant",
         style="variant",
         kind="line",
-        markers=True,
+        markers=variant_markers(list(palette)),
         dashes={v: (1, 2) if v.endswith(" (model)") else "" for v in palette},
         style_order=list(palette),
         col=col,
@@ -197,6 +230,7 @@ def scaling(
         hue_order=list(palette),
         legend=False,
         col_order=families if col else None,
+        row_order=wheres if row else None,
         col_wrap=3 if col and not row else None,
         facet_kws={"sharey": True, "sharex": True},
     )
@@ -318,9 +352,11 @@ def _progression_panel(
 ) -> None:
     """One panel of :func:`progression`: a line per series of ``df``, labelled with its slope.
 
-    The lines follow the order of ``shades`` (variant -> its colour); each is labelled at its end
-    with its fitted slope.
+    The lines follow the order of ``shades`` (variant -> its colour, the page's); each has its
+    variant's shape (a family's shades are near: the progression is four dense variants and sdpa)
+    and is labelled at its end with its fitted slope.
     """
+    shapes = variant_markers(list(shades))
     ends, text, colours, dotted = {}, {}, {}, False
     df = df.assign(series=series(df, model=False))
     order = [s for v in shades for s in sorted(set(df.loc[df["variant"] == v, "series"]))]
@@ -329,7 +365,15 @@ def _progression_panel(
         variant, model = rows["variant"].iloc[0], (rows["method"] == Method.MODEL).all()
         s = rows.groupby("seq_len")[["value", "spread"]].median()
         shade = shades.get(variant) or colour(variant)
-        ax.plot(s.index, s["value"], marker="o", ms=4, lw=2, color=shade, ls=":" if model else "-")
+        ax.plot(
+            s.index,
+            s["value"],
+            marker=shapes.get(variant, "o"),
+            ms=4,
+            lw=2,
+            color=shade,
+            ls=":" if model else "-",
+        )
         spread_bars(ax, s.index.to_series(), s["value"], s["spread"], shade)
         colours[name], dotted = shade, dotted or model
         ends[name] = (float(s.index[-1]), float(s["value"].iloc[-1]))
@@ -417,8 +461,8 @@ def progression(
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.3))
     lengths = sorted({int(n) for _, df in panels for n in df["seq_len"]})
     drawn = [v for v in variants if any((df["variant"] == v).any() for _, df in panels)]
-    # one hue a line, in the order given (not a family's shades)
-    distinct = {v: plt.get_cmap("tab10")(i % 10) for i, v in enumerate(drawn)}
+    # the colour each variant has on every other figure of the page, in the order given
+    shades = {v: colour(v) for v in drawn}
     for ax, (metric, df) in zip(axes, panels, strict=True):
         if df.empty:
             _say_empty(
@@ -427,7 +471,7 @@ def progression(
                 "time per call" if metric == "time" else "peak tensor memory",
             )
             continue
-        _progression_panel(ax, metric, df, fits, distinct, lengths)
+        _progression_panel(ax, metric, df, fits, shades, lengths)
     fig.suptitle(title, fontsize=12)
     fig.tight_layout()
     return fig
@@ -671,9 +715,8 @@ def _crossover_cells(
     for rec in cross.to_dict("records"):
         i, j = rows.index(rec["variant"]), cols.index(rec["baseline"])
         ratio[i, j] = rec["ratio_at_longest"]
-        where = {"always": "always", "never": "never"}.get(
-            rec["crossover_L"], f"L≥{rec['crossover_L']}"
-        )
+        crossing = rec["crossover_L"]
+        where = crossing if not str(crossing).isdigit() else f"L≥{crossing}"
         text[i][j] = f"{where}  {fmt(rec['ratio_at_longest'], 'x')}"
     return ratio, text
 

@@ -37,7 +37,9 @@ __all__ = [
     "PLUGIN_COLOURS",
     "SHAPE_TAGS",
     "THEME",
+    "VARIANT_MARKERS",
     "WRONG_COLOUR",
+    "WRONG_MARKER",
     "colour",
     "draw_guides",
     "drawing",
@@ -49,6 +51,7 @@ __all__ = [
     "series",
     "spread_bars",
     "unit_axis",
+    "variant_markers",
     "variant_names",
 ]
 
@@ -86,6 +89,12 @@ def variant_names() -> tuple[str, ...]:
 
 
 WRONG_COLOUR = "#b00020"
+WRONG_MARKER = "x"
+"""A case that failed the correctness gate: a cross, the one shape no variant's own points take."""
+VARIANT_MARKERS = ("o", "s", "D", "^", "p", "h", "<", ">", "d", "8", "H")
+"""The variants' point shapes: filled, closed outlines only. seaborn's own list holds "X", "P" and a
+four-pointed star, and a variant drawn in crosses read as wrong results (:data:`WRONG_MARKER`).
+No "v" either: the headline's ▼ marks L*."""
 
 PLUGIN_COLOURS = mcolors.LinearSegmentedColormap.from_list(
     "attnbench_plugins", ["#f0e442", "#b8a000", "#5c5000"]
@@ -178,6 +187,12 @@ def family_palette(variants: list[str]) -> dict[str, tuple]:
     order = [v for v in variant_names() if v in variants]
     order += sorted(v for v in set(variants) - set(order))
     return {v: colour(v) for v in order}
+
+
+def variant_markers(names: Sequence[str]) -> dict[str, str]:
+    """A point shape per name, in the order given, from :data:`VARIANT_MARKERS` (repeating past its
+    end): never a cross."""
+    return {name: VARIANT_MARKERS[i % len(VARIANT_MARKERS)] for i, name in enumerate(names)}
 
 
 def unit_axis(ax, axis: str, unit: str) -> None:
