@@ -331,6 +331,10 @@ def test_crossovers():
     assert table.loc["chunked", "crossover_L"] == "1024"
     assert table.loc["linear_elu", "crossover_L"] == "never"
     assert table.loc["chunked", "ratio_at_longest"] == pytest.approx(64 / 40)
+    # measured together at one length only: no trend to call "always" (nor "never")
+    alone = frame[(frame["variant"] == "batched") | (frame["seq_len"] == frame["seq_len"].max())]
+    table = complexity.crossovers(alone, baselines=("batched",)).set_index("variant")
+    assert table.loc["chunked", "crossover_L"] == complexity.ONE_LENGTH
 
 
 def test_fit_table_and_memory_model_from_a_frame():
@@ -703,3 +707,15 @@ def test_the_fit_rule_the_report_prints_is_plain_words():
     assert not re.findall(r":\w+:`[^`]*`|``[^`]*``|\b[A-Z][A-Z_]{3,}\b", complexity.FIT_RULE)
     assert f"{complexity.FLOOR_FACTOR:g} times that constant cost" in complexity.FIT_RULE
     assert f"fewer than {complexity.MIN_POINTS} points" in complexity.FIT_RULE.replace("\n", " ")
+
+
+def test_a_headline_with_an_open_claim_is_never_green():
+    """A newcomer read "6 fits compared with the declared big-O: 3 match, ..., 3 inconclusive" in
+    green: half the claims were still open. Green needs every compared fit settled and matching."""
+    fit = {"variant": "batched", "metric": "time", "declared": 2.0, "note": ""}
+    rows = [
+        {**fit, "verdict": complexity.FitVerdict.MATCHES},
+        {**fit, "variant": "sdpa", "verdict": complexity.FitVerdict.INCONCLUSIVE},
+    ]
+    assert complexity.headline(pd.DataFrame(rows[:1]))[0] == "good"
+    assert complexity.headline(pd.DataFrame(rows))[0] == "neutral"

@@ -44,7 +44,7 @@ def test_no_figure_prints_text_over_text(built, scenario):
 
 
 _BREAKDOWN = re.compile(
-    r"(\d+) fits? judged against the declared big-O: (\d+) match(?:es)?, (\d+) grows? slower, "
+    r"(\d+) fits? compared with the declared big-O: (\d+) match(?:es)?, (\d+) grows? slower, "
     r"(\d+) grows? faster, (\d+) inconclusive \(([^)]*)\)"
 )
 """complexity.breakdown's sentence: the total, its four parts and the same four per metric."""

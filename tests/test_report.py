@@ -398,7 +398,7 @@ def test_headline_counts_conclusive_fits_names_inconclusive_and_steeper(tmp_path
     assert tone == "bad" and "grows faster than declared (a mismatch): linear_elu time" in text
     # chunked time and memory: 4 lengths, and a pure power law's cost split has no constant, so none is the floor
     assert text.startswith(
-        "7 fits judged against the declared big-O: 5 match, 0 grow slower, 1 grows faster, 1 "
+        "7 fits compared with the declared big-O: 5 match, 0 grow slower, 1 grows faster, 1 "
         "inconclusive (time: "
     ), text
     count = re.search(r", (\d+) inconclusive \(", text)
@@ -864,6 +864,8 @@ def test_lengths_and_counts_are_printed_exactly_in_every_table(tmp_path):
     import html as html_lib
     from html.parser import HTMLParser
 
+    from attnbench.analysis import complexity
+
     run = _scaled_run(
         tmp_path / "run",
         ["batched", "sdpa", "chunked"],
@@ -910,7 +912,7 @@ def test_lengths_and_counts_are_printed_exactly_in_every_table(tmp_path):
                 cells = [
                     row[i]
                     for row in table[1:]
-                    if i < len(row) and row[i] not in ("", "always", "never")
+                    if i < len(row) and row[i] not in ("", "always", "never", complexity.ONE_LENGTH)
                 ]
                 assert all(c.isdigit() for c in cells), (head, cells)
                 checked += len(cells)
@@ -1174,7 +1176,7 @@ def test_a_match_whose_interval_excludes_the_declared_exponent_says_so():
     assert fits["verdict"].iloc[0] == "matches"
     tone, text = complexity.headline(fits)
     assert text.startswith(
-        "1 fit judged against the declared big-O: 1 matches, 0 grow slower, 0 grow faster, 0 "
+        "1 fit compared with the declared big-O: 1 matches, 0 grow slower, 0 grow faster, 0 "
         "inconclusive (time: 1 matches)"
     ), text
     row = exponent_summary(fits).iloc[0]
@@ -1435,12 +1437,12 @@ def test_a_plugin_run_whose_every_time_was_noisy_leads_with_its_own_variant_and_
     texts = [t for t, _ in d["findings"]]
     # the worse run read cleaner: "...; 0 are inconclusive" and a green "none inconclusive"
     said = (
-        "3 fits judged against the declared big-O: 3 match, 0 grow slower, 0 grow faster, 0 "
+        "3 fits compared with the declared big-O: 3 match, 0 grow slower, 0 grow faster, 0 "
         "inconclusive (peak memory: 3 match); time not fitted (every case noisy or skipped)."
     )
     assert said in texts, texts
     assert f'class="neutral">{said}</p>' in d[golden.PAGE], re.findall(
-        r"<p class=\"\w+\">3 fits judged[^<]*", d[golden.PAGE]
+        r"<p class=\"\w+\">3 fits compared[^<]*", d[golden.PAGE]
     )
     assert texts[0].startswith("Every answer checked against the float64 reference was correct")
     assert "`mine` " in texts[0], texts[0]
@@ -1653,7 +1655,7 @@ def test_a_time_fit_left_few_lengths_by_noisy_cases_blames_them(tmp_path):
     texts = [f.text for f in analysis.findings]
     assert any(
         t.startswith(
-            "5 fits judged against the declared big-O: 3 match, 0 grow slower, 0 grow faster, "
+            "5 fits compared with the declared big-O: 3 match, 0 grow slower, 0 grow faster, "
             "2 inconclusive (time: 2 inconclusive; instructions: 1 matches; peak memory: 2 match)"
         )
         for t in texts

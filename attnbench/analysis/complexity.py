@@ -53,6 +53,7 @@ __all__ = [
     "VERDICTS",
     "FIT_RULE",
     "SPLIT_TRUSTED",
+    "ONE_LENGTH",
     "constant_cost",
     "fit_exponent",
     "fit_deterministic",
@@ -749,9 +750,10 @@ class _Tally:
     def tone(self) -> str:
         if self.steeper:
             return "bad"
+        settled = self.conclusive == self.judged  # an inconclusive fit leaves its claim open
         return (
             "good"
-            if self.conclusive and self.matches + len(self.shallower) == self.conclusive
+            if settled and self.conclusive and self.matches + len(self.shallower) == self.conclusive
             else "neutral"
         )
 
@@ -836,7 +838,7 @@ def per_metric(fits: pd.DataFrame) -> str:
 
 def breakdown(fits: pd.DataFrame, time_unfitted: bool = False) -> str:
     """The one count of the judged fits that both the findings and the exponents section state, in
-    the same words: "11 fits judged against the declared big-O: 5 match, 0 grow slower, 0 grow
+    the same words: "11 fits compared with the declared big-O: 5 match, 0 grow slower, 0 grow
     faster, 6 inconclusive (time: 1 matches, 5 inconclusive; memory: 4 match, 1 inconclusive)"
     (``time_unfitted``: "; time not fitted (...)" after it).
 
@@ -844,7 +846,7 @@ def breakdown(fits: pd.DataFrame, time_unfitted: bool = False) -> str:
     only after adding up; every number here comes from one :func:`tally`.
     """
     t = tally(fits)
-    text = f"{count(t.judged, 'fit')} judged against the declared big-O: {_counted(t)}"
+    text = f"{count(t.judged, 'fit')} compared with the declared big-O: {_counted(t)}"
     text += f" ({per_metric(fits)})" if t.judged else ""
     return text + (f"; {TIME_NOT_FITTED}" if time_unfitted else "")
 
@@ -877,8 +879,16 @@ _CROSSOVER_SETTING = ["source", "machine", "commit", "device", "mode", "dtype", 
 """The columns that hold one setting of :func:`crossovers`: variants are compared within it."""
 
 
+ONE_LENGTH = "one length"
+"""A crossover measured at a single shared length: neither "always" nor "never" (a newcomer read
+"always 1.04x" and took it for a trend drawn from four lengths)."""
+
+
 def _first_win(wins: np.ndarray, lengths: pd.Index) -> str:
-    """The first length from which every longer one wins too ("always", or "never")."""
+    """The first length from which every longer one wins too ("always", "never", or
+    :data:`ONE_LENGTH` where only one length was measured by both)."""
+    if len(wins) == 1:
+        return ONE_LENGTH
     for i in range(len(wins)):
         if wins[i:].all():
             return "always" if i == 0 else str(int(lengths[i]))
@@ -920,7 +930,8 @@ def crossovers(
     """Length from which each variant stays below each baseline (faster, or smaller for memory).
 
     ``crossover`` is the smallest measured L such that the variant beats the baseline at L and at
-    every longer length both were measured at; "never" / "always" describe the edge cases. Only
+    every longer length both were measured at; "never" / "always" describe the edge cases, and
+    :data:`ONE_LENGTH` a pair measured together at a single length. Only
     ``ok`` measured rows take part (not ``wrong`` cases, nor predicted "model" values).
     """
     ok = frame[(frame["status"] == Status.OK) & (frame["metric"] == metric)]

@@ -255,8 +255,11 @@ def runqueue_section(page: Page) -> str:
         "<p>The share of each case's timed blocks that waited for a core over 10% of their wall "
         "time (another process had it: each such block was dropped and timed again), and the "
         "median block's wait per wall second, from Linux's scheduler figures of the timing "
-        "thread. A case is <code>noisy</code> when too few undisturbed blocks were left within "
-        "its retry budget.</p>"
+        "thread. This is one of three signs of a disturbed case, each measured again within its "
+        "retry budget: too few undisturbed blocks, a calibration probe (a fixed matmul timed "
+        "around the case) off the sweep's typical speed, or block times in two clusters. A case "
+        "still disturbed is <code>noisy</code>; <em>Skipped, failed and noisy cases</em> gives "
+        "each one's sign.</p>"
     )
     return collapsible(
         "Run-queue wait per case", intro + html_table(table, formats=percent, keep=("variant",))
@@ -372,22 +375,49 @@ def _fmt_fit(row: pd.Series) -> str:
     )
 
 
+_FIT_SENTENCE = ("exponent", "ci_low", "ci_high", "r2", "n", "L_min", "L_max", "conclusive")
+"""Raw fit columns the full table's ``fit`` sentence already states in words (an exact fit's
+"ci" columns hold its local slopes, not an interval: a newcomer read them as one); fits.csv keeps
+them all."""
+
+
+def _split_words(crossover: float) -> str:
+    """Where the L² term overtakes the L term, in words where there is no such length."""
+    if crossover != crossover:
+        return "not split (fewer than 3 lengths)"
+    if crossover == math.inf:
+        return "never (no L² term)"
+    return "from the start (no L term)" if crossover <= 0 else str(round(crossover))
+
+
 def full_fits_section(page: Page) -> str:
     full = page.analysis.fits.copy()
     if len(full):
         full.insert(0, "fit", full.apply(_fmt_fit, axis=1))
         full["commit"] = full["commit"].map(short_hash)
+        undeclared = full["declared"].isna()
+        full["declared"] = [
+            "none (not a big-O claim)" if none else f"{d:g}"
+            for d, none in zip(full["declared"], undeclared, strict=True)
+        ]
+        full.loc[undeclared, "verdict"] = "not judged: nothing declared"
+        full["note"] = full["note"].where(full["note"].astype(bool), "none")
         if "crossover_L" in full:  # the cost split c0 + c1·L + c2·L², in words a reader can check
-            full["L² term overtakes the L term at"] = [
-                str(round(x)) if 0 < x < math.inf else "" for x in full["crossover_L"]
-            ]
+            full["L² term overtakes the L term at"] = full["crossover_L"].map(_split_words)
             full["L² share at the longest length"] = [
-                f"{x:.0%}" if x == x else "" for x in full["l2_share"]
+                f"{x:.0%}" if x == x else "not split" for x in full["l2_share"]
             ]
-        full = full.drop(
+        full = full.rename(columns={"range": "points used"}).drop(
             columns=[
                 c
-                for c in ("crossover_L", "l2_share", "split_residual", "max_residual", "kind")
+                for c in (
+                    *_FIT_SENTENCE,
+                    "crossover_L",
+                    "l2_share",
+                    "split_residual",
+                    "max_residual",
+                    "kind",
+                )
                 if c in full
             ]
         )

@@ -222,7 +222,7 @@ def _read_from(analysis: Analysis, scope: str) -> str:
         f"Read from {scope} cases: {timed}; memory and page-fault fits also use noisy cases, whose "
         f"bytes and counts are exact ({PAGE_FAULTS_COUNT}). Noisy, wrong and failed cases are "
         "never ranked, a noisy case's time is never fitted, and an inconclusive fit's exponent is "
-        "shown, marked inconclusive, but never judged against the declared one."
+        "shown, marked inconclusive, and called neither a match nor a mismatch."
     )
 
 
