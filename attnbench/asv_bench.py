@@ -21,6 +21,7 @@ import dataclasses
 import enum
 import functools
 import gc
+import importlib
 import itertools
 import json
 import math
@@ -469,6 +470,9 @@ def _judge_all(cases: list[tuple[str, AttnSpec]], untimed: Sequence[str]) -> Ite
         yield from (_judged(*case, untimed) for case in cases)
         return
     _roof("cpu")
+    if "peak_tensor_bytes" in untimed:  # imported once here, not once per forked process
+        for name in memory.PROFILER_IMPORTS:
+            importlib.import_module(name)
     context = multiprocessing.get_context("fork")
     with concurrent.futures.ProcessPoolExecutor(JUDGE_PROCESSES, mp_context=context) as pool:
         futures = {i: pool.submit(_judged, *cases[i], untimed) for i in cpu}

@@ -342,6 +342,30 @@ def test_setup_cache_judges_in_processes_of_its_own_and_times_alone_afterwards(
     )
 
 
+FORKED_JUDGES = """
+import sys
+from attnbench import asv_bench as ab
+from attnbench.spec import AttnSpec
+
+def _judged(variant, spec, untimed):
+    return "torch._inductor" in sys.modules
+
+ab._judged, ab._roof, ab.JUDGE_PROCESSES = _judged, lambda device: None, 2
+spec = AttnSpec(batch=1, heads=1, seq_len=16, head_dim=8, dtype="float32")
+print(list(ab._judge_all([("batched", spec), ("vectorized", spec)], ["peak_tensor_bytes"])))
+"""
+
+
+def test_forked_judges_inherit_the_profilers_imports():
+    """The profiler imports Inductor on its first use (two to three seconds of a core): the setup_cache imports it
+    before it forks its judges, which then find it imported instead of each paying for it (planted: the import taken
+    out of ``_judge_all``, each judge found it missing). In a fresh interpreter: this one may have imported it."""
+    out = subprocess.run(
+        [sys.executable, "-c", FORKED_JUDGES], capture_output=True, text=True, timeout=300
+    )
+    assert out.stdout.strip() == "[True, True]", out.stdout + out.stderr
+
+
 def test_the_main_grid_classes_share_one_setup_cache():
     """asv keys a setup_cache by its function's module and line and runs it once per key: the classes of the main grid
     inherit one (planted: a class defining its own gets a key of its own, and a second gate over the whole grid)."""

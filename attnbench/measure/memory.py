@@ -23,7 +23,13 @@ from collections.abc import Callable, Iterator
 import psutil
 import torch
 
+PROFILER_IMPORTS = ("torch.profiler", "torch._inductor")
+"""What the profiler behind :func:`cpu_peak_tensor_bytes` imports on its first use: it asks
+``hasattr(torch, "_inductor")``, which imports Inductor (two to three seconds of a core). A process
+that forks workers imports these first, so that no worker pays for them again."""
+
 __all__ = [
+    "PROFILER_IMPORTS",
     "quiet_stderr",
     "live_bytes",
     "peak_from_timeline",

@@ -36,7 +36,7 @@ import torch
 
 from attnbench.contract import Status
 from attnbench.io import error_line
-from attnbench.measure import regime
+from attnbench.measure import memory, regime
 from attnbench.measure.config import MeasureConfig
 from attnbench.measure.record import Environment, Measurement
 from attnbench.measure.runner import measure
@@ -47,16 +47,14 @@ __all__ = ["PRELOAD", "CAP_ALLOWANCE_BYTES", "CaseJob", "cgroup_oom_kills", "Wor
 
 PRELOAD = [
     "torch",
-    "torch.profiler",
-    "torch._inductor",
+    *memory.PROFILER_IMPORTS,
     "attnbench",
     "attnbench.measure.worker",
     "attnbench.measure.runner",
     "attnbench.measure._forkserver",
 ]
-"""Modules the fork server imports once. ``torch._inductor`` because the profiler (peak tensor
-memory) imports it lazily: seconds in every fresh worker otherwise; ``_forkserver`` so that workers
-start with Ctrl-C ignored."""
+"""Modules the fork server imports once: the profiler's (:data:`.memory.PROFILER_IMPORTS`: seconds
+in every fresh worker otherwise); ``_forkserver`` so that workers start with Ctrl-C ignored."""
 CAP_ALLOWANCE_BYTES = 1 * 2**30
 """Added to the memory budget for the cap: float64 reference, profiler buffers, allocator slack."""
 _server_env: dict[str, str] | None = None
