@@ -18,7 +18,7 @@ import pandas as pd
 
 from attnbench.contract import Basis, GateVerdict
 
-__all__ = ["gate_lines", "growth_lines", "gate_cells", "short_value"]
+__all__ = ["SPEED_CORRECTED", "gate_lines", "growth_lines", "gate_cells", "short_value"]
 
 _GATE_WIDTH = 100
 """Columns of a line of regress's table (a terminal's, or a CI log's, without wrapping)."""
@@ -71,11 +71,29 @@ def gate_lines(outcome, metric: str, factors: dict[str, float]) -> tuple[list[st
     untimed = table[table["verdict"] == GateVerdict.NOT_TIMED] if len(table) else table
     if len(untimed) and "reason" in untimed:
         lines += _wrapped(f"not timed: {untimed['reason'].iloc[0]}", "      ")
+    if _speed_corrected(table):
+        lines += _wrapped(SPEED_CORRECTED, "      ")
     lines += growth_lines(outcome.table)
     notes = sorted({n for n in outcome.table["note"] if isinstance(n, str) and n})
     lines += [line for n in notes for line in _wrapped(f"note: {n}", "      ")]
     verdict, code = _verdict_lines(outcome, metric, factors)
     return [*lines, "", *verdict], code
+
+
+SPEED_CORRECTED = (
+    "time ratios are speed-corrected: each sample over the calibration probe timed beside it, so a "
+    "ratio can differ from BASE and HEAD's times as measured (a row's reason gives both)"
+)
+"""The footer line under a table whose time ratios are speed-corrected: a newcomer read "9.32 ms
+6.78 ms x1.00" and found nothing saying why the ratio was not the times'."""
+
+
+def _speed_corrected(table: pd.DataFrame) -> bool:
+    """Whether a time row's ratio is speed-corrected (its reason says so, :mod:`.gate.decision`)."""
+    if not len(table) or "reason" not in table:
+        return False
+    reasons = table.loc[table["metric"] == "time", "reason"].astype(str)
+    return bool(reasons.str.startswith("speed-corrected").any())
 
 
 _HEADER = {

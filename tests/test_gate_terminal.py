@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from attnbench.contract import Basis
+from attnbench.contract import Basis, GateVerdict
 from attnbench.gate import Outcome, compare
 from attnbench.gate.markdown import gate_summary
-from attnbench.gate_table import gate_lines, growth_lines
+from attnbench.gate_table import SPEED_CORRECTED, gate_lines, growth_lines
 
 LENGTHS = (256, 512, 1024)
 """The CI grid's lengths."""
@@ -197,6 +197,12 @@ def test_the_footer_explains_only_what_the_table_holds():
         r"^ *not timed: counts decide this length; time is taken at L=1024 only", text, re.M
     )
     assert re.search(r"^ok +model FLOPs +batched L=256", text, re.M), text
+    # a time ratio that is not the times' own says why, once, under the table
+    assert SPEED_CORRECTED not in text, text
+    timed = (table["metric"] == "time") & (table["verdict"] != GateVerdict.NOT_TIMED)
+    table.loc[timed, "reason"] = "speed-corrected x1.00 [0.97, 1.03]; as measured x0.73"
+    text = "\n".join(gate_lines(_outcome(table), "time", FACTORS)[0])
+    assert text.count(SPEED_CORRECTED.split(":")[0]) == 1, text
 
 
 VENV = "virtualenv-py3.11-build-matplotlib3.11.2-numpy2.4.6-pandas3.1.1-psutil7.2.2-scipy1.17.1-seaborn0.13.2"
