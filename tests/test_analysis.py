@@ -335,6 +335,7 @@ def test_crossovers():
     alone = frame[(frame["variant"] == "batched") | (frame["seq_len"] == frame["seq_len"].max())]
     table = complexity.crossovers(alone, baselines=("batched",)).set_index("variant")
     assert table.loc["chunked", "crossover_L"] == complexity.ONE_LENGTH
+    assert table.loc["chunked", "lengths"] == 1  # the table says how many lengths both ran at
 
 
 def test_fit_table_and_memory_model_from_a_frame():

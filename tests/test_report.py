@@ -1636,7 +1636,7 @@ def test_a_time_fit_left_few_lengths_by_noisy_cases_blames_them(tmp_path):
     assert cells and all(re.match(r"^\d\.\d\d, inconclusive / 2$", c) for c in cells), cells
     verdicts = list(analysis.summary[VERDICT])
     assert verdicts and all(
-        "time inconclusive: 2 points fitted (2 noisy left out), a verdict needs at least 4, no interval"
+        "time inconclusive: 2 points fitted (2 noisy at L=256, 512 left out), a verdict needs at least 4, no interval"
         in v
         for v in verdicts
     ), verdicts
@@ -1646,7 +1646,7 @@ def test_a_time_fit_left_few_lengths_by_noisy_cases_blames_them(tmp_path):
     listed = [i for i in complexity.tally(analysis.fits).inconclusive if " time: " in i]
     assert len(listed) == 2 and all(
         i.endswith(
-            " time: 2 points fitted (2 noisy left out), a verdict needs at least 4, no interval"
+            " time: 2 points fitted (2 noisy at L=256, 512 left out), a verdict needs at least 4, no interval"
         )
         for i in listed
     ), listed

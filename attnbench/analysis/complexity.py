@@ -144,8 +144,8 @@ fit's: its local slopes) decides: holding the declared value, the fit still matc
 the fit is steeper or shallower. Big-O is an upper bound, so only a *steeper* fit is a mismatch; a
 shallower fit is reported as "shallower" (a lower-order term, such as a fixed block buffer or a
 linear projection, still matters in the measured range). Values the suite predicted rather than
-measured (method "model") are never fitted, and only cases with status ok are (not wrong or failed
-ones).
+measured (method "model") are never fitted, nor are wrong or failed cases; a noisy case's time is
+left out, its bytes and counts (exact, whatever the machine did) are fitted.
 """
 """How :func:`fit_exponent` fits and :func:`verdict` judges, in words: the report's "How the
 exponents are fitted" (rendered as it stands, the trailing newline included)."""
@@ -917,6 +917,7 @@ def _crossover_rows(
                     "baseline": base,
                     "metric": metric,
                     "crossover_L": _first_win(wins, both.index),
+                    "lengths": len(both),
                     "longest_L": int(both.index[-1]),
                     "ratio_at_longest": both[base].iloc[-1] / both[variant].iloc[-1],
                 }
@@ -954,6 +955,7 @@ def crossovers(
         "baseline",
         "metric",
         "crossover_L",
+        "lengths",
         "longest_L",
         "ratio_at_longest",
     ]

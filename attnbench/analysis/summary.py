@@ -169,22 +169,33 @@ def _unfitted(rows: pd.DataFrame, metric: str = "") -> str:
     return f"not fitted: too few correct, undisturbed cases ({listed}){why}"
 
 
+def _lengths(lengths: pd.Series) -> str:
+    """ "L=256, 512": the lengths a fit left out, named (a reader looked for which one it was)."""
+    return "L=" + ", ".join(str(int(n)) for n in sorted(lengths.unique()))
+
+
 def _too_few_undisturbed(rows: pd.DataFrame, fitted: int) -> str:
-    """ "2 points fitted (1 noisy and 1 at the overhead floor left out)" where cases left out of a
-    time fit leave it fewer than :data:`complexity.MIN_POINTS` lengths: the real reason it is
-    inconclusive, counted in the points the fit kept, as every other place on the page counts them
-    ("" if none was left out)."""
+    """ "2 points fitted (1 noisy at L=512 and 1 at the overhead floor at L=64 left out)" where
+    cases left out of a time fit leave it fewer than :data:`complexity.MIN_POINTS` lengths: the
+    real reason it is inconclusive, counted in the points the fit kept, as every other place on the
+    page counts them, and the lengths named ("" if none was left out)."""
     if not len(rows):
         return ""
     counts = rows["status"].value_counts()
-    dropped = [f"{n} {k}" for k, n in counts.items() if k != Status.OK]
-    kept = rows.loc[rows["status"] == Status.OK, "seq_len_k"].nunique()
+    dropped = [
+        f"{n} {k} at {_lengths(rows.loc[rows['status'] == k, 'seq_len_k'])}"
+        for k, n in counts.items()
+        if k != Status.OK
+    ]
+    undisturbed = sorted(rows.loc[rows["status"] == Status.OK, "seq_len_k"].unique())
+    kept = len(undisturbed)
     if kept >= complexity.MIN_POINTS:
         return ""
     if kept <= 1:  # no slope through one length, whatever the floor
-        return f"{'only 1 length' if kept else 'no length'} undisturbed ({', '.join(dropped)})"
+        return f"{'only 1 length' if kept else 'no length'} undisturbed ({'; '.join(dropped)})"
     if kept > fitted:  # the shortest undisturbed lengths were the per-call overhead, not fitted
-        dropped.append(f"{kept - fitted} at the overhead floor")
+        floor = _lengths(pd.Series(undisturbed[: kept - fitted]))
+        dropped.append(f"{kept - fitted} at the overhead floor at {floor}")
     if not dropped:
         return ""
     return f"{count(fitted, 'point')} fitted ({' and '.join(dropped)} left out)"
@@ -210,7 +221,8 @@ and per shape when a sweep crosses shapes: GQA's Hkv, head dims, batches)."""
 
 def _explain_notes(fits: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
     """``fits`` whose inconclusive time fits say why they kept so few points: "2 points fitted (1
-    noisy and 1 at the overhead floor left out), no interval" (:func:`_too_few_undisturbed`), in
+    noisy at L=512 and 1 at the overhead floor at L=64 left out), no interval"
+    (:func:`_too_few_undisturbed`), in
     their ``note``, the one text the exponent table, its tooltip and the list of inconclusive fits
     all read."""
     if not len(fits):

@@ -302,7 +302,7 @@ def _progression(page: Page) -> str:
     ) + (
         ": median time per call and peak tensor memory above the inputs vs L, log-log, "
         "forward. Each line's end names its variant and says its fitted slope (a conclusive "
-        "Theil-Sen fit) or that the fit is inconclusive"
+        "fit) or that the fit is inconclusive"
         + (
             "; dotted memory is the analytic model, not a measurement"
             if plots.draws_model(page.analysis.main, variants)
@@ -360,8 +360,11 @@ def _crossovers(page: Page) -> str:
         "Crossovers, variant x baseline. Cell: from which L the variant stays faster (time) or "
         "smaller (peak tensor memory) than the baseline at every longer measured L, and "
         "baseline / variant at the longest common L; colour: that ratio on a log scale centred "
-        "at 1x (blue: better than the baseline). Measured, correct cases only (no wrong, noisy "
-        f"or model values). {setting} cases{page.scope}",
+        "at 1x (blue: better than the baseline). <em>always</em>: at every length both ran; "
+        "<em>never</em>: not even at the longest; <em>one length</em>: both ran at one length "
+        "only, no trend. Measured, correct cases only: time from undisturbed cases, peak memory "
+        "from noisy ones too (their bytes are exact); no model values. "
+        f"{setting} cases{page.scope}",
     )
     if not cross:
         cross = empty_note(
