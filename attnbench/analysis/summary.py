@@ -222,9 +222,8 @@ and per shape when a sweep crosses shapes: GQA's Hkv, head dims, batches)."""
 def _explain_notes(fits: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
     """``fits`` whose inconclusive time fits say why they kept so few points: "2 points fitted (1
     noisy at L=512 and 1 at the overhead floor at L=64 left out), no interval"
-    (:func:`_too_few_undisturbed`), in
-    their ``note``, the one text the exponent table, its tooltip and the list of inconclusive fits
-    all read."""
+    (:func:`_too_few_undisturbed`), in their ``note``, the one text the exponent table, its tooltip
+    and the list of inconclusive fits all read."""
     if not len(fits):
         return fits
     notes = []
