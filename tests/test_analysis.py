@@ -229,8 +229,10 @@ def test_fewer_than_four_points_is_inconclusive():
     assert (
         fit["n"] == 3
         and not fit["conclusive"]
-        and fit["note"] == "3 points, a verdict needs at least 4"
-    )  # the shortest is below 2x the constant
+        and fit["note"]
+        == "3 points, a verdict needs at least 4, however tight its interval: with 3, a stray "
+        "point cannot be told from the trend"
+    )  # the shortest is below 2x the constant; exact values: a zero-width interval
     assert complexity.verdict(fit, 2.0) == "inconclusive"
     two = complexity.fit_exponent(np.array([64.0, 128.0]), np.array([1.0, 4.0]))
     assert complexity.verdict(two, 2.0) == "inconclusive"

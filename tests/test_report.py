@@ -405,7 +405,10 @@ def test_headline_counts_conclusive_fits_names_inconclusive_and_steeper(tmp_path
     assert count, text
     inconclusive = page.split(f"Inconclusive fits ({count.group(1)}) and why")[1][:800]
     # too few lengths to split; the growth from 32 to 64 bounds the constant: all 3 are fitted
-    assert "<li>loop time: 3 points, a verdict needs at least 4</li>" in inconclusive
+    assert (
+        "<li>loop time: 3 points, a verdict needs at least 4, however tight its interval: with 3, "
+        "a stray point cannot be told from the trend</li>" in inconclusive
+    )
     assert "chunked time" not in inconclusive
     assert "No variant grows faster" not in page
     # wrong: its own red section, and out of the fits

@@ -301,6 +301,13 @@ def _above_floor(lengths: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, s
     return above, rule
 
 
+_HOWEVER_TIGHT = (
+    ", however tight its interval: with {n}, a stray point cannot be told from the trend"
+)
+"""Why a tight fit on too few points is still inconclusive: two newcomers looked twice at "1.99
+[1.93, 2.06]" beside "inconclusive", the rule's reason only in the method note further down."""
+
+
 def _theil_sen_fit(x: np.ndarray, y: np.ndarray) -> dict[str, float | int | str]:
     """The Theil-Sen slope of ``y`` on ``x`` with its bootstrap interval, r², span and notes."""
     slope, intercept, _, _ = stats.theilslopes(y, x, method="joint")
@@ -318,9 +325,11 @@ def _theil_sen_fit(x: np.ndarray, y: np.ndarray) -> dict[str, float | int | str]
     ]
     notes = []
     if len(x) < MIN_POINTS:
+        tight = not math.isnan(lo) and hi - lo <= MAX_CI_WIDTH
         notes.append(
             f"{len(x)} points, a verdict needs at least {MIN_POINTS}"
             + (", no interval" if math.isnan(lo) else "")
+            + (_HOWEVER_TIGHT.format(n=len(x)) if tight else "")
         )
     if hi - lo > MAX_CI_WIDTH:
         notes.append(

@@ -192,7 +192,8 @@ def _too_few_undisturbed(rows: pd.DataFrame, fitted: int) -> str:
     if kept >= complexity.MIN_POINTS:
         return ""
     if kept <= 1:  # no slope through one length, whatever the floor
-        return f"{'only 1 length' if kept else 'no length'} undisturbed ({'; '.join(dropped)})"
+        only = f"only {_lengths(pd.Series(undisturbed))}" if kept else "no length"
+        return f"{only} undisturbed ({'; '.join(dropped)})"
     if kept > fitted:  # the shortest undisturbed lengths were the per-call overhead, not fitted
         floor = _lengths(pd.Series(undisturbed[: kept - fitted]))
         dropped.append(f"{kept - fitted} at the overhead floor at {floor}")
