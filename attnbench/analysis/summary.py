@@ -116,21 +116,26 @@ class Analysis:
 
 
 def _short_fit(row: pd.Series) -> str:
-    """The short form (visible table): "2.01 [1.95, 2.07]", "1.90 [1.59, 2.21], inconclusive",
-    "model".
+    """The short form (visible table), fitted / declared: "2.01 [1.95, 2.07] / 2",
+    "1.90 [1.59, 2.21] / 2, inconclusive", "n/a: only L=1024 undisturbed (...) (declared 2)",
+    "model (predicted, not fitted)".
 
     An inconclusive fit's exponent is shown with its interval (readers looked for the fit its
-    verdict names) and marked so: the verdict beside it says why it is not judged."""
+    verdict names) and marked after the declared exponent: "1.90 [...], inconclusive / 2" read as
+    the inconclusive thing being over 2, and "n/a: ... / 2" as a fraction."""
+    declared = row.get("declared", math.nan)
     if row.get("method") == complexity.MODEL:
         return "model (predicted, not fitted)"
     if math.isnan(row["exponent"]):
-        return f"n/a: {row['note']}" if row.get("note") else "n/a"
+        shown = f"n/a: {row['note']}" if row.get("note") else "n/a"
+        return shown + ("" if math.isnan(declared) else f" (declared {declared:g})")
     if math.isnan(row["ci_low"]):
         shown = f"{row['exponent']:.2f}"
     elif row.get("kind") == "deterministic":  # no sampling noise: the range the slope takes along L
         shown = f"{row['exponent']:.2f} (local {row['ci_low']:.2f} to {row['ci_high']:.2f})"
     else:
         shown = f"{row['exponent']:.2f} [{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
+    shown += "" if math.isnan(declared) else f" / {declared:g}"
     if row.get("verdict") == FitVerdict.INCONCLUSIVE or not row.get("conclusive", True):
         return f"{shown}, inconclusive"
     return shown
@@ -264,7 +269,7 @@ def _exponent_columns(
         row[column] = _unfitted(rows, metric)
         return "", ""
     r = sub.iloc[-1]
-    row[column] = _short_fit(r) + ("" if math.isnan(r["declared"]) else f" / {r['declared']:g}")
+    row[column] = _short_fit(r)
     phrase, detail = complexity.plain_verdict(r.to_dict())
     return (f"{label} {phrase}", f"{label}: {detail}") if phrase else ("", "")
 

@@ -537,8 +537,8 @@ def _exponents(page: Page) -> str:
         '<section id="exponents"><h2>Fitted exponents: the O(L²) claim in numbers</h2>'
         + _headline(page.frame, page.analysis.headline, page.analysis.fits)
         + html_table(page.analysis.summary, keep=("variant",), titles={VERDICT: VERDICT_DETAILS})
-        + '<p class="sub">Hover a verdict for the rule that decided it; a blank '
-        "fit says why it is blank; every fit is in the full fit table (Details).</p>"
+        + '<p class="sub">Hover a verdict for the rule that decided it; a cell without a '
+        "fit says why there is none; every fit is in the full fit table (Details).</p>"
         + caveat
         + collapsible("How the exponents are fitted", f"<p>{rst_to_html(complexity.FIT_RULE)}</p>")
         + "</section>"
