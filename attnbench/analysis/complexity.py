@@ -138,14 +138,15 @@ interval wider than {MAX_CI_WIDTH:g}; an exact fit on fewer than {DETERMINISTIC_
 (nothing to average out: two local slopes already show whether one power of L describes it) or
 with local slopes spread wider than {MAX_CI_WIDTH:g}. An inconclusive fit is never reported as
 matching; every other fit is compared with the variant's declared exponent.
-A fit within {TOLERANCE:g} of the declared exponent *matches* it, whatever its interval says (a
-verdict's tooltip names the rule that decided it). Beyond that tolerance the interval (an exact
-fit's: its local slopes) decides: holding the declared value, the fit still matches; leaving it out,
-the fit is steeper or shallower. Big-O is an upper bound, so only a *steeper* fit is a mismatch; a
-shallower fit is reported as "shallower" (a lower-order term, such as a fixed block buffer or a
-linear projection, still matters in the measured range). Values the suite predicted rather than
-measured (method "model") are never fitted, nor are wrong or failed cases; a noisy case's time is
-left out, its bytes and counts (exact, whatever the machine did) are fitted.
+A conclusive fit within {TOLERANCE:g} of the declared exponent *matches* it, whatever its interval
+says (a verdict's tooltip names the rule that decided it). Beyond that tolerance the interval (an
+exact fit's: its local slopes) decides: holding the declared value, the fit still matches; leaving
+it out, the fit *grows faster* or *grows slower* than declared. Big-O is an upper bound, so only a
+fit that grows faster is a mismatch; one that grows slower is reported as such (a lower-order
+term, such as a fixed block buffer or a linear projection, still matters in the measured range).
+Values the suite predicted rather than measured (method "model") are never fitted, nor are wrong or
+failed cases; a noisy case's time is left out, its bytes and counts (exact, whatever the machine
+did) are fitted.
 """
 """How :func:`fit_exponent` fits and :func:`verdict` judges, in words: the report's "How the
 exponents are fitted" (rendered as it stands, the trailing newline included)."""

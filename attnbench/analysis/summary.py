@@ -256,8 +256,9 @@ def fit_column(metric: str, label: str) -> str:
 
 def _exponent_columns(
     group: pd.DataFrame, metric: str, label: str, row: dict, rows: pd.DataFrame
-) -> tuple[str, str]:
-    """Fill ``row``'s "fitted / declared" cell of one metric; return its verdict and details.
+) -> tuple[str, str, bool]:
+    """Fill ``row``'s "fitted / declared" cell of one metric; return its verdict, its details and
+    whether it is inconclusive.
 
     One cell a metric keeps the table within a 1400 px page; how each fit was obtained is in
     fits.csv, and a model's cell says it is one. A metric without a fit says why in its cell
@@ -267,11 +268,13 @@ def _exponent_columns(
     sub = group[group["metric"] == metric]
     if sub.empty:
         row[column] = _unfitted(rows, metric)
-        return "", ""
+        return "", "", False
     r = sub.iloc[-1]
     row[column] = _short_fit(r)
     phrase, detail = complexity.plain_verdict(r.to_dict())
-    return (f"{label} {phrase}", f"{label}: {detail}") if phrase else ("", "")
+    if not phrase:
+        return "", "", False
+    return f"{label} {phrase}", f"{label}: {detail}", r.get("verdict") == FitVerdict.INCONCLUSIVE
 
 
 _SUMMARY_METRICS = (
@@ -335,8 +338,11 @@ def exponent_summary(fits: pd.DataFrame, frame: pd.DataFrame | None = None) -> p
             _exponent_columns(group, m, label, row, _series_rows(frame, where, m))
             for m, label in shown
         ]
-        row[VERDICT] = "; ".join(p for p, _ in said if p) or "nothing fitted"
-        row[VERDICT_DETAILS] = "; ".join(d for _, d in said if d)
+        # settled verdicts first: readers took in "peak memory matches O(L²)" only after a long
+        # reason why time could not be judged (the details keep the metrics' order)
+        settled = sorted(said, key=lambda verdict: verdict[2])
+        row[VERDICT] = "; ".join(p for p, _, _ in settled if p) or "nothing fitted"
+        row[VERDICT_DETAILS] = "; ".join(d for _, d, _ in said if d)
         rows.append(row)
     return pd.DataFrame(rows)
 
