@@ -713,7 +713,7 @@ def test_the_fit_rule_the_report_prints_is_plain_words():
 
 
 def test_a_headline_with_an_open_claim_is_never_green():
-    """A newcomer read "6 fits compared with the declared big-O: 3 match, ..., 3 inconclusive" in
+    """A newcomer read "6 fits judged against the declared big-O: 3 match, ..., 3 inconclusive" in
     green: half the claims were still open. Green needs every compared fit settled and matching."""
     fit = {"variant": "batched", "metric": "time", "declared": 2.0, "note": ""}
     rows = [

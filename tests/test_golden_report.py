@@ -44,7 +44,7 @@ def test_no_figure_prints_text_over_text(built, scenario):
 
 
 _BREAKDOWN = re.compile(
-    r"(\d+) fits? compared with the declared big-O: (\d+) match(?:es)?, (\d+) grows? slower, "
+    r"(\d+) big-O claims? checked: (\d+) match(?:es)?, (\d+) grows? slower, "
     r"(\d+) grows? faster, (\d+) inconclusive \(([^)]*)\)"
 )
 """complexity.breakdown's sentence: the total, its four parts and the same four per metric."""
@@ -76,7 +76,7 @@ def test_every_count_of_fits_on_a_page_comes_from_one_tally(built, scenario):
     Planted (seen failing): the section's count of inconclusive fits one higher."""
     page = html.unescape(built[scenario][golden.PAGE])
     section = re.search(r"<h2>Fitted exponents[^<]*</h2><p class=\"\w+\">([^<]*)", page)
-    finding = next((t for t, _ in built[scenario]["findings"] if "declared big-O" in t), None)
+    finding = next((t for t, _ in built[scenario]["findings"] if "big-O claim" in t), None)
     assert section and finding, "the tally is missing from the section or the findings"
     assert _breakdown(section.group(1)) == _breakdown(finding), (section.group(1), finding)
     assert "No complexity fit is conclusive" not in page

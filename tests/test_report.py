@@ -398,8 +398,7 @@ def test_headline_counts_conclusive_fits_names_inconclusive_and_steeper(tmp_path
     assert tone == "bad" and "grows faster than declared (a mismatch): linear_elu time" in text
     # chunked time and memory: 4 lengths, and a pure power law's cost split has no constant, so none is the floor
     assert text.startswith(
-        "7 fits compared with the declared big-O: 5 match, 0 grow slower, 1 grows faster, 1 "
-        "inconclusive (time: "
+        "7 big-O claims checked: 5 match, 0 grow slower, 1 grows faster, 1 inconclusive (time: "
     ), text
     count = re.search(r", (\d+) inconclusive \(", text)
     assert count, text
@@ -1179,7 +1178,7 @@ def test_a_match_whose_interval_excludes_the_declared_exponent_says_so():
     assert fits["verdict"].iloc[0] == "matches"
     tone, text = complexity.headline(fits)
     assert text.startswith(
-        "1 fit compared with the declared big-O: 1 matches, 0 grow slower, 0 grow faster, 0 "
+        "1 big-O claim checked: 1 matches, 0 grow slower, 0 grow faster, 0 "
         "inconclusive (time: 1 matches)"
     ), text
     row = exponent_summary(fits).iloc[0]
@@ -1440,12 +1439,12 @@ def test_a_plugin_run_whose_every_time_was_noisy_leads_with_its_own_variant_and_
     texts = [t for t, _ in d["findings"]]
     # the worse run read cleaner: "...; 0 are inconclusive" and a green "none inconclusive"
     said = (
-        "3 fits compared with the declared big-O: 3 match, 0 grow slower, 0 grow faster, 0 "
+        "3 big-O claims checked: 3 match, 0 grow slower, 0 grow faster, 0 "
         "inconclusive (peak memory: 3 match); time not fitted (every case noisy or skipped)."
     )
     assert said in texts, texts
     assert f'class="neutral">{said}</p>' in d[golden.PAGE], re.findall(
-        r"<p class=\"\w+\">3 fits compared[^<]*", d[golden.PAGE]
+        r"<p class=\"\w+\">3 big-O claims checked[^<]*", d[golden.PAGE]
     )
     assert texts[0].startswith("Every answer checked against the float64 reference was correct")
     assert "`mine` " in texts[0], texts[0]
@@ -1660,7 +1659,7 @@ def test_a_time_fit_left_few_lengths_by_noisy_cases_blames_them(tmp_path):
     texts = [f.text for f in analysis.findings]
     assert any(
         t.startswith(
-            "5 fits compared with the declared big-O: 3 match, 0 grow slower, 0 grow faster, "
+            "5 big-O claims checked: 3 match, 0 grow slower, 0 grow faster, "
             "2 inconclusive (time: 2 inconclusive; instructions: 1 matches; peak memory: 2 match)"
         )
         for t in texts

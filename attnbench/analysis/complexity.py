@@ -136,8 +136,8 @@ slope is the least-squares slope over the longest run of points, from the longes
 decides which fits are *inconclusive*: a sampled fit on fewer than {MIN_POINTS} points or with an
 interval wider than {MAX_CI_WIDTH:g}; an exact fit on fewer than {DETERMINISTIC_POINTS} points
 (nothing to average out: two local slopes already show whether one power of L describes it) or
-with local slopes spread wider than {MAX_CI_WIDTH:g}. An inconclusive fit is never reported as
-matching; every other fit is compared with the variant's declared exponent.
+with local slopes spread wider than {MAX_CI_WIDTH:g}. An inconclusive fit is called neither a
+match nor a mismatch; every other fit is judged against the variant's declared exponent.
 A conclusive fit within {TOLERANCE:g} of the declared exponent *matches* it, whatever its interval
 says (a verdict's tooltip names the rule that decided it). Beyond that tolerance the interval (an
 exact fit's: its local slopes) decides: holding the declared value, the fit still matches; leaving
@@ -848,7 +848,7 @@ def per_metric(fits: pd.DataFrame) -> str:
 
 def breakdown(fits: pd.DataFrame, time_unfitted: bool = False) -> str:
     """The one count of the judged fits that both the findings and the exponents section state, in
-    the same words: "11 fits compared with the declared big-O: 5 match, 0 grow slower, 0 grow
+    the same words: "11 big-O claims checked: 5 match, 0 grow slower, 0 grow
     faster, 6 inconclusive (time: 1 matches, 5 inconclusive; memory: 4 match, 1 inconclusive)"
     (``time_unfitted``: "; time not fitted (...)" after it).
 
@@ -856,7 +856,7 @@ def breakdown(fits: pd.DataFrame, time_unfitted: bool = False) -> str:
     only after adding up; every number here comes from one :func:`tally`.
     """
     t = tally(fits)
-    text = f"{count(t.judged, 'fit')} compared with the declared big-O: {_counted(t)}"
+    text = f"{count(t.judged, 'big-O claim')} checked: {_counted(t)}"
     text += f" ({per_metric(fits)})" if t.judged else ""
     return text + (f"; {TIME_NOT_FITTED}" if time_unfitted else "")
 
