@@ -65,7 +65,7 @@ this order: each of the first four starts at once on a worker of its own, none i
 end. xdist hands every worker a second module at the start, in the same worker order: the fifth module waits behind
 the first, the longest (the README's regress command, minutes), so it is a small one (seen: the golden report there,
 started after 410 s, was the last 25 s of the run). Then the modules of two to four minutes each: left in their
-alphabetical place, the variant tests (1,094 of them, 172 s on a cold AVX2 machine) started 1,126 s in and were the
+alphabetical place, the variant tests (1,094 of them, 172 s cold on the 2-core machine) started 1,126 s in and were the
 run's last 172 s, on one worker while the other three had finished."""
 
 
