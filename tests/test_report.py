@@ -1780,3 +1780,20 @@ def test_a_variant_has_one_colour_on_every_figure_of_a_page(four_families):
     for variant, by_figure in seen.items():
         assert set(by_figure) == set(figures), f"{variant} is labelled on {sorted(by_figure)} only"
         assert len(set().union(*by_figure.values())) == 1, f"{variant}: {by_figure}"
+
+
+def test_the_time_caption_names_only_the_marks_its_figure_draws():
+    """A newcomer read of red crosses and hollow circles under a time figure that drew neither: each
+    mark is named only where a time row has that status (planted: the fixed sentence back)."""
+    import pandas as pd
+
+    from attnbench.report.html import _marks
+
+    rows = pd.DataFrame({"metric": ["time", "time", "peak_tensor_bytes"], "status": ["ok"] * 3})
+    assert _marks(rows) == ""
+    rows.loc[2, "status"] = "wrong"  # a wrong memory row: not on the time figure
+    assert _marks(rows) == ""
+    rows.loc[0, "status"] = "noisy"
+    assert _marks(rows).startswith("Hollow circles") and "cross" not in _marks(rows)
+    rows.loc[1, "status"] = "wrong"
+    assert _marks(rows).startswith("Red crosses") and "neither a fact" in _marks(rows)

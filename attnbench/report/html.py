@@ -322,16 +322,33 @@ def _progression(page: Page) -> str:
     return figure + _answer_table(page.analysis)
 
 
+def _marks(main: pd.DataFrame) -> str:
+    """The time figure's marks for what is not a fact, named only where the figure draws them (a
+    newcomer read of red crosses and hollow circles under a figure that had neither)."""
+    times = main[main["metric"] == "time"] if len(main) else main
+    marks = []
+    if len(times) and (times["status"] == Status.WRONG).any():
+        marks.append("red crosses: wrong results (no variant's own points are crosses)")
+    if len(times) and (times["status"] == Status.NOISY).any():
+        marks.append("hollow circles in a variant's colour: its noisy measurements")
+    if not marks:
+        return ""
+    said = "; ".join(marks)
+    return (
+        said[0].upper() + said[1:] + (", neither a fact. " if len(marks) > 1 else ", not a fact. ")
+    )
+
+
 def _families(page: Page) -> str:
     main = page.analysis.main
     figures = page.figure(
         "time",
         plots.scaling(main, "time"),
         f"Time per call vs L, {html.escape(plots.scaling_panels(main, 'time'))}, lines labelled "
-        "at their end. Dashed grey: O(L) and O(L²) through the shortest length. Red crosses: "
-        "wrong results (no variant's own points are crosses); hollow circles in a variant's "
-        "colour: its noisy measurements (neither is a fact); bars: the interquartile range of the "
-        "timing blocks." + page.scope,
+        "at their end. Dashed grey: O(L) and O(L²) through the shortest length. "
+        + _marks(main)
+        + "Bars: the interquartile range of the timing blocks."
+        + page.scope,
     ) + page.figure(
         "memory",
         plots.scaling(main, "peak_tensor_bytes"),
@@ -534,7 +551,7 @@ def _exponents(page: Page) -> str:
         else ""
     )
     return (
-        '<section id="exponents"><h2>Fitted exponents: the O(L²) claim in numbers</h2>'
+        '<section id="exponents"><h2>Fitted exponents: the big-O claims in numbers</h2>'
         + _headline(page.frame, page.analysis.headline, page.analysis.fits)
         + html_table(page.analysis.summary, keep=("variant",), titles={VERDICT: VERDICT_DETAILS})
         + '<p class="sub">Hover a verdict for the rule that decided it; a cell without a '
