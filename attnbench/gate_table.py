@@ -73,8 +73,8 @@ def gate_lines(outcome, metric: str, factors: dict[str, float]) -> tuple[list[st
         lines += _wrapped(f"not timed: {untimed['reason'].iloc[0]}", "      ")
     if _speed_corrected(table):
         lines += _wrapped(SPEED_CORRECTED, "      ")
-    lines += growth_lines(outcome.table)
-    notes = sorted({n for n in outcome.table["note"] if isinstance(n, str) and n})
+    lines += growth_lines(table)
+    notes = sorted({n for n in table["note"] if isinstance(n, str) and n})
     lines += [line for n in notes for line in _wrapped(f"note: {n}", "      ")]
     verdict, code = _verdict_lines(outcome, metric, factors)
     return [*lines, "", *verdict], code

@@ -54,6 +54,7 @@ __all__ = [
     "FIT_RULE",
     "SPLIT_TRUSTED",
     "ONE_LENGTH",
+    "CROSSOVER_WORDS",
     "constant_cost",
     "fit_exponent",
     "fit_deterministic",
@@ -892,6 +893,11 @@ _CROSSOVER_SETTING = ["source", "machine", "commit", "device", "mode", "dtype", 
 ONE_LENGTH = "one length"
 """A crossover measured at a single shared length: neither "always" nor "never" (a newcomer read
 "always 1.04x" and took it for a trend drawn from four lengths)."""
+CROSSOVER_WORDS = (
+    "<em>always</em>: at every length both ran; <em>never</em>: not even at the longest; "
+    f"<em>{ONE_LENGTH}</em>: both ran at one length only, no trend"
+)
+"""What a crossover's words mean, for the figure's caption and the tables' note alike (HTML)."""
 
 
 def _first_win(wins: np.ndarray, lengths: pd.Index) -> str:

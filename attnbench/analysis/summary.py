@@ -174,9 +174,9 @@ def _unfitted(rows: pd.DataFrame, metric: str = "") -> str:
     return f"not fitted: too few correct, undisturbed cases ({listed}){why}"
 
 
-def _lengths(lengths: pd.Series) -> str:
+def _lengths(lengths: Iterable[float]) -> str:
     """ "L=256, 512": the lengths a fit left out, named (a reader looked for which one it was)."""
-    return "L=" + ", ".join(str(int(n)) for n in sorted(lengths.unique()))
+    return "L=" + ", ".join(str(n) for n in sorted({int(n) for n in lengths}))
 
 
 def _too_few_undisturbed(rows: pd.DataFrame, fitted: int) -> str:
@@ -197,10 +197,10 @@ def _too_few_undisturbed(rows: pd.DataFrame, fitted: int) -> str:
     if kept >= complexity.MIN_POINTS:
         return ""
     if kept <= 1:  # no slope through one length, whatever the floor
-        only = f"only {_lengths(pd.Series(undisturbed))}" if kept else "no length"
+        only = f"only {_lengths(undisturbed)}" if kept else "no length"
         return f"{only} undisturbed ({'; '.join(dropped)})"
     if kept > fitted:  # the shortest undisturbed lengths were the per-call overhead, not fitted
-        floor = _lengths(pd.Series(undisturbed[: kept - fitted]))
+        floor = _lengths(undisturbed[: kept - fitted])
         dropped.append(f"{kept - fitted} at the overhead floor at {floor}")
     if not dropped:
         return ""

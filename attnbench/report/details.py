@@ -160,9 +160,8 @@ def crossover_tables_section(page: Page) -> str:
     )
     intro = (
         "<p>Smallest length from which a variant stays faster (or smaller) than the baseline at "
-        "every longer length measured (<em>always</em>: at every length both ran; <em>never</em>: "
-        "not even at the longest; <em>one length</em>: both ran at one length only); lengths: how "
-        "many both ran at; ratio = baseline / variant at the longest common length.</p>"
+        f"every longer length measured ({complexity.CROSSOVER_WORDS}); lengths: how many both "
+        "ran at; ratio = baseline / variant at the longest common length.</p>"
     )
     return collapsible("Crossover tables", intro + tables)
 

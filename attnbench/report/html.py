@@ -325,12 +325,15 @@ def _progression(page: Page) -> str:
 def _marks(main: pd.DataFrame) -> str:
     """The time figure's marks for what is not a fact, named only where the figure draws them (a
     newcomer read of red crosses and hollow circles under a figure that had neither)."""
-    times = main[main["metric"] == "time"] if len(main) else main
-    marks = []
-    if len(times) and (times["status"] == Status.WRONG).any():
-        marks.append("red crosses: wrong results (no variant's own points are crosses)")
-    if len(times) and (times["status"] == Status.NOISY).any():
-        marks.append("hollow circles in a variant's colour: its noisy measurements")
+    drawn = set(main.loc[main["metric"] == "time", "status"]) if len(main) else set()
+    marks = [
+        words
+        for status, words in (
+            (Status.WRONG, "red crosses: wrong results (no variant's own points are crosses)"),
+            (Status.NOISY, "hollow circles in a variant's colour: its noisy measurements"),
+        )
+        if status in drawn
+    ]
     if not marks:
         return ""
     said = "; ".join(marks)
@@ -377,9 +380,8 @@ def _crossovers(page: Page) -> str:
         "Crossovers, variant x baseline. Cell: from which L the variant stays faster (time) or "
         "smaller (peak tensor memory) than the baseline at every longer measured L, and "
         "baseline / variant at the longest common L; colour: that ratio on a log scale centred "
-        "at 1x (blue: better than the baseline). <em>always</em>: at every length both ran; "
-        "<em>never</em>: not even at the longest; <em>one length</em>: both ran at one length "
-        "only, no trend. Measured, correct cases only: time from undisturbed cases, peak memory "
+        f"at 1x (blue: better than the baseline). {complexity.CROSSOVER_WORDS}. "
+        "Measured, correct cases only: time from undisturbed cases, peak memory "
         "from noisy ones too (their bytes are exact); no model values. "
         f"{setting} cases{page.scope}",
     )
