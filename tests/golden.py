@@ -497,7 +497,7 @@ def _fit_headers(page_html: str) -> list[str]:
     cells = [(h, r[i]) for r in rows for i, h in enumerate(heads) if i < len(r)] + lifted
     found = []
     for head, cell in cells:
-        if "[95% CI]" in head and "(local" in cell:
+        if "[95% CI" in head and "(local" in cell:
             found.append(f"{head!r} holds local slopes: {cell!r}")
         if "(local slopes)" in head and re.search(r"\[-?\d", cell):
             found.append(f"{head!r} holds an interval: {cell!r}")

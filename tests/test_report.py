@@ -404,10 +404,7 @@ def test_headline_counts_conclusive_fits_names_inconclusive_and_steeper(tmp_path
     assert count, text
     inconclusive = page.split(f"Inconclusive fits ({count.group(1)}) and why")[1][:800]
     # too few lengths to split; the growth from 32 to 64 bounds the constant: all 3 are fitted
-    assert (
-        "<li>loop time: 3 points, a verdict needs at least 4, however tight its interval: with 3, "
-        "a stray point cannot be told from the trend</li>" in inconclusive
-    )
+    assert "<li>loop time: 3 points, a verdict needs at least 4 points</li>" in inconclusive
     assert "chunked time" not in inconclusive
     assert "No variant grows faster" not in page
     # wrong: its own red section, and out of the fits
@@ -1633,14 +1630,17 @@ def test_a_time_fit_left_few_lengths_by_noisy_cases_blames_them(tmp_path):
     ), counts
     from attnbench.analysis.summary import fit_column
 
-    # the fit its verdict names is in the cell, marked (a reader looked for "its 95% interval")
+    # the fit its verdict names is in the cell, marked (a reader looked for "its 95% interval"),
+    # with its count where an interval would be: too few points for a verdict
     cells = list(analysis.summary[fit_column("time", "time")])
-    assert cells and all(re.match(r"^\d\.\d\d / 2, inconclusive$", c) for c in cells), cells
+    assert cells and all(
+        re.match(r"^\d\.\d\d \(2 points\) / 2, inconclusive$", c) for c in cells
+    ), cells
     verdicts = list(analysis.summary[VERDICT])
     # the settled verdicts first, the long reason why time is open after them
     assert all(v.startswith("peak memory matches") for v in verdicts), verdicts
     assert verdicts and all(
-        "time inconclusive: 2 points fitted (2 noisy at L=256, 512 left out), a verdict needs at least 4, no interval"
+        "time inconclusive: 2 points fitted (2 noisy at L=256, 512 left out), a verdict needs at least 4 points"
         in v
         for v in verdicts
     ), verdicts
@@ -1650,7 +1650,7 @@ def test_a_time_fit_left_few_lengths_by_noisy_cases_blames_them(tmp_path):
     listed = [i for i in complexity.tally(analysis.fits).inconclusive if " time: " in i]
     assert len(listed) == 2 and all(
         i.endswith(
-            " time: 2 points fitted (2 noisy at L=256, 512 left out), a verdict needs at least 4, no interval"
+            " time: 2 points fitted (2 noisy at L=256, 512 left out), a verdict needs at least 4 points"
         )
         for i in listed
     ), listed

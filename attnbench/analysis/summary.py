@@ -117,21 +117,27 @@ class Analysis:
 
 def _short_fit(row: pd.Series) -> str:
     """The short form (visible table), fitted / declared: "2.01 [1.95, 2.07] / 2",
-    "1.90 [1.59, 2.21] / 2, inconclusive", "n/a: only L=1024 undisturbed (...) (declared 2)",
-    "model (predicted, not fitted)".
+    "1.90 [1.59, 2.21] / 2, inconclusive", "1.99 (3 points) / 2, inconclusive",
+    "n/a (declared 2): only L=1024 undisturbed; ...", "model (predicted, not fitted)".
 
-    An inconclusive fit's exponent is shown with its interval (readers looked for the fit its
-    verdict names) and marked after the declared exponent: "1.90 [...], inconclusive / 2" read as
-    the inconclusive thing being over 2, and "n/a: ... / 2" as a fraction."""
+    An inconclusive fit's exponent is shown (readers looked for the fit its verdict names) and
+    marked after the declared exponent: "1.90 [...], inconclusive / 2" read as the inconclusive
+    thing being over 2, and "n/a: ... / 2" as a fraction. A sampled fit on fewer points than a
+    verdict needs shows its count where its interval would be: every newcomer looked twice at a
+    tight "1.99 [1.93, 2.06] / 2" called inconclusive (the interval is in the full fit table)."""
     declared = row.get("declared", math.nan)
     if row.get("method") == complexity.MODEL:
         return "model (predicted, not fitted)"
     if math.isnan(row["exponent"]):
-        shown = f"n/a: {row['note']}" if row.get("note") else "n/a"
-        return shown + ("" if math.isnan(declared) else f" (declared {declared:g})")
-    if math.isnan(row["ci_low"]):
+        # the declared exponent first: after the reason it stacked a second bracket on its own
+        shown = "n/a" if math.isnan(declared) else f"n/a (declared {declared:g})"
+        return f"{shown}: {row['note']}" if row.get("note") else shown
+    exact = row.get("kind") == "deterministic"
+    if not exact and row.get("n", complexity.MIN_POINTS) < complexity.MIN_POINTS:
+        shown = f"{row['exponent']:.2f} ({count(int(row['n']), 'point')})"
+    elif math.isnan(row["ci_low"]):
         shown = f"{row['exponent']:.2f}"
-    elif row.get("kind") == "deterministic":  # no sampling noise: the range the slope takes along L
+    elif exact:  # no sampling noise: the range the slope takes along L
         shown = f"{row['exponent']:.2f} (local {row['ci_low']:.2f} to {row['ci_high']:.2f})"
     else:
         shown = f"{row['exponent']:.2f} [{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
@@ -227,7 +233,7 @@ and per shape when a sweep crosses shapes: GQA's Hkv, head dims, batches)."""
 
 def _explain_notes(fits: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
     """``fits`` whose inconclusive time fits say why they kept so few points: "2 points fitted (1
-    noisy at L=512 and 1 at the overhead floor at L=64 left out), no interval"
+    noisy at L=512 and 1 at the overhead floor at L=64 left out), a verdict needs at least 4 points"
     (:func:`_too_few_undisturbed`), in their ``note``, the one text the exponent table, its tooltip
     and the list of inconclusive fits all read."""
     if not len(fits):
@@ -240,7 +246,7 @@ def _explain_notes(fits: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
             n = int(rec.get("n", 0))
             why = _too_few_undisturbed(_series_rows(frame, key, "time"), n)
             points = count(n, "point")
-            if why:  # keep what follows the count (", no interval"); else the reason replaces it
+            if why:  # keep what follows the count (", a verdict needs ..."); else why replaces it
                 note = why + note[len(points) :] if note.startswith(points) else why
         notes.append(note)
     return fits.assign(note=notes)
@@ -248,10 +254,13 @@ def _explain_notes(fits: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
 
 def fit_column(metric: str, label: str) -> str:
     """The exponent table's heading of ``metric``'s cells, naming what they hold: a sampled metric's
-    bootstrap interval ("time: fitted [95% CI] / declared"), an exact one's range of local slopes
-    ("peak memory: fitted (local slopes) / declared"; no interval: nothing was sampled)."""
+    bootstrap interval where it has enough points for one ("time: fitted [95% CI, none under 4
+    points] / declared": readers read "[95% CI]", then "[95% CI from 4 points]", above "1.99 (3
+    points)" as a promise broken), an exact one's range of local slopes ("peak memory: fitted
+    (local slopes) / declared"; no interval: nothing was sampled)."""
     exact = metric in contract.METRICS and not contract.METRICS[metric].timed
-    return f"{label}: fitted {'(local slopes)' if exact else '[95% CI]'} / declared"
+    spread = "(local slopes)" if exact else f"[95% CI, none under {complexity.MIN_POINTS} points]"
+    return f"{label}: fitted {spread} / declared"
 
 
 def _exponent_columns(
