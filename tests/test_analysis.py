@@ -229,7 +229,7 @@ def test_fewer_than_four_points_is_inconclusive():
     assert (
         fit["n"] == 3
         and not fit["conclusive"]
-        and fit["note"] == "3 points, a verdict needs at least 4 points"
+        and fit["note"] == "3 points, too few for a verdict (4 needed)"
     )  # the shortest is below 2x the constant; exact values: a zero-width interval
     assert complexity.verdict(fit, 2.0) == "inconclusive"
     two = complexity.fit_exponent(np.array([64.0, 128.0]), np.array([1.0, 4.0]))
@@ -244,11 +244,11 @@ def test_two_points_have_no_interval():
     through both. It says there is none. Planted (seen failing): the bootstrap run on 2 points."""
     lengths, values = np.array([256.0, 512, 1024]), np.array([1.0, 1.1, 4.4])
     fit = complexity.fit_exponent(lengths, values)
-    assert fit["n"] == 2 and fit["note"] == "2 points, a verdict needs at least 4 points", fit
+    assert fit["n"] == 2 and fit["note"] == "2 points, too few for a verdict (4 needed)", fit
     assert math.isnan(fit["ci_low"]) and math.isnan(fit["ci_high"])
     judged = {**fit, "declared": 2.0, "verdict": complexity.verdict(fit, 2.0)}
     phrase, detail = complexity.plain_verdict(judged)
-    assert phrase == "inconclusive: 2 points, a verdict needs at least 4 points", phrase
+    assert phrase == "inconclusive: 2 points, too few for a verdict (4 needed)", phrase
     assert "interval 2.00" not in detail and " to " not in detail, detail
     exact = complexity.fit_deterministic(np.array([256.0, 512]), np.array([1.0, 4.0]))
     assert exact["note"] == "2 points, one local slope" and math.isnan(exact["ci_low"]), exact
@@ -258,10 +258,10 @@ def test_a_tight_fit_on_too_few_points_shows_its_count_not_its_interval():
     """Every newcomer looked twice at "1.99 [1.93, 2.06] / 2, inconclusive": a tight interval on 3
     points, too few for a verdict. The cell shows the count where the interval would be, and the
     verdict one reason, the first rule missed. Planted (seen failing): the interval kept in the
-    cell, and the interval's width appended to the count's reason."""
+    cell, and in the tooltip, and the interval's width appended to the count's reason."""
     import pandas as pd
 
-    from attnbench.analysis.summary import VERDICT, exponent_summary, fit_column
+    from attnbench.analysis.summary import VERDICT, VERDICT_DETAILS, exponent_summary, fit_column
 
     lengths = np.array([256.0, 512, 1024])
     fit = complexity.fit_exponent(lengths, 1e-9 * lengths**2 * np.array([1.0, 1.03, 0.98]))
@@ -272,9 +272,11 @@ def test_a_tight_fit_on_too_few_points_shows_its_count_not_its_interval():
     assert (
         summary[fit_column("time", "time")] == f"{fit['exponent']:.2f} (3 points) / 2, inconclusive"
     )
-    assert summary[VERDICT] == "time inconclusive: 3 points, a verdict needs at least 4 points"
+    assert summary[VERDICT] == "time inconclusive: 3 points, too few for a verdict (4 needed)"
+    # nor in the tooltip: a reader found it there, under a heading saying the cell has none
+    assert "interval" not in summary[VERDICT_DETAILS], summary[VERDICT_DETAILS]
     wide = complexity.fit_exponent(lengths, lengths**2 * np.array([1.0, 3.0, 0.5]))
-    assert wide["note"] == "3 points, a verdict needs at least 4 points", wide["note"]
+    assert wide["note"] == "3 points, too few for a verdict (4 needed)", wide["note"]
 
 
 def test_wide_scatter_is_inconclusive():

@@ -404,7 +404,7 @@ def test_headline_counts_conclusive_fits_names_inconclusive_and_steeper(tmp_path
     assert count, text
     inconclusive = page.split(f"Inconclusive fits ({count.group(1)}) and why")[1][:800]
     # too few lengths to split; the growth from 32 to 64 bounds the constant: all 3 are fitted
-    assert "<li>loop time: 3 points, a verdict needs at least 4 points</li>" in inconclusive
+    assert "<li>loop time: 3 points, too few for a verdict (4 needed)</li>" in inconclusive
     assert "chunked time" not in inconclusive
     assert "No variant grows faster" not in page
     # wrong: its own red section, and out of the fits
@@ -1640,7 +1640,7 @@ def test_a_time_fit_left_few_lengths_by_noisy_cases_blames_them(tmp_path):
     # the settled verdicts first, the long reason why time is open after them
     assert all(v.startswith("peak memory matches") for v in verdicts), verdicts
     assert verdicts and all(
-        "time inconclusive: 2 points fitted (2 noisy at L=256, 512 left out), a verdict needs at least 4 points"
+        "time inconclusive: 2 points fitted (2 noisy at L=256, 512 left out), too few for a verdict (4 needed)"
         in v
         for v in verdicts
     ), verdicts
@@ -1650,7 +1650,7 @@ def test_a_time_fit_left_few_lengths_by_noisy_cases_blames_them(tmp_path):
     listed = [i for i in complexity.tally(analysis.fits).inconclusive if " time: " in i]
     assert len(listed) == 2 and all(
         i.endswith(
-            " time: 2 points fitted (2 noisy at L=256, 512 left out), a verdict needs at least 4 points"
+            " time: 2 points fitted (2 noisy at L=256, 512 left out), too few for a verdict (4 needed)"
         )
         for i in listed
     ), listed

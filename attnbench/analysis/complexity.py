@@ -322,7 +322,7 @@ def _theil_sen_fit(x: np.ndarray, y: np.ndarray) -> dict[str, float | int | str]
     # one reason, the first rule that fails: readers looked twice at a cell stacking two, and at
     # "3 points" beside a tight interval (the short cell shows none on too few points)
     if len(x) < MIN_POINTS:
-        note = f"{len(x)} points, a verdict needs at least {MIN_POINTS} points"
+        note = f"{len(x)} points, too few for a verdict ({MIN_POINTS} needed)"
     elif hi - lo > MAX_CI_WIDTH:
         note = f"its 95% interval is {hi - lo:.2f} wide, over the {MAX_CI_WIDTH:g} a verdict allows"
     else:
@@ -609,7 +609,9 @@ def plain_verdict(fit: dict) -> tuple[str, str]:
     if judged == FitVerdict.INCONCLUSIVE or not math.isfinite(slope):
         why = fit.get("note") or "too much scatter"
         fitted = f"; fitted L^{slope:.2f}" if math.isfinite(slope) else ""
-        if math.isfinite(slope) and math.isfinite(fit["ci_low"]):
+        # no interval where the cell shows the count instead (a reader saw one in the tooltip only)
+        few = fit.get("kind") != "deterministic" and fit.get("n", MIN_POINTS) < MIN_POINTS
+        if math.isfinite(slope) and math.isfinite(fit["ci_low"]) and not few:
             fitted += f" ({_spread(fit)})"
         return f"inconclusive: {why}", f"inconclusive ({why}){fitted}, declared {big_o(declared)}"
     if judged == FitVerdict.MATCHES:

@@ -233,7 +233,7 @@ and per shape when a sweep crosses shapes: GQA's Hkv, head dims, batches)."""
 
 def _explain_notes(fits: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
     """``fits`` whose inconclusive time fits say why they kept so few points: "2 points fitted (1
-    noisy at L=512 and 1 at the overhead floor at L=64 left out), a verdict needs at least 4 points"
+    noisy at L=512 and 1 at the overhead floor at L=64 left out), too few for a verdict (4 needed)"
     (:func:`_too_few_undisturbed`), in their ``note``, the one text the exponent table, its tooltip
     and the list of inconclusive fits all read."""
     if not len(fits):
@@ -254,12 +254,17 @@ def _explain_notes(fits: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
 
 def fit_column(metric: str, label: str) -> str:
     """The exponent table's heading of ``metric``'s cells, naming what they hold: a sampled metric's
-    bootstrap interval where it has enough points for one ("time: fitted [95% CI, none under 4
-    points] / declared": readers read "[95% CI]", then "[95% CI from 4 points]", above "1.99 (3
-    points)" as a promise broken), an exact one's range of local slopes ("peak memory: fitted
-    (local slopes) / declared"; no interval: nothing was sampled)."""
+    bootstrap interval, or its count of points where it has too few for a verdict ("time: fitted
+    [95% CI, or the count under 4 points] / declared": readers read "[95% CI]", "[95% CI from 4
+    points]" and "[95% CI, none under 4 points]" above "1.99 (3 points)" as a promise broken),
+    an exact one's range of local slopes ("peak memory: fitted (local slopes) / declared"; no
+    interval: nothing was sampled)."""
     exact = metric in contract.METRICS and not contract.METRICS[metric].timed
-    spread = "(local slopes)" if exact else f"[95% CI, none under {complexity.MIN_POINTS} points]"
+    spread = (
+        "(local slopes)"
+        if exact
+        else f"[95% CI, or the count under {complexity.MIN_POINTS} points]"
+    )
     return f"{label}: fitted {spread} / declared"
 
 
