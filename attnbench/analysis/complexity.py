@@ -65,6 +65,7 @@ __all__ = [
     "big_o",
     "decided_by",
     "plain_verdict",
+    "too_few_points",
     "declared_exponent",
     "swept",
     "fit_table",
@@ -591,6 +592,12 @@ def decided_by(fit: dict) -> str:
     )
 
 
+def too_few_points(fit: dict | pd.Series) -> bool:
+    """Whether a sampled fit has fewer points than a verdict needs (:data:`MIN_POINTS`): the page
+    then shows its count, never its interval (a tight interval on 3 points read as a match)."""
+    return bool(fit.get("kind") != "deterministic" and fit.get("n", MIN_POINTS) < MIN_POINTS)
+
+
 def plain_verdict(fit: dict) -> tuple[str, str]:
     """A fit's verdict in plain words, and the rule that decided it (the page's tooltip).
 
@@ -610,8 +617,7 @@ def plain_verdict(fit: dict) -> tuple[str, str]:
         why = fit.get("note") or "too much scatter"
         fitted = f"; fitted L^{slope:.2f}" if math.isfinite(slope) else ""
         # no interval where the cell shows the count instead (a reader saw one in the tooltip only)
-        few = fit.get("kind") != "deterministic" and fit.get("n", MIN_POINTS) < MIN_POINTS
-        if math.isfinite(slope) and math.isfinite(fit["ci_low"]) and not few:
+        if math.isfinite(slope) and math.isfinite(fit["ci_low"]) and not too_few_points(fit):
             fitted += f" ({_spread(fit)})"
         return f"inconclusive: {why}", f"inconclusive ({why}){fitted}, declared {big_o(declared)}"
     if judged == FitVerdict.MATCHES:

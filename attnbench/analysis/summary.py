@@ -132,12 +132,11 @@ def _short_fit(row: pd.Series) -> str:
         # the declared exponent first: after the reason it stacked a second bracket on its own
         shown = "n/a" if math.isnan(declared) else f"n/a (declared {declared:g})"
         return f"{shown}: {row['note']}" if row.get("note") else shown
-    exact = row.get("kind") == "deterministic"
-    if not exact and row.get("n", complexity.MIN_POINTS) < complexity.MIN_POINTS:
+    if complexity.too_few_points(row):
         shown = f"{row['exponent']:.2f} ({count(int(row['n']), 'point')})"
     elif math.isnan(row["ci_low"]):
         shown = f"{row['exponent']:.2f}"
-    elif exact:  # no sampling noise: the range the slope takes along L
+    elif row.get("kind") == "deterministic":  # no sampling noise: the range the slope takes along L
         shown = f"{row['exponent']:.2f} (local {row['ci_low']:.2f} to {row['ci_high']:.2f})"
     else:
         shown = f"{row['exponent']:.2f} [{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
@@ -246,7 +245,7 @@ def _explain_notes(fits: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
             n = int(rec.get("n", 0))
             why = _too_few_undisturbed(_series_rows(frame, key, "time"), n)
             points = count(n, "point")
-            if why:  # keep what follows the count (", a verdict needs ..."); else why replaces it
+            if why:  # keep what follows the count (", too few for ..."); else why replaces it
                 note = why + note[len(points) :] if note.startswith(points) else why
         notes.append(note)
     return fits.assign(note=notes)
